@@ -1,0 +1,297 @@
+// Package harness starts the project's real binaries on loopback ports for
+// end-to-end tests: it builds each binary once per test process, picks free
+// ports, waits for readiness, scrapes Prometheus metrics and stops everything
+// when the test ends.
+package harness
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+)
+
+// builds caches one compiled binary per command name for the whole test
+// process. It is guarded by buildMu; tests in one package share it.
+var (
+	buildMu sync.Mutex
+	builds  = map[string]string{}
+	tmpDir  string
+)
+
+// RepoRoot returns the module root (the directory holding go.mod).
+func RepoRoot(t testing.TB) string {
+	t.Helper()
+	_, file, _, ok := runtime.Caller(0)
+	if !ok {
+		t.Fatal("harness: cannot locate source file")
+	}
+	return filepath.Clean(filepath.Join(filepath.Dir(file), "..", ".."))
+}
+
+// Binary compiles ./cmd/<name> once per test process (with -race when the
+// test binary itself was built with it) and returns the executable's path.
+func Binary(t testing.TB, name string) string {
+	t.Helper()
+	buildMu.Lock()
+	defer buildMu.Unlock()
+	if p, ok := builds[name]; ok {
+		return p
+	}
+	if tmpDir == "" {
+		d, err := os.MkdirTemp("", "pd-e2e-bin-")
+		if err != nil {
+			t.Fatalf("harness: temp dir: %v", err)
+		}
+		tmpDir = d
+	}
+	out := filepath.Join(tmpDir, name)
+	args := []string{"build", "-o", out}
+	if raceEnabled {
+		args = append(args, "-race")
+	}
+	args = append(args, "./cmd/"+name)
+	cmd := exec.Command("go", args...)
+	cmd.Dir = RepoRoot(t)
+	if b, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("harness: go build %s: %v\n%s", name, err, b)
+	}
+	builds[name] = out
+	return out
+}
+
+// FreePort returns a TCP port on 127.0.0.1 that was free a moment ago.
+func FreePort(t testing.TB) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatalf("harness: free port: %v", err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// Proc is one running child process.
+type Proc struct {
+	Name string
+	cmd  *exec.Cmd
+	out  *lockedBuffer
+	done chan struct{}
+	err  error
+}
+
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// Start runs bin with args. Its combined output is kept and printed with
+// t.Log when the test fails. The process is killed at test cleanup.
+func Start(t testing.TB, bin string, args ...string) *Proc {
+	t.Helper()
+	p := &Proc{Name: filepath.Base(bin), out: &lockedBuffer{}, done: make(chan struct{})}
+	p.cmd = exec.Command(bin, args...)
+	p.cmd.Stdout = p.out
+	p.cmd.Stderr = p.out
+	if err := p.cmd.Start(); err != nil {
+		t.Fatalf("harness: start %s: %v", bin, err)
+	}
+	go func() {
+		p.err = p.cmd.Wait()
+		close(p.done)
+	}()
+	t.Cleanup(func() {
+		p.Kill()
+		if t.Failed() {
+			t.Logf("--- output of %s %s ---\n%s", p.Name, strings.Join(args, " "), p.Output())
+		}
+	})
+	return p
+}
+
+// Output returns what the process printed so far.
+func (p *Proc) Output() string { return p.out.String() }
+
+// Signal sends sig to the process.
+func (p *Proc) Signal(sig os.Signal) error { return p.cmd.Process.Signal(sig) }
+
+// Kill stops the process at once and waits for it.
+func (p *Proc) Kill() {
+	select {
+	case <-p.done:
+		return
+	default:
+	}
+	_ = p.cmd.Process.Signal(syscall.SIGKILL)
+	<-p.done
+}
+
+// Wait waits up to d for the process to exit and returns its exit code, or
+// an error when it is still running.
+func (p *Proc) Wait(d time.Duration) (int, error) {
+	select {
+	case <-p.done:
+		return p.cmd.ProcessState.ExitCode(), nil
+	case <-time.After(d):
+		return 0, errors.New("harness: process still running")
+	}
+}
+
+// Exited reports whether the process has ended.
+func (p *Proc) Exited() bool {
+	select {
+	case <-p.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// WaitHTTP polls url until it answers 200 or timeout passes.
+func (p *Proc) WaitHTTP(t testing.TB, url string, timeout time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for time.Now().Before(deadline) {
+		if p.Exited() {
+			t.Fatalf("harness: %s exited before %s answered:\n%s", p.Name, url, p.Output())
+		}
+		resp, err := http.Get(url)
+		if err == nil {
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return
+			}
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Fatalf("harness: %s did not answer 200 within %v:\n%s", url, timeout, p.Output())
+}
+
+// Metrics is one scrape of a Prometheus endpoint.
+type Metrics map[string]*dto.MetricFamily
+
+// Scrape fetches and parses url (a /metrics endpoint).
+func Scrape(t testing.TB, url string) Metrics {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		t.Fatalf("harness: scrape %s: %v", url, err)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("harness: scrape %s: %v", url, err)
+	}
+	defer resp.Body.Close()
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := parser.TextToMetricFamilies(bufio.NewReader(resp.Body))
+	if err != nil {
+		t.Fatalf("harness: parse %s: %v", url, err)
+	}
+	return fams
+}
+
+// Value returns the sum over every series of metric name whose labels include
+// all of labels (counter, gauge, untyped; the sample count for histograms).
+// A metric that is absent reads as 0, as Prometheus counters that never moved
+// are often not exported.
+func (m Metrics) Value(name string, labels map[string]string) float64 {
+	fam, ok := m[name]
+	if !ok {
+		return 0
+	}
+	var sum float64
+	for _, s := range fam.GetMetric() {
+		if !matches(s.GetLabel(), labels) {
+			continue
+		}
+		switch {
+		case s.Counter != nil:
+			sum += s.GetCounter().GetValue()
+		case s.Gauge != nil:
+			sum += s.GetGauge().GetValue()
+		case s.Histogram != nil:
+			sum += float64(s.GetHistogram().GetSampleCount())
+		case s.Untyped != nil:
+			sum += s.GetUntyped().GetValue()
+		}
+	}
+	return sum
+}
+
+func matches(have []*dto.LabelPair, want map[string]string) bool {
+	for k, v := range want {
+		found := false
+		for _, l := range have {
+			if l.GetName() == k && l.GetValue() == v {
+				found = true
+				break
+			}
+		}
+		if !found {
+			return false
+		}
+	}
+	return true
+}
+
+// Metric scrapes url and returns Value(name, labels).
+func Metric(t testing.TB, url, name string, labels map[string]string) float64 {
+	t.Helper()
+	return Scrape(t, url).Value(name, labels)
+}
+
+// Eventually polls cond every 20ms until it is true or timeout passes.
+func Eventually(t testing.TB, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		if cond() {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("harness: not true within %v: %s", timeout, what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// HostPort formats 127.0.0.1:port.
+func HostPort(port int) string { return net.JoinHostPort("127.0.0.1", strconv.Itoa(port)) }
+
+// URL formats http://127.0.0.1:port.
+func URL(port int) string { return fmt.Sprintf("http://%s", HostPort(port)) }
+
+func itoa(i int) string { return strconv.Itoa(i) }
