@@ -1,0 +1,88 @@
+// Command engine-sim is a simulated vLLM/SGLang-compatible inference engine
+// for testing pd-sidecar end to end without a GPU. See the README for every
+// flag and the wire protocols it speaks.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/rs/zerolog"
+	"github.com/spf13/pflag"
+
+	"github.com/pd-sidecar/pd-sidecar/e2e/enginesim"
+)
+
+func main() {
+	if err := run(os.Args[1:]); err != nil {
+		fmt.Fprintln(os.Stderr, "engine-sim:", err)
+		os.Exit(2)
+	}
+}
+
+func run(args []string) error {
+	cfg := enginesim.DefaultConfig()
+	fs := pflag.NewFlagSet("engine-sim", pflag.ContinueOnError)
+	fs.SortFlags = false
+	fs.StringVar(&cfg.Host, "host", cfg.Host, "address to listen on (and to advertise as remote_host)")
+	fs.IntVar(&cfg.Port, "port", cfg.Port, "HTTP port (OpenAI API, /metrics, /sim/*)")
+	fs.StringVar(&cfg.Model, "model", cfg.Model, "served model name")
+	role := fs.String("role", string(cfg.Role), "prefill, decode or both")
+	fs.StringVar(&cfg.EngineID, "engine-id", "", "engine id advertised as remote_engine_id (random when empty)")
+	fs.IntVar(&cfg.BlockSize, "block-size", cfg.BlockSize, "tokens per KV block")
+	fs.IntVar(&cfg.NumKVBlocks, "num-kv-blocks", cfg.NumKVBlocks, "KV cache capacity in blocks")
+	prefillUS := fs.Float64("prefill-us-per-token", float64(cfg.PrefillPerToken/time.Microsecond), "prefill cost per uncached prompt token, microseconds")
+	decodeUS := fs.Float64("decode-us-per-token", float64(cfg.DecodePerToken/time.Microsecond), "cost of each generated token after the first, microseconds")
+	fs.Float64Var(&cfg.KVBandwidth, "kv-bandwidth", cfg.KVBandwidth, "bytes per second of a KV pull (0: unpaced)")
+	fs.IntVar(&cfg.KVBytesPerToken, "kv-bytes-per-token", cfg.KVBytesPerToken, "KV bytes per token (a multiple of 8)")
+	fs.DurationVar(&cfg.KVLease, "kv-lease", cfg.KVLease, "how long a prefill holds blocks for a remote decoder")
+	fs.StringVar(&cfg.KVLoadFailurePolicy, "kv-load-failure-policy", cfg.KVLoadFailurePolicy, "fail or recompute: what a decode does when its KV pull fails")
+	fs.BoolVar(&cfg.KVVerifyChecksums, "kv-verify-checksums", cfg.KVVerifyChecksums, "verify pulled blocks against the prefiller's checksums (NIXL does not)")
+	fs.IntVar(&cfg.MaxRunning, "max-running", cfg.MaxRunning, "requests served at once; more wait in the queue")
+	fs.IntVar(&cfg.DefaultMaxTokens, "default-max-tokens", cfg.DefaultMaxTokens, "token cap when a request sets none")
+	fs.IntVar(&cfg.TPSize, "tp-size", cfg.TPSize, "tensor-parallel size reported as tp_size")
+	fs.IntVar(&cfg.KVPort, "kv-port", 0, "KV side channel port (NIXL stand-in); 0 picks a free one")
+	fs.IntVar(&cfg.BootstrapPort, "bootstrap-port", 8998, "SGLang bootstrap port; 0 picks a free one")
+	fs.DurationVar(&cfg.BootstrapTimeout, "bootstrap-timeout", cfg.BootstrapTimeout, "how long a decode waits for its KV (SGLang room or pull)")
+	faults := fs.String("faults", "", `faults active from the start, as JSON (see POST /sim/faults), e.g. '{"status":500}'`)
+	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, pflag.ErrHelp) {
+			return nil
+		}
+		return err
+	}
+	cfg.Role = enginesim.Role(*role)
+	cfg.PrefillPerToken = time.Duration(*prefillUS * float64(time.Microsecond))
+	cfg.DecodePerToken = time.Duration(*decodeUS * float64(time.Microsecond))
+	if *faults != "" {
+		dec := json.NewDecoder(strings.NewReader(*faults))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&cfg.Faults); err != nil {
+			return fmt.Errorf("--faults: %w", err)
+		}
+	}
+	level, err := zerolog.ParseLevel(*logLevel)
+	if err != nil {
+		return fmt.Errorf("--log-level: %w", err)
+	}
+	log := zerolog.New(os.Stderr).Level(level).With().Timestamp().Str("component", "engine-sim").Logger()
+	sim, err := enginesim.New(cfg, log)
+	if err != nil {
+		return err
+	}
+	ls, err := sim.Listen()
+	if err != nil {
+		return err
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	return sim.Serve(ctx, ls)
+}

@@ -1,0 +1,134 @@
+package enginesim
+
+import (
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Role says which side of a P/D split the simulated engine plays.
+type Role string
+
+// The roles. RoleBoth serves local requests, prefills for remote decoders
+// and decodes from remote KV.
+const (
+	RolePrefill Role = "prefill"
+	RoleDecode  Role = "decode"
+	RoleBoth    Role = "both"
+)
+
+// KV load failure policies, as vLLM's kv_transfer_config.kv_load_failure_policy.
+const (
+	PolicyFail      = "fail"
+	PolicyRecompute = "recompute"
+)
+
+// Config configures one simulated engine. DefaultConfig gives the defaults.
+type Config struct {
+	// Host is the address to listen on and to advertise as remote_host.
+	Host string
+	// Port is the HTTP port; KVPort the KV side channel (NIXL stand-in);
+	// BootstrapPort the SGLang bootstrap port. 0 picks a free port.
+	Port, KVPort, BootstrapPort int
+	// Model is the served model name.
+	Model string
+	// Role is prefill, decode or both.
+	Role Role
+	// EngineID is advertised as remote_engine_id (random when empty).
+	EngineID string
+	// BlockSize is the number of tokens per KV block.
+	BlockSize int
+	// NumKVBlocks is the KV cache capacity in blocks.
+	NumKVBlocks int
+	// PrefillPerToken is the prefill cost per uncached prompt token.
+	PrefillPerToken time.Duration
+	// DecodePerToken is the cost of each generated token after the first.
+	DecodePerToken time.Duration
+	// KVBandwidth paces KV pulls, in bytes per second (0: unpaced).
+	KVBandwidth float64
+	// KVBytesPerToken is the KV size of one token.
+	KVBytesPerToken int
+	// KVLease is how long a prefill holds blocks for a remote decoder.
+	KVLease time.Duration
+	// KVLoadFailurePolicy is PolicyFail or PolicyRecompute.
+	KVLoadFailurePolicy string
+	// KVVerifyChecksums makes the decoder check pulled blocks against the
+	// prefiller's checksums (real NIXL does not; off by default).
+	KVVerifyChecksums bool
+	// BootstrapTimeout bounds how long an SGLang decode waits for its room.
+	BootstrapTimeout time.Duration
+	// MaxRunning is the number of requests served at once; more wait.
+	MaxRunning int
+	// DefaultMaxTokens applies when a request sets no token cap.
+	DefaultMaxTokens int
+	// TPSize is reported as tp_size in kv_transfer_params.
+	TPSize int
+	// Faults are active from the start.
+	Faults Faults
+}
+
+// DefaultConfig returns the defaults the engine-sim binary uses.
+func DefaultConfig() Config {
+	return Config{
+		Host:                "127.0.0.1",
+		Port:                8200,
+		Model:               "sim-model",
+		Role:                RoleBoth,
+		BlockSize:           16,
+		NumKVBlocks:         16384,
+		PrefillPerToken:     50 * time.Microsecond,
+		DecodePerToken:      2 * time.Millisecond,
+		KVBandwidth:         1e9,
+		KVBytesPerToken:     256,
+		KVLease:             30 * time.Second,
+		KVLoadFailurePolicy: PolicyFail,
+		BootstrapTimeout:    30 * time.Second,
+		MaxRunning:          256,
+		DefaultMaxTokens:    16,
+		TPSize:              1,
+	}
+}
+
+// ErrInvalidConfig is wrapped by every Validate error.
+var ErrInvalidConfig = errors.New("invalid engine-sim configuration")
+
+// Validate reports the first invalid setting.
+func (c Config) Validate() error {
+	bad := func(format string, a ...any) error {
+		return fmt.Errorf("%w: %s", ErrInvalidConfig, fmt.Sprintf(format, a...))
+	}
+	switch {
+	case c.Role != RolePrefill && c.Role != RoleDecode && c.Role != RoleBoth:
+		return bad("--role must be prefill, decode or both, not %q", c.Role)
+	case c.Model == "":
+		return bad("--model must not be empty")
+	case c.BlockSize <= 0:
+		return bad("--block-size must be positive")
+	case c.NumKVBlocks <= 0:
+		return bad("--num-kv-blocks must be positive")
+	case c.KVBytesPerToken <= 0 || c.KVBytesPerToken%8 != 0:
+		return bad("--kv-bytes-per-token must be a positive multiple of 8")
+	case c.PrefillPerToken < 0 || c.DecodePerToken < 0:
+		return bad("per-token costs must not be negative")
+	case c.KVBandwidth < 0:
+		return bad("--kv-bandwidth must not be negative")
+	case c.KVLease < 0:
+		return bad("--kv-lease must not be negative")
+	case c.KVLoadFailurePolicy != PolicyFail && c.KVLoadFailurePolicy != PolicyRecompute:
+		return bad("--kv-load-failure-policy must be fail or recompute, not %q", c.KVLoadFailurePolicy)
+	case c.MaxRunning <= 0:
+		return bad("--max-running must be positive")
+	case c.DefaultMaxTokens <= 0:
+		return bad("--default-max-tokens must be positive")
+	case c.TPSize <= 0:
+		return bad("--tp-size must be positive")
+	case c.Port < 0 || c.Port > 65535 || c.KVPort < 0 || c.KVPort > 65535 || c.BootstrapPort < 0 || c.BootstrapPort > 65535:
+		return bad("ports must be within 0..65535")
+	}
+	return c.Faults.Validate()
+}
+
+func (c Config) blockBytes() int { return c.BlockSize * c.KVBytesPerToken }
+
+func (c Config) canPrefillRemote() bool { return c.Role != RoleDecode }
+func (c Config) canDecodeRemote() bool  { return c.Role != RolePrefill }

@@ -1,0 +1,302 @@
+package enginesim
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"strconv"
+	"time"
+)
+
+// errKVLoadFailed is returned by loadKV when a remote KV load failed under
+// the "fail" policy.
+var errKVLoadFailed = errors.New("kv load failed")
+
+// classify decides which leg of a split a request is, logging and counting
+// unusable kv_transfer_params as vLLM does (it prefills locally).
+func (s *Sim) classify(g *genRequest, rid string) legKind {
+	if g.kvInvalid != "" {
+		s.m.invalidKVParams.Inc()
+		s.log.Warn().Str("request_id", rid).Str("reason", g.kvInvalid).Msg("Got invalid KVTransferParams; prefilling locally")
+		return legLocal
+	}
+	switch {
+	case g.kv != nil && g.kv.DoRemoteDecode && s.cfg.canPrefillRemote():
+		return legPrefill
+	case g.kv != nil && g.kv.DoRemotePrefill && s.cfg.canDecodeRemote():
+		if why := g.kv.invalidForDecode(); why != "" {
+			s.m.invalidKVParams.Inc()
+			s.log.Warn().Str("request_id", rid).Str("reason", why).Msg("Got invalid KVTransferParams; prefilling locally")
+			return legLocal
+		}
+		return legDecode
+	case g.kv != nil && (g.kv.DoRemoteDecode || g.kv.DoRemotePrefill):
+		s.log.Warn().Str("request_id", rid).Str("role", string(s.cfg.Role)).Msg("kv_transfer_params not servable by this role; serving locally")
+	case g.boot != nil && s.cfg.Role == RolePrefill:
+		return legPrefill
+	case g.boot != nil && s.cfg.Role == RoleDecode:
+		return legDecode
+	}
+	return legLocal
+}
+
+// execute runs one admitted inference request and writes its answer.
+func (s *Sim) execute(ctx context.Context, w http.ResponseWriter, g *genRequest, leg legKind, f Faults, o *output) {
+	start := time.Now()
+	s.m.waiting.Inc()
+	select {
+	case s.slots <- struct{}{}:
+		s.m.waiting.Dec()
+	case <-ctx.Done():
+		s.m.waiting.Dec()
+		return
+	}
+	defer func() { <-s.slots }()
+	s.m.running.Inc()
+	defer s.m.running.Dec()
+	nblocks := (len(g.prompt) + s.cfg.BlockSize - 1) / s.cfg.BlockSize
+	s.holds.useActive(nblocks)
+	defer s.holds.useActive(-nblocks)
+
+	out := newSink(w, g.stream, f.DieAfterChunks)
+	hashes := BlockHashes(g.prompt, s.cfg.BlockSize)
+	fps, cached, err := s.loadKV(ctx, g, leg, f, hashes, o.requestID)
+	switch {
+	case errors.Is(err, errKVLoadFailed):
+		s.writeLoadFailure(out, o)
+		return
+	case err != nil:
+		return // the client left
+	}
+	o.promptTokens, o.cachedTokens = len(g.prompt), cached
+	s.m.promptTokens.Add(float64(len(g.prompt)))
+	digest := Digest(fps)
+
+	maxTokens := g.maxTokens
+	if leg == legPrefill && g.boot != nil {
+		// An SGLang prefill server generates the first token only.
+		maxTokens = 1
+		if err := s.holdKV(g, f, hashes, o); err != nil {
+			s.log.Error().Str("request_id", o.requestID).Err(err).Msg("cannot hold kv for sglang room")
+			out.fail(http.StatusServiceUnavailable, errorBody(503, "ServiceUnavailableError", "", err.Error()))
+			return
+		}
+	}
+	if !s.generate(ctx, out, g, f, digest, maxTokens, o, start) {
+		return
+	}
+	if leg == legPrefill && g.boot == nil && o.finish == "length" {
+		if err := s.holdKV(g, f, hashes, o); err != nil {
+			s.log.Error().Str("request_id", o.requestID).Err(err).Msg("cannot hold kv for remote decode")
+			out.fail(http.StatusServiceUnavailable, errorBody(503, "ServiceUnavailableError", "", err.Error()))
+			return
+		}
+	}
+	s.m.requestSuccess.WithLabelValues(o.finish).Inc()
+	s.m.e2e.Observe(time.Since(start).Seconds())
+	if g.stream {
+		_ = out.send(streamClose(o, g.includeUsage)...)
+		return
+	}
+	out.json(http.StatusOK, responseJSON(o))
+}
+
+// generate produces the output tokens, streaming each one when the client
+// asked for SSE. It reports false when the client left.
+func (s *Sim) generate(ctx context.Context, out *sink, g *genRequest, f Faults, d [32]byte, maxTokens int, o *output, start time.Time) bool {
+	o.finish = "length"
+	for i := 0; i < maxTokens; i++ {
+		if i > 0 && !sleep(ctx, s.cfg.DecodePerToken) {
+			return false
+		}
+		tok := GenerateToken(d, i)
+		eos := i == 0 && f.EOSFirstToken
+		if eos {
+			tok = EOSToken
+			o.finish = "stop"
+			s.m.faultsInjected.WithLabelValues("eos_first_token").Inc()
+		}
+		o.tokens = append(o.tokens, tok)
+		s.m.generationTokens.Inc()
+		if i == 0 {
+			s.m.ttft.Observe(time.Since(start).Seconds())
+		}
+		last := eos || i == maxTokens-1
+		if g.stream {
+			var evs []sseEvent
+			if i == 0 {
+				evs = streamOpen(o)
+			}
+			fin := ""
+			if last {
+				fin = o.finish
+			}
+			if out.send(append(evs, streamToken(o, i, fin))...) != nil {
+				return false
+			}
+		}
+		if eos {
+			break
+		}
+	}
+	return ctx.Err() == nil
+}
+
+// loadKV fills the request's KV: pulled from the prefiller for a decode leg,
+// computed locally otherwise (or after a failed pull under "recompute"). It
+// returns the block fingerprints and the number of cached prompt tokens to
+// report.
+func (s *Sim) loadKV(ctx context.Context, g *genRequest, leg legKind, f Faults, hashes []uint64, rid string) ([]uint64, int, error) {
+	if leg == legDecode {
+		fps, err := s.pullKV(ctx, g, f, hashes)
+		if err == nil {
+			s.m.remoteKVDecodes.Inc()
+			return fps, len(g.prompt), nil
+		}
+		if ctx.Err() != nil {
+			return nil, 0, ctx.Err()
+		}
+		s.m.nixlFailed.Inc()
+		s.m.kvLoadFailures.WithLabelValues(s.cfg.KVLoadFailurePolicy).Inc()
+		s.log.Error().Str("request_id", rid).Err(err).Str("policy", s.cfg.KVLoadFailurePolicy).Msg("KV load failed")
+		if s.cfg.KVLoadFailurePolicy == PolicyFail {
+			return nil, 0, fmt.Errorf("%w: %w", errKVLoadFailed, err)
+		}
+	}
+	return s.prefillLocal(ctx, g, hashes)
+}
+
+// prefillLocal computes the KV on this engine, reusing cached prefix blocks
+// and paying PrefillPerToken for every other prompt token.
+func (s *Sim) prefillLocal(ctx context.Context, g *genRequest, hashes []uint64) ([]uint64, int, error) {
+	bs := s.cfg.BlockSize
+	fps, hits := Fingerprints(g.prompt, bs, s.cfg.KVBytesPerToken, hashes, func(j int) (uint64, bool) {
+		return s.cache.get(hashes[j])
+	})
+	cached := hits * bs
+	s.m.prefixQueries.Add(float64(len(g.prompt)))
+	s.m.prefixHits.Add(float64(cached))
+	s.m.localPrefillTokens.Add(float64(len(g.prompt)))
+	if !sleep(ctx, time.Duration(len(g.prompt)-cached)*s.cfg.PrefillPerToken) {
+		return nil, 0, ctx.Err()
+	}
+	for j := hits; j < len(hashes); j++ {
+		if BlockTokens(len(g.prompt), bs, j) == bs {
+			s.cache.put(hashes[j], fps[j])
+		}
+	}
+	return fps, cached, nil
+}
+
+// pullKV pulls the request's KV from its prefiller and checks it covers the
+// prompt. It returns the fingerprints of the pulled bytes.
+func (s *Sim) pullKV(ctx context.Context, g *genRequest, f Faults, hashes []uint64) ([]uint64, error) {
+	if f.FailKVLoad {
+		s.m.faultsInjected.WithLabelValues("fail_kv_load").Inc()
+		return nil, fmt.Errorf("%w: injected fault fail_kv_load", ErrKVPull)
+	}
+	var addr string
+	var req pullRequest
+	if g.boot != nil {
+		addr = net.JoinHostPort(g.boot.host, strconv.Itoa(g.boot.port))
+		room := g.boot.room
+		req = pullRequest{Room: &room, WaitMS: int(s.cfg.BootstrapTimeout / time.Millisecond)}
+	} else {
+		ids, _ := g.kv.blockIDs()
+		addr = net.JoinHostPort(*g.kv.RemoteHost, strconv.Itoa(*g.kv.RemotePort))
+		req = pullRequest{EngineID: *g.kv.RemoteEngineID, RequestID: *g.kv.RemoteRequestID, BlockIDs: ids}
+	}
+	pctx, cancel := context.WithTimeout(ctx, s.cfg.BootstrapTimeout+5*time.Second)
+	defer cancel()
+	start := time.Now()
+	p, err := pull(pctx, addr, req, s.cfg.KVBandwidth, s.cfg.KVVerifyChecksums)
+	if err != nil {
+		return nil, err
+	}
+	if p.numTokens != len(g.prompt) || len(p.blocks) != len(hashes) {
+		return nil, fmt.Errorf("%w: pulled %d tokens in %d blocks, prompt has %d tokens in %d blocks",
+			ErrKVPull, p.numTokens, len(p.blocks), len(g.prompt), len(hashes))
+	}
+	s.m.nixlXferTime.Observe(time.Since(start).Seconds())
+	s.m.nixlBytes.Observe(float64(p.bytes))
+	if g.boot != nil {
+		s.m.bootstrapDecodes.Inc()
+	}
+	fps := make([]uint64, len(p.blocks))
+	for i, b := range p.blocks {
+		fps[i] = Fingerprint(b)
+	}
+	return fps, nil
+}
+
+// holdKV materialises the request's blocks and holds them for a remote
+// decoder, setting the answer's kv_transfer_params (NIXL).
+func (s *Sim) holdKV(g *genRequest, f Faults, hashes []uint64, o *output) error {
+	bb := s.blockBytes()
+	h := &hold{requestID: o.requestID + "-" + randomHex(8), tokens: len(g.prompt), corrupt: f.CorruptKV}
+	if g.boot != nil {
+		h.room, h.hasRoom = g.boot.room, true
+	}
+	for j, hash := range hashes {
+		blk := make([]byte, bb)
+		FillBlock(blk, hash, BlockTokens(len(g.prompt), s.cfg.BlockSize, j)*s.cfg.KVBytesPerToken)
+		h.blocks = append(h.blocks, blk)
+		h.checksums = append(h.checksums, Fingerprint(blk))
+	}
+	lease := s.cfg.KVLease
+	if f.ExpireKV {
+		lease = 0
+		s.m.faultsInjected.WithLabelValues("expire_kv").Inc()
+	}
+	if f.CorruptKV {
+		s.m.faultsInjected.WithLabelValues("corrupt_kv").Inc()
+	}
+	if err := s.holds.add(h, lease); err != nil {
+		return err
+	}
+	s.m.remoteDecodePrefills.Inc()
+	if h.hasRoom {
+		s.m.bootstrapPrefills.Inc()
+		return nil
+	}
+	kv := s.KVAddr()
+	o.kv = map[string]any{
+		"do_remote_prefill": true,
+		"do_remote_decode":  false,
+		"remote_engine_id":  s.engineID,
+		"remote_request_id": h.requestID,
+		"remote_block_ids":  [][]int{h.blockIDs},
+		"remote_host":       kv.IP.String(),
+		"remote_port":       kv.Port,
+		"tp_size":           s.cfg.TPSize,
+	}
+	return nil
+}
+
+// writeLoadFailure answers a KV load failure under the "fail" policy the way
+// vLLM does: HTTP 500 for JSON; for SSE, the opening events (the role chunk
+// for chat) and then an error event and [DONE].
+func (s *Sim) writeLoadFailure(out *sink, o *output) {
+	if !out.stream {
+		out.json(http.StatusInternalServerError, internalErrorBody())
+		return
+	}
+	_ = out.send(append(streamOpen(o), streamError()...)...)
+}
+
+// sleep waits d or until ctx ends; it reports whether d passed.
+func sleep(ctx context.Context, d time.Duration) bool {
+	if d <= 0 {
+		return ctx.Err() == nil
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}

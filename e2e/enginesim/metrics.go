@@ -1,0 +1,76 @@
+package enginesim
+
+import "github.com/prometheus/client_golang/prometheus"
+
+// simMetrics holds every metric the simulator exports: vLLM's names with
+// vLLM's labels (model_name, engine), plus the simulator's proof counters.
+type simMetrics struct {
+	running, waiting, kvUsage           prometheus.Gauge
+	prefixQueries, prefixHits           prometheus.Counter
+	promptTokens, generationTokens      prometheus.Counter
+	ttft, e2e                           prometheus.Observer
+	requestSuccess                      *prometheus.CounterVec
+	nixlXferTime, nixlBytes             prometheus.Observer
+	nixlFailed                          prometheus.Counter
+	kvBlocksHeld                        prometheus.Gauge
+	remoteDecodePrefills                prometheus.Counter
+	remoteKVDecodes                     prometheus.Counter
+	localPrefillTokens                  prometheus.Counter
+	invalidKVParams                     prometheus.Counter
+	kvLoadFailures                      *prometheus.CounterVec
+	leaseExpired                        prometheus.Counter
+	bootstrapPrefills, bootstrapDecodes prometheus.Counter
+	faultsInjected                      *prometheus.CounterVec
+	badRequests                         *prometheus.CounterVec
+}
+
+func newSimMetrics(reg prometheus.Registerer, model string) *simMetrics {
+	labels := prometheus.Labels{"model_name": model, "engine": "0"}
+	gauge := func(name, help string) prometheus.Gauge {
+		g := prometheus.NewGauge(prometheus.GaugeOpts{Name: name, Help: help, ConstLabels: labels})
+		reg.MustRegister(g)
+		return g
+	}
+	counter := func(name, help string) prometheus.Counter {
+		c := prometheus.NewCounter(prometheus.CounterOpts{Name: name, Help: help, ConstLabels: labels})
+		reg.MustRegister(c)
+		return c
+	}
+	counterVec := func(name, help string, l ...string) *prometheus.CounterVec {
+		c := prometheus.NewCounterVec(prometheus.CounterOpts{Name: name, Help: help, ConstLabels: labels}, l)
+		reg.MustRegister(c)
+		return c
+	}
+	hist := func(name, help string, buckets []float64) prometheus.Observer {
+		h := prometheus.NewHistogram(prometheus.HistogramOpts{Name: name, Help: help, ConstLabels: labels, Buckets: buckets})
+		reg.MustRegister(h)
+		return h
+	}
+	latency := []float64{0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10, 20, 40, 80}
+	return &simMetrics{
+		running:              gauge("vllm:num_requests_running", "Number of requests in model execution batches."),
+		waiting:              gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed."),
+		kvUsage:              gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage."),
+		prefixQueries:        counter("vllm:prefix_cache_queries_total", "Prefix cache queries, in terms of number of queried tokens."),
+		prefixHits:           counter("vllm:prefix_cache_hits_total", "Prefix cache hits, in terms of number of cached tokens."),
+		promptTokens:         counter("vllm:prompt_tokens_total", "Number of prefill tokens processed."),
+		generationTokens:     counter("vllm:generation_tokens_total", "Number of generation tokens processed."),
+		ttft:                 hist("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", latency),
+		e2e:                  hist("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", latency),
+		requestSuccess:       counterVec("vllm:request_success_total", "Count of successfully processed requests.", "finished_reason"),
+		nixlXferTime:         hist("vllm:nixl_xfer_time_seconds", "Histogram of transfer duration for NIXL KV Cache transfers.", latency),
+		nixlBytes:            hist("vllm:nixl_bytes_transferred", "Histogram of bytes transferred per NIXL KV Cache transfers.", prometheus.ExponentialBuckets(1024, 4, 12)),
+		nixlFailed:           counter("vllm:nixl_num_failed_transfers_total", "Number of failed NIXL KV Cache transfers."),
+		kvBlocksHeld:         gauge("sim_kv_blocks_held", "KV blocks held for remote decoders (stranded KV when it does not return to 0)."),
+		remoteDecodePrefills: counter("sim_remote_decode_prefills_total", "Prefills done for a remote decoder (do_remote_decode or SGLang room)."),
+		remoteKVDecodes:      counter("sim_remote_kv_decodes_total", "Decodes that used KV pulled from a remote prefiller."),
+		localPrefillTokens:   counter("sim_local_prefill_tokens_total", "Prompt tokens this engine prefilled itself (cache hits included)."),
+		invalidKVParams:      counter("sim_invalid_kv_params_total", "Requests whose kv_transfer_params were invalid (prefilled locally, as vLLM does)."),
+		kvLoadFailures:       counterVec("sim_kv_load_failures_total", "Failed KV loads on the decode side, by the policy applied.", "policy"),
+		leaseExpired:         counter("sim_kv_lease_expired_total", "Holds of KV blocks that ended at lease expiry, not by a pull."),
+		bootstrapPrefills:    counter("sim_sglang_prefills_total", "Prefills registered under an SGLang bootstrap room."),
+		bootstrapDecodes:     counter("sim_sglang_decodes_total", "Decodes that pulled KV through an SGLang bootstrap room."),
+		faultsInjected:       counterVec("sim_faults_injected_total", "Faults injected, by kind.", "kind"),
+		badRequests:          counterVec("sim_bad_requests_total", "Requests refused as invalid, by status.", "code"),
+	}
+}

@@ -1,0 +1,270 @@
+package enginesim
+
+import (
+	"encoding/json"
+	"strings"
+)
+
+// output is everything a finished (or finishing) request reports.
+type output struct {
+	api          api
+	id           string
+	requestID    string
+	model        string
+	created      int64
+	promptTokens int
+	cachedTokens int
+	tokens       []int
+	finish       string
+	// kv is the kv_transfer_params of the answer (nil renders null).
+	kv map[string]any
+}
+
+func (o *output) text() string {
+	var b strings.Builder
+	for _, t := range o.tokens {
+		b.WriteString(Word(t))
+	}
+	return b.String()
+}
+
+func (o *output) completionTokens() int { return len(o.tokens) }
+
+func (o *output) usage() map[string]any {
+	return map[string]any{
+		"prompt_tokens":         o.promptTokens,
+		"completion_tokens":     o.completionTokens(),
+		"total_tokens":          o.promptTokens + o.completionTokens(),
+		"prompt_tokens_details": map[string]any{"cached_tokens": o.cachedTokens},
+	}
+}
+
+func (o *output) kvValue() any {
+	if o.kv == nil {
+		return nil
+	}
+	return o.kv
+}
+
+// stopReason maps a vLLM finish_reason to Anthropic's stop_reason.
+func stopReason(finish string) string {
+	if finish == "length" {
+		return "max_tokens"
+	}
+	return "end_turn"
+}
+
+// responseJSON is the non-streaming answer body.
+func responseJSON(o *output) []byte {
+	var v map[string]any
+	switch o.api {
+	case apiCompletions:
+		v = map[string]any{
+			"id": o.id, "object": "text_completion", "created": o.created, "model": o.model,
+			"choices": []any{map[string]any{
+				"index": 0, "text": o.text(), "logprobs": nil, "finish_reason": o.finish,
+				"stop_reason": nil, "prompt_logprobs": nil,
+			}},
+			"usage": o.usage(), "kv_transfer_params": o.kvValue(),
+		}
+	case apiChat:
+		v = map[string]any{
+			"id": o.id, "object": "chat.completion", "created": o.created, "model": o.model,
+			"choices": []any{map[string]any{
+				"index":   0,
+				"message": map[string]any{"role": "assistant", "content": o.text(), "tool_calls": []any{}},
+				"logprobs": nil, "finish_reason": o.finish, "stop_reason": nil,
+			}},
+			"usage": o.usage(), "prompt_logprobs": nil, "kv_transfer_params": o.kvValue(),
+		}
+	case apiResponses:
+		v = responsesObject(o, "completed")
+	case apiMessages:
+		v = map[string]any{
+			"id": o.id, "type": "message", "role": "assistant", "model": o.model,
+			"content":     []any{map[string]any{"type": "text", "text": o.text()}},
+			"stop_reason": stopReason(o.finish), "stop_sequence": nil,
+			"usage": map[string]any{
+				"input_tokens": o.promptTokens, "output_tokens": o.completionTokens(),
+				"cache_read_input_tokens": o.cachedTokens,
+			},
+			"kv_transfer_params": o.kvValue(),
+		}
+	case apiGenerate:
+		v = map[string]any{
+			"request_id": o.requestID,
+			"choices": []any{map[string]any{
+				"index": 0, "token_ids": nonNil(o.tokens), "logprobs": nil, "finish_reason": o.finish,
+			}},
+			"usage": o.usage(), "prompt_logprobs": nil, "kv_transfer_params": o.kvValue(),
+		}
+	}
+	b, _ := json.Marshal(v)
+	return b
+}
+
+func nonNil(t []int) []int {
+	if t == nil {
+		return []int{}
+	}
+	return t
+}
+
+func responsesObject(o *output, status string) map[string]any {
+	var incomplete any
+	if status == "completed" && o.finish == "length" {
+		status = "incomplete"
+		incomplete = map[string]any{"reason": "max_output_tokens"}
+	}
+	return map[string]any{
+		"id": o.id, "object": "response", "created_at": o.created, "model": o.model,
+		"status": status, "incomplete_details": incomplete,
+		"output": []any{map[string]any{
+			"type": "message", "id": "msg_" + o.requestID, "status": "completed", "role": "assistant",
+			"content": []any{map[string]any{"type": "output_text", "text": o.text(), "annotations": []any{}}},
+		}},
+		"usage": map[string]any{
+			"input_tokens": o.promptTokens, "output_tokens": o.completionTokens(),
+			"total_tokens":          o.promptTokens + o.completionTokens(),
+			"input_tokens_details":  map[string]any{"cached_tokens": o.cachedTokens},
+			"output_tokens_details": map[string]any{"reasoning_tokens": 0},
+		},
+		"kv_transfer_params": o.kvValue(),
+	}
+}
+
+// sseEvent is one server-sent event: an optional event name and its data.
+type sseEvent struct {
+	name string
+	data []byte
+}
+
+func dataEvent(v any) sseEvent {
+	b, _ := json.Marshal(v)
+	return sseEvent{data: b}
+}
+
+func namedEvent(name string, v any) sseEvent {
+	b, _ := json.Marshal(v)
+	return sseEvent{name: name, data: b}
+}
+
+var doneEvent = sseEvent{data: []byte("[DONE]")}
+
+// streamOpen returns the events sent when the first result is ready: the
+// role chunk for chat, the created/start events for responses and messages.
+func streamOpen(o *output) []sseEvent {
+	switch o.api {
+	case apiChat:
+		return []sseEvent{dataEvent(chatChunk(o, map[string]any{"role": "assistant", "content": ""}, nil))}
+	case apiResponses:
+		return []sseEvent{namedEvent("response.created", map[string]any{
+			"type": "response.created", "response": responsesObject(o, "in_progress"),
+		})}
+	case apiMessages:
+		return []sseEvent{
+			namedEvent("message_start", map[string]any{"type": "message_start", "message": map[string]any{
+				"id": o.id, "type": "message", "role": "assistant", "model": o.model, "content": []any{},
+				"stop_reason": nil, "stop_sequence": nil,
+				"usage": map[string]any{"input_tokens": o.promptTokens, "output_tokens": 0, "cache_read_input_tokens": o.cachedTokens},
+			}}),
+			namedEvent("content_block_start", map[string]any{"type": "content_block_start", "index": 0,
+				"content_block": map[string]any{"type": "text", "text": ""}}),
+		}
+	}
+	return nil
+}
+
+func chatChunk(o *output, delta map[string]any, finish any) map[string]any {
+	return map[string]any{
+		"id": o.id, "object": "chat.completion.chunk", "created": o.created, "model": o.model,
+		"choices": []any{map[string]any{"index": 0, "delta": delta, "logprobs": nil, "finish_reason": finish}},
+	}
+}
+
+// streamToken returns the event for output token i (finish set on the last).
+func streamToken(o *output, i int, finish string) sseEvent {
+	var fin any
+	if finish != "" {
+		fin = finish
+	}
+	tok := o.tokens[i]
+	switch o.api {
+	case apiCompletions:
+		return dataEvent(map[string]any{
+			"id": o.id, "object": "text_completion", "created": o.created, "model": o.model,
+			"choices": []any{map[string]any{"index": 0, "text": Word(tok), "logprobs": nil, "finish_reason": fin, "stop_reason": nil}},
+		})
+	case apiChat:
+		return dataEvent(chatChunk(o, map[string]any{"content": Word(tok)}, fin))
+	case apiResponses:
+		return namedEvent("response.output_text.delta", map[string]any{
+			"type": "response.output_text.delta", "item_id": "msg_" + o.requestID,
+			"output_index": 0, "content_index": 0, "delta": Word(tok), "sequence_number": i + 1,
+		})
+	case apiMessages:
+		return namedEvent("content_block_delta", map[string]any{
+			"type": "content_block_delta", "index": 0, "delta": map[string]any{"type": "text_delta", "text": Word(tok)},
+		})
+	default:
+		return dataEvent(map[string]any{
+			"request_id": o.requestID,
+			"choices":    []any{map[string]any{"index": 0, "token_ids": []int{tok}, "logprobs": nil, "finish_reason": fin}},
+		})
+	}
+}
+
+// streamClose returns the events after the last token: usage (when asked
+// for) and the terminator of each API.
+func streamClose(o *output, includeUsage bool) []sseEvent {
+	switch o.api {
+	case apiResponses:
+		return []sseEvent{namedEvent("response.completed", map[string]any{
+			"type": "response.completed", "response": responsesObject(o, "completed"),
+		})}
+	case apiMessages:
+		return []sseEvent{
+			namedEvent("content_block_stop", map[string]any{"type": "content_block_stop", "index": 0}),
+			namedEvent("message_delta", map[string]any{"type": "message_delta",
+				"delta": map[string]any{"stop_reason": stopReason(o.finish), "stop_sequence": nil},
+				"usage": map[string]any{"output_tokens": o.completionTokens()}}),
+			namedEvent("message_stop", map[string]any{"type": "message_stop"}),
+		}
+	}
+	var evs []sseEvent
+	if includeUsage {
+		object := "text_completion"
+		if o.api == apiChat {
+			object = "chat.completion.chunk"
+		}
+		evs = append(evs, dataEvent(map[string]any{
+			"id": o.id, "object": object, "created": o.created, "model": o.model,
+			"choices": []any{}, "usage": o.usage(),
+		}))
+	}
+	return append(evs, doneEvent)
+}
+
+// errorBody is vLLM's OpenAI-style error.
+func errorBody(status int, typ, param, msg string) []byte {
+	var p any
+	if param != "" {
+		p = param
+	}
+	b, _ := json.Marshal(map[string]any{"error": map[string]any{
+		"message": msg, "type": typ, "param": p, "code": status,
+	}})
+	return b
+}
+
+// internalErrorBody is what vLLM answers on a KV load failure under the
+// "fail" policy.
+func internalErrorBody() []byte {
+	return errorBody(500, "InternalServerError", "", "Internal server error")
+}
+
+// streamError returns the events vLLM sends when a streaming request fails
+// after the stream began.
+func streamError() []sseEvent {
+	return []sseEvent{{data: internalErrorBody()}, doneEvent}
+}

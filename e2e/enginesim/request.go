@@ -1,0 +1,451 @@
+package enginesim
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+)
+
+// api is one of the inference APIs the simulator serves.
+type api int
+
+const (
+	apiCompletions api = iota
+	apiChat
+	apiResponses
+	apiMessages
+	apiGenerate
+)
+
+// requestError is a client error: it becomes an OpenAI-style error answer.
+type requestError struct {
+	status int
+	typ    string
+	param  string
+	msg    string
+}
+
+func (e *requestError) Error() string { return e.msg }
+
+func badRequest(param, format string, a ...any) error {
+	return &requestError{status: 400, typ: "BadRequestError", param: param, msg: fmt.Sprintf(format, a...)}
+}
+
+// genRequest is an inference request after API-specific parsing.
+type genRequest struct {
+	api          api
+	model        string
+	prompt       []int
+	maxTokens    int
+	minTokens    int
+	stream       bool
+	includeUsage bool
+	// kv is the request's kv_transfer_params (nil when absent or null).
+	kv *kvParams
+	// kvInvalid is set when kv_transfer_params was present but unusable.
+	kvInvalid string
+	boot      *bootstrap
+}
+
+// kvParams is vLLM NixlConnector's kv_transfer_params.
+type kvParams struct {
+	DoRemoteDecode  bool            `json:"do_remote_decode"`
+	DoRemotePrefill bool            `json:"do_remote_prefill"`
+	RemoteEngineID  *string         `json:"remote_engine_id"`
+	RemoteRequestID *string         `json:"remote_request_id"`
+	RemoteBlockIDs  json.RawMessage `json:"remote_block_ids"`
+	RemoteHost      *string         `json:"remote_host"`
+	RemotePort      *int            `json:"remote_port"`
+	TPSize          *int            `json:"tp_size"`
+}
+
+// blockIDs flattens remote_block_ids: one list per KV group ([[...]], the
+// first group is used) or a flat list (older vLLM).
+func (p *kvParams) blockIDs() ([]int, error) {
+	var groups [][]int
+	if err := json.Unmarshal(p.RemoteBlockIDs, &groups); err == nil && len(groups) > 0 {
+		return groups[0], nil
+	}
+	var flat []int
+	if err := json.Unmarshal(p.RemoteBlockIDs, &flat); err != nil {
+		return nil, fmt.Errorf("remote_block_ids: %w", err)
+	}
+	return flat, nil
+}
+
+// remoteDecodeReady reports why p cannot drive a remote-prefill decode, or
+// "" when it can.
+func (p *kvParams) invalidForDecode() string {
+	var missing []string
+	if p.RemoteEngineID == nil || *p.RemoteEngineID == "" {
+		missing = append(missing, "remote_engine_id")
+	}
+	if p.RemoteRequestID == nil || *p.RemoteRequestID == "" {
+		missing = append(missing, "remote_request_id")
+	}
+	if p.RemoteHost == nil || *p.RemoteHost == "" {
+		missing = append(missing, "remote_host")
+	}
+	if p.RemotePort == nil || *p.RemotePort <= 0 {
+		missing = append(missing, "remote_port")
+	}
+	if len(missing) > 0 {
+		return "missing " + strings.Join(missing, ", ")
+	}
+	if _, err := p.blockIDs(); err != nil {
+		return err.Error()
+	}
+	return ""
+}
+
+// bootstrap is SGLang's P/D addressing.
+type bootstrap struct {
+	host string
+	port int
+	room uint64
+}
+
+// body is the union of the fields the simulator reads, each kept raw so a
+// wrong type gets a precise error.
+type body struct {
+	Model               json.RawMessage `json:"model"`
+	Prompt              json.RawMessage `json:"prompt"`
+	Messages            json.RawMessage `json:"messages"`
+	Input               json.RawMessage `json:"input"`
+	Instructions        json.RawMessage `json:"instructions"`
+	System              json.RawMessage `json:"system"`
+	TokenIDs            json.RawMessage `json:"token_ids"`
+	MaxTokens           json.RawMessage `json:"max_tokens"`
+	MaxCompletionTokens json.RawMessage `json:"max_completion_tokens"`
+	MaxOutputTokens     json.RawMessage `json:"max_output_tokens"`
+	MinTokens           json.RawMessage `json:"min_tokens"`
+	SamplingParams      json.RawMessage `json:"sampling_params"`
+	Stream              json.RawMessage `json:"stream"`
+	StreamOptions       json.RawMessage `json:"stream_options"`
+	N                   json.RawMessage `json:"n"`
+	KVTransferParams    json.RawMessage `json:"kv_transfer_params"`
+	BootstrapHost       json.RawMessage `json:"bootstrap_host"`
+	BootstrapPort       json.RawMessage `json:"bootstrap_port"`
+	BootstrapRoom       json.RawMessage `json:"bootstrap_room"`
+}
+
+func absent(raw json.RawMessage) bool {
+	return len(raw) == 0 || bytes.Equal(raw, []byte("null"))
+}
+
+func optInt(raw json.RawMessage, name string) (int, bool, error) {
+	if absent(raw) {
+		return 0, false, nil
+	}
+	var v int
+	if err := json.Unmarshal(raw, &v); err != nil {
+		return 0, false, badRequest(name, "%s must be an integer", name)
+	}
+	return v, true, nil
+}
+
+func optBool(raw json.RawMessage, name string) (bool, error) {
+	if absent(raw) {
+		return false, nil
+	}
+	var v bool
+	if err := json.Unmarshal(raw, &v); err != nil {
+		return false, badRequest(name, "%s must be a boolean", name)
+	}
+	return v, nil
+}
+
+func optString(raw json.RawMessage, name string) (string, bool, error) {
+	if absent(raw) {
+		return "", false, nil
+	}
+	var v string
+	if err := json.Unmarshal(raw, &v); err != nil {
+		return "", false, badRequest(name, "%s must be a string", name)
+	}
+	return v, true, nil
+}
+
+// textOf reads content that is a string or a list of {type, text} parts.
+func textOf(raw json.RawMessage, name string) (string, error) {
+	if absent(raw) {
+		return "", nil
+	}
+	var s string
+	if err := json.Unmarshal(raw, &s); err == nil {
+		return s, nil
+	}
+	var parts []struct {
+		Type string `json:"type"`
+		Text string `json:"text"`
+	}
+	if err := json.Unmarshal(raw, &parts); err != nil {
+		return "", badRequest(name, "%s must be a string or a list of text parts", name)
+	}
+	var b strings.Builder
+	for _, p := range parts {
+		b.WriteString(p.Text)
+	}
+	return b.String(), nil
+}
+
+func messagesOf(raw json.RawMessage, name string) ([]Message, error) {
+	var msgs []struct {
+		Role    string          `json:"role"`
+		Content json.RawMessage `json:"content"`
+	}
+	if err := json.Unmarshal(raw, &msgs); err != nil {
+		return nil, badRequest(name, "%s must be a list of messages", name)
+	}
+	if len(msgs) == 0 {
+		return nil, badRequest(name, "%s must not be empty", name)
+	}
+	out := make([]Message, 0, len(msgs))
+	for i, m := range msgs {
+		if m.Role == "" {
+			return nil, badRequest(name, "%s[%d].role is required", name, i)
+		}
+		text, err := textOf(m.Content, fmt.Sprintf("%s[%d].content", name, i))
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, Message{Role: m.Role, Content: text})
+	}
+	return out, nil
+}
+
+// parseRequest turns a request body of the given API into a genRequest.
+func parseRequest(a api, raw []byte, defaultMax int) (*genRequest, error) {
+	var b body
+	if err := json.Unmarshal(raw, &b); err != nil {
+		var syn *json.SyntaxError
+		var typ *json.UnmarshalTypeError
+		switch {
+		case errors.As(err, &typ) && typ.Field == "":
+			return nil, badRequest("", "request body must be a JSON object")
+		case errors.As(err, &syn):
+			return nil, badRequest("", "malformed JSON: %v", err)
+		default:
+			return nil, badRequest("", "invalid request body: %v", err)
+		}
+	}
+	g := &genRequest{api: a, maxTokens: defaultMax}
+	model, ok, err := optString(b.Model, "model")
+	if err != nil {
+		return nil, err
+	}
+	if !ok && a != apiGenerate {
+		return nil, badRequest("model", "model is required")
+	}
+	g.model = model
+	if err := g.parsePrompt(a, &b); err != nil {
+		return nil, err
+	}
+	if err := g.parseCaps(a, &b); err != nil {
+		return nil, err
+	}
+	if g.stream, err = optBool(b.Stream, "stream"); err != nil {
+		return nil, err
+	}
+	if !absent(b.StreamOptions) {
+		var so struct {
+			IncludeUsage bool `json:"include_usage"`
+		}
+		if err := json.Unmarshal(b.StreamOptions, &so); err != nil {
+			return nil, badRequest("stream_options", "stream_options must be an object")
+		}
+		g.includeUsage = so.IncludeUsage
+	}
+	if n, ok, err := optInt(b.N, "n"); err != nil {
+		return nil, err
+	} else if ok && n != 1 {
+		return nil, badRequest("n", "the simulator serves n=1 only")
+	}
+	if !absent(b.KVTransferParams) {
+		var p kvParams
+		if err := json.Unmarshal(b.KVTransferParams, &p); err != nil {
+			g.kvInvalid = "kv_transfer_params: " + err.Error()
+		} else {
+			g.kv = &p
+		}
+	}
+	return g, g.parseBootstrap(&b)
+}
+
+func (g *genRequest) parsePrompt(a api, b *body) error {
+	switch a {
+	case apiCompletions:
+		return g.completionPrompt(b.Prompt)
+	case apiChat:
+		if absent(b.Messages) {
+			return badRequest("messages", "messages is required")
+		}
+		msgs, err := messagesOf(b.Messages, "messages")
+		if err != nil {
+			return err
+		}
+		g.prompt = Tokenize(ChatPrompt(msgs))
+	case apiResponses:
+		if absent(b.Input) {
+			return badRequest("input", "input is required")
+		}
+		var msgs []Message
+		if s, err := optStringOrNil(b.Instructions); err == nil && s != "" {
+			msgs = append(msgs, Message{Role: "system", Content: s})
+		}
+		if s, ok, _ := optString(b.Input, "input"); ok {
+			msgs = append(msgs, Message{Role: "user", Content: s})
+		} else {
+			in, err := messagesOf(b.Input, "input")
+			if err != nil {
+				return err
+			}
+			msgs = append(msgs, in...)
+		}
+		g.prompt = Tokenize(ChatPrompt(msgs))
+	case apiMessages:
+		if absent(b.Messages) {
+			return badRequest("messages", "messages is required")
+		}
+		var msgs []Message
+		sys, err := textOf(b.System, "system")
+		if err != nil {
+			return err
+		}
+		if sys != "" {
+			msgs = append(msgs, Message{Role: "system", Content: sys})
+		}
+		in, err := messagesOf(b.Messages, "messages")
+		if err != nil {
+			return err
+		}
+		g.prompt = Tokenize(ChatPrompt(append(msgs, in...)))
+	case apiGenerate:
+		if !absent(b.TokenIDs) {
+			if err := json.Unmarshal(b.TokenIDs, &g.prompt); err != nil {
+				return badRequest("token_ids", "token_ids must be a list of integers")
+			}
+		} else if err := g.completionPrompt(b.Prompt); err != nil {
+			return badRequest("token_ids", "token_ids (or prompt) is required")
+		}
+	}
+	if len(g.prompt) == 0 {
+		return badRequest("prompt", "the prompt must not be empty")
+	}
+	return nil
+}
+
+func optStringOrNil(raw json.RawMessage) (string, error) {
+	s, _, err := optString(raw, "instructions")
+	return s, err
+}
+
+func (g *genRequest) completionPrompt(raw json.RawMessage) error {
+	if absent(raw) {
+		return badRequest("prompt", "prompt is required")
+	}
+	var s string
+	if err := json.Unmarshal(raw, &s); err == nil {
+		g.prompt = Tokenize(s)
+		return nil
+	}
+	var ss []string
+	if err := json.Unmarshal(raw, &ss); err == nil && len(ss) == 1 {
+		g.prompt = Tokenize(ss[0])
+		return nil
+	}
+	var ids []int
+	if err := json.Unmarshal(raw, &ids); err == nil {
+		g.prompt = ids
+		return nil
+	}
+	return badRequest("prompt", "prompt must be a string, a list of one string, or a list of token ids")
+}
+
+func (g *genRequest) parseCaps(a api, b *body) error {
+	type capField struct {
+		raw  json.RawMessage
+		name string
+	}
+	var caps []capField
+	minRaw := b.MinTokens
+	switch a {
+	case apiCompletions, apiMessages:
+		caps = []capField{{b.MaxTokens, "max_tokens"}}
+	case apiChat:
+		caps = []capField{{b.MaxTokens, "max_tokens"}, {b.MaxCompletionTokens, "max_completion_tokens"}}
+	case apiResponses:
+		caps = []capField{{b.MaxOutputTokens, "max_output_tokens"}}
+	case apiGenerate:
+		if !absent(b.SamplingParams) {
+			var sp struct {
+				MaxTokens json.RawMessage `json:"max_tokens"`
+				MinTokens json.RawMessage `json:"min_tokens"`
+			}
+			if err := json.Unmarshal(b.SamplingParams, &sp); err != nil {
+				return badRequest("sampling_params", "sampling_params must be an object")
+			}
+			caps = []capField{{sp.MaxTokens, "sampling_params.max_tokens"}}
+			minRaw = sp.MinTokens
+		}
+	}
+	set := false
+	for _, c := range caps {
+		v, ok, err := optInt(c.raw, c.name)
+		if err != nil {
+			return err
+		}
+		if !ok {
+			continue
+		}
+		if v < 1 {
+			return badRequest(c.name, "%s must be at least 1, got %d", c.name, v)
+		}
+		if !set || v < g.maxTokens {
+			g.maxTokens = v
+		}
+		set = true
+	}
+	minTokens, _, err := optInt(minRaw, "min_tokens")
+	if err != nil {
+		return err
+	}
+	if minTokens < 0 || minTokens > g.maxTokens {
+		return badRequest("min_tokens", "min_tokens must be within 0..max_tokens (%d), got %d", g.maxTokens, minTokens)
+	}
+	g.minTokens = minTokens
+	return nil
+}
+
+func (g *genRequest) parseBootstrap(b *body) error {
+	if absent(b.BootstrapRoom) && absent(b.BootstrapHost) {
+		return nil
+	}
+	host, _, err := optString(b.BootstrapHost, "bootstrap_host")
+	if err != nil {
+		return err
+	}
+	port, _, err := optInt(b.BootstrapPort, "bootstrap_port")
+	if err != nil {
+		return err
+	}
+	var room uint64
+	if err := json.Unmarshal(b.BootstrapRoom, &room); err != nil {
+		// Some clients send the room as a decimal string.
+		s, _, serr := optString(b.BootstrapRoom, "bootstrap_room")
+		if serr != nil {
+			return badRequest("bootstrap_room", "bootstrap_room must be a non-negative integer")
+		}
+		if room, err = strconv.ParseUint(s, 10, 64); err != nil {
+			return badRequest("bootstrap_room", "bootstrap_room must be a non-negative integer")
+		}
+	}
+	if host == "" || port <= 0 {
+		return badRequest("bootstrap_host", "bootstrap_host and bootstrap_port are required with bootstrap_room")
+	}
+	g.boot = &bootstrap{host: host, port: port, room: room}
+	return nil
+}

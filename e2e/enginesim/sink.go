@@ -1,0 +1,84 @@
+package enginesim
+
+import (
+	"net/http"
+	"strconv"
+)
+
+// sink writes one answer: a JSON body, or server-sent events flushed one by
+// one. With dieAfter > 0 it cuts the connection after that many events (or
+// half a JSON body), the die-mid-stream fault.
+type sink struct {
+	w        http.ResponseWriter
+	stream   bool
+	started  bool
+	events   int
+	dieAfter int
+}
+
+func newSink(w http.ResponseWriter, stream bool, dieAfter int) *sink {
+	return &sink{w: w, stream: stream, dieAfter: dieAfter}
+}
+
+// send writes SSE events, starting the stream on first use.
+func (k *sink) send(evs ...sseEvent) error {
+	if !k.started {
+		h := k.w.Header()
+		h.Set("Content-Type", "text/event-stream; charset=utf-8")
+		h.Set("Cache-Control", "no-cache")
+		k.w.WriteHeader(http.StatusOK)
+		k.started = true
+	}
+	buf := make([]byte, 0, 512)
+	for _, ev := range evs {
+		if k.dieAfter > 0 && k.events >= k.dieAfter {
+			k.flush()
+			panic(http.ErrAbortHandler)
+		}
+		buf = buf[:0]
+		if ev.name != "" {
+			buf = append(buf, "event: "...)
+			buf = append(buf, ev.name...)
+			buf = append(buf, '\n')
+		}
+		buf = append(buf, "data: "...)
+		buf = append(buf, ev.data...)
+		buf = append(buf, "\n\n"...)
+		if _, err := k.w.Write(buf); err != nil {
+			return err
+		}
+		k.events++
+		k.flush()
+	}
+	return nil
+}
+
+func (k *sink) flush() {
+	if f, ok := k.w.(http.Flusher); ok {
+		f.Flush()
+	}
+}
+
+// json writes a complete JSON answer.
+func (k *sink) json(status int, body []byte) {
+	h := k.w.Header()
+	h.Set("Content-Type", "application/json")
+	h.Set("Content-Length", strconv.Itoa(len(body)))
+	k.w.WriteHeader(status)
+	if k.dieAfter > 0 {
+		_, _ = k.w.Write(body[:len(body)/2])
+		k.flush()
+		panic(http.ErrAbortHandler)
+	}
+	_, _ = k.w.Write(body)
+}
+
+// fail writes an error answer: as JSON when nothing was sent yet, else as an
+// SSE error event and [DONE].
+func (k *sink) fail(status int, body []byte) {
+	if k.started {
+		_ = k.send(sseEvent{data: body}, doneEvent)
+		return
+	}
+	k.json(status, body)
+}
