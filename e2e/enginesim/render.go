@@ -71,8 +71,8 @@ func responseJSON(o *output) []byte {
 		v = map[string]any{
 			"id": o.id, "object": "chat.completion", "created": o.created, "model": o.model,
 			"choices": []any{map[string]any{
-				"index":   0,
-				"message": map[string]any{"role": "assistant", "content": o.text(), "tool_calls": []any{}},
+				"index":    0,
+				"message":  map[string]any{"role": "assistant", "content": o.text(), "tool_calls": []any{}},
 				"logprobs": nil, "finish_reason": o.finish, "stop_reason": nil,
 			}},
 			"usage": o.usage(), "prompt_logprobs": nil, "kv_transfer_params": o.kvValue(),

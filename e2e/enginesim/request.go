@@ -278,7 +278,9 @@ func parseRequest(a api, raw []byte, defaultMax int) (*genRequest, error) {
 func (g *genRequest) parsePrompt(a api, b *body) error {
 	switch a {
 	case apiCompletions:
-		return g.completionPrompt(b.Prompt)
+		if err := g.completionPrompt(b.Prompt); err != nil {
+			return err
+		}
 	case apiChat:
 		if absent(b.Messages) {
 			return badRequest("messages", "messages is required")
