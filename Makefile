@@ -1,0 +1,37 @@
+# pd-sidecar: build, test, demo.
+GO          ?= go
+BIN         := $(CURDIR)/bin
+STATICCHECK := $(BIN)/staticcheck
+STATICCHECK_VERSION := v0.8.2
+
+.PHONY: all build test lint vet unit demo clean
+
+all: build
+
+## build: compile every binary into ./bin
+build:
+	@mkdir -p $(BIN)
+	$(GO) build -o $(BIN)/ ./cmd/...
+
+## test: everything CI runs: gofmt, go vet, staticcheck, and go test -race (unit and e2e over real processes)
+test: lint
+	$(GO) test -race -count=1 -timeout 20m ./...
+
+## lint: gofmt, go vet and staticcheck
+lint: vet $(STATICCHECK)
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
+	$(STATICCHECK) ./...
+
+vet:
+	$(GO) vet ./...
+
+$(STATICCHECK):
+	@mkdir -p $(BIN)
+	GOBIN=$(BIN) $(GO) install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
+
+## demo: engine-sim as a prefill and a decode engine, the sidecar in front, real traffic, a summary
+demo: build
+	$(BIN)/pd-demo --bin $(BIN)
+
+clean:
+	rm -rf $(BIN)
