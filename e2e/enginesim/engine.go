@@ -262,13 +262,17 @@ func (s *Sim) holdKV(g *genRequest, f Faults, hashes []uint64, o *output) error 
 		return nil
 	}
 	kv := s.KVAddr()
+	host := kv.IP.String()
+	if kv.IP.IsUnspecified() && o.localHost != "" {
+		host = o.localHost
+	}
 	o.kv = map[string]any{
 		"do_remote_prefill": true,
 		"do_remote_decode":  false,
 		"remote_engine_id":  s.engineID,
 		"remote_request_id": h.requestID,
 		"remote_block_ids":  [][]int{h.blockIDs},
-		"remote_host":       kv.IP.String(),
+		"remote_host":       host,
 		"remote_port":       kv.Port,
 		"tp_size":           s.cfg.TPSize,
 	}

@@ -107,6 +107,9 @@ func (s *Sim) inference(a api) http.HandlerFunc {
 			return
 		}
 		o := &output{api: a, requestID: rid, model: s.cfg.Model, created: time.Now().Unix()}
+		if la, ok := ctx.Value(http.LocalAddrContextKey).(*net.TCPAddr); ok {
+			o.localHost = la.IP.String()
+		}
 		switch a {
 		case apiCompletions:
 			o.id = "cmpl-" + rid

@@ -18,6 +18,9 @@ type output struct {
 	finish       string
 	// kv is the kv_transfer_params of the answer (nil renders null).
 	kv map[string]any
+	// localHost is the address the client reached this engine at, advertised
+	// as remote_host when the KV side channel listens on a wildcard address.
+	localHost string
 }
 
 func (o *output) text() string {
