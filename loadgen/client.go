@@ -62,7 +62,6 @@ type client struct {
 	api    API
 	hc     *fasthttp.Client
 	url    string
-	prefix []byte
 }
 
 func newClient(t Target, api API, timeout time.Duration) *client {
