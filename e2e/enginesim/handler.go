@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"strconv"
 	"time"
 
@@ -34,6 +35,8 @@ func (s *Sim) Handler() http.Handler {
 	mux.HandleFunc("POST /sim/faults", s.postFaults)
 	mux.HandleFunc("DELETE /sim/faults", s.deleteFaults)
 	mux.HandleFunc("GET /sim/requests", s.listRequests)
+	mux.HandleFunc("GET /debug/pprof/", pprof.Index)
+	mux.HandleFunc("GET /debug/pprof/profile", pprof.Profile)
 	mux.HandleFunc("DELETE /sim/requests", func(w http.ResponseWriter, _ *http.Request) {
 		s.journal.clear()
 		w.WriteHeader(http.StatusNoContent)
