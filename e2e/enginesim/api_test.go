@@ -184,3 +184,25 @@ func TestModelsAndHealth(t *testing.T) {
 	h.Body.Close()
 	assert.Equal(t, 200, h.StatusCode)
 }
+
+func TestTokenChunkMatchesGenericRendering(t *testing.T) {
+	for _, a := range []api{apiCompletions, apiChat} {
+		for _, fin := range []string{"", "length"} {
+			o := &output{api: a, id: `id-"quoted"`, model: "m", created: 42, tokens: []int{FirstTextToken + 7}}
+			var finish any
+			if fin != "" {
+				finish = fin
+			}
+			var want map[string]any
+			if a == apiChat {
+				want = chatChunk(o, map[string]any{"content": Word(o.tokens[0])}, finish)
+			} else {
+				want = map[string]any{
+					"id": o.id, "object": "text_completion", "created": o.created, "model": o.model,
+					"choices": []any{map[string]any{"index": 0, "text": Word(o.tokens[0]), "logprobs": nil, "finish_reason": finish, "stop_reason": nil}},
+				}
+			}
+			assert.JSONEq(t, mustJSON(want), string(streamToken(o, 0, fin).data))
+		}
+	}
+}

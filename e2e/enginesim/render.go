@@ -2,6 +2,7 @@ package enginesim
 
 import (
 	"encoding/json"
+	"strconv"
 	"strings"
 )
 
@@ -21,6 +22,8 @@ type output struct {
 	// localHost is the address the client reached this engine at, advertised
 	// as remote_host when the KV side channel listens on a wildcard address.
 	localHost string
+	// chunkPrefix caches the constant head of a streamed chunk.
+	chunkPrefix []byte
 }
 
 func (o *output) text() string {
@@ -186,20 +189,13 @@ func chatChunk(o *output, delta map[string]any, finish any) map[string]any {
 }
 
 // streamToken returns the event for output token i (finish set on the last).
+// Completions and chat, the hot path of every benchmark, are rendered from a
+// per-request prefix instead of a map.
 func streamToken(o *output, i int, finish string) sseEvent {
-	var fin any
-	if finish != "" {
-		fin = finish
-	}
 	tok := o.tokens[i]
 	switch o.api {
-	case apiCompletions:
-		return dataEvent(map[string]any{
-			"id": o.id, "object": "text_completion", "created": o.created, "model": o.model,
-			"choices": []any{map[string]any{"index": 0, "text": Word(tok), "logprobs": nil, "finish_reason": fin, "stop_reason": nil}},
-		})
-	case apiChat:
-		return dataEvent(chatChunk(o, map[string]any{"content": Word(tok)}, fin))
+	case apiCompletions, apiChat:
+		return sseEvent{data: tokenChunk(o, Word(tok), finish)}
 	case apiResponses:
 		return namedEvent("response.output_text.delta", map[string]any{
 			"type": "response.output_text.delta", "item_id": "msg_" + o.requestID,
@@ -210,11 +206,60 @@ func streamToken(o *output, i int, finish string) sseEvent {
 			"type": "content_block_delta", "index": 0, "delta": map[string]any{"type": "text_delta", "text": Word(tok)},
 		})
 	default:
+		var fin any
+		if finish != "" {
+			fin = finish
+		}
 		return dataEvent(map[string]any{
 			"request_id": o.requestID,
 			"choices":    []any{map[string]any{"index": 0, "token_ids": []int{tok}, "logprobs": nil, "finish_reason": fin}},
 		})
 	}
+}
+
+// tokenChunk renders one completions or chat chunk carrying word, which is
+// plain ASCII and needs no escaping.
+func tokenChunk(o *output, word, finish string) []byte {
+	if o.chunkPrefix == nil {
+		id, _ := json.Marshal(o.id)
+		model, _ := json.Marshal(o.model)
+		object := `"text_completion"`
+		if o.api == apiChat {
+			object = `"chat.completion.chunk"`
+		}
+		p := append([]byte(`{"id":`), id...)
+		p = append(p, `,"object":`...)
+		p = append(p, object...)
+		p = append(p, `,"created":`...)
+		p = strconv.AppendInt(p, o.created, 10)
+		p = append(p, `,"model":`...)
+		p = append(p, model...)
+		if o.api == apiChat {
+			p = append(p, `,"choices":[{"index":0,"delta":{"content":"`...)
+		} else {
+			p = append(p, `,"choices":[{"index":0,"text":"`...)
+		}
+		o.chunkPrefix = p
+	}
+	b := make([]byte, 0, len(o.chunkPrefix)+len(word)+64)
+	b = append(b, o.chunkPrefix...)
+	b = append(b, word...)
+	if o.api == apiChat {
+		b = append(b, `"},"logprobs":null,"finish_reason":`...)
+	} else {
+		b = append(b, `","logprobs":null,"finish_reason":`...)
+	}
+	if finish == "" {
+		b = append(b, "null"...)
+	} else {
+		b = append(b, '"')
+		b = append(b, finish...)
+		b = append(b, '"')
+	}
+	if o.api == apiChat {
+		return append(b, "}]}"...)
+	}
+	return append(b, `,"stop_reason":null}]}`...)
 }
 
 // streamClose returns the events after the last token: usage (when asked
