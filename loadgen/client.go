@@ -58,10 +58,10 @@ const (
 
 // client sends requests for one target.
 type client struct {
-	t      Target
-	api    API
-	hc     *fasthttp.Client
-	url    string
+	t   Target
+	api API
+	hc  *fasthttp.Client
+	url string
 }
 
 func newClient(t Target, api API, timeout time.Duration) *client {

@@ -78,15 +78,33 @@ func Binary(t testing.TB, name string) string {
 	return out
 }
 
-// FreePort returns a TCP port on 127.0.0.1 that was free a moment ago.
+// handedOut remembers every port FreePort returned in this test process, so
+// two callers never get the same one while neither has bound it yet.
+var (
+	portMu    sync.Mutex
+	handedOut = map[int]bool{}
+)
+
+// FreePort returns a TCP port on 127.0.0.1 that was free a moment ago and
+// that no earlier call returned.
 func FreePort(t testing.TB) int {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatalf("harness: free port: %v", err)
+	portMu.Lock()
+	defer portMu.Unlock()
+	for range 100 {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatalf("harness: free port: %v", err)
+		}
+		port := l.Addr().(*net.TCPAddr).Port
+		l.Close()
+		if !handedOut[port] {
+			handedOut[port] = true
+			return port
+		}
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	t.Fatal("harness: no fresh free port")
+	return 0
 }
 
 // Proc is one running child process.

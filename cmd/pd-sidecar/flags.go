@@ -1,0 +1,68 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+
+	"github.com/rs/zerolog"
+	"github.com/spf13/pflag"
+
+	"github.com/pd-sidecar/pd-sidecar/proxy"
+)
+
+// errHelp: --help was asked for and printed.
+var errHelp = errors.New("help requested")
+
+type options struct {
+	cfg       proxy.Config
+	connector string
+	logLevel  zerolog.Level
+}
+
+// parseFlags reads the command line into options and validates them; the
+// error is one line fit for stderr.
+func parseFlags(args []string, stderr io.Writer) (options, error) {
+	o := options{cfg: proxy.DefaultConfig()}
+	c := &o.cfg
+	fs := pflag.NewFlagSet("pd-sidecar", pflag.ContinueOnError)
+	fs.SetOutput(io.Discard) // errors are reported as one line by the caller
+	fs.StringVar(&c.Host, "host", c.Host, "address to listen on (empty: all interfaces)")
+	fs.IntVar(&c.Port, "port", c.Port, "port to listen on (data-parallel rank r listens on port+r)")
+	fs.IntVar(&c.ModelServerPort, "model-server-port", c.ModelServerPort, "local engine port (rank r: model-server-port+r)")
+	fs.IntVar(&c.ModelServerPort, "vllm-port", c.ModelServerPort, "deprecated alias of --model-server-port")
+	_ = fs.MarkDeprecated("vllm-port", "use --model-server-port")
+	fs.StringVar(&c.ModelServerHost, "model-server-host", c.ModelServerHost, "local engine host")
+	fs.StringVar(&o.connector, "kv-connector", "nixlv2", "KV connector protocol (nixlv2)")
+	fs.IntVar(&c.DataParallelSize, "data-parallel-size", c.DataParallelSize, "number of data-parallel ranks")
+	fs.BoolVar(&c.PrefillerSampling, "enable-prefiller-sampling", c.PrefillerSampling, "pick a random prefiller among comma-separated header values (else the first)")
+	fs.IntVar(&c.PrefillMaxRetries, "prefill-max-retries", c.PrefillMaxRetries, "retries of a prefill that failed retryably (unreachable, 5xx, 429)")
+	fs.DurationVar(&c.PrefillRetryBackoff, "prefill-retry-backoff", c.PrefillRetryBackoff, "wait before each prefill retry")
+	fs.DurationVar(&c.PrefillTimeout, "prefill-timeout", c.PrefillTimeout, "bound on the whole prefill leg, retries included")
+	fs.DurationVar(&c.ConnectTimeout, "connect-timeout", c.ConnectTimeout, "TCP connect timeout to engines")
+	fs.BoolVar(&c.PrefillFallback, "prefill-fallback", c.PrefillFallback, "degrade a failed prefill to a local prefill (false: answer the error)")
+	fs.StringVar(&c.OnKVLoadFailure, "on-kv-load-failure", c.OnKVLoadFailure, "when the decode engine fails to load remote KV: local-prefill or error")
+	fs.IntVar(&c.DecodeTPSize, "decode-tp-size", c.DecodeTPSize, "local engine tensor-parallel size; a larger prefill tp_size degrades to local prefill (0: no check)")
+	fs.IntVar(&c.MaxRequestBodyBytes, "max-request-body-bytes", c.MaxRequestBodyBytes, "largest accepted request body")
+	fs.DurationVar(&c.ShutdownGrace, "shutdown-grace", c.ShutdownGrace, "how long SIGTERM waits for in-flight requests")
+	fs.IntVar(&c.MetricsPort, "metrics-port", c.MetricsPort, "port for /metrics (0: serve it on --port)")
+	fs.IntVar(&c.MaxConnsPerHost, "max-idle-conns-per-host", c.MaxConnsPerHost, "connections pooled per engine")
+	level := fs.String("log-level", "info", "log level: debug, info, warn, error")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, pflag.ErrHelp) {
+			fmt.Fprintf(stderr, "Usage of pd-sidecar:\n%s", fs.FlagUsages())
+			return o, errHelp
+		}
+		return o, err
+	}
+	if fs.NArg() > 0 {
+		return o, fmt.Errorf("unexpected arguments: %s", strings.Join(fs.Args(), " "))
+	}
+	lv, err := zerolog.ParseLevel(*level)
+	if err != nil || *level == "" {
+		return o, fmt.Errorf("--log-level %q is not one of debug, info, warn, error", *level)
+	}
+	o.logLevel = lv
+	return o, c.Validate()
+}

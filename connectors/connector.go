@@ -1,0 +1,65 @@
+// Package connectors holds the wire protocols between the sidecar and the
+// inference engines. A connector is a pure transform: from the client's
+// request body it produces the bodies of the prefill and decode legs, and
+// from the prefill answer it reads the handoff the decode leg needs. It never
+// opens a socket, logs or touches metrics; the proxy owns all of that.
+package connectors
+
+import "errors"
+
+// Sentinel errors a connector returns; the proxy maps them to fallback
+// reasons in one place.
+var (
+	// ErrBadBody means the client body is not a JSON object the connector can
+	// rewrite.
+	ErrBadBody = errors.New("connectors: request body is not a JSON object")
+	// ErrNoKVParams means the prefill answer ended on its length cap but
+	// carried no kv_transfer_params, so there is nothing to hand off.
+	ErrNoKVParams = errors.New("connectors: prefill answer carries no kv_transfer_params")
+	// ErrInvalidKVParams means the prefill answer's kv_transfer_params lack a
+	// field the decode engine needs; vLLM would silently prefill locally.
+	ErrInvalidKVParams = errors.New("connectors: invalid kv_transfer_params in prefill answer")
+	// ErrBadPrefillAnswer means the prefill answer is not a JSON object.
+	ErrBadPrefillAnswer = errors.New("connectors: prefill answer is not a JSON object")
+)
+
+// Handoff is what the prefill answer tells the decode leg.
+type Handoff struct {
+	// Params is the raw kv_transfer_params object of the prefill answer,
+	// copied verbatim into the decode body. Nil when Done is true.
+	Params []byte
+	// Done reports that generation already ended on the prefill's first
+	// token (EOS): the prefill answer is the whole answer and no decode leg
+	// is needed.
+	Done bool
+	// TPSize is the prefill engine's tensor-parallel size (0 if not given).
+	TPSize int
+	// CachedTokens is the prefill answer's prompt cached-token count (0 if
+	// absent); the decode answer reports this value instead of its own.
+	CachedTokens int64
+}
+
+// Connector turns one client request into the two legs of a sequential
+// prefill→decode handoff. Implementations must be safe for concurrent use
+// and must not modify the body slices they are given.
+type Connector interface {
+	// Name is the connector's --kv-connector value.
+	Name() string
+	// PrefillBody returns the prefill leg's body for a client body sent to
+	// api, appended to dst[:0].
+	PrefillBody(dst []byte, api API, body []byte) ([]byte, error)
+	// ParsePrefill reads the handoff from the prefill leg's JSON answer.
+	// It returns ErrNoKVParams or ErrInvalidKVParams when the answer cannot
+	// be handed off and Done is not set.
+	ParsePrefill(api API, answer []byte) (Handoff, error)
+	// DecodeBody returns the decode leg's body: the client body with the
+	// handoff applied, appended to dst[:0].
+	DecodeBody(dst []byte, api API, body []byte, h Handoff) ([]byte, error)
+}
+
+// AnswerRewriter is an optional ability of a Connector: it edits each piece
+// of the decode answer (the whole JSON body, or one SSE data payload) before
+// it reaches the client. It returns data unchanged when nothing applies.
+type AnswerRewriter interface {
+	RewriteAnswer(api API, data []byte, h Handoff) []byte
+}

@@ -1,0 +1,145 @@
+// Package nixlv2 is the vLLM NixlConnector wire protocol (engine-pull): the
+// prefill leg asks the prefill engine to keep the prompt's KV blocks for a
+// remote decoder and answer with their location (kv_transfer_params); the
+// decode leg hands those params to the local engine, which pulls the blocks
+// itself and decodes.
+package nixlv2
+
+import (
+	"bytes"
+
+	"github.com/tidwall/gjson"
+	"github.com/tidwall/sjson"
+
+	"github.com/pd-sidecar/pd-sidecar/connectors"
+)
+
+// Name is the --kv-connector value of this connector.
+const Name = "nixlv2"
+
+// prefillParams is the kv_transfer_params of every prefill leg.
+var prefillParams = []byte(`{"do_remote_decode":true,"do_remote_prefill":false,"remote_engine_id":null,"remote_block_ids":null,"remote_host":null,"remote_port":null}`)
+
+var (
+	one    = []byte("1")
+	falseV = []byte("false")
+)
+
+// Connector is the nixlv2 connector. The zero value is ready to use.
+type Connector struct{}
+
+// New returns a nixlv2 connector.
+func New() *Connector { return &Connector{} }
+
+// Name returns "nixlv2".
+func (*Connector) Name() string { return Name }
+
+// PrefillBody returns the client body with stream false, stream_options,
+// min_tokens and min_completion_tokens removed, the API's token cap set to 1
+// and kv_transfer_params asking for a remote decode.
+func (*Connector) PrefillBody(dst []byte, api connectors.API, body []byte) ([]byte, error) {
+	var buf [8]connectors.Edit
+	edits := append(buf[:0],
+		connectors.Edit{Key: "stream", Raw: falseV},
+		connectors.Edit{Key: "stream_options", Delete: true},
+		connectors.Edit{Key: "min_tokens", Delete: true},
+		connectors.Edit{Key: "min_completion_tokens", Delete: true},
+		connectors.Edit{Key: "kv_transfer_params", Raw: prefillParams},
+	)
+	switch api {
+	case connectors.APIChat:
+		edits = append(edits,
+			connectors.Edit{Key: "max_tokens", Raw: one},
+			connectors.Edit{Key: "max_completion_tokens", Raw: one})
+	case connectors.APIResponses:
+		edits = append(edits, connectors.Edit{Key: "max_output_tokens", Raw: one})
+	case connectors.APIGenerate:
+		edits = append(edits, connectors.Edit{Key: "sampling_params", Nested: samplingEdits})
+	default:
+		edits = append(edits, connectors.Edit{Key: "max_tokens", Raw: one})
+	}
+	return connectors.EditObject(dst[:0], body, edits)
+}
+
+// samplingEdits cap /inference/v1/generate's sampling_params; read only.
+var samplingEdits = []connectors.Edit{
+	{Key: "max_tokens", Raw: one},
+	{Key: "min_tokens", Delete: true},
+}
+
+// ParsePrefill reads kv_transfer_params, tp_size and the cached-token count
+// from the prefill answer. An answer without params that finished by itself
+// (EOS on the first token) is Done; one that hit its cap without params, or
+// whose params lack what the decode engine needs, is an error.
+func (*Connector) ParsePrefill(api connectors.API, answer []byte) (connectors.Handoff, error) {
+	if !connectors.IsObject(answer) {
+		return connectors.Handoff{}, connectors.ErrBadPrefillAnswer
+	}
+	js := connectors.Bytes(answer)
+	h := connectors.Handoff{CachedTokens: gjson.Get(js, api.CachedTokensPath()).Int()}
+	p := gjson.Get(js, "kv_transfer_params")
+	if !p.Exists() || p.Type == gjson.Null {
+		if stop, _ := connectors.Finished(api, answer); stop {
+			h.Done = true
+			return h, nil
+		}
+		return h, connectors.ErrNoKVParams
+	}
+	if !p.IsObject() || !valid(p) {
+		return h, connectors.ErrInvalidKVParams
+	}
+	h.TPSize = int(p.Get("tp_size").Int())
+	h.Params = append([]byte(nil), p.Raw...)
+	return h, nil
+}
+
+// valid reports whether params name the blocks and where to pull them from,
+// the fields without which vLLM logs "Got invalid KVTransferParams" and
+// prefills locally.
+func valid(p gjson.Result) bool {
+	if !p.Get("do_remote_prefill").Bool() {
+		return false
+	}
+	for _, k := range [...]string{"remote_engine_id", "remote_host"} {
+		if v := p.Get(k); v.Type != gjson.String || v.Str == "" {
+			return false
+		}
+	}
+	if p.Get("remote_port").Type != gjson.Number {
+		return false
+	}
+	return p.Get("remote_block_ids").IsArray()
+}
+
+// DecodeBody returns the client body with kv_transfer_params replaced by the
+// prefill answer's, verbatim. Every other field is the client's own.
+func (*Connector) DecodeBody(dst []byte, _ connectors.API, body []byte, h connectors.Handoff) ([]byte, error) {
+	edits := [1]connectors.Edit{{Key: "kv_transfer_params", Raw: h.Params}}
+	return connectors.EditObject(dst[:0], body, edits[:])
+}
+
+var cachedKeys = [][]byte{[]byte("cached_tokens"), []byte("cache_read_input_tokens")}
+
+// RewriteAnswer sets the decode answer's prompt cached-token count (in the
+// JSON body or in one SSE chunk) to the prefiller's: the decoder received
+// the whole prompt's KV remotely and would otherwise report it all cached.
+func (*Connector) RewriteAnswer(api connectors.API, data []byte, h connectors.Handoff) []byte {
+	if !bytes.Contains(data, cachedKeys[0]) && !bytes.Contains(data, cachedKeys[1]) {
+		return data
+	}
+	base := api.CachedTokensPath()
+	for _, path := range [...]string{base, "response." + base, "message." + base} {
+		if !gjson.Get(connectors.Bytes(data), path).Exists() {
+			continue
+		}
+		if out, err := sjson.SetBytes(data, path, h.CachedTokens); err == nil {
+			data = out
+		}
+	}
+	return data
+}
+
+var (
+	_ connectors.Connector      = (*Connector)(nil)
+	_ connectors.AnswerRewriter = (*Connector)(nil)
+)

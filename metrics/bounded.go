@@ -1,0 +1,41 @@
+package metrics
+
+import "sync"
+
+// Other is the label value that stands for every value past the bound.
+const Other = "other"
+
+// Bounded admits up to a fixed number of distinct label values and maps
+// every later one to Other, so client-controlled values (the
+// x-prefiller-host-port header) cannot grow metric cardinality or memory
+// without bound. It is safe for concurrent use.
+type Bounded struct {
+	mu   sync.RWMutex
+	max  int
+	seen map[string]struct{}
+}
+
+// NewBounded returns a Bounded admitting max distinct values.
+func NewBounded(max int) *Bounded {
+	return &Bounded{max: max, seen: make(map[string]struct{}, max)}
+}
+
+// Label returns v if it was admitted (now or before), else Other.
+func (b *Bounded) Label(v string) string {
+	b.mu.RLock()
+	_, ok := b.seen[v]
+	b.mu.RUnlock()
+	if ok {
+		return v
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if _, ok := b.seen[v]; ok {
+		return v
+	}
+	if len(b.seen) >= b.max {
+		return Other
+	}
+	b.seen[v] = struct{}{}
+	return v
+}

@@ -1,0 +1,119 @@
+// Package metrics declares every Prometheus metric the sidecar exports, once.
+// Collectors are registered on a registry the caller passes in; there is no
+// global state.
+package metrics
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Request modes (the mode label of requests_total and ttft_seconds).
+const (
+	// ModeDisaggregated: prefilled remotely, KV handed to the local decode.
+	ModeDisaggregated = "disaggregated"
+	// ModeLocal: no prefiller was named; the local engine did everything.
+	ModeLocal = "local"
+	// ModeFallback: a prefiller was named but the request degraded to a local
+	// prefill (see fallbacks_total for why).
+	ModeFallback = "fallback"
+)
+
+// Inflight phases (the phase label of inflight_requests).
+const (
+	// PhasePrefill: the prefill leg is in flight.
+	PhasePrefill = "prefill"
+	// PhaseDecode: the decode leg with remote KV is in flight.
+	PhaseDecode = "decode"
+	// PhaseLocal: a local (or fallback) run is in flight.
+	PhaseLocal = "local"
+	// PhasePassthrough: a non-inference request to the local engine.
+	PhasePassthrough = "passthrough"
+)
+
+// Metrics holds the sidecar's collectors.
+type Metrics struct {
+	// Requests counts finished inference requests by mode and status code.
+	Requests *prometheus.CounterVec
+	// Fallbacks counts degradations to local prefill by reason.
+	Fallbacks *prometheus.CounterVec
+	// PrefillDuration observes the whole prefill phase (retries included)
+	// per prefiller, successful or not.
+	PrefillDuration *prometheus.HistogramVec
+	// KVTransferDuration observes, per prefiller, the engine-pull handoff:
+	// from sending the decode leg to its first byte of output (response
+	// head for JSON, first non-preamble event for SSE), i.e. the KV pull
+	// plus the first decode step.
+	KVTransferDuration *prometheus.HistogramVec
+	// TTFT observes the time from request arrival to the first byte of the
+	// answer written to the client, by mode.
+	TTFT *prometheus.HistogramVec
+	// KVLoadFailures counts decode legs whose KV load failed, per prefiller.
+	KVLoadFailures *prometheus.CounterVec
+	// Inflight is the number of requests in each phase.
+	Inflight *prometheus.GaugeVec
+	// PrefillRetries counts prefill attempts retried after a retryable error.
+	PrefillRetries *prometheus.CounterVec
+	// ClientDisconnects counts requests whose client left before the answer
+	// was complete, by the phase it was in.
+	ClientDisconnects *prometheus.CounterVec
+	// Prefillers bounds the prefiller label.
+	Prefillers *Bounded
+}
+
+var latencyBuckets = []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60}
+
+// New creates the collectors and registers them on reg. maxPrefillers
+// bounds the distinct prefiller label values (then "other"); <= 0 means 64.
+func New(reg prometheus.Registerer, maxPrefillers int) *Metrics {
+	if maxPrefillers <= 0 {
+		maxPrefillers = 64
+	}
+	m := &Metrics{
+		Requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "pd_sidecar_requests_total",
+			Help: "Inference requests answered, by mode (disaggregated, local, fallback) and HTTP status code.",
+		}, []string{"mode", "code"}),
+		Fallbacks: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "pd_sidecar_fallbacks_total",
+			Help: "Requests with a named prefiller that degraded to local prefill, by reason.",
+		}, []string{"reason"}),
+		PrefillDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "pd_sidecar_prefill_duration_seconds",
+			Help:    "Duration of the prefill phase on the remote prefiller (all attempts), successful or not.",
+			Buckets: latencyBuckets,
+		}, []string{"prefiller"}),
+		KVTransferDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "pd_sidecar_kv_transfer_duration_seconds",
+			Help:    "Engine-pull KV handoff: decode leg sent to its first output byte (KV pull plus first decode step).",
+			Buckets: latencyBuckets,
+		}, []string{"prefiller"}),
+		TTFT: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "pd_sidecar_ttft_seconds",
+			Help:    "Request arrival to the first answer byte written to the client, by mode.",
+			Buckets: latencyBuckets,
+		}, []string{"mode"}),
+		KVLoadFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "pd_sidecar_kv_load_failures_total",
+			Help: "Decode legs whose KV load from the prefiller failed, by prefiller.",
+		}, []string{"prefiller"}),
+		Inflight: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "pd_sidecar_inflight_requests",
+			Help: "Requests in flight, by phase (prefill, decode, local, passthrough).",
+		}, []string{"phase"}),
+		PrefillRetries: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "pd_sidecar_prefill_retries_total",
+			Help: "Prefill attempts retried after a retryable error, by prefiller.",
+		}, []string{"prefiller"}),
+		ClientDisconnects: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "pd_sidecar_client_disconnects_total",
+			Help: "Requests whose client left before the answer was complete; upstream legs were cancelled.",
+		}, []string{"phase"}),
+		Prefillers: NewBounded(maxPrefillers),
+	}
+	reg.MustRegister(m.Requests, m.Fallbacks, m.PrefillDuration, m.KVTransferDuration,
+		m.TTFT, m.KVLoadFailures, m.Inflight, m.PrefillRetries, m.ClientDisconnects)
+	for _, p := range []string{PhasePrefill, PhaseDecode, PhaseLocal, PhasePassthrough} {
+		m.Inflight.WithLabelValues(p)
+	}
+	return m
+}

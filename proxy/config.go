@@ -1,0 +1,125 @@
+package proxy
+
+import (
+	"errors"
+	"fmt"
+	"time"
+)
+
+// What to do when the decode engine fails to load the remote KV.
+const (
+	// KVFailLocalPrefill re-runs the request on the local engine with a
+	// local prefill (when nothing has reached the client yet).
+	KVFailLocalPrefill = "local-prefill"
+	// KVFailError passes the engine's error on to the client.
+	KVFailError = "error"
+)
+
+// Config is the proxy's configuration. Start from DefaultConfig.
+type Config struct {
+	// Host is the address the proxy listens on ("" = all interfaces).
+	Host string
+	// Port is the proxy's port for data-parallel rank 0; rank r listens on
+	// Port+r.
+	Port int
+	// ModelServerHost is the local engine's host.
+	ModelServerHost string
+	// ModelServerPort is the local engine's port for rank 0; rank r's engine
+	// is on ModelServerPort+r.
+	ModelServerPort int
+	// DataParallelSize is the number of data-parallel ranks (>= 1).
+	DataParallelSize int
+	// PrefillerSampling picks a random entry of a comma-separated
+	// x-prefiller-host-port instead of the first.
+	PrefillerSampling bool
+	// PrefillMaxRetries is how many times a retryable prefill failure
+	// (unreachable, 5xx, 429) is retried before falling back.
+	PrefillMaxRetries int
+	// PrefillRetryBackoff is the wait before each retry.
+	PrefillRetryBackoff time.Duration
+	// PrefillTimeout bounds the whole prefill phase, retries included.
+	PrefillTimeout time.Duration
+	// ConnectTimeout bounds each TCP connect to an engine.
+	ConnectTimeout time.Duration
+	// PrefillFallback degrades a failed prefill to a local prefill; when
+	// false the failure is answered with an error.
+	PrefillFallback bool
+	// OnKVLoadFailure is KVFailLocalPrefill or KVFailError.
+	OnKVLoadFailure string
+	// DecodeTPSize is the local engine's tensor-parallel size; a prefill
+	// answer with a larger tp_size degrades to local prefill. 0 disables
+	// the check.
+	DecodeTPSize int
+	// MaxRequestBodyBytes bounds client request bodies (413 above).
+	MaxRequestBodyBytes int
+	// ShutdownGrace bounds the drain of in-flight requests on shutdown.
+	ShutdownGrace time.Duration
+	// MetricsPort serves /metrics on its own port; 0 serves it on the
+	// proxy's port(s).
+	MetricsPort int
+	// MaxConnsPerHost bounds the pooled connections to each engine.
+	MaxConnsPerHost int
+	// MaxPrefillers bounds distinct prefiller metric labels and pools.
+	MaxPrefillers int
+}
+
+// DefaultConfig returns the defaults, drop-in compatible with llm-d's
+// pd-sidecar where the flags overlap.
+func DefaultConfig() Config {
+	return Config{
+		Port:                8000,
+		ModelServerHost:     "127.0.0.1",
+		ModelServerPort:     8200,
+		DataParallelSize:    1,
+		PrefillRetryBackoff: 200 * time.Millisecond,
+		PrefillTimeout:      30 * time.Second,
+		ConnectTimeout:      2 * time.Second,
+		PrefillFallback:     true,
+		OnKVLoadFailure:     KVFailLocalPrefill,
+		MaxRequestBodyBytes: 32 << 20,
+		ShutdownGrace:       30 * time.Second,
+		MaxConnsPerHost:     1024,
+		MaxPrefillers:       64,
+	}
+}
+
+func validPort(p int) bool { return p > 0 && p < 65536 }
+
+// Validate reports the first invalid setting, as one line.
+func (c Config) Validate() error {
+	switch {
+	case c.DataParallelSize < 1:
+		return fmt.Errorf("--data-parallel-size must be >= 1, got %d", c.DataParallelSize)
+	case !validPort(c.Port) || !validPort(c.Port+c.DataParallelSize-1):
+		return fmt.Errorf("--port %d (with %d data-parallel ranks) is not a valid port range", c.Port, c.DataParallelSize)
+	case !validPort(c.ModelServerPort) || !validPort(c.ModelServerPort+c.DataParallelSize-1):
+		return fmt.Errorf("--model-server-port %d (with %d data-parallel ranks) is not a valid port range", c.ModelServerPort, c.DataParallelSize)
+	case c.ModelServerHost == "":
+		return errors.New("the model server host must not be empty")
+	case c.MetricsPort < 0 || c.MetricsPort > 65535:
+		return fmt.Errorf("--metrics-port %d is not a port (0 = serve /metrics on --port)", c.MetricsPort)
+	case c.MetricsPort != 0 && c.MetricsPort >= c.Port && c.MetricsPort < c.Port+c.DataParallelSize:
+		return fmt.Errorf("--metrics-port %d collides with a proxy port", c.MetricsPort)
+	case c.PrefillMaxRetries < 0:
+		return fmt.Errorf("--prefill-max-retries must be >= 0, got %d", c.PrefillMaxRetries)
+	case c.PrefillRetryBackoff < 0:
+		return fmt.Errorf("--prefill-retry-backoff must be >= 0, got %v", c.PrefillRetryBackoff)
+	case c.PrefillTimeout <= 0:
+		return fmt.Errorf("--prefill-timeout must be > 0, got %v", c.PrefillTimeout)
+	case c.ConnectTimeout <= 0:
+		return fmt.Errorf("--connect-timeout must be > 0, got %v", c.ConnectTimeout)
+	case c.OnKVLoadFailure != KVFailLocalPrefill && c.OnKVLoadFailure != KVFailError:
+		return fmt.Errorf("--on-kv-load-failure must be %q or %q, got %q", KVFailLocalPrefill, KVFailError, c.OnKVLoadFailure)
+	case c.DecodeTPSize < 0:
+		return fmt.Errorf("--decode-tp-size must be >= 0, got %d", c.DecodeTPSize)
+	case c.MaxRequestBodyBytes <= 0:
+		return fmt.Errorf("--max-request-body-bytes must be > 0, got %d", c.MaxRequestBodyBytes)
+	case c.ShutdownGrace < 0:
+		return fmt.Errorf("--shutdown-grace must be >= 0, got %v", c.ShutdownGrace)
+	case c.MaxConnsPerHost <= 0:
+		return fmt.Errorf("--max-idle-conns-per-host must be > 0, got %d", c.MaxConnsPerHost)
+	case c.MaxPrefillers <= 0:
+		return fmt.Errorf("max prefillers must be > 0, got %d", c.MaxPrefillers)
+	}
+	return nil
+}

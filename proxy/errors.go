@@ -1,0 +1,158 @@
+package proxy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"syscall"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/pd-sidecar/pd-sidecar/connectors"
+)
+
+// Sentinel errors of the request path. Every failure is wrapped around one
+// of these and mapped to a status, a fallback reason and a log message by
+// classify, the one place that decides.
+var (
+	// ErrClientGone: the client closed its connection; upstream legs are
+	// cancelled.
+	ErrClientGone = errors.New("client disconnected")
+	// ErrBadPrefiller: the x-prefiller-host-port value is not host:port.
+	ErrBadPrefiller = errors.New("invalid x-prefiller-host-port")
+	// ErrPrefillUnreachable: the prefiller refused, reset or closed the
+	// connection before answering.
+	ErrPrefillUnreachable = errors.New("prefiller unreachable")
+	// ErrPrefillTimeout: the prefill leg did not answer within
+	// --prefill-timeout (all attempts included).
+	ErrPrefillTimeout = errors.New("prefill timed out")
+	// ErrPrefillOverloaded: the prefiller answered 429.
+	ErrPrefillOverloaded = errors.New("prefiller overloaded (429)")
+	// ErrPrefillServerError: the prefiller answered 5xx.
+	ErrPrefillServerError = errors.New("prefiller server error (5xx)")
+	// ErrPrefillRejected: the prefiller answered another 4xx; the request
+	// itself is bad, and the answer goes back to the client verbatim.
+	ErrPrefillRejected = errors.New("prefiller rejected the request (4xx)")
+	// ErrTPMismatch: the prefiller's tp_size exceeds --decode-tp-size.
+	ErrTPMismatch = errors.New("prefill tp_size larger than decode tp size")
+	// ErrDecodeUnavailable: the local engine refused the connection.
+	ErrDecodeUnavailable = errors.New("decode engine unavailable")
+	// ErrDecodeFailed: another transport failure talking to the local engine.
+	ErrDecodeFailed = errors.New("decode engine failed")
+	// ErrKVLoadFailed: the decode engine reported that loading the remote
+	// KV failed before any token reached the client.
+	ErrKVLoadFailed = errors.New("decode engine failed to load remote KV")
+	// ErrBadRequest: the client body is not a JSON object.
+	ErrBadRequest = errors.New("request body is not a JSON object")
+)
+
+// Fallback reasons, the closed set of pd_sidecar_fallbacks_total{reason}.
+const (
+	// ReasonUnreachable: refused, reset or closed before answering.
+	ReasonUnreachable = "unreachable"
+	// ReasonTimeout: no answer within --prefill-timeout.
+	ReasonTimeout = "timeout"
+	// ReasonServerError: the prefiller answered 5xx.
+	ReasonServerError = "server_error"
+	// ReasonOverloaded: the prefiller answered 429.
+	ReasonOverloaded = "overloaded"
+	// ReasonNoKVParams: the prefill hit its cap but carried no params.
+	ReasonNoKVParams = "no_kv_params"
+	// ReasonInvalidParams: the params lack what the decode engine needs.
+	ReasonInvalidParams = "invalid_kv_params"
+	// ReasonBadAnswer: the prefill answer is not a JSON object.
+	ReasonBadAnswer = "bad_answer"
+	// ReasonTPMismatch: prefill tp_size above --decode-tp-size.
+	ReasonTPMismatch = "tp_mismatch"
+	// ReasonBadPrefiller: the header is not host:port.
+	ReasonBadPrefiller = "invalid_prefiller"
+	// ReasonKVLoadFailed: the decode engine failed to load the remote KV.
+	ReasonKVLoadFailed = "kv_load_failed"
+	// ReasonEOSUnsupported: EOS on the first token, streamed on an API
+	// whose stream cannot be synthesised from the prefill answer.
+	ReasonEOSUnsupported = "eos_stream_unsupported"
+)
+
+// outcome is what the proxy does about an error.
+type outcome struct {
+	// status is the HTTP status to answer with when not falling back.
+	status int
+	// reason is the fallback reason label ("" when the error is no reason
+	// to fall back to local prefill).
+	reason string
+	// retry marks prefill errors worth another attempt.
+	retry bool
+}
+
+// classify maps every request-path error to what happens next.
+func classify(err error) outcome {
+	switch {
+	case errors.Is(err, ErrClientGone):
+		return outcome{status: 499}
+	case errors.Is(err, ErrBadRequest):
+		return outcome{status: http.StatusBadRequest}
+	case errors.Is(err, ErrBadPrefiller):
+		return outcome{status: http.StatusBadRequest, reason: ReasonBadPrefiller}
+	case errors.Is(err, ErrPrefillTimeout):
+		return outcome{status: http.StatusGatewayTimeout, reason: ReasonTimeout}
+	case errors.Is(err, ErrPrefillUnreachable):
+		return outcome{status: http.StatusBadGateway, reason: ReasonUnreachable, retry: true}
+	case errors.Is(err, ErrPrefillOverloaded):
+		return outcome{status: http.StatusTooManyRequests, reason: ReasonOverloaded, retry: true}
+	case errors.Is(err, ErrPrefillServerError):
+		return outcome{status: http.StatusBadGateway, reason: ReasonServerError, retry: true}
+	case errors.Is(err, ErrPrefillRejected):
+		return outcome{status: http.StatusBadRequest}
+	case errors.Is(err, connectors.ErrNoKVParams):
+		return outcome{status: http.StatusBadGateway, reason: ReasonNoKVParams}
+	case errors.Is(err, connectors.ErrInvalidKVParams):
+		return outcome{status: http.StatusBadGateway, reason: ReasonInvalidParams}
+	case errors.Is(err, connectors.ErrBadPrefillAnswer):
+		return outcome{status: http.StatusBadGateway, reason: ReasonBadAnswer}
+	case errors.Is(err, connectors.ErrBadBody):
+		return outcome{status: http.StatusBadRequest}
+	case errors.Is(err, ErrTPMismatch):
+		return outcome{status: http.StatusBadGateway, reason: ReasonTPMismatch}
+	case errors.Is(err, ErrEOSStream):
+		return outcome{status: http.StatusBadGateway, reason: ReasonEOSUnsupported}
+	case errors.Is(err, ErrKVLoadFailed):
+		return outcome{status: http.StatusInternalServerError, reason: ReasonKVLoadFailed}
+	case errors.Is(err, ErrDecodeUnavailable):
+		return outcome{status: http.StatusServiceUnavailable}
+	}
+	return outcome{status: http.StatusBadGateway}
+}
+
+// prefillTransportErr names a failed prefill exchange.
+func prefillTransportErr(err error) error {
+	switch {
+	case errors.Is(err, ErrClientGone), errors.Is(err, ErrPrefillTimeout):
+		return err
+	case errors.Is(err, context.DeadlineExceeded) || isTimeout(err):
+		return fmt.Errorf("%w: %w", ErrPrefillTimeout, err)
+	}
+	return fmt.Errorf("%w: %w", ErrPrefillUnreachable, err)
+}
+
+// decodeTransportErr names a failed exchange with the local engine.
+func decodeTransportErr(err error) error {
+	switch {
+	case errors.Is(err, ErrClientGone):
+		return err
+	case errors.Is(err, syscall.ECONNREFUSED):
+		return fmt.Errorf("%w: %w", ErrDecodeUnavailable, err)
+	}
+	return fmt.Errorf("%w: %w", ErrDecodeFailed, err)
+}
+
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.Is(err, fasthttp.ErrTimeout) || errors.Is(err, fasthttp.ErrDialTimeout) ||
+		(errors.As(err, &ne) && ne.Timeout())
+}
+
+func isReset(err error) bool {
+	return errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
+}

@@ -1,0 +1,92 @@
+package proxy
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/pd-sidecar/pd-sidecar/metrics"
+)
+
+// maxBuffered is the largest known-length passthrough answer read whole;
+// longer or unknown-length answers are streamed.
+const maxBuffered = 1 << 20
+
+// passthrough forwards any non-inference request to the local engine
+// unchanged (method, path, query, headers, body) and streams the answer
+// back, flushing as bytes arrive.
+func (p *Proxy) passthrough(rc *fasthttp.RequestCtx, local string) {
+	g := p.m.Inflight.WithLabelValues(metrics.PhasePassthrough)
+	g.Inc()
+	ctx, cancel := context.WithCancelCause(context.Background())
+	stop := watchConn(rc.Conn(), cancel)
+	req := fasthttp.AcquireRequest()
+	rc.Request.Header.CopyTo(&req.Header)
+	for _, h := range hopHeaders {
+		req.Header.Del(h)
+	}
+	req.Header.Del(HeaderPrefiller)
+	req.Header.Del(HeaderDataParallel)
+	req.Header.Del("Expect")
+	req.Header.SetHost(local)
+	req.SetBodyRaw(rc.PostBody())
+	resp := fasthttp.AcquireResponse()
+	resp.SkipBody = rc.IsHead()
+	leg, err := p.tr.Stream(ctx, local, req, resp)
+	fasthttp.ReleaseRequest(req)
+	done := func() {
+		fasthttp.ReleaseResponse(resp)
+		g.Dec()
+		if stop() {
+			rc.SetConnectionClose()
+		}
+		cancel(context.Canceled)
+	}
+	if err != nil {
+		done()
+		err = decodeTransportErr(err)
+		st := classify(err).status
+		p.log.Error().Err(err).Str("path", string(rc.Path())).Msg("passthrough failed")
+		rc.SetStatusCode(st)
+		rc.SetContentType("application/json")
+		rc.SetBody(errorBody(st, err))
+		return
+	}
+	copyResponseHead(rc, resp)
+	cl := resp.Header.ContentLength()
+	if cl >= 0 && cl <= maxBuffered && !bytes.HasPrefix(resp.Header.ContentType(), eventStream) {
+		body, err := io.ReadAll(leg)
+		leg.Close()
+		done()
+		if err != nil {
+			rc.SetStatusCode(fasthttp.StatusBadGateway)
+			rc.SetBody(errorBody(fasthttp.StatusBadGateway, fmt.Errorf("%w: %w", ErrDecodeFailed, err)))
+			return
+		}
+		rc.SetBody(body)
+		return
+	}
+	rc.SetBodyStreamWriter(func(w *bufio.Writer) {
+		defer func() {
+			leg.Close()
+			done()
+		}()
+		buf := make([]byte, 32<<10)
+		for {
+			n, err := leg.Read(buf)
+			if n > 0 {
+				if _, werr := w.Write(buf[:n]); werr != nil || w.Flush() != nil {
+					cancel(ErrClientGone)
+					return
+				}
+			}
+			if err != nil {
+				return
+			}
+		}
+	})
+}

@@ -1,0 +1,126 @@
+// Package proxy is the decode-pod sidecar: a fasthttp server in front of the
+// local engine that splits inference requests naming a prefiller into a
+// remote prefill and a local decode (the choreography is written once here,
+// parameterised by a connectors.Connector), degrades to local prefill when
+// the prefiller fails, and passes every other request through unchanged.
+package proxy
+
+import (
+	"net"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/rs/zerolog"
+	"github.com/valyala/fasthttp"
+	"github.com/valyala/fasthttp/fasthttpadaptor"
+
+	"github.com/pd-sidecar/pd-sidecar/connectors"
+	"github.com/pd-sidecar/pd-sidecar/metrics"
+)
+
+// Header names the proxy reads or sets.
+const (
+	// HeaderPrefiller names the prefill engine(s) (host:port, comma
+	// separated). Client controllable: stripped before forwarding.
+	HeaderPrefiller = "x-prefiller-host-port"
+	// HeaderDataParallel is llm-d's deprecated rank selector; stripped.
+	HeaderDataParallel = "x-data-parallel-host-port"
+	// HeaderRequestID is set (never added twice) on every leg.
+	HeaderRequestID = "X-Request-Id"
+)
+
+// Proxy serves the sidecar's routes. Create it with New.
+type Proxy struct {
+	cfg      Config
+	conn     connectors.Connector
+	rewriter connectors.AnswerRewriter // nil when conn has no such ability
+	tr       *Transport
+	m        *metrics.Metrics
+	log      zerolog.Logger
+	metricsH fasthttp.RequestHandler
+	draining atomic.Bool
+}
+
+// New returns a Proxy. cfg must be valid (see Config.Validate); m holds the
+// collectors, gatherer is what /metrics exports, log receives JSON logs.
+func New(cfg Config, conn connectors.Connector, m *metrics.Metrics, gatherer prometheus.Gatherer, log zerolog.Logger) (*Proxy, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	p := &Proxy{
+		cfg:  cfg,
+		conn: conn,
+		tr:   NewTransport(cfg.ConnectTimeout, cfg.MaxConnsPerHost, cfg.MaxPrefillers+cfg.DataParallelSize),
+		m:    m,
+		log:  log,
+		metricsH: fasthttpadaptor.NewFastHTTPHandler(
+			promhttp.HandlerFor(gatherer, promhttp.HandlerOpts{})),
+	}
+	p.rewriter, _ = conn.(connectors.AnswerRewriter)
+	return p, nil
+}
+
+// localAddr is the local engine of data-parallel rank r.
+func (p *Proxy) localAddr(rank int) string {
+	return net.JoinHostPort(p.cfg.ModelServerHost, strconv.Itoa(p.cfg.ModelServerPort+rank))
+}
+
+// Handler returns the request handler of data-parallel rank r: the same
+// proxy, with rank r's local engine as decoder and passthrough target.
+func (p *Proxy) Handler(rank int) fasthttp.RequestHandler {
+	local := p.localAddr(rank)
+	return func(rc *fasthttp.RequestCtx) {
+		path := rc.Path()
+		switch string(path) {
+		case "/health":
+			rc.SetContentType("application/json")
+			rc.SetBodyString(`{"status":"ok"}`)
+			return
+		case "/ready":
+			p.ready(rc, local)
+			return
+		case "/metrics":
+			if p.cfg.MetricsPort == 0 {
+				p.metricsH(rc)
+				return
+			}
+		}
+		if api, ok := connectors.APIForPath(string(path)); ok && rc.IsPost() {
+			p.serveInference(rc, local, api)
+			return
+		}
+		p.passthrough(rc, local)
+	}
+}
+
+// MetricsHandler serves /metrics (for --metrics-port).
+func (p *Proxy) MetricsHandler() fasthttp.RequestHandler { return p.metricsH }
+
+// ready answers 200 when the local engine's /health answers 200 and the
+// proxy is not draining.
+func (p *Proxy) ready(rc *fasthttp.RequestCtx, local string) {
+	rc.SetContentType("application/json")
+	if p.draining.Load() {
+		rc.SetStatusCode(fasthttp.StatusServiceUnavailable)
+		rc.SetBodyString(`{"status":"draining"}`)
+		return
+	}
+	req := fasthttp.AcquireRequest()
+	resp := fasthttp.AcquireResponse()
+	defer fasthttp.ReleaseRequest(req)
+	defer fasthttp.ReleaseResponse(resp)
+	req.Header.SetMethod(fasthttp.MethodGet)
+	req.Header.SetRequestURI("/health")
+	req.Header.SetHost(local)
+	ctx, cancel := contextWithTimeout(p.cfg.ConnectTimeout + time.Second)
+	defer cancel()
+	if err := p.tr.Do(ctx, local, req, resp); err != nil || resp.StatusCode() != fasthttp.StatusOK {
+		rc.SetStatusCode(fasthttp.StatusServiceUnavailable)
+		rc.SetBodyString(`{"status":"engine not ready"}`)
+		return
+	}
+	rc.SetBodyString(`{"status":"ready"}`)
+}

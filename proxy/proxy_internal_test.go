@@ -1,0 +1,162 @@
+package proxy
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/pd-sidecar/pd-sidecar/connectors"
+)
+
+func TestClassify(t *testing.T) {
+	tests := []struct {
+		err    error
+		status int
+		reason string
+		retry  bool
+	}{
+		{ErrClientGone, 499, "", false},
+		{fmt.Errorf("%w: x", ErrPrefillUnreachable), 502, ReasonUnreachable, true},
+		{fmt.Errorf("%w: x", ErrPrefillTimeout), 504, ReasonTimeout, false},
+		{ErrPrefillOverloaded, 429, ReasonOverloaded, true},
+		{fmt.Errorf("%w: status 503", ErrPrefillServerError), 502, ReasonServerError, true},
+		{&rejected{status: 404}, 400, "", false},
+		{connectors.ErrNoKVParams, 502, ReasonNoKVParams, false},
+		{connectors.ErrInvalidKVParams, 502, ReasonInvalidParams, false},
+		{connectors.ErrBadPrefillAnswer, 502, ReasonBadAnswer, false},
+		{ErrTPMismatch, 502, ReasonTPMismatch, false},
+		{ErrBadPrefiller, 400, ReasonBadPrefiller, false},
+		{ErrKVLoadFailed, 500, ReasonKVLoadFailed, false},
+		{ErrEOSStream, 502, ReasonEOSUnsupported, false},
+		{fmt.Errorf("%w: refused", ErrDecodeUnavailable), 503, "", false},
+		{fmt.Errorf("%w: reset", ErrDecodeFailed), 502, "", false},
+		{fmt.Errorf("%w: %w", ErrBadRequest, connectors.ErrBadBody), 400, "", false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.err.Error(), func(t *testing.T) {
+			o := classify(tt.err)
+			assert.Equal(t, tt.status, o.status)
+			assert.Equal(t, tt.reason, o.reason)
+			assert.Equal(t, tt.retry, o.retry)
+		})
+	}
+}
+
+func TestConfigValidate(t *testing.T) {
+	require.NoError(t, DefaultConfig().Validate())
+	tests := []struct {
+		name string
+		mod  func(*Config)
+		want string
+	}{
+		{"port", func(c *Config) { c.Port = 0 }, "--port"},
+		{"dp range", func(c *Config) { c.Port, c.DataParallelSize = 65535, 2 }, "--port"},
+		{"dp size", func(c *Config) { c.DataParallelSize = 0 }, "--data-parallel-size"},
+		{"engine port", func(c *Config) { c.ModelServerPort = 70000 }, "--model-server-port"},
+		{"metrics collides", func(c *Config) { c.MetricsPort = c.Port }, "--metrics-port"},
+		{"retries", func(c *Config) { c.PrefillMaxRetries = -1 }, "--prefill-max-retries"},
+		{"timeout", func(c *Config) { c.PrefillTimeout = 0 }, "--prefill-timeout"},
+		{"connect", func(c *Config) { c.ConnectTimeout = -time.Second }, "--connect-timeout"},
+		{"policy", func(c *Config) { c.OnKVLoadFailure = "retry" }, "--on-kv-load-failure"},
+		{"tp", func(c *Config) { c.DecodeTPSize = -1 }, "--decode-tp-size"},
+		{"body", func(c *Config) { c.MaxRequestBodyBytes = 0 }, "--max-request-body-bytes"},
+		{"grace", func(c *Config) { c.ShutdownGrace = -1 }, "--shutdown-grace"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := DefaultConfig()
+			tt.mod(&c)
+			err := c.Validate()
+			require.Error(t, err)
+			assert.Contains(t, err.Error(), tt.want)
+			assert.NotContains(t, err.Error(), "\n")
+		})
+	}
+}
+
+func TestPickPrefiller(t *testing.T) {
+	tests := []struct {
+		in, want string
+		err      bool
+	}{
+		{"10.0.0.1:8000", "10.0.0.1:8000", false},
+		{" a:1 , b:2", "a:1", false},
+		{"[::1]:9", "[::1]:9", false},
+		{"nohost", "nohost", true},
+		{":80", ":80", true},
+		{"h:0", "h:0", true},
+		{"h:99999", "h:99999", true},
+	}
+	for _, tt := range tests {
+		got, err := pickPrefiller([]byte(tt.in), false)
+		assert.Equal(t, tt.want, got, tt.in)
+		assert.Equal(t, tt.err, errors.Is(err, ErrBadPrefiller), tt.in)
+	}
+	seen := map[string]bool{}
+	for range 200 {
+		got, err := pickPrefiller([]byte("a:1,b:2,c:3"), true)
+		require.NoError(t, err)
+		seen[got] = true
+	}
+	assert.Len(t, seen, 3, "sampling reaches every entry")
+}
+
+func TestRequestID(t *testing.T) {
+	assert.Equal(t, "abc-123_x.y:z", requestID([]byte("abc-123_x.y:z")))
+	for _, bad := range []string{"", "has space", "a,b", strings.Repeat("x", 129), "new\nline"} {
+		id := requestID([]byte(bad))
+		assert.Len(t, id, 32, bad)
+		assert.NotEqual(t, bad, id)
+	}
+	assert.NotEqual(t, requestID(nil), requestID(nil))
+}
+
+func TestEventReader(t *testing.T) {
+	in := "data: {\"a\":1}\n\n\n: comment\n\nevent: x\r\ndata: {\"b\":2}\r\n\r\ndata: [DONE]"
+	er := newEventReader(strings.NewReader(in))
+	var got []string
+	for {
+		ev, err := er.next()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		require.NoError(t, err)
+		got = append(got, string(ev))
+	}
+	assert.Equal(t, []string{
+		"data: {\"a\":1}\n\n",
+		": comment\n\n",
+		"event: x\r\ndata: {\"b\":2}\r\n\r\n",
+		"data: [DONE]\n\n",
+	}, got)
+	assert.Equal(t, `{"b":2}`, string(firstData([]byte(got[2]))))
+	assert.Nil(t, firstData([]byte(got[1])))
+}
+
+func TestEventReaderLongLine(t *testing.T) {
+	long := "data: " + strings.Repeat("x", 100<<10) + "\n\n"
+	ev, err := newEventReader(strings.NewReader(long)).next()
+	require.NoError(t, err)
+	assert.Equal(t, long, string(ev))
+}
+
+func TestRewriteEvent(t *testing.T) {
+	ev := []byte("event: e\ndata: {\"n\":1}\n\n")
+	out := rewriteEvent(nil, ev, func(d []byte) []byte { return bytes.ReplaceAll(d, []byte("1"), []byte("2")) })
+	assert.Equal(t, "event: e\ndata: {\"n\":2}\n\n", string(out))
+	assert.Equal(t, string(ev), string(rewriteEvent(nil, ev, nil)))
+}
+
+func TestErrorBody(t *testing.T) {
+	b := errorBody(http.StatusServiceUnavailable, fmt.Errorf("%w: \"quoted\"", ErrDecodeUnavailable))
+	assert.JSONEq(t, `{"error":{"message":"decode engine unavailable: \"quoted\"","type":"Service Unavailable","param":null,"code":503}}`, string(b))
+	assert.Contains(t, string(sseError(502, ErrDecodeFailed)), "data: [DONE]\n\n")
+}

@@ -1,0 +1,216 @@
+package proxy
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/valyala/fasthttp"
+
+	"github.com/pd-sidecar/pd-sidecar/connectors"
+	"github.com/pd-sidecar/pd-sidecar/metrics"
+)
+
+// maxHeld bounds the preamble events held back while waiting for the first
+// output of a decode leg.
+const maxHeld = 64 << 10
+
+var eventStream = []byte("text/event-stream")
+
+// forward sends body to the local engine and relays its answer. remote
+// marks the decode leg carrying r.handoff: its answer gets the cached-token
+// rewrite, and a KV load failure reported before any output is returned as
+// ErrKVLoadFailed. forward returns nil once the answer is written or
+// streaming; an error only while the client has seen nothing.
+func (r *request) forward(body []byte, remote bool) error {
+	phase := metrics.PhaseLocal
+	if remote {
+		phase = metrics.PhaseDecode
+	}
+	g := r.p.m.Inflight.WithLabelValues(phase)
+	g.Inc()
+	req := r.upstream(r.local, body)
+	resp := fasthttp.AcquireResponse()
+	sent := time.Now()
+	leg, err := r.p.tr.Stream(r.ctx, r.local, req, resp)
+	fasthttp.ReleaseRequest(req)
+	if err != nil {
+		g.Dec()
+		fasthttp.ReleaseResponse(resp)
+		return decodeTransportErr(err)
+	}
+	if bytes.HasPrefix(resp.Header.ContentType(), eventStream) {
+		return r.relaySSE(leg, resp, g, remote, sent)
+	}
+	defer g.Dec()
+	defer fasthttp.ReleaseResponse(resp)
+	return r.relayJSON(leg, resp, remote, sent)
+}
+
+func (r *request) relayJSON(leg *Leg, resp *fasthttp.Response, remote bool, sent time.Time) error {
+	buf, err := io.ReadAll(leg)
+	leg.Close()
+	if err != nil {
+		return decodeTransportErr(err)
+	}
+	st := resp.StatusCode()
+	if remote {
+		r.p.m.KVTransferDuration.WithLabelValues(r.label).Observe(time.Since(sent).Seconds())
+		if st == fasthttp.StatusInternalServerError && r.kvLoadFailed() {
+			return ErrKVLoadFailed
+		}
+		if st == fasthttp.StatusOK && r.p.rewriter != nil {
+			buf = r.p.rewriter.RewriteAnswer(r.api, buf, *r.handoff)
+		}
+	}
+	r.copyHead(resp)
+	r.rc.SetBody(buf)
+	r.p.m.TTFT.WithLabelValues(r.mode).Observe(time.Since(r.start).Seconds())
+	r.p.m.Requests.WithLabelValues(r.mode, statusLabel(st)).Inc()
+	r.log.Info().Str("mode", r.mode).Int("status", st).Msg("answered")
+	return nil
+}
+
+// kvLoadFailed counts a KV load failure of the decode leg and reports
+// whether the request is to be re-run with a local prefill.
+func (r *request) kvLoadFailed() bool {
+	r.p.m.KVLoadFailures.WithLabelValues(r.label).Inc()
+	if r.p.cfg.OnKVLoadFailure == KVFailError {
+		r.log.Error().Msg("decode engine failed to load the remote KV; error passed on (--on-kv-load-failure error)")
+		return false
+	}
+	return true
+}
+
+// copyHead copies the upstream status and end-to-end headers to the client.
+func (r *request) copyHead(resp *fasthttp.Response) {
+	copyResponseHead(r.rc, resp)
+	r.rc.Response.Header.Set(HeaderRequestID, r.id)
+}
+
+func copyResponseHead(rc *fasthttp.RequestCtx, resp *fasthttp.Response) {
+	resp.Header.CopyTo(&rc.Response.Header)
+	for _, h := range hopHeaders {
+		rc.Response.Header.Del(h)
+	}
+}
+
+// relaySSE streams an SSE answer event by event. On the decode leg the
+// events that carry no output yet (the role chunk) are held back until the
+// first output or error: an error there is a KV load failure, recoverable
+// because the client has seen nothing.
+func (r *request) relaySSE(leg *Leg, resp *fasthttp.Response, g prometheus.Gauge, remote bool, sent time.Time) error {
+	er := newEventReader(leg)
+	var held []byte
+	abort := func(err error) error {
+		leg.Close()
+		fasthttp.ReleaseResponse(resp)
+		g.Dec()
+		return err
+	}
+	if remote {
+		kvFail := false
+		for {
+			ev, err := er.next()
+			if err != nil {
+				return abort(decodeTransportErr(fmt.Errorf("decode stream ended before any output: %w", err)))
+			}
+			held = append(held, ev...)
+			kind := connectors.EventPreamble
+			if d := firstData(ev); d != nil {
+				kind = connectors.ClassifyEvent(r.api, d)
+			}
+			if kind == connectors.EventPreamble && len(held) < maxHeld {
+				continue
+			}
+			kvFail = kind == connectors.EventError
+			break
+		}
+		r.p.m.KVTransferDuration.WithLabelValues(r.label).Observe(time.Since(sent).Seconds())
+		if kvFail && r.kvLoadFailed() {
+			return abort(ErrKVLoadFailed)
+		}
+	}
+	r.copyHead(resp)
+	r.p.m.Requests.WithLabelValues(r.mode, statusLabel(resp.StatusCode())).Inc()
+	r.detached = true
+	r.rc.SetBodyStreamWriter(func(w *bufio.Writer) {
+		defer func() {
+			leg.Close()
+			fasthttp.ReleaseResponse(resp)
+			g.Dec()
+			r.finish()
+		}()
+		r.pump(w, er, held, remote)
+	})
+	return nil
+}
+
+// pump writes the held events, then every further event, flushing each.
+func (r *request) pump(w *bufio.Writer, er *eventReader, held []byte, remote bool) {
+	var fn func([]byte) []byte
+	if remote && r.p.rewriter != nil {
+		h := *r.handoff
+		fn = func(d []byte) []byte { return r.p.rewriter.RewriteAnswer(r.api, d, h) }
+	}
+	var out []byte
+	first, done := true, false
+	write := func(ev []byte) bool {
+		out = rewriteEvent(out[:0], ev, fn)
+		_, err := w.Write(out)
+		if err == nil {
+			err = w.Flush()
+		}
+		if err != nil {
+			r.cancel(ErrClientGone)
+			return false
+		}
+		if first {
+			first = false
+			r.p.m.TTFT.WithLabelValues(r.mode).Observe(time.Since(r.start).Seconds())
+		}
+		return true
+	}
+	if len(held) > 0 && !write(held) {
+		r.left()
+		return
+	}
+	for {
+		ev, err := er.next()
+		if err != nil {
+			switch {
+			case r.gone():
+				r.left()
+			case errors.Is(err, io.EOF) && (done || !needsDone(r.api)):
+				r.log.Info().Str("mode", r.mode).Msg("stream complete")
+			default:
+				r.log.Error().Err(err).Msg("upstream stream broke off; ending the client stream with an error event")
+				_, _ = w.Write(sseError(fasthttp.StatusBadGateway, fmt.Errorf("%w: stream broke off", ErrDecodeFailed)))
+				_ = w.Flush()
+			}
+			return
+		}
+		if d := firstData(ev); d != nil && connectors.ClassifyEvent(r.api, d) == connectors.EventDone {
+			done = true
+		}
+		if !write(ev) {
+			r.left()
+			return
+		}
+	}
+}
+
+// needsDone reports whether api's streams end with data: [DONE].
+func needsDone(api connectors.API) bool {
+	return api == connectors.APIChat || api == connectors.APICompletions
+}
+
+// left records a client that went away mid-stream.
+func (r *request) left() {
+	r.log.Info().Msg("client left mid-stream; upstream leg cancelled")
+	r.p.m.ClientDisconnects.WithLabelValues(r.phase()).Inc()
+}

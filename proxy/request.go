@@ -1,0 +1,144 @@
+package proxy
+
+import (
+	"bytes"
+	"context"
+	crand "crypto/rand"
+	"encoding/hex"
+	"math/rand/v2"
+	"net"
+	"strconv"
+	"time"
+
+	"github.com/rs/zerolog"
+	"github.com/tidwall/gjson"
+	"github.com/valyala/fasthttp"
+
+	"github.com/pd-sidecar/pd-sidecar/connectors"
+	"github.com/pd-sidecar/pd-sidecar/metrics"
+)
+
+// request is the state of one inference request. It is owned by the
+// handler goroutine and, once the answer is streamed, by the body writer.
+type request struct {
+	p      *Proxy
+	rc     *fasthttp.RequestCtx
+	ctx    context.Context
+	cancel context.CancelCauseFunc
+	stop   func() bool // ends the connection watch
+	id     string
+	log    zerolog.Logger
+	start  time.Time
+	api    connectors.API
+	local  string
+	body   []byte
+	stream bool
+	usage  bool // stream_options.include_usage
+
+	prefiller string // host:port chosen from the header ("" = none)
+	label     string // bounded metric label of prefiller
+	mode      string
+	handoff   *connectors.Handoff // set once the decode leg carries remote KV
+	detached  bool                // the body writer owns the request now
+}
+
+// hopHeaders are connection-scoped and never forwarded.
+var hopHeaders = []string{
+	"Connection", "Proxy-Connection", "Keep-Alive", "Proxy-Authenticate",
+	"Proxy-Authorization", "Te", "Trailer", "Transfer-Encoding", "Upgrade",
+}
+
+func (p *Proxy) newRequest(rc *fasthttp.RequestCtx, local string, api connectors.API) *request {
+	ctx, cancel := context.WithCancelCause(context.Background())
+	r := &request{
+		p: p, rc: rc, ctx: ctx, cancel: cancel, start: time.Now(),
+		api: api, local: local, body: rc.PostBody(), mode: metrics.ModeLocal,
+	}
+	r.id = requestID(rc.Request.Header.Peek(HeaderRequestID))
+	rc.Response.Header.Set(HeaderRequestID, r.id)
+	r.log = p.log.With().Str("request_id", r.id).Str("path", api.String()).Logger()
+	js := connectors.Bytes(r.body)
+	r.stream = gjson.Get(js, "stream").Bool()
+	r.usage = gjson.Get(js, "stream_options.include_usage").Bool()
+	r.stop = watchConn(rc.Conn(), cancel)
+	return r
+}
+
+// finish ends the request's bookkeeping; the last owner calls it.
+func (r *request) finish() {
+	if r.stop() && !r.detached {
+		r.rc.SetConnectionClose()
+	}
+	r.cancel(context.Canceled)
+}
+
+// gone reports whether the client left.
+func (r *request) gone() bool { return context.Cause(r.ctx) == ErrClientGone }
+
+// upstream builds a leg to addr carrying body: the client's headers minus
+// hop-by-hop and sidecar headers, with our X-Request-Id set once. Compressed
+// answers are refused on P/D legs, whose answers the proxy reads.
+func (r *request) upstream(addr string, body []byte) *fasthttp.Request {
+	req := fasthttp.AcquireRequest()
+	r.rc.Request.Header.CopyTo(&req.Header)
+	for _, h := range hopHeaders {
+		req.Header.Del(h)
+	}
+	req.Header.Del(HeaderPrefiller)
+	req.Header.Del(HeaderDataParallel)
+	req.Header.Del("Accept-Encoding")
+	req.Header.Del("Expect")
+	req.Header.Set(HeaderRequestID, r.id)
+	req.Header.SetHost(addr)
+	req.SetBodyRaw(body)
+	return req
+}
+
+// pickPrefiller chooses one entry of the header value: the first, or a
+// random one with --enable-prefiller-sampling.
+func pickPrefiller(v []byte, sampling bool) (string, error) {
+	n := bytes.Count(v, []byte{','}) + 1
+	i := 0
+	if sampling && n > 1 {
+		i = rand.IntN(n)
+	}
+	for k := 0; k < i; k++ {
+		v = v[bytes.IndexByte(v, ',')+1:]
+	}
+	if j := bytes.IndexByte(v, ','); j >= 0 {
+		v = v[:j]
+	}
+	hp := string(bytes.TrimSpace(v))
+	host, port, err := net.SplitHostPort(hp)
+	if err != nil || host == "" {
+		return hp, ErrBadPrefiller
+	}
+	if n, err := strconv.Atoi(port); err != nil || n <= 0 || n > 65535 {
+		return hp, ErrBadPrefiller
+	}
+	return hp, nil
+}
+
+// requestID keeps a valid incoming id, else makes one.
+func requestID(in []byte) string {
+	if validID(in) {
+		return string(in)
+	}
+	var b [16]byte
+	_, _ = crand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+func validID(b []byte) bool {
+	if len(b) == 0 || len(b) > 128 {
+		return false
+	}
+	for _, c := range b {
+		ok := c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' ||
+			c == '-' || c == '_' || c == '.' || c == ':'
+		if !ok {
+			return false
+		}
+	}
+	return true
+}

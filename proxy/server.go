@@ -1,0 +1,103 @@
+package proxy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/valyala/fasthttp"
+)
+
+// ErrDrainTimeout: requests were still in flight when --shutdown-grace ran
+// out.
+var ErrDrainTimeout = errors.New("shutdown grace ran out with requests in flight")
+
+// Run listens on every data-parallel rank's port (and the metrics port) and
+// serves until ctx is done; then it stops accepting, reports not ready, and
+// drains in-flight requests for up to ShutdownGrace. It returns an error
+// when a port cannot be bound, a server fails, or the drain timed out.
+func (p *Proxy) Run(ctx context.Context) error {
+	var servers []*fasthttp.Server
+	var lns []net.Listener
+	closeAll := func() {
+		for _, ln := range lns {
+			_ = ln.Close()
+		}
+	}
+	listen := func(port int, h fasthttp.RequestHandler) error {
+		addr := net.JoinHostPort(p.cfg.Host, strconv.Itoa(port))
+		ln, err := net.Listen("tcp", addr)
+		if err != nil {
+			closeAll()
+			return fmt.Errorf("listen %s: %w", addr, err)
+		}
+		lns = append(lns, ln)
+		servers = append(servers, p.newServer(h))
+		return nil
+	}
+	for rank := range p.cfg.DataParallelSize {
+		if err := listen(p.cfg.Port+rank, p.Handler(rank)); err != nil {
+			return err
+		}
+		p.log.Info().Int("rank", rank).Int("port", p.cfg.Port+rank).Str("engine", p.localAddr(rank)).Msg("listening")
+	}
+	if p.cfg.MetricsPort != 0 {
+		if err := listen(p.cfg.MetricsPort, p.metricsH); err != nil {
+			return err
+		}
+	}
+	errc := make(chan error, len(servers))
+	for i, s := range servers {
+		go func() { errc <- s.Serve(lns[i]) }()
+	}
+	var err error
+	select {
+	case <-ctx.Done():
+	case err = <-errc:
+		err = fmt.Errorf("serve: %w", err)
+	}
+	p.draining.Store(true)
+	p.log.Info().Dur("grace", p.cfg.ShutdownGrace).Msg("shutting down: draining in-flight requests")
+	sctx, cancel := context.WithTimeout(context.Background(), p.cfg.ShutdownGrace)
+	defer cancel()
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	for _, s := range servers {
+		wg.Go(func() {
+			if e := s.ShutdownWithContext(sctx); e != nil && errors.Is(e, context.DeadlineExceeded) {
+				mu.Lock()
+				err = errors.Join(err, ErrDrainTimeout)
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	p.tr.Close()
+	p.log.Info().Err(err).Msg("stopped")
+	return err
+}
+
+func (p *Proxy) newServer(h fasthttp.RequestHandler) *fasthttp.Server {
+	return &fasthttp.Server{
+		Handler:               h,
+		Name:                  "pd-sidecar",
+		MaxRequestBodySize:    p.cfg.MaxRequestBodyBytes,
+		ReadTimeout:           60 * time.Second,
+		IdleTimeout:           90 * time.Second,
+		CloseOnShutdown:       true,
+		NoDefaultServerHeader: true,
+		Logger:                fasthttpLogger{p},
+	}
+}
+
+// fasthttpLogger routes fasthttp's own messages to zerolog.
+type fasthttpLogger struct{ p *Proxy }
+
+// Printf implements fasthttp.Logger.
+func (l fasthttpLogger) Printf(format string, args ...any) {
+	l.p.log.Warn().Msgf(format, args...)
+}

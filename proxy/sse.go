@@ -1,0 +1,99 @@
+package proxy
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"io"
+)
+
+// eventReader splits an SSE body into events (each up to and including its
+// blank line).
+type eventReader struct {
+	br  *bufio.Reader
+	buf []byte
+}
+
+func newEventReader(r io.Reader) *eventReader {
+	return &eventReader{br: bufio.NewReaderSize(r, 16<<10)}
+}
+
+// next returns the next event's raw bytes, valid until the following call.
+// A final event without its blank line is returned whole; io.EOF follows.
+func (e *eventReader) next() ([]byte, error) {
+	e.buf = e.buf[:0]
+	for {
+		line, err := e.br.ReadSlice('\n')
+		e.buf = append(e.buf, line...)
+		if errors.Is(err, bufio.ErrBufferFull) {
+			continue
+		}
+		if err != nil {
+			if errors.Is(err, io.EOF) && len(bytes.TrimSpace(e.buf)) > 0 {
+				e.buf = append(e.buf, "\n\n"...)
+				return e.buf, nil
+			}
+			return nil, err
+		}
+		if isBlank(line) {
+			if len(bytes.TrimSpace(e.buf)) == 0 {
+				e.buf = e.buf[:0] // stray blank line between events
+				continue
+			}
+			return e.buf, nil
+		}
+	}
+}
+
+func isBlank(line []byte) bool {
+	return len(line) == 1 || (len(line) == 2 && line[0] == '\r')
+}
+
+var dataPrefix = []byte("data:")
+
+// firstData returns the payload of the event's first data line (nil when
+// it has none, e.g. a comment).
+func firstData(ev []byte) []byte {
+	for len(ev) > 0 {
+		line := ev
+		if i := bytes.IndexByte(ev, '\n'); i >= 0 {
+			line, ev = ev[:i], ev[i+1:]
+		} else {
+			ev = nil
+		}
+		if bytes.HasPrefix(line, dataPrefix) {
+			return bytes.TrimSpace(line[len(dataPrefix):])
+		}
+	}
+	return nil
+}
+
+// rewriteEvent appends ev to dst with fn applied to each data payload.
+func rewriteEvent(dst, ev []byte, fn func([]byte) []byte) []byte {
+	if fn == nil {
+		return append(dst, ev...)
+	}
+	for len(ev) > 0 {
+		line := ev
+		if i := bytes.IndexByte(ev, '\n'); i >= 0 {
+			line, ev = ev[:i+1], ev[i+1:]
+		} else {
+			ev = nil
+		}
+		if !bytes.HasPrefix(line, dataPrefix) {
+			dst = append(dst, line...)
+			continue
+		}
+		payload := bytes.TrimSpace(line[len(dataPrefix):])
+		dst = append(dst, "data: "...)
+		dst = append(dst, fn(payload)...)
+		dst = append(dst, '\n')
+	}
+	return dst
+}
+
+// sseError is the event that ends a stream the upstream broke off.
+func sseError(status int, err error) []byte {
+	b := append([]byte("data: "), errorBody(status, err)...)
+	return append(b, "\n\ndata: [DONE]\n\n"...)
+}

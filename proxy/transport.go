@@ -1,0 +1,246 @@
+package proxy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/valyala/fasthttp"
+)
+
+// LegError is a transport failure of one upstream leg.
+type LegError struct {
+	// Addr is the upstream host:port.
+	Addr string
+	// Op is the step that failed: "dial", "write" or "read".
+	Op string
+	// Err is the underlying error.
+	Err error
+}
+
+// Error implements error.
+func (e *LegError) Error() string { return fmt.Sprintf("%s %s: %v", e.Op, e.Addr, e.Err) }
+
+// Unwrap returns the underlying error.
+func (e *LegError) Unwrap() error { return e.Err }
+
+// Transport sends requests to upstream engines over pooled fasthttp
+// connections, and unlike fasthttp's own Do it cancels a leg at any point
+// (dial aside, which --connect-timeout bounds): the connection is closed as
+// soon as the leg's context is done, which is how a client leaving or a
+// prefill timeout reaches the engine. It is safe for concurrent use.
+type Transport struct {
+	connectTimeout time.Duration
+	maxConns       int
+	maxHosts       int
+
+	mu    sync.Mutex
+	hosts map[string]*fasthttp.HostClient
+}
+
+// NewTransport returns a Transport dialling with connectTimeout, keeping up
+// to maxConns connections per upstream and pools for up to maxHosts
+// upstreams (prefiller addresses come from a header).
+func NewTransport(connectTimeout time.Duration, maxConns, maxHosts int) *Transport {
+	return &Transport{
+		connectTimeout: connectTimeout,
+		maxConns:       maxConns,
+		maxHosts:       maxHosts,
+		hosts:          make(map[string]*fasthttp.HostClient),
+	}
+}
+
+func (t *Transport) host(addr string) *fasthttp.HostClient {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if hc, ok := t.hosts[addr]; ok {
+		return hc
+	}
+	if len(t.hosts) >= t.maxHosts {
+		for k, hc := range t.hosts {
+			hc.CloseIdleConnections()
+			delete(t.hosts, k)
+			break
+		}
+	}
+	hc := &fasthttp.HostClient{
+		Addr:                     addr,
+		MaxConns:                 t.maxConns,
+		MaxIdleConnDuration:      4 * time.Second,
+		NoDefaultUserAgentHeader: true,
+		DisablePathNormalizing:   true,
+		Dial: func(addr string) (net.Conn, error) {
+			d := net.Dialer{Timeout: t.connectTimeout}
+			return d.Dial("tcp", addr)
+		},
+	}
+	t.hosts[addr] = hc
+	return hc
+}
+
+// Close closes every idle pooled connection.
+func (t *Transport) Close() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for _, hc := range t.hosts {
+		hc.CloseIdleConnections()
+	}
+}
+
+// Do sends req to addr and reads the whole response into resp. The leg ends
+// when ctx is done (its deadline bounds the whole exchange).
+func (t *Transport) Do(ctx context.Context, addr string, req *fasthttp.Request, resp *fasthttp.Response) error {
+	_, err := t.roundTrip(ctx, addr, req, resp, false)
+	return err
+}
+
+// Stream sends req to addr and reads the response head into resp; the body
+// is read from the returned Leg, which the caller must Close. Cancelling ctx
+// unblocks a pending Read with an error.
+func (t *Transport) Stream(ctx context.Context, addr string, req *fasthttp.Request, resp *fasthttp.Response) (*Leg, error) {
+	return t.roundTrip(ctx, addr, req, resp, true)
+}
+
+func (t *Transport) roundTrip(ctx context.Context, addr string, req *fasthttp.Request, resp *fasthttp.Response, stream bool) (*Leg, error) {
+	hc := t.host(addr)
+	for attempt := 0; ; attempt++ {
+		leg, reused, err := t.try(ctx, hc, req, resp, stream)
+		// A pooled connection the engine closed while idle fails before any
+		// answer byte; that is no verdict on the engine, so try a fresh one.
+		if err != nil && reused && attempt == 0 && ctx.Err() == nil && stale(err) {
+			continue
+		}
+		if err != nil {
+			return nil, &LegError{Addr: addr, Op: opOf(err), Err: err}
+		}
+		return leg, nil
+	}
+}
+
+type opError struct {
+	op  string
+	err error
+}
+
+func (e *opError) Error() string { return e.op + ": " + e.err.Error() }
+func (e *opError) Unwrap() error { return e.err }
+
+func opOf(err error) string {
+	var oe *opError
+	if errors.As(err, &oe) {
+		return oe.op
+	}
+	return "read"
+}
+
+func stale(err error) bool {
+	var oe *opError
+	if !errors.As(err, &oe) || oe.op == "dial" {
+		return false
+	}
+	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || isReset(err) ||
+		errors.Is(err, fasthttp.ErrConnectionClosed)
+}
+
+func (t *Transport) try(ctx context.Context, hc *fasthttp.HostClient, req *fasthttp.Request, resp *fasthttp.Response, stream bool) (*Leg, bool, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, false, &opError{"dial", context.Cause(ctx)}
+	}
+	start := time.Now()
+	cc, err := hc.AcquireConn(0, false)
+	if err != nil {
+		return nil, false, &opError{"dial", err}
+	}
+	reused := cc.CreatedTime().Before(start)
+	conn := cc.Conn()
+	stop := context.AfterFunc(ctx, func() { _ = conn.Close() })
+	// release returns the connection to the pool only when the exchange
+	// ended cleanly and the cancel hook never ran.
+	release := func(clean bool) {
+		if stop() && clean && !resp.ConnectionClose() && conn.SetDeadline(time.Time{}) == nil {
+			hc.ReleaseConn(cc)
+			return
+		}
+		hc.CloseConn(cc)
+	}
+	deadline, _ := ctx.Deadline()
+	if err := conn.SetDeadline(deadline); err != nil {
+		release(false)
+		return nil, reused, &opError{"write", err}
+	}
+	bw := hc.AcquireWriter(conn)
+	err = req.Write(bw)
+	if err == nil {
+		err = bw.Flush()
+	}
+	hc.ReleaseWriter(bw)
+	if err != nil {
+		release(false)
+		return nil, reused, &opError{"write", ctxErr(ctx, err)}
+	}
+	br := hc.AcquireReader(conn)
+	resp.StreamBody = stream
+	if err := resp.ReadLimitBody(br, 0); err != nil {
+		hc.ReleaseReader(br)
+		release(false)
+		return nil, reused, &opError{"read", ctxErr(ctx, err)}
+	}
+	if !stream {
+		hc.ReleaseReader(br)
+		release(true)
+		return nil, reused, nil
+	}
+	return &Leg{ctx: ctx, resp: resp, release: func(clean bool) {
+		hc.ReleaseReader(br)
+		release(clean)
+	}}, reused, nil
+}
+
+// ctxErr prefers the context's cause when the context ended the leg.
+func ctxErr(ctx context.Context, err error) error {
+	if ctx.Err() != nil {
+		return fmt.Errorf("%w (%w)", context.Cause(ctx), err)
+	}
+	return err
+}
+
+// Leg is the streamed body of one upstream response. It is read and closed
+// by one goroutine (Close must not race a Read); cancelling its context from
+// any goroutine interrupts a pending Read.
+type Leg struct {
+	ctx     context.Context
+	resp    *fasthttp.Response
+	release func(clean bool)
+	eof     bool
+	closed  bool
+}
+
+// Read reads the response body.
+func (l *Leg) Read(p []byte) (int, error) {
+	if l.closed {
+		return 0, io.ErrClosedPipe
+	}
+	n, err := l.resp.BodyStream().Read(p)
+	if errors.Is(err, io.EOF) {
+		l.eof = true
+	} else if err != nil {
+		err = ctxErr(l.ctx, err)
+	}
+	return n, err
+}
+
+// Close ends the leg. The connection goes back to the pool only when the
+// body was read to its end; otherwise it is closed, so the engine sees the
+// request abandoned.
+func (l *Leg) Close() {
+	if l.closed {
+		return
+	}
+	l.closed = true
+	_ = l.resp.CloseBodyStream()
+	l.release(l.eof)
+}

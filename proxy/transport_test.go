@@ -1,0 +1,147 @@
+package proxy
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"github.com/valyala/fasthttp"
+)
+
+func newReq(addr, path string) *fasthttp.Request {
+	req := fasthttp.AcquireRequest()
+	req.Header.SetMethod(fasthttp.MethodPost)
+	req.Header.SetRequestURI(path)
+	req.Header.SetHost(addr)
+	req.SetBodyString(`{}`)
+	return req
+}
+
+func TestTransportCancelsWhileWaitingForHead(t *testing.T) {
+	left := make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.ReadAll(r.Body) // net/http watches the connection once the body is read
+		select {
+		case <-r.Context().Done(): // never answers; sees the client leave
+			close(left)
+		case <-time.After(5 * time.Second):
+		}
+	}))
+	defer srv.Close()
+	addr := srv.Listener.Addr().String()
+	tr := NewTransport(time.Second, 8, 8)
+	ctx, cancel := context.WithCancelCause(context.Background())
+	time.AfterFunc(100*time.Millisecond, func() { cancel(ErrClientGone) })
+	resp := fasthttp.AcquireResponse()
+	start := time.Now()
+	err := tr.Do(ctx, addr, newReq(addr, "/x"), resp)
+	require.Error(t, err)
+	assert.ErrorIs(t, err, ErrClientGone)
+	assert.Less(t, time.Since(start), 2*time.Second)
+	select {
+	case <-left:
+	case <-time.After(2 * time.Second):
+		t.Fatal("the upstream never saw the leg cancelled")
+	}
+}
+
+func TestTransportCancelsStreamedBody(t *testing.T) {
+	left := make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		_, _ = w.Write([]byte("data: 1\n\n"))
+		w.(http.Flusher).Flush()
+		select {
+		case <-r.Context().Done():
+			close(left)
+		case <-time.After(5 * time.Second):
+		}
+	}))
+	defer srv.Close()
+	addr := srv.Listener.Addr().String()
+	tr := NewTransport(time.Second, 8, 8)
+	ctx, cancel := context.WithCancelCause(context.Background())
+	resp := fasthttp.AcquireResponse()
+	leg, err := tr.Stream(ctx, addr, newReq(addr, "/s"), resp)
+	require.NoError(t, err)
+	buf := make([]byte, 64)
+	n, err := leg.Read(buf)
+	require.NoError(t, err)
+	assert.Equal(t, "data: 1\n\n", string(buf[:n]))
+	time.AfterFunc(50*time.Millisecond, func() { cancel(ErrClientGone) })
+	_, err = io.ReadAll(leg)
+	assert.ErrorIs(t, err, ErrClientGone)
+	leg.Close()
+	select {
+	case <-left:
+	case <-time.After(2 * time.Second):
+		t.Fatal("the upstream never saw the leg cancelled")
+	}
+}
+
+func TestTransportDeadline(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.ReadAll(r.Body)
+		select {
+		case <-r.Context().Done():
+		case <-time.After(5 * time.Second):
+		}
+	}))
+	defer srv.Close()
+	addr := srv.Listener.Addr().String()
+	ctx, cancel := context.WithTimeoutCause(context.Background(), 100*time.Millisecond, ErrPrefillTimeout)
+	defer cancel()
+	err := NewTransport(time.Second, 8, 8).Do(ctx, addr, newReq(addr, "/"), fasthttp.AcquireResponse())
+	assert.ErrorIs(t, prefillTransportErr(err), ErrPrefillTimeout)
+}
+
+func TestTransportReusesConnections(t *testing.T) {
+	var conns atomic.Int32
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = w.Write([]byte(`ok`))
+	}))
+	srv.Config.ConnState = func(_ net.Conn, s http.ConnState) {
+		if s == http.StateNew {
+			conns.Add(1)
+		}
+	}
+	srv.Start()
+	defer srv.Close()
+	addr := srv.Listener.Addr().String()
+	tr := NewTransport(time.Second, 8, 8)
+	for range 5 {
+		resp := fasthttp.AcquireResponse()
+		leg, err := tr.Stream(context.Background(), addr, newReq(addr, "/"), resp)
+		require.NoError(t, err)
+		b, err := io.ReadAll(leg)
+		require.NoError(t, err)
+		assert.Equal(t, "ok", string(b))
+		leg.Close()
+		fasthttp.ReleaseResponse(resp)
+	}
+	assert.Equal(t, int32(1), conns.Load(), "a fully read leg returns its connection to the pool")
+}
+
+func TestTransportRefusedIsDecodeUnavailable(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := l.Addr().String()
+	require.NoError(t, l.Close())
+	err = NewTransport(time.Second, 8, 8).Do(context.Background(), addr, newReq(addr, "/"), fasthttp.AcquireResponse())
+	require.Error(t, err)
+	assert.True(t, errors.Is(err, syscall.ECONNREFUSED), "%v", err)
+	assert.ErrorIs(t, decodeTransportErr(err), ErrDecodeUnavailable)
+	assert.ErrorIs(t, prefillTransportErr(err), ErrPrefillUnreachable)
+	var le *LegError
+	require.ErrorAs(t, err, &le)
+	assert.Equal(t, "dial", le.Op)
+}
