@@ -1,0 +1,48 @@
+package benchsuite
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+)
+
+// nginxConfig is nginx as a plain streaming reverse proxy: 2 workers,
+// upstream keepalive, no response buffering.
+const nginxConfig = `worker_processes 2;
+pid %[1]s/nginx.pid;
+error_log %[1]s/error.log warn;
+events { worker_connections 16384; }
+http {
+  access_log off;
+  client_body_temp_path %[1]s/body;
+  proxy_temp_path %[1]s/proxy;
+  fastcgi_temp_path %[1]s/fastcgi;
+  uwsgi_temp_path %[1]s/uwsgi;
+  scgi_temp_path %[1]s/scgi;
+  upstream engine { server 127.0.0.1:%[2]d; keepalive 256; }
+  server {
+    listen 127.0.0.1:%[3]d;
+    location / {
+      proxy_pass http://engine;
+      proxy_http_version 1.1;
+      proxy_set_header Connection "";
+      proxy_buffering off;
+      proxy_request_buffering off;
+    }
+  }
+}
+`
+
+// startNginx writes a configuration into dir and starts nginx in the
+// foreground on port, proxying to the engine on upstream.
+func startNginx(dir, bin string, port, upstream int) (*proc, error) {
+	d := filepath.Join(dir, fmt.Sprintf("nginx-%d", port))
+	if err := os.MkdirAll(d, 0o755); err != nil {
+		return nil, err
+	}
+	conf := filepath.Join(d, "nginx.conf")
+	if err := os.WriteFile(conf, fmt.Appendf(nil, nginxConfig, d, upstream, port), 0o644); err != nil {
+		return nil, err
+	}
+	return start(dir, fmt.Sprintf("nginx-%d", port), bin, "-p", d, "-c", conf, "-g", "daemon off;")
+}

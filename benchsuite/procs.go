@@ -1,0 +1,95 @@
+package benchsuite
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"strconv"
+	"syscall"
+	"time"
+)
+
+// proc is one child process of the suite.
+type proc struct {
+	name string
+	cmd  *exec.Cmd
+	log  *os.File
+}
+
+// start runs bin with args, its output to a log file in dir.
+func start(dir, name, bin string, args ...string) (*proc, error) {
+	log, err := os.Create(fmt.Sprintf("%s/%s.log", dir, name))
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(bin, args...)
+	cmd.Stdout, cmd.Stderr = log, log
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		log.Close()
+		return nil, fmt.Errorf("start %s: %w", name, err)
+	}
+	return &proc{name: name, cmd: cmd, log: log}, nil
+}
+
+func (p *proc) pid() int { return p.cmd.Process.Pid }
+
+// stop ends the process group and waits.
+func (p *proc) stop() {
+	_ = syscall.Kill(-p.pid(), syscall.SIGTERM)
+	done := make(chan struct{})
+	go func() { _ = p.cmd.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		_ = syscall.Kill(-p.pid(), syscall.SIGKILL)
+		<-done
+	}
+	p.log.Close()
+}
+
+// waitHTTP polls url until it answers 200.
+func waitHTTP(ctx context.Context, url string, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for time.Now().Before(deadline) {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+		if resp, err := http.DefaultClient.Do(req); err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return nil
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(30 * time.Millisecond):
+		}
+	}
+	return fmt.Errorf("%s did not answer 200 within %v", url, timeout)
+}
+
+// freePorts returns n distinct free loopback ports.
+func freePorts(n int) ([]int, error) {
+	var ls []net.Listener
+	defer func() {
+		for _, l := range ls {
+			l.Close()
+		}
+	}()
+	ports := make([]int, 0, n)
+	for range n {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, err
+		}
+		ls = append(ls, l)
+		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
+	}
+	return ports, nil
+}
+
+func hostPort(port int) string { return net.JoinHostPort("127.0.0.1", strconv.Itoa(port)) }
+func baseURL(port int) string  { return "http://" + hostPort(port) }

@@ -1,0 +1,245 @@
+// Package benchsuite is `make bench`: it starts engine-sim, pd-sidecar,
+// nginx and an optional peer sidecar on loopback, drives them side by side
+// with loadgen in one interleaved run, and reports throughput, latency,
+// proxy CPU per request and memory per open stream as ratios within that
+// run.
+package benchsuite
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/pd-sidecar/pd-sidecar/loadgen"
+)
+
+// Options configures a suite run.
+type Options struct {
+	// Bin holds the engine-sim and pd-sidecar binaries.
+	Bin string
+	// Nginx is the nginx binary ("" skips nginx).
+	Nginx string
+	// Peer is another sidecar binary with llm-d-compatible flags ("" skips).
+	Peer string
+	// Dir receives logs and configuration files.
+	Dir string
+	// Clients, Duration, Rounds and Warmup shape the saturation run.
+	Clients  int
+	Duration time.Duration
+	Rounds   int
+	Warmup   time.Duration
+	// Rate is the open-loop arrival rate of the latency run (0 skips it).
+	Rate float64
+	// Streams is the number of concurrent open streams of the memory run
+	// (0 skips it).
+	Streams int
+	// Plot, when set, receives the saturation run's PNG.
+	Plot string
+	// JSON, when set, receives every report as JSON.
+	JSON string
+}
+
+// proxyUnderTest is one proxy process and the target that drives it.
+type proxyUnderTest struct {
+	name   string
+	p      *proc
+	target loadgen.Target
+}
+
+// Run executes the suite and writes the report to w.
+func Run(ctx context.Context, o Options, w io.Writer) error {
+	dir, err := filepath.Abs(o.Dir)
+	if err != nil {
+		return err
+	}
+	o.Dir = dir
+	if err := os.MkdirAll(o.Dir, 0o755); err != nil {
+		return err
+	}
+	var procs []*proc
+	defer func() {
+		for _, p := range procs {
+			p.stop()
+		}
+	}()
+	launch := func(name, bin string, args ...string) (*proc, error) {
+		p, err := start(o.Dir, name, bin, args...)
+		if err == nil {
+			procs = append(procs, p)
+		}
+		return p, err
+	}
+	ports, err := freePorts(16)
+	if err != nil {
+		return err
+	}
+	engine, prefill := ports[0], ports[1]
+	fast := []string{"--prefill-us-per-token", "0", "--decode-us-per-token", "0", "--default-max-tokens", "16",
+		"--model", "sim-model", "--log-level", "warn"}
+	if _, err := launch("engine-decode", filepath.Join(o.Bin, "engine-sim"),
+		append([]string{"--role", "decode", "--port", itoa(engine)}, fast...)...); err != nil {
+		return err
+	}
+	if _, err := launch("engine-prefill", filepath.Join(o.Bin, "engine-sim"),
+		append([]string{"--role", "prefill", "--port", itoa(prefill), "--kv-port", itoa(ports[2]), "--bootstrap-port", itoa(ports[3])}, fast...)...); err != nil {
+		return err
+	}
+	var proxies []proxyUnderTest
+	sidecarArgs := func(port, upstream int) []string {
+		return []string{"--port", itoa(port), "--model-server-port", itoa(upstream), "--log-level", "warn"}
+	}
+	add := func(name string, p *proc, port int, prefiller string) {
+		proxies = append(proxies, proxyUnderTest{name: name, p: p,
+			target: loadgen.Target{Name: name, URL: baseURL(port), Prefiller: prefiller}})
+	}
+	sc, err := launch("sidecar", filepath.Join(o.Bin, "pd-sidecar"), sidecarArgs(ports[4], engine)...)
+	if err != nil {
+		return err
+	}
+	add("sidecar", sc, ports[4], "")
+	scPD, err := launch("sidecar-pd", filepath.Join(o.Bin, "pd-sidecar"), sidecarArgs(ports[5], engine)...)
+	if err != nil {
+		return err
+	}
+	add("sidecar-pd", scPD, ports[5], hostPort(prefill))
+	if o.Nginx != "" {
+		p, err := startNginx(o.Dir, o.Nginx, ports[6], engine)
+		if err != nil {
+			return err
+		}
+		procs = append(procs, p)
+		add("nginx", p, ports[6], "")
+	}
+	if o.Peer != "" {
+		peerArgs := func(port int) []string {
+			return []string{"--port", itoa(port), "--model-server-port", itoa(engine), "--secure-proxy=false", "--kv-connector", "nixlv2"}
+		}
+		p, err := launch("peer", o.Peer, peerArgs(ports[7])...)
+		if err != nil {
+			return err
+		}
+		add("peer", p, ports[7], "")
+		p2, err := launch("peer-pd", o.Peer, peerArgs(ports[8])...)
+		if err != nil {
+			return err
+		}
+		add("peer-pd", p2, ports[8], hostPort(prefill))
+	}
+	for _, u := range []string{baseURL(engine) + "/health", baseURL(prefill) + "/health"} {
+		if err := waitHTTP(ctx, u, 20*time.Second); err != nil {
+			return err
+		}
+	}
+	for _, px := range proxies {
+		if err := waitHTTP(ctx, px.target.URL+"/v1/models", 20*time.Second); err != nil {
+			return fmt.Errorf("%s: %w", px.name, err)
+		}
+	}
+
+	direct := loadgen.Target{Name: "direct", URL: baseURL(engine)}
+	floor := loadgen.Target{Name: "floor", URL: baseURL(engine), PrefillURL: baseURL(prefill)}
+	targets := []loadgen.Target{direct}
+	for _, px := range proxies {
+		if px.target.Prefiller == "" {
+			targets = append(targets, px.target)
+		}
+	}
+	targets = append(targets, floor)
+	for _, px := range proxies {
+		if px.target.Prefiller != "" {
+			targets = append(targets, px.target)
+		}
+	}
+	work := loadgen.Workload{API: loadgen.APIChat, Model: "sim-model", Stream: true,
+		PromptTokens: loadgen.Dist{Min: 128, Max: 128}, OutputTokens: loadgen.Dist{Min: 16, Max: 16}, Seed: 1, Distinct: 256}
+	reqs := work.Generate()
+	rep := &report{}
+
+	fmt.Fprintf(w, "pd-bench suite: engine-sim (zero-work timing, 16 SSE events per stream), %d clients, %d rounds × %v per target\n\n",
+		o.Clients, o.Rounds, o.Duration)
+	if o.Warmup > 0 {
+		// Warm every target outside the measured window, so the CPU
+		// snapshots below cover exactly the recorded requests.
+		warm := loadgen.Load{Clients: o.Clients, Duration: o.Warmup, Rounds: 1}
+		if _, err := loadgen.Run(ctx, work.API, targets, reqs, warm, nil); err != nil {
+			return fmt.Errorf("warm-up: %w", err)
+		}
+	}
+	before := usageOf(proxies)
+	sat := loadgen.Load{Clients: o.Clients, Duration: o.Duration, Rounds: o.Rounds}
+	satRes, err := loadgen.Run(ctx, work.API, targets, reqs, sat, progress(w))
+	if err != nil {
+		return fmt.Errorf("saturation run: %w", err)
+	}
+	after := usageOf(proxies)
+	rep.Saturation = summarize("saturation: closed loop", satRes)
+	if err := writeTable(w, rep.Saturation); err != nil {
+		return err
+	}
+	rep.Costs = costs(proxies, before, after, satRes)
+	if o.Plot != "" {
+		if err := loadgen.WritePlot(o.Plot, satRes); err != nil {
+			return err
+		}
+		fmt.Fprintf(w, "plot: %s\n", o.Plot)
+	}
+
+	if o.Rate > 0 {
+		fmt.Fprintf(w, "\nlatency at %.0f req/s (open loop, Poisson arrivals)\n", o.Rate)
+		open := loadgen.Load{Rate: o.Rate, Poisson: true, Duration: o.Duration, Rounds: o.Rounds, Warmup: o.Warmup}
+		openRes, err := loadgen.Run(ctx, work.API, targets, reqs, open, progress(w))
+		if err != nil {
+			return fmt.Errorf("open-loop run: %w", err)
+		}
+		rep.OpenLoop = summarize(fmt.Sprintf("open loop %.0f req/s", o.Rate), openRes)
+		if err := writeTable(w, rep.OpenLoop); err != nil {
+			return err
+		}
+	}
+	if o.Streams > 0 {
+		mem, err := streamMemory(ctx, o, launch, ports[9:])
+		if err != nil {
+			return fmt.Errorf("open-streams run: %w", err)
+		}
+		for i := range rep.Costs {
+			if m, ok := mem[rep.Costs[i].Proxy]; ok {
+				rep.Costs[i].StreamsOpen = m.streams
+				rep.Costs[i].RSSIdleMiB = m.idle
+				rep.Costs[i].RSSStreamsMiB = m.open
+				rep.Costs[i].KBPerStream = m.perStreamKB
+			}
+		}
+	}
+	writeCosts(w, rep.Costs)
+	writeBudget(w, rep)
+	if o.JSON != "" {
+		return rep.writeJSON(o.JSON)
+	}
+	return nil
+}
+
+func progress(w io.Writer) loadgen.Progress {
+	return func(round, rounds int, target string, done int) {
+		fmt.Fprintf(os.Stderr, "\r  round %d/%d  %-12s %8d requests   ", round, rounds, target, done)
+	}
+}
+
+func usageOf(proxies []proxyUnderTest) map[string]procUsage {
+	out := map[string]procUsage{}
+	for _, px := range proxies {
+		u, err := treeUsage(px.p.pid())
+		if err == nil {
+			out[px.name] = u
+		}
+	}
+	return out
+}
+
+// errNoProxy is returned when a memory run has no proxy to measure.
+var errNoProxy = errors.New("no proxy to measure")
+
+func itoa(i int) string { return fmt.Sprint(i) }

@@ -1,0 +1,50 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"os"
+	"os/exec"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/spf13/pflag"
+
+	"github.com/pd-sidecar/pd-sidecar/benchsuite"
+)
+
+// runSuite is `pd-bench suite`, the engine of `make bench`.
+func runSuite(args []string) error {
+	o := benchsuite.Options{}
+	fs := pflag.NewFlagSet("pd-bench suite", pflag.ContinueOnError)
+	fs.SortFlags = false
+	fs.StringVar(&o.Bin, "bin", "bin", "directory holding engine-sim and pd-sidecar")
+	nginx := fs.String("nginx", "nginx", `nginx binary to compare with ("off" to skip; looked up in PATH)`)
+	fs.StringVar(&o.Peer, "peer", os.Getenv("PEER_SIDECAR"), "another sidecar binary with llm-d-compatible flags (default $PEER_SIDECAR)")
+	fs.StringVar(&o.Dir, "dir", "out/bench", "directory for logs and configuration")
+	fs.IntVar(&o.Clients, "clients", 32, "closed-loop clients of the saturation run")
+	fs.DurationVar(&o.Duration, "duration", 3*time.Second, "time each target is driven per round")
+	fs.IntVar(&o.Rounds, "rounds", 3, "rounds (targets interleaved round by round)")
+	fs.DurationVar(&o.Warmup, "warmup", time.Second, "warm-up per target, not measured")
+	fs.Float64Var(&o.Rate, "rate", 500, "open-loop arrivals per second of the latency run (0: skip)")
+	fs.IntVar(&o.Streams, "streams", 2000, "concurrent open streams of the memory run (0: skip)")
+	fs.StringVar(&o.Plot, "plot", "out/bench.png", "PNG of the saturation run (empty: none)")
+	fs.StringVar(&o.JSON, "json", "out/bench.json", "JSON report (empty: none)")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, pflag.ErrHelp) {
+			return nil
+		}
+		return err
+	}
+	if *nginx != "off" {
+		if p, err := exec.LookPath(*nginx); err == nil {
+			o.Nginx = p
+		} else {
+			os.Stderr.WriteString("pd-bench suite: nginx not found; skipping it (make bench installs it from Debian's packages)\n")
+		}
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	return benchsuite.Run(ctx, o, os.Stdout)
+}
