@@ -1,0 +1,108 @@
+package proxy
+
+import (
+	"bytes"
+	"fmt"
+	"io"
+	"testing"
+
+	"github.com/pd-sidecar/pd-sidecar/connectors"
+	"github.com/pd-sidecar/pd-sidecar/connectors/nixlv2"
+)
+
+// sseStream is a chat stream of n token events, a usage chunk and [DONE].
+func sseStream(n int) []byte {
+	var b bytes.Buffer
+	b.WriteString("data: {\"id\":\"chatcmpl-1\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"m\",\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"\"},\"logprobs\":null,\"finish_reason\":null}]}\n\n")
+	for i := range n {
+		fmt.Fprintf(&b, "data: {\"id\":\"chatcmpl-1\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"m\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\" tok%d\"},\"logprobs\":null,\"finish_reason\":null}]}\n\n", i)
+	}
+	b.WriteString("data: {\"id\":\"chatcmpl-1\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"m\",\"choices\":[],\"usage\":{\"prompt_tokens\":128,\"completion_tokens\":16,\"total_tokens\":144,\"prompt_tokens_details\":{\"cached_tokens\":128}}}\n\n")
+	b.WriteString("data: [DONE]\n\n")
+	return b.Bytes()
+}
+
+// BenchmarkSSEScan splits a 16-token stream into events and classifies
+// each, as the decode relay does.
+func BenchmarkSSEScan(b *testing.B) {
+	stream := sseStream(16)
+	rd := bytes.NewReader(stream)
+	b.SetBytes(int64(len(stream)))
+	b.ReportAllocs()
+	for b.Loop() {
+		rd.Reset(stream)
+		er := newEventReader(rd)
+		for {
+			ev, err := er.next()
+			if err == io.EOF {
+				break
+			}
+			if err != nil {
+				b.Fatal(err)
+			}
+			if d := firstData(ev); d != nil {
+				_ = connectors.ClassifyEvent(connectors.APIChat, d)
+			}
+		}
+	}
+}
+
+// BenchmarkSSERewrite is the per-event relay work of a disaggregated
+// stream: scan, and rewrite cached_tokens in each data payload.
+func BenchmarkSSERewrite(b *testing.B) {
+	stream := sseStream(16)
+	rw, ok := connectors.Connector(nixlv2.New()).(connectors.AnswerRewriter)
+	if !ok {
+		b.Fatal("nixlv2 rewrites answers")
+	}
+	h := connectors.Handoff{CachedTokens: 16}
+	fn := func(d []byte) []byte { return rw.RewriteAnswer(connectors.APIChat, d, h) }
+	rd := bytes.NewReader(stream)
+	var out []byte
+	b.SetBytes(int64(len(stream)))
+	b.ReportAllocs()
+	for b.Loop() {
+		rd.Reset(stream)
+		er := newEventReader(rd)
+		for {
+			ev, err := er.next()
+			if err == io.EOF {
+				break
+			}
+			if err != nil {
+				b.Fatal(err)
+			}
+			out = rewriteEvent(out[:0], ev, fn)
+		}
+	}
+}
+
+// BenchmarkHeaderParsing is the per-request header work: the prefiller
+// pick (first and sampled) and the request id check.
+func BenchmarkHeaderParsing(b *testing.B) {
+	cases := []struct {
+		name     string
+		v        []byte
+		sampling bool
+	}{
+		{"prefiller-single", []byte("10.0.0.12:8000"), false},
+		{"prefiller-list-sampled", []byte("10.0.0.12:8000, 10.0.0.13:8000, 10.0.0.14:8000"), true},
+	}
+	for _, c := range cases {
+		b.Run(c.name, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, err := pickPrefiller(c.v, c.sampling); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+	b.Run("request-id-kept", func(b *testing.B) {
+		id := []byte("4f0c2a9e-5d1b-4b6a-9a3f-0e1d2c3b4a59")
+		b.ReportAllocs()
+		for b.Loop() {
+			_ = requestID(id)
+		}
+	})
+}
