@@ -26,6 +26,11 @@ const (
 
 var doneData = []byte("[DONE]")
 
+// IsDone reports whether an SSE data payload is the [DONE] terminator. It
+// is the cheap test for the relay's per-event hot path; ClassifyEvent
+// parses the payload.
+func IsDone(data []byte) bool { return bytes.Equal(bytes.TrimSpace(data), doneData) }
+
 // ClassifyEvent tells what one SSE data payload of api carries.
 func ClassifyEvent(api API, data []byte) EventKind {
 	data = bytes.TrimSpace(data)

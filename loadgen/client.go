@@ -204,6 +204,9 @@ func (c *client) readStream(r *Result, resp *fasthttp.Response) {
 		data = bytes.TrimRight(data, "\r\n")
 		switch {
 		case bytes.Equal(data, doneData):
+			// Read the chunked terminator too, so the connection is kept
+			// alive instead of being closed half-read.
+			_, _ = io.Copy(io.Discard, br)
 			return
 		case bytes.HasPrefix(data, errorField):
 			r.Err = ErrKindEvent
