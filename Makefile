@@ -14,7 +14,7 @@ build:
 	$(GO) build -o $(BIN)/ ./cmd/...
 
 ## test: everything CI runs: gofmt, go vet, staticcheck, and go test -race (unit and e2e over real processes)
-test: lint
+test: lint deploy-check
 	$(GO) test -race -count=1 -timeout 20m ./...
 
 ## lint: gofmt, go vet and staticcheck
@@ -35,3 +35,11 @@ demo: build
 
 clean:
 	rm -rf $(BIN)
+
+## deploy-check: render the Helm chart (Helm Go SDK, strict k8s.io/api decoding), check the plain
+## manifests, the modelservice fragment, the Grafana dashboard's queries against the exported
+## metrics, and the Dockerfiles (with hadolint too where it is installed)
+.PHONY: deploy-check
+deploy-check:
+	$(GO) test -count=1 ./deploy/...
+	@if command -v hadolint >/dev/null 2>&1; then hadolint Dockerfile Dockerfile.cuda; else echo "hadolint not installed: Dockerfiles checked by deploy/rendertest only"; fi

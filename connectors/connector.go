@@ -39,12 +39,21 @@ type Handoff struct {
 	CachedTokens int64
 }
 
-// Connector turns one client request into the two legs of a sequential
-// prefill→decode handoff. Implementations must be safe for concurrent use
-// and must not modify the body slices they are given.
+// Connector is a KV handoff wire protocol. On its own it only names
+// itself; what the proxy does with it is declared by the abilities it
+// implements: Sequential (prefill, read the handoff, decode; optionally
+// DecodeFirst) or Concurrent (both legs in flight at once). The proxy runs
+// the choreography; see Choreography. Implementations must be safe for
+// concurrent use and must not modify the body slices they are given.
 type Connector interface {
 	// Name is the connector's --kv-connector value.
 	Name() string
+}
+
+// Sequential turns one client request into the two legs of a sequential
+// prefill→decode handoff.
+type Sequential interface {
+	Connector
 	// PrefillBody returns the prefill leg's body for a client body sent to
 	// api, appended to dst[:0].
 	PrefillBody(dst []byte, api API, body []byte) ([]byte, error)

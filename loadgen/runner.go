@@ -72,6 +72,11 @@ func Run(ctx context.Context, api API, targets []Target, reqs []Request, l Load,
 		clients[i] = newClient(t, api, l.Timeout)
 		out[i] = &TargetResults{Target: t}
 	}
+	defer func() {
+		for _, c := range clients {
+			c.hc.CloseIdleConnections()
+		}
+	}()
 	var next atomic.Uint64
 	if l.Warmup > 0 {
 		for i := range targets {

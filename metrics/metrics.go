@@ -56,8 +56,17 @@ type Metrics struct {
 	// ClientDisconnects counts requests whose client left before the answer
 	// was complete, by the phase it was in.
 	ClientDisconnects *prometheus.CounterVec
+	// PrefillLegFailures counts prefill legs of a concurrent choreography
+	// (sglang, mooncake) that failed, by reason (a fallback reason, or
+	// "rejected" for a 4xx).
+	PrefillLegFailures *prometheus.CounterVec
+	// DecodeFirst counts decode-first attempts (shared-storage with
+	// cache_hit_threshold) by outcome: served, declined.
+	DecodeFirst *prometheus.CounterVec
 	// Prefillers bounds the prefiller label.
 	Prefillers *Bounded
+	// Guards are the request guards' collectors (guards.go).
+	Guards *Guards
 }
 
 var latencyBuckets = []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60}
@@ -108,8 +117,18 @@ func New(reg prometheus.Registerer, maxPrefillers int) *Metrics {
 			Name: "pd_sidecar_client_disconnects_total",
 			Help: "Requests whose client left before the answer was complete; upstream legs were cancelled.",
 		}, []string{"phase"}),
+		PrefillLegFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "pd_sidecar_prefill_leg_failures_total",
+			Help: "Prefill legs sent concurrently with the decode leg (sglang, mooncake) that failed, by reason.",
+		}, []string{"reason"}),
+		DecodeFirst: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "pd_sidecar_decode_first_total",
+			Help: "Decode-first attempts (shared-storage with cache_hit_threshold), by outcome (served, declined).",
+		}, []string{"outcome"}),
 		Prefillers: NewBounded(maxPrefillers),
+		Guards:     NewGuards(reg),
 	}
+	reg.MustRegister(m.PrefillLegFailures, m.DecodeFirst)
 	reg.MustRegister(m.Requests, m.Fallbacks, m.PrefillDuration, m.KVTransferDuration,
 		m.TTFT, m.KVLoadFailures, m.Inflight, m.PrefillRetries, m.ClientDisconnects)
 	for _, p := range []string{PhasePrefill, PhaseDecode, PhaseLocal, PhasePassthrough} {

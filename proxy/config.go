@@ -61,6 +61,9 @@ type Config struct {
 	MaxConnsPerHost int
 	// MaxPrefillers bounds distinct prefiller metric labels and pools.
 	MaxPrefillers int
+	// Guard holds the limits, SSRF protection, circuit breaker and TLS
+	// (guard.go, tls.go).
+	Guard GuardConfig
 }
 
 // DefaultConfig returns the defaults, drop-in compatible with llm-d's
@@ -80,6 +83,7 @@ func DefaultConfig() Config {
 		ShutdownGrace:       30 * time.Second,
 		MaxConnsPerHost:     1024,
 		MaxPrefillers:       64,
+		Guard:               DefaultGuardConfig(),
 	}
 }
 
@@ -121,5 +125,5 @@ func (c Config) Validate() error {
 	case c.MaxPrefillers <= 0:
 		return fmt.Errorf("max prefillers must be > 0, got %d", c.MaxPrefillers)
 	}
-	return nil
+	return c.Guard.Validate()
 }

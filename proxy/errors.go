@@ -11,6 +11,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/pd-sidecar/pd-sidecar/connectors"
+	"github.com/pd-sidecar/pd-sidecar/kvtransfer"
 )
 
 // Sentinel errors of the request path. Every failure is wrapped around one
@@ -68,11 +69,18 @@ const (
 	ReasonTPMismatch = "tp_mismatch"
 	// ReasonBadPrefiller: the header is not host:port.
 	ReasonBadPrefiller = "invalid_prefiller"
-	// ReasonKVLoadFailed: the decode engine failed to load the remote KV.
+	// ReasonKVLoadFailed: the decode engine failed to load the remote KV,
+	// or the sidecar's own pull failed (checksum, size, deadline, lease).
 	ReasonKVLoadFailed = "kv_load_failed"
+	// ReasonKVSourceGone: the sidecar's pull found the prefiller's KV agent
+	// gone (unreachable, or it broke off mid-pull).
+	ReasonKVSourceGone = "kv_source_gone"
 	// ReasonEOSUnsupported: EOS on the first token, streamed on an API
 	// whose stream cannot be synthesised from the prefill answer.
 	ReasonEOSUnsupported = "eos_stream_unsupported"
+	// ReasonBootstrapFailed: the prefiller's bootstrap server (Mooncake
+	// GET /query) gave no usable answer.
+	ReasonBootstrapFailed = "bootstrap_failed"
 )
 
 // outcome is what the proxy does about an error.
@@ -91,6 +99,10 @@ func classify(err error) outcome {
 	switch {
 	case errors.Is(err, ErrClientGone):
 		return outcome{status: 499}
+	case errors.Is(err, ErrPrefillerDenied):
+		return outcome{status: http.StatusForbidden}
+	case errors.Is(err, ErrCircuitOpen):
+		return outcome{status: http.StatusServiceUnavailable, reason: ReasonCircuitOpen}
 	case errors.Is(err, ErrBadRequest):
 		return outcome{status: http.StatusBadRequest}
 	case errors.Is(err, ErrBadPrefiller):
@@ -117,8 +129,14 @@ func classify(err error) outcome {
 		return outcome{status: http.StatusBadGateway, reason: ReasonTPMismatch}
 	case errors.Is(err, ErrEOSStream):
 		return outcome{status: http.StatusBadGateway, reason: ReasonEOSUnsupported}
+	case errors.Is(err, kvtransfer.ErrKVSourceGone):
+		return outcome{status: http.StatusBadGateway, reason: ReasonKVSourceGone}
 	case errors.Is(err, ErrKVLoadFailed):
 		return outcome{status: http.StatusInternalServerError, reason: ReasonKVLoadFailed}
+	case errors.Is(err, connectors.ErrUnsupportedRequest):
+		return outcome{status: http.StatusBadRequest}
+	case errors.Is(err, ErrBootstrapFailed), errors.Is(err, connectors.ErrBadBootstrap):
+		return outcome{status: http.StatusBadGateway, reason: ReasonBootstrapFailed}
 	case errors.Is(err, ErrDecodeUnavailable):
 		return outcome{status: http.StatusServiceUnavailable}
 	}

@@ -15,6 +15,10 @@ import (
 // serveInference runs one inference request: local when no prefiller is
 // named, else the sequential prefill→decode handoff with its degradations.
 func (p *Proxy) serveInference(rc *fasthttp.RequestCtx, local string, api connectors.API) {
+	if !p.guard.acquire() {
+		p.overloaded(rc)
+		return
+	}
 	r := p.newRequest(rc, local, api)
 	defer func() {
 		if !r.detached {
@@ -27,14 +31,17 @@ func (p *Proxy) serveInference(rc *fasthttp.RequestCtx, local string, api connec
 		r.fail(r.forward(r.body, false))
 		return
 	}
-	hp, err := pickPrefiller(hv, p.cfg.PrefillerSampling)
-	r.prefiller, r.label = hp, p.m.Prefillers.Label(hp)
-	r.log = r.log.With().Str("prefiller", hp).Logger()
+	hp, err := p.pickAllowed(hv)
+	r.prefiller, r.label = hp, p.prefillerLabel(hp, err)
+	r.log = r.log.With().Str("prefiller", logValue(hp)).Logger()
 	if err != nil {
 		r.fallback(err)
 		return
 	}
-	res, err := r.prefill()
+	if r.choreograph() {
+		return
+	}
+	res, err := r.guardedPrefill()
 	if err != nil {
 		var rej *rejected
 		if errors.As(err, &rej) {
@@ -53,7 +60,13 @@ func (p *Proxy) serveInference(rc *fasthttp.RequestCtx, local string, api connec
 		r.fallback(fmt.Errorf("%w: prefill tp_size %d > %d", ErrTPMismatch, res.handoff.TPSize, t))
 		return
 	}
-	body, err := p.conn.DecodeBody(nil, api, r.body, res.handoff)
+	if p.kv != nil {
+		if res.handoff, err = r.pullKV(res.handoff); err != nil {
+			r.kvPullFailed(err)
+			return
+		}
+	}
+	body, err := p.seq.DecodeBody(nil, api, r.body, res.handoff)
 	if err != nil {
 		r.fail(err)
 		return
@@ -78,6 +91,7 @@ func (r *request) fallback(cause error) {
 		return
 	}
 	r.p.m.Fallbacks.WithLabelValues(o.reason).Inc()
+	r.obs.reason = o.reason
 	r.log.Warn().Err(cause).Str("reason", o.reason).Msg("degrading to local prefill")
 	r.mode = metrics.ModeFallback
 	r.fail(r.forward(r.body, false))
@@ -94,6 +108,7 @@ func (r *request) fail(err error) {
 		r.log.Info().Err(err).Msg("client left; upstream legs cancelled")
 		r.p.m.ClientDisconnects.WithLabelValues(r.phase()).Inc()
 		r.p.m.Requests.WithLabelValues(r.mode, "499").Inc()
+		r.obs.status = 499
 		return
 	}
 	r.log.Error().Err(err).Int("status", o.status).Msg("request failed")
@@ -120,6 +135,7 @@ func (r *request) answer(mode string, status int, contentType string, body []byt
 		r.p.m.TTFT.WithLabelValues(mode).Observe(time.Since(r.start).Seconds())
 	}
 	r.p.m.Requests.WithLabelValues(mode, statusLabel(status)).Inc()
+	r.obs.status = status
 }
 
 // answerFromPrefill serves a request whose generation ended on the
@@ -164,9 +180,9 @@ func (e *rejected) Unwrap() error { return ErrPrefillRejected }
 
 // prefill runs the prefill leg on r.prefiller, retrying retryable failures
 // with backoff, all within --prefill-timeout.
-func (r *request) prefill() (prefillResult, error) {
+func (r *request) prefill() (res prefillResult, err error) {
 	p := r.p
-	body, err := p.conn.PrefillBody(nil, r.api, r.body)
+	body, err := p.seq.PrefillBody(nil, r.api, r.body)
 	if err != nil {
 		return prefillResult{}, fmt.Errorf("%w: %w", ErrBadRequest, err)
 	}
@@ -174,8 +190,8 @@ func (r *request) prefill() (prefillResult, error) {
 	g := p.m.Inflight.WithLabelValues(metrics.PhasePrefill)
 	g.Inc()
 	defer g.Dec()
-	start := time.Now()
-	defer func() { p.m.PrefillDuration.WithLabelValues(r.label).Observe(time.Since(start).Seconds()) }()
+	done := r.prefillStarted(time.Now())
+	defer func() { done(err) }()
 	ctx, cancel := context.WithTimeoutCause(r.ctx, p.cfg.PrefillTimeout, ErrPrefillTimeout)
 	defer cancel()
 	for attempt := 0; ; attempt++ {
@@ -213,7 +229,7 @@ func (r *request) prefillOnce(ctx context.Context, body []byte) (prefillResult, 
 			body: append([]byte(nil), resp.Body()...)}
 	}
 	res := prefillResult{body: append([]byte(nil), resp.Body()...)}
-	h, err := r.p.conn.ParsePrefill(r.api, res.body)
+	h, err := r.p.seq.ParsePrefill(r.api, res.body)
 	res.handoff = h
 	return res, err
 }

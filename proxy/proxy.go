@@ -6,6 +6,7 @@
 package proxy
 
 import (
+	"fmt"
 	"net"
 	"strconv"
 	"sync/atomic"
@@ -37,11 +38,17 @@ type Proxy struct {
 	cfg      Config
 	conn     connectors.Connector
 	rewriter connectors.AnswerRewriter // nil when conn has no such ability
+	seq      connectors.Sequential     // nil for a Concurrent connector
+	choreo   connectors.Choreography   // what conn declares (choreography.go)
+	boot     *bootstrapCache           // Bootstrapper answers per prefiller
 	tr       *Transport
 	m        *metrics.Metrics
 	log      zerolog.Logger
 	metricsH fasthttp.RequestHandler
 	draining atomic.Bool
+	guard    *guard  // limits, SSRF, circuit breaker, TLS (guard.go)
+	ext      Extras  // optional collaborators (see SetExtras)
+	kv       *kvPull // sidecar-driven KV pull (see EnableKVPull); nil: off
 }
 
 // New returns a Proxy. cfg must be valid (see Config.Validate); m holds the
@@ -60,6 +67,21 @@ func New(cfg Config, conn connectors.Connector, m *metrics.Metrics, gatherer pro
 			promhttp.HandlerFor(gatherer, promhttp.HandlerOpts{})),
 	}
 	p.rewriter, _ = conn.(connectors.AnswerRewriter)
+	g, err := newGuard(cfg.Guard, m.Guards, log)
+	if err != nil {
+		return nil, err
+	}
+	p.guard = g
+	upTLS, err := cfg.Guard.TLS.upstreamTLS(p.localAddrs())
+	if err != nil {
+		return nil, err
+	}
+	p.tr.UseTLS(upTLS)
+	p.seq, _ = conn.(connectors.Sequential)
+	if p.choreo = connectors.ChoreographyOf(conn); p.choreo == 0 {
+		return nil, fmt.Errorf("connector %q is neither sequential nor concurrent", conn.Name())
+	}
+	p.boot = newBootstrapCache(cfg.MaxPrefillers)
 	return p, nil
 }
 
@@ -85,6 +107,11 @@ func (p *Proxy) Handler(rank int) fasthttp.RequestHandler {
 		case "/metrics":
 			if p.cfg.MetricsPort == 0 {
 				p.metricsH(rc)
+				return
+			}
+		case "/debug/pd":
+			if p.ext.Debug != nil {
+				p.ext.Debug(rc)
 				return
 			}
 		}

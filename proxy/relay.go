@@ -33,6 +33,7 @@ func (r *request) forward(body []byte, remote bool) error {
 	}
 	g := r.p.m.Inflight.WithLabelValues(phase)
 	g.Inc()
+	r.decodeStarted(remote)
 	req := r.upstream(r.local, body)
 	resp := fasthttp.AcquireResponse()
 	sent := time.Now()
@@ -59,7 +60,7 @@ func (r *request) relayJSON(leg *Leg, resp *fasthttp.Response, remote bool, sent
 	}
 	st := resp.StatusCode()
 	if remote {
-		r.p.m.KVTransferDuration.WithLabelValues(r.label).Observe(time.Since(sent).Seconds())
+		r.kvHandoffDone(sent, st == fasthttp.StatusOK)
 		if st == fasthttp.StatusInternalServerError && r.kvLoadFailed() {
 			return ErrKVLoadFailed
 		}
@@ -71,6 +72,7 @@ func (r *request) relayJSON(leg *Leg, resp *fasthttp.Response, remote bool, sent
 	r.rc.SetBody(buf)
 	r.p.m.TTFT.WithLabelValues(r.mode).Observe(time.Since(r.start).Seconds())
 	r.p.m.Requests.WithLabelValues(r.mode, statusLabel(st)).Inc()
+	r.obs.status = st
 	r.log.Info().Str("mode", r.mode).Int("status", st).Msg("answered")
 	return nil
 }
@@ -130,13 +132,14 @@ func (r *request) relaySSE(leg *Leg, resp *fasthttp.Response, g prometheus.Gauge
 			kvFail = kind == connectors.EventError
 			break
 		}
-		r.p.m.KVTransferDuration.WithLabelValues(r.label).Observe(time.Since(sent).Seconds())
+		r.kvHandoffDone(sent, !kvFail)
 		if kvFail && r.kvLoadFailed() {
 			return abort(ErrKVLoadFailed)
 		}
 	}
 	r.copyHead(resp)
 	r.p.m.Requests.WithLabelValues(r.mode, statusLabel(resp.StatusCode())).Inc()
+	r.obs.status = resp.StatusCode()
 	r.detached = true
 	r.rc.SetBodyStreamWriter(func(w *bufio.Writer) {
 		defer func() {
@@ -162,7 +165,7 @@ func (r *request) pump(w *bufio.Writer, er *eventReader, held []byte, remote boo
 	write := func(ev []byte) bool {
 		out = rewriteEvent(out[:0], ev, fn)
 		_, err := w.Write(out)
-		if err == nil {
+		if err == nil && !er.pending() {
 			err = w.Flush()
 		}
 		if err != nil {
@@ -194,7 +197,7 @@ func (r *request) pump(w *bufio.Writer, er *eventReader, held []byte, remote boo
 			}
 			return
 		}
-		if d := firstData(ev); d != nil && connectors.ClassifyEvent(r.api, d) == connectors.EventDone {
+		if d := firstData(ev); d != nil && connectors.IsDone(d) {
 			done = true
 		}
 		if !write(ev) {

@@ -7,7 +7,6 @@ import (
 	"net"
 	"strconv"
 	"sync"
-	"time"
 
 	"github.com/valyala/fasthttp"
 )
@@ -43,6 +42,7 @@ func (p *Proxy) Run(ctx context.Context) error {
 		if err := listen(p.cfg.Port+rank, p.Handler(rank)); err != nil {
 			return err
 		}
+		lns[len(lns)-1] = p.guard.wrapListener(lns[len(lns)-1]) // --secure-proxy
 		p.log.Info().Int("rank", rank).Int("port", p.cfg.Port+rank).Str("engine", p.localAddr(rank)).Msg("listening")
 	}
 	if p.cfg.MetricsPort != 0 {
@@ -86,8 +86,10 @@ func (p *Proxy) newServer(h fasthttp.RequestHandler) *fasthttp.Server {
 		Handler:               h,
 		Name:                  "pd-sidecar",
 		MaxRequestBodySize:    p.cfg.MaxRequestBodyBytes,
-		ReadTimeout:           60 * time.Second,
-		IdleTimeout:           90 * time.Second,
+		ReadTimeout:           p.cfg.Guard.ReadTimeout,
+		IdleTimeout:           p.cfg.Guard.IdleTimeout,
+		ReadBufferSize:        p.cfg.Guard.MaxHeaderBytes,
+		ErrorHandler:          p.serverError, // JSON 413/431/408/400 (guard.go)
 		CloseOnShutdown:       true,
 		NoDefaultServerHeader: true,
 		Logger:                fasthttpLogger{p},

@@ -14,9 +14,28 @@ type eventReader struct {
 	buf []byte
 }
 
+// eventReaderSize is the read buffer of one stream. Events are small; a
+// longer one is assembled across refills (next handles ErrBufferFull), so a
+// small buffer only costs memory per open stream, not correctness.
+const eventReaderSize = 4 << 10
+
 func newEventReader(r io.Reader) *eventReader {
-	return &eventReader{br: bufio.NewReaderSize(r, 16<<10)}
+	return &eventReader{br: bufio.NewReaderSize(r, eventReaderSize)}
 }
+
+// pending reports whether a complete event is already buffered, so the
+// next call to next returns without reading the upstream. The relay flushes
+// only when nothing complete is pending: events that arrived together leave
+// in one write, and an event is never held back waiting for the upstream.
+func (e *eventReader) pending() bool {
+	b, _ := e.br.Peek(e.br.Buffered())
+	return bytes.Contains(b, lfLF) || bytes.Contains(b, crlfCRLF)
+}
+
+var (
+	lfLF     = []byte("\n\n")
+	crlfCRLF = []byte("\r\n\r\n")
+)
 
 // next returns the next event's raw bytes, valid until the following call.
 // A final event without its blank line is returned whole; io.EOF follows.

@@ -2,10 +2,10 @@ package proxy
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"sync"
 	"time"
 
@@ -40,6 +40,8 @@ type Transport struct {
 
 	mu    sync.Mutex
 	hosts map[string]*fasthttp.HostClient
+
+	tlsFor func(addr string) *tls.Config // nil: plain TCP (see UseTLS)
 }
 
 // NewTransport returns a Transport dialling with connectTimeout, keeping up
@@ -73,10 +75,7 @@ func (t *Transport) host(addr string) *fasthttp.HostClient {
 		MaxIdleConnDuration:      4 * time.Second,
 		NoDefaultUserAgentHeader: true,
 		DisablePathNormalizing:   true,
-		Dial: func(addr string) (net.Conn, error) {
-			d := net.Dialer{Timeout: t.connectTimeout}
-			return d.Dial("tcp", addr)
-		},
+		Dial:                     t.dial, // tls.go
 	}
 	t.hosts[addr] = hc
 	return hc

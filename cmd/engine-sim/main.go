@@ -18,6 +18,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/pd-sidecar/pd-sidecar/e2e/enginesim"
+	"github.com/pd-sidecar/pd-sidecar/kvtransfer/transports"
 )
 
 func main() {
@@ -51,6 +52,10 @@ func run(args []string) error {
 	fs.IntVar(&cfg.KVPort, "kv-port", 0, "KV side channel port (NIXL stand-in); 0 picks a free one")
 	fs.IntVar(&cfg.BootstrapPort, "bootstrap-port", 8998, "SGLang bootstrap port; 0 picks a free one")
 	fs.DurationVar(&cfg.BootstrapTimeout, "bootstrap-timeout", cfg.BootstrapTimeout, "how long a decode waits for its KV (SGLang room or pull)")
+	kvTransport := fs.String("kv-agent-transport", "", "serve a host KV region with a kvtransfer agent over tcp, ucx or nixl (the sidecar connector); empty: off")
+	fs.IntVar(&cfg.KVAgentPort, "kv-agent-port", 0, "kvtransfer agent port; 0 picks a free one")
+	fs.StringVar(&cfg.KVRegionDir, "kv-region-dir", "", "directory of the KV region's shared-memory file (default /dev/shm)")
+	fs.StringVar(&cfg.SharedStorageDir, "shared-storage-dir", "", "shared KV store directory (LMCache-style): computed blocks are written there, prefills load from it")
 	faults := fs.String("faults", "", `faults active from the start, as JSON (see POST /sim/faults), e.g. '{"status":500}'`)
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
 	if err := fs.Parse(args); err != nil {
@@ -68,6 +73,13 @@ func run(args []string) error {
 		if err := dec.Decode(&cfg.Faults); err != nil {
 			return fmt.Errorf("--faults: %w", err)
 		}
+	}
+	if *kvTransport != "" {
+		tr, err := transports.New(*kvTransport)
+		if err != nil {
+			return err
+		}
+		cfg.KVTransport = tr
 	}
 	level, err := zerolog.ParseLevel(*logLevel)
 	if err != nil {

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"strings"
 
 	"github.com/rs/zerolog"
@@ -18,7 +19,12 @@ var errHelp = errors.New("help requested")
 type options struct {
 	cfg       proxy.Config
 	connector string
-	logLevel  zerolog.Level
+	// connectorOpts configure the connectors (registered in main.go).
+	connectorOpts connectorOptions
+	logLevel      zerolog.Level
+	tracing       bool         // OpenTelemetry spans, exporter from OTEL_* (tracing.go)
+	kv            kvOptions    // the sidecar connector's own KV pull (kv.go)
+	guard         guardOptions // SSRF, TLS, limits, circuit breaker (security.go)
 }
 
 // parseFlags reads the command line into options and validates them; the
@@ -34,7 +40,17 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.IntVar(&c.ModelServerPort, "vllm-port", c.ModelServerPort, "deprecated alias of --model-server-port")
 	_ = fs.MarkDeprecated("vllm-port", "use --model-server-port")
 	fs.StringVar(&c.ModelServerHost, "model-server-host", c.ModelServerHost, "local engine host")
-	fs.StringVar(&o.connector, "kv-connector", "nixlv2", "KV connector protocol (nixlv2)")
+	fs.StringVar(&o.connector, "kv-connector", "nixlv2", "KV connector protocol: "+connectorNames)
+	// llm-d-modelservice renders its routing proxy with --connector and
+	// klog's -v: accepted, hidden, so the image is a drop-in there.
+	fs.StringVar(&o.connector, "connector", "nixlv2", "deprecated alias of --kv-connector")
+	_ = fs.MarkDeprecated("connector", "use --kv-connector")
+	fs.IntP("v", "v", 0, "klog verbosity of llm-d's routing sidecar: accepted and ignored (use --log-level)")
+	_ = fs.MarkHidden("v")
+	if err := addConnectorFlags(fs, &o.connectorOpts, os.Getenv); err != nil {
+		return o, err
+	}
+	addKVFlags(fs, &o.kv)
 	fs.IntVar(&c.DataParallelSize, "data-parallel-size", c.DataParallelSize, "number of data-parallel ranks")
 	fs.BoolVar(&c.PrefillerSampling, "enable-prefiller-sampling", c.PrefillerSampling, "pick a random prefiller among comma-separated header values (else the first)")
 	fs.IntVar(&c.PrefillMaxRetries, "prefill-max-retries", c.PrefillMaxRetries, "retries of a prefill that failed retryably (unreachable, 5xx, 429)")
@@ -49,6 +65,8 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.IntVar(&c.MetricsPort, "metrics-port", c.MetricsPort, "port for /metrics (0: serve it on --port)")
 	fs.IntVar(&c.MaxConnsPerHost, "max-idle-conns-per-host", c.MaxConnsPerHost, "connections pooled per engine")
 	level := fs.String("log-level", "info", "log level: debug, info, warn, error")
+	addGuardFlags(fs, &o)
+	fs.BoolVar(&o.tracing, "tracing", false, "export OpenTelemetry spans over OTLP/HTTP (endpoint, headers, sampler from the standard OTEL_* environment)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, pflag.ErrHelp) {
 			fmt.Fprintf(stderr, "Usage of pd-sidecar:\n%s", fs.FlagUsages())
@@ -64,5 +82,14 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 		return o, fmt.Errorf("--log-level %q is not one of debug, info, warn, error", *level)
 	}
 	o.logLevel = lv
+	if err := o.connectorOpts.validate(); err != nil {
+		return o, err
+	}
+	if err := o.kv.validate(); err != nil {
+		return o, err
+	}
+	if err := o.guard.apply(c); err != nil {
+		return o, err
+	}
 	return o, c.Validate()
 }

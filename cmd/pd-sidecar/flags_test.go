@@ -50,7 +50,8 @@ func TestParseFlagsDropIn(t *testing.T) {
 func TestRunInvalidConfigExits2WithOneLine(t *testing.T) {
 	for _, args := range [][]string{
 		{"--port", "-1"},
-		{"--kv-connector", "mooncake"},
+		{"--kv-connector", "bogus"},
+		{"--kv-connector", "sglang", "--sglang-bootstrap-port", "0"},
 		{"--log-level", "loud"},
 		{"--bogus"},
 		{"extra-arg"},

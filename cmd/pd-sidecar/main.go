@@ -19,7 +19,11 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/pd-sidecar/pd-sidecar/connectors"
+	"github.com/pd-sidecar/pd-sidecar/connectors/mooncake"
 	"github.com/pd-sidecar/pd-sidecar/connectors/nixlv2"
+	"github.com/pd-sidecar/pd-sidecar/connectors/sglang"
+	"github.com/pd-sidecar/pd-sidecar/connectors/sharedstorage"
+	"github.com/pd-sidecar/pd-sidecar/connectors/sidecar"
 	"github.com/pd-sidecar/pd-sidecar/metrics"
 	"github.com/pd-sidecar/pd-sidecar/proxy"
 )
@@ -36,6 +40,12 @@ func main() {
 }
 
 func run(args []string, stdout, stderr io.Writer) int {
+	if len(args) > 0 && args[0] == "status" {
+		return runStatus(args[1:], stdout, stderr)
+	}
+	if len(args) > 0 && args[0] == "kv-probe" {
+		return runKVProbe(args[1:], stdout, stderr)
+	}
 	opts, err := parseFlags(args, stderr)
 	if errors.Is(err, errHelp) {
 		return exitOK
@@ -45,11 +55,17 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return exitUsage
 	}
 	log := zerolog.New(stdout).Level(opts.logLevel).With().Timestamp().Logger()
-	conn, err := connector(opts.connector)
+	conn, err := connector(opts.connector, opts.connectorOpts)
 	if err != nil {
 		fmt.Fprintf(stderr, "pd-sidecar: %v\n", err)
 		return exitUsage
 	}
+	stopWatch, err := startPoolWatch(&opts, log)
+	if err != nil {
+		fmt.Fprintf(stderr, "pd-sidecar: %v\n", err)
+		return exitFailed
+	}
+	defer stopWatch()
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m := metrics.New(reg, opts.cfg.MaxPrefillers)
@@ -58,8 +74,23 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "pd-sidecar: %v\n", err)
 		return exitUsage
 	}
+	flush, err := installExtras(p, opts, conn.Name())
+	if err != nil {
+		fmt.Fprintf(stderr, "pd-sidecar: %v\n", err)
+		return exitUsage
+	}
+	defer flush()
+	probe, closeKV, err := enableKVPull(p, conn, opts.kv, reg, log)
+	if err != nil {
+		fmt.Fprintf(stderr, "pd-sidecar: %v\n", err)
+		return exitUsage
+	}
+	defer closeKV()
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
+	if probe != nil {
+		go probe(ctx)
+	}
 	log.Info().Str("kv_connector", conn.Name()).Int("port", opts.cfg.Port).
 		Int("model_server_port", opts.cfg.ModelServerPort).Msg("pd-sidecar starting")
 	if err := p.Run(ctx); err != nil {
@@ -71,10 +102,18 @@ func run(args []string, stdout, stderr io.Writer) int {
 
 // connector returns the connector registered under name: the one place
 // where connectors are registered.
-func connector(name string) (connectors.Connector, error) {
+func connector(name string, o connectorOptions) (connectors.Connector, error) {
 	switch name {
 	case nixlv2.Name:
 		return nixlv2.New(), nil
+	case sglang.Name:
+		return sglang.New(o.sglangBootstrapPort), nil
+	case mooncake.Name:
+		return mooncake.New(o.mooncakeBootstrapPort), nil
+	case sharedstorage.Name:
+		return sharedstorage.New(), nil
+	case sidecar.Name:
+		return sidecar.New(), nil
 	}
-	return nil, fmt.Errorf("--kv-connector %q is not supported (supported: %s)", name, nixlv2.Name)
+	return nil, fmt.Errorf("--kv-connector %q is not supported (supported: %s)", name, connectorNames)
 }

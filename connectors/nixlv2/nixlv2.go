@@ -140,6 +140,6 @@ func (*Connector) RewriteAnswer(api connectors.API, data []byte, h connectors.Ha
 }
 
 var (
-	_ connectors.Connector      = (*Connector)(nil)
+	_ connectors.Sequential     = (*Connector)(nil)
 	_ connectors.AnswerRewriter = (*Connector)(nil)
 )

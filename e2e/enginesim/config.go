@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/pd-sidecar/pd-sidecar/kvtransfer"
 )
 
 // Role says which side of a P/D split the simulated engine plays.
@@ -65,6 +67,18 @@ type Config struct {
 	TPSize int
 	// Faults are active from the start.
 	Faults Faults
+	// SharedStorageDir, when set, is the shared KV store (LMCache-style):
+	// computed blocks are written there and prefills load from it.
+	SharedStorageDir string
+	// KVTransport, when set, gives the engine a host KV region and a
+	// kvtransfer agent serving it over this transport (the sidecar
+	// connector); nil disables both.
+	KVTransport kvtransfer.Transport
+	// KVAgentPort is the agent's port (0 picks a free one).
+	KVAgentPort int
+	// KVRegionDir holds the region's shared-memory file (default /dev/shm,
+	// else the temp dir).
+	KVRegionDir string
 }
 
 // DefaultConfig returns the defaults the engine-sim binary uses.
@@ -122,6 +136,8 @@ func (c Config) Validate() error {
 		return bad("--default-max-tokens must be positive")
 	case c.TPSize <= 0:
 		return bad("--tp-size must be positive")
+	case c.KVAgentPort < 0 || c.KVAgentPort > 65535:
+		return bad("--kv-agent-port must be within 0..65535")
 	case c.Port < 0 || c.Port > 65535 || c.KVPort < 0 || c.KVPort > 65535 || c.BootstrapPort < 0 || c.BootstrapPort > 65535:
 		return bad("ports must be within 0..65535")
 	}

@@ -62,6 +62,12 @@ func (s *Sim) execute(ctx context.Context, w http.ResponseWriter, g *genRequest,
 
 	out := newSink(w, g.stream, f.DieAfterChunks)
 	hashes := BlockHashes(g.prompt, s.cfg.BlockSize)
+	if g.cacheHitThreshold > 0 && leg == legLocal {
+		if hit := s.hitTokens(g, hashes); float64(hit) < g.cacheHitThreshold*float64(len(g.prompt)) {
+			s.declineThreshold(out, g, o, hit)
+			return
+		}
+	}
 	fps, cached, err := s.loadKV(ctx, g, leg, f, hashes, o.requestID)
 	switch {
 	case errors.Is(err, errKVLoadFailed):
@@ -75,19 +81,24 @@ func (s *Sim) execute(ctx context.Context, w http.ResponseWriter, g *genRequest,
 	digest := Digest(fps)
 
 	maxTokens := g.maxTokens
-	if leg == legPrefill && g.boot != nil {
-		// An SGLang prefill server generates the first token only.
-		maxTokens = 1
+	var room *hold // the KV of an SGLang room or Mooncake transfer
+	if leg == legPrefill && (g.boot != nil || g.isMooncake()) {
+		if g.boot != nil {
+			// An SGLang prefill server generates the first token only.
+			maxTokens = 1
+		}
 		if err := s.holdKV(g, f, hashes, o); err != nil {
-			s.log.Error().Str("request_id", o.requestID).Err(err).Msg("cannot hold kv for sglang room")
+			s.log.Error().Str("request_id", o.requestID).Err(err).Msg("cannot hold kv for a bootstrap room or transfer")
 			out.fail(http.StatusServiceUnavailable, errorBody(503, "ServiceUnavailableError", "", err.Error()))
 			return
 		}
+		room = s.holds.roomHold(roomKey(g))
 	}
-	if !s.generate(ctx, out, g, f, digest, maxTokens, o, start) {
+	if !s.generate(ctx, out, g, f, digest, maxTokens, o, start) || !s.awaitPull(ctx, room) {
+		s.releaseCancelled(room)
 		return
 	}
-	if leg == legPrefill && g.boot == nil && o.finish == "length" {
+	if leg == legPrefill && room == nil && g.boot == nil && !g.isMooncake() && o.finish == "length" {
 		if err := s.holdKV(g, f, hashes, o); err != nil {
 			s.log.Error().Str("request_id", o.requestID).Err(err).Msg("cannot hold kv for remote decode")
 			out.fail(http.StatusServiceUnavailable, errorBody(503, "ServiceUnavailableError", "", err.Error()))
@@ -165,6 +176,9 @@ func (s *Sim) loadKV(ctx context.Context, g *genRequest, leg legKind, f Faults, 
 			return nil, 0, fmt.Errorf("%w: %w", errKVLoadFailed, err)
 		}
 	}
+	if s.store != nil {
+		return s.prefillShared(ctx, g, hashes)
+	}
 	return s.prefillLocal(ctx, g, hashes)
 }
 
@@ -197,9 +211,20 @@ func (s *Sim) pullKV(ctx context.Context, g *genRequest, f Faults, hashes []uint
 		s.m.faultsInjected.WithLabelValues("fail_kv_load").Inc()
 		return nil, fmt.Errorf("%w: injected fault fail_kv_load", ErrKVPull)
 	}
+	if g.kv != nil && g.kv.Preloaded != nil {
+		if s.kva == nil {
+			return nil, fmt.Errorf("%w: kv_preloaded but this engine has no kv region (--kv-agent-transport)", ErrKVPull)
+		}
+		return s.kva.loadPreloaded(g.kv.Preloaded, len(g.prompt), len(hashes))
+	}
 	var addr string
 	var req pullRequest
-	if g.boot != nil {
+	if g.isMooncake() {
+		var err error
+		if addr, req, err = s.mooncakePull(ctx, g); err != nil {
+			return nil, err
+		}
+	} else if g.boot != nil {
 		addr = net.JoinHostPort(g.boot.host, strconv.Itoa(g.boot.port))
 		room := g.boot.room
 		req = pullRequest{Room: &room, WaitMS: int(s.cfg.BootstrapTimeout / time.Millisecond)}
@@ -221,7 +246,9 @@ func (s *Sim) pullKV(ctx context.Context, g *genRequest, f Faults, hashes []uint
 	}
 	s.m.nixlXferTime.Observe(time.Since(start).Seconds())
 	s.m.nixlBytes.Observe(float64(p.bytes))
-	if g.boot != nil {
+	if g.isMooncake() {
+		s.m.mooncakeDecodes.Inc()
+	} else if g.boot != nil {
 		s.m.bootstrapDecodes.Inc()
 	}
 	fps := make([]uint64, len(p.blocks))
@@ -235,9 +262,11 @@ func (s *Sim) pullKV(ctx context.Context, g *genRequest, f Faults, hashes []uint
 // decoder, setting the answer's kv_transfer_params (NIXL).
 func (s *Sim) holdKV(g *genRequest, f Faults, hashes []uint64, o *output) error {
 	bb := s.blockBytes()
-	h := &hold{requestID: o.requestID + "-" + randomHex(8), tokens: len(g.prompt), corrupt: f.CorruptKV}
+	h := &hold{requestID: o.requestID + "-" + randomHex(8), tokens: len(g.prompt), corrupt: f.CorruptKV, done: make(chan struct{})}
 	if g.boot != nil {
 		h.room, h.hasRoom = g.boot.room, true
+	} else if g.isMooncake() {
+		h.room, h.hasRoom, h.transferID = mooncakeKey(*g.kv.TransferID), true, *g.kv.TransferID
 	}
 	for j, hash := range hashes {
 		blk := make([]byte, bb)
@@ -257,6 +286,10 @@ func (s *Sim) holdKV(g *genRequest, f Faults, hashes []uint64, o *output) error 
 		return err
 	}
 	s.m.remoteDecodePrefills.Inc()
+	if h.transferID != "" {
+		s.m.mooncakePrefills.Inc()
+		return nil
+	}
 	if h.hasRoom {
 		s.m.bootstrapPrefills.Inc()
 		return nil
@@ -275,6 +308,9 @@ func (s *Sim) holdKV(g *genRequest, f Faults, hashes []uint64, o *output) error 
 		"remote_host":       host,
 		"remote_port":       kv.Port,
 		"tp_size":           s.cfg.TPSize,
+	}
+	if g.kv != nil && g.kv.PullMode == PullModeSidecar && s.kva != nil {
+		return s.kva.export(h, lease, o)
 	}
 	return nil
 }

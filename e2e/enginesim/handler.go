@@ -35,6 +35,10 @@ func (s *Sim) Handler() http.Handler {
 	mux.HandleFunc("POST /sim/faults", s.postFaults)
 	mux.HandleFunc("DELETE /sim/faults", s.deleteFaults)
 	mux.HandleFunc("GET /sim/requests", s.listRequests)
+	if s.kva != nil {
+		mux.HandleFunc("POST /kv/alloc", s.kva.handleAlloc)
+		mux.HandleFunc("POST /kv/free", s.kva.handleFree)
+	}
 	mux.HandleFunc("GET /debug/pprof/", pprof.Index)
 	mux.HandleFunc("GET /debug/pprof/profile", pprof.Profile)
 	mux.HandleFunc("DELETE /sim/requests", func(w http.ResponseWriter, _ *http.Request) {

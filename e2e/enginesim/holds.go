@@ -27,6 +27,11 @@ type hold struct {
 	tokens    int
 	corrupt   bool
 	timer     *time.Timer
+	// transferID is the Mooncake transfer (room is its key); "" otherwise.
+	transferID string
+	// done is closed when the hold ends (pulled, released or expired); nil
+	// for holds that nobody waits on.
+	done chan struct{}
 }
 
 // holdStore owns the simulator's block ids: blocks held for remote decoders
@@ -171,6 +176,9 @@ func (s *holdStore) remove(h *hold) bool {
 		delete(s.rooms, h.room)
 	}
 	s.free = append(s.free, h.blockIDs...)
+	if h.done != nil {
+		close(h.done)
+	}
 	s.mu.Unlock()
 	s.notify()
 	return true

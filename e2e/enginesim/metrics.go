@@ -20,6 +20,11 @@ type simMetrics struct {
 	kvLoadFailures                      *prometheus.CounterVec
 	leaseExpired                        prometheus.Counter
 	bootstrapPrefills, bootstrapDecodes prometheus.Counter
+	mooncakePrefills, mooncakeDecodes   prometheus.Counter
+	mooncakeQueries, kvReleasedOnCancel prometheus.Counter
+	sharedStoredBlocks                  prometheus.Counter
+	sharedLoadedBlocks, sharedLoads     prometheus.Counter
+	thresholdDeclines                   prometheus.Counter
 	faultsInjected                      *prometheus.CounterVec
 	badRequests                         *prometheus.CounterVec
 }
@@ -70,6 +75,14 @@ func newSimMetrics(reg prometheus.Registerer, model string) *simMetrics {
 		leaseExpired:         counter("sim_kv_lease_expired_total", "Holds of KV blocks that ended at lease expiry, not by a pull."),
 		bootstrapPrefills:    counter("sim_sglang_prefills_total", "Prefills registered under an SGLang bootstrap room."),
 		bootstrapDecodes:     counter("sim_sglang_decodes_total", "Decodes that pulled KV through an SGLang bootstrap room."),
+		mooncakePrefills:     counter("sim_mooncake_prefills_total", "Prefills registered under a Mooncake transfer_id."),
+		mooncakeDecodes:      counter("sim_mooncake_decodes_total", "Decodes that pulled KV by a Mooncake transfer_id."),
+		mooncakeQueries:      counter("sim_mooncake_bootstrap_queries_total", "GET /query answered on the bootstrap port."),
+		kvReleasedOnCancel:   counter("sim_kv_released_on_cancel_total", "Holds freed because their prefill request was cancelled before the pull."),
+		sharedStoredBlocks:   counter("sim_shared_storage_stored_blocks_total", "KV blocks written to the shared storage."),
+		sharedLoadedBlocks:   counter("sim_shared_storage_loaded_blocks_total", "KV blocks read from the shared storage instead of computed."),
+		sharedLoads:          counter("sim_shared_storage_loads_total", "Requests that read KV from the shared storage."),
+		thresholdDeclines:    counter("sim_cache_threshold_declines_total", "Requests declined with finish_reason cache_threshold."),
 		faultsInjected:       counterVec("sim_faults_injected_total", "Faults injected, by kind.", "kind"),
 		badRequests:          counterVec("sim_bad_requests_total", "Requests refused as invalid, by status.", "code"),
 	}

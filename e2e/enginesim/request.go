@@ -48,6 +48,8 @@ type genRequest struct {
 	// kvInvalid is set when kv_transfer_params was present but unusable.
 	kvInvalid string
 	boot      *bootstrap
+	// cacheHitThreshold is cache_hit_threshold (0..1; 0 when absent).
+	cacheHitThreshold float64
 }
 
 // kvParams is vLLM NixlConnector's kv_transfer_params.
@@ -60,6 +62,13 @@ type kvParams struct {
 	RemoteHost      *string         `json:"remote_host"`
 	RemotePort      *int            `json:"remote_port"`
 	TPSize          *int            `json:"tp_size"`
+	// TransferID and RemoteBootstrapAddr are vLLM MooncakeConnector's.
+	TransferID          *string `json:"transfer_id"`
+	RemoteBootstrapAddr *string `json:"remote_bootstrap_addr"`
+	// PullMode "sidecar" asks a prefiller for a kv_source descriptor.
+	PullMode string `json:"pull_mode"`
+	// Preloaded names blocks a sidecar already pulled into this engine.
+	Preloaded *preloaded `json:"kv_preloaded"`
 }
 
 // blockIDs flattens remote_block_ids: one list per KV group ([[...]], the
@@ -79,6 +88,15 @@ func (p *kvParams) blockIDs() ([]int, error) {
 // remoteDecodeReady reports why p cannot drive a remote-prefill decode, or
 // "" when it can.
 func (p *kvParams) invalidForDecode() string {
+	if p.Preloaded != nil {
+		if p.Preloaded.AllocID == "" || len(p.Preloaded.BlockIDs) == 0 {
+			return "kv_preloaded needs alloc_id and block_ids"
+		}
+		return ""
+	}
+	if p.TransferID != nil {
+		return p.invalidForMooncake()
+	}
 	var missing []string
 	if p.RemoteEngineID == nil || *p.RemoteEngineID == "" {
 		missing = append(missing, "remote_engine_id")
@@ -130,6 +148,7 @@ type body struct {
 	BootstrapHost       json.RawMessage `json:"bootstrap_host"`
 	BootstrapPort       json.RawMessage `json:"bootstrap_port"`
 	BootstrapRoom       json.RawMessage `json:"bootstrap_room"`
+	CacheHitThreshold   json.RawMessage `json:"cache_hit_threshold"`
 }
 
 func absent(raw json.RawMessage) bool {
@@ -271,6 +290,9 @@ func parseRequest(a api, raw []byte, defaultMax int) (*genRequest, error) {
 		} else {
 			g.kv = &p
 		}
+	}
+	if err := g.parseThreshold(b.CacheHitThreshold); err != nil {
+		return nil, err
 	}
 	return g, g.parseBootstrap(&b)
 }

@@ -35,6 +35,9 @@ type Sim struct {
 	faults   faultBox
 	slots    chan struct{}
 	journal  *journal
+	store    *sharedStore // nil without SharedStorageDir
+	// kva is the kvtransfer region and agent (nil without KVTransport).
+	kva *kvAgent
 
 	mu     sync.Mutex
 	kvAddr *net.TCPAddr
@@ -70,6 +73,20 @@ func New(cfg Config, log zerolog.Logger) (*Sim, error) {
 			s.log.Warn().Str("request_id", h.requestID).Int("blocks", len(h.blocks)).Msg("kv lease expired; blocks freed without a pull")
 		})
 	s.faults.set(cfg.Faults)
+	if cfg.SharedStorageDir != "" {
+		st, err := newSharedStore(cfg.SharedStorageDir)
+		if err != nil {
+			return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+		}
+		s.store = st
+	}
+	if cfg.KVTransport != nil {
+		kva, err := newKVAgent(s)
+		if err != nil {
+			return nil, err
+		}
+		s.kva = kva
+	}
 	return s, nil
 }
 
@@ -114,6 +131,12 @@ func (s *Sim) Serve(ctx context.Context, ls Listeners) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	errc := make(chan error, 3)
+	if s.kva != nil {
+		if err := s.kva.start(ctx, s.cfg.Host); err != nil {
+			return err
+		}
+		defer s.kva.stop()
+	}
 	if ls.KV != nil {
 		s.mu.Lock()
 		s.kvAddr = ls.KV.Addr().(*net.TCPAddr)
@@ -124,7 +147,7 @@ func (s *Sim) Serve(ctx context.Context, ls Listeners) error {
 		s.mu.Lock()
 		s.bootAddr = ls.Bootstrap.Addr().(*net.TCPAddr)
 		s.mu.Unlock()
-		go func() { errc <- s.serveKV(ctx, ls.Bootstrap) }()
+		go func() { errc <- s.serveBootstrap(ctx, ls.Bootstrap) }()
 	}
 	srv := &http.Server{Handler: s.Handler(), ReadHeaderTimeout: 10 * time.Second}
 	go func() { errc <- srv.Serve(ls.HTTP) }()

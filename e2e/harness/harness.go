@@ -68,6 +68,9 @@ func Binary(t testing.TB, name string) string {
 	if raceEnabled {
 		args = append(args, "-race")
 	}
+	if buildTags != "" {
+		args = append(args, "-tags", buildTags)
+	}
 	args = append(args, "./cmd/"+name)
 	cmd := exec.Command("go", args...)
 	cmd.Dir = RepoRoot(t)

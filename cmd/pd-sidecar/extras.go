@@ -1,0 +1,40 @@
+package main
+
+import (
+	"context"
+	"time"
+
+	"github.com/pd-sidecar/pd-sidecar/proxy"
+	"github.com/pd-sidecar/pd-sidecar/status"
+)
+
+// installExtras wires the proxy's optional collaborators: the /debug/pd
+// tracker, always; OpenTelemetry spans with --tracing. The returned func
+// flushes what must be flushed at exit.
+func installExtras(p *proxy.Proxy, opts options, connector string) (func(), error) {
+	handoff := "engine-pull"
+	if connector == "sidecar" {
+		handoff = "sidecar-pull"
+	}
+	tr := status.New(status.Options{
+		Connector:     connector,
+		Transport:     handoff,
+		MaxPrefillers: opts.cfg.MaxPrefillers,
+	})
+	ext := proxy.Extras{Observer: tr, Debug: tr.ServeDebug}
+	shutdown := func() {}
+	if opts.tracing {
+		tracer, prop, stop, err := newTracing(context.Background())
+		if err != nil {
+			return nil, err
+		}
+		ext.Tracer, ext.Propagator = tracer, prop
+		shutdown = func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			_ = stop(ctx)
+		}
+	}
+	p.SetExtras(ext)
+	return shutdown, nil
+}

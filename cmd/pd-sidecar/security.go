@@ -1,0 +1,175 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/rs/zerolog"
+	"github.com/spf13/pflag"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/pd-sidecar/pd-sidecar/proxy"
+	"github.com/pd-sidecar/pd-sidecar/ssrf"
+)
+
+// guardOptions are the flags of the request guards: SSRF protection, TLS,
+// limits and the circuit breaker.
+type guardOptions struct {
+	ssrf        bool
+	pool        string
+	poolGroup   string
+	allowlist   []string
+	enableTLS   []string
+	skipVerify  []string
+	kubeconfig  string
+	syncTimeout time.Duration
+	static      *ssrf.Static
+}
+
+// addGuardFlags declares the guard flags on fs, writing into o. The
+// INFERENCE_POOL environment variable is --inference-pool's default, as in
+// llm-d.
+func addGuardFlags(fs *pflag.FlagSet, o *options) {
+	g, c := &o.guard, &o.cfg.Guard
+	fs.BoolVar(&c.TLS.SecureProxy, "secure-proxy", c.TLS.SecureProxy, "serve the proxy ports over TLS (llm-d defaults to true; pd-sidecar to false)")
+	fs.StringVar(&c.TLS.CertPath, "cert-path", c.TLS.CertPath, "directory with tls.crt and tls.key for --secure-proxy, reloaded when they change (empty: self-signed)")
+	fs.StringSliceVar(&g.enableTLS, "enable-tls", nil, "upstream legs that use TLS: prefiller, decoder (encoder accepted, unused)")
+	fs.StringSliceVar(&g.skipVerify, "tls-insecure-skip-verify", nil, "upstream legs whose certificate is not verified: prefiller, decoder")
+	fs.StringVar(&c.TLS.CAFile, "tls-ca-file", c.TLS.CAFile, "PEM bundle of CAs trusted on upstream TLS legs (empty: system pool)")
+	fs.BoolVar(&g.ssrf, "enable-ssrf-protection", false, "contact only allowlisted prefillers: Ready pods of --inference-pool on its target ports, and --prefiller-allowlist")
+	fs.StringVar(&g.pool, "inference-pool", os.Getenv("INFERENCE_POOL"), "InferencePool namespace/name whose Ready pods are the prefiller allowlist (env INFERENCE_POOL)")
+	fs.StringVar(&g.poolGroup, "pool-group", ssrf.GroupV1, "InferencePool API group: "+ssrf.GroupV1+" (v1) or "+ssrf.GroupV1Alpha2+" (v1alpha2)")
+	fs.StringSliceVar(&g.allowlist, "prefiller-allowlist", nil, "static prefiller allowlist: CIDRs, ip:port, host:port, *.suffix:port (port * = any)")
+	fs.StringVar(&g.kubeconfig, "kubeconfig", "", "kubeconfig for the pool watcher outside a cluster (empty: in-cluster config)")
+	fs.DurationVar(&g.syncTimeout, "ssrf-sync-timeout", time.Minute, "how long start-up waits for the InferencePool watch to sync")
+	fs.IntVar(&c.MaxHeaderBytes, "max-header-bytes", c.MaxHeaderBytes, "largest accepted request head (431 above)")
+	fs.DurationVar(&c.ReadTimeout, "read-timeout", c.ReadTimeout, "bound on reading a request's head and body (408 above)")
+	fs.DurationVar(&c.IdleTimeout, "idle-timeout", c.IdleTimeout, "keep-alive connections idle this long are closed")
+	fs.IntVar(&c.MaxConcurrentRequests, "max-concurrent-requests", c.MaxConcurrentRequests, "inference requests in flight, streams included (503 above; 0: unbounded)")
+	fs.IntVar(&c.Breaker.Failures, "circuit-breaker-failures", c.Breaker.Failures, "consecutive prefill failures that open a prefiller's circuit (0: no breaker)")
+	fs.DurationVar(&c.Breaker.Cooldown, "circuit-breaker-cooldown", c.Breaker.Cooldown, "how long an open circuit skips its prefiller before a probe")
+}
+
+// apply validates the guard flags and writes what they mean into c.
+func (g *guardOptions) apply(c *proxy.Config) error {
+	legs := func(flag string, v []string) (pre, dec bool, err error) {
+		for _, l := range v {
+			switch strings.TrimSpace(l) {
+			case "prefiller":
+				pre = true
+			case "decoder":
+				dec = true
+			case "encoder", "":
+			default:
+				return false, false, fmt.Errorf("--%s %q: legs are prefiller, decoder", flag, l)
+			}
+		}
+		return pre, dec, nil
+	}
+	var err error
+	t := &c.Guard.TLS
+	if t.Prefiller, t.Decoder, err = legs("enable-tls", g.enableTLS); err != nil {
+		return err
+	}
+	if t.InsecureSkipVerifyPrefiller, t.InsecureSkipVerifyDecoder, err = legs("tls-insecure-skip-verify", g.skipVerify); err != nil {
+		return err
+	}
+	if g.static, err = ssrf.ParseStatic(g.allowlist); err != nil {
+		return err
+	}
+	if g.poolGroup != ssrf.GroupV1 && g.poolGroup != ssrf.GroupV1Alpha2 {
+		return fmt.Errorf("--pool-group %q is not %s or %s", g.poolGroup, ssrf.GroupV1, ssrf.GroupV1Alpha2)
+	}
+	if g.pool != "" {
+		if _, err := ssrf.ParsePool(g.pool, g.poolGroup); err != nil {
+			return err
+		}
+	}
+	switch {
+	case !g.ssrf && len(g.allowlist) > 0:
+		return errors.New("--prefiller-allowlist needs --enable-ssrf-protection")
+	case g.ssrf && g.pool == "" && g.static.Len() == 0:
+		return errors.New("--enable-ssrf-protection needs --inference-pool (or INFERENCE_POOL) or --prefiller-allowlist")
+	case g.syncTimeout <= 0:
+		return fmt.Errorf("--ssrf-sync-timeout must be > 0, got %v", g.syncTimeout)
+	}
+	if g.ssrf && g.pool == "" {
+		c.Guard.Allowlist = g.static
+	}
+	return nil
+}
+
+// startPoolWatch starts the InferencePool watch when SSRF protection names
+// a pool, waits for its first sync, and installs the allowlist in c. The
+// returned func stops the watch.
+func startPoolWatch(o *options, log zerolog.Logger) (func(), error) {
+	g := &o.guard
+	if !g.ssrf || g.pool == "" {
+		return func() {}, nil
+	}
+	pc, err := ssrf.ParsePool(g.pool, g.poolGroup)
+	if err != nil {
+		return nil, err
+	}
+	rc, err := kubeConfig(g.kubeconfig)
+	if err != nil {
+		return nil, err
+	}
+	dyn, err := dynamic.NewForConfig(rc)
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes dynamic client: %w", err)
+	}
+	kube, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes client: %w", err)
+	}
+	w, err := ssrf.NewPoolWatcher(pc, dyn, kube, log)
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	ready := make(chan struct{})
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx, ready) }()
+	stop := func() {
+		cancel()
+		<-done
+	}
+	select {
+	case <-ready:
+	case err := <-done:
+		cancel()
+		return nil, fmt.Errorf("--inference-pool %s: %w", g.pool, err)
+	case <-time.After(g.syncTimeout):
+		stop()
+		return nil, fmt.Errorf("--inference-pool %s: not synced within --ssrf-sync-timeout %v (RBAC: get/list/watch inferencepools and pods)", g.pool, g.syncTimeout)
+	}
+	lists := ssrf.Any{w}
+	if g.static.Len() > 0 {
+		lists = append(lists, g.static)
+	}
+	o.cfg.Guard.Allowlist = lists
+	return stop, nil
+}
+
+func kubeConfig(path string) (*rest.Config, error) {
+	if path != "" {
+		c, err := clientcmd.BuildConfigFromFlags("", path)
+		if err != nil {
+			return nil, fmt.Errorf("--kubeconfig: %w", err)
+		}
+		return c, nil
+	}
+	c, err := rest.InClusterConfig()
+	if err != nil {
+		return nil, fmt.Errorf("in-cluster kubernetes config (or set --kubeconfig): %w", err)
+	}
+	return c, nil
+}

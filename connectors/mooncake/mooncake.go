@@ -1,0 +1,123 @@
+// Package mooncake is vLLM's MooncakeConnector P/D wire protocol: the
+// sidecar asks the prefiller's bootstrap server (GET /query) for its engine
+// id, then sends both legs at once, tied by a fresh transfer_id; the decode
+// engine fetches the KV from the prefiller through the bootstrap address.
+package mooncake
+
+import (
+	"fmt"
+	"net"
+	"slices"
+	"strconv"
+
+	"github.com/tidwall/gjson"
+
+	"github.com/pd-sidecar/pd-sidecar/connectors"
+)
+
+// Name is the --kv-connector value of this connector.
+const Name = "mooncake"
+
+// DefaultBootstrapPort is vLLM's default VLLM_MOONCAKE_BOOTSTRAP_PORT.
+const DefaultBootstrapPort = 8998
+
+// Connector is the Mooncake connector. Create it with New.
+type Connector struct {
+	port string
+}
+
+// New returns a Mooncake connector querying bootstrapPort on prefillers.
+func New(bootstrapPort int) *Connector {
+	return &Connector{port: strconv.Itoa(bootstrapPort)}
+}
+
+// Name returns "mooncake".
+func (*Connector) Name() string { return Name }
+
+// BootstrapAddr returns prefillHost:--mooncake-bootstrap-port.
+func (c *Connector) BootstrapAddr(prefillHost string) string {
+	return net.JoinHostPort(prefillHost, c.port)
+}
+
+// BootstrapPath returns "/query".
+func (*Connector) BootstrapPath() string { return "/query" }
+
+// ParseBootstrap reads the bootstrap server's answer, an object keyed by
+// data-parallel rank ({"0":{"engine_id":"..."},...}), and keeps the lowest
+// rank that names an engine id.
+func (*Connector) ParseBootstrap(addr string, answer []byte) (connectors.Bootstrap, error) {
+	if !connectors.IsObject(answer) {
+		return connectors.Bootstrap{}, fmt.Errorf("%w: not a JSON object", connectors.ErrBadBootstrap)
+	}
+	type entry struct{ rank, id string }
+	var found []entry
+	gjson.ParseBytes(answer).ForEach(func(k, v gjson.Result) bool {
+		if id := v.Get("engine_id"); id.Type == gjson.String && id.Str != "" {
+			found = append(found, entry{k.Str, id.Str})
+		}
+		return true
+	})
+	if len(found) == 0 {
+		return connectors.Bootstrap{}, fmt.Errorf("%w: no engine_id in the answer", connectors.ErrBadBootstrap)
+	}
+	slices.SortFunc(found, func(a, b entry) int { return rankLess(a.rank, b.rank) })
+	return connectors.Bootstrap{URL: "http://" + addr, EngineID: found[0].id, Rank: found[0].rank}, nil
+}
+
+// rankLess orders ranks numerically when they are numbers.
+func rankLess(a, b string) int {
+	x, errA := strconv.Atoi(a)
+	y, errB := strconv.Atoi(b)
+	if errA == nil && errB == nil {
+		return x - y
+	}
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+// Legs returns the prefill leg (the client body capped to one non-streamed
+// token with kv_transfer_params {do_remote_decode:true, transfer_id}) and
+// the decode leg (the client body with kv_transfer_params
+// {do_remote_prefill:true, transfer_id, remote_bootstrap_addr,
+// remote_engine_id}).
+func (*Connector) Legs(api connectors.API, body []byte, pr connectors.Pairing) ([]byte, []byte, error) {
+	xfer := strconv.AppendQuote(nil, pr.TransferID)
+	pp := append([]byte(`{"do_remote_decode":true,"do_remote_prefill":false,"transfer_id":`), xfer...)
+	pp = append(pp, '}')
+	var buf [10]connectors.Edit
+	edits := connectors.PrefillCapEdits(buf[:0], api)
+	edits = append(edits, connectors.Edit{Key: "kv_transfer_params", Raw: pp})
+	pre, err := connectors.EditObject(nil, body, edits)
+	if err != nil {
+		return nil, nil, err
+	}
+	dp := append([]byte(`{"do_remote_prefill":true,"do_remote_decode":false,"transfer_id":`), xfer...)
+	dp = append(dp, `,"remote_bootstrap_addr":`...)
+	dp = strconv.AppendQuote(dp, pr.Bootstrap.URL)
+	dp = append(dp, `,"remote_engine_id":`...)
+	dp = strconv.AppendQuote(dp, pr.Bootstrap.EngineID)
+	dp = append(dp, '}')
+	dec, err := connectors.EditObject(nil, body, []connectors.Edit{{Key: "kv_transfer_params", Raw: dp}})
+	if err != nil {
+		return nil, nil, err
+	}
+	return pre, dec, nil
+}
+
+// RewriteAnswer sets the decode answer's prompt cached-token count to the
+// handoff's (0: the prefill answer is not waited for), since the decoder got
+// the whole prompt's KV remotely and would report it all cached.
+func (*Connector) RewriteAnswer(api connectors.API, data []byte, h connectors.Handoff) []byte {
+	return connectors.RewriteCachedTokens(api, data, h.CachedTokens)
+}
+
+var (
+	_ connectors.Concurrent     = (*Connector)(nil)
+	_ connectors.Bootstrapper   = (*Connector)(nil)
+	_ connectors.AnswerRewriter = (*Connector)(nil)
+)

@@ -1,0 +1,249 @@
+package enginesim
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"hash/fnv"
+	"io"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+)
+
+// vLLM MooncakeConnector, the engine side. The prefiller's bootstrap port
+// serves two protocols, told apart by the first bytes of each connection:
+// HTTP (Mooncake's "GET /query", answered with the engine id and where to
+// pull from, keyed by data-parallel rank) and the raw KV side channel
+// (SGLang rooms, and Mooncake pulls by transfer_id).
+
+// mooncakeKey maps a transfer_id onto the hold store's room keys.
+func mooncakeKey(transferID string) uint64 {
+	h := fnv.New64a()
+	_, _ = h.Write([]byte("mooncake:"))
+	_, _ = h.Write([]byte(transferID))
+	return h.Sum64()
+}
+
+// isMooncake reports whether the request carries a Mooncake transfer_id.
+func (g *genRequest) isMooncake() bool {
+	return g.kv != nil && g.kv.TransferID != nil && *g.kv.TransferID != ""
+}
+
+// invalidForMooncake reports why Mooncake decode params cannot be used.
+func (p *kvParams) invalidForMooncake() string {
+	var missing []string
+	if *p.TransferID == "" {
+		missing = append(missing, "transfer_id")
+	}
+	if p.RemoteBootstrapAddr == nil || *p.RemoteBootstrapAddr == "" {
+		missing = append(missing, "remote_bootstrap_addr")
+	}
+	if p.RemoteEngineID == nil || *p.RemoteEngineID == "" {
+		missing = append(missing, "remote_engine_id")
+	}
+	if len(missing) > 0 {
+		return "missing " + strings.Join(missing, ", ")
+	}
+	return ""
+}
+
+// bootstrapEntry is one rank of the GET /query answer.
+type bootstrapEntry struct {
+	EngineID string `json:"engine_id"`
+	KVHost   string `json:"kv_host"`
+	KVPort   int    `json:"kv_port"`
+	TPSize   int    `json:"tp_size"`
+}
+
+// serveBootstrap accepts connections on the bootstrap port and hands each
+// to the HTTP bootstrap server or to the KV side channel.
+func (s *Sim) serveBootstrap(ctx context.Context, l net.Listener) error {
+	hl := &connListener{addr: l.Addr(), conns: make(chan net.Conn), done: make(chan struct{})}
+	srv := &http.Server{Handler: http.HandlerFunc(s.bootstrapQuery), ReadHeaderTimeout: 10 * time.Second}
+	go func() { _ = srv.Serve(hl) }()
+	defer func() { _ = srv.Close() }()
+	go func() {
+		<-ctx.Done()
+		l.Close()
+	}()
+	for {
+		c, err := l.Accept()
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return fmt.Errorf("bootstrap accept: %w", err)
+		}
+		go s.route(ctx, c, hl)
+	}
+}
+
+// route peeks at a new bootstrap connection: "GET " goes to HTTP, anything
+// else to the KV side channel.
+func (s *Sim) route(ctx context.Context, c net.Conn, hl *connListener) {
+	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	br := bufio.NewReader(c)
+	head, err := br.Peek(4)
+	_ = c.SetReadDeadline(time.Time{})
+	if err != nil {
+		c.Close()
+		return
+	}
+	pc := &peekedConn{Conn: c, r: br}
+	if string(head) == "GET " {
+		if !hl.push(pc) {
+			c.Close()
+		}
+		return
+	}
+	s.servePull(ctx, pc)
+}
+
+// bootstrapQuery answers GET /query.
+func (s *Sim) bootstrapQuery(w http.ResponseWriter, r *http.Request) {
+	if r.URL.Path != "/query" {
+		writeError(w, http.StatusNotFound, "NotFoundError", "", "no route for "+r.Method+" "+r.URL.Path)
+		return
+	}
+	s.m.mooncakeQueries.Inc()
+	kv := s.KVAddr()
+	host := kv.IP.String()
+	if la, ok := r.Context().Value(http.LocalAddrContextKey).(*net.TCPAddr); ok && kv.IP.IsUnspecified() {
+		host = la.IP.String()
+	}
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(map[string]bootstrapEntry{
+		"0": {EngineID: s.engineID, KVHost: host, KVPort: kv.Port, TPSize: s.cfg.TPSize},
+	})
+}
+
+// queryBootstrap asks a Mooncake bootstrap server (base URL) for rank 0.
+func queryBootstrap(ctx context.Context, base string) (bootstrapEntry, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimSuffix(base, "/")+"/query", nil)
+	if err != nil {
+		return bootstrapEntry{}, fmt.Errorf("%w: bootstrap query: %w", ErrKVPull, err)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return bootstrapEntry{}, fmt.Errorf("%w: bootstrap query: %w", ErrKVPull, err)
+	}
+	defer resp.Body.Close()
+	var m map[string]bootstrapEntry
+	if err := json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(&m); err != nil || resp.StatusCode != http.StatusOK {
+		return bootstrapEntry{}, fmt.Errorf("%w: bootstrap query answered %d: %v", ErrKVPull, resp.StatusCode, err)
+	}
+	e, ok := m["0"]
+	if !ok {
+		return e, fmt.Errorf("%w: bootstrap query: no rank 0", ErrKVPull)
+	}
+	return e, nil
+}
+
+// mooncakePull resolves a Mooncake decode's transfer: the bootstrap query
+// (whose engine id must be the one the decode names), then the pull request
+// by transfer_id, waiting for the prefill to register it.
+func (s *Sim) mooncakePull(ctx context.Context, g *genRequest) (string, pullRequest, error) {
+	e, err := queryBootstrap(ctx, *g.kv.RemoteBootstrapAddr)
+	if err != nil {
+		return "", pullRequest{}, err
+	}
+	if e.EngineID != *g.kv.RemoteEngineID {
+		return "", pullRequest{}, fmt.Errorf("%w: remote_engine_id %q is not the bootstrap server's engine %q", ErrKVPull, *g.kv.RemoteEngineID, e.EngineID)
+	}
+	key := mooncakeKey(*g.kv.TransferID)
+	req := pullRequest{Room: &key, WaitMS: int(s.cfg.BootstrapTimeout / time.Millisecond)}
+	return net.JoinHostPort(e.KVHost, strconv.Itoa(e.KVPort)), req, nil
+}
+
+// peekedConn is a connection whose first bytes were read into r.
+type peekedConn struct {
+	net.Conn
+	r *bufio.Reader
+}
+
+// Read reads through the peek buffer.
+func (c *peekedConn) Read(p []byte) (int, error) { return c.r.Read(p) }
+
+// connListener is a net.Listener fed with connections by route.
+type connListener struct {
+	addr  net.Addr
+	conns chan net.Conn
+	once  sync.Once
+	done  chan struct{}
+}
+
+func (l *connListener) push(c net.Conn) bool {
+	select {
+	case l.conns <- c:
+		return true
+	case <-l.done:
+		return false
+	}
+}
+
+// Accept returns the next routed connection.
+func (l *connListener) Accept() (net.Conn, error) {
+	select {
+	case c := <-l.conns:
+		return c, nil
+	case <-l.done:
+		return nil, net.ErrClosed
+	}
+}
+
+// Close stops Accept.
+func (l *connListener) Close() error {
+	l.once.Do(func() { close(l.done) })
+	return nil
+}
+
+// Addr is the bootstrap listener's address.
+func (l *connListener) Addr() net.Addr { return l.addr }
+
+// awaitPull keeps a bootstrap-style prefill (SGLang room, Mooncake
+// transfer) in flight until its KV was pulled, as SGLang's prefill server
+// answers only once the transfer is done. A prefill request that ends first
+// (the proxy cancelled it) frees the KV at once. It reports whether the
+// request may still be answered.
+func (s *Sim) awaitPull(ctx context.Context, h *hold) bool {
+	if h == nil {
+		return true
+	}
+	select {
+	case <-h.done:
+		return ctx.Err() == nil
+	case <-ctx.Done():
+		s.releaseCancelled(h)
+		return false
+	}
+}
+
+// releaseCancelled frees the KV of a prefill whose request was cancelled.
+func (s *Sim) releaseCancelled(h *hold) {
+	if h == nil || !s.holds.release(h) {
+		return
+	}
+	s.m.kvReleasedOnCancel.Inc()
+	s.log.Info().Str("request_id", h.requestID).Int("blocks", len(h.blocks)).Msg("prefill cancelled before its KV was pulled; blocks freed")
+}
+
+// roomKey is the hold-store key of a bootstrap-style prefill.
+func roomKey(g *genRequest) uint64 {
+	if g.isMooncake() {
+		return mooncakeKey(*g.kv.TransferID)
+	}
+	return g.boot.room
+}
+
+// roomHold returns the hold registered under room, or nil when there is
+// none (any more).
+func (s *holdStore) roomHold(room uint64) *hold {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.rooms[room]
+}

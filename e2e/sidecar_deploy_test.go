@@ -1,0 +1,197 @@
+package e2e
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os/exec"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	coltracepb "go.opentelemetry.io/proto/otlp/collector/trace/v1"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/pd-sidecar/pd-sidecar/e2e/harness"
+	"github.com/pd-sidecar/pd-sidecar/status"
+)
+
+// TestDebugPDAndStatusCommand drives real traffic and reads the verdict
+// from GET /debug/pd and from `pd-sidecar status --url`: no prefiller
+// named → not-requested; a dead prefiller → never-split, in words, with
+// the reason; real splits → operating, with the last split and KV transfer.
+func TestDebugPDAndStatusCommand(t *testing.T) {
+	rig := newRig(t)
+	url := rig.sc.URL()
+	snap := func() status.Snapshot {
+		s, err := status.Fetch(context.Background(), nil, url)
+		require.NoError(t, err)
+		return s
+	}
+	s := snap()
+	assert.Equal(t, status.VerdictIdle, s.Verdict)
+	assert.Equal(t, "nixlv2", s.Connector)
+
+	st, _, _ := scPost(t, url+"/v1/completions", completionBody(`,"max_tokens":4`), nil)
+	require.Equal(t, http.StatusOK, st)
+	s = snap()
+	assert.Equal(t, status.VerdictNotRequested, s.Verdict)
+	assert.Equal(t, 1, s.Window.Local)
+
+	dead := map[string]string{"x-prefiller-host-port": harness.HostPort(harness.FreePort(t))}
+	st, _, _ = scPost(t, url+"/v1/completions", completionBody(`,"max_tokens":4`), dead)
+	require.Equal(t, http.StatusOK, st, "a dead prefiller degrades, never fails")
+	s = snap()
+	assert.Equal(t, status.VerdictNeverSplit, s.Verdict)
+	assert.Contains(t, s.Summary, "no split happened")
+	assert.Equal(t, 1, s.Window.FallbacksByReason["unreachable"])
+	assert.Nil(t, s.LastSplit)
+
+	before := rig.decode.Metric(t, "sim_remote_kv_decodes_total", nil)
+	for range 3 {
+		st, _, _ = scPost(t, url+"/v1/completions", completionBody(`,"max_tokens":4`), rig.header())
+		require.Equal(t, http.StatusOK, st)
+	}
+	s = snap()
+	assert.Equal(t, 3, s.Window.Disaggregated)
+	assert.Equal(t, 3, s.Window.KVTransferred)
+	assert.Equal(t, status.VerdictDegraded, s.Verdict, "one fallback is still in the window")
+	require.NotNil(t, s.LastSplit)
+	require.NotNil(t, s.LastKVTransfer)
+	var pf *status.Prefiller
+	for i := range s.Prefillers {
+		if s.Prefillers[i].Prefiller == rig.prefill.HostPort() {
+			pf = &s.Prefillers[i]
+		}
+	}
+	require.NotNil(t, pf, "%+v", s.Prefillers)
+	assert.Equal(t, 3, pf.Splits)
+	assert.Positive(t, pf.PrefillP50Ms)
+	assert.Equal(t, status.CircuitNA, pf.Circuit)
+	// The tracker's count matches the decode engine's proof counter, which
+	// moves only when a decode really ran on remote KV.
+	assert.Equal(t, float64(s.Window.KVTransferred), rig.decode.Metric(t, "sim_remote_kv_decodes_total", nil)-before)
+	assert.Equal(t, 3.0, rig.scMetric(t, "pd_sidecar_requests_total", map[string]string{"mode": "disaggregated"}))
+
+	out, err := exec.Command(harness.Binary(t, "pd-sidecar"), "status", "--url", url).CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	for _, want := range []string{"DEGRADED:", "disaggregated:", "unreachable: 1", rig.prefill.HostPort(), "last kv transfer:"} {
+		assert.Contains(t, string(out), want)
+	}
+	out, err = exec.Command(harness.Binary(t, "pd-sidecar"), "status", "--url", harness.URL(harness.FreePort(t))).CombinedOutput()
+	require.Error(t, err, "an unreachable sidecar is an error: %s", out)
+}
+
+// otlpSink is an OTLP/HTTP trace receiver: it keeps the spans exported to it.
+type otlpSink struct {
+	srv   *httptest.Server
+	mu    sync.Mutex
+	spans map[string]string // span name -> trace id (hex)
+	attrs map[string]map[string]string
+}
+
+func newOTLPSink(t *testing.T) *otlpSink {
+	t.Helper()
+	s := &otlpSink{spans: map[string]string{}, attrs: map[string]map[string]string{}}
+	s.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, err := io.ReadAll(r.Body)
+		if err != nil || r.URL.Path != "/v1/traces" {
+			http.Error(w, "bad", http.StatusBadRequest)
+			return
+		}
+		var req coltracepb.ExportTraceServiceRequest
+		if err := proto.Unmarshal(b, &req); err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		s.mu.Lock()
+		for _, rs := range req.GetResourceSpans() {
+			for _, ss := range rs.GetScopeSpans() {
+				for _, sp := range ss.GetSpans() {
+					s.spans[sp.GetName()] = hexOf(sp.GetTraceId())
+					a := map[string]string{}
+					for _, kv := range sp.GetAttributes() {
+						a[kv.GetKey()] = kv.GetValue().GetStringValue()
+					}
+					s.attrs[sp.GetName()] = a
+				}
+			}
+		}
+		s.mu.Unlock()
+		w.Header().Set("Content-Type", "application/x-protobuf")
+		out, _ := proto.Marshal(&coltracepb.ExportTraceServiceResponse{})
+		_, _ = w.Write(out)
+	}))
+	t.Cleanup(s.srv.Close)
+	return s
+}
+
+func (s *otlpSink) get(name string) (string, map[string]string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.spans[name], s.attrs[name]
+}
+
+func hexOf(b []byte) string {
+	const digits = "0123456789abcdef"
+	var sb strings.Builder
+	for _, c := range b {
+		sb.WriteByte(digits[c>>4])
+		sb.WriteByte(digits[c&15])
+	}
+	return sb.String()
+}
+
+// TestTracingOverOTLP runs the sidecar with --tracing, exporting to an
+// OTLP/HTTP receiver configured only through OTEL_* variables, and checks
+// that both legs carried the client's trace (engine-sim's request journal)
+// and that the prefill, kv_handoff and decode spans were exported with the
+// decision.
+func TestTracingOverOTLP(t *testing.T) {
+	sink := newOTLPSink(t)
+	prefill := harness.StartEngineSim(t, "prefill")
+	decode := harness.StartEngineSim(t, "decode")
+	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", sink.srv.URL)
+	t.Setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf")
+	t.Setenv("OTEL_TRACES_SAMPLER", "parentbased_always_on")
+	t.Setenv("OTEL_BSP_SCHEDULE_DELAY", "100")
+	sc := harness.StartSidecar(t, decode.Port, "--tracing")
+
+	const trace = "0af7651916cd43dd8448eb211c80319c"
+	hdr := map[string]string{
+		"x-prefiller-host-port": prefill.HostPort(),
+		"traceparent":           "00-" + trace + "-b7ad6b7169203331-01",
+	}
+	st, _, _ := scPost(t, sc.URL()+"/v1/completions", completionBody(`,"max_tokens":4`), hdr)
+	require.Equal(t, http.StatusOK, st)
+	require.Equal(t, 1.0, sc.Metric(t, "pd_sidecar_requests_total", map[string]string{"mode": "disaggregated"}))
+
+	legs := map[string]*harness.Engine{"prefill": prefill, "decode": decode}
+	for name, e := range legs {
+		reqs := simRequests(t, e)
+		require.Len(t, reqs, 1, name)
+		tp := reqs[0].Headers["traceparent"]
+		require.Len(t, tp, 1, "%s leg carries exactly one traceparent", name)
+		parts := strings.Split(tp[0], "-")
+		require.Len(t, parts, 4)
+		assert.Equal(t, trace, parts[1], "%s leg continues the client's trace", name)
+		assert.NotEqual(t, "b7ad6b7169203331", parts[2], "%s leg's parent is the sidecar's span", name)
+	}
+	harness.Eventually(t, 10*time.Second, "spans exported over OTLP", func() bool {
+		id, _ := sink.get("pd-sidecar.request")
+		return id != ""
+	})
+	for _, name := range []string{"pd-sidecar.request", "prefill", "kv_handoff", "decode"} {
+		harness.Eventually(t, 5*time.Second, "span "+name, func() bool {
+			id, _ := sink.get(name)
+			return id == trace
+		})
+	}
+	_, root := sink.get("pd-sidecar.request")
+	assert.Equal(t, "disaggregated", root["pd.decision"])
+	assert.Equal(t, prefill.HostPort(), root["pd.prefiller"])
+}

@@ -1,0 +1,281 @@
+// Package kvtest is the conformance suite every kvtransfer.Transport must
+// pass: the same table of pulls (whole, concurrent, corrupted, unknown,
+// agent gone before and during the pull, deadline, cancel, lease expiry,
+// size mismatch, reuse) against mem, tcp, ucx and nixl alike.
+package kvtest
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/pd-sidecar/pd-sidecar/kvtransfer"
+)
+
+// Env is one agent serving over a transport, and a puller of the same
+// transport.
+type Env struct {
+	Agent    *kvtransfer.Agent
+	Region   *kvtransfer.Region
+	Listener kvtransfer.Listener
+	Puller   *kvtransfer.Puller
+	Local    *kvtransfer.Region
+
+	mu       sync.Mutex
+	released map[string]string
+	next     int
+}
+
+// Options tune an Env.
+type Options struct {
+	// Addr is the listen address ("127.0.0.1:0" for network transports).
+	Addr string
+	// BlockBytes and NumBlocks size both regions (defaults 4096 and 64).
+	BlockBytes, NumBlocks int
+	// Lease, Bandwidth: the agent's (see kvtransfer.AgentConfig).
+	Lease     time.Duration
+	Bandwidth float64
+	// Puller configures the puller.
+	Puller kvtransfer.PullerConfig
+}
+
+// NewEnv starts an agent with a random-filled region on tr and a puller.
+func NewEnv(t testing.TB, tr kvtransfer.Transport, o Options) *Env {
+	t.Helper()
+	if o.BlockBytes == 0 {
+		o.BlockBytes = 4096
+	}
+	if o.NumBlocks == 0 {
+		o.NumBlocks = 64
+	}
+	e := &Env{released: map[string]string{}}
+	e.Agent = kvtransfer.NewAgent(kvtransfer.AgentConfig{
+		EngineID: "engine-a", Lease: o.Lease, Bandwidth: o.Bandwidth,
+		OnRelease: func(h kvtransfer.HoldInfo, reason string) {
+			e.mu.Lock()
+			e.released[h.RequestID] = reason
+			e.mu.Unlock()
+		},
+	})
+	var err error
+	e.Region, err = kvtransfer.NewMemRegion("remote", o.NumBlocks, o.BlockBytes)
+	require.NoError(t, err)
+	rng := rand.New(rand.NewPCG(1, 2))
+	for i := range e.Region.Mem() {
+		e.Region.Mem()[i] = byte(rng.Uint32())
+	}
+	e.Agent.Register(e.Region)
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	e.Listener, err = tr.Listen(ctx, o.Addr, e.Agent)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = e.Listener.Close() })
+	e.Puller, err = kvtransfer.NewPuller(tr, o.Puller)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = e.Puller.Close() })
+	e.Local, err = kvtransfer.NewMemRegion("local", o.NumBlocks, o.BlockBytes)
+	require.NoError(t, err)
+	return e
+}
+
+// Hold holds the given remote blocks (with correct checksums unless
+// corrupt) and returns the descriptor to pull.
+func (e *Env) Hold(t testing.TB, ids []int, corrupt bool) kvtransfer.Source {
+	t.Helper()
+	e.mu.Lock()
+	e.next++
+	id := fmt.Sprintf("req-%d", e.next)
+	e.mu.Unlock()
+	blocks, err := e.Region.Blocks(ids)
+	require.NoError(t, err)
+	sums := make([]uint64, len(ids))
+	for i, b := range blocks {
+		sums[i] = kvtransfer.Checksum(b)
+	}
+	if corrupt {
+		sums[len(sums)/2] ^= 1
+	}
+	src, err := e.Agent.Hold(kvtransfer.Hold{RequestID: id, Region: e.Region, BlockIDs: ids, NumTokens: len(ids) * 16, Checksums: sums})
+	require.NoError(t, err)
+	src.Agent, src.Transport = e.Listener.Addr(), e.Puller.Transport().Name()
+	return src
+}
+
+// Dst returns local destination blocks for n blocks starting at first.
+func (e *Env) Dst(t testing.TB, first, n int) [][]byte {
+	t.Helper()
+	ids := make([]int, n)
+	for i := range ids {
+		ids[i] = first + i
+	}
+	d, err := e.Local.Blocks(ids)
+	require.NoError(t, err)
+	return d
+}
+
+// Released returns the release reason of a hold ("" while held).
+func (e *Env) Released(id string) string {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.released[id]
+}
+
+// AssertReleased waits until the hold ended with reason and nothing is held.
+func (e *Env) AssertReleased(t testing.TB, id, reason string) {
+	t.Helper()
+	require.Eventually(t, func() bool { return e.Released(id) != "" && e.Agent.HeldBlocks() == 0 },
+		5*time.Second, 5*time.Millisecond, "hold %s never released", id)
+	assert.Equal(t, reason, e.Released(id))
+}
+
+// AssertSame checks dst holds exactly the source blocks.
+func (e *Env) AssertSame(t testing.TB, src kvtransfer.Source, dst [][]byte) {
+	t.Helper()
+	want, err := e.Region.Blocks(src.BlockIDs)
+	require.NoError(t, err)
+	for i := range want {
+		require.Equal(t, want[i], dst[i], "block %d", i)
+	}
+}
+
+// RunConformance runs the suite against the transport newTransport returns
+// (one per case); addr is the listen address to use.
+func RunConformance(t *testing.T, addr string, newTransport func(t testing.TB) kvtransfer.Transport) {
+	ids := func(first, n int) []int {
+		out := make([]int, n)
+		for i := range out {
+			out[i] = first + i
+		}
+		return out
+	}
+	cases := []struct {
+		name string
+		opts Options
+		run  func(t *testing.T, e *Env)
+	}{
+		{name: "whole pull lands byte-exact and releases the hold", run: func(t *testing.T, e *Env) {
+			src := e.Hold(t, []int{7, 3, 12, 40, 41}, false)
+			dst := e.Dst(t, 0, 5)
+			st, err := e.Puller.Pull(context.Background(), src, dst)
+			require.NoError(t, err)
+			assert.Equal(t, src.Bytes(), st.Bytes)
+			e.AssertSame(t, src, dst)
+			e.AssertReleased(t, src.RequestID, kvtransfer.ReasonCompleted)
+		}},
+		{name: "connection reuse across sequential pulls", run: func(t *testing.T, e *Env) {
+			for i := range 5 {
+				src := e.Hold(t, ids(i*6, 6), false)
+				dst := e.Dst(t, i*6, 6)
+				_, err := e.Puller.Pull(context.Background(), src, dst)
+				require.NoError(t, err)
+				e.AssertSame(t, src, dst)
+			}
+			assert.Zero(t, e.Agent.HeldBlocks())
+		}},
+		{name: "concurrent pulls of different holds", opts: Options{Puller: kvtransfer.PullerConfig{Streams: 3}}, run: func(t *testing.T, e *Env) {
+			var wg sync.WaitGroup
+			for i := range 8 {
+				src := e.Hold(t, ids(i*8, 8), false)
+				dst := e.Dst(t, i*8, 8)
+				wg.Go(func() {
+					_, err := e.Puller.Pull(context.Background(), src, dst)
+					if assert.NoError(t, err) {
+						e.AssertSame(t, src, dst)
+					}
+				})
+			}
+			wg.Wait()
+			assert.Zero(t, e.Agent.HeldBlocks())
+		}},
+		{name: "checksum mismatch fails and releases the hold", run: func(t *testing.T, e *Env) {
+			src := e.Hold(t, ids(0, 6), true)
+			_, err := e.Puller.Pull(context.Background(), src, e.Dst(t, 0, 6))
+			require.ErrorIs(t, err, kvtransfer.ErrKVChecksum)
+			e.AssertReleased(t, src.RequestID, kvtransfer.ReasonReleased)
+		}},
+		{name: "unknown request is not held", run: func(t *testing.T, e *Env) {
+			src := e.Hold(t, ids(0, 2), false)
+			src.RequestID = "nobody"
+			_, err := e.Puller.Pull(context.Background(), src, e.Dst(t, 0, 2))
+			require.ErrorIs(t, err, kvtransfer.ErrKVNotHeld)
+		}},
+		{name: "wrong engine id or block ids are not held", run: func(t *testing.T, e *Env) {
+			src := e.Hold(t, ids(0, 2), false)
+			other := src
+			other.EngineID = "engine-b"
+			_, err := e.Puller.Pull(context.Background(), other, e.Dst(t, 0, 2))
+			require.ErrorIs(t, err, kvtransfer.ErrKVNotHeld)
+			other = src
+			other.BlockIDs = []int{0, 3}
+			_, err = e.Puller.Pull(context.Background(), other, e.Dst(t, 0, 2))
+			require.ErrorIs(t, err, kvtransfer.ErrKVNotHeld)
+		}},
+		{name: "descriptor and destination sizes must agree", run: func(t *testing.T, e *Env) {
+			src := e.Hold(t, ids(0, 2), false)
+			_, err := e.Puller.Pull(context.Background(), src, e.Dst(t, 0, 3))
+			require.ErrorIs(t, err, kvtransfer.ErrKVSize)
+			bad := src
+			bad.NumTokens++
+			_, err = e.Puller.Pull(context.Background(), bad, e.Dst(t, 0, 2))
+			require.ErrorIs(t, err, kvtransfer.ErrKVSize)
+			e.AssertReleased(t, src.RequestID, kvtransfer.ReasonReleased)
+		}},
+		{name: "agent gone before the pull", run: func(t *testing.T, e *Env) {
+			src := e.Hold(t, ids(0, 2), false)
+			require.NoError(t, e.Listener.Close())
+			_, err := e.Puller.Pull(context.Background(), src, e.Dst(t, 0, 2))
+			require.ErrorIs(t, err, kvtransfer.ErrKVSourceGone)
+		}},
+		{name: "agent gone mid-pull", opts: Options{Bandwidth: 256 << 10}, run: func(t *testing.T, e *Env) {
+			src := e.Hold(t, ids(0, 32), false) // 128 KiB at 256 KiB/s: 0.5 s
+			time.AfterFunc(100*time.Millisecond, func() { _ = e.Listener.Close() })
+			_, err := e.Puller.Pull(context.Background(), src, e.Dst(t, 0, 32))
+			require.ErrorIs(t, err, kvtransfer.ErrKVSourceGone)
+		}},
+		{name: "deadline fails the pull and releases the hold", opts: Options{Bandwidth: 128 << 10, Puller: kvtransfer.PullerConfig{Deadline: 100 * time.Millisecond}}, run: func(t *testing.T, e *Env) {
+			src := e.Hold(t, ids(0, 32), false)
+			_, err := e.Puller.Pull(context.Background(), src, e.Dst(t, 0, 32))
+			require.ErrorIs(t, err, kvtransfer.ErrKVDeadline)
+			e.AssertReleased(t, src.RequestID, kvtransfer.ReasonReleased)
+		}},
+		{name: "cancel aborts the pull and releases the hold", opts: Options{Bandwidth: 128 << 10}, run: func(t *testing.T, e *Env) {
+			src := e.Hold(t, ids(0, 32), false)
+			ctx, cancel := context.WithTimeout(context.Background(), 80*time.Millisecond)
+			defer cancel()
+			_, err := e.Puller.Pull(ctx, src, e.Dst(t, 0, 32))
+			require.ErrorIs(t, err, kvtransfer.ErrKVAborted)
+			e.AssertReleased(t, src.RequestID, kvtransfer.ReasonReleased)
+		}},
+		{name: "lease expiry releases an unpulled hold", opts: Options{Lease: 50 * time.Millisecond}, run: func(t *testing.T, e *Env) {
+			src := e.Hold(t, ids(0, 4), false)
+			e.AssertReleased(t, src.RequestID, kvtransfer.ReasonExpired)
+			_, err := e.Puller.Pull(context.Background(), src, e.Dst(t, 0, 4))
+			require.ErrorIs(t, err, kvtransfer.ErrKVNotHeld)
+		}},
+		{name: "probe reads filler when the transport can", run: func(t *testing.T, e *Env) {
+			c, err := e.Puller.Transport().Dial(context.Background(), e.Listener.Addr())
+			require.NoError(t, err)
+			defer c.Close()
+			p, ok := c.(kvtransfer.Prober)
+			if !ok {
+				return // an optional ability
+			}
+			require.NoError(t, p.Probe(context.Background(), nil))
+			require.NoError(t, p.Probe(context.Background(), make([]byte, 1<<20)))
+		}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			o := tc.opts
+			o.Addr = addr
+			e := NewEnv(t, newTransport(t), o)
+			tc.run(t, e)
+		})
+	}
+}

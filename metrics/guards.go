@@ -1,0 +1,48 @@
+package metrics
+
+import "github.com/prometheus/client_golang/prometheus"
+
+// Rejection reasons (the reason label of requests_rejected_total).
+const (
+	// RejectBodyTooLarge: the request body exceeded --max-request-body-bytes (413).
+	RejectBodyTooLarge = "body_too_large"
+	// RejectHeadersTooLarge: the request head exceeded --max-header-bytes (431).
+	RejectHeadersTooLarge = "headers_too_large"
+	// RejectReadTimeout: the request was not read within --read-timeout (408).
+	RejectReadTimeout = "read_timeout"
+	// RejectMalformed: the request could not be parsed (400).
+	RejectMalformed = "malformed"
+	// RejectOverloaded: --max-concurrent-requests were in flight (503).
+	RejectOverloaded = "overloaded"
+	// RejectSSRF: the prefiller is not on the allowlist (403).
+	RejectSSRF = "prefiller_not_allowed"
+)
+
+// Guards holds the collectors of the request guards: limits, SSRF
+// protection and the per-prefiller circuit breaker.
+type Guards struct {
+	// Rejected counts requests refused before any upstream leg, by reason.
+	Rejected *prometheus.CounterVec
+	// CircuitOpen is the number of prefillers whose circuit is open or
+	// half-open now.
+	CircuitOpen prometheus.Gauge
+}
+
+// NewGuards creates the guard collectors and registers them on reg.
+func NewGuards(reg prometheus.Registerer) *Guards {
+	g := &Guards{
+		Rejected: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "pd_sidecar_requests_rejected_total",
+			Help: "Requests refused before any upstream leg, by reason (body_too_large, headers_too_large, read_timeout, malformed, overloaded, prefiller_not_allowed).",
+		}, []string{"reason"}),
+		CircuitOpen: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "pd_sidecar_prefiller_circuits_open",
+			Help: "Prefillers skipped by the circuit breaker now (open or half-open circuits).",
+		}),
+	}
+	reg.MustRegister(g.Rejected, g.CircuitOpen)
+	for _, r := range []string{RejectBodyTooLarge, RejectHeadersTooLarge, RejectReadTimeout, RejectMalformed, RejectOverloaded, RejectSSRF} {
+		g.Rejected.WithLabelValues(r)
+	}
+	return g
+}

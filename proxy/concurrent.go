@@ -1,0 +1,193 @@
+package proxy
+
+import (
+	"context"
+	crand "crypto/rand"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/rs/zerolog"
+	"github.com/valyala/fasthttp"
+
+	"github.com/pd-sidecar/pd-sidecar/connectors"
+	"github.com/pd-sidecar/pd-sidecar/metrics"
+)
+
+// choreograph runs the request under the choreography its connector
+// declares, when that is not the plain sequential handoff of serveInference.
+// It reports whether the request was served; false lets the sequential
+// handoff run (always for Sequential connectors, and for DecodeFirst ones
+// when the request is not tried on the decode engine first or was declined).
+func (r *request) choreograph() bool {
+	switch r.p.choreo {
+	case connectors.ChoreographyConcurrent:
+		r.serveConcurrent(r.p.conn.(connectors.Concurrent))
+		return true
+	case connectors.ChoreographyDecodeFirst:
+		return r.serveDecodeFirst(r.p.conn.(connectors.DecodeFirst))
+	}
+	return false
+}
+
+// serveConcurrent runs both legs at once (SGLang, Mooncake): the prefill leg
+// in the background, the decode leg relayed to the client. A prefill leg that
+// fails before the decode produced output cancels the decode leg and the
+// request degrades to local prefill (or, for a prefill 4xx, gets that answer);
+// one that fails later is counted and logged. A decode leg that fails
+// cancels the prefill leg. A client that leaves cancels both.
+func (r *request) serveConcurrent(cc connectors.Concurrent) {
+	p := r.p
+	host, _, _ := net.SplitHostPort(r.prefiller)
+	pr := connectors.Pairing{PrefillHost: host, Room: randomRoom(), TransferID: transferID()}
+	if bs, ok := cc.(connectors.Bootstrapper); ok {
+		b, err := p.boot.get(r.ctx, p.tr, bs, host, p.cfg.PrefillTimeout)
+		if err != nil {
+			r.fallback(err)
+			return
+		}
+		pr.Bootstrap = b
+	}
+	pre, dec, err := cc.Legs(r.api, r.body, pr)
+	if err != nil {
+		r.fail(err)
+		return
+	}
+	r.mode = metrics.ModeDisaggregated
+	r.log.Debug().Uint64("bootstrap_room", pr.Room).Str("transfer_id", pr.TransferID).Msg("concurrent prefill and decode legs")
+
+	parent := r.ctx
+	dctx, cancelDecode := context.WithCancelCause(parent)
+	pctx, cancelPrefill := context.WithTimeoutCause(parent, p.cfg.PrefillTimeout, ErrPrefillTimeout)
+	leg := &prefillLeg{
+		p: p, log: r.log, label: r.label, addr: r.prefiller, parent: parent,
+		cancelDecode: cancelDecode,
+	}
+	go leg.run(pctx, cancelPrefill, r.upstream(r.prefiller, pre))
+
+	r.handoff = &connectors.Handoff{}
+	r.ctx = dctx
+	err = r.forward(dec, true)
+	r.ctx = parent
+	leg.commit()
+	if err == nil {
+		return
+	}
+	if cause := context.Cause(dctx); parent.Err() == nil && dctx.Err() != nil {
+		// The prefill leg failed first and cancelled the decode leg.
+		r.handoff = nil
+		var rej *rejected
+		if errors.As(cause, &rej) {
+			r.log.Info().Int("status", rej.status).Msg("prefiller rejected the request; answer passed on")
+			r.answer(metrics.ModeDisaggregated, rej.status, rej.contentType, rej.body)
+			return
+		}
+		r.fallback(cause)
+		return
+	}
+	leg.abandon()
+	cancelPrefill()
+	if errors.Is(err, ErrKVLoadFailed) {
+		r.handoff = nil
+		if bs, ok := cc.(connectors.Bootstrapper); ok {
+			p.boot.forget(bs.BootstrapAddr(host))
+		}
+		r.fallback(err)
+		return
+	}
+	r.fail(err)
+}
+
+// prefillLeg is the background prefill leg of a concurrent split. It reads
+// nothing of the request but what it was given, so it may outlive the
+// handler.
+type prefillLeg struct {
+	p            *Proxy
+	log          zerolog.Logger
+	label, addr  string
+	parent       context.Context
+	cancelDecode context.CancelCauseFunc
+
+	mu        sync.Mutex
+	committed bool        // the decode produced output: never cancel it now
+	abandoned atomic.Bool // the proxy cancelled this leg on purpose
+}
+
+// commit marks the decode leg as past the point of no return.
+func (l *prefillLeg) commit() {
+	l.mu.Lock()
+	l.committed = true
+	l.mu.Unlock()
+}
+
+// abandon marks the leg as cancelled by the proxy (the decode failed).
+func (l *prefillLeg) abandon() { l.abandoned.Store(true) }
+
+// run sends the prefill leg and waits for its answer, which is discarded
+// (the KV goes from engine to engine); a failure is counted and reported.
+func (l *prefillLeg) run(ctx context.Context, cancel context.CancelFunc, req *fasthttp.Request) {
+	defer cancel()
+	g := l.p.m.Inflight.WithLabelValues(metrics.PhasePrefill)
+	g.Inc()
+	defer g.Dec()
+	resp := fasthttp.AcquireResponse()
+	defer fasthttp.ReleaseResponse(resp)
+	start := time.Now()
+	err := l.p.tr.Do(ctx, l.addr, req, resp)
+	fasthttp.ReleaseRequest(req)
+	l.p.m.PrefillDuration.WithLabelValues(l.label).Observe(time.Since(start).Seconds())
+	if err != nil {
+		err = prefillTransportErr(ctxErr(ctx, err))
+	} else {
+		switch st := resp.StatusCode(); {
+		case st == fasthttp.StatusTooManyRequests:
+			err = ErrPrefillOverloaded
+		case st >= 500:
+			err = fmt.Errorf("%w: status %d", ErrPrefillServerError, st)
+		case st != fasthttp.StatusOK:
+			err = &rejected{status: st, contentType: string(resp.Header.ContentType()),
+				body: append([]byte(nil), resp.Body()...)}
+		}
+	}
+	if err == nil {
+		l.log.Debug().Dur("took", time.Since(start)).Msg("prefill leg answered")
+		return
+	}
+	if l.parent.Err() != nil || l.abandoned.Load() {
+		l.log.Debug().Err(err).Msg("prefill leg cancelled with the request")
+		return
+	}
+	reason := classify(err).reason
+	if reason == "" {
+		reason = "rejected"
+	}
+	l.p.m.PrefillLegFailures.WithLabelValues(reason).Inc()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.committed {
+		l.log.Warn().Err(err).Str("reason", reason).Msg("prefill leg failed after the decode started")
+		return
+	}
+	l.log.Warn().Err(err).Str("reason", reason).Msg("prefill leg failed; cancelling the decode leg")
+	l.cancelDecode(err)
+}
+
+// randomRoom returns a random number in [0, 2^63).
+func randomRoom() uint64 {
+	var b [8]byte
+	_, _ = crand.Read(b[:])
+	return binary.LittleEndian.Uint64(b[:]) >> 1
+}
+
+// transferID returns "xfer-" and a random UUID (version 4).
+func transferID() string {
+	var b [16]byte
+	_, _ = crand.Read(b[:])
+	b[6] = b[6]&0x0f | 0x40
+	b[8] = b[8]&0x3f | 0x80
+	return fmt.Sprintf("xfer-%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:16])
+}

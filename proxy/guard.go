@@ -1,0 +1,252 @@
+package proxy
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/rs/zerolog"
+	"github.com/valyala/fasthttp"
+
+	"github.com/pd-sidecar/pd-sidecar/circuit"
+	"github.com/pd-sidecar/pd-sidecar/metrics"
+	"github.com/pd-sidecar/pd-sidecar/ssrf"
+)
+
+// Sentinel errors of the request guards (mapped in classify).
+var (
+	// ErrPrefillerDenied: SSRF protection is on and the named prefiller is
+	// not on the allowlist (403).
+	ErrPrefillerDenied = errors.New("x-prefiller-host-port is not an allowed prefiller")
+	// ErrCircuitOpen: the prefiller failed repeatedly and is skipped for a
+	// cool-down; the request goes straight to local prefill.
+	ErrCircuitOpen = errors.New("prefiller circuit open")
+	// ErrOverloaded: --max-concurrent-requests inference requests are in
+	// flight (503).
+	ErrOverloaded = errors.New("too many concurrent requests")
+	// ErrBodyTooLarge: the request body exceeds --max-request-body-bytes (413).
+	ErrBodyTooLarge = errors.New("request body too large")
+	// ErrHeadersTooLarge: the request head exceeds --max-header-bytes (431).
+	ErrHeadersTooLarge = errors.New("request headers too large")
+	// ErrReadTimeout: the request was not read within --read-timeout (408).
+	ErrReadTimeout = errors.New("request not read in time")
+	// ErrMalformed: the request could not be parsed as HTTP/1.1 (400).
+	ErrMalformed = errors.New("malformed request")
+)
+
+// ReasonCircuitOpen: the prefiller's circuit breaker is open.
+const ReasonCircuitOpen = "circuit_open"
+
+// GuardConfig is the proxy's protection against untrusted input, overload
+// and failing prefillers. Start from DefaultGuardConfig.
+type GuardConfig struct {
+	// Allowlist admits prefillers (--enable-ssrf-protection); nil admits
+	// every syntactically valid host:port.
+	Allowlist ssrf.Allowlist
+	// Breaker is the per-prefiller circuit breaker.
+	Breaker circuit.Config
+	// MaxHeaderBytes bounds the request line and headers (431 above); it
+	// is also each connection's read buffer.
+	MaxHeaderBytes int
+	// ReadTimeout bounds reading a request's head and body.
+	ReadTimeout time.Duration
+	// IdleTimeout closes keep-alive connections idle that long.
+	IdleTimeout time.Duration
+	// MaxConcurrentRequests bounds inference requests in flight, streams
+	// included (503 above); 0 leaves them unbounded.
+	MaxConcurrentRequests int
+	// TLS is the serving and upstream TLS.
+	TLS TLSConfig
+}
+
+// DefaultGuardConfig returns the defaults.
+func DefaultGuardConfig() GuardConfig {
+	return GuardConfig{
+		Breaker:               circuit.DefaultConfig(),
+		MaxHeaderBytes:        16 << 10,
+		ReadTimeout:           60 * time.Second,
+		IdleTimeout:           90 * time.Second,
+		MaxConcurrentRequests: 10000,
+	}
+}
+
+// Validate reports the first invalid setting, as one line.
+func (c GuardConfig) Validate() error {
+	switch {
+	case c.MaxHeaderBytes < 1024:
+		return fmt.Errorf("--max-header-bytes must be >= 1024, got %d", c.MaxHeaderBytes)
+	case c.ReadTimeout <= 0:
+		return fmt.Errorf("--read-timeout must be > 0, got %v", c.ReadTimeout)
+	case c.IdleTimeout <= 0:
+		return fmt.Errorf("--idle-timeout must be > 0, got %v", c.IdleTimeout)
+	case c.MaxConcurrentRequests < 0:
+		return fmt.Errorf("--max-concurrent-requests must be >= 0, got %d", c.MaxConcurrentRequests)
+	}
+	if err := c.Breaker.Validate(); err != nil {
+		return err
+	}
+	return c.TLS.Validate()
+}
+
+// guard is the proxy's runtime state of GuardConfig.
+type guard struct {
+	cfg      GuardConfig
+	m        *metrics.Guards
+	breakers *circuit.Breakers
+	inflight atomic.Int64
+	tls      *serverTLS // nil: plain HTTP
+	openMu   sync.Mutex
+	open     map[string]struct{} // prefillers whose circuit is not closed
+}
+
+func newGuard(cfg GuardConfig, m *metrics.Guards, log zerolog.Logger) (*guard, error) {
+	g := &guard{cfg: cfg, m: m, breakers: circuit.New(cfg.Breaker), open: map[string]struct{}{}}
+	if cfg.TLS.SecureProxy {
+		st, err := newServerTLS(cfg.TLS.CertPath, log)
+		if err != nil {
+			return nil, err
+		}
+		g.tls = st
+	}
+	return g, nil
+}
+
+// acquire admits one more inference request, or reports overload.
+func (g *guard) acquire() bool {
+	n := g.inflight.Add(1)
+	if max := g.cfg.MaxConcurrentRequests; max > 0 && n > int64(max) {
+		g.inflight.Add(-1)
+		return false
+	}
+	return true
+}
+
+func (g *guard) release() { g.inflight.Add(-1) }
+
+// overloaded answers 503 when --max-concurrent-requests are in flight.
+func (p *Proxy) overloaded(rc *fasthttp.RequestCtx) {
+	p.reject(rc, metrics.RejectOverloaded, fasthttp.StatusServiceUnavailable,
+		fmt.Errorf("%w (--max-concurrent-requests %d)", ErrOverloaded, p.guard.cfg.MaxConcurrentRequests))
+	rc.Response.Header.Set("Retry-After", "1")
+}
+
+// reject answers a request refused before any upstream leg, counted by
+// reason and logged.
+func (p *Proxy) reject(rc *fasthttp.RequestCtx, reason string, status int, err error) {
+	p.guard.m.Rejected.WithLabelValues(reason).Inc()
+	p.log.Warn().Err(err).Str("reason", reason).Int("status", status).
+		Str("remote", rc.RemoteAddr().String()).Msg("request rejected")
+	rc.SetStatusCode(status)
+	rc.SetContentType("application/json")
+	rc.SetBody(errorBody(status, err))
+}
+
+// serverError answers what fasthttp could not read or parse, as JSON
+// (fasthttp's Server.ErrorHandler).
+func (p *Proxy) serverError(rc *fasthttp.RequestCtx, err error) {
+	var small *fasthttp.ErrSmallBuffer
+	var ne net.Error
+	switch {
+	case errors.Is(err, fasthttp.ErrBodyTooLarge):
+		p.reject(rc, metrics.RejectBodyTooLarge, fasthttp.StatusRequestEntityTooLarge,
+			fmt.Errorf("%w (--max-request-body-bytes %d)", ErrBodyTooLarge, p.cfg.MaxRequestBodyBytes))
+	case errors.As(err, &small):
+		p.reject(rc, metrics.RejectHeadersTooLarge, fasthttp.StatusRequestHeaderFieldsTooLarge,
+			fmt.Errorf("%w (--max-header-bytes %d)", ErrHeadersTooLarge, p.guard.cfg.MaxHeaderBytes))
+	case errors.Is(err, os.ErrDeadlineExceeded) || errors.As(err, &ne) && ne.Timeout():
+		p.reject(rc, metrics.RejectReadTimeout, fasthttp.StatusRequestTimeout,
+			fmt.Errorf("%w (--read-timeout %v)", ErrReadTimeout, p.guard.cfg.ReadTimeout))
+	default:
+		p.reject(rc, metrics.RejectMalformed, fasthttp.StatusBadRequest, fmt.Errorf("%w: %w", ErrMalformed, err))
+	}
+}
+
+// pickAllowed chooses the prefiller from the header value and, with SSRF
+// protection on, checks it against the allowlist; a denied one is counted
+// and answered 403 by the caller (classify).
+func (p *Proxy) pickAllowed(hv []byte) (string, error) {
+	hp, err := pickPrefiller(hv, p.cfg.PrefillerSampling)
+	if err != nil || p.guard.cfg.Allowlist == nil {
+		return hp, err
+	}
+	if !p.guard.cfg.Allowlist.Allowed(hp) {
+		p.guard.m.Rejected.WithLabelValues(metrics.RejectSSRF).Inc()
+		return hp, fmt.Errorf("%w: %w", ErrPrefillerDenied, ssrf.ErrDenied)
+	}
+	return hp, nil
+}
+
+// prefillerLabel is the bounded metric label of an admitted prefiller; a
+// refused one gets none, so it never takes a label slot.
+func (p *Proxy) prefillerLabel(hp string, err error) string {
+	if err != nil {
+		return ""
+	}
+	return p.m.Prefillers.Label(hp)
+}
+
+// logValue shortens a client-controlled value for a log line.
+func logValue(s string) string {
+	if len(s) > 256 {
+		return s[:256] + "..."
+	}
+	return s
+}
+
+// guardedPrefill runs the prefill behind r.prefiller's circuit breaker: an
+// open circuit skips it (ErrCircuitOpen, a fallback reason), and the
+// prefill's outcome is reported to the breaker.
+func (r *request) guardedPrefill() (prefillResult, error) {
+	g := r.p.guard
+	tk, ok := g.breakers.Allow(r.prefiller)
+	if !ok {
+		return prefillResult{}, fmt.Errorf("%w: %s skipped for up to %v", ErrCircuitOpen, logValue(r.prefiller), g.cfg.Breaker.Cooldown)
+	}
+	res, err := r.prefill()
+	tk.Done(breakerResult(err))
+	g.trackCircuit(r.prefiller)
+	return res, err
+}
+
+// trackCircuit keeps the open-circuits gauge current for hp.
+func (g *guard) trackCircuit(hp string) {
+	open := g.breakers.State(hp) != circuit.Closed
+	g.openMu.Lock()
+	defer g.openMu.Unlock()
+	_, was := g.open[hp]
+	switch {
+	case open && !was:
+		g.open[hp] = struct{}{}
+	case !open && was:
+		delete(g.open, hp)
+	}
+	g.m.CircuitOpen.Set(float64(len(g.open)))
+}
+
+// breakerResult is what a prefill outcome says about the prefiller's
+// health: refused, reset, timed out or 5xx is a failure; a client leaving
+// says nothing; any answer shows it alive.
+func breakerResult(err error) circuit.Result {
+	switch {
+	case err == nil:
+		return circuit.Success
+	case errors.Is(err, ErrClientGone), errors.Is(err, ErrBadRequest):
+		return circuit.Neutral
+	case errors.Is(err, ErrPrefillUnreachable), errors.Is(err, ErrPrefillTimeout), errors.Is(err, ErrPrefillServerError):
+		return circuit.Failure
+	}
+	return circuit.Success
+}
+
+// localAddrs are the local engine addresses of every data-parallel rank.
+func (p *Proxy) localAddrs() []string {
+	out := make([]string, p.cfg.DataParallelSize)
+	for r := range out {
+		out[r] = p.localAddr(r)
+	}
+	return out
+}

@@ -1,0 +1,121 @@
+package proxy_test
+
+import (
+	"context"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/rs/zerolog"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/pd-sidecar/pd-sidecar/connectors/nixlv2"
+	"github.com/pd-sidecar/pd-sidecar/e2e/enginesim"
+	"github.com/pd-sidecar/pd-sidecar/loadgen"
+	"github.com/pd-sidecar/pd-sidecar/metrics"
+	"github.com/pd-sidecar/pd-sidecar/proxy"
+)
+
+// TestNoGoroutineLeakAfterLoad drives an in-process proxy with a short
+// bench run (local and disaggregated, plus clients that leave mid-stream)
+// and checks that once it has shut down no goroutine of its is left.
+func TestNoGoroutineLeakAfterLoad(t *testing.T) {
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent(),
+		// fasthttp's housekeeping: idle-connection cleaners that sleep out
+		// their interval and then end, the server's worker-pool cleaner, and
+		// the process-wide dialer's DNS cache and Date header. Request goroutines (handlers,
+		// stream writers, connection watchers) are not ignored.
+		goleak.IgnoreAnyFunction("github.com/valyala/fasthttp.(*HostClient).connsCleaner"),
+		goleak.IgnoreAnyFunction("github.com/valyala/fasthttp.(*Client).mCleaner"),
+		goleak.IgnoreAnyFunction("github.com/valyala/fasthttp.(*TCPDialer).tcpAddrsClean"),
+		goleak.IgnoreAnyFunction("github.com/valyala/fasthttp.(*workerPool).Start.func2"),
+		goleak.IgnoreAnyFunction("github.com/valyala/fasthttp.(*workerPool).Start.func1"),
+		goleak.IgnoreAnyFunction("github.com/valyala/fasthttp.updateServerDate.func1"))
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	decode := startSim(t, ctx, enginesim.RoleDecode)
+	prefill := startSim(t, ctx, enginesim.RolePrefill)
+
+	cfg := proxy.DefaultConfig()
+	cfg.Host = "127.0.0.1"
+	cfg.Port = freePort(t)
+	cfg.ModelServerPort = decode
+	cfg.ShutdownGrace = 5 * time.Second
+	reg := prometheus.NewRegistry()
+	p, err := proxy.New(cfg, nixlv2.New(), metrics.New(reg, cfg.MaxPrefillers), reg, zerolog.Nop())
+	require.NoError(t, err)
+	pctx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- p.Run(pctx) }()
+	base := "http://127.0.0.1:" + strconv.Itoa(cfg.Port)
+	require.Eventually(t, func() bool {
+		resp, err := http.Get(base + "/health")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == 200
+	}, 10*time.Second, 10*time.Millisecond)
+
+	w := loadgen.Workload{API: loadgen.APIChat, Model: "sim-model", Stream: true,
+		PromptTokens: loadgen.Dist{Min: 32, Max: 64}, OutputTokens: loadgen.Dist{Min: 8, Max: 8}, Distinct: 16}
+	targets := []loadgen.Target{
+		{Name: "local", URL: base},
+		{Name: "pd", URL: base, Prefiller: "127.0.0.1:" + strconv.Itoa(prefill)},
+	}
+	res, err := loadgen.Run(ctx, w.API, targets, w.Generate(), loadgen.Load{Clients: 4, Duration: 300 * time.Millisecond, Rounds: 1}, nil)
+	require.NoError(t, err)
+	for _, r := range res {
+		s := loadgen.Summarize(r)
+		require.Positive(t, s.OK, r.Target.Name)
+		require.Empty(t, s.Errors, r.Target.Name)
+	}
+
+	// Clients that leave mid-stream.
+	for range 10 {
+		cctx, ccancel := context.WithTimeout(ctx, 5*time.Millisecond)
+		req, _ := http.NewRequestWithContext(cctx, http.MethodPost, base+"/v1/chat/completions",
+			strings.NewReader(`{"model":"sim-model","messages":[{"role":"user","content":"long"}],"max_tokens":2000,"stream":true}`))
+		if resp, err := http.DefaultClient.Do(req); err == nil {
+			buf := make([]byte, 64)
+			_, _ = resp.Body.Read(buf)
+			resp.Body.Close()
+		}
+		ccancel()
+	}
+	http.DefaultClient.CloseIdleConnections()
+	stop()
+	require.NoError(t, <-done)
+	cancel()
+	time.Sleep(100 * time.Millisecond) // let the simulators' servers wind down
+}
+
+func startSim(t *testing.T, ctx context.Context, role enginesim.Role) int {
+	t.Helper()
+	cfg := enginesim.DefaultConfig()
+	cfg.Role = role
+	cfg.Port, cfg.KVPort, cfg.BootstrapPort = 0, 0, 0
+	cfg.PrefillPerToken, cfg.DecodePerToken = 0, 500*time.Microsecond
+	s, err := enginesim.New(cfg, zerolog.Nop())
+	require.NoError(t, err)
+	ls, err := s.Listen()
+	require.NoError(t, err)
+	done := make(chan struct{})
+	go func() { defer close(done); _ = s.Serve(ctx, ls) }()
+	t.Cleanup(func() { <-done })
+	return ls.HTTP.Addr().(*net.TCPAddr).Port
+}
+
+func freePort(t *testing.T) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}

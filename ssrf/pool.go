@@ -1,0 +1,252 @@
+package ssrf
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"strings"
+	"sync"
+	"sync/atomic"
+
+	"github.com/rs/zerolog"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/dynamic/dynamicinformer"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
+)
+
+// InferencePool API groups.
+const (
+	// GroupV1 is the GA Gateway API Inference Extension group (v1).
+	GroupV1 = "inference.networking.k8s.io"
+	// GroupV1Alpha2 is the experimental group (v1alpha2).
+	GroupV1Alpha2 = "inference.networking.x-k8s.io"
+)
+
+// ErrPoolNotSynced: the informers did not sync before the context ended.
+var ErrPoolNotSynced = errors.New("inference pool informers did not sync")
+
+// PoolConfig names the InferencePool whose Ready pods are the allowlist.
+type PoolConfig struct {
+	// Namespace and Name of the InferencePool.
+	Namespace, Name string
+	// Group is GroupV1 (version v1) or GroupV1Alpha2 (version v1alpha2).
+	Group string
+}
+
+// ParsePool reads "namespace/name" (as --inference-pool gives it).
+func ParsePool(ref, group string) (PoolConfig, error) {
+	ns, name, ok := strings.Cut(ref, "/")
+	if !ok || ns == "" || name == "" || strings.Contains(name, "/") {
+		return PoolConfig{}, fmt.Errorf("--inference-pool %q is not namespace/name", ref)
+	}
+	c := PoolConfig{Namespace: ns, Name: name, Group: group}
+	return c, c.Validate()
+}
+
+// Validate reports the first invalid setting, as one line.
+func (c PoolConfig) Validate() error {
+	switch {
+	case c.Namespace == "" || c.Name == "":
+		return errors.New("--inference-pool needs namespace/name")
+	case c.Group != GroupV1 && c.Group != GroupV1Alpha2:
+		return fmt.Errorf("--pool-group %q is not %s or %s", c.Group, GroupV1, GroupV1Alpha2)
+	}
+	return nil
+}
+
+// GVR is the pool resource for the configured group.
+func (c PoolConfig) GVR() schema.GroupVersionResource {
+	v := "v1"
+	if c.Group == GroupV1Alpha2 {
+		v = "v1alpha2"
+	}
+	return schema.GroupVersionResource{Group: c.Group, Version: v, Resource: "inferencepools"}
+}
+
+// PoolWatcher admits the host:port pairs of the InferencePool's Ready pods
+// on the pool's target ports. It watches the pool (dynamic client) and the
+// pods of its namespace (typed client) with informers, rebuilds the set on
+// every event and publishes it with an atomic pointer, so Allowed never
+// locks. Until the first sync it admits nothing.
+type PoolWatcher struct {
+	cfg  PoolConfig
+	dyn  dynamic.Interface
+	kube kubernetes.Interface
+	log  zerolog.Logger
+
+	set atomic.Pointer[map[netip.AddrPort]struct{}]
+
+	mu   sync.Mutex // serialises rebuilds (informer goroutines)
+	pool cache.GenericLister
+	pods cache.Indexer
+}
+
+// NewPoolWatcher returns a watcher of cfg's pool; Run starts it.
+func NewPoolWatcher(cfg PoolConfig, dyn dynamic.Interface, kube kubernetes.Interface, log zerolog.Logger) (*PoolWatcher, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	w := &PoolWatcher{cfg: cfg, dyn: dyn, kube: kube, log: log.With().Str("inference_pool", cfg.Namespace+"/"+cfg.Name).Logger()}
+	empty := map[netip.AddrPort]struct{}{}
+	w.set.Store(&empty)
+	return w, nil
+}
+
+// Allowed implements Allowlist: hostport must be an IP literal and port of
+// a Ready pod of the pool on one of its target ports.
+func (w *PoolWatcher) Allowed(hostport string) bool {
+	ap, ok := parseAddrPort(hostport)
+	if !ok {
+		return false
+	}
+	_, ok = (*w.set.Load())[ap]
+	return ok
+}
+
+// Len is the number of admitted host:port pairs.
+func (w *PoolWatcher) Len() int { return len(*w.set.Load()) }
+
+// Run starts the informers, waits for their first sync (ready is closed
+// then, when non-nil), and keeps the allowlist current until ctx ends; it
+// returns after the informers stopped.
+func (w *PoolWatcher) Run(ctx context.Context, ready chan<- struct{}) error {
+	name := w.cfg.Name
+	df := dynamicinformer.NewFilteredDynamicSharedInformerFactory(w.dyn, 0, w.cfg.Namespace,
+		func(o *metav1.ListOptions) { o.FieldSelector = "metadata.name=" + name })
+	pf := informers.NewSharedInformerFactoryWithOptions(w.kube, 0, informers.WithNamespace(w.cfg.Namespace))
+	poolInf := df.ForResource(w.cfg.GVR())
+	podInf := pf.Core().V1().Pods().Informer()
+	w.pool, w.pods = poolInf.Lister(), podInf.GetIndexer()
+	h := cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(any) { w.rebuild() },
+		UpdateFunc: func(any, any) { w.rebuild() },
+		DeleteFunc: func(any) { w.rebuild() },
+	}
+	if _, err := poolInf.Informer().AddEventHandler(h); err != nil {
+		return fmt.Errorf("pool informer: %w", err)
+	}
+	if _, err := podInf.AddEventHandler(h); err != nil {
+		return fmt.Errorf("pod informer: %w", err)
+	}
+	df.Start(ctx.Done())
+	pf.Start(ctx.Done())
+	defer pf.Shutdown()
+	defer df.Shutdown()
+	if !cache.WaitForCacheSync(ctx.Done(), poolInf.Informer().HasSynced, podInf.HasSynced) {
+		return ErrPoolNotSynced
+	}
+	w.rebuild()
+	w.log.Info().Int("allowed", w.Len()).Msg("inference pool allowlist synced")
+	if ready != nil {
+		close(ready)
+	}
+	<-ctx.Done()
+	return nil
+}
+
+// rebuild recomputes the allowed set from the informers' caches.
+func (w *PoolWatcher) rebuild() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	next := map[netip.AddrPort]struct{}{}
+	obj, err := w.pool.ByNamespace(w.cfg.Namespace).Get(w.cfg.Name)
+	if err == nil {
+		if u, ok := obj.(*unstructured.Unstructured); ok {
+			sel, ports, perr := poolSpec(u)
+			if perr != nil {
+				w.log.Error().Err(perr).Msg("inference pool spec unusable; allowing no prefiller")
+			} else {
+				w.addPods(next, sel, ports)
+			}
+		}
+	}
+	prev := len(*w.set.Load())
+	w.set.Store(&next)
+	if prev != len(next) {
+		w.log.Info().Int("allowed", len(next)).Msg("inference pool allowlist changed")
+	}
+}
+
+func (w *PoolWatcher) addPods(set map[netip.AddrPort]struct{}, sel labels.Selector, ports []uint16) {
+	for _, o := range w.pods.List() {
+		pod, ok := o.(*corev1.Pod)
+		if !ok || !sel.Matches(labels.Set(pod.Labels)) || !podReady(pod) {
+			continue
+		}
+		for _, ip := range podIPs(pod) {
+			for _, p := range ports {
+				set[netip.AddrPortFrom(ip, p)] = struct{}{}
+			}
+		}
+	}
+}
+
+// poolSpec reads the pod selector and target ports of a v1 pool
+// (spec.selector.matchLabels, spec.targetPorts[].number) or a v1alpha2 pool
+// (spec.selector as a label map, spec.targetPortNumber).
+func poolSpec(u *unstructured.Unstructured) (labels.Selector, []uint16, error) {
+	m, found, err := unstructured.NestedStringMap(u.Object, "spec", "selector", "matchLabels")
+	if err != nil || !found {
+		m, found, err = unstructured.NestedStringMap(u.Object, "spec", "selector")
+	}
+	if err != nil || !found || len(m) == 0 {
+		return nil, nil, errors.New("spec.selector has no labels")
+	}
+	var ports []uint16
+	if list, ok, _ := unstructured.NestedSlice(u.Object, "spec", "targetPorts"); ok {
+		for _, e := range list {
+			if pm, ok := e.(map[string]any); ok {
+				if n, ok, _ := unstructured.NestedInt64(pm, "number"); ok && n > 0 && n < 65536 {
+					ports = append(ports, uint16(n))
+				}
+			}
+		}
+	}
+	if n, ok, _ := unstructured.NestedInt64(u.Object, "spec", "targetPortNumber"); ok && n > 0 && n < 65536 {
+		ports = append(ports, uint16(n))
+	}
+	if len(ports) == 0 {
+		return nil, nil, errors.New("spec has no target port")
+	}
+	return labels.SelectorFromSet(m), ports, nil
+}
+
+func podReady(p *corev1.Pod) bool {
+	if p.DeletionTimestamp != nil || p.Status.Phase != corev1.PodRunning {
+		return false
+	}
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}
+
+func podIPs(p *corev1.Pod) []netip.Addr {
+	var out []netip.Addr
+	add := func(s string) {
+		if ip, err := netip.ParseAddr(s); err == nil {
+			ip = ip.Unmap()
+			for _, have := range out {
+				if have == ip {
+					return
+				}
+			}
+			out = append(out, ip)
+		}
+	}
+	add(p.Status.PodIP)
+	for _, ip := range p.Status.PodIPs {
+		add(ip.IP)
+	}
+	return out
+}

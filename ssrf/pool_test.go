@@ -1,0 +1,195 @@
+package ssrf
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/rs/zerolog"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	dynfake "k8s.io/client-go/dynamic/fake"
+	kubefake "k8s.io/client-go/kubernetes/fake"
+)
+
+func pod(name, ip string, ready bool, lbl map[string]string) *corev1.Pod {
+	st := corev1.ConditionFalse
+	if ready {
+		st = corev1.ConditionTrue
+	}
+	return &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "ns", Labels: lbl},
+		Status: corev1.PodStatus{
+			Phase: corev1.PodRunning, PodIP: ip,
+			Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: st}},
+		},
+	}
+}
+
+func poolV1(ports ...int64) *unstructured.Unstructured {
+	var tp []any
+	for _, p := range ports {
+		tp = append(tp, map[string]any{"number": p})
+	}
+	return &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": GroupV1 + "/v1", "kind": "InferencePool",
+		"metadata": map[string]any{"name": "pool", "namespace": "ns"},
+		"spec": map[string]any{
+			"selector":    map[string]any{"matchLabels": map[string]any{"app": "prefill"}},
+			"targetPorts": tp,
+		},
+	}}
+}
+
+func poolV1Alpha2(port int64) *unstructured.Unstructured {
+	return &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": GroupV1Alpha2 + "/v1alpha2", "kind": "InferencePool",
+		"metadata": map[string]any{"name": "pool", "namespace": "ns"},
+		"spec": map[string]any{
+			"selector":         map[string]any{"app": "prefill"},
+			"targetPortNumber": port,
+		},
+	}}
+}
+
+type rig struct {
+	w    *PoolWatcher
+	dyn  *dynfake.FakeDynamicClient
+	kube *kubefake.Clientset
+	gvr  schema.GroupVersionResource
+}
+
+func startWatcher(t *testing.T, group string, pool *unstructured.Unstructured, pods ...runtime.Object) *rig {
+	t.Helper()
+	cfg := PoolConfig{Namespace: "ns", Name: "pool", Group: group}
+	gvr := cfg.GVR()
+	var objs []runtime.Object
+	if pool != nil {
+		objs = append(objs, pool)
+	}
+	dyn := dynfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(),
+		map[schema.GroupVersionResource]string{gvr: "InferencePoolList"}, objs...)
+	kube := kubefake.NewClientset(pods...)
+	w, err := NewPoolWatcher(cfg, dyn, kube, zerolog.Nop())
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	ready := make(chan struct{})
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx, ready) }()
+	t.Cleanup(func() {
+		cancel()
+		require.NoError(t, <-done)
+	})
+	select {
+	case <-ready:
+	case <-time.After(10 * time.Second):
+		t.Fatal("pool watcher did not sync")
+	}
+	return &rig{w: w, dyn: dyn, kube: kube, gvr: gvr}
+}
+
+// noLeaks checks, after every other cleanup ran, that no goroutine is left.
+func noLeaks(t *testing.T) {
+	t.Helper()
+	t.Cleanup(func() { goleak.VerifyNone(t) })
+}
+
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	require.Eventually(t, cond, 5*time.Second, 5*time.Millisecond, what)
+}
+
+func TestPoolWatcherReadyPodsOnTargetPorts(t *testing.T) {
+	noLeaks(t)
+	app := map[string]string{"app": "prefill"}
+	r := startWatcher(t, GroupV1, poolV1(8000, 8001),
+		pod("p0", "10.0.0.1", true, app),
+		pod("p1", "10.0.0.2", false, app),                                  // not Ready
+		pod("other", "10.0.0.3", true, map[string]string{"app": "decode"}), // not in the pool
+	)
+	cases := []struct {
+		hp   string
+		want bool
+	}{
+		{"10.0.0.1:8000", true},
+		{"10.0.0.1:8001", true},
+		{"10.0.0.1:22", false}, // llm-d would admit any port of a pool pod
+		{"10.0.0.2:8000", false},
+		{"10.0.0.3:8000", false},
+		{"pod-name:8000", false},
+		{"[::ffff:10.0.0.1]:8000", true},
+	}
+	for _, c := range cases {
+		assert.Equal(t, c.want, r.w.Allowed(c.hp), c.hp)
+	}
+	assert.Equal(t, 2, r.w.Len())
+
+	ctx := context.Background()
+	pods := r.kube.CoreV1().Pods("ns")
+	// p1 turns Ready: admitted.
+	_, err := pods.UpdateStatus(ctx, pod("p1", "10.0.0.2", true, app), metav1.UpdateOptions{})
+	require.NoError(t, err)
+	eventually(t, "p1 admitted once Ready", func() bool { return r.w.Allowed("10.0.0.2:8000") })
+	// p0 loses readiness: denied.
+	_, err = pods.UpdateStatus(ctx, pod("p0", "10.0.0.1", false, app), metav1.UpdateOptions{})
+	require.NoError(t, err)
+	eventually(t, "p0 denied once not Ready", func() bool { return !r.w.Allowed("10.0.0.1:8000") })
+	// A new Ready pod.
+	_, err = pods.Create(ctx, pod("p2", "10.0.0.9", true, app), metav1.CreateOptions{})
+	require.NoError(t, err)
+	eventually(t, "new pod admitted", func() bool { return r.w.Allowed("10.0.0.9:8001") })
+	// Deleted pod: denied.
+	require.NoError(t, pods.Delete(ctx, "p2", metav1.DeleteOptions{}))
+	eventually(t, "deleted pod denied", func() bool { return !r.w.Allowed("10.0.0.9:8001") })
+	// The pool's target ports change.
+	_, err = r.dyn.Resource(r.gvr).Namespace("ns").Update(ctx, poolV1(9000), metav1.UpdateOptions{})
+	require.NoError(t, err)
+	eventually(t, "new target port", func() bool {
+		return r.w.Allowed("10.0.0.2:9000") && !r.w.Allowed("10.0.0.2:8000")
+	})
+	// The pool is deleted: nothing is allowed.
+	require.NoError(t, r.dyn.Resource(r.gvr).Namespace("ns").Delete(ctx, "pool", metav1.DeleteOptions{}))
+	eventually(t, "pool gone: nothing allowed", func() bool { return r.w.Len() == 0 })
+}
+
+func TestPoolWatcherV1Alpha2(t *testing.T) {
+	noLeaks(t)
+	r := startWatcher(t, GroupV1Alpha2, poolV1Alpha2(8200),
+		pod("p0", "10.0.0.1", true, map[string]string{"app": "prefill"}))
+	assert.True(t, r.w.Allowed("10.0.0.1:8200"))
+	assert.False(t, r.w.Allowed("10.0.0.1:8000"))
+}
+
+func TestPoolWatcherWithoutPoolAllowsNothing(t *testing.T) {
+	noLeaks(t)
+	r := startWatcher(t, GroupV1, nil, pod("p0", "10.0.0.1", true, map[string]string{"app": "prefill"}))
+	assert.False(t, r.w.Allowed("10.0.0.1:8000"))
+	_, err := r.dyn.Resource(r.gvr).Namespace("ns").Create(context.Background(), poolV1(8000), metav1.CreateOptions{})
+	require.NoError(t, err)
+	eventually(t, "pool created", func() bool { return r.w.Allowed("10.0.0.1:8000") })
+}
+
+func TestPoolWatcherBadSpecAllowsNothing(t *testing.T) {
+	noLeaks(t)
+	bad := poolV1()
+	r := startWatcher(t, GroupV1, bad, pod("p0", "10.0.0.1", true, map[string]string{"app": "prefill"}))
+	assert.Zero(t, r.w.Len())
+}
+
+func TestPoolWatcherNotSynced(t *testing.T) {
+	noLeaks(t)
+	cfg := PoolConfig{Namespace: "ns", Name: "pool", Group: GroupV1}
+	dyn := dynfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(),
+		map[schema.GroupVersionResource]string{cfg.GVR(): "InferencePoolList"})
+	w, err := NewPoolWatcher(cfg, dyn, kubefake.NewClientset(), zerolog.Nop())
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	assert.ErrorIs(t, w.Run(ctx, nil), ErrPoolNotSynced)
+}

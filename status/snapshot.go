@@ -1,0 +1,223 @@
+package status
+
+import (
+	"encoding/json"
+	"fmt"
+	"maps"
+	"slices"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/pd-sidecar/pd-sidecar/metrics"
+)
+
+// Verdicts: the one-word state of disaggregation in a Snapshot.
+const (
+	// VerdictIdle: no inference request in the window.
+	VerdictIdle = "idle"
+	// VerdictNotRequested: requests arrived but none named a prefiller.
+	VerdictNotRequested = "not-requested"
+	// VerdictNeverSplit: requests named a prefiller but none was split.
+	VerdictNeverSplit = "never-split"
+	// VerdictDegraded: some requests split, some fell back.
+	VerdictDegraded = "degraded"
+	// VerdictOperating: named requests split and KV moved.
+	VerdictOperating = "operating"
+)
+
+// Snapshot is the JSON answer of GET /debug/pd.
+type Snapshot struct {
+	// Connector and Transport are the configured KV connector and handoff.
+	Connector string `json:"connector"`
+	Transport string `json:"kv_transport"`
+	// Now is when the snapshot was taken; UptimeSeconds since start.
+	Now           time.Time `json:"now"`
+	UptimeSeconds float64   `json:"uptime_seconds"`
+	// WindowSeconds is how far back the window counts reach.
+	WindowSeconds float64 `json:"window_seconds"`
+	// Window holds the counts of the last WindowSeconds.
+	Window Counts `json:"window"`
+	// SinceStart counts requests by mode since the process started.
+	SinceStart map[string]int `json:"since_start"`
+	// LastSplit and LastKVTransfer are the last successful split and the
+	// last decode that produced output from remote KV (null: never).
+	LastSplit      *time.Time `json:"last_split"`
+	LastKVTransfer *time.Time `json:"last_kv_transfer"`
+	// Prefillers is the per-prefiller health, most recently seen first.
+	Prefillers []Prefiller `json:"prefillers"`
+	// Verdict is one of the Verdict* words; Summary says it in a sentence.
+	Verdict string `json:"verdict"`
+	Summary string `json:"summary"`
+}
+
+// Counts are the window's request counts.
+type Counts struct {
+	// Disaggregated, Local and Fallback count requests by mode.
+	Disaggregated int `json:"disaggregated"`
+	Local         int `json:"local"`
+	Fallback      int `json:"fallback"`
+	// NamedPrefiller counts requests whose header named a prefiller.
+	NamedPrefiller int `json:"named_prefiller"`
+	// KVTransferred counts decodes that produced output from remote KV.
+	KVTransferred int `json:"kv_transferred"`
+	// Failed counts requests answered with 5xx (or whose client left).
+	Failed int `json:"failed"`
+	// FallbacksByReason counts degradations by reason.
+	FallbacksByReason map[string]int `json:"fallbacks_by_reason"`
+}
+
+// Prefiller is the recent health of one prefiller.
+type Prefiller struct {
+	// Prefiller is the bounded label (host:port, or "other").
+	Prefiller string `json:"prefiller"`
+	// Circuit is the breaker state, or "n/a" when no breaker is wired.
+	Circuit string `json:"circuit"`
+	// Splits and Fallbacks count outcomes since the entry was admitted.
+	Splits    int `json:"splits"`
+	Fallbacks int `json:"fallbacks"`
+	// LastReason is the reason of the last fallback.
+	LastReason string `json:"last_fallback_reason,omitempty"`
+	// PrefillP50Ms, PrefillMaxMs, KVHandoffP50Ms summarise the last 32
+	// observations (0: none).
+	PrefillP50Ms   float64 `json:"prefill_p50_ms"`
+	PrefillMaxMs   float64 `json:"prefill_max_ms"`
+	KVHandoffP50Ms float64 `json:"kv_handoff_p50_ms"`
+	// LastSeen, LastSuccess, LastFailure are null when never.
+	LastSeen    *time.Time `json:"last_seen"`
+	LastSuccess *time.Time `json:"last_success"`
+	LastFailure *time.Time `json:"last_failure"`
+}
+
+// Snapshot returns the current picture.
+func (t *Tracker) Snapshot() Snapshot {
+	now := t.opts.Now()
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	s := Snapshot{
+		Connector: t.opts.Connector, Transport: t.opts.Transport,
+		Now: now, UptimeSeconds: now.Sub(t.started).Seconds(),
+		WindowSeconds: t.opts.Window.Seconds(),
+		SinceStart:    maps.Clone(t.total),
+		LastSplit:     timePtr(t.lastSplit), LastKVTransfer: timePtr(t.lastKV),
+		Window: Counts{FallbacksByReason: map[string]int{}},
+	}
+	oldest := now.Truncate(BucketWidth).Add(-t.opts.Window + BucketWidth)
+	for i := range t.ring {
+		b := &t.ring[i]
+		if b.start.IsZero() || b.start.Before(oldest) || b.start.After(now) {
+			continue
+		}
+		s.Window.Disaggregated += b.modes[metrics.ModeDisaggregated]
+		s.Window.Local += b.modes[metrics.ModeLocal]
+		s.Window.Fallback += b.modes[metrics.ModeFallback]
+		s.Window.NamedPrefiller += b.named
+		s.Window.KVTransferred += b.kvMoved
+		s.Window.Failed += b.failed
+		for k, v := range b.reasons {
+			s.Window.FallbacksByReason[k] += v
+		}
+	}
+	for label, ps := range t.prefillers {
+		s.Prefillers = append(s.Prefillers, t.prefillerView(label, ps))
+	}
+	slices.SortFunc(s.Prefillers, func(a, b Prefiller) int { return b.LastSeen.Compare(*a.LastSeen) })
+	s.Verdict, s.Summary = t.verdict(s)
+	return s
+}
+
+func (t *Tracker) prefillerView(label string, ps *prefillerStat) Prefiller {
+	v := Prefiller{
+		Prefiller: label, Circuit: CircuitNA, Splits: ps.splits, Fallbacks: ps.fallbacks,
+		LastReason: ps.lastReason, LastSeen: timePtr(ps.lastSeen),
+		LastSuccess: timePtr(ps.lastSuccess), LastFailure: timePtr(ps.lastFailure),
+	}
+	if t.opts.Circuits != nil {
+		if c := t.opts.Circuits.CircuitState(label); c != "" {
+			v.Circuit = c
+		}
+	}
+	if d := ps.prefill.values(); len(d) > 0 {
+		v.PrefillP50Ms, v.PrefillMaxMs = ms(d[len(d)/2]), ms(d[len(d)-1])
+	}
+	if d := ps.kv.values(); len(d) > 0 {
+		v.KVHandoffP50Ms = ms(d[len(d)/2])
+	}
+	return v
+}
+
+// verdict says, in a word and in a sentence, whether requests are split.
+func (t *Tracker) verdict(s Snapshot) (string, string) {
+	w := s.Window
+	total := w.Disaggregated + w.Local + w.Fallback
+	win := fmt.Sprintf("the last %s", t.opts.Window)
+	switch {
+	case total == 0 && t.everNamed > 0 && t.everSplit == 0:
+		return VerdictNeverSplit, fmt.Sprintf("idle in %s; configured for P/D (%s) but no request has ever been split: all %d that named a prefiller ran locally", win, s.Connector, t.everNamed)
+	case total == 0:
+		return VerdictIdle, fmt.Sprintf("no inference requests in %s", win)
+	case w.NamedPrefiller == 0:
+		return VerdictNotRequested, fmt.Sprintf("configured for P/D (%s) but not splitting: %d requests in %s, none named a prefiller (x-prefiller-host-port); is the EPP's P/D decision enabled?", s.Connector, total, win)
+	case w.Disaggregated == 0:
+		return VerdictNeverSplit, fmt.Sprintf("configured for P/D (%s) but no split happened in %s: %d requests named a prefiller and all fell back to local prefill (%s)%s", s.Connector, win, w.NamedPrefiller, reasonsText(w.FallbacksByReason), t.lastText(s))
+	case w.Fallback > 0:
+		return VerdictDegraded, fmt.Sprintf("degraded: %d of %d requests that named a prefiller were split, %d fell back (%s); KV moved for %d", w.Disaggregated, w.NamedPrefiller, w.Fallback, reasonsText(w.FallbacksByReason), w.KVTransferred)
+	}
+	return VerdictOperating, fmt.Sprintf("operating: %d of %d requests in %s were split (%d local), KV moved for %d", w.Disaggregated, total, win, w.Local, w.KVTransferred)
+}
+
+func (t *Tracker) lastText(s Snapshot) string {
+	if s.LastSplit == nil {
+		return "; no split since start"
+	}
+	return fmt.Sprintf("; last split %s ago", s.Now.Sub(*s.LastSplit).Round(time.Second))
+}
+
+// reasonsText lists reasons by count, largest first.
+func reasonsText(m map[string]int) string {
+	keys := slices.Collect(maps.Keys(m))
+	slices.SortFunc(keys, func(a, b string) int {
+		if m[a] != m[b] {
+			return m[b] - m[a]
+		}
+		if a < b {
+			return -1
+		}
+		return 1
+	})
+	out := ""
+	for i, k := range keys {
+		if i > 0 {
+			out += ", "
+		}
+		out += fmt.Sprintf("%s: %d", k, m[k])
+	}
+	if out == "" {
+		return "no reason recorded"
+	}
+	return out
+}
+
+// ServeDebug answers GET /debug/pd with the Snapshot as JSON.
+func (t *Tracker) ServeDebug(rc *fasthttp.RequestCtx) {
+	if !rc.IsGet() && !rc.IsHead() {
+		rc.SetStatusCode(fasthttp.StatusMethodNotAllowed)
+		return
+	}
+	b, err := json.MarshalIndent(t.Snapshot(), "", "  ")
+	if err != nil {
+		rc.SetStatusCode(fasthttp.StatusInternalServerError)
+		return
+	}
+	rc.SetContentType("application/json")
+	rc.SetBody(append(b, '\n'))
+}
+
+func timePtr(t time.Time) *time.Time {
+	if t.IsZero() {
+		return nil
+	}
+	return &t
+}
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }

@@ -1,0 +1,211 @@
+// Package status answers "is P/D disaggregation really operating?": it
+// keeps recent-window counts of how inference requests ended (a ring of
+// 10-second buckets fed by the proxy at each request's end), the last
+// successful split and KV transfer, and per-prefiller health, and serves
+// them as JSON on GET /debug/pd and as text for `pd-sidecar status`.
+package status
+
+import (
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/pd-sidecar/pd-sidecar/metrics"
+	"github.com/pd-sidecar/pd-sidecar/proxy"
+)
+
+// BucketWidth is the time one bucket of the ring covers.
+const BucketWidth = 10 * time.Second
+
+// CircuitStates reports a prefiller's circuit-breaker state ("closed",
+// "open", "half-open"), keyed by the prefiller's metric label. It is
+// implemented by the proxy's breaker where one is configured.
+type CircuitStates interface {
+	CircuitState(prefiller string) string
+}
+
+// CircuitNA is shown for the circuit state when no breaker is wired.
+const CircuitNA = "n/a"
+
+// Options configure a Tracker. Start from the zero value.
+type Options struct {
+	// Connector is the --kv-connector name.
+	Connector string
+	// Transport names the KV handoff ("engine-pull", or the kvtransfer
+	// transport of the sidecar connector).
+	Transport string
+	// Window is how far back the counts reach (default 5m, rounded up to
+	// whole buckets).
+	Window time.Duration
+	// MaxPrefillers bounds the per-prefiller table (default 64; the least
+	// recently seen entry is dropped past it).
+	MaxPrefillers int
+	// Circuits reports circuit states (nil: "n/a").
+	Circuits CircuitStates
+	// Now is the clock (nil: time.Now).
+	Now func() time.Time
+}
+
+// bucket counts the requests that ended within one BucketWidth.
+type bucket struct {
+	start     time.Time // zero: unused
+	modes     map[string]int
+	reasons   map[string]int
+	named     int // requests that named a prefiller
+	failed    int // answered >= 500 (or 499)
+	kvMoved   int
+	prefilled int
+}
+
+// prefillerStat is the recent picture of one prefiller.
+type prefillerStat struct {
+	lastSeen    time.Time
+	lastSuccess time.Time
+	lastFailure time.Time
+	lastReason  string
+	prefill     ring // recent prefill durations
+	kv          ring // recent KV handoff durations
+	splits      int
+	fallbacks   int
+}
+
+// ring keeps the last len(v) durations.
+type ring struct {
+	v [32]time.Duration
+	n int // total pushed
+}
+
+func (r *ring) push(d time.Duration) {
+	r.v[r.n%len(r.v)] = d
+	r.n++
+}
+
+func (r *ring) values() []time.Duration {
+	n := min(r.n, len(r.v))
+	out := slices.Clone(r.v[:n])
+	slices.Sort(out)
+	return out
+}
+
+// Tracker accumulates request reports. It implements proxy.Observer and is
+// safe for concurrent use.
+type Tracker struct {
+	opts    Options
+	started time.Time
+
+	mu          sync.Mutex
+	ring        []bucket
+	lastSplit   time.Time
+	lastKV      time.Time
+	lastNamed   time.Time
+	total       map[string]int // by mode, since start
+	prefillers  map[string]*prefillerStat
+	everNamed   int
+	everSplit   int
+	everKVMoved int
+}
+
+// New returns a Tracker.
+func New(o Options) *Tracker {
+	if o.Window <= 0 {
+		o.Window = 5 * time.Minute
+	}
+	if o.MaxPrefillers <= 0 {
+		o.MaxPrefillers = 64
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	n := int((o.Window + BucketWidth - 1) / BucketWidth)
+	o.Window = time.Duration(n) * BucketWidth
+	return &Tracker{
+		opts:       o,
+		started:    o.Now(),
+		ring:       make([]bucket, n),
+		total:      map[string]int{},
+		prefillers: map[string]*prefillerStat{},
+	}
+}
+
+// bucketFor returns the bucket for t, recycling a stale slot.
+func (t *Tracker) bucketFor(now time.Time) *bucket {
+	start := now.Truncate(BucketWidth)
+	i := int(start.UnixNano()/int64(BucketWidth)) % len(t.ring)
+	if i < 0 {
+		i += len(t.ring)
+	}
+	b := &t.ring[i]
+	if !b.start.Equal(start) {
+		*b = bucket{start: start, modes: map[string]int{}, reasons: map[string]int{}}
+	}
+	return b
+}
+
+// ObserveRequest implements proxy.Observer.
+func (t *Tracker) ObserveRequest(r proxy.RequestReport) {
+	now := t.opts.Now()
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	b := t.bucketFor(now)
+	b.modes[r.Mode]++
+	t.total[r.Mode]++
+	if r.Reason != "" {
+		b.reasons[r.Reason]++
+	}
+	if r.Status >= 500 || r.Status == 499 {
+		b.failed++
+	}
+	if r.Prefiller == "" {
+		return
+	}
+	b.named++
+	t.everNamed++
+	t.lastNamed = now
+	ps := t.prefiller(r.Prefiller, now)
+	if r.PrefillDuration > 0 {
+		b.prefilled++
+		ps.prefill.push(r.PrefillDuration)
+	}
+	if r.KVHandoffDuration > 0 {
+		ps.kv.push(r.KVHandoffDuration)
+	}
+	switch {
+	case r.Mode == metrics.ModeDisaggregated && r.Status < 400:
+		t.lastSplit = now
+		t.everSplit++
+		ps.splits++
+		ps.lastSuccess = now
+		if r.KVTransferred {
+			b.kvMoved++
+			t.everKVMoved++
+			t.lastKV = now
+		}
+	case r.Mode == metrics.ModeFallback:
+		ps.fallbacks++
+		ps.lastFailure = now
+		ps.lastReason = r.Reason
+	}
+}
+
+// prefiller returns the stat of label, admitting it (and evicting the least
+// recently seen one past the bound).
+func (t *Tracker) prefiller(label string, now time.Time) *prefillerStat {
+	ps, ok := t.prefillers[label]
+	if !ok {
+		if len(t.prefillers) >= t.opts.MaxPrefillers {
+			var oldest string
+			for k, v := range t.prefillers {
+				if oldest == "" || v.lastSeen.Before(t.prefillers[oldest].lastSeen) {
+					oldest = k
+				}
+			}
+			delete(t.prefillers, oldest)
+		}
+		ps = &prefillerStat{}
+		t.prefillers[label] = ps
+	}
+	ps.lastSeen = now
+	return ps
+}
+
+var _ proxy.Observer = (*Tracker)(nil)
