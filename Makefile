@@ -43,3 +43,15 @@ clean:
 deploy-check:
 	$(GO) test -count=1 ./deploy/...
 	@if command -v hadolint >/dev/null 2>&1; then hadolint Dockerfile Dockerfile.cuda; else echo "hadolint not installed: Dockerfiles checked by deploy/rendertest only"; fi
+
+## bench: the performance budget, side by side in one run: engine direct, the sidecar's local and
+## disaggregated paths, the P/D floor, nginx (installed from Debian's packages when missing) and
+## PEER_SIDECAR=/path/to/binary when given; then the hot-path micro-benchmarks.
+## Writes out/bench.png and out/bench.json.
+.PHONY: bench
+bench: build
+	@command -v nginx >/dev/null 2>&1 || { echo "installing nginx from Debian's packages"; \
+		(apt-get update -qq && apt-get install -y -qq nginx) >/dev/null || echo "nginx could not be installed: skipped"; }
+	@mkdir -p out
+	$(BIN)/pd-bench suite --bin $(BIN) --dir out/bench --plot out/bench.png --json out/bench.json $(BENCH_FLAGS)
+	$(GO) test -run '^$$' -bench . -benchmem ./connectors/nixlv2 ./proxy
