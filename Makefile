@@ -14,8 +14,18 @@ build:
 	$(GO) build -o $(BIN)/ ./cmd/...
 
 ## test: everything CI runs: gofmt, go vet, staticcheck, and go test -race (unit and e2e over real processes)
-test: lint deploy-check
+test: lint deploy-check test-ucx
 	$(GO) test -race -count=1 -timeout 20m ./...
+
+## test-ucx: the ucx kvtransfer transport for real (cgo over libucx-dev, -tags ucx): vet and
+## staticcheck with the tag, the transport conformance suite and the sidecar-pull e2e over ucx.
+## Needs libucx-dev (.ci/run installs it); UCX picks tcp and shared-memory transports on loopback.
+.PHONY: test-ucx
+test-ucx: $(STATICCHECK)
+	@pkg-config --exists ucx || { echo "test-ucx: libucx-dev is not installed (apt-get install -y libucx-dev)"; exit 1; }
+	$(GO) vet -tags ucx ./kvtransfer/... ./e2e/
+	$(STATICCHECK) -tags ucx ./kvtransfer/...
+	$(GO) test -race -count=1 -timeout 10m -tags ucx -run 'UCX' ./kvtransfer/... ./e2e/
 
 ## lint: gofmt, go vet and staticcheck
 lint: vet $(STATICCHECK)

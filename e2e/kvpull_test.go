@@ -33,15 +33,17 @@ type kvEngines struct {
 	prefillAgentPort int
 }
 
-func startKVEngines(t *testing.T, tr string, prefillExtra ...string) *kvEngines {
+// startKVEngines starts both engines; extra flags go to both (the KV
+// geometry must match).
+func startKVEngines(t *testing.T, tr string, extra ...string) *kvEngines {
 	t.Helper()
 	e := &kvEngines{tr: tr, prefillAgentPort: harness.FreePort(t)}
 	flags := func(port int) []string {
 		return []string{"--kv-agent-transport", tr, "--kv-agent-port", itoa(port), "--kv-region-dir", t.TempDir(),
 			"--num-kv-blocks", "2048", "--kv-bandwidth", "0"}
 	}
-	e.prefill = harness.StartEngineSim(t, "prefill", append(flags(e.prefillAgentPort), prefillExtra...)...)
-	e.decode = harness.StartEngineSim(t, "decode", flags(harness.FreePort(t))...)
+	e.prefill = harness.StartEngineSim(t, "prefill", append(flags(e.prefillAgentPort), extra...)...)
+	e.decode = harness.StartEngineSim(t, "decode", append(flags(harness.FreePort(t)), extra...)...)
 	return e
 }
 
@@ -118,7 +120,11 @@ func testKVPull(t *testing.T, tr string) {
 		assert.Zero(t, sc.Metric(t, "pd_sidecar_fallbacks_total", nil))
 		e.assertNothingHeld(t)
 
-		// kv-probe measures the same agent from the command line.
+		// kv-probe measures the same agent from the command line (tcp: the
+		// ucx transport has no data-path probe yet).
+		if tr != "tcp" {
+			return
+		}
 		out, err := exec.Command(harness.Binary(t, "pd-sidecar"), "kv-probe", "--peer", harness.HostPort(e.prefillAgentPort),
 			"--transport", tr, "--size", "4MiB", "--count", "3").CombinedOutput()
 		require.NoError(t, err, "%s", out)

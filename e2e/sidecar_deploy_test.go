@@ -71,7 +71,7 @@ func TestDebugPDAndStatusCommand(t *testing.T) {
 	require.NotNil(t, pf, "%+v", s.Prefillers)
 	assert.Equal(t, 3, pf.Splits)
 	assert.Positive(t, pf.PrefillP50Ms)
-	assert.Equal(t, status.CircuitNA, pf.Circuit)
+	assert.Equal(t, "closed", pf.Circuit, "the breaker (on by default) reports its state")
 	// The tracker's count matches the decode engine's proof counter, which
 	// moves only when a decode really ran on remote KV.
 	assert.Equal(t, float64(s.Window.KVTransferred), rig.decode.Metric(t, "sim_remote_kv_decodes_total", nil)-before)

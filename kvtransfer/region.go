@@ -33,12 +33,18 @@ type Region struct {
 }
 
 // NewMemRegion returns a process-memory region of numBlocks blocks (tests,
-// the in-memory transport, benchmarks).
+// the in-memory transport, benchmarks). Close unmaps it.
 func NewMemRegion(name string, numBlocks, blockBytes int) (*Region, error) {
 	if numBlocks <= 0 || blockBytes <= 0 {
 		return nil, fmt.Errorf("region %s: %d blocks of %d bytes: %w", name, numBlocks, blockBytes, ErrKVSize)
 	}
-	return &Region{name: name, kind: KindHost, mem: make([]byte, numBlocks*blockBytes), blockBytes: blockBytes}, nil
+	// Anonymous mapping, not the Go heap: transports may register it
+	// (ucp_mem_map) and keep using it from C.
+	mem, err := syscall.Mmap(-1, 0, numBlocks*blockBytes, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_ANON|syscall.MAP_PRIVATE)
+	if err != nil {
+		return nil, fmt.Errorf("region %s: mmap: %w", name, err)
+	}
+	return &Region{name: name, kind: KindHost, mem: mem, blockBytes: blockBytes, mapped: true}, nil
 }
 
 // CreateHostRegion creates (or truncates) the shared-memory file at path,

@@ -1,7 +1,6 @@
 package proxy
 
 import (
-	"bufio"
 	"bytes"
 	"errors"
 	"io"
@@ -127,14 +126,11 @@ func (r *request) tryDecodeSSE(df connectors.DecodeFirst, leg *Leg, resp *fastht
 	r.obs.status = resp.StatusCode()
 	r.log.Info().Str("mode", r.mode).Msg("streaming the decode engine's first answer")
 	r.detached = true
-	r.rc.SetBodyStreamWriter(func(w *bufio.Writer) {
-		defer func() {
-			leg.Close()
-			fasthttp.ReleaseResponse(resp)
-			g.Dec()
-			r.finish()
-		}()
-		r.pump(w, er, held, false)
-	})
+	r.rc.SetBodyStream(r.newSSEBody(er, held, false, func() {
+		leg.Close()
+		fasthttp.ReleaseResponse(resp)
+		g.Dec()
+		r.finish()
+	}), -1)
 	return false, nil
 }

@@ -238,3 +238,13 @@ func (r *request) report() {
 func semStatus(st int) attribute.KeyValue {
 	return attribute.Int("http.response.status_code", st)
 }
+
+// CircuitState reports the circuit-breaker state of prefiller (host:port):
+// "closed", "open" or "half-open"; "" when no breaker is configured. It
+// lets /debug/pd show per-prefiller circuits (status.CircuitStates).
+func (p *Proxy) CircuitState(prefiller string) string {
+	if p.guard == nil || p.guard.cfg.Breaker.Failures == 0 {
+		return ""
+	}
+	return p.guard.breakers.State(prefiller).String()
+}

@@ -144,7 +144,7 @@ func post(t *testing.T, url, prefiller string) int {
 func attr(s sdktrace.ReadOnlySpan, k attribute.Key) string {
 	for _, a := range s.Attributes() {
 		if a.Key == k {
-			return a.Value.Emit()
+			return a.Value.String()
 		}
 	}
 	return ""

@@ -1,7 +1,6 @@
 package proxy
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"fmt"
@@ -70,23 +69,29 @@ func (p *Proxy) passthrough(rc *fasthttp.RequestCtx, local string) {
 		rc.SetBody(body)
 		return
 	}
-	rc.SetBodyStreamWriter(func(w *bufio.Writer) {
-		defer func() {
-			leg.Close()
-			done()
-		}()
-		buf := make([]byte, 32<<10)
-		for {
-			n, err := leg.Read(buf)
-			if n > 0 {
-				if _, werr := w.Write(buf[:n]); werr != nil || w.Flush() != nil {
-					cancel(ErrClientGone)
-					return
-				}
-			}
-			if err != nil {
-				return
-			}
-		}
-	})
+	// fasthttp's server goroutine copies the leg to the client, one flushed
+	// chunk per read, and closes it when done or when the client is gone.
+	rc.SetBodyStream(&passthroughBody{leg: leg, done: func() {
+		leg.Close()
+		done()
+	}}, -1)
+}
+
+// passthroughBody streams an upstream body to the client as it arrives.
+type passthroughBody struct {
+	leg  *Leg
+	done func()
+}
+
+// Read implements io.Reader.
+func (b *passthroughBody) Read(p []byte) (int, error) { return b.leg.Read(p) }
+
+// Close implements io.Closer; fasthttp calls it once the body is written or
+// the client write failed.
+func (b *passthroughBody) Close() error {
+	if b.done != nil {
+		b.done()
+		b.done = nil
+	}
+	return nil
 }

@@ -1,9 +1,7 @@
 package proxy
 
 import (
-	"bufio"
 	"bytes"
-	"errors"
 	"fmt"
 	"io"
 	"time"
@@ -141,70 +139,13 @@ func (r *request) relaySSE(leg *Leg, resp *fasthttp.Response, g prometheus.Gauge
 	r.p.m.Requests.WithLabelValues(r.mode, statusLabel(resp.StatusCode())).Inc()
 	r.obs.status = resp.StatusCode()
 	r.detached = true
-	r.rc.SetBodyStreamWriter(func(w *bufio.Writer) {
-		defer func() {
-			leg.Close()
-			fasthttp.ReleaseResponse(resp)
-			g.Dec()
-			r.finish()
-		}()
-		r.pump(w, er, held, remote)
-	})
+	r.rc.SetBodyStream(r.newSSEBody(er, held, remote, func() {
+		leg.Close()
+		fasthttp.ReleaseResponse(resp)
+		g.Dec()
+		r.finish()
+	}), -1)
 	return nil
-}
-
-// pump writes the held events, then every further event, flushing each.
-func (r *request) pump(w *bufio.Writer, er *eventReader, held []byte, remote bool) {
-	var fn func([]byte) []byte
-	if remote && r.p.rewriter != nil {
-		h := *r.handoff
-		fn = func(d []byte) []byte { return r.p.rewriter.RewriteAnswer(r.api, d, h) }
-	}
-	var out []byte
-	first, done := true, false
-	write := func(ev []byte) bool {
-		out = rewriteEvent(out[:0], ev, fn)
-		_, err := w.Write(out)
-		if err == nil && !er.pending() {
-			err = w.Flush()
-		}
-		if err != nil {
-			r.cancel(ErrClientGone)
-			return false
-		}
-		if first {
-			first = false
-			r.p.m.TTFT.WithLabelValues(r.mode).Observe(time.Since(r.start).Seconds())
-		}
-		return true
-	}
-	if len(held) > 0 && !write(held) {
-		r.left()
-		return
-	}
-	for {
-		ev, err := er.next()
-		if err != nil {
-			switch {
-			case r.gone():
-				r.left()
-			case errors.Is(err, io.EOF) && (done || !needsDone(r.api)):
-				r.log.Info().Str("mode", r.mode).Msg("stream complete")
-			default:
-				r.log.Error().Err(err).Msg("upstream stream broke off; ending the client stream with an error event")
-				_, _ = w.Write(sseError(fasthttp.StatusBadGateway, fmt.Errorf("%w: stream broke off", ErrDecodeFailed)))
-				_ = w.Flush()
-			}
-			return
-		}
-		if d := firstData(ev); d != nil && connectors.IsDone(d) {
-			done = true
-		}
-		if !write(ev) {
-			r.left()
-			return
-		}
-	}
 }
 
 // needsDone reports whether api's streams end with data: [DONE].

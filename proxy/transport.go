@@ -39,7 +39,7 @@ type Transport struct {
 	maxHosts       int
 
 	mu    sync.Mutex
-	hosts map[string]*fasthttp.HostClient
+	hosts map[string]*hostEntry
 
 	tlsFor func(addr string) *tls.Config // nil: plain TCP (see UseTLS)
 }
@@ -52,24 +52,54 @@ func NewTransport(connectTimeout time.Duration, maxConns, maxHosts int) *Transpo
 		connectTimeout: connectTimeout,
 		maxConns:       maxConns,
 		maxHosts:       maxHosts,
-		hosts:          make(map[string]*fasthttp.HostClient),
+		hosts:          make(map[string]*hostEntry),
 	}
 }
 
-func (t *Transport) host(addr string) *fasthttp.HostClient {
+// hostEntry is one upstream's connection pool.
+type hostEntry struct {
+	hc   *fasthttp.HostClient
+	last time.Time // last use, under Transport.mu
+}
+
+// hostIdleEvict is how long a pooled upstream must have been unused before
+// a new one may take its slot.
+const hostIdleEvict = 30 * time.Second
+
+// host returns addr's connection pool, and whether it is kept (pooled).
+// Pools are kept for up to maxHosts upstreams; when the table is full a
+// pool unused for hostIdleEvict gives up its slot, and otherwise addr gets
+// a one-shot client whose connection is closed after the exchange. So
+// forged prefiller addresses can neither grow the table nor churn pools
+// (each fasthttp pool runs an idle-connection cleaner goroutine).
+func (t *Transport) host(addr string) (*fasthttp.HostClient, bool) {
+	now := time.Now()
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if hc, ok := t.hosts[addr]; ok {
-		return hc
+	if e, ok := t.hosts[addr]; ok {
+		e.last = now
+		return e.hc, true
 	}
 	if len(t.hosts) >= t.maxHosts {
-		for k, hc := range t.hosts {
-			hc.CloseIdleConnections()
-			delete(t.hosts, k)
-			break
+		var oldest string
+		for k, e := range t.hosts {
+			if now.Sub(e.last) >= hostIdleEvict && (oldest == "" || e.last.Before(t.hosts[oldest].last)) {
+				oldest = k
+			}
 		}
+		if oldest == "" {
+			return t.newHostClient(addr), false
+		}
+		t.hosts[oldest].hc.CloseIdleConnections()
+		delete(t.hosts, oldest)
 	}
-	hc := &fasthttp.HostClient{
+	hc := t.newHostClient(addr)
+	t.hosts[addr] = &hostEntry{hc: hc, last: now}
+	return hc, true
+}
+
+func (t *Transport) newHostClient(addr string) *fasthttp.HostClient {
+	return &fasthttp.HostClient{
 		Addr:                     addr,
 		MaxConns:                 t.maxConns,
 		MaxIdleConnDuration:      4 * time.Second,
@@ -77,16 +107,22 @@ func (t *Transport) host(addr string) *fasthttp.HostClient {
 		DisablePathNormalizing:   true,
 		Dial:                     t.dial, // tls.go
 	}
-	t.hosts[addr] = hc
-	return hc
+}
+
+// Hosts is the number of upstreams with a kept connection pool (at most
+// maxHosts).
+func (t *Transport) Hosts() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return len(t.hosts)
 }
 
 // Close closes every idle pooled connection.
 func (t *Transport) Close() {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	for _, hc := range t.hosts {
-		hc.CloseIdleConnections()
+	for _, e := range t.hosts {
+		e.hc.CloseIdleConnections()
 	}
 }
 
@@ -105,9 +141,9 @@ func (t *Transport) Stream(ctx context.Context, addr string, req *fasthttp.Reque
 }
 
 func (t *Transport) roundTrip(ctx context.Context, addr string, req *fasthttp.Request, resp *fasthttp.Response, stream bool) (*Leg, error) {
-	hc := t.host(addr)
+	hc, pooled := t.host(addr)
 	for attempt := 0; ; attempt++ {
-		leg, reused, err := t.try(ctx, hc, req, resp, stream)
+		leg, reused, err := t.try(ctx, hc, pooled, req, resp, stream)
 		// A pooled connection the engine closed while idle fails before any
 		// answer byte; that is no verdict on the engine, so try a fresh one.
 		if err != nil && reused && attempt == 0 && ctx.Err() == nil && stale(err) {
@@ -145,12 +181,12 @@ func stale(err error) bool {
 		errors.Is(err, fasthttp.ErrConnectionClosed)
 }
 
-func (t *Transport) try(ctx context.Context, hc *fasthttp.HostClient, req *fasthttp.Request, resp *fasthttp.Response, stream bool) (*Leg, bool, error) {
+func (t *Transport) try(ctx context.Context, hc *fasthttp.HostClient, pooled bool, req *fasthttp.Request, resp *fasthttp.Response, stream bool) (*Leg, bool, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, false, &opError{"dial", context.Cause(ctx)}
 	}
 	start := time.Now()
-	cc, err := hc.AcquireConn(0, false)
+	cc, err := hc.AcquireConn(0, !pooled)
 	if err != nil {
 		return nil, false, &opError{"dial", err}
 	}
@@ -160,7 +196,7 @@ func (t *Transport) try(ctx context.Context, hc *fasthttp.HostClient, req *fasth
 	// release returns the connection to the pool only when the exchange
 	// ended cleanly and the cancel hook never ran.
 	release := func(clean bool) {
-		if stop() && clean && !resp.ConnectionClose() && conn.SetDeadline(time.Time{}) == nil {
+		if stop() && clean && pooled && !resp.ConnectionClose() && conn.SetDeadline(time.Time{}) == nil {
 			hc.ReleaseConn(cc)
 			return
 		}

@@ -20,6 +20,7 @@ func installExtras(p *proxy.Proxy, opts options, connector string) (func(), erro
 		Connector:     connector,
 		Transport:     handoff,
 		MaxPrefillers: opts.cfg.MaxPrefillers,
+		Circuits:      p,
 	})
 	ext := proxy.Extras{Observer: tr, Debug: tr.ServeDebug}
 	shutdown := func() {}

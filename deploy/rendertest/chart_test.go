@@ -273,12 +273,26 @@ func TestChartRenders(t *testing.T) {
 		},
 		{
 			name: "secure proxy probes over HTTPS",
-			values: map[string]any{"sidecar": map[string]any{"flags": map[string]any{
-				"secure-proxy": true, "kv-connector": "sglang", "on-kv-load-failure": "error",
-			}}},
+			values: map[string]any{
+				"sidecar": map[string]any{
+					"flags": map[string]any{
+						"secure-proxy": true, "cert-path": "/etc/pd-sidecar/tls", "kv-connector": "sglang",
+						"on-kv-load-failure": "error", "enable-tls": []any{"prefiller", "decoder"},
+					},
+					"volumeMounts": []any{map[string]any{"name": "tls", "mountPath": "/etc/pd-sidecar/tls", "readOnly": true}},
+				},
+				"volumes": []any{map[string]any{"name": "tls", "secret": map[string]any{"secretName": "pd-sidecar-tls"}}},
+			},
 			check: func(t *testing.T, o rendertest.Objects) {
-				c := sidecarOf(t, podOf(t, o))
+				ps := podOf(t, o)
+				c := sidecarOf(t, ps)
 				assertHardened(t, c, corev1.URISchemeHTTPS)
+				assert.Contains(t, c.Args, "--enable-tls=prefiller,decoder")
+				assert.Contains(t, c.Args, "--cert-path=/etc/pd-sidecar/tls")
+				require.Len(t, c.VolumeMounts, 1)
+				require.Len(t, ps.Volumes, 1)
+				assert.Equal(t, ps.Volumes[0].Name, c.VolumeMounts[0].Name)
+				assert.Equal(t, "pd-sidecar-tls", ps.Volumes[0].Secret.SecretName)
 				assert.Contains(t, c.Args, "--kv-connector=sglang")
 				assert.Contains(t, c.Args, "--on-kv-load-failure=error")
 			},

@@ -1,6 +1,7 @@
 package harness
 
 import (
+	"math/rand/v2"
 	"net"
 	"strconv"
 	"testing"
@@ -45,15 +46,13 @@ func StartSidecar(t testing.TB, modelServerPort int, extra ...string) *Sidecar {
 }
 
 // FreePorts returns the first of n consecutive TCP ports on 127.0.0.1 that
-// were all free a moment ago.
+// were all free a moment ago. The run is drawn below Linux's ephemeral range
+// (32768 and up), where FreePort's ports come from, so the two never clash.
 func FreePorts(t testing.TB, n int) int {
 	t.Helper()
-	for try := 0; try < 100; try++ {
-		base := FreePort(t)
-		if base+n > 65535 {
-			continue
-		}
-		if reserveRun(base+1, n-1) {
+	for try := 0; try < 200; try++ {
+		base := 20000 + rand.IntN(12000-n)
+		if reserveRun(base, n) {
 			return base
 		}
 	}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 
 	"github.com/pd-sidecar/pd-sidecar/kvtransfer"
+	"github.com/pd-sidecar/pd-sidecar/kvtransfer/ucx"
 )
 
 // Names lists the transports, in the order help texts show them.
@@ -18,6 +19,8 @@ func New(name string) (kvtransfer.Transport, error) {
 	switch name {
 	case "tcp":
 		return kvtransfer.NewTCPTransport(kvtransfer.TCPConfig{}), nil
+	case "ucx":
+		return ucx.New()
 	}
 	return nil, fmt.Errorf("--kv-transport %q is not one of tcp, ucx, nixl: %w", name, kvtransfer.ErrUnsupported)
 }

@@ -140,6 +140,10 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
     {{- toYaml .Values.sidecar.resources | nindent 4 }}
   securityContext:
     {{- toYaml .Values.sidecar.securityContext | nindent 4 }}
+  {{- with .Values.sidecar.volumeMounts }}
+  volumeMounts:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
 {{- end -}}
 
 {{/* The decode engine: vLLM serving on the sidecar's model-server-port with

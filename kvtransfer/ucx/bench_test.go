@@ -1,0 +1,46 @@
+//go:build ucx
+
+package ucx_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/pd-sidecar/pd-sidecar/kvtransfer"
+	"github.com/pd-sidecar/pd-sidecar/kvtransfer/kvtest"
+	"github.com/pd-sidecar/pd-sidecar/kvtransfer/ucx"
+)
+
+// go test -tags ucx -run '^$' -bench . -benchtime 20x ./kvtransfer/ucx/
+// (UCX_TLS selects the UCX transports; unset: UCX's choice.)
+
+func benchPull(b *testing.B, blocks int) {
+	tr, err := ucx.New()
+	require.NoError(b, err)
+	e := kvtest.NewEnv(b, tr, kvtest.Options{Addr: "127.0.0.1:0", BlockBytes: 256 << 10, NumBlocks: blocks,
+		Puller: kvtransfer.PullerConfig{Streams: 4, SkipChecksums: true}})
+	ids := make([]int, blocks)
+	for i := range ids {
+		ids[i] = i
+	}
+	dst := e.Dst(b, 0, blocks)
+	b.SetBytes(int64(blocks) << 18)
+	b.ResetTimer()
+	for range b.N {
+		b.StopTimer() // Hold computes the source checksums
+		src := e.Hold(b, ids, false)
+		b.StartTimer()
+		src.Checksums = nil
+		if _, err := e.Puller.Pull(context.Background(), src, dst); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkPullUCX64MiB pulls 64 MiB in 256 KiB blocks.
+func BenchmarkPullUCX64MiB(b *testing.B) { benchPull(b, 256) }
+
+// BenchmarkPullUCXSmall is the latency of a one-block pull.
+func BenchmarkPullUCXSmall(b *testing.B) { benchPull(b, 1) }

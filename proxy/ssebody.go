@@ -1,0 +1,133 @@
+package proxy
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/pd-sidecar/pd-sidecar/connectors"
+)
+
+// doneEvent is the [DONE] terminator as it appears in a held preamble.
+var doneEvent = []byte("data: [DONE]")
+
+// maxChunk bounds the events coalesced into one client write.
+const maxChunk = 32 << 10
+
+// sseBody is the client-facing body of a streamed answer. fasthttp's server
+// goroutine reads it and writes (and flushes) every Read as one chunk, so
+// no extra goroutine, pipe or buffer is kept per open stream. Each Read
+// returns the held preamble first, then the next upstream event, plus any
+// further events already buffered: events that arrived together leave in
+// one write, and no event ever waits for a later one. Close, which fasthttp
+// calls when the body is done or the client write failed, ends the
+// upstream leg and the request.
+type sseBody struct {
+	r       *request
+	er      *eventReader
+	fn      func([]byte) []byte // per-payload rewrite (nil: none)
+	held    []byte
+	out     []byte
+	off     int
+	first   bool
+	done    bool // [DONE] seen
+	ended   bool // the stream is complete (or ended with an error event)
+	release func()
+}
+
+// newSSEBody streams er's events after held; release frees the leg and
+// finishes the request, once.
+func (r *request) newSSEBody(er *eventReader, held []byte, remote bool, release func()) *sseBody {
+	b := &sseBody{r: r, er: er, held: held, first: true, release: release,
+		done: bytes.Contains(held, doneEvent)}
+	if remote && r.p.rewriter != nil {
+		h := *r.handoff
+		b.fn = func(d []byte) []byte { return r.p.rewriter.RewriteAnswer(r.api, d, h) }
+	}
+	return b
+}
+
+// Read implements io.Reader for fasthttp's chunked body writer.
+func (b *sseBody) Read(p []byte) (int, error) {
+	if b.off >= len(b.out) {
+		if b.ended {
+			return 0, io.EOF
+		}
+		if err := b.fill(); err != nil {
+			return 0, err
+		}
+		if b.off >= len(b.out) {
+			return 0, io.EOF
+		}
+	}
+	n := copy(p, b.out[b.off:])
+	b.off += n
+	if b.first {
+		b.first = false
+		b.r.p.m.TTFT.WithLabelValues(b.r.mode).Observe(time.Since(b.r.start).Seconds())
+	}
+	return n, nil
+}
+
+// fill prepares the next chunk: the held events, or the next event and
+// whatever complete events are already buffered behind it. It returns an
+// error only when the client left (the answer cannot be ended cleanly).
+func (b *sseBody) fill() error {
+	b.out, b.off = b.out[:0], 0
+	if b.held != nil {
+		b.out = rewriteEvent(b.out, b.held, b.fn)
+		b.held = nil
+		return nil
+	}
+	for {
+		ev, err := b.er.next()
+		if err != nil {
+			return b.end(err)
+		}
+		if d := firstData(ev); d != nil && connectors.IsDone(d) {
+			b.done = true
+		}
+		b.out = rewriteEvent(b.out, ev, b.fn)
+		if !b.er.pending() || len(b.out) >= maxChunk {
+			return nil
+		}
+	}
+}
+
+// end handles the upstream's end: a complete stream, a client that left, or
+// a stream that broke off (ended for the client with an error event).
+func (b *sseBody) end(err error) error {
+	r := b.r
+	b.ended = true
+	switch {
+	case r.gone():
+		r.left()
+		return ErrClientGone
+	case errors.Is(err, io.EOF) && (b.done || !needsDone(r.api)):
+		r.log.Info().Str("mode", r.mode).Msg("stream complete")
+	default:
+		r.log.Error().Err(err).Msg("upstream stream broke off; ending the client stream with an error event")
+		b.out = append(b.out, sseError(fasthttp.StatusBadGateway, fmt.Errorf("%w: stream broke off", ErrDecodeFailed))...)
+	}
+	return nil
+}
+
+// Close implements io.Closer: fasthttp calls it when the body is written or
+// the client write failed.
+func (b *sseBody) Close() error {
+	if !b.ended || b.off < len(b.out) {
+		b.r.cancel(ErrClientGone)
+		b.r.left()
+	}
+	if b.release != nil {
+		b.release()
+		b.release = nil
+	}
+	return nil
+}
+
+var _ io.ReadCloser = (*sseBody)(nil)
