@@ -176,9 +176,9 @@ func (p *Puller) transfer(ctx context.Context, conn Conn, src Source, g Grant, d
 // first: the caller's ended (aborted), or the pull's deadline passed.
 func (p *Puller) classify(parent, dctx context.Context, err error) error {
 	switch {
-	case parent.Err() != nil:
+	case ended(parent):
 		return fmt.Errorf("%w: %v", ErrKVAborted, err)
-	case dctx.Err() != nil:
+	case ended(dctx):
 		return fmt.Errorf("%w (%v): %v", ErrKVDeadline, p.cfg.Deadline, err)
 	}
 	for _, s := range [...]error{ErrKVSourceGone, ErrKVNotHeld, ErrKVChecksum, ErrKVSize, ErrKVProtocol, ErrUnsupported} {
@@ -187,6 +187,16 @@ func (p *Puller) classify(parent, dctx context.Context, err error) error {
 		}
 	}
 	return fmt.Errorf("%w: %w", ErrKVProtocol, err)
+}
+
+// ended reports whether ctx is done or its deadline has passed (a socket
+// deadline set from ctx can fire a moment before ctx's own timer).
+func ended(ctx context.Context) bool {
+	if ctx.Err() != nil {
+		return true
+	}
+	dl, ok := ctx.Deadline()
+	return ok && !time.Now().Before(dl)
 }
 
 // release gives the remote hold up after a failed pull, best effort.

@@ -317,9 +317,13 @@ func (c *tcpConn) exchange(ctx context.Context, retry bool, fn func(nc net.Conn)
 				return ae.err
 			}
 			return nil
-		case ctx.Err() != nil:
+		case ended(ctx):
 			_ = nc.Close()
-			return fmt.Errorf("agent %s: %w", c.addr, ctx.Err())
+			cause := ctx.Err()
+			if cause == nil {
+				cause = context.DeadlineExceeded
+			}
+			return fmt.Errorf("agent %s: %w (%v)", c.addr, cause, err)
 		}
 		_ = nc.Close()
 		if !(retry && reused && attempt == 0) {

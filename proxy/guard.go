@@ -50,7 +50,9 @@ type GuardConfig struct {
 	// Breaker is the per-prefiller circuit breaker.
 	Breaker circuit.Config
 	// MaxHeaderBytes bounds the request line and headers (431 above); it
-	// is also each connection's read buffer.
+	// is also each connection's read buffer, held for the whole life of an
+	// open stream, hence the 8 KiB default (nginx's and Apache's usual
+	// header limit).
 	MaxHeaderBytes int
 	// ReadTimeout bounds reading a request's head and body.
 	ReadTimeout time.Duration
@@ -67,7 +69,7 @@ type GuardConfig struct {
 func DefaultGuardConfig() GuardConfig {
 	return GuardConfig{
 		Breaker:               circuit.DefaultConfig(),
-		MaxHeaderBytes:        16 << 10,
+		MaxHeaderBytes:        8 << 10,
 		ReadTimeout:           60 * time.Second,
 		IdleTimeout:           90 * time.Second,
 		MaxConcurrentRequests: 10000,

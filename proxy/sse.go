@@ -12,15 +12,22 @@ import (
 type eventReader struct {
 	br  *bufio.Reader
 	buf []byte
+	// ahead, when set, shows bytes received below br that it has not read
+	// yet (the upstream connection's buffer), for pending.
+	ahead func() []byte
 }
 
 // eventReaderSize is the read buffer of one stream. Events are small; a
 // longer one is assembled across refills (next handles ErrBufferFull), so a
 // small buffer only costs memory per open stream, not correctness.
-const eventReaderSize = 4 << 10
+const eventReaderSize = 1 << 10
 
 func newEventReader(r io.Reader) *eventReader {
-	return &eventReader{br: bufio.NewReaderSize(r, eventReaderSize)}
+	e := &eventReader{br: bufio.NewReaderSize(r, eventReaderSize)}
+	if l, ok := r.(*Leg); ok {
+		e.ahead = l.ahead
+	}
+	return e
 }
 
 // pending reports whether a complete event is already buffered, so the
@@ -29,7 +36,17 @@ func newEventReader(r io.Reader) *eventReader {
 // in one write, and an event is never held back waiting for the upstream.
 func (e *eventReader) pending() bool {
 	b, _ := e.br.Peek(e.br.Buffered())
-	return bytes.Contains(b, lfLF) || bytes.Contains(b, crlfCRLF)
+	if bytes.Contains(b, lfLF) || bytes.Contains(b, crlfCRLF) {
+		return true
+	}
+	if e.ahead == nil {
+		return false
+	}
+	// An event's end inside the connection's unread bytes: the next event
+	// has fully arrived (chunk framing does not split "\n\n" apart from its
+	// payload), so reading it will not wait on the upstream.
+	a := e.ahead()
+	return bytes.Contains(a, lfLF) || bytes.Contains(a, crlfCRLF)
 }
 
 var (

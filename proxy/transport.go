@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"bufio"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -229,7 +230,7 @@ func (t *Transport) try(ctx context.Context, hc *fasthttp.HostClient, pooled boo
 		release(true)
 		return nil, reused, nil
 	}
-	return &Leg{ctx: ctx, resp: resp, release: func(clean bool) {
+	return &Leg{ctx: ctx, resp: resp, br: br, release: func(clean bool) {
 		hc.ReleaseReader(br)
 		release(clean)
 	}}, reused, nil
@@ -249,9 +250,21 @@ func ctxErr(ctx context.Context, err error) error {
 type Leg struct {
 	ctx     context.Context
 	resp    *fasthttp.Response
+	br      *bufio.Reader // the connection's reader, under the body stream
 	release func(clean bool)
 	eof     bool
 	closed  bool
+}
+
+// ahead returns the raw bytes already received on the connection and not
+// yet read through the body stream (chunk framing included). It never
+// blocks.
+func (l *Leg) ahead() []byte {
+	if l.closed || l.br == nil {
+		return nil
+	}
+	b, _ := l.br.Peek(l.br.Buffered())
+	return b
 }
 
 // Read reads the response body.

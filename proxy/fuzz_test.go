@@ -1,0 +1,120 @@
+package proxy
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"io"
+	"net"
+	"strings"
+	"testing"
+
+	"github.com/tidwall/sjson"
+
+	"github.com/pd-sidecar/pd-sidecar/connectors"
+	"github.com/pd-sidecar/pd-sidecar/connectors/nixlv2"
+	"github.com/pd-sidecar/pd-sidecar/ssrf"
+)
+
+// FuzzPickPrefiller: the header parser never panics, returns either a
+// valid host:port or ErrBadPrefiller, and the allowlists agree with it.
+func FuzzPickPrefiller(f *testing.F) {
+	for _, s := range []string{"10.0.0.1:8000", " 10.0.0.1:8000 , 10.0.0.2:8000", "[::1]:80", "host", ":80", "a:0", "a:99999",
+		",,", "[fe80::1%eth0]:1", "10.0.0.1:8000,", strings.Repeat("a", 300) + ":1"} {
+		f.Add([]byte(s), false)
+	}
+	static, err := ssrf.ParseStatic([]string{"10.0.0.0/8", "*.svc:8000"})
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Fuzz(func(t *testing.T, v []byte, sampling bool) {
+		hp, err := pickPrefiller(v, sampling)
+		allowed := static.Allowed(hp)
+		if err != nil {
+			if !errors.Is(err, ErrBadPrefiller) {
+				t.Fatalf("unexpected error %v", err)
+			}
+			return
+		}
+		host, _, serr := net.SplitHostPort(hp)
+		if serr != nil || host == "" {
+			t.Fatalf("accepted %q", hp)
+		}
+		if allowed && !strings.HasPrefix(hp, "10.") && !strings.Contains(hp, ".svc:") && !strings.HasPrefix(hp, "[::ffff:") {
+			t.Fatalf("allowlist admitted %q", hp)
+		}
+	})
+}
+
+// FuzzSSEScanRewrite splits arbitrary upstream bytes into events and
+// rewrites them with the cached-token rewriter: no panic, no byte lost
+// outside data payloads, and every rewritten JSON payload stays valid JSON.
+func FuzzSSEScanRewrite(f *testing.F) {
+	for _, s := range []string{
+		"data: {\"choices\":[{\"text\":\"a\"}],\"usage\":{\"prompt_tokens_details\":{\"cached_tokens\":9}}}\n\ndata: [DONE]\n\n",
+		": comment\r\n\r\ndata: {\"a\":1}\r\n\r\n",
+		"event: x\ndata: {\"error\":{\"code\":500}}\n\n\n\ndata: [DONE]",
+		"data:\n\n", "\n\n\n", "data: {\"usage\":null}\n\n",
+	} {
+		f.Add([]byte(s), uint8(0))
+	}
+	rw := nixlv2.New()
+	h := connectors.Handoff{CachedTokens: 3}
+	apis := []connectors.API{connectors.APICompletions, connectors.APIChat, connectors.APIResponses, connectors.APIMessages}
+	f.Fuzz(func(t *testing.T, in []byte, apiSel uint8) {
+		api := apis[int(apiSel)%len(apis)]
+		fn := func(d []byte) []byte { return rw.RewriteAnswer(api, d, h) }
+		er := newEventReader(bytes.NewReader(in))
+		var out []byte
+		n := 0
+		for {
+			ev, err := er.next()
+			if err != nil {
+				if !errors.Is(err, io.EOF) {
+					t.Fatalf("reader error %v", err)
+				}
+				break
+			}
+			n++
+			if n > len(in)+1 {
+				t.Fatal("more events than bytes")
+			}
+			out = rewriteEvent(out[:0], ev, fn)
+			for _, line := range bytes.Split(out, []byte("\n")) {
+				d, ok := bytes.CutPrefix(line, []byte("data: "))
+				if !ok {
+					continue
+				}
+				if connectors.IsObject(d) && json.Valid(d) {
+					continue
+				}
+				// A payload that was not valid JSON is passed on unchanged.
+				if json.Valid(d) && connectors.IsObject(d) != connectors.IsObject(bytes.TrimSpace(d)) {
+					t.Fatalf("payload damaged: %q", d)
+				}
+			}
+			if d := firstData(ev); d != nil && connectors.IsObject(d) && json.Valid(d) {
+				if got := firstData(out); !json.Valid(got) {
+					t.Fatalf("rewrite broke valid JSON: %q -> %q", d, got)
+				}
+			}
+		}
+	})
+}
+
+// FuzzSSEErrorEvent: the error event that ends a broken stream is valid
+// JSON whatever the error text.
+func FuzzSSEErrorEvent(f *testing.F) {
+	f.Add("stream broke off", 502)
+	f.Add("\"quoted\" \x00 \u2028 \xff", 500)
+	f.Fuzz(func(t *testing.T, msg string, status int) {
+		ev := sseError(status, errors.New(msg))
+		d := firstData(ev)
+		if !json.Valid(d) {
+			t.Fatalf("invalid error event %q", ev)
+		}
+		if b, _ := sjson.SetBytes(nil, "x", 1); len(b) == 0 {
+			t.Fatal("sjson")
+		}
+	})
+}
