@@ -14,7 +14,7 @@ build:
 	$(GO) build -o $(BIN)/ ./cmd/...
 
 ## test: everything CI runs: gofmt, go vet, staticcheck, and go test -race (unit and e2e over real processes)
-test: lint deploy-check test-ucx
+test: lint deploy-check test-ucx fuzz-short
 	$(GO) test -race -count=1 -timeout 20m ./...
 
 ## test-ucx: the ucx kvtransfer transport for real (cgo over libucx-dev, -tags ucx): vet and
@@ -65,3 +65,12 @@ bench: build
 	@mkdir -p out
 	$(BIN)/pd-bench suite --bin $(BIN) --dir out/bench --plot out/bench.png --json out/bench.json $(BENCH_FLAGS)
 	$(GO) test -run '^$$' -bench . -benchmem ./connectors/nixlv2 ./proxy
+
+## fuzz-short: a short seeded run of every fuzz target (connector body rewriting, header parser, SSE scanner/rewriter)
+FUZZTIME ?= 3s
+.PHONY: fuzz-short
+fuzz-short:
+	@set -e; for t in FuzzConnectorLegs FuzzEditObject FuzzClassifyEvent; do \
+		$(GO) test -run '^$$' -fuzz "^$$t\$$" -fuzztime $(FUZZTIME) ./connectors/; done
+	@set -e; for t in FuzzPickPrefiller FuzzSSEScanRewrite FuzzSSEErrorEvent; do \
+		$(GO) test -run '^$$' -fuzz "^$$t\$$" -fuzztime $(FUZZTIME) ./proxy/; done
