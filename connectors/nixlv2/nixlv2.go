@@ -72,18 +72,9 @@ var samplingEdits = []connectors.Edit{
 // (EOS on the first token) is Done; one that hit its cap without params, or
 // whose params lack what the decode engine needs, is an error.
 func (*Connector) ParsePrefill(api connectors.API, answer []byte) (connectors.Handoff, error) {
-	if !connectors.IsObject(answer) {
-		return connectors.Handoff{}, connectors.ErrBadPrefillAnswer
-	}
-	js := connectors.Bytes(answer)
-	h := connectors.Handoff{CachedTokens: gjson.Get(js, api.CachedTokensPath()).Int()}
-	p := gjson.Get(js, "kv_transfer_params")
-	if !p.Exists() || p.Type == gjson.Null {
-		if stop, _ := connectors.Finished(api, answer); stop {
-			h.Done = true
-			return h, nil
-		}
-		return h, connectors.ErrNoKVParams
+	h, p, ok, err := connectors.PrefillParams(api, answer)
+	if !ok {
+		return h, err
 	}
 	if !p.IsObject() || !valid(p) {
 		return h, connectors.ErrInvalidKVParams

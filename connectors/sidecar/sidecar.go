@@ -59,18 +59,9 @@ func (*Connector) PrefillBody(dst []byte, api connectors.API, body []byte) ([]by
 // finished by itself is Done; one that hit its cap without params is
 // ErrNoKVParams; params without a usable kv_source are ErrInvalidKVParams.
 func (*Connector) ParsePrefill(api connectors.API, answer []byte) (connectors.Handoff, error) {
-	if !connectors.IsObject(answer) {
-		return connectors.Handoff{}, connectors.ErrBadPrefillAnswer
-	}
-	js := connectors.Bytes(answer)
-	h := connectors.Handoff{CachedTokens: gjson.Get(js, api.CachedTokensPath()).Int()}
-	p := gjson.Get(js, "kv_transfer_params")
-	if !p.Exists() || p.Type == gjson.Null {
-		if stop, _ := connectors.Finished(api, answer); stop {
-			h.Done = true
-			return h, nil
-		}
-		return h, connectors.ErrNoKVParams
+	h, p, ok, err := connectors.PrefillParams(api, answer)
+	if !ok {
+		return h, err
 	}
 	src := p.Get("kv_source")
 	if !src.IsObject() {

@@ -1,0 +1,27 @@
+package connectors
+
+import "github.com/tidwall/gjson"
+
+// PrefillParams reads what every sequential connector reads first from a
+// prefill answer: the cached-token count and kv_transfer_params. An answer
+// without params that finished by itself (EOS on the first token) gives a
+// Done handoff and ok false; one that hit its cap without params gives
+// ErrNoKVParams; a body that is not a JSON object, ErrBadPrefillAnswer.
+// With ok true, params is the kv_transfer_params value for the connector
+// to validate.
+func PrefillParams(api API, answer []byte) (h Handoff, params gjson.Result, ok bool, err error) {
+	if !IsObject(answer) {
+		return Handoff{}, gjson.Result{}, false, ErrBadPrefillAnswer
+	}
+	js := Bytes(answer)
+	h = Handoff{CachedTokens: gjson.Get(js, api.CachedTokensPath()).Int()}
+	params = gjson.Get(js, "kv_transfer_params")
+	if !params.Exists() || params.Type == gjson.Null {
+		if stop, _ := Finished(api, answer); stop {
+			h.Done = true
+			return h, params, false, nil
+		}
+		return h, params, false, ErrNoKVParams
+	}
+	return h, params, true, nil
+}
