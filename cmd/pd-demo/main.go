@@ -19,6 +19,8 @@ import (
 	"time"
 
 	"github.com/spf13/pflag"
+
+	"github.com/pd-sidecar/pd-sidecar/status"
 )
 
 func main() {
@@ -118,7 +120,16 @@ func run() error {
 	if err != nil {
 		return err
 	}
-	return report(os.Stdout, classes, results, before, after)
+	if err := report(os.Stdout, classes, results, before, after); err != nil {
+		return err
+	}
+	// The sidecar's own account of the run: pd-sidecar status.
+	snap, err := status.Fetch(ctx, nil, d.sidecar)
+	if err != nil {
+		return err
+	}
+	fmt.Println("\nthe sidecar's own view (pd-sidecar status --url " + d.sidecar + "):")
+	return snap.WriteText(os.Stdout)
 }
 
 const demoModel = "demo-model"
