@@ -34,7 +34,7 @@ var chaosFaults = []struct{ kind, faults string }{
 
 // chaosResult is how one client stream ended.
 type chaosResult struct {
-	cancelled, completed, failedClear, lost, wrong bool
+	cancelled, completed, failedClear, wrong bool // none set: lost
 }
 
 // TestChaosSoak runs 1,000 concurrent streaming requests through the
@@ -45,7 +45,10 @@ type chaosResult struct {
 func TestChaosSoak(t *testing.T) {
 	const n, maxTokens, prompts = 1000, 12, 8
 	sim := []string{"--max-running", "4096", "--kv-lease", "2s", "--decode-us-per-token", "300"}
-	decode := harness.StartEngineSim(t, "decode", append(sim, "--kv-verify-checksums")...)
+	// The decode engine also dies mid-stream on 50 remote-KV decodes: those
+	// streams have sent tokens already, so they must end with an error event.
+	decode := harness.StartEngineSim(t, "decode", append(sim, "--kv-verify-checksums",
+		"--faults", `{"die_after_chunks":4,"only":"decode","times":50}`)...)
 	var pre []*harness.Engine
 	for _, f := range chaosFaults {
 		args := sim
@@ -117,7 +120,7 @@ func TestChaosSoak(t *testing.T) {
 			t.Errorf("request %d: stream cut short without an error", i)
 		}
 	}
-	faults := map[string]float64{}
+	faults := map[string]float64{"decode_dies_mid_stream": decode.Metric(t, "sim_faults_injected_total", nil)}
 	for k, p := range pre {
 		if chaosFaults[k].kind != "none" {
 			faults[chaosFaults[k].kind] += p.Metric(t, "sim_faults_injected_total", nil)
@@ -133,9 +136,15 @@ func TestChaosSoak(t *testing.T) {
 		}
 		return true
 	})
-	harness.Eventually(t, 10*time.Second, "sidecar goroutines and fds back to their baseline", func() bool {
-		return sc.Metric(t, "go_goroutines", nil) <= baseGoroutines+10 && sc.Metric(t, "process_open_fds", nil) <= baseFDs+10
+	// Client keep-alive connections closed, the sidecar's idle upstream
+	// connections expire (4 s): back to the baseline.
+	client.CloseIdleConnections()
+	var gr, fds float64
+	harness.Eventually(t, 20*time.Second, "sidecar goroutines and fds back to their baseline", func() bool {
+		gr, fds = sc.Metric(t, "go_goroutines", nil), sc.Metric(t, "process_open_fds", nil)
+		return gr <= baseGoroutines+10 && fds <= baseFDs+10
 	})
+	t.Logf("sidecar goroutines %v (baseline %v), open fds %v (baseline %v)", gr, baseGoroutines, fds, baseFDs)
 	rss := sc.Metric(t, "process_resident_memory_bytes", nil)
 	fb := harness.Scrape(t, sc.URL()+"/metrics")
 	t.Logf("chaos: %d requests in %v; client cancels %d; faults injected %v; completed token-exact %d; failed with a JSON error %d; lost %d; wrong/duplicated tokens %d; stranded blocks 0; sidecar RSS %.0f MiB (race build)",
@@ -146,6 +155,7 @@ func TestChaosSoak(t *testing.T) {
 	assert.Zero(t, lost, "no stream cut short without an error")
 	assert.Zero(t, wrong, "no lost or duplicated tokens")
 	assert.Greater(t, completed, n/2)
+	assert.Positive(t, failed, "decode deaths end streams with an error event")
 	for _, f := range chaosFaults {
 		if f.kind != "none" {
 			assert.Positive(t, faults[f.kind], "fault %s injected", f.kind)
@@ -204,4 +214,42 @@ func chaosStream(client *http.Client, url, body, prefiller, want string, cancelA
 		return chaosResult{completed: true, wrong: text.String() != want}
 	}
 	return chaosResult{}
+}
+
+// TestChaosDecodeRestart kills the decode engine under the sidecar: requests
+// get a clear 503 during the gap, and succeed again once the engine is back
+// on its port, without restarting the sidecar.
+func TestChaosDecodeRestart(t *testing.T) {
+	port := harness.FreePort(t)
+	start := func() *harness.Engine {
+		e := &harness.Engine{Port: port, KVPort: harness.FreePort(t), BootstrapPort: harness.FreePort(t)}
+		e.Proc = harness.Start(t, harness.Binary(t, "engine-sim"), "--role", "decode", "--model", "sim-model",
+			"--port", itoa(port), "--kv-port", itoa(e.KVPort), "--bootstrap-port", itoa(e.BootstrapPort))
+		e.WaitHTTP(t, e.URL()+"/health", 30*time.Second)
+		return e
+	}
+	prefill := harness.StartEngineSim(t, "prefill")
+	decode := start()
+	sc := harness.StartSidecar(t, port)
+	hdr := map[string]string{"x-prefiller-host-port": prefill.HostPort()}
+	body := completionBody(`,"max_tokens":6`)
+	st, before, _ := scPost(t, sc.URL()+"/v1/completions", body, hdr)
+	require.Equal(t, http.StatusOK, st)
+	decode.Kill()
+	for range 3 {
+		st, b, _ := scPost(t, sc.URL()+"/v1/completions", body, hdr)
+		require.Equal(t, http.StatusServiceUnavailable, st, "%s", b)
+		assert.Equal(t, int64(503), gjson.GetBytes(b, "error.code").Int())
+		st, b, _ = scPost(t, sc.URL()+"/v1/completions", body, nil)
+		require.Equal(t, http.StatusServiceUnavailable, st, "%s", b)
+	}
+	resp, err := http.Get(sc.URL() + "/ready")
+	require.NoError(t, err)
+	resp.Body.Close()
+	assert.Equal(t, http.StatusServiceUnavailable, resp.StatusCode, "not ready while the engine is down")
+	decode = start()
+	st, after, _ := scPost(t, sc.URL()+"/v1/completions", body, hdr)
+	require.Equal(t, http.StatusOK, st, "%s", after)
+	assert.Equal(t, textOf(before), textOf(after))
+	assert.Equal(t, 1.0, decode.Metric(t, "sim_remote_kv_decodes_total", nil), "disaggregated again")
 }

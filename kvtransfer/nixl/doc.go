@@ -1,0 +1,154 @@
+// Package nixl is kvtransfer's nixl transport: our own thin binding of
+// NIXL's C API (the nixl_capi_* functions of NIXL's src/bindings/rust
+// wrapper, built as libnixl_capi.so in Dockerfile.cuda). The library is
+// loaded with dlopen at run time, never linked, so every build compiles
+// (cgo is needed for dlopen; a CGO_ENABLED=0 build reports ErrLibraryMissing)
+// and a missing library or symbol is one clear error naming the library and
+// NIXL_CAPI_LIB.
+//
+// The prototypes are declared in capi.go from NIXL's wrapper.h; no NIXL
+// header is needed to build. Real NIXL runs only where the library exists
+// (the CUDA image); the tests run the binding against a fake library with
+// the same symbols, built with the C compiler.
+package nixl
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/pd-sidecar/pd-sidecar/kvtransfer"
+)
+
+// DefaultLibrary is the library opened when Config.Library is empty; the
+// dynamic loader searches LD_LIBRARY_PATH and the system paths for it.
+const DefaultLibrary = "libnixl_capi.so"
+
+// DefaultBackend is the NIXL backend plugin used when Config.Backend is
+// empty.
+const DefaultBackend = "UCX"
+
+// ErrLibraryMissing: libnixl_capi.so (or the path given) could not be
+// loaded, lacks a nixl_capi_* symbol the binding needs, or is NIXL's stub
+// build. Errors wrapping it also wrap kvtransfer.ErrUnsupported.
+var ErrLibraryMissing = errors.New("nixl: NIXL C API library unavailable")
+
+// ErrCall: a nixl_capi_* call returned an error status (see CallError).
+var ErrCall = errors.New("nixl: call failed")
+
+// Config configures the nixl transport. The zero value is usable.
+type Config struct {
+	// Library is the path or file name of NIXL's C API library (default
+	// DefaultLibrary). cmd/pd-sidecar sets it from NIXL_CAPI_LIB; this
+	// package reads no environment.
+	Library string
+	// Backend is the NIXL backend plugin the agents create (default
+	// DefaultBackend, "UCX"), with the plugin's default parameters. NIXL
+	// finds its plugins through NIXL_PLUGIN_DIR, which NIXL reads itself.
+	Backend string
+	// AgentPrefix starts every NIXL agent name (default "pd-sidecar"); the
+	// host name, the process id and a random suffix follow, so names are
+	// unique across the fleet.
+	AgentPrefix string
+}
+
+func (c Config) withDefaults() Config {
+	if c.Library == "" {
+		c.Library = DefaultLibrary
+	}
+	if c.Backend == "" {
+		c.Backend = DefaultBackend
+	}
+	if c.AgentPrefix == "" {
+		c.AgentPrefix = "pd-sidecar"
+	}
+	return c
+}
+
+// missing builds the one startup error for an unusable library.
+func missing(path, why string) error {
+	return fmt.Errorf("--kv-transport nixl: %w: %w: cannot use %q (%s); install NIXL with its C API (the CUDA image ships /opt/nixl/lib/libnixl_capi.so) and point NIXL_CAPI_LIB at it",
+		kvtransfer.ErrUnsupported, ErrLibraryMissing, path, why)
+}
+
+// Status is a nixl_capi_status_t.
+type Status int
+
+// The nixl_capi_status_t values of NIXL's wrapper.h.
+const (
+	StatusSuccess          Status = 0
+	StatusInProgress       Status = 1
+	StatusInProgressWithEr Status = 2 // in progress, at least one entry failed
+	StatusInvalidParam     Status = -1
+	StatusBackend          Status = -2
+	StatusInvalidState     Status = -3
+	StatusException        Status = -4
+	StatusNoTelemetry      Status = -5
+	StatusNotSupported     Status = -6
+)
+
+// String returns the C name of s.
+func (s Status) String() string {
+	switch s {
+	case StatusSuccess:
+		return "NIXL_CAPI_SUCCESS"
+	case StatusInProgress:
+		return "NIXL_CAPI_IN_PROG"
+	case StatusInProgressWithEr:
+		return "NIXL_CAPI_IN_PROG_WITH_ERR"
+	case StatusInvalidParam:
+		return "NIXL_CAPI_ERROR_INVALID_PARAM"
+	case StatusBackend:
+		return "NIXL_CAPI_ERROR_BACKEND"
+	case StatusInvalidState:
+		return "NIXL_CAPI_ERROR_INVALID_STATE"
+	case StatusException:
+		return "NIXL_CAPI_ERROR_EXCEPTION"
+	case StatusNoTelemetry:
+		return "NIXL_CAPI_ERROR_NO_TELEMETRY"
+	case StatusNotSupported:
+		return "NIXL_CAPI_ERROR_NOT_SUPPORTED"
+	}
+	return fmt.Sprintf("nixl_capi_status_t(%d)", int(s))
+}
+
+// CallError is a nixl_capi_* call that returned an error status. It wraps
+// ErrCall.
+type CallError struct {
+	// Func is the C function, e.g. "nixl_capi_post_xfer_req".
+	Func string
+	// Status is what it returned.
+	Status Status
+}
+
+// Error names the function and the status.
+func (e *CallError) Error() string { return fmt.Sprintf("%s: %s (%d)", e.Func, e.Status, int(e.Status)) }
+
+// Unwrap returns ErrCall.
+func (e *CallError) Unwrap() error { return ErrCall }
+
+// MemType is a nixl_capi_mem_type_t.
+type MemType int
+
+// Memory types of NIXL's wrapper.h. The transport registers kvtransfer
+// host regions as MemDRAM; MemVRAM is for cuda regions (CUDA builds).
+const (
+	MemDRAM MemType = 0
+	MemVRAM MemType = 1
+)
+
+// XferOp is a nixl_capi_xfer_op_t.
+type XferOp int
+
+// Transfer operations: the initiator reads from or writes to the remote.
+const (
+	OpRead  XferOp = 0
+	OpWrite XferOp = 1
+)
+
+// Desc is one NIXL descriptor: Len bytes at Addr on device DevID (0 for
+// DRAM).
+type Desc struct {
+	Addr  uintptr
+	Len   int
+	DevID uint64
+}
