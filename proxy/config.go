@@ -39,6 +39,10 @@ type Config struct {
 	PrefillRetryBackoff time.Duration
 	// PrefillTimeout bounds the whole prefill phase, retries included.
 	PrefillTimeout time.Duration
+	// DecodeFirstByteTimeout bounds, for a streamed answer, the wait for the
+	// local engine's response head (504 past it); 0 waits as long as the
+	// client does. Once the stream has begun no total timeout applies.
+	DecodeFirstByteTimeout time.Duration
 	// ConnectTimeout bounds each TCP connect to an engine.
 	ConnectTimeout time.Duration
 	// PrefillFallback degrades a failed prefill to a local prefill; when
@@ -70,20 +74,21 @@ type Config struct {
 // pd-sidecar where the flags overlap.
 func DefaultConfig() Config {
 	return Config{
-		Port:                8000,
-		ModelServerHost:     "127.0.0.1",
-		ModelServerPort:     8200,
-		DataParallelSize:    1,
-		PrefillRetryBackoff: 200 * time.Millisecond,
-		PrefillTimeout:      30 * time.Second,
-		ConnectTimeout:      2 * time.Second,
-		PrefillFallback:     true,
-		OnKVLoadFailure:     KVFailLocalPrefill,
-		MaxRequestBodyBytes: 32 << 20,
-		ShutdownGrace:       30 * time.Second,
-		MaxConnsPerHost:     1024,
-		MaxPrefillers:       64,
-		Guard:               DefaultGuardConfig(),
+		Port:                   8000,
+		ModelServerHost:        "127.0.0.1",
+		ModelServerPort:        8200,
+		DataParallelSize:       1,
+		PrefillRetryBackoff:    200 * time.Millisecond,
+		PrefillTimeout:         30 * time.Second,
+		DecodeFirstByteTimeout: 60 * time.Second,
+		ConnectTimeout:         2 * time.Second,
+		PrefillFallback:        true,
+		OnKVLoadFailure:        KVFailLocalPrefill,
+		MaxRequestBodyBytes:    32 << 20,
+		ShutdownGrace:          30 * time.Second,
+		MaxConnsPerHost:        1024,
+		MaxPrefillers:          64,
+		Guard:                  DefaultGuardConfig(),
 	}
 }
 
@@ -110,6 +115,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("--prefill-retry-backoff must be >= 0, got %v", c.PrefillRetryBackoff)
 	case c.PrefillTimeout <= 0:
 		return fmt.Errorf("--prefill-timeout must be > 0, got %v", c.PrefillTimeout)
+	case c.DecodeFirstByteTimeout < 0:
+		return fmt.Errorf("--decode-first-byte-timeout must be >= 0, got %v", c.DecodeFirstByteTimeout)
 	case c.ConnectTimeout <= 0:
 		return fmt.Errorf("--connect-timeout must be > 0, got %v", c.ConnectTimeout)
 	case c.OnKVLoadFailure != KVFailLocalPrefill && c.OnKVLoadFailure != KVFailError:

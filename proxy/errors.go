@@ -40,6 +40,9 @@ var (
 	ErrTPMismatch = errors.New("prefill tp_size larger than decode tp size")
 	// ErrDecodeUnavailable: the local engine refused the connection.
 	ErrDecodeUnavailable = errors.New("decode engine unavailable")
+	// ErrDecodeTimeout: the local engine did not start a streamed answer
+	// within --decode-first-byte-timeout.
+	ErrDecodeTimeout = errors.New("decode engine did not start answering within --decode-first-byte-timeout")
 	// ErrDecodeFailed: another transport failure talking to the local engine.
 	ErrDecodeFailed = errors.New("decode engine failed")
 	// ErrKVLoadFailed: the decode engine reported that loading the remote
@@ -137,6 +140,8 @@ func classify(err error) outcome {
 		return outcome{status: http.StatusBadRequest}
 	case errors.Is(err, ErrBootstrapFailed), errors.Is(err, connectors.ErrBadBootstrap):
 		return outcome{status: http.StatusBadGateway, reason: ReasonBootstrapFailed}
+	case errors.Is(err, ErrDecodeTimeout):
+		return outcome{status: http.StatusGatewayTimeout}
 	case errors.Is(err, ErrDecodeUnavailable):
 		return outcome{status: http.StatusServiceUnavailable}
 	}
@@ -157,7 +162,7 @@ func prefillTransportErr(err error) error {
 // decodeTransportErr names a failed exchange with the local engine.
 func decodeTransportErr(err error) error {
 	switch {
-	case errors.Is(err, ErrClientGone):
+	case errors.Is(err, ErrClientGone), errors.Is(err, ErrDecodeTimeout):
 		return err
 	case errors.Is(err, syscall.ECONNREFUSED):
 		return fmt.Errorf("%w: %w", ErrDecodeUnavailable, err)

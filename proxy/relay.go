@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"io"
 	"time"
@@ -35,7 +36,21 @@ func (r *request) forward(body []byte, remote bool) error {
 	req := r.upstream(r.local, body)
 	resp := fasthttp.AcquireResponse()
 	sent := time.Now()
-	leg, err := r.p.tr.Stream(r.ctx, r.local, req, resp)
+	ctx, firstByte := r.ctx, (*time.Timer)(nil)
+	if r.stream && r.p.cfg.DecodeFirstByteTimeout > 0 {
+		// Bound the wait for the head of a streamed answer; the stream
+		// itself, once begun, has no total timeout. The derived context
+		// ends with r.ctx at the latest.
+		var cancel context.CancelCauseFunc
+		ctx, cancel = context.WithCancelCause(r.ctx)
+		firstByte = time.AfterFunc(r.p.cfg.DecodeFirstByteTimeout, func() { cancel(ErrDecodeTimeout) })
+	}
+	leg, err := r.p.tr.Stream(ctx, r.local, req, resp)
+	if firstByte != nil && !firstByte.Stop() && err == nil {
+		// The timer fired as the head arrived: the leg is already closed.
+		leg.Close()
+		err = ErrDecodeTimeout
+	}
 	fasthttp.ReleaseRequest(req)
 	if err != nil {
 		g.Dec()

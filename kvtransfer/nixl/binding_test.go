@@ -1,0 +1,237 @@
+//go:build cgo
+
+package nixl_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"unsafe"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/pd-sidecar/pd-sidecar/kvtransfer"
+	"github.com/pd-sidecar/pd-sidecar/kvtransfer/kvtest"
+	"github.com/pd-sidecar/pd-sidecar/kvtransfer/nixl"
+)
+
+func TestMissingLibraryIsOneClearError(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "libnixl_capi.so")
+	_, err := nixl.New(nixl.Config{Library: path})
+	require.Error(t, err)
+	assert.ErrorIs(t, err, nixl.ErrLibraryMissing)
+	assert.ErrorIs(t, err, kvtransfer.ErrUnsupported)
+	assert.Contains(t, err.Error(), path)
+	assert.Contains(t, err.Error(), "NIXL_CAPI_LIB")
+	assert.NotContains(t, err.Error(), "\n")
+}
+
+func TestMissingSymbolNamesIt(t *testing.T) {
+	lib := buildFake(t, "-DFAKE_OMIT_POST")
+	_, err := nixl.Open(lib)
+	require.ErrorIs(t, err, nixl.ErrLibraryMissing)
+	assert.ErrorIs(t, err, kvtransfer.ErrUnsupported)
+	assert.Contains(t, err.Error(), "nixl_capi_post_xfer_req")
+	assert.Contains(t, err.Error(), lib)
+	assert.Contains(t, err.Error(), "NIXL_CAPI_LIB")
+}
+
+func TestStubBuildIsRefused(t *testing.T) {
+	_, err := nixl.Open(buildFake(t, "-DFAKE_STUB"))
+	require.ErrorIs(t, err, nixl.ErrLibraryMissing)
+	assert.Contains(t, err.Error(), "stub")
+}
+
+// fakeLog is the fake library's call log, one line per call.
+type fakeLog string
+
+func (l fakeLog) lines(prefix string) []string {
+	var out []string
+	for _, s := range strings.Split(string(l), "\n") {
+		if strings.HasPrefix(s, prefix) {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// field returns key's value in a log line ("key=value").
+func field(line, key string) string {
+	m := regexp.MustCompile(`(?:^| )` + regexp.QuoteMeta(key) + `=(\S*)`).FindStringSubmatch(line)
+	if m == nil {
+		return ""
+	}
+	return m[1]
+}
+
+func addr(b []byte) string { return fmt.Sprintf("%#x", uintptr(unsafe.Pointer(&b[0]))) }
+
+func TestPullMarshalsDescriptorsMetadataAndOperation(t *testing.T) {
+	lib := buildFake(t)
+	logPath := filepath.Join(t.TempDir(), "calls.log")
+	t.Setenv("FAKE_NIXL_LOG", logPath)
+	tr, err := nixl.New(nixl.Config{Library: lib, AgentPrefix: "px"})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = tr.Close() })
+	e := kvtest.NewEnv(t, tr, kvtest.Options{Addr: "127.0.0.1:0", BlockBytes: 4096, NumBlocks: 16,
+		Puller: kvtransfer.PullerConfig{Streams: 1}})
+
+	ids := []int{7, 3, 12}
+	src := e.Hold(t, ids, false)
+	dst := e.Dst(t, 4, 3)
+	_, err = e.Puller.Pull(context.Background(), src, dst)
+	require.NoError(t, err)
+	e.AssertSame(t, src, dst)
+	e.AssertReleased(t, src.RequestID, kvtransfer.ReasonCompleted)
+
+	raw, err := os.ReadFile(logPath)
+	require.NoError(t, err)
+	log := fakeLog(raw)
+
+	// Two agents (the listener's and the pullers'), each with a UCX backend.
+	agents := log.lines("create_agent ")
+	require.Len(t, agents, 2, string(raw))
+	agentName, pullerName := field(agents[0], "name"), field(agents[1], "name")
+	assert.True(t, strings.HasPrefix(agentName, "px-agent-"), agentName)
+	assert.True(t, strings.HasPrefix(pullerName, "px-puller-"), pullerName)
+	for _, l := range log.lines("create_backend ") {
+		assert.Equal(t, "UCX", field(l, "plugin"))
+	}
+	assert.Len(t, log.lines("create_backend "), 2)
+
+	// The agent registers its whole region as DRAM on device 0.
+	remote := e.Region.Mem()
+	reg := log.lines("register_mem agent=" + agentName + " ")
+	require.Len(t, reg, 1)
+	assert.Equal(t, "0", field(reg[0], "mem"))
+	assert.Equal(t, addr(remote), field(reg[0], "addr"))
+	assert.Equal(t, fmt.Sprint(len(remote)), field(reg[0], "len"))
+	assert.Equal(t, "0", field(reg[0], "dev"))
+
+	// Metadata bytes (binary: NUL and 0xff) arrive unchanged, once.
+	got, loaded := log.lines("get_local_md "), log.lines("load_remote_md ")
+	require.Len(t, got, 1)
+	require.Len(t, loaded, 1)
+	assert.Equal(t, field(got[0], "md"), field(loaded[0], "md"))
+	assert.Equal(t, pullerName, field(loaded[0], "agent"))
+	assert.Equal(t, agentName, field(loaded[0], "name"))
+
+	// One READ of three pairs: local = the destination blocks, remote =
+	// region base + id*block, in order; the destination is registered
+	// for the read and deregistered after.
+	req := log.lines("create_xfer_req agent=")
+	require.Len(t, req, 1)
+	assert.Equal(t, pullerName, field(req[0], "agent"))
+	assert.Equal(t, "0", field(req[0], "op"), "NIXL_CAPI_XFER_OP_READ")
+	assert.Equal(t, agentName, field(req[0], "remote"))
+	assert.Equal(t, "3", field(req[0], "n"))
+	assert.Equal(t, "0", field(req[0], "local_mem"))
+	assert.Equal(t, "0", field(req[0], "remote_mem"))
+	descs := log.lines("xfer_desc ")
+	require.Len(t, descs, 3)
+	for i, id := range ids {
+		want := fmt.Sprintf("%s/4096/0", addr(dst[i]))
+		assert.Equal(t, want, field(descs[i], "local"), "desc %d", i)
+		want = fmt.Sprintf("%#x/4096/0", uintptr(unsafe.Pointer(&remote[0]))+uintptr(id*4096))
+		assert.Equal(t, want, field(descs[i], "remote"), "desc %d", i)
+	}
+	assert.Len(t, log.lines("register_mem agent="+pullerName+" "), 3)
+	assert.Len(t, log.lines("deregister_mem agent="+pullerName+" "), 3)
+
+	// Posted, polled, released and freed: nothing leaks.
+	assert.Len(t, log.lines("post_xfer_req "), 1)
+	rel := log.lines("release_xfer_req ")
+	require.Len(t, rel, 1)
+	assert.Equal(t, "1", field(rel[0], "done"))
+	assert.Len(t, log.lines("destroy_xfer_req"), 1)
+}
+
+func TestRegisterLocalSkipsPerReadRegistration(t *testing.T) {
+	lib := buildFake(t)
+	logPath := filepath.Join(t.TempDir(), "calls.log")
+	t.Setenv("FAKE_NIXL_LOG", logPath)
+	tr, err := nixl.New(nixl.Config{Library: lib})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = tr.Close() })
+	e := kvtest.NewEnv(t, tr, kvtest.Options{Addr: "127.0.0.1:0"})
+	require.NoError(t, tr.RegisterLocal(e.Local))
+
+	src := e.Hold(t, []int{1, 2, 3, 4}, false)
+	dst := e.Dst(t, 0, 4)
+	_, err = e.Puller.Pull(context.Background(), src, dst)
+	require.NoError(t, err)
+	e.AssertSame(t, src, dst)
+
+	raw, err := os.ReadFile(logPath)
+	require.NoError(t, err)
+	log := fakeLog(raw)
+	// The listener's region and the local region: no per-read registration.
+	assert.Len(t, log.lines("register_mem "), 2, string(raw))
+	assert.Empty(t, log.lines("deregister_mem "))
+}
+
+func TestAgentBindingRoundTrip(t *testing.T) {
+	lib, err := nixl.Open(buildFake(t))
+	require.NoError(t, err)
+	a, err := lib.NewAgent("a", "UCX")
+	require.NoError(t, err)
+	defer a.Close()
+	b, err := lib.NewAgent("b", "UCX")
+	require.NoError(t, err)
+	defer b.Close()
+
+	src := []byte("0123456789abcdef")
+	dst := make([]byte, 8)
+	srcDesc := nixl.Desc{Addr: uintptr(unsafe.Pointer(&src[0])), Len: len(src)}
+	dstDesc := nixl.Desc{Addr: uintptr(unsafe.Pointer(&dst[0])), Len: len(dst)}
+	require.NoError(t, a.Register(nixl.MemDRAM, []nixl.Desc{srcDesc}))
+	require.NoError(t, b.Register(nixl.MemDRAM, []nixl.Desc{dstDesc}))
+
+	md, err := a.LocalMD()
+	require.NoError(t, err)
+	assert.Equal(t, append([]byte("FAKEMD\x00a"), 0xff), md)
+
+	// Before the metadata is loaded the remote is unknown.
+	remote := []nixl.Desc{{Addr: srcDesc.Addr + 4, Len: 8}}
+	err = b.Read(context.Background(), nixl.MemDRAM, nixl.MemDRAM, []nixl.Desc{dstDesc}, remote, "a")
+	var ce *nixl.CallError
+	require.ErrorAs(t, err, &ce)
+	assert.Equal(t, "nixl_capi_create_xfer_req", ce.Func)
+	assert.Equal(t, nixl.StatusBackend, ce.Status)
+	assert.ErrorIs(t, err, nixl.ErrCall)
+
+	name, err := b.LoadRemoteMD(md)
+	require.NoError(t, err)
+	assert.Equal(t, "a", name)
+	require.NoError(t, b.Read(context.Background(), nixl.MemDRAM, nixl.MemDRAM, []nixl.Desc{dstDesc}, remote, "a"))
+	assert.Equal(t, "456789ab", string(dst))
+
+	// Lengths must pair up; unregistered remote memory is refused.
+	_, err = b.Transfer(nixl.OpRead, nixl.MemDRAM, nixl.MemDRAM, []nixl.Desc{dstDesc}, nil, "a")
+	require.ErrorIs(t, err, nixl.ErrCall)
+	err = b.Read(context.Background(), nixl.MemDRAM, nixl.MemDRAM, []nixl.Desc{dstDesc}, []nixl.Desc{{Addr: srcDesc.Addr + 12, Len: 8}}, "a")
+	require.ErrorAs(t, err, &ce)
+
+	// A gone agent fails the transfer.
+	require.NoError(t, b.InvalidateRemoteMD("a"))
+	_, err = b.LoadRemoteMD(md)
+	require.NoError(t, err)
+	a.Close()
+	err = b.Read(context.Background(), nixl.MemDRAM, nixl.MemDRAM, []nixl.Desc{dstDesc}, remote, "a")
+	require.ErrorAs(t, err, &ce)
+}
+
+func TestConformanceFakeNIXL(t *testing.T) {
+	lib := buildFake(t)
+	kvtest.RunConformance(t, "127.0.0.1:0", func(t testing.TB) kvtransfer.Transport {
+		tr, err := nixl.New(nixl.Config{Library: lib})
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = tr.Close() })
+		return tr
+	})
+}
