@@ -42,11 +42,24 @@ func (r *request) choreograph() bool {
 // cancels the prefill leg. A client that leaves cancels both.
 func (r *request) serveConcurrent(cc connectors.Concurrent) {
 	p := r.p
+	// The prefiller's circuit breaker, as on the sequential path: an open
+	// circuit goes straight to local prefill; the prefill leg's outcome
+	// (or the bootstrap query's failure) is reported to it.
+	tk, allowed := p.guard.breakers.Allow(r.prefiller)
+	if !allowed {
+		r.fallback(fmt.Errorf("%w: %s skipped for up to %v", ErrCircuitOpen, logValue(r.prefiller), p.guard.cfg.Breaker.Cooldown))
+		return
+	}
+	report := func(err error) {
+		tk.Done(breakerResult(err))
+		p.guard.trackCircuit(r.prefiller)
+	}
 	host, _, _ := net.SplitHostPort(r.prefiller)
 	pr := connectors.Pairing{PrefillHost: host, Room: randomRoom(), TransferID: transferID()}
 	if bs, ok := cc.(connectors.Bootstrapper); ok {
 		b, err := p.boot.get(r.ctx, p.tr, bs, host, p.cfg.PrefillTimeout)
 		if err != nil {
+			report(err)
 			r.fallback(err)
 			return
 		}
@@ -54,6 +67,7 @@ func (r *request) serveConcurrent(cc connectors.Concurrent) {
 	}
 	pre, dec, err := cc.Legs(r.api, r.body, pr)
 	if err != nil {
+		report(ErrBadRequest)
 		r.fail(err)
 		return
 	}
@@ -65,7 +79,7 @@ func (r *request) serveConcurrent(cc connectors.Concurrent) {
 	pctx, cancelPrefill := context.WithTimeoutCause(parent, p.cfg.PrefillTimeout, ErrPrefillTimeout)
 	leg := &prefillLeg{
 		p: p, log: r.log, label: r.label, addr: r.prefiller, parent: parent,
-		cancelDecode: cancelDecode,
+		cancelDecode: cancelDecode, report: report,
 	}
 	go leg.run(pctx, cancelPrefill, r.upstream(r.prefiller, pre))
 
@@ -111,6 +125,7 @@ type prefillLeg struct {
 	label, addr  string
 	parent       context.Context
 	cancelDecode context.CancelCauseFunc
+	report       func(error) // tells the prefiller's circuit breaker
 
 	mu        sync.Mutex
 	committed bool        // the decode produced output: never cancel it now
@@ -154,13 +169,16 @@ func (l *prefillLeg) run(ctx context.Context, cancel context.CancelFunc, req *fa
 		}
 	}
 	if err == nil {
+		l.report(nil)
 		l.log.Debug().Dur("took", time.Since(start)).Msg("prefill leg answered")
 		return
 	}
 	if l.parent.Err() != nil || l.abandoned.Load() {
+		l.report(ErrClientGone) // says nothing about the prefiller
 		l.log.Debug().Err(err).Msg("prefill leg cancelled with the request")
 		return
 	}
+	l.report(err)
 	reason := classify(err).reason
 	if reason == "" {
 		reason = "rejected"
