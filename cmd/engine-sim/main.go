@@ -75,7 +75,7 @@ func run(args []string) error {
 		}
 	}
 	if *kvTransport != "" {
-		tr, err := transports.New(*kvTransport)
+		tr, err := transports.NewWith(*kvTransport, transports.Options{NIXLLibrary: os.Getenv("NIXL_CAPI_LIB")})
 		if err != nil {
 			return err
 		}

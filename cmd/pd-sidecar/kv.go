@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"os"
 	"slices"
 	"strings"
 	"time"
@@ -64,7 +65,7 @@ func enableKVPull(p *proxy.Proxy, conn connectors.Connector, o kvOptions, reg pr
 	if conn.Name() != sidecar.Name {
 		return nil, func() {}, nil
 	}
-	tr, err := transports.New(o.transport)
+	tr, err := transports.NewWith(o.transport, transports.Options{NIXLLibrary: os.Getenv("NIXL_CAPI_LIB")})
 	if err != nil {
 		return nil, nil, err
 	}

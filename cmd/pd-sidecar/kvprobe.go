@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"slices"
 	"time"
 
@@ -46,7 +47,7 @@ func runKVProbe(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "pd-sidecar kv-probe: %v\n", err)
 		return exitUsage
 	}
-	tr, err := transports.New(*transport)
+	tr, err := transports.NewWith(*transport, transports.Options{NIXLLibrary: os.Getenv("NIXL_CAPI_LIB")})
 	if err != nil {
 		fmt.Fprintf(stderr, "pd-sidecar kv-probe: %v\n", err)
 		return exitUsage
