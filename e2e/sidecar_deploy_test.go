@@ -195,3 +195,44 @@ func TestTracingOverOTLP(t *testing.T) {
 	assert.Equal(t, "disaggregated", root["pd.decision"])
 	assert.Equal(t, prefill.HostPort(), root["pd.prefiller"])
 }
+
+// TestTracingConcurrentChoreography: under sglang (both legs at once) the
+// prefill leg gets its own span too, and each leg carries the trace.
+func TestTracingConcurrentChoreography(t *testing.T) {
+	sink := newOTLPSink(t)
+	prefill := harness.StartEngineSim(t, "prefill")
+	decode := harness.StartEngineSim(t, "decode")
+	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", sink.srv.URL)
+	t.Setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf")
+	t.Setenv("OTEL_TRACES_SAMPLER", "parentbased_always_on")
+	t.Setenv("OTEL_BSP_SCHEDULE_DELAY", "100")
+	sc := harness.StartSidecar(t, decode.Port, "--tracing", "--kv-connector", "sglang",
+		"--sglang-bootstrap-port", itoa(prefill.BootstrapPort))
+
+	const trace = "1bf7651916cd43dd8448eb211c80319d"
+	hdr := map[string]string{
+		"x-prefiller-host-port": prefill.HostPort(),
+		"traceparent":           "00-" + trace + "-c7ad6b7169203332-01",
+	}
+	st, _, _ := scPost(t, sc.URL()+"/v1/completions", completionBody(`,"max_tokens":4`), hdr)
+	require.Equal(t, http.StatusOK, st)
+	assert.Equal(t, 1.0, decode.Metric(t, "sim_sglang_decodes_total", nil), "the split happened")
+	parents := map[string]string{}
+	for name, e := range map[string]*harness.Engine{"prefill": prefill, "decode": decode} {
+		reqs := simRequests(t, e)
+		require.Len(t, reqs, 1, name)
+		tp := reqs[0].Headers["traceparent"]
+		require.Len(t, tp, 1, "%s leg carries exactly one traceparent", name)
+		parts := strings.Split(tp[0], "-")
+		require.Len(t, parts, 4)
+		assert.Equal(t, trace, parts[1], "%s leg continues the client's trace", name)
+		parents[name] = parts[2]
+	}
+	assert.NotEqual(t, parents["prefill"], parents["decode"], "each leg is the child of its own span")
+	for _, name := range []string{"pd-sidecar.request", "prefill", "decode"} {
+		harness.Eventually(t, 10*time.Second, "span "+name, func() bool {
+			id, _ := sink.get(name)
+			return id == trace
+		})
+	}
+}

@@ -13,6 +13,8 @@ import (
 
 	"github.com/rs/zerolog"
 	"github.com/valyala/fasthttp"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/pd-sidecar/pd-sidecar/connectors"
 	"github.com/pd-sidecar/pd-sidecar/metrics"
@@ -77,9 +79,16 @@ func (r *request) serveConcurrent(cc connectors.Concurrent) {
 	parent := r.ctx
 	dctx, cancelDecode := context.WithCancelCause(parent)
 	pctx, cancelPrefill := context.WithTimeoutCause(parent, p.cfg.PrefillTimeout, ErrPrefillTimeout)
+	// The prefill span is opened here, so the leg's traceparent names it, and
+	// ended by the leg (spans are safe to end from another goroutine).
+	sctx, span := r.child(SpanPrefill, trace.SpanKindClient)
+	if span != nil {
+		span.SetAttributes(AttrPrefiller.String(r.label))
+		r.obs.leg = sctx
+	}
 	leg := &prefillLeg{
 		p: p, log: r.log, label: r.label, addr: r.prefiller, parent: parent,
-		cancelDecode: cancelDecode, report: report,
+		cancelDecode: cancelDecode, report: report, span: span,
 	}
 	go leg.run(pctx, cancelPrefill, r.upstream(r.prefiller, pre))
 
@@ -126,6 +135,7 @@ type prefillLeg struct {
 	parent       context.Context
 	cancelDecode context.CancelCauseFunc
 	report       func(error) // tells the prefiller's circuit breaker
+	span         trace.Span  // the prefill span (nil without a tracer)
 
 	mu        sync.Mutex
 	committed bool        // the decode produced output: never cancel it now
@@ -168,6 +178,7 @@ func (l *prefillLeg) run(ctx context.Context, cancel context.CancelFunc, req *fa
 				body: append([]byte(nil), resp.Body()...)}
 		}
 	}
+	l.endSpan(err)
 	if err == nil {
 		l.report(nil)
 		l.log.Debug().Dur("took", time.Since(start)).Msg("prefill leg answered")
@@ -192,6 +203,21 @@ func (l *prefillLeg) run(ctx context.Context, cancel context.CancelFunc, req *fa
 	}
 	l.log.Warn().Err(err).Str("reason", reason).Msg("prefill leg failed; cancelling the decode leg")
 	l.cancelDecode(err)
+}
+
+// endSpan ends the prefill span with the leg's outcome.
+func (l *prefillLeg) endSpan(err error) {
+	if l.span == nil {
+		return
+	}
+	if err != nil {
+		l.span.RecordError(err)
+		l.span.SetStatus(codes.Error, err.Error())
+		if rs := classify(err).reason; rs != "" {
+			l.span.SetAttributes(AttrReason.String(rs))
+		}
+	}
+	l.span.End()
 }
 
 // randomRoom returns a random number in [0, 2^63).
