@@ -51,11 +51,13 @@ func (r *recorder) MustRegister(cs ...prometheus.Collector) {
 	}
 }
 
-// exported returns every series name metrics.New makes the sidecar export.
+// exported returns every series name the sidecar exports (metrics.New, and
+// the KV-pull collectors of --kv-connector sidecar).
 func exported(t *testing.T) map[string]bool {
 	t.Helper()
 	r := &recorder{Registerer: prometheus.NewRegistry(), names: map[string]bool{}}
 	metrics.New(r, 8)
+	metrics.NewKVPull(r) // registered by the sidecar with --kv-connector sidecar
 	require.NotEmpty(t, r.names)
 	return r.names
 }
