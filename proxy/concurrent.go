@@ -94,7 +94,9 @@ func (r *request) serveConcurrent(cc connectors.Concurrent) {
 
 	r.handoff = &connectors.Handoff{}
 	r.ctx = dctx
+	r.onOutput = leg.commit
 	err = r.forward(dec, true)
+	r.onOutput = nil
 	r.ctx = parent
 	leg.commit()
 	if err == nil {

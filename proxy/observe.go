@@ -190,6 +190,9 @@ func (r *request) kvHandoffDone(sent time.Time, ok bool) {
 	d := time.Since(sent)
 	r.p.m.KVTransferDuration.WithLabelValues(r.label).Observe(d.Seconds())
 	r.obs.kvDur, r.obs.kvOK = d, ok
+	if ok && r.onOutput != nil {
+		r.onOutput()
+	}
 	if r.obs.kv != nil {
 		if !ok {
 			r.obs.kv.SetStatus(codes.Error, ReasonKVLoadFailed)

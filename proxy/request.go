@@ -40,7 +40,11 @@ type request struct {
 	mode      string
 	handoff   *connectors.Handoff // set once the decode leg carries remote KV
 	detached  bool                // the body writer owns the request now
-	obs       obsState            // report and spans (observe.go)
+	// onOutput, when set, is told the moment the decode leg's first output
+	// is seen (before it is relayed): the concurrent choreography's point of
+	// no return.
+	onOutput func()
+	obs      obsState // report and spans (observe.go)
 }
 
 // hopHeaders are connection-scoped and never forwarded.
