@@ -57,8 +57,16 @@ type kvPull struct {
 	m      *metrics.KVPull
 
 	mu      sync.Mutex
-	regions map[string]*kvtransfer.Region
+	regions map[string]*mappedRegion
 	recent  map[string]string // agent address -> prefiller label, for probes
+}
+
+// mappedRegion is a cached mapping of a local engine's KV region and the
+// number of pulls writing into it now; it is unmapped only when none is.
+type mappedRegion struct {
+	reg    *kvtransfer.Region
+	refs   int
+	cached bool // false once evicted: the last user unmaps it
 }
 
 // EnableKVPull makes the proxy pull the KV itself between prefill and
@@ -82,7 +90,7 @@ func (p *Proxy) EnableKVPull(cfg KVPullConfig, puller *kvtransfer.Puller, m *met
 		cfg.MaxRegions = 8
 	}
 	p.kv = &kvPull{cfg: cfg, conn: src, puller: puller, m: m,
-		regions: map[string]*kvtransfer.Region{}, recent: map[string]string{}}
+		regions: map[string]*mappedRegion{}, recent: map[string]string{}}
 	return nil
 }
 
@@ -121,8 +129,10 @@ func (r *request) pullKV(h connectors.Handoff) (connectors.Handoff, error) {
 	a, err := r.allocKV(src)
 	if err == nil {
 		var dst [][]byte
-		if dst, err = k.destination(a, src); err == nil {
+		var done func()
+		if dst, done, err = k.destination(a, src); err == nil {
 			_, err = k.puller.Pull(r.ctx, src, dst)
+			done()
 		}
 		if err != nil {
 			r.freeKV(a.AllocID)
@@ -193,42 +203,79 @@ func (r *request) engineCall(ctx context.Context, path string, body []byte) ([]b
 }
 
 // destination maps the engine's region (cached) and returns the borrowed
-// blocks' bytes.
-func (k *kvPull) destination(a allocAnswer, src kvtransfer.Source) ([][]byte, error) {
+// blocks' bytes, and done, to call once the pull no longer writes them.
+func (k *kvPull) destination(a allocAnswer, src kvtransfer.Source) ([][]byte, func(), error) {
 	if a.Region.Kind != kvtransfer.KindHost {
-		return nil, fmt.Errorf("local region of kind %q: %w", a.Region.Kind, kvtransfer.ErrUnsupported)
+		return nil, nil, fmt.Errorf("local region of kind %q: %w", a.Region.Kind, kvtransfer.ErrUnsupported)
 	}
 	if a.Region.BlockBytes != src.BlockBytes {
-		return nil, fmt.Errorf("local blocks of %d bytes, remote %d: %w", a.Region.BlockBytes, src.BlockBytes, kvtransfer.ErrKVSize)
+		return nil, nil, fmt.Errorf("local blocks of %d bytes, remote %d: %w", a.Region.BlockBytes, src.BlockBytes, kvtransfer.ErrKVSize)
 	}
-	reg, err := k.region(a.Region.Path, a.Region.BlockBytes)
+	m, err := k.region(a.Region.Path, a.Region.BlockBytes)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	return reg.Blocks(a.BlockIDs)
+	done := func() { k.unref(m) }
+	dst, err := m.reg.Blocks(a.BlockIDs)
+	if err != nil {
+		done()
+		return nil, nil, err
+	}
+	return dst, done, nil
 }
 
-func (k *kvPull) region(path string, blockBytes int) (*kvtransfer.Region, error) {
+// region returns path's mapping with a reference taken. The cache holds
+// MaxRegions mappings; past that an unused one is evicted and unmapped (an
+// engine restart leaves its old file behind), and if every one is in use
+// the new mapping is used once and unmapped after.
+func (k *kvPull) region(path string, blockBytes int) (*mappedRegion, error) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	if reg, ok := k.regions[path]; ok && reg.BlockBytes() == blockBytes {
-		return reg, nil
+	if m, ok := k.regions[path]; ok && m.reg.BlockBytes() == blockBytes {
+		m.refs++
+		return m, nil
 	}
 	reg, err := kvtransfer.OpenHostRegion(path, blockBytes)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", kvtransfer.ErrUnsupported, err)
 	}
+	m := &mappedRegion{reg: reg, refs: 1}
+	if old, ok := k.regions[path]; ok { // same path, other block size
+		k.evict(path, old)
+	}
 	if len(k.regions) >= k.cfg.MaxRegions {
-		// An engine restart leaves its old file mapped; drop one. Regions
-		// are never unmapped while in use: keep it simple and leak the
-		// mapping of the dropped entry rather than risk a fault.
-		for p := range k.regions {
-			delete(k.regions, p)
-			break
+		for p, old := range k.regions {
+			if old.refs == 0 {
+				k.evict(p, old)
+				break
+			}
 		}
 	}
-	k.regions[path] = reg
-	return reg, nil
+	if len(k.regions) < k.cfg.MaxRegions {
+		m.cached = true
+		k.regions[path] = m
+	}
+	return m, nil
+}
+
+// evict drops m from the cache, unmapping it unless a pull still writes
+// into it (then its last user does). Called with k.mu held.
+func (k *kvPull) evict(path string, m *mappedRegion) {
+	delete(k.regions, path)
+	m.cached = false
+	if m.refs == 0 {
+		_ = m.reg.Close()
+	}
+}
+
+// unref returns a reference taken by region.
+func (k *kvPull) unref(m *mappedRegion) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	m.refs--
+	if m.refs == 0 && !m.cached {
+		_ = m.reg.Close()
+	}
 }
 
 // remember notes a prefiller's agent for the periodic probe (bounded).
