@@ -16,7 +16,7 @@ import (
 func TestSGLangCancelledPrefillFreesRoom(t *testing.T) {
 	p := startSim(t, RolePrefill, nil)
 	body := `{"model":"sim-model","prompt":` + mustJSON(longPrompt(40)) + `,"max_tokens":5,"bootstrap_host":"127.0.0.1","bootstrap_port":` +
-		mustJSON(p.bootAddr.Port) + `,"bootstrap_room":77}`
+		mustJSON(p.BootstrapAddr().Port) + `,"bootstrap_room":77}`
 	ctx, cancel := context.WithCancel(context.Background())
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, p.url+"/v1/completions", strings.NewReader(body))
 	require.NoError(t, err)
@@ -45,7 +45,7 @@ func TestSGLangCancelledPrefillFreesRoom(t *testing.T) {
 func TestMooncakeQueryAndTransfer(t *testing.T) {
 	p := startSim(t, RolePrefill, nil)
 	d := startSim(t, RoleDecode, nil)
-	boot := "http://" + p.bootAddr.String()
+	boot := "http://" + p.BootstrapAddr().String()
 
 	q, err := httpGet(boot + "/query")
 	require.NoError(t, err)

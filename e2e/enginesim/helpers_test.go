@@ -48,7 +48,9 @@ func startSim(t *testing.T, role Role, mutate func(*Config)) *testSim {
 		<-done
 	})
 	ts := &testSim{Sim: s, url: "http://" + ls.HTTP.Addr().String()}
-	require.Eventually(t, func() bool { return s.KVAddr() != nil || ls.KV == nil }, time.Second, time.Millisecond)
+	require.Eventually(t, func() bool {
+		return (s.KVAddr() != nil || ls.KV == nil) && (s.BootstrapAddr() != nil || ls.Bootstrap == nil)
+	}, time.Second, time.Millisecond)
 	return ts
 }
 

@@ -172,7 +172,7 @@ func TestSGLangBootstrapRoom(t *testing.T) {
 	d := startSim(t, RoleDecode, nil)
 	prompt := longPrompt(33)
 	boot := func(room uint64) string {
-		return `,"bootstrap_host":"127.0.0.1","bootstrap_port":` + mustJSON(p.bootAddr.Port) + `,"bootstrap_room":` + mustJSON(room)
+		return `,"bootstrap_host":"127.0.0.1","bootstrap_port":` + mustJSON(p.BootstrapAddr().Port) + `,"bootstrap_room":` + mustJSON(room)
 	}
 	body := `{"model":"sim-model","prompt":` + mustJSON(prompt) + `,"max_tokens":5`
 	var wg sync.WaitGroup
@@ -197,7 +197,7 @@ func TestSGLangDecodeWaitIsBounded(t *testing.T) {
 	p := startSim(t, RolePrefill, nil)
 	d := startSim(t, RoleDecode, func(c *Config) { c.BootstrapTimeout = 50 * time.Millisecond })
 	body := `{"model":"sim-model","prompt":"x y","bootstrap_host":"127.0.0.1","bootstrap_port":` +
-		mustJSON(p.bootAddr.Port) + `,"bootstrap_room":9}`
+		mustJSON(p.BootstrapAddr().Port) + `,"bootstrap_room":9}`
 	a := post(t, d.url+"/v1/completions", body)
 	assert.Equal(t, 500, a.status, "no prefill for the room: the decode gives up")
 }

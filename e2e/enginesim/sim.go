@@ -182,6 +182,14 @@ func (s *Sim) KVAddr() *net.TCPAddr {
 	return s.kvAddr
 }
 
+// BootstrapAddr returns the SGLang/Mooncake bootstrap listener's address
+// (nil until Serve started it, or when the role has none).
+func (s *Sim) BootstrapAddr() *net.TCPAddr {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.bootAddr
+}
+
 // HeldBlocks returns the number of KV blocks held for remote decoders.
 func (s *Sim) HeldBlocks() int { return s.holds.heldBlocks() }
 
