@@ -83,12 +83,15 @@ func (p *Proxy) Run(ctx context.Context) error {
 
 func (p *Proxy) newServer(h fasthttp.RequestHandler) *fasthttp.Server {
 	return &fasthttp.Server{
-		Handler:               h,
-		Name:                  "pd-sidecar",
-		MaxRequestBodySize:    p.cfg.MaxRequestBodyBytes,
-		ReadTimeout:           p.cfg.Guard.ReadTimeout,
-		IdleTimeout:           p.cfg.Guard.IdleTimeout,
-		ReadBufferSize:        p.cfg.Guard.MaxHeaderBytes,
+		Handler:            h,
+		Name:               "pd-sidecar",
+		MaxRequestBodySize: p.cfg.MaxRequestBodyBytes,
+		ReadTimeout:        p.cfg.Guard.ReadTimeout,
+		IdleTimeout:        p.cfg.Guard.IdleTimeout,
+		ReadBufferSize:     p.cfg.Guard.MaxHeaderBytes,
+		// Each open stream holds this writer; answers are headers and SSE
+		// chunks, flushed one by one, and longer writes bypass it.
+		WriteBufferSize:       2 << 10,
 		ErrorHandler:          p.serverError, // JSON 413/431/408/400 (guard.go)
 		CloseOnShutdown:       true,
 		NoDefaultServerHeader: true,

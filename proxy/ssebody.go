@@ -73,6 +73,40 @@ func (b *sseBody) Read(p []byte) (int, error) {
 	return n, nil
 }
 
+// WriteTo implements io.WriterTo; with SupportsBodyWriteTo it lets
+// fasthttp frame each chunk straight from this body's buffer (one flushed
+// chunk per Write) instead of copying it through a 4 KiB buffer of its own
+// that an open stream would hold for its whole life.
+func (b *sseBody) WriteTo(w io.Writer) (int64, error) {
+	var total int64
+	for {
+		if b.off >= len(b.out) {
+			if b.ended {
+				return total, nil
+			}
+			if err := b.fill(); err != nil {
+				return total, err
+			}
+			if b.off >= len(b.out) {
+				return total, nil
+			}
+		}
+		n, err := w.Write(b.out[b.off:])
+		b.off += n
+		total += int64(n)
+		if n > 0 && b.first {
+			b.first = false
+			b.r.p.m.TTFT.WithLabelValues(b.r.mode).Observe(time.Since(b.r.start).Seconds())
+		}
+		if err != nil {
+			return total, err
+		}
+	}
+}
+
+// SupportsBodyWriteTo tells fasthttp that WriteTo may replace Read.
+func (b *sseBody) SupportsBodyWriteTo() bool { return true }
+
 // fill prepares the next chunk: the held events, or the next event and
 // whatever complete events are already buffered behind it. It returns an
 // error only when the client left (the answer cannot be ended cleanly).
@@ -130,4 +164,7 @@ func (b *sseBody) Close() error {
 	return nil
 }
 
-var _ io.ReadCloser = (*sseBody)(nil)
+var (
+	_ io.ReadCloser         = (*sseBody)(nil)
+	_ fasthttp.BodyWriterTo = (*sseBody)(nil)
+)
