@@ -15,21 +15,27 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	dynfake "k8s.io/client-go/dynamic/fake"
-	kubefake "k8s.io/client-go/kubernetes/fake"
 )
 
-func pod(name, ip string, ready bool, lbl map[string]string) *corev1.Pod {
+// pod builds a pod as the dynamic client serves it.
+func pod(name, ip string, ready bool, lbl map[string]string) *unstructured.Unstructured {
 	st := corev1.ConditionFalse
 	if ready {
 		st = corev1.ConditionTrue
 	}
-	return &corev1.Pod{
+	p := &corev1.Pod{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "v1", Kind: "Pod"},
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "ns", Labels: lbl},
 		Status: corev1.PodStatus{
 			Phase: corev1.PodRunning, PodIP: ip,
 			Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: st}},
 		},
 	}
+	m, err := runtime.DefaultUnstructuredConverter.ToUnstructured(p)
+	if err != nil {
+		panic(err)
+	}
+	return &unstructured.Unstructured{Object: m}
 }
 
 func poolV1(ports ...int64) *unstructured.Unstructured {
@@ -59,13 +65,18 @@ func poolV1Alpha2(port int64) *unstructured.Unstructured {
 }
 
 type rig struct {
-	w    *PoolWatcher
-	dyn  *dynfake.FakeDynamicClient
-	kube *kubefake.Clientset
-	gvr  schema.GroupVersionResource
+	w   *PoolWatcher
+	dyn *dynfake.FakeDynamicClient
+	gvr schema.GroupVersionResource
 }
 
-func startWatcher(t *testing.T, group string, pool *unstructured.Unstructured, pods ...runtime.Object) *rig {
+// fakeDynamic serves pools and pods.
+func fakeDynamic(gvr schema.GroupVersionResource, objs ...runtime.Object) *dynfake.FakeDynamicClient {
+	return dynfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(),
+		map[schema.GroupVersionResource]string{gvr: "InferencePoolList", PodsGVR: "PodList"}, objs...)
+}
+
+func startWatcher(t *testing.T, group string, pool *unstructured.Unstructured, pods ...*unstructured.Unstructured) *rig {
 	t.Helper()
 	cfg := PoolConfig{Namespace: "ns", Name: "pool", Group: group}
 	gvr := cfg.GVR()
@@ -73,10 +84,11 @@ func startWatcher(t *testing.T, group string, pool *unstructured.Unstructured, p
 	if pool != nil {
 		objs = append(objs, pool)
 	}
-	dyn := dynfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(),
-		map[schema.GroupVersionResource]string{gvr: "InferencePoolList"}, objs...)
-	kube := kubefake.NewClientset(pods...)
-	w, err := NewPoolWatcher(cfg, dyn, kube, zerolog.Nop())
+	for _, p := range pods {
+		objs = append(objs, p)
+	}
+	dyn := fakeDynamic(gvr, objs...)
+	w, err := NewPoolWatcher(cfg, dyn, zerolog.Nop())
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
 	ready := make(chan struct{})
@@ -91,7 +103,7 @@ func startWatcher(t *testing.T, group string, pool *unstructured.Unstructured, p
 	case <-time.After(10 * time.Second):
 		t.Fatal("pool watcher did not sync")
 	}
-	return &rig{w: w, dyn: dyn, kube: kube, gvr: gvr}
+	return &rig{w: w, dyn: dyn, gvr: gvr}
 }
 
 // noLeaks checks, after every other cleanup ran, that no goroutine is left.
@@ -131,7 +143,7 @@ func TestPoolWatcherReadyPodsOnTargetPorts(t *testing.T) {
 	assert.Equal(t, 2, r.w.Len())
 
 	ctx := context.Background()
-	pods := r.kube.CoreV1().Pods("ns")
+	pods := r.dyn.Resource(PodsGVR).Namespace("ns")
 	// p1 turns Ready: admitted.
 	_, err := pods.UpdateStatus(ctx, pod("p1", "10.0.0.2", true, app), metav1.UpdateOptions{})
 	require.NoError(t, err)
@@ -185,9 +197,7 @@ func TestPoolWatcherBadSpecAllowsNothing(t *testing.T) {
 func TestPoolWatcherNotSynced(t *testing.T) {
 	noLeaks(t)
 	cfg := PoolConfig{Namespace: "ns", Name: "pool", Group: GroupV1}
-	dyn := dynfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(),
-		map[schema.GroupVersionResource]string{cfg.GVR(): "InferencePoolList"})
-	w, err := NewPoolWatcher(cfg, dyn, kubefake.NewClientset(), zerolog.Nop())
+	w, err := NewPoolWatcher(cfg, fakeDynamic(cfg.GVR()), zerolog.Nop())
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()

@@ -11,7 +11,6 @@ import (
 	"github.com/rs/zerolog"
 	"github.com/spf13/pflag"
 	"k8s.io/client-go/dynamic"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
@@ -126,11 +125,7 @@ func startPoolWatch(o *options, log zerolog.Logger) (func(), error) {
 	if err != nil {
 		return nil, fmt.Errorf("kubernetes dynamic client: %w", err)
 	}
-	kube, err := kubernetes.NewForConfig(rc)
-	if err != nil {
-		return nil, fmt.Errorf("kubernetes client: %w", err)
-	}
-	w, err := ssrf.NewPoolWatcher(pc, dyn, kube, log)
+	w, err := ssrf.NewPoolWatcher(pc, dyn, log)
 	if err != nil {
 		return nil, err
 	}
