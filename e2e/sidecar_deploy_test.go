@@ -155,11 +155,7 @@ func TestTracingOverOTLP(t *testing.T) {
 	sink := newOTLPSink(t)
 	prefill := harness.StartEngineSim(t, "prefill")
 	decode := harness.StartEngineSim(t, "decode")
-	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", sink.srv.URL)
-	t.Setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf")
-	t.Setenv("OTEL_TRACES_SAMPLER", "parentbased_always_on")
-	t.Setenv("OTEL_BSP_SCHEDULE_DELAY", "100")
-	sc := harness.StartSidecar(t, decode.Port, "--tracing")
+	sc := startTracedSidecar(t, sink, decode.Port)
 
 	const trace = "0af7651916cd43dd8448eb211c80319c"
 	hdr := map[string]string{
@@ -202,11 +198,7 @@ func TestTracingConcurrentChoreography(t *testing.T) {
 	sink := newOTLPSink(t)
 	prefill := harness.StartEngineSim(t, "prefill")
 	decode := harness.StartEngineSim(t, "decode")
-	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", sink.srv.URL)
-	t.Setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf")
-	t.Setenv("OTEL_TRACES_SAMPLER", "parentbased_always_on")
-	t.Setenv("OTEL_BSP_SCHEDULE_DELAY", "100")
-	sc := harness.StartSidecar(t, decode.Port, "--tracing", "--kv-connector", "sglang",
+	sc := startTracedSidecar(t, sink, decode.Port, "--kv-connector", "sglang",
 		"--sglang-bootstrap-port", itoa(prefill.BootstrapPort))
 
 	const trace = "1bf7651916cd43dd8448eb211c80319d"
@@ -235,4 +227,15 @@ func TestTracingConcurrentChoreography(t *testing.T) {
 			return id == trace
 		})
 	}
+}
+
+// startTracedSidecar starts a sidecar with --tracing exporting to sink
+// (OTLP/HTTP, every span sampled, exported every 100 ms).
+func startTracedSidecar(t *testing.T, sink *otlpSink, modelServerPort int, flags ...string) *harness.Sidecar {
+	t.Helper()
+	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", sink.srv.URL)
+	t.Setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf")
+	t.Setenv("OTEL_TRACES_SAMPLER", "parentbased_always_on")
+	t.Setenv("OTEL_BSP_SCHEDULE_DELAY", "100")
+	return harness.StartSidecar(t, modelServerPort, append([]string{"--tracing"}, flags...)...)
 }
