@@ -161,9 +161,9 @@ func (t *Tracker) verdict(s Snapshot) (string, string) {
 	case w.Disaggregated == 0:
 		return VerdictNeverSplit, fmt.Sprintf("configured for P/D (%s) but no split happened in %s: %d requests named a prefiller and all fell back to local prefill (%s)%s", s.Connector, win, w.NamedPrefiller, reasonsText(w.FallbacksByReason), t.lastText(s))
 	case w.Fallback > 0:
-		return VerdictDegraded, fmt.Sprintf("degraded: %d of %d requests that named a prefiller were split, %d fell back (%s); KV moved for %d", w.Disaggregated, w.NamedPrefiller, w.Fallback, reasonsText(w.FallbacksByReason), w.KVTransferred)
+		return VerdictDegraded, fmt.Sprintf("%d of %d requests that named a prefiller were split, %d fell back (%s); KV moved for %d", w.Disaggregated, w.NamedPrefiller, w.Fallback, reasonsText(w.FallbacksByReason), w.KVTransferred)
 	}
-	return VerdictOperating, fmt.Sprintf("operating: %d of %d requests in %s were split (%d local), KV moved for %d", w.Disaggregated, total, win, w.Local, w.KVTransferred)
+	return VerdictOperating, fmt.Sprintf("%d of %d requests in %s were split (%d local), KV moved for %d", w.Disaggregated, total, win, w.Local, w.KVTransferred)
 }
 
 func (t *Tracker) lastText(s Snapshot) string {
