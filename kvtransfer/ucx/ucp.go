@@ -78,12 +78,24 @@ static ucs_status_t px_listen(ucp_worker_h w, const char *ip, px_connq *q, ucp_l
 	return UCS_OK;
 }
 
+// A peer that vanishes (a puller cancelled mid-pull, an agent killed) fails
+// its endpoint. Without an error handler UCX treats that as fatal and aborts
+// the whole process; with one, the endpoint's operations complete with an
+// error status, which the Go side maps to ErrKVSourceGone or an aborted
+// pull, and the endpoint is destroyed when its connection is closed.
+static void px_on_ep_error(void *arg, ucp_ep_h ep, ucs_status_t st) {
+	(void)arg; (void)ep; (void)st;
+}
+
 static ucs_status_t px_accept(ucp_worker_h w, ucp_conn_request_h r, ucp_ep_h *ep) {
 	ucp_ep_params_t p;
 	memset(&p, 0, sizeof p);
-	p.field_mask = UCP_EP_PARAM_FIELD_CONN_REQUEST | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
+	p.field_mask = UCP_EP_PARAM_FIELD_CONN_REQUEST | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+		UCP_EP_PARAM_FIELD_ERR_HANDLER;
 	p.conn_request = r;
 	p.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+	p.err_handler.cb = px_on_ep_error;
+	p.err_handler.arg = NULL;
 	return ucp_ep_create(w, &p, ep);
 }
 
@@ -92,11 +104,14 @@ static ucs_status_t px_connect(ucp_worker_h w, const char *ip, int port, ucp_ep_
 	if (px_sockaddr(ip, port, &sa)) return UCS_ERR_INVALID_PARAM;
 	ucp_ep_params_t p;
 	memset(&p, 0, sizeof p);
-	p.field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
+	p.field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+		UCP_EP_PARAM_FIELD_ERR_HANDLER;
 	p.flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER;
 	p.sockaddr.addr = (const struct sockaddr *)&sa;
 	p.sockaddr.addrlen = sizeof sa;
 	p.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+	p.err_handler.cb = px_on_ep_error;
+	p.err_handler.arg = NULL;
 	return ucp_ep_create(w, &p, ep);
 }
 
@@ -316,9 +331,17 @@ type getOp struct {
 	raddr uint64
 }
 
+// cancelDrain bounds how long a cancelled get waits for its reads in
+// flight before it force-closes the endpoint.
+const cancelDrain = 2 * time.Second
+
 // get reads every op one-sided and waits for all of them, polling until
-// they complete, fail, or cancelled() reports true (then the endpoint is
-// closed, which completes what is left with an error).
+// they complete or fail. When cancelled() reports true it issues nothing
+// more and lets the reads in flight finish (at most cancelDrain) before it
+// returns: force-closing an endpoint with reads in flight makes UCX 1.13's
+// software RMA (the tcp transport) abort the *serving* process with
+// "Fatal: unexpected error: Endpoint timeout" in ucp_get_req_handler. A
+// failed read breaks (closes) the endpoint.
 func (e *endpoint) get(packed []byte, ops []getOp, cancelled func() bool) error {
 	e.wk.mu.Lock()
 	if e.broken {
@@ -343,12 +366,14 @@ func (e *endpoint) get(packed []byte, ops []getOp, cancelled func() bool) error 
 		}
 	}
 	e.wk.mu.Unlock()
+	var drainUntil time.Time
 	for len(reqs) > 0 {
 		if first == nil && cancelled() {
 			first = errCancelled
+			drainUntil = time.Now().Add(cancelDrain)
 		}
 		e.wk.mu.Lock()
-		if first != nil {
+		if first != nil && (!errors.Is(first, errCancelled) || time.Now().After(drainUntil)) {
 			e.breakLocked()
 		}
 		kept := reqs[:0]
