@@ -125,12 +125,11 @@ func (r *request) tryDecodeSSE(df connectors.DecodeFirst, leg *Leg, resp *fastht
 	r.p.m.Requests.WithLabelValues(r.mode, statusLabel(resp.StatusCode())).Inc()
 	r.obs.status = resp.StatusCode()
 	r.log.Info().Str("mode", r.mode).Msg("streaming the decode engine's first answer")
-	r.detached = true
-	r.rc.SetBodyStream(r.newSSEBody(er, held, false, func() {
+	r.streamBody(r.newSSEBody(er, held, false, func() {
 		leg.Close()
 		fasthttp.ReleaseResponse(resp)
 		g.Dec()
 		r.finish()
-	}), -1)
+	}))
 	return false, nil
 }

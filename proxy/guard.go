@@ -50,9 +50,9 @@ type GuardConfig struct {
 	// Breaker is the per-prefiller circuit breaker.
 	Breaker circuit.Config
 	// MaxHeaderBytes bounds the request line and headers (431 above); it
-	// is also each connection's read buffer, held for the whole life of an
-	// open stream, hence the 8 KiB default (nginx's and Apache's usual
-	// header limit).
+	// is also the read buffer of a connection while it reads a request
+	// (released once the request is read), 8 KiB by default (nginx's and
+	// Apache's usual header limit).
 	MaxHeaderBytes int
 	// ReadTimeout bounds reading a request's head and body.
 	ReadTimeout time.Duration

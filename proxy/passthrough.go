@@ -22,7 +22,7 @@ func (p *Proxy) passthrough(rc *fasthttp.RequestCtx, local string) {
 	g := p.m.Inflight.WithLabelValues(metrics.PhasePassthrough)
 	g.Inc()
 	ctx, cancel := context.WithCancelCause(context.Background())
-	stop := watchConn(rc.Conn(), cancel)
+	w := watchConn(rc.Conn(), cancel)
 	req := fasthttp.AcquireRequest()
 	rc.Request.Header.CopyTo(&req.Header)
 	for _, h := range hopHeaders {
@@ -40,7 +40,7 @@ func (p *Proxy) passthrough(rc *fasthttp.RequestCtx, local string) {
 	done := func() {
 		fasthttp.ReleaseResponse(resp)
 		g.Dec()
-		if stop() {
+		if w.stop() {
 			rc.SetConnectionClose()
 		}
 		cancel(context.Canceled)
@@ -70,7 +70,11 @@ func (p *Proxy) passthrough(rc *fasthttp.RequestCtx, local string) {
 		return
 	}
 	// fasthttp's server goroutine copies the leg to the client, one flushed
-	// chunk per read, and closes it when done or when the client is gone.
+	// chunk per read, and closes it when done or when the client is gone
+	// (the next write fails: the watch ends here).
+	if w.stop() {
+		rc.SetConnectionClose()
+	}
 	rc.SetBodyStream(&passthroughBody{leg: leg, done: func() {
 		leg.Close()
 		done()

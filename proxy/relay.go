@@ -153,13 +153,12 @@ func (r *request) relaySSE(leg *Leg, resp *fasthttp.Response, g prometheus.Gauge
 	r.copyHead(resp)
 	r.p.m.Requests.WithLabelValues(r.mode, statusLabel(resp.StatusCode())).Inc()
 	r.obs.status = resp.StatusCode()
-	r.detached = true
-	r.rc.SetBodyStream(r.newSSEBody(er, held, remote, func() {
+	r.streamBody(r.newSSEBody(er, held, remote, func() {
 		leg.Close()
 		fasthttp.ReleaseResponse(resp)
 		g.Dec()
 		r.finish()
-	}), -1)
+	}))
 	return nil
 }
 
@@ -172,4 +171,15 @@ func needsDone(api connectors.API) bool {
 func (r *request) left() {
 	r.log.Info().Msg("client left mid-stream; upstream leg cancelled")
 	r.p.m.ClientDisconnects.WithLabelValues(r.phase()).Inc()
+}
+
+// streamBody hands b to fasthttp as the answer's body. From here a client
+// that leaves fails the next write, so no watcher is kept for the life of
+// the stream.
+func (r *request) streamBody(b *sseBody) {
+	if r.watch.stop() {
+		r.rc.SetConnectionClose()
+	}
+	r.detached = true
+	r.rc.SetBodyStream(b, -1)
 }

@@ -25,7 +25,7 @@ type request struct {
 	rc     *fasthttp.RequestCtx
 	ctx    context.Context
 	cancel context.CancelCauseFunc
-	stop   func() bool // ends the connection watch
+	watch  *connWatch // the client connection's watch (watch.go)
 	id     string
 	log    zerolog.Logger
 	start  time.Time
@@ -65,7 +65,7 @@ func (p *Proxy) newRequest(rc *fasthttp.RequestCtx, local string, api connectors
 	js := connectors.Bytes(r.body)
 	r.stream = gjson.Get(js, "stream").Bool()
 	r.usage = gjson.Get(js, "stream_options.include_usage").Bool()
-	r.stop = watchConn(rc.Conn(), cancel)
+	r.watch = watchConn(rc.Conn(), cancel)
 	r.traceStart()
 	return r
 }
@@ -74,7 +74,7 @@ func (p *Proxy) newRequest(rc *fasthttp.RequestCtx, local string, api connectors
 func (r *request) finish() {
 	r.report()
 	r.p.guard.release()
-	if r.stop() && !r.detached {
+	if r.watch.stop() && !r.detached {
 		r.rc.SetConnectionClose()
 	}
 	r.cancel(context.Canceled)

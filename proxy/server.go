@@ -81,19 +81,29 @@ func (p *Proxy) Run(ctx context.Context) error {
 	return err
 }
 
+// serverName is the Server header of every answer.
+const serverName = "pd-sidecar"
+
 func (p *Proxy) newServer(h fasthttp.RequestHandler) *fasthttp.Server {
 	return &fasthttp.Server{
 		Handler:            h,
-		Name:               "pd-sidecar",
+		Name:               serverName,
 		MaxRequestBodySize: p.cfg.MaxRequestBodyBytes,
 		ReadTimeout:        p.cfg.Guard.ReadTimeout,
 		IdleTimeout:        p.cfg.Guard.IdleTimeout,
 		ReadBufferSize:     p.cfg.Guard.MaxHeaderBytes,
 		// Each open stream holds this writer; answers are headers and SSE
 		// chunks, flushed one by one, and longer writes bypass it.
-		WriteBufferSize:       2 << 10,
-		ErrorHandler:          p.serverError, // JSON 413/431/408/400 (guard.go)
-		CloseOnShutdown:       true,
+		WriteBufferSize: 2 << 10,
+		ErrorHandler:    p.serverError, // JSON 413/431/408/400 (guard.go)
+		CloseOnShutdown: true,
+		// An open stream then holds no read buffer (nor, written by the
+		// relay itself, a request context or writer: chunked.go), and an
+		// idle keep-alive connection holds neither.
+		ReduceMemoryUsage: true,
+		// The relay hands a connection back with ServeConn after a stream
+		// it wrote itself.
+		KeepHijackedConns:     true,
 		NoDefaultServerHeader: true,
 		Logger:                fasthttpLogger{p},
 	}

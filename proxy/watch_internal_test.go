@@ -1,0 +1,110 @@
+package proxy
+
+import (
+	"context"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// tcpPair returns both ends of a loopback TCP connection.
+func tcpPair(t *testing.T) (server, client net.Conn) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer ln.Close()
+	client, err = net.Dial("tcp", ln.Addr().String())
+	require.NoError(t, err)
+	server, err = ln.Accept()
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = server.Close(); _ = client.Close() })
+	return server, client
+}
+
+func TestConnWatch(t *testing.T) {
+	cases := []struct {
+		name string
+		// client acts on its end after the given wait; nil: nothing.
+		client func(net.Conn)
+		// early: the client acts before the watch is armed.
+		delay         time.Duration // 0: watchDelay
+		early         bool
+		wait          time.Duration
+		wantGone      bool
+		wantPipelined bool
+		wantArmed     bool
+	}{
+		{name: "answered before the delay: never armed", delay: time.Hour},
+		{name: "client stays: armed, stopped cleanly", wait: watchDelay, wantArmed: true},
+		{name: "client leaves during a long wait", wantArmed: true, wantGone: true,
+			client: func(c net.Conn) { _ = c.Close() }},
+		{name: "client leaves before the watch is armed: noticed once armed", wantArmed: true, wantGone: true,
+			early: true, client: func(c net.Conn) { _ = c.Close() }},
+		{name: "pipelined request byte", wantArmed: true, wantPipelined: true,
+			client: func(c net.Conn) { _, _ = c.Write([]byte("P")) }},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			server, client := tcpPair(t)
+			ctx, cancel := context.WithCancelCause(context.Background())
+			defer cancel(nil)
+			delay := tc.delay
+			if delay == 0 {
+				delay = watchDelay
+			}
+			w := watchConnAfter(server, cancel, delay)
+			armed := func() bool {
+				w.mu.Lock()
+				defer w.mu.Unlock()
+				return w.end != nil
+			}
+			if tc.client != nil && tc.early {
+				tc.client(client)
+			}
+			if tc.wantArmed {
+				require.Eventually(t, armed, 5*time.Second, time.Millisecond)
+			}
+			if tc.client != nil && !tc.early {
+				tc.client(client)
+			}
+			if tc.wantGone {
+				select {
+				case <-ctx.Done():
+				case <-time.After(5 * time.Second):
+					t.Fatal("the client's leaving was not noticed")
+				}
+				require.ErrorIs(t, context.Cause(ctx), ErrClientGone)
+			} else {
+				time.Sleep(tc.wait)
+				require.NoError(t, ctx.Err())
+			}
+			pipelined := w.stop()
+			require.Equal(t, pipelined, w.stop(), "stop is idempotent")
+			if tc.wantPipelined && !pipelined {
+				// Stopped before the watcher read the byte: it is still on
+				// the connection for the server. Either way nothing is lost.
+				b := make([]byte, 1)
+				require.NoError(t, server.SetReadDeadline(time.Now().Add(time.Second)))
+				_, err := server.Read(b)
+				require.NoError(t, err)
+				require.Equal(t, byte('P'), b[0])
+				pipelined = true
+			}
+			require.Equal(t, tc.wantPipelined, pipelined)
+			require.Equal(t, tc.wantArmed, armed())
+			if !tc.wantGone && !tc.wantPipelined {
+				// The connection is still usable: a read deadline the watch
+				// set is cleared.
+				_, err := client.Write([]byte("x"))
+				require.NoError(t, err)
+				b := make([]byte, 1)
+				require.NoError(t, server.SetReadDeadline(time.Now().Add(time.Second)))
+				_, err = server.Read(b)
+				require.NoError(t, err)
+				require.Equal(t, byte('x'), b[0])
+			}
+		})
+	}
+}
