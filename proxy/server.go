@@ -97,13 +97,10 @@ func (p *Proxy) newServer(h fasthttp.RequestHandler) *fasthttp.Server {
 		WriteBufferSize: 2 << 10,
 		ErrorHandler:    p.serverError, // JSON 413/431/408/400 (guard.go)
 		CloseOnShutdown: true,
-		// An open stream then holds no read buffer (nor, written by the
-		// relay itself, a request context or writer: chunked.go), and an
-		// idle keep-alive connection holds neither.
-		ReduceMemoryUsage: true,
-		// The relay hands a connection back with ServeConn after a stream
-		// it wrote itself.
-		KeepHijackedConns:     true,
+		// An open stream then holds no read buffer (its request was read
+		// whole), and an idle keep-alive connection holds no request
+		// context either.
+		ReduceMemoryUsage:     true,
 		NoDefaultServerHeader: true,
 		Logger:                fasthttpLogger{p},
 	}
