@@ -66,11 +66,11 @@ bench: build
 	$(BIN)/pd-bench suite --bin $(BIN) --dir out/bench --plot out/bench.png --json out/bench.json $(BENCH_FLAGS)
 	$(GO) test -run '^$$' -bench . -benchmem ./connectors/nixlv2 ./proxy
 
-## fuzz-short: a short seeded run of every fuzz target (connector body rewriting, header parser, SSE scanner/rewriter)
+## fuzz-short: a short seeded run of every fuzz target (connector body rewriting, header parser, SSE event split, scanner and rewriter)
 FUZZTIME ?= 3s
 .PHONY: fuzz-short
 fuzz-short:
 	@set -e; for t in FuzzConnectorLegs FuzzEditObject FuzzClassifyEvent; do \
 		$(GO) test -run '^$$' -fuzz "^$$t\$$" -fuzztime $(FUZZTIME) ./connectors/; done
-	@set -e; for t in FuzzPickPrefiller FuzzSSEScanRewrite FuzzSSEErrorEvent; do \
+	@set -e; for t in FuzzPickPrefiller FuzzSSEScanRewrite FuzzSSEErrorEvent FuzzEventReaderSplits; do \
 		$(GO) test -run '^$$' -fuzz "^$$t\$$" -fuzztime $(FUZZTIME) ./proxy/; done

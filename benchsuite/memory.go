@@ -47,6 +47,13 @@ func streamMemory(ctx context.Context, o Options, launch func(string, string, ..
 		defer p.stop()
 		cands = append(cands, cand{"nginx", ports[2], p})
 	}
+	if o.RefProxy != "" {
+		p, err := launch("go-proxy-streams", o.RefProxy, "refproxy", "--port", itoa(ports[5]), "--upstream", hostPort(engine))
+		if err != nil {
+			return nil, err
+		}
+		cands = append(cands, cand{"go-proxy", ports[5], p})
+	}
 	if o.Peer != "" {
 		p, err := launch("peer-streams", o.Peer, "--port", itoa(ports[3]), "--model-server-port", itoa(engine),
 			"--secure-proxy=false", "--kv-connector", "nixlv2")

@@ -115,6 +115,13 @@ func writeBudget(w io.Writer, r *report) {
 	if ok1 && ok2 {
 		fmt.Fprintf(w, "  passthrough CPU per request ≤ nginx: %.1f vs %.1f µs — %s\n", cSC.CPUMicros, cNG.CPUMicros, verdict(cSC.CPUMicros <= cNG.CPUMicros))
 	}
+	if gp, ok := find(r.Saturation, "go-proxy"); ok && okSC && gp.ReqPerSec > 0 {
+		line := fmt.Sprintf("  (reference, no budget) Go's httputil.ReverseProxy: sidecar %.2f× its saturation", sc.ReqPerSec/gp.ReqPerSec)
+		if cGP, ok := findCost(r.Costs, "go-proxy"); ok && ok1 && cSC.CPUMicros > 0 {
+			line += fmt.Sprintf(", %.2f× less CPU per request (%.1f vs %.1f µs)", cGP.CPUMicros/cSC.CPUMicros, cSC.CPUMicros, cGP.CPUMicros)
+		}
+		fmt.Fprintln(w, line)
+	}
 	if peer, ok := find(r.Saturation, "peer"); ok && peer.ReqPerSec > 0 {
 		fmt.Fprintf(w, "  passthrough saturation ≥ 3× peer sidecar: %.2f× — %s\n", sc.ReqPerSec/peer.ReqPerSec, verdict(sc.ReqPerSec >= 3*peer.ReqPerSec))
 	}

@@ -25,6 +25,9 @@ type Options struct {
 	Nginx string
 	// Peer is another sidecar binary with llm-d-compatible flags ("" skips).
 	Peer string
+	// RefProxy is the pd-bench binary whose refproxy command serves Go's
+	// net/http/httputil.ReverseProxy as a reference ("" skips it).
+	RefProxy string
 	// Dir receives logs and configuration files.
 	Dir string
 	// Clients, Duration, Rounds and Warmup shape the saturation run.
@@ -113,6 +116,13 @@ func Run(ctx context.Context, o Options, w io.Writer) error {
 		}
 		procs = append(procs, p)
 		add("nginx", p, ports[6], "")
+	}
+	if o.RefProxy != "" {
+		p, err := launch("go-proxy", o.RefProxy, "refproxy", "--port", itoa(ports[13]), "--upstream", hostPort(engine))
+		if err != nil {
+			return err
+		}
+		add("go-proxy", p, ports[13], "")
 	}
 	if o.Peer != "" {
 		peerArgs := func(port int) []string {

@@ -103,6 +103,7 @@ func (r *request) tryDecodeSSE(df connectors.DecodeFirst, leg *Leg, resp *fastht
 			break // a short stream: relay what came
 		}
 		if err != nil {
+			er.release()
 			leg.Close()
 			fasthttp.ReleaseResponse(resp)
 			g.Dec()
@@ -111,6 +112,7 @@ func (r *request) tryDecodeSSE(df connectors.DecodeFirst, leg *Leg, resp *fastht
 		held = append(held, ev...)
 		d := firstData(ev)
 		if d != nil && df.Declined(r.api, d) {
+			er.release()
 			leg.Close()
 			fasthttp.ReleaseResponse(resp)
 			g.Dec()
@@ -126,6 +128,7 @@ func (r *request) tryDecodeSSE(df connectors.DecodeFirst, leg *Leg, resp *fastht
 	r.obs.status = resp.StatusCode()
 	r.log.Info().Str("mode", r.mode).Msg("streaming the decode engine's first answer")
 	r.streamBody(r.newSSEBody(er, held, false, func() {
+		er.release()
 		leg.Close()
 		fasthttp.ReleaseResponse(resp)
 		g.Dec()

@@ -8,7 +8,9 @@ import (
 	"net"
 	"strings"
 	"testing"
+	"testing/iotest"
 
+	"github.com/stretchr/testify/require"
 	"github.com/tidwall/sjson"
 
 	"github.com/pd-sidecar/pd-sidecar/connectors"
@@ -115,6 +117,79 @@ func FuzzSSEErrorEvent(f *testing.F) {
 		}
 		if b, _ := sjson.SetBytes(nil, "x", 1); len(b) == 0 {
 			t.Fatal("sjson")
+		}
+	})
+}
+
+// splitEventsReference is the SSE event split the reader must agree with,
+// written the plain way: lines up to and including their '\n'; an event
+// ends at a blank line; blank-only events are skipped; a final event
+// without its blank line gets one.
+func splitEventsReference(in []byte) [][]byte {
+	var evs [][]byte
+	var cur []byte
+	for len(in) > 0 {
+		line := in
+		if i := bytes.IndexByte(in, '\n'); i >= 0 {
+			line, in = in[:i+1], in[i+1:]
+		} else {
+			in = nil
+		}
+		cur = append(cur, line...)
+		if line[len(line)-1] == '\n' && isBlank(line) {
+			if len(bytes.TrimSpace(cur)) > 0 {
+				evs = append(evs, cur)
+			}
+			cur = nil
+		}
+	}
+	if len(bytes.TrimSpace(cur)) > 0 {
+		evs = append(evs, append(cur, "\n\n"...))
+	}
+	return evs
+}
+
+// FuzzEventReaderSplits: whatever the input and however it arrives (whole,
+// a byte at a time, in halves), the event reader — zero-copy when an event
+// is whole in its buffer, assembled across refills when not — returns the
+// reference split, then io.EOF, and io.EOF again.
+func FuzzEventReaderSplits(f *testing.F) {
+	long := strings.Repeat("x", 3*eventReaderSize)
+	for _, s := range []string{
+		"data: a\n\ndata: b\n\n", "data: a\r\n\r\ndata: b\r\n\r\n", "\n\n\ndata: a\n\n  \n\n",
+		"data: " + long + "\n\ndata: b\n\n", "data: tail without blank line", "data: a\n\ndata: b",
+		": c\n\nevent: x\ndata: y\n\n",
+	} {
+		f.Add([]byte(s), uint8(0))
+		f.Add([]byte(s), uint8(1))
+		f.Add([]byte(s), uint8(2))
+	}
+	f.Fuzz(func(t *testing.T, in []byte, how uint8) {
+		var r io.Reader = bytes.NewReader(in)
+		switch how % 3 {
+		case 1:
+			r = iotest.OneByteReader(r)
+		case 2:
+			r = iotest.HalfReader(r)
+		}
+		er := newEventReader(r)
+		defer er.release()
+		var got [][]byte
+		for {
+			ev, err := er.next()
+			if err != nil {
+				require.ErrorIs(t, err, io.EOF)
+				break
+			}
+			got = append(got, bytes.Clone(ev))
+			require.LessOrEqual(t, len(got), len(in)+1, "more events than bytes")
+		}
+		_, err := er.next()
+		require.ErrorIs(t, err, io.EOF, "EOF is sticky")
+		want := splitEventsReference(in)
+		require.Equal(t, len(want), len(got), "events of %q", in)
+		for i := range want {
+			require.Equal(t, string(want[i]), string(got[i]), "event %d of %q", i, in)
 		}
 	})
 }

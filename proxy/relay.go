@@ -122,6 +122,7 @@ func (r *request) relaySSE(leg *Leg, resp *fasthttp.Response, g prometheus.Gauge
 	er := newEventReader(leg)
 	var held []byte
 	abort := func(err error) error {
+		er.release()
 		leg.Close()
 		fasthttp.ReleaseResponse(resp)
 		g.Dec()
@@ -154,6 +155,7 @@ func (r *request) relaySSE(leg *Leg, resp *fasthttp.Response, g prometheus.Gauge
 	r.p.m.Requests.WithLabelValues(r.mode, statusLabel(resp.StatusCode())).Inc()
 	r.obs.status = resp.StatusCode()
 	r.streamBody(r.newSSEBody(er, held, remote, func() {
+		er.release()
 		leg.Close()
 		fasthttp.ReleaseResponse(resp)
 		g.Dec()

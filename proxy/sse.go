@@ -5,13 +5,15 @@ import (
 	"bytes"
 	"errors"
 	"io"
+	"sync"
 )
 
 // eventReader splits an SSE body into events (each up to and including its
 // blank line).
 type eventReader struct {
 	br  *bufio.Reader
-	buf []byte
+	buf []byte // an event assembled across refills, or the final one
+	err error  // the read error that ended the stream (sticky)
 	// ahead, when set, shows bytes received below br that it has not read
 	// yet (the upstream connection's buffer), for pending.
 	ahead func() []byte
@@ -22,12 +24,26 @@ type eventReader struct {
 // small buffer only costs memory per open stream, not correctness.
 const eventReaderSize = 1 << 10
 
+// eventReaders recycles the read buffers of finished streams.
+var eventReaders = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, eventReaderSize) }}
+
 func newEventReader(r io.Reader) *eventReader {
-	e := &eventReader{br: bufio.NewReaderSize(r, eventReaderSize)}
+	br := eventReaders.Get().(*bufio.Reader)
+	br.Reset(r)
+	e := &eventReader{br: br}
 	if l, ok := r.(*Leg); ok {
 		e.ahead = l.ahead
 	}
 	return e
+}
+
+// release returns the read buffer for reuse; e must not be used after.
+func (e *eventReader) release() {
+	if e.br != nil {
+		e.br.Reset(nil)
+		eventReaders.Put(e.br)
+		e.br = nil
+	}
 }
 
 // pending reports whether a complete event is already buffered, so the
@@ -57,27 +73,88 @@ var (
 // next returns the next event's raw bytes, valid until the following call.
 // A final event without its blank line is returned whole; io.EOF follows.
 func (e *eventReader) next() ([]byte, error) {
+	for {
+		if ev := e.buffered(); ev != nil {
+			return ev, nil
+		}
+		if e.err != nil {
+			return nil, e.err
+		}
+		n := e.br.Buffered()
+		if n >= e.br.Size() {
+			return e.assemble() // an event longer than the buffer
+		}
+		// Wait for more of the event; the buffer keeps what came.
+		if _, err := e.br.Peek(n + 1); err != nil {
+			e.err = err
+			rest, _ := e.br.Peek(e.br.Buffered())
+			if errors.Is(err, io.EOF) && len(bytes.TrimSpace(rest)) > 0 {
+				e.buf = append(append(e.buf[:0], rest...), "\n\n"...)
+				_, _ = e.br.Discard(len(rest))
+				return e.buf, nil
+			}
+			return nil, err
+		}
+	}
+}
+
+// assemble reads an event line by line into e.buf, for events that do not
+// fit the read buffer.
+func (e *eventReader) assemble() ([]byte, error) {
 	e.buf = e.buf[:0]
+	// fragment: the line so far came in more than one piece (a line longer
+	// than the buffer), so its last piece is no blank line even when it is
+	// a lone "\n".
+	fragment := false
 	for {
 		line, err := e.br.ReadSlice('\n')
 		e.buf = append(e.buf, line...)
 		if errors.Is(err, bufio.ErrBufferFull) {
+			fragment = true
 			continue
 		}
 		if err != nil {
+			e.err = err
 			if errors.Is(err, io.EOF) && len(bytes.TrimSpace(e.buf)) > 0 {
 				e.buf = append(e.buf, "\n\n"...)
 				return e.buf, nil
 			}
 			return nil, err
 		}
-		if isBlank(line) {
+		if isBlank(line) && !fragment {
 			if len(bytes.TrimSpace(e.buf)) == 0 {
 				e.buf = e.buf[:0] // stray blank line between events
 				continue
 			}
 			return e.buf, nil
 		}
+		fragment = false
+	}
+}
+
+// buffered returns the next event without copying it when it is whole in
+// the read buffer (skipping blank lines before it), else nil and consumes
+// nothing but those blank lines. The slice stays valid until the buffer is
+// next filled: up to the following call of next.
+func (e *eventReader) buffered() []byte {
+	b, _ := e.br.Peek(e.br.Buffered())
+	start, pos := 0, 0
+	for {
+		i := bytes.IndexByte(b[pos:], '\n')
+		if i < 0 {
+			_, _ = e.br.Discard(start)
+			return nil
+		}
+		end := pos + i + 1
+		if isBlank(b[pos:end]) {
+			if len(bytes.TrimSpace(b[start:pos])) == 0 {
+				start = end // a stray blank line between events
+			} else {
+				_, _ = e.br.Discard(end)
+				return b[start:end]
+			}
+		}
+		pos = end
 	}
 }
 

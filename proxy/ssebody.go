@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"sync"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -31,7 +32,8 @@ type sseBody struct {
 	er      *eventReader
 	fn      func([]byte) []byte // per-payload rewrite (nil: none)
 	held    []byte
-	out     []byte
+	out     []byte  // the chunk being written: a pooled buffer (outp), or nil
+	outp    *[]byte // out's pool entry
 	off     int
 	first   bool
 	done    bool // [DONE] seen
@@ -110,9 +112,13 @@ func (b *sseBody) SupportsBodyWriteTo() bool { return true }
 // fill prepares the next chunk: the held events, or the next event and
 // whatever complete events are already buffered behind it. It returns an
 // error only when the client left (the answer cannot be ended cleanly).
+// The chunk's buffer is taken from a pool once the first event is there and
+// given back with the next fill, so a stream waiting on its engine holds
+// none.
 func (b *sseBody) fill() error {
-	b.out, b.off = b.out[:0], 0
+	b.putOut()
 	if b.held != nil {
+		b.getOut()
 		b.out = rewriteEvent(b.out, b.held, b.fn)
 		b.held = nil
 		return nil
@@ -120,16 +126,41 @@ func (b *sseBody) fill() error {
 	for {
 		ev, err := b.er.next()
 		if err != nil {
+			if b.outp == nil {
+				b.getOut()
+			}
 			return b.end(err)
 		}
 		if d := firstData(ev); d != nil && connectors.IsDone(d) {
 			b.done = true
+		}
+		if b.outp == nil {
+			b.getOut()
 		}
 		b.out = rewriteEvent(b.out, ev, b.fn)
 		if !b.er.pending() || len(b.out) >= maxChunk {
 			return nil
 		}
 	}
+}
+
+// chunkBufs recycles chunk buffers across streams.
+var chunkBufs = sync.Pool{New: func() any { b := make([]byte, 0, 4<<10); return &b }}
+
+// maxPooledChunk is the largest chunk buffer kept for reuse.
+const maxPooledChunk = 64 << 10
+
+func (b *sseBody) getOut() {
+	b.outp = chunkBufs.Get().(*[]byte)
+	b.out, b.off = (*b.outp)[:0], 0
+}
+
+func (b *sseBody) putOut() {
+	if b.outp != nil && cap(b.out) <= maxPooledChunk {
+		*b.outp = b.out[:0]
+		chunkBufs.Put(b.outp)
+	}
+	b.outp, b.out, b.off = nil, nil, 0
 }
 
 // end handles the upstream's end: a complete stream, a client that left, or
@@ -157,6 +188,7 @@ func (b *sseBody) Close() error {
 		b.r.cancel(ErrClientGone)
 		b.r.left()
 	}
+	b.putOut()
 	if b.release != nil {
 		b.release()
 		b.release = nil

@@ -30,6 +30,9 @@ func run(args []string) error {
 	if len(args) > 0 && args[0] == "suite" {
 		return runSuite(args[1:])
 	}
+	if len(args) > 0 && args[0] == "refproxy" {
+		return runRefProxy(args[1:])
+	}
 	fs := pflag.NewFlagSet("pd-bench", pflag.ContinueOnError)
 	fs.SortFlags = false
 	targets := fs.StringArray("target", nil, "NAME=URL of a target (repeat; the first is the baseline of the ratios)")

@@ -3,9 +3,11 @@ package main
 import (
 	"context"
 	"errors"
+	"net"
 	"os"
 	"os/exec"
 	"os/signal"
+	"strconv"
 	"syscall"
 	"time"
 
@@ -21,6 +23,7 @@ func runSuite(args []string) error {
 	fs.SortFlags = false
 	fs.StringVar(&o.Bin, "bin", "bin", "directory holding engine-sim and pd-sidecar")
 	nginx := fs.String("nginx", "nginx", `nginx binary to compare with ("off" to skip; looked up in PATH)`)
+	ref := fs.Bool("reference", true, "also run Go's net/http/httputil.ReverseProxy (pd-bench refproxy) as a reference proxy")
 	fs.StringVar(&o.Peer, "peer", os.Getenv("PEER_SIDECAR"), "another sidecar binary with llm-d-compatible flags (default $PEER_SIDECAR)")
 	fs.StringVar(&o.Dir, "dir", "out/bench", "directory for logs and configuration")
 	fs.IntVar(&o.Clients, "clients", 32, "closed-loop clients of the saturation run")
@@ -44,7 +47,34 @@ func runSuite(args []string) error {
 			os.Stderr.WriteString("pd-bench suite: nginx not found; skipping it (make bench installs it from Debian's packages)\n")
 		}
 	}
+	if *ref {
+		self, err := os.Executable()
+		if err != nil {
+			return err
+		}
+		o.RefProxy = self
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	return benchsuite.Run(ctx, o, os.Stdout)
+}
+
+// runRefProxy is `pd-bench refproxy`: Go's standard streaming reverse proxy
+// as a reference in the suite's runs.
+func runRefProxy(args []string) error {
+	fs := pflag.NewFlagSet("pd-bench refproxy", pflag.ContinueOnError)
+	port := fs.Int("port", 0, "port to serve on (127.0.0.1)")
+	upstream := fs.String("upstream", "", "host:port of the engine")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, pflag.ErrHelp) {
+			return nil
+		}
+		return err
+	}
+	if *port <= 0 || *upstream == "" {
+		return errors.New("refproxy: --port and --upstream are required")
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	return benchsuite.ServeReferenceProxy(ctx, net.JoinHostPort("127.0.0.1", strconv.Itoa(*port)), *upstream)
 }
