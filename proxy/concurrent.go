@@ -74,7 +74,7 @@ func (r *request) serveConcurrent(cc connectors.Concurrent) {
 		return
 	}
 	r.mode = metrics.ModeDisaggregated
-	r.log.Debug().Uint64("bootstrap_room", pr.Room).Str("transfer_id", pr.TransferID).Msg("concurrent prefill and decode legs")
+	r.logAt(zerolog.DebugLevel).Uint64("bootstrap_room", pr.Room).Str("transfer_id", pr.TransferID).Msg("concurrent prefill and decode legs")
 
 	parent := r.ctx
 	dctx, cancelDecode := context.WithCancelCause(parent)
@@ -87,7 +87,7 @@ func (r *request) serveConcurrent(cc connectors.Concurrent) {
 		r.obs.leg = sctx
 	}
 	leg := &prefillLeg{
-		p: p, log: r.log, label: r.label, addr: r.prefiller, parent: parent,
+		p: p, log: *r.logger(), label: r.label, addr: r.prefiller, parent: parent,
 		cancelDecode: cancelDecode, report: report, span: span,
 	}
 	go leg.run(pctx, cancelPrefill, r.upstream(r.prefiller, pre))
@@ -107,7 +107,7 @@ func (r *request) serveConcurrent(cc connectors.Concurrent) {
 		r.handoff = nil
 		var rej *rejected
 		if errors.As(cause, &rej) {
-			r.log.Info().Int("status", rej.status).Msg("prefiller rejected the request; answer passed on")
+			r.logAt(zerolog.InfoLevel).Int("status", rej.status).Msg("prefiller rejected the request; answer passed on")
 			r.answer(metrics.ModeDisaggregated, rej.status, rej.contentType, rej.body)
 			return
 		}

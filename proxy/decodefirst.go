@@ -3,6 +3,7 @@ package proxy
 import (
 	"bytes"
 	"errors"
+	"github.com/rs/zerolog"
 	"io"
 	"time"
 
@@ -48,7 +49,7 @@ func (r *request) serveDecodeFirst(df connectors.DecodeFirst) bool {
 		return true
 	}
 	r.body = body
-	r.log.Info().Msg("decode engine declined (cache_threshold): prefill on the prefiller, then decode")
+	r.logAt(zerolog.InfoLevel).Msg("decode engine declined (cache_threshold): prefill on the prefiller, then decode")
 	return false
 }
 
@@ -85,7 +86,7 @@ func (r *request) tryDecode(df connectors.DecodeFirst) (declined bool, err error
 		r.p.m.TTFT.WithLabelValues(r.mode).Observe(time.Since(r.start).Seconds())
 		r.p.m.Requests.WithLabelValues(r.mode, statusLabel(st)).Inc()
 		r.obs.status = st
-		r.log.Info().Str("mode", r.mode).Int("status", st).Msg("answered by the decode engine first")
+		r.logAt(zerolog.InfoLevel).Str("mode", r.mode).Int("status", st).Msg("answered by the decode engine first")
 		return false, nil
 	}
 	return r.tryDecodeSSE(df, leg, resp, g)
@@ -126,7 +127,7 @@ func (r *request) tryDecodeSSE(df connectors.DecodeFirst, leg *Leg, resp *fastht
 	r.copyHead(resp)
 	r.p.m.Requests.WithLabelValues(r.mode, statusLabel(resp.StatusCode())).Inc()
 	r.obs.status = resp.StatusCode()
-	r.log.Info().Str("mode", r.mode).Msg("streaming the decode engine's first answer")
+	r.logAt(zerolog.InfoLevel).Str("mode", r.mode).Msg("streaming the decode engine's first answer")
 	r.streamBody(r.newSSEBody(er, held, false, func() {
 		er.release()
 		leg.Close()

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/rs/zerolog"
 	"sync"
 	"time"
 
@@ -147,7 +148,7 @@ func (r *request) pullKV(h connectors.Handoff) (connectors.Handoff, error) {
 	k.m.Duration.WithLabelValues(r.label, tr).Observe(time.Since(start).Seconds())
 	k.m.Bytes.WithLabelValues(r.label, tr).Add(float64(src.Bytes()))
 	k.remember(src.Agent, r.label)
-	r.log.Debug().Str("transport", tr).Int("blocks", len(src.BlockIDs)).Int64("bytes", src.Bytes()).
+	r.logAt(zerolog.DebugLevel).Str("transport", tr).Int("blocks", len(src.BlockIDs)).Int64("bytes", src.Bytes()).
 		Dur("took", time.Since(start)).Msg("kv pulled into local blocks")
 	return k.conn.Preloaded(h, sidecar.Preloaded{AllocID: a.AllocID, BlockIDs: a.BlockIDs, NumTokens: src.NumTokens})
 }
@@ -180,7 +181,7 @@ func (r *request) freeKV(allocID string) {
 	defer cancel()
 	body, _ := json.Marshal(map[string]string{"alloc_id": allocID})
 	if _, status, err := r.engineCall(ctx, "/kv/free", body); err != nil || status >= 300 {
-		r.log.Warn().Err(err).Int("status", status).Str("alloc_id", allocID).Msg("could not free borrowed kv blocks; their lease will")
+		r.logAt(zerolog.WarnLevel).Err(err).Int("status", status).Str("alloc_id", allocID).Msg("could not free borrowed kv blocks; their lease will")
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/rs/zerolog"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -27,13 +28,13 @@ func (p *Proxy) serveInference(rc *fasthttp.RequestCtx, local string, api connec
 	}()
 	hv := rc.Request.Header.Peek(HeaderPrefiller)
 	if len(hv) == 0 {
-		r.log.Debug().Msg("no prefiller named: local")
+		r.logAt(zerolog.DebugLevel).Msg("no prefiller named: local")
 		r.fail(r.forward(r.body, false))
 		return
 	}
 	hp, err := p.pickAllowed(hv)
 	r.prefiller, r.label = hp, p.prefillerLabel(hp, err)
-	r.log = r.log.With().Str("prefiller", logValue(hp)).Logger()
+	r.logReady = false // the request's logger gets the prefiller field
 	if err != nil {
 		r.fallback(err)
 		return
@@ -45,7 +46,7 @@ func (p *Proxy) serveInference(rc *fasthttp.RequestCtx, local string, api connec
 	if err != nil {
 		var rej *rejected
 		if errors.As(err, &rej) {
-			r.log.Info().Int("status", rej.status).Msg("prefiller rejected the request; answer passed on")
+			r.logAt(zerolog.InfoLevel).Int("status", rej.status).Msg("prefiller rejected the request; answer passed on")
 			r.answer(metrics.ModeDisaggregated, rej.status, rej.contentType, rej.body)
 			return
 		}
@@ -92,7 +93,7 @@ func (r *request) fallback(cause error) {
 	}
 	r.p.m.Fallbacks.WithLabelValues(o.reason).Inc()
 	r.obs.reason = o.reason
-	r.log.Warn().Err(cause).Str("reason", o.reason).Msg("degrading to local prefill")
+	r.logAt(zerolog.WarnLevel).Err(cause).Str("reason", o.reason).Msg("degrading to local prefill")
 	r.mode = metrics.ModeFallback
 	r.fail(r.forward(r.body, false))
 }
@@ -105,13 +106,13 @@ func (r *request) fail(err error) {
 	}
 	o := classify(err)
 	if r.gone() || errors.Is(err, ErrClientGone) {
-		r.log.Info().Err(err).Msg("client left; upstream legs cancelled")
+		r.logAt(zerolog.InfoLevel).Err(err).Msg("client left; upstream legs cancelled")
 		r.p.m.ClientDisconnects.WithLabelValues(r.phase()).Inc()
 		r.p.m.Requests.WithLabelValues(r.mode, "499").Inc()
 		r.obs.status = 499
 		return
 	}
-	r.log.Error().Err(err).Int("status", o.status).Msg("request failed")
+	r.logAt(zerolog.ErrorLevel).Err(err).Int("status", o.status).Msg("request failed")
 	r.answer(r.mode, o.status, "application/json", errorBody(o.status, err))
 }
 
@@ -141,7 +142,7 @@ func (r *request) answer(mode string, status int, contentType string, body []byt
 // answerFromPrefill serves a request whose generation ended on the
 // prefill's first token: the prefill answer is the whole answer.
 func (r *request) answerFromPrefill(res prefillResult) {
-	r.log.Info().Msg("generation ended on the first token: answered from the prefill, no decode leg")
+	r.logAt(zerolog.InfoLevel).Msg("generation ended on the first token: answered from the prefill, no decode leg")
 	ans, err := connectors.EditObject(nil, res.body, []connectors.Edit{{Key: "kv_transfer_params", Delete: true}})
 	if err != nil {
 		ans = res.body
@@ -200,7 +201,7 @@ func (r *request) prefill() (res prefillResult, err error) {
 			return res, err
 		}
 		p.m.PrefillRetries.WithLabelValues(r.label).Inc()
-		r.log.Warn().Err(err).Int("attempt", attempt+1).Msg("prefill failed; retrying")
+		r.logAt(zerolog.WarnLevel).Err(err).Int("attempt", attempt+1).Msg("prefill failed; retrying")
 		t := time.NewTimer(p.cfg.PrefillRetryBackoff)
 		select {
 		case <-ctx.Done():

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"github.com/rs/zerolog"
 	"io"
 	"time"
 
@@ -86,7 +87,7 @@ func (r *request) relayJSON(leg *Leg, resp *fasthttp.Response, remote bool, sent
 	r.p.m.TTFT.WithLabelValues(r.mode).Observe(time.Since(r.start).Seconds())
 	r.p.m.Requests.WithLabelValues(r.mode, statusLabel(st)).Inc()
 	r.obs.status = st
-	r.log.Info().Str("mode", r.mode).Int("status", st).Msg("answered")
+	r.logAt(zerolog.InfoLevel).Str("mode", r.mode).Int("status", st).Msg("answered")
 	return nil
 }
 
@@ -95,7 +96,7 @@ func (r *request) relayJSON(leg *Leg, resp *fasthttp.Response, remote bool, sent
 func (r *request) kvLoadFailed() bool {
 	r.p.m.KVLoadFailures.WithLabelValues(r.label).Inc()
 	if r.p.cfg.OnKVLoadFailure == KVFailError {
-		r.log.Error().Msg("decode engine failed to load the remote KV; error passed on (--on-kv-load-failure error)")
+		r.logAt(zerolog.ErrorLevel).Msg("decode engine failed to load the remote KV; error passed on (--on-kv-load-failure error)")
 		return false
 	}
 	return true
@@ -171,7 +172,7 @@ func needsDone(api connectors.API) bool {
 
 // left records a client that went away mid-stream.
 func (r *request) left() {
-	r.log.Info().Msg("client left mid-stream; upstream leg cancelled")
+	r.logAt(zerolog.InfoLevel).Msg("client left mid-stream; upstream leg cancelled")
 	r.p.m.ClientDisconnects.WithLabelValues(r.phase()).Inc()
 }
 

@@ -27,13 +27,16 @@ type request struct {
 	cancel context.CancelCauseFunc
 	watch  *connWatch // the client connection's watch (watch.go)
 	id     string
-	log    zerolog.Logger
-	start  time.Time
-	api    connectors.API
-	local  string
-	body   []byte
-	stream bool
-	usage  bool // stream_options.include_usage
+	// log is the request's logger (request_id, path, prefiller fields),
+	// built on first use: see logAt.
+	log      zerolog.Logger
+	logReady bool
+	start    time.Time
+	api      connectors.API
+	local    string
+	body     []byte
+	stream   bool
+	usage    bool // stream_options.include_usage
 
 	prefiller string // host:port chosen from the header ("" = none)
 	label     string // bounded metric label of prefiller
@@ -61,13 +64,36 @@ func (p *Proxy) newRequest(rc *fasthttp.RequestCtx, local string, api connectors
 	}
 	r.id = requestID(rc.Request.Header.Peek(HeaderRequestID))
 	rc.Response.Header.Set(HeaderRequestID, r.id)
-	r.log = p.log.With().Str("request_id", r.id).Str("path", api.String()).Logger()
 	js := connectors.Bytes(r.body)
 	r.stream = gjson.Get(js, "stream").Bool()
 	r.usage = gjson.Get(js, "stream_options.include_usage").Bool()
 	r.watch = watchConn(rc.Conn(), cancel)
 	r.traceStart()
 	return r
+}
+
+// logAt returns an event of level l on the request's logger, or nil (a
+// no-op event) when l is not logged; the logger, with the request's fields,
+// is built only for the first event logged, so a request that logs nothing
+// allocates nothing for it.
+func (r *request) logAt(l zerolog.Level) *zerolog.Event {
+	if l < r.p.log.GetLevel() || l < zerolog.GlobalLevel() {
+		return nil
+	}
+	return r.logger().WithLevel(l)
+}
+
+// logger returns the request's logger, building it when needed.
+func (r *request) logger() *zerolog.Logger {
+	if !r.logReady {
+		c := r.p.log.With().Str("request_id", r.id).Str("path", r.api.String())
+		if r.prefiller != "" {
+			c = c.Str("prefiller", logValue(r.prefiller))
+		}
+		r.log = c.Logger()
+		r.logReady = true
+	}
+	return &r.log
 }
 
 // finish ends the request's bookkeeping; the last owner calls it.

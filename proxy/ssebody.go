@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"github.com/rs/zerolog"
 	"io"
 	"sync"
 	"time"
@@ -173,9 +174,9 @@ func (b *sseBody) end(err error) error {
 		r.left()
 		return ErrClientGone
 	case errors.Is(err, io.EOF) && (b.done || !needsDone(r.api)):
-		r.log.Info().Str("mode", r.mode).Msg("stream complete")
+		r.logAt(zerolog.InfoLevel).Str("mode", r.mode).Msg("stream complete")
 	default:
-		r.log.Error().Err(err).Msg("upstream stream broke off; ending the client stream with an error event")
+		r.logAt(zerolog.ErrorLevel).Err(err).Msg("upstream stream broke off; ending the client stream with an error event")
 		b.out = append(b.out, sseError(fasthttp.StatusBadGateway, fmt.Errorf("%w: stream broke off", ErrDecodeFailed))...)
 	}
 	return nil
