@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"time"
 
 	"github.com/valyala/fasthttp"
 
@@ -22,7 +23,7 @@ func (p *Proxy) passthrough(rc *fasthttp.RequestCtx, local string) {
 	g := p.m.Inflight.WithLabelValues(metrics.PhasePassthrough)
 	g.Inc()
 	ctx, cancel := context.WithCancelCause(context.Background())
-	w := watchConn(rc.Conn(), cancel)
+	w := p.armer.watch(rc.Conn(), cancel, time.Now())
 	req := fasthttp.AcquireRequest()
 	rc.Request.Header.CopyTo(&req.Header)
 	for _, h := range hopHeaders {

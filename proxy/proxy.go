@@ -46,9 +46,10 @@ type Proxy struct {
 	log      zerolog.Logger
 	metricsH fasthttp.RequestHandler
 	draining atomic.Bool
-	guard    *guard  // limits, SSRF, circuit breaker, TLS (guard.go)
-	ext      Extras  // optional collaborators (see SetExtras)
-	kv       *kvPull // sidecar-driven KV pull (see EnableKVPull); nil: off
+	guard    *guard      // limits, SSRF, circuit breaker, TLS (guard.go)
+	ext      Extras      // optional collaborators (see SetExtras)
+	kv       *kvPull     // sidecar-driven KV pull (see EnableKVPull); nil: off
+	armer    *watchArmer // client-connection watches (watch.go)
 }
 
 // New returns a Proxy. cfg must be valid (see Config.Validate); m holds the
@@ -66,6 +67,7 @@ func New(cfg Config, conn connectors.Connector, m *metrics.Metrics, gatherer pro
 		metricsH: fasthttpadaptor.NewFastHTTPHandler(
 			promhttp.HandlerFor(gatherer, promhttp.HandlerOpts{})),
 	}
+	p.armer = newWatchArmer(watchDelay)
 	p.rewriter, _ = conn.(connectors.AnswerRewriter)
 	g, err := newGuard(cfg.Guard, m.Guards, log)
 	if err != nil {

@@ -67,7 +67,7 @@ func (p *Proxy) newRequest(rc *fasthttp.RequestCtx, local string, api connectors
 	js := connectors.Bytes(r.body)
 	r.stream = gjson.Get(js, "stream").Bool()
 	r.usage = gjson.Get(js, "stream_options.include_usage").Bool()
-	r.watch = watchConn(rc.Conn(), cancel)
+	r.watch = p.armer.watch(rc.Conn(), cancel, r.start)
 	r.traceStart()
 	return r
 }

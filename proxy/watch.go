@@ -32,7 +32,7 @@ const watchDelay = 10 * time.Millisecond
 type connWatch struct {
 	conn   net.Conn
 	cancel context.CancelCauseFunc
-	timer  *time.Timer
+	since  time.Time // when the request began waiting
 
 	mu        sync.Mutex
 	stopped   bool
@@ -40,41 +40,97 @@ type connWatch struct {
 	end       func() bool // stops the running watcher; nil: none started
 }
 
-// watchConn arms a watch of conn after watchDelay.
-func watchConn(conn net.Conn, cancel context.CancelCauseFunc) *connWatch {
-	return watchConnAfter(conn, cancel, watchDelay)
-}
-
-func watchConnAfter(conn net.Conn, cancel context.CancelCauseFunc, delay time.Duration) *connWatch {
-	w := &connWatch{conn: conn, cancel: cancel}
-	w.timer = time.AfterFunc(delay, w.start)
-	return w
-}
-
-func (w *connWatch) start() {
+// arm starts the watcher unless the watch was stopped.
+func (w *connWatch) arm() {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if !w.stopped {
+	if !w.stopped && w.end == nil {
 		w.end = readWatch(w.conn, w.cancel)
 	}
+}
+
+// done reports whether the watch was stopped.
+func (w *connWatch) done() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.stopped
 }
 
 // stop ends the watch (it may be called more than once) and reports whether
 // the watcher took the first byte of a pipelined request, in which case the
 // connection must close after this response.
 func (w *connWatch) stop() (pipelined bool) {
-	if w.timer.Stop() {
-		return false // never armed
-	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if !w.stopped {
 		w.stopped = true
 		if w.end != nil {
 			w.pipelined = w.end()
+			w.end = nil
 		}
 	}
 	return w.pipelined
+}
+
+// watchArmer arms the watches of requests that have waited its delay. One
+// timer serves every request (a timer per request would cost an allocation
+// and, on a quiet proxy, a wake-up of the network poller per request): it
+// runs only while watches are queued, and fires when the oldest is due.
+// Watches are queued in the order their requests began, so the due ones are
+// always at the front; stopped ones are dropped as the front passes them.
+type watchArmer struct {
+	delay time.Duration
+
+	mu      sync.Mutex
+	queue   []*connWatch
+	timer   *time.Timer
+	pending bool // the timer is set
+}
+
+func newWatchArmer(delay time.Duration) *watchArmer {
+	a := &watchArmer{delay: delay}
+	a.timer = time.AfterFunc(time.Hour, a.fire)
+	a.timer.Stop()
+	return a
+}
+
+// watch queues a watch of conn for a request that began waiting at since.
+func (a *watchArmer) watch(conn net.Conn, cancel context.CancelCauseFunc, since time.Time) *connWatch {
+	w := &connWatch{conn: conn, cancel: cancel, since: since}
+	a.mu.Lock()
+	a.queue = append(a.queue, w)
+	if !a.pending {
+		a.pending = true
+		a.timer.Reset(a.delay)
+	}
+	a.mu.Unlock()
+	return w
+}
+
+// fire arms the watches that are due and sets the timer for the next.
+func (a *watchArmer) fire() {
+	now := time.Now()
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	i := 0
+	for ; i < len(a.queue); i++ {
+		w := a.queue[i]
+		if w.done() {
+			continue
+		}
+		if wait := w.since.Add(a.delay).Sub(now); wait > 0 {
+			break
+		}
+		w.arm()
+	}
+	n := copy(a.queue, a.queue[i:])
+	clear(a.queue[n:])
+	a.queue = a.queue[:n]
+	if n == 0 {
+		a.pending = false
+		return
+	}
+	a.timer.Reset(max(a.queue[0].since.Add(a.delay).Sub(now), time.Millisecond))
 }
 
 // readWatch runs the watcher goroutine; the returned func stops it and

@@ -54,7 +54,7 @@ func TestConnWatch(t *testing.T) {
 			if delay == 0 {
 				delay = watchDelay
 			}
-			w := watchConnAfter(server, cancel, delay)
+			w := newWatchArmer(delay).watch(server, cancel, time.Now())
 			armed := func() bool {
 				w.mu.Lock()
 				defer w.mu.Unlock()
@@ -80,6 +80,7 @@ func TestConnWatch(t *testing.T) {
 				time.Sleep(tc.wait)
 				require.NoError(t, ctx.Err())
 			}
+			require.Equal(t, tc.wantArmed, armed())
 			pipelined := w.stop()
 			require.Equal(t, pipelined, w.stop(), "stop is idempotent")
 			if tc.wantPipelined && !pipelined {
@@ -93,7 +94,6 @@ func TestConnWatch(t *testing.T) {
 				pipelined = true
 			}
 			require.Equal(t, tc.wantPipelined, pipelined)
-			require.Equal(t, tc.wantArmed, armed())
 			if !tc.wantGone && !tc.wantPipelined {
 				// The connection is still usable: a read deadline the watch
 				// set is cleared.
@@ -107,4 +107,40 @@ func TestConnWatch(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestWatchArmer: one timer arms every due watch, in order, skips the
+// stopped ones, and comes back for the ones not yet due.
+func TestWatchArmer(t *testing.T) {
+	const delay = 20 * time.Millisecond
+	a := newWatchArmer(delay)
+	armed := func(w *connWatch) bool {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		return w.end != nil
+	}
+	now := time.Now()
+	var ws []*connWatch
+	for i, since := range []time.Time{now.Add(-time.Second), now.Add(-time.Second), now, now.Add(time.Hour)} {
+		server, _ := tcpPair(t)
+		_, cancel := context.WithCancelCause(context.Background())
+		t.Cleanup(func() { cancel(nil) })
+		ws = append(ws, a.watch(server, cancel, since))
+		if i == 1 {
+			ws[1].stop() // answered before it was due
+		}
+	}
+	// The first is due at once, the third after the delay; the second was
+	// stopped and the last is not due for an hour.
+	require.Eventually(t, func() bool { return armed(ws[0]) && armed(ws[2]) }, 5*time.Second, time.Millisecond)
+	require.False(t, armed(ws[1]), "a stopped watch is never armed")
+	require.False(t, armed(ws[3]), "a watch is not armed before its delay")
+	a.mu.Lock()
+	require.Equal(t, []*connWatch{ws[3]}, a.queue, "armed and stopped watches leave the queue")
+	require.True(t, a.pending, "the timer waits for the last one")
+	a.mu.Unlock()
+	for _, w := range ws {
+		require.False(t, w.stop(), "nothing was pipelined")
+	}
+	require.False(t, armed(ws[0]), "stop ends the watcher")
 }
