@@ -2,7 +2,7 @@ package proxy
 
 import (
 	"bytes"
-	"context"
+	"errors"
 	"fmt"
 	"github.com/rs/zerolog"
 	"io"
@@ -37,20 +37,17 @@ func (r *request) forward(body []byte, remote bool) error {
 	req := r.upstream(r.local, body)
 	resp := fasthttp.AcquireResponse()
 	sent := time.Now()
-	ctx, firstByte := r.ctx, (*time.Timer)(nil)
+	var leg *Leg
+	var err error
 	if r.stream && r.p.cfg.DecodeFirstByteTimeout > 0 {
 		// Bound the wait for the head of a streamed answer; the stream
-		// itself, once begun, has no total timeout. The derived context
-		// ends with r.ctx at the latest.
-		var cancel context.CancelCauseFunc
-		ctx, cancel = context.WithCancelCause(r.ctx)
-		firstByte = time.AfterFunc(r.p.cfg.DecodeFirstByteTimeout, func() { cancel(ErrDecodeTimeout) })
-	}
-	leg, err := r.p.tr.Stream(ctx, r.local, req, resp)
-	if firstByte != nil && !firstByte.Stop() && err == nil {
-		// The timer fired as the head arrived: the leg is already closed.
-		leg.Close()
-		err = ErrDecodeTimeout
+		// itself, once begun, has no total timeout.
+		leg, err = r.p.tr.StreamHeadTimeout(r.ctx, r.local, req, resp, r.p.cfg.DecodeFirstByteTimeout)
+		if errors.Is(err, ErrHeadTimeout) {
+			err = fmt.Errorf("%w: %w", ErrDecodeTimeout, err)
+		}
+	} else {
+		leg, err = r.p.tr.Stream(r.ctx, r.local, req, resp)
 	}
 	fasthttp.ReleaseRequest(req)
 	if err != nil {

@@ -130,7 +130,7 @@ func (t *Transport) Close() {
 // Do sends req to addr and reads the whole response into resp. The leg ends
 // when ctx is done (its deadline bounds the whole exchange).
 func (t *Transport) Do(ctx context.Context, addr string, req *fasthttp.Request, resp *fasthttp.Response) error {
-	_, err := t.roundTrip(ctx, addr, req, resp, false)
+	_, err := t.roundTrip(ctx, addr, req, resp, false, 0)
 	return err
 }
 
@@ -138,13 +138,24 @@ func (t *Transport) Do(ctx context.Context, addr string, req *fasthttp.Request, 
 // is read from the returned Leg, which the caller must Close. Cancelling ctx
 // unblocks a pending Read with an error.
 func (t *Transport) Stream(ctx context.Context, addr string, req *fasthttp.Request, resp *fasthttp.Response) (*Leg, error) {
-	return t.roundTrip(ctx, addr, req, resp, true)
+	return t.roundTrip(ctx, addr, req, resp, true, 0)
 }
 
-func (t *Transport) roundTrip(ctx context.Context, addr string, req *fasthttp.Request, resp *fasthttp.Response, stream bool) (*Leg, error) {
+// ErrHeadTimeout: the response head did not arrive within the head timeout
+// of StreamHeadTimeout.
+var ErrHeadTimeout = errors.New("response head timeout")
+
+// StreamHeadTimeout is Stream with the wait for the response head (from
+// sending the request) bounded by headTimeout, on the connection's own
+// deadline: no timer or context per leg. It fails with ErrHeadTimeout.
+func (t *Transport) StreamHeadTimeout(ctx context.Context, addr string, req *fasthttp.Request, resp *fasthttp.Response, headTimeout time.Duration) (*Leg, error) {
+	return t.roundTrip(ctx, addr, req, resp, true, headTimeout)
+}
+
+func (t *Transport) roundTrip(ctx context.Context, addr string, req *fasthttp.Request, resp *fasthttp.Response, stream bool, headTimeout time.Duration) (*Leg, error) {
 	hc, pooled := t.host(addr)
 	for attempt := 0; ; attempt++ {
-		leg, reused, err := t.try(ctx, hc, pooled, req, resp, stream)
+		leg, reused, err := t.try(ctx, hc, pooled, req, resp, stream, headTimeout)
 		// A pooled connection the engine closed while idle fails before any
 		// answer byte; that is no verdict on the engine, so try a fresh one.
 		if err != nil && reused && attempt == 0 && ctx.Err() == nil && stale(err) {
@@ -182,7 +193,7 @@ func stale(err error) bool {
 		errors.Is(err, fasthttp.ErrConnectionClosed)
 }
 
-func (t *Transport) try(ctx context.Context, hc *fasthttp.HostClient, pooled bool, req *fasthttp.Request, resp *fasthttp.Response, stream bool) (*Leg, bool, error) {
+func (t *Transport) try(ctx context.Context, hc *fasthttp.HostClient, pooled bool, req *fasthttp.Request, resp *fasthttp.Response, stream bool, headTimeout time.Duration) (*Leg, bool, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, false, &opError{"dial", context.Cause(ctx)}
 	}
@@ -204,7 +215,13 @@ func (t *Transport) try(ctx context.Context, hc *fasthttp.HostClient, pooled boo
 		hc.CloseConn(cc)
 	}
 	deadline, _ := ctx.Deadline()
-	if err := conn.SetDeadline(deadline); err != nil {
+	headDeadline := deadline
+	if headTimeout > 0 {
+		if hd := time.Now().Add(headTimeout); deadline.IsZero() || hd.Before(deadline) {
+			headDeadline = hd
+		}
+	}
+	if err := conn.SetDeadline(headDeadline); err != nil {
 		release(false)
 		return nil, reused, &opError{"write", err}
 	}
@@ -223,7 +240,17 @@ func (t *Transport) try(ctx context.Context, hc *fasthttp.HostClient, pooled boo
 	if err := resp.ReadLimitBody(br, 0); err != nil {
 		hc.ReleaseReader(br)
 		release(false)
+		if !headDeadline.Equal(deadline) && ctx.Err() == nil && isTimeout(err) {
+			err = fmt.Errorf("%w after %v: %w", ErrHeadTimeout, headTimeout, err)
+		}
 		return nil, reused, &opError{"read", ctxErr(ctx, err)}
+	}
+	if !headDeadline.Equal(deadline) {
+		if err := conn.SetDeadline(deadline); err != nil {
+			hc.ReleaseReader(br)
+			release(false)
+			return nil, reused, &opError{"read", err}
+		}
 	}
 	if !stream {
 		hc.ReleaseReader(br)

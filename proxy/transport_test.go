@@ -145,3 +145,66 @@ func TestTransportRefusedIsDecodeUnavailable(t *testing.T) {
 	require.ErrorAs(t, err, &le)
 	assert.Equal(t, "dial", le.Op)
 }
+
+// TestTransportHeadTimeout: the head timeout bounds the wait for the head
+// only — a head that comes in time leaves the body unbounded, a head that
+// does not fails with ErrHeadTimeout — and the context still cancels.
+func TestTransportHeadTimeout(t *testing.T) {
+	const headTimeout = 150 * time.Millisecond
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.ReadAll(r.Body) // net/http watches the connection once the body is read
+		if r.URL.Path == "/hang" {
+			select {
+			case <-r.Context().Done():
+			case <-time.After(5 * time.Second):
+			}
+			return
+		}
+		w.Header().Set("Content-Type", "text/event-stream")
+		w.(http.Flusher).Flush() // the head now, the body after the head timeout
+		time.Sleep(2 * headTimeout)
+		_, _ = w.Write([]byte("data: late\n\n"))
+	}))
+	defer srv.Close()
+	addr := srv.Listener.Addr().String()
+	tr := NewTransport(time.Second, 8, 8)
+	cases := []struct {
+		name     string
+		path     string
+		ctxAfter time.Duration // cancel the context after this (0: never)
+		wantErr  error
+		wantBody string
+	}{
+		{name: "no head in time", path: "/hang", wantErr: ErrHeadTimeout},
+		{name: "head in time, slow body", path: "/slow", wantBody: "data: late\n\n"},
+		{name: "context ends first", path: "/hang", ctxAfter: 30 * time.Millisecond, wantErr: ErrClientGone},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx, cancel := context.WithCancelCause(context.Background())
+			defer cancel(nil)
+			if tc.ctxAfter > 0 {
+				time.AfterFunc(tc.ctxAfter, func() { cancel(ErrClientGone) })
+			}
+			resp := fasthttp.AcquireResponse()
+			defer fasthttp.ReleaseResponse(resp)
+			start := time.Now()
+			leg, err := tr.StreamHeadTimeout(ctx, addr, newReq(addr, tc.path), resp, headTimeout)
+			if tc.wantErr != nil {
+				require.ErrorIs(t, err, tc.wantErr)
+				if tc.wantErr == ErrHeadTimeout {
+					assert.GreaterOrEqual(t, time.Since(start), headTimeout)
+				} else {
+					assert.NotErrorIs(t, err, ErrHeadTimeout)
+				}
+				assert.Less(t, time.Since(start), 2*time.Second)
+				return
+			}
+			require.NoError(t, err)
+			defer leg.Close()
+			b, err := io.ReadAll(leg)
+			require.NoError(t, err)
+			assert.Equal(t, tc.wantBody, string(b))
+		})
+	}
+}
