@@ -64,9 +64,7 @@ func (p *Proxy) newRequest(rc *fasthttp.RequestCtx, local string, api connectors
 	}
 	r.id = requestID(rc.Request.Header.Peek(HeaderRequestID))
 	rc.Response.Header.Set(HeaderRequestID, r.id)
-	js := connectors.Bytes(r.body)
-	r.stream = gjson.Get(js, "stream").Bool()
-	r.usage = gjson.Get(js, "stream_options.include_usage").Bool()
+	r.stream, r.usage = streamFlags(r.body)
 	r.watch = p.armer.watch(rc.Conn(), cancel, r.start)
 	r.traceStart()
 	return r
@@ -94,6 +92,23 @@ func (r *request) logger() *zerolog.Logger {
 		r.logReady = true
 	}
 	return &r.log
+}
+
+// streamFlags reads the body's top-level "stream" and
+// "stream_options.include_usage" in one pass (the first of a repeated key
+// wins, as with gjson.Get).
+func streamFlags(body []byte) (stream, usage bool) {
+	var seenStream, seenOptions bool
+	gjson.Parse(connectors.Bytes(body)).ForEach(func(k, v gjson.Result) bool {
+		switch {
+		case k.Str == "stream" && !seenStream:
+			stream, seenStream = v.Bool(), true
+		case k.Str == "stream_options" && !seenOptions:
+			usage, seenOptions = v.Get("include_usage").Bool(), true
+		}
+		return !seenStream || !seenOptions
+	})
+	return stream, usage
 }
 
 // finish ends the request's bookkeeping; the last owner calls it.
