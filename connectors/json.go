@@ -1,6 +1,7 @@
 package connectors
 
 import (
+	"slices"
 	"unsafe"
 
 	"github.com/tidwall/gjson"
@@ -52,6 +53,12 @@ func EditObject(dst, obj []byte, edits []Edit) ([]byte, error) {
 	if len(edits) > 64 {
 		edits = edits[:64]
 	}
+	// One allocation at most: room for the object and every edit's value.
+	room := len(obj)
+	for i := range edits {
+		room += len(edits[i].Key) + len(edits[i].Raw) + 4
+	}
+	dst = slices.Grow(dst, room)
 	dst = append(dst, '{')
 	n := 0
 	var err error

@@ -127,6 +127,7 @@ func (r *request) relaySSE(leg *Leg, resp *fasthttp.Response, g prometheus.Gauge
 		return err
 	}
 	if remote {
+		held = make([]byte, 0, 2<<10) // the role chunk and the first output, usually
 		kvFail := false
 		for {
 			ev, err := er.next()
