@@ -195,6 +195,31 @@ func TestChartRenders(t *testing.T) {
 				assert.Equal(t, "decode", o.Deployments[0].Spec.Template.Labels["llm-d.ai/role"])
 				require.Len(t, o.ServiceAccounts, 1)
 				assert.Equal(t, o.ServiceAccounts[0].Name, ps.ServiceAccountName)
+				gmp := envNamed(t, c, "GOMAXPROCS")
+				require.NotNil(t, gmp.ValueFrom, "GOMAXPROCS from the CPU request")
+				require.NotNil(t, gmp.ValueFrom.ResourceFieldRef)
+				assert.Equal(t, "requests.cpu", gmp.ValueFrom.ResourceFieldRef.Resource)
+				assert.Equal(t, "pd-sidecar", gmp.ValueFrom.ResourceFieldRef.ContainerName)
+				assert.Equal(t, "1", gmp.ValueFrom.ResourceFieldRef.Divisor.String())
+				assert.Equal(t, "500m", c.Resources.Requests.Cpu().String(), "the request it is sized from")
+			},
+		},
+		{
+			name:   "GOMAXPROCS set outright",
+			values: map[string]any{"sidecar": map[string]any{"gomaxprocs": 4}},
+			check: func(t *testing.T, o rendertest.Objects) {
+				gmp := envNamed(t, sidecarOf(t, podOf(t, o)), "GOMAXPROCS")
+				assert.Equal(t, "4", gmp.Value)
+				assert.Nil(t, gmp.ValueFrom)
+			},
+		},
+		{
+			name:   "GOMAXPROCS left to Go",
+			values: map[string]any{"sidecar": map[string]any{"gomaxprocs": ""}},
+			check: func(t *testing.T, o rendertest.Objects) {
+				for _, e := range sidecarOf(t, podOf(t, o)).Env {
+					assert.NotEqual(t, "GOMAXPROCS", e.Name)
+				}
 			},
 		},
 		{
@@ -381,4 +406,16 @@ func TestChartCoversEveryFlag(t *testing.T) {
 	for k := range values {
 		assert.Contains(t, flags, k, "sidecar.flags.%s in values.yaml is not a pd-sidecar flag", k)
 	}
+}
+
+// envNamed returns the container's environment variable name.
+func envNamed(t *testing.T, c corev1.Container, name string) corev1.EnvVar {
+	t.Helper()
+	for _, e := range c.Env {
+		if e.Name == name {
+			return e
+		}
+	}
+	t.Fatalf("no %s in the environment of %s", name, c.Name)
+	return corev1.EnvVar{}
 }

@@ -115,6 +115,18 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
       value: {{ .samplerArg | quote }}
   {{- end }}
   {{- end }}
+  {{- with .Values.sidecar.gomaxprocs }}
+    - name: GOMAXPROCS
+    {{- if eq (toString .) "requests" }}
+      valueFrom:
+        resourceFieldRef:
+          containerName: pd-sidecar
+          resource: requests.cpu
+          divisor: "1"
+    {{- else }}
+      value: {{ toString . | quote }}
+    {{- end }}
+  {{- end }}
   {{- with .Values.sidecar.env }}
     {{- toYaml . | nindent 4 }}
   {{- end }}
