@@ -3,11 +3,11 @@ package proxy
 import (
 	"bytes"
 	"errors"
-	"github.com/rs/zerolog"
 	"io"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/rs/zerolog"
 	"github.com/valyala/fasthttp"
 
 	"github.com/pd-sidecar/pd-sidecar/connectors"
@@ -96,7 +96,7 @@ func (r *request) tryDecode(df connectors.DecodeFirst) (declined bool, err error
 // known to decline); a declined stream is closed, any other is relayed from
 // its first event on.
 func (r *request) tryDecodeSSE(df connectors.DecodeFirst, leg *Leg, resp *fasthttp.Response, g prometheus.Gauge) (bool, error) {
-	er := newEventReader(leg)
+	er := newEventReader(leg, &r.p.bufs)
 	var held []byte
 	for {
 		ev, err := er.next()

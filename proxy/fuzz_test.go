@@ -66,7 +66,7 @@ func FuzzSSEScanRewrite(f *testing.F) {
 	f.Fuzz(func(t *testing.T, in []byte, apiSel uint8) {
 		api := apis[int(apiSel)%len(apis)]
 		fn := func(d []byte) []byte { return rw.RewriteAnswer(api, d, h) }
-		er := newEventReader(bytes.NewReader(in))
+		er := newEventReader(bytes.NewReader(in), nil)
 		var out []byte
 		n := 0
 		for {
@@ -172,7 +172,7 @@ func FuzzEventReaderSplits(f *testing.F) {
 		case 2:
 			r = iotest.HalfReader(r)
 		}
-		er := newEventReader(r)
+		er := newEventReader(r, nil)
 		defer er.release()
 		var got [][]byte
 		for {

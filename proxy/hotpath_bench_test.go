@@ -31,7 +31,7 @@ func benchEvents(b *testing.B, perEvent func(ev []byte)) {
 	b.ReportAllocs()
 	for b.Loop() {
 		rd.Reset(stream)
-		er := newEventReader(rd)
+		er := newEventReader(rd, nil)
 		for {
 			ev, err := er.next()
 			if err == io.EOF {

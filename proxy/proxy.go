@@ -50,6 +50,7 @@ type Proxy struct {
 	ext      Extras      // optional collaborators (see SetExtras)
 	kv       *kvPull     // sidecar-driven KV pull (see EnableKVPull); nil: off
 	armer    *watchArmer // client-connection watches (watch.go)
+	bufs     streamBufs  // per-stream buffers for reuse (sse.go)
 }
 
 // New returns a Proxy. cfg must be valid (see Config.Validate); m holds the

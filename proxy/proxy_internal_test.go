@@ -122,7 +122,7 @@ func TestRequestID(t *testing.T) {
 
 func TestEventReader(t *testing.T) {
 	in := "data: {\"a\":1}\n\n\n: comment\n\nevent: x\r\ndata: {\"b\":2}\r\n\r\ndata: [DONE]"
-	er := newEventReader(strings.NewReader(in))
+	er := newEventReader(strings.NewReader(in), nil)
 	var got []string
 	for {
 		ev, err := er.next()
@@ -144,7 +144,7 @@ func TestEventReader(t *testing.T) {
 
 func TestEventReaderLongLine(t *testing.T) {
 	long := "data: " + strings.Repeat("x", 100<<10) + "\n\n"
-	ev, err := newEventReader(strings.NewReader(long)).next()
+	ev, err := newEventReader(strings.NewReader(long), nil).next()
 	require.NoError(t, err)
 	assert.Equal(t, long, string(ev))
 }

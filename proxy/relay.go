@@ -4,11 +4,11 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
-	"github.com/rs/zerolog"
 	"io"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/rs/zerolog"
 	"github.com/valyala/fasthttp"
 
 	"github.com/pd-sidecar/pd-sidecar/connectors"
@@ -117,7 +117,7 @@ func copyResponseHead(rc *fasthttp.RequestCtx, resp *fasthttp.Response) {
 // first output or error: an error there is a KV load failure, recoverable
 // because the client has seen nothing.
 func (r *request) relaySSE(leg *Leg, resp *fasthttp.Response, g prometheus.Gauge, remote bool, sent time.Time) error {
-	er := newEventReader(leg)
+	er := newEventReader(leg, &r.p.bufs)
 	var held []byte
 	abort := func(err error) error {
 		er.release()

@@ -14,6 +14,8 @@ type eventReader struct {
 	br  *bufio.Reader
 	buf []byte // an event assembled across refills, or the final one
 	err error  // the read error that ended the stream (sticky)
+	// bufs takes br back on release (nil: not pooled).
+	bufs *streamBufs
 	// ahead, when set, shows bytes received below br that it has not read
 	// yet (the upstream connection's buffer), for pending.
 	ahead func() []byte
@@ -24,13 +26,26 @@ type eventReader struct {
 // small buffer only costs memory per open stream, not correctness.
 const eventReaderSize = 1 << 10
 
-// eventReaders recycles the read buffers of finished streams.
-var eventReaders = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, eventReaderSize) }}
+// streamBufs recycles the per-stream buffers of finished streams: event
+// readers and chunk buffers. A Proxy owns one; the zero value works.
+type streamBufs struct {
+	readers sync.Pool // *bufio.Reader of eventReaderSize
+	chunks  sync.Pool // *[]byte
+}
 
-func newEventReader(r io.Reader) *eventReader {
-	br := eventReaders.Get().(*bufio.Reader)
-	br.Reset(r)
-	e := &eventReader{br: br}
+// newEventReader reads events from r through a buffer from bufs (nil: a
+// buffer of its own).
+func newEventReader(r io.Reader, bufs *streamBufs) *eventReader {
+	var br *bufio.Reader
+	if bufs != nil {
+		br, _ = bufs.readers.Get().(*bufio.Reader)
+	}
+	if br == nil {
+		br = bufio.NewReaderSize(r, eventReaderSize)
+	} else {
+		br.Reset(r)
+	}
+	e := &eventReader{br: br, bufs: bufs}
 	if l, ok := r.(*Leg); ok {
 		e.ahead = l.ahead
 	}
@@ -39,11 +54,11 @@ func newEventReader(r io.Reader) *eventReader {
 
 // release returns the read buffer for reuse; e must not be used after.
 func (e *eventReader) release() {
-	if e.br != nil {
+	if e.br != nil && e.bufs != nil {
 		e.br.Reset(nil)
-		eventReaders.Put(e.br)
-		e.br = nil
+		e.bufs.readers.Put(e.br)
 	}
+	e.br = nil
 }
 
 // pending reports whether a complete event is already buffered, so the

@@ -4,11 +4,10 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
-	"github.com/rs/zerolog"
 	"io"
-	"sync"
 	"time"
 
+	"github.com/rs/zerolog"
 	"github.com/valyala/fasthttp"
 
 	"github.com/pd-sidecar/pd-sidecar/connectors"
@@ -145,21 +144,22 @@ func (b *sseBody) fill() error {
 	}
 }
 
-// chunkBufs recycles chunk buffers across streams.
-var chunkBufs = sync.Pool{New: func() any { b := make([]byte, 0, 4<<10); return &b }}
-
 // maxPooledChunk is the largest chunk buffer kept for reuse.
 const maxPooledChunk = 64 << 10
 
 func (b *sseBody) getOut() {
-	b.outp = chunkBufs.Get().(*[]byte)
+	b.outp, _ = b.r.p.bufs.chunks.Get().(*[]byte)
+	if b.outp == nil {
+		buf := make([]byte, 0, 4<<10)
+		b.outp = &buf
+	}
 	b.out, b.off = (*b.outp)[:0], 0
 }
 
 func (b *sseBody) putOut() {
 	if b.outp != nil && cap(b.out) <= maxPooledChunk {
 		*b.outp = b.out[:0]
-		chunkBufs.Put(b.outp)
+		b.r.p.bufs.chunks.Put(b.outp)
 	}
 	b.outp, b.out, b.off = nil, nil, 0
 }
