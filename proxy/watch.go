@@ -23,8 +23,9 @@ const watchDelay = 10 * time.Millisecond
 // cancel is called with ErrClientGone. The server does not read the
 // connection while the handler and its body writer run, so nothing is taken
 // from it, except the first byte of a pipelined next request, which ends
-// the watch and closes the connection after the response (pipelining
-// clients lose nothing but keep-alive).
+// the watch and closes the connection after the response: the pipelining
+// client sends that request again, as it must for any request a closed
+// connection left unanswered.
 //
 // The watch ends when stop is called: before the response is complete, and
 // as soon as an answer starts streaming, from which point a client that
