@@ -105,13 +105,7 @@ func (r *request) serveConcurrent(cc connectors.Concurrent) {
 	if cause := context.Cause(dctx); parent.Err() == nil && dctx.Err() != nil {
 		// The prefill leg failed first and cancelled the decode leg.
 		r.handoff = nil
-		var rej *rejected
-		if errors.As(cause, &rej) {
-			r.logAt(zerolog.InfoLevel).Int("status", rej.status).Msg("prefiller rejected the request; answer passed on")
-			r.answer(metrics.ModeDisaggregated, rej.status, rej.contentType, rej.body)
-			return
-		}
-		r.fallback(cause)
+		r.prefillFailed(cause)
 		return
 	}
 	leg.abandon()

@@ -44,13 +44,7 @@ func (p *Proxy) serveInference(rc *fasthttp.RequestCtx, local string, api connec
 	}
 	res, err := r.guardedPrefill()
 	if err != nil {
-		var rej *rejected
-		if errors.As(err, &rej) {
-			r.logAt(zerolog.InfoLevel).Int("status", rej.status).Msg("prefiller rejected the request; answer passed on")
-			r.answer(metrics.ModeDisaggregated, rej.status, rej.contentType, rej.body)
-			return
-		}
-		r.fallback(err)
+		r.prefillFailed(err)
 		return
 	}
 	if res.handoff.Done {
@@ -80,6 +74,19 @@ func (p *Proxy) serveInference(rc *fasthttp.RequestCtx, local string, api connec
 		return
 	}
 	r.fail(err)
+}
+
+// prefillFailed ends a request whose prefill leg failed: a prefiller that
+// rejected the request (4xx) has its answer passed on; any other failure
+// degrades to a local prefill (see fallback).
+func (r *request) prefillFailed(err error) {
+	var rej *rejected
+	if errors.As(err, &rej) {
+		r.logAt(zerolog.InfoLevel).Int("status", rej.status).Msg("prefiller rejected the request; answer passed on")
+		r.answer(metrics.ModeDisaggregated, rej.status, rej.contentType, rej.body)
+		return
+	}
+	r.fallback(err)
 }
 
 // fallback degrades the request to a local prefill with the original body,

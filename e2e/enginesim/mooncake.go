@@ -67,20 +67,7 @@ func (s *Sim) serveBootstrap(ctx context.Context, l net.Listener) error {
 	srv := &http.Server{Handler: http.HandlerFunc(s.bootstrapQuery), ReadHeaderTimeout: 10 * time.Second}
 	go func() { _ = srv.Serve(hl) }()
 	defer func() { _ = srv.Close() }()
-	go func() {
-		<-ctx.Done()
-		l.Close()
-	}()
-	for {
-		c, err := l.Accept()
-		if err != nil {
-			if ctx.Err() != nil {
-				return nil
-			}
-			return fmt.Errorf("bootstrap accept: %w", err)
-		}
-		go s.route(ctx, c, hl)
-	}
+	return acceptEach(ctx, l, "bootstrap", func(c net.Conn) { s.route(ctx, c, hl) })
 }
 
 // route peeks at a new bootstrap connection: "GET " goes to HTTP, anything

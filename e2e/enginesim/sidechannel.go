@@ -49,6 +49,13 @@ var ErrKVPull = errors.New("kv pull failed")
 
 // serveKV accepts pulls on l until ctx ends.
 func (s *Sim) serveKV(ctx context.Context, l net.Listener) error {
+	return acceptEach(ctx, l, "kv side channel", func(c net.Conn) { s.servePull(ctx, c) })
+}
+
+// acceptEach serves every connection accepted on l on its own goroutine
+// until ctx ends (then it closes l and returns nil); what names the
+// listener in the error of a failed Accept.
+func acceptEach(ctx context.Context, l net.Listener, what string, serve func(net.Conn)) error {
 	go func() {
 		<-ctx.Done()
 		l.Close()
@@ -59,9 +66,9 @@ func (s *Sim) serveKV(ctx context.Context, l net.Listener) error {
 			if ctx.Err() != nil {
 				return nil
 			}
-			return fmt.Errorf("kv side channel accept: %w", err)
+			return fmt.Errorf("%s accept: %w", what, err)
 		}
-		go s.servePull(ctx, c)
+		go serve(c)
 	}
 }
 
