@@ -7,10 +7,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"sync"
 	"time"
 
 	"github.com/valyala/fasthttp"
+
+	"github.com/pd-sidecar/pd-sidecar/httpbody"
 )
 
 // LegError is a transport failure of one upstream leg.
@@ -236,8 +239,10 @@ func (t *Transport) try(ctx context.Context, hc *fasthttp.HostClient, pooled boo
 		return nil, reused, &opError{"write", ctxErr(ctx, err)}
 	}
 	br := hc.AcquireReader(conn)
-	resp.StreamBody = stream
-	if err := resp.ReadLimitBody(br, 0); err != nil {
+	// A streamed answer's head is read here and its body by the Leg, which
+	// decodes the framing itself (httpbody): it can then stop at any byte
+	// and hand the connection over mid-body (see Leg.detach).
+	if err := readAnswer(br, resp, stream); err != nil {
 		hc.ReleaseReader(br)
 		release(false)
 		if !headDeadline.Equal(deadline) && ctx.Err() == nil && isTimeout(err) {
@@ -257,10 +262,48 @@ func (t *Transport) try(ctx context.Context, hc *fasthttp.HostClient, pooled boo
 		release(true)
 		return nil, reused, nil
 	}
-	return &Leg{ctx: ctx, resp: resp, br: br, release: func(clean bool) {
+	leg := &Leg{ctx: ctx, resp: resp, br: br, conn: conn, body: bodyDecoder(resp), release: func(clean bool) {
 		hc.ReleaseReader(br)
 		release(clean)
-	}}, reused, nil
+	}}
+	leg.stopCancel = stop
+	leg.eof = leg.body.Done()
+	return leg, reused, nil
+}
+
+// readAnswer reads resp from br: whole, or only its head when stream is
+// set.
+func readAnswer(br *bufio.Reader, resp *fasthttp.Response, stream bool) error {
+	if !stream {
+		return resp.ReadLimitBody(br, 0)
+	}
+	for {
+		if err := resp.Header.Read(br); err != nil {
+			return err
+		}
+		// An interim 1xx answer precedes the real one.
+		if st := resp.StatusCode(); st < 200 && st != fasthttp.StatusSwitchingProtocols {
+			resp.Header.Reset()
+			continue
+		}
+		return nil
+	}
+}
+
+// bodyDecoder returns the framing decoder of resp's body.
+func bodyDecoder(resp *fasthttp.Response) httpbody.Decoder {
+	st := resp.StatusCode()
+	if resp.SkipBody || st == fasthttp.StatusNoContent || st == fasthttp.StatusNotModified {
+		return httpbody.New(httpbody.Length, 0)
+	}
+	switch cl := resp.Header.ContentLength(); {
+	case cl >= 0:
+		return httpbody.New(httpbody.Length, int64(cl))
+	case cl == -1:
+		return httpbody.New(httpbody.Chunked, 0)
+	default:
+		return httpbody.New(httpbody.UntilClose, 0)
+	}
 }
 
 // ctxErr prefers the context's cause when the context ended the leg.
@@ -275,17 +318,19 @@ func ctxErr(ctx context.Context, err error) error {
 // by one goroutine (Close must not race a Read); cancelling its context from
 // any goroutine interrupts a pending Read.
 type Leg struct {
-	ctx     context.Context
-	resp    *fasthttp.Response
-	br      *bufio.Reader // the connection's reader, under the body stream
-	release func(clean bool)
-	eof     bool
-	closed  bool
+	ctx        context.Context
+	resp       *fasthttp.Response
+	br         *bufio.Reader // the connection's reader
+	conn       net.Conn
+	body       httpbody.Decoder
+	release    func(clean bool)
+	stopCancel func() bool // stops the context's close-the-connection hook
+	eof        bool
+	closed     bool
 }
 
 // ahead returns the raw bytes already received on the connection and not
-// yet read through the body stream (chunk framing included). It never
-// blocks.
+// yet read through the body (chunk framing included). It never blocks.
 func (l *Leg) ahead() []byte {
 	if l.closed || l.br == nil {
 		return nil
@@ -299,13 +344,37 @@ func (l *Leg) Read(p []byte) (int, error) {
 	if l.closed {
 		return 0, io.ErrClosedPipe
 	}
-	n, err := l.resp.BodyStream().Read(p)
-	if errors.Is(err, io.EOF) {
-		l.eof = true
-	} else if err != nil {
-		err = ctxErr(l.ctx, err)
+	if len(p) == 0 {
+		return 0, nil
 	}
-	return n, err
+	for {
+		if l.eof {
+			return 0, io.EOF
+		}
+		if l.br.Buffered() == 0 {
+			if _, err := l.br.Peek(1); err != nil {
+				if errors.Is(err, io.EOF) {
+					if l.body.Mode() == httpbody.UntilClose {
+						l.eof = true
+						return 0, io.EOF
+					}
+					err = io.ErrUnexpectedEOF
+				}
+				return 0, ctxErr(l.ctx, err)
+			}
+		}
+		in, _ := l.br.Peek(l.br.Buffered())
+		data, n, err := l.body.Next(in, len(p))
+		copy(p, data)
+		_, _ = l.br.Discard(n)
+		l.eof = l.body.Done()
+		if err != nil {
+			return 0, err
+		}
+		if len(data) > 0 {
+			return len(data), nil
+		}
+	}
 }
 
 // Close ends the leg. The connection goes back to the pool only when the
@@ -316,6 +385,5 @@ func (l *Leg) Close() {
 		return
 	}
 	l.closed = true
-	_ = l.resp.CloseBodyStream()
-	l.release(l.eof)
+	l.release(l.eof && l.body.Mode() != httpbody.UntilClose)
 }
