@@ -21,15 +21,15 @@ const maxSizeDigits = 15
 type state uint8
 
 const (
-	stSize     state = iota // hex digits of a chunk size
-	stSizeExt               // a chunk extension, up to the line's end
-	stSizeLF                // the LF after the size line's CR
-	stData                  // chunk payload
-	stDataCR                // the CRLF after a chunk's payload
-	stDataLF                // the LF of that CRLF
-	stTrailer               // the start of a trailer line (or the final empty line)
-	stTrailerLine           // inside a trailer line
-	stTrailerLF             // the LF of the final empty line
+	stSize        state = iota // hex digits of a chunk size
+	stSizeExt                  // a chunk extension, up to the line's end
+	stSizeLF                   // the LF after the size line's CR
+	stData                     // chunk payload
+	stDataCR                   // the CRLF after a chunk's payload
+	stDataLF                   // the LF of that CRLF
+	stTrailer                  // the start of a trailer line (or the final empty line)
+	stTrailerLine              // inside a trailer line
+	stTrailerLF                // the LF of the final empty line
 	stDone
 )
 
