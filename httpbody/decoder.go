@@ -10,6 +10,7 @@ package httpbody
 import (
 	"errors"
 	"fmt"
+	"slices"
 )
 
 // ErrMalformed: the body's chunked framing is invalid.
@@ -228,6 +229,33 @@ func AppendChunk(dst, data []byte) []byte {
 	dst = appendHex(dst, len(data))
 	dst = append(dst, '\r', '\n')
 	dst = append(dst, data...)
+	return append(dst, '\r', '\n')
+}
+
+// chunkRoom is what BeginChunk reserves for a chunk's size line.
+const chunkRoom = 16 + 2
+
+// BeginChunk reserves room for a chunk's size line at the end of dst and
+// returns dst and the chunk's start, for EndChunk once its data is
+// appended: a chunk is built in place, without knowing its size first.
+func BeginChunk(dst []byte) ([]byte, int) {
+	mark := len(dst)
+	dst = slices.Grow(dst, chunkRoom)
+	return dst[:mark+chunkRoom], mark
+}
+
+// EndChunk frames the data appended since BeginChunk returned mark as one
+// chunk (or removes the reserved room when there is none).
+func EndChunk(dst []byte, mark int) []byte {
+	data := len(dst) - mark - chunkRoom
+	if data == 0 {
+		return dst[:mark]
+	}
+	var h [chunkRoom]byte
+	line := append(appendHex(h[:0], data), '\r', '\n')
+	copy(dst[mark:], line)
+	copy(dst[mark+len(line):], dst[mark+chunkRoom:])
+	dst = dst[:len(dst)-(chunkRoom-len(line))]
 	return append(dst, '\r', '\n')
 }
 

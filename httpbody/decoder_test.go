@@ -91,9 +91,15 @@ func TestAppendChunk(t *testing.T) {
 	b = AppendChunk(b, []byte("hello"))
 	b = AppendChunk(b, nil)
 	b = AppendChunk(b, bytes.Repeat([]byte("x"), 300))
+	var mark int
+	b, mark = BeginChunk(b)
+	b = EndChunk(b, mark) // empty: nothing
+	b, mark = BeginChunk(b)
+	b = append(b, "in place"...)
+	b = EndChunk(b, mark)
 	b = append(b, LastChunk...)
 	got, err := io.ReadAll(httputil.NewChunkedReader(bytes.NewReader(b)))
-	if err != nil || string(got) != "hello"+string(bytes.Repeat([]byte("x"), 300)) {
+	if err != nil || string(got) != "hello"+string(bytes.Repeat([]byte("x"), 300))+"in place" {
 		t.Fatalf("round trip through net/http's chunked reader: %q, %v", got, err)
 	}
 	d := New(Chunked, 0)

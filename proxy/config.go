@@ -3,6 +3,7 @@ package proxy
 import (
 	"errors"
 	"fmt"
+	"runtime"
 	"time"
 )
 
@@ -65,6 +66,10 @@ type Config struct {
 	MaxConnsPerHost int
 	// MaxPrefillers bounds distinct prefiller metric labels and pools.
 	MaxPrefillers int
+	// StreamLoops is the number of event loops that carry open streams once
+	// their answer has begun (loopstream.go): an open stream then holds no
+	// goroutine and no buffer. 0 keeps a goroutine per open stream.
+	StreamLoops int
 	// Guard holds the limits, SSRF protection, circuit breaker and TLS
 	// (guard.go, tls.go).
 	Guard GuardConfig
@@ -88,6 +93,7 @@ func DefaultConfig() Config {
 		ShutdownGrace:          30 * time.Second,
 		MaxConnsPerHost:        1024,
 		MaxPrefillers:          64,
+		StreamLoops:            runtime.GOMAXPROCS(0),
 		Guard:                  DefaultGuardConfig(),
 	}
 }
@@ -129,6 +135,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("--shutdown-grace must be >= 0, got %v", c.ShutdownGrace)
 	case c.MaxConnsPerHost <= 0:
 		return fmt.Errorf("--max-idle-conns-per-host must be > 0, got %d", c.MaxConnsPerHost)
+	case c.StreamLoops < 0:
+		return fmt.Errorf("--stream-loops must be >= 0, got %d", c.StreamLoops)
 	case c.MaxPrefillers <= 0:
 		return fmt.Errorf("max prefillers must be > 0, got %d", c.MaxPrefillers)
 	}

@@ -20,6 +20,7 @@ import (
 
 	"github.com/pd-sidecar/pd-sidecar/connectors"
 	"github.com/pd-sidecar/pd-sidecar/metrics"
+	"github.com/pd-sidecar/pd-sidecar/netloop"
 )
 
 // Header names the proxy reads or sets.
@@ -51,6 +52,13 @@ type Proxy struct {
 	kv       *kvPull     // sidecar-driven KV pull (see EnableKVPull); nil: off
 	armer    *watchArmer // client-connection watches (watch.go)
 	bufs     streamBufs  // per-stream buffers for reuse (sse.go)
+	// loops carry open streams (loopstream.go); nil: each stream keeps its
+	// goroutine. servers are the servers of the local engines' ports, by
+	// engine address, which take a connection back after its stream. Both
+	// are set by Run before it serves.
+	loops       *netloop.Group
+	servers     map[string]*fasthttp.Server
+	loopStreams atomic.Int64 // streams on the loops
 }
 
 // New returns a Proxy. cfg must be valid (see Config.Validate); m holds the

@@ -7,8 +7,11 @@ import (
 	"net"
 	"strconv"
 	"sync"
+	"time"
 
 	"github.com/valyala/fasthttp"
+
+	"github.com/pd-sidecar/pd-sidecar/netloop"
 )
 
 // ErrDrainTimeout: requests were still in flight when --shutdown-grace ran
@@ -38,10 +41,24 @@ func (p *Proxy) Run(ctx context.Context) error {
 		servers = append(servers, p.newServer(h))
 		return nil
 	}
+	if p.cfg.StreamLoops > 0 {
+		g, err := netloop.NewGroup(p.cfg.StreamLoops)
+		switch {
+		case errors.Is(err, netloop.ErrUnsupported):
+			p.log.Info().Msg("no event loops on this platform: each open stream keeps its goroutine")
+		case err != nil:
+			return err
+		default:
+			p.loops = g
+			defer g.Close()
+		}
+	}
+	p.servers = make(map[string]*fasthttp.Server, p.cfg.DataParallelSize)
 	for rank := range p.cfg.DataParallelSize {
 		if err := listen(p.cfg.Port+rank, p.Handler(rank)); err != nil {
 			return err
 		}
+		p.servers[p.localAddr(rank)] = servers[len(servers)-1]
 		lns[len(lns)-1] = p.guard.wrapListener(lns[len(lns)-1]) // --secure-proxy
 		p.log.Info().Int("rank", rank).Int("port", p.cfg.Port+rank).Str("engine", p.localAddr(rank)).Msg("listening")
 	}
@@ -76,6 +93,19 @@ func (p *Proxy) Run(ctx context.Context) error {
 		})
 	}
 	wg.Wait()
+	// The streams carried by the event loops are the servers' no more.
+	for p.loopStreams.Load() > 0 && sctx.Err() == nil {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if n := p.loopStreams.Load(); n > 0 {
+		p.log.Warn().Int64("streams", n).Msg("shutdown grace ran out: closing open streams")
+		if !errors.Is(err, ErrDrainTimeout) {
+			err = errors.Join(err, ErrDrainTimeout)
+		}
+	}
+	if p.loops != nil {
+		p.loops.Close() // ends what is left
+	}
 	p.tr.Close()
 	p.log.Info().Err(err).Msg("stopped")
 	return err
@@ -97,6 +127,9 @@ func (p *Proxy) newServer(h fasthttp.RequestHandler) *fasthttp.Server {
 		WriteBufferSize: 2 << 10,
 		ErrorHandler:    p.serverError, // JSON 413/431/408/400 (guard.go)
 		CloseOnShutdown: true,
+		// A stream handed to an event loop takes the connection (Hijack) and
+		// gives it back with ServeConn after its answer (loopstream.go).
+		KeepHijackedConns: true,
 		// An open stream then holds no read buffer (its request was read
 		// whole), and an idle keep-alive connection holds no request
 		// context either.

@@ -207,7 +207,16 @@ func (t *Transport) try(ctx context.Context, hc *fasthttp.HostClient, pooled boo
 	}
 	reused := cc.CreatedTime().Before(start)
 	conn := cc.Conn()
-	stop := context.AfterFunc(ctx, func() { _ = conn.Close() })
+	hook := context.AfterFunc(ctx, func() { _ = conn.Close() })
+	// stop disarms the hook and reports whether it never ran; a leg handed
+	// to an event loop disarms it early (Leg.disarm) and asks again later.
+	disarmed := false
+	stop := func() bool {
+		if !disarmed {
+			disarmed = hook()
+		}
+		return disarmed
+	}
 	// release returns the connection to the pool only when the exchange
 	// ended cleanly and the cancel hook never ran.
 	release := func(clean bool) {
@@ -262,11 +271,8 @@ func (t *Transport) try(ctx context.Context, hc *fasthttp.HostClient, pooled boo
 		release(true)
 		return nil, reused, nil
 	}
-	leg := &Leg{ctx: ctx, resp: resp, br: br, conn: conn, body: bodyDecoder(resp), release: func(clean bool) {
-		hc.ReleaseReader(br)
-		release(clean)
-	}}
-	leg.stopCancel = stop
+	leg := &Leg{ctx: ctx, resp: resp, br: br, conn: conn, body: bodyDecoder(resp),
+		putReader: hc.ReleaseReader, release: release, stopCancel: stop}
 	leg.eof = leg.body.Done()
 	return leg, reused, nil
 }
@@ -323,8 +329,9 @@ type Leg struct {
 	br         *bufio.Reader // the connection's reader
 	conn       net.Conn
 	body       httpbody.Decoder
-	release    func(clean bool)
-	stopCancel func() bool // stops the context's close-the-connection hook
+	putReader  func(*bufio.Reader) // gives br back to its pool
+	release    func(clean bool)    // gives the connection back, or closes it
+	stopCancel func() bool         // disarms the context's close-the-connection hook
 	eof        bool
 	closed     bool
 }
@@ -385,5 +392,20 @@ func (l *Leg) Close() {
 		return
 	}
 	l.closed = true
+	l.dropReader()
 	l.release(l.eof && l.body.Mode() != httpbody.UntilClose)
+}
+
+// disarm makes sure nothing but Close will close the connection: it stops
+// the hook that closes it when the leg's context ends, and reports whether
+// that hook had not run (when it had, the connection is closed or closing).
+func (l *Leg) disarm() bool { return l.stopCancel() }
+
+// dropReader gives the connection's read buffer back; the bytes it held
+// must have been taken (ahead) before.
+func (l *Leg) dropReader() {
+	if l.br != nil {
+		l.putReader(l.br)
+		l.br = nil
+	}
 }

@@ -1,0 +1,285 @@
+//go:build linux
+
+package netloop
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+
+	"golang.org/x/sys/unix"
+)
+
+// Group is a set of loops that share the connections out between them.
+type Group struct {
+	loops []*Loop
+	next  atomic.Uint32
+	wg    sync.WaitGroup
+	once  sync.Once
+}
+
+// NewGroup starts n loops (at least one).
+func NewGroup(n int) (*Group, error) {
+	g := &Group{}
+	for range max(n, 1) {
+		l, err := newLoop()
+		if err != nil {
+			g.Close()
+			return nil, err
+		}
+		g.loops = append(g.loops, l)
+		g.wg.Go(l.run)
+	}
+	return g, nil
+}
+
+// Pick returns the next loop, round robin.
+func (g *Group) Pick() *Loop {
+	return g.loops[int(g.next.Add(1))%len(g.loops)]
+}
+
+// Close stops every loop: each handler still registered is told Shutdown
+// (on its loop's goroutine) and removed. Close waits for the loops to end;
+// it may be called more than once.
+func (g *Group) Close() {
+	g.once.Do(func() {
+		for _, l := range g.loops {
+			l.close()
+		}
+	})
+	g.wg.Wait()
+}
+
+// Loop is one event loop: a goroutine waiting on an epoll set.
+type Loop struct {
+	epfd int
+	wake int // eventfd that interrupts the wait
+
+	mu       sync.Mutex
+	handlers map[int]entry
+	gen      uint32
+	closed   bool
+
+	in, out []byte // Buffers
+}
+
+// entry is a registered descriptor. gen tells its events from those of an
+// earlier descriptor with the same number, still in a batch being handled
+// when that one was removed and closed.
+type entry struct {
+	h   Handler
+	gen uint32
+}
+
+// bufferSize is the size of each of the loop's shared buffers.
+const bufferSize = 64 << 10
+
+func newLoop() (*Loop, error) {
+	epfd, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
+	if err != nil {
+		return nil, fmt.Errorf("netloop: epoll_create1: %w", err)
+	}
+	wake, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
+	if err != nil {
+		_ = unix.Close(epfd)
+		return nil, fmt.Errorf("netloop: eventfd: %w", err)
+	}
+	ev := unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(wake)}
+	if err := unix.EpollCtl(epfd, unix.EPOLL_CTL_ADD, wake, &ev); err != nil {
+		_ = unix.Close(epfd)
+		_ = unix.Close(wake)
+		return nil, fmt.Errorf("netloop: epoll_ctl: %w", err)
+	}
+	return &Loop{epfd: epfd, wake: wake, handlers: make(map[int]entry),
+		in: make([]byte, bufferSize), out: make([]byte, 0, bufferSize)}, nil
+}
+
+// Buffers are two buffers the handlers of this loop share, one to read
+// into and one to build output in: usable only on the loop's goroutine,
+// until the handler returns.
+func (l *Loop) Buffers() (in, out []byte) { return l.in, l.out[:0] }
+
+func epollEvents(ev Events) uint32 {
+	e := uint32(unix.EPOLLRDHUP)
+	if ev&Readable != 0 {
+		e |= unix.EPOLLIN
+	}
+	if ev&Writable != 0 {
+		e |= unix.EPOLLOUT
+	}
+	return e
+}
+
+// Add watches fd for ev (level-triggered) and tells h.
+func (l *Loop) Add(fd int, ev Events, h Handler) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return ErrClosed
+	}
+	if _, ok := l.handlers[fd]; ok {
+		return fmt.Errorf("netloop: fd %d already watched", fd)
+	}
+	l.gen++
+	e := unix.EpollEvent{Events: epollEvents(ev), Fd: int32(fd), Pad: int32(l.gen)}
+	if err := unix.EpollCtl(l.epfd, unix.EPOLL_CTL_ADD, fd, &e); err != nil {
+		return fmt.Errorf("netloop: watch fd %d: %w", fd, err)
+	}
+	l.handlers[fd] = entry{h: h, gen: l.gen}
+	return nil
+}
+
+// Modify changes the events fd is watched for.
+func (l *Loop) Modify(fd int, ev Events) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	en, ok := l.handlers[fd]
+	if !ok {
+		return fmt.Errorf("netloop: fd %d not watched", fd)
+	}
+	e := unix.EpollEvent{Events: epollEvents(ev), Fd: int32(fd), Pad: int32(en.gen)}
+	if err := unix.EpollCtl(l.epfd, unix.EPOLL_CTL_MOD, fd, &e); err != nil {
+		return fmt.Errorf("netloop: modify fd %d: %w", fd, err)
+	}
+	return nil
+}
+
+// Remove stops watching fd; no event of it is delivered after Remove
+// returns (called from the loop's goroutine) and the caller may use or
+// close its connection again.
+func (l *Loop) Remove(fd int) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if _, ok := l.handlers[fd]; !ok {
+		return nil
+	}
+	delete(l.handlers, fd)
+	if err := unix.EpollCtl(l.epfd, unix.EPOLL_CTL_DEL, fd, nil); err != nil && !errors.Is(err, unix.EBADF) && !errors.Is(err, unix.ENOENT) {
+		return fmt.Errorf("netloop: unwatch fd %d: %w", fd, err)
+	}
+	return nil
+}
+
+// Len is the number of descriptors watched.
+func (l *Loop) Len() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.handlers)
+}
+
+func (l *Loop) close() {
+	l.mu.Lock()
+	l.closed = true
+	l.mu.Unlock()
+	var one = [8]byte{1}
+	_, _ = unix.Write(l.wake, one[:])
+}
+
+func (l *Loop) lookup(fd int, gen uint32) (Handler, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	en, ok := l.handlers[fd]
+	if !ok || en.gen != gen {
+		return nil, false
+	}
+	return en.h, true
+}
+
+func (l *Loop) run() {
+	defer func() {
+		_ = unix.Close(l.epfd)
+		_ = unix.Close(l.wake)
+	}()
+	events := make([]unix.EpollEvent, 128)
+	for {
+		n, err := unix.EpollWait(l.epfd, events, -1)
+		if err != nil {
+			if errors.Is(err, unix.EINTR) {
+				continue
+			}
+			panic(fmt.Sprintf("netloop: epoll_wait: %v", err)) // a bad epoll fd: a bug
+		}
+		for i := range n {
+			e := &events[i]
+			fd := int(e.Fd)
+			if fd == l.wake {
+				l.shutdown()
+				return
+			}
+			h, ok := l.lookup(fd, uint32(e.Pad))
+			if !ok {
+				continue
+			}
+			var ev Events
+			if e.Events&(unix.EPOLLIN) != 0 {
+				ev |= Readable
+			}
+			if e.Events&unix.EPOLLOUT != 0 {
+				ev |= Writable
+			}
+			if e.Events&(unix.EPOLLHUP|unix.EPOLLRDHUP|unix.EPOLLERR) != 0 {
+				ev |= HangUp
+			}
+			h.Ready(fd, ev)
+		}
+	}
+}
+
+// shutdown tells every handler still registered.
+func (l *Loop) shutdown() {
+	for {
+		l.mu.Lock()
+		var fd int
+		var h Handler
+		for f, en := range l.handlers {
+			fd, h = f, en.h
+			break
+		}
+		l.mu.Unlock()
+		if h == nil {
+			return
+		}
+		h.Ready(fd, Shutdown)
+		_ = l.Remove(fd) // in case the handler did not
+	}
+}
+
+// Read reads from fd without blocking: ErrWouldBlock when nothing is
+// there; 0, nil at the end of the stream.
+func Read(fd int, p []byte) (int, error) {
+	for {
+		n, err := unix.Read(fd, p)
+		switch {
+		case err == nil:
+			return n, nil
+		case errors.Is(err, unix.EINTR):
+			continue
+		case errors.Is(err, unix.EAGAIN):
+			return 0, ErrWouldBlock
+		}
+		return 0, err
+	}
+}
+
+// Write writes p to fd without blocking, as much as fits: n < len(p) with
+// ErrWouldBlock when the socket's buffer is full.
+func Write(fd int, p []byte) (int, error) {
+	total := 0
+	for total < len(p) {
+		n, err := unix.Write(fd, p[total:])
+		if n > 0 {
+			total += n
+		}
+		switch {
+		case err == nil:
+			continue
+		case errors.Is(err, unix.EINTR):
+			continue
+		case errors.Is(err, unix.EAGAIN):
+			return total, ErrWouldBlock
+		}
+		return total, err
+	}
+	return total, nil
+}
