@@ -63,6 +63,9 @@ type Metrics struct {
 	// DecodeFirst counts decode-first attempts (shared-storage with
 	// cache_hit_threshold) by outcome: served, declined.
 	DecodeFirst *prometheus.CounterVec
+	// LoopStreams is the number of open streams carried by the event loops
+	// (holding no goroutine or buffer).
+	LoopStreams prometheus.Gauge
 	// Prefillers bounds the prefiller label.
 	Prefillers *Bounded
 	// Guards are the request guards' collectors (guards.go).
@@ -125,10 +128,14 @@ func New(reg prometheus.Registerer, maxPrefillers int) *Metrics {
 			Name: "pd_sidecar_decode_first_total",
 			Help: "Decode-first attempts (shared-storage with cache_hit_threshold), by outcome (served, declined).",
 		}, []string{"outcome"}),
+		LoopStreams: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "pd_sidecar_loop_streams",
+			Help: "Open streams carried by the event loops (--stream-loops), which hold no goroutine or buffer per stream.",
+		}),
 		Prefillers: NewBounded(maxPrefillers),
 		Guards:     NewGuards(reg),
 	}
-	reg.MustRegister(m.PrefillLegFailures, m.DecodeFirst)
+	reg.MustRegister(m.PrefillLegFailures, m.DecodeFirst, m.LoopStreams)
 	reg.MustRegister(m.Requests, m.Fallbacks, m.PrefillDuration, m.KVTransferDuration,
 		m.TTFT, m.KVLoadFailures, m.Inflight, m.PrefillRetries, m.ClientDisconnects)
 	for _, p := range []string{PhasePrefill, PhaseDecode, PhaseLocal, PhasePassthrough} {

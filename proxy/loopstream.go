@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"sync"
 	"time"
 
@@ -48,7 +49,7 @@ type loopStream struct {
 
 	ufd, cfd  int
 	raw       net.Conn // the client connection
-	client    net.Conn // raw, or raw behind bytes fasthttp had read ahead
+	hj        net.Conn // raw as fasthttp hijacked it (with what it read ahead)
 	keepAlive bool
 	first     []byte // head and first chunk, written by start
 	firstp    *[]byte
@@ -99,12 +100,9 @@ func (r *request) toLoop(leg *Leg, er *eventReader, held []byte, remote bool, re
 	if len(h.Server()) == 0 {
 		h.SetServer(serverName)
 	}
-	ls.firstp, _ = p.bufs.chunks.Get().(*[]byte)
-	if ls.firstp == nil {
-		b := make([]byte, 0, 4<<10)
-		ls.firstp = &b
-	}
-	out := append((*ls.firstp)[:0], h.Header()...)
+	var out []byte
+	ls.firstp, out = p.bufs.getChunk()
+	out = append(out, h.Header()...)
 	out, mark := httpbody.BeginChunk(out)
 	out = rewriteEvent(out, held, ls.fn)
 	var err error
@@ -129,6 +127,7 @@ func (r *request) toLoop(leg *Leg, er *eventReader, held []byte, remote bool, re
 	ls.first = out
 	r.detached = true
 	p.loopStreams.Add(1)
+	p.m.LoopStreams.Inc()
 	r.rc.HijackSetNoResponse(true)
 	r.rc.Hijack(ls.start)
 	return true
@@ -147,33 +146,83 @@ func bodyComplete(d *httpbody.Decoder, raw []byte) bool {
 	return d.Done()
 }
 
-// start runs once fasthttp let go of the client connection: it writes the
-// head and the first chunk, then watches both connections on the loop.
-func (ls *loopStream) start(c net.Conn) {
-	ls.mu.Lock()
-	defer ls.mu.Unlock()
-	ls.client = takeBack(c, ls.raw)
+// loopAfter is how long a stream is relayed by its own goroutine before
+// it goes to the event loop. A stream that ends sooner (a short answer, a
+// fast engine) never pays for the hand-over; a long one (an LLM stream
+// lasts seconds) spends nearly all its life on the loop.
+const loopAfter = 5 * time.Millisecond
+
+// start runs once fasthttp let go of the client connection, on a goroutine
+// of its own: it writes the head and the first chunk, relays the stream
+// for up to loopAfter, then hands what is left to the loop.
+func (ls *loopStream) start(hj net.Conn) {
+	ls.hj = hj
 	_, err := ls.raw.Write(ls.first)
 	ls.r.p.m.TTFT.WithLabelValues(ls.r.mode).Observe(time.Since(ls.r.start).Seconds())
-	*ls.firstp = ls.first[:0]
-	if cap(ls.first) <= maxPooledChunk {
-		ls.r.p.bufs.chunks.Put(ls.firstp)
-	}
+	ls.r.p.bufs.putChunk(ls.firstp, ls.first)
 	ls.first, ls.firstp = nil, nil
 	switch {
 	case err != nil:
 		ls.abort(ErrClientGone)
+		return
 	case ls.ended:
-		ls.complete()
-	default:
-		if err := ls.loop.Add(ls.cfd, 0, ls); err != nil {
-			ls.fail(err)
-			return
+		ls.complete(true)
+		return
+	}
+	if !ls.relay() {
+		return
+	}
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	if err := ls.loop.Add(ls.cfd, 0, ls); err != nil {
+		ls.fail(err)
+		return
+	}
+	if err := ls.loop.Add(ls.ufd, netloop.Readable, ls); err != nil {
+		ls.fail(err)
+	}
+}
+
+// relay streams on the calling goroutine, with blocking reads and writes,
+// until the stream ends (false) or loopAfter has passed (true: to the
+// loop).
+func (ls *loopStream) relay() bool {
+	conn := ls.leg.conn
+	if conn.SetReadDeadline(time.Now().Add(loopAfter)) != nil {
+		return true
+	}
+	inp, in := ls.r.p.bufs.getChunk()
+	outp, out := ls.r.p.bufs.getChunk()
+	in = in[:cap(in)]
+	defer func() {
+		ls.r.p.bufs.putChunk(inp, in[:0])
+		ls.r.p.bufs.putChunk(outp, out[:0])
+	}()
+	for {
+		n, err := conn.Read(in)
+		if n == 0 && errors.Is(err, os.ErrDeadlineExceeded) {
+			return conn.SetReadDeadline(time.Time{}) == nil || ls.failed(err)
 		}
-		if err := ls.loop.Add(ls.ufd, netloop.Readable, ls); err != nil {
-			ls.fail(err)
+		eof := errors.Is(err, io.EOF)
+		if eof {
+			err = nil
+		}
+		out = ls.relayed(out[:0], in[:n], eof, err)
+		if _, err := ls.raw.Write(out); err != nil {
+			ls.abort(ErrClientGone)
+			return false
+		}
+		if ls.ended {
+			ls.complete(true)
+			return false
 		}
 	}
+}
+
+// failed ends the stream with err and returns false.
+func (ls *loopStream) failed(err error) bool {
+	ls.fail(err)
+	return false
 }
 
 // takeBack returns the connection to serve again after the stream: raw,
@@ -181,12 +230,14 @@ func (ls *loopStream) start(c net.Conn) {
 // into the buffer behind hj, its hijacked connection; then raw behind
 // those bytes. Serving hj itself would nest one more reader per stream on
 // a keep-alive connection.
-func takeBack(hj, raw net.Conn) net.Conn {
+func takeBack(hj, raw net.Conn, bufs *streamBufs) net.Conn {
 	if hj == raw || raw.SetReadDeadline(time.Unix(1, 0)) != nil {
 		return hj
 	}
 	var ahead []byte
-	buf := make([]byte, 512)
+	bufp, buf := bufs.getChunk()
+	defer bufs.putChunk(bufp, buf)
+	buf = buf[:cap(buf)]
 	for {
 		// With the deadline past, only bytes buffered above raw come back.
 		n, err := hj.Read(buf)
@@ -229,35 +280,43 @@ func (ls *loopStream) Ready(fd int, ev netloop.Events) {
 	}
 }
 
-// readUpstream relays what the upstream sent.
+// readUpstream relays what the upstream sent, on the loop.
 func (ls *loopStream) readUpstream() {
 	in, out := ls.loop.Buffers()
 	n, err := netloop.Read(ls.ufd, in)
 	if errors.Is(err, netloop.ErrWouldBlock) {
 		return
 	}
+	ls.write(ls.relayed(out, in[:n], n == 0 && err == nil, err))
+}
+
+// relayed appends to out the client's next bytes from what one read of
+// the upstream gave: in (the bytes read), eof (the connection closed) or
+// rerr (the read failed). They end the stream when the upstream's answer
+// ended (ls.ended is then set).
+func (ls *loopStream) relayed(out, in []byte, eof bool, rerr error) []byte {
 	out, mark := httpbody.BeginChunk(out)
 	var ferr error
-	if n > 0 {
-		out, ferr = ls.feedRaw(out, in[:n])
+	if len(in) > 0 {
+		out, ferr = ls.feedRaw(out, in)
 	}
 	switch {
 	case ferr != nil:
 		out, mark = ls.endUpstream(out, mark, ferr)
 	case ls.body.Done():
 		out, mark = ls.endUpstream(out, mark, nil)
-	case err != nil:
-		out, mark = ls.endUpstream(out, mark, fmt.Errorf("read %s: %w", ls.r.local, err))
-	case n == 0 && ls.body.Mode() == httpbody.UntilClose:
+	case rerr != nil:
+		out, mark = ls.endUpstream(out, mark, fmt.Errorf("read %s: %w", ls.r.local, rerr))
+	case eof && ls.body.Mode() == httpbody.UntilClose:
 		out, mark = ls.endUpstream(out, mark, nil)
-	case n == 0:
+	case eof:
 		out, mark = ls.endUpstream(out, mark, fmt.Errorf("read %s: connection closed mid-body", ls.r.local))
 	}
 	out = httpbody.EndChunk(out, mark)
 	if ls.ended {
 		out = append(out, httpbody.LastChunk...)
 	}
-	ls.write(out)
+	return out
 }
 
 // feedRaw decodes raw body bytes (framing included) and appends their
@@ -368,7 +427,7 @@ func (ls *loopStream) write(b []byte) {
 	switch {
 	case err == nil:
 		if ls.ended {
-			ls.complete()
+			ls.complete(false)
 		}
 	case errors.Is(err, netloop.ErrWouldBlock):
 		ls.pending = append(ls.pending[:0], b[n:]...)
@@ -393,7 +452,7 @@ func (ls *loopStream) flush() {
 	case err == nil:
 		ls.pending = nil
 		if ls.ended {
-			ls.complete()
+			ls.complete(false)
 			return
 		}
 		if err := ls.loop.Modify(ls.cfd, 0); err != nil {
@@ -411,15 +470,21 @@ func (ls *loopStream) flush() {
 }
 
 // complete ends a stream written whole: the client connection goes back
-// to the server for its next request.
-func (ls *loopStream) complete() {
+// to the server for its next request, served on this goroutine when it
+// has nothing else to do (inline), else on a new one.
+func (ls *loopStream) complete(inline bool) {
 	_ = ls.loop.Remove(ls.cfd)
 	ls.finish()
-	if ls.keepAlive && !ls.r.p.draining.Load() {
-		go func() { _ = ls.srv.ServeConn(ls.client) }()
+	if !ls.keepAlive || ls.r.p.draining.Load() {
+		_ = ls.raw.Close()
 		return
 	}
-	_ = ls.client.Close()
+	c := takeBack(ls.hj, ls.raw, &ls.r.p.bufs)
+	if inline {
+		_ = ls.srv.ServeConn(c)
+		return
+	}
+	go func() { _ = ls.srv.ServeConn(c) }()
 }
 
 // abort ends a stream whose client left: the upstream leg is cancelled.
@@ -442,9 +507,7 @@ func (ls *loopStream) teardown() {
 	_ = ls.loop.Remove(ls.cfd)
 	ls.closeLeg(false)
 	ls.finish()
-	if ls.client != nil {
-		_ = ls.client.Close()
-	}
+	_ = ls.raw.Close()
 }
 
 // finish ends the request's bookkeeping, once.
@@ -457,6 +520,7 @@ func (ls *loopStream) finish() {
 	ls.pending, ls.partial = nil, nil
 	ls.release()
 	ls.r.p.loopStreams.Add(-1)
+	ls.r.p.m.LoopStreams.Dec()
 }
 
 var _ netloop.Handler = (*loopStream)(nil)

@@ -33,6 +33,26 @@ type streamBufs struct {
 	chunks  sync.Pool // *[]byte
 }
 
+// getChunk returns an empty chunk buffer (4 KiB or more) and its pool
+// entry, for putChunk.
+func (b *streamBufs) getChunk() (*[]byte, []byte) {
+	p, _ := b.chunks.Get().(*[]byte)
+	if p == nil {
+		buf := make([]byte, 0, 4<<10)
+		p = &buf
+	}
+	return p, (*p)[:0]
+}
+
+// putChunk gives back a chunk buffer taken with getChunk; buf is the buffer
+// as grown since (one grown past maxPooledChunk is dropped).
+func (b *streamBufs) putChunk(p *[]byte, buf []byte) {
+	if cap(buf) <= maxPooledChunk {
+		*p = buf[:0]
+		b.chunks.Put(p)
+	}
+}
+
 // newEventReader reads events from r through a buffer from bufs (nil: a
 // buffer of its own).
 func newEventReader(r io.Reader, bufs *streamBufs) *eventReader {

@@ -148,18 +148,13 @@ func (b *sseBody) fill() error {
 const maxPooledChunk = 64 << 10
 
 func (b *sseBody) getOut() {
-	b.outp, _ = b.r.p.bufs.chunks.Get().(*[]byte)
-	if b.outp == nil {
-		buf := make([]byte, 0, 4<<10)
-		b.outp = &buf
-	}
-	b.out, b.off = (*b.outp)[:0], 0
+	b.outp, b.out = b.r.p.bufs.getChunk()
+	b.off = 0
 }
 
 func (b *sseBody) putOut() {
-	if b.outp != nil && cap(b.out) <= maxPooledChunk {
-		*b.outp = b.out[:0]
-		b.r.p.bufs.chunks.Put(b.outp)
+	if b.outp != nil {
+		b.r.p.bufs.putChunk(b.outp, b.out)
 	}
 	b.outp, b.out, b.off = nil, nil, 0
 }
