@@ -128,7 +128,7 @@ func (r *request) tryDecodeSSE(df connectors.DecodeFirst, leg *Leg, resp *fastht
 	r.p.m.Requests.WithLabelValues(r.mode, statusLabel(resp.StatusCode())).Inc()
 	r.obs.status = resp.StatusCode()
 	r.logAt(zerolog.InfoLevel).Str("mode", r.mode).Msg("streaming the decode engine's first answer")
-	r.streamBody(r.newSSEBody(er, held, false, func() {
+	r.streamBody(r.newSSEBody(er, leg, held, false, func() {
 		er.release()
 		leg.Close()
 		fasthttp.ReleaseResponse(resp)

@@ -4,9 +4,6 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
-	"io"
-	"net"
-	"os"
 	"sync"
 	"time"
 
@@ -25,33 +22,34 @@ const maxEvent = 4 << 20
 // errEventTooLong: an upstream SSE event exceeded maxEvent.
 var errEventTooLong = errors.New("SSE event longer than 4 MiB")
 
-// loopStream carries a streamed answer on an event loop (netloop) from its
-// first write to its end. The upstream connection's readiness wakes the
-// loop, which reads what came into the loop's buffer, cuts it into events
-// (rewritten as on the goroutine path, sseBody) and writes them to the
+// loopStream carries a streamed answer on an event loop (netloop). The
+// answer begins as every answer does, written by fasthttp's server
+// goroutine from an sseBody; once it has streamed for loopAfter and would
+// wait on its engine, the sseBody hands it over: fasthttp lets go of the
+// connection (clientConn), and from then on the upstream connection's
+// readiness wakes the loop, which reads what came into the loop's buffer,
+// cuts it into events (rewritten as sseBody does) and writes them to the
 // client as one chunk. An open stream so holds no goroutine, no stack and
 // no buffer: only this struct, an event not yet whole, or a chunk the
 // client has not taken yet. At its end the client connection goes back to
 // the fasthttp server for its next request.
 //
-// A stream goes to a loop only once its answer has begun (a stream whose
-// whole answer is already here stays on the goroutine path, which costs
-// less), only between plain TCP connections, and only for an HTTP/1.1
-// client; the rest streams on its goroutine.
+// Only streams between plain TCP connections, from an HTTP/1.1 client
+// with nothing read ahead (no pipelined request), are handed over; the
+// rest stream on their goroutine to the end.
 type loopStream struct {
-	mu   sync.Mutex // Ready, start: one at a time
+	mu   sync.Mutex // Ready and begin: one at a time
 	r    *request
 	loop *netloop.Loop
 	srv  *fasthttp.Server
+	cc   *clientConn
 	leg  *Leg
 	body httpbody.Decoder
 	fn   func([]byte) []byte // per-payload rewrite (nil: none)
 
 	ufd, cfd  int
-	raw       net.Conn // the client connection
-	hj        net.Conn // raw as fasthttp hijacked it (with what it read ahead)
 	keepAlive bool
-	first     []byte // head and first chunk, written by start
+	first     []byte // the first chunk, written by begin
 	firstp    *[]byte
 
 	done     bool   // [DONE] seen
@@ -59,63 +57,70 @@ type loopStream struct {
 	pending  []byte // bytes the client has not taken yet
 	ended    bool   // the upstream is done: pending holds the last bytes
 	finished bool
-	release  func() // frees the request's leg bookkeeping, once
+	release  func() // frees the leg and finishes the request, once
 }
 
-// toLoop hands the answer to an event loop and reports whether it did; it
-// is called with the head copied to the client response, the held
-// preamble, and er with whatever it read. When it returns true the request
-// is the loop's, and the handler returns.
-func (r *request) toLoop(leg *Leg, er *eventReader, held []byte, remote bool, release func()) bool {
-	p := r.p
-	srv := p.servers[r.local]
-	if p.loops == nil || srv == nil || !r.rc.Request.Header.IsHTTP11() {
+// loopAfter is how long a stream is relayed by its server goroutine, from
+// its first write, before it may go to an event loop. A stream that ends
+// sooner (a short answer, a fast engine) never pays for the hand-over; a
+// long one (an LLM stream lasts seconds, at 10-50 ms per token) spends
+// nearly all its life on the loop.
+const loopAfter = 50 * time.Millisecond
+
+// errHandedOver ends fasthttp's writing of an answer handed to an event
+// loop; fasthttp then closes the connection, which clientConn turns into
+// the loop taking it.
+var errHandedOver = errors.New("stream handed to an event loop")
+
+// loopable reports whether b's stream may be handed to a loop later.
+func (b *sseBody) loopable() bool {
+	r := b.r
+	if r.p.loops == nil || r.p.servers[r.local] == nil || !r.rc.Request.Header.IsHTTP11() {
 		return false
 	}
-	cfd, ok1 := netloop.FD(r.rc.Conn())
-	ufd, ok2 := netloop.FD(leg.conn)
-	if !ok1 || !ok2 {
+	cc, ok := r.rc.Conn().(*clientConn)
+	if !ok {
 		return false
 	}
-	// An answer that is all here already is written faster by the
-	// goroutine path than handed over.
-	if d := leg.body; bodyComplete(&d, leg.ahead()) {
+	if _, ok := netloop.FD(cc.TCPConn); !ok {
 		return false
 	}
-	if r.watch.stop() || !leg.disarm() {
-		return false // a pipelined request (close after), or a leg being cancelled
+	_, ok = netloop.FD(b.leg.conn)
+	b.cc = cc
+	b.keepAlive = !r.rc.Request.Header.ConnectionClose() && !r.rc.Response.ConnectionClose()
+	return ok
+}
+
+// handOver prepares the hand-over of b's stream, which has nothing to
+// read from its engine right now: the events already read (b.out from
+// b.off, the event reader's buffer, the upstream's unread bytes) become
+// the loop's first chunk. It reports false when the stream must stay
+// (fasthttp read ahead: a pipelined request; or the leg is being
+// cancelled). Then the handler calls clientConn.Close: see begin.
+func (b *sseBody) handOver() bool {
+	r, leg := b.r, b.leg
+	cc := b.cc
+	if cc.read.Load() != cc.consumed.Load() || !leg.disarm() {
+		return false
 	}
-	ls := &loopStream{r: r, loop: p.loops.Pick(), srv: srv, leg: leg, body: leg.body,
-		ufd: ufd, cfd: cfd, raw: r.rc.Conn(), release: release, done: bytes.Contains(held, doneEvent)}
-	if remote && p.rewriter != nil {
-		h := *r.handoff
-		ls.fn = func(d []byte) []byte { return p.rewriter.RewriteAnswer(r.api, d, h) }
-	}
-	ls.keepAlive = !r.rc.Request.Header.ConnectionClose()
-	h := &r.rc.Response.Header
-	h.SetContentLength(-1)
-	if !ls.keepAlive {
-		h.SetConnectionClose()
-	}
-	if len(h.Server()) == 0 {
-		h.SetServer(serverName)
-	}
+	ls := &loopStream{r: r, loop: r.p.loops.Pick(), srv: r.p.servers[r.local], cc: cc, leg: leg,
+		body: leg.body, fn: b.fn, done: b.done, keepAlive: b.keepAlive, release: b.release}
+	ls.cfd, _ = netloop.FD(cc.TCPConn)
+	ls.ufd, _ = netloop.FD(leg.conn)
 	var out []byte
-	ls.firstp, out = p.bufs.getChunk()
-	out = append(out, h.Header()...)
+	ls.firstp, out = r.p.bufs.getChunk()
 	out, mark := httpbody.BeginChunk(out)
-	out = rewriteEvent(out, held, ls.fn)
+	out = append(out, b.out[b.off:]...)
 	var err error
-	if b, _ := er.br.Peek(er.br.Buffered()); len(b) > 0 {
-		out, err = ls.feed(out, b)
+	if ev, _ := b.er.br.Peek(b.er.br.Buffered()); len(ev) > 0 {
+		out, err = ls.feed(out, ev)
 	}
-	er.release()
+	b.er.release()
 	if err == nil {
 		out, err = ls.feedRaw(out, leg.ahead())
 	}
 	leg.dropReader()
 	if err != nil {
-		// Unframeable before the first write: end the stream at once.
 		out, mark = ls.endUpstream(out, mark, err)
 	} else if ls.body.Done() {
 		out, mark = ls.endUpstream(out, mark, nil)
@@ -125,143 +130,38 @@ func (r *request) toLoop(leg *Leg, er *eventReader, held []byte, remote bool, re
 		out = append(out, httpbody.LastChunk...)
 	}
 	ls.first = out
-	r.detached = true
-	p.loopStreams.Add(1)
-	p.m.LoopStreams.Inc()
-	r.rc.HijackSetNoResponse(true)
-	r.rc.Hijack(ls.start)
+	b.release = nil // the loop's now
+	b.handedOver = true
+	cc.handOff = ls.begin
 	return true
 }
 
-// bodyComplete reports whether raw holds the whole rest of the body that d
-// decodes (d is a copy: it is advanced).
-func bodyComplete(d *httpbody.Decoder, raw []byte) bool {
-	for len(raw) > 0 && !d.Done() {
-		_, n, err := d.Next(raw, len(raw))
-		if err != nil || n == 0 {
-			return false
-		}
-		raw = raw[n:]
-	}
-	return d.Done()
-}
-
-// loopAfter is how long a stream is relayed by its own goroutine before
-// it goes to the event loop. A stream that ends sooner (a short answer, a
-// fast engine) never pays for the hand-over; a long one (an LLM stream
-// lasts seconds) spends nearly all its life on the loop.
-const loopAfter = 5 * time.Millisecond
-
-// start runs once fasthttp let go of the client connection, on a goroutine
-// of its own: it writes the head and the first chunk, relays the stream
-// for up to loopAfter, then hands what is left to the loop.
-func (ls *loopStream) start(hj net.Conn) {
-	ls.hj = hj
-	_, err := ls.raw.Write(ls.first)
-	ls.r.p.m.TTFT.WithLabelValues(ls.r.mode).Observe(time.Since(ls.r.start).Seconds())
-	ls.r.p.bufs.putChunk(ls.firstp, ls.first)
-	ls.first, ls.firstp = nil, nil
-	switch {
-	case err != nil:
-		ls.abort(ErrClientGone)
-		return
-	case ls.ended:
-		ls.complete(true)
-		return
-	}
-	if !ls.relay() {
-		return
-	}
+// begin runs on fasthttp's server goroutine when it lets go of the
+// connection (clientConn.Close): it watches both connections on the loop
+// and writes the first chunk.
+func (ls *loopStream) begin() {
 	ls.mu.Lock()
 	defer ls.mu.Unlock()
+	r := ls.r
+	r.p.loopStreams.Add(1)
+	r.p.m.LoopStreams.Inc()
+	first := ls.first
+	defer r.p.bufs.putChunk(ls.firstp, first)
+	ls.first, ls.firstp = nil, nil
+	if ls.ended {
+		ls.write(first)
+		return
+	}
 	if err := ls.loop.Add(ls.cfd, 0, ls); err != nil {
 		ls.fail(err)
 		return
 	}
 	if err := ls.loop.Add(ls.ufd, netloop.Readable, ls); err != nil {
 		ls.fail(err)
+		return
 	}
+	ls.write(first)
 }
-
-// relay streams on the calling goroutine, with blocking reads and writes,
-// until the stream ends (false) or loopAfter has passed (true: to the
-// loop).
-func (ls *loopStream) relay() bool {
-	conn := ls.leg.conn
-	if conn.SetReadDeadline(time.Now().Add(loopAfter)) != nil {
-		return true
-	}
-	inp, in := ls.r.p.bufs.getChunk()
-	outp, out := ls.r.p.bufs.getChunk()
-	in = in[:cap(in)]
-	defer func() {
-		ls.r.p.bufs.putChunk(inp, in[:0])
-		ls.r.p.bufs.putChunk(outp, out[:0])
-	}()
-	for {
-		n, err := conn.Read(in)
-		if n == 0 && errors.Is(err, os.ErrDeadlineExceeded) {
-			return conn.SetReadDeadline(time.Time{}) == nil || ls.failed(err)
-		}
-		eof := errors.Is(err, io.EOF)
-		if eof {
-			err = nil
-		}
-		out = ls.relayed(out[:0], in[:n], eof, err)
-		if _, err := ls.raw.Write(out); err != nil {
-			ls.abort(ErrClientGone)
-			return false
-		}
-		if ls.ended {
-			ls.complete(true)
-			return false
-		}
-	}
-}
-
-// failed ends the stream with err and returns false.
-func (ls *loopStream) failed(err error) bool {
-	ls.fail(err)
-	return false
-}
-
-// takeBack returns the connection to serve again after the stream: raw,
-// unless fasthttp had read bytes past the request (a pipelined next one)
-// into the buffer behind hj, its hijacked connection; then raw behind
-// those bytes. Serving hj itself would nest one more reader per stream on
-// a keep-alive connection.
-func takeBack(hj, raw net.Conn, bufs *streamBufs) net.Conn {
-	if hj == raw || raw.SetReadDeadline(time.Unix(1, 0)) != nil {
-		return hj
-	}
-	var ahead []byte
-	bufp, buf := bufs.getChunk()
-	defer bufs.putChunk(bufp, buf)
-	buf = buf[:cap(buf)]
-	for {
-		// With the deadline past, only bytes buffered above raw come back.
-		n, err := hj.Read(buf)
-		ahead = append(ahead, buf[:n]...)
-		if err != nil || n == 0 {
-			break
-		}
-	}
-	if raw.SetReadDeadline(time.Time{}) != nil {
-		return hj
-	}
-	if len(ahead) == 0 {
-		return raw
-	}
-	return &prefixedConn{Conn: raw, r: io.MultiReader(bytes.NewReader(ahead), raw)}
-}
-
-// prefixedConn is a connection with bytes already read from it put back.
-type prefixedConn struct {
-	net.Conn
-	r io.Reader
-}
-
-func (c *prefixedConn) Read(p []byte) (int, error) { return c.r.Read(p) }
 
 // Ready implements netloop.Handler.
 func (ls *loopStream) Ready(fd int, ev netloop.Events) {
@@ -427,7 +327,7 @@ func (ls *loopStream) write(b []byte) {
 	switch {
 	case err == nil:
 		if ls.ended {
-			ls.complete(false)
+			ls.complete()
 		}
 	case errors.Is(err, netloop.ErrWouldBlock):
 		ls.pending = append(ls.pending[:0], b[n:]...)
@@ -452,7 +352,7 @@ func (ls *loopStream) flush() {
 	case err == nil:
 		ls.pending = nil
 		if ls.ended {
-			ls.complete(false)
+			ls.complete()
 			return
 		}
 		if err := ls.loop.Modify(ls.cfd, 0); err != nil {
@@ -470,21 +370,15 @@ func (ls *loopStream) flush() {
 }
 
 // complete ends a stream written whole: the client connection goes back
-// to the server for its next request, served on this goroutine when it
-// has nothing else to do (inline), else on a new one.
-func (ls *loopStream) complete(inline bool) {
+// to the server for its next request.
+func (ls *loopStream) complete() {
 	_ = ls.loop.Remove(ls.cfd)
 	ls.finish()
 	if !ls.keepAlive || ls.r.p.draining.Load() {
-		_ = ls.raw.Close()
+		_ = ls.cc.TCPConn.Close()
 		return
 	}
-	c := takeBack(ls.hj, ls.raw, &ls.r.p.bufs)
-	if inline {
-		_ = ls.srv.ServeConn(c)
-		return
-	}
-	go func() { _ = ls.srv.ServeConn(c) }()
+	go func() { _ = ls.srv.ServeConn(ls.cc) }()
 }
 
 // abort ends a stream whose client left: the upstream leg is cancelled.
@@ -507,7 +401,7 @@ func (ls *loopStream) teardown() {
 	_ = ls.loop.Remove(ls.cfd)
 	ls.closeLeg(false)
 	ls.finish()
-	_ = ls.raw.Close()
+	_ = ls.cc.TCPConn.Close()
 }
 
 // finish ends the request's bookkeeping, once.

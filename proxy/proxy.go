@@ -106,6 +106,7 @@ func (p *Proxy) localAddr(rank int) string {
 func (p *Proxy) Handler(rank int) fasthttp.RequestHandler {
 	local := p.localAddr(rank)
 	return func(rc *fasthttp.RequestCtx) {
+		counted(rc)
 		path := rc.Path()
 		switch string(path) {
 		case "/health":

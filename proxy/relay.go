@@ -153,14 +153,7 @@ func (r *request) relaySSE(leg *Leg, resp *fasthttp.Response, g prometheus.Gauge
 	r.copyHead(resp)
 	r.p.m.Requests.WithLabelValues(r.mode, statusLabel(resp.StatusCode())).Inc()
 	r.obs.status = resp.StatusCode()
-	if r.toLoop(leg, er, held, remote, func() {
-		g.Dec()
-		r.finish()
-	}) {
-		fasthttp.ReleaseResponse(resp) // its head is copied
-		return nil
-	}
-	r.streamBody(r.newSSEBody(er, held, remote, func() {
+	r.streamBody(r.newSSEBody(er, leg, held, remote, func() {
 		er.release()
 		leg.Close()
 		fasthttp.ReleaseResponse(resp)

@@ -59,7 +59,9 @@ func (p *Proxy) Run(ctx context.Context) error {
 			return err
 		}
 		p.servers[p.localAddr(rank)] = servers[len(servers)-1]
-		lns[len(lns)-1] = p.guard.wrapListener(lns[len(lns)-1]) // --secure-proxy
+		// clientConns (streams move to the event loops), under TLS with
+		// --secure-proxy (where they do not).
+		lns[len(lns)-1] = p.guard.wrapListener(clientListener{lns[len(lns)-1]})
 		p.log.Info().Int("rank", rank).Int("port", p.cfg.Port+rank).Str("engine", p.localAddr(rank)).Msg("listening")
 	}
 	if p.cfg.MetricsPort != 0 {
@@ -127,9 +129,6 @@ func (p *Proxy) newServer(h fasthttp.RequestHandler) *fasthttp.Server {
 		WriteBufferSize: 2 << 10,
 		ErrorHandler:    p.serverError, // JSON 413/431/408/400 (guard.go)
 		CloseOnShutdown: true,
-		// A stream handed to an event loop takes the connection (Hijack) and
-		// gives it back with ServeConn after its answer (loopstream.go).
-		KeepHijackedConns: true,
 		// An open stream then holds no read buffer (its request was read
 		// whole), and an idle keep-alive connection holds no request
 		// context either.
@@ -142,7 +141,13 @@ func (p *Proxy) newServer(h fasthttp.RequestHandler) *fasthttp.Server {
 // fasthttpLogger routes fasthttp's own messages to zerolog.
 type fasthttpLogger struct{ p *Proxy }
 
-// Printf implements fasthttp.Logger.
+// Printf implements fasthttp.Logger. The end of fasthttp's part in a
+// stream handed to an event loop is no error.
 func (l fasthttpLogger) Printf(format string, args ...any) {
+	for _, a := range args {
+		if err, ok := a.(error); ok && errors.Is(err, errHandedOver) {
+			return
+		}
+	}
 	l.p.log.Warn().Msgf(format, args...)
 }

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"errors"
 	"io"
+	"os"
 	"sync"
 )
 
@@ -119,8 +120,12 @@ func (e *eventReader) next() ([]byte, error) {
 		if n >= e.br.Size() {
 			return e.assemble() // an event longer than the buffer
 		}
-		// Wait for more of the event; the buffer keeps what came.
+		// Wait for more of the event; the buffer keeps what came. A read
+		// deadline passing (an sseBody's, see firstWritten) ends no stream.
 		if _, err := e.br.Peek(n + 1); err != nil {
+			if errors.Is(err, os.ErrDeadlineExceeded) {
+				return nil, err
+			}
 			e.err = err
 			rest, _ := e.br.Peek(e.br.Buffered())
 			if errors.Is(err, io.EOF) && len(bytes.TrimSpace(rest)) > 0 {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"time"
 
 	"github.com/rs/zerolog"
@@ -30,6 +31,7 @@ const maxChunk = 32 << 10
 type sseBody struct {
 	r       *request
 	er      *eventReader
+	leg     *Leg
 	fn      func([]byte) []byte // per-payload rewrite (nil: none)
 	held    []byte
 	out     []byte  // the chunk being written: a pooled buffer (outp), or nil
@@ -39,18 +41,40 @@ type sseBody struct {
 	done    bool // [DONE] seen
 	ended   bool // the stream is complete (or ended with an error event)
 	release func()
+
+	// Hand-over to an event loop (loopstream.go): cc is set when the stream
+	// may go, once it has streamed loopAfter; handedOver once it went.
+	cc         *clientConn
+	keepAlive  bool
+	handedOver bool
 }
 
 // newSSEBody streams er's events after held; release frees the leg and
 // finishes the request, once.
-func (r *request) newSSEBody(er *eventReader, held []byte, remote bool, release func()) *sseBody {
-	b := &sseBody{r: r, er: er, held: held, first: true, release: release,
+func (r *request) newSSEBody(er *eventReader, leg *Leg, held []byte, remote bool, release func()) *sseBody {
+	b := &sseBody{r: r, er: er, leg: leg, held: held, first: true, release: release,
 		done: bytes.Contains(held, doneEvent)}
 	if remote && r.p.rewriter != nil {
 		h := *r.handoff
 		b.fn = func(d []byte) []byte { return r.p.rewriter.RewriteAnswer(r.api, d, h) }
 	}
+	if !b.loopable() {
+		b.cc = nil
+	}
 	return b
+}
+
+// firstWritten runs after the answer's first write: it records the TTFT
+// and, for a stream that may go to an event loop, bounds the wait for the
+// engine's next bytes, so that the stream goes once it has run loopAfter.
+// (Not before the first write: the answer's head is still in fasthttp's
+// buffer until then.)
+func (b *sseBody) firstWritten() {
+	b.first = false
+	b.r.p.m.TTFT.WithLabelValues(b.r.mode).Observe(time.Since(b.r.start).Seconds())
+	if b.cc != nil && b.leg.conn.SetReadDeadline(time.Now().Add(loopAfter)) != nil {
+		b.cc = nil
+	}
 }
 
 // Read implements io.Reader for fasthttp's chunked body writer.
@@ -69,8 +93,7 @@ func (b *sseBody) Read(p []byte) (int, error) {
 	n := copy(p, b.out[b.off:])
 	b.off += n
 	if b.first {
-		b.first = false
-		b.r.p.m.TTFT.WithLabelValues(b.r.mode).Observe(time.Since(b.r.start).Seconds())
+		b.firstWritten()
 	}
 	return n, nil
 }
@@ -97,8 +120,7 @@ func (b *sseBody) WriteTo(w io.Writer) (int64, error) {
 		b.off += n
 		total += int64(n)
 		if n > 0 && b.first {
-			b.first = false
-			b.r.p.m.TTFT.WithLabelValues(b.r.mode).Observe(time.Since(b.r.start).Seconds())
+			b.firstWritten()
 		}
 		if err != nil {
 			return total, err
@@ -125,6 +147,16 @@ func (b *sseBody) fill() error {
 	}
 	for {
 		ev, err := b.er.next()
+		if err != nil && b.cc != nil && errors.Is(err, os.ErrDeadlineExceeded) {
+			// loopAfter has passed and the engine has nothing for now.
+			if b.handOver() {
+				return errHandedOver
+			}
+			b.cc = nil
+			if err := b.leg.conn.SetReadDeadline(time.Time{}); err == nil {
+				continue
+			}
+		}
 		if err != nil {
 			if b.outp == nil {
 				b.getOut()
@@ -180,6 +212,10 @@ func (b *sseBody) end(err error) error {
 // Close implements io.Closer: fasthttp calls it when the body is written or
 // the client write failed.
 func (b *sseBody) Close() error {
+	if b.handedOver {
+		b.putOut()
+		return nil
+	}
 	if !b.ended || b.off < len(b.out) {
 		b.r.cancel(ErrClientGone)
 		b.r.left()
