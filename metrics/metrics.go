@@ -66,6 +66,8 @@ type Metrics struct {
 	// LoopStreams is the number of open streams carried by the event loops
 	// (holding no goroutine or buffer).
 	LoopStreams prometheus.Gauge
+	// LoopHandoffs counts streams handed to an event loop.
+	LoopHandoffs prometheus.Counter
 	// Prefillers bounds the prefiller label.
 	Prefillers *Bounded
 	// Guards are the request guards' collectors (guards.go).
@@ -132,10 +134,14 @@ func New(reg prometheus.Registerer, maxPrefillers int) *Metrics {
 			Name: "pd_sidecar_loop_streams",
 			Help: "Open streams carried by the event loops (--stream-loops), which hold no goroutine or buffer per stream.",
 		}),
+		LoopHandoffs: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "pd_sidecar_loop_handoffs_total",
+			Help: "Streams handed to an event loop after streaming 50 ms on their own goroutine.",
+		}),
 		Prefillers: NewBounded(maxPrefillers),
 		Guards:     NewGuards(reg),
 	}
-	reg.MustRegister(m.PrefillLegFailures, m.DecodeFirst, m.LoopStreams)
+	reg.MustRegister(m.PrefillLegFailures, m.DecodeFirst, m.LoopStreams, m.LoopHandoffs)
 	reg.MustRegister(m.Requests, m.Fallbacks, m.PrefillDuration, m.KVTransferDuration,
 		m.TTFT, m.KVLoadFailures, m.Inflight, m.PrefillRetries, m.ClientDisconnects)
 	for _, p := range []string{PhasePrefill, PhaseDecode, PhaseLocal, PhasePassthrough} {

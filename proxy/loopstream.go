@@ -145,6 +145,7 @@ func (ls *loopStream) begin() {
 	r := ls.r
 	r.p.loopStreams.Add(1)
 	r.p.m.LoopStreams.Inc()
+	r.p.m.LoopHandoffs.Inc()
 	first := ls.first
 	defer r.p.bufs.putChunk(ls.firstp, first)
 	ls.first, ls.firstp = nil, nil
