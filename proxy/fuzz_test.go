@@ -14,6 +14,7 @@ import (
 	"github.com/tidwall/sjson"
 
 	"github.com/pd-sidecar/pd-sidecar/connectors"
+	"github.com/pd-sidecar/pd-sidecar/httpbody"
 	"github.com/pd-sidecar/pd-sidecar/connectors/nixlv2"
 	"github.com/pd-sidecar/pd-sidecar/ssrf"
 )
@@ -191,5 +192,42 @@ func FuzzEventReaderSplits(f *testing.F) {
 		for i := range want {
 			require.Equal(t, string(want[i]), string(got[i]), "event %d of %q", i, in)
 		}
+	})
+}
+
+// FuzzLoopStreamSplits checks the event loop's incremental splitter against
+// the reference split: the body framed as chunks of one size, read in
+// pieces of another, gives the same events in the same bytes.
+func FuzzLoopStreamSplits(f *testing.F) {
+	for _, s := range []string{
+		"data: a\n\ndata: b\n\n", "data: a\r\n\r\ndata: b\r\n\r\n", "\n\n\ndata: a\n\n  \n\n",
+		"data: " + strings.Repeat("x", 5000) + "\n\ndata: b\n\n", "data: tail without blank line",
+		": c\n\nevent: x\ndata: y\n\n", "data: a\r\n\r",
+	} {
+		f.Add([]byte(s), uint8(1), uint8(1))
+		f.Add([]byte(s), uint8(3), uint8(7))
+		f.Add([]byte(s), uint8(200), uint8(2))
+	}
+	f.Fuzz(func(t *testing.T, in []byte, chunk, piece uint8) {
+		var framed []byte
+		for rest := in; len(rest) > 0; {
+			n := min(len(rest), int(chunk)+1)
+			framed = httpbody.AppendChunk(framed, rest[:n])
+			rest = rest[n:]
+		}
+		framed = append(framed, httpbody.LastChunk...)
+		ls := &loopStream{body: httpbody.New(httpbody.Chunked, 0)}
+		var out []byte
+		for rest := framed; len(rest) > 0; {
+			n := min(len(rest), int(piece)+1)
+			var err error
+			out, err = ls.feedRaw(out, rest[:n])
+			require.NoError(t, err)
+			rest = rest[n:]
+		}
+		require.True(t, ls.body.Done())
+		out = ls.flushPartial(out)
+		want := bytes.Join(splitEventsReference(in), nil)
+		require.Equal(t, string(want), string(out), "events of %q", in)
 	})
 }

@@ -54,6 +54,7 @@ type loopStream struct {
 
 	done     bool   // [DONE] seen
 	partial  []byte // the start of an event not yet whole
+	scanned  int    // partial's bytes up to its last line's start
 	pending  []byte // bytes the client has not taken yet
 	ended    bool   // the upstream is done: pending holds the last bytes
 	finished bool
@@ -243,11 +244,12 @@ func (ls *loopStream) feed(out, data []byte) ([]byte, error) {
 	if len(data) == 0 {
 		return out, nil
 	}
+	start, pos := 0, 0
 	if len(ls.partial) > 0 {
 		ls.partial = append(ls.partial, data...)
 		data = ls.partial
+		pos = ls.scanned // its whole lines were looked at already
 	}
-	start, pos := 0, 0
 	for {
 		i := bytes.IndexByte(data[pos:], '\n')
 		if i < 0 {
@@ -263,6 +265,7 @@ func (ls *loopStream) feed(out, data []byte) ([]byte, error) {
 		pos = end
 	}
 	rest := data[start:]
+	ls.scanned = pos - start
 	switch {
 	case len(rest) > maxEvent:
 		return out, errEventTooLong
@@ -283,13 +286,23 @@ func (ls *loopStream) emit(out, ev []byte) []byte {
 	return rewriteEvent(out, ev, ls.fn)
 }
 
+// flushPartial appends the final event that lacked its blank line (as
+// eventReader returns it, blank line added), if any.
+func (ls *loopStream) flushPartial(out []byte) []byte {
+	if len(bytes.TrimSpace(ls.partial)) > 0 {
+		out = ls.emit(out, append(ls.partial, "\n\n"...))
+	}
+	ls.partial, ls.scanned = nil, 0
+	return out
+}
+
 // endUpstream ends the upstream leg (err nil: its body ended cleanly) and
 // appends the stream's last events to the open chunk: a final event that
 // lacked its blank line, and an error event when the stream broke off.
 func (ls *loopStream) endUpstream(out []byte, mark int, err error) ([]byte, int) {
 	r := ls.r
-	if err == nil && len(bytes.TrimSpace(ls.partial)) > 0 {
-		out = ls.emit(out, append(ls.partial, "\n\n"...))
+	if err == nil {
+		out = ls.flushPartial(out)
 	}
 	ls.partial = nil
 	if err == nil && (ls.done || !needsDone(r.api)) {

@@ -1,0 +1,157 @@
+//go:build linux
+
+package netloop
+
+import (
+	"errors"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// pair returns the two ends of a loopback TCP connection.
+func pair(t *testing.T) (*net.TCPConn, *net.TCPConn) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer ln.Close()
+	a, err := net.Dial("tcp", ln.Addr().String())
+	require.NoError(t, err)
+	b, err := ln.Accept()
+	require.NoError(t, err)
+	t.Cleanup(func() { a.Close(); b.Close() })
+	return a.(*net.TCPConn), b.(*net.TCPConn)
+}
+
+// recorder reads what is readable and reports every event.
+type recorder struct {
+	loop *Loop
+	got  chan string
+}
+
+func (r *recorder) Ready(fd int, ev Events) {
+	switch {
+	case ev&Shutdown != 0:
+		r.got <- "shutdown"
+		_ = r.loop.Remove(fd)
+	case ev&Readable != 0:
+		in, _ := r.loop.Buffers()
+		n, err := Read(fd, in)
+		switch {
+		case errors.Is(err, ErrWouldBlock):
+		case n == 0:
+			r.got <- "eof"
+			_ = r.loop.Remove(fd)
+		default:
+			r.got <- string(in[:n])
+		}
+	case ev&HangUp != 0:
+		r.got <- "hangup"
+		_ = r.loop.Remove(fd)
+	}
+}
+
+func next(t *testing.T, c chan string) string {
+	t.Helper()
+	select {
+	case s := <-c:
+		return s
+	case <-time.After(5 * time.Second):
+		t.Fatal("no event")
+		return ""
+	}
+}
+
+func TestLoopEvents(t *testing.T) {
+	g, err := NewGroup(2)
+	require.NoError(t, err)
+	defer g.Close()
+
+	t.Run("readable, then the peer closes", func(t *testing.T) {
+		a, b := pair(t)
+		fd, ok := FD(b)
+		require.True(t, ok)
+		l := g.Pick()
+		r := &recorder{loop: l, got: make(chan string, 8)}
+		require.NoError(t, l.Add(fd, Readable, r))
+		require.Error(t, l.Add(fd, Readable, r), "an fd is watched once")
+		_, err := a.Write([]byte("hello"))
+		require.NoError(t, err)
+		assert.Equal(t, "hello", next(t, r.got))
+		require.NoError(t, a.Close())
+		assert.Equal(t, "eof", next(t, r.got))
+		assert.Zero(t, l.Len())
+	})
+	t.Run("hang-up without asking to read", func(t *testing.T) {
+		a, b := pair(t)
+		fd, _ := FD(b)
+		l := g.Pick()
+		r := &recorder{loop: l, got: make(chan string, 8)}
+		require.NoError(t, l.Add(fd, 0, r))
+		_, err := a.Write([]byte("ignored"))
+		require.NoError(t, err)
+		require.NoError(t, a.Close())
+		assert.Equal(t, "hangup", next(t, r.got))
+	})
+	t.Run("writable when asked", func(t *testing.T) {
+		_, b := pair(t)
+		fd, _ := FD(b)
+		l := g.Pick()
+		got := make(chan Events, 1)
+		h := handlerFunc(func(fd int, ev Events) {
+			if ev&Writable != 0 {
+				_ = l.Remove(fd)
+				got <- ev
+			}
+		})
+		require.NoError(t, l.Add(fd, 0, h))
+		require.NoError(t, l.Modify(fd, Writable))
+		select {
+		case ev := <-got:
+			assert.NotZero(t, ev&Writable)
+		case <-time.After(5 * time.Second):
+			t.Fatal("no writable event")
+		}
+		n, err := Write(fd, []byte("x"))
+		assert.Equal(t, 1, n)
+		assert.NoError(t, err)
+	})
+}
+
+type handlerFunc func(int, Events)
+
+func (f handlerFunc) Ready(fd int, ev Events) { f(fd, ev) }
+
+func TestGroupCloseTellsHandlers(t *testing.T) {
+	g, err := NewGroup(1)
+	require.NoError(t, err)
+	_, b := pair(t)
+	fd, _ := FD(b)
+	l := g.Pick()
+	r := &recorder{loop: l, got: make(chan string, 8)}
+	require.NoError(t, l.Add(fd, Readable, r))
+	g.Close()
+	assert.Equal(t, "shutdown", next(t, r.got))
+	assert.ErrorIs(t, l.Add(fd, Readable, r), ErrClosed)
+	g.Close() // twice is fine
+}
+
+func TestWriteWouldBlock(t *testing.T) {
+	_, b := pair(t)
+	fd, _ := FD(b)
+	big := make([]byte, 64<<20)
+	n, err := Write(fd, big) // the peer reads nothing: the buffers fill
+	assert.ErrorIs(t, err, ErrWouldBlock)
+	assert.Positive(t, n)
+	assert.Less(t, n, len(big))
+}
+
+func TestFDPlainSocketsOnly(t *testing.T) {
+	a, _ := net.Pipe()
+	defer a.Close()
+	_, ok := FD(a)
+	assert.False(t, ok, "a pipe has no descriptor to watch")
+}
