@@ -35,22 +35,22 @@ type recorder struct {
 func (r *recorder) Ready(fd int, ev Events) {
 	switch {
 	case ev&Shutdown != 0:
-		r.got <- "shutdown"
 		_ = r.loop.Remove(fd)
+		r.got <- "shutdown"
 	case ev&Readable != 0:
 		in, _ := r.loop.Buffers()
 		n, err := Read(fd, in)
 		switch {
 		case errors.Is(err, ErrWouldBlock):
 		case n == 0:
-			r.got <- "eof"
 			_ = r.loop.Remove(fd)
+			r.got <- "eof"
 		default:
 			r.got <- string(in[:n])
 		}
 	case ev&HangUp != 0:
-		r.got <- "hangup"
 		_ = r.loop.Remove(fd)
+		r.got <- "hangup"
 	}
 }
 
