@@ -177,7 +177,7 @@ func (ls *loopStream) Ready(fd int, ev netloop.Events) {
 		ls.flush()
 	case fd == ls.cfd: // hung up
 		ls.abort(ErrClientGone)
-	case fd == ls.ufd:
+	case fd == ls.ufd && len(ls.pending) == 0:
 		ls.readUpstream()
 	}
 }
@@ -344,9 +344,13 @@ func (ls *loopStream) write(b []byte) {
 			ls.complete()
 		}
 	case errors.Is(err, netloop.ErrWouldBlock):
+		// The client is slower than its engine: the upstream is not watched
+		// until the client took what is pending (so nothing overtakes it, and
+		// a hang-up of the engine meanwhile is seen when watching again).
 		ls.pending = append(ls.pending[:0], b[n:]...)
+		ls.r.logAt(zerolog.DebugLevel).Int("pending", len(ls.pending)).Msg("client slower than its engine: upstream paused")
 		if !ls.ended {
-			if err := ls.loop.Modify(ls.ufd, 0); err != nil {
+			if err := ls.loop.Remove(ls.ufd); err != nil {
 				ls.fail(err)
 				return
 			}
@@ -373,7 +377,7 @@ func (ls *loopStream) flush() {
 			ls.fail(err)
 			return
 		}
-		if err := ls.loop.Modify(ls.ufd, netloop.Readable); err != nil {
+		if err := ls.loop.Add(ls.ufd, netloop.Readable, ls); err != nil {
 			ls.fail(err)
 		}
 	case errors.Is(err, netloop.ErrWouldBlock):

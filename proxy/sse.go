@@ -48,7 +48,7 @@ func (b *streamBufs) getChunk() (*[]byte, []byte) {
 // putChunk gives back a chunk buffer taken with getChunk; buf is the buffer
 // as grown since (one grown past maxPooledChunk is dropped).
 func (b *streamBufs) putChunk(p *[]byte, buf []byte) {
-	if cap(buf) <= maxPooledChunk {
+	if p != nil && cap(buf) <= maxPooledChunk {
 		*p = buf[:0]
 		b.chunks.Put(p)
 	}
