@@ -5,6 +5,7 @@ package netloop
 import (
 	"errors"
 	"fmt"
+	"os"
 	"sync"
 	"sync/atomic"
 
@@ -79,6 +80,10 @@ func newLoop() (*Loop, error) {
 	epfd, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
 	if err != nil {
 		return nil, fmt.Errorf("netloop: epoll_create1: %w", err)
+	}
+	if err := unix.SetNonblock(epfd, true); err != nil {
+		_ = unix.Close(epfd)
+		return nil, fmt.Errorf("netloop: epoll fd: %w", err)
 	}
 	wake, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
 	if err != nil {
@@ -186,18 +191,36 @@ func (l *Loop) lookup(fd int, gen uint32) (Handler, bool) {
 	return en.h, true
 }
 
+// run waits for events the way a goroutine waits on a socket: the epoll
+// descriptor itself is watched by Go's network poller, so a loop with
+// nothing to do is a parked goroutine, not a thread blocked in epoll_wait
+// (which the runtime would have to work around: its processor handed to
+// another thread, and taken back on every wake-up).
 func (l *Loop) run() {
+	f := os.NewFile(uintptr(l.epfd), "epoll")
 	defer func() {
-		_ = unix.Close(l.epfd)
+		_ = f.Close()
 		_ = unix.Close(l.wake)
 	}()
+	rc, err := f.SyscallConn()
+	if err != nil {
+		panic(fmt.Sprintf("netloop: epoll descriptor: %v", err)) // NewFile of a valid fd: a bug
+	}
 	events := make([]unix.EpollEvent, 128)
-	for {
-		n, err := unix.EpollWait(l.epfd, events, -1)
-		if err != nil {
-			if errors.Is(err, unix.EINTR) {
-				continue
+	var n int
+	wait := func(fd uintptr) bool {
+		for {
+			n, err = unix.EpollWait(int(fd), events, 0)
+			if !errors.Is(err, unix.EINTR) {
+				return n > 0 || err != nil
 			}
+		}
+	}
+	for {
+		if rerr := rc.Read(wait); rerr != nil {
+			panic(fmt.Sprintf("netloop: wait: %v", rerr))
+		}
+		if err != nil {
 			panic(fmt.Sprintf("netloop: epoll_wait: %v", err)) // a bad epoll fd: a bug
 		}
 		for i := range n {
