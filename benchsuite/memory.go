@@ -1,18 +1,30 @@
 package benchsuite
 
 import (
+	"bufio"
 	"context"
+	"errors"
 	"fmt"
+	"net/http"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"time"
 )
 
-// streamMem is one proxy's memory with streams open.
+// streamMem is one proxy's memory with streams open, and its CPU while
+// they stream.
 type streamMem struct {
 	streams     int
 	idle, open  float64 // MiB
 	perStreamKB float64
+	// usPerEvent is the proxy's CPU per SSE event relayed while the streams
+	// run (each event one token of the engine's).
+	usPerEvent float64
 }
+
+// streamWindow is how long the CPU per streamed event is measured.
+const streamWindow = 3 * time.Second
 
 // streamMemory starts a slow engine and a fresh instance of each proxy in
 // front of it, opens o.Streams long streams through each in turn, and
@@ -39,6 +51,15 @@ func streamMemory(ctx context.Context, o Options, launch func(string, string, ..
 		return nil, err
 	}
 	cands = append(cands, cand{"sidecar", ports[1], sc})
+	// The same sidecar with a goroutine per open stream, for what the event
+	// loops change.
+	sg, err := launch("sidecar-goroutines", filepath.Join(o.Bin, "pd-sidecar"), "--port", itoa(ports[6]),
+		"--model-server-port", itoa(engine), "--log-level", "warn", "--max-idle-conns-per-host", fmt.Sprint(o.Streams+100),
+		"--stream-loops", "0")
+	if err != nil {
+		return nil, err
+	}
+	cands = append(cands, cand{"sidecar-goroutines", ports[6], sg})
 	if o.Nginx != "" {
 		p, err := startNginx(o.Dir, o.Nginx, ports[2], engine)
 		if err != nil {
@@ -81,6 +102,10 @@ func streamMemory(ctx context.Context, o Options, launch func(string, string, ..
 		cancel()
 		time.Sleep(500 * time.Millisecond) // let buffers settle
 		open, uerr := treeUsage(c.p.pid())
+		var usPerEvent float64
+		if err == nil && uerr == nil {
+			usPerEvent, uerr = cpuPerEvent(ctx, c.p.pid(), baseURL(engine)+"/metrics")
+		}
 		closeAll()
 		if err != nil {
 			return nil, fmt.Errorf("%s: %d of %d streams opened: %w", c.name, opened, o.Streams, err)
@@ -88,10 +113,59 @@ func streamMemory(ctx context.Context, o Options, launch func(string, string, ..
 		if uerr != nil {
 			return nil, uerr
 		}
-		m := streamMem{streams: opened, idle: mib(idle.RSS), open: mib(open.RSS)}
+		m := streamMem{streams: opened, idle: mib(idle.RSS), open: mib(open.RSS), usPerEvent: usPerEvent}
 		m.perStreamKB = float64(open.RSS-idle.RSS) / 1024 / float64(opened)
 		out[c.name] = m
 		time.Sleep(time.Second) // let the engine see the streams end
 	}
 	return out, nil
+}
+
+// cpuPerEvent measures pid's CPU over streamWindow against the tokens the
+// engine (metrics at metricsURL) generated meanwhile.
+func cpuPerEvent(ctx context.Context, pid int, metricsURL string) (float64, error) {
+	u0, err := treeUsage(pid)
+	if err != nil {
+		return 0, err
+	}
+	t0, err := generatedTokens(ctx, metricsURL)
+	if err != nil {
+		return 0, err
+	}
+	time.Sleep(streamWindow)
+	u1, err := treeUsage(pid)
+	if err != nil {
+		return 0, err
+	}
+	t1, err := generatedTokens(ctx, metricsURL)
+	if err != nil {
+		return 0, err
+	}
+	if t1 <= t0 {
+		return 0, fmt.Errorf("the engine generated no tokens in %v", streamWindow)
+	}
+	return float64((u1.CPU - u0.CPU).Microseconds()) / (t1 - t0), nil
+}
+
+// generatedTokens reads engine-sim's vllm:generation_tokens_total.
+func generatedTokens(ctx context.Context, url string) (float64, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return 0, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(sc.Text(), "vllm:generation_tokens_total "); ok {
+			return strconv.ParseFloat(strings.TrimSpace(v), 64)
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return 0, err
+	}
+	return 0, errors.New("engine metrics: no vllm:generation_tokens_total")
 }

@@ -215,12 +215,18 @@ func Run(ctx context.Context, o Options, w io.Writer) error {
 		if err != nil {
 			return fmt.Errorf("open-streams run: %w", err)
 		}
+		for _, name := range []string{"sidecar-goroutines"} {
+			if _, ok := mem[name]; ok {
+				rep.Costs = append(rep.Costs, proxyCost{Proxy: name})
+			}
+		}
 		for i := range rep.Costs {
 			if m, ok := mem[rep.Costs[i].Proxy]; ok {
 				rep.Costs[i].StreamsOpen = m.streams
 				rep.Costs[i].RSSIdleMiB = m.idle
 				rep.Costs[i].RSSStreamsMiB = m.open
 				rep.Costs[i].KBPerStream = m.perStreamKB
+				rep.Costs[i].CPUPerEvent = m.usPerEvent
 			}
 		}
 	}
