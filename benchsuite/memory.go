@@ -160,9 +160,13 @@ func generatedTokens(ctx context.Context, url string) (float64, error) {
 	defer resp.Body.Close()
 	sc := bufio.NewScanner(resp.Body)
 	for sc.Scan() {
-		if v, ok := strings.CutPrefix(sc.Text(), "vllm:generation_tokens_total "); ok {
-			return strconv.ParseFloat(strings.TrimSpace(v), 64)
+		line := sc.Text()
+		rest, ok := strings.CutPrefix(line, "vllm:generation_tokens_total")
+		if !ok || rest == "" || (rest[0] != ' ' && rest[0] != '{') {
+			continue
 		}
+		f := strings.Fields(line)
+		return strconv.ParseFloat(f[len(f)-1], 64)
 	}
 	if err := sc.Err(); err != nil {
 		return 0, err

@@ -51,3 +51,15 @@ func TestReferenceProxy(t *testing.T) {
 		t.Fatal("the reference proxy did not stop with its context")
 	}
 }
+
+func TestGeneratedTokens(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		_, _ = io.WriteString(w, "# HELP vllm:generation_tokens_total x\nvllm:generation_tokens_total_other 5\n"+
+			"vllm:generation_tokens_total{engine=\"0\",model_name=\"m\"} 1234\n")
+	}))
+	defer srv.Close()
+	n, err := generatedTokens(context.Background(), srv.URL)
+	if err != nil || n != 1234 {
+		t.Fatalf("generatedTokens = %v, %v; want 1234", n, err)
+	}
+}
