@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"net"
 	"sync"
 	"time"
 
@@ -80,16 +81,12 @@ func (b *sseBody) loopable() bool {
 		return false
 	}
 	cc, ok := r.rc.Conn().(*clientConn)
-	if !ok {
-		return false
+	if _, plain := b.leg.conn.(*net.TCPConn); !ok || !plain {
+		return false // TLS on either side, or no socket to watch
 	}
-	if _, ok := netloop.FD(cc.TCPConn); !ok {
-		return false
-	}
-	_, ok = netloop.FD(b.leg.conn)
 	b.cc = cc
 	b.keepAlive = !r.rc.Request.Header.ConnectionClose() && !r.rc.Response.ConnectionClose()
-	return ok
+	return true
 }
 
 // handOver prepares the hand-over of b's stream, which has nothing to
@@ -101,13 +98,14 @@ func (b *sseBody) loopable() bool {
 func (b *sseBody) handOver() bool {
 	r, leg := b.r, b.leg
 	cc := b.cc
-	if cc.read.Load() != cc.consumed.Load() || !leg.disarm() {
+	cfd, ok1 := netloop.FD(cc.TCPConn)
+	ufd, ok2 := netloop.FD(leg.conn)
+	if !ok1 || !ok2 || cc.read.Load() != cc.consumed.Load() || !leg.disarm() {
 		return false
 	}
 	ls := &loopStream{r: r, loop: r.p.loops.Pick(), srv: r.p.servers[r.local], cc: cc, leg: leg,
-		body: leg.body, fn: b.fn, done: b.done, keepAlive: b.keepAlive, release: b.release}
-	ls.cfd, _ = netloop.FD(cc.TCPConn)
-	ls.ufd, _ = netloop.FD(leg.conn)
+		body: leg.body, fn: b.fn, done: b.done, keepAlive: b.keepAlive, release: b.release,
+		cfd: cfd, ufd: ufd}
 	var out []byte
 	ls.firstp, out = r.p.bufs.getChunk()
 	out, mark := httpbody.BeginChunk(out)
