@@ -2,6 +2,7 @@ package proxy_test
 
 import (
 	"context"
+	"io"
 	"net"
 	"net/http"
 	"strconv"
@@ -10,6 +11,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
@@ -48,7 +50,8 @@ func TestNoGoroutineLeakAfterLoad(t *testing.T) {
 	cfg.ModelServerPort = decode
 	cfg.ShutdownGrace = 5 * time.Second
 	reg := prometheus.NewRegistry()
-	p, err := proxy.New(cfg, nixlv2.New(), metrics.New(reg, cfg.MaxPrefillers), reg, zerolog.Nop())
+	m := metrics.New(reg, cfg.MaxPrefillers)
+	p, err := proxy.New(cfg, nixlv2.New(), m, reg, zerolog.Nop())
 	require.NoError(t, err)
 	pctx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
@@ -89,9 +92,41 @@ func TestNoGoroutineLeakAfterLoad(t *testing.T) {
 		}
 		ccancel()
 	}
+	// Streams long enough to move to an event loop: one read to its end,
+	// one whose client leaves, and one still streaming at shutdown (the
+	// drain finishes it).
+	longStream := func(tokens int) *http.Response {
+		resp, err := http.Post(base+"/v1/chat/completions", "application/json", strings.NewReader(
+			`{"model":"sim-model","messages":[{"role":"user","content":"long"}],"max_tokens":`+strconv.Itoa(tokens)+`,"stream":true}`))
+		require.NoError(t, err)
+		return resp
+	}
+	onLoop := func(n float64) {
+		require.Eventually(t, func() bool { return testutil.ToFloat64(m.LoopStreams) == n }, 5*time.Second, time.Millisecond)
+	}
+	resp := longStream(200)
+	onLoop(1)
+	_, err = io.Copy(io.Discard, resp.Body)
+	require.NoError(t, err)
+	resp.Body.Close()
+	resp = longStream(2000)
+	onLoop(1)
+	resp.Body.Close()
+	onLoop(0)
+	resp = longStream(400)
+	onLoop(1)
+	drained := make(chan error, 1)
+	go func() {
+		_, err := io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		drained <- err
+	}()
+	require.GreaterOrEqual(t, testutil.ToFloat64(m.LoopHandoffs), 3.0)
+
 	http.DefaultClient.CloseIdleConnections()
 	stop()
 	require.NoError(t, <-done)
+	require.NoError(t, <-drained, "the stream on the loop was drained to its end")
 	cancel()
 	time.Sleep(100 * time.Millisecond) // let the simulators' servers wind down
 }
