@@ -132,6 +132,11 @@ func (b *sseBody) handOver() bool {
 	b.release = nil // the loop's now
 	b.handedOver = true
 	cc.handOff = ls.begin
+	// Counted before fasthttp lets go of the connection, so that a drain
+	// never sees the stream in neither the server's count nor the loops'.
+	r.p.loopStreams.Add(1)
+	r.p.m.LoopStreams.Inc()
+	r.p.m.LoopHandoffs.Inc()
 	return true
 }
 
@@ -142,9 +147,6 @@ func (ls *loopStream) begin() {
 	ls.mu.Lock()
 	defer ls.mu.Unlock()
 	r := ls.r
-	r.p.loopStreams.Add(1)
-	r.p.m.LoopStreams.Inc()
-	r.p.m.LoopHandoffs.Inc()
 	first := ls.first
 	defer r.p.bufs.putChunk(ls.firstp, first)
 	ls.first, ls.firstp = nil, nil
