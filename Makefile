@@ -72,6 +72,6 @@ FUZZTIME ?= 3s
 fuzz-short:
 	@set -e; for t in FuzzConnectorLegs FuzzEditObject FuzzClassifyEvent; do \
 		$(GO) test -run '^$$' -fuzz "^$$t\$$" -fuzztime $(FUZZTIME) ./connectors/; done
-	@set -e; for t in FuzzPickPrefiller FuzzSSEScanRewrite FuzzSSEErrorEvent FuzzEventReaderSplits FuzzLoopStreamSplits; do \
+	@set -e; for t in FuzzPickPrefiller FuzzSSEScanRewrite FuzzSSEErrorEvent FuzzEventReaderSplits FuzzLoopStreamSplits FuzzHandOverAnywhere; do \
 		$(GO) test -run '^$$' -fuzz "^$$t\$$" -fuzztime $(FUZZTIME) ./proxy/; done
 	$(GO) test -run '^$$' -fuzz '^FuzzDecoderChunked$$' -fuzztime $(FUZZTIME) ./httpbody/

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"os"
 	"strings"
 	"testing"
 	"testing/iotest"
@@ -229,5 +230,84 @@ func FuzzLoopStreamSplits(f *testing.F) {
 		out = ls.flushPartial(out)
 		want := bytes.Join(splitEventsReference(in), nil)
 		require.Equal(t, string(want), string(out), "events of %q", in)
+	})
+}
+
+// deadlineAt reads src but fails with a passed read deadline once, when
+// the read would go past byte k (as the upstream connection does when a
+// stream has run loopAfter); reads resume after it.
+type deadlineAt struct {
+	src  []byte
+	k    int
+	off  int
+	done bool
+}
+
+func (d *deadlineAt) Read(p []byte) (int, error) {
+	if d.off >= len(d.src) {
+		return 0, io.EOF
+	}
+	end := len(d.src)
+	if !d.done {
+		if d.off >= d.k {
+			d.done = true
+			return 0, os.ErrDeadlineExceeded
+		}
+		end = min(d.k, len(d.src))
+	}
+	n := copy(p, d.src[d.off:end])
+	d.off += n
+	return n, nil
+}
+
+// FuzzHandOverAnywhere stops the goroutine path's event reader at an
+// arbitrary byte with a read deadline, as a stream moving to an event loop
+// does, and checks that what it returned, plus what the loop makes of its
+// unread bytes and of the rest, is exactly the reference split. It also
+// checks that a reader that stays (a refused hand-over) resumes intact.
+func FuzzHandOverAnywhere(f *testing.F) {
+	long := strings.Repeat("y", 3*eventReaderSize)
+	for _, s := range []string{
+		"data: a\n\ndata: b\n\n", "data: " + long + "\n\ndata: b\n\n", "data: a\r\n\r\ndata: " + long + "\r\n\r\n",
+		"\n\ndata: tail without blank line", ": c\n\nevent: x\ndata: y\n\n",
+	} {
+		for _, k := range []uint16{0, 3, 9, 1500, 3100} {
+			f.Add([]byte(s), k, false)
+			f.Add([]byte(s), k, true)
+		}
+	}
+	f.Fuzz(func(t *testing.T, in []byte, k uint16, stay bool) {
+		er := newEventReader(&deadlineAt{src: in, k: int(k)}, nil)
+		defer er.release()
+		var got []byte
+		for {
+			ev, err := er.next()
+			if errors.Is(err, os.ErrDeadlineExceeded) {
+				if stay {
+					continue // the reader resumes where it stopped
+				}
+				ls := &loopStream{}
+				var out []byte
+				for _, b := range er.unread() {
+					out, err = ls.feed(out, b)
+					require.NoError(t, err)
+				}
+				rest := in[min(int(k), len(in)):]
+				if len(in) > int(k) {
+					// What the reader has not read yet: all bytes from k on.
+					out, err = ls.feed(out, rest)
+					require.NoError(t, err)
+				}
+				got = append(got, ls.flushPartial(out)...)
+				break
+			}
+			if err != nil {
+				require.ErrorIs(t, err, io.EOF)
+				break
+			}
+			got = append(got, ev...)
+		}
+		want := bytes.Join(splitEventsReference(in), nil)
+		require.Equal(t, string(want), string(got), "events of %q, stopped at %d", in, k)
 	})
 }

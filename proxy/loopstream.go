@@ -111,8 +111,10 @@ func (b *sseBody) handOver() bool {
 	out, mark := httpbody.BeginChunk(out)
 	out = append(out, b.out[b.off:]...)
 	var err error
-	if ev, _ := b.er.br.Peek(b.er.br.Buffered()); len(ev) > 0 {
-		out, err = ls.feed(out, ev)
+	for _, ev := range b.er.unread() {
+		if err == nil {
+			out, err = ls.feed(out, ev)
+		}
 	}
 	b.er.release()
 	if err == nil {

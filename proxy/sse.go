@@ -15,6 +15,10 @@ type eventReader struct {
 	br  *bufio.Reader
 	buf []byte // an event assembled across refills, or the final one
 	err error  // the read error that ended the stream (sticky)
+	// asm: buf holds the start of an event being assembled (assemble was
+	// interrupted by a read deadline and resumes); fragment: its last line
+	// so far came in more than one piece.
+	asm, fragment bool
 	// bufs takes br back on release (nil: not pooled).
 	bufs *streamBufs
 	// ahead, when set, shows bytes received below br that it has not read
@@ -109,6 +113,9 @@ var (
 // next returns the next event's raw bytes, valid until the following call.
 // A final event without its blank line is returned whole; io.EOF follows.
 func (e *eventReader) next() ([]byte, error) {
+	if e.asm {
+		return e.assemble()
+	}
 	for {
 		if ev := e.buffered(); ev != nil {
 			return ev, nil
@@ -139,37 +146,51 @@ func (e *eventReader) next() ([]byte, error) {
 }
 
 // assemble reads an event line by line into e.buf, for events that do not
-// fit the read buffer.
+// fit the read buffer. A read deadline passing interrupts it without
+// losing anything: the next call resumes.
 func (e *eventReader) assemble() ([]byte, error) {
-	e.buf = e.buf[:0]
-	// fragment: the line so far came in more than one piece (a line longer
-	// than the buffer), so its last piece is no blank line even when it is
-	// a lone "\n".
-	fragment := false
+	if !e.asm {
+		e.buf, e.fragment, e.asm = e.buf[:0], false, true
+	}
 	for {
 		line, err := e.br.ReadSlice('\n')
 		e.buf = append(e.buf, line...)
-		if errors.Is(err, bufio.ErrBufferFull) {
-			fragment = true
-			continue
-		}
-		if err != nil {
-			e.err = err
+		switch {
+		case errors.Is(err, bufio.ErrBufferFull):
+			// The line so far came in more than one piece (a line longer than
+			// the buffer), so its last piece is no blank line even when it is
+			// a lone "\n".
+			e.fragment = true
+		case errors.Is(err, os.ErrDeadlineExceeded):
+			return nil, err
+		case err != nil:
+			e.asm, e.err = false, err
 			if errors.Is(err, io.EOF) && len(bytes.TrimSpace(e.buf)) > 0 {
 				e.buf = append(e.buf, "\n\n"...)
 				return e.buf, nil
 			}
 			return nil, err
-		}
-		if isBlank(line) && !fragment {
-			if len(bytes.TrimSpace(e.buf)) == 0 {
-				e.buf = e.buf[:0] // stray blank line between events
-				continue
+		case isBlank(line) && !e.fragment:
+			if len(bytes.TrimSpace(e.buf)) > 0 {
+				e.asm = false
+				return e.buf, nil
 			}
-			return e.buf, nil
+			e.buf = e.buf[:0] // a stray blank line between events
+		default:
+			e.fragment = false
 		}
-		fragment = false
 	}
+}
+
+// unread returns what e holds and has not returned yet: the start of an
+// event being assembled, then the read buffer's bytes. It is valid until e
+// is used again.
+func (e *eventReader) unread() [][]byte {
+	b, _ := e.br.Peek(e.br.Buffered())
+	if e.asm {
+		return [][]byte{e.buf, b}
+	}
+	return [][]byte{b}
 }
 
 // buffered returns the next event without copying it when it is whole in
