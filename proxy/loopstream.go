@@ -122,9 +122,9 @@ func (b *sseBody) handOver() bool {
 	}
 	leg.dropReader()
 	if err != nil {
-		out, mark = ls.endUpstream(out, mark, err)
+		out = ls.endUpstream(out, err)
 	} else if ls.body.Done() {
-		out, mark = ls.endUpstream(out, mark, nil)
+		out = ls.endUpstream(out, nil)
 	}
 	out = httpbody.EndChunk(out, mark)
 	if ls.ended {
@@ -206,15 +206,15 @@ func (ls *loopStream) relayed(out, in []byte, eof bool, rerr error) []byte {
 	}
 	switch {
 	case ferr != nil:
-		out, mark = ls.endUpstream(out, mark, ferr)
+		out = ls.endUpstream(out, ferr)
 	case ls.body.Done():
-		out, mark = ls.endUpstream(out, mark, nil)
+		out = ls.endUpstream(out, nil)
 	case rerr != nil:
-		out, mark = ls.endUpstream(out, mark, fmt.Errorf("read %s: %w", ls.r.local, rerr))
+		out = ls.endUpstream(out, fmt.Errorf("read %s: %w", ls.r.local, rerr))
 	case eof && ls.body.Mode() == httpbody.UntilClose:
-		out, mark = ls.endUpstream(out, mark, nil)
+		out = ls.endUpstream(out, nil)
 	case eof:
-		out, mark = ls.endUpstream(out, mark, fmt.Errorf("read %s: connection closed mid-body", ls.r.local))
+		out = ls.endUpstream(out, fmt.Errorf("read %s: connection closed mid-body", ls.r.local))
 	}
 	out = httpbody.EndChunk(out, mark)
 	if ls.ended {
@@ -299,11 +299,12 @@ func (ls *loopStream) flushPartial(out []byte) []byte {
 }
 
 // endUpstream ends the upstream leg (err nil: its body ended cleanly) and
-// appends the stream's last events to the open chunk: a final event that
-// lacked its blank line, and an error event when the stream broke off.
-func (ls *loopStream) endUpstream(out []byte, mark int, err error) ([]byte, int) {
+// appends the stream's last events to out: a final event that lacked its
+// blank line, and an error event when the stream broke off.
+func (ls *loopStream) endUpstream(out []byte, err error) []byte {
 	r := ls.r
-	if err == nil {
+	clean := err == nil
+	if clean {
 		out = ls.flushPartial(out)
 	}
 	ls.partial = nil
@@ -317,8 +318,8 @@ func (ls *loopStream) endUpstream(out []byte, mark int, err error) ([]byte, int)
 		out = append(out, sseError(fasthttp.StatusBadGateway, fmt.Errorf("%w: stream broke off", ErrDecodeFailed))...)
 	}
 	ls.ended = true
-	ls.closeLeg(err == nil)
-	return out, mark
+	ls.closeLeg(clean)
+	return out
 }
 
 // closeLeg stops watching the upstream and closes the leg: its connection
