@@ -153,6 +153,11 @@ func Start(t testing.TB, bin string, args ...string) *Proc {
 	}()
 	t.Cleanup(func() {
 		p.Kill()
+		// A race-built binary reports a data race on its output and runs on:
+		// that fails the test that ran it.
+		if strings.Contains(p.Output(), "WARNING: DATA RACE") {
+			t.Errorf("harness: %s reported a data race", p.Name)
+		}
 		if t.Failed() {
 			t.Logf("--- output of %s %s ---\n%s", p.Name, strings.Join(args, " "), p.Output())
 		}
