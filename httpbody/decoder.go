@@ -16,8 +16,9 @@ import (
 // ErrMalformed: the body's chunked framing is invalid.
 var ErrMalformed = errors.New("malformed chunked body")
 
-// maxSizeDigits bounds a chunk size line's hex digits (2^60 bytes).
-const maxSizeDigits = 15
+// maxChunkSize bounds a chunk's size (2^60 bytes; leading zeros in the
+// size line are no limit).
+const maxChunkSize = 1 << 60
 
 type state uint8
 
@@ -49,7 +50,7 @@ const (
 type Decoder struct {
 	mode   Mode
 	st     state
-	digits uint8
+	digits int // of the size line so far
 	size   int64 // of the chunk being read, or what is left of a Length body
 	err    error
 }
@@ -106,8 +107,8 @@ func (d *Decoder) Next(in []byte, max int) (data []byte, consumed int, err error
 			v, ok := hexValue(c)
 			switch {
 			case ok:
-				if d.digits == maxSizeDigits {
-					return d.fail("chunk size too long")
+				if d.size >= maxChunkSize>>4 {
+					return d.fail("chunk size too large")
 				}
 				d.size = d.size<<4 | int64(v)
 				d.digits++
