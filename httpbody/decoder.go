@@ -50,7 +50,7 @@ const (
 type Decoder struct {
 	mode   Mode
 	st     state
-	digits int // of the size line so far
+	digits int   // of the size line so far
 	size   int64 // of the chunk being read, or what is left of a Length body
 	err    error
 }
