@@ -73,8 +73,10 @@ type entry struct {
 	gen uint32
 }
 
-// bufferSize is the size of each of the loop's shared buffers.
-const bufferSize = 64 << 10
+// bufferSize is the size of each of the loop's shared buffers: a read
+// takes up to this much (SSE events are small; more waiting is read on the
+// next wake-up), and output past it grows a buffer for that call only.
+const bufferSize = 16 << 10
 
 func newLoop() (*Loop, error) {
 	epfd, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
