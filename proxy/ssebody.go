@@ -27,7 +27,8 @@ const maxChunk = 32 << 10
 // further events already buffered: events that arrived together leave in
 // one write, and no event ever waits for a later one. Close, which fasthttp
 // calls when the body is done or the client write failed, ends the
-// upstream leg and the request.
+// upstream leg and the request — unless the stream was handed to an event
+// loop after loopAfter (loopstream.go), which then owns both.
 type sseBody struct {
 	r       *request
 	er      *eventReader
