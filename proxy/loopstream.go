@@ -302,21 +302,12 @@ func (ls *loopStream) flushPartial(out []byte) []byte {
 // appends the stream's last events to out: a final event that lacked its
 // blank line, and an error event when the stream broke off.
 func (ls *loopStream) endUpstream(out []byte, err error) []byte {
-	r := ls.r
 	clean := err == nil
 	if clean {
 		out = ls.flushPartial(out)
 	}
 	ls.partial = nil
-	if err == nil && (ls.done || !needsDone(r.api)) {
-		r.logAt(zerolog.InfoLevel).Str("mode", r.mode).Msg("stream complete")
-	} else {
-		if err == nil {
-			err = errors.New("stream ended without [DONE]")
-		}
-		r.logAt(zerolog.ErrorLevel).Err(err).Msg("upstream stream broke off; ending the client stream with an error event")
-		out = append(out, sseError(fasthttp.StatusBadGateway, fmt.Errorf("%w: stream broke off", ErrDecodeFailed))...)
-	}
+	out = ls.r.endStream(out, ls.done, err)
 	ls.ended = true
 	ls.closeLeg(clean)
 	return out

@@ -201,13 +201,26 @@ func (b *sseBody) end(err error) error {
 	case r.gone():
 		r.left()
 		return ErrClientGone
-	case errors.Is(err, io.EOF) && (b.done || !needsDone(r.api)):
-		r.logAt(zerolog.InfoLevel).Str("mode", r.mode).Msg("stream complete")
-	default:
-		r.logAt(zerolog.ErrorLevel).Err(err).Msg("upstream stream broke off; ending the client stream with an error event")
-		b.out = append(b.out, sseError(fasthttp.StatusBadGateway, fmt.Errorf("%w: stream broke off", ErrDecodeFailed))...)
+	case errors.Is(err, io.EOF):
+		err = nil
 	}
+	b.out = r.endStream(b.out, b.done, err)
 	return nil
+}
+
+// endStream records how an upstream stream ended (err nil: its body ended
+// cleanly; done: [DONE] was seen) and appends to out what the client's
+// stream still needs: nothing when it is complete, else an error event.
+func (r *request) endStream(out []byte, done bool, err error) []byte {
+	if err == nil && (done || !needsDone(r.api)) {
+		r.logAt(zerolog.InfoLevel).Str("mode", r.mode).Msg("stream complete")
+		return out
+	}
+	if err == nil {
+		err = errors.New("stream ended without [DONE]")
+	}
+	r.logAt(zerolog.ErrorLevel).Err(err).Msg("upstream stream broke off; ending the client stream with an error event")
+	return append(out, sseError(fasthttp.StatusBadGateway, fmt.Errorf("%w: stream broke off", ErrDecodeFailed))...)
 }
 
 // Close implements io.Closer: fasthttp calls it when the body is written or

@@ -250,7 +250,7 @@ func (t *Transport) try(ctx context.Context, hc *fasthttp.HostClient, pooled boo
 	br := hc.AcquireReader(conn)
 	// A streamed answer's head is read here and its body by the Leg, which
 	// decodes the framing itself (httpbody): it can then stop at any byte
-	// and hand the connection over mid-body (see Leg.detach).
+	// and hand the connection over mid-body (loopstream.go).
 	if err := readAnswer(br, resp, stream); err != nil {
 		hc.ReleaseReader(br)
 		release(false)
@@ -271,7 +271,7 @@ func (t *Transport) try(ctx context.Context, hc *fasthttp.HostClient, pooled boo
 		release(true)
 		return nil, reused, nil
 	}
-	leg := &Leg{ctx: ctx, resp: resp, br: br, conn: conn, body: bodyDecoder(resp),
+	leg := &Leg{ctx: ctx, br: br, conn: conn, body: bodyDecoder(resp),
 		putReader: hc.ReleaseReader, release: release, stopCancel: stop}
 	leg.eof = leg.body.Done()
 	return leg, reused, nil
@@ -325,7 +325,6 @@ func ctxErr(ctx context.Context, err error) error {
 // any goroutine interrupts a pending Read.
 type Leg struct {
 	ctx        context.Context
-	resp       *fasthttp.Response
 	br         *bufio.Reader // the connection's reader
 	conn       net.Conn
 	body       httpbody.Decoder
