@@ -68,6 +68,9 @@ type Metrics struct {
 	LoopStreams prometheus.Gauge
 	// LoopHandoffs counts streams handed to an event loop.
 	LoopHandoffs prometheus.Counter
+	// LoopRequests counts inference requests served on the event loops
+	// from their first byte to their last (the lane: local requests).
+	LoopRequests prometheus.Counter
 	// Prefillers bounds the prefiller label.
 	Prefillers *Bounded
 	// Guards are the request guards' collectors (guards.go).
@@ -138,10 +141,14 @@ func New(reg prometheus.Registerer, maxPrefillers int) *Metrics {
 			Name: "pd_sidecar_loop_handoffs_total",
 			Help: "Streams handed to an event loop after streaming 50 ms on their own goroutine.",
 		}),
+		LoopRequests: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "pd_sidecar_loop_requests_total",
+			Help: "Inference requests served on the event loops from first byte to last (local requests read whole in one read).",
+		}),
 		Prefillers: NewBounded(maxPrefillers),
 		Guards:     NewGuards(reg),
 	}
-	reg.MustRegister(m.PrefillLegFailures, m.DecodeFirst, m.LoopStreams, m.LoopHandoffs)
+	reg.MustRegister(m.PrefillLegFailures, m.DecodeFirst, m.LoopStreams, m.LoopHandoffs, m.LoopRequests)
 	reg.MustRegister(m.Requests, m.Fallbacks, m.PrefillDuration, m.KVTransferDuration,
 		m.TTFT, m.KVLoadFailures, m.Inflight, m.PrefillRetries, m.ClientDisconnects)
 	for _, p := range []string{PhasePrefill, PhaseDecode, PhaseLocal, PhasePassthrough} {

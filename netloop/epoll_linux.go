@@ -40,6 +40,9 @@ func (g *Group) Pick() *Loop {
 	return g.loops[int(g.next.Add(1))%len(g.loops)]
 }
 
+// Loops returns the group's loops.
+func (g *Group) Loops() []*Loop { return g.loops }
+
 // Close stops every loop: each handler still registered is told Shutdown
 // (on its loop's goroutine) and removed. Close waits for the loops to end;
 // it may be called more than once.

@@ -14,6 +14,9 @@ func (g *Group) Pick() *Loop { return nil }
 // Close does nothing.
 func (g *Group) Close() {}
 
+// Loops returns nothing.
+func (g *Group) Loops() []*Loop { return nil }
+
 // Loop is one event loop; not available on this platform.
 type Loop struct{}
 

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"io"
 	"net"
 	"sync/atomic"
 
@@ -18,15 +19,38 @@ import (
 //     connection counts the bytes read from it and the handler the bytes
 //     of the requests it saw (wireSize), and a stream moves only when the
 //     two are equal.
+//
+// With the lane (lane.go) a connection also moves between fasthttp and the
+// event loops between requests: the lane gives fasthttp a connection whose
+// next request it does not serve itself, with the bytes it read of it
+// (replay); and when fasthttp, done with that request, reads for the next
+// one, Read ends fasthttp's part (io.EOF, which fasthttp takes for a
+// client that closed while idle) and Close gives the connection back to
+// the lane.
 type clientConn struct {
 	*net.TCPConn
 	read     atomic.Int64
 	consumed atomic.Int64
 	handOff  func() // run by Close instead of closing; set by handOver
+
+	lane   *lane  // the lane idle connections go back to (nil: none)
+	replay []byte // bytes the lane read, given to fasthttp first
+	busy   atomic.Bool
 }
 
 // Read implements net.Conn.
 func (c *clientConn) Read(p []byte) (int, error) {
+	if len(c.replay) > 0 {
+		n := copy(p, c.replay)
+		c.replay = c.replay[n:]
+		c.read.Add(int64(n))
+		return n, nil
+	}
+	if c.lane != nil && c.handOff == nil && !c.busy.Load() && c.read.Load() == c.consumed.Load() {
+		// fasthttp waits for the next request: the lane takes the connection.
+		c.handOff = func() { c.lane.adopt(c) }
+		return 0, io.EOF
+	}
 	n, err := c.TCPConn.Read(p)
 	c.read.Add(int64(n))
 	return n, err
@@ -44,12 +68,20 @@ func (c *clientConn) Close() error {
 }
 
 // counted adds the request of rc to the bytes its connection's requests
-// took.
-func counted(rc *fasthttp.RequestCtx) {
-	if c, ok := rc.Conn().(*clientConn); ok {
-		c.consumed.Add(wireSize(rc))
+// took, and marks the connection busy until the returned func is called
+// (when the handler returns): reads meanwhile (a connWatch's) are no
+// request boundary.
+func counted(rc *fasthttp.RequestCtx) func() {
+	c, ok := rc.Conn().(*clientConn)
+	if !ok {
+		return func() {}
 	}
+	c.consumed.Add(wireSize(rc))
+	c.busy.Store(true)
+	return c.idle
 }
+
+func (c *clientConn) idle() { c.busy.Store(false) }
 
 // wireSize is the request's size on the wire, for a request line and
 // headers ended by CRLF (the norm) and a body sent with a Content-Length.
@@ -65,7 +97,10 @@ func wireSize(rc *fasthttp.RequestCtx) int64 {
 }
 
 // clientListener accepts clientConns.
-type clientListener struct{ net.Listener }
+type clientListener struct {
+	net.Listener
+	lane *lane // nil: none
+}
 
 // Accept implements net.Listener.
 func (l clientListener) Accept() (net.Conn, error) {
@@ -74,7 +109,7 @@ func (l clientListener) Accept() (net.Conn, error) {
 		return nil, err
 	}
 	if tc, ok := c.(*net.TCPConn); ok {
-		return &clientConn{TCPConn: tc}, nil
+		return &clientConn{TCPConn: tc, lane: l.lane}, nil
 	}
 	return c, nil
 }

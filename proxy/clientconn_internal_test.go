@@ -27,7 +27,7 @@ func TestClientConnCountsRequests(t *testing.T) {
 		c := rc.Conn().(*clientConn)
 		got <- seen{c.read.Load(), c.consumed.Load()}
 	}}
-	go func() { _ = srv.Serve(clientListener{ln}) }()
+	go func() { _ = srv.Serve(clientListener{Listener: ln}) }()
 	defer func() { _ = srv.Shutdown() }()
 
 	conn, err := net.Dial("tcp", ln.Addr().String())

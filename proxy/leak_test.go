@@ -92,28 +92,39 @@ func TestNoGoroutineLeakAfterLoad(t *testing.T) {
 		}
 		ccancel()
 	}
-	// Streams long enough to move to an event loop: one read to its end,
-	// one whose client leaves, and one still streaming at shutdown (the
-	// drain finishes it).
-	longStream := func(tokens int) *http.Response {
-		resp, err := http.Post(base+"/v1/chat/completions", "application/json", strings.NewReader(
+	// Streams on an event loop: local ones served by the lane from their
+	// start, P/D ones handed over after streaming 50 ms; one of each read
+	// to its end, one of each whose client leaves, and a local one still
+	// streaming at shutdown (the drain finishes it).
+	longStream := func(tokens int, pd bool) *http.Response {
+		req, err := http.NewRequest(http.MethodPost, base+"/v1/chat/completions", strings.NewReader(
 			`{"model":"sim-model","messages":[{"role":"user","content":"long"}],"max_tokens":`+strconv.Itoa(tokens)+`,"stream":true}`))
+		require.NoError(t, err)
+		if pd {
+			req.Header.Set(proxy.HeaderPrefiller, "127.0.0.1:"+strconv.Itoa(prefill))
+		}
+		resp, err := http.DefaultClient.Do(req)
 		require.NoError(t, err)
 		return resp
 	}
 	onLoop := func(n float64) {
 		require.Eventually(t, func() bool { return testutil.ToFloat64(m.LoopStreams) == n }, 5*time.Second, time.Millisecond)
 	}
-	resp := longStream(200)
-	onLoop(1)
-	_, err = io.Copy(io.Discard, resp.Body)
-	require.NoError(t, err)
-	resp.Body.Close()
-	resp = longStream(2000)
-	onLoop(1)
-	resp.Body.Close()
-	onLoop(0)
-	resp = longStream(400)
+	for _, pd := range []bool{false, true} {
+		resp := longStream(200, pd)
+		onLoop(1)
+		_, err = io.Copy(io.Discard, resp.Body)
+		require.NoError(t, err)
+		resp.Body.Close()
+		onLoop(0)
+		resp = longStream(2000, pd)
+		onLoop(1)
+		resp.Body.Close()
+		onLoop(0)
+	}
+	require.GreaterOrEqual(t, testutil.ToFloat64(m.LoopHandoffs), 2.0, "the P/D streams were handed over")
+	require.Greater(t, testutil.ToFloat64(m.LoopRequests), 2.0, "the local requests were served by the lane")
+	resp := longStream(400, false)
 	onLoop(1)
 	drained := make(chan error, 1)
 	go func() {
@@ -121,7 +132,6 @@ func TestNoGoroutineLeakAfterLoad(t *testing.T) {
 		resp.Body.Close()
 		drained <- err
 	}()
-	require.GreaterOrEqual(t, testutil.ToFloat64(m.LoopHandoffs), 3.0)
 
 	http.DefaultClient.CloseIdleConnections()
 	stop()

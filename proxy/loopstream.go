@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/rs/zerolog"
-	"github.com/valyala/fasthttp"
 
 	"github.com/pd-sidecar/pd-sidecar/connectors"
 	"github.com/pd-sidecar/pd-sidecar/httpbody"
@@ -42,9 +41,6 @@ type loopStream struct {
 	mu   sync.Mutex // Ready and begin: one at a time
 	r    *request
 	loop *netloop.Loop
-	srv  *fasthttp.Server
-	cc   *clientConn
-	leg  *Leg
 	body httpbody.Decoder
 	fn   func([]byte) []byte // per-payload rewrite (nil: none)
 
@@ -60,6 +56,16 @@ type loopStream struct {
 	ended    bool   // the upstream is done: pending holds the last bytes
 	finished bool
 	release  func() // frees the leg and finishes the request, once
+
+	// The two connections, which a stream handed over by fasthttp
+	// (handOver) and one the lane served from its start (lane.go) keep
+	// differently.
+	upEnd       func(clean bool)            // ends the upstream leg (its connection is pooled when clean), once
+	pauseUp     func() error                // stops watching the upstream while the client catches up
+	resumeUp    func() error                // watches it again
+	watchClient func(netloop.Events) error // sets the events the client connection is watched for
+	clientDone  func(keep bool)             // the answer is over: the client connection goes on to its next request (keep), or is closed
+	onOutput    func()                      // told of the first event relayed (nil: not wanted)
 }
 
 // loopAfter is how long a stream is relayed by its server goroutine, from
@@ -103,9 +109,16 @@ func (b *sseBody) handOver() bool {
 	if !ok1 || !ok2 || cc.read.Load() != cc.consumed.Load() || !leg.disarm() {
 		return false
 	}
-	ls := &loopStream{r: r, loop: r.p.loops.Pick(), srv: r.p.servers[r.local], cc: cc, leg: leg,
-		body: leg.body, fn: b.fn, done: b.done, keepAlive: b.keepAlive, release: b.release,
-		cfd: cfd, ufd: ufd}
+	loop := r.p.loops.Pick()
+	release := b.release
+	ls := &loopStream{r: r, loop: loop, body: leg.body, fn: b.fn, done: b.done,
+		keepAlive: b.keepAlive, cfd: cfd, ufd: ufd}
+	ls.release = func() {
+		release()
+		r.p.loopStreams.Add(-1)
+		r.p.m.LoopStreams.Dec()
+	}
+	ls.legSides(leg, func(keep bool) { r.p.connDone(cc, r.local, keep) })
 	var out []byte
 	ls.firstp, out = r.p.bufs.getChunk()
 	out, mark := httpbody.BeginChunk(out)
@@ -142,6 +155,25 @@ func (b *sseBody) handOver() bool {
 	return true
 }
 
+// legSides sets the connection hooks of a stream handed over by fasthttp,
+// whose handler ls is for both connections: leg is the upstream, and done
+// takes the client connection once the answer is over.
+func (ls *loopStream) legSides(leg *Leg, done func(keep bool)) {
+	loop, ufd, cfd := ls.loop, ls.ufd, ls.cfd
+	ls.upEnd = func(clean bool) {
+		_ = loop.Remove(ufd)
+		leg.eof = clean && ls.body.Done()
+		leg.Close()
+	}
+	ls.pauseUp = func() error { return loop.Remove(ufd) }
+	ls.resumeUp = func() error { return loop.Add(ufd, netloop.Readable, ls) }
+	ls.watchClient = func(ev netloop.Events) error { return loop.Modify(cfd, ev) }
+	ls.clientDone = func(keep bool) {
+		_ = loop.Remove(cfd)
+		done(keep)
+	}
+}
+
 // begin runs on fasthttp's server goroutine when it lets go of the
 // connection (clientConn.Close): it watches both connections on the loop
 // and writes the first chunk.
@@ -171,6 +203,11 @@ func (ls *loopStream) begin() {
 func (ls *loopStream) Ready(fd int, ev netloop.Events) {
 	ls.mu.Lock()
 	defer ls.mu.Unlock()
+	ls.handle(fd, ev)
+}
+
+// handle reacts to an event of either connection.
+func (ls *loopStream) handle(fd int, ev netloop.Events) {
 	switch {
 	case ls.finished:
 	case ev&netloop.Shutdown != 0:
@@ -282,6 +319,10 @@ func (ls *loopStream) feed(out, data []byte) ([]byte, error) {
 }
 
 func (ls *loopStream) emit(out, ev []byte) []byte {
+	if ls.onOutput != nil {
+		ls.onOutput()
+		ls.onOutput = nil
+	}
 	if d := firstData(ev); d != nil && connectors.IsDone(d) {
 		ls.done = true
 	}
@@ -316,13 +357,11 @@ func (ls *loopStream) endUpstream(out []byte, err error) []byte {
 // closeLeg stops watching the upstream and closes the leg: its connection
 // goes back to the pool when clean.
 func (ls *loopStream) closeLeg(clean bool) {
-	if ls.leg == nil {
+	if ls.upEnd == nil {
 		return
 	}
-	_ = ls.loop.Remove(ls.ufd)
-	ls.leg.eof = clean && ls.body.Done()
-	ls.leg.Close()
-	ls.leg = nil
+	ls.upEnd(clean)
+	ls.upEnd = nil
 }
 
 // write sends b to the client; what does not fit waits for the client to
@@ -344,12 +383,12 @@ func (ls *loopStream) write(b []byte) {
 		ls.pending = append(ls.pending[:0], b[n:]...)
 		ls.r.logAt(zerolog.DebugLevel).Int("pending", len(ls.pending)).Msg("client slower than its engine: upstream paused")
 		if !ls.ended {
-			if err := ls.loop.Remove(ls.ufd); err != nil {
+			if err := ls.pauseUp(); err != nil {
 				ls.fail(err)
 				return
 			}
 		}
-		if err := ls.loop.Modify(ls.cfd, netloop.Writable); err != nil {
+		if err := ls.watchClient(netloop.Writable); err != nil {
 			ls.fail(err)
 		}
 	default:
@@ -367,11 +406,11 @@ func (ls *loopStream) flush() {
 			ls.complete()
 			return
 		}
-		if err := ls.loop.Modify(ls.cfd, 0); err != nil {
+		if err := ls.watchClient(0); err != nil {
 			ls.fail(err)
 			return
 		}
-		if err := ls.loop.Add(ls.ufd, netloop.Readable, ls); err != nil {
+		if err := ls.resumeUp(); err != nil {
 			ls.fail(err)
 		}
 	case errors.Is(err, netloop.ErrWouldBlock):
@@ -381,16 +420,11 @@ func (ls *loopStream) flush() {
 	}
 }
 
-// complete ends a stream written whole: the client connection goes back
-// to the server for its next request.
+// complete ends a stream written whole: the client connection goes on to
+// its next request.
 func (ls *loopStream) complete() {
-	_ = ls.loop.Remove(ls.cfd)
 	ls.finish()
-	if !ls.keepAlive || ls.r.p.draining.Load() {
-		_ = ls.cc.TCPConn.Close()
-		return
-	}
-	go func() { _ = ls.srv.ServeConn(ls.cc) }()
+	ls.clientDone(ls.keepAlive && !ls.r.p.draining.Load())
 }
 
 // abort ends a stream whose client left: the upstream leg is cancelled.
@@ -410,10 +444,9 @@ func (ls *loopStream) fail(err error) {
 }
 
 func (ls *loopStream) teardown() {
-	_ = ls.loop.Remove(ls.cfd)
 	ls.closeLeg(false)
 	ls.finish()
-	_ = ls.cc.TCPConn.Close()
+	ls.clientDone(false)
 }
 
 // finish ends the request's bookkeeping, once.
@@ -425,8 +458,6 @@ func (ls *loopStream) finish() {
 	ls.closeLeg(false)
 	ls.pending, ls.partial = nil, nil
 	ls.release()
-	ls.r.p.loopStreams.Add(-1)
-	ls.r.p.m.LoopStreams.Dec()
 }
 
 var _ netloop.Handler = (*loopStream)(nil)

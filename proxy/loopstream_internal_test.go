@@ -7,7 +7,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"net"
 	"net/http/httputil"
 	"strings"
 	"sync/atomic"
@@ -41,10 +40,10 @@ func TestLoopStreamBackpressure(t *testing.T) {
 	server, client := tcpPair(t)
 	var clean, released atomic.Bool
 	leg := &Leg{conn: upstream, body: httpbody.New(httpbody.Chunked, 0), release: func(c bool) { clean.Store(c) }}
-	ls := &loopStream{r: r, loop: g.Pick(), cc: &clientConn{TCPConn: server.(*net.TCPConn)}, leg: leg, body: leg.body,
-		release: func() { released.Store(true) }}
+	ls := &loopStream{r: r, loop: g.Pick(), body: leg.body, release: func() { released.Store(true) }}
 	ls.ufd, _ = netloop.FD(upstream)
 	ls.cfd, _ = netloop.FD(server)
+	ls.legSides(leg, func(bool) { _ = server.Close() })
 	ls.begin()
 
 	const events = 40000 // 8 MB: more than the sockets' buffers hold

@@ -114,12 +114,12 @@ func (c headerCarrier) Keys() []string {
 }
 
 // traceStart opens the request span, child of the client's trace context.
-func (r *request) traceStart() {
+func (r *request) traceStart(h *fasthttp.RequestHeader) {
 	t := r.p.ext.Tracer
 	if t == nil {
 		return
 	}
-	parent := r.p.ext.Propagator.Extract(context.Background(), headerCarrier{&r.rc.Request.Header})
+	parent := r.p.ext.Propagator.Extract(context.Background(), headerCarrier{h})
 	r.obs.tctx, r.obs.root = t.Start(parent, SpanRequest, trace.WithSpanKind(trace.SpanKindServer),
 		trace.WithTimestamp(r.start),
 		trace.WithAttributes(AttrRequestID.String(r.id), attribute.String("http.route", r.api.String())))

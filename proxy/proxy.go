@@ -58,7 +58,7 @@ type Proxy struct {
 	// are set by Run before it serves.
 	loops       *netloop.Group
 	servers     map[string]*fasthttp.Server
-	loopStreams atomic.Int64 // streams on the loops
+	loopStreams atomic.Int64 // requests on the loops: streams handed over, and the lane's
 }
 
 // New returns a Proxy. cfg must be valid (see Config.Validate); m holds the
@@ -106,7 +106,7 @@ func (p *Proxy) localAddr(rank int) string {
 func (p *Proxy) Handler(rank int) fasthttp.RequestHandler {
 	local := p.localAddr(rank)
 	return func(rc *fasthttp.RequestCtx) {
-		counted(rc)
+		defer counted(rc)()
 		path := rc.Path()
 		switch string(path) {
 		case "/health":

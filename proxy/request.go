@@ -57,16 +57,24 @@ var hopHeaders = []string{
 }
 
 func (p *Proxy) newRequest(rc *fasthttp.RequestCtx, local string, api connectors.API) *request {
+	r := p.startRequest(&rc.Request.Header, rc.PostBody(), local, api)
+	r.rc = rc
+	rc.Response.Header.Set(HeaderRequestID, r.id)
+	r.watch = p.armer.watch(rc.Conn(), r.cancel, r.start)
+	return r
+}
+
+// startRequest begins the state of a request with head h and body, as the
+// fasthttp path (newRequest) and the lane (lane.go) share it.
+func (p *Proxy) startRequest(h *fasthttp.RequestHeader, body []byte, local string, api connectors.API) *request {
 	ctx, cancel := context.WithCancelCause(context.Background())
 	r := &request{
-		p: p, rc: rc, ctx: ctx, cancel: cancel, start: time.Now(),
-		api: api, local: local, body: rc.PostBody(), mode: metrics.ModeLocal,
+		p: p, ctx: ctx, cancel: cancel, start: time.Now(),
+		api: api, local: local, body: body, mode: metrics.ModeLocal,
 	}
-	r.id = requestID(rc.Request.Header.Peek(HeaderRequestID))
-	rc.Response.Header.Set(HeaderRequestID, r.id)
-	r.stream, r.usage = streamFlags(r.body)
-	r.watch = p.armer.watch(rc.Conn(), cancel, r.start)
-	r.traceStart()
+	r.id = requestID(h.Peek(HeaderRequestID))
+	r.stream, r.usage = streamFlags(body)
+	r.traceStart(h)
 	return r
 }
 
@@ -129,19 +137,25 @@ func (r *request) gone() bool { return context.Cause(r.ctx) == ErrClientGone }
 // answers are refused on P/D legs, whose answers the proxy reads.
 func (r *request) upstream(addr string, body []byte) *fasthttp.Request {
 	req := fasthttp.AcquireRequest()
-	r.rc.Request.Header.CopyTo(&req.Header)
-	for _, h := range hopHeaders {
-		req.Header.Del(h)
-	}
-	req.Header.Del(HeaderPrefiller)
-	req.Header.Del(HeaderDataParallel)
-	req.Header.Del("Accept-Encoding")
-	req.Header.Del("Expect")
-	req.Header.Set(HeaderRequestID, r.id)
-	r.injectTrace(&req.Header)
-	req.Header.SetHost(addr)
+	r.upstreamHeader(&req.Header, &r.rc.Request.Header, addr)
 	req.SetBodyRaw(body)
 	return req
+}
+
+// upstreamHeader sets dst to the head of a leg to addr: the client's head
+// src minus hop-by-hop and sidecar headers, with our X-Request-Id.
+func (r *request) upstreamHeader(dst, src *fasthttp.RequestHeader, addr string) {
+	src.CopyTo(dst)
+	for _, h := range hopHeaders {
+		dst.Del(h)
+	}
+	dst.Del(HeaderPrefiller)
+	dst.Del(HeaderDataParallel)
+	dst.Del("Accept-Encoding")
+	dst.Del("Expect")
+	dst.Set(HeaderRequestID, r.id)
+	r.injectTrace(dst)
+	dst.SetHost(addr)
 }
 
 // pickPrefiller chooses one entry of the header value: the first, or a

@@ -54,14 +54,26 @@ func (p *Proxy) Run(ctx context.Context) error {
 		}
 	}
 	p.servers = make(map[string]*fasthttp.Server, p.cfg.DataParallelSize)
+	var lanes []*lane
+	defer func() {
+		for _, ln := range lanes {
+			ln.shutdown()
+		}
+	}()
 	for rank := range p.cfg.DataParallelSize {
 		if err := listen(p.cfg.Port+rank, p.Handler(rank)); err != nil {
 			return err
 		}
-		p.servers[p.localAddr(rank)] = servers[len(servers)-1]
-		// clientConns (streams move to the event loops), under TLS with
-		// --secure-proxy (where they do not).
-		lns[len(lns)-1] = p.guard.wrapListener(clientListener{lns[len(lns)-1]})
+		srv := servers[len(servers)-1]
+		p.servers[p.localAddr(rank)] = srv
+		// clientConns (streams and idle connections move to the event
+		// loops), under TLS with --secure-proxy (where they do not).
+		var ln *lane
+		if p.loops != nil && p.guard.tls == nil {
+			ln = p.newLane(p.localAddr(rank), srv, p.loops.Loops())
+			lanes = append(lanes, ln)
+		}
+		lns[len(lns)-1] = p.guard.wrapListener(clientListener{Listener: lns[len(lns)-1], lane: ln})
 		p.log.Info().Int("rank", rank).Int("port", p.cfg.Port+rank).Str("engine", p.localAddr(rank)).Msg("listening")
 	}
 	if p.cfg.MetricsPort != 0 {
@@ -81,6 +93,9 @@ func (p *Proxy) Run(ctx context.Context) error {
 	}
 	p.draining.Store(true)
 	p.log.Info().Dur("grace", p.cfg.ShutdownGrace).Msg("shutting down: draining in-flight requests")
+	for _, ln := range lanes {
+		ln.shutdown()
+	}
 	sctx, cancel := context.WithTimeout(context.Background(), p.cfg.ShutdownGrace)
 	defer cancel()
 	var wg sync.WaitGroup
@@ -95,12 +110,12 @@ func (p *Proxy) Run(ctx context.Context) error {
 		})
 	}
 	wg.Wait()
-	// The streams carried by the event loops are the servers' no more.
+	// The requests carried by the event loops are the servers' no more.
 	for p.loopStreams.Load() > 0 && sctx.Err() == nil {
 		time.Sleep(10 * time.Millisecond)
 	}
 	if n := p.loopStreams.Load(); n > 0 {
-		p.log.Warn().Int64("streams", n).Msg("shutdown grace ran out: closing open streams")
+		p.log.Warn().Int64("requests", n).Msg("shutdown grace ran out: closing the requests on the event loops")
 		if !errors.Is(err, ErrDrainTimeout) {
 			err = errors.Join(err, ErrDrainTimeout)
 		}
@@ -150,4 +165,19 @@ func (l fasthttpLogger) Printf(format string, args ...any) {
 		}
 	}
 	l.p.log.Warn().Msgf(format, args...)
+}
+
+// connDone passes on a client connection whose answer an event loop
+// finished: to its next request (keep), on the lane or else fasthttp's
+// server of engine local; or closed.
+func (p *Proxy) connDone(cc *clientConn, local string, keep bool) {
+	switch {
+	case !keep:
+		_ = cc.TCPConn.Close()
+	case cc.lane != nil:
+		cc.lane.adopt(cc)
+	default:
+		srv := p.servers[local]
+		go func() { _ = srv.ServeConn(cc) }()
+	}
 }

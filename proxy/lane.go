@@ -1,0 +1,885 @@
+package proxy
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/rs/zerolog"
+	"github.com/valyala/fasthttp"
+
+	"github.com/pd-sidecar/pd-sidecar/connectors"
+	"github.com/pd-sidecar/pd-sidecar/httpbody"
+	"github.com/pd-sidecar/pd-sidecar/metrics"
+	"github.com/pd-sidecar/pd-sidecar/netloop"
+)
+
+// The lane serves the common request on the event loops from its first
+// byte to its last: an inference request with no prefiller named (a
+// local prefill and decode), read whole in one read, answered by the local
+// engine. Such a request then costs no goroutine wake-up at all: the loop
+// that saw the client's bytes writes them to a pooled engine connection it
+// also watches, and relays the answer (a stream through a loopStream, as a
+// stream handed over by fasthttp is relayed). Between requests the client
+// connection waits on the loop too, holding nothing but its handler.
+//
+// Every other request (a P/D split, a body that came in more than one read,
+// a request the guards refuse, GET /v1/models, /metrics, TLS...) is given
+// to fasthttp with the bytes the lane read (clientConn.replay), and comes
+// back to the lane once fasthttp reads for the next one. So the lane holds
+// no second implementation of anything but the happy path of a local
+// request; its failures (the engine unreachable, no answer head in time,
+// the client leaving) are answered as the fasthttp path answers them.
+type lane struct {
+	p     *Proxy
+	local string // the engine's address
+	srv   *fasthttp.Server
+	loops []*laneLoop
+	next  atomic.Uint32
+
+	mu    sync.Mutex
+	conns map[*laneConn]struct{} // every client connection on the lane
+	stop  chan struct{}          // closed by shutdown
+	once  sync.Once
+}
+
+// laneLoop is a lane's state on one loop: its engine connections and the
+// parsers, used only on the loop's goroutine.
+type laneLoop struct {
+	ln   *lane
+	loop *netloop.Loop
+
+	mu   sync.Mutex
+	idle []*upConn // pooled engine connections
+
+	req, upHdr   fasthttp.RequestHeader
+	resp, client fasthttp.ResponseHeader
+	rd           bytes.Reader
+	br           *bufio.Reader
+	scratch      []byte
+
+	inflight prometheus.Gauge // the local phase's
+}
+
+func (p *Proxy) newLane(local string, srv *fasthttp.Server, loops []*netloop.Loop) *lane {
+	ln := &lane{p: p, local: local, srv: srv, conns: map[*laneConn]struct{}{}, stop: make(chan struct{})}
+	for _, l := range loops {
+		ll := &laneLoop{ln: ln, loop: l, br: bufio.NewReaderSize(nil, p.cfg.Guard.MaxHeaderBytes),
+			inflight: p.m.Inflight.WithLabelValues(metrics.PhaseLocal)}
+		ln.loops = append(ln.loops, ll)
+	}
+	go ln.sweep()
+	return ln
+}
+
+// laneIdleMax is how long a pooled engine connection may stay unused (as
+// the fasthttp pool's MaxIdleConnDuration).
+const laneIdleMax = 4 * time.Second
+
+// adopt takes conn, which waits for its next request, onto a loop.
+func (ln *lane) adopt(c *clientConn) {
+	fd, ok := netloop.FD(c.TCPConn)
+	if !ok || ln.p.draining.Load() {
+		_ = c.TCPConn.Close()
+		return
+	}
+	ll := ln.loops[int(ln.next.Add(1))%len(ln.loops)]
+	lc := &laneConn{ll: ll, cc: c, fd: fd, interest: netloop.Readable, since: time.Now()}
+	ln.mu.Lock()
+	select {
+	case <-ln.stop:
+		ln.mu.Unlock()
+		_ = c.TCPConn.Close()
+		return
+	default:
+	}
+	ln.conns[lc] = struct{}{}
+	ln.mu.Unlock()
+	lc.mu.Lock()
+	defer lc.mu.Unlock()
+	if err := ll.loop.Add(fd, netloop.Readable, lc); err != nil {
+		lc.close()
+	}
+}
+
+// sweep closes connections idle longer than --idle-timeout, until
+// shutdown.
+func (ln *lane) sweep() {
+	idle := ln.p.cfg.Guard.IdleTimeout
+	t := time.NewTicker(min(max(idle/4, 10*time.Millisecond), time.Second))
+	defer t.Stop()
+	for {
+		select {
+		case <-ln.stop:
+			return
+		case now := <-t.C:
+			for _, lc := range ln.snapshot() {
+				lc.mu.Lock()
+				if lc.state == laneIdle && now.Sub(lc.since) >= idle {
+					lc.close()
+				}
+				lc.mu.Unlock()
+			}
+		}
+	}
+}
+
+func (ln *lane) snapshot() []*laneConn {
+	ln.mu.Lock()
+	defer ln.mu.Unlock()
+	s := make([]*laneConn, 0, len(ln.conns))
+	for lc := range ln.conns {
+		s = append(s, lc)
+	}
+	return s
+}
+
+// shutdown closes the idle connections and makes the others close after
+// their answer (as fasthttp's Shutdown does with its own).
+func (ln *lane) shutdown() {
+	ln.once.Do(func() { close(ln.stop) })
+	for _, lc := range ln.snapshot() {
+		lc.mu.Lock()
+		if lc.state == laneIdle {
+			lc.close()
+		} else {
+			lc.keepAlive = false
+		}
+		lc.mu.Unlock()
+	}
+}
+
+func (ln *lane) forget(lc *laneConn) {
+	ln.mu.Lock()
+	delete(ln.conns, lc)
+	ln.mu.Unlock()
+}
+
+// The states of a client connection on the lane.
+const (
+	laneIdle     = iota // waiting for a request
+	laneSending         // connecting to the engine (off the loop)
+	laneWaiting         // the request is sent; waiting for the answer's head
+	laneAnswer          // the answer is relayed (ls)
+	laneGone            // given to fasthttp, or closed
+)
+
+// laneConn is one client connection on the lane: the loop's handler of its
+// descriptor. mu orders the loop's calls with the dialling goroutine, the
+// head timer and the sweeper.
+type laneConn struct {
+	mu       sync.Mutex
+	ll       *laneLoop
+	cc       *clientConn
+	fd       int
+	interest netloop.Events // what fd is watched for
+	state    int
+	since    time.Time // idle since
+
+	keepAlive bool
+	r         *request
+	up        *upConn
+	sent      []byte // the request as sent upstream, kept for one retry until the head arrives
+	sentp     *[]byte
+	retried   bool
+	head      []byte // an answer head that came in more than one read
+	timer     *time.Timer
+	ls        *loopStream
+	streamed  bool       // the answer is a stream (counted in LoopStreams)
+	raw       *rawAnswer // a non-streamed answer being read
+}
+
+// Ready implements netloop.Handler.
+func (lc *laneConn) Ready(fd int, ev netloop.Events) {
+	lc.mu.Lock()
+	defer lc.mu.Unlock()
+	switch {
+	case lc.state == laneGone:
+	case ev&netloop.Shutdown != 0:
+		if lc.state == laneIdle {
+			lc.close()
+			return
+		}
+		lc.abandon(ErrDrainTimeout)
+	case lc.state == laneIdle:
+		lc.readRequest(ev)
+	case lc.state == laneAnswer && lc.ls != nil:
+		if ev&(netloop.HangUp|netloop.Writable) == 0 {
+			// A pipelined request: it waits in the socket until this answer
+			// is written.
+			lc.setInterest(lc.interest &^ netloop.Readable)
+			return
+		}
+		lc.ls.handle(fd, ev)
+	case ev&netloop.HangUp != 0:
+		lc.clientLeft()
+	default:
+		lc.setInterest(lc.interest &^ netloop.Readable)
+	}
+}
+
+// setInterest sets the events fd is watched for.
+func (lc *laneConn) setInterest(ev netloop.Events) error {
+	if ev == lc.interest {
+		return nil
+	}
+	lc.interest = ev
+	return lc.ll.loop.Modify(lc.fd, ev)
+}
+
+// close closes the client connection (and an engine connection it held).
+func (lc *laneConn) close() {
+	if lc.state == laneGone {
+		return
+	}
+	lc.state = laneGone
+	_ = lc.ll.loop.Remove(lc.fd)
+	_ = lc.cc.TCPConn.Close()
+	lc.ll.ln.forget(lc)
+}
+
+// toServer gives the connection to fasthttp, which reads in (the bytes
+// read of the next request) first.
+func (lc *laneConn) toServer(in []byte) {
+	lc.state = laneGone
+	_ = lc.ll.loop.Remove(lc.fd)
+	lc.ll.ln.forget(lc)
+	lc.cc.replay = append([]byte(nil), in...)
+	srv := lc.ll.ln.srv
+	go func() { _ = srv.ServeConn(lc.cc) }()
+}
+
+// readRequest reads the next request; the lane serves it when it is a
+// local inference request that came whole, else fasthttp does.
+func (lc *laneConn) readRequest(ev netloop.Events) {
+	ll := lc.ll
+	in, _ := ll.loop.Buffers()
+	n, err := netloop.Read(lc.fd, in)
+	switch {
+	case errors.Is(err, netloop.ErrWouldBlock):
+		if ev&netloop.HangUp != 0 {
+			lc.close()
+		}
+		return
+	case err != nil || n == 0:
+		lc.close() // the client closed its idle connection
+		return
+	}
+	b := in[:n]
+	api, body, ok := ll.parse(b)
+	if !ok || !ll.ln.p.guard.acquire() {
+		lc.toServer(b)
+		return
+	}
+	u := ll.pop()
+	p := ll.ln.p
+	r := p.startRequest(&ll.req, body, ll.ln.local, api)
+	lc.r, lc.keepAlive, lc.retried = r, !ll.req.ConnectionClose(), false
+	ll.inflight.Inc()
+	p.loopStreams.Add(1)
+	r.decodeStarted(false)
+	lc.sentp, lc.sent = p.bufs.getChunk()
+	r.upstreamHeader(&ll.upHdr, &ll.req, r.local)
+	ll.upHdr.SetContentLength(len(body))
+	lc.sent = ll.upHdr.AppendBytes(lc.sent)
+	lc.sent = append(lc.sent, body...)
+	r.body = nil // in the loop's buffer, which the next read overwrites
+	if r.stream && p.cfg.DecodeFirstByteTimeout > 0 {
+		lc.timer = time.AfterFunc(p.cfg.DecodeFirstByteTimeout, func() { lc.headTimeout(r) })
+	}
+	if u == nil {
+		lc.dial()
+		return
+	}
+	lc.send(u)
+}
+
+// parse parses b as one whole request the lane may serve, and returns its
+// API and body (a sub-slice of b).
+func (ll *laneLoop) parse(b []byte) (connectors.API, []byte, bool) {
+	p := ll.ln.p
+	if p.draining.Load() {
+		return 0, nil, false
+	}
+	h := &ll.req
+	h.Reset()
+	ll.rd.Reset(b)
+	ll.br.Reset(&ll.rd)
+	if err := h.Read(ll.br); err != nil {
+		return 0, nil, false // not whole, or malformed: fasthttp answers it
+	}
+	headLen := len(b) - ll.rd.Len() - ll.br.Buffered()
+	cl := h.ContentLength()
+	if !h.IsPost() || !h.IsHTTP11() || cl < 0 || headLen+cl != len(b) || cl > p.cfg.MaxRequestBodyBytes ||
+		len(h.Peek(HeaderPrefiller)) > 0 || len(h.Peek("Expect")) > 0 || len(h.Peek("Upgrade")) > 0 {
+		return 0, nil, false
+	}
+	api, ok := connectors.APIForPath(string(h.RequestURI()))
+	return api, b[headLen:], ok
+}
+
+// pop takes a pooled engine connection, nil when none is fit.
+func (ll *laneLoop) pop() *upConn {
+	ll.mu.Lock()
+	defer ll.mu.Unlock()
+	now := time.Now()
+	for len(ll.idle) > 0 {
+		u := ll.idle[len(ll.idle)-1]
+		ll.idle = ll.idle[:len(ll.idle)-1]
+		if now.Sub(u.since) < laneIdleMax {
+			return u
+		}
+		u.close()
+	}
+	return nil
+}
+
+// put pools u once its answer was read whole.
+func (ll *laneLoop) put(u *upConn) {
+	ll.mu.Lock()
+	u.owner, u.since = nil, time.Now()
+	if len(ll.idle) < max(ll.ln.p.cfg.MaxConnsPerHost/len(ll.ln.loops), 1) {
+		ll.idle = append(ll.idle, u)
+		ll.mu.Unlock()
+		return
+	}
+	ll.mu.Unlock()
+	u.close()
+}
+
+// dial connects to the engine off the loop, then sends the request.
+func (lc *laneConn) dial() {
+	lc.state = laneSending
+	ll := lc.ll
+	r := lc.r
+	go func() {
+		conn, err := ll.ln.p.tr.dial(ll.ln.local)
+		var fd int
+		if err == nil {
+			var ok bool
+			if fd, ok = netloop.FD(conn); !ok {
+				_ = conn.Close()
+				err = errors.New("not a plain TCP connection")
+			}
+		}
+		lc.mu.Lock()
+		defer lc.mu.Unlock()
+		if lc.state != laneSending || lc.r != r {
+			if err == nil {
+				_ = conn.Close()
+			}
+			return
+		}
+		if err != nil {
+			lc.failed(&LegError{Addr: ll.ln.local, Op: "dial", Err: err})
+			return
+		}
+		u := &upConn{ll: ll, conn: conn, fd: fd, fresh: true}
+		if err := ll.loop.Add(fd, netloop.Readable, u); err != nil {
+			_ = conn.Close()
+			lc.failed(&LegError{Addr: ll.ln.local, Op: "dial", Err: err})
+			return
+		}
+		u.watched = true
+		lc.send(u)
+	}()
+}
+
+// send writes the request to u and waits for the answer.
+func (lc *laneConn) send(u *upConn) {
+	ll := lc.ll
+	ll.mu.Lock()
+	u.owner = lc
+	ll.mu.Unlock()
+	u.keep = true
+	lc.up, lc.state, lc.head = u, laneWaiting, lc.head[:0]
+	n, err := netloop.Write(u.fd, lc.sent)
+	if err == nil {
+		return
+	}
+	if errors.Is(err, netloop.ErrWouldBlock) {
+		// A request larger than the socket's buffer: rare enough to finish
+		// with a blocking write, bounded by the engine taking it.
+		if c, ok := u.conn.(*net.TCPConn); ok {
+			_ = c.SetWriteDeadline(time.Now().Add(ll.ln.p.cfg.ConnectTimeout))
+			_, err = c.Write(lc.sent[n:])
+			_ = c.SetWriteDeadline(time.Time{})
+			if err == nil {
+				return
+			}
+		}
+	}
+	lc.upFailed(&LegError{Addr: ll.ln.local, Op: "write", Err: err})
+}
+
+// upReady handles an event of the engine connection.
+func (lc *laneConn) upReady(u *upConn, ev netloop.Events) {
+	lc.mu.Lock()
+	defer lc.mu.Unlock()
+	if lc.up != u {
+		return
+	}
+	switch lc.state {
+	case laneWaiting:
+		lc.readHead()
+	case laneAnswer:
+		if lc.ls != nil {
+			lc.ls.handle(u.fd, ev)
+		} else if lc.raw != nil {
+			lc.readRaw()
+		}
+	}
+}
+
+// readHead reads the answer's head (and what came with it of the body).
+func (lc *laneConn) readHead() {
+	ll := lc.ll
+	in, _ := ll.loop.Buffers()
+	n, err := netloop.Read(lc.up.fd, in)
+	switch {
+	case errors.Is(err, netloop.ErrWouldBlock):
+		return
+	case err != nil:
+		lc.upFailed(&LegError{Addr: ll.ln.local, Op: "read", Err: err})
+		return
+	case n == 0:
+		lc.upFailed(&LegError{Addr: ll.ln.local, Op: "read", Err: errUpClosed})
+		return
+	}
+	b := in[:n]
+	if len(lc.head) > 0 {
+		lc.head = append(lc.head, b...)
+		b = lc.head
+	}
+	for {
+		end := bytes.Index(b, []byte("\r\n\r\n"))
+		if end < 0 {
+			if len(b) > ll.ln.p.cfg.Guard.MaxHeaderBytes*4 {
+				lc.upFailed(&LegError{Addr: ll.ln.local, Op: "read", Err: errors.New("answer head too large")})
+				return
+			}
+			if len(lc.head) == 0 {
+				lc.head = append(lc.head, b...)
+			}
+			return
+		}
+		ll.resp.Reset()
+		ll.rd.Reset(b[:end+4])
+		ll.br.Reset(&ll.rd)
+		if err := ll.resp.Read(ll.br); err != nil {
+			lc.upFailed(&LegError{Addr: ll.ln.local, Op: "read", Err: err})
+			return
+		}
+		b = b[end+4:]
+		if st := ll.resp.StatusCode(); st >= 200 || st == fasthttp.StatusSwitchingProtocols {
+			break
+		}
+	}
+	lc.answer(b)
+}
+
+// answer begins the answer: its head, read into ll.resp, and rest, the
+// body bytes that came with it.
+func (lc *laneConn) answer(rest []byte) {
+	ll, r := lc.ll, lc.r
+	lc.stopTimer()
+	lc.up.fresh = false
+	lc.putSent()
+	lc.head = nil
+	st := ll.resp.StatusCode()
+	r.obs.status = st
+	lc.state = laneAnswer
+	if ll.resp.ConnectionClose() {
+		lc.up.keep = false
+	}
+	dec := respDecoder(&ll.resp)
+	if !bytes.HasPrefix(ll.resp.ContentType(), eventStream) {
+		lc.raw = &rawAnswer{body: dec, status: st}
+		ll.resp.CopyTo(&lc.raw.head)
+		lc.feedRaw(rest)
+		return
+	}
+	r.p.m.Requests.WithLabelValues(r.mode, statusLabel(st)).Inc()
+	ls := lc.newStream(dec)
+	lc.streamed = true
+	r.p.m.LoopStreams.Inc()
+	_, out := ll.loop.Buffers()
+	out = lc.appendHead(out, -1)
+	out = ls.relayed(out, rest, false, nil)
+	ls.write(out)
+}
+
+// newStream relays the answer's body on the loop from here, as a stream
+// handed over by fasthttp is.
+func (lc *laneConn) newStream(dec httpbody.Decoder) *loopStream {
+	ll, r := lc.ll, lc.r
+	ls := &loopStream{r: r, loop: ll.loop, body: dec, keepAlive: lc.keepAlive, cfd: lc.fd, ufd: -1}
+	if lc.up != nil {
+		ls.ufd = lc.up.fd
+	}
+	ls.release = lc.finish
+	ls.onOutput = func() { r.p.m.TTFT.WithLabelValues(r.mode).Observe(time.Since(r.start).Seconds()) }
+	ls.upEnd = func(clean bool) { lc.endUp(clean && ls.body.Done()) }
+	ls.pauseUp = func() error { return lc.up.unwatch() }
+	ls.resumeUp = func() error { return lc.up.watch() }
+	ls.watchClient = func(ev netloop.Events) error { return lc.setInterest(ev) }
+	ls.clientDone = lc.done
+	lc.ls = ls
+	return ls
+}
+
+// appendHead appends the client's answer head: the engine's, its
+// hop-by-hop headers dropped, our request id set, the body framed by
+// contentLength (-1: chunked).
+func (lc *laneConn) appendHead(out []byte, contentLength int) []byte {
+	ll := lc.ll
+	h := &ll.client
+	ll.resp.CopyTo(h)
+	for _, k := range hopHeaders {
+		h.Del(k)
+	}
+	h.Set(HeaderRequestID, lc.r.id)
+	h.SetContentLength(contentLength)
+	if !lc.keepAlive || lc.ll.ln.p.draining.Load() {
+		lc.keepAlive = false
+		h.SetConnectionClose()
+	}
+	ll.scratch = h.AppendBytes(ll.scratch)
+	return append(out, ll.scratch...)
+}
+
+// rawAnswer is a non-streamed answer, read whole before it is written.
+type rawAnswer struct {
+	head   fasthttp.ResponseHeader
+	body   httpbody.Decoder
+	status int
+	buf    []byte
+}
+
+// maxRawAnswer bounds a non-streamed answer read on the lane.
+const maxRawAnswer = 64 << 20
+
+func (lc *laneConn) readRaw() {
+	in, _ := lc.ll.loop.Buffers()
+	n, err := netloop.Read(lc.up.fd, in)
+	switch {
+	case errors.Is(err, netloop.ErrWouldBlock):
+		return
+	case err != nil:
+		lc.rawBroke(fmt.Errorf("read %s: %w", lc.r.local, err))
+		return
+	case n == 0 && lc.raw.body.Mode() == httpbody.UntilClose:
+		lc.rawDone()
+		return
+	case n == 0:
+		lc.rawBroke(fmt.Errorf("read %s: connection closed mid-body", lc.r.local))
+		return
+	}
+	lc.feedRaw(in[:n])
+}
+
+// feedRaw decodes body bytes of a non-streamed answer; the answer is
+// written once whole.
+func (lc *laneConn) feedRaw(b []byte) {
+	a := lc.raw
+	for len(b) > 0 && !a.body.Done() {
+		data, n, err := a.body.Next(b, len(b))
+		if err != nil {
+			lc.rawBroke(err)
+			return
+		}
+		a.buf = append(a.buf, data...)
+		b = b[n:]
+	}
+	if len(a.buf) > maxRawAnswer {
+		lc.rawBroke(errors.New("answer longer than 64 MiB"))
+		return
+	}
+	if a.body.Done() {
+		lc.rawDone()
+	}
+}
+
+// rawDone writes a non-streamed answer read whole.
+func (lc *laneConn) rawDone() {
+	r, a := lc.r, lc.raw
+	lc.raw = nil
+	lc.endUp(a.body.Done())
+	r.p.m.TTFT.WithLabelValues(r.mode).Observe(time.Since(r.start).Seconds())
+	r.p.m.Requests.WithLabelValues(r.mode, statusLabel(a.status)).Inc()
+	r.logAt(zerolog.InfoLevel).Str("mode", r.mode).Int("status", a.status).Msg("answered")
+	a.head.CopyTo(&lc.ll.resp)
+	lc.writeWhole(a.buf)
+}
+
+// rawBroke ends a non-streamed answer that broke off before it was whole:
+// the client has seen nothing, so it gets the error answer.
+func (lc *laneConn) rawBroke(err error) {
+	lc.raw = nil
+	lc.endUp(false)
+	lc.failWith(decodeTransportErr(err))
+}
+
+// writeWhole writes a complete answer (head from ll.resp, body) through a
+// loopStream that has nothing more to read.
+func (lc *laneConn) writeWhole(body []byte) {
+	ls := lc.newStream(httpbody.New(httpbody.Length, 0))
+	ls.ended = true
+	ls.upEnd = nil
+	_, out := lc.ll.loop.Buffers()
+	out = lc.appendHead(out, len(body))
+	out = append(out, body...)
+	lc.state = laneAnswer
+	ls.write(out)
+}
+
+// failWith answers err as the fasthttp path's fail does: the client has
+// seen nothing yet.
+func (lc *laneConn) failWith(err error) {
+	r := lc.r
+	o := classify(err)
+	r.logAt(zerolog.ErrorLevel).Err(err).Int("status", o.status).Msg("request failed")
+	r.p.m.Requests.WithLabelValues(r.mode, statusLabel(o.status)).Inc()
+	r.obs.status = o.status
+	h := &lc.ll.resp
+	h.Reset()
+	h.SetStatusCode(o.status)
+	h.SetContentType("application/json")
+	lc.writeWhole(errorBody(o.status, err))
+}
+
+// upFailed handles an engine connection that failed before the answer's
+// head: a pooled one the engine had closed while idle is no verdict on the
+// engine, so the request is sent once more on a fresh connection;
+// otherwise the client gets the error answer.
+func (lc *laneConn) upFailed(err error) {
+	fresh := lc.up == nil || lc.up.fresh
+	lc.endUp(false)
+	if !fresh && !lc.retried && len(lc.head) == 0 &&
+		(isReset(err) || errors.Is(err, errUpClosed) || errors.Is(err, io.EOF)) {
+		lc.retried = true
+		lc.dial()
+		return
+	}
+	lc.failed(err)
+}
+
+// errUpClosed: the engine closed the connection before the answer began.
+var errUpClosed = errors.New("connection closed before the answer")
+
+// failed answers a request that got no answer head.
+func (lc *laneConn) failed(err error) {
+	lc.stopTimer()
+	lc.putSent()
+	lc.state = laneAnswer
+	lc.failWith(decodeTransportErr(err))
+}
+
+// headTimeout fails a streamed request whose answer head did not come
+// within --decode-first-byte-timeout.
+func (lc *laneConn) headTimeout(r *request) {
+	lc.mu.Lock()
+	defer lc.mu.Unlock()
+	if lc.r != r || (lc.state != laneWaiting && lc.state != laneSending) {
+		return
+	}
+	lc.timer = nil
+	lc.endUp(false)
+	lc.failed(fmt.Errorf("%w: %w after %v", ErrDecodeTimeout, ErrHeadTimeout, lc.ll.ln.p.cfg.DecodeFirstByteTimeout))
+}
+
+// clientLeft ends a request whose client hung up before its answer began:
+// the engine connection is closed, so the engine drops the request.
+func (lc *laneConn) clientLeft() {
+	r := lc.r
+	if r == nil {
+		lc.close()
+		return
+	}
+	r.cancel(ErrClientGone)
+	lc.stopTimer()
+	lc.putSent()
+	lc.endUp(false)
+	r.logAt(zerolog.InfoLevel).Msg("client left; upstream legs cancelled")
+	r.p.m.ClientDisconnects.WithLabelValues(metrics.PhaseLocal).Inc()
+	r.p.m.Requests.WithLabelValues(r.mode, "499").Inc()
+	r.obs.status = 499
+	lc.raw = nil
+	lc.finish()
+	lc.close()
+}
+
+// abandon ends a request the lane cannot carry on (the loop shutting down).
+func (lc *laneConn) abandon(err error) {
+	if lc.ls != nil {
+		lc.ls.fail(err)
+		return
+	}
+	if r := lc.r; r != nil {
+		r.logAt(zerolog.ErrorLevel).Err(err).Msg("request ended by the sidecar; connections closed")
+		r.cancel(err)
+		lc.stopTimer()
+		lc.putSent()
+		lc.endUp(false)
+		lc.raw = nil
+		lc.finish()
+	}
+	lc.close()
+}
+
+// endUp lets go of the engine connection: pooled when its answer was read
+// whole, else closed.
+func (lc *laneConn) endUp(clean bool) {
+	u := lc.up
+	if u == nil {
+		return
+	}
+	lc.up = nil
+	if clean && u.keep && u.watched {
+		lc.ll.put(u)
+		return
+	}
+	u.close()
+}
+
+func (lc *laneConn) stopTimer() {
+	if lc.timer != nil {
+		lc.timer.Stop()
+		lc.timer = nil
+	}
+}
+
+func (lc *laneConn) putSent() {
+	if lc.sentp != nil {
+		lc.ll.ln.p.bufs.putChunk(lc.sentp, lc.sent)
+		lc.sentp, lc.sent = nil, nil
+	}
+}
+
+// finish ends the request's bookkeeping (the lane's version of
+// request.finish), once.
+func (lc *laneConn) finish() {
+	r := lc.r
+	if r == nil {
+		return
+	}
+	lc.r = nil
+	lc.ll.inflight.Dec()
+	r.report()
+	r.p.guard.release()
+	r.cancel(context.Canceled)
+	if lc.streamed {
+		lc.streamed = false
+		r.p.m.LoopStreams.Dec()
+	}
+	r.p.loopStreams.Add(-1)
+	r.p.m.LoopRequests.Inc()
+}
+
+// done is the end of an answer: the connection waits for its next request
+// (keep), or is closed.
+func (lc *laneConn) done(keep bool) {
+	lc.ls = nil
+	if !keep || lc.state == laneGone {
+		lc.close()
+		return
+	}
+	lc.state, lc.since = laneIdle, time.Now()
+	if err := lc.setInterest(netloop.Readable); err != nil {
+		lc.close()
+	}
+}
+
+// upConn is a pooled engine connection of the lane, watched by its loop
+// for as long as it lives: while idle in the pool, any event means the
+// engine closed it (or sent what nobody asked for), and it is dropped.
+type upConn struct {
+	ll      *laneLoop
+	conn    net.Conn
+	fd      int
+	owner   *laneConn // nil while pooled (under ll.mu)
+	since   time.Time // pooled since
+	fresh   bool      // dialled for the request it carries
+	keep    bool      // the engine did not say Connection: close
+	watched bool
+}
+
+// Ready implements netloop.Handler.
+func (u *upConn) Ready(fd int, ev netloop.Events) {
+	u.ll.mu.Lock()
+	lc := u.owner
+	if lc == nil {
+		for i, x := range u.ll.idle {
+			if x == u {
+				u.ll.idle = append(u.ll.idle[:i], u.ll.idle[i+1:]...)
+				break
+			}
+		}
+		u.ll.mu.Unlock()
+		u.close()
+		return
+	}
+	u.ll.mu.Unlock()
+	if ev&netloop.Shutdown != 0 {
+		lc.mu.Lock()
+		if lc.up == u {
+			lc.abandon(ErrDrainTimeout)
+		}
+		lc.mu.Unlock()
+		return
+	}
+	lc.upReady(u, ev)
+}
+
+func (u *upConn) watch() error {
+	if u.watched {
+		return nil
+	}
+	if err := u.ll.loop.Add(u.fd, netloop.Readable, u); err != nil {
+		return err
+	}
+	u.watched = true
+	return nil
+}
+
+func (u *upConn) unwatch() error {
+	if !u.watched {
+		return nil
+	}
+	u.watched = false
+	return u.ll.loop.Remove(u.fd)
+}
+
+func (u *upConn) close() {
+	_ = u.unwatch()
+	_ = u.conn.Close()
+}
+
+// respDecoder returns the framing decoder of the answer with head h.
+func respDecoder(h *fasthttp.ResponseHeader) httpbody.Decoder {
+	st := h.StatusCode()
+	if st == fasthttp.StatusNoContent || st == fasthttp.StatusNotModified {
+		return httpbody.New(httpbody.Length, 0)
+	}
+	switch cl := h.ContentLength(); {
+	case cl >= 0:
+		return httpbody.New(httpbody.Length, int64(cl))
+	case cl == -1:
+		return httpbody.New(httpbody.Chunked, 0)
+	default:
+		return httpbody.New(httpbody.UntilClose, 0)
+	}
+}
+
+var (
+	_ netloop.Handler = (*laneConn)(nil)
+	_ netloop.Handler = (*upConn)(nil)
+)
