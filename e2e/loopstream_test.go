@@ -20,10 +20,12 @@ import (
 	"github.com/pd-sidecar/pd-sidecar/e2e/harness"
 )
 
-// Streams that run past 50 ms move from their goroutine to the sidecar's
-// event loops (proxy/loopstream.go). These tests run streams long enough
-// to move and check, on the loop_handoffs and loop_streams metrics, that
-// they did; then that nothing about the answer changed.
+// Streams run on the sidecar's event loops: a local one from its first
+// byte (the lane, proxy/lane.go), a P/D one once it has streamed 50 ms on
+// its goroutine (proxy/loopstream.go). These tests run streams long enough
+// to be seen there and check, on the loop_requests, loop_handoffs and
+// loop_streams metrics, that they were; then that nothing about the answer
+// changed.
 
 // slowRig is a P/D rig whose decode engine takes perToken per token.
 func slowRig(t *testing.T, perToken string, flags ...string) *pdRig {
@@ -54,11 +56,16 @@ func readEvents(t *testing.T, br *bufio.Reader) (text string, events []string) {
 	}
 }
 
-// streamOnLoop posts a streaming request with client c, waits until the
-// sidecar moved it to a loop, and reads it to its end.
+// streamOnLoop posts a streaming request with client c, waits until it
+// streams on a loop (a P/D one handed over, a local one served by the
+// lane), and reads it to its end.
 func streamOnLoop(t *testing.T, c *http.Client, rig *pdRig, path, body string, hdr map[string]string) (string, []string, bool) {
 	t.Helper()
-	before := rig.scMetric(t, "pd_sidecar_loop_handoffs_total", nil)
+	counter := "pd_sidecar_loop_requests_total" // counted at the end
+	if _, pd := hdr["x-prefiller-host-port"]; pd {
+		counter = "pd_sidecar_loop_handoffs_total" // counted at the hand-over
+	}
+	before := rig.scMetric(t, counter, nil)
 	reused := false
 	trace := &httptrace.ClientTrace{GotConn: func(i httptrace.GotConnInfo) { reused = i.Reused }}
 	req, err := http.NewRequestWithContext(httptrace.WithClientTrace(context.Background(), trace),
@@ -71,13 +78,13 @@ func streamOnLoop(t *testing.T, c *http.Client, rig *pdRig, path, body string, h
 	require.NoError(t, err)
 	defer resp.Body.Close()
 	require.Equal(t, http.StatusOK, resp.StatusCode)
-	harness.Eventually(t, 3*time.Second, "the stream moves to a loop", func() bool {
-		return rig.scMetric(t, "pd_sidecar_loop_handoffs_total", nil) == before+1 &&
-			rig.scMetric(t, "pd_sidecar_loop_streams", nil) == 1
+	harness.Eventually(t, 3*time.Second, "the stream is on a loop", func() bool {
+		return rig.scMetric(t, "pd_sidecar_loop_streams", nil) == 1 &&
+			(counter == "pd_sidecar_loop_requests_total" || rig.scMetric(t, counter, nil) == before+1)
 	})
 	text, events := readEvents(t, bufio.NewReader(resp.Body))
 	harness.Eventually(t, 2*time.Second, "the loop lets go of the stream", func() bool {
-		return rig.scMetric(t, "pd_sidecar_loop_streams", nil) == 0
+		return rig.scMetric(t, "pd_sidecar_loop_streams", nil) == 0 && rig.scMetric(t, counter, nil) == before+1
 	})
 	return text, events, reused
 }
@@ -182,6 +189,7 @@ func TestLoopStreamPipelinedStaysOnGoroutine(t *testing.T) {
 	resp2.Body.Close()
 	assert.Equal(t, http.StatusOK, resp2.StatusCode, "%s", b)
 	assert.Zero(t, rig.scMetric(t, "pd_sidecar_loop_handoffs_total", nil), "the stream stayed on its goroutine")
+	assert.Zero(t, rig.scMetric(t, "pd_sidecar_loop_requests_total", nil), "fasthttp served both (not read whole alone)")
 
 	// Control: the same stream alone moves.
 	c := &http.Client{Transport: &http.Transport{}}
