@@ -1,0 +1,181 @@
+package e2e
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptrace"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"github.com/tidwall/gjson"
+
+	"github.com/pd-sidecar/pd-sidecar/e2e/harness"
+)
+
+// The lane (proxy/lane.go) serves local inference requests on the event
+// loops from their first byte, and gives every other request to fasthttp
+// and takes the connection back after. These tests count its requests on
+// pd_sidecar_loop_requests_total, which only the lane moves.
+
+const laneRequests = "pd_sidecar_loop_requests_total"
+
+// TestLaneConnectionMovesBetweenLaneAndServer: one keep-alive connection
+// carries local requests (the lane's), P/D ones and a GET (fasthttp's) in
+// turn; every answer is right, the P/D ones decoded on remote KV, and the
+// client never needed a second connection.
+func TestLaneConnectionMovesBetweenLaneAndServer(t *testing.T) {
+	rig := newRig(t)
+	conns := 0
+	trace := &httptrace.ClientTrace{GotConn: func(i httptrace.GotConnInfo) {
+		if !i.Reused {
+			conns++
+		}
+	}}
+	c := &http.Client{Transport: &http.Transport{MaxConnsPerHost: 1}}
+	do := func(method, path, body string, hdr map[string]string) (int, []byte) {
+		req, err := http.NewRequestWithContext(httptrace.WithClientTrace(context.Background(), trace),
+			method, rig.sc.URL()+path, strings.NewReader(body))
+		require.NoError(t, err)
+		for k, v := range hdr {
+			req.Header.Set(k, v)
+		}
+		resp, err := c.Do(req)
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		require.NoError(t, err)
+		if method == http.MethodPost {
+			assert.NotEmpty(t, resp.Header.Get("X-Request-Id"), "every inference answer carries the request id")
+		}
+		return resp.StatusCode, b
+	}
+	body := completionBody(`,"max_tokens":6`)
+	stream := completionBody(`,"max_tokens":6,"stream":true`)
+	var texts []string
+	for i, step := range []struct {
+		method, body string
+		pd           bool
+	}{
+		{"POST", body, false}, {"POST", body, true}, {"GET", "", false}, {"POST", stream, false},
+		{"POST", stream, true}, {"POST", body, false},
+	} {
+		path, hdr := "/v1/completions", map[string]string(nil)
+		if step.method == "GET" {
+			path = "/v1/models"
+		}
+		if step.pd {
+			hdr = rig.header()
+		}
+		st, b := do(step.method, path, step.body, hdr)
+		require.Equal(t, http.StatusOK, st, "step %d: %s", i, b)
+		if step.method == "POST" && step.body == body {
+			texts = append(texts, textOf(b))
+		}
+	}
+	assert.Equal(t, 1, conns, "one connection for all of it")
+	require.Len(t, texts, 3)
+	assert.Equal(t, texts[0], texts[1], "P/D answers the same tokens as local")
+	assert.Equal(t, texts[0], texts[2])
+	assert.Equal(t, 3.0, rig.scMetric(t, laneRequests, nil), "the three local requests were the lane's")
+	assert.Equal(t, 2.0, rig.decode.Metric(t, "sim_remote_kv_decodes_total", nil), "the two P/D ones decoded on remote KV")
+	assert.Equal(t, 5.0, rig.scMetric(t, "pd_sidecar_requests_total", nil), "every inference request counted once")
+}
+
+// TestLaneRetriesAStalePooledConnection: the engine resets the pooled
+// connection the lane sends a request on (as an engine that closed an idle
+// keep-alive connection does); the lane sends it once more on a fresh one
+// and the client never knows. When the fresh one fails too, the client
+// gets a JSON error, not a hang and not a third try.
+func TestLaneRetriesAStalePooledConnection(t *testing.T) {
+	rig := newRig(t)
+	body := completionBody(`,"max_tokens":4,"stream":true`)
+	st, _, _ := scStream(t, rig.sc.URL()+"/v1/completions", body, nil) // pools a connection
+	require.Equal(t, http.StatusOK, st)
+
+	setFault(t, rig.decode, `{"refuse":true,"times":1}`)
+	st, text, events := scStream(t, rig.sc.URL()+"/v1/completions", body, nil)
+	require.Equal(t, http.StatusOK, st)
+	assert.NotEmpty(t, text)
+	assert.Equal(t, "[DONE]", events[len(events)-1])
+	assert.Equal(t, 1.0, rig.decode.Metric(t, "sim_faults_injected_total", map[string]string{"kind": "refuse"}), "the pooled connection was reset")
+
+	setFault(t, rig.decode, `{"refuse":true,"times":2}`)
+	st, b, hdr := scPost(t, rig.sc.URL()+"/v1/completions", body, nil)
+	assert.Equal(t, http.StatusBadGateway, st, "%s", b)
+	assert.Equal(t, int64(502), gjson.GetBytes(b, "error.code").Int(), "%s", b)
+	assert.NotEmpty(t, hdr.Get("X-Request-Id"))
+	assert.Equal(t, 3.0, rig.decode.Metric(t, "sim_faults_injected_total", map[string]string{"kind": "refuse"}), "one retry, no more")
+	assert.Equal(t, 3.0, rig.scMetric(t, laneRequests, nil), "all three on the lane")
+	assert.Equal(t, 1.0, rig.scMetric(t, "pd_sidecar_requests_total", map[string]string{"code": "502"}))
+}
+
+// TestLaneClientLeavesBeforeTheAnswer: a client that hangs up while its
+// request waits for the engine's answer is counted, and the engine sees
+// the request abandoned (its connection closed), as on the fasthttp path.
+func TestLaneClientLeavesBeforeTheAnswer(t *testing.T) {
+	rig := &pdRig{decode: harness.StartEngineSim(t, "decode", "--prefill-us-per-token", "100000")} // 4 s of prefill
+	rig.sc = harness.StartSidecar(t, rig.decode.Port)
+	conn, err := net.Dial("tcp", harness.HostPort(rig.sc.Port))
+	require.NoError(t, err)
+	body := completionBody(`,"max_tokens":4,"stream":true`)
+	_, err = fmt.Fprintf(conn, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+	require.NoError(t, err)
+	harness.Eventually(t, 3*time.Second, "the engine holds the request", func() bool { return running(t, rig.decode) == 1 })
+	require.NoError(t, conn.Close())
+	harness.Eventually(t, 2*time.Second, "the engine saw it abandoned", func() bool { return running(t, rig.decode) == 0 })
+	assert.Zero(t, rig.decode.Metric(t, "vllm:request_success_total", nil), "and did not finish it")
+	harness.Eventually(t, 3*time.Second, "counted", func() bool {
+		return rig.scMetric(t, "pd_sidecar_client_disconnects_total", map[string]string{"phase": "local"}) == 1 &&
+			rig.scMetric(t, "pd_sidecar_requests_total", map[string]string{"code": "499"}) == 1
+	})
+	assert.Equal(t, 1.0, rig.scMetric(t, laneRequests, nil))
+}
+
+// TestLaneIdleTimeoutAndPipelining: a connection idle past --idle-timeout
+// on the lane is closed; requests pipelined behind a lane request are
+// answered in order.
+func TestLaneIdleTimeoutAndPipelining(t *testing.T) {
+	rig := newRig(t, "--idle-timeout", "400ms")
+	conn, err := net.Dial("tcp", harness.HostPort(rig.sc.Port))
+	require.NoError(t, err)
+	defer conn.Close()
+	br := bufio.NewReader(conn)
+	req := func(maxTokens int) string {
+		b := completionBody(fmt.Sprintf(`,"max_tokens":%d`, maxTokens))
+		return fmt.Sprintf("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(b), b)
+	}
+	_, err = io.WriteString(conn, req(2))
+	require.NoError(t, err)
+	resp, err := http.ReadResponse(br, nil)
+	require.NoError(t, err)
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	assert.Equal(t, 1.0, rig.scMetric(t, laneRequests, nil))
+
+	// Three requests in one write: the lane hands them to fasthttp, which
+	// answers each in order.
+	_, err = io.WriteString(conn, req(1)+req(2)+req(3))
+	require.NoError(t, err)
+	for want := 1; want <= 3; want++ {
+		resp, err := http.ReadResponse(br, nil)
+		require.NoError(t, err)
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		require.Equal(t, http.StatusOK, resp.StatusCode, "%s", b)
+		assert.Equal(t, int64(want), gjson.GetBytes(b, "usage.completion_tokens").Int(), "answer %d in order", want)
+	}
+
+	start := time.Now()
+	require.NoError(t, conn.SetReadDeadline(time.Now().Add(5*time.Second)))
+	_, err = br.ReadByte()
+	assert.ErrorIs(t, err, io.EOF, "the sidecar closed the idle connection")
+	assert.Less(t, time.Since(start), 3*time.Second)
+}
