@@ -189,6 +189,7 @@ type laneConn struct {
 	up        *upConn
 	sent      []byte // the request as sent upstream, kept for one retry until the head arrives
 	sentp     *[]byte
+	unsent    []byte // what the engine has not taken of it yet
 	retried   bool
 	head      []byte // an answer head that came in more than one read
 	timer     *time.Timer
@@ -400,24 +401,29 @@ func (lc *laneConn) send(u *upConn) {
 	u.owner = lc
 	ll.mu.Unlock()
 	u.keep = true
-	lc.up, lc.state, lc.head = u, laneWaiting, lc.head[:0]
-	n, err := netloop.Write(u.fd, lc.sent)
-	if err == nil {
-		return
+	lc.up, lc.state, lc.head, lc.unsent = u, laneWaiting, lc.head[:0], lc.sent
+	lc.writeUp()
+}
+
+// writeUp writes what the engine has not taken of the request yet; when
+// its socket is full, the rest waits for it to be writable.
+func (lc *laneConn) writeUp() {
+	u := lc.up
+	n, err := netloop.Write(u.fd, lc.unsent)
+	lc.unsent = lc.unsent[n:]
+	switch {
+	case err == nil && u.writing:
+		u.writing = false
+		err = lc.ll.loop.Modify(u.fd, netloop.Readable)
+	case errors.Is(err, netloop.ErrWouldBlock) && !u.writing:
+		u.writing = true
+		err = lc.ll.loop.Modify(u.fd, netloop.Readable|netloop.Writable)
+	case errors.Is(err, netloop.ErrWouldBlock):
+		err = nil
 	}
-	if errors.Is(err, netloop.ErrWouldBlock) {
-		// A request larger than the socket's buffer: rare enough to finish
-		// with a blocking write, bounded by the engine taking it.
-		if c, ok := u.conn.(*net.TCPConn); ok {
-			_ = c.SetWriteDeadline(time.Now().Add(ll.ln.p.cfg.ConnectTimeout))
-			_, err = c.Write(lc.sent[n:])
-			_ = c.SetWriteDeadline(time.Time{})
-			if err == nil {
-				return
-			}
-		}
+	if err != nil {
+		lc.upFailed(&LegError{Addr: lc.ll.ln.local, Op: "write", Err: err})
 	}
-	lc.upFailed(&LegError{Addr: ll.ln.local, Op: "write", Err: err})
 }
 
 // upReady handles an event of the engine connection.
@@ -429,6 +435,10 @@ func (lc *laneConn) upReady(u *upConn, ev netloop.Events) {
 	}
 	switch lc.state {
 	case laneWaiting:
+		if len(lc.unsent) > 0 && ev&netloop.Writable != 0 {
+			lc.writeUp()
+			return
+		}
 		lc.readHead()
 	case laneAnswer:
 		if lc.ls != nil {
@@ -743,7 +753,7 @@ func (lc *laneConn) endUp(clean bool) {
 		return
 	}
 	lc.up = nil
-	if clean && u.keep && u.watched {
+	if clean && u.keep && u.watched && !u.writing {
 		lc.ll.put(u)
 		return
 	}
@@ -758,6 +768,7 @@ func (lc *laneConn) stopTimer() {
 }
 
 func (lc *laneConn) putSent() {
+	lc.unsent = nil
 	if lc.sentp != nil {
 		lc.ll.ln.p.bufs.putChunk(lc.sentp, lc.sent)
 		lc.sentp, lc.sent = nil, nil
@@ -810,6 +821,7 @@ type upConn struct {
 	fresh   bool      // dialled for the request it carries
 	keep    bool      // the engine did not say Connection: close
 	watched bool
+	writing bool // watched for Writable too: a request waits to be written
 }
 
 // Ready implements netloop.Handler.

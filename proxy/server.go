@@ -69,7 +69,7 @@ func (p *Proxy) Run(ctx context.Context) error {
 		// clientConns (streams and idle connections move to the event
 		// loops), under TLS with --secure-proxy (where they do not).
 		var ln *lane
-		if p.loops != nil && p.guard.tls == nil {
+		if p.loops != nil && p.guard.tls == nil && !p.tr.usesTLS(p.localAddr(rank)) {
 			ln = p.newLane(p.localAddr(rank), srv, p.loops.Loops())
 			lanes = append(lanes, ln)
 		}

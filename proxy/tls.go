@@ -245,6 +245,9 @@ func (c TLSConfig) upstreamTLS(local []string) (func(addr string) *tls.Config, e
 // ServerName defaults to the address's host. Call it before the first leg.
 func (t *Transport) UseTLS(f func(addr string) *tls.Config) { t.tlsFor = f }
 
+// usesTLS reports whether the transport speaks TLS to addr.
+func (t *Transport) usesTLS(addr string) bool { return t.tlsFor != nil && t.tlsFor(addr) != nil }
+
 // dial connects to addr within --connect-timeout, with the TLS handshake
 // (bounded by the same timeout) when the upstream uses TLS.
 func (t *Transport) dial(addr string) (net.Conn, error) {
