@@ -165,11 +165,11 @@ func (ln *lane) forget(lc *laneConn) {
 
 // The states of a client connection on the lane.
 const (
-	laneIdle     = iota // waiting for a request
-	laneSending         // connecting to the engine (off the loop)
-	laneWaiting         // the request is sent; waiting for the answer's head
-	laneAnswer          // the answer is relayed (ls)
-	laneGone            // given to fasthttp, or closed
+	laneIdle    = iota // waiting for a request
+	laneSending        // connecting to the engine (off the loop)
+	laneWaiting        // the request is sent; waiting for the answer's head
+	laneAnswer         // the answer is relayed (ls)
+	laneGone           // given to fasthttp, or closed
 )
 
 // laneConn is one client connection on the lane: the loop's handler of its
@@ -536,12 +536,7 @@ func (lc *laneConn) newStream(dec httpbody.Decoder) *loopStream {
 		ls.ufd = lc.up.fd
 	}
 	ls.release = lc.finish
-	ls.onOutput = func() { r.p.m.TTFT.WithLabelValues(r.mode).Observe(time.Since(r.start).Seconds()) }
-	ls.upEnd = func(clean bool) { lc.endUp(clean && ls.body.Done()) }
-	ls.pauseUp = func() error { return lc.up.unwatch() }
-	ls.resumeUp = func() error { return lc.up.watch() }
-	ls.watchClient = func(ev netloop.Events) error { return lc.setInterest(ev) }
-	ls.clientDone = lc.done
+	ls.conns = lc
 	lc.ls = ls
 	return ls
 }
@@ -642,8 +637,7 @@ func (lc *laneConn) rawBroke(err error) {
 // loopStream that has nothing more to read.
 func (lc *laneConn) writeWhole(body []byte) {
 	ls := lc.newStream(httpbody.New(httpbody.Length, 0))
-	ls.ended = true
-	ls.upEnd = nil
+	ls.ended, ls.upEnded, ls.ttftSeen = true, true, true
 	_, out := lc.ll.loop.Buffers()
 	out = lc.appendHead(out, len(body))
 	out = append(out, body...)
@@ -809,6 +803,18 @@ func (lc *laneConn) done(keep bool) {
 	}
 }
 
+// The laneConn is its loopStream's streamConns.
+
+func (lc *laneConn) legEnd(clean bool)                   { lc.endUp(clean && lc.ls.body.Done()) }
+func (lc *laneConn) legPause() error                     { return lc.up.unwatch() }
+func (lc *laneConn) legResume() error                    { return lc.up.watch() }
+func (lc *laneConn) clientWatch(ev netloop.Events) error { return lc.setInterest(ev) }
+func (lc *laneConn) clientDone(keep bool)                { lc.done(keep) }
+func (lc *laneConn) firstOutput() {
+	r := lc.r
+	r.p.m.TTFT.WithLabelValues(r.mode).Observe(time.Since(r.start).Seconds())
+}
+
 // upConn is a pooled engine connection of the lane, watched by its loop
 // for as long as it lives: while idle in the pool, any event means the
 // engine closed it (or sent what nobody asked for), and it is dropped.
@@ -894,4 +900,6 @@ func respDecoder(h *fasthttp.ResponseHeader) httpbody.Decoder {
 var (
 	_ netloop.Handler = (*laneConn)(nil)
 	_ netloop.Handler = (*upConn)(nil)
+	_ streamConns     = (*laneConn)(nil)
+	_ streamConns     = (*legConns)(nil)
 )

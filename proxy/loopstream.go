@@ -57,15 +57,22 @@ type loopStream struct {
 	finished bool
 	release  func() // frees the leg and finishes the request, once
 
-	// The two connections, which a stream handed over by fasthttp
-	// (handOver) and one the lane served from its start (lane.go) keep
-	// differently.
-	upEnd       func(clean bool)            // ends the upstream leg (its connection is pooled when clean), once
-	pauseUp     func() error                // stops watching the upstream while the client catches up
-	resumeUp    func() error                // watches it again
-	watchClient func(netloop.Events) error // sets the events the client connection is watched for
-	clientDone  func(keep bool)             // the answer is over: the client connection goes on to its next request (keep), or is closed
-	onOutput    func()                      // told of the first event relayed (nil: not wanted)
+	conns    streamConns // the two connections
+	upEnded  bool        // conns.legEnd was called
+	ttftSeen bool        // conns.firstOutput was called
+}
+
+// streamConns is what a loopStream does with its two connections, which
+// a stream handed over by fasthttp (legConns) and one the lane served from
+// its start (laneConn) keep differently. Called on the loop's goroutine,
+// with the stream's lock held.
+type streamConns interface {
+	legEnd(clean bool)                   // ends the upstream leg: its connection is pooled when clean; once
+	legPause() error                     // stops watching the upstream while the client catches up
+	legResume() error                    // watches it again
+	clientWatch(ev netloop.Events) error // sets the events the client connection is watched for
+	clientDone(keep bool)                // the answer is over: the connection goes on to its next request (keep), or is closed
+	firstOutput()                        // the first event is being relayed
 }
 
 // loopAfter is how long a stream is relayed by its server goroutine, from
@@ -118,7 +125,7 @@ func (b *sseBody) handOver() bool {
 		r.p.loopStreams.Add(-1)
 		r.p.m.LoopStreams.Dec()
 	}
-	ls.legSides(leg, func(keep bool) { r.p.connDone(cc, r.local, keep) })
+	ls.conns = &legConns{ls: ls, leg: leg, done: func(keep bool) { r.p.connDone(cc, r.local, keep) }}
 	var out []byte
 	ls.firstp, out = r.p.bufs.getChunk()
 	out, mark := httpbody.BeginChunk(out)
@@ -155,24 +162,30 @@ func (b *sseBody) handOver() bool {
 	return true
 }
 
-// legSides sets the connection hooks of a stream handed over by fasthttp,
-// whose handler ls is for both connections: leg is the upstream, and done
-// takes the client connection once the answer is over.
-func (ls *loopStream) legSides(leg *Leg, done func(keep bool)) {
-	loop, ufd, cfd := ls.loop, ls.ufd, ls.cfd
-	ls.upEnd = func(clean bool) {
-		_ = loop.Remove(ufd)
-		leg.eof = clean && ls.body.Done()
-		leg.Close()
-	}
-	ls.pauseUp = func() error { return loop.Remove(ufd) }
-	ls.resumeUp = func() error { return loop.Add(ufd, netloop.Readable, ls) }
-	ls.watchClient = func(ev netloop.Events) error { return loop.Modify(cfd, ev) }
-	ls.clientDone = func(keep bool) {
-		_ = loop.Remove(cfd)
-		done(keep)
-	}
+// legConns are the connections of a stream handed over by fasthttp, whose
+// handler ls is for both: leg is the upstream, and done takes the client
+// connection once the answer is over.
+type legConns struct {
+	ls   *loopStream
+	leg  *Leg
+	done func(keep bool)
 }
+
+func (c *legConns) legEnd(clean bool) {
+	_ = c.ls.loop.Remove(c.ls.ufd)
+	c.leg.eof = clean && c.ls.body.Done()
+	c.leg.Close()
+}
+func (c *legConns) legPause() error  { return c.ls.loop.Remove(c.ls.ufd) }
+func (c *legConns) legResume() error { return c.ls.loop.Add(c.ls.ufd, netloop.Readable, c.ls) }
+func (c *legConns) clientWatch(ev netloop.Events) error {
+	return c.ls.loop.Modify(c.ls.cfd, ev)
+}
+func (c *legConns) clientDone(keep bool) {
+	_ = c.ls.loop.Remove(c.ls.cfd)
+	c.done(keep)
+}
+func (c *legConns) firstOutput() {} // the answer's first write recorded the TTFT
 
 // begin runs on fasthttp's server goroutine when it lets go of the
 // connection (clientConn.Close): it watches both connections on the loop
@@ -319,9 +332,9 @@ func (ls *loopStream) feed(out, data []byte) ([]byte, error) {
 }
 
 func (ls *loopStream) emit(out, ev []byte) []byte {
-	if ls.onOutput != nil {
-		ls.onOutput()
-		ls.onOutput = nil
+	if !ls.ttftSeen && ls.conns != nil {
+		ls.ttftSeen = true
+		ls.conns.firstOutput()
 	}
 	if d := firstData(ev); d != nil && connectors.IsDone(d) {
 		ls.done = true
@@ -357,11 +370,11 @@ func (ls *loopStream) endUpstream(out []byte, err error) []byte {
 // closeLeg stops watching the upstream and closes the leg: its connection
 // goes back to the pool when clean.
 func (ls *loopStream) closeLeg(clean bool) {
-	if ls.upEnd == nil {
+	if ls.upEnded {
 		return
 	}
-	ls.upEnd(clean)
-	ls.upEnd = nil
+	ls.upEnded = true
+	ls.conns.legEnd(clean)
 }
 
 // write sends b to the client; what does not fit waits for the client to
@@ -383,12 +396,12 @@ func (ls *loopStream) write(b []byte) {
 		ls.pending = append(ls.pending[:0], b[n:]...)
 		ls.r.logAt(zerolog.DebugLevel).Int("pending", len(ls.pending)).Msg("client slower than its engine: upstream paused")
 		if !ls.ended {
-			if err := ls.pauseUp(); err != nil {
+			if err := ls.conns.legPause(); err != nil {
 				ls.fail(err)
 				return
 			}
 		}
-		if err := ls.watchClient(netloop.Writable); err != nil {
+		if err := ls.conns.clientWatch(netloop.Writable); err != nil {
 			ls.fail(err)
 		}
 	default:
@@ -406,11 +419,11 @@ func (ls *loopStream) flush() {
 			ls.complete()
 			return
 		}
-		if err := ls.watchClient(0); err != nil {
+		if err := ls.conns.clientWatch(0); err != nil {
 			ls.fail(err)
 			return
 		}
-		if err := ls.resumeUp(); err != nil {
+		if err := ls.conns.legResume(); err != nil {
 			ls.fail(err)
 		}
 	case errors.Is(err, netloop.ErrWouldBlock):
@@ -424,7 +437,7 @@ func (ls *loopStream) flush() {
 // its next request.
 func (ls *loopStream) complete() {
 	ls.finish()
-	ls.clientDone(ls.keepAlive && !ls.r.p.draining.Load())
+	ls.conns.clientDone(ls.keepAlive && !ls.r.p.draining.Load())
 }
 
 // abort ends a stream whose client left: the upstream leg is cancelled.
@@ -446,7 +459,7 @@ func (ls *loopStream) fail(err error) {
 func (ls *loopStream) teardown() {
 	ls.closeLeg(false)
 	ls.finish()
-	ls.clientDone(false)
+	ls.conns.clientDone(false)
 }
 
 // finish ends the request's bookkeeping, once.

@@ -43,7 +43,7 @@ func TestLoopStreamBackpressure(t *testing.T) {
 	ls := &loopStream{r: r, loop: g.Pick(), body: leg.body, release: func() { released.Store(true) }}
 	ls.ufd, _ = netloop.FD(upstream)
 	ls.cfd, _ = netloop.FD(server)
-	ls.legSides(leg, func(bool) { _ = server.Close() })
+	ls.conns = &legConns{ls: ls, leg: leg, done: func(bool) { _ = server.Close() }}
 	ls.begin()
 
 	const events = 40000 // 8 MB: more than the sockets' buffers hold
