@@ -60,11 +60,10 @@ type laneLoop struct {
 	mu   sync.Mutex
 	idle []*upConn // pooled engine connections
 
-	req, upHdr   fasthttp.RequestHeader
-	resp, client fasthttp.ResponseHeader
-	rd           bytes.Reader
-	br           *bufio.Reader
-	scratch      []byte
+	req  fasthttp.RequestHeader  // key normalizing off (lanehead.go)
+	resp fasthttp.ResponseHeader // likewise
+	rd   bytes.Reader
+	br   *bufio.Reader
 
 	inflight prometheus.Gauge // the local phase's
 }
@@ -74,6 +73,8 @@ func (p *Proxy) newLane(local string, srv *fasthttp.Server, loops []*netloop.Loo
 	for _, l := range loops {
 		ll := &laneLoop{ln: ln, loop: l, br: bufio.NewReaderSize(nil, p.cfg.Guard.MaxHeaderBytes),
 			inflight: p.m.Inflight.WithLabelValues(metrics.PhaseLocal)}
+		ll.req.DisableNormalizing()
+		ll.resp.DisableNormalizing()
 		ln.loops = append(ln.loops, ll)
 	}
 	go ln.sweep()
@@ -275,22 +276,20 @@ func (lc *laneConn) readRequest(ev netloop.Events) {
 		return
 	}
 	b := in[:n]
-	api, body, ok := ll.parse(b)
+	api, body, lr, ok := ll.parse(b)
 	if !ok || !ll.ln.p.guard.acquire() {
 		lc.toServer(b)
 		return
 	}
 	u := ll.pop()
 	p := ll.ln.p
-	r := p.startRequest(&ll.req, body, ll.ln.local, api)
-	lc.r, lc.keepAlive, lc.retried = r, !ll.req.ConnectionClose(), false
+	r := p.startRequest(lr.id, &ll.req, body, ll.ln.local, api)
+	lc.r, lc.keepAlive, lc.retried = r, lr.keepAlive, false
 	ll.inflight.Inc()
 	p.loopStreams.Add(1)
 	r.decodeStarted(false)
 	lc.sentp, lc.sent = p.bufs.getChunk()
-	r.upstreamHeader(&ll.upHdr, &ll.req, r.local)
-	ll.upHdr.SetContentLength(len(body))
-	lc.sent = ll.upHdr.AppendBytes(lc.sent)
+	lc.sent = appendLegHead(lc.sent, &ll.req, r.local, r.id, len(body))
 	lc.sent = append(lc.sent, body...)
 	r.body = nil // in the loop's buffer, which the next read overwrites
 	if r.stream && p.cfg.DecodeFirstByteTimeout > 0 {
@@ -304,27 +303,31 @@ func (lc *laneConn) readRequest(ev netloop.Events) {
 }
 
 // parse parses b as one whole request the lane may serve, and returns its
-// API and body (a sub-slice of b).
-func (ll *laneLoop) parse(b []byte) (connectors.API, []byte, bool) {
+// API, body (a sub-slice of b) and what the lane needs of its headers.
+// With a tracer, every request is fasthttp's (the trace context is read
+// and written through fasthttp's header objects).
+func (ll *laneLoop) parse(b []byte) (api connectors.API, body []byte, lr laneRequest, ok bool) {
 	p := ll.ln.p
-	if p.draining.Load() {
-		return 0, nil, false
+	if p.draining.Load() || p.ext.Tracer != nil {
+		return 0, nil, lr, false
 	}
 	h := &ll.req
 	h.Reset()
 	ll.rd.Reset(b)
 	ll.br.Reset(&ll.rd)
 	if err := h.Read(ll.br); err != nil {
-		return 0, nil, false // not whole, or malformed: fasthttp answers it
+		return 0, nil, lr, false // not whole, or malformed: fasthttp answers it
 	}
 	headLen := len(b) - ll.rd.Len() - ll.br.Buffered()
 	cl := h.ContentLength()
-	if !h.IsPost() || !h.IsHTTP11() || cl < 0 || headLen+cl != len(b) || cl > p.cfg.MaxRequestBodyBytes ||
-		len(h.Peek(HeaderPrefiller)) > 0 || len(h.Peek("Expect")) > 0 || len(h.Peek("Upgrade")) > 0 {
-		return 0, nil, false
+	if !h.IsPost() || !h.IsHTTP11() || cl < 0 || headLen+cl != len(b) || cl > p.cfg.MaxRequestBodyBytes {
+		return 0, nil, lr, false
 	}
-	api, ok := connectors.APIForPath(string(h.RequestURI()))
-	return api, b[headLen:], ok
+	if lr = scanRequest(h); lr.refused {
+		return 0, nil, lr, false
+	}
+	api, ok = connectors.APIForPath(string(h.RequestURI()))
+	return api, b[headLen:], lr, ok
 }
 
 // pop takes a pooled engine connection, nil when none is fit.
@@ -522,7 +525,7 @@ func (lc *laneConn) answer(rest []byte) {
 	lc.streamed = true
 	r.p.m.LoopStreams.Inc()
 	_, out := ll.loop.Buffers()
-	out = lc.appendHead(out, -1)
+	out = lc.appendHead(out, &ll.resp, -1)
 	out = ls.relayed(out, rest, false, nil)
 	ls.write(out)
 }
@@ -541,24 +544,13 @@ func (lc *laneConn) newStream(dec httpbody.Decoder) *loopStream {
 	return ls
 }
 
-// appendHead appends the client's answer head: the engine's, its
-// hop-by-hop headers dropped, our request id set, the body framed by
-// contentLength (-1: chunked).
-func (lc *laneConn) appendHead(out []byte, contentLength int) []byte {
-	ll := lc.ll
-	h := &ll.client
-	ll.resp.CopyTo(h)
-	for _, k := range hopHeaders {
-		h.Del(k)
-	}
-	h.Set(HeaderRequestID, lc.r.id)
-	h.SetContentLength(contentLength)
-	if !lc.keepAlive || lc.ll.ln.p.draining.Load() {
+// appendHead appends the client's answer head: h's status and end-to-end
+// headers, our request id, the body framed by contentLength (-1: chunked).
+func (lc *laneConn) appendHead(out []byte, h *fasthttp.ResponseHeader, contentLength int) []byte {
+	if lc.ll.ln.p.draining.Load() {
 		lc.keepAlive = false
-		h.SetConnectionClose()
 	}
-	ll.scratch = h.AppendBytes(ll.scratch)
-	return append(out, ll.scratch...)
+	return appendAnswerHead(out, h, lc.r.id, contentLength, lc.keepAlive)
 }
 
 // rawAnswer is a non-streamed answer, read whole before it is written.
@@ -621,8 +613,7 @@ func (lc *laneConn) rawDone() {
 	r.p.m.TTFT.WithLabelValues(r.mode).Observe(time.Since(r.start).Seconds())
 	r.p.m.Requests.WithLabelValues(r.mode, statusLabel(a.status)).Inc()
 	r.logAt(zerolog.InfoLevel).Str("mode", r.mode).Int("status", a.status).Msg("answered")
-	a.head.CopyTo(&lc.ll.resp)
-	lc.writeWhole(a.buf)
+	lc.writeWhole(&a.head, a.buf)
 }
 
 // rawBroke ends a non-streamed answer that broke off before it was whole:
@@ -633,13 +624,13 @@ func (lc *laneConn) rawBroke(err error) {
 	lc.failWith(decodeTransportErr(err))
 }
 
-// writeWhole writes a complete answer (head from ll.resp, body) through a
-// loopStream that has nothing more to read.
-func (lc *laneConn) writeWhole(body []byte) {
+// writeWhole writes a complete answer (head h, body) through a loopStream
+// that has nothing more to read.
+func (lc *laneConn) writeWhole(h *fasthttp.ResponseHeader, body []byte) {
 	ls := lc.newStream(httpbody.New(httpbody.Length, 0))
 	ls.ended, ls.upEnded, ls.ttftSeen = true, true, true
 	_, out := lc.ll.loop.Buffers()
-	out = lc.appendHead(out, len(body))
+	out = lc.appendHead(out, h, len(body))
 	out = append(out, body...)
 	lc.state = laneAnswer
 	ls.write(out)
@@ -657,7 +648,7 @@ func (lc *laneConn) failWith(err error) {
 	h.Reset()
 	h.SetStatusCode(o.status)
 	h.SetContentType("application/json")
-	lc.writeWhole(errorBody(o.status, err))
+	lc.writeWhole(h, errorBody(o.status, err))
 }
 
 // upFailed handles an engine connection that failed before the answer's

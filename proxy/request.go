@@ -57,22 +57,23 @@ var hopHeaders = []string{
 }
 
 func (p *Proxy) newRequest(rc *fasthttp.RequestCtx, local string, api connectors.API) *request {
-	r := p.startRequest(&rc.Request.Header, rc.PostBody(), local, api)
+	r := p.startRequest(rc.Request.Header.Peek(HeaderRequestID), &rc.Request.Header, rc.PostBody(), local, api)
 	r.rc = rc
 	rc.Response.Header.Set(HeaderRequestID, r.id)
 	r.watch = p.armer.watch(rc.Conn(), r.cancel, r.start)
 	return r
 }
 
-// startRequest begins the state of a request with head h and body, as the
-// fasthttp path (newRequest) and the lane (lane.go) share it.
-func (p *Proxy) startRequest(h *fasthttp.RequestHeader, body []byte, local string, api connectors.API) *request {
+// startRequest begins the state of a request with head h (its
+// X-Request-Id: id) and body, as the fasthttp path (newRequest) and the
+// lane (lane.go) share it.
+func (p *Proxy) startRequest(id []byte, h *fasthttp.RequestHeader, body []byte, local string, api connectors.API) *request {
 	ctx, cancel := context.WithCancelCause(context.Background())
 	r := &request{
 		p: p, ctx: ctx, cancel: cancel, start: time.Now(),
 		api: api, local: local, body: body, mode: metrics.ModeLocal,
 	}
-	r.id = requestID(h.Peek(HeaderRequestID))
+	r.id = requestID(id)
 	r.stream, r.usage = streamFlags(body)
 	r.traceStart(h)
 	return r

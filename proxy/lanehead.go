@@ -1,0 +1,160 @@
+package proxy
+
+import (
+	"strconv"
+
+	"github.com/valyala/fasthttp"
+)
+
+// The lane's heads are parsed by fasthttp with key normalizing off and
+// written in one pass over the parsed headers: no header object is copied,
+// and no key is normalized or looked up more than once (a leg's head,
+// built as upstreamHeader builds it, costs the lane about as much as the
+// rest of a request's work).
+
+// equalFold reports whether b is s, ASCII case-insensitively; s is lower
+// case.
+func equalFold(b []byte, s string) bool {
+	if len(b) != len(s) {
+		return false
+	}
+	for i, c := range b {
+		if 'A' <= c && c <= 'Z' {
+			c += 'a' - 'A'
+		}
+		if c != s[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// hopHeader reports whether k is a hop-by-hop header (hopHeaders), or a
+// framing one: none is forwarded, and the lane frames each message itself.
+func hopHeader(k []byte) bool {
+	switch len(k) {
+	case 2:
+		return equalFold(k, "te")
+	case 7:
+		return equalFold(k, "upgrade") || equalFold(k, "trailer")
+	case 10:
+		return equalFold(k, "connection") || equalFold(k, "keep-alive")
+	case 14:
+		return equalFold(k, "content-length")
+	case 16:
+		return equalFold(k, "proxy-connection")
+	case 17:
+		return equalFold(k, "transfer-encoding")
+	case 18:
+		return equalFold(k, "proxy-authenticate")
+	case 19:
+		return equalFold(k, "proxy-authorization")
+	}
+	return false
+}
+
+// laneRequest is what the lane needs to know of a client request's
+// headers, found in one pass.
+type laneRequest struct {
+	id        []byte // X-Request-Id (the first)
+	refused   bool   // a header the lane leaves to fasthttp
+	keepAlive bool
+}
+
+// scanRequest looks at h's headers: a named prefiller (a P/D request),
+// Expect and Upgrade are fasthttp's to serve.
+func scanRequest(h *fasthttp.RequestHeader) laneRequest {
+	lr := laneRequest{keepAlive: !h.ConnectionClose()}
+	for k, v := range h.All() {
+		switch len(k) {
+		case 6:
+			lr.refused = lr.refused || equalFold(k, "expect")
+		case 7:
+			lr.refused = lr.refused || equalFold(k, "upgrade")
+		case 12:
+			if lr.id == nil && equalFold(k, "x-request-id") {
+				lr.id = v
+			}
+		case len(HeaderPrefiller):
+			lr.refused = lr.refused || equalFold(k, HeaderPrefiller)
+		}
+	}
+	return lr
+}
+
+// appendLegHead appends the head of the leg to addr carrying a body of
+// bodyLen bytes: h's request line and end-to-end headers (those
+// upstreamHeader keeps), then Host, Content-Length and the request id.
+func appendLegHead(dst []byte, h *fasthttp.RequestHeader, addr, id string, bodyLen int) []byte {
+	dst = append(dst, h.Method()...)
+	dst = append(dst, ' ')
+	dst = append(dst, h.RequestURI()...)
+	dst = append(dst, " HTTP/1.1\r\n"...)
+	for k, v := range h.All() {
+		switch {
+		case hopHeader(k):
+			continue
+		case len(k) == 4 && equalFold(k, "host"),
+			len(k) == 6 && equalFold(k, "expect"),
+			len(k) == 12 && equalFold(k, "x-request-id"),
+			len(k) == 15 && equalFold(k, "accept-encoding"),
+			len(k) == len(HeaderPrefiller) && equalFold(k, HeaderPrefiller),
+			len(k) == len(HeaderDataParallel) && equalFold(k, HeaderDataParallel):
+			continue
+		}
+		dst = appendHeaderLine(dst, k, v)
+	}
+	dst = append(dst, "Host: "...)
+	dst = append(dst, addr...)
+	dst = append(dst, "\r\nContent-Length: "...)
+	dst = strconv.AppendInt(dst, int64(bodyLen), 10)
+	dst = append(dst, "\r\nX-Request-Id: "...)
+	dst = append(dst, id...)
+	return append(dst, "\r\n\r\n"...)
+}
+
+// appendAnswerHead appends the client's answer head: h's status and
+// end-to-end headers (those copyHead keeps), our request id, the body
+// framed by contentLength (-1: chunked), and Connection: close unless
+// keepAlive.
+func appendAnswerHead(dst []byte, h *fasthttp.ResponseHeader, id string, contentLength int, keepAlive bool) []byte {
+	st := h.StatusCode()
+	dst = append(dst, "HTTP/1.1 "...)
+	dst = strconv.AppendInt(dst, int64(st), 10)
+	dst = append(dst, ' ')
+	if msg := h.StatusMessage(); len(msg) > 0 {
+		dst = append(dst, msg...)
+	} else {
+		dst = append(dst, fasthttp.StatusMessage(st)...)
+	}
+	dst = append(dst, "\r\n"...)
+	for k, v := range h.All() {
+		if hopHeader(k) || len(k) == 12 && equalFold(k, "x-request-id") {
+			continue
+		}
+		dst = appendHeaderLine(dst, k, v)
+	}
+	dst = append(dst, "X-Request-Id: "...)
+	dst = append(dst, id...)
+	dst = append(dst, "\r\n"...)
+	switch {
+	case st < 200 || st == fasthttp.StatusNoContent || st == fasthttp.StatusNotModified:
+	case contentLength >= 0:
+		dst = append(dst, "Content-Length: "...)
+		dst = strconv.AppendInt(dst, int64(contentLength), 10)
+		dst = append(dst, "\r\n"...)
+	default:
+		dst = append(dst, "Transfer-Encoding: chunked\r\n"...)
+	}
+	if !keepAlive {
+		dst = append(dst, "Connection: close\r\n"...)
+	}
+	return append(dst, "\r\n"...)
+}
+
+func appendHeaderLine(dst, k, v []byte) []byte {
+	dst = append(dst, k...)
+	dst = append(dst, ": "...)
+	dst = append(dst, v...)
+	return append(dst, "\r\n"...)
+}
