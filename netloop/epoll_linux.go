@@ -133,7 +133,7 @@ func (l *Loop) Add(fd int, ev Events, h Handler) error {
 	}
 	l.gen++
 	e := unix.EpollEvent{Events: epollEvents(ev), Fd: int32(fd), Pad: int32(l.gen)}
-	if err := unix.EpollCtl(l.epfd, unix.EPOLL_CTL_ADD, fd, &e); err != nil {
+	if err := rawEpollCtl(l.epfd, unix.EPOLL_CTL_ADD, fd, &e); err != nil {
 		return fmt.Errorf("netloop: watch fd %d: %w", fd, err)
 	}
 	l.handlers[fd] = entry{h: h, gen: l.gen}
@@ -149,7 +149,7 @@ func (l *Loop) Modify(fd int, ev Events) error {
 		return fmt.Errorf("netloop: fd %d not watched", fd)
 	}
 	e := unix.EpollEvent{Events: epollEvents(ev), Fd: int32(fd), Pad: int32(en.gen)}
-	if err := unix.EpollCtl(l.epfd, unix.EPOLL_CTL_MOD, fd, &e); err != nil {
+	if err := rawEpollCtl(l.epfd, unix.EPOLL_CTL_MOD, fd, &e); err != nil {
 		return fmt.Errorf("netloop: modify fd %d: %w", fd, err)
 	}
 	return nil
@@ -165,7 +165,7 @@ func (l *Loop) Remove(fd int) error {
 		return nil
 	}
 	delete(l.handlers, fd)
-	if err := unix.EpollCtl(l.epfd, unix.EPOLL_CTL_DEL, fd, nil); err != nil && !errors.Is(err, unix.EBADF) && !errors.Is(err, unix.ENOENT) {
+	if err := rawEpollCtl(l.epfd, unix.EPOLL_CTL_DEL, fd, nil); err != nil && !errors.Is(err, unix.EBADF) && !errors.Is(err, unix.ENOENT) {
 		return fmt.Errorf("netloop: unwatch fd %d: %w", fd, err)
 	}
 	return nil
@@ -215,7 +215,7 @@ func (l *Loop) run() {
 	var n int
 	wait := func(fd uintptr) bool {
 		for {
-			n, err = unix.EpollWait(int(fd), events, 0)
+			n, err = rawEpollPoll(int(fd), events)
 			if !errors.Is(err, unix.EINTR) {
 				return n > 0 || err != nil
 			}
@@ -277,7 +277,7 @@ func (l *Loop) shutdown() {
 // there; 0, nil at the end of the stream.
 func Read(fd int, p []byte) (int, error) {
 	for {
-		n, err := unix.Read(fd, p)
+		n, err := rawRead(fd, p)
 		switch {
 		case err == nil:
 			return n, nil
@@ -295,7 +295,7 @@ func Read(fd int, p []byte) (int, error) {
 func Write(fd int, p []byte) (int, error) {
 	total := 0
 	for total < len(p) {
-		n, err := unix.Write(fd, p[total:])
+		n, err := rawWrite(fd, p[total:])
 		if n > 0 {
 			total += n
 		}
