@@ -66,12 +66,12 @@ bench: build
 	$(BIN)/pd-bench suite --bin $(BIN) --dir out/bench --plot out/bench.png --json out/bench.json $(BENCH_FLAGS)
 	$(GO) test -run '^$$' -bench . -benchmem ./connectors/nixlv2 ./proxy
 
-## fuzz-short: a short seeded run of every fuzz target (connector body rewriting, header parser, SSE event split (goroutine and event-loop), scanner and rewriter, chunked body decoder)
+## fuzz-short: a short seeded run of every fuzz target (connector body rewriting, header parser, SSE event split (goroutine and event-loop), scanner and rewriter, chunked body decoder, the lane's request heads)
 FUZZTIME ?= 3s
 .PHONY: fuzz-short
 fuzz-short:
 	@set -e; for t in FuzzConnectorLegs FuzzEditObject FuzzClassifyEvent; do \
 		$(GO) test -run '^$$' -fuzz "^$$t\$$" -fuzztime $(FUZZTIME) ./connectors/; done
-	@set -e; for t in FuzzPickPrefiller FuzzSSEScanRewrite FuzzSSEErrorEvent FuzzEventReaderSplits FuzzLoopStreamSplits FuzzHandOverAnywhere; do \
+	@set -e; for t in FuzzPickPrefiller FuzzSSEScanRewrite FuzzSSEErrorEvent FuzzEventReaderSplits FuzzLoopStreamSplits FuzzHandOverAnywhere FuzzLaneRequestHead; do \
 		$(GO) test -run '^$$' -fuzz "^$$t\$$" -fuzztime $(FUZZTIME) ./proxy/; done
 	$(GO) test -run '^$$' -fuzz '^FuzzDecoderChunked$$' -fuzztime $(FUZZTIME) ./httpbody/

@@ -66,9 +66,12 @@ type Config struct {
 	MaxConnsPerHost int
 	// MaxPrefillers bounds distinct prefiller metric labels and pools.
 	MaxPrefillers int
-	// StreamLoops is the number of event loops that carry open streams once
-	// their answer has begun (loopstream.go): an open stream then holds no
-	// goroutine and no buffer. 0 keeps a goroutine per open stream.
+	// StreamLoops is the number of event loops that serve local inference
+	// requests from first byte to last and hold idle connections (lane.go),
+	// and carry the other open streams once their answer has begun
+	// (loopstream.go): an idle connection or an open stream then holds no
+	// goroutine and no buffer. 0 keeps fasthttp's goroutine per connection
+	// for everything.
 	StreamLoops int
 	// Guard holds the limits, SSRF protection, circuit breaker and TLS
 	// (guard.go, tls.go).

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bufio"
+	"io"
 	"net/http"
 	"strings"
 	"testing"
@@ -107,4 +108,50 @@ func TestAppendAnswerHead(t *testing.T) {
 			}
 		})
 	}
+}
+
+// FuzzLaneRequestHead: whatever request bytes a client sends, a request
+// the lane takes names no prefiller in any spelling fasthttp would see
+// (the P/D path's parser normalizes keys), and its leg is a well-formed
+// HTTP/1.1 request to the engine that carries exactly the client's body
+// and none of the hop-by-hop or sidecar headers.
+func FuzzLaneRequestHead(f *testing.F) {
+	for _, s := range []string{
+		"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}",
+		"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nx-prefiller-host-port: a:1\r\nContent-Length: 2\r\n\r\n{}",
+		"POST /v1/completions HTTP/1.1\r\nHost: x\r\nX-PREFILLER-HOST-PORT: a:1\r\nConnection: keep-alive, Te\r\nTe: trailers\r\nContent-Length: 2\r\n\r\n{}",
+		"POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nContent-Length: 2\r\n\r\n2\r\n{}\r\n0\r\n\r\n",
+		"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\n{}",
+		"POST /v1/completions HTTP/1.1\r\nHost: x\r\nX-Request-Id: a\r\nx-request-id: b\r\nProxy-Authorization: z\r\nContent-Length: 0\r\n\r\n",
+	} {
+		f.Add([]byte(s))
+	}
+	p := &Proxy{cfg: DefaultConfig()}
+	f.Fuzz(func(t *testing.T, in []byte) {
+		ll := &laneLoop{ln: &lane{p: p, local: "127.0.0.1:8001"}, br: bufio.NewReaderSize(nil, p.cfg.Guard.MaxHeaderBytes)}
+		ll.req.DisableNormalizing()
+		_, body, lr, ok := ll.parse(in)
+		if !ok {
+			return // fasthttp's to serve
+		}
+		var norm fasthttp.RequestHeader
+		if norm.Read(bufio.NewReader(strings.NewReader(string(in)))) == nil {
+			require.Empty(t, norm.Peek(HeaderPrefiller), "a P/D request taken by the lane: %q", in)
+		}
+		leg := appendLegHead(nil, &ll.req, "127.0.0.1:8001", "rid", len(body))
+		req, err := http.ReadRequest(bufio.NewReader(strings.NewReader(string(leg) + string(body))))
+		require.NoError(t, err, "leg %q of %q", leg, in)
+		require.Equal(t, "127.0.0.1:8001", req.Host)
+		require.Equal(t, int64(len(body)), req.ContentLength)
+		require.Empty(t, req.TransferEncoding)
+		require.Equal(t, []string{"rid"}, req.Header.Values("X-Request-Id"))
+		for _, k := range []string{HeaderPrefiller, HeaderDataParallel, "Connection", "Keep-Alive", "Te", "Trailer",
+			"Upgrade", "Proxy-Authorization", "Proxy-Connection", "Expect", "Accept-Encoding"} {
+			require.Empty(t, req.Header.Values(k), "%s forwarded: %q", k, leg)
+		}
+		got, err := io.ReadAll(req.Body)
+		require.NoError(t, err)
+		require.Equal(t, string(body), string(got))
+		require.False(t, lr.refused)
+	})
 }
