@@ -179,3 +179,38 @@ func TestLaneIdleTimeoutAndPipelining(t *testing.T) {
 	assert.ErrorIs(t, err, io.EOF, "the sidecar closed the idle connection")
 	assert.Less(t, time.Since(start), 3*time.Second)
 }
+
+// TestLaneLongAnswersAndBrokenStream: answers longer than one read of the
+// loop (a 3,000-token stream and its JSON twin) arrive whole and equal to
+// the engine's own; a stream the engine cuts ends with an error event, not
+// silently.
+func TestLaneLongAnswersAndBrokenStream(t *testing.T) {
+	rig := &pdRig{decode: harness.StartEngineSim(t, "decode", "--decode-us-per-token", "0")}
+	rig.sc = harness.StartSidecar(t, rig.decode.Port)
+	for _, stream := range []bool{false, true} {
+		body := completionBody(fmt.Sprintf(`,"max_tokens":6000,"stream":%t`, stream))
+		var direct, viaLane string
+		if stream {
+			var events []string
+			_, direct, _ = scStream(t, rig.decode.URL()+"/v1/completions", body, nil)
+			_, viaLane, events = scStream(t, rig.sc.URL()+"/v1/completions", body, nil)
+			assert.Equal(t, "[DONE]", events[len(events)-1])
+		} else {
+			_, b, _ := scPost(t, rig.decode.URL()+"/v1/completions", body, nil)
+			direct = textOf(b)
+			st, b, _ := scPost(t, rig.sc.URL()+"/v1/completions", body, nil)
+			require.Equal(t, http.StatusOK, st)
+			viaLane = textOf(b)
+		}
+		require.Greater(t, len(direct), 16<<10, "longer than one read of the loop")
+		assert.Equal(t, direct, viaLane, "stream %t", stream)
+	}
+
+	setFault(t, rig.decode, `{"die_after_chunks":5}`)
+	st, _, events := scStream(t, rig.sc.URL()+"/v1/completions", completionBody(`,"max_tokens":40,"stream":true`), nil)
+	require.Equal(t, http.StatusOK, st)
+	require.NotEmpty(t, events)
+	require.GreaterOrEqual(t, len(events), 2)
+	assert.Equal(t, int64(502), gjson.Get(events[len(events)-2], "error.code").Int(), "ends with an error event: %v", events[len(events)-2:])
+	harness.Eventually(t, 2*time.Second, "all on the lane", func() bool { return rig.scMetric(t, laneRequests, nil) == 3 })
+}
