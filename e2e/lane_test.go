@@ -29,7 +29,10 @@ const laneRequests = "pd_sidecar_loop_requests_total"
 // TestLaneConnectionMovesBetweenLaneAndServer: one keep-alive connection
 // carries local requests (the lane's), P/D ones and a GET (fasthttp's) in
 // turn; every answer is right, the P/D ones decoded on remote KV, and the
-// client never needed a second connection.
+// client never needed a second connection. After a P/D request the
+// connection stays with fasthttp for one more request (a connection from
+// the endpoint picker carries mostly P/D ones): the local request right
+// after one is fasthttp's, the next the lane's again.
 func TestLaneConnectionMovesBetweenLaneAndServer(t *testing.T) {
 	rig := newRig(t)
 	conns := 0
@@ -64,7 +67,7 @@ func TestLaneConnectionMovesBetweenLaneAndServer(t *testing.T) {
 		pd           bool
 	}{
 		{"POST", body, false}, {"POST", body, true}, {"GET", "", false}, {"POST", stream, false},
-		{"POST", stream, true}, {"POST", body, false},
+		{"POST", stream, true}, {"POST", body, false}, {"POST", body, false},
 	} {
 		path, hdr := "/v1/completions", map[string]string(nil)
 		if step.method == "GET" {
@@ -80,12 +83,13 @@ func TestLaneConnectionMovesBetweenLaneAndServer(t *testing.T) {
 		}
 	}
 	assert.Equal(t, 1, conns, "one connection for all of it")
-	require.Len(t, texts, 3)
+	require.Len(t, texts, 4)
 	assert.Equal(t, texts[0], texts[1], "P/D answers the same tokens as local")
 	assert.Equal(t, texts[0], texts[2])
-	assert.Equal(t, 3.0, rig.scMetric(t, laneRequests, nil), "the three local requests were the lane's")
+	assert.Equal(t, texts[0], texts[3])
+	assert.Equal(t, 3.0, rig.scMetric(t, laneRequests, nil), "the local requests not right after a P/D one were the lane's")
 	assert.Equal(t, 2.0, rig.decode.Metric(t, "sim_remote_kv_decodes_total", nil), "the two P/D ones decoded on remote KV")
-	assert.Equal(t, 5.0, rig.scMetric(t, "pd_sidecar_requests_total", nil), "every inference request counted once")
+	assert.Equal(t, 6.0, rig.scMetric(t, "pd_sidecar_requests_total", nil), "every inference request counted once")
 }
 
 // TestLaneRetriesAStalePooledConnection: the engine resets the pooled

@@ -36,6 +36,10 @@ type clientConn struct {
 	lane   *lane  // the lane idle connections go back to (nil: none)
 	replay []byte // bytes the lane read, given to fasthttp first
 	busy   atomic.Bool
+	// stay keeps the connection on fasthttp for its next request: its last
+	// one was a P/D split, which the lane would only hand back (a
+	// connection from the endpoint picker carries mostly those).
+	stay atomic.Bool
 }
 
 // Read implements net.Conn.
@@ -46,7 +50,7 @@ func (c *clientConn) Read(p []byte) (int, error) {
 		c.read.Add(int64(n))
 		return n, nil
 	}
-	if c.lane != nil && c.handOff == nil && !c.busy.Load() && c.read.Load() == c.consumed.Load() {
+	if c.lane != nil && c.handOff == nil && !c.busy.Load() && !c.stay.Load() && c.read.Load() == c.consumed.Load() {
 		// fasthttp waits for the next request: the lane takes the connection.
 		c.handOff = func() { c.lane.adopt(c) }
 		return 0, io.EOF
@@ -78,6 +82,7 @@ func counted(rc *fasthttp.RequestCtx) func() {
 	}
 	c.consumed.Add(wireSize(rc))
 	c.busy.Store(true)
+	c.stay.Store(len(rc.Request.Header.Peek(HeaderPrefiller)) > 0)
 	return c.idle
 }
 

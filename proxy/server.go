@@ -168,13 +168,14 @@ func (l fasthttpLogger) Printf(format string, args ...any) {
 }
 
 // connDone passes on a client connection whose answer an event loop
-// finished: to its next request (keep), on the lane or else fasthttp's
-// server of engine local; or closed.
+// finished: to its next request (keep), on the lane or else (no lane, or
+// the answer was a P/D one: clientConn.stay) fasthttp's server of engine
+// local; or closed.
 func (p *Proxy) connDone(cc *clientConn, local string, keep bool) {
 	switch {
 	case !keep:
 		_ = cc.TCPConn.Close()
-	case cc.lane != nil:
+	case cc.lane != nil && !cc.stay.Load():
 		cc.lane.adopt(cc)
 	default:
 		srv := p.servers[local]
