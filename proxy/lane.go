@@ -513,7 +513,7 @@ func (lc *laneConn) answer(rest []byte) {
 	if ll.resp.ConnectionClose() {
 		lc.up.keep = false
 	}
-	dec := respDecoder(&ll.resp)
+	dec := headDecoder(&ll.resp)
 	if !bytes.HasPrefix(ll.resp.ContentType(), eventStream) {
 		lc.raw = &rawAnswer{body: dec, status: st}
 		ll.resp.CopyTo(&lc.raw.head)
@@ -870,22 +870,6 @@ func (u *upConn) unwatch() error {
 func (u *upConn) close() {
 	_ = u.unwatch()
 	_ = u.conn.Close()
-}
-
-// respDecoder returns the framing decoder of the answer with head h.
-func respDecoder(h *fasthttp.ResponseHeader) httpbody.Decoder {
-	st := h.StatusCode()
-	if st == fasthttp.StatusNoContent || st == fasthttp.StatusNotModified {
-		return httpbody.New(httpbody.Length, 0)
-	}
-	switch cl := h.ContentLength(); {
-	case cl >= 0:
-		return httpbody.New(httpbody.Length, int64(cl))
-	case cl == -1:
-		return httpbody.New(httpbody.Chunked, 0)
-	default:
-		return httpbody.New(httpbody.UntilClose, 0)
-	}
 }
 
 var (

@@ -298,11 +298,20 @@ func readAnswer(br *bufio.Reader, resp *fasthttp.Response, stream bool) error {
 
 // bodyDecoder returns the framing decoder of resp's body.
 func bodyDecoder(resp *fasthttp.Response) httpbody.Decoder {
-	st := resp.StatusCode()
-	if resp.SkipBody || st == fasthttp.StatusNoContent || st == fasthttp.StatusNotModified {
+	if resp.SkipBody {
 		return httpbody.New(httpbody.Length, 0)
 	}
-	switch cl := resp.Header.ContentLength(); {
+	return headDecoder(&resp.Header)
+}
+
+// headDecoder returns the framing decoder of the body of the answer with
+// head h.
+func headDecoder(h *fasthttp.ResponseHeader) httpbody.Decoder {
+	st := h.StatusCode()
+	if st == fasthttp.StatusNoContent || st == fasthttp.StatusNotModified {
+		return httpbody.New(httpbody.Length, 0)
+	}
+	switch cl := h.ContentLength(); {
 	case cl >= 0:
 		return httpbody.New(httpbody.Length, int64(cl))
 	case cl == -1:
