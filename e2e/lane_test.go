@@ -142,9 +142,10 @@ func TestLaneClientLeavesBeforeTheAnswer(t *testing.T) {
 	assert.Equal(t, 1.0, rig.scMetric(t, laneRequests, nil))
 }
 
-// TestLaneIdleTimeoutAndPipelining: a connection idle past --idle-timeout
-// on the lane is closed; requests pipelined behind a lane request are
-// answered in order.
+// TestLaneIdleTimeoutAndPipelining: requests pipelined in one write, and
+// a request whose body comes in a second write, are fasthttp's and
+// answered in order, and the connection then comes back to the lane; a
+// connection idle past --idle-timeout on the lane is closed.
 func TestLaneIdleTimeoutAndPipelining(t *testing.T) {
 	rig := newRig(t, "--idle-timeout", "400ms")
 	conn, err := net.Dial("tcp", harness.HostPort(rig.sc.Port))
@@ -176,6 +177,32 @@ func TestLaneIdleTimeoutAndPipelining(t *testing.T) {
 		require.Equal(t, http.StatusOK, resp.StatusCode, "%s", b)
 		assert.Equal(t, int64(want), gjson.GetBytes(b, "usage.completion_tokens").Int(), "answer %d in order", want)
 	}
+
+	// A request whose body comes in a second write is fasthttp's; the
+	// connection comes back to the lane after it.
+	split := req(2)
+	cut := strings.Index(split, "\r\n\r\n") + 4
+	_, err = io.WriteString(conn, split[:cut])
+	require.NoError(t, err)
+	time.Sleep(50 * time.Millisecond)
+	_, err = io.WriteString(conn, split[cut:]+req(3))
+	require.NoError(t, err)
+	for want := 2; want <= 3; want++ {
+		resp, err := http.ReadResponse(br, nil)
+		require.NoError(t, err)
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		require.Equal(t, http.StatusOK, resp.StatusCode, "%s", b)
+		assert.Equal(t, int64(want), gjson.GetBytes(b, "usage.completion_tokens").Int())
+	}
+	_, err = io.WriteString(conn, req(1))
+	require.NoError(t, err)
+	resp, err = http.ReadResponse(br, nil)
+	require.NoError(t, err)
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	assert.Equal(t, 2.0, rig.scMetric(t, laneRequests, nil), "the connection came back to the lane")
 
 	start := time.Now()
 	require.NoError(t, conn.SetReadDeadline(time.Now().Add(5*time.Second)))

@@ -111,19 +111,35 @@ func TestLoopStreamDisaggregatedChat(t *testing.T) {
 	assert.Equal(t, http.StatusOK, st, "%s", b)
 }
 
+// TestLoopStreamClientLeaves: a client leaving a stream on a loop (a
+// local one the lane serves, a P/D one handed over) is counted, and the
+// engine stops generating for it.
 func TestLoopStreamClientLeaves(t *testing.T) {
-	rig := slowRig(t, "5000")
-	_, cancel := openStream(t, rig.sc.URL()+"/v1/completions", completionBody(`,"max_tokens":2000,"stream":true`), rig.header(), 1)
-	harness.Eventually(t, 3*time.Second, "the stream moves to a loop", func() bool {
-		return rig.scMetric(t, "pd_sidecar_loop_streams", nil) == 1
-	})
-	cancel()
-	harness.Eventually(t, 2*time.Second, "the decode engine stops", func() bool { return running(t, rig.decode) == 0 })
-	assert.Less(t, rig.decode.Metric(t, "vllm:generation_tokens_total", nil), 1000.0, "decode was cut short")
-	harness.Eventually(t, 2*time.Second, "disconnect counted, loop idle", func() bool {
-		return rig.scMetric(t, "pd_sidecar_client_disconnects_total", nil) == 1 &&
-			rig.scMetric(t, "pd_sidecar_loop_streams", nil) == 0
-	})
+	for _, pd := range []bool{false, true} {
+		t.Run(map[bool]string{false: "local", true: "pd"}[pd], func(t *testing.T) {
+			rig := slowRig(t, "5000")
+			hdr := map[string]string(nil)
+			if pd {
+				hdr = rig.header()
+			}
+			_, cancel := openStream(t, rig.sc.URL()+"/v1/completions", completionBody(`,"max_tokens":2000,"stream":true`), hdr, 1)
+			harness.Eventually(t, 3*time.Second, "the stream is on a loop", func() bool {
+				return rig.scMetric(t, "pd_sidecar_loop_streams", nil) == 1
+			})
+			cancel()
+			harness.Eventually(t, 2*time.Second, "the decode engine stops", func() bool { return running(t, rig.decode) == 0 })
+			assert.Less(t, rig.decode.Metric(t, "vllm:generation_tokens_total", nil), 1000.0, "decode was cut short")
+			harness.Eventually(t, 2*time.Second, "disconnect counted, loop idle", func() bool {
+				return rig.scMetric(t, "pd_sidecar_client_disconnects_total", nil) == 1 &&
+					rig.scMetric(t, "pd_sidecar_loop_streams", nil) == 0
+			})
+			lane := 1.0
+			if pd {
+				lane = 0
+			}
+			assert.Equal(t, lane, rig.scMetric(t, laneRequests, nil))
+		})
+	}
 }
 
 func TestLoopStreamBrokenUpstreamEndsWithError(t *testing.T) {
