@@ -25,9 +25,9 @@ import (
 // The lane serves the common request on the event loops from its first
 // byte to its last: an inference request with no prefiller named (a
 // local prefill and decode), read whole in one read, answered by the local
-// engine. Such a request then costs no goroutine wake-up at all: the loop
-// that saw the client's bytes writes them to a pooled engine connection it
-// also watches, and relays the answer (a stream through a loopStream, as a
+// engine. Such a request then has no goroutine of its own and is handed
+// between none: the loop that saw the client's bytes writes them to a
+// pooled engine connection it also watches, and relays the answer (a stream through a loopStream, as a
 // stream handed over by fasthttp is relayed). Between requests the client
 // connection waits on the loop too, holding nothing but its handler.
 //
@@ -85,7 +85,7 @@ func (p *Proxy) newLane(local string, srv *fasthttp.Server, loops []*netloop.Loo
 // the fasthttp pool's MaxIdleConnDuration).
 const laneIdleMax = 4 * time.Second
 
-// adopt takes conn, which waits for its next request, onto a loop.
+// adopt takes c, which waits for its next request, onto a loop.
 func (ln *lane) adopt(c *clientConn) {
 	fd, ok := netloop.FD(c.TCPConn)
 	if !ok || ln.p.draining.Load() {
