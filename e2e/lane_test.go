@@ -158,11 +158,7 @@ func TestLaneIdleTimeoutAndPipelining(t *testing.T) {
 	}
 	_, err = io.WriteString(conn, req(2))
 	require.NoError(t, err)
-	resp, err := http.ReadResponse(br, nil)
-	require.NoError(t, err)
-	_, _ = io.Copy(io.Discard, resp.Body)
-	resp.Body.Close()
-	require.Equal(t, http.StatusOK, resp.StatusCode)
+	readOK(t, br)
 	assert.Equal(t, 1.0, rig.scMetric(t, laneRequests, nil))
 
 	// Three requests in one write: the lane hands them to fasthttp, which
@@ -170,12 +166,7 @@ func TestLaneIdleTimeoutAndPipelining(t *testing.T) {
 	_, err = io.WriteString(conn, req(1)+req(2)+req(3))
 	require.NoError(t, err)
 	for want := 1; want <= 3; want++ {
-		resp, err := http.ReadResponse(br, nil)
-		require.NoError(t, err)
-		b, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		require.Equal(t, http.StatusOK, resp.StatusCode, "%s", b)
-		assert.Equal(t, int64(want), gjson.GetBytes(b, "usage.completion_tokens").Int(), "answer %d in order", want)
+		assert.Equal(t, int64(want), gjson.GetBytes(readOK(t, br), "usage.completion_tokens").Int(), "answer %d in order", want)
 	}
 
 	// A request whose body comes in a second write is fasthttp's; the
@@ -188,20 +179,11 @@ func TestLaneIdleTimeoutAndPipelining(t *testing.T) {
 	_, err = io.WriteString(conn, split[cut:]+req(3))
 	require.NoError(t, err)
 	for want := 2; want <= 3; want++ {
-		resp, err := http.ReadResponse(br, nil)
-		require.NoError(t, err)
-		b, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		require.Equal(t, http.StatusOK, resp.StatusCode, "%s", b)
-		assert.Equal(t, int64(want), gjson.GetBytes(b, "usage.completion_tokens").Int())
+		assert.Equal(t, int64(want), gjson.GetBytes(readOK(t, br), "usage.completion_tokens").Int(), "answer %d in order", want)
 	}
 	_, err = io.WriteString(conn, req(1))
 	require.NoError(t, err)
-	resp, err = http.ReadResponse(br, nil)
-	require.NoError(t, err)
-	_, _ = io.Copy(io.Discard, resp.Body)
-	resp.Body.Close()
-	require.Equal(t, http.StatusOK, resp.StatusCode)
+	readOK(t, br)
 	assert.Equal(t, 2.0, rig.scMetric(t, laneRequests, nil), "the connection came back to the lane")
 
 	start := time.Now()
@@ -244,4 +226,17 @@ func TestLaneLongAnswersAndBrokenStream(t *testing.T) {
 	require.GreaterOrEqual(t, len(events), 2)
 	assert.Equal(t, int64(502), gjson.Get(events[len(events)-2], "error.code").Int(), "ends with an error event: %v", events[len(events)-2:])
 	harness.Eventually(t, 2*time.Second, "all on the lane", func() bool { return rig.scMetric(t, laneRequests, nil) == 3 })
+}
+
+// readOK reads one answer from br, requires it to be a 200, and returns
+// its body.
+func readOK(t *testing.T, br *bufio.Reader) []byte {
+	t.Helper()
+	resp, err := http.ReadResponse(br, nil)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	require.Equal(t, http.StatusOK, resp.StatusCode, "%s", b)
+	return b
 }

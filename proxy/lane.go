@@ -237,7 +237,7 @@ func (lc *laneConn) setInterest(ev netloop.Events) error {
 	return lc.ll.loop.Modify(lc.fd, ev)
 }
 
-// close closes the client connection (and an engine connection it held).
+// close closes the client connection.
 func (lc *laneConn) close() {
 	if lc.state == laneGone {
 		return
@@ -286,7 +286,7 @@ func (lc *laneConn) readRequest(ev netloop.Events) {
 	r := p.startRequest(lr.id, &ll.req, body, ll.ln.local, api)
 	lc.r, lc.keepAlive, lc.retried = r, lr.keepAlive, false
 	ll.inflight.Inc()
-	p.loopStreams.Add(1)
+	p.loopRequests.Add(1)
 	r.decodeStarted(false)
 	lc.sentp, lc.sent = p.bufs.getChunk()
 	lc.sent = appendLegHead(lc.sent, &ll.req, r.local, r.id, len(body))
@@ -610,9 +610,7 @@ func (lc *laneConn) rawDone() {
 	r, a := lc.r, lc.raw
 	lc.raw = nil
 	lc.endUp(a.body.Done())
-	r.p.m.TTFT.WithLabelValues(r.mode).Observe(time.Since(r.start).Seconds())
-	r.p.m.Requests.WithLabelValues(r.mode, statusLabel(a.status)).Inc()
-	r.logAt(zerolog.InfoLevel).Str("mode", r.mode).Int("status", a.status).Msg("answered")
+	r.jsonAnswered(a.status)
 	lc.writeWhole(&a.head, a.buf)
 }
 
@@ -640,10 +638,8 @@ func (lc *laneConn) writeWhole(h *fasthttp.ResponseHeader, body []byte) {
 // seen nothing yet.
 func (lc *laneConn) failWith(err error) {
 	r := lc.r
-	o := classify(err)
-	r.logAt(zerolog.ErrorLevel).Err(err).Int("status", o.status).Msg("request failed")
-	r.p.m.Requests.WithLabelValues(r.mode, statusLabel(o.status)).Inc()
-	r.obs.status = o.status
+	o := r.failure(err)
+	r.answerCounted(r.mode, o.status)
 	h := &lc.ll.resp
 	h.Reset()
 	h.SetStatusCode(o.status)
@@ -694,21 +690,10 @@ func (lc *laneConn) headTimeout(r *request) {
 // clientLeft ends a request whose client hung up before its answer began:
 // the engine connection is closed, so the engine drops the request.
 func (lc *laneConn) clientLeft() {
-	r := lc.r
-	if r == nil {
-		lc.close()
-		return
+	if r := lc.r; r != nil {
+		r.leftBeforeAnswer(ErrClientGone)
+		lc.drop(ErrClientGone)
 	}
-	r.cancel(ErrClientGone)
-	lc.stopTimer()
-	lc.putSent()
-	lc.endUp(false)
-	r.logAt(zerolog.InfoLevel).Msg("client left; upstream legs cancelled")
-	r.p.m.ClientDisconnects.WithLabelValues(metrics.PhaseLocal).Inc()
-	r.p.m.Requests.WithLabelValues(r.mode, "499").Inc()
-	r.obs.status = 499
-	lc.raw = nil
-	lc.finish()
 	lc.close()
 }
 
@@ -720,14 +705,20 @@ func (lc *laneConn) abandon(err error) {
 	}
 	if r := lc.r; r != nil {
 		r.logAt(zerolog.ErrorLevel).Err(err).Msg("request ended by the sidecar; connections closed")
-		r.cancel(err)
-		lc.stopTimer()
-		lc.putSent()
-		lc.endUp(false)
-		lc.raw = nil
-		lc.finish()
+		lc.drop(err)
 	}
 	lc.close()
+}
+
+// drop ends a request before its answer began: the engine connection is
+// closed, so the engine drops it too.
+func (lc *laneConn) drop(cause error) {
+	lc.r.cancel(cause)
+	lc.stopTimer()
+	lc.putSent()
+	lc.endUp(false)
+	lc.raw = nil
+	lc.finish()
 }
 
 // endUp lets go of the engine connection: pooled when its answer was read
@@ -776,7 +767,7 @@ func (lc *laneConn) finish() {
 		lc.streamed = false
 		r.p.m.LoopStreams.Dec()
 	}
-	r.p.loopStreams.Add(-1)
+	r.p.loopRequests.Add(-1)
 	r.p.m.LoopRequests.Inc()
 }
 
@@ -796,7 +787,7 @@ func (lc *laneConn) done(keep bool) {
 
 // The laneConn is its loopStream's streamConns.
 
-func (lc *laneConn) legEnd(clean bool)                   { lc.endUp(clean && lc.ls.body.Done()) }
+func (lc *laneConn) legEnd(clean bool)                   { lc.endUp(clean) }
 func (lc *laneConn) legPause() error                     { return lc.up.unwatch() }
 func (lc *laneConn) legResume() error                    { return lc.up.watch() }
 func (lc *laneConn) clientWatch(ev netloop.Events) error { return lc.setInterest(ev) }

@@ -67,7 +67,7 @@ type loopStream struct {
 // its start (laneConn) keep differently. Called on the loop's goroutine,
 // with the stream's lock held.
 type streamConns interface {
-	legEnd(clean bool)                   // ends the upstream leg: its connection is pooled when clean; once
+	legEnd(clean bool)                   // ends the upstream leg, its body read whole when clean (the connection is then pooled); once
 	legPause() error                     // stops watching the upstream while the client catches up
 	legResume() error                    // watches it again
 	clientWatch(ev netloop.Events) error // sets the events the client connection is watched for
@@ -122,7 +122,7 @@ func (b *sseBody) handOver() bool {
 		keepAlive: b.keepAlive, cfd: cfd, ufd: ufd}
 	ls.release = func() {
 		release()
-		r.p.loopStreams.Add(-1)
+		r.p.loopRequests.Add(-1)
 		r.p.m.LoopStreams.Dec()
 	}
 	ls.conns = &legConns{ls: ls, leg: leg, done: func(keep bool) { r.p.connDone(cc, r.local, keep) }}
@@ -156,7 +156,7 @@ func (b *sseBody) handOver() bool {
 	cc.handOff = ls.begin
 	// Counted before fasthttp lets go of the connection, so that a drain
 	// never sees the stream in neither the server's count nor the loops'.
-	r.p.loopStreams.Add(1)
+	r.p.loopRequests.Add(1)
 	r.p.m.LoopStreams.Inc()
 	r.p.m.LoopHandoffs.Inc()
 	return true
@@ -173,7 +173,7 @@ type legConns struct {
 
 func (c *legConns) legEnd(clean bool) {
 	_ = c.ls.loop.Remove(c.ls.ufd)
-	c.leg.eof = clean && c.ls.body.Done()
+	c.leg.eof = clean
 	c.leg.Close()
 }
 func (c *legConns) legPause() error  { return c.ls.loop.Remove(c.ls.ufd) }
@@ -374,7 +374,7 @@ func (ls *loopStream) closeLeg(clean bool) {
 		return
 	}
 	ls.upEnded = true
-	ls.conns.legEnd(clean)
+	ls.conns.legEnd(clean && ls.body.Done())
 }
 
 // write sends b to the client; what does not fit waits for the client to

@@ -111,16 +111,27 @@ func (r *request) fail(err error) {
 	if err == nil {
 		return
 	}
-	o := classify(err)
 	if r.gone() || errors.Is(err, ErrClientGone) {
-		r.logAt(zerolog.InfoLevel).Err(err).Msg("client left; upstream legs cancelled")
-		r.p.m.ClientDisconnects.WithLabelValues(r.phase()).Inc()
-		r.p.m.Requests.WithLabelValues(r.mode, "499").Inc()
-		r.obs.status = 499
+		r.leftBeforeAnswer(err)
 		return
 	}
-	r.logAt(zerolog.ErrorLevel).Err(err).Int("status", o.status).Msg("request failed")
+	o := r.failure(err)
 	r.answer(r.mode, o.status, "application/json", errorBody(o.status, err))
+}
+
+// leftBeforeAnswer records a client that left before its answer began.
+func (r *request) leftBeforeAnswer(err error) {
+	r.logAt(zerolog.InfoLevel).Err(err).Msg("client left; upstream legs cancelled")
+	r.p.m.ClientDisconnects.WithLabelValues(r.phase()).Inc()
+	r.p.m.Requests.WithLabelValues(r.mode, "499").Inc()
+	r.obs.status = 499
+}
+
+// failure classifies and logs err, which the client is answered with.
+func (r *request) failure(err error) outcome {
+	o := classify(err)
+	r.logAt(zerolog.ErrorLevel).Err(err).Int("status", o.status).Msg("request failed")
+	return o
 }
 
 func (r *request) phase() string {
@@ -139,6 +150,12 @@ func (r *request) answer(mode string, status int, contentType string, body []byt
 	rc.SetStatusCode(status)
 	rc.SetContentType(contentType)
 	rc.SetBody(body)
+	r.answerCounted(mode, status)
+}
+
+// answerCounted records a complete answer of status written now: its TTFT
+// when it is no error, the request counter, the report's status.
+func (r *request) answerCounted(mode string, status int) {
 	if status < 400 {
 		r.p.m.TTFT.WithLabelValues(mode).Observe(time.Since(r.start).Seconds())
 	}

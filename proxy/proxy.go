@@ -56,9 +56,9 @@ type Proxy struct {
 	// goroutine. servers are the servers of the local engines' ports, by
 	// engine address, which take a connection back after its stream. Both
 	// are set by Run before it serves.
-	loops       *netloop.Group
-	servers     map[string]*fasthttp.Server
-	loopStreams atomic.Int64 // requests on the loops: streams handed over, and the lane's
+	loops        *netloop.Group
+	servers      map[string]*fasthttp.Server
+	loopRequests atomic.Int64 // requests on the loops: streams handed over, and the lane's
 }
 
 // New returns a Proxy. cfg must be valid (see Config.Validate); m holds the

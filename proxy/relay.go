@@ -81,11 +81,17 @@ func (r *request) relayJSON(leg *Leg, resp *fasthttp.Response, remote bool, sent
 	}
 	r.copyHead(resp)
 	r.rc.SetBody(buf)
+	r.jsonAnswered(st)
+	return nil
+}
+
+// jsonAnswered records a JSON answer of status st relayed whole, as both
+// the fasthttp path and the lane relay one.
+func (r *request) jsonAnswered(st int) {
 	r.p.m.TTFT.WithLabelValues(r.mode).Observe(time.Since(r.start).Seconds())
 	r.p.m.Requests.WithLabelValues(r.mode, statusLabel(st)).Inc()
 	r.obs.status = st
 	r.logAt(zerolog.InfoLevel).Str("mode", r.mode).Int("status", st).Msg("answered")
-	return nil
 }
 
 // kvLoadFailed counts a KV load failure of the decode leg and reports

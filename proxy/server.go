@@ -111,10 +111,10 @@ func (p *Proxy) Run(ctx context.Context) error {
 	}
 	wg.Wait()
 	// The requests carried by the event loops are the servers' no more.
-	for p.loopStreams.Load() > 0 && sctx.Err() == nil {
+	for p.loopRequests.Load() > 0 && sctx.Err() == nil {
 		time.Sleep(10 * time.Millisecond)
 	}
-	if n := p.loopStreams.Load(); n > 0 {
+	if n := p.loopRequests.Load(); n > 0 {
 		p.log.Warn().Int64("requests", n).Msg("shutdown grace ran out: closing the requests on the event loops")
 		if !errors.Is(err, ErrDrainTimeout) {
 			err = errors.Join(err, ErrDrainTimeout)
