@@ -4,6 +4,7 @@ import (
 	"io"
 	"net"
 	"sync/atomic"
+	"time"
 
 	"github.com/valyala/fasthttp"
 )
@@ -40,6 +41,9 @@ type clientConn struct {
 	// one was a P/D split, which the lane would only hand back (a
 	// connection from the endpoint picker carries mostly those).
 	stay atomic.Bool
+	// linger: the connection closes after an error answer to a request
+	// that may not have been read whole (serverError); see Close.
+	linger atomic.Bool
 }
 
 // Read implements net.Conn.
@@ -61,14 +65,38 @@ func (c *clientConn) Read(p []byte) (int, error) {
 }
 
 // Close implements net.Conn: it closes the connection, unless a stream
-// took it over (then the stream's loop has it now).
+// took it over (then the stream's loop has it now). After an error answer
+// it closes lingering, as nginx's lingering_close: a socket closed with
+// unread bytes is reset, and a client still writing the rest of its
+// request (a too-large head or body) would get the reset instead of the
+// answer; so the write side is shut and what the client still sends is
+// read and dropped, for up to lingerFor or lingerMax bytes, before the
+// close.
 func (c *clientConn) Close() error {
 	if h := c.handOff; h != nil {
 		c.handOff = nil
 		h()
 		return nil
 	}
+	if c.linger.Load() {
+		if err := c.TCPConn.CloseWrite(); err == nil {
+			go c.drain()
+			return nil
+		}
+	}
 	return c.TCPConn.Close()
+}
+
+// Bounds of a lingering close.
+const (
+	lingerFor = 500 * time.Millisecond
+	lingerMax = 1 << 20
+)
+
+func (c *clientConn) drain() {
+	_ = c.TCPConn.SetReadDeadline(time.Now().Add(lingerFor))
+	_, _ = io.Copy(io.Discard, io.LimitReader(c.TCPConn, lingerMax))
+	_ = c.TCPConn.Close()
 }
 
 // counted adds the request of rc to the bytes its connection's requests

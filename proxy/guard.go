@@ -150,6 +150,9 @@ func (p *Proxy) reject(rc *fasthttp.RequestCtx, reason string, status int, err e
 // serverError answers what fasthttp could not read or parse, as JSON
 // (fasthttp's Server.ErrorHandler).
 func (p *Proxy) serverError(rc *fasthttp.RequestCtx, err error) {
+	if c, ok := rc.Conn().(*clientConn); ok {
+		c.linger.Store(true) // the request may not have been read whole
+	}
 	var small *fasthttp.ErrSmallBuffer
 	var ne net.Error
 	switch {
