@@ -87,7 +87,7 @@ func TestLaneConnectionMovesBetweenLaneAndServer(t *testing.T) {
 	assert.Equal(t, texts[0], texts[1], "P/D answers the same tokens as local")
 	assert.Equal(t, texts[0], texts[2])
 	assert.Equal(t, texts[0], texts[3])
-	assert.Equal(t, 3.0, rig.scMetric(t, laneRequests, nil), "the local requests not right after a P/D one were the lane's")
+	assert.Equal(t, 6.0, rig.scMetric(t, laneRequests, nil), "every inference request was the lane's, the P/D ones too")
 	assert.Equal(t, 2.0, rig.decode.Metric(t, "sim_remote_kv_decodes_total", nil), "the two P/D ones decoded on remote KV")
 	assert.Equal(t, 6.0, rig.scMetric(t, "pd_sidecar_requests_total", nil), "every inference request counted once")
 }

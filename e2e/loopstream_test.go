@@ -20,12 +20,13 @@ import (
 	"github.com/pd-sidecar/pd-sidecar/e2e/harness"
 )
 
-// Streams run on the sidecar's event loops: a local one from its first
-// byte (the lane, proxy/lane.go), a P/D one once it has streamed 50 ms on
-// its goroutine (proxy/loopstream.go). These tests run streams long enough
-// to be seen there and check, on the loop_requests, loop_handoffs and
-// loop_streams metrics, that they were; then that nothing about the answer
-// changed.
+// Streams run on the sidecar's event loops: a request the lane takes
+// (proxy/lane.go: local or P/D, whole in one read) from its first byte,
+// any other once it has streamed 50 ms on its fasthttp goroutine
+// (proxy/loopstream.go; these tests send such a request in two writes:
+// postSplit). These tests run streams long enough to be seen there and check,
+// on the loop_requests, loop_handoffs and loop_streams metrics, that they
+// were; then that nothing about the answer changed.
 
 // slowRig is a P/D rig whose decode engine takes perToken per token.
 func slowRig(t *testing.T, perToken string, flags ...string) *pdRig {
@@ -57,25 +58,30 @@ func readEvents(t *testing.T, br *bufio.Reader) (text string, events []string) {
 }
 
 // streamOnLoop posts a streaming request with client c, waits until it
-// streams on a loop (a P/D one handed over, a local one served by the
-// lane), and reads it to its end.
-func streamOnLoop(t *testing.T, c *http.Client, rig *pdRig, path, body string, hdr map[string]string) (string, []string, bool) {
+// streams on a loop (served by the lane, or handed over when sent in two
+// writes: handOver, on a connection of its own), and reads it to its end.
+func streamOnLoop(t *testing.T, c *http.Client, rig *pdRig, path, body string, hdr map[string]string, handOver bool) (string, []string, bool) {
 	t.Helper()
 	counter := "pd_sidecar_loop_requests_total" // counted at the end
-	if _, pd := hdr["x-prefiller-host-port"]; pd {
+	if handOver {
 		counter = "pd_sidecar_loop_handoffs_total" // counted at the hand-over
 	}
 	before := rig.scMetric(t, counter, nil)
 	reused := false
-	trace := &httptrace.ClientTrace{GotConn: func(i httptrace.GotConnInfo) { reused = i.Reused }}
-	req, err := http.NewRequestWithContext(httptrace.WithClientTrace(context.Background(), trace),
-		http.MethodPost, rig.sc.URL()+path, strings.NewReader(body))
-	require.NoError(t, err)
-	for k, v := range hdr {
-		req.Header.Set(k, v)
+	var resp *http.Response
+	if handOver {
+		resp, _ = postSplit(t, rig.sc.Port, path, body, hdr)
+	} else {
+		trace := &httptrace.ClientTrace{GotConn: func(i httptrace.GotConnInfo) { reused = i.Reused }}
+		req, err := http.NewRequestWithContext(httptrace.WithClientTrace(context.Background(), trace),
+			http.MethodPost, rig.sc.URL()+path, strings.NewReader(body))
+		require.NoError(t, err)
+		for k, v := range hdr {
+			req.Header.Set(k, v)
+		}
+		resp, err = c.Do(req)
+		require.NoError(t, err)
 	}
-	resp, err := c.Do(req)
-	require.NoError(t, err)
 	defer resp.Body.Close()
 	require.Equal(t, http.StatusOK, resp.StatusCode)
 	harness.Eventually(t, 3*time.Second, "the stream is on a loop", func() bool {
@@ -89,40 +95,66 @@ func streamOnLoop(t *testing.T, c *http.Client, rig *pdRig, path, body string, h
 	return text, events, reused
 }
 
+// TestLoopStreamDisaggregatedChat: a P/D stream the lane serves and one
+// handed over answer the tokens of a local prefill, decoded on the
+// prefiller's KV, with the cached_tokens rewrite, on one connection.
 func TestLoopStreamDisaggregatedChat(t *testing.T) {
-	rig := slowRig(t, "10000")
-	c := &http.Client{Transport: &http.Transport{}}
-	body := chatBody(`,"max_tokens":25,"stream":true,"stream_options":{"include_usage":true}`)
-	local, _, _ := streamOnLoop(t, c, rig, "/v1/chat/completions", body, nil)
-	got, events, reused := streamOnLoop(t, c, rig, "/v1/chat/completions", body, rig.header())
-	assert.True(t, reused, "the second stream reused the connection the loop gave back")
-	require.NotEmpty(t, local)
-	assert.Equal(t, local, got, "the same tokens as a local prefill")
-	assert.Equal(t, 1.0, rig.decode.Metric(t, "sim_remote_kv_decodes_total", nil), "decoded on the prefiller's KV")
-	require.GreaterOrEqual(t, len(events), 3)
-	assert.Equal(t, "[DONE]", events[len(events)-1])
-	assert.Equal(t, 25, strings.Count(strings.Join(events, "\n"), `"content":" `), "every token")
-	usage := gjson.Get(events[len(events)-2], "usage")
-	require.True(t, usage.Exists(), "usage chunk: %v", events[len(events)-2])
-	assert.Equal(t, int64(0), usage.Get("prompt_tokens_details.cached_tokens").Int(),
-		"the loop applies the cached_tokens rewrite (the decoder reports the whole prompt cached)")
-	// The connection went back to the server: a plain request on it works.
-	st, b, _ := scPost(t, rig.sc.URL()+"/v1/completions", completionBody(`,"max_tokens":2`), nil)
-	assert.Equal(t, http.StatusOK, st, "%s", b)
+	for _, handOver := range []bool{false, true} {
+		t.Run(map[bool]string{false: "lane", true: "handed over"}[handOver], func(t *testing.T) {
+			rig := slowRig(t, "10000")
+			c := &http.Client{Transport: &http.Transport{}}
+			body := chatBody(`,"max_tokens":25,"stream":true,"stream_options":{"include_usage":true}`)
+			local, _, _ := streamOnLoop(t, c, rig, "/v1/chat/completions", body, nil, false)
+			require.NotEmpty(t, local)
+			got, events, reused := streamOnLoop(t, c, rig, "/v1/chat/completions", body, rig.header(), handOver)
+			assert.Equal(t, !handOver, reused, "the lane's stream reused the connection the loop gave back")
+			assert.Equal(t, local, got, "the same tokens as a local prefill")
+			assert.Equal(t, 1.0, rig.decode.Metric(t, "sim_remote_kv_decodes_total", nil), "decoded on the prefiller's KV")
+			assert.Equal(t, 1.0, rig.prefill.Metric(t, "sim_remote_decode_prefills_total", nil), "prefilled on the prefiller")
+			require.GreaterOrEqual(t, len(events), 3)
+			assert.Equal(t, "[DONE]", events[len(events)-1])
+			assert.Equal(t, 25, strings.Count(strings.Join(events, "\n"), `"content":" `), "every token")
+			usage := gjson.Get(events[len(events)-2], "usage")
+			require.True(t, usage.Exists(), "usage chunk: %v", events[len(events)-2])
+			assert.Equal(t, int64(0), usage.Get("prompt_tokens_details.cached_tokens").Int(),
+				"the loop applies the cached_tokens rewrite (the decoder reports the whole prompt cached)")
+			lane := 2.0
+			if handOver {
+				lane = 1
+			}
+			assert.Equal(t, lane, rig.scMetric(t, laneRequests, nil), "the lane's streams")
+			// The connection went back to the server: a plain request on it works.
+			st, b, _ := scPost(t, rig.sc.URL()+"/v1/completions", completionBody(`,"max_tokens":2`), nil)
+			assert.Equal(t, http.StatusOK, st, "%s", b)
+		})
+	}
 }
 
 // TestLoopStreamClientLeaves: a client leaving a stream on a loop (a
 // local one the lane serves, a P/D one handed over) is counted, and the
 // engine stops generating for it.
 func TestLoopStreamClientLeaves(t *testing.T) {
-	for _, pd := range []bool{false, true} {
-		t.Run(map[bool]string{false: "local", true: "pd"}[pd], func(t *testing.T) {
+	for _, tc := range []struct {
+		name         string
+		pd, handOver bool
+	}{{"local", false, false}, {"pd", true, false}, {"pd handed over", true, true}} {
+		t.Run(tc.name, func(t *testing.T) {
 			rig := slowRig(t, "5000")
 			hdr := map[string]string(nil)
-			if pd {
+			if tc.pd {
 				hdr = rig.header()
 			}
-			_, cancel := openStream(t, rig.sc.URL()+"/v1/completions", completionBody(`,"max_tokens":2000,"stream":true`), hdr, 1)
+			body := completionBody(`,"max_tokens":2000,"stream":true`)
+			var cancel func()
+			if tc.handOver {
+				resp, conn := postSplit(t, rig.sc.Port, "/v1/completions", body, hdr)
+				require.Equal(t, http.StatusOK, resp.StatusCode)
+				_, err := bufio.NewReader(resp.Body).ReadString('\n')
+				require.NoError(t, err)
+				cancel = func() { conn.Close() }
+			} else {
+				_, cancel = openStream(t, rig.sc.URL()+"/v1/completions", body, hdr, 1)
+			}
 			harness.Eventually(t, 3*time.Second, "the stream is on a loop", func() bool {
 				return rig.scMetric(t, "pd_sidecar_loop_streams", nil) == 1
 			})
@@ -134,7 +166,7 @@ func TestLoopStreamClientLeaves(t *testing.T) {
 					rig.scMetric(t, "pd_sidecar_loop_streams", nil) == 0
 			})
 			lane := 1.0
-			if pd {
+			if tc.handOver {
 				lane = 0
 			}
 			assert.Equal(t, lane, rig.scMetric(t, laneRequests, nil))
@@ -143,13 +175,17 @@ func TestLoopStreamClientLeaves(t *testing.T) {
 }
 
 func TestLoopStreamBrokenUpstreamEndsWithError(t *testing.T) {
-	rig := slowRig(t, "10000")
-	setFault(t, rig.decode, `{"die_after_chunks":12,"only":"decode"}`)
-	c := &http.Client{Transport: &http.Transport{}}
-	_, events, _ := streamOnLoop(t, c, rig, "/v1/chat/completions", chatBody(`,"max_tokens":40,"stream":true`), rig.header())
-	require.GreaterOrEqual(t, len(events), 2)
-	assert.Equal(t, "[DONE]", events[len(events)-1])
-	assert.True(t, gjson.Get(events[len(events)-2], "error").Exists(), "ends with an error event: %v", events[len(events)-2])
+	for _, handOver := range []bool{false, true} {
+		t.Run(map[bool]string{false: "lane", true: "handed over"}[handOver], func(t *testing.T) {
+			rig := slowRig(t, "10000")
+			setFault(t, rig.decode, `{"die_after_chunks":12,"only":"decode"}`)
+			c := &http.Client{Transport: &http.Transport{}}
+			_, events, _ := streamOnLoop(t, c, rig, "/v1/chat/completions", chatBody(`,"max_tokens":40,"stream":true`), rig.header(), handOver)
+			require.GreaterOrEqual(t, len(events), 2)
+			assert.Equal(t, "[DONE]", events[len(events)-1])
+			assert.True(t, gjson.Get(events[len(events)-2], "error").Exists(), "ends with an error event: %v", events[len(events)-2])
+		})
+	}
 }
 
 // TestLoopStreamSlowReader has a client stop reading while its stream is on
@@ -209,7 +245,7 @@ func TestLoopStreamPipelinedStaysOnGoroutine(t *testing.T) {
 
 	// Control: the same stream alone moves.
 	c := &http.Client{Transport: &http.Transport{}}
-	streamOnLoop(t, c, rig, "/v1/completions", stream, nil)
+	streamOnLoop(t, c, rig, "/v1/completions", stream, nil, false)
 }
 
 func TestLoopStreamGracefulShutdownDrains(t *testing.T) {

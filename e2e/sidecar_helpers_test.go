@@ -5,7 +5,9 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"strconv"
 	"strings"
@@ -153,8 +155,39 @@ func running(t *testing.T, e *harness.Engine) float64 {
 // first n data events were read, and a cancel that drops the connection.
 func openStream(t *testing.T, url, body string, headers map[string]string, n int) (*bufio.Reader, context.CancelFunc) {
 	t.Helper()
+	return openStreamFrom(t, url, bytes.NewReader([]byte(body)), headers, n)
+}
+
+// postSplit posts body to path on port from a connection of its own, the
+// head and the body in two writes: such a request is never the lane's (it
+// takes only a request whole in one read), so fasthttp serves it, and a
+// stream of it is handed over to a loop after 50 ms.
+func postSplit(t *testing.T, port int, path, body string, headers map[string]string) (*http.Response, net.Conn) {
+	t.Helper()
+	conn, err := net.Dial("tcp", harness.HostPort(port))
+	require.NoError(t, err)
+	t.Cleanup(func() { conn.Close() })
+	var head strings.Builder
+	fmt.Fprintf(&head, "POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n", path, len(body))
+	for k, v := range headers {
+		fmt.Fprintf(&head, "%s: %s\r\n", k, v)
+	}
+	head.WriteString("\r\n")
+	_, err = io.WriteString(conn, head.String())
+	require.NoError(t, err)
+	time.Sleep(20 * time.Millisecond)
+	_, err = io.WriteString(conn, body)
+	require.NoError(t, err)
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	require.NoError(t, err)
+	return resp, conn
+}
+
+// openStreamFrom is openStream with the body read from body.
+func openStreamFrom(t *testing.T, url string, body io.Reader, headers map[string]string, n int) (*bufio.Reader, context.CancelFunc) {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader([]byte(body)))
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, body)
 	require.NoError(t, err)
 	for k, v := range headers {
 		req.Header.Set(k, v)

@@ -38,8 +38,9 @@ type clientConn struct {
 	replay []byte // bytes the lane read, given to fasthttp first
 	busy   atomic.Bool
 	// stay keeps the connection on fasthttp for its next request: its last
-	// one was a P/D split, which the lane would only hand back (a
-	// connection from the endpoint picker carries mostly those).
+	// one was a P/D split that the lane does not serve (laneSplits), which
+	// it would only hand back (a connection from the endpoint picker
+	// carries mostly those).
 	stay atomic.Bool
 	// linger: the connection closes after an error answer to a request
 	// that may not have been read whole (serverError); see Close.
@@ -110,7 +111,7 @@ func counted(rc *fasthttp.RequestCtx) func() {
 	}
 	c.consumed.Add(wireSize(rc))
 	c.busy.Store(true)
-	c.stay.Store(len(rc.Request.Header.Peek(HeaderPrefiller)) > 0)
+	c.stay.Store(c.lane != nil && !c.lane.p.laneSplits() && len(rc.Request.Header.Peek(HeaderPrefiller)) > 0)
 	return c.idle
 }
 

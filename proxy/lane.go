@@ -23,21 +23,23 @@ import (
 )
 
 // The lane serves the common request on the event loops from its first
-// byte to its last: an inference request with no prefiller named (a
-// local prefill and decode), read whole in one read, answered by the local
-// engine. Such a request then has no goroutine of its own and is handed
-// between none: the loop that saw the client's bytes writes them to a
-// pooled engine connection it also watches, and relays the answer (a stream through a loopStream, as a
-// stream handed over by fasthttp is relayed). Between requests the client
-// connection waits on the loop too, holding nothing but its handler.
+// byte to its last: an inference request read whole in one read, with no
+// prefiller named (a local prefill and decode) or one (the sequential P/D
+// split, lanepd.go). Such a request then has no goroutine of its own and
+// is handed between none: the loop that saw the client's bytes writes the
+// legs to pooled upstream connections it also watches, and relays the
+// answer (a stream through a loopStream, as a stream handed over by
+// fasthttp is relayed). Between requests the client connection waits on
+// the loop too, holding nothing but its handler.
 //
-// Every other request (a P/D split, a body that came in more than one read,
-// a request the guards refuse, GET /v1/models, /metrics, TLS...) is given
-// to fasthttp with the bytes the lane read (clientConn.replay), and comes
-// back to the lane once fasthttp reads for the next one. So the lane holds
-// no second implementation of anything but the happy path of a local
-// request; its failures (the engine unreachable, no answer head in time,
-// the client leaving) are answered as the fasthttp path answers them.
+// Every other request (a body that came in more than one read, a request
+// the guards refuse, GET /v1/models, /metrics, TLS, a connector whose split
+// is not sequential, the sidecar's own KV pull...) is given to fasthttp
+// with the bytes the lane read (clientConn.replay), and comes back to the
+// lane once fasthttp reads for the next one. The lane's failures (an
+// upstream unreachable, no answer head in time, the client leaving, a
+// prefill to retry or to fall back from) are answered as the fasthttp path
+// answers them, with the same accounting.
 type lane struct {
 	p     *Proxy
 	local string // the engine's address
@@ -58,21 +60,25 @@ type laneLoop struct {
 	loop *netloop.Loop
 
 	mu   sync.Mutex
-	idle []*upConn // pooled engine connections
+	idle map[string][]*upConn // pooled upstream connections by address
 
 	req  fasthttp.RequestHeader  // key normalizing off (lanehead.go)
 	resp fasthttp.ResponseHeader // likewise
 	rd   bytes.Reader
 	br   *bufio.Reader
 
-	inflight prometheus.Gauge // the local phase's
+	// the in-flight gauges of the phases
+	local, prefill, decode prometheus.Gauge
 }
 
 func (p *Proxy) newLane(local string, srv *fasthttp.Server, loops []*netloop.Loop) *lane {
 	ln := &lane{p: p, local: local, srv: srv, conns: map[*laneConn]struct{}{}, stop: make(chan struct{})}
 	for _, l := range loops {
 		ll := &laneLoop{ln: ln, loop: l, br: bufio.NewReaderSize(nil, p.cfg.Guard.MaxHeaderBytes),
-			inflight: p.m.Inflight.WithLabelValues(metrics.PhaseLocal)}
+			idle:    map[string][]*upConn{},
+			local:   p.m.Inflight.WithLabelValues(metrics.PhaseLocal),
+			prefill: p.m.Inflight.WithLabelValues(metrics.PhasePrefill),
+			decode:  p.m.Inflight.WithLabelValues(metrics.PhaseDecode)}
 		ll.req.DisableNormalizing()
 		ll.resp.DisableNormalizing()
 		ln.loops = append(ln.loops, ll)
@@ -81,7 +87,7 @@ func (p *Proxy) newLane(local string, srv *fasthttp.Server, loops []*netloop.Loo
 	return ln
 }
 
-// laneIdleMax is how long a pooled engine connection may stay unused (as
+// laneIdleMax is how long a pooled upstream connection may stay unused (as
 // the fasthttp pool's MaxIdleConnDuration).
 const laneIdleMax = 4 * time.Second
 
@@ -167,9 +173,10 @@ func (ln *lane) forget(lc *laneConn) {
 // The states of a client connection on the lane.
 const (
 	laneIdle    = iota // waiting for a request
-	laneSending        // connecting to the engine (off the loop)
-	laneWaiting        // the request is sent; waiting for the answer's head
-	laneAnswer         // the answer is relayed (ls)
+	laneSending        // connecting to the leg's upstream (off the loop)
+	laneWaiting        // the leg is sent; waiting for the answer's head
+	laneAnswer         // the answer is read (raw) or relayed (ls)
+	laneBackoff        // waiting to send the prefill leg again
 	laneGone           // given to fasthttp, or closed
 )
 
@@ -187,10 +194,15 @@ type laneConn struct {
 
 	keepAlive bool
 	r         *request
+	pd        *lanePD          // the P/D split's state (nil: a local request)
+	gauge     prometheus.Gauge // the in-flight gauge of the request's phase
+	addr      string           // the current leg's upstream
+	prefill   bool             // the current leg is the prefill
 	up        *upConn
-	sent      []byte // the request as sent upstream, kept for one retry until the head arrives
+	dials     uint64 // dials begun, so that a late one is told from the current
+	sent      []byte // the leg as sent upstream, kept for a retry until the head arrives
 	sentp     *[]byte
-	unsent    []byte // what the engine has not taken of it yet
+	unsent    []byte // what the upstream has not taken of it yet
 	retried   bool
 	head      []byte // an answer head that came in more than one read
 	timer     *time.Timer
@@ -277,29 +289,73 @@ func (lc *laneConn) readRequest(ev netloop.Events) {
 	}
 	b := in[:n]
 	api, body, lr, ok := ll.parse(b)
-	if !ok || !ll.ln.p.guard.acquire() {
+	p := ll.ln.p
+	if !ok || len(lr.prefiller) > 0 && !p.laneSplits() || !p.guard.acquire() {
 		lc.toServer(b)
 		return
 	}
-	u := ll.pop()
-	p := ll.ln.p
 	r := p.startRequest(lr.id, &ll.req, body, ll.ln.local, api)
-	lc.r, lc.keepAlive, lc.retried = r, lr.keepAlive, false
-	ll.inflight.Inc()
+	lc.r, lc.keepAlive = r, lr.keepAlive
 	p.loopRequests.Add(1)
-	r.decodeStarted(false)
-	lc.sentp, lc.sent = p.bufs.getChunk()
-	lc.sent = appendLegHead(lc.sent, &ll.req, r.local, r.id, len(body))
-	lc.sent = append(lc.sent, body...)
+	if len(lr.prefiller) > 0 {
+		lc.split(lr.prefiller)
+		return
+	}
+	lc.decodeLeg(body, false)
 	r.body = nil // in the loop's buffer, which the next read overwrites
+}
+
+// decodeLeg sends body to the local engine: the decode leg carrying the
+// remote KV (remote), or a local prefill and decode.
+func (lc *laneConn) decodeLeg(body []byte, remote bool) {
+	ll, r, p := lc.ll, lc.r, lc.ll.ln.p
+	if remote {
+		lc.setGauge(ll.decode)
+		lc.pd.sent = time.Now()
+	} else {
+		lc.setGauge(ll.local)
+	}
+	r.decodeStarted(remote)
+	lc.stopTimer()
+	lc.sentp, lc.sent = p.bufs.getChunk()
+	if lc.pd != nil {
+		lc.sent = append(lc.sent, lc.pd.start...)
+	} else {
+		lc.sent = appendLegStart(lc.sent, &ll.req)
+	}
 	if r.stream && p.cfg.DecodeFirstByteTimeout > 0 {
 		lc.timer = time.AfterFunc(p.cfg.DecodeFirstByteTimeout, func() { lc.headTimeout(r) })
 	}
-	if u == nil {
-		lc.dial()
+	lc.prefill = false
+	lc.legTo(r.local, body)
+}
+
+// legTo ends the leg's head in lc.sent (its start is there) for addr,
+// appends body, and sends it.
+func (lc *laneConn) legTo(addr string, body []byte) {
+	lc.sent = appendLegEnd(lc.sent, addr, lc.r.id, len(body))
+	lc.sent = append(lc.sent, body...)
+	lc.addr, lc.retried = addr, false
+	lc.connect()
+}
+
+// connect sends lc.sent on a pooled connection to lc.addr, or on a new one.
+func (lc *laneConn) connect() {
+	if u := lc.ll.pop(lc.addr); u != nil {
+		lc.send(u)
 		return
 	}
-	lc.send(u)
+	lc.dial()
+}
+
+// setGauge moves the request to in-flight gauge g (nil: none).
+func (lc *laneConn) setGauge(g prometheus.Gauge) {
+	if lc.gauge != nil {
+		lc.gauge.Dec()
+	}
+	if lc.gauge = g; g != nil {
+		g.Inc()
+	}
 }
 
 // parse parses b as one whole request the lane may serve, and returns its
@@ -330,14 +386,16 @@ func (ll *laneLoop) parse(b []byte) (api connectors.API, body []byte, lr laneReq
 	return api, b[headLen:], lr, ok
 }
 
-// pop takes a pooled engine connection, nil when none is fit.
-func (ll *laneLoop) pop() *upConn {
+// pop takes a pooled connection to addr, nil when none is fit.
+func (ll *laneLoop) pop(addr string) *upConn {
 	ll.mu.Lock()
 	defer ll.mu.Unlock()
 	now := time.Now()
-	for len(ll.idle) > 0 {
-		u := ll.idle[len(ll.idle)-1]
-		ll.idle = ll.idle[:len(ll.idle)-1]
+	idle := ll.idle[addr]
+	for len(idle) > 0 {
+		u := idle[len(idle)-1]
+		idle = idle[:len(idle)-1]
+		ll.idle[addr] = idle
 		if now.Sub(u.since) < laneIdleMax {
 			return u
 		}
@@ -350,8 +408,8 @@ func (ll *laneLoop) pop() *upConn {
 func (ll *laneLoop) put(u *upConn) {
 	ll.mu.Lock()
 	u.owner, u.since = nil, time.Now()
-	if len(ll.idle) < max(ll.ln.p.cfg.MaxConnsPerHost/len(ll.ln.loops), 1) {
-		ll.idle = append(ll.idle, u)
+	if idle := ll.idle[u.addr]; len(idle) < max(ll.ln.p.cfg.MaxConnsPerHost/len(ll.ln.loops), 1) {
+		ll.idle[u.addr] = append(idle, u)
 		ll.mu.Unlock()
 		return
 	}
@@ -359,13 +417,29 @@ func (ll *laneLoop) put(u *upConn) {
 	u.close()
 }
 
-// dial connects to the engine off the loop, then sends the request.
+// unpool removes u, which its upstream closed while idle, from the pool.
+func (ll *laneLoop) unpool(u *upConn) {
+	idle := ll.idle[u.addr]
+	for i, x := range idle {
+		if x == u {
+			idle = append(idle[:i], idle[i+1:]...)
+			break
+		}
+	}
+	if len(idle) == 0 {
+		delete(ll.idle, u.addr) // a prefiller gone from the fleet leaves no key behind
+		return
+	}
+	ll.idle[u.addr] = idle
+}
+
+// dial connects to lc.addr off the loop, then sends the leg.
 func (lc *laneConn) dial() {
 	lc.state = laneSending
-	ll := lc.ll
-	r := lc.r
+	lc.dials++
+	ll, r, addr, n := lc.ll, lc.r, lc.addr, lc.dials
 	go func() {
-		conn, err := ll.ln.p.tr.dial(ll.ln.local)
+		conn, err := ll.ln.p.tr.dial(addr)
 		var fd int
 		if err == nil {
 			var ok bool
@@ -376,20 +450,20 @@ func (lc *laneConn) dial() {
 		}
 		lc.mu.Lock()
 		defer lc.mu.Unlock()
-		if lc.state != laneSending || lc.r != r {
+		if lc.state != laneSending || lc.r != r || lc.dials != n {
 			if err == nil {
 				_ = conn.Close()
 			}
 			return
 		}
 		if err != nil {
-			lc.failed(&LegError{Addr: ll.ln.local, Op: "dial", Err: err})
+			lc.legFailed(&LegError{Addr: addr, Op: "dial", Err: err})
 			return
 		}
-		u := &upConn{ll: ll, conn: conn, fd: fd, fresh: true}
+		u := &upConn{ll: ll, addr: addr, conn: conn, fd: fd, fresh: true}
 		if err := ll.loop.Add(fd, netloop.Readable, u); err != nil {
 			_ = conn.Close()
-			lc.failed(&LegError{Addr: ll.ln.local, Op: "dial", Err: err})
+			lc.legFailed(&LegError{Addr: addr, Op: "dial", Err: err})
 			return
 		}
 		u.watched = true
@@ -425,7 +499,7 @@ func (lc *laneConn) writeUp() {
 		err = nil
 	}
 	if err != nil {
-		lc.upFailed(&LegError{Addr: lc.ll.ln.local, Op: "write", Err: err})
+		lc.upFailed(&LegError{Addr: lc.addr, Op: "write", Err: err})
 	}
 }
 
@@ -461,10 +535,10 @@ func (lc *laneConn) readHead() {
 	case errors.Is(err, netloop.ErrWouldBlock):
 		return
 	case err != nil:
-		lc.upFailed(&LegError{Addr: ll.ln.local, Op: "read", Err: err})
+		lc.upFailed(&LegError{Addr: lc.addr, Op: "read", Err: err})
 		return
 	case n == 0:
-		lc.upFailed(&LegError{Addr: ll.ln.local, Op: "read", Err: errUpClosed})
+		lc.upFailed(&LegError{Addr: lc.addr, Op: "read", Err: errUpClosed})
 		return
 	}
 	b := in[:n]
@@ -476,7 +550,7 @@ func (lc *laneConn) readHead() {
 		end := bytes.Index(b, []byte("\r\n\r\n"))
 		if end < 0 {
 			if len(b) > ll.ln.p.cfg.Guard.MaxHeaderBytes*4 {
-				lc.upFailed(&LegError{Addr: ll.ln.local, Op: "read", Err: errors.New("answer head too large")})
+				lc.upFailed(&LegError{Addr: lc.addr, Op: "read", Err: errors.New("answer head too large")})
 				return
 			}
 			if len(lc.head) == 0 {
@@ -488,13 +562,17 @@ func (lc *laneConn) readHead() {
 		ll.rd.Reset(b[:end+4])
 		ll.br.Reset(&ll.rd)
 		if err := ll.resp.Read(ll.br); err != nil {
-			lc.upFailed(&LegError{Addr: ll.ln.local, Op: "read", Err: err})
+			lc.upFailed(&LegError{Addr: lc.addr, Op: "read", Err: err})
 			return
 		}
 		b = b[end+4:]
 		if st := ll.resp.StatusCode(); st >= 200 || st == fasthttp.StatusSwitchingProtocols {
 			break
 		}
+	}
+	if lc.prefill {
+		lc.prefillHead(b)
+		return
 	}
 	lc.answer(b)
 }
@@ -515,19 +593,29 @@ func (lc *laneConn) answer(rest []byte) {
 	}
 	dec := headDecoder(&ll.resp)
 	if !bytes.HasPrefix(ll.resp.ContentType(), eventStream) {
-		lc.raw = &rawAnswer{body: dec, status: st}
-		ll.resp.CopyTo(&lc.raw.head)
-		lc.feedRaw(rest)
+		lc.readWhole(dec, rest)
 		return
 	}
-	r.p.m.Requests.WithLabelValues(r.mode, statusLabel(st)).Inc()
 	ls := lc.newStream(dec)
+	if r.handoff != nil {
+		lc.gateStream(ls) // counted once its first output came
+	} else {
+		r.p.m.Requests.WithLabelValues(r.mode, statusLabel(st)).Inc()
+	}
 	lc.streamed = true
 	r.p.m.LoopStreams.Inc()
 	_, out := ll.loop.Buffers()
 	out = lc.appendHead(out, &ll.resp, -1)
 	out = ls.relayed(out, rest, false, nil)
-	ls.write(out)
+	ls.deliver(out)
+}
+
+// readWhole reads an answer whole (head in ll.resp, its body decoded by
+// dec from rest on) before anything of it is written.
+func (lc *laneConn) readWhole(dec httpbody.Decoder, rest []byte) {
+	lc.raw = &rawAnswer{body: dec, status: lc.ll.resp.StatusCode()}
+	lc.ll.resp.CopyTo(&lc.raw.head)
+	lc.feedRaw(rest)
 }
 
 // newStream relays the answer's body on the loop from here, as a stream
@@ -571,13 +659,13 @@ func (lc *laneConn) readRaw() {
 	case errors.Is(err, netloop.ErrWouldBlock):
 		return
 	case err != nil:
-		lc.rawBroke(fmt.Errorf("read %s: %w", lc.r.local, err))
+		lc.rawBroke(fmt.Errorf("read %s: %w", lc.addr, err))
 		return
 	case n == 0 && lc.raw.body.Mode() == httpbody.UntilClose:
 		lc.rawDone()
 		return
 	case n == 0:
-		lc.rawBroke(fmt.Errorf("read %s: connection closed mid-body", lc.r.local))
+		lc.rawBroke(fmt.Errorf("read %s: connection closed mid-body", lc.addr))
 		return
 	}
 	lc.feedRaw(in[:n])
@@ -605,20 +693,33 @@ func (lc *laneConn) feedRaw(b []byte) {
 	}
 }
 
-// rawDone writes a non-streamed answer read whole.
+// rawDone ends an answer read whole: the prefill's is the split's next
+// step; a decode leg's is written.
 func (lc *laneConn) rawDone() {
 	r, a := lc.r, lc.raw
 	lc.raw = nil
 	lc.endUp(a.body.Done())
-	r.jsonAnswered(a.status)
-	lc.writeWhole(&a.head, a.buf)
+	switch {
+	case lc.prefill:
+		lc.prefillAnswered(a)
+	case r.handoff != nil:
+		lc.remoteAnswered(a)
+	default:
+		r.jsonAnswered(a.status)
+		lc.writeWhole(&a.head, a.buf)
+	}
 }
 
 // rawBroke ends a non-streamed answer that broke off before it was whole:
-// the client has seen nothing, so it gets the error answer.
+// the client has seen nothing, so it gets the error answer (or, for the
+// prefill's, the split goes on as after any failed prefill).
 func (lc *laneConn) rawBroke(err error) {
 	lc.raw = nil
 	lc.endUp(false)
+	if lc.prefill {
+		lc.prefillFailed(prefillTransportErr(err))
+		return
+	}
 	lc.failWith(decodeTransportErr(err))
 }
 
@@ -637,14 +738,21 @@ func (lc *laneConn) writeWhole(h *fasthttp.ResponseHeader, body []byte) {
 // failWith answers err as the fasthttp path's fail does: the client has
 // seen nothing yet.
 func (lc *laneConn) failWith(err error) {
-	r := lc.r
-	o := r.failure(err)
-	r.answerCounted(r.mode, o.status)
+	lc.stopTimer()
+	lc.putSent()
+	o := lc.r.failure(err)
+	lc.answerWhole(lc.r.mode, o.status, "application/json", errorBody(o.status, err))
+}
+
+// answerWhole writes a complete answer the sidecar made, as the fasthttp
+// path's answer does.
+func (lc *laneConn) answerWhole(mode string, status int, contentType string, body []byte) {
+	lc.r.answerCounted(mode, status)
 	h := &lc.ll.resp
 	h.Reset()
-	h.SetStatusCode(o.status)
-	h.SetContentType("application/json")
-	lc.writeWhole(h, errorBody(o.status, err))
+	h.SetStatusCode(status)
+	h.SetContentType(contentType)
+	lc.writeWhole(h, body)
 }
 
 // upFailed handles an engine connection that failed before the answer's
@@ -660,16 +768,25 @@ func (lc *laneConn) upFailed(err error) {
 		lc.dial()
 		return
 	}
+	lc.legFailed(err)
+}
+
+// legFailed handles a leg that got no answer head: a failed prefill
+// attempt, or a decode leg answered with the error.
+func (lc *laneConn) legFailed(err error) {
+	if lc.prefill {
+		lc.head = lc.head[:0]
+		lc.prefillFailed(prefillTransportErr(err))
+		return
+	}
 	lc.failed(err)
 }
 
 // errUpClosed: the engine closed the connection before the answer began.
 var errUpClosed = errors.New("connection closed before the answer")
 
-// failed answers a request that got no answer head.
+// failed answers a request whose decode leg got no answer head.
 func (lc *laneConn) failed(err error) {
-	lc.stopTimer()
-	lc.putSent()
 	lc.state = laneAnswer
 	lc.failWith(decodeTransportErr(err))
 }
@@ -710,14 +827,15 @@ func (lc *laneConn) abandon(err error) {
 	lc.close()
 }
 
-// drop ends a request before its answer began: the engine connection is
-// closed, so the engine drops it too.
+// drop ends a request before its answer began: the upstream connection
+// is closed, so the upstream drops it too.
 func (lc *laneConn) drop(cause error) {
 	lc.r.cancel(cause)
 	lc.stopTimer()
 	lc.putSent()
 	lc.endUp(false)
 	lc.raw = nil
+	lc.endPrefill(cause)
 	lc.finish()
 }
 
@@ -758,8 +876,9 @@ func (lc *laneConn) finish() {
 	if r == nil {
 		return
 	}
-	lc.r = nil
-	lc.ll.inflight.Dec()
+	lc.r, lc.prefill = nil, false
+	lc.endSplit()
+	lc.setGauge(nil)
 	r.report()
 	r.p.guard.release()
 	r.cancel(context.Canceled)
@@ -797,11 +916,13 @@ func (lc *laneConn) firstOutput() {
 	r.p.m.TTFT.WithLabelValues(r.mode).Observe(time.Since(r.start).Seconds())
 }
 
-// upConn is a pooled engine connection of the lane, watched by its loop
-// for as long as it lives: while idle in the pool, any event means the
-// engine closed it (or sent what nobody asked for), and it is dropped.
+// upConn is a pooled upstream connection of the lane (to the local engine
+// or a prefiller), watched by its loop for as long as it lives: while idle
+// in the pool, any event means the upstream closed it (or sent what nobody
+// asked for), and it is dropped.
 type upConn struct {
 	ll      *laneLoop
+	addr    string
 	conn    net.Conn
 	fd      int
 	owner   *laneConn // nil while pooled (under ll.mu)
@@ -817,12 +938,7 @@ func (u *upConn) Ready(fd int, ev netloop.Events) {
 	u.ll.mu.Lock()
 	lc := u.owner
 	if lc == nil {
-		for i, x := range u.ll.idle {
-			if x == u {
-				u.ll.idle = append(u.ll.idle[:i], u.ll.idle[i+1:]...)
-				break
-			}
-		}
+		u.ll.unpool(u)
 		u.ll.mu.Unlock()
 		u.close()
 		return

@@ -57,12 +57,13 @@ func hopHeader(k []byte) bool {
 // headers, found in one pass.
 type laneRequest struct {
 	id        []byte // X-Request-Id (the first)
+	prefiller []byte // x-prefiller-host-port (the first; nil: a local request)
 	refused   bool   // a header the lane leaves to fasthttp
 	keepAlive bool
 }
 
-// scanRequest looks at h's headers: a named prefiller (a P/D request),
-// Expect and Upgrade are fasthttp's to serve.
+// scanRequest looks at h's headers: Expect and Upgrade are fasthttp's to
+// serve; a named prefiller makes a P/D request.
 func scanRequest(h *fasthttp.RequestHeader) laneRequest {
 	lr := laneRequest{keepAlive: !h.ConnectionClose()}
 	for k, v := range h.All() {
@@ -76,7 +77,9 @@ func scanRequest(h *fasthttp.RequestHeader) laneRequest {
 				lr.id = v
 			}
 		case len(HeaderPrefiller):
-			lr.refused = lr.refused || equalFold(k, HeaderPrefiller)
+			if lr.prefiller == nil && equalFold(k, HeaderPrefiller) {
+				lr.prefiller = v
+			}
 		}
 	}
 	return lr
@@ -86,6 +89,12 @@ func scanRequest(h *fasthttp.RequestHeader) laneRequest {
 // bodyLen bytes: h's request line and end-to-end headers (those
 // upstreamHeader keeps), then Host, Content-Length and the request id.
 func appendLegHead(dst []byte, h *fasthttp.RequestHeader, addr, id string, bodyLen int) []byte {
+	return appendLegEnd(appendLegStart(dst, h), addr, id, bodyLen)
+}
+
+// appendLegStart appends the part of a leg's head every leg of a request
+// shares: h's request line and end-to-end headers.
+func appendLegStart(dst []byte, h *fasthttp.RequestHeader) []byte {
 	dst = append(dst, h.Method()...)
 	dst = append(dst, ' ')
 	dst = append(dst, h.RequestURI()...)
@@ -104,6 +113,12 @@ func appendLegHead(dst []byte, h *fasthttp.RequestHeader, addr, id string, bodyL
 		}
 		dst = appendHeaderLine(dst, k, v)
 	}
+	return dst
+}
+
+// appendLegEnd ends a leg's head begun by appendLegStart: Host,
+// Content-Length and the request id.
+func appendLegEnd(dst []byte, addr, id string, bodyLen int) []byte {
 	dst = append(dst, "Host: "...)
 	dst = append(dst, addr...)
 	dst = append(dst, "\r\nContent-Length: "...)

@@ -60,7 +60,26 @@ type loopStream struct {
 	conns    streamConns // the two connections
 	upEnded  bool        // conns.legEnd was called
 	ttftSeen bool        // conns.firstOutput was called
+
+	// A decode leg carrying remote KV (the lane's) is held back until its
+	// first output, as relaySSE holds it: an error event before any output
+	// is a KV load failure, which the client must not see. gated decides
+	// what becomes of the held bytes (head included) once gate is no longer
+	// gateHolding, or the stream ended while it was.
+	gate  gateState
+	held  []byte
+	gated func(g gateState, held []byte)
 }
+
+// gateState is where a held stream is (see loopStream.gate).
+type gateState uint8
+
+const (
+	gateOff     gateState = iota // nothing held: every byte goes to the client
+	gateHolding                  // no event with output yet
+	gateOutput                   // the first output came (or maxHeld bytes of preamble)
+	gateError                    // an error event came before any output
+)
 
 // streamConns is what a loopStream does with its two connections, which
 // a stream handed over by fasthttp (legConns) and one the lane served from
@@ -241,7 +260,25 @@ func (ls *loopStream) readUpstream() {
 	if errors.Is(err, netloop.ErrWouldBlock) {
 		return
 	}
-	ls.write(ls.relayed(out, in[:n], n == 0 && err == nil, err))
+	ls.deliver(ls.relayed(out, in[:n], n == 0 && err == nil, err))
+}
+
+// deliver writes out to the client, or holds it while the gate is shut.
+func (ls *loopStream) deliver(out []byte) {
+	if ls.gate == gateOff {
+		ls.write(out)
+		return
+	}
+	ls.held = append(ls.held, out...)
+	if ls.gate == gateHolding && len(ls.held) < maxHeld && !ls.ended {
+		return
+	}
+	g, held := ls.gate, ls.held
+	if g == gateHolding && !ls.ended {
+		g = gateOutput // preamble enough: relayed as relaySSE does
+	}
+	ls.gate, ls.held = gateOff, nil
+	ls.gated(g, held)
 }
 
 // relayed appends to out the client's next bytes from what one read of
@@ -332,11 +369,23 @@ func (ls *loopStream) feed(out, data []byte) ([]byte, error) {
 }
 
 func (ls *loopStream) emit(out, ev []byte) []byte {
-	if !ls.ttftSeen && ls.conns != nil {
+	d := firstData(ev)
+	switch {
+	case ls.gate == gateHolding:
+		if d != nil {
+			switch connectors.ClassifyEvent(ls.r.api, d) {
+			case connectors.EventPreamble:
+			case connectors.EventError:
+				ls.gate = gateError
+			default:
+				ls.gate = gateOutput
+			}
+		}
+	case !ls.ttftSeen && ls.conns != nil && ls.gate == gateOff:
 		ls.ttftSeen = true
 		ls.conns.firstOutput()
 	}
-	if d := firstData(ev); d != nil && connectors.IsDone(d) {
+	if d != nil && connectors.IsDone(d) {
 		ls.done = true
 	}
 	return rewriteEvent(out, ev, ls.fn)

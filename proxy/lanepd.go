@@ -1,0 +1,333 @@
+package proxy
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/rs/zerolog"
+	"github.com/valyala/fasthttp"
+
+	"github.com/pd-sidecar/pd-sidecar/circuit"
+	"github.com/pd-sidecar/pd-sidecar/connectors"
+	"github.com/pd-sidecar/pd-sidecar/metrics"
+)
+
+// The lane's P/D split: serveInference's sequential handoff as a state
+// machine on the loop. The prefill leg goes out on a pooled connection to
+// the prefiller and its answer is read whole; the decode leg carrying the
+// KV goes to the local engine, and its answer is held back until its first
+// output (loopStream.gate), so that a KV load failure is recovered before
+// the client saw anything. Every step and failure is the fasthttp path's,
+// with its accounting: the prefiller's circuit breaker, retries with
+// backoff within --prefill-timeout, a prefill 4xx passed on, degradation to
+// a local prefill (fallback), first-token EOS answered from the prefill,
+// the TP guard, the cached_tokens rewrite. Only the sequential choreography
+// is served here; the sidecar's own KV pull and TLS to prefillers are the
+// fasthttp path's.
+
+// laneSplits reports whether the lane serves P/D requests.
+func (p *Proxy) laneSplits() bool {
+	return p.seq != nil && p.choreo == connectors.ChoreographySequential && p.kv == nil && !p.cfg.Guard.TLS.Prefiller
+}
+
+// lanePD is a split's state on the lane.
+type lanePD struct {
+	bufp  *[]byte
+	buf   []byte // start, then the client's body
+	start []byte // the legs' shared head start (appendLegStart)
+
+	tk       *circuit.Ticket // the prefiller's breaker, while the prefill runs
+	done     func(error)     // records the prefill's end (prefillStarted)
+	timeout  *time.Timer     // --prefill-timeout
+	attempts int
+	last     error     // the last attempt's failure
+	sent     time.Time // the decode leg's start, for the KV handoff's duration
+}
+
+// split begins the P/D split of the request, its prefiller named by hv.
+func (lc *laneConn) split(hv []byte) {
+	ll, r, p := lc.ll, lc.r, lc.ll.ln.p
+	pd := &lanePD{}
+	pd.bufp, pd.buf = p.bufs.getChunk()
+	pd.buf = appendLegStart(pd.buf, &ll.req)
+	n := len(pd.buf)
+	pd.buf = append(pd.buf, r.body...)
+	pd.start, r.body = pd.buf[:n:n], pd.buf[n:] // the body outlives the loop's buffer
+	lc.pd = pd
+	hp, err := p.pickAllowed(hv)
+	r.prefiller, r.label = hp, p.prefillerLabel(hp, err)
+	r.logReady = false // the request's logger gets the prefiller field
+	if err != nil {
+		lc.fallback(err)
+		return
+	}
+	g := p.guard
+	tk, ok := g.breakers.Allow(hp)
+	if !ok {
+		lc.fallback(fmt.Errorf("%w: %s skipped for up to %v", ErrCircuitOpen, logValue(hp), g.cfg.Breaker.Cooldown))
+		return
+	}
+	body, err := p.seq.PrefillBody(nil, r.api, r.body)
+	if err != nil {
+		err = fmt.Errorf("%w: %w", ErrBadRequest, err)
+		tk.Done(breakerResult(err))
+		g.trackCircuit(hp)
+		lc.fallback(err)
+		return
+	}
+	r.mode = metrics.ModeDisaggregated
+	pd.tk = tk
+	lc.setGauge(ll.prefill)
+	pd.done = r.prefillStarted(time.Now())
+	pd.timeout = time.AfterFunc(p.cfg.PrefillTimeout, func() { lc.prefillTimedOut(r) })
+	lc.prefill = true
+	lc.sentp, lc.sent = p.bufs.getChunk()
+	lc.sent = append(lc.sent, pd.start...)
+	lc.legTo(hp, body)
+}
+
+// prefillHead begins reading the prefill's answer, whose head is in
+// ll.resp, rest the body bytes that came with it.
+func (lc *laneConn) prefillHead(rest []byte) {
+	lc.up.fresh = false
+	lc.head = nil
+	lc.state = laneAnswer
+	if lc.ll.resp.ConnectionClose() {
+		lc.up.keep = false
+	}
+	lc.readWhole(headDecoder(&lc.ll.resp), rest)
+}
+
+// prefillAnswered takes the prefill's answer, read whole, as prefillOnce
+// does.
+func (lc *laneConn) prefillAnswered(a *rawAnswer) {
+	r := lc.r
+	switch st := a.status; {
+	case st == fasthttp.StatusTooManyRequests:
+		lc.prefillFailed(ErrPrefillOverloaded)
+	case st >= 500:
+		lc.prefillFailed(fmt.Errorf("%w: status %d", ErrPrefillServerError, st))
+	case st != fasthttp.StatusOK:
+		lc.prefillFailed(&rejected{status: st, contentType: string(a.head.ContentType()), body: a.buf})
+	default:
+		h, err := r.p.seq.ParsePrefill(r.api, a.buf)
+		if err != nil {
+			lc.prefillFailed(err)
+			return
+		}
+		lc.prefillEnded(prefillResult{handoff: h, body: a.buf}, nil)
+	}
+}
+
+// prefillFailed handles a failed prefill attempt: a retryable failure is
+// tried again after --prefill-retry-backoff (while --prefill-timeout
+// allows); any other, or the last, ends the prefill.
+func (lc *laneConn) prefillFailed(err error) {
+	r, p, pd := lc.r, lc.ll.ln.p, lc.pd
+	if !classify(err).retry || pd.attempts >= p.cfg.PrefillMaxRetries {
+		lc.prefillEnded(prefillResult{}, err)
+		return
+	}
+	pd.attempts++
+	pd.last = err
+	p.m.PrefillRetries.WithLabelValues(r.label).Inc()
+	r.logAt(zerolog.WarnLevel).Err(err).Int("attempt", pd.attempts).Msg("prefill failed; retrying")
+	lc.state = laneBackoff
+	lc.timer = time.AfterFunc(p.cfg.PrefillRetryBackoff, func() { lc.retryPrefill(r) })
+}
+
+// retryPrefill sends the prefill leg again.
+func (lc *laneConn) retryPrefill(r *request) {
+	lc.mu.Lock()
+	defer lc.mu.Unlock()
+	if lc.r != r || lc.state != laneBackoff {
+		return
+	}
+	lc.timer = nil
+	lc.retried = false
+	lc.connect()
+}
+
+// prefillTimedOut ends a prefill that ran past --prefill-timeout, its
+// retries included.
+func (lc *laneConn) prefillTimedOut(r *request) {
+	lc.mu.Lock()
+	defer lc.mu.Unlock()
+	if lc.r != r || !lc.prefill || lc.pd.timeout == nil {
+		return
+	}
+	lc.stopTimer()
+	lc.endUp(false)
+	lc.raw = nil
+	err := fmt.Errorf("%w after %v", ErrPrefillTimeout, r.p.cfg.PrefillTimeout)
+	if last := lc.pd.last; last != nil {
+		err = fmt.Errorf("%w (after %w)", err, last)
+	}
+	lc.prefillEnded(prefillResult{}, err)
+}
+
+// endPrefill ends the prefill's bookkeeping, once: its duration, the
+// breaker's ticket, the in-flight gauge.
+func (lc *laneConn) endPrefill(err error) {
+	pd := lc.pd
+	if pd == nil || pd.tk == nil {
+		return
+	}
+	lc.prefill = false
+	pd.timeout.Stop()
+	pd.done(err)
+	pd.tk.Done(breakerResult(err))
+	pd.tk = nil
+	r := lc.r
+	r.p.guard.trackCircuit(r.prefiller)
+	lc.setGauge(nil)
+}
+
+// prefillEnded goes on from the prefill's result, as serveInference does.
+func (lc *laneConn) prefillEnded(res prefillResult, err error) {
+	r, p := lc.r, lc.ll.ln.p
+	lc.putSent()
+	lc.endPrefill(err)
+	if err != nil {
+		var rej *rejected
+		if errors.As(err, &rej) {
+			r.logAt(zerolog.InfoLevel).Int("status", rej.status).Msg("prefiller rejected the request; answer passed on")
+			lc.answerWhole(metrics.ModeDisaggregated, rej.status, rej.contentType, rej.body)
+			return
+		}
+		lc.fallback(err)
+		return
+	}
+	if res.handoff.Done {
+		lc.answerFromPrefill(res)
+		return
+	}
+	if t := p.cfg.DecodeTPSize; t > 0 && res.handoff.TPSize > t {
+		lc.fallback(fmt.Errorf("%w: prefill tp_size %d > %d", ErrTPMismatch, res.handoff.TPSize, t))
+		return
+	}
+	body, err := p.seq.DecodeBody(nil, r.api, r.body, res.handoff)
+	if err != nil {
+		lc.failWith(err)
+		return
+	}
+	r.mode, r.handoff = metrics.ModeDisaggregated, &res.handoff
+	lc.decodeLeg(body, true)
+}
+
+// answerFromPrefill serves a request whose generation ended on the
+// prefill's first token, as the fasthttp path's answerFromPrefill does.
+func (lc *laneConn) answerFromPrefill(res prefillResult) {
+	r := lc.r
+	r.logAt(zerolog.InfoLevel).Msg("generation ended on the first token: answered from the prefill, no decode leg")
+	ans, err := connectors.EditObject(nil, res.body, []connectors.Edit{{Key: "kv_transfer_params", Delete: true}})
+	if err != nil {
+		ans = res.body
+	}
+	if !r.stream {
+		lc.answerWhole(metrics.ModeDisaggregated, fasthttp.StatusOK, "application/json", ans)
+		return
+	}
+	sse, ok := connectors.AnswerAsSSE(nil, r.api, ans, r.usage)
+	if !ok {
+		lc.fallback(ErrEOSStream)
+		return
+	}
+	lc.answerWhole(metrics.ModeDisaggregated, fasthttp.StatusOK, "text/event-stream", sse)
+}
+
+// fallback degrades the request to a local prefill with the client's
+// body, or answers the error, as the fasthttp path's fallback does.
+func (lc *laneConn) fallback(cause error) {
+	r, p := lc.r, lc.ll.ln.p
+	o := classify(cause)
+	if o.reason == "" || !p.cfg.PrefillFallback {
+		lc.failWith(cause)
+		return
+	}
+	p.m.Fallbacks.WithLabelValues(o.reason).Inc()
+	r.obs.reason = o.reason
+	r.logAt(zerolog.WarnLevel).Err(cause).Str("reason", o.reason).Msg("degrading to local prefill")
+	r.mode = metrics.ModeFallback
+	lc.decodeLeg(r.body, false)
+}
+
+// remoteAnswered writes the decode leg's non-streamed answer, read whole,
+// as relayJSON does: a KV load failure degrades to a local prefill.
+func (lc *laneConn) remoteAnswered(a *rawAnswer) {
+	r, p := lc.r, lc.ll.ln.p
+	r.kvHandoffDone(lc.pd.sent, a.status == fasthttp.StatusOK)
+	if a.status == fasthttp.StatusInternalServerError && r.kvLoadFailed() {
+		r.handoff = nil
+		lc.fallback(ErrKVLoadFailed)
+		return
+	}
+	buf := a.buf
+	if a.status == fasthttp.StatusOK && p.rewriter != nil {
+		buf = p.rewriter.RewriteAnswer(r.api, buf, *r.handoff)
+	}
+	r.jsonAnswered(a.status)
+	lc.writeWhole(&a.head, buf)
+}
+
+// gateStream holds the decode leg's stream back until its first output,
+// and gives it the cached_tokens rewrite.
+func (lc *laneConn) gateStream(ls *loopStream) {
+	r := lc.r
+	if rw := r.p.rewriter; rw != nil {
+		h := *r.handoff
+		ls.fn = func(d []byte) []byte { return rw.RewriteAnswer(r.api, d, h) }
+	}
+	ls.gate = gateHolding
+	ls.gated = lc.gateDone
+}
+
+// gateDone decides on a held stream: relayed once its first output came;
+// a KV load failure degrades to a local prefill; a stream that ended with
+// no output is answered with the error.
+func (lc *laneConn) gateDone(g gateState, held []byte) {
+	r, ls := lc.r, lc.ls
+	switch {
+	case g == gateHolding: // ended with no output
+		lc.dropStream()
+		lc.failWith(decodeTransportErr(errors.New("decode stream ended before any output")))
+		return
+	case g == gateError:
+		r.kvHandoffDone(lc.pd.sent, false)
+		if r.kvLoadFailed() {
+			lc.dropStream()
+			r.handoff = nil
+			lc.fallback(ErrKVLoadFailed)
+			return
+		}
+	default:
+		r.kvHandoffDone(lc.pd.sent, true)
+	}
+	r.p.m.Requests.WithLabelValues(r.mode, statusLabel(r.obs.status)).Inc()
+	ls.ttftSeen = true
+	lc.firstOutput()
+	ls.write(held)
+}
+
+// dropStream ends a held stream the client never saw: its leg is closed,
+// and the request goes on.
+func (lc *laneConn) dropStream() {
+	ls := lc.ls
+	ls.finished = true
+	ls.closeLeg(false)
+	lc.ls = nil
+	lc.state = laneSending
+	if lc.streamed {
+		lc.streamed = false
+		lc.r.p.m.LoopStreams.Dec()
+	}
+}
+
+// endSplit frees the split's state once the request is over.
+func (lc *laneConn) endSplit() {
+	if pd := lc.pd; pd != nil {
+		lc.pd = nil
+		lc.ll.ln.p.bufs.putChunk(pd.bufp, pd.buf)
+	}
+}
