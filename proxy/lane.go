@@ -117,8 +117,8 @@ func (ln *lane) adopt(c *clientConn) {
 	}
 }
 
-// sweep closes connections idle longer than --idle-timeout, until
-// shutdown.
+// sweep closes client connections idle longer than --idle-timeout, and
+// pooled upstream connections unused for laneIdleMax, until shutdown.
 func (ln *lane) sweep() {
 	idle := ln.p.cfg.Guard.IdleTimeout
 	t := time.NewTicker(min(max(idle/4, 10*time.Millisecond), time.Second))
@@ -128,6 +128,9 @@ func (ln *lane) sweep() {
 		case <-ln.stop:
 			return
 		case now := <-t.C:
+			for _, ll := range ln.loops {
+				ll.evict(now)
+			}
 			for _, lc := range ln.snapshot() {
 				lc.mu.Lock()
 				if lc.state == laneIdle && now.Sub(lc.since) >= idle {
@@ -404,11 +407,15 @@ func (ll *laneLoop) pop(addr string) *upConn {
 	return nil
 }
 
-// put pools u once its answer was read whole.
+// put pools u once its answer was read whole: up to MaxConnsPerHost
+// connections to an address (over all loops), for as many addresses as
+// the transport keeps pools for (forged prefiller addresses cannot grow
+// the pool), plus the local engine.
 func (ll *laneLoop) put(u *upConn) {
 	ll.mu.Lock()
 	u.owner, u.since = nil, time.Now()
-	if idle := ll.idle[u.addr]; len(idle) < max(ll.ln.p.cfg.MaxConnsPerHost/len(ll.ln.loops), 1) {
+	idle, known := ll.idle[u.addr]
+	if (known || len(ll.idle) <= ll.ln.p.tr.maxHosts) && len(idle) < max(ll.ln.p.cfg.MaxConnsPerHost/len(ll.ln.loops), 1) {
 		ll.idle[u.addr] = append(idle, u)
 		ll.mu.Unlock()
 		return
@@ -417,20 +424,40 @@ func (ll *laneLoop) put(u *upConn) {
 	u.close()
 }
 
-// unpool removes u, which its upstream closed while idle, from the pool.
-func (ll *laneLoop) unpool(u *upConn) {
+// evict closes the pooled connections unused for laneIdleMax, and forgets
+// the addresses left with none.
+func (ll *laneLoop) evict(now time.Time) {
+	ll.mu.Lock()
+	defer ll.mu.Unlock()
+	for addr, idle := range ll.idle {
+		kept := idle[:0]
+		for _, u := range idle {
+			if now.Sub(u.since) < laneIdleMax {
+				kept = append(kept, u)
+			} else {
+				u.close()
+			}
+		}
+		clear(idle[len(kept):])
+		if len(kept) == 0 && addr != ll.ln.local {
+			delete(ll.idle, addr)
+			continue
+		}
+		ll.idle[addr] = kept
+	}
+}
+
+// unpool removes u from the pool (under ll.mu), reporting whether it was
+// there.
+func (ll *laneLoop) unpool(u *upConn) bool {
 	idle := ll.idle[u.addr]
 	for i, x := range idle {
 		if x == u {
-			idle = append(idle[:i], idle[i+1:]...)
-			break
+			ll.idle[u.addr] = append(idle[:i], idle[i+1:]...)
+			return true
 		}
 	}
-	if len(idle) == 0 {
-		delete(ll.idle, u.addr) // a prefiller gone from the fleet leaves no key behind
-		return
-	}
-	ll.idle[u.addr] = idle
+	return false
 }
 
 // dial connects to lc.addr off the loop, then sends the leg.
@@ -938,9 +965,12 @@ func (u *upConn) Ready(fd int, ev netloop.Events) {
 	u.ll.mu.Lock()
 	lc := u.owner
 	if lc == nil {
-		u.ll.unpool(u)
+		// Pooled: the upstream closed it. (Closed under ll.mu, as pop and
+		// evict close theirs: each pooled connection once.)
+		if u.ll.unpool(u) {
+			u.close()
+		}
 		u.ll.mu.Unlock()
-		u.close()
 		return
 	}
 	u.ll.mu.Unlock()
