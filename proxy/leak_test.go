@@ -1,6 +1,7 @@
 package proxy_test
 
 import (
+	"bufio"
 	"context"
 	"io"
 	"net"
@@ -92,44 +93,64 @@ func TestNoGoroutineLeakAfterLoad(t *testing.T) {
 		}
 		ccancel()
 	}
-	// Streams on an event loop: local ones served by the lane from their
-	// start, P/D ones handed over after streaming 50 ms; one of each read
-	// to its end, one of each whose client leaves, and a local one still
-	// streaming at shutdown (the drain finishes it).
-	longStream := func(tokens int, pd bool) *http.Response {
-		req, err := http.NewRequest(http.MethodPost, base+"/v1/chat/completions", strings.NewReader(
-			`{"model":"sim-model","messages":[{"role":"user","content":"long"}],"max_tokens":`+strconv.Itoa(tokens)+`,"stream":true}`))
+	// Streams on an event loop: local and P/D ones served by the lane from
+	// their start, and P/D ones whose body came in a second write handed
+	// over by fasthttp after streaming 50 ms; one of each read to its end,
+	// one of each whose client leaves, and a local one still streaming at
+	// shutdown (the drain finishes it).
+	longStream := func(tokens int, pd, handOver bool) io.ReadCloser {
+		body := `{"model":"sim-model","messages":[{"role":"user","content":"long"}],"max_tokens":` + strconv.Itoa(tokens) + `,"stream":true}`
+		if handOver {
+			conn, err := net.Dial("tcp", "127.0.0.1:"+strconv.Itoa(cfg.Port))
+			require.NoError(t, err)
+			_, err = io.WriteString(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"+
+				proxy.HeaderPrefiller+": 127.0.0.1:"+strconv.Itoa(prefill)+"\r\nContent-Length: "+strconv.Itoa(len(body))+"\r\n\r\n")
+			require.NoError(t, err)
+			time.Sleep(10 * time.Millisecond)
+			_, err = io.WriteString(conn, body)
+			require.NoError(t, err)
+			resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+			require.NoError(t, err)
+			require.Equal(t, http.StatusOK, resp.StatusCode)
+			return struct {
+				io.Reader
+				io.Closer
+			}{resp.Body, conn}
+		}
+		req, err := http.NewRequest(http.MethodPost, base+"/v1/chat/completions", strings.NewReader(body))
 		require.NoError(t, err)
 		if pd {
 			req.Header.Set(proxy.HeaderPrefiller, "127.0.0.1:"+strconv.Itoa(prefill))
 		}
 		resp, err := http.DefaultClient.Do(req)
 		require.NoError(t, err)
-		return resp
+		return resp.Body
 	}
 	onLoop := func(n float64) {
 		require.Eventually(t, func() bool { return testutil.ToFloat64(m.LoopStreams) == n }, 5*time.Second, time.Millisecond)
 	}
-	for _, pd := range []bool{false, true} {
-		resp := longStream(200, pd)
+	lane := testutil.ToFloat64(m.LoopRequests)
+	for _, tc := range []struct{ pd, handOver bool }{{false, false}, {true, false}, {true, true}} {
+		body := longStream(200, tc.pd, tc.handOver)
 		onLoop(1)
-		_, err = io.Copy(io.Discard, resp.Body)
+		_, err = io.Copy(io.Discard, body)
 		require.NoError(t, err)
-		resp.Body.Close()
+		body.Close()
 		onLoop(0)
-		resp = longStream(2000, pd)
+		body = longStream(2000, tc.pd, tc.handOver)
 		onLoop(1)
-		resp.Body.Close()
+		body.Close()
 		onLoop(0)
 	}
-	require.GreaterOrEqual(t, testutil.ToFloat64(m.LoopHandoffs), 2.0, "the P/D streams were handed over")
-	require.Greater(t, testutil.ToFloat64(m.LoopRequests), 2.0, "the local requests were served by the lane")
-	resp := longStream(400, false)
+	require.Equal(t, 2.0, testutil.ToFloat64(m.LoopHandoffs), "the P/D streams sent in two writes were handed over, none other")
+	require.Eventually(t, func() bool { return testutil.ToFloat64(m.LoopRequests) >= lane+4 }, 5*time.Second, time.Millisecond,
+		"the local and P/D streams sent whole were the lane's")
+	body := longStream(400, false, false)
 	onLoop(1)
 	drained := make(chan error, 1)
 	go func() {
-		_, err := io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
+		_, err := io.Copy(io.Discard, body)
+		body.Close()
 		drained <- err
 	}()
 
