@@ -99,25 +99,14 @@ func (lc *laneConn) prefillHead(rest []byte) {
 	lc.readWhole(headDecoder(&lc.ll.resp), rest)
 }
 
-// prefillAnswered takes the prefill's answer, read whole, as prefillOnce
-// does.
+// prefillAnswered takes the prefill's answer, read whole.
 func (lc *laneConn) prefillAnswered(a *rawAnswer) {
-	r := lc.r
-	switch st := a.status; {
-	case st == fasthttp.StatusTooManyRequests:
-		lc.prefillFailed(ErrPrefillOverloaded)
-	case st >= 500:
-		lc.prefillFailed(fmt.Errorf("%w: status %d", ErrPrefillServerError, st))
-	case st != fasthttp.StatusOK:
-		lc.prefillFailed(&rejected{status: st, contentType: string(a.head.ContentType()), body: a.buf})
-	default:
-		h, err := r.p.seq.ParsePrefill(r.api, a.buf)
-		if err != nil {
-			lc.prefillFailed(err)
-			return
-		}
-		lc.prefillEnded(prefillResult{handoff: h, body: a.buf}, nil)
+	res, err := lc.r.prefillAnswered(a.status, a.head.ContentType(), a.buf)
+	if err != nil {
+		lc.prefillFailed(err)
+		return
 	}
+	lc.prefillEnded(res, nil)
 }
 
 // prefillFailed handles a failed prefill attempt: a retryable failure is
@@ -203,8 +192,8 @@ func (lc *laneConn) prefillEnded(res prefillResult, err error) {
 		lc.answerFromPrefill(res)
 		return
 	}
-	if t := p.cfg.DecodeTPSize; t > 0 && res.handoff.TPSize > t {
-		lc.fallback(fmt.Errorf("%w: prefill tp_size %d > %d", ErrTPMismatch, res.handoff.TPSize, t))
+	if err := p.tpGuard(res.handoff); err != nil {
+		lc.fallback(err)
 		return
 	}
 	body, err := p.seq.DecodeBody(nil, r.api, r.body, res.handoff)
@@ -219,38 +208,22 @@ func (lc *laneConn) prefillEnded(res prefillResult, err error) {
 // answerFromPrefill serves a request whose generation ended on the
 // prefill's first token, as the fasthttp path's answerFromPrefill does.
 func (lc *laneConn) answerFromPrefill(res prefillResult) {
-	r := lc.r
-	r.logAt(zerolog.InfoLevel).Msg("generation ended on the first token: answered from the prefill, no decode leg")
-	ans, err := connectors.EditObject(nil, res.body, []connectors.Edit{{Key: "kv_transfer_params", Delete: true}})
+	ct, ans, err := lc.r.prefillAnswer(res)
 	if err != nil {
-		ans = res.body
-	}
-	if !r.stream {
-		lc.answerWhole(metrics.ModeDisaggregated, fasthttp.StatusOK, "application/json", ans)
+		lc.fallback(err)
 		return
 	}
-	sse, ok := connectors.AnswerAsSSE(nil, r.api, ans, r.usage)
-	if !ok {
-		lc.fallback(ErrEOSStream)
-		return
-	}
-	lc.answerWhole(metrics.ModeDisaggregated, fasthttp.StatusOK, "text/event-stream", sse)
+	lc.answerWhole(metrics.ModeDisaggregated, fasthttp.StatusOK, ct, ans)
 }
 
 // fallback degrades the request to a local prefill with the client's
 // body, or answers the error, as the fasthttp path's fallback does.
 func (lc *laneConn) fallback(cause error) {
-	r, p := lc.r, lc.ll.ln.p
-	o := classify(cause)
-	if o.reason == "" || !p.cfg.PrefillFallback {
+	if !lc.r.degrade(cause) {
 		lc.failWith(cause)
 		return
 	}
-	p.m.Fallbacks.WithLabelValues(o.reason).Inc()
-	r.obs.reason = o.reason
-	r.logAt(zerolog.WarnLevel).Err(cause).Str("reason", o.reason).Msg("degrading to local prefill")
-	r.mode = metrics.ModeFallback
-	lc.decodeLeg(r.body, false)
+	lc.decodeLeg(lc.r.body, false)
 }
 
 // remoteAnswered writes the decode leg's non-streamed answer, read whole,

@@ -51,8 +51,8 @@ func (p *Proxy) serveInference(rc *fasthttp.RequestCtx, local string, api connec
 		r.answerFromPrefill(res)
 		return
 	}
-	if t := p.cfg.DecodeTPSize; t > 0 && res.handoff.TPSize > t {
-		r.fallback(fmt.Errorf("%w: prefill tp_size %d > %d", ErrTPMismatch, res.handoff.TPSize, t))
+	if err := p.tpGuard(res.handoff); err != nil {
+		r.fallback(err)
 		return
 	}
 	if p.kv != nil {
@@ -76,6 +76,15 @@ func (p *Proxy) serveInference(rc *fasthttp.RequestCtx, local string, api connec
 	r.fail(err)
 }
 
+// tpGuard refuses a handoff from a prefiller of a larger tensor-parallel
+// size than --decode-tp-size (ErrTPMismatch).
+func (p *Proxy) tpGuard(h connectors.Handoff) error {
+	if t := p.cfg.DecodeTPSize; t > 0 && h.TPSize > t {
+		return fmt.Errorf("%w: prefill tp_size %d > %d", ErrTPMismatch, h.TPSize, t)
+	}
+	return nil
+}
+
 // prefillFailed ends a request whose prefill leg failed: a prefiller that
 // rejected the request (4xx) has its answer passed on; any other failure
 // degrades to a local prefill (see fallback).
@@ -93,16 +102,26 @@ func (r *request) prefillFailed(err error) {
 // counted and logged with its reason; or, with --prefill-fallback=false (or
 // a reason that is no degradation), answers the error.
 func (r *request) fallback(cause error) {
-	o := classify(cause)
-	if o.reason == "" || !r.p.cfg.PrefillFallback || r.gone() {
+	if r.gone() || !r.degrade(cause) {
 		r.fail(cause)
 		return
+	}
+	r.fail(r.forward(r.body, false))
+}
+
+// degrade reports whether cause is a reason to degrade to a local prefill
+// (that --prefill-fallback allows), and then counts and logs it: the
+// request is a fallback from here.
+func (r *request) degrade(cause error) bool {
+	o := classify(cause)
+	if o.reason == "" || !r.p.cfg.PrefillFallback {
+		return false
 	}
 	r.p.m.Fallbacks.WithLabelValues(o.reason).Inc()
 	r.obs.reason = o.reason
 	r.logAt(zerolog.WarnLevel).Err(cause).Str("reason", o.reason).Msg("degrading to local prefill")
 	r.mode = metrics.ModeFallback
-	r.fail(r.forward(r.body, false))
+	return true
 }
 
 // fail answers a request that could not be served, unless the answer has
@@ -166,21 +185,32 @@ func (r *request) answerCounted(mode string, status int) {
 // answerFromPrefill serves a request whose generation ended on the
 // prefill's first token: the prefill answer is the whole answer.
 func (r *request) answerFromPrefill(res prefillResult) {
+	ct, ans, err := r.prefillAnswer(res)
+	if err != nil {
+		r.fallback(err)
+		return
+	}
+	r.answer(metrics.ModeDisaggregated, fasthttp.StatusOK, ct, ans)
+}
+
+// prefillAnswer is the whole answer of a request whose generation ended on
+// the prefill's first token: the prefill's answer without its
+// kv_transfer_params, as a stream when the client streams (ErrEOSStream
+// for an API whose stream cannot be synthesised).
+func (r *request) prefillAnswer(res prefillResult) (contentType string, body []byte, err error) {
 	r.logAt(zerolog.InfoLevel).Msg("generation ended on the first token: answered from the prefill, no decode leg")
 	ans, err := connectors.EditObject(nil, res.body, []connectors.Edit{{Key: "kv_transfer_params", Delete: true}})
 	if err != nil {
 		ans = res.body
 	}
 	if !r.stream {
-		r.answer(metrics.ModeDisaggregated, fasthttp.StatusOK, "application/json", ans)
-		return
+		return "application/json", ans, nil
 	}
 	sse, ok := connectors.AnswerAsSSE(nil, r.api, ans, r.usage)
 	if !ok {
-		r.fallback(ErrEOSStream)
-		return
+		return "", nil, ErrEOSStream
 	}
-	r.answer(metrics.ModeDisaggregated, fasthttp.StatusOK, "text/event-stream", sse)
+	return "text/event-stream", sse, nil
 }
 
 // ErrEOSStream: generation ended on the prefill's first token but the
@@ -244,19 +274,22 @@ func (r *request) prefillOnce(ctx context.Context, body []byte) (prefillResult, 
 	if err := r.p.tr.Do(ctx, r.prefiller, req, resp); err != nil {
 		return prefillResult{}, prefillTransportErr(err)
 	}
-	switch st := resp.StatusCode(); {
-	case st == fasthttp.StatusTooManyRequests:
+	return r.prefillAnswered(resp.StatusCode(), resp.Header.ContentType(), append([]byte(nil), resp.Body()...))
+}
+
+// prefillAnswered is what a prefill answer of status, contentType and body
+// (the caller's to give) says: the handoff, or why there is none.
+func (r *request) prefillAnswered(status int, contentType, body []byte) (prefillResult, error) {
+	switch {
+	case status == fasthttp.StatusTooManyRequests:
 		return prefillResult{}, ErrPrefillOverloaded
-	case st >= 500:
-		return prefillResult{}, fmt.Errorf("%w: status %d", ErrPrefillServerError, st)
-	case st != fasthttp.StatusOK:
-		return prefillResult{}, &rejected{status: st, contentType: string(resp.Header.ContentType()),
-			body: append([]byte(nil), resp.Body()...)}
+	case status >= 500:
+		return prefillResult{}, fmt.Errorf("%w: status %d", ErrPrefillServerError, status)
+	case status != fasthttp.StatusOK:
+		return prefillResult{}, &rejected{status: status, contentType: string(contentType), body: body}
 	}
-	res := prefillResult{body: append([]byte(nil), resp.Body()...)}
-	h, err := r.p.seq.ParsePrefill(r.api, res.body)
-	res.handoff = h
-	return res, err
+	h, err := r.p.seq.ParsePrefill(r.api, body)
+	return prefillResult{handoff: h, body: body}, err
 }
 
 // errorBody is an OpenAI-style error object.
