@@ -69,7 +69,8 @@ type Metrics struct {
 	// LoopHandoffs counts streams handed to an event loop.
 	LoopHandoffs prometheus.Counter
 	// LoopRequests counts inference requests served on the event loops
-	// from their first byte to their last (the lane: local requests).
+	// from their first byte to their last (the lane: local and P/D
+	// requests read whole in one read).
 	LoopRequests prometheus.Counter
 	// Prefillers bounds the prefiller label.
 	Prefillers *Bounded
@@ -143,7 +144,7 @@ func New(reg prometheus.Registerer, maxPrefillers int) *Metrics {
 		}),
 		LoopRequests: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "pd_sidecar_loop_requests_total",
-			Help: "Inference requests served on the event loops from first byte to last (local requests read whole in one read).",
+			Help: "Inference requests served on the event loops from first byte to last (local and P/D requests read whole in one read).",
 		}),
 		Prefillers: NewBounded(maxPrefillers),
 		Guards:     NewGuards(reg),

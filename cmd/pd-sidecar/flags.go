@@ -65,7 +65,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.DurationVar(&c.ShutdownGrace, "shutdown-grace", c.ShutdownGrace, "how long SIGTERM waits for in-flight requests")
 	fs.IntVar(&c.MetricsPort, "metrics-port", c.MetricsPort, "port for /metrics (0: serve it on --port)")
 	fs.IntVar(&c.MaxConnsPerHost, "max-idle-conns-per-host", c.MaxConnsPerHost, "connections pooled per engine")
-	fs.IntVar(&c.StreamLoops, "stream-loops", c.StreamLoops, "event loops serving local inference requests whole and carrying open streams (an idle connection or an open stream then holds no goroutine or buffer; 0: a goroutine per connection for everything)")
+	fs.IntVar(&c.StreamLoops, "stream-loops", c.StreamLoops, "event loops serving inference requests whole (local and sequential P/D) and carrying open streams (an idle connection or an open stream then holds no goroutine or buffer; 0: a goroutine per connection for everything)")
 	level := fs.String("log-level", "info", "log level: debug, info, warn, error")
 	addGuardFlags(fs, &o)
 	fs.BoolVar(&o.tracing, "tracing", false, "export OpenTelemetry spans over OTLP/HTTP (endpoint, headers, sampler from the standard OTEL_* environment)")
