@@ -1,9 +1,12 @@
 package e2e
 
 import (
+	"bufio"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
+	"os"
 	"sort"
 	"strings"
 	"testing"
@@ -92,6 +95,7 @@ func TestLaneSplitAnswersAsTheServer(t *testing.T) {
 		lane           float64 // requests the lane served when sent whole
 		remoteDecodes  float64 // decodes on the prefiller's KV that succeeded
 		fallbackReason string
+		leave          time.Duration // the client hangs up after this long (no answer: status 0)
 	}{
 		{name: "split", path: "/v1/completions", body: completion, status: 200, lane: 1, remoteDecodes: 1},
 		{name: "split stream", path: "/v1/chat/completions", body: stream, status: 200, lane: 1, remoteDecodes: 1},
@@ -117,6 +121,10 @@ func TestLaneSplitAnswersAsTheServer(t *testing.T) {
 			status: 200, lane: 1, fallbackReason: "invalid_prefiller"},
 		{name: "fallback off answers the error", flags: []string{"--prefill-fallback=false"}, prefillFault: `{"status":500}`,
 			path: "/v1/completions", body: completion, status: 502, lane: 1},
+		{name: "client leaves during the prefill", prefillFault: `{"latency_ms":2000,"only":"prefill"}`,
+			path: "/v1/completions", body: completion, status: 0, lane: 1, leave: 300 * time.Millisecond},
+		{name: "client leaves during the prefill's backoff", flags: []string{"--prefill-max-retries", "3", "--prefill-retry-backoff", "2s"},
+			prefillFault: `{"status":503,"times":1}`, path: "/v1/chat/completions", body: stream, status: 0, lane: 1, leave: 300 * time.Millisecond},
 		{name: "decode engine resets", decodeFault: `{"refuse":true,"only":"decode"}`, path: "/v1/completions", body: completion,
 			status: 502, lane: 1, remoteDecodes: 0},
 	} {
@@ -133,35 +141,24 @@ func TestLaneSplitAnswersAsTheServer(t *testing.T) {
 				if tc.prefiller != "" {
 					hdr = map[string]string{"x-prefiller-host-port": tc.prefiller}
 				}
-				var resp *http.Response
-				if whole {
-					req, err := http.NewRequest(http.MethodPost, rig.sc.URL()+tc.path, strings.NewReader(tc.body))
-					require.NoError(t, err)
-					req.Header.Set("Content-Type", "application/json")
-					for k, v := range hdr {
-						req.Header.Set(k, v)
-					}
-					resp, err = http.DefaultClient.Do(req)
-					require.NoError(t, err)
-				} else {
-					resp, _ = postSplit(t, rig.sc.Port, tc.path, tc.body, hdr)
-				}
-				b, err := io.ReadAll(resp.Body)
-				resp.Body.Close()
-				require.NoError(t, err)
-				o := splitOutcome{status: resp.StatusCode, answer: answerOf(b)}
+				o := sendRaw(t, rig.sc.Port, tc.path, tc.body, hdr, whole, tc.leave)
 				lane := 0.0
 				if whole {
 					lane = tc.lane
 				}
-				harness.Eventually(t, 3*time.Second, "the request ended", func() bool {
-					return rig.scMetric(t, "pd_sidecar_inflight_requests", nil) == 0 && running(t, rig.prefill) == 0
+				harness.Eventually(t, 3*time.Second, "the request ended, the upstreams' work with it", func() bool {
+					return rig.scMetric(t, "pd_sidecar_inflight_requests", nil) == 0 && running(t, rig.prefill) == 0 &&
+						running(t, rig.decode) == 0
 				})
 				assert.Equal(t, lane, rig.scMetric(t, laneRequests, nil), "the lane's requests (whole: %v)", whole)
 				o.sidecar = series(harness.Scrape(t, rig.sc.URL()+"/metrics"), splitCountered)
 				o.prefill = series(harness.Scrape(t, rig.prefill.URL()+"/metrics"), engineCountered)
 				o.decode = series(harness.Scrape(t, rig.decode.URL()+"/metrics"), engineCountered)
 				assert.Equal(t, tc.remoteDecodes, rig.decode.Metric(t, "sim_remote_kv_decodes_total", nil), "decoded on remote KV (whole: %v)", whole)
+				if tc.leave > 0 {
+					assert.Equal(t, 1.0, rig.scMetric(t, "pd_sidecar_client_disconnects_total", map[string]string{"phase": "prefill"}), "whole: %v", whole)
+					assert.Equal(t, 1.0, rig.scMetric(t, "pd_sidecar_requests_total", map[string]string{"code": "499"}), "whole: %v", whole)
+				}
 				if tc.fallbackReason != "" {
 					assert.Equal(t, 1.0, rig.scMetric(t, "pd_sidecar_fallbacks_total", map[string]string{"reason": tc.fallbackReason}))
 				}
@@ -176,6 +173,44 @@ func TestLaneSplitAnswersAsTheServer(t *testing.T) {
 			assert.Equal(t, server.decode, lane.decode, "the decode engine's counts")
 		})
 	}
+}
+
+// sendRaw sends a request on a connection of its own: whole in one write
+// (the lane's), or its body in a second write (fasthttp's); and reads the
+// answer, or hangs up after leave.
+func sendRaw(t *testing.T, port int, path, body string, headers map[string]string, whole bool, leave time.Duration) splitOutcome {
+	t.Helper()
+	conn, err := net.Dial("tcp", harness.HostPort(port))
+	require.NoError(t, err)
+	defer conn.Close()
+	var head strings.Builder
+	fmt.Fprintf(&head, "POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n", path, len(body))
+	for k, v := range headers {
+		fmt.Fprintf(&head, "%s: %s\r\n", k, v)
+	}
+	head.WriteString("\r\n")
+	if whole {
+		_, err = io.WriteString(conn, head.String()+body)
+	} else {
+		_, err = io.WriteString(conn, head.String())
+		time.Sleep(20 * time.Millisecond)
+		if err == nil {
+			_, err = io.WriteString(conn, body)
+		}
+	}
+	require.NoError(t, err)
+	if leave > 0 {
+		require.NoError(t, conn.SetReadDeadline(time.Now().Add(leave)))
+		_, err := conn.Read(make([]byte, 1))
+		require.ErrorIs(t, err, os.ErrDeadlineExceeded, "no answer before the client leaves")
+		return splitOutcome{}
+	}
+	require.NoError(t, conn.SetReadDeadline(time.Now().Add(10*time.Second)))
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	require.NoError(t, err)
+	b, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	return splitOutcome{status: resp.StatusCode, answer: answerOf(b)}
 }
 
 // answerOf is what of an answer must not differ between the paths: the

@@ -235,6 +235,13 @@ func (lc *laneConn) Ready(fd int, ev netloop.Events) {
 			lc.setInterest(lc.interest &^ netloop.Readable)
 			return
 		}
+		if ev&netloop.HangUp != 0 && lc.ls.gate == gateHolding {
+			// The client left before its answer began (the decode stream
+			// is still held back): counted as the fasthttp path counts it.
+			lc.dropStream()
+			lc.clientLeft()
+			return
+		}
 		lc.ls.handle(fd, ev)
 	case ev&netloop.HangUp != 0:
 		lc.clientLeft()
