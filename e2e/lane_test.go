@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httptrace"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -239,4 +240,48 @@ func readOK(t *testing.T, br *bufio.Reader) []byte {
 	require.NoError(t, err)
 	require.Equal(t, http.StatusOK, resp.StatusCode, "%s", b)
 	return b
+}
+
+// TestLaneAnswersMadeOffTheLoopAreWhole: answers the lane makes after an
+// event off its loop (a dial that failed, here: a refused prefiller with
+// fallback off, a new address each time so that no circuit opens) are written while the loop serves other connections
+// (local requests, here); every answer arrives whole and right. (Those
+// answers once used the loop's shared buffers from the dialling goroutine,
+// and a few in 100,000 came out garbled.)
+func TestLaneAnswersMadeOffTheLoopAreWhole(t *testing.T) {
+	rig := newRig(t, "--stream-loops", "1", "--prefill-fallback=false", "--log-level", "error")
+	body := completionBody(`,"max_tokens":1`)
+	const workers, each = 8, 300
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Go(func() {
+			c := &http.Client{Transport: &http.Transport{}}
+			defer c.CloseIdleConnections()
+			for i := range each {
+				hdr, want := map[string]string(nil), http.StatusOK
+				if w%2 == 0 { // 127.2.w.i:1, refused at once
+					hdr, want = map[string]string{"x-prefiller-host-port": fmt.Sprintf("127.2.%d.%d:1", w, i%250+1)}, http.StatusBadGateway
+				}
+				req, err := http.NewRequest(http.MethodPost, rig.sc.URL()+"/v1/completions", strings.NewReader(body))
+				if !assert.NoError(t, err) {
+					return
+				}
+				for k, v := range hdr {
+					req.Header.Set(k, v)
+				}
+				resp, err := c.Do(req)
+				if !assert.NoError(t, err, "an answer that does not parse") {
+					return
+				}
+				b, err := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				if !assert.NoError(t, err) || !assert.Equal(t, want, resp.StatusCode, "%s", b) {
+					return
+				}
+				assert.True(t, gjson.ValidBytes(b), "a whole JSON answer: %q", b)
+			}
+		})
+	}
+	wg.Wait()
+	assert.Equal(t, float64(workers*each), rig.scMetric(t, laneRequests, nil), "every request was the lane's")
 }

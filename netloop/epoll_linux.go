@@ -64,6 +64,7 @@ type Loop struct {
 	handlers map[int]entry
 	gen      uint32
 	closed   bool
+	posted   []func() // to run on the loop's goroutine (Post)
 
 	in, out []byte // Buffers
 }
@@ -182,8 +183,50 @@ func (l *Loop) close() {
 	l.mu.Lock()
 	l.closed = true
 	l.mu.Unlock()
+	l.interrupt()
+}
+
+// Post runs f on the loop's goroutine, after the events it is handling,
+// as handlers run: so that what happens off the loop (a dial that ended, a
+// timer that fired) may use the loop's state and Buffers. It reports false,
+// and f does not run, once the loop is closed.
+func (l *Loop) Post(f func()) bool {
+	l.mu.Lock()
+	if l.closed {
+		l.mu.Unlock()
+		return false
+	}
+	l.posted = append(l.posted, f)
+	first := len(l.posted) == 1
+	l.mu.Unlock()
+	if first { // later ones find the loop woken already
+		l.interrupt()
+	}
+	return true
+}
+
+// interrupt makes the loop's wait return.
+func (l *Loop) interrupt() {
 	var one = [8]byte{1}
 	_, _ = unix.Write(l.wake, one[:])
+}
+
+// wakeUp handles the wake descriptor: the functions posted run, then a
+// closed loop shuts down. It reports whether the loop is to end.
+func (l *Loop) wakeUp() bool {
+	var b [8]byte
+	_, _ = rawRead(l.wake, b[:]) // resets the counter: the descriptor is watched level-triggered
+	l.mu.Lock()
+	posted, closed := l.posted, l.closed
+	l.posted = nil
+	l.mu.Unlock()
+	for _, f := range posted {
+		f()
+	}
+	if closed {
+		l.shutdown()
+	}
+	return closed
 }
 
 func (l *Loop) lookup(fd int, gen uint32) (Handler, bool) {
@@ -232,8 +275,10 @@ func (l *Loop) run() {
 			e := &events[i]
 			fd := int(e.Fd)
 			if fd == l.wake {
-				l.shutdown()
-				return
+				if l.wakeUp() {
+					return
+				}
+				continue
 			}
 			h, ok := l.lookup(fd, uint32(e.Pad))
 			if !ok {

@@ -155,3 +155,40 @@ func TestFDPlainSocketsOnly(t *testing.T) {
 	_, ok := FD(a)
 	assert.False(t, ok, "a pipe has no descriptor to watch")
 }
+
+// TestPostRunsOnTheLoop: functions posted from many goroutines all run,
+// one at a time with the loop's handlers (the race detector checks that
+// they share the loop's buffer without locking), and none once the loop
+// is closed.
+func TestPostRunsOnTheLoop(t *testing.T) {
+	g, err := NewGroup(1)
+	require.NoError(t, err)
+	l := g.Pick()
+	const posters, each = 8, 200
+	ran := 0 // only the loop's goroutine touches it
+	done := make(chan struct{}, posters*each)
+	for range posters {
+		go func() {
+			for range each {
+				assert.True(t, l.Post(func() {
+					in, _ := l.Buffers()
+					in[0]++
+					ran++
+					done <- struct{}{}
+				}))
+			}
+		}()
+	}
+	for range posters * each {
+		select {
+		case <-done:
+		case <-time.After(5 * time.Second):
+			t.Fatal("a posted function did not run")
+		}
+	}
+	ok := make(chan int)
+	require.True(t, l.Post(func() { ok <- ran }))
+	assert.Equal(t, posters*each, <-ok)
+	g.Close()
+	assert.False(t, l.Post(func() { t.Error("ran after Close") }), "a closed loop takes nothing")
+}

@@ -29,6 +29,9 @@ func (l *Loop) Add(int, Events, Handler) error { return ErrUnsupported }
 // Modify returns ErrUnsupported.
 func (l *Loop) Modify(int, Events) error { return ErrUnsupported }
 
+// Post returns false: f never runs.
+func (l *Loop) Post(func()) bool { return false }
+
 // Remove does nothing.
 func (l *Loop) Remove(int) error { return nil }
 

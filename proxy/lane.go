@@ -207,8 +207,9 @@ type laneConn struct {
 	sentp     *[]byte
 	unsent    []byte // what the upstream has not taken of it yet
 	retried   bool
-	head      []byte // an answer head that came in more than one read
-	timer     *time.Timer
+	head      []byte      // an answer head that came in more than one read
+	timer     *time.Timer // the decode leg's head timeout, or the prefill's backoff
+	timerGen  uint64      // startTimer's, so that a timer stopped on its way to the loop does nothing
 	ls        *loopStream
 	streamed  bool       // the answer is a stream (counted in LoopStreams)
 	raw       *rawAnswer // a non-streamed answer being read
@@ -334,7 +335,7 @@ func (lc *laneConn) decodeLeg(body []byte, remote bool) {
 		lc.sent = appendLegStart(lc.sent, &ll.req)
 	}
 	if r.stream && p.cfg.DecodeFirstByteTimeout > 0 {
-		lc.timer = time.AfterFunc(p.cfg.DecodeFirstByteTimeout, func() { lc.headTimeout(r) })
+		lc.startTimer(p.cfg.DecodeFirstByteTimeout, lc.headTimeout)
 	}
 	lc.prefill = false
 	lc.legTo(r.local, body)
@@ -467,7 +468,7 @@ func (ll *laneLoop) unpool(u *upConn) bool {
 	return false
 }
 
-// dial connects to lc.addr off the loop, then sends the leg.
+// dial connects to lc.addr off the loop, then sends the leg on the loop.
 func (lc *laneConn) dial() {
 	lc.state = laneSending
 	lc.dials++
@@ -482,27 +483,64 @@ func (lc *laneConn) dial() {
 				err = errors.New("not a plain TCP connection")
 			}
 		}
+		if !ll.loop.Post(func() { lc.dialed(r, n, addr, conn, fd, err) }) && err == nil {
+			_ = conn.Close()
+		}
+	}()
+}
+
+// onLoop runs f, for request r, on the loop (for an event off the loop: a
+// timer that fired), unless the connection has gone on to another
+// request by then.
+func (lc *laneConn) onLoop(r *request, f func()) {
+	lc.ll.loop.Post(func() {
 		lc.mu.Lock()
 		defer lc.mu.Unlock()
-		if lc.state != laneSending || lc.r != r || lc.dials != n {
-			if err == nil {
-				_ = conn.Close()
+		if lc.r == r {
+			f()
+		}
+	})
+}
+
+// startTimer runs f on the loop after d, unless stopTimer (or another
+// startTimer) comes first.
+func (lc *laneConn) startTimer(d time.Duration, f func()) {
+	lc.stopTimer()
+	gen, r := lc.timerGen, lc.r
+	lc.timer = time.AfterFunc(d, func() {
+		lc.onLoop(r, func() {
+			if lc.timerGen == gen { // not stopped while f was on its way to the loop
+				lc.timer = nil
+				f()
 			}
-			return
-		}
-		if err != nil {
-			lc.legFailed(&LegError{Addr: addr, Op: "dial", Err: err})
-			return
-		}
-		u := &upConn{ll: ll, addr: addr, conn: conn, fd: fd, fresh: true}
-		if err := ll.loop.Add(fd, netloop.Readable, u); err != nil {
+		})
+	})
+}
+
+// dialed goes on from dial number n of request r, on the loop: the leg is
+// sent on conn, or failed with err.
+func (lc *laneConn) dialed(r *request, n uint64, addr string, conn net.Conn, fd int, err error) {
+	ll := lc.ll
+	lc.mu.Lock()
+	defer lc.mu.Unlock()
+	if lc.state != laneSending || lc.r != r || lc.dials != n {
+		if err == nil {
 			_ = conn.Close()
-			lc.legFailed(&LegError{Addr: addr, Op: "dial", Err: err})
-			return
 		}
-		u.watched = true
-		lc.send(u)
-	}()
+		return
+	}
+	if err != nil {
+		lc.legFailed(&LegError{Addr: addr, Op: "dial", Err: err})
+		return
+	}
+	u := &upConn{ll: ll, addr: addr, conn: conn, fd: fd, fresh: true}
+	if err := ll.loop.Add(fd, netloop.Readable, u); err != nil {
+		_ = conn.Close()
+		lc.legFailed(&LegError{Addr: addr, Op: "dial", Err: err})
+		return
+	}
+	u.watched = true
+	lc.send(u)
 }
 
 // send writes the request to u and waits for the answer.
@@ -827,13 +865,10 @@ func (lc *laneConn) failed(err error) {
 
 // headTimeout fails a streamed request whose answer head did not come
 // within --decode-first-byte-timeout.
-func (lc *laneConn) headTimeout(r *request) {
-	lc.mu.Lock()
-	defer lc.mu.Unlock()
-	if lc.r != r || (lc.state != laneWaiting && lc.state != laneSending) {
+func (lc *laneConn) headTimeout() {
+	if lc.state != laneWaiting && lc.state != laneSending {
 		return
 	}
-	lc.timer = nil
 	lc.endUp(false)
 	lc.failed(fmt.Errorf("%w: %w after %v", ErrDecodeTimeout, ErrHeadTimeout, lc.ll.ln.p.cfg.DecodeFirstByteTimeout))
 }
@@ -889,6 +924,7 @@ func (lc *laneConn) endUp(clean bool) {
 }
 
 func (lc *laneConn) stopTimer() {
+	lc.timerGen++
 	if lc.timer != nil {
 		lc.timer.Stop()
 		lc.timer = nil

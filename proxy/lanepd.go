@@ -80,7 +80,7 @@ func (lc *laneConn) split(hv []byte) {
 	pd.tk = tk
 	lc.setGauge(ll.prefill)
 	pd.done = r.prefillStarted(time.Now())
-	pd.timeout = time.AfterFunc(p.cfg.PrefillTimeout, func() { lc.prefillTimedOut(r) })
+	pd.timeout = time.AfterFunc(p.cfg.PrefillTimeout, func() { lc.onLoop(r, lc.prefillTimedOut) })
 	lc.prefill = true
 	lc.sentp, lc.sent = p.bufs.getChunk()
 	lc.sent = append(lc.sent, pd.start...)
@@ -123,29 +123,25 @@ func (lc *laneConn) prefillFailed(err error) {
 	p.m.PrefillRetries.WithLabelValues(r.label).Inc()
 	r.logAt(zerolog.WarnLevel).Err(err).Int("attempt", pd.attempts).Msg("prefill failed; retrying")
 	lc.state = laneBackoff
-	lc.timer = time.AfterFunc(p.cfg.PrefillRetryBackoff, func() { lc.retryPrefill(r) })
+	lc.startTimer(p.cfg.PrefillRetryBackoff, lc.retryPrefill)
 }
 
 // retryPrefill sends the prefill leg again.
-func (lc *laneConn) retryPrefill(r *request) {
-	lc.mu.Lock()
-	defer lc.mu.Unlock()
-	if lc.r != r || lc.state != laneBackoff {
+func (lc *laneConn) retryPrefill() {
+	if lc.state != laneBackoff {
 		return
 	}
-	lc.timer = nil
 	lc.retried = false
 	lc.connect()
 }
 
 // prefillTimedOut ends a prefill that ran past --prefill-timeout, its
 // retries included.
-func (lc *laneConn) prefillTimedOut(r *request) {
-	lc.mu.Lock()
-	defer lc.mu.Unlock()
-	if lc.r != r || !lc.prefill || lc.pd.timeout == nil {
-		return
+func (lc *laneConn) prefillTimedOut() {
+	if !lc.prefill {
+		return // ended meanwhile
 	}
+	r := lc.r
 	lc.stopTimer()
 	lc.endUp(false)
 	lc.raw = nil
