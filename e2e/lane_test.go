@@ -28,12 +28,10 @@ import (
 const laneRequests = "pd_sidecar_loop_requests_total"
 
 // TestLaneConnectionMovesBetweenLaneAndServer: one keep-alive connection
-// carries local requests (the lane's), P/D ones and a GET (fasthttp's) in
-// turn; every answer is right, the P/D ones decoded on remote KV, and the
-// client never needed a second connection. After a P/D request the
-// connection stays with fasthttp for one more request (a connection from
-// the endpoint picker carries mostly P/D ones): the local request right
-// after one is fasthttp's, the next the lane's again.
+// carries local and P/D requests (the lane's) and a GET (fasthttp's) in
+// turn; every answer is right, the P/D ones decoded on remote KV, every
+// inference request was the lane's, and the client never needed a second
+// connection.
 func TestLaneConnectionMovesBetweenLaneAndServer(t *testing.T) {
 	rig := newRig(t)
 	conns := 0
