@@ -169,8 +169,8 @@ func (l fasthttpLogger) Printf(format string, args ...any) {
 
 // connDone passes on a client connection whose answer an event loop
 // finished: to its next request (keep), on the lane or else (no lane, or
-// the answer was a P/D one the lane does not serve: clientConn.stay) fasthttp's server of engine
-// local; or closed.
+// the answer was a P/D one the lane does not serve: clientConn.stay)
+// fasthttp's server of engine local; or closed.
 func (p *Proxy) connDone(cc *clientConn, local string, keep bool) {
 	switch {
 	case !keep:
