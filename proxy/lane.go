@@ -184,8 +184,10 @@ const (
 )
 
 // laneConn is one client connection on the lane: the loop's handler of its
-// descriptor. mu orders the loop's calls with the dialling goroutine, the
-// head timer and the sweeper.
+// descriptor. Its requests move only on the loop's goroutine (a dial that
+// ended and a timer that fired come back to it through Loop.Post, since
+// the loop's buffers and parsers are shared by its connections); mu orders
+// that with the sweeper and the drain, which close idle connections.
 type laneConn struct {
 	mu       sync.Mutex
 	ll       *laneLoop
