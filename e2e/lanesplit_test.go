@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"sort"
@@ -180,25 +179,8 @@ func TestLaneSplitAnswersAsTheServer(t *testing.T) {
 // answer, or hangs up after leave.
 func sendRaw(t *testing.T, port int, path, body string, headers map[string]string, whole bool, leave time.Duration) splitOutcome {
 	t.Helper()
-	conn, err := net.Dial("tcp", harness.HostPort(port))
-	require.NoError(t, err)
-	defer conn.Close()
-	var head strings.Builder
-	fmt.Fprintf(&head, "POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n", path, len(body))
-	for k, v := range headers {
-		fmt.Fprintf(&head, "%s: %s\r\n", k, v)
-	}
-	head.WriteString("\r\n")
-	if whole {
-		_, err = io.WriteString(conn, head.String()+body)
-	} else {
-		_, err = io.WriteString(conn, head.String())
-		time.Sleep(20 * time.Millisecond)
-		if err == nil {
-			_, err = io.WriteString(conn, body)
-		}
-	}
-	require.NoError(t, err)
+	conn := postRaw(t, port, path, body, headers, whole)
+	defer conn.Close() // the client leaves now, not when the test ends
 	if leave > 0 {
 		require.NoError(t, conn.SetReadDeadline(time.Now().Add(leave)))
 		_, err := conn.Read(make([]byte, 1))

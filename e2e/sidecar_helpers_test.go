@@ -155,39 +155,8 @@ func running(t *testing.T, e *harness.Engine) float64 {
 // first n data events were read, and a cancel that drops the connection.
 func openStream(t *testing.T, url, body string, headers map[string]string, n int) (*bufio.Reader, context.CancelFunc) {
 	t.Helper()
-	return openStreamFrom(t, url, bytes.NewReader([]byte(body)), headers, n)
-}
-
-// postSplit posts body to path on port from a connection of its own, the
-// head and the body in two writes: such a request is never the lane's (it
-// takes only a request whole in one read), so fasthttp serves it, and a
-// stream of it is handed over to a loop after 50 ms.
-func postSplit(t *testing.T, port int, path, body string, headers map[string]string) (*http.Response, net.Conn) {
-	t.Helper()
-	conn, err := net.Dial("tcp", harness.HostPort(port))
-	require.NoError(t, err)
-	t.Cleanup(func() { conn.Close() })
-	var head strings.Builder
-	fmt.Fprintf(&head, "POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n", path, len(body))
-	for k, v := range headers {
-		fmt.Fprintf(&head, "%s: %s\r\n", k, v)
-	}
-	head.WriteString("\r\n")
-	_, err = io.WriteString(conn, head.String())
-	require.NoError(t, err)
-	time.Sleep(20 * time.Millisecond)
-	_, err = io.WriteString(conn, body)
-	require.NoError(t, err)
-	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
-	require.NoError(t, err)
-	return resp, conn
-}
-
-// openStreamFrom is openStream with the body read from body.
-func openStreamFrom(t *testing.T, url string, body io.Reader, headers map[string]string, n int) (*bufio.Reader, context.CancelFunc) {
-	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, body)
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader([]byte(body)))
 	require.NoError(t, err)
 	for k, v := range headers {
 		req.Header.Set(k, v)
@@ -204,6 +173,45 @@ func openStreamFrom(t *testing.T, url string, body io.Reader, headers map[string
 		}
 	}
 	return br, cancel
+}
+
+// postSplit posts body to path on port from a connection of its own, the
+// head and the body in two writes: such a request is never the lane's (it
+// takes only a request whole in one read), so fasthttp serves it, and a
+// stream of it is handed over to a loop after 50 ms.
+func postSplit(t *testing.T, port int, path, body string, headers map[string]string) (*http.Response, net.Conn) {
+	t.Helper()
+	conn := postRaw(t, port, path, body, headers, false)
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	require.NoError(t, err)
+	return resp, conn
+}
+
+// postRaw posts body to path on port from a connection of its own (closed
+// when the test ends): whole in one write (a request the lane takes), or
+// the body in a second write (one fasthttp serves).
+func postRaw(t *testing.T, port int, path, body string, headers map[string]string, whole bool) net.Conn {
+	t.Helper()
+	conn, err := net.Dial("tcp", harness.HostPort(port))
+	require.NoError(t, err)
+	t.Cleanup(func() { conn.Close() })
+	var head strings.Builder
+	fmt.Fprintf(&head, "POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n", path, len(body))
+	for k, v := range headers {
+		fmt.Fprintf(&head, "%s: %s\r\n", k, v)
+	}
+	head.WriteString("\r\n")
+	if whole {
+		_, err = io.WriteString(conn, head.String()+body)
+		require.NoError(t, err)
+		return conn
+	}
+	_, err = io.WriteString(conn, head.String())
+	require.NoError(t, err)
+	time.Sleep(20 * time.Millisecond)
+	_, err = io.WriteString(conn, body)
+	require.NoError(t, err)
+	return conn
 }
 
 // within asserts that f finishes within d and returns how long it took.

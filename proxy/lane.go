@@ -329,7 +329,6 @@ func (lc *laneConn) decodeLeg(body []byte, remote bool) {
 		lc.setGauge(ll.local)
 	}
 	r.decodeStarted(remote)
-	lc.stopTimer()
 	lc.sentp, lc.sent = p.bufs.getChunk()
 	if lc.pd != nil {
 		lc.sent = append(lc.sent, lc.pd.start...)
@@ -861,7 +860,6 @@ var errUpClosed = errors.New("connection closed before the answer")
 
 // failed answers a request whose decode leg got no answer head.
 func (lc *laneConn) failed(err error) {
-	lc.state = laneAnswer
 	lc.failWith(decodeTransportErr(err))
 }
 
