@@ -32,7 +32,10 @@ type clientConn struct {
 	*net.TCPConn
 	read     atomic.Int64
 	consumed atomic.Int64
-	handOff  func() // run by Close instead of closing; set by handOver
+	// handOff is run by Close instead of closing; set by handOver and by
+	// Read (atomic: fasthttp's Shutdown closes idle connections from
+	// another goroutine).
+	handOff atomic.Pointer[func()]
 
 	lane   *lane  // the lane idle connections go back to (nil: none)
 	replay []byte // bytes the lane read, given to fasthttp first
@@ -55,9 +58,10 @@ func (c *clientConn) Read(p []byte) (int, error) {
 		c.read.Add(int64(n))
 		return n, nil
 	}
-	if c.lane != nil && c.handOff == nil && !c.busy.Load() && !c.stay.Load() && c.read.Load() == c.consumed.Load() {
+	if c.lane != nil && c.handOff.Load() == nil && !c.busy.Load() && !c.stay.Load() && c.read.Load() == c.consumed.Load() {
 		// fasthttp waits for the next request: the lane takes the connection.
-		c.handOff = func() { c.lane.adopt(c) }
+		adopt := func() { c.lane.adopt(c) }
+		c.handOff.Store(&adopt)
 		return 0, io.EOF
 	}
 	n, err := c.TCPConn.Read(p)
@@ -74,9 +78,8 @@ func (c *clientConn) Read(p []byte) (int, error) {
 // read and dropped, for up to lingerFor or lingerMax bytes, before the
 // close.
 func (c *clientConn) Close() error {
-	if h := c.handOff; h != nil {
-		c.handOff = nil
-		h()
+	if h := c.handOff.Swap(nil); h != nil {
+		(*h)()
 		return nil
 	}
 	if c.linger.Load() {

@@ -172,7 +172,8 @@ func (b *sseBody) handOver() bool {
 	ls.first = out
 	b.release = nil // the loop's now
 	b.handedOver = true
-	cc.handOff = ls.begin
+	begin := ls.begin
+	cc.handOff.Store(&begin)
 	// Counted before fasthttp lets go of the connection, so that a drain
 	// never sees the stream in neither the server's count nor the loops'.
 	r.p.loopRequests.Add(1)
