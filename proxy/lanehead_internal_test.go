@@ -138,7 +138,8 @@ func FuzzLaneRequestHead(f *testing.F) {
 			return // fasthttp's to serve
 		}
 		var norm fasthttp.RequestHeader
-		require.NoError(t, norm.Read(bufio.NewReader(strings.NewReader(string(in)))), "%q", in)
+		// read as fasthttp's server reads it: a buffer of --max-header-bytes
+		require.NoError(t, norm.Read(bufio.NewReaderSize(strings.NewReader(string(in)), p.cfg.Guard.MaxHeaderBytes)), "%q", in)
 		require.Equal(t, string(norm.Peek(HeaderPrefiller)), string(lr.prefiller), "prefiller of %q", in)
 		leg := appendLegHead(nil, &ll.req, "127.0.0.1:8001", "rid", len(body))
 		req, err := http.ReadRequest(bufio.NewReader(strings.NewReader(string(leg) + string(body))))
