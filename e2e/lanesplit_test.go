@@ -95,6 +95,7 @@ func TestLaneSplitAnswersAsTheServer(t *testing.T) {
 		remoteDecodes  float64 // decodes on the prefiller's KV that succeeded
 		fallbackReason string
 		leave          time.Duration // the client hangs up after this long (no answer: status 0)
+		leftIn         string        // the phase its leaving is counted in ("": prefill)
 	}{
 		{name: "split", path: "/v1/completions", body: completion, status: 200, lane: 1, remoteDecodes: 1},
 		{name: "split stream", path: "/v1/chat/completions", body: stream, status: 200, lane: 1, remoteDecodes: 1},
@@ -110,6 +111,13 @@ func TestLaneSplitAnswersAsTheServer(t *testing.T) {
 			status: 400, lane: 1},
 		{name: "retried then split", flags: []string{"--prefill-max-retries", "2", "--prefill-retry-backoff", "10ms"},
 			prefillFault: `{"status":503,"times":1}`, path: "/v1/completions", body: completion, status: 200, lane: 1, remoteDecodes: 1},
+		{name: "split stream held across reads", decodeFault: `{"after_head_ms":50,"only":"decode"}`,
+			path: "/v1/chat/completions", body: stream, status: 200, lane: 1, remoteDecodes: 1},
+		{name: "kv load failure after the stream's head recovers locally",
+			decodeFault: `{"fail_kv_load":true,"after_head_ms":50,"only":"decode","times":1}`,
+			path:        "/v1/chat/completions", body: stream, status: 200, lane: 1, fallbackReason: "kv_load_failed"},
+		{name: "client leaves while the decode stream is held", decodeFault: `{"after_head_ms":2000,"only":"decode"}`,
+			path: "/v1/chat/completions", body: stream, status: 0, lane: 1, leave: 300 * time.Millisecond, leftIn: "decode"},
 		{name: "kv load failure recovers locally", decodeFault: `{"fail_kv_load":true,"only":"decode","times":1}`,
 			path: "/v1/completions", body: completion, status: 200, lane: 1, fallbackReason: "kv_load_failed"},
 		{name: "kv load failure in a stream recovers locally", decodeFault: `{"fail_kv_load":true,"only":"decode","times":1}`,
@@ -155,7 +163,11 @@ func TestLaneSplitAnswersAsTheServer(t *testing.T) {
 				o.decode = series(harness.Scrape(t, rig.decode.URL()+"/metrics"), engineCountered)
 				assert.Equal(t, tc.remoteDecodes, rig.decode.Metric(t, "sim_remote_kv_decodes_total", nil), "decoded on remote KV (whole: %v)", whole)
 				if tc.leave > 0 {
-					assert.Equal(t, 1.0, rig.scMetric(t, "pd_sidecar_client_disconnects_total", map[string]string{"phase": "prefill"}), "whole: %v", whole)
+					phase := tc.leftIn
+					if phase == "" {
+						phase = "prefill"
+					}
+					assert.Equal(t, 1.0, rig.scMetric(t, "pd_sidecar_client_disconnects_total", map[string]string{"phase": phase}), "whole: %v", whole)
 					assert.Equal(t, 1.0, rig.scMetric(t, "pd_sidecar_requests_total", map[string]string{"code": "499"}), "whole: %v", whole)
 				}
 				if tc.fallbackReason != "" {

@@ -45,6 +45,16 @@ func (s *Sim) classify(g *genRequest, rid string) legKind {
 // execute runs one admitted inference request and writes its answer.
 func (s *Sim) execute(ctx context.Context, w http.ResponseWriter, g *genRequest, leg legKind, f Faults, o *output) {
 	start := time.Now()
+	out := newSink(w, g.stream, f.DieAfterChunks)
+	if g.stream {
+		out.start()
+		if f.AfterHeadMS > 0 {
+			s.m.faultsInjected.WithLabelValues("after_head").Inc()
+			if !sleep(ctx, f.afterHead()) {
+				return
+			}
+		}
+	}
 	s.m.waiting.Inc()
 	select {
 	case s.slots <- struct{}{}:
@@ -60,7 +70,6 @@ func (s *Sim) execute(ctx context.Context, w http.ResponseWriter, g *genRequest,
 	s.holds.useActive(nblocks)
 	defer s.holds.useActive(-nblocks)
 
-	out := newSink(w, g.stream, f.DieAfterChunks)
 	hashes := BlockHashes(g.prompt, s.cfg.BlockSize)
 	if g.cacheHitThreshold > 0 && leg == legLocal {
 		if hit := s.hitTokens(g, hashes); float64(hit) < g.cacheHitThreshold*float64(len(g.prompt)) {

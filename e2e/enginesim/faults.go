@@ -23,6 +23,9 @@ type Faults struct {
 	DieAfterChunks int `json:"die_after_chunks,omitempty"`
 	// LatencyMS is added before each inference request is served.
 	LatencyMS int `json:"latency_ms,omitempty"`
+	// AfterHeadMS holds a streamed answer this long after its head was
+	// sent, before it queues, loads KV or makes a token (a slow first step).
+	AfterHeadMS int `json:"after_head_ms,omitempty"`
 	// EOSFirstToken makes the first generated token EOS (finish "stop").
 	EOSFirstToken bool `json:"eos_first_token,omitempty"`
 	// CorruptKV flips a byte of the KV a remote decoder pulls.
@@ -47,13 +50,15 @@ func (f Faults) Validate() error {
 		return fmt.Errorf("%w: faults.status must be 4xx or 5xx, not %d", ErrInvalidConfig, f.Status)
 	case f.Only != "" && f.Only != "prefill" && f.Only != "decode":
 		return fmt.Errorf("%w: faults.only must be prefill or decode, not %q", ErrInvalidConfig, f.Only)
-	case f.DieAfterChunks < 0 || f.LatencyMS < 0 || f.Times < 0:
+	case f.DieAfterChunks < 0 || f.LatencyMS < 0 || f.AfterHeadMS < 0 || f.Times < 0:
 		return fmt.Errorf("%w: fault counts must not be negative", ErrInvalidConfig)
 	}
 	return nil
 }
 
 func (f Faults) latency() time.Duration { return time.Duration(f.LatencyMS) * time.Millisecond }
+
+func (f Faults) afterHead() time.Duration { return time.Duration(f.AfterHeadMS) * time.Millisecond }
 
 // legKind classifies an inference request for Faults.Only.
 type legKind string

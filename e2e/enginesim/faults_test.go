@@ -105,3 +105,23 @@ func TestFaultValidation(t *testing.T) {
 		assert.Equal(t, 400, a.status, bad)
 	}
 }
+
+// TestStreamHeadComesFirst: a stream's head is sent before the engine makes
+// its first token, as uvicorn writes a StreamingResponse's head; after_head_ms
+// holds the rest back.
+func TestStreamHeadComesFirst(t *testing.T) {
+	s := startSim(t, RoleBoth, nil)
+	setFaults(t, s, `{"after_head_ms":300}`)
+	resp, err := http.Post(s.url+"/v1/completions", "application/json",
+		strings.NewReader(`{"model":"sim-model","prompt":"x","max_tokens":3,"stream":true}`))
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	assert.Equal(t, http.StatusOK, resp.StatusCode)
+	assert.Equal(t, "text/event-stream; charset=utf-8", resp.Header.Get("Content-Type"))
+	assert.Zero(t, s.metric(t, "vllm:generation_tokens_total"), "the head came before any token")
+	b, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	assert.Contains(t, string(b), "data: [DONE]")
+	assert.Equal(t, 3.0, s.metric(t, "vllm:generation_tokens_total"))
+	assert.Equal(t, 1.0, s.metric(t, "sim_faults_injected_total"))
+}

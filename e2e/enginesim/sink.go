@@ -20,15 +20,25 @@ func newSink(w http.ResponseWriter, stream bool, dieAfter int) *sink {
 	return &sink{w: w, stream: stream, dieAfter: dieAfter}
 }
 
+// start sends a stream's head (HTTP 200 and its headers) at once, before
+// the first event: vLLM and SGLang answer a streamed request with a
+// Starlette StreamingResponse, whose head uvicorn writes as soon as the
+// response starts, before the engine has queued, loaded KV or made a token.
+func (k *sink) start() {
+	if k.started {
+		return
+	}
+	h := k.w.Header()
+	h.Set("Content-Type", "text/event-stream; charset=utf-8")
+	h.Set("Cache-Control", "no-cache")
+	k.w.WriteHeader(http.StatusOK)
+	k.started = true
+	k.flush()
+}
+
 // send writes SSE events, starting the stream on first use.
 func (k *sink) send(evs ...sseEvent) error {
-	if !k.started {
-		h := k.w.Header()
-		h.Set("Content-Type", "text/event-stream; charset=utf-8")
-		h.Set("Cache-Control", "no-cache")
-		k.w.WriteHeader(http.StatusOK)
-		k.started = true
-	}
+	k.start()
 	buf := make([]byte, 0, 512)
 	for _, ev := range evs {
 		if k.dieAfter > 0 && k.events >= k.dieAfter {
