@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptrace"
+	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -120,26 +121,32 @@ func TestLaneRetriesAStalePooledConnection(t *testing.T) {
 }
 
 // TestLaneClientLeavesBeforeTheAnswer: a client that hangs up while its
-// request waits for the engine's answer is counted, and the engine sees
-// the request abandoned (its connection closed), as on the fasthttp path.
+// request waits for the engine's answer (a JSON answer, or a stream whose
+// head came and is held back until its first event) is counted, and the
+// engine sees the request abandoned (its connection closed), as on the
+// fasthttp path.
 func TestLaneClientLeavesBeforeTheAnswer(t *testing.T) {
 	rig := &pdRig{decode: harness.StartEngineSim(t, "decode", "--prefill-us-per-token", "100000")} // 4 s of prefill
 	rig.sc = harness.StartSidecar(t, rig.decode.Port)
-	conn, err := net.Dial("tcp", harness.HostPort(rig.sc.Port))
-	require.NoError(t, err)
-	// Not streamed: a stream's answer begins (its head) before the prefill.
-	body := completionBody(`,"max_tokens":4`)
-	_, err = fmt.Fprintf(conn, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
-	require.NoError(t, err)
-	harness.Eventually(t, 3*time.Second, "the engine holds the request", func() bool { return running(t, rig.decode) == 1 })
-	require.NoError(t, conn.Close())
-	harness.Eventually(t, 2*time.Second, "the engine saw it abandoned", func() bool { return running(t, rig.decode) == 0 })
-	assert.Zero(t, rig.decode.Metric(t, "vllm:request_success_total", nil), "and did not finish it")
-	harness.Eventually(t, 3*time.Second, "counted", func() bool {
-		return rig.scMetric(t, "pd_sidecar_client_disconnects_total", map[string]string{"phase": "local"}) == 1 &&
-			rig.scMetric(t, "pd_sidecar_requests_total", map[string]string{"code": "499"}) == 1
-	})
-	assert.Equal(t, 1.0, rig.scMetric(t, laneRequests, nil))
+	for i, body := range []string{completionBody(`,"max_tokens":4`), completionBody(`,"max_tokens":4,"stream":true`)} {
+		conn, err := net.Dial("tcp", harness.HostPort(rig.sc.Port))
+		require.NoError(t, err)
+		_, err = fmt.Fprintf(conn, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+		require.NoError(t, err)
+		harness.Eventually(t, 3*time.Second, "the engine holds the request", func() bool { return running(t, rig.decode) == 1 })
+		require.NoError(t, conn.SetReadDeadline(time.Now().Add(100*time.Millisecond)))
+		_, err = conn.Read(make([]byte, 1))
+		require.ErrorIs(t, err, os.ErrDeadlineExceeded, "nothing of the answer yet")
+		require.NoError(t, conn.Close())
+		harness.Eventually(t, 2*time.Second, "the engine saw it abandoned", func() bool { return running(t, rig.decode) == 0 })
+		assert.Zero(t, rig.decode.Metric(t, "vllm:request_success_total", nil), "and did not finish it")
+		n := float64(i + 1)
+		harness.Eventually(t, 3*time.Second, "counted", func() bool {
+			return rig.scMetric(t, "pd_sidecar_client_disconnects_total", map[string]string{"phase": "local"}) == n &&
+				rig.scMetric(t, "pd_sidecar_requests_total", map[string]string{"code": "499"}) == n
+		})
+		assert.Equal(t, n, rig.scMetric(t, laneRequests, nil))
+	}
 }
 
 // TestLaneIdleTimeoutAndPipelining: requests pipelined in one write, and

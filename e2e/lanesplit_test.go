@@ -116,6 +116,8 @@ func TestLaneSplitAnswersAsTheServer(t *testing.T) {
 		{name: "kv load failure after the stream's head recovers locally",
 			decodeFault: `{"fail_kv_load":true,"after_head_ms":50,"only":"decode","times":1}`,
 			path:        "/v1/chat/completions", body: stream, status: 200, lane: 1, fallbackReason: "kv_load_failed"},
+		{name: "decode engine silent after its head times out", flags: []string{"--decode-first-byte-timeout", "300ms"},
+			decodeFault: `{"after_head_ms":2000,"only":"decode"}`, path: "/v1/chat/completions", body: stream, status: 504, lane: 1},
 		{name: "client leaves while the decode stream is held", decodeFault: `{"after_head_ms":2000,"only":"decode"}`,
 			path: "/v1/chat/completions", body: stream, status: 0, lane: 1, leave: 300 * time.Millisecond, leftIn: "decode"},
 		{name: "kv load failure recovers locally", decodeFault: `{"fail_kv_load":true,"only":"decode","times":1}`,

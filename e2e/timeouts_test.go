@@ -1,6 +1,8 @@
 package e2e
 
 import (
+	"bufio"
+	"fmt"
 	"io"
 	"net/http"
 	"strings"
@@ -15,27 +17,83 @@ import (
 	"github.com/pd-sidecar/pd-sidecar/e2e/harness"
 )
 
-// TestSidecarDecodeFirstByteTimeout: a local engine that accepts a streamed
-// request and never answers gets a 504 JSON error after
-// --decode-first-byte-timeout, on the local and the disaggregated path, and
-// the engine sees the request abandoned.
+// TestSidecarDecodeFirstByteTimeout: a streamed request whose engine sends
+// no head, or sends its head at once (as vLLM does) and then nothing, gets a
+// 504 JSON error after --decode-first-byte-timeout — nothing of a 200 was
+// sent — on the local and the disaggregated path, served by the lane (the
+// request in one write) or by fasthttp (its body in a second), and the
+// engine sees the request abandoned. An engine whose stream begins in time
+// is not bounded after it.
 func TestSidecarDecodeFirstByteTimeout(t *testing.T) {
 	rig := newRig(t, "--decode-first-byte-timeout", "300ms")
-	setFault(t, rig.decode, `{"hang":true}`)
 	body := chatBody(`,"max_tokens":4,"stream":true`)
-	for _, hdr := range []map[string]string{nil, rig.header()} {
-		start := time.Now()
-		st, b, _ := scPost(t, rig.sc.URL()+"/v1/chat/completions", body, hdr)
-		took := time.Since(start)
-		require.Equal(t, http.StatusGatewayTimeout, st, "%s", b)
-		assert.Equal(t, int64(504), gjson.GetBytes(b, "error.code").Int(), "%s", b)
-		assert.GreaterOrEqual(t, took, 300*time.Millisecond)
-		assert.Less(t, took, 10*time.Second)
+	cases := []struct {
+		name  string
+		fault string
+		kind  string // the fault's sim_faults_injected_total kind
+	}{
+		{name: "no head", fault: `{"hang":true}`, kind: "hang"},
+		{name: "a head and nothing more", fault: `{"after_head_ms":5000}`, kind: "after_head"},
 	}
-	assert.Equal(t, 2.0, rig.scMetric(t, "pd_sidecar_requests_total", map[string]string{"code": "504"}))
-	harness.Eventually(t, 5*time.Second, "the hung engine saw both requests abandoned", func() bool {
-		return rig.decode.Metric(t, "sim_faults_injected_total", map[string]string{"kind": "hang"}) == 2 && running(t, rig.decode) == 0
-	})
+	n := 0.0
+	for _, tc := range cases {
+		for _, pd := range []bool{false, true} {
+			for _, whole := range []bool{true, false} {
+				t.Run(fmt.Sprintf("%s/pd=%v/whole=%v", tc.name, pd, whole), func(t *testing.T) {
+					hdr := map[string]string(nil)
+					if pd {
+						hdr = rig.header()
+						setFault(t, rig.decode, strings.TrimSuffix(tc.fault, "}")+`,"only":"decode"}`)
+					} else {
+						setFault(t, rig.decode, tc.fault)
+					}
+					faults := rig.decode.Metric(t, "sim_faults_injected_total", map[string]string{"kind": tc.kind})
+					start := time.Now()
+					conn := postRaw(t, rig.sc.Port, "/v1/chat/completions", body, hdr, whole)
+					require.NoError(t, conn.SetReadDeadline(time.Now().Add(10*time.Second)))
+					resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+					require.NoError(t, err)
+					b, err := io.ReadAll(resp.Body)
+					require.NoError(t, err)
+					took := time.Since(start)
+					require.Equal(t, http.StatusGatewayTimeout, resp.StatusCode, "%s", b)
+					assert.Equal(t, "application/json", resp.Header.Get("Content-Type"))
+					assert.Equal(t, int64(504), gjson.GetBytes(b, "error.code").Int(), "%s", b)
+					assert.Contains(t, gjson.GetBytes(b, "error.message").String(), "--decode-first-byte-timeout")
+					assert.GreaterOrEqual(t, took, 300*time.Millisecond)
+					assert.Less(t, took, 4*time.Second)
+					n++
+					assert.Equal(t, n, rig.scMetric(t, "pd_sidecar_requests_total", map[string]string{"code": "504"}))
+					assert.Equal(t, faults+1, rig.decode.Metric(t, "sim_faults_injected_total", map[string]string{"kind": tc.kind}), "the engine got the request")
+					harness.Eventually(t, 5*time.Second, "the engine saw it abandoned", func() bool {
+						return running(t, rig.decode) == 0 && rig.decode.Metric(t, "vllm:num_requests_waiting", nil) == 0
+					})
+					assert.Zero(t, rig.decode.Metric(t, "vllm:generation_tokens_total", nil), "and made nothing")
+				})
+			}
+		}
+	}
+	assert.Equal(t, 4.0, rig.scMetric(t, laneRequests, nil), "the whole requests were the lane's")
+
+	// A stream that begins in time (its first event 200 ms after the
+	// request) is not bounded after it: its 1,000 tokens, 200 µs apart, run
+	// past the 300 ms.
+	setFault(t, rig.decode, `{"after_head_ms":200}`)
+	long := chatBody(`,"max_tokens":1000,"stream":true,"stream_options":{"include_usage":true}`)
+	for _, whole := range []bool{true, false} {
+		start := time.Now()
+		conn := postRaw(t, rig.sc.Port, "/v1/chat/completions", long, nil, whole)
+		require.NoError(t, conn.SetReadDeadline(time.Now().Add(10*time.Second)))
+		resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+		require.NoError(t, err)
+		b, err := io.ReadAll(resp.Body)
+		require.NoError(t, err)
+		require.Equal(t, http.StatusOK, resp.StatusCode, "whole: %v", whole)
+		assert.Greater(t, time.Since(start), 300*time.Millisecond, "the stream ran past the timeout")
+		assert.Contains(t, string(b), `"completion_tokens":1000`, "whole: %v", whole)
+		assert.True(t, strings.HasSuffix(strings.TrimSpace(string(b)), "data: [DONE]"), "whole: %v", whole)
+		assert.NotContains(t, string(b), `"error"`, "whole: %v", whole)
+	}
 
 	// A JSON (non-streamed) answer is never bounded by it: the engine sends
 	// its head only with the whole answer.

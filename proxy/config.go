@@ -41,8 +41,10 @@ type Config struct {
 	// PrefillTimeout bounds the whole prefill phase, retries included.
 	PrefillTimeout time.Duration
 	// DecodeFirstByteTimeout bounds, for a streamed answer, the wait for the
-	// local engine's response head (504 past it); 0 waits as long as the
-	// client does. Once the stream has begun no total timeout applies.
+	// local engine's first event (first output for a decode on remote KV),
+	// the head not counting: vLLM sends it at once (504 past it); 0 waits as
+	// long as the client does. Once the stream has begun no total timeout
+	// applies.
 	DecodeFirstByteTimeout time.Duration
 	// ConnectTimeout bounds each TCP connect to an engine.
 	ConnectTimeout time.Duration

@@ -238,9 +238,9 @@ func (lc *laneConn) Ready(fd int, ev netloop.Events) {
 			lc.setInterest(lc.interest &^ netloop.Readable)
 			return
 		}
-		if ev&netloop.HangUp != 0 && lc.ls.gate == gateHolding {
-			// The client left before its answer began (the decode stream
-			// is still held back): counted as the fasthttp path counts it.
+		if ev&netloop.HangUp != 0 && lc.ls.gate.shut() {
+			// The client left before its answer began (the stream is
+			// still held back): counted as the fasthttp path counts it.
 			lc.dropStream()
 			lc.clientLeft()
 			return
@@ -336,7 +336,7 @@ func (lc *laneConn) decodeLeg(body []byte, remote bool) {
 		lc.sent = appendLegStart(lc.sent, &ll.req)
 	}
 	if r.stream && p.cfg.DecodeFirstByteTimeout > 0 {
-		lc.startTimer(p.cfg.DecodeFirstByteTimeout, lc.headTimeout)
+		lc.startTimer(p.cfg.DecodeFirstByteTimeout, lc.firstByteTimeout)
 	}
 	lc.prefill = false
 	lc.legTo(r.local, body)
@@ -654,7 +654,6 @@ func (lc *laneConn) readHead() {
 // body bytes that came with it.
 func (lc *laneConn) answer(rest []byte) {
 	ll, r := lc.ll, lc.r
-	lc.stopTimer()
 	lc.up.fresh = false
 	lc.putSent()
 	lc.head = nil
@@ -666,14 +665,18 @@ func (lc *laneConn) answer(rest []byte) {
 	}
 	dec := headDecoder(&ll.resp)
 	if !bytes.HasPrefix(ll.resp.ContentType(), eventStream) {
+		lc.stopTimer()
 		lc.readWhole(dec, rest)
 		return
 	}
+	// The head waits for the stream's first event (its first output for a
+	// decode on remote KV), as relaySSE's does; so does the first-byte
+	// timer, when there is one.
 	ls := lc.newStream(dec)
 	if r.handoff != nil {
-		lc.gateStream(ls) // counted once its first output came
+		lc.gateStream(ls)
 	} else {
-		r.p.m.Requests.WithLabelValues(r.mode, statusLabel(st)).Inc()
+		ls.gate, ls.gated = gateFirstEvent, lc.began
 	}
 	lc.streamed = true
 	r.p.m.LoopStreams.Inc()
@@ -863,14 +866,35 @@ func (lc *laneConn) failed(err error) {
 	lc.failWith(decodeTransportErr(err))
 }
 
-// headTimeout fails a streamed request whose answer head did not come
-// within --decode-first-byte-timeout.
-func (lc *laneConn) headTimeout() {
-	if lc.state != laneWaiting && lc.state != laneSending {
+// firstByteTimeout fails a streamed request whose answer did not begin
+// (no head, or a stream still held back) within --decode-first-byte-timeout.
+func (lc *laneConn) firstByteTimeout() {
+	err := fmt.Errorf("%w: %w after %v", ErrDecodeTimeout, ErrFirstByteTimeout, lc.ll.ln.p.cfg.DecodeFirstByteTimeout)
+	switch {
+	case lc.state == laneWaiting || lc.state == laneSending:
+		lc.endUp(false)
+	case lc.state == laneAnswer && lc.ls != nil && lc.ls.gate.shut():
+		lc.dropStream()
+	default:
 		return
 	}
-	lc.endUp(false)
-	lc.failed(fmt.Errorf("%w: %w after %v", ErrDecodeTimeout, ErrHeadTimeout, lc.ll.ln.p.cfg.DecodeFirstByteTimeout))
+	lc.failed(err)
+}
+
+// began relays a local stream once its first event came: the answer
+// begins.
+func (lc *laneConn) began(g gateState, held []byte) {
+	r, ls := lc.r, lc.ls
+	lc.stopTimer()
+	if g != gateOutput { // ended with no event
+		lc.dropStream()
+		lc.failWith(decodeTransportErr(errors.New("stream ended before any event")))
+		return
+	}
+	r.p.m.Requests.WithLabelValues(r.mode, statusLabel(r.obs.status)).Inc()
+	ls.ttftSeen = true
+	lc.firstOutput()
+	ls.write(held)
 }
 
 // clientLeft ends a request whose client hung up before its answer began:

@@ -257,6 +257,7 @@ func (lc *laneConn) gateStream(ls *loopStream) {
 // no output is answered with the error.
 func (lc *laneConn) gateDone(g gateState, held []byte) {
 	r, ls := lc.r, lc.ls
+	lc.stopTimer()
 	switch {
 	case g == gateHolding: // ended with no output
 		lc.dropStream()

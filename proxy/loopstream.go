@@ -61,11 +61,12 @@ type loopStream struct {
 	upEnded  bool        // conns.legEnd was called
 	ttftSeen bool        // conns.firstOutput was called
 
-	// A decode leg carrying remote KV (the lane's) is held back until its
-	// first output, as relaySSE holds it: an error event before any output
-	// is a KV load failure, which the client must not see. gated decides
-	// what becomes of the held bytes (head included) once gate is no longer
-	// gateHolding, or the stream ended while it was.
+	// A lane stream is held back, as relaySSE holds it, until its first
+	// event (gateFirstEvent), or for a decode leg carrying remote KV its
+	// first output (gateHolding): an error event before any output is a KV
+	// load failure, which the client must not see. gated decides what
+	// becomes of the held bytes (head included) once the gate opened, or
+	// the stream ended while it was shut.
 	gate  gateState
 	held  []byte
 	gated func(g gateState, held []byte)
@@ -75,11 +76,15 @@ type loopStream struct {
 type gateState uint8
 
 const (
-	gateOff     gateState = iota // nothing held: every byte goes to the client
-	gateHolding                  // no event with output yet
-	gateOutput                   // the first output came (or maxHeld bytes of preamble)
-	gateError                    // an error event came before any output
+	gateOff        gateState = iota // nothing held: every byte goes to the client
+	gateHolding                     // no event with output yet
+	gateFirstEvent                  // no event yet
+	gateOutput                      // the first output (or event) came, or maxHeld bytes of preamble
+	gateError                       // an error event came before any output
 )
+
+// shut reports whether g holds the stream back.
+func (g gateState) shut() bool { return g == gateHolding || g == gateFirstEvent }
 
 // streamConns is what a loopStream does with its two connections, which
 // a stream handed over by fasthttp (legConns) and one the lane served from
@@ -271,11 +276,11 @@ func (ls *loopStream) deliver(out []byte) {
 		return
 	}
 	ls.held = append(ls.held, out...)
-	if ls.gate == gateHolding && len(ls.held) < maxHeld && !ls.ended {
+	if ls.gate.shut() && len(ls.held) < maxHeld && !ls.ended {
 		return
 	}
 	g, held := ls.gate, ls.held
-	if g == gateHolding && !ls.ended {
+	if g.shut() && !ls.ended {
 		g = gateOutput // preamble enough: relayed as relaySSE does
 	}
 	ls.gate, ls.held = gateOff, nil
@@ -372,6 +377,8 @@ func (ls *loopStream) feed(out, data []byte) ([]byte, error) {
 func (ls *loopStream) emit(out, ev []byte) []byte {
 	d := firstData(ev)
 	switch {
+	case ls.gate == gateFirstEvent:
+		ls.gate = gateOutput
 	case ls.gate == gateHolding:
 		if d != nil {
 			switch connectors.ClassifyEvent(ls.r.api, d) {

@@ -40,10 +40,10 @@ func (r *request) forward(body []byte, remote bool) error {
 	var leg *Leg
 	var err error
 	if r.stream && r.p.cfg.DecodeFirstByteTimeout > 0 {
-		// Bound the wait for the head of a streamed answer; the stream
-		// itself, once begun, has no total timeout.
-		leg, err = r.p.tr.StreamHeadTimeout(r.ctx, r.local, req, resp, r.p.cfg.DecodeFirstByteTimeout)
-		if errors.Is(err, ErrHeadTimeout) {
+		// Bound the wait for the beginning of a streamed answer (relaySSE
+		// ends it); the stream itself, once begun, has no total timeout.
+		leg, err = r.p.tr.StreamFirstByteTimeout(r.ctx, r.local, req, resp, r.p.cfg.DecodeFirstByteTimeout)
+		if errors.Is(err, ErrFirstByteTimeout) {
 			err = fmt.Errorf("%w: %w", ErrDecodeTimeout, err)
 		}
 	} else {
@@ -132,13 +132,23 @@ func (r *request) relaySSE(leg *Leg, resp *fasthttp.Response, g prometheus.Gauge
 		g.Dec()
 		return err
 	}
-	if remote {
-		held = make([]byte, 0, 2<<10) // the role chunk and the first output, usually
+	// The answer's head waits for the stream's first event (for a decode
+	// on remote KV, its first output): the client then sees an error status,
+	// not a 200 and an error event, when the engine sends its head and
+	// nothing more (within --decode-first-byte-timeout) or breaks off.
+	held = make([]byte, 0, 2<<10) // the role chunk and the first output, usually
+	if !remote {
+		ev, err := er.next()
+		if err != nil {
+			return abort(beforeOutputErr(fmt.Errorf("stream ended before any event: %w", err)))
+		}
+		held = append(held, ev...)
+	} else {
 		kvFail := false
 		for {
 			ev, err := er.next()
 			if err != nil {
-				return abort(decodeTransportErr(fmt.Errorf("decode stream ended before any output: %w", err)))
+				return abort(beforeOutputErr(fmt.Errorf("decode stream ended before any output: %w", err)))
 			}
 			held = append(held, ev...)
 			kind := connectors.EventPreamble
@@ -156,6 +166,7 @@ func (r *request) relaySSE(leg *Leg, resp *fasthttp.Response, g prometheus.Gauge
 			return abort(ErrKVLoadFailed)
 		}
 	}
+	leg.Began()
 	r.copyHead(resp)
 	r.p.m.Requests.WithLabelValues(r.mode, statusLabel(resp.StatusCode())).Inc()
 	r.obs.status = resp.StatusCode()
@@ -167,6 +178,15 @@ func (r *request) relaySSE(leg *Leg, resp *fasthttp.Response, g prometheus.Gauge
 		r.finish()
 	}))
 	return nil
+}
+
+// beforeOutputErr is the error of a stream that ended, or was cut by
+// --decode-first-byte-timeout, before it had anything to relay.
+func beforeOutputErr(err error) error {
+	if errors.Is(err, ErrFirstByteTimeout) {
+		return fmt.Errorf("%w: %w", ErrDecodeTimeout, err)
+	}
+	return decodeTransportErr(err)
 }
 
 // needsDone reports whether api's streams end with data: [DONE].

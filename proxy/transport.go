@@ -144,21 +144,25 @@ func (t *Transport) Stream(ctx context.Context, addr string, req *fasthttp.Reque
 	return t.roundTrip(ctx, addr, req, resp, true, 0)
 }
 
-// ErrHeadTimeout: the response head did not arrive within the head timeout
-// of StreamHeadTimeout.
-var ErrHeadTimeout = errors.New("response head timeout")
+// ErrFirstByteTimeout: the answer did not begin within the first-byte
+// timeout of StreamFirstByteTimeout.
+var ErrFirstByteTimeout = errors.New("first answer byte timeout")
 
-// StreamHeadTimeout is Stream with the wait for the response head (from
-// sending the request) bounded by headTimeout, on the connection's own
-// deadline: no timer or context per leg. It fails with ErrHeadTimeout.
-func (t *Transport) StreamHeadTimeout(ctx context.Context, addr string, req *fasthttp.Request, resp *fasthttp.Response, headTimeout time.Duration) (*Leg, error) {
-	return t.roundTrip(ctx, addr, req, resp, true, headTimeout)
+// StreamFirstByteTimeout is Stream with the wait for the answer's beginning
+// (from sending the request) bounded by firstByte, on the connection's own
+// deadline: no timer or context per leg. The bound holds past the head,
+// until the caller ends it with Leg.Began: vLLM and SGLang send a stream's
+// head at once, before they have made anything. It fails with
+// ErrFirstByteTimeout, from this call (no head in time) or from the Leg's
+// Read (a head, and no body in time).
+func (t *Transport) StreamFirstByteTimeout(ctx context.Context, addr string, req *fasthttp.Request, resp *fasthttp.Response, firstByte time.Duration) (*Leg, error) {
+	return t.roundTrip(ctx, addr, req, resp, true, firstByte)
 }
 
-func (t *Transport) roundTrip(ctx context.Context, addr string, req *fasthttp.Request, resp *fasthttp.Response, stream bool, headTimeout time.Duration) (*Leg, error) {
+func (t *Transport) roundTrip(ctx context.Context, addr string, req *fasthttp.Request, resp *fasthttp.Response, stream bool, firstByte time.Duration) (*Leg, error) {
 	hc, pooled := t.host(addr)
 	for attempt := 0; ; attempt++ {
-		leg, reused, err := t.try(ctx, hc, pooled, req, resp, stream, headTimeout)
+		leg, reused, err := t.try(ctx, hc, pooled, req, resp, stream, firstByte)
 		// A pooled connection the engine closed while idle fails before any
 		// answer byte; that is no verdict on the engine, so try a fresh one.
 		if err != nil && reused && attempt == 0 && ctx.Err() == nil && stale(err) {
@@ -196,7 +200,7 @@ func stale(err error) bool {
 		errors.Is(err, fasthttp.ErrConnectionClosed)
 }
 
-func (t *Transport) try(ctx context.Context, hc *fasthttp.HostClient, pooled bool, req *fasthttp.Request, resp *fasthttp.Response, stream bool, headTimeout time.Duration) (*Leg, bool, error) {
+func (t *Transport) try(ctx context.Context, hc *fasthttp.HostClient, pooled bool, req *fasthttp.Request, resp *fasthttp.Response, stream bool, firstByte time.Duration) (*Leg, bool, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, false, &opError{"dial", context.Cause(ctx)}
 	}
@@ -228,8 +232,8 @@ func (t *Transport) try(ctx context.Context, hc *fasthttp.HostClient, pooled boo
 	}
 	deadline, _ := ctx.Deadline()
 	headDeadline := deadline
-	if headTimeout > 0 {
-		if hd := time.Now().Add(headTimeout); deadline.IsZero() || hd.Before(deadline) {
+	if firstByte > 0 {
+		if hd := time.Now().Add(firstByte); deadline.IsZero() || hd.Before(deadline) {
 			headDeadline = hd
 		}
 	}
@@ -255,11 +259,12 @@ func (t *Transport) try(ctx context.Context, hc *fasthttp.HostClient, pooled boo
 		hc.ReleaseReader(br)
 		release(false)
 		if !headDeadline.Equal(deadline) && ctx.Err() == nil && isTimeout(err) {
-			err = fmt.Errorf("%w after %v: %w", ErrHeadTimeout, headTimeout, err)
+			err = fmt.Errorf("%w after %v: %w", ErrFirstByteTimeout, firstByte, err)
 		}
 		return nil, reused, &opError{"read", ctxErr(ctx, err)}
 	}
-	if !headDeadline.Equal(deadline) {
+	bounded := !headDeadline.Equal(deadline)
+	if bounded && !stream {
 		if err := conn.SetDeadline(deadline); err != nil {
 			hc.ReleaseReader(br)
 			release(false)
@@ -273,6 +278,9 @@ func (t *Transport) try(ctx context.Context, hc *fasthttp.HostClient, pooled boo
 	}
 	leg := &Leg{ctx: ctx, br: br, conn: conn, body: bodyDecoder(resp),
 		putReader: hc.ReleaseReader, release: release, stopCancel: stop}
+	if bounded {
+		leg.firstByte, leg.deadline = firstByte, deadline
+	}
 	leg.eof = leg.body.Done()
 	return leg, reused, nil
 }
@@ -342,6 +350,20 @@ type Leg struct {
 	stopCancel func() bool         // disarms the context's close-the-connection hook
 	eof        bool
 	closed     bool
+
+	// firstByte, while not zero, is the first-byte timeout still bounding
+	// reads (StreamFirstByteTimeout), until Began restores deadline.
+	firstByte time.Duration
+	deadline  time.Time
+}
+
+// Began ends the first-byte bound of the leg: the answer began.
+func (l *Leg) Began() {
+	if l.firstByte == 0 || l.closed {
+		return
+	}
+	l.firstByte = 0
+	_ = l.conn.SetDeadline(l.deadline) // a failure fails the next read
 }
 
 // ahead returns the raw bytes already received on the connection and not
@@ -374,6 +396,9 @@ func (l *Leg) Read(p []byte) (int, error) {
 						return 0, io.EOF
 					}
 					err = io.ErrUnexpectedEOF
+				}
+				if l.firstByte > 0 && l.ctx.Err() == nil && isTimeout(err) {
+					err = fmt.Errorf("%w after %v: %w", ErrFirstByteTimeout, l.firstByte, err)
 				}
 				return 0, ctxErr(l.ctx, err)
 			}

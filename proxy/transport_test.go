@@ -146,11 +146,13 @@ func TestTransportRefusedIsDecodeUnavailable(t *testing.T) {
 	assert.Equal(t, "dial", le.Op)
 }
 
-// TestTransportHeadTimeout: the head timeout bounds the wait for the head
-// only — a head that comes in time leaves the body unbounded, a head that
-// does not fails with ErrHeadTimeout — and the context still cancels.
-func TestTransportHeadTimeout(t *testing.T) {
-	const headTimeout = 150 * time.Millisecond
+// TestTransportFirstByteTimeout: the first-byte timeout bounds the wait for
+// the answer's beginning — no head in time fails the call, a head and no
+// body in time fails the Leg's first Read, both with ErrFirstByteTimeout —
+// and once the caller says the answer began (Leg.Began) the rest of the
+// body is unbounded; the context still cancels.
+func TestTransportFirstByteTimeout(t *testing.T) {
+	const firstByte = 150 * time.Millisecond
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.ReadAll(r.Body) // net/http watches the connection once the body is read
 		if r.URL.Path == "/hang" {
@@ -161,8 +163,16 @@ func TestTransportHeadTimeout(t *testing.T) {
 			return
 		}
 		w.Header().Set("Content-Type", "text/event-stream")
-		w.(http.Flusher).Flush() // the head now, the body after the head timeout
-		time.Sleep(2 * headTimeout)
+		w.(http.Flusher).Flush() // the head now, as vLLM sends it
+		if r.URL.Path == "/began" {
+			_, _ = w.Write([]byte("data: first\n\n"))
+			w.(http.Flusher).Flush()
+		}
+		select { // the rest after the first-byte timeout
+		case <-r.Context().Done():
+			return
+		case <-time.After(2 * firstByte):
+		}
 		_, _ = w.Write([]byte("data: late\n\n"))
 	}))
 	defer srv.Close()
@@ -172,11 +182,13 @@ func TestTransportHeadTimeout(t *testing.T) {
 		name     string
 		path     string
 		ctxAfter time.Duration // cancel the context after this (0: never)
-		wantErr  error
+		wantErr  error         // from the call
+		readErr  error         // from reading the body
 		wantBody string
 	}{
-		{name: "no head in time", path: "/hang", wantErr: ErrHeadTimeout},
-		{name: "head in time, slow body", path: "/slow", wantBody: "data: late\n\n"},
+		{name: "no head in time", path: "/hang", wantErr: ErrFirstByteTimeout},
+		{name: "a head and no body in time", path: "/head", readErr: ErrFirstByteTimeout},
+		{name: "began in time, the rest slow", path: "/began", wantBody: "data: first\n\ndata: late\n\n"},
 		{name: "context ends first", path: "/hang", ctxAfter: 30 * time.Millisecond, wantErr: ErrClientGone},
 	}
 	for _, tc := range cases {
@@ -189,22 +201,31 @@ func TestTransportHeadTimeout(t *testing.T) {
 			resp := fasthttp.AcquireResponse()
 			defer fasthttp.ReleaseResponse(resp)
 			start := time.Now()
-			leg, err := tr.StreamHeadTimeout(ctx, addr, newReq(addr, tc.path), resp, headTimeout)
+			leg, err := tr.StreamFirstByteTimeout(ctx, addr, newReq(addr, tc.path), resp, firstByte)
 			if tc.wantErr != nil {
 				require.ErrorIs(t, err, tc.wantErr)
-				if tc.wantErr == ErrHeadTimeout {
-					assert.GreaterOrEqual(t, time.Since(start), headTimeout)
+				if tc.wantErr == ErrFirstByteTimeout {
+					assert.GreaterOrEqual(t, time.Since(start), firstByte)
 				} else {
-					assert.NotErrorIs(t, err, ErrHeadTimeout)
+					assert.NotErrorIs(t, err, ErrFirstByteTimeout)
 				}
 				assert.Less(t, time.Since(start), 2*time.Second)
 				return
 			}
 			require.NoError(t, err)
 			defer leg.Close()
-			b, err := io.ReadAll(leg)
+			buf := make([]byte, 64)
+			n, err := leg.Read(buf)
+			if tc.readErr != nil {
+				require.ErrorIs(t, err, tc.readErr)
+				assert.GreaterOrEqual(t, time.Since(start), firstByte)
+				return
+			}
 			require.NoError(t, err)
-			assert.Equal(t, tc.wantBody, string(b))
+			leg.Began()
+			rest, err := io.ReadAll(leg)
+			require.NoError(t, err)
+			assert.Equal(t, tc.wantBody, string(buf[:n])+string(rest))
 		})
 	}
 }

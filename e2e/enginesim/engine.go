@@ -46,16 +46,17 @@ func (s *Sim) classify(g *genRequest, rid string) legKind {
 func (s *Sim) execute(ctx context.Context, w http.ResponseWriter, g *genRequest, leg legKind, f Faults, o *output) {
 	start := time.Now()
 	out := newSink(w, g.stream, f.DieAfterChunks)
+	s.m.waiting.Inc()
 	if g.stream {
 		out.start()
 		if f.AfterHeadMS > 0 {
 			s.m.faultsInjected.WithLabelValues("after_head").Inc()
 			if !sleep(ctx, f.afterHead()) {
+				s.m.waiting.Dec()
 				return
 			}
 		}
 	}
-	s.m.waiting.Inc()
 	select {
 	case s.slots <- struct{}{}:
 		s.m.waiting.Dec()

@@ -24,7 +24,8 @@ type Faults struct {
 	// LatencyMS is added before each inference request is served.
 	LatencyMS int `json:"latency_ms,omitempty"`
 	// AfterHeadMS holds a streamed answer this long after its head was
-	// sent, before it queues, loads KV or makes a token (a slow first step).
+	// sent (counted as waiting), before it loads KV or makes a token (a
+	// slow queue or first step).
 	AfterHeadMS int `json:"after_head_ms,omitempty"`
 	// EOSFirstToken makes the first generated token EOS (finish "stop").
 	EOSFirstToken bool `json:"eos_first_token,omitempty"`
