@@ -180,3 +180,35 @@ func streamedText(s string) string {
 	}
 	return b.String()
 }
+
+// TestSidecarStreamEndsBeforeAnyEvent: an engine that sends a stream's head
+// and then breaks off gets the client a 502 JSON error — the head was held
+// back, so no 200 went out — on the local and the disaggregated path, on
+// the lane and on fasthttp's.
+func TestSidecarStreamEndsBeforeAnyEvent(t *testing.T) {
+	rig := newRig(t)
+	body := chatBody(`,"max_tokens":4,"stream":true`)
+	n := 0.0
+	for _, pd := range []bool{false, true} {
+		for _, whole := range []bool{true, false} {
+			hdr, fault := map[string]string(nil), `{"die_after_head":true}`
+			if pd {
+				hdr, fault = rig.header(), `{"die_after_head":true,"only":"decode"}`
+			}
+			setFault(t, rig.decode, fault)
+			conn := postRaw(t, rig.sc.Port, "/v1/chat/completions", body, hdr, whole)
+			require.NoError(t, conn.SetReadDeadline(time.Now().Add(10*time.Second)))
+			resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+			require.NoError(t, err)
+			b, err := io.ReadAll(resp.Body)
+			require.NoError(t, err)
+			n++
+			assert.Equal(t, http.StatusBadGateway, resp.StatusCode, "pd %v whole %v: %s", pd, whole, b)
+			assert.Equal(t, int64(502), gjson.GetBytes(b, "error.code").Int(), "%s", b)
+			assert.Equal(t, n, rig.decode.Metric(t, "sim_faults_injected_total", map[string]string{"kind": "die_after_head"}))
+			assert.Equal(t, n, rig.scMetric(t, "pd_sidecar_requests_total", map[string]string{"code": "502"}))
+		}
+	}
+	assert.Equal(t, 2.0, rig.scMetric(t, laneRequests, nil), "the whole requests were the lane's")
+	assert.Zero(t, rig.decode.Metric(t, "vllm:generation_tokens_total", nil))
+}

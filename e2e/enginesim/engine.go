@@ -49,6 +49,11 @@ func (s *Sim) execute(ctx context.Context, w http.ResponseWriter, g *genRequest,
 	s.m.waiting.Inc()
 	if g.stream {
 		out.start()
+		if f.DieAfterHead {
+			s.m.faultsInjected.WithLabelValues("die_after_head").Inc()
+			s.m.waiting.Dec()
+			panic(http.ErrAbortHandler)
+		}
 		if f.AfterHeadMS > 0 {
 			s.m.faultsInjected.WithLabelValues("after_head").Inc()
 			if !sleep(ctx, f.afterHead()) {

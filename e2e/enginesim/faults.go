@@ -27,6 +27,9 @@ type Faults struct {
 	// sent (counted as waiting), before it loads KV or makes a token (a
 	// slow queue or first step).
 	AfterHeadMS int `json:"after_head_ms,omitempty"`
+	// DieAfterHead cuts a streamed answer's connection right after its
+	// head, before any event.
+	DieAfterHead bool `json:"die_after_head,omitempty"`
 	// EOSFirstToken makes the first generated token EOS (finish "stop").
 	EOSFirstToken bool `json:"eos_first_token,omitempty"`
 	// CorruptKV flips a byte of the KV a remote decoder pulls.
