@@ -275,11 +275,18 @@ func (ls *loopStream) deliver(out []byte) {
 		ls.write(out)
 		return
 	}
-	ls.held = append(ls.held, out...)
-	if ls.gate.shut() && len(ls.held) < maxHeld && !ls.ended {
+	held := out // the loop's buffer: copied only when it must wait
+	if len(ls.held) > 0 {
+		ls.held = append(ls.held, out...)
+		held = ls.held
+	}
+	if ls.gate.shut() && len(held) < maxHeld && !ls.ended {
+		if len(ls.held) == 0 {
+			ls.held = append([]byte(nil), out...)
+		}
 		return
 	}
-	g, held := ls.gate, ls.held
+	g := ls.gate
 	if g.shut() && !ls.ended {
 		g = gateOutput // preamble enough: relayed as relaySSE does
 	}
