@@ -62,12 +62,17 @@ func (r *request) tryDecode(df connectors.DecodeFirst) (declined bool, err error
 	g.Inc()
 	req := r.upstream(r.local, r.body)
 	resp := fasthttp.AcquireResponse()
-	leg, err := r.p.tr.Stream(r.ctx, r.local, req, resp)
+	var leg *Leg
+	if r.stream && r.p.cfg.DecodeFirstByteTimeout > 0 {
+		leg, err = r.p.tr.StreamFirstByteTimeout(r.ctx, r.local, req, resp, r.p.cfg.DecodeFirstByteTimeout)
+	} else {
+		leg, err = r.p.tr.Stream(r.ctx, r.local, req, resp)
+	}
 	fasthttp.ReleaseRequest(req)
 	if err != nil {
 		g.Dec()
 		fasthttp.ReleaseResponse(resp)
-		return false, decodeTransportErr(err)
+		return false, beforeOutputErr(err)
 	}
 	if !bytes.HasPrefix(resp.Header.ContentType(), eventStream) {
 		defer g.Dec()
@@ -108,7 +113,7 @@ func (r *request) tryDecodeSSE(df connectors.DecodeFirst, leg *Leg, resp *fastht
 			leg.Close()
 			fasthttp.ReleaseResponse(resp)
 			g.Dec()
-			return false, decodeTransportErr(err)
+			return false, beforeOutputErr(err)
 		}
 		held = append(held, ev...)
 		d := firstData(ev)
@@ -124,6 +129,7 @@ func (r *request) tryDecodeSSE(df connectors.DecodeFirst, leg *Leg, resp *fastht
 		}
 		break
 	}
+	leg.Began()
 	r.copyHead(resp)
 	r.p.m.Requests.WithLabelValues(r.mode, statusLabel(resp.StatusCode())).Inc()
 	r.obs.status = resp.StatusCode()
