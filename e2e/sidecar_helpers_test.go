@@ -187,6 +187,19 @@ func postSplit(t *testing.T, port int, path, body string, headers map[string]str
 	return resp, conn
 }
 
+// exchangeRaw posts body as postRaw does and reads the whole answer
+// (within 10 s).
+func exchangeRaw(t *testing.T, port int, path, body string, headers map[string]string, whole bool) (*http.Response, []byte) {
+	t.Helper()
+	conn := postRaw(t, port, path, body, headers, whole)
+	require.NoError(t, conn.SetReadDeadline(time.Now().Add(10*time.Second)))
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	require.NoError(t, err)
+	b, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	return resp, b
+}
+
 // postRaw posts body to path on port from a connection of its own (closed
 // when the test ends): whole in one write (a request the lane takes), or
 // the body in a second write (one fasthttp serves).

@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"bufio"
 	"fmt"
 	"io"
 	"net/http"
@@ -49,12 +48,7 @@ func TestSidecarDecodeFirstByteTimeout(t *testing.T) {
 					}
 					faults := rig.decode.Metric(t, "sim_faults_injected_total", map[string]string{"kind": tc.kind})
 					start := time.Now()
-					conn := postRaw(t, rig.sc.Port, "/v1/chat/completions", body, hdr, whole)
-					require.NoError(t, conn.SetReadDeadline(time.Now().Add(10*time.Second)))
-					resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
-					require.NoError(t, err)
-					b, err := io.ReadAll(resp.Body)
-					require.NoError(t, err)
+					resp, b := exchangeRaw(t, rig.sc.Port, "/v1/chat/completions", body, hdr, whole)
 					took := time.Since(start)
 					require.Equal(t, http.StatusGatewayTimeout, resp.StatusCode, "%s", b)
 					assert.Equal(t, "application/json", resp.Header.Get("Content-Type"))
@@ -82,12 +76,7 @@ func TestSidecarDecodeFirstByteTimeout(t *testing.T) {
 	long := chatBody(`,"max_tokens":1000,"stream":true,"stream_options":{"include_usage":true}`)
 	for _, whole := range []bool{true, false} {
 		start := time.Now()
-		conn := postRaw(t, rig.sc.Port, "/v1/chat/completions", long, nil, whole)
-		require.NoError(t, conn.SetReadDeadline(time.Now().Add(10*time.Second)))
-		resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
-		require.NoError(t, err)
-		b, err := io.ReadAll(resp.Body)
-		require.NoError(t, err)
+		resp, b := exchangeRaw(t, rig.sc.Port, "/v1/chat/completions", long, nil, whole)
 		require.Equal(t, http.StatusOK, resp.StatusCode, "whole: %v", whole)
 		assert.Greater(t, time.Since(start), 300*time.Millisecond, "the stream ran past the timeout")
 		assert.Contains(t, string(b), `"completion_tokens":1000`, "whole: %v", whole)
@@ -196,12 +185,7 @@ func TestSidecarStreamEndsBeforeAnyEvent(t *testing.T) {
 				hdr, fault = rig.header(), `{"die_after_head":true,"only":"decode"}`
 			}
 			setFault(t, rig.decode, fault)
-			conn := postRaw(t, rig.sc.Port, "/v1/chat/completions", body, hdr, whole)
-			require.NoError(t, conn.SetReadDeadline(time.Now().Add(10*time.Second)))
-			resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
-			require.NoError(t, err)
-			b, err := io.ReadAll(resp.Body)
-			require.NoError(t, err)
+			resp, b := exchangeRaw(t, rig.sc.Port, "/v1/chat/completions", body, hdr, whole)
 			n++
 			assert.Equal(t, http.StatusBadGateway, resp.StatusCode, "pd %v whole %v: %s", pd, whole, b)
 			assert.Equal(t, int64(502), gjson.GetBytes(b, "error.code").Int(), "%s", b)
