@@ -136,7 +136,6 @@ func (r *request) relaySSE(leg *Leg, resp *fasthttp.Response, g prometheus.Gauge
 	// on remote KV, its first output): the client then sees an error status,
 	// not a 200 and an error event, when the engine sends its head and
 	// nothing more (within --decode-first-byte-timeout) or breaks off.
-	held = make([]byte, 0, 2<<10) // the role chunk and the first output, usually
 	if !remote {
 		ev, err := er.next()
 		if err != nil {
@@ -144,6 +143,7 @@ func (r *request) relaySSE(leg *Leg, resp *fasthttp.Response, g prometheus.Gauge
 		}
 		held = append(held, ev...)
 	} else {
+		held = make([]byte, 0, 2<<10) // the role chunk and the first output, usually
 		kvFail := false
 		for {
 			ev, err := er.next()
