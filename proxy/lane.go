@@ -657,8 +657,7 @@ func (lc *laneConn) answer(rest []byte) {
 	lc.up.fresh = false
 	lc.putSent()
 	lc.head = nil
-	st := ll.resp.StatusCode()
-	r.obs.status = st
+	r.obs.status = ll.resp.StatusCode()
 	lc.state = laneAnswer
 	if ll.resp.ConnectionClose() {
 		lc.up.keep = false
@@ -869,7 +868,6 @@ func (lc *laneConn) failed(err error) {
 // firstByteTimeout fails a streamed request whose answer did not begin
 // (no head, or a stream still held back) within --decode-first-byte-timeout.
 func (lc *laneConn) firstByteTimeout() {
-	err := fmt.Errorf("%w: %w after %v", ErrDecodeTimeout, ErrFirstByteTimeout, lc.ll.ln.p.cfg.DecodeFirstByteTimeout)
 	switch {
 	case lc.state == laneWaiting || lc.state == laneSending:
 		lc.endUp(false)
@@ -878,7 +876,7 @@ func (lc *laneConn) firstByteTimeout() {
 	default:
 		return
 	}
-	lc.failed(err)
+	lc.failed(fmt.Errorf("%w: %w after %v", ErrDecodeTimeout, ErrFirstByteTimeout, lc.ll.ln.p.cfg.DecodeFirstByteTimeout))
 }
 
 // began relays a local stream once its first event came: the answer
