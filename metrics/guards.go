@@ -14,9 +14,20 @@ const (
 	RejectMalformed = "malformed"
 	// RejectOverloaded: --max-concurrent-requests were in flight (503).
 	RejectOverloaded = "overloaded"
-	// RejectSSRF: the prefiller is not on the allowlist (403).
+	// RejectSSRF: the prefiller is not on the allowlist (403), named in
+	// the header or, with --trust-client-kv-params, in a body's connector
+	// fields.
 	RejectSSRF = "prefiller_not_allowed"
 )
+
+// SanitizedFields are the client connector fields removed from request
+// bodies (the field label of requests_sanitized_total; the same names as
+// connectors.ClientFieldNames).
+var SanitizedFields = []string{
+	"kv_transfer_params", "ec_transfer_params",
+	"bootstrap_host", "bootstrap_port", "bootstrap_room", "bootstrap_pair_key",
+	"remote_bootstrap_addr", "transfer_id", "kv_source", "kv_preloaded",
+}
 
 // Guards holds the collectors of the request guards: limits, SSRF
 // protection and the per-prefiller circuit breaker.
@@ -26,6 +37,9 @@ type Guards struct {
 	// CircuitOpen is the number of prefillers whose circuit is open or
 	// half-open now.
 	CircuitOpen prometheus.Gauge
+	// Sanitized counts requests whose body carried a client connector
+	// field, by field (SanitizedFields), removed before any engine saw it.
+	Sanitized *prometheus.CounterVec
 }
 
 // NewGuards creates the guard collectors and registers them on reg.
@@ -39,8 +53,15 @@ func NewGuards(reg prometheus.Registerer) *Guards {
 			Name: "pd_sidecar_prefiller_circuits_open",
 			Help: "Prefillers skipped by the circuit breaker now (open or half-open circuits).",
 		}),
+		Sanitized: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "pd_sidecar_requests_sanitized_total",
+			Help: "Requests whose body carried the client's own connector field (kv_transfer_params, ec_transfer_params, bootstrap_host, ...), removed before any engine saw it, by field.",
+		}, []string{"field"}),
 	}
-	reg.MustRegister(g.Rejected, g.CircuitOpen)
+	reg.MustRegister(g.Rejected, g.CircuitOpen, g.Sanitized)
+	for _, f := range SanitizedFields {
+		g.Sanitized.WithLabelValues(f)
+	}
 	for _, r := range []string{RejectBodyTooLarge, RejectHeadersTooLarge, RejectReadTimeout, RejectMalformed, RejectOverloaded, RejectSSRF} {
 		g.Rejected.WithLabelValues(r)
 	}

@@ -102,7 +102,7 @@ func classify(err error) outcome {
 	switch {
 	case errors.Is(err, ErrClientGone):
 		return outcome{status: 499}
-	case errors.Is(err, ErrPrefillerDenied):
+	case errors.Is(err, ErrPrefillerDenied), errors.Is(err, ErrKVAddressDenied):
 		return outcome{status: http.StatusForbidden}
 	case errors.Is(err, ErrCircuitOpen):
 		return outcome{status: http.StatusServiceUnavailable, reason: ReasonCircuitOpen}

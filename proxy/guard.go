@@ -47,6 +47,12 @@ type GuardConfig struct {
 	// Allowlist admits prefillers (--enable-ssrf-protection); nil admits
 	// every syntactically valid host:port.
 	Allowlist ssrf.Allowlist
+	// TrustClientKVParams keeps the client's own connector fields
+	// (kv_transfer_params, bootstrap_host ...: connectors.ClientFieldNames)
+	// in the bodies sent to engines, for setups where something upstream
+	// sends them legitimately (--trust-client-kv-params); with an
+	// Allowlist, the addresses they name must be on it. False removes them.
+	TrustClientKVParams bool
 	// Breaker is the per-prefiller circuit breaker.
 	Breaker circuit.Config
 	// MaxHeaderBytes bounds the request line and headers (431 above); it

@@ -310,12 +310,16 @@ func (lc *laneConn) readRequest(ev netloop.Events) {
 	r := p.startRequest(lr.id, &ll.req, body, ll.ln.local, api)
 	lc.r, lc.keepAlive = r, lr.keepAlive
 	p.loopRequests.Add(1)
+	if err := r.sanitize(); err != nil {
+		lc.failWith(err)
+		return
+	}
 	if len(lr.prefiller) > 0 {
 		lc.split(lr.prefiller)
 		return
 	}
-	lc.decodeLeg(body, false)
-	r.body = nil // in the loop's buffer, which the next read overwrites
+	lc.decodeLeg(r.body, false) // the client's body, or its sanitized copy
+	r.body = nil                // maybe in the loop's buffer, which the next read overwrites
 }
 
 // decodeLeg sends body to the local engine: the decode leg carrying the

@@ -7,7 +7,10 @@ import (
 	"io"
 	"time"
 
+	"github.com/rs/zerolog"
 	"github.com/valyala/fasthttp"
+
+	"github.com/pd-sidecar/pd-sidecar/connectors"
 
 	"github.com/pd-sidecar/pd-sidecar/metrics"
 )
@@ -33,7 +36,23 @@ func (p *Proxy) passthrough(rc *fasthttp.RequestCtx, local string) {
 	req.Header.Del(HeaderDataParallel)
 	req.Header.Del("Expect")
 	req.Header.SetHost(local)
-	req.SetBodyRaw(rc.PostBody())
+	body, err := p.passthroughBody(rc)
+	if err != nil {
+		fasthttp.ReleaseRequest(req)
+		g.Dec()
+		if w.stop() {
+			rc.SetConnectionClose()
+		}
+		cancel(context.Canceled)
+		st := classify(err).status
+		p.log.Warn().Err(err).Str("path", string(rc.Path())).Str("request_id", logValue(string(rc.Request.Header.Peek(HeaderRequestID)))).
+			Int("status", st).Msg("passthrough refused")
+		rc.SetStatusCode(st)
+		rc.SetContentType("application/json")
+		rc.SetBody(errorBody(st, err))
+		return
+	}
+	req.SetBodyRaw(body)
 	resp := fasthttp.AcquireResponse()
 	resp.SkipBody = rc.IsHead()
 	leg, err := p.tr.Stream(ctx, local, req, resp)
@@ -99,4 +118,20 @@ func (b *passthroughBody) Close() error {
 		b.done = nil
 	}
 	return nil
+}
+
+// passthroughBody is the body of a passthrough request as it may reach the
+// engine: a JSON object body loses the client's own connector fields
+// (cleanBody) on every path, for engines read them on more paths than the
+// sidecar splits (SGLang's /generate, vLLM's other APIs); any other body
+// (none, multipart, text) is forwarded as is.
+func (p *Proxy) passthroughBody(rc *fasthttp.RequestCtx) ([]byte, error) {
+	body := rc.PostBody()
+	if !connectors.IsObject(body) {
+		return body, nil
+	}
+	api, _ := connectors.APIForPath(string(rc.Path()))
+	return p.cleanBody(api, body, func() *zerolog.Event {
+		return p.log.Debug().Str("path", string(rc.Path())).Str("request_id", logValue(string(rc.Request.Header.Peek(HeaderRequestID))))
+	})
 }

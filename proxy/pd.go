@@ -26,6 +26,10 @@ func (p *Proxy) serveInference(rc *fasthttp.RequestCtx, local string, api connec
 			r.finish()
 		}
 	}()
+	if err := r.sanitize(); err != nil {
+		r.fail(err)
+		return
+	}
 	hv := rc.Request.Header.Peek(HeaderPrefiller)
 	if len(hv) == 0 {
 		r.logAt(zerolog.DebugLevel).Msg("no prefiller named: local")

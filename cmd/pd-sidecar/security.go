@@ -46,6 +46,7 @@ func addGuardFlags(fs *pflag.FlagSet, o *options) {
 	fs.StringVar(&g.pool, "inference-pool", os.Getenv("INFERENCE_POOL"), "InferencePool namespace/name whose Ready pods are the prefiller allowlist (env INFERENCE_POOL)")
 	fs.StringVar(&g.poolGroup, "pool-group", ssrf.GroupV1, "InferencePool API group: "+ssrf.GroupV1+" (v1) or "+ssrf.GroupV1Alpha2+" (v1alpha2)")
 	fs.StringSliceVar(&g.allowlist, "prefiller-allowlist", nil, "static prefiller allowlist: CIDRs, ip:port, host:port, *.suffix:port (port * = any)")
+	fs.BoolVar(&c.TrustClientKVParams, "trust-client-kv-params", c.TrustClientKVParams, "keep the client's own kv_transfer_params, ec_transfer_params, bootstrap_* fields in bodies sent to engines (else removed); with --enable-ssrf-protection the addresses they name must be allowlisted (403)")
 	fs.StringVar(&g.kubeconfig, "kubeconfig", "", "kubeconfig for the pool watcher outside a cluster (empty: in-cluster config)")
 	fs.DurationVar(&g.syncTimeout, "ssrf-sync-timeout", time.Minute, "how long start-up waits for the InferencePool watch to sync")
 	fs.IntVar(&c.MaxHeaderBytes, "max-header-bytes", c.MaxHeaderBytes, "largest accepted request head (431 above)")

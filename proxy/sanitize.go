@@ -1,0 +1,72 @@
+package proxy
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/rs/zerolog"
+
+	"github.com/pd-sidecar/pd-sidecar/connectors"
+	"github.com/pd-sidecar/pd-sidecar/metrics"
+	"github.com/pd-sidecar/pd-sidecar/ssrf"
+)
+
+// ErrKVAddressDenied: --trust-client-kv-params keeps the client's connector
+// fields, SSRF protection is on, and one names an address that is not on
+// the allowlist (403, as a denied prefiller header).
+var ErrKVAddressDenied = errors.New("a kv transfer address in the request body is not an allowed prefiller")
+
+// cleanBody is body as it may reach an engine (api: the inference API its
+// path serves, 0 for another path): without the client's own connector
+// fields (counted by field), or, with --trust-client-kv-params, body itself
+// once the addresses those fields name passed the SSRF allowlist. A body
+// that is not a well-formed JSON object is refused (ErrBadRequest, counted
+// as malformed): what an engine would read in it cannot be told. log gets
+// the debug line of a removal (nil: none).
+func (p *Proxy) cleanBody(api connectors.API, body []byte, log func() *zerolog.Event) ([]byte, error) {
+	g := p.guard
+	if g.cfg.TrustClientKVParams {
+		if g.cfg.Allowlist == nil {
+			return body, nil
+		}
+		field, err := connectors.ClientAddrs(api, body, g.cfg.Allowlist.Allowed)
+		switch {
+		case err != nil:
+			g.m.Rejected.WithLabelValues(metrics.RejectMalformed).Inc()
+			return nil, fmt.Errorf("%w: %w", ErrBadRequest, err)
+		case field != "":
+			g.m.Rejected.WithLabelValues(metrics.RejectSSRF).Inc()
+			return nil, fmt.Errorf("%w: %s: %w", ErrKVAddressDenied, field, ssrf.ErrDenied)
+		}
+		return body, nil
+	}
+	out, removed, err := connectors.StripClientFields(nil, api, body)
+	if err != nil {
+		g.m.Rejected.WithLabelValues(metrics.RejectMalformed).Inc()
+		return nil, fmt.Errorf("%w: %w", ErrBadRequest, err)
+	}
+	if removed == 0 {
+		return body, nil
+	}
+	names := removed.Names()
+	for _, f := range names {
+		g.m.Sanitized.WithLabelValues(f).Inc()
+	}
+	if log != nil {
+		if e := log(); e != nil {
+			e.Strs("fields", names).Msg("client connector fields removed from the body")
+		}
+	}
+	return out, nil
+}
+
+// sanitize makes r.body what may reach an engine (cleanBody): every leg,
+// local or split, and every fallback starts from it.
+func (r *request) sanitize() error {
+	body, err := r.p.cleanBody(r.api, r.body, func() *zerolog.Event { return r.logAt(zerolog.DebugLevel) })
+	if err != nil {
+		return err
+	}
+	r.body = body
+	return nil
+}
