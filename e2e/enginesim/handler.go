@@ -46,7 +46,8 @@ func (s *Sim) Handler() http.Handler {
 		w.WriteHeader(http.StatusNoContent)
 	})
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		s.journal.add(r, nil)
+		raw, _ := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBodyBytes)) // journaled: what a passthrough sent
+		s.journal.add(r, raw)
 		writeError(w, http.StatusNotFound, "NotFoundError", "", "no route for "+r.Method+" "+r.URL.Path)
 	})
 	return mux
