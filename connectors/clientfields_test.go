@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pd-sidecar/pd-sidecar/connectors"
+	"github.com/pd-sidecar/pd-sidecar/metrics"
 )
 
 func TestStripClientFields(t *testing.T) {
@@ -285,4 +286,8 @@ func BenchmarkClientFields(b *testing.B) {
 			}
 		})
 	}
+}
+
+func TestClientFieldNamesAreTheMetricLabels(t *testing.T) {
+	assert.Equal(t, metrics.SanitizedFields, connectors.ClientFieldNames())
 }
