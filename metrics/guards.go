@@ -16,6 +16,9 @@ const (
 	RejectOverloaded = "overloaded"
 	// RejectSSRF: the prefiller is not on the allowlist (403).
 	RejectSSRF = "prefiller_not_allowed"
+	// RejectBufferedBytes: the request body would take the bytes buffered
+	// by all connections past --max-buffered-bytes (503).
+	RejectBufferedBytes = "buffered_bytes"
 )
 
 // Guards holds the collectors of the request guards: limits, SSRF
@@ -26,6 +29,9 @@ type Guards struct {
 	// CircuitOpen is the number of prefillers whose circuit is open or
 	// half-open now.
 	CircuitOpen prometheus.Gauge
+	// BufferedBytes is the bytes reserved now from --max-buffered-bytes
+	// (request bodies, and answers, read whole).
+	BufferedBytes prometheus.Gauge
 }
 
 // NewGuards creates the guard collectors and registers them on reg.
@@ -33,15 +39,19 @@ func NewGuards(reg prometheus.Registerer) *Guards {
 	g := &Guards{
 		Rejected: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "pd_sidecar_requests_rejected_total",
-			Help: "Requests refused before any upstream leg, by reason (body_too_large, headers_too_large, read_timeout, malformed, overloaded, prefiller_not_allowed).",
+			Help: "Requests refused before any upstream leg, by reason (body_too_large, headers_too_large, read_timeout, malformed, overloaded, prefiller_not_allowed, buffered_bytes).",
 		}, []string{"reason"}),
 		CircuitOpen: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "pd_sidecar_prefiller_circuits_open",
 			Help: "Prefillers skipped by the circuit breaker now (open or half-open circuits).",
 		}),
+		BufferedBytes: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "pd_sidecar_buffered_bytes",
+			Help: "Bytes reserved now from --max-buffered-bytes by request bodies and answers read whole.",
+		}),
 	}
-	reg.MustRegister(g.Rejected, g.CircuitOpen)
-	for _, r := range []string{RejectBodyTooLarge, RejectHeadersTooLarge, RejectReadTimeout, RejectMalformed, RejectOverloaded, RejectSSRF} {
+	reg.MustRegister(g.Rejected, g.CircuitOpen, g.BufferedBytes)
+	for _, r := range []string{RejectBodyTooLarge, RejectHeadersTooLarge, RejectReadTimeout, RejectMalformed, RejectOverloaded, RejectSSRF, RejectBufferedBytes} {
 		g.Rejected.WithLabelValues(r)
 	}
 	return g
