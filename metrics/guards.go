@@ -18,6 +18,9 @@ const (
 	// the header or, with --trust-client-kv-params, in a body's connector
 	// fields.
 	RejectSSRF = "prefiller_not_allowed"
+	// RejectBufferedBytes: the request body would take the bytes buffered
+	// by all connections past --max-buffered-bytes (503).
+	RejectBufferedBytes = "buffered_bytes"
 )
 
 // SanitizedFields are the client connector fields removed from request
@@ -40,6 +43,9 @@ type Guards struct {
 	// Sanitized counts requests whose body carried a client connector
 	// field, by field (SanitizedFields), removed before any engine saw it.
 	Sanitized *prometheus.CounterVec
+	// BufferedBytes is the bytes reserved now from --max-buffered-bytes
+	// (request bodies, and answers, read whole).
+	BufferedBytes prometheus.Gauge
 }
 
 // NewGuards creates the guard collectors and registers them on reg.
@@ -47,7 +53,7 @@ func NewGuards(reg prometheus.Registerer) *Guards {
 	g := &Guards{
 		Rejected: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "pd_sidecar_requests_rejected_total",
-			Help: "Requests refused before any upstream leg, by reason (body_too_large, headers_too_large, read_timeout, malformed, overloaded, prefiller_not_allowed).",
+			Help: "Requests refused before any upstream leg, by reason (body_too_large, headers_too_large, read_timeout, malformed, overloaded, prefiller_not_allowed, buffered_bytes).",
 		}, []string{"reason"}),
 		CircuitOpen: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "pd_sidecar_prefiller_circuits_open",
@@ -57,12 +63,16 @@ func NewGuards(reg prometheus.Registerer) *Guards {
 			Name: "pd_sidecar_requests_sanitized_total",
 			Help: "Requests whose body carried the client's own connector field (kv_transfer_params, ec_transfer_params, bootstrap_host, ...), removed before any engine saw it, by field.",
 		}, []string{"field"}),
+		BufferedBytes: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "pd_sidecar_buffered_bytes",
+			Help: "Bytes reserved now from --max-buffered-bytes by request bodies and answers read whole.",
+		}),
 	}
-	reg.MustRegister(g.Rejected, g.CircuitOpen, g.Sanitized)
+	reg.MustRegister(g.Rejected, g.CircuitOpen, g.Sanitized, g.BufferedBytes)
 	for _, f := range SanitizedFields {
 		g.Sanitized.WithLabelValues(f)
 	}
-	for _, r := range []string{RejectBodyTooLarge, RejectHeadersTooLarge, RejectReadTimeout, RejectMalformed, RejectOverloaded, RejectSSRF} {
+	for _, r := range []string{RejectBodyTooLarge, RejectHeadersTooLarge, RejectReadTimeout, RejectMalformed, RejectOverloaded, RejectSSRF, RejectBufferedBytes} {
 		g.Rejected.WithLabelValues(r)
 	}
 	return g

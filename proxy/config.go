@@ -144,6 +144,9 @@ func (c Config) Validate() error {
 		return fmt.Errorf("--stream-loops must be >= 0, got %d", c.StreamLoops)
 	case c.MaxPrefillers <= 0:
 		return fmt.Errorf("max prefillers must be > 0, got %d", c.MaxPrefillers)
+	case c.Guard.MaxBufferedBytes > 0 && c.Guard.MaxBufferedBytes < int64(c.MaxRequestBodyBytes):
+		return fmt.Errorf("--max-buffered-bytes %d must be >= --max-request-body-bytes %d (a body of the largest accepted size could never be read)",
+			c.Guard.MaxBufferedBytes, c.MaxRequestBodyBytes)
 	}
 	return c.Guard.Validate()
 }

@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 	"github.com/valyala/fasthttp"
 
@@ -67,6 +68,11 @@ type GuardConfig struct {
 	// MaxConcurrentRequests bounds inference requests in flight, streams
 	// included (503 above); 0 leaves them unbounded.
 	MaxConcurrentRequests int
+	// MaxBufferedBytes bounds the bytes buffered at once by all
+	// connections together: request bodies read whole before they are
+	// served (503 past it, before the body is read) and answers read whole
+	// (budget.go).
+	MaxBufferedBytes int64
 	// TLS is the serving and upstream TLS.
 	TLS TLSConfig
 }
@@ -79,8 +85,13 @@ func DefaultGuardConfig() GuardConfig {
 		ReadTimeout:           60 * time.Second,
 		IdleTimeout:           90 * time.Second,
 		MaxConcurrentRequests: 10000,
+		MaxBufferedBytes:      DefaultMaxBufferedBytes,
 	}
 }
+
+// DefaultMaxBufferedBytes is --max-buffered-bytes outside a container with
+// a memory limit, and its most within one.
+const DefaultMaxBufferedBytes = 512 << 20
 
 // Validate reports the first invalid setting, as one line.
 func (c GuardConfig) Validate() error {
@@ -93,6 +104,8 @@ func (c GuardConfig) Validate() error {
 		return fmt.Errorf("--idle-timeout must be > 0, got %v", c.IdleTimeout)
 	case c.MaxConcurrentRequests < 0:
 		return fmt.Errorf("--max-concurrent-requests must be >= 0, got %d", c.MaxConcurrentRequests)
+	case c.MaxBufferedBytes <= 0:
+		return fmt.Errorf("--max-buffered-bytes must be > 0, got %d", c.MaxBufferedBytes)
 	}
 	if err := c.Breaker.Validate(); err != nil {
 		return err
@@ -106,13 +119,21 @@ type guard struct {
 	m        *metrics.Guards
 	breakers *circuit.Breakers
 	inflight atomic.Int64
+	buffered *budget    // --max-buffered-bytes
+	bodies   *bodyHolds // request bodies' share of buffered
 	tls      *serverTLS // nil: plain HTTP
 	openMu   sync.Mutex
 	open     map[string]struct{} // prefillers whose circuit is not closed
 }
 
-func newGuard(cfg GuardConfig, m *metrics.Guards, log zerolog.Logger) (*guard, error) {
+func newGuard(cfg GuardConfig, maxBody int, m *metrics.Guards, log zerolog.Logger) (*guard, error) {
 	g := &guard{cfg: cfg, m: m, breakers: circuit.New(cfg.Breaker), open: map[string]struct{}{}}
+	var gauge prometheus.Gauge
+	if m != nil {
+		gauge = m.BufferedBytes
+	}
+	g.buffered = newBudget(cfg.MaxBufferedBytes, gauge)
+	g.bodies = newBodyHolds(g.buffered, maxBody, cfg.ReadTimeout)
 	if cfg.TLS.SecureProxy {
 		st, err := newServerTLS(cfg.TLS.CertPath, log)
 		if err != nil {
@@ -158,6 +179,10 @@ func (p *Proxy) reject(rc *fasthttp.RequestCtx, reason string, status int, err e
 func (p *Proxy) serverError(rc *fasthttp.RequestCtx, err error) {
 	if c, ok := rc.Conn().(*clientConn); ok {
 		c.linger.Store(true) // the request may not have been read whole
+	}
+	if p.guard.bodies.errorClaim(rc) {
+		p.bufferFull(rc)
+		return
 	}
 	var small *fasthttp.ErrSmallBuffer
 	var ne net.Error

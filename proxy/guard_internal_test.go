@@ -142,7 +142,7 @@ func TestUpstreamTLS(t *testing.T) {
 }
 
 func TestSecureListener(t *testing.T) {
-	g, err := newGuard(GuardConfig{TLS: TLSConfig{SecureProxy: true}, Breaker: circuit.DefaultConfig()}, nil, zerolog.Nop())
+	g, err := newGuard(GuardConfig{TLS: TLSConfig{SecureProxy: true}, Breaker: circuit.DefaultConfig()}, 0, nil, zerolog.Nop())
 	require.NoError(t, err)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"time"
 
 	"github.com/rs/zerolog"
@@ -142,12 +143,18 @@ func (r *request) fail(err error) {
 	r.answer(r.mode, o.status, "application/json", errorBody(o.status, err))
 }
 
-// leftBeforeAnswer records a client that left before its answer began.
+// leftBeforeAnswer records a client that left before its answer began. On
+// fasthttp's path its connection is closed with nothing written: fasthttp
+// would otherwise write the untouched response, an empty 200.
 func (r *request) leftBeforeAnswer(err error) {
 	r.logAt(zerolog.InfoLevel).Err(err).Msg("client left; upstream legs cancelled")
 	r.p.m.ClientDisconnects.WithLabelValues(r.phase()).Inc()
 	r.p.m.Requests.WithLabelValues(r.mode, "499").Inc()
 	r.obs.status = 499
+	if r.rc != nil && !r.detached {
+		r.rc.HijackSetNoResponse(true)
+		r.rc.Hijack(func(net.Conn) {}) // fasthttp closes the connection after it
+	}
 }
 
 // failure classifies and logs err, which the client is answered with.

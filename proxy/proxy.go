@@ -78,7 +78,7 @@ func New(cfg Config, conn connectors.Connector, m *metrics.Metrics, gatherer pro
 	}
 	p.armer = newWatchArmer(watchDelay)
 	p.rewriter, _ = conn.(connectors.AnswerRewriter)
-	g, err := newGuard(cfg.Guard, m.Guards, log)
+	g, err := newGuard(cfg.Guard, cfg.MaxRequestBodyBytes, m.Guards, log)
 	if err != nil {
 		return nil, err
 	}

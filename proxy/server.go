@@ -133,7 +133,10 @@ const serverName = "pd-sidecar"
 
 func (p *Proxy) newServer(h fasthttp.RequestHandler) *fasthttp.Server {
 	return &fasthttp.Server{
-		Handler:            h,
+		// Request bodies are reserved from --max-buffered-bytes as their
+		// head arrives (budget.go).
+		Handler:            p.guard.bodies.handler(h),
+		HeaderReceived:     p.guard.bodies.headerReceived,
 		Name:               serverName,
 		MaxRequestBodySize: p.cfg.MaxRequestBodyBytes,
 		ReadTimeout:        p.cfg.Guard.ReadTimeout,

@@ -2,11 +2,14 @@ package main
 
 import (
 	"bytes"
+	"errors"
 	"io"
+	"os"
 	"testing"
 	"time"
 
 	"github.com/rs/zerolog"
+	"github.com/spf13/pflag"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -16,7 +19,10 @@ import (
 func TestParseFlagsDefaults(t *testing.T) {
 	o, err := parseFlags(nil, io.Discard)
 	require.NoError(t, err)
-	assert.Equal(t, proxy.DefaultConfig(), o.cfg)
+	want := proxy.DefaultConfig()
+	// Derived from the memory limit of the container the test runs in.
+	want.Guard.MaxBufferedBytes = bufferBudget(os.ReadFile, want.MaxRequestBodyBytes)
+	assert.Equal(t, want, o.cfg)
 	assert.Equal(t, "nixlv2", o.connector)
 	assert.Equal(t, zerolog.InfoLevel, o.logLevel)
 }
@@ -68,4 +74,76 @@ func TestRunHelpExits0(t *testing.T) {
 	assert.Equal(t, 0, run([]string{"--help"}, io.Discard, &stderr))
 	assert.Contains(t, stderr.String(), "--model-server-port")
 	assert.NotContains(t, stderr.String(), "vllm-port", "deprecated alias hidden")
+}
+
+func TestBufferBudget(t *testing.T) {
+	const mib = 1 << 20
+	for _, tc := range []struct {
+		name    string
+		limit   string // memory.max; "" : no such file
+		maxBody int
+		want    int64
+	}{
+		{"no cgroup v2", "", 32 * mib, 512 * mib},
+		{"no limit", "max\n", 32 * mib, 512 * mib},
+		{"large limit: capped", "17179869184\n", 32 * mib, 512 * mib},
+		{"1 GiB: a quarter", "1073741824\n", 32 * mib, 256 * mib},
+		{"small limit: at least the largest body", "67108864\n", 32 * mib, 32 * mib},
+		{"garbage", "lots\n", 32 * mib, 512 * mib},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			read := func(path string) ([]byte, error) {
+				assert.Equal(t, cgroupMemoryMax, path)
+				if tc.limit == "" {
+					return nil, os.ErrNotExist
+				}
+				return []byte(tc.limit), nil
+			}
+			assert.Equal(t, tc.want, bufferBudget(read, tc.maxBody))
+		})
+	}
+}
+
+func TestMaxBufferedBytesFlag(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		args []string
+		want int64
+		err  string
+	}{
+		{"given", []string{"--max-buffered-bytes", "67108864"}, 64 << 20, ""},
+		{"derived", nil, 256 << 20, ""},
+		{"negative", []string{"--max-buffered-bytes", "-1"}, 0, "--max-buffered-bytes must be >= 0"},
+		{"below the largest body", []string{"--max-buffered-bytes", "1024"}, 0, "must be >= --max-request-body-bytes"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			o, err := parseFlagsWith(tc.args, func(string) ([]byte, error) { return []byte("1073741824"), nil })
+			if tc.err != "" {
+				require.Error(t, err)
+				assert.Contains(t, err.Error(), tc.err)
+				return
+			}
+			require.NoError(t, err)
+			assert.Equal(t, tc.want, o.cfg.Guard.MaxBufferedBytes)
+		})
+	}
+	_, err := parseFlagsWith(nil, func(string) ([]byte, error) { return nil, errors.New("unreadable") })
+	require.NoError(t, err, "an unreadable cgroup file keeps the default")
+}
+
+// parseFlagsWith parses the guard flags as parseFlags does, with read as
+// the cgroup file reader.
+func parseFlagsWith(args []string, read func(string) ([]byte, error)) (options, error) {
+	o := options{cfg: proxy.DefaultConfig()}
+	fs := pflag.NewFlagSet("test", pflag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	addGuardFlags(fs, &o)
+	if err := fs.Parse(args); err != nil {
+		return o, err
+	}
+	o.guard.readFile = read
+	if err := o.guard.apply(&o.cfg); err != nil {
+		return o, err
+	}
+	return o, o.cfg.Validate()
 }

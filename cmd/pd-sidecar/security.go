@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 
@@ -30,6 +31,9 @@ type guardOptions struct {
 	kubeconfig  string
 	syncTimeout time.Duration
 	static      *ssrf.Static
+	maxBuffered int64 // 0: derived (bufferBudget)
+	// readFile reads the cgroup's memory limit (os.ReadFile; a test's fake).
+	readFile func(string) ([]byte, error)
 }
 
 // addGuardFlags declares the guard flags on fs, writing into o. The
@@ -53,6 +57,7 @@ func addGuardFlags(fs *pflag.FlagSet, o *options) {
 	fs.DurationVar(&c.ReadTimeout, "read-timeout", c.ReadTimeout, "bound on reading a request's head and body (408 above)")
 	fs.DurationVar(&c.IdleTimeout, "idle-timeout", c.IdleTimeout, "keep-alive connections idle this long are closed")
 	fs.IntVar(&c.MaxConcurrentRequests, "max-concurrent-requests", c.MaxConcurrentRequests, "inference requests in flight, streams included (503 above; 0: unbounded)")
+	fs.Int64Var(&g.maxBuffered, "max-buffered-bytes", 0, "bound on the request bodies and answers buffered at once, all connections together (503 past it, before the body is read); 0: a quarter of the container's memory limit (cgroup v2 memory.max), at most 512 MiB and at least --max-request-body-bytes")
 	fs.IntVar(&c.Breaker.Failures, "circuit-breaker-failures", c.Breaker.Failures, "consecutive prefill failures that open a prefiller's circuit (0: no breaker)")
 	fs.DurationVar(&c.Breaker.Cooldown, "circuit-breaker-cooldown", c.Breaker.Cooldown, "how long an open circuit skips its prefiller before a probe")
 }
@@ -103,7 +108,38 @@ func (g *guardOptions) apply(c *proxy.Config) error {
 	if g.ssrf && g.pool == "" {
 		c.Guard.Allowlist = g.static
 	}
+	switch {
+	case g.maxBuffered < 0:
+		return fmt.Errorf("--max-buffered-bytes must be >= 0, got %d", g.maxBuffered)
+	case g.maxBuffered > 0:
+		c.Guard.MaxBufferedBytes = g.maxBuffered
+	default:
+		read := g.readFile
+		if read == nil {
+			read = os.ReadFile
+		}
+		c.Guard.MaxBufferedBytes = bufferBudget(read, c.MaxRequestBodyBytes)
+	}
 	return nil
+}
+
+// cgroupMemoryMax is the cgroup v2 memory limit of the container.
+const cgroupMemoryMax = "/sys/fs/cgroup/memory.max"
+
+// bufferBudget is --max-buffered-bytes when not given: a quarter of the
+// container's memory limit (the Go heap may grow to twice its live bytes
+// before a collection, and the rest of the sidecar needs room too), at
+// most proxy.DefaultMaxBufferedBytes, and at least maxBody, so that a body
+// of the largest accepted size can still be read. Without a limit (none
+// set, "max", cgroup v1 or not Linux) it is DefaultMaxBufferedBytes.
+func bufferBudget(read func(string) ([]byte, error), maxBody int) int64 {
+	b := int64(proxy.DefaultMaxBufferedBytes)
+	if raw, err := read(cgroupMemoryMax); err == nil {
+		if limit, err := strconv.ParseInt(strings.TrimSpace(string(raw)), 10, 64); err == nil && limit > 0 {
+			b = min(b, limit/4)
+		}
+	}
+	return max(b, int64(maxBody))
 }
 
 // startPoolWatch starts the InferencePool watch when SSRF protection names
