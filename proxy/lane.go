@@ -643,29 +643,29 @@ func (lc *laneConn) readHead() {
 }
 
 // parseAnswerHead parses the head of an upstream answer at the front of b
-// into h (through rd and br, the loop's parser buffers), as the fasthttp
-// path's readAnswer does: an interim 100 Continue is skipped (up to
-// maxInterim, counted in *interim), any other status below 200 is refused,
-// and so is a head longer than maxHead (br's size) or one that does not
-// parse (all ErrBadUpstreamAnswer). whole reports an answer's head found:
-// rest is then what follows it; otherwise rest is what is left of b once
-// interim answers are skipped, to be read on with more bytes.
+// into h (through rd and br, the loop's parser buffers, br maxHead bytes
+// long), exactly as the fasthttp path's readAnswer does from the same
+// bytes: an interim 100 Continue is skipped (up to maxInterim, counted in
+// *interim), any other status below 200 is refused, and so is a head longer
+// than maxHead or one that does not parse, as soon as what came shows it
+// (all ErrBadUpstreamAnswer). whole reports an answer's head found: rest is
+// then what follows it; otherwise rest is what is left of b once interim
+// answers are skipped, to be read on with more bytes.
 func parseAnswerHead(h *fasthttp.ResponseHeader, rd *bytes.Reader, br *bufio.Reader, b []byte, maxHead int, interim *int) (rest []byte, whole bool, err error) {
 	for {
-		end := bytes.Index(b, []byte("\r\n\r\n"))
-		if end < 0 || end+4 > maxHead {
+		h.Reset()
+		rd.Reset(b)
+		br.Reset(rd)
+		if err := h.Read(br); err != nil {
+			if !errors.Is(err, io.EOF) {
+				return nil, false, answerHeadErr(err)
+			}
 			if len(b) >= maxHead {
 				return nil, false, fmt.Errorf("%w: answer head longer than %d bytes", ErrBadUpstreamAnswer, maxHead)
 			}
-			return b, false, nil
+			return b, false, nil // not whole yet
 		}
-		h.Reset()
-		rd.Reset(b[:end+4])
-		br.Reset(rd)
-		if err := h.Read(br); err != nil {
-			return nil, false, fmt.Errorf("%w: %w", ErrBadUpstreamAnswer, err)
-		}
-		b = b[end+4:]
+		b = b[len(b)-rd.Len()-br.Buffered():]
 		st := h.StatusCode()
 		if st >= 200 {
 			return b, true, nil
