@@ -376,3 +376,49 @@ func TestHostileBootstrap(t *testing.T) {
 		})
 	}
 }
+
+// TestLaneSplitMalformedAnswersAsTheServer is TestLaneSplitAnswersAsTheServer
+// for a prefiller's malformed answers: sent whole (the lane's) or with its
+// body in a second write (fasthttp's), a request gets the same answer and
+// the sidecar counts the same.
+func TestLaneSplitMalformedAnswersAsTheServer(t *testing.T) {
+	completion := completionBody(`,"max_tokens":6`)
+	stream := chatBody(`,"max_tokens":6,"stream":true,"stream_options":{"include_usage":true}`)
+	for _, tc := range hostileAnswers {
+		for _, path := range []string{"/v1/completions", "/v1/chat/completions"} {
+			body := completion
+			if path != "/v1/completions" {
+				body = stream
+			}
+			t.Run(tc.name+" "+path, func(t *testing.T) {
+				run := func(whole bool) splitOutcome {
+					h := startHostile(t, tc.script)
+					decode := harness.StartEngineSim(t, "decode")
+					flags := hostileFlags
+					if tc.bounded {
+						flags = append(flags, "--max-upstream-answer-bytes", "65536")
+					}
+					sc := harness.StartSidecar(t, decode.Port, flags...)
+					o := sendRaw(t, sc.Port, path, body, map[string]string{"x-prefiller-host-port": harness.HostPort(h.port())}, whole, 0)
+					harness.Eventually(t, 3*time.Second, "the request ended", func() bool {
+						return sc.Metric(t, "pd_sidecar_inflight_requests", nil) == 0
+					})
+					want := 0.0
+					if whole {
+						want = 1
+					}
+					assert.Equal(t, want, sc.Metric(t, laneRequests, nil), "the lane's requests (whole: %v)", whole)
+					o.sidecar = series(harness.Scrape(t, sc.URL()+"/metrics"), splitCountered)
+					o.decode = series(harness.Scrape(t, decode.URL()+"/metrics"), engineCountered)
+					return o
+				}
+				lane, server := run(true), run(false)
+				require.Equal(t, http.StatusOK, server.status, "fasthttp's answer: %s", server.answer)
+				assert.Equal(t, server.status, lane.status, "status")
+				assert.Equal(t, server.answer, lane.answer, "answer")
+				assert.Equal(t, server.sidecar, lane.sidecar, "the sidecar's counts")
+				assert.Equal(t, server.decode, lane.decode, "the decode engine's counts")
+			})
+		}
+	}
+}
