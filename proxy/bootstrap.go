@@ -91,6 +91,9 @@ func query(ctx context.Context, tr *Transport, bs connectors.Bootstrapper, addr 
 	req.Header.SetRequestURI(bs.BootstrapPath())
 	req.Header.SetHost(addr)
 	if err := tr.Do(ctx, addr, req, resp); err != nil {
+		if errors.Is(err, ErrBadUpstreamAnswer) {
+			return connectors.Bootstrap{}, fmt.Errorf("%w: GET %s%s: %w", ErrBootstrapFailed, addr, bs.BootstrapPath(), err)
+		}
 		return connectors.Bootstrap{}, fmt.Errorf("bootstrap query %s: %w", addr, prefillTransportErr(ctxErr(ctx, err)))
 	}
 	if st := resp.StatusCode(); st != fasthttp.StatusOK {

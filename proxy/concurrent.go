@@ -169,6 +169,8 @@ func (l *prefillLeg) run(ctx context.Context, cancel context.CancelFunc, req *fa
 			err = ErrPrefillOverloaded
 		case st >= 500:
 			err = fmt.Errorf("%w: status %d", ErrPrefillServerError, st)
+		case st != fasthttp.StatusOK && st < 400:
+			err = fmt.Errorf("%w: %w: status %d", connectors.ErrBadPrefillAnswer, ErrBadUpstreamAnswer, st)
 		case st != fasthttp.StatusOK:
 			err = &rejected{status: st, contentType: string(resp.Header.ContentType()),
 				body: append([]byte(nil), resp.Body()...)}

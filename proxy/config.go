@@ -59,6 +59,10 @@ type Config struct {
 	DecodeTPSize int
 	// MaxRequestBodyBytes bounds client request bodies (413 above).
 	MaxRequestBodyBytes int
+	// MaxUpstreamAnswerBytes bounds every upstream answer the sidecar reads
+	// whole (a prefill answer, a bootstrap /query, a non-streamed decode
+	// answer): past it a prefill fails (bad_answer) and a decode is a 502.
+	MaxUpstreamAnswerBytes int64
 	// ShutdownGrace bounds the drain of in-flight requests on shutdown.
 	ShutdownGrace time.Duration
 	// MetricsPort serves /metrics on its own port; 0 serves it on the
@@ -95,6 +99,7 @@ func DefaultConfig() Config {
 		PrefillFallback:        true,
 		OnKVLoadFailure:        KVFailLocalPrefill,
 		MaxRequestBodyBytes:    32 << 20,
+		MaxUpstreamAnswerBytes: DefaultMaxUpstreamAnswerBytes,
 		ShutdownGrace:          30 * time.Second,
 		MaxConnsPerHost:        1024,
 		MaxPrefillers:          64,
@@ -136,6 +141,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("--decode-tp-size must be >= 0, got %d", c.DecodeTPSize)
 	case c.MaxRequestBodyBytes <= 0:
 		return fmt.Errorf("--max-request-body-bytes must be > 0, got %d", c.MaxRequestBodyBytes)
+	case c.MaxUpstreamAnswerBytes <= 0:
+		return fmt.Errorf("--max-upstream-answer-bytes must be > 0, got %d", c.MaxUpstreamAnswerBytes)
 	case c.ShutdownGrace < 0:
 		return fmt.Errorf("--shutdown-grace must be >= 0, got %v", c.ShutdownGrace)
 	case c.MaxConnsPerHost <= 0:

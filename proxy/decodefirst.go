@@ -77,7 +77,7 @@ func (r *request) tryDecode(df connectors.DecodeFirst) (declined bool, err error
 	if !bytes.HasPrefix(resp.Header.ContentType(), eventStream) {
 		defer g.Dec()
 		defer fasthttp.ReleaseResponse(resp)
-		buf, err := io.ReadAll(leg)
+		buf, err := leg.readAll(r.p.cfg.MaxUpstreamAnswerBytes)
 		leg.Close()
 		if err != nil {
 			return false, decodeTransportErr(err)

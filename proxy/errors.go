@@ -66,7 +66,9 @@ const (
 	ReasonNoKVParams = "no_kv_params"
 	// ReasonInvalidParams: the params lack what the decode engine needs.
 	ReasonInvalidParams = "invalid_kv_params"
-	// ReasonBadAnswer: the prefill answer is not a JSON object.
+	// ReasonBadAnswer: the prefill answer is not a JSON object, or not an
+	// answer the sidecar takes (ErrBadUpstreamAnswer: a status below 200, a
+	// malformed head or body, a body past --max-upstream-answer-bytes).
 	ReasonBadAnswer = "bad_answer"
 	// ReasonTPMismatch: prefill tp_size above --decode-tp-size.
 	ReasonTPMismatch = "tp_mismatch"
@@ -153,6 +155,8 @@ func prefillTransportErr(err error) error {
 	switch {
 	case errors.Is(err, ErrClientGone), errors.Is(err, ErrPrefillTimeout):
 		return err
+	case errors.Is(err, ErrBadUpstreamAnswer):
+		return fmt.Errorf("%w: %w", connectors.ErrBadPrefillAnswer, err)
 	case errors.Is(err, context.DeadlineExceeded) || isTimeout(err):
 		return fmt.Errorf("%w: %w", ErrPrefillTimeout, err)
 	}

@@ -210,6 +210,7 @@ type laneConn struct {
 	unsent    []byte // what the upstream has not taken of it yet
 	retried   bool
 	head      []byte      // an answer head that came in more than one read
+	interim   int         // interim 100 Continue answers skipped on the leg
 	timer     *time.Timer // the decode leg's head timeout, or the prefill's backoff
 	timerGen  uint64      // startTimer's, so that a timer stopped on its way to the loop does nothing
 	ls        *loopStream
@@ -412,7 +413,11 @@ func (ll *laneLoop) pop(addr string) *upConn {
 		u := idle[len(idle)-1]
 		idle = idle[:len(idle)-1]
 		ll.idle[addr] = idle
-		if now.Sub(u.since) < laneIdleMax {
+		// The loop drops a pooled connection on its first event, but one
+		// may be waiting in this round of events: a connection the upstream
+		// sent something on while no request was outstanding (an answer to
+		// a request never sent), or closed, is not used.
+		if now.Sub(u.since) < laneIdleMax && fdQuiet(u.fd) {
 			return u
 		}
 		u.close()
@@ -555,7 +560,7 @@ func (lc *laneConn) send(u *upConn) {
 	u.owner = lc
 	ll.mu.Unlock()
 	u.keep = true
-	lc.up, lc.state, lc.head, lc.unsent = u, laneWaiting, lc.head[:0], lc.sent
+	lc.up, lc.state, lc.head, lc.unsent, lc.interim = u, laneWaiting, lc.head[:0], lc.sent, 0
 	lc.writeUp()
 }
 
@@ -623,35 +628,57 @@ func (lc *laneConn) readHead() {
 		lc.head = append(lc.head, b...)
 		b = lc.head
 	}
-	for {
-		end := bytes.Index(b, []byte("\r\n\r\n"))
-		if end < 0 {
-			if len(b) > ll.ln.p.cfg.Guard.MaxHeaderBytes*4 {
-				lc.upFailed(&LegError{Addr: lc.addr, Op: "read", Err: errors.New("answer head too large")})
-				return
-			}
-			if len(lc.head) == 0 {
-				lc.head = append(lc.head, b...)
-			}
-			return
-		}
-		ll.resp.Reset()
-		ll.rd.Reset(b[:end+4])
-		ll.br.Reset(&ll.rd)
-		if err := ll.resp.Read(ll.br); err != nil {
-			lc.upFailed(&LegError{Addr: lc.addr, Op: "read", Err: err})
-			return
-		}
-		b = b[end+4:]
-		if st := ll.resp.StatusCode(); st >= 200 || st == fasthttp.StatusSwitchingProtocols {
-			break
-		}
+	rest, whole, err := parseAnswerHead(&ll.resp, &ll.rd, ll.br, b, ll.ln.p.cfg.Guard.MaxHeaderBytes, &lc.interim)
+	switch {
+	case err != nil:
+		lc.upFailed(&LegError{Addr: lc.addr, Op: "read", Err: err})
+		return
+	case !whole:
+		// Interim answers skipped are dropped; the rest waits for more.
+		lc.head = append(lc.head[:0], rest...)
+		return
 	}
+	b = rest
 	if lc.prefill {
 		lc.prefillHead(b)
 		return
 	}
 	lc.answer(b)
+}
+
+// parseAnswerHead parses the head of an upstream answer at the front of b
+// into h (through rd and br, the loop's parser buffers, br maxHead bytes
+// long), exactly as the fasthttp path's readAnswer does from the same
+// bytes: an interim 100 Continue is skipped (up to maxInterim, counted in
+// *interim), any other status below 200 is refused, and so is a head longer
+// than maxHead or one that does not parse, as soon as what came shows it
+// (all ErrBadUpstreamAnswer). whole reports an answer's head found: rest is
+// then what follows it; otherwise rest is what is left of b once interim
+// answers are skipped, to be read on with more bytes.
+func parseAnswerHead(h *fasthttp.ResponseHeader, rd *bytes.Reader, br *bufio.Reader, b []byte, maxHead int, interim *int) (rest []byte, whole bool, err error) {
+	for {
+		h.Reset()
+		rd.Reset(b)
+		br.Reset(rd)
+		if err := h.Read(br); err != nil {
+			if !errors.Is(err, io.EOF) {
+				return nil, false, answerHeadErr(err)
+			}
+			if len(b) >= maxHead {
+				return nil, false, fmt.Errorf("%w: answer head longer than %d bytes", ErrBadUpstreamAnswer, maxHead)
+			}
+			return b, false, nil // not whole yet
+		}
+		b = b[len(b)-rd.Len()-br.Buffered():]
+		st := h.StatusCode()
+		if st >= 200 {
+			return b, true, nil
+		}
+		if st != fasthttp.StatusContinue || *interim >= maxInterim {
+			return nil, false, fmt.Errorf("%w: status %d", ErrBadUpstreamAnswer, st)
+		}
+		*interim++
+	}
 }
 
 // answer begins the answer: its head, read into ll.resp, and rest, the
@@ -667,7 +694,7 @@ func (lc *laneConn) answer(rest []byte) {
 		lc.up.keep = false
 	}
 	dec := headDecoder(&ll.resp)
-	if !bytes.HasPrefix(ll.resp.ContentType(), eventStream) {
+	if !bytes.HasPrefix(ll.resp.ContentType(), eventStream) || bodiless(r.obs.status) {
 		lc.stopTimer()
 		lc.readWhole(dec, rest)
 		return
@@ -692,7 +719,11 @@ func (lc *laneConn) answer(rest []byte) {
 // readWhole reads an answer whole (head in ll.resp, its body decoded by
 // dec from rest on) before anything of it is written.
 func (lc *laneConn) readWhole(dec httpbody.Decoder, rest []byte) {
-	lc.raw = &rawAnswer{body: dec, status: lc.ll.resp.StatusCode()}
+	lc.raw = &rawAnswer{body: dec, status: lc.ll.resp.StatusCode(), max: lc.ll.ln.p.cfg.MaxUpstreamAnswerBytes}
+	if err := lc.raw.begin(&lc.ll.resp); err != nil {
+		lc.rawBroke(err)
+		return
+	}
 	lc.ll.resp.CopyTo(&lc.raw.head)
 	lc.feedRaw(rest)
 }
@@ -726,10 +757,38 @@ type rawAnswer struct {
 	body   httpbody.Decoder
 	status int
 	buf    []byte
+	max    int64 // --max-upstream-answer-bytes
+	excess bool  // bytes came after the body: the connection is not pooled
 }
 
-// maxRawAnswer bounds a non-streamed answer read on the lane.
-const maxRawAnswer = 64 << 20
+// begin refuses an answer whose head h declares a body longer than a.max,
+// before any of it is read.
+func (a *rawAnswer) begin(h *fasthttp.ResponseHeader) error {
+	if cl := h.ContentLength(); !a.body.Done() && cl > 0 && int64(cl) > a.max {
+		return fmt.Errorf("%w (Content-Length %d)", ErrAnswerTooLarge, cl)
+	}
+	return nil
+}
+
+// feed decodes body bytes b (framing included), refusing a body longer than
+// a.max before it is kept; bytes after the body's end mark it excess.
+func (a *rawAnswer) feed(b []byte) error {
+	for len(b) > 0 && !a.body.Done() {
+		data, n, err := a.body.Next(b, len(b))
+		if err != nil {
+			return fmt.Errorf("%w: %w", ErrBadUpstreamAnswer, err)
+		}
+		if int64(len(a.buf)+len(data)) > a.max {
+			return ErrAnswerTooLarge
+		}
+		a.buf = append(a.buf, data...)
+		b = b[n:]
+	}
+	if len(b) > 0 {
+		a.excess = true
+	}
+	return nil
+}
 
 func (lc *laneConn) readRaw() {
 	in, _ := lc.ll.loop.Buffers()
@@ -754,17 +813,8 @@ func (lc *laneConn) readRaw() {
 // written once whole.
 func (lc *laneConn) feedRaw(b []byte) {
 	a := lc.raw
-	for len(b) > 0 && !a.body.Done() {
-		data, n, err := a.body.Next(b, len(b))
-		if err != nil {
-			lc.rawBroke(err)
-			return
-		}
-		a.buf = append(a.buf, data...)
-		b = b[n:]
-	}
-	if len(a.buf) > maxRawAnswer {
-		lc.rawBroke(errors.New("answer longer than 64 MiB"))
+	if err := a.feed(b); err != nil {
+		lc.rawBroke(err)
 		return
 	}
 	if a.body.Done() {
@@ -777,7 +827,7 @@ func (lc *laneConn) feedRaw(b []byte) {
 func (lc *laneConn) rawDone() {
 	r, a := lc.r, lc.raw
 	lc.raw = nil
-	lc.endUp(a.body.Done())
+	lc.endUp(a.body.Done() && !a.excess)
 	switch {
 	case lc.prefill:
 		lc.prefillAnswered(a)

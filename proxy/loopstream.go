@@ -59,6 +59,7 @@ type loopStream struct {
 
 	conns    streamConns // the two connections
 	upEnded  bool        // conns.legEnd was called
+	excess   bool        // the upstream sent bytes after the body: its connection is not pooled
 	ttftSeen bool        // conns.firstOutput was called
 
 	// A lane stream is held back, as relaySSE holds it, until its first
@@ -336,6 +337,9 @@ func (ls *loopStream) feedRaw(out, raw []byte) ([]byte, error) {
 			return out, err
 		}
 	}
+	if len(raw) > 0 {
+		ls.excess = true // bytes after the body: no answer to anything sent
+	}
 	return out, nil
 }
 
@@ -438,7 +442,7 @@ func (ls *loopStream) closeLeg(clean bool) {
 		return
 	}
 	ls.upEnded = true
-	ls.conns.legEnd(clean && ls.body.Done())
+	ls.conns.legEnd(clean && ls.body.Done() && !ls.excess)
 }
 
 // write sends b to the client; what does not fit waits for the client to

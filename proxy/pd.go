@@ -296,6 +296,9 @@ func (r *request) prefillAnswered(status int, contentType, body []byte) (prefill
 		return prefillResult{}, ErrPrefillOverloaded
 	case status >= 500:
 		return prefillResult{}, fmt.Errorf("%w: status %d", ErrPrefillServerError, status)
+	case status != fasthttp.StatusOK && status < 400:
+		// A 204, a 304...: no prefill answer, and nothing for the client.
+		return prefillResult{}, fmt.Errorf("%w: %w: status %d", connectors.ErrBadPrefillAnswer, ErrBadUpstreamAnswer, status)
 	case status != fasthttp.StatusOK:
 		return prefillResult{}, &rejected{status: status, contentType: string(contentType), body: body}
 	}

@@ -76,6 +76,7 @@ func New(cfg Config, conn connectors.Connector, m *metrics.Metrics, gatherer pro
 		metricsH: fasthttpadaptor.NewFastHTTPHandler(
 			promhttp.HandlerFor(gatherer, promhttp.HandlerOpts{})),
 	}
+	p.tr.SetAnswerLimits(cfg.MaxUpstreamAnswerBytes, cfg.Guard.MaxHeaderBytes)
 	p.armer = newWatchArmer(watchDelay)
 	p.rewriter, _ = conn.(connectors.AnswerRewriter)
 	g, err := newGuard(cfg.Guard, cfg.MaxRequestBodyBytes, m.Guards, log)

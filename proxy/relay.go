@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
-	"io"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -55,7 +54,7 @@ func (r *request) forward(body []byte, remote bool) error {
 		fasthttp.ReleaseResponse(resp)
 		return decodeTransportErr(err)
 	}
-	if bytes.HasPrefix(resp.Header.ContentType(), eventStream) {
+	if bytes.HasPrefix(resp.Header.ContentType(), eventStream) && !bodiless(resp.StatusCode()) {
 		return r.relaySSE(leg, resp, g, remote, sent)
 	}
 	defer g.Dec()
@@ -64,7 +63,7 @@ func (r *request) forward(body []byte, remote bool) error {
 }
 
 func (r *request) relayJSON(leg *Leg, resp *fasthttp.Response, remote bool, sent time.Time) error {
-	buf, err := io.ReadAll(leg)
+	buf, err := leg.readAll(r.p.cfg.MaxUpstreamAnswerBytes)
 	leg.Close()
 	if err != nil {
 		return decodeTransportErr(err)

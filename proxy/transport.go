@@ -41,6 +41,10 @@ type Transport struct {
 	connectTimeout time.Duration
 	maxConns       int
 	maxHosts       int
+	// maxAnswer bounds an answer read whole (Do); headBytes, an answer's
+	// head (the read buffer's size).
+	maxAnswer int64
+	headBytes int
 
 	mu    sync.Mutex
 	hosts map[string]*hostEntry
@@ -56,9 +60,38 @@ func NewTransport(connectTimeout time.Duration, maxConns, maxHosts int) *Transpo
 		connectTimeout: connectTimeout,
 		maxConns:       maxConns,
 		maxHosts:       maxHosts,
+		maxAnswer:      DefaultMaxUpstreamAnswerBytes,
+		headBytes:      defaultAnswerHeadBytes,
 		hosts:          make(map[string]*hostEntry),
 	}
 }
+
+// DefaultMaxUpstreamAnswerBytes is --max-upstream-answer-bytes' default: a
+// prefill answer is small JSON, a non-streamed decode answer with logprobs
+// a few MiB.
+const DefaultMaxUpstreamAnswerBytes = 8 << 20
+
+// defaultAnswerHeadBytes bounds an answer's head when no --max-header-bytes
+// is set (as the guard's default).
+const defaultAnswerHeadBytes = 8 << 10
+
+// SetAnswerLimits sets the largest answer read whole (maxAnswer) and the
+// largest answer head (headBytes), for connections acquired from now on.
+func (t *Transport) SetAnswerLimits(maxAnswer int64, headBytes int) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.maxAnswer, t.headBytes = maxAnswer, headBytes
+}
+
+// ErrBadUpstreamAnswer: an upstream's answer is not one the sidecar takes:
+// a status below 200 other than an interim 100 Continue, a malformed head
+// or body, or a body past --max-upstream-answer-bytes. From a prefiller it
+// is a failed prefill (bad_answer); from the local engine, a 502.
+var ErrBadUpstreamAnswer = errors.New("unacceptable upstream answer")
+
+// ErrAnswerTooLarge: an answer read whole is longer than
+// --max-upstream-answer-bytes.
+var ErrAnswerTooLarge = fmt.Errorf("%w: longer than --max-upstream-answer-bytes", ErrBadUpstreamAnswer)
 
 // hostEntry is one upstream's connection pool.
 type hostEntry struct {
@@ -109,7 +142,8 @@ func (t *Transport) newHostClient(addr string) *fasthttp.HostClient {
 		MaxIdleConnDuration:      4 * time.Second,
 		NoDefaultUserAgentHeader: true,
 		DisablePathNormalizing:   true,
-		Dial:                     t.dial, // tls.go
+		ReadBufferSize:           t.headBytes, // an answer head's bound, as the lane's
+		Dial:                     t.dial,      // tls.go
 	}
 }
 
@@ -205,7 +239,18 @@ func (t *Transport) try(ctx context.Context, hc *fasthttp.HostClient, pooled boo
 		return nil, false, &opError{"dial", context.Cause(ctx)}
 	}
 	start := time.Now()
+	t.mu.Lock()
+	maxAnswer := t.maxAnswer
+	t.mu.Unlock()
 	cc, err := hc.AcquireConn(0, !pooled)
+	// A pooled connection on which the upstream sent something while no
+	// request was outstanding (an answer to a request never sent), or which
+	// it closed, is dropped: its bytes must not be read as the answer to
+	// this one.
+	for err == nil && cc.CreatedTime().Before(start) && !idleQuiet(cc.Conn()) {
+		hc.CloseConn(cc)
+		cc, err = hc.AcquireConn(0, !pooled)
+	}
 	if err != nil {
 		return nil, false, &opError{"dial", err}
 	}
@@ -255,7 +300,7 @@ func (t *Transport) try(ctx context.Context, hc *fasthttp.HostClient, pooled boo
 	// A streamed answer's head is read here and its body by the Leg, which
 	// decodes the framing itself (httpbody): it can then stop at any byte
 	// and hand the connection over mid-body (loopstream.go).
-	if err := readAnswer(br, resp, stream); err != nil {
+	if err := readAnswer(br, resp, stream, maxAnswer); err != nil {
 		hc.ReleaseReader(br)
 		release(false)
 		if !headDeadline.Equal(deadline) && ctx.Err() == nil && isTimeout(err) {
@@ -272,11 +317,14 @@ func (t *Transport) try(ctx context.Context, hc *fasthttp.HostClient, pooled boo
 		}
 	}
 	if !stream {
+		// Bytes after the answer are no answer to anything sent: the
+		// connection is not pooled.
+		clean := br.Buffered() == 0
 		hc.ReleaseReader(br)
-		release(true)
+		release(clean)
 		return nil, reused, nil
 	}
-	leg := &Leg{ctx: ctx, br: br, conn: conn, body: bodyDecoder(resp),
+	leg := &Leg{ctx: ctx, br: br, conn: conn, body: bodyDecoder(resp), declared: resp.Header.ContentLength(),
 		putReader: hc.ReleaseReader, release: release, stopCancel: stop}
 	if bounded {
 		leg.firstByte, leg.deadline = firstByte, deadline
@@ -285,23 +333,83 @@ func (t *Transport) try(ctx context.Context, hc *fasthttp.HostClient, pooled boo
 	return leg, reused, nil
 }
 
-// readAnswer reads resp from br: whole, or only its head when stream is
-// set.
-func readAnswer(br *bufio.Reader, resp *fasthttp.Response, stream bool) error {
-	if !stream {
-		return resp.ReadLimitBody(br, 0)
-	}
-	for {
+// maxInterim bounds the interim 100 Continue answers skipped before an
+// answer.
+const maxInterim = 4
+
+// readAnswer reads resp from br: whole, its body at most maxBody bytes, or
+// only its head when stream is set. An interim 100 Continue is skipped; any
+// other status below 200 is refused (ErrBadUpstreamAnswer), as is a
+// malformed head or body: a 101 is no switch the sidecar asked for, and a
+// body after it would be relayed as whatever it says it is.
+func readAnswer(br *bufio.Reader, resp *fasthttp.Response, stream bool, maxBody int64) error {
+	for interim := 0; ; interim++ {
 		if err := resp.Header.Read(br); err != nil {
-			return err
+			return answerHeadErr(err)
 		}
-		// An interim 1xx answer precedes the real one.
-		if st := resp.StatusCode(); st < 200 && st != fasthttp.StatusSwitchingProtocols {
-			resp.Header.Reset()
-			continue
+		st := resp.StatusCode()
+		if st >= 200 {
+			break
 		}
+		if st != fasthttp.StatusContinue || interim >= maxInterim {
+			return fmt.Errorf("%w: status %d", ErrBadUpstreamAnswer, st)
+		}
+		resp.Header.Reset()
+	}
+	if stream {
 		return nil
 	}
+	return readAnswerBody(br, resp, maxBody)
+}
+
+// answerHeadErr names a failed read of an answer's head: the connection's
+// failure (closed, reset, timed out) as it is, anything else (a head that
+// does not parse, or is longer than the read buffer) as a bad answer.
+func answerHeadErr(err error) error {
+	var ne net.Error
+	if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, fasthttp.ErrTimeout) ||
+		errors.As(err, &ne) || isReset(err) {
+		return err
+	}
+	return fmt.Errorf("%w: %w", ErrBadUpstreamAnswer, err)
+}
+
+// readAnswerBody reads resp's body whole from br, decoded as the lane and
+// a Leg decode it (httpbody), and refuses it past maxBody bytes before
+// reading them: a declared length up front, a chunked or close-delimited
+// body as it grows. A body delimited by the connection's close marks resp
+// Connection: close (the connection is not pooled).
+func readAnswerBody(br *bufio.Reader, resp *fasthttp.Response, maxBody int64) error {
+	resp.ResetBody()
+	dec := bodyDecoder(resp)
+	if cl := resp.Header.ContentLength(); !dec.Done() && cl > 0 && int64(cl) > maxBody {
+		return fmt.Errorf("%w (Content-Length %d)", ErrAnswerTooLarge, cl)
+	}
+	for !dec.Done() {
+		if br.Buffered() == 0 {
+			if _, err := br.Peek(1); err != nil {
+				if errors.Is(err, io.EOF) {
+					if dec.Mode() == httpbody.UntilClose {
+						resp.SetConnectionClose()
+						return nil
+					}
+					err = io.ErrUnexpectedEOF
+				}
+				return err
+			}
+		}
+		in, _ := br.Peek(br.Buffered())
+		data, n, err := dec.Next(in, len(in))
+		if err != nil {
+			return fmt.Errorf("%w: %w", ErrBadUpstreamAnswer, err)
+		}
+		if int64(len(resp.Body())+len(data)) > maxBody {
+			return ErrAnswerTooLarge
+		}
+		resp.AppendBody(data)
+		_, _ = br.Discard(n)
+	}
+	return nil
 }
 
 // bodyDecoder returns the framing decoder of resp's body.
@@ -312,11 +420,16 @@ func bodyDecoder(resp *fasthttp.Response) httpbody.Decoder {
 	return headDecoder(&resp.Header)
 }
 
+// bodiless reports whether an answer of status st has no body, whatever
+// its head says (a 1xx never reaches a client: readAnswer refuses it).
+func bodiless(st int) bool {
+	return st < 200 || st == fasthttp.StatusNoContent || st == fasthttp.StatusNotModified
+}
+
 // headDecoder returns the framing decoder of the body of the answer with
 // head h.
 func headDecoder(h *fasthttp.ResponseHeader) httpbody.Decoder {
-	st := h.StatusCode()
-	if st == fasthttp.StatusNoContent || st == fasthttp.StatusNotModified {
+	if bodiless(h.StatusCode()) {
 		return httpbody.New(httpbody.Length, 0)
 	}
 	switch cl := h.ContentLength(); {
@@ -345,6 +458,7 @@ type Leg struct {
 	br         *bufio.Reader // the connection's reader
 	conn       net.Conn
 	body       httpbody.Decoder
+	declared   int                 // the answer's Content-Length (negative: none)
 	putReader  func(*bufio.Reader) // gives br back to its pool
 	release    func(clean bool)    // gives the connection back, or closes it
 	stopCancel func() bool         // disarms the context's close-the-connection hook
@@ -417,6 +531,20 @@ func (l *Leg) Read(p []byte) (int, error) {
 	}
 }
 
+// readAll reads the whole body, refusing one longer than maxBody bytes
+// (ErrAnswerTooLarge) before reading it when its length is declared, as it
+// grows otherwise.
+func (l *Leg) readAll(maxBody int64) ([]byte, error) {
+	if !l.eof && l.body.Mode() == httpbody.Length && int64(l.declared) > maxBody {
+		return nil, fmt.Errorf("%w (Content-Length %d)", ErrAnswerTooLarge, l.declared)
+	}
+	b, err := io.ReadAll(io.LimitReader(l, maxBody+1))
+	if err == nil && int64(len(b)) > maxBody {
+		err = ErrAnswerTooLarge
+	}
+	return b, err
+}
+
 // Close ends the leg. The connection goes back to the pool only when the
 // body was read to its end; otherwise it is closed, so the engine sees the
 // request abandoned.
@@ -425,8 +553,11 @@ func (l *Leg) Close() {
 		return
 	}
 	l.closed = true
+	// Bytes after the body are no answer to anything sent: the connection
+	// is not pooled.
+	clean := l.eof && l.body.Mode() != httpbody.UntilClose && (l.br == nil || l.br.Buffered() == 0)
 	l.dropReader()
-	l.release(l.eof && l.body.Mode() != httpbody.UntilClose)
+	l.release(clean)
 }
 
 // disarm makes sure nothing but Close will close the connection: it stops

@@ -62,6 +62,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.StringVar(&c.OnKVLoadFailure, "on-kv-load-failure", c.OnKVLoadFailure, "when the decode engine fails to load remote KV: local-prefill or error")
 	fs.IntVar(&c.DecodeTPSize, "decode-tp-size", c.DecodeTPSize, "local engine tensor-parallel size; a larger prefill tp_size degrades to local prefill (0: no check)")
 	fs.IntVar(&c.MaxRequestBodyBytes, "max-request-body-bytes", c.MaxRequestBodyBytes, "largest accepted request body")
+	fs.Int64Var(&c.MaxUpstreamAnswerBytes, "max-upstream-answer-bytes", c.MaxUpstreamAnswerBytes, "largest upstream answer read whole (prefill, bootstrap, non-streamed decode); a larger prefill answer falls back (bad_answer), a larger decode answer is a 502")
 	fs.DurationVar(&c.ShutdownGrace, "shutdown-grace", c.ShutdownGrace, "how long SIGTERM waits for in-flight requests")
 	fs.IntVar(&c.MetricsPort, "metrics-port", c.MetricsPort, "port for /metrics (0: serve it on --port)")
 	fs.IntVar(&c.MaxConnsPerHost, "max-idle-conns-per-host", c.MaxConnsPerHost, "connections pooled per engine")

@@ -1,0 +1,11 @@
+//go:build !linux
+
+package proxy
+
+import "net"
+
+// idleQuiet: without a non-blocking peek, a pooled connection is taken as
+// fit (the lane, which needs one, runs on Linux only).
+func idleQuiet(net.Conn) bool { return true }
+
+func fdQuiet(int) bool { return true }
