@@ -149,6 +149,9 @@ func (p *Proxy) newServer(h fasthttp.RequestHandler) *fasthttp.Server {
 		// context either.
 		ReduceMemoryUsage:     true,
 		NoDefaultServerHeader: true,
+		// fasthttp's errors then quote less of a request; fasthttpLogger
+		// and serverError quote none of it.
+		SecureErrorLogMessage: true,
 		Logger:                fasthttpLogger{p},
 	}
 }
@@ -157,11 +160,15 @@ func (p *Proxy) newServer(h fasthttp.RequestHandler) *fasthttp.Server {
 type fasthttpLogger struct{ p *Proxy }
 
 // Printf implements fasthttp.Logger. The end of fasthttp's part in a
-// stream handed to an event loop is no error.
+// stream handed to an event loop is no error; an error is logged as
+// logSafe says it (never with the request's bytes).
 func (l fasthttpLogger) Printf(format string, args ...any) {
-	for _, a := range args {
-		if err, ok := a.(error); ok && errors.Is(err, errHandedOver) {
-			return
+	for i, a := range args {
+		if err, ok := a.(error); ok {
+			if errors.Is(err, errHandedOver) {
+				return
+			}
+			args[i] = logSafe(err)
 		}
 	}
 	l.p.log.Warn().Msgf(format, args...)
