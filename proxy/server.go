@@ -60,6 +60,10 @@ func (p *Proxy) Run(ctx context.Context) error {
 			ln.shutdown()
 		}
 	}()
+	var tails *tailPool // the byte counts matter where connections move to the loops
+	if p.loops != nil {
+		tails = newTailPool(p.cfg.Guard.MaxHeaderBytes) // fasthttp's read buffer
+	}
 	for rank := range p.cfg.DataParallelSize {
 		if err := listen(p.cfg.Port+rank, p.Handler(rank)); err != nil {
 			return err
@@ -73,7 +77,7 @@ func (p *Proxy) Run(ctx context.Context) error {
 			ln = p.newLane(p.localAddr(rank), srv, p.loops.Loops())
 			lanes = append(lanes, ln)
 		}
-		lns[len(lns)-1] = p.guard.wrapListener(clientListener{Listener: lns[len(lns)-1], lane: ln})
+		lns[len(lns)-1] = p.guard.wrapListener(clientListener{Listener: lns[len(lns)-1], lane: ln, tails: tails})
 		p.log.Info().Int("rank", rank).Int("port", p.cfg.Port+rank).Str("engine", p.localAddr(rank)).Msg("listening")
 	}
 	if p.cfg.MetricsPort != 0 {
