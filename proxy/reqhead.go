@@ -60,10 +60,21 @@ func dropTrailers(h *fasthttp.RequestHeader) {
 
 // badHeaderName reports whether a field name of h is not a token. fasthttp
 // refuses every other byte that is not a token character in a name, but
-// keeps a name with an inner space ("X Foo") as it came.
+// keeps a name with an inner space ("X Foo") as it came. The head's wire
+// bytes are read (h.All would parse the cookies, and forward them
+// rewritten).
 func badHeaderName(h *fasthttp.RequestHeader) bool {
-	for k := range h.All() {
-		if bytes.IndexByte(k, ' ') >= 0 {
+	for raw := h.RawHeaders(); len(raw) > 0; {
+		line := raw
+		if i := bytes.IndexByte(raw, '\n'); i >= 0 {
+			line, raw = raw[:i], raw[i+1:]
+		} else {
+			raw = nil
+		}
+		if len(line) == 0 || line[0] == ' ' || line[0] == '\t' {
+			continue // the blank line, or a folded value's next line
+		}
+		if i := bytes.IndexByte(line, ':'); i > 0 && bytes.IndexByte(line[:i], ' ') >= 0 {
 			return true
 		}
 	}
