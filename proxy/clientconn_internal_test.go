@@ -7,6 +7,7 @@ import (
 	"net"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -14,56 +15,116 @@ import (
 )
 
 // TestClientConnCountsRequests checks the measure that keeps a stream from
-// moving to an event loop while fasthttp holds bytes read past its request:
-// on a keep-alive connection the bytes read equal the requests' wire sizes
-// exactly when nothing was read ahead.
+// moving to an event loop, and a connection from moving to the lane, while
+// fasthttp holds bytes read past its request: on a keep-alive connection
+// the bytes read equal the bytes fasthttp's parser took exactly when
+// nothing was read ahead, whatever the request line's or header lines'
+// endings; a request whose size cannot be known (a chunked body) takes the
+// connection out of the comparison for good.
 func TestClientConnCountsRequests(t *testing.T) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
-	type seen struct{ read, consumed int64 }
+	type seen struct {
+		read, consumed int64
+		synced         bool
+	}
 	got := make(chan seen, 16)
 	srv := &fasthttp.Server{ReduceMemoryUsage: true, Handler: func(rc *fasthttp.RequestCtx) {
-		counted(rc)
+		defer counted(rc)()
 		c := rc.Conn().(*clientConn)
-		got <- seen{c.read.Load(), c.consumed.Load()}
+		got <- seen{c.read.Load(), c.consumed.Load(), c.synced()}
 	}}
-	go func() { _ = srv.Serve(clientListener{Listener: ln}) }()
+	go func() { _ = srv.Serve(clientListener{Listener: ln, tails: newTailPool(4096)}) }()
 	defer func() { _ = srv.Shutdown() }()
 
-	conn, err := net.Dial("tcp", ln.Addr().String())
-	require.NoError(t, err)
-	defer conn.Close()
-	br := bufio.NewReader(conn)
-	exchange := func(reqs ...string) []seen {
-		_, err := io.WriteString(conn, strings.Join(reqs, ""))
-		require.NoError(t, err)
-		var out []seen
-		for range reqs {
-			var resp fasthttp.Response
-			require.NoError(t, resp.Read(br))
-			out = append(out, <-got)
-		}
-		return out
-	}
 	post := func(path, body string, headers ...string) string {
 		return fmt.Sprintf("POST %s HTTP/1.1\r\nHost: x\r\n%sContent-Length: %d\r\n\r\n%s",
 			path, strings.Join(headers, ""), len(body), body)
 	}
+	bareLF := "POST /v1/completions HTTP/1.1\nHost: x\r\nContent-Length: 2\r\n\r\n{}"
 	tests := []struct {
-		name string
-		req  string
+		name   string
+		writes [][]string // requests, in writes
+		ahead  []bool     // per request: more was read while it was handled
+		lost   bool       // the connection left the comparison
 	}{
-		{"post with a body", post("/v1/chat/completions", `{"model":"m","stream":true}`, "Content-Type: application/json\r\n")},
-		{"query and odd header spacing", post("/v1/completions?a=1&b=%20", `{}`, "x-prefiller-host-port:   10.0.0.1:8000  \r\n")},
-		{"get without a body", "GET /health HTTP/1.1\r\nHost: x\r\n\r\n"},
+		{"post with a body", [][]string{{post("/v1/chat/completions", `{"model":"m","stream":true}`, "Content-Type: application/json\r\n")}}, []bool{false}, false},
+		{"query and odd header spacing", [][]string{{post("/v1/completions?a=1&b=%20", `{}`, "x-prefiller-host-port:   10.0.0.1:8000  \r\n")}}, []bool{false}, false},
+		{"get without a body", [][]string{{"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"}}, []bool{false}, false},
+		{"bare LF request line", [][]string{{bareLF}, {post("/v1/completions", `{}`)}}, []bool{false, false}, false},
+		{"bare LF everywhere", [][]string{{"POST /v1/completions HTTP/1.1\nHost: x\nContent-Length: 2\r\n\r\n{}"}}, []bool{false}, false},
+		{"blank lines before the request line", [][]string{{"\r\n\n\r\n" + post("/v1/completions", `{}`)}}, []bool{false}, false},
+		{"request line in two writes", [][]string{{"POST /v1/comp"}, {"letions HTTP/1.1\nHost: x\r\nContent-Length: 2\r\n\r\n{}"}}, []bool{false}, false},
+		{"pipelined", [][]string{{post("/v1/completions", `{"a":1}`), post("/v1/completions", `{"b":2}`)}}, []bool{true, false}, false},
+		{"pipelined, bare LF and blank lines", [][]string{{bareLF, "\r\n" + bareLF, bareLF}}, []bool{true, true, false}, false},
+		{"chunked body", [][]string{{"POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n"}}, []bool{false}, true},
 	}
 	for _, tc := range tests {
-		s := exchange(tc.req)[0]
-		assert.Equal(t, s.read, s.consumed, "%s: nothing read ahead", tc.name)
+		t.Run(tc.name, func(t *testing.T) {
+			conn, err := net.Dial("tcp", ln.Addr().String())
+			require.NoError(t, err)
+			defer conn.Close()
+			require.NoError(t, conn.SetDeadline(time.Now().Add(5*time.Second)))
+			br := bufio.NewReader(conn)
+			i := 0
+			for _, w := range tc.writes {
+				_, err := io.WriteString(conn, strings.Join(w, ""))
+				require.NoError(t, err)
+				if len(w) == 1 && !strings.Contains(w[0], "\r\n\r\n") {
+					continue // a part of a request
+				}
+				for range w {
+					var resp fasthttp.Response
+					require.NoError(t, resp.Read(br))
+					s := <-got
+					switch {
+					case tc.lost:
+					case tc.ahead[i]:
+						assert.Greater(t, s.read, s.consumed, "request %d: the next one is seen as read ahead", i)
+					default:
+						assert.Equal(t, s.read, s.consumed, "request %d: nothing read ahead", i)
+					}
+					assert.Equal(t, !tc.lost && !tc.ahead[i], s.synced, "request %d", i)
+					i++
+				}
+			}
+			require.Equal(t, len(tc.ahead), i)
+		})
 	}
-	// Two requests in one write: while the first is handled, the second is
-	// already read.
-	s := exchange(post("/v1/completions", `{"a":1}`), post("/v1/completions", `{"b":2}`))
-	assert.Greater(t, s[0].read, s[0].consumed, "the pipelined request is seen as read ahead")
-	assert.Equal(t, s[1].read, s[1].consumed, "and accounted for once handled")
+}
+
+// TestLineScan: the request line is measured as fasthttp's parser takes
+// it, fed whole or a byte at a time.
+func TestLineScan(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want int // -1: not whole
+	}{
+		{"POST / HTTP/1.1\r\nHost: x\r\n", 17},
+		{"POST / HTTP/1.1\nHost: x\r\n", 16},
+		{"\r\n\nPOST / HTTP/1.1\r\n", 20},
+		{"\r\r\nx", 3}, // a line of one CR is not blank (fasthttp refuses it)
+		{"POST / HTTP/1.1", -1},
+		{"\r\n\r\n", -1},
+	} {
+		for _, step := range []int{len(tc.in), 1} {
+			var s lineScan
+			s.begin(0, 4096)
+			for b := []byte(tc.in); len(b) > 0; b = b[min(step, len(b)):] {
+				s.feed(b[:min(step, len(b))])
+			}
+			n, ok := s.length(0)
+			if tc.want < 0 {
+				assert.False(t, ok, "%q", tc.in)
+				continue
+			}
+			assert.True(t, ok, "%q", tc.in)
+			assert.Equal(t, tc.want, n, "%q by %d", tc.in, step)
+		}
+	}
+	var s lineScan
+	s.begin(0, 8)
+	s.feed([]byte("\r\n\r\n\r\n\r\nPOST"))
+	_, ok := s.length(0)
+	assert.False(t, ok, "past the limit")
 }

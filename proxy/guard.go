@@ -197,7 +197,8 @@ func (p *Proxy) serverError(rc *fasthttp.RequestCtx, err error) {
 		p.reject(rc, metrics.RejectReadTimeout, fasthttp.StatusRequestTimeout,
 			fmt.Errorf("%w (--read-timeout %v)", ErrReadTimeout, p.guard.cfg.ReadTimeout))
 	default:
-		p.reject(rc, metrics.RejectMalformed, fasthttp.StatusBadRequest, fmt.Errorf("%w: %w", ErrMalformed, err))
+		// Never the parser's own message: it quotes the request (reqhead.go).
+		p.reject(rc, metrics.RejectMalformed, fasthttp.StatusBadRequest, fmt.Errorf("%w: %w", ErrMalformed, safeParseError(err)))
 	}
 }
 

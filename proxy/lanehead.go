@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"bytes"
 	"strconv"
 
 	"github.com/valyala/fasthttp"
@@ -63,10 +64,14 @@ type laneRequest struct {
 }
 
 // scanRequest looks at h's headers: Expect and Upgrade are fasthttp's to
-// serve; a named prefiller makes a P/D request.
+// serve, and so is a field name that is not a token (fasthttp's path
+// refuses it: refuseHead); a named prefiller makes a P/D request.
 func scanRequest(h *fasthttp.RequestHeader) laneRequest {
 	lr := laneRequest{keepAlive: !h.ConnectionClose()}
 	for k, v := range h.All() {
+		if bytes.IndexByte(k, ' ') >= 0 {
+			lr.refused = true
+		}
 		switch len(k) {
 		case 6:
 			lr.refused = lr.refused || equalFold(k, "expect")

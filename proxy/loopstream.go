@@ -138,7 +138,7 @@ func (b *sseBody) handOver() bool {
 	cc := b.cc
 	cfd, ok1 := netloop.FD(cc.TCPConn)
 	ufd, ok2 := netloop.FD(leg.conn)
-	if !ok1 || !ok2 || cc.read.Load() != cc.consumed.Load() || !leg.disarm() {
+	if !ok1 || !ok2 || !cc.synced() || !leg.disarm() {
 		return false
 	}
 	loop := r.p.loops.Pick()

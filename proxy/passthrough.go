@@ -20,8 +20,9 @@ import (
 const maxBuffered = 1 << 20
 
 // passthrough forwards any non-inference request to the local engine
-// unchanged (method, path, query, headers, body) and streams the answer
-// back, flushing as bytes arrive.
+// unchanged (method, path, query, headers but the sidecar's own and one
+// X-Request-Id, body) and streams the answer back, flushing as bytes
+// arrive.
 func (p *Proxy) passthrough(rc *fasthttp.RequestCtx, local string) {
 	g := p.m.Inflight.WithLabelValues(metrics.PhasePassthrough)
 	g.Inc()
@@ -35,6 +36,11 @@ func (p *Proxy) passthrough(rc *fasthttp.RequestCtx, local string) {
 	req.Header.Del(HeaderPrefiller)
 	req.Header.Del(HeaderDataParallel)
 	req.Header.Del("Expect")
+	// One X-Request-Id, as on every leg: the client's first (when valid),
+	// never a second copy (Set replaces only the first).
+	id := requestID(rc.Request.Header.Peek(HeaderRequestID))
+	req.Header.Del(HeaderRequestID)
+	req.Header.Set(HeaderRequestID, id)
 	req.Header.SetHost(local)
 	body, err := p.passthroughBody(rc)
 	if err != nil {

@@ -107,7 +107,11 @@ func (p *Proxy) localAddr(rank int) string {
 func (p *Proxy) Handler(rank int) fasthttp.RequestHandler {
 	local := p.localAddr(rank)
 	return func(rc *fasthttp.RequestCtx) {
+		dropTrailers(&rc.Request.Header) // before anything reads the head
 		defer counted(rc)()
+		if p.refuseHead(rc) {
+			return
+		}
 		path := rc.Path()
 		switch string(path) {
 		case "/health":

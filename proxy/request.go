@@ -154,6 +154,7 @@ func (r *request) upstreamHeader(dst, src *fasthttp.RequestHeader, addr string) 
 	dst.Del(HeaderDataParallel)
 	dst.Del("Accept-Encoding")
 	dst.Del("Expect")
+	dst.Del(HeaderRequestID) // every copy: Set replaces only the first
 	dst.Set(HeaderRequestID, r.id)
 	r.injectTrace(dst)
 	dst.SetHost(addr)

@@ -60,6 +60,10 @@ func (p *Proxy) Run(ctx context.Context) error {
 			ln.shutdown()
 		}
 	}()
+	var tails *tailPool // the byte counts matter where connections move to the loops
+	if p.loops != nil {
+		tails = newTailPool(p.cfg.Guard.MaxHeaderBytes) // fasthttp's read buffer
+	}
 	for rank := range p.cfg.DataParallelSize {
 		if err := listen(p.cfg.Port+rank, p.Handler(rank)); err != nil {
 			return err
@@ -73,7 +77,7 @@ func (p *Proxy) Run(ctx context.Context) error {
 			ln = p.newLane(p.localAddr(rank), srv, p.loops.Loops())
 			lanes = append(lanes, ln)
 		}
-		lns[len(lns)-1] = p.guard.wrapListener(clientListener{Listener: lns[len(lns)-1], lane: ln})
+		lns[len(lns)-1] = p.guard.wrapListener(clientListener{Listener: lns[len(lns)-1], lane: ln, tails: tails})
 		p.log.Info().Int("rank", rank).Int("port", p.cfg.Port+rank).Str("engine", p.localAddr(rank)).Msg("listening")
 	}
 	if p.cfg.MetricsPort != 0 {
@@ -152,6 +156,9 @@ func (p *Proxy) newServer(h fasthttp.RequestHandler) *fasthttp.Server {
 		// context either.
 		ReduceMemoryUsage:     true,
 		NoDefaultServerHeader: true,
+		// fasthttp's errors then quote less of a request; fasthttpLogger
+		// and serverError quote none of it.
+		SecureErrorLogMessage: true,
 		Logger:                fasthttpLogger{p},
 	}
 }
@@ -160,11 +167,15 @@ func (p *Proxy) newServer(h fasthttp.RequestHandler) *fasthttp.Server {
 type fasthttpLogger struct{ p *Proxy }
 
 // Printf implements fasthttp.Logger. The end of fasthttp's part in a
-// stream handed to an event loop is no error.
+// stream handed to an event loop is no error; an error is logged as
+// logSafe says it (never with the request's bytes).
 func (l fasthttpLogger) Printf(format string, args ...any) {
-	for _, a := range args {
-		if err, ok := a.(error); ok && errors.Is(err, errHandedOver) {
-			return
+	for i, a := range args {
+		if err, ok := a.(error); ok {
+			if errors.Is(err, errHandedOver) {
+				return
+			}
+			args[i] = logSafe(err)
 		}
 	}
 	l.p.log.Warn().Msgf(format, args...)
