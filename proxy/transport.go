@@ -643,8 +643,7 @@ func (l *Leg) readAll(maxBody int64) (b []byte, hold AnswerHold, err error) {
 		if int64(l.declared) > maxBody {
 			return nil, AnswerHold{}, fmt.Errorf("%w (Content-Length %d)", ErrAnswerTooLarge, l.declared)
 		}
-		// One read past the end sees it.
-		size = int64(l.declared) + 1
+		size = int64(l.declared)
 		if err := hold.cover(size, size); err != nil {
 			return nil, AnswerHold{}, err
 		}
@@ -653,6 +652,9 @@ func (l *Leg) readAll(maxBody int64) (b []byte, hold AnswerHold, err error) {
 	limit := maxBody + 1
 	b = make([]byte, 0, min(size, limit))
 	for {
+		if l.eof {
+			return b, hold, nil // a declared length's end, past which nothing is read
+		}
 		if len(b) == cap(b) {
 			if int64(len(b)) >= limit {
 				hold.Release()
