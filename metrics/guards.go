@@ -18,8 +18,9 @@ const (
 	// the header or, with --trust-client-kv-params, in a body's connector
 	// fields.
 	RejectSSRF = "prefiller_not_allowed"
-	// RejectBufferedBytes: the request body would take the bytes buffered
-	// by all connections past --max-buffered-bytes (503).
+	// RejectBufferedBytes: the request body, or the local engine's answer
+	// read whole, would take the bytes buffered by all connections past
+	// --max-buffered-bytes (503).
 	RejectBufferedBytes = "buffered_bytes"
 )
 
@@ -35,7 +36,8 @@ var SanitizedFields = []string{
 // Guards holds the collectors of the request guards: limits, SSRF
 // protection and the per-prefiller circuit breaker.
 type Guards struct {
-	// Rejected counts requests refused before any upstream leg, by reason.
+	// Rejected counts requests refused before any upstream leg, by reason
+	// (buffered_bytes: also a local engine's answer refused by the budget).
 	Rejected *prometheus.CounterVec
 	// CircuitOpen is the number of prefillers whose circuit is open or
 	// half-open now.

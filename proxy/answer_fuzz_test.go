@@ -32,7 +32,7 @@ const (
 func answerByTransport(data []byte) upstreamVerdict {
 	br := bufio.NewReaderSize(bytes.NewReader(data), fuzzAnswerHead)
 	var resp fasthttp.Response
-	if err := readAnswer(br, &resp, false, fuzzAnswerBody); err != nil {
+	if err := readAnswer(br, &resp, false, fuzzAnswerBody, nil); err != nil {
 		return upstreamVerdict{err: err}
 	}
 	return upstreamVerdict{status: resp.StatusCode(), body: append([]byte(nil), resp.Body()...),

@@ -90,7 +90,9 @@ func query(ctx context.Context, tr *Transport, bs connectors.Bootstrapper, addr 
 	req.Header.SetMethod(fasthttp.MethodGet)
 	req.Header.SetRequestURI(bs.BootstrapPath())
 	req.Header.SetHost(addr)
-	if err := tr.Do(ctx, addr, req, resp); err != nil {
+	hold, err := tr.Do(ctx, addr, req, resp)
+	defer hold.Release() // the answer is parsed here
+	if err != nil {
 		if errors.Is(err, ErrBadUpstreamAnswer) {
 			return connectors.Bootstrap{}, fmt.Errorf("%w: GET %s%s: %w", ErrBootstrapFailed, addr, bs.BootstrapPath(), err)
 		}

@@ -13,9 +13,11 @@ import (
 	"github.com/pd-sidecar/pd-sidecar/metrics"
 )
 
-// ErrBufferBudget: buffering a request body would take the bytes buffered
-// by all connections together past --max-buffered-bytes (503).
-var ErrBufferBudget = errors.New("too many request bytes buffered")
+// ErrBufferBudget: buffering a request body, or an answer read whole,
+// would take the bytes buffered by all connections together past
+// --max-buffered-bytes (503; a prefill answer refused is a fallback,
+// ReasonBufferBudget).
+var ErrBufferBudget = errors.New("too many bytes buffered")
 
 // budget bounds the bytes the sidecar buffers at once, all connections
 // together (--max-buffered-bytes): request bodies read whole before they

@@ -158,7 +158,8 @@ func (l *prefillLeg) run(ctx context.Context, cancel context.CancelFunc, req *fa
 	resp := fasthttp.AcquireResponse()
 	defer fasthttp.ReleaseResponse(resp)
 	start := time.Now()
-	err := l.p.tr.Do(ctx, l.addr, req, resp)
+	hold, err := l.p.tr.Do(ctx, l.addr, req, resp)
+	defer hold.Release() // resp is let go when run returns
 	fasthttp.ReleaseRequest(req)
 	l.p.m.PrefillDuration.WithLabelValues(l.label).Observe(time.Since(start).Seconds())
 	if err != nil {

@@ -77,7 +77,8 @@ func (r *request) tryDecode(df connectors.DecodeFirst) (declined bool, err error
 	if !bytes.HasPrefix(resp.Header.ContentType(), eventStream) {
 		defer g.Dec()
 		defer fasthttp.ReleaseResponse(resp)
-		buf, err := leg.readAll(r.p.cfg.MaxUpstreamAnswerBytes)
+		buf, hold, err := leg.readAll(r.p.cfg.MaxUpstreamAnswerBytes)
+		defer hold.Release() // buf is let go on return (rc keeps a copy)
 		leg.Close()
 		if err != nil {
 			return false, decodeTransportErr(err)

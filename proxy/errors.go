@@ -86,6 +86,9 @@ const (
 	// ReasonBootstrapFailed: the prefiller's bootstrap server (Mooncake
 	// GET /query) gave no usable answer.
 	ReasonBootstrapFailed = "bootstrap_failed"
+	// ReasonBufferBudget: the prefill's answer (or the bootstrap's, or a
+	// KV engine call's) did not fit in --max-buffered-bytes.
+	ReasonBufferBudget = "buffered_bytes"
 )
 
 // outcome is what the proxy does about an error.
@@ -97,6 +100,9 @@ type outcome struct {
 	reason string
 	// retry marks prefill errors worth another attempt.
 	retry bool
+	// retryAfter: the answer says Retry-After (a refusal for want of
+	// buffer room; set by request.failure).
+	retryAfter bool
 }
 
 // classify maps every request-path error to what happens next.
@@ -108,6 +114,9 @@ func classify(err error) outcome {
 		return outcome{status: http.StatusForbidden}
 	case errors.Is(err, ErrCircuitOpen):
 		return outcome{status: http.StatusServiceUnavailable, reason: ReasonCircuitOpen}
+	case errors.Is(err, ErrBufferBudget):
+		// An answer the budget had no room for; the upstream may be fine.
+		return outcome{status: http.StatusServiceUnavailable, reason: ReasonBufferBudget}
 	case errors.Is(err, ErrBadRequest):
 		return outcome{status: http.StatusBadRequest}
 	case errors.Is(err, ErrBadPrefiller):
@@ -153,7 +162,7 @@ func classify(err error) outcome {
 // prefillTransportErr names a failed prefill exchange.
 func prefillTransportErr(err error) error {
 	switch {
-	case errors.Is(err, ErrClientGone), errors.Is(err, ErrPrefillTimeout):
+	case errors.Is(err, ErrClientGone), errors.Is(err, ErrPrefillTimeout), errors.Is(err, ErrBufferBudget):
 		return err
 	case errors.Is(err, ErrBadUpstreamAnswer):
 		return fmt.Errorf("%w: %w", connectors.ErrBadPrefillAnswer, err)

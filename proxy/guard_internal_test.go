@@ -30,7 +30,7 @@ func TestTransportForgedHostsStayBounded(t *testing.T) {
 	for i := range 2000 {
 		addr := fmt.Sprintf("127.%d.%d.%d:1", 1+i>>16&127, i>>8&255, i&255)
 		resp := fasthttp.AcquireResponse()
-		err := tr.Do(context.Background(), addr, newReq(addr, "/x"), resp)
+		_, err := tr.Do(context.Background(), addr, newReq(addr, "/x"), resp)
 		fasthttp.ReleaseResponse(resp)
 		require.Error(t, err)
 	}
@@ -46,7 +46,8 @@ func TestTransportPooledHostKeepsItsSlot(t *testing.T) {
 	do := func(addr string) error {
 		resp := fasthttp.AcquireResponse()
 		defer fasthttp.ReleaseResponse(resp)
-		return tr.Do(context.Background(), addr, newReq(addr, "/x"), resp)
+		_, err := tr.Do(context.Background(), addr, newReq(addr, "/x"), resp)
+		return err
 	}
 	require.NoError(t, do(good))
 	for i := range 100 {
@@ -124,7 +125,7 @@ func TestUpstreamTLS(t *testing.T) {
 			tr.UseTLS(f)
 			resp := fasthttp.AcquireResponse()
 			defer fasthttp.ReleaseResponse(resp)
-			err = tr.Do(context.Background(), addr, newReq(addr, "/x"), resp)
+			_, err = tr.Do(context.Background(), addr, newReq(addr, "/x"), resp)
 			if !tt.ok {
 				// A refused handshake, or Go's 400 for plain HTTP on a TLS port.
 				assert.True(t, err != nil || resp.StatusCode() == http.StatusBadRequest, "err %v status %d", err, resp.StatusCode())

@@ -197,7 +197,9 @@ func (r *request) engineCall(ctx context.Context, path string, body []byte) ([]b
 	req.Header.SetContentType("application/json")
 	req.Header.Set(HeaderRequestID, r.id)
 	req.SetBodyRaw(body)
-	if err := r.p.tr.Do(ctx, r.local, req, resp); err != nil {
+	hold, err := r.p.tr.Do(ctx, r.local, req, resp)
+	defer hold.Release() // resp is let go on return; the copy returned is small JSON
+	if err != nil {
 		return nil, 0, err
 	}
 	return append([]byte(nil), resp.Body()...), resp.StatusCode(), nil

@@ -719,7 +719,9 @@ func (lc *laneConn) answer(rest []byte) {
 // readWhole reads an answer whole (head in ll.resp, its body decoded by
 // dec from rest on) before anything of it is written.
 func (lc *laneConn) readWhole(dec httpbody.Decoder, rest []byte) {
-	lc.raw = &rawAnswer{body: dec, status: lc.ll.resp.StatusCode(), max: lc.ll.ln.p.cfg.MaxUpstreamAnswerBytes}
+	p := lc.ll.ln.p
+	lc.raw = &rawAnswer{body: dec, status: lc.ll.resp.StatusCode(), max: p.cfg.MaxUpstreamAnswerBytes,
+		hold: AnswerHold{b: p.guard.buffered}}
 	if err := lc.raw.begin(&lc.ll.resp); err != nil {
 		lc.rawBroke(err)
 		return
@@ -759,27 +761,39 @@ type rawAnswer struct {
 	buf    []byte
 	max    int64 // --max-upstream-answer-bytes
 	excess bool  // bytes came after the body: the connection is not pooled
+	// hold is buf's share of --max-buffered-bytes, reserved before bytes
+	// are kept (as readAnswerBody does) and released once the answer is
+	// written or dropped (rawDone, dropRaw).
+	hold AnswerHold
 }
 
 // begin refuses an answer whose head h declares a body longer than a.max,
-// before any of it is read.
+// or one the buffer budget has no room for, before any of it is read.
 func (a *rawAnswer) begin(h *fasthttp.ResponseHeader) error {
-	if cl := h.ContentLength(); !a.body.Done() && cl > 0 && int64(cl) > a.max {
-		return fmt.Errorf("%w (Content-Length %d)", ErrAnswerTooLarge, cl)
+	if cl := h.ContentLength(); !a.body.Done() && cl > 0 {
+		if int64(cl) > a.max {
+			return fmt.Errorf("%w (Content-Length %d)", ErrAnswerTooLarge, cl)
+		}
+		return a.hold.cover(int64(cl), int64(cl))
 	}
 	return nil
 }
 
 // feed decodes body bytes b (framing included), refusing a body longer than
-// a.max before it is kept; bytes after the body's end mark it excess.
+// a.max, or one the buffer budget has no room for, before it is kept;
+// bytes after the body's end mark it excess.
 func (a *rawAnswer) feed(b []byte) error {
 	for len(b) > 0 && !a.body.Done() {
 		data, n, err := a.body.Next(b, len(b))
 		if err != nil {
 			return fmt.Errorf("%w: %w", ErrBadUpstreamAnswer, err)
 		}
-		if int64(len(a.buf)+len(data)) > a.max {
+		size := int64(len(a.buf) + len(data))
+		if size > a.max {
 			return ErrAnswerTooLarge
+		}
+		if err := a.hold.cover(size, a.max); err != nil {
+			return err
 		}
 		a.buf = append(a.buf, data...)
 		b = b[n:]
@@ -827,6 +841,9 @@ func (lc *laneConn) feedRaw(b []byte) {
 func (lc *laneConn) rawDone() {
 	r, a := lc.r, lc.raw
 	lc.raw = nil
+	// What is kept of a.buf past here is a copy (written out, or the next
+	// leg's body).
+	defer a.hold.Release()
 	lc.endUp(a.body.Done() && !a.excess)
 	switch {
 	case lc.prefill:
@@ -843,13 +860,22 @@ func (lc *laneConn) rawDone() {
 // the client has seen nothing, so it gets the error answer (or, for the
 // prefill's, the split goes on as after any failed prefill).
 func (lc *laneConn) rawBroke(err error) {
-	lc.raw = nil
+	lc.dropRaw()
 	lc.endUp(false)
 	if lc.prefill {
 		lc.prefillFailed(prefillTransportErr(err))
 		return
 	}
 	lc.failWith(decodeTransportErr(err))
+}
+
+// dropRaw lets go of the answer being read whole, if any, and of its
+// reservation.
+func (lc *laneConn) dropRaw() {
+	if lc.raw != nil {
+		lc.raw.hold.Release()
+		lc.raw = nil
+	}
 }
 
 // writeWhole writes a complete answer (head h, body) through a loopStream
@@ -870,7 +896,15 @@ func (lc *laneConn) failWith(err error) {
 	lc.stopTimer()
 	lc.putSent()
 	o := lc.r.failure(err)
-	lc.answerWhole(lc.r.mode, o.status, "application/json", errorBody(o.status, err))
+	lc.r.answerCounted(lc.r.mode, o.status)
+	h := &lc.ll.resp
+	h.Reset()
+	h.SetStatusCode(o.status)
+	h.SetContentType("application/json")
+	if o.retryAfter {
+		h.Set("Retry-After", "1")
+	}
+	lc.writeWhole(h, errorBody(o.status, err))
 }
 
 // answerWhole writes a complete answer the sidecar made, as the fasthttp
@@ -979,7 +1013,7 @@ func (lc *laneConn) drop(cause error) {
 	lc.stopTimer()
 	lc.putSent()
 	lc.endUp(false)
-	lc.raw = nil
+	lc.dropRaw()
 	lc.endPrefill(cause)
 	lc.finish()
 }
@@ -1023,6 +1057,7 @@ func (lc *laneConn) finish() {
 		return
 	}
 	lc.r, lc.prefill = nil, false
+	lc.dropRaw()
 	lc.endSplit()
 	lc.setGauge(nil)
 	r.report()

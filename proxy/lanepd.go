@@ -144,7 +144,7 @@ func (lc *laneConn) prefillTimedOut() {
 	r := lc.r
 	lc.stopTimer()
 	lc.endUp(false)
-	lc.raw = nil
+	lc.dropRaw()
 	err := fmt.Errorf("%w after %v", ErrPrefillTimeout, r.p.cfg.PrefillTimeout)
 	if last := lc.pd.last; last != nil {
 		err = fmt.Errorf("%w (after %w)", err, last)

@@ -141,6 +141,9 @@ func (r *request) fail(err error) {
 	}
 	o := r.failure(err)
 	r.answer(r.mode, o.status, "application/json", errorBody(o.status, err))
+	if o.retryAfter {
+		r.rc.Response.Header.Set("Retry-After", "1")
+	}
 }
 
 // leftBeforeAnswer records a client that left before its answer began. On
@@ -161,6 +164,12 @@ func (r *request) leftBeforeAnswer(err error) {
 func (r *request) failure(err error) outcome {
 	o := classify(err)
 	r.logAt(zerolog.ErrorLevel).Err(err).Int("status", o.status).Msg("request failed")
+	if errors.Is(err, ErrBufferBudget) {
+		// Refused for want of buffer room, as a request body is: counted
+		// with those, answered 503 with Retry-After.
+		r.p.guard.m.Rejected.WithLabelValues(metrics.RejectBufferedBytes).Inc()
+		o.retryAfter = true
+	}
 	return o
 }
 
@@ -282,10 +291,19 @@ func (r *request) prefillOnce(ctx context.Context, body []byte) (prefillResult, 
 	resp := fasthttp.AcquireResponse()
 	defer fasthttp.ReleaseRequest(req)
 	defer fasthttp.ReleaseResponse(resp)
-	if err := r.p.tr.Do(ctx, r.prefiller, req, resp); err != nil {
+	hold, err := r.p.tr.Do(ctx, r.prefiller, req, resp)
+	if err != nil {
 		return prefillResult{}, prefillTransportErr(err)
 	}
-	return r.prefillAnswered(resp.StatusCode(), resp.Header.ContentType(), append([]byte(nil), resp.Body()...))
+	res, err := r.prefillAnswered(resp.StatusCode(), resp.Header.ContentType(), append([]byte(nil), resp.Body()...))
+	var rej *rejected
+	if err == nil || errors.As(err, &rej) {
+		// The copy of the body is kept (the handoff's, or the rejection
+		// passed on) while the request runs: so is its reservation.
+		r.keep(&hold)
+	}
+	hold.Release()
+	return res, err
 }
 
 // prefillAnswered is what a prefill answer of status, contentType and body

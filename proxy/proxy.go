@@ -84,6 +84,7 @@ func New(cfg Config, conn connectors.Connector, m *metrics.Metrics, gatherer pro
 		return nil, err
 	}
 	p.guard = g
+	p.tr.SetAnswerBudget(g.buffered) // answers read whole draw from --max-buffered-bytes
 	upTLS, err := cfg.Guard.TLS.upstreamTLS(p.localAddrs())
 	if err != nil {
 		return nil, err
@@ -161,7 +162,9 @@ func (p *Proxy) ready(rc *fasthttp.RequestCtx, local string) {
 	req.Header.SetHost(local)
 	ctx, cancel := contextWithTimeout(p.cfg.ConnectTimeout + time.Second)
 	defer cancel()
-	if err := p.tr.Do(ctx, local, req, resp); err != nil || resp.StatusCode() != fasthttp.StatusOK {
+	hold, err := p.tr.Do(ctx, local, req, resp)
+	defer hold.Release()
+	if err != nil || resp.StatusCode() != fasthttp.StatusOK {
 		rc.SetStatusCode(fasthttp.StatusServiceUnavailable)
 		rc.SetBodyString(`{"status":"engine not ready"}`)
 		return

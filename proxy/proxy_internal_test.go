@@ -37,6 +37,8 @@ func TestClassify(t *testing.T) {
 		{ErrBadPrefiller, 400, ReasonBadPrefiller, false},
 		{ErrKVLoadFailed, 500, ReasonKVLoadFailed, false},
 		{ErrEOSStream, 502, ReasonEOSUnsupported, false},
+		{fmt.Errorf("%w: an answer", ErrBufferBudget), 503, ReasonBufferBudget, false},
+		{fmt.Errorf("%w: %w", ErrDecodeFailed, ErrBufferBudget), 503, ReasonBufferBudget, false},
 		{fmt.Errorf("%w: refused", ErrDecodeUnavailable), 503, "", false},
 		{fmt.Errorf("%w: reset", ErrDecodeFailed), 502, "", false},
 		{fmt.Errorf("%w: %w", ErrBadRequest, connectors.ErrBadBody), 400, "", false},

@@ -48,6 +48,9 @@ type request struct {
 	// no return.
 	onOutput func()
 	obs      obsState // report and spans (observe.go)
+	// held is the buffer budget's share of the answers read whole that
+	// the request keeps until it finishes (a prefill answer's copy).
+	held AnswerHold
 }
 
 // hopHeaders are connection-scoped and never forwarded.
@@ -122,12 +125,23 @@ func streamFlags(body []byte) (stream, usage bool) {
 
 // finish ends the request's bookkeeping; the last owner calls it.
 func (r *request) finish() {
+	r.held.Release()
 	r.report()
 	r.p.guard.release()
 	if r.watch.stop() && !r.detached {
 		r.rc.SetConnectionClose()
 	}
 	r.cancel(context.Canceled)
+}
+
+// keep moves h's reservation to the request, released when it finishes.
+func (r *request) keep(h *AnswerHold) {
+	t := h.Take()
+	if r.held.b == nil {
+		r.held = t
+		return
+	}
+	r.held.n += t.n // the same budget
 }
 
 // gone reports whether the client left.

@@ -45,6 +45,8 @@ type Transport struct {
 	// head (the read buffer's size).
 	maxAnswer int64
 	headBytes int
+	// budget is what answers read whole draw from (nil: unbounded).
+	budget BufferBudget
 
 	mu    sync.Mutex
 	hosts map[string]*hostEntry
@@ -81,6 +83,71 @@ func (t *Transport) SetAnswerLimits(maxAnswer int64, headBytes int) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.maxAnswer, t.headBytes = maxAnswer, headBytes
+}
+
+// BufferBudget is the bound of the bytes buffered at once by all requests
+// together (--max-buffered-bytes; *budget implements it), as answers read
+// whole draw from it.
+type BufferBudget interface {
+	// TryReserve reserves n bytes, or reports that they do not fit.
+	TryReserve(n int64) bool
+	// Release gives back n bytes reserved.
+	Release(n int64)
+}
+
+// SetAnswerBudget makes answers read whole (Do, and a Leg's body read
+// whole) draw from b, for exchanges begun from now on; nil: unbounded.
+func (t *Transport) SetAnswerBudget(b BufferBudget) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.budget = b
+}
+
+// AnswerHold is the share of the buffer budget an answer read whole holds:
+// its body's length (past unreservedBody, which like a request body's is
+// part of a connection's fixed cost), reserved before the bytes are kept:
+// a declared Content-Length up front, a chunked or close-delimited body in
+// steps as it grows (doubling, at least answerStep, never past the
+// per-answer bound). The holder gives it back with Release once it lets go
+// of the answer's bytes (and of any copy of them it kept). The zero
+// AnswerHold holds nothing.
+type AnswerHold struct {
+	b BufferBudget
+	n int64 // bytes reserved
+}
+
+// answerStep is the smallest step in which a growing answer is reserved.
+const answerStep = 64 << 10
+
+// Release gives the reservation back; a second call does nothing.
+func (h *AnswerHold) Release() {
+	if h.b != nil && h.n > 0 {
+		h.b.Release(h.n)
+	}
+	h.n = 0
+}
+
+// Take moves the reservation into a new hold, which the caller releases
+// instead of h.
+func (h *AnswerHold) Take() AnswerHold {
+	t := *h
+	h.n = 0
+	return t
+}
+
+// cover makes the hold cover size bytes of a body of at most maxBody
+// bytes, or fails with ErrBufferBudget (nothing more is then reserved).
+func (h *AnswerHold) cover(size, maxBody int64) error {
+	if h.b == nil || size <= h.n || size <= unreservedBody {
+		return nil
+	}
+	want := max(size, 2*h.n, answerStep)
+	want = max(min(want, maxBody), size)
+	if !h.b.TryReserve(want - h.n) {
+		return fmt.Errorf("%w (--max-buffered-bytes): an upstream answer of %d bytes or more", ErrBufferBudget, size)
+	}
+	h.n = want
+	return nil
 }
 
 // ErrBadUpstreamAnswer: an upstream's answer is not one the sidecar takes:
@@ -165,17 +232,22 @@ func (t *Transport) Close() {
 }
 
 // Do sends req to addr and reads the whole response into resp. The leg ends
-// when ctx is done (its deadline bounds the whole exchange).
-func (t *Transport) Do(ctx context.Context, addr string, req *fasthttp.Request, resp *fasthttp.Response) error {
-	_, err := t.roundTrip(ctx, addr, req, resp, false, 0)
-	return err
+// when ctx is done (its deadline bounds the whole exchange). The answer's
+// body holds its share of the buffer budget (see AnswerHold), which the
+// caller releases when it lets go of resp's body: a body the budget
+// refuses fails the exchange with ErrBufferBudget before it is read. On
+// failure nothing is held.
+func (t *Transport) Do(ctx context.Context, addr string, req *fasthttp.Request, resp *fasthttp.Response) (AnswerHold, error) {
+	var hold AnswerHold
+	_, err := t.roundTrip(ctx, addr, req, resp, false, 0, &hold)
+	return hold, err
 }
 
 // Stream sends req to addr and reads the response head into resp; the body
 // is read from the returned Leg, which the caller must Close. Cancelling ctx
 // unblocks a pending Read with an error.
 func (t *Transport) Stream(ctx context.Context, addr string, req *fasthttp.Request, resp *fasthttp.Response) (*Leg, error) {
-	return t.roundTrip(ctx, addr, req, resp, true, 0)
+	return t.roundTrip(ctx, addr, req, resp, true, 0, nil)
 }
 
 // ErrFirstByteTimeout: the answer did not begin within the first-byte
@@ -190,13 +262,15 @@ var ErrFirstByteTimeout = errors.New("first answer byte timeout")
 // ErrFirstByteTimeout, from this call (no head in time) or from the Leg's
 // Read (a head, and no body in time).
 func (t *Transport) StreamFirstByteTimeout(ctx context.Context, addr string, req *fasthttp.Request, resp *fasthttp.Response, firstByte time.Duration) (*Leg, error) {
-	return t.roundTrip(ctx, addr, req, resp, true, firstByte)
+	return t.roundTrip(ctx, addr, req, resp, true, firstByte, nil)
 }
 
-func (t *Transport) roundTrip(ctx context.Context, addr string, req *fasthttp.Request, resp *fasthttp.Response, stream bool, firstByte time.Duration) (*Leg, error) {
+// roundTrip runs the exchange; hold, for an answer read whole, is what its
+// body reserved.
+func (t *Transport) roundTrip(ctx context.Context, addr string, req *fasthttp.Request, resp *fasthttp.Response, stream bool, firstByte time.Duration, hold *AnswerHold) (*Leg, error) {
 	hc, pooled := t.host(addr)
 	for attempt := 0; ; attempt++ {
-		leg, reused, err := t.try(ctx, hc, pooled, req, resp, stream, firstByte)
+		leg, reused, err := t.try(ctx, hc, pooled, req, resp, stream, firstByte, hold)
 		// A pooled connection the engine closed while idle fails before any
 		// answer byte; that is no verdict on the engine, so try a fresh one.
 		if err != nil && reused && attempt == 0 && ctx.Err() == nil && stale(err) {
@@ -234,14 +308,17 @@ func stale(err error) bool {
 		errors.Is(err, fasthttp.ErrConnectionClosed)
 }
 
-func (t *Transport) try(ctx context.Context, hc *fasthttp.HostClient, pooled bool, req *fasthttp.Request, resp *fasthttp.Response, stream bool, firstByte time.Duration) (*Leg, bool, error) {
+func (t *Transport) try(ctx context.Context, hc *fasthttp.HostClient, pooled bool, req *fasthttp.Request, resp *fasthttp.Response, stream bool, firstByte time.Duration, hold *AnswerHold) (*Leg, bool, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, false, &opError{"dial", context.Cause(ctx)}
 	}
 	start := time.Now()
 	t.mu.Lock()
-	maxAnswer := t.maxAnswer
+	maxAnswer, budget := t.maxAnswer, t.budget
 	t.mu.Unlock()
+	if hold != nil {
+		hold.b = budget
+	}
 	cc, err := hc.AcquireConn(0, !pooled)
 	// A pooled connection on which the upstream sent something while no
 	// request was outstanding (an answer to a request never sent), or which
@@ -300,7 +377,10 @@ func (t *Transport) try(ctx context.Context, hc *fasthttp.HostClient, pooled boo
 	// A streamed answer's head is read here and its body by the Leg, which
 	// decodes the framing itself (httpbody): it can then stop at any byte
 	// and hand the connection over mid-body (loopstream.go).
-	if err := readAnswer(br, resp, stream, maxAnswer); err != nil {
+	if err := readAnswer(br, resp, stream, maxAnswer, hold); err != nil {
+		if hold != nil {
+			hold.Release()
+		}
 		hc.ReleaseReader(br)
 		release(false)
 		if !headDeadline.Equal(deadline) && ctx.Err() == nil && isTimeout(err) {
@@ -311,6 +391,9 @@ func (t *Transport) try(ctx context.Context, hc *fasthttp.HostClient, pooled boo
 	bounded := !headDeadline.Equal(deadline)
 	if bounded && !stream {
 		if err := conn.SetDeadline(deadline); err != nil {
+			if hold != nil {
+				hold.Release()
+			}
 			hc.ReleaseReader(br)
 			release(false)
 			return nil, reused, &opError{"read", err}
@@ -325,7 +408,7 @@ func (t *Transport) try(ctx context.Context, hc *fasthttp.HostClient, pooled boo
 		return nil, reused, nil
 	}
 	leg := &Leg{ctx: ctx, br: br, conn: conn, body: bodyDecoder(resp), declared: resp.Header.ContentLength(),
-		putReader: hc.ReleaseReader, release: release, stopCancel: stop}
+		putReader: hc.ReleaseReader, release: release, stopCancel: stop, budget: budget}
 	if bounded {
 		leg.firstByte, leg.deadline = firstByte, deadline
 	}
@@ -337,12 +420,12 @@ func (t *Transport) try(ctx context.Context, hc *fasthttp.HostClient, pooled boo
 // answer.
 const maxInterim = 4
 
-// readAnswer reads resp from br: whole, its body at most maxBody bytes, or
-// only its head when stream is set. An interim 100 Continue is skipped; any
+// readAnswer reads resp from br: whole, its body at most maxBody bytes and
+// reserved in hold (nil: unbounded), or only its head when stream is set. An interim 100 Continue is skipped; any
 // other status below 200 is refused (ErrBadUpstreamAnswer), as is a
 // malformed head or body: a 101 is no switch the sidecar asked for, and a
 // body after it would be relayed as whatever it says it is.
-func readAnswer(br *bufio.Reader, resp *fasthttp.Response, stream bool, maxBody int64) error {
+func readAnswer(br *bufio.Reader, resp *fasthttp.Response, stream bool, maxBody int64, hold *AnswerHold) error {
 	for interim := 0; ; interim++ {
 		if err := resp.Header.Read(br); err != nil {
 			return answerHeadErr(err)
@@ -359,7 +442,7 @@ func readAnswer(br *bufio.Reader, resp *fasthttp.Response, stream bool, maxBody 
 	if stream {
 		return nil
 	}
-	return readAnswerBody(br, resp, maxBody)
+	return readAnswerBody(br, resp, maxBody, hold)
 }
 
 // answerHeadErr names a failed read of an answer's head: the connection's
@@ -377,13 +460,24 @@ func answerHeadErr(err error) error {
 // readAnswerBody reads resp's body whole from br, decoded as the lane and
 // a Leg decode it (httpbody), and refuses it past maxBody bytes before
 // reading them: a declared length up front, a chunked or close-delimited
-// body as it grows. A body delimited by the connection's close marks resp
-// Connection: close (the connection is not pooled).
-func readAnswerBody(br *bufio.Reader, resp *fasthttp.Response, maxBody int64) error {
+// body as it grows. The body's bytes are reserved in hold (nil:
+// unbounded) before they are kept (see AnswerHold); a body the budget
+// refuses fails with ErrBufferBudget, and what hold reserved stays there
+// for the caller to release. A body delimited by the connection's close
+// marks resp Connection: close (the connection is not pooled).
+func readAnswerBody(br *bufio.Reader, resp *fasthttp.Response, maxBody int64, hold *AnswerHold) error {
 	resp.ResetBody()
+	if hold == nil {
+		hold = &AnswerHold{}
+	}
 	dec := bodyDecoder(resp)
-	if cl := resp.Header.ContentLength(); !dec.Done() && cl > 0 && int64(cl) > maxBody {
-		return fmt.Errorf("%w (Content-Length %d)", ErrAnswerTooLarge, cl)
+	if cl := resp.Header.ContentLength(); !dec.Done() && cl > 0 {
+		if int64(cl) > maxBody {
+			return fmt.Errorf("%w (Content-Length %d)", ErrAnswerTooLarge, cl)
+		}
+		if err := hold.cover(int64(cl), int64(cl)); err != nil {
+			return err
+		}
 	}
 	for !dec.Done() {
 		if br.Buffered() == 0 {
@@ -403,8 +497,12 @@ func readAnswerBody(br *bufio.Reader, resp *fasthttp.Response, maxBody int64) er
 		if err != nil {
 			return fmt.Errorf("%w: %w", ErrBadUpstreamAnswer, err)
 		}
-		if int64(len(resp.Body())+len(data)) > maxBody {
+		size := int64(len(resp.Body()) + len(data))
+		if size > maxBody {
 			return ErrAnswerTooLarge
+		}
+		if err := hold.cover(size, maxBody); err != nil {
+			return err
 		}
 		resp.AppendBody(data)
 		_, _ = br.Discard(n)
@@ -464,6 +562,7 @@ type Leg struct {
 	stopCancel func() bool         // disarms the context's close-the-connection hook
 	eof        bool
 	closed     bool
+	budget     BufferBudget // what a body read whole draws from (nil: unbounded)
 
 	// firstByte, while not zero, is the first-byte timeout still bounding
 	// reads (StreamFirstByteTimeout), until Began restores deadline.
@@ -533,16 +632,55 @@ func (l *Leg) Read(p []byte) (int, error) {
 
 // readAll reads the whole body, refusing one longer than maxBody bytes
 // (ErrAnswerTooLarge) before reading it when its length is declared, as it
-// grows otherwise.
-func (l *Leg) readAll(maxBody int64) ([]byte, error) {
-	if !l.eof && l.body.Mode() == httpbody.Length && int64(l.declared) > maxBody {
-		return nil, fmt.Errorf("%w (Content-Length %d)", ErrAnswerTooLarge, l.declared)
+// grows otherwise. The buffer holding it is reserved from the leg's budget
+// before it is allocated (see AnswerHold; refused: ErrBufferBudget), and
+// the caller releases the hold once it lets go of the bytes. On failure
+// nothing is held.
+func (l *Leg) readAll(maxBody int64) (b []byte, hold AnswerHold, err error) {
+	hold.b = l.budget
+	size := int64(512) // the buffer's first size, as io.ReadAll's
+	if !l.eof && l.body.Mode() == httpbody.Length {
+		if int64(l.declared) > maxBody {
+			return nil, AnswerHold{}, fmt.Errorf("%w (Content-Length %d)", ErrAnswerTooLarge, l.declared)
+		}
+		size = int64(l.declared)
+		if err := hold.cover(size, size); err != nil {
+			return nil, AnswerHold{}, err
+		}
 	}
-	b, err := io.ReadAll(io.LimitReader(l, maxBody+1))
-	if err == nil && int64(len(b)) > maxBody {
-		err = ErrAnswerTooLarge
+	// A body of maxBody bytes, and a byte more that shows it too long.
+	limit := maxBody + 1
+	b = make([]byte, 0, min(size, limit))
+	for {
+		if l.eof {
+			return b, hold, nil // a declared length's end, past which nothing is read
+		}
+		if len(b) == cap(b) {
+			if int64(len(b)) >= limit {
+				hold.Release()
+				return nil, AnswerHold{}, ErrAnswerTooLarge
+			}
+			grown := min(max(2*int64(cap(b)), 512), limit)
+			if err := hold.cover(grown, limit); err != nil {
+				hold.Release()
+				return nil, AnswerHold{}, err
+			}
+			b = append(make([]byte, 0, grown), b...)
+		}
+		n, err := l.Read(b[len(b):cap(b)])
+		b = b[:len(b)+n]
+		if errors.Is(err, io.EOF) {
+			if int64(len(b)) > maxBody {
+				hold.Release()
+				return nil, AnswerHold{}, ErrAnswerTooLarge
+			}
+			return b, hold, nil
+		}
+		if err != nil {
+			hold.Release()
+			return nil, AnswerHold{}, err
+		}
 	}
-	return b, err
 }
 
 // Close ends the leg. The connection goes back to the pool only when the

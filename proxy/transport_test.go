@@ -43,7 +43,7 @@ func TestTransportCancelsWhileWaitingForHead(t *testing.T) {
 	time.AfterFunc(100*time.Millisecond, func() { cancel(ErrClientGone) })
 	resp := fasthttp.AcquireResponse()
 	start := time.Now()
-	err := tr.Do(ctx, addr, newReq(addr, "/x"), resp)
+	_, err := tr.Do(ctx, addr, newReq(addr, "/x"), resp)
 	require.Error(t, err)
 	assert.ErrorIs(t, err, ErrClientGone)
 	assert.Less(t, time.Since(start), 2*time.Second)
@@ -100,7 +100,7 @@ func TestTransportDeadline(t *testing.T) {
 	addr := srv.Listener.Addr().String()
 	ctx, cancel := context.WithTimeoutCause(context.Background(), 100*time.Millisecond, ErrPrefillTimeout)
 	defer cancel()
-	err := NewTransport(time.Second, 8, 8).Do(ctx, addr, newReq(addr, "/"), fasthttp.AcquireResponse())
+	_, err := NewTransport(time.Second, 8, 8).Do(ctx, addr, newReq(addr, "/"), fasthttp.AcquireResponse())
 	assert.ErrorIs(t, prefillTransportErr(err), ErrPrefillTimeout)
 }
 
@@ -136,7 +136,7 @@ func TestTransportRefusedIsDecodeUnavailable(t *testing.T) {
 	require.NoError(t, err)
 	addr := l.Addr().String()
 	require.NoError(t, l.Close())
-	err = NewTransport(time.Second, 8, 8).Do(context.Background(), addr, newReq(addr, "/"), fasthttp.AcquireResponse())
+	_, err = NewTransport(time.Second, 8, 8).Do(context.Background(), addr, newReq(addr, "/"), fasthttp.AcquireResponse())
 	require.Error(t, err)
 	assert.True(t, errors.Is(err, syscall.ECONNREFUSED), "%v", err)
 	assert.ErrorIs(t, decodeTransportErr(err), ErrDecodeUnavailable)

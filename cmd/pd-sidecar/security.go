@@ -57,7 +57,7 @@ func addGuardFlags(fs *pflag.FlagSet, o *options) {
 	fs.DurationVar(&c.ReadTimeout, "read-timeout", c.ReadTimeout, "bound on reading a request's head and body (408 above)")
 	fs.DurationVar(&c.IdleTimeout, "idle-timeout", c.IdleTimeout, "keep-alive connections idle this long are closed")
 	fs.IntVar(&c.MaxConcurrentRequests, "max-concurrent-requests", c.MaxConcurrentRequests, "inference requests in flight, streams included (503 above; 0: unbounded)")
-	fs.Int64Var(&g.maxBuffered, "max-buffered-bytes", 0, "bound on the request bodies and answers buffered at once, all connections together (503 past it, before the body is read); 0: a quarter of the container's memory limit (cgroup v2 memory.max), at most 512 MiB and at least --max-request-body-bytes")
+	fs.Int64Var(&g.maxBuffered, "max-buffered-bytes", 0, "bound on the request bodies and upstream answers read whole that are buffered at once, all connections together (503 past it, before the bytes are read; a prefill answer past it falls back, buffered_bytes); 0: a quarter of the container's memory limit (cgroup v2 memory.max), at most 512 MiB and at least --max-request-body-bytes")
 	fs.IntVar(&c.Breaker.Failures, "circuit-breaker-failures", c.Breaker.Failures, "consecutive prefill failures that open a prefiller's circuit (0: no breaker)")
 	fs.DurationVar(&c.Breaker.Cooldown, "circuit-breaker-cooldown", c.Breaker.Cooldown, "how long an open circuit skips its prefiller before a probe")
 }
