@@ -19,8 +19,10 @@ var (
 	// ErrInvalidKVParams means the prefill answer's kv_transfer_params lack a
 	// field the decode engine needs; vLLM would silently prefill locally.
 	ErrInvalidKVParams = errors.New("connectors: invalid kv_transfer_params in prefill answer")
-	// ErrBadPrefillAnswer means the prefill answer is not a JSON object.
-	ErrBadPrefillAnswer = errors.New("connectors: prefill answer is not a JSON object")
+	// ErrBadPrefillAnswer means the prefill answer cannot be used: its body
+	// is not a JSON object, or (wrapped by the proxy around its own reason)
+	// the answer was refused before it was parsed.
+	ErrBadPrefillAnswer = errors.New("connectors: unusable prefill answer")
 )
 
 // Handoff is what the prefill answer tells the decode leg.

@@ -1,6 +1,10 @@
 package connectors
 
-import "github.com/tidwall/gjson"
+import (
+	"fmt"
+
+	"github.com/tidwall/gjson"
+)
 
 // PrefillParams reads what every sequential connector reads first from a
 // prefill answer: the cached-token count and kv_transfer_params. An answer
@@ -11,7 +15,7 @@ import "github.com/tidwall/gjson"
 // to validate.
 func PrefillParams(api API, answer []byte) (h Handoff, params gjson.Result, ok bool, err error) {
 	if !IsObject(answer) {
-		return Handoff{}, gjson.Result{}, false, ErrBadPrefillAnswer
+		return Handoff{}, gjson.Result{}, false, fmt.Errorf("%w: not a JSON object", ErrBadPrefillAnswer)
 	}
 	js := Bytes(answer)
 	h = Handoff{CachedTokens: gjson.Get(js, api.CachedTokensPath()).Int()}

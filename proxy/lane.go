@@ -897,10 +897,7 @@ func (lc *laneConn) failWith(err error) {
 	lc.putSent()
 	o := lc.r.failure(err)
 	lc.r.answerCounted(lc.r.mode, o.status)
-	h := &lc.ll.resp
-	h.Reset()
-	h.SetStatusCode(o.status)
-	h.SetContentType("application/json")
+	h := lc.ownHead(o.status, "application/json")
 	if o.retryAfter {
 		h.Set("Retry-After", "1")
 	}
@@ -911,11 +908,16 @@ func (lc *laneConn) failWith(err error) {
 // path's answer does.
 func (lc *laneConn) answerWhole(mode string, status int, contentType string, body []byte) {
 	lc.r.answerCounted(mode, status)
+	lc.writeWhole(lc.ownHead(status, contentType), body)
+}
+
+// ownHead returns the loop's answer head, reset to one the sidecar makes.
+func (lc *laneConn) ownHead(status int, contentType string) *fasthttp.ResponseHeader {
 	h := &lc.ll.resp
 	h.Reset()
 	h.SetStatusCode(status)
 	h.SetContentType(contentType)
-	lc.writeWhole(h, body)
+	return h
 }
 
 // upFailed handles an engine connection that failed before the answer's

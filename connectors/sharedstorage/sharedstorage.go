@@ -8,6 +8,8 @@
 package sharedstorage
 
 import (
+	"fmt"
+
 	"github.com/tidwall/gjson"
 
 	"github.com/pd-sidecar/pd-sidecar/connectors"
@@ -55,7 +57,7 @@ func (*Connector) PrefillBody(dst []byte, api connectors.API, body []byte) ([]by
 // ended by itself on its first token is Done.
 func (*Connector) ParsePrefill(api connectors.API, answer []byte) (connectors.Handoff, error) {
 	if !connectors.IsObject(answer) {
-		return connectors.Handoff{}, connectors.ErrBadPrefillAnswer
+		return connectors.Handoff{}, fmt.Errorf("%w: not a JSON object", connectors.ErrBadPrefillAnswer)
 	}
 	h := connectors.Handoff{CachedTokens: gjson.Get(connectors.Bytes(answer), api.CachedTokensPath()).Int()}
 	h.Done, _ = connectors.Finished(api, answer)
