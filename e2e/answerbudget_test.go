@@ -6,13 +6,11 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
-	"github.com/stretchr/testify/require"
 	"github.com/tidwall/gjson"
 
 	"github.com/pd-sidecar/pd-sidecar/e2e/harness"
@@ -47,24 +45,7 @@ var budgetFlags = []string{"--max-buffered-bytes", itoa(answerBudget), "--max-re
 // lane's) or its body in a second write (fasthttp's path).
 func sendOn(t *testing.T, port int, path, body string, headers map[string]string, whole bool) (net.Conn, *bufio.Reader) {
 	t.Helper()
-	c, err := net.Dial("tcp", harness.HostPort(port))
-	require.NoError(t, err)
-	var head strings.Builder
-	fmt.Fprintf(&head, "POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n", path, len(body))
-	for k, v := range headers {
-		fmt.Fprintf(&head, "%s: %s\r\n", k, v)
-	}
-	head.WriteString("\r\n")
-	if whole {
-		_, err = io.WriteString(c, head.String()+body)
-	} else {
-		_, err = io.WriteString(c, head.String())
-		if err == nil {
-			time.Sleep(20 * time.Millisecond)
-			_, err = io.WriteString(c, body)
-		}
-	}
-	require.NoError(t, err)
+	c := postRaw(t, port, path, body, headers, whole)
 	return c, bufio.NewReader(c)
 }
 

@@ -3,7 +3,6 @@ package e2e
 import (
 	"bufio"
 	"bytes"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -72,17 +71,6 @@ func (r *framingRig) forget(t *testing.T) {
 		require.NoError(t, err)
 		resp.Body.Close()
 	}
-}
-
-// journal is every request an engine received (passthrough ones too).
-func journal(t *testing.T, e *harness.Engine) []simRequest {
-	t.Helper()
-	resp, err := http.Get(e.URL() + "/sim/requests")
-	require.NoError(t, err)
-	defer resp.Body.Close()
-	var out []simRequest
-	require.NoError(t, json.NewDecoder(resp.Body).Decode(&out))
-	return out
 }
 
 // rawClient is one client connection written and read byte-wise.

@@ -176,22 +176,7 @@ var hostileFlags = []string{"--prefill-timeout", "1s", "--prefill-max-retries", 
 // requiring it well-framed within 5 s.
 func exchangeOn(t *testing.T, conn net.Conn, br *bufio.Reader, path, body string, headers map[string]string, whole bool) (*http.Response, []byte) {
 	t.Helper()
-	var head strings.Builder
-	fmt.Fprintf(&head, "POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n", path, len(body))
-	for k, v := range headers {
-		fmt.Fprintf(&head, "%s: %s\r\n", k, v)
-	}
-	head.WriteString("\r\n")
-	if whole {
-		_, err := io.WriteString(conn, head.String()+body)
-		require.NoError(t, err)
-	} else {
-		_, err := io.WriteString(conn, head.String())
-		require.NoError(t, err)
-		time.Sleep(20 * time.Millisecond)
-		_, err = io.WriteString(conn, body)
-		require.NoError(t, err)
-	}
+	writeRequest(t, conn, path, body, headers, whole)
 	require.NoError(t, conn.SetReadDeadline(time.Now().Add(5*time.Second)))
 	resp, err := http.ReadResponse(br, &http.Request{Method: http.MethodPost})
 	require.NoError(t, err, "a well-framed answer in time")

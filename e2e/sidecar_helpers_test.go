@@ -127,18 +127,24 @@ type simRequest struct {
 // simRequests returns the inference requests an engine received.
 func simRequests(t *testing.T, e *harness.Engine) []simRequest {
 	t.Helper()
-	resp, err := http.Get(e.URL() + "/sim/requests")
-	require.NoError(t, err)
-	defer resp.Body.Close()
-	var out []simRequest
-	require.NoError(t, json.NewDecoder(resp.Body).Decode(&out))
 	var inf []simRequest
-	for _, r := range out {
+	for _, r := range journal(t, e) {
 		if strings.HasPrefix(r.Path, "/v1/") && r.Path != "/v1/models" || strings.HasPrefix(r.Path, "/inference/") {
 			inf = append(inf, r)
 		}
 	}
 	return inf
+}
+
+// journal is every request an engine received (passthrough ones too).
+func journal(t *testing.T, e *harness.Engine) []simRequest {
+	t.Helper()
+	resp, err := http.Get(e.URL() + "/sim/requests")
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	var out []simRequest
+	require.NoError(t, json.NewDecoder(resp.Body).Decode(&out))
+	return out
 }
 
 func completionBody(extra string) string {
@@ -200,14 +206,22 @@ func exchangeRaw(t *testing.T, port int, path, body string, headers map[string]s
 	return resp, b
 }
 
-// postRaw posts body to path on port from a connection of its own (closed
-// when the test ends): whole in one write (a request the lane takes), or
-// the body in a second write (one fasthttp serves).
+// postRaw dials the sidecar on port and writes a POST of body (see
+// writeRequest).
 func postRaw(t *testing.T, port int, path, body string, headers map[string]string, whole bool) net.Conn {
 	t.Helper()
 	conn, err := net.Dial("tcp", harness.HostPort(port))
 	require.NoError(t, err)
 	t.Cleanup(func() { conn.Close() })
+	writeRequest(t, conn, path, body, headers, whole)
+	return conn
+}
+
+// writeRequest writes a POST of body to conn: whole in one write (a
+// request the lane serves) or the body in a second write (one fasthttp
+// serves).
+func writeRequest(t *testing.T, conn net.Conn, path, body string, headers map[string]string, whole bool) {
+	t.Helper()
 	var head strings.Builder
 	fmt.Fprintf(&head, "POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n", path, len(body))
 	for k, v := range headers {
@@ -215,16 +229,15 @@ func postRaw(t *testing.T, port int, path, body string, headers map[string]strin
 	}
 	head.WriteString("\r\n")
 	if whole {
-		_, err = io.WriteString(conn, head.String()+body)
+		_, err := io.WriteString(conn, head.String()+body)
 		require.NoError(t, err)
-		return conn
+		return
 	}
-	_, err = io.WriteString(conn, head.String())
+	_, err := io.WriteString(conn, head.String())
 	require.NoError(t, err)
 	time.Sleep(20 * time.Millisecond)
 	_, err = io.WriteString(conn, body)
 	require.NoError(t, err)
-	return conn
 }
 
 // within asserts that f finishes within d and returns how long it took.
