@@ -44,11 +44,18 @@ type PoolConfig struct {
 	Group string
 }
 
-// ParsePool reads "namespace/name" (as --inference-pool gives it).
+// DefaultPoolNamespace is the namespace of a pool named without one.
+const DefaultPoolNamespace = "default"
+
+// ParsePool reads "namespace/name" or a bare "name" in namespace
+// DefaultPoolNamespace (as --inference-pool gives it, read as llm-d does).
 func ParsePool(ref, group string) (PoolConfig, error) {
 	ns, name, ok := strings.Cut(ref, "/")
-	if !ok || ns == "" || name == "" || strings.Contains(name, "/") {
-		return PoolConfig{}, fmt.Errorf("--inference-pool %q is not namespace/name", ref)
+	if !ok {
+		ns, name = DefaultPoolNamespace, ref
+	}
+	if ns == "" || name == "" || strings.Contains(name, "/") {
+		return PoolConfig{}, fmt.Errorf("--inference-pool %q is not namespace/name or name", ref)
 	}
 	c := PoolConfig{Namespace: ns, Name: name, Group: group}
 	return c, c.Validate()

@@ -73,7 +73,10 @@ func TestParsePool(t *testing.T) {
 	c, err = ParsePool("ns/pool", GroupV1Alpha2)
 	require.NoError(t, err)
 	assert.Equal(t, "v1alpha2", c.GVR().Version)
-	for _, ref := range []string{"pool", "/pool", "ns/", "a/b/c"} {
+	c, err = ParsePool("pool", GroupV1)
+	require.NoError(t, err, "a bare name is in namespace default")
+	assert.Equal(t, PoolConfig{Namespace: "default", Name: "pool", Group: GroupV1}, c)
+	for _, ref := range []string{"", "/pool", "ns/", "/", "a/b/c"} {
 		_, err := ParsePool(ref, GroupV1)
 		assert.Error(t, err, ref)
 	}

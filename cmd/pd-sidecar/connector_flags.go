@@ -14,6 +14,9 @@ import (
 	"github.com/pd-sidecar/pd-sidecar/connectors/sidecar"
 )
 
+// connectorOffloading is llm-d's offloading connector, not built yet.
+const connectorOffloading = "offloading"
+
 // connectorNames lists the --kv-connector values registered in connector.
 var connectorNames = strings.Join([]string{nixlv2.Name, sglang.Name, mooncake.Name, sharedstorage.Name, sidecar.Name}, ", ")
 
@@ -25,7 +28,10 @@ type connectorOptions struct {
 
 // addConnectorFlags declares the connectors' flags on fs. The SGLang
 // bootstrap port defaults to $SGLANG_BOOTSTRAP_PORT when set (llm-d reads
-// the same variable), else 8998; getenv reads the environment.
+// the same variable), else 8998; a value that is not a port is refused
+// (stricter than llm-d). The Mooncake bootstrap port defaults to
+// $MOONCAKE_BOOTSTRAP_PORT, ignored unless an integer, as in llm-d.
+// getenv reads the environment.
 func addConnectorFlags(fs *pflag.FlagSet, o *connectorOptions, getenv func(string) string) error {
 	sg := sglang.DefaultBootstrapPort
 	if v := getenv("SGLANG_BOOTSTRAP_PORT"); v != "" {
@@ -36,7 +42,7 @@ func addConnectorFlags(fs *pflag.FlagSet, o *connectorOptions, getenv func(strin
 		sg = n
 	}
 	fs.IntVar(&o.sglangBootstrapPort, "sglang-bootstrap-port", sg, "SGLang prefillers' bootstrap port, sent as bootstrap_port (env SGLANG_BOOTSTRAP_PORT)")
-	fs.IntVar(&o.mooncakeBootstrapPort, "mooncake-bootstrap-port", mooncake.DefaultBootstrapPort, "Mooncake prefillers' bootstrap port, queried with GET /query")
+	fs.IntVar(&o.mooncakeBootstrapPort, "mooncake-bootstrap-port", envPort(getenv, "MOONCAKE_BOOTSTRAP_PORT", mooncake.DefaultBootstrapPort), "Mooncake prefillers' bootstrap port, queried with GET /query (env MOONCAKE_BOOTSTRAP_PORT)")
 	return nil
 }
 

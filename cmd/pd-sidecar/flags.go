@@ -25,6 +25,29 @@ type options struct {
 	tracing       bool         // OpenTelemetry spans, exporter from OTEL_* (tracing.go)
 	kv            kvOptions    // the sidecar connector's own KV pull (kv.go)
 	guard         guardOptions // SSRF, TLS, limits, circuit breaker (security.go)
+	llmd          llmdOptions  // llm-d's --zap-* flags and flags of features not built yet (llmd_flags.go)
+}
+
+// connectorAlias is llm-d's removed --connector: it sets --kv-connector,
+// with the old name nixl read as nixlv2 (llm-d-modelservice renders
+// --connector=nixlv2, or nixl).
+type connectorAlias struct{ dst *string }
+
+func (a connectorAlias) String() string {
+	if a.dst == nil {
+		return ""
+	}
+	return *a.dst
+}
+
+func (a connectorAlias) Type() string { return "string" }
+
+func (a connectorAlias) Set(v string) error {
+	if v == "nixl" {
+		v = "nixlv2"
+	}
+	*a.dst = v
+	return nil
 }
 
 // parseFlags reads the command line into options and validates them; the
@@ -43,7 +66,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.StringVar(&o.connector, "kv-connector", "nixlv2", "KV connector protocol: "+connectorNames)
 	// llm-d-modelservice renders its routing proxy with --connector and
 	// klog's -v: accepted, hidden, so the image is a drop-in there.
-	fs.StringVar(&o.connector, "connector", "nixlv2", "deprecated alias of --kv-connector")
+	fs.Var(connectorAlias{&o.connector}, "connector", "removed in llm-d 0.10: alias of --kv-connector (nixl: nixlv2)")
 	_ = fs.MarkDeprecated("connector", "use --kv-connector")
 	fs.IntP("v", "v", 0, "klog verbosity of llm-d's routing sidecar: accepted and ignored (use --log-level)")
 	_ = fs.MarkHidden("v")
@@ -52,7 +75,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	}
 	addKVFlags(fs, &o.kv)
 	fs.IntVar(&c.DataParallelSize, "data-parallel-size", c.DataParallelSize, "number of data-parallel ranks")
-	fs.BoolVar(&c.PrefillerSampling, "enable-prefiller-sampling", c.PrefillerSampling, "pick a random prefiller among comma-separated header values (else the first)")
+	fs.BoolVar(&c.PrefillerSampling, "enable-prefiller-sampling", envBool(os.Getenv, "ENABLE_PREFILLER_SAMPLING", c.PrefillerSampling), "pick a random prefiller among comma-separated header values, else the first (env ENABLE_PREFILLER_SAMPLING)")
 	fs.IntVar(&c.PrefillMaxRetries, "prefill-max-retries", c.PrefillMaxRetries, "retries of a prefill that failed retryably (unreachable, 5xx, 429)")
 	fs.DurationVar(&c.PrefillRetryBackoff, "prefill-retry-backoff", c.PrefillRetryBackoff, "wait before each prefill retry")
 	fs.DurationVar(&c.PrefillTimeout, "prefill-timeout", c.PrefillTimeout, "bound on the whole prefill leg, retries included")
@@ -67,7 +90,8 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.IntVar(&c.MetricsPort, "metrics-port", c.MetricsPort, "port for /metrics (0: serve it on --port)")
 	fs.IntVar(&c.MaxConnsPerHost, "max-idle-conns-per-host", c.MaxConnsPerHost, "connections pooled per engine")
 	fs.IntVar(&c.StreamLoops, "stream-loops", c.StreamLoops, "event loops serving inference requests whole (local and sequential P/D) and carrying open streams (an idle connection or an open stream then holds no goroutine or buffer; 0: a goroutine per connection for everything)")
-	level := fs.String("log-level", "info", "log level: debug, info, warn, error")
+	level := fs.String("log-level", "info", "log level: trace, debug, info, warn, error; wins over --zap-log-level and --zap-devel")
+	addLLMDFlags(fs, &o.llmd, os.Getenv)
 	addGuardFlags(fs, &o)
 	fs.BoolVar(&o.tracing, "tracing", false, "export OpenTelemetry spans over OTLP/HTTP (endpoint, headers, sampler from the standard OTEL_* environment)")
 	if err := fs.Parse(args); err != nil {
@@ -80,11 +104,17 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	if fs.NArg() > 0 {
 		return o, fmt.Errorf("unexpected arguments: %s", strings.Join(fs.Args(), " "))
 	}
-	lv, err := zerolog.ParseLevel(*level)
-	if err != nil || *level == "" {
-		return o, fmt.Errorf("--log-level %q is not one of debug, info, warn, error", *level)
+	lv, err := o.llmd.zap.logLevel(*level, fs.Changed("log-level"))
+	if err != nil {
+		return o, err
 	}
 	o.logLevel = lv
+	if o.connector == connectorOffloading {
+		return o, fmt.Errorf("--kv-connector %s: the offloading connector is not supported yet (supported: %s)", connectorOffloading, connectorNames)
+	}
+	if err := o.llmd.validate(c.DataParallelSize, o.connector); err != nil {
+		return o, err
+	}
 	if err := o.connectorOpts.validate(); err != nil {
 		return o, err
 	}

@@ -34,6 +34,10 @@ type guardOptions struct {
 	maxBuffered int64 // 0: derived (bufferBudget)
 	// readFile reads the cgroup's memory limit (os.ReadFile; a test's fake).
 	readFile func(string) ([]byte, error)
+	// legacyTLS: llm-d's booleans removed in 0.10 (--prefiller-use-tls,
+	// --decoder-use-tls, --*-tls-insecure-skip-verify), still accepted
+	// with their old meaning.
+	legacyTLS struct{ prefiller, decoder, skipPrefiller, skipDecoder bool }
 }
 
 // addGuardFlags declares the guard flags on fs, writing into o. The
@@ -45,9 +49,21 @@ func addGuardFlags(fs *pflag.FlagSet, o *options) {
 	fs.StringVar(&c.TLS.CertPath, "cert-path", c.TLS.CertPath, "directory with tls.crt and tls.key for --secure-proxy, reloaded when they change (empty: self-signed)")
 	fs.StringSliceVar(&g.enableTLS, "enable-tls", nil, "upstream legs that use TLS: prefiller, decoder (encoder accepted, unused)")
 	fs.StringSliceVar(&g.skipVerify, "tls-insecure-skip-verify", nil, "upstream legs whose certificate is not verified: prefiller, decoder")
+	for _, f := range []struct {
+		name, use string
+		dst       *bool
+	}{
+		{"prefiller-use-tls", "enable-tls=prefiller", &g.legacyTLS.prefiller},
+		{"decoder-use-tls", "enable-tls=decoder", &g.legacyTLS.decoder},
+		{"prefiller-tls-insecure-skip-verify", "tls-insecure-skip-verify=prefiller", &g.legacyTLS.skipPrefiller},
+		{"decoder-tls-insecure-skip-verify", "tls-insecure-skip-verify=decoder", &g.legacyTLS.skipDecoder},
+	} {
+		fs.BoolVar(f.dst, f.name, false, "removed in llm-d 0.10: --"+f.use)
+		_ = fs.MarkDeprecated(f.name, "use --"+f.use)
+	}
 	fs.StringVar(&c.TLS.CAFile, "tls-ca-file", c.TLS.CAFile, "PEM bundle of CAs trusted on upstream TLS legs (empty: system pool)")
 	fs.BoolVar(&g.ssrf, "enable-ssrf-protection", false, "contact only allowlisted prefillers: Ready pods of --inference-pool on its target ports, and --prefiller-allowlist")
-	fs.StringVar(&g.pool, "inference-pool", os.Getenv("INFERENCE_POOL"), "InferencePool namespace/name whose Ready pods are the prefiller allowlist (env INFERENCE_POOL)")
+	fs.StringVar(&g.pool, "inference-pool", os.Getenv("INFERENCE_POOL"), "InferencePool namespace/name (a bare name: namespace default) whose Ready pods are the prefiller allowlist (env INFERENCE_POOL)")
 	fs.StringVar(&g.poolGroup, "pool-group", ssrf.GroupV1, "InferencePool API group: "+ssrf.GroupV1+" (v1) or "+ssrf.GroupV1Alpha2+" (v1alpha2)")
 	fs.StringSliceVar(&g.allowlist, "prefiller-allowlist", nil, "static prefiller allowlist: CIDRs, ip:port, host:port, *.suffix:port (port * = any)")
 	fs.BoolVar(&c.TrustClientKVParams, "trust-client-kv-params", c.TrustClientKVParams, "keep the client's own kv_transfer_params, ec_transfer_params, bootstrap_* fields in bodies sent to engines (else removed); with --enable-ssrf-protection the addresses they name must be allowlisted (403)")
@@ -86,6 +102,11 @@ func (g *guardOptions) apply(c *proxy.Config) error {
 	if t.InsecureSkipVerifyPrefiller, t.InsecureSkipVerifyDecoder, err = legs("tls-insecure-skip-verify", g.skipVerify); err != nil {
 		return err
 	}
+	l := g.legacyTLS
+	t.Prefiller = t.Prefiller || l.prefiller
+	t.Decoder = t.Decoder || l.decoder
+	t.InsecureSkipVerifyPrefiller = t.InsecureSkipVerifyPrefiller || l.skipPrefiller
+	t.InsecureSkipVerifyDecoder = t.InsecureSkipVerifyDecoder || l.skipDecoder
 	if g.static, err = ssrf.ParseStatic(g.allowlist); err != nil {
 		return err
 	}
