@@ -297,6 +297,18 @@ func TestChartRenders(t *testing.T) {
 			},
 		},
 		{
+			name: "a bare pool name gets its RBAC in namespace default, where the sidecar watches it",
+			values: map[string]any{"sidecar": map[string]any{"flags": map[string]any{
+				"enable-ssrf-protection": true, "inference-pool": "qwen-pool",
+			}}},
+			check: func(t *testing.T, o rendertest.Objects) {
+				require.Len(t, o.Roles, 1)
+				assert.Equal(t, "default", o.Roles[0].Namespace)
+				require.Len(t, o.RoleBindings, 1)
+				assert.Equal(t, "default", o.RoleBindings[0].Namespace)
+			},
+		},
+		{
 			name: "secure proxy probes over HTTPS",
 			values: map[string]any{
 				"sidecar": map[string]any{
