@@ -41,6 +41,9 @@ var llmdFlagTable = []struct {
 	{"port", []string{"--port=8001"}, func(t *testing.T, o options) { assert.Equal(t, 8001, o.cfg.Port) }},
 	{"model-server-port", []string{"--model-server-port=8201"}, func(t *testing.T, o options) { assert.Equal(t, 8201, o.cfg.ModelServerPort) }},
 	{"vllm-port", []string{"--vllm-port=8202"}, func(t *testing.T, o options) { assert.Equal(t, 8202, o.cfg.ModelServerPort) }},
+	// As in llm-d, --model-server-port wins over the deprecated --vllm-port, in either order.
+	{"vllm-port", []string{"--model-server-port=8201", "--vllm-port=8202"}, func(t *testing.T, o options) { assert.Equal(t, 8201, o.cfg.ModelServerPort) }},
+	{"vllm-port", []string{"--vllm-port=8202", "--model-server-port=8201"}, func(t *testing.T, o options) { assert.Equal(t, 8201, o.cfg.ModelServerPort) }},
 	{"data-parallel-size", []string{"--data-parallel-size=4"}, func(t *testing.T, o options) { assert.Equal(t, 4, o.cfg.DataParallelSize) }},
 	{"kv-connector", []string{"--kv-connector=shared-storage"}, func(t *testing.T, o options) { assert.Equal(t, "shared-storage", o.connector) }},
 	{"kv-connector", []string{"--kv-connector=mooncake"}, func(t *testing.T, o options) { assert.Equal(t, "mooncake", o.connector) }},

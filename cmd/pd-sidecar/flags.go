@@ -60,7 +60,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.StringVar(&c.Host, "host", c.Host, "address to listen on (empty: all interfaces)")
 	fs.IntVar(&c.Port, "port", c.Port, "port to listen on (data-parallel rank r listens on port+r)")
 	fs.IntVar(&c.ModelServerPort, "model-server-port", c.ModelServerPort, "local engine port (rank r: model-server-port+r)")
-	fs.IntVar(&c.ModelServerPort, "vllm-port", c.ModelServerPort, "deprecated alias of --model-server-port")
+	vllmPort := fs.Int("vllm-port", c.ModelServerPort, "deprecated alias of --model-server-port, which wins when both are given")
 	_ = fs.MarkDeprecated("vllm-port", "use --model-server-port")
 	fs.StringVar(&c.ModelServerHost, "model-server-host", c.ModelServerHost, "local engine host")
 	fs.StringVar(&o.connector, "kv-connector", "nixlv2", "KV connector protocol: "+connectorNames)
@@ -100,6 +100,9 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 			return o, errHelp
 		}
 		return o, err
+	}
+	if fs.Changed("vllm-port") && !fs.Changed("model-server-port") {
+		c.ModelServerPort = *vllmPort
 	}
 	if fs.NArg() > 0 {
 		return o, fmt.Errorf("unexpected arguments: %s", strings.Join(fs.Args(), " "))
