@@ -54,6 +54,15 @@ deploy-check:
 	$(GO) test -count=1 ./deploy/...
 	@if command -v hadolint >/dev/null 2>&1; then hadolint Dockerfile Dockerfile.cuda; else echo "hadolint not installed: Dockerfiles checked by deploy/rendertest only"; fi
 
+## modelservice-fixture: render llm-d's modelservice chart from a clone and rewrite
+## deploy/rendertest/testdata/llm-d-modelservice.json (the facts the modelservice tests check):
+## make modelservice-fixture MODELSERVICE_REPO=../llm-d-modelservice [MODELSERVICE_REF=v0.4.12]
+.PHONY: modelservice-fixture
+modelservice-fixture:
+	@test -n "$(MODELSERVICE_REPO)" || { echo "set MODELSERVICE_REPO to a clone of github.com/llm-d-incubation/llm-d-modelservice"; exit 2; }
+	MODELSERVICE_REPO=$(abspath $(MODELSERVICE_REPO)) MODELSERVICE_REF=$(MODELSERVICE_REF) \
+		$(GO) test -count=1 -run '^TestModelserviceFixtureRefresh$$' ./deploy/rendertest/
+
 ## bench: the performance budget, side by side in one run: engine direct, the sidecar's local and
 ## disaggregated paths, the P/D floor, nginx (installed from Debian's packages when missing) and
 ## PEER_SIDECAR=/path/to/binary when given; then the hot-path micro-benchmarks.

@@ -66,7 +66,7 @@ func TestGuardBadFlagsExit(t *testing.T) {
 		{"--enable-ssrf-protection", "--prefiller-allowlist", "nonsense"},
 		{"--enable-ssrf-protection", "--inference-pool", "no-slash"},
 		{"--enable-tls", "bogus"},
-		{"--cert-path", "/nonexistent"},
+		{"--secure-proxy", "--cert-path", "/nonexistent"},
 		{"--max-header-bytes", "10"},
 		{"--circuit-breaker-failures", "-1"},
 	} {

@@ -9,7 +9,6 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
-	"errors"
 	"fmt"
 	"math/big"
 	"net"
@@ -39,6 +38,9 @@ type TLSConfig struct {
 	SecureProxy bool
 	// CertPath is a directory holding tls.crt and tls.key, reloaded when
 	// they change; "" serves a self-signed certificate made at start.
+	// Without SecureProxy it is unused and not read, as in llm-d
+	// (llm-d-modelservice renders --cert-path next to --secure-proxy=false
+	// when certPath is set and secure is not).
 	CertPath string
 	// Prefiller and Decoder use TLS on the prefill and decode legs
 	// (--enable-tls prefiller,decoder).
@@ -53,9 +55,6 @@ type TLSConfig struct {
 
 // Validate reports the first invalid setting, as one line.
 func (c TLSConfig) Validate() error {
-	if c.CertPath != "" && !c.SecureProxy {
-		return errors.New("--cert-path needs --secure-proxy")
-	}
 	if c.CAFile != "" {
 		if _, err := os.Stat(c.CAFile); err != nil {
 			return fmt.Errorf("--tls-ca-file: %w", err)

@@ -1,16 +1,12 @@
 package rendertest_test
 
 import (
-	"os"
 	"os/exec"
-	"strconv"
-	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
-	"sigs.k8s.io/yaml"
 
 	"github.com/pd-sidecar/pd-sidecar/deploy/rendertest"
 	"github.com/pd-sidecar/pd-sidecar/e2e/harness"
@@ -63,51 +59,3 @@ func TestPlainManifests(t *testing.T) {
 	require.NoError(t, rendertest.Sub(pool, &target, "spec", "targetPorts"))
 	assert.Equal(t, port, target[0]["number"], "the pool targets the sidecar's port")
 }
-
-// TestModelserviceFragment checks the llm-d modelservice values fragment:
-// valid YAML naming our image, the engine's failure policy "fail", and
-// the connector flag modelservice passes is one pd-sidecar accepts.
-func TestModelserviceFragment(t *testing.T) {
-	b, err := os.ReadFile("../helm/llm-d-modelservice-values.yaml")
-	require.NoError(t, err)
-	var v struct {
-		Routing struct {
-			ServicePort int `json:"servicePort"`
-			Proxy       struct {
-				Image      string `json:"image"`
-				TargetPort int    `json:"targetPort"`
-				Connector  string `json:"connector"`
-				DebugLevel int    `json:"debugLevel"`
-			} `json:"proxy"`
-		} `json:"routing"`
-		Decode struct {
-			Containers []struct {
-				Args []string `json:"args"`
-			} `json:"containers"`
-		} `json:"decode"`
-	}
-	require.NoError(t, yaml.Unmarshal(b, &v))
-	assert.True(t, strings.HasPrefix(v.Routing.Proxy.Image, "ghcr.io/pd-sidecar/pd-sidecar:"))
-	args := v.Decode.Containers[0].Args
-	i := indexOf(args, "--kv-transfer-config")
-	require.GreaterOrEqual(t, i, 0)
-	assert.Contains(t, args[i+1], `"kv_load_failure_policy":"fail"`)
-	// What modelservice's routing-proxy template renders from these values.
-	rendered := []string{
-		"--port=" + itoa(v.Routing.ServicePort), "--vllm-port=" + itoa(v.Routing.Proxy.TargetPort),
-		"--connector=" + v.Routing.Proxy.Connector, "-v=" + itoa(v.Routing.Proxy.DebugLevel), "--help",
-	}
-	out, err := exec.Command(harness.Binary(t, "pd-sidecar"), rendered...).CombinedOutput()
-	require.NoError(t, err, "%s", out)
-}
-
-func indexOf(s []string, v string) int {
-	for i, e := range s {
-		if e == v {
-			return i
-		}
-	}
-	return -1
-}
-
-func itoa(i int) string { return strconv.Itoa(i) }
