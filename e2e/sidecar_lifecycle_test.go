@@ -138,12 +138,13 @@ func TestSidecarGracefulShutdownDrains(t *testing.T) {
 }
 
 // startEngineOn starts a role-both engine-sim on a given HTTP port (the
-// data-parallel layout needs consecutive ports).
-func startEngineOn(t *testing.T, port int) *harness.Engine {
+// data-parallel layout needs consecutive ports), extra flags last.
+func startEngineOn(t *testing.T, port int, extra ...string) *harness.Engine {
 	t.Helper()
 	e := &harness.Engine{Port: port, KVPort: harness.FreePort(t), BootstrapPort: harness.FreePort(t)}
-	e.Proc = harness.Start(t, harness.Binary(t, "engine-sim"), "--role", "both", "--model", "sim-model",
-		"--port", itoa(port), "--kv-port", itoa(e.KVPort), "--bootstrap-port", itoa(e.BootstrapPort))
+	args := []string{"--role", "both", "--model", "sim-model",
+		"--port", itoa(port), "--kv-port", itoa(e.KVPort), "--bootstrap-port", itoa(e.BootstrapPort)}
+	e.Proc = harness.Start(t, harness.Binary(t, "engine-sim"), append(args, extra...)...)
 	e.WaitHTTP(t, e.URL()+"/health", 30*time.Second)
 	return e
 }

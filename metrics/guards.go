@@ -22,6 +22,9 @@ const (
 	// read whole, would take the bytes buffered by all connections past
 	// --max-buffered-bytes (503).
 	RejectBufferedBytes = "buffered_bytes"
+	// RejectUnknownRank: x-data-parallel-host-port names no data-parallel
+	// rank of this pod (400).
+	RejectUnknownRank = "unknown_data_parallel_rank"
 )
 
 // SanitizedFields are the client connector fields removed from request
@@ -55,7 +58,7 @@ func NewGuards(reg prometheus.Registerer) *Guards {
 	g := &Guards{
 		Rejected: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "pd_sidecar_requests_rejected_total",
-			Help: "Requests refused before any upstream leg, by reason (body_too_large, headers_too_large, read_timeout, malformed, overloaded, prefiller_not_allowed, buffered_bytes).",
+			Help: "Requests refused before any upstream leg, by reason (body_too_large, headers_too_large, read_timeout, malformed, overloaded, prefiller_not_allowed, buffered_bytes, unknown_data_parallel_rank).",
 		}, []string{"reason"}),
 		CircuitOpen: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "pd_sidecar_prefiller_circuits_open",
@@ -74,7 +77,7 @@ func NewGuards(reg prometheus.Registerer) *Guards {
 	for _, f := range SanitizedFields {
 		g.Sanitized.WithLabelValues(f)
 	}
-	for _, r := range []string{RejectBodyTooLarge, RejectHeadersTooLarge, RejectReadTimeout, RejectMalformed, RejectOverloaded, RejectSSRF, RejectBufferedBytes} {
+	for _, r := range []string{RejectBodyTooLarge, RejectHeadersTooLarge, RejectReadTimeout, RejectMalformed, RejectOverloaded, RejectSSRF, RejectBufferedBytes, RejectUnknownRank} {
 		g.Rejected.WithLabelValues(r)
 	}
 	return g

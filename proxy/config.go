@@ -30,6 +30,11 @@ type Config struct {
 	ModelServerPort int
 	// DataParallelSize is the number of data-parallel ranks (>= 1).
 	DataParallelSize int
+	// PodIP is this pod's IP (POD_IP), the host by which a request's
+	// x-data-parallel-host-port names one of its ranks (PodIP:Port+r). When
+	// empty the ranks are named by Host, or by a loopback address when Host
+	// is empty or unspecified (dataparallel.go).
+	PodIP string
 	// PrefillerSampling picks a random entry of a comma-separated
 	// x-prefiller-host-port instead of the first.
 	PrefillerSampling bool

@@ -48,6 +48,9 @@ var (
 	// ErrKVLoadFailed: the decode engine reported that loading the remote
 	// KV failed before any token reached the client.
 	ErrKVLoadFailed = errors.New("decode engine failed to load remote KV")
+	// ErrUnknownRank: x-data-parallel-host-port names no data-parallel rank
+	// of this pod, or is not host:port.
+	ErrUnknownRank = errors.New("x-data-parallel-host-port names no data-parallel rank of this pod")
 	// ErrBadRequest: the client body is not a JSON object.
 	ErrBadRequest = errors.New("request body is not a JSON object")
 )
@@ -117,7 +120,7 @@ func classify(err error) outcome {
 	case errors.Is(err, ErrBufferBudget):
 		// An answer the budget had no room for; the upstream may be fine.
 		return outcome{status: http.StatusServiceUnavailable, reason: ReasonBufferBudget}
-	case errors.Is(err, ErrBadRequest):
+	case errors.Is(err, ErrBadRequest), errors.Is(err, ErrUnknownRank):
 		return outcome{status: http.StatusBadRequest}
 	case errors.Is(err, ErrBadPrefiller):
 		return outcome{status: http.StatusBadRequest, reason: ReasonBadPrefiller}

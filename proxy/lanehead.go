@@ -64,8 +64,9 @@ type laneRequest struct {
 }
 
 // scanRequest looks at h's headers: Expect and Upgrade are fasthttp's to
-// serve, and so is a field name that is not a token (fasthttp's path
-// refuses it: refuseHead); a named prefiller makes a P/D request.
+// serve, and so are a field name that is not a token (fasthttp's path
+// refuses it: refuseHead) and x-data-parallel-host-port (its rank's engine
+// or its 400: pickRank); a named prefiller makes a P/D request.
 func scanRequest(h *fasthttp.RequestHeader) laneRequest {
 	lr := laneRequest{keepAlive: !h.ConnectionClose()}
 	for k, v := range h.All() {
@@ -85,6 +86,8 @@ func scanRequest(h *fasthttp.RequestHeader) laneRequest {
 			if lr.prefiller == nil && equalFold(k, HeaderPrefiller) {
 				lr.prefiller = v
 			}
+		case len(HeaderDataParallel):
+			lr.refused = lr.refused || equalFold(k, HeaderDataParallel)
 		}
 	}
 	return lr

@@ -115,7 +115,7 @@ var errHandedOver = errors.New("stream handed to an event loop")
 // loopable reports whether b's stream may be handed to a loop later.
 func (b *sseBody) loopable() bool {
 	r := b.r
-	if r.p.loops == nil || r.p.servers[r.local] == nil || !r.rc.Request.Header.IsHTTP11() {
+	if r.p.loops == nil || r.p.servers[r.home] == nil || !r.rc.Request.Header.IsHTTP11() {
 		return false
 	}
 	cc, ok := r.rc.Conn().(*clientConn)
@@ -150,7 +150,7 @@ func (b *sseBody) handOver() bool {
 		r.p.loopRequests.Add(-1)
 		r.p.m.LoopStreams.Dec()
 	}
-	ls.conns = &legConns{ls: ls, leg: leg, done: func(keep bool) { r.p.connDone(cc, r.local, keep) }}
+	ls.conns = &legConns{ls: ls, leg: leg, done: func(keep bool) { r.p.connDone(cc, r.home, keep) }}
 	var out []byte
 	ls.firstp, out = r.p.bufs.getChunk()
 	out, mark := httpbody.BeginChunk(out)

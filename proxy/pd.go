@@ -27,6 +27,10 @@ func (p *Proxy) serveInference(rc *fasthttp.RequestCtx, local string, api connec
 			r.finish()
 		}
 	}()
+	if err := r.pickRank(&rc.Request.Header); err != nil {
+		r.fail(err)
+		return
+	}
 	if err := r.sanitize(); err != nil {
 		r.fail(err)
 		return

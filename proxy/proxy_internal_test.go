@@ -42,6 +42,7 @@ func TestClassify(t *testing.T) {
 		{fmt.Errorf("%w: refused", ErrDecodeUnavailable), 503, "", false},
 		{fmt.Errorf("%w: reset", ErrDecodeFailed), 502, "", false},
 		{fmt.Errorf("%w: %w", ErrBadRequest, connectors.ErrBadBody), 400, "", false},
+		{fmt.Errorf("%w: \"a:1\"", ErrUnknownRank), 400, "", false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.err.Error(), func(t *testing.T) {

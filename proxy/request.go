@@ -33,10 +33,13 @@ type request struct {
 	logReady bool
 	start    time.Time
 	api      connectors.API
-	local    string
-	body     []byte
-	stream   bool
-	usage    bool // stream_options.include_usage
+	// local is the engine of the decode legs: the rank's whose port the
+	// request arrived on (home), or the one x-data-parallel-host-port names.
+	local  string
+	home   string
+	body   []byte
+	stream bool
+	usage  bool // stream_options.include_usage
 
 	prefiller string // host:port chosen from the header ("" = none)
 	label     string // bounded metric label of prefiller
@@ -74,7 +77,7 @@ func (p *Proxy) startRequest(id []byte, h *fasthttp.RequestHeader, body []byte, 
 	ctx, cancel := context.WithCancelCause(context.Background())
 	r := &request{
 		p: p, ctx: ctx, cancel: cancel, start: time.Now(),
-		api: api, local: local, body: body, mode: metrics.ModeLocal,
+		api: api, local: local, home: local, body: body, mode: metrics.ModeLocal,
 	}
 	r.id = requestID(id)
 	r.stream, r.usage = streamFlags(body)

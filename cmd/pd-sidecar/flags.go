@@ -75,6 +75,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	}
 	addKVFlags(fs, &o.kv)
 	fs.IntVar(&c.DataParallelSize, "data-parallel-size", c.DataParallelSize, "number of data-parallel ranks")
+	c.PodIP = os.Getenv("POD_IP") // the host x-data-parallel-host-port names this pod's ranks by (llm-d's)
 	fs.BoolVar(&c.PrefillerSampling, "enable-prefiller-sampling", envBool(os.Getenv, "ENABLE_PREFILLER_SAMPLING", c.PrefillerSampling), "pick a random prefiller among comma-separated header values, else the first (env ENABLE_PREFILLER_SAMPLING)")
 	fs.IntVar(&c.PrefillMaxRetries, "prefill-max-retries", c.PrefillMaxRetries, "retries of a prefill that failed retryably (unreachable, 5xx, 429)")
 	fs.DurationVar(&c.PrefillRetryBackoff, "prefill-retry-backoff", c.PrefillRetryBackoff, "wait before each prefill retry")

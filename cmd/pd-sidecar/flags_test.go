@@ -147,3 +147,12 @@ func parseFlagsWith(args []string, read func(string) ([]byte, error)) (options, 
 	}
 	return o, o.cfg.Validate()
 }
+
+// POD_IP names this pod's data-parallel ranks in x-data-parallel-host-port,
+// as in llm-d (no flag: the downward API sets it).
+func TestPodIPFromEnvironment(t *testing.T) {
+	t.Setenv("POD_IP", "10.1.2.3")
+	o, err := parseFlags(nil, io.Discard)
+	require.NoError(t, err)
+	assert.Equal(t, "10.1.2.3", o.cfg.PodIP)
+}
