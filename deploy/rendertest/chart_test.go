@@ -330,8 +330,9 @@ func TestChartRenders(t *testing.T) {
 					"prefill-retry-backoff": "300ms", "secure-proxy": true, "metrics-port": 9090,
 				},
 				"volumeMounts": []any{map[string]any{"name": "tls", "mountPath": "/etc/pd-sidecar/tls", "readOnly": true}},
-			}},
+			}, "podAnnotations": map[string]any{"team": "inference"}},
 			check: func(t *testing.T, o rendertest.Objects) {
+				assert.Equal(t, "inference", o.Deployments[0].Spec.Template.Annotations["team"], "podAnnotations kept")
 				ps := podOf(t, o)
 				c := sidecarOf(t, ps)
 				rest := map[string]any{}
@@ -374,6 +375,8 @@ func TestChartRenders(t *testing.T) {
 				assert.True(t, ok, "metrics-port from the file")
 				assert.Equal(t, corev1.URISchemeHTTPS, c.ReadinessProbe.HTTPGet.Scheme, "secure-proxy from the file")
 				assert.EqualValues(t, 9000, o.Services[0].Spec.Ports[0].Port)
+				assert.Len(t, o.Deployments[0].Spec.Template.Annotations["pd-sidecar/configuration-checksum"], 64,
+					"a changed configuration rolls the pods")
 			},
 		},
 		{
@@ -381,6 +384,7 @@ func TestChartRenders(t *testing.T) {
 			values: nil,
 			check: func(t *testing.T, o rendertest.Objects) {
 				assert.Empty(t, o.ConfigMaps)
+				assert.Empty(t, o.Deployments[0].Spec.Template.Annotations)
 				for _, a := range sidecarOf(t, podOf(t, o)).Args {
 					assert.NotContains(t, a, "--configuration")
 				}

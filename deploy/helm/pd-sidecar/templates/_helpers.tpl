@@ -285,3 +285,14 @@ affinity:
 {{ toYaml . }}
 {{- end }}
 {{- end -}}
+
+{{/* The pod's annotations: podAnnotations and, with sidecar.configuration,
+     its checksum, so that a changed configuration rolls the pods (the
+     sidecar reads its file once, at start). */}}
+{{- define "pd-sidecar.podAnnotations" -}}
+{{- $a := deepCopy (default (dict) .Values.podAnnotations) -}}
+{{- with .Values.sidecar.configuration }}
+{{- $_ := set $a "pd-sidecar/configuration-checksum" (toYaml . | sha256sum) -}}
+{{- end }}
+{{- if $a }}{{ toYaml $a }}{{ end -}}
+{{- end -}}
