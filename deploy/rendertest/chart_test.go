@@ -10,6 +10,7 @@ import (
 	"sort"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -492,4 +493,35 @@ func envNamed(t *testing.T, c corev1.Container, name string) corev1.EnvVar {
 	}
 	t.Fatalf("no %s in the environment of %s", name, c.Name)
 	return corev1.EnvVar{}
+}
+
+// TestChartConfigurationStartsTheSidecar starts the real sidecar with the
+// arguments the chart renders for sidecar.configuration and the ConfigMap's
+// file, so the file the chart writes is one the sidecar takes, and what it
+// carries (ports, connector) is applied.
+func TestChartConfigurationStartsTheSidecar(t *testing.T) {
+	port, metricsPort := harness.FreePorts(t, 4), harness.FreePort(t)
+	o, err := rendertest.Render(chartDir, map[string]any{"sidecar": map[string]any{"configuration": map[string]any{
+		"port": port, "model-server-port": harness.FreePort(t), "metrics-port": metricsPort,
+		"kv-connector": "sglang", "enable-tls": []any{"prefiller", "decoder"}, "prefill-retry-backoff": "300ms",
+		"max-request-body-bytes": 16777216, "enable-prefiller-sampling": true,
+	}}})
+	require.NoError(t, err)
+	require.Len(t, o.ConfigMaps, 1)
+	file := t.TempDir() + "/sidecar.yaml"
+	require.NoError(t, os.WriteFile(file, []byte(o.ConfigMaps[0].Data["sidecar.yaml"]), 0o600))
+	args := sidecarOf(t, podOf(t, o)).Args
+	const mounted = "--configuration-file=/etc/pd-sidecar/configuration/sidecar.yaml"
+	require.Contains(t, args, mounted)
+	for i, a := range args {
+		if a == mounted {
+			args[i] = "--configuration-file=" + file
+		}
+	}
+	p := harness.Start(t, harness.Binary(t, "pd-sidecar"), args...)
+	p.WaitHTTP(t, harness.URL(port)+"/health", 30*time.Second)
+	p.WaitHTTP(t, harness.URL(metricsPort)+"/metrics", 10*time.Second)
+	harness.Eventually(t, 5*time.Second, "the start-up log line", func() bool {
+		return strings.Contains(p.Output(), `"kv_connector":"sglang"`)
+	})
 }
