@@ -92,15 +92,17 @@ func applyConfiguration(fs *pflag.FlagSet, doc []byte) error {
 		}
 		return names[i] < names[j]
 	})
+	var cli []*pflag.Flag // the flags set on the command line
+	fs.Visit(func(f *pflag.Flag) { cli = append(cli, f) })
 	for _, name := range names {
 		f := fs.Lookup(name)
 		if f == nil || notConfigKeys[name] {
 			return fmt.Errorf("unknown key %q (keys are flag names, without --; see --help)", name)
 		}
-		if givenOnCommandLine(fs, f) {
+		if givenOnCommandLine(cli, f) {
 			continue
 		}
-		if err := setFromConfig(f, keys[name]); err != nil {
+		if err := setFromConfig(fs, f, keys[name]); err != nil {
 			return fmt.Errorf("key %q: %w", name, err)
 		}
 	}
@@ -108,19 +110,15 @@ func applyConfiguration(fs *pflag.FlagSet, doc []byte) error {
 }
 
 // givenOnCommandLine reports whether f, or a flag writing to the same
-// variable (an alias such as --vllm-port of --model-server-port), was set
-// on the command line.
-func givenOnCommandLine(fs *pflag.FlagSet, f *pflag.Flag) bool {
-	if f.Changed {
-		return true
-	}
-	given := false
-	fs.Visit(func(o *pflag.Flag) { // the flags set on the command line
-		if sameVariable(o.Value, f.Value) {
-			given = true
+// variable (an alias such as --vllm-port of --model-server-port), is
+// among the flags set on the command line.
+func givenOnCommandLine(cli []*pflag.Flag, f *pflag.Flag) bool {
+	for _, o := range cli {
+		if o == f || sameVariable(o.Value, f.Value) {
+			return true
 		}
-	})
-	return given
+	}
+	return false
 }
 
 // sameVariable: a and b are pflag's values over one variable (both
@@ -132,8 +130,11 @@ func sameVariable(a, b pflag.Value) bool {
 
 // setFromConfig sets f from a configuration value, checking its JSON type
 // against the flag's: booleans for bool flags, integers for integer flags,
-// strings for strings and durations ("300ms"), sequences for lists.
-func setFromConfig(f *pflag.Flag, raw json.RawMessage) error {
+// strings for strings and durations ("300ms"), sequences for lists. The
+// flag is then Changed, as if given: code that asks whether a flag was set
+// (to fall back on an environment variable, say) sees the file's value as
+// set.
+func setFromConfig(fs *pflag.FlagSet, f *pflag.Flag, raw json.RawMessage) error {
 	d := json.NewDecoder(bytes.NewReader(raw))
 	d.UseNumber()
 	var v any
@@ -186,10 +187,11 @@ func setFromConfig(f *pflag.Flag, raw json.RawMessage) error {
 			}
 			items[i] = s
 		}
-		if sv, ok := f.Value.(pflag.SliceValue); ok {
+		if sv, ok := f.Value.(pflag.SliceValue); ok { // items as they are, commas included
 			if err := sv.Replace(items); err != nil {
 				return fmt.Errorf("%v: %w", items, err)
 			}
+			f.Changed = true
 			return nil
 		}
 		text = strings.Join(items, ",")
@@ -200,8 +202,8 @@ func setFromConfig(f *pflag.Flag, raw json.RawMessage) error {
 		}
 		text = s
 	}
-	if err := f.Value.Set(text); err != nil {
-		return fmt.Errorf("%q: %w", text, err)
+	if err := fs.Set(f.Name, text); err != nil {
+		return err // names the value and the flag
 	}
 	return nil
 }

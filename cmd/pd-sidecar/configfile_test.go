@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/spf13/pflag"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -360,4 +361,21 @@ func sameValue(a, b reflect.Value) bool {
 		return a.String() == b.String()
 	}
 	return a.IsZero() && b.IsZero() // channels, unsafe pointers: only both unset
+}
+
+// TestConfigurationMarksFlagsSet: a flag the configuration sets counts as
+// set (so code that falls back on an environment variable when a flag is
+// not set sees the file's value), and list items keep their commas.
+func TestConfigurationMarksFlagsSet(t *testing.T) {
+	fs := pflag.NewFlagSet("t", pflag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	a := fs.String("a", "", "")
+	l := fs.StringSlice("l", nil, "")
+	fs.Int("n", 0, "")
+	require.NoError(t, parseWithConfiguration(fs, []string{"--configuration", `{a: x, l: ["p,q", r]}`}, nil))
+	assert.Equal(t, "x", *a)
+	assert.Equal(t, []string{"p,q", "r"}, *l)
+	assert.True(t, fs.Changed("a"))
+	assert.True(t, fs.Changed("l"))
+	assert.False(t, fs.Changed("n"))
 }
