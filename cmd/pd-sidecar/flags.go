@@ -95,7 +95,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	addLLMDFlags(fs, &o.llmd, os.Getenv)
 	addGuardFlags(fs, &o)
 	fs.BoolVar(&o.tracing, "tracing", false, "export OpenTelemetry spans over OTLP/HTTP (endpoint, headers, sampler from the standard OTEL_* environment)")
-	if err := fs.Parse(args); err != nil {
+	if err := parseWithConfiguration(fs, args, os.ReadFile); err != nil {
 		if errors.Is(err, pflag.ErrHelp) {
 			fmt.Fprintf(stderr, "Usage of pd-sidecar:\n%s", fs.FlagUsages())
 			return o, errHelp

@@ -10,6 +10,7 @@ import (
 	"sort"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -335,6 +336,74 @@ func TestChartRenders(t *testing.T) {
 			},
 		},
 		{
+			name: "configuration file from a ConfigMap",
+			values: map[string]any{"sidecar": map[string]any{
+				"configuration": map[string]any{
+					"port": 9000, "kv-connector": "sglang", "enable-tls": []any{"prefiller", "decoder"},
+					"prefill-retry-backoff": "300ms", "secure-proxy": true, "metrics-port": 9090,
+				},
+				"volumeMounts": []any{map[string]any{"name": "tls", "mountPath": "/etc/pd-sidecar/tls", "readOnly": true}},
+			}, "podAnnotations": map[string]any{"team": "inference"}},
+			check: func(t *testing.T, o rendertest.Objects) {
+				assert.Equal(t, "inference", o.Deployments[0].Spec.Template.Annotations["team"], "podAnnotations kept")
+				ps := podOf(t, o)
+				c := sidecarOf(t, ps)
+				rest := map[string]any{}
+				for k, v := range defaults {
+					switch k {
+					case "port", "kv-connector", "enable-tls", "prefill-retry-backoff", "secure-proxy", "metrics-port":
+					default:
+						rest[k] = v
+					}
+				}
+				assert.Equal(t, append(wantArgs(rest), "--configuration-file=/etc/pd-sidecar/configuration/sidecar.yaml"), c.Args,
+					"the flags the file names are left off the command line, which would win over it")
+				require.Len(t, o.ConfigMaps, 1)
+				cm := o.ConfigMaps[0]
+				var file map[string]any
+				require.NoError(t, yaml.UnmarshalStrict([]byte(cm.Data["sidecar.yaml"]), &file))
+				assert.Equal(t, map[string]any{
+					"port": 9000.0, "kv-connector": "sglang", "enable-tls": []any{"prefiller", "decoder"},
+					"prefill-retry-backoff": "300ms", "secure-proxy": true, "metrics-port": 9090.0,
+				}, file)
+				require.Len(t, c.VolumeMounts, 2, "the user's mount and the configuration's")
+				assert.Equal(t, "tls", c.VolumeMounts[0].Name)
+				m := c.VolumeMounts[1]
+				assert.Equal(t, "/etc/pd-sidecar/configuration", m.MountPath)
+				assert.True(t, m.ReadOnly)
+				var vol *corev1.Volume
+				for i := range ps.Volumes {
+					if ps.Volumes[i].Name == m.Name {
+						vol = &ps.Volumes[i]
+					}
+				}
+				require.NotNil(t, vol, "a volume for the mount")
+				require.NotNil(t, vol.ConfigMap)
+				assert.Equal(t, cm.Name, vol.ConfigMap.Name)
+				// The chart reads the file's values where it needs them.
+				port, ok := portNamed(c, "http")
+				require.True(t, ok)
+				assert.EqualValues(t, 9000, port)
+				_, ok = portNamed(c, "metrics")
+				assert.True(t, ok, "metrics-port from the file")
+				assert.Equal(t, corev1.URISchemeHTTPS, c.ReadinessProbe.HTTPGet.Scheme, "secure-proxy from the file")
+				assert.EqualValues(t, 9000, o.Services[0].Spec.Ports[0].Port)
+				assert.Len(t, o.Deployments[0].Spec.Template.Annotations["pd-sidecar/configuration-checksum"], 64,
+					"a changed configuration rolls the pods")
+			},
+		},
+		{
+			name:   "no configuration, no ConfigMap",
+			values: nil,
+			check: func(t *testing.T, o rendertest.Objects) {
+				assert.Empty(t, o.ConfigMaps)
+				assert.Empty(t, o.Deployments[0].Spec.Template.Annotations)
+				for _, a := range sidecarOf(t, podOf(t, o)).Args {
+					assert.NotContains(t, a, "--configuration")
+				}
+			},
+		},
+		{
 			name: "leader worker set: the sidecar in the leader only",
 			values: map[string]any{
 				"workload": map[string]any{"kind": "LeaderWorkerSet", "groupSize": 4, "replicas": 2},
@@ -380,6 +449,12 @@ func TestChartRefusesBadValues(t *testing.T) {
 			`kv_load_failure_policy must be "fail"`},
 		{"unknown workload kind", map[string]any{"workload": map[string]any{"kind": "StatefulSet"}},
 			"workload.kind must be Deployment or LeaderWorkerSet"},
+		{"a configuration file and a configuration flag",
+			map[string]any{"sidecar": map[string]any{"configuration": map[string]any{"port": 9000}, "flags": map[string]any{"configuration-file": "/x.yaml"}}},
+			"sidecar.configuration cannot be combined"},
+		{"a configuration naming another",
+			map[string]any{"sidecar": map[string]any{"configuration": map[string]any{"configuration": "{}"}}},
+			"a configuration cannot name another"},
 		{"service monitor without a service",
 			map[string]any{"service": map[string]any{"enabled": false}, "metrics": map[string]any{"serviceMonitor": map[string]any{"enabled": true}}},
 			"needs service.enabled"},
@@ -430,4 +505,35 @@ func envNamed(t *testing.T, c corev1.Container, name string) corev1.EnvVar {
 	}
 	t.Fatalf("no %s in the environment of %s", name, c.Name)
 	return corev1.EnvVar{}
+}
+
+// TestChartConfigurationStartsTheSidecar starts the real sidecar with the
+// arguments the chart renders for sidecar.configuration and the ConfigMap's
+// file, so the file the chart writes is one the sidecar takes, and what it
+// carries (ports, connector) is applied.
+func TestChartConfigurationStartsTheSidecar(t *testing.T) {
+	port, metricsPort := harness.FreePorts(t, 4), harness.FreePort(t)
+	o, err := rendertest.Render(chartDir, map[string]any{"sidecar": map[string]any{"configuration": map[string]any{
+		"port": port, "model-server-port": harness.FreePort(t), "metrics-port": metricsPort,
+		"kv-connector": "sglang", "enable-tls": []any{"prefiller", "decoder"}, "prefill-retry-backoff": "300ms",
+		"max-request-body-bytes": 16777216, "enable-prefiller-sampling": true,
+	}}})
+	require.NoError(t, err)
+	require.Len(t, o.ConfigMaps, 1)
+	file := t.TempDir() + "/sidecar.yaml"
+	require.NoError(t, os.WriteFile(file, []byte(o.ConfigMaps[0].Data["sidecar.yaml"]), 0o600))
+	args := sidecarOf(t, podOf(t, o)).Args
+	const mounted = "--configuration-file=/etc/pd-sidecar/configuration/sidecar.yaml"
+	require.Contains(t, args, mounted)
+	for i, a := range args {
+		if a == mounted {
+			args[i] = "--configuration-file=" + file
+		}
+	}
+	p := harness.Start(t, harness.Binary(t, "pd-sidecar"), args...)
+	p.WaitHTTP(t, harness.URL(port)+"/health", 30*time.Second)
+	p.WaitHTTP(t, harness.URL(metricsPort)+"/metrics", 10*time.Second)
+	harness.Eventually(t, 5*time.Second, "the start-up log line", func() bool {
+		return strings.Contains(p.Output(), `"kv_connector":"sglang"`)
+	})
 }

@@ -37,6 +37,16 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end -}}
 {{- end -}}
 
+{{/* The flags in effect, as JSON: sidecar.flags with the keys of
+     sidecar.configuration (the mounted configuration file) over them.
+     Read it with: include "pd-sidecar.effectiveFlags" . | fromJson */}}
+{{- define "pd-sidecar.effectiveFlags" -}}
+{{- mergeOverwrite (deepCopy .Values.sidecar.flags) (deepCopy (default (dict) .Values.sidecar.configuration)) | toJson -}}
+{{- end -}}
+
+{{/* Where the configuration file from sidecar.configuration is mounted. */}}
+{{- define "pd-sidecar.configurationDir" -}}/etc/pd-sidecar/configuration{{- end -}}
+
 {{/* A flag's value ("" when unset). */}}
 {{- define "pd-sidecar.flag" -}}
 {{- $v := index .root.Values.sidecar.flags .name -}}
@@ -44,10 +54,24 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end -}}
 
 {{/* The sidecar's command-line arguments, one per flag, in name order:
-     booleans always, lists joined with commas, null and "" left out. */}}
+     booleans always, lists joined with commas, null and "" left out; the
+     flags sidecar.configuration names are left to the configuration file
+     (a flag on the command line would win over it). */}}
 {{- define "pd-sidecar.args" -}}
+{{- $cfg := default (dict) .Values.sidecar.configuration -}}
+{{- if $cfg }}
+{{- if or (index .Values.sidecar.flags "configuration") (index .Values.sidecar.flags "configuration-file") }}
+{{- fail "sidecar.configuration cannot be combined with sidecar.flags.configuration or sidecar.flags.configuration-file" }}
+{{- end }}
+{{- range $name, $_ := $cfg }}
+{{- if or (eq $name "configuration") (eq $name "configuration-file") }}
+{{- fail (printf "sidecar.configuration.%s: a configuration cannot name another" $name) }}
+{{- end }}
+{{- end }}
+{{- end }}
 {{- range $name, $v := .Values.sidecar.flags }}
-{{- if kindIs "bool" $v }}
+{{- if hasKey $cfg $name }}
+{{- else if kindIs "bool" $v }}
 - {{ printf "--%s=%t" $name $v | quote }}
 {{- else if kindIs "slice" $v }}
 {{- if $v }}
@@ -62,6 +86,9 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end }}
 {{- end }}
 {{- end }}
+{{- if $cfg }}
+- {{ printf "--configuration-file=%s/sidecar.yaml" (include "pd-sidecar.configurationDir" .) | quote }}
+{{- end }}
 {{- range .Values.sidecar.extraArgs }}
 - {{ . | quote }}
 {{- end }}
@@ -70,7 +97,7 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{/* The native sidecar: an init container that keeps running
      (restartPolicy: Always), started before and stopped after the engine. */}}
 {{- define "pd-sidecar.sidecarContainer" -}}
-{{- $f := .Values.sidecar.flags -}}
+{{- $f := include "pd-sidecar.effectiveFlags" . | fromJson -}}
 {{- $port := int (index $f "port") -}}
 {{- $dp := int (default 1 (index $f "data-parallel-size")) -}}
 {{- $metricsPort := int (default 0 (index $f "metrics-port")) -}}
@@ -152,9 +179,16 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
     {{- toYaml .Values.sidecar.resources | nindent 4 }}
   securityContext:
     {{- toYaml .Values.sidecar.securityContext | nindent 4 }}
-  {{- with .Values.sidecar.volumeMounts }}
+  {{- if or .Values.sidecar.volumeMounts .Values.sidecar.configuration }}
   volumeMounts:
+  {{- with .Values.sidecar.volumeMounts }}
     {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- if .Values.sidecar.configuration }}
+    - name: pd-sidecar-configuration
+      mountPath: {{ include "pd-sidecar.configurationDir" . }}
+      readOnly: true
+  {{- end }}
   {{- end }}
 {{- end -}}
 
@@ -167,7 +201,7 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- fail (printf "engine.kvTransferConfig.kv_load_failure_policy must be \"fail\" (got %q): with \"recompute\" the engine silently prefills locally and the sidecar cannot count or recover it" $policy) -}}
 {{- end -}}
 {{- $kv := merge (dict "kv_load_failure_policy" "fail") $e.kvTransferConfig -}}
-{{- $port := int (index .Values.sidecar.flags "model-server-port") -}}
+{{- $port := int (index (include "pd-sidecar.effectiveFlags" . | fromJson) "model-server-port") -}}
 - name: vllm
   image: {{ printf "%s:%s" $e.image.repository $e.image.tag | quote }}
   imagePullPolicy: {{ $e.image.pullPolicy }}
@@ -219,9 +253,16 @@ containers:
 {{- with .Values.extraContainers }}
   {{- toYaml . | nindent 2 }}
 {{- end }}
-{{- with .Values.volumes }}
+{{- if or .Values.volumes .Values.sidecar.configuration }}
 volumes:
+{{- with .Values.volumes }}
   {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- if .Values.sidecar.configuration }}
+  - name: pd-sidecar-configuration
+    configMap:
+      name: {{ include "pd-sidecar.fullname" . }}-configuration
+{{- end }}
 {{- end }}
 {{- with .Values.nodeSelector }}
 nodeSelector:
@@ -243,4 +284,15 @@ affinity:
 {{- with .Values.podLabels }}
 {{ toYaml . }}
 {{- end }}
+{{- end -}}
+
+{{/* The pod's annotations: podAnnotations and, with sidecar.configuration,
+     its checksum, so that a changed configuration rolls the pods (the
+     sidecar reads its file once, at start). */}}
+{{- define "pd-sidecar.podAnnotations" -}}
+{{- $a := deepCopy (default (dict) .Values.podAnnotations) -}}
+{{- with .Values.sidecar.configuration }}
+{{- $_ := set $a "pd-sidecar/configuration-checksum" (toYaml . | sha256sum) -}}
+{{- end }}
+{{- if $a }}{{ toYaml $a }}{{ end -}}
 {{- end -}}
