@@ -16,8 +16,8 @@ import (
 
 // llmdFlagNames are the flags of llm-d's sidecar flag table: LLMD-SIDECAR.md
 // (the facts about llm-d-router's pd-sidecar at commit ebab687), section 2
-// "Complete flag inventory". --configuration and --configuration-file are
-// that table's too; their rows live with the configuration-file tests.
+// "Complete flag inventory" (the configuration-file tests try every key of
+// --configuration and --configuration-file).
 var llmdFlagNames = []string{
 	"port", "model-server-port", "vllm-port", "data-parallel-size", "kv-connector", "ec-connector",
 	"mooncake-bootstrap-port", "p2p-connector-port", "enable-p2p-pull", "secure-proxy", "cert-path",
@@ -29,6 +29,7 @@ var llmdFlagNames = []string{
 	"moriio-prefill-handshake-port", "moriio-prefill-notify-port", "moriio-tp-size", "moriio-dp-size",
 	"moriio-remote-hosts", "moriio-dp-size-local", "moriio-decode-hosts",
 	"zap-devel", "zap-encoder", "zap-log-level", "zap-stacktrace-level", "zap-time-encoding",
+	"configuration", "configuration-file",
 }
 
 // llmdFlagTable gives every flag of llmdFlagNames a typical value, as in
@@ -39,6 +40,11 @@ var llmdFlagTable = []struct {
 	check func(t *testing.T, o options)
 }{
 	{"port", []string{"--port=8001"}, func(t *testing.T, o options) { assert.Equal(t, 8001, o.cfg.Port) }},
+	{"configuration", []string{"--configuration=port: 8003"}, func(t *testing.T, o options) { assert.Equal(t, 8003, o.cfg.Port) }},
+	{"configuration-file", []string{"--configuration-file=testdata/llmd-configuration.yaml"}, func(t *testing.T, o options) {
+		assert.Equal(t, 8004, o.cfg.Port)
+		assert.Equal(t, 8204, o.cfg.ModelServerPort)
+	}},
 	{"model-server-port", []string{"--model-server-port=8201"}, func(t *testing.T, o options) { assert.Equal(t, 8201, o.cfg.ModelServerPort) }},
 	{"vllm-port", []string{"--vllm-port=8202"}, func(t *testing.T, o options) { assert.Equal(t, 8202, o.cfg.ModelServerPort) }},
 	// As in llm-d, --model-server-port wins over the deprecated --vllm-port, in either order.

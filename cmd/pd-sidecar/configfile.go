@@ -114,12 +114,18 @@ func applyConfiguration(fs *pflag.FlagSet, doc []byte) error {
 // among the flags set on the command line.
 func givenOnCommandLine(cli []*pflag.Flag, f *pflag.Flag) bool {
 	for _, o := range cli {
-		if o == f || sameVariable(o.Value, f.Value) {
+		if o == f || sameVariable(o.Value, f.Value) || configAliases[f.Name] == o.Name {
 			return true
 		}
 	}
 	return false
 }
+
+// configAliases pairs a deprecated flag kept in a variable of its own with
+// the flag it stands for (--vllm-port, resolved against --model-server-port
+// after parsing): a key of either is not applied when the other was given
+// on the command line.
+var configAliases = map[string]string{"vllm-port": "model-server-port", "model-server-port": "vllm-port"}
 
 // sameVariable: a and b are pflag's values over one variable (both
 // pointers of one type to one address).
