@@ -88,7 +88,7 @@ func jsonString(v any) string {
 func TestModelserviceFixtureRefresh(t *testing.T) {
 	repo := os.Getenv("MODELSERVICE_REPO")
 	if repo == "" {
-		t.Skip("MODELSERVICE_REPO not set: the fixture is read, not refreshed")
+		t.Skip("MODELSERVICE_REPO not set: refreshing the fixture needs a clone of llm-d-modelservice, which make test does not fetch; the committed fixture is what the other tests read")
 	}
 	ref := os.Getenv("MODELSERVICE_REF")
 	if ref == "" {
