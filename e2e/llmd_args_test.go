@@ -24,8 +24,8 @@ var llmdDeploymentArgs = []struct {
 	{"p-d shared-storage", "shared-storage", "--port=8000 --kv-connector=shared-storage --mooncake-bootstrap-port=8000 --secure-proxy=false --data-parallel-size=1"},
 	{"p-d mooncake", "mooncake", "--port=8000 --kv-connector=mooncake --mooncake-bootstrap-port=8000 --secure-proxy=false --data-parallel-size=1"},
 	{"test pod-qwen", "nixlv2", "--port=8000 --model-server-port=8001"},
-	// What llm-d-modelservice v0.4.12 renders by default (the arg list that made the sidecar crash-loop there).
-	{"llm-d-modelservice defaults", "nixlv2", "--port=8000 --vllm-port=8200 --connector=nixlv2 --zap-encoder=json --zap-log-level=debug --secure-proxy=false"},
+	// What llm-d-modelservice renders, its default list included, is run by
+	// TestModelserviceArgListsServeASplit from the chart's fixture.
 }
 
 // TestLLMDDeploymentArgsServeASplit starts pd-sidecar with each of llm-d's

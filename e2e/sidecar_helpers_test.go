@@ -235,7 +235,9 @@ func writeRequest(t *testing.T, conn net.Conn, path, body string, headers map[st
 	}
 	_, err := io.WriteString(conn, head.String())
 	require.NoError(t, err)
-	time.Sleep(20 * time.Millisecond)
+	// Long enough that a loaded machine's event loop reads the head alone
+	// (a read that found the body too would give the request to the lane).
+	time.Sleep(50 * time.Millisecond)
 	_, err = io.WriteString(conn, body)
 	require.NoError(t, err)
 }

@@ -101,6 +101,9 @@ type bodyHolds struct {
 
 	mu   sync.Mutex
 	held map[*fasthttp.RequestHeader]bodyHold
+	// holds is len(held), read without mu: a request with a small body
+	// and no hold (nearly every one) takes no lock.
+	holds atomic.Int64
 }
 
 type bodyHold struct {
@@ -116,29 +119,47 @@ func newBodyHolds(b *budget, maxBody int, readTimeout time.Duration) *bodyHolds 
 
 // headerReceived implements fasthttp.Server.HeaderReceived.
 func (h *bodyHolds) headerReceived(hdr *fasthttp.RequestHeader) fasthttp.RequestConfig {
+	n := int64(hdr.ContentLength())
+	if n == -1 { // chunked
+		n = h.maxBody
+	}
+	// A small body, none, or one fasthttp refuses itself (413) is not
+	// reserved.
+	reserve := n > unreservedBody && n <= h.maxBody
+	if !reserve && h.holds.Load() == 0 {
+		return fasthttp.RequestConfig{}
+	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if old, ok := h.held[hdr]; ok {
 		// The same context reads its next request: the last one's body
 		// was never claimed.
-		delete(h.held, hdr)
+		h.drop(hdr)
 		h.b.Release(old.n)
 	}
-	n := int64(hdr.ContentLength())
-	switch {
-	case n == -1: // chunked
-		n = h.maxBody
-	case n <= unreservedBody || n > h.maxBody:
-		// A small body, none, or one fasthttp refuses itself (413).
+	if !reserve {
 		return fasthttp.RequestConfig{}
 	}
 	if !h.b.TryReserve(n) && (h.reclaim() == 0 || !h.b.TryReserve(n)) {
-		h.held[hdr] = bodyHold{refused: true}
+		h.put(hdr, bodyHold{refused: true})
 		// The smallest bound fasthttp takes: it fails the body at once.
 		return fasthttp.RequestConfig{MaxRequestBodySize: 1}
 	}
-	h.held[hdr] = bodyHold{n: n, at: time.Now()}
+	h.put(hdr, bodyHold{n: n, at: time.Now()})
 	return fasthttp.RequestConfig{}
+}
+
+// put and drop add and remove a hold; h.mu is held.
+func (h *bodyHolds) put(hdr *fasthttp.RequestHeader, v bodyHold) {
+	if _, ok := h.held[hdr]; !ok {
+		h.holds.Add(1)
+	}
+	h.held[hdr] = v
+}
+
+func (h *bodyHolds) drop(hdr *fasthttp.RequestHeader) {
+	delete(h.held, hdr)
+	h.holds.Add(-1)
 }
 
 // reclaim releases the holds older than the read timeout; h.mu is held.
@@ -146,7 +167,7 @@ func (h *bodyHolds) reclaim() (n int64) {
 	now := time.Now()
 	for k, v := range h.held {
 		if !v.refused && now.Sub(v.at) > h.stale {
-			delete(h.held, k)
+			h.drop(k)
 			h.b.Release(v.n)
 			n += v.n
 		}
@@ -158,10 +179,13 @@ func (h *bodyHolds) reclaim() (n int64) {
 // reserved for its body (to release when the body is let go), and whether
 // the body was refused.
 func (h *bodyHolds) claim(hdr *fasthttp.RequestHeader) (n int64, refused bool) {
+	if h.holds.Load() == 0 {
+		return 0, false // headerReceived, on this goroutine, put none
+	}
 	h.mu.Lock()
 	v, ok := h.held[hdr]
 	if ok {
-		delete(h.held, hdr)
+		h.drop(hdr)
 	}
 	h.mu.Unlock()
 	return v.n, v.refused

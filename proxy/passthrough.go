@@ -11,7 +11,6 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/pd-sidecar/pd-sidecar/connectors"
-
 	"github.com/pd-sidecar/pd-sidecar/metrics"
 )
 
