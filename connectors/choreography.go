@@ -69,6 +69,17 @@ type Pairing struct {
 	// Bootstrap is the prefiller's bootstrap answer, for connectors that
 	// implement Bootstrapper (zero otherwise).
 	Bootstrap Bootstrap
+	// KVRequestID is a fresh uuid: the kv_request_id under which the
+	// prefill engine holds the prompt's blocks for the decode engine's P2P
+	// pull (offloading).
+	KVRequestID string
+	// PrefillP2PPort is the port of the prefill engine's P2P KV tier
+	// (offloading).
+	PrefillP2PPort int
+	// Source, when set, is the engine whose P2P tier the prefill engine
+	// pulls the prompt's cached prefix from first
+	// (x-kv-cache-source-host-port; offloading).
+	Source *P2PPeer
 }
 
 // Concurrent is a connector whose two legs are sent at once: the decode

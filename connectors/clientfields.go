@@ -427,7 +427,8 @@ const maxAddrValues = 8
 
 // ClientAddrs calls allowed with each address (host:port) that the client
 // connector fields of body name where an engine of api reads them:
-// kv_transfer_params' and ec_transfer_params' remote_host × remote_port,
+// kv_transfer_params' and ec_transfer_params' remote_host × remote_port
+// (also within their remote_prefiller and remote_kv_source objects),
 // remote_bootstrap_addr and kv_source.agent, SGLang's bootstrap_host ×
 // bootstrap_port, and the inner names found at the top level. Every copy
 // of a repeated name counts (an engine may read any of them). It returns
@@ -480,6 +481,9 @@ func paramsAddrs(field string, obj []byte, check func(field, hp string)) error {
 			ports = append(ports, m.value)
 		case nameIs(m.name, "remote_bootstrap_addr"), nameIs(m.name, "kv_source"):
 			return innerAddr(field, m.value, check)
+		case isObjectAt(m.value) && (nameIs(m.name, "remote_prefiller") || nameIs(m.name, "remote_kv_source")):
+			// The P2P tier's peers (offloading): each its own host and port.
+			return paramsAddrs(field, m.value, check)
 		}
 		return nil
 	})

@@ -30,6 +30,23 @@ const (
 	PhasePassthrough = "passthrough"
 )
 
+// KV cache source outcomes (the outcome label of kv_sources_total): what
+// became of an x-kv-cache-source-host-port header the P2P tier honours.
+const (
+	// KVSourceUsed: the source was named to an engine (remote_kv_source).
+	KVSourceUsed = "used"
+	// KVSourcePrefiller: the source is the request's prefiller, which
+	// holds the prompt itself; not named.
+	KVSourcePrefiller = "prefiller"
+	// KVSourceOwnRank: the source is the rank serving the request; not
+	// named.
+	KVSourceOwnRank = "own_rank"
+	// KVSourceNotAllowed: the source is not on the SSRF allowlist; ignored.
+	KVSourceNotAllowed = "not_allowed"
+	// KVSourceMalformed: the header names no usable host[:port]; ignored.
+	KVSourceMalformed = "malformed"
+)
+
 // Metrics holds the sidecar's collectors.
 type Metrics struct {
 	// Requests counts finished inference requests by mode and status code.
@@ -57,12 +74,15 @@ type Metrics struct {
 	// was complete, by the phase it was in.
 	ClientDisconnects *prometheus.CounterVec
 	// PrefillLegFailures counts prefill legs of a concurrent choreography
-	// (sglang, mooncake) that failed, by reason (a fallback reason, or
+	// (sglang, mooncake, offloading) that failed, by reason (a fallback reason, or
 	// "rejected" for a 4xx).
 	PrefillLegFailures *prometheus.CounterVec
 	// DecodeFirst counts decode-first attempts (shared-storage with
 	// cache_hit_threshold) by outcome: served, declined.
 	DecodeFirst *prometheus.CounterVec
+	// KVSources counts x-kv-cache-source-host-port headers the P2P tier
+	// honours, by outcome (KVSourceUsed, ...).
+	KVSources *prometheus.CounterVec
 	// LoopStreams is the number of open streams carried by the event loops
 	// (holding no goroutine or buffer).
 	LoopStreams prometheus.Gauge
@@ -128,8 +148,12 @@ func New(reg prometheus.Registerer, maxPrefillers int) *Metrics {
 		}, []string{"phase"}),
 		PrefillLegFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "pd_sidecar_prefill_leg_failures_total",
-			Help: "Prefill legs sent concurrently with the decode leg (sglang, mooncake) that failed, by reason.",
+			Help: "Prefill legs sent concurrently with the decode leg (sglang, mooncake, offloading) that failed, by reason.",
 		}, []string{"reason"}),
+		KVSources: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "pd_sidecar_kv_sources_total",
+			Help: "x-kv-cache-source-host-port headers honoured by the P2P tier (offloading, nixlv2 with --enable-p2p-pull), by outcome (used, prefiller, own_rank, not_allowed, malformed).",
+		}, []string{"outcome"}),
 		DecodeFirst: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "pd_sidecar_decode_first_total",
 			Help: "Decode-first attempts (shared-storage with cache_hit_threshold), by outcome (served, declined).",
@@ -149,9 +173,12 @@ func New(reg prometheus.Registerer, maxPrefillers int) *Metrics {
 		Prefillers: NewBounded(maxPrefillers),
 		Guards:     NewGuards(reg),
 	}
-	reg.MustRegister(m.PrefillLegFailures, m.DecodeFirst, m.LoopStreams, m.LoopHandoffs, m.LoopRequests)
+	reg.MustRegister(m.PrefillLegFailures, m.KVSources, m.DecodeFirst, m.LoopStreams, m.LoopHandoffs, m.LoopRequests)
 	reg.MustRegister(m.Requests, m.Fallbacks, m.PrefillDuration, m.KVTransferDuration,
 		m.TTFT, m.KVLoadFailures, m.Inflight, m.PrefillRetries, m.ClientDisconnects)
+	for _, o := range []string{KVSourceUsed, KVSourcePrefiller, KVSourceOwnRank, KVSourceNotAllowed, KVSourceMalformed} {
+		m.KVSources.WithLabelValues(o)
+	}
 	for _, p := range []string{PhasePrefill, PhaseDecode, PhaseLocal, PhasePassthrough} {
 		m.Inflight.WithLabelValues(p)
 	}

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -56,8 +57,12 @@ func (r *request) serveConcurrent(cc connectors.Concurrent) {
 		tk.Done(breakerResult(err))
 		p.guard.trackCircuit(r.prefiller)
 	}
-	host, _, _ := net.SplitHostPort(r.prefiller)
+	host, portStr, _ := net.SplitHostPort(r.prefiller)
 	pr := connectors.Pairing{PrefillHost: host, Room: randomRoom(), TransferID: transferID()}
+	if p.cfg.P2P.Enabled {
+		port, _ := strconv.Atoi(portStr)
+		pr.KVRequestID, pr.PrefillP2PPort, pr.Source = newUUID(), p.p2pPort(port), r.source
+	}
 	if bs, ok := cc.(connectors.Bootstrapper); ok {
 		b, err := p.boot.get(r.ctx, p.tr, bs, host, p.cfg.PrefillTimeout)
 		if err != nil {
@@ -227,10 +232,13 @@ func randomRoom() uint64 {
 }
 
 // transferID returns "xfer-" and a random UUID (version 4).
-func transferID() string {
+func transferID() string { return "xfer-" + newUUID() }
+
+// newUUID returns a random (version 4) UUID.
+func newUUID() string {
 	var b [16]byte
 	_, _ = crand.Read(b[:])
 	b[6] = b[6]&0x0f | 0x40
 	b[8] = b[8]&0x3f | 0x80
-	return fmt.Sprintf("xfer-%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:16])
+	return fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:16])
 }

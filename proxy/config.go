@@ -35,6 +35,8 @@ type Config struct {
 	// empty the ranks are named by Host, or by a loopback address when Host
 	// is empty or unspecified (dataparallel.go).
 	PodIP string
+	// P2P is llm-d's P2P KV tier (p2p.go).
+	P2P P2PConfig
 	// PrefillerSampling picks a random entry of a comma-separated
 	// x-prefiller-host-port instead of the first.
 	PrefillerSampling bool
@@ -97,6 +99,7 @@ func DefaultConfig() Config {
 		ModelServerHost:        "127.0.0.1",
 		ModelServerPort:        8200,
 		DataParallelSize:       1,
+		P2P:                    P2PConfig{Port: DefaultP2PPort},
 		PrefillRetryBackoff:    200 * time.Millisecond,
 		PrefillTimeout:         30 * time.Second,
 		DecodeFirstByteTimeout: 60 * time.Second,
@@ -130,6 +133,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("--metrics-port %d is not a port (0 = serve /metrics on --port)", c.MetricsPort)
 	case c.MetricsPort != 0 && c.MetricsPort >= c.Port && c.MetricsPort < c.Port+c.DataParallelSize:
 		return fmt.Errorf("--metrics-port %d collides with a proxy port", c.MetricsPort)
+	case c.P2P.Enabled && (!validPort(c.P2P.Port) || !validPort(c.P2P.Port+c.DataParallelSize-1)):
+		return fmt.Errorf("--p2p-connector-port %d (with %d data-parallel ranks) is not a valid port range", c.P2P.Port, c.DataParallelSize)
 	case c.PrefillMaxRetries < 0:
 		return fmt.Errorf("--prefill-max-retries must be >= 0, got %d", c.PrefillMaxRetries)
 	case c.PrefillRetryBackoff < 0:

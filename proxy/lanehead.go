@@ -60,13 +60,16 @@ type laneRequest struct {
 	id        []byte // X-Request-Id (the first)
 	prefiller []byte // x-prefiller-host-port (the first; nil: a local request)
 	refused   bool   // a header the lane leaves to fasthttp
+	kvSource  bool   // x-kv-cache-source-host-port: fasthttp's while the P2P tier is in use
 	keepAlive bool
 }
 
 // scanRequest looks at h's headers: Expect and Upgrade are fasthttp's to
 // serve, and so are a field name that is not a token (fasthttp's path
 // refuses it: refuseHead) and x-data-parallel-host-port (its rank's engine
-// or its 400: pickRank); a named prefiller makes a P/D request.
+// or its 400: pickRank); so is x-kv-cache-source-host-port while the P2P
+// tier is in use (the caller checks kvSource); a named prefiller makes a
+// P/D request.
 func scanRequest(h *fasthttp.RequestHeader) laneRequest {
 	lr := laneRequest{keepAlive: !h.ConnectionClose()}
 	for k, v := range h.All() {
@@ -88,6 +91,8 @@ func scanRequest(h *fasthttp.RequestHeader) laneRequest {
 			}
 		case len(HeaderDataParallel):
 			lr.refused = lr.refused || equalFold(k, HeaderDataParallel)
+		case len(HeaderKVCacheSource):
+			lr.kvSource = lr.kvSource || equalFold(k, HeaderKVCacheSource)
 		}
 	}
 	return lr
@@ -116,7 +121,8 @@ func appendLegStart(dst []byte, h *fasthttp.RequestHeader) []byte {
 			len(k) == 12 && equalFold(k, "x-request-id"),
 			len(k) == 15 && equalFold(k, "accept-encoding"),
 			len(k) == len(HeaderPrefiller) && equalFold(k, HeaderPrefiller),
-			len(k) == len(HeaderDataParallel) && equalFold(k, HeaderDataParallel):
+			len(k) == len(HeaderDataParallel) && equalFold(k, HeaderDataParallel),
+			len(k) == len(HeaderKVCacheSource) && equalFold(k, HeaderKVCacheSource):
 			continue
 		}
 		dst = appendHeaderLine(dst, k, v)

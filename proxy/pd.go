@@ -38,7 +38,7 @@ func (p *Proxy) serveInference(rc *fasthttp.RequestCtx, local string, api connec
 	hv := rc.Request.Header.Peek(HeaderPrefiller)
 	if len(hv) == 0 {
 		r.logAt(zerolog.DebugLevel).Msg("no prefiller named: local")
-		r.fail(r.forward(r.body, false))
+		r.serveLocal()
 		return
 	}
 	hp, err := p.pickAllowed(hv)
@@ -48,6 +48,7 @@ func (p *Proxy) serveInference(rc *fasthttp.RequestCtx, local string, api connec
 		r.fallback(err)
 		return
 	}
+	r.source = r.kvSource(&rc.Request.Header)
 	if r.choreograph() {
 		return
 	}
@@ -83,6 +84,22 @@ func (p *Proxy) serveInference(rc *fasthttp.RequestCtx, local string, api connec
 		return
 	}
 	r.fail(err)
+}
+
+// serveLocal runs a request that names no prefiller on the local engine;
+// with the P2P tier in use and a KV cache source named, the engine is told
+// to pull the prompt's prefix from it first (its kv_transfer_params
+// replaced by remote_kv_source).
+func (r *request) serveLocal() {
+	body := r.body
+	if src := r.kvSource(&r.rc.Request.Header); src != nil {
+		var err error
+		if body, err = connectors.OnlyKVSource(nil, r.body, *src); err != nil {
+			r.fail(fmt.Errorf("%w: %w", ErrBadRequest, err))
+			return
+		}
+	}
+	r.fail(r.forward(body, false))
 }
 
 // tpGuard refuses a handoff from a prefiller of a larger tensor-parallel
@@ -262,6 +279,9 @@ func (e *rejected) Unwrap() error { return ErrPrefillRejected }
 func (r *request) prefill() (res prefillResult, err error) {
 	p := r.p
 	body, err := p.seq.PrefillBody(nil, r.api, r.body)
+	if err == nil && r.source != nil {
+		body, err = connectors.WithKVSource(nil, body, *r.source)
+	}
 	if err != nil {
 		return prefillResult{}, fmt.Errorf("%w: %w", ErrBadRequest, err)
 	}

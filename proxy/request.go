@@ -42,6 +42,9 @@ type request struct {
 	usage  bool // stream_options.include_usage
 
 	prefiller string // host:port chosen from the header ("" = none)
+	// source is the engine the prefill leg's engine pulls the prompt's
+	// prefix from first (p2p.go); nil: none.
+	source *connectors.P2PPeer
 	label     string // bounded metric label of prefiller
 	mode      string
 	handoff   *connectors.Handoff // set once the decode leg carries remote KV
@@ -169,6 +172,7 @@ func (r *request) upstreamHeader(dst, src *fasthttp.RequestHeader, addr string) 
 	}
 	dst.Del(HeaderPrefiller)
 	dst.Del(HeaderDataParallel)
+	dst.Del(HeaderKVCacheSource)
 	dst.Del("Accept-Encoding")
 	dst.Del("Expect")
 	dst.Del(HeaderRequestID) // every copy: Set replaces only the first

@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/pd-sidecar/pd-sidecar/proxy"
 	"github.com/pd-sidecar/pd-sidecar/ssrf"
 )
 
@@ -165,6 +166,16 @@ func TestLLMDDeploymentArgs(t *testing.T) {
 			assert.Equal(t, "mooncake", o.connector)
 			assert.Equal(t, 8000, o.connectorOpts.mooncakeBootstrapPort)
 		}},
+		{name: "p-d offloading", args: "--port=8000 --kv-connector=offloading --p2p-connector-port=7000 --data-parallel-size=2", check: func(t *testing.T, o options) {
+			assert.Equal(t, "offloading", o.connector)
+			assert.Equal(t, proxy.P2PConfig{Enabled: true, Port: 7000}, o.cfg.P2P)
+		}},
+		{name: "p-d nixlv2 p2p pull", args: "--port=8000 --kv-connector=nixlv2 --enable-p2p-pull", check: func(t *testing.T, o options) {
+			assert.Equal(t, proxy.P2PConfig{Enabled: true, Port: 7777}, o.cfg.P2P)
+		}},
+		{name: "p-d nixlv2 no p2p pull", args: "--port=8000 --kv-connector=nixlv2", check: func(t *testing.T, o options) {
+			assert.False(t, o.cfg.P2P.Enabled, "x-kv-cache-source-host-port is ignored without --enable-p2p-pull")
+		}},
 		{name: "e-pd", args: "--port=8000 --ec-connector=ec-example --secure-proxy=false --data-parallel-size=1", wantErr: "the encoder stage is not supported yet"},
 		{name: "e-p-d", args: "--port=8000 --kv-connector=shared-storage --ec-connector=ec-example --secure-proxy=false --data-parallel-size=1", wantErr: "the encoder stage is not supported yet"},
 		{name: "test pod-qwen", args: "--port=8000 --model-server-port=8001", check: func(t *testing.T, o options) { assert.Equal(t, 8001, o.cfg.ModelServerPort) }},
@@ -245,9 +256,7 @@ func TestLLMDFlagsRefused(t *testing.T) {
 		{[]string{"--decode-chunk-size=-1"}, "--decode-chunk-size -1 must be >= 0"},
 		{[]string{"--ec-connector=ec-nixl"}, "--ec-connector ec-nixl: the encoder stage is not supported yet; leave it empty"},
 		{[]string{"--ec-connector=bogus"}, `--ec-connector "bogus" is not one of ec-example, ec-nixl`},
-		{[]string{"--enable-p2p-pull"}, "--enable-p2p-pull: P2P KV pulls are not supported yet; leave it false"},
 		{[]string{"--enable-p2p-pull", "--kv-connector=shared-storage"}, "--enable-p2p-pull requires --kv-connector=nixlv2"},
-		{[]string{"--kv-connector=offloading"}, "--kv-connector offloading: the offloading connector is not supported yet"},
 		{[]string{"--p2p-connector-port=0"}, "--p2p-connector-port 0 is not a port"},
 		{[]string{"--p2p-connector-port=65535", "--data-parallel-size=2"}, "--p2p-connector-port 65535 plus data-parallel rank 1 exceeds 65535"},
 		{[]string{"--moriio-write-mode"}, "--moriio-write-mode needs --moriio-local-pod-ip or POD_IP"},

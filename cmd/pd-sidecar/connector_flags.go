@@ -9,16 +9,14 @@ import (
 
 	"github.com/pd-sidecar/pd-sidecar/connectors/mooncake"
 	"github.com/pd-sidecar/pd-sidecar/connectors/nixlv2"
+	"github.com/pd-sidecar/pd-sidecar/connectors/offloading"
 	"github.com/pd-sidecar/pd-sidecar/connectors/sglang"
 	"github.com/pd-sidecar/pd-sidecar/connectors/sharedstorage"
 	"github.com/pd-sidecar/pd-sidecar/connectors/sidecar"
 )
 
-// connectorOffloading is llm-d's offloading connector, not built yet.
-const connectorOffloading = "offloading"
-
 // connectorNames lists the --kv-connector values registered in connector.
-var connectorNames = strings.Join([]string{nixlv2.Name, sglang.Name, mooncake.Name, sharedstorage.Name, sidecar.Name}, ", ")
+var connectorNames = strings.Join([]string{nixlv2.Name, sglang.Name, mooncake.Name, sharedstorage.Name, offloading.Name, sidecar.Name}, ", ")
 
 // connectorOptions configure the connectors.
 type connectorOptions struct {

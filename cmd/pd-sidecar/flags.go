@@ -10,6 +10,7 @@ import (
 	"github.com/rs/zerolog"
 	"github.com/spf13/pflag"
 
+	"github.com/pd-sidecar/pd-sidecar/connectors/offloading"
 	"github.com/pd-sidecar/pd-sidecar/proxy"
 )
 
@@ -113,11 +114,12 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 		return o, err
 	}
 	o.logLevel = lv
-	if o.connector == connectorOffloading {
-		return o, fmt.Errorf("--kv-connector %s: the offloading connector is not supported yet (supported: %s)", connectorOffloading, connectorNames)
-	}
 	if err := o.llmd.validate(c.DataParallelSize, o.connector); err != nil {
 		return o, err
+	}
+	c.P2P = proxy.P2PConfig{
+		Enabled: o.connector == offloading.Name || o.llmd.enableP2PPull,
+		Port:    o.llmd.p2pConnectorPort,
 	}
 	if err := o.connectorOpts.validate(); err != nil {
 		return o, err

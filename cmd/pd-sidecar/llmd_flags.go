@@ -12,8 +12,9 @@ import (
 
 // llmdOptions are llm-d's sidecar flags that pd-sidecar accepts so that
 // llm-d's arg lists start it unchanged: the --zap-* logging flags, and the
-// flags of features not built yet (chunked decode, the encoder stage, P2P
-// pulls, MoRI-IO), which are accepted at their default or off value only.
+// flags of features not built yet (chunked decode, the encoder stage,
+// MoRI-IO), which are accepted at their default or off value only, and the
+// P2P KV tier's.
 type llmdOptions struct {
 	zap zapOptions
 
@@ -92,8 +93,8 @@ func addLLMDFlags(fs *pflag.FlagSet, o *llmdOptions, getenv func(string) string)
 
 	fs.IntVar(&o.decodeChunkSize, "decode-chunk-size", 0, "llm-d's chunked decode: not supported yet, only 0 (off) is accepted")
 	fs.StringVar(&o.ecConnector, "ec-connector", "", "llm-d's encoder-stage connector (ec-example, ec-nixl): not supported yet, only empty (no encoder stage) is accepted")
-	fs.BoolVar(&o.enableP2PPull, "enable-p2p-pull", false, "llm-d's P2P KV pulls (nixlv2): not supported yet, only false is accepted")
-	fs.IntVar(&o.p2pConnectorPort, "p2p-connector-port", envPort(getenv, "P2P_CONNECTOR_PORT", defaultP2PConnectorPort), "port of the engines' P2P KV tier, rank r on port+r (env P2P_CONNECTOR_PORT); unused until P2P pulls exist")
+	fs.BoolVar(&o.enableP2PPull, "enable-p2p-pull", false, "nixlv2 only: honour x-kv-cache-source-host-port, telling the prefill engine to pull the prompt's cached prefix from that engine's P2P KV tier first (remote_kv_source)")
+	fs.IntVar(&o.p2pConnectorPort, "p2p-connector-port", envPort(getenv, "P2P_CONNECTOR_PORT", defaultP2PConnectorPort), "port of the engines' P2P KV tier (offloading, --enable-p2p-pull), rank r on port+r (env P2P_CONNECTOR_PORT)")
 
 	m := &o.moriio
 	fs.BoolVar(&m.writeMode, "moriio-write-mode", false, "llm-d's MoRI-IO write mode: not supported yet, only false is accepted")
@@ -137,8 +138,6 @@ func (o llmdOptions) validate(dp int, kvConnector string) error {
 	switch {
 	case o.enableP2PPull && kvConnector != "nixlv2":
 		return fmt.Errorf("--enable-p2p-pull requires --kv-connector=nixlv2, got %q", kvConnector)
-	case o.enableP2PPull:
-		return fmt.Errorf("--enable-p2p-pull: P2P KV pulls are not supported yet; leave it false")
 	}
 	return o.moriio.validate()
 }

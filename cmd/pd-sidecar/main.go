@@ -21,6 +21,7 @@ import (
 	"github.com/pd-sidecar/pd-sidecar/connectors"
 	"github.com/pd-sidecar/pd-sidecar/connectors/mooncake"
 	"github.com/pd-sidecar/pd-sidecar/connectors/nixlv2"
+	"github.com/pd-sidecar/pd-sidecar/connectors/offloading"
 	"github.com/pd-sidecar/pd-sidecar/connectors/sglang"
 	"github.com/pd-sidecar/pd-sidecar/connectors/sharedstorage"
 	"github.com/pd-sidecar/pd-sidecar/connectors/sidecar"
@@ -112,6 +113,8 @@ func connector(name string, o connectorOptions) (connectors.Connector, error) {
 		return mooncake.New(o.mooncakeBootstrapPort), nil
 	case sharedstorage.Name:
 		return sharedstorage.New(), nil
+	case offloading.Name:
+		return offloading.New(), nil
 	case sidecar.Name:
 		return sidecar.New(), nil
 	}

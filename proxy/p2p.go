@@ -1,0 +1,158 @@
+package proxy
+
+import (
+	"bytes"
+	"net"
+	"net/netip"
+	"strconv"
+	"strings"
+
+	"github.com/rs/zerolog"
+	"github.com/valyala/fasthttp"
+
+	"github.com/pd-sidecar/pd-sidecar/connectors"
+	"github.com/pd-sidecar/pd-sidecar/metrics"
+)
+
+// llm-d's P2P KV tier (vLLM's OffloadingConnector P2P tier): every engine
+// serves the blocks it holds on a P2P listener, rank r of a pod on
+// P2PConfig.Port+r. The endpoint picker may name, in
+// x-kv-cache-source-host-port, an engine that already holds the prompt's
+// prefix; when the tier is in use (the offloading connector, or nixlv2 with
+// --enable-p2p-pull) the engine that prefills is told to pull that prefix
+// first (remote_kv_source): the prefill leg's engine on a split, the local
+// engine on a request without a prefiller. A source that is the prefiller
+// itself, or (without a prefiller) the rank serving the request, is not
+// named; one the SSRF allowlist refuses is ignored. Each outcome is
+// counted (pd_sidecar_kv_sources_total). The header never reaches an
+// engine, and the lane leaves a request carrying it to fasthttp while the
+// tier is in use.
+
+// HeaderKVCacheSource names the engine (host:port of its HTTP server, as
+// the endpoint picker knows it) whose P2P tier holds the prompt's prefix.
+// Client controllable: allowlisted, stripped before forwarding.
+const HeaderKVCacheSource = "x-kv-cache-source-host-port"
+
+// DefaultP2PPort is llm-d's default P2P port (--p2p-connector-port).
+const DefaultP2PPort = 7777
+
+// P2PConfig configures the P2P KV tier.
+type P2PConfig struct {
+	// Enabled honours x-kv-cache-source-host-port; set for the offloading
+	// connector, and for nixlv2 with --enable-p2p-pull.
+	Enabled bool
+	// Port is the engines' P2P port of data-parallel rank 0
+	// (--p2p-connector-port); rank r's is Port+r.
+	Port int
+}
+
+// endpoint is a host and port read from a header, normalised for
+// comparison: an IP literal in its canonical form (IPv4-mapped IPv6
+// unmapped), a name in lower case; port 0 when none was given.
+type endpoint struct {
+	host string
+	port int
+}
+
+// parseEndpoint reads "host[:port]", an http:// or https:// prefix
+// tolerated; false when there is no host or the port is not a port.
+func parseEndpoint(v string) (endpoint, bool) {
+	v = strings.TrimSpace(v)
+	if len(v) >= 7 && strings.EqualFold(v[:7], "http://") {
+		v = v[7:]
+	} else if len(v) >= 8 && strings.EqualFold(v[:8], "https://") {
+		v = v[8:]
+	}
+	host, port := v, ""
+	if h, p, err := net.SplitHostPort(v); err == nil {
+		host, port = h, p
+	} else if strings.HasPrefix(v, "[") && strings.HasSuffix(v, "]") {
+		host = v[1 : len(v)-1]
+	}
+	if host == "" || strings.ContainsAny(host, "/ []@") {
+		return endpoint{}, false
+	}
+	e := endpoint{host: strings.ToLower(host)}
+	if a, err := netip.ParseAddr(host); err == nil {
+		e.host = a.Unmap().WithZone("").String()
+	}
+	if port != "" {
+		n, err := strconv.Atoi(port)
+		if err != nil || n <= 0 || n > 65535 {
+			return endpoint{}, false
+		}
+		e.port = n
+	}
+	return e, true
+}
+
+// hostPort joins e back into host:port (port 0: the host alone).
+func (e endpoint) hostPort() string {
+	if e.port == 0 {
+		return e.host
+	}
+	return net.JoinHostPort(e.host, strconv.Itoa(e.port))
+}
+
+// p2pPort is the P2P port of the engine whose HTTP port is port: with
+// data-parallel ranks, rank r's (port = --port + r), else rank 0's, as
+// llm-d derives it.
+func (p *Proxy) p2pPort(port int) int {
+	if dp := p.cfg.DataParallelSize; dp > 1 {
+		if r := port - p.cfg.Port; r >= 0 && r < dp {
+			return p.cfg.P2P.Port + r
+		}
+	}
+	return p.cfg.P2P.Port
+}
+
+// kvSource reads r's x-kv-cache-source-host-port (the first) when the P2P
+// tier is in use: the engine to pull the prompt's prefix from, or nil. A
+// source equal to the prefiller, or, without one, to the rank serving r,
+// an unusable value and one the allowlist refuses give nil; every outcome
+// but "no header" is counted.
+func (r *request) kvSource(h *fasthttp.RequestHeader) *connectors.P2PPeer {
+	p := r.p
+	if !p.cfg.P2P.Enabled {
+		return nil
+	}
+	v := h.Peek(HeaderKVCacheSource)
+	if len(bytes.TrimSpace(v)) == 0 {
+		return nil
+	}
+	outcome := func(o string) {
+		p.m.KVSources.WithLabelValues(o).Inc()
+		if o != metrics.KVSourceUsed {
+			r.logAt(zerolog.DebugLevel).Str("kv_cache_source", logValue(string(v))).Str("outcome", o).Msg("kv cache source not named")
+		}
+	}
+	src, ok := parseEndpoint(string(v))
+	if !ok {
+		outcome(metrics.KVSourceMalformed)
+		return nil
+	}
+	if al := p.guard.cfg.Allowlist; al != nil && !al.Allowed(src.hostPort()) {
+		outcome(metrics.KVSourceNotAllowed)
+		return nil
+	}
+	if r.prefiller != "" {
+		if pre, ok := parseEndpoint(r.prefiller); ok && pre == src {
+			outcome(metrics.KVSourcePrefiller)
+			return nil
+		}
+	} else if src.port == p.cfg.Port+r.rank() && p.ownHost(src.host) {
+		outcome(metrics.KVSourceOwnRank)
+		return nil
+	}
+	outcome(metrics.KVSourceUsed)
+	peer := &connectors.P2PPeer{RequestID: newUUID(), Host: src.host, Port: p.p2pPort(src.port)}
+	r.logAt(zerolog.DebugLevel).Str("kv_cache_source", net.JoinHostPort(peer.Host, strconv.Itoa(peer.Port))).Msg("kv cache source named: remote_kv_source")
+	return peer
+}
+
+// rank is the data-parallel rank r arrived on (its home engine's).
+func (r *request) rank() int {
+	_, port, _ := net.SplitHostPort(r.home)
+	n, _ := strconv.Atoi(port)
+	return n - r.p.cfg.ModelServerPort
+}
