@@ -44,11 +44,11 @@ type request struct {
 	prefiller string // host:port chosen from the header ("" = none)
 	// source is the engine the prefill leg's engine pulls the prompt's
 	// prefix from first (p2p.go); nil: none.
-	source *connectors.P2PPeer
-	label     string // bounded metric label of prefiller
-	mode      string
-	handoff   *connectors.Handoff // set once the decode leg carries remote KV
-	detached  bool                // the body writer owns the request now
+	source   *connectors.P2PPeer
+	label    string // bounded metric label of prefiller
+	mode     string
+	handoff  *connectors.Handoff // set once the decode leg carries remote KV
+	detached bool                // the body writer owns the request now
 	// onOutput, when set, is told the moment the decode leg's first output
 	// is seen (before it is relayed): the concurrent choreography's point of
 	// no return.
