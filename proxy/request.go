@@ -160,6 +160,7 @@ func (r *request) upstream(addr string, body []byte) *fasthttp.Request {
 	req := fasthttp.AcquireRequest()
 	r.upstreamHeader(&req.Header, &r.rc.Request.Header, addr)
 	req.SetBodyRaw(body)
+	r.traceLeg(addr, req)
 	return req
 }
 

@@ -71,9 +71,10 @@ func (p *Proxy) Run(ctx context.Context) error {
 		srv := servers[len(servers)-1]
 		p.servers[p.localAddr(rank)] = srv
 		// clientConns (streams and idle connections move to the event
-		// loops), under TLS with --secure-proxy (where they do not).
+		// loops), under TLS with --secure-proxy (where they do not). No
+		// lane at trace level either: every leg is logged (tracelog.go).
 		var ln *lane
-		if p.loops != nil && p.guard.tls == nil && !p.tr.usesTLS(p.localAddr(rank)) {
+		if p.loops != nil && p.guard.tls == nil && !p.tr.usesTLS(p.localAddr(rank)) && !p.logsLegs() {
 			ln = p.newLane(p.localAddr(rank), srv, p.loops.Loops())
 			lanes = append(lanes, ln)
 		}

@@ -1,0 +1,50 @@
+package proxy
+
+import (
+	"github.com/rs/zerolog"
+	"github.com/valyala/fasthttp"
+)
+
+// At trace level (--log-level trace, or llm-d's --zap-log-level 5 and
+// above) every leg the proxy sends is logged with its head and body, as
+// llm-d's V(5) logs the prefill and decode bodies: a debugging mode, for
+// it logs prompts. Credentials never reach the log: the values of
+// credential headers are replaced. The lane, which builds its legs as raw
+// bytes, is off at trace level, so that every leg passes through here.
+
+// maxLoggedBody bounds the body bytes one trace line carries.
+const maxLoggedBody = 64 << 10
+
+// redactedHeaders are the headers whose values a trace line never shows.
+var redactedHeaders = []string{"authorization", "proxy-authorization", "cookie", "x-api-key"} // lower case (equalFold)
+
+// logsLegs reports whether legs are logged (trace level).
+func (p *Proxy) logsLegs() bool {
+	return p.log.GetLevel() <= zerolog.TraceLevel && zerolog.GlobalLevel() <= zerolog.TraceLevel
+}
+
+// traceLeg logs the leg req to addr at trace level.
+func (r *request) traceLeg(addr string, req *fasthttp.Request) {
+	e := r.logAt(zerolog.TraceLevel)
+	if e == nil {
+		return
+	}
+	h := zerolog.Dict()
+	for k, v := range req.Header.All() {
+		val := string(v)
+		for _, name := range redactedHeaders {
+			if len(k) == len(name) && equalFold(k, name) {
+				val = "[redacted]"
+				break
+			}
+		}
+		h.Str(string(k), val)
+	}
+	body := req.Body()
+	if len(body) > maxLoggedBody {
+		e.Int("body_bytes", len(body))
+		body = body[:maxLoggedBody]
+	}
+	e.Str("leg", addr).Str("method", string(req.Header.Method())).Str("uri", string(req.Header.RequestURI())).
+		Dict("headers", h).Str("body", string(body)).Msg("leg sent")
+}
