@@ -26,7 +26,7 @@ func startSim(t *testing.T, role Role, mutate func(*Config)) *testSim {
 	t.Helper()
 	cfg := DefaultConfig()
 	cfg.Role = role
-	cfg.Port, cfg.KVPort, cfg.BootstrapPort = 0, 0, 0
+	cfg.Port, cfg.KVPort, cfg.BootstrapPort, cfg.P2PPort = 0, 0, 0, 0
 	cfg.PrefillPerToken, cfg.DecodePerToken = 0, 0
 	cfg.KVBandwidth = 0
 	cfg.BootstrapTimeout = 5 * time.Second
@@ -49,7 +49,7 @@ func startSim(t *testing.T, role Role, mutate func(*Config)) *testSim {
 	})
 	ts := &testSim{Sim: s, url: "http://" + ls.HTTP.Addr().String()}
 	require.Eventually(t, func() bool {
-		return (s.KVAddr() != nil || ls.KV == nil) && (s.BootstrapAddr() != nil || ls.Bootstrap == nil)
+		return (s.KVAddr() != nil || ls.KV == nil) && (s.BootstrapAddr() != nil || ls.Bootstrap == nil) && s.P2PAddr() != nil
 	}, time.Second, time.Millisecond)
 	return ts
 }
