@@ -8,10 +8,12 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	dto "github.com/prometheus/client_model/go"
 	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/require"
 )
@@ -58,6 +60,19 @@ func startSim(t *testing.T, role Role, mutate func(*Config)) *testSim {
 // the sample count of a histogram.
 func (s *testSim) metric(t *testing.T, name string) float64 {
 	t.Helper()
+	return s.metricWhere(t, name, "", "")
+}
+
+// kindMetric is metric over the series labelled kind.
+func (s *testSim) kindMetric(t *testing.T, name, kind string) float64 {
+	t.Helper()
+	return s.metricWhere(t, name, "kind", kind)
+}
+
+// metricWhere is metric over the series whose label has value (every series
+// when label is "").
+func (s *testSim) metricWhere(t *testing.T, name, label, value string) float64 {
+	t.Helper()
 	fams, err := s.reg.Gather()
 	require.NoError(t, err)
 	for _, f := range fams {
@@ -66,6 +81,9 @@ func (s *testSim) metric(t *testing.T, name string) float64 {
 		}
 		var sum float64
 		for _, m := range f.GetMetric() {
+			if label != "" && !slices.ContainsFunc(m.GetLabel(), func(l *dto.LabelPair) bool { return l.GetName() == label && l.GetValue() == value }) {
+				continue
+			}
 			switch {
 			case m.Counter != nil:
 				sum += m.GetCounter().GetValue()

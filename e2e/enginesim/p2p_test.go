@@ -12,26 +12,6 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// kindMetric returns the value of a p2p counter for one kind.
-func (s *testSim) kindMetric(t *testing.T, name, kind string) float64 {
-	t.Helper()
-	fams, err := s.reg.Gather()
-	require.NoError(t, err)
-	for _, f := range fams {
-		if f.GetName() != name {
-			continue
-		}
-		for _, m := range f.GetMetric() {
-			for _, l := range m.GetLabel() {
-				if l.GetName() == "kind" && l.GetValue() == kind {
-					return m.GetCounter().GetValue()
-				}
-			}
-		}
-	}
-	return 0
-}
-
 // peer is a remote_prefiller or remote_kv_source sub-dict naming port.
 func peer(id string, port int) map[string]any {
 	return map[string]any{"kv_request_id": id, "remote_host": "127.0.0.1", "remote_port": port}
