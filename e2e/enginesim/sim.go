@@ -2,10 +2,11 @@
 // engine side of every P/D protocol pd-sidecar drives: OpenAI-compatible
 // completions and chat (JSON and SSE), the Responses, Messages and
 // /inference/v1/generate bodies, vLLM NixlConnector kv_transfer_params with a
-// real KV side channel, SGLang bootstrap rooms, and vLLM OffloadingConnector's
-// P2P tier (remote_decoder, remote_prefiller, remote_kv_source). Output tokens are a
-// deterministic function of the KV the decode step reads, and proof counters
-// show what really happened, so tests can prove a split took place.
+// real KV side channel, SGLang bootstrap rooms, and vLLM
+// OffloadingConnector's P2P tier (remote_decoder, remote_prefiller,
+// remote_kv_source). Output tokens are a deterministic function of the KV the
+// decode step reads, and proof counters show what really happened, so tests
+// can prove a split took place.
 package enginesim
 
 import (
