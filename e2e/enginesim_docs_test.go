@@ -24,3 +24,16 @@ func TestEngineSimDocsListEveryFlag(t *testing.T) {
 		assert.Contains(t, string(doc), "`"+f[1]+"`", "docs/engine-sim.md documents %s", f[1])
 	}
 }
+
+// TestEngineSimDocsListEveryMetric keeps docs/engine-sim.md's metric lists
+// in step with what engine-sim exports.
+func TestEngineSimDocsListEveryMetric(t *testing.T) {
+	e := harness.StartEngineSim(t, "both")
+	doc, err := os.ReadFile(harness.RepoRoot(t) + "/docs/engine-sim.md")
+	require.NoError(t, err)
+	m := harness.Scrape(t, e.URL()+"/metrics")
+	require.NotEmpty(t, m)
+	for name := range m {
+		assert.Regexp(t, "`"+regexp.QuoteMeta(name)+"(`|\\{)", string(doc), "docs/engine-sim.md documents %s", name)
+	}
+}

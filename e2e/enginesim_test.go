@@ -167,6 +167,7 @@ func TestEngineSimInvalidFlagsExitNonZero(t *testing.T) {
 		{"--block-size", "0"},
 		{"--kv-load-failure-policy", "maybe"},
 		{"--faults", `{"status":200}`},
+		{"--p2p-port", "70000"},
 		{"--no-such-flag"},
 	} {
 		p := harness.Start(t, bin, append(args, "--port", "0")...)

@@ -30,8 +30,9 @@ type Config struct {
 	// Host is the address to listen on and to advertise as remote_host.
 	Host string
 	// Port is the HTTP port; KVPort the KV side channel (NIXL stand-in);
-	// BootstrapPort the SGLang bootstrap port. 0 picks a free port.
-	Port, KVPort, BootstrapPort int
+	// BootstrapPort the SGLang bootstrap port; P2PPort the OffloadingConnector
+	// P2P listener (every role). 0 picks a free port.
+	Port, KVPort, BootstrapPort, P2PPort int
 	// Model is the served model name.
 	Model string
 	// Role is prefill, decode or both.
@@ -140,6 +141,8 @@ func (c Config) Validate() error {
 		return bad("--kv-agent-port must be within 0..65535")
 	case c.Port < 0 || c.Port > 65535 || c.KVPort < 0 || c.KVPort > 65535 || c.BootstrapPort < 0 || c.BootstrapPort > 65535:
 		return bad("ports must be within 0..65535")
+	case c.P2PPort < 0 || c.P2PPort > 65535:
+		return bad("--p2p-port must be within 0..65535")
 	}
 	return c.Faults.Validate()
 }

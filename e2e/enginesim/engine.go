@@ -23,6 +23,12 @@ func (s *Sim) classify(g *genRequest, rid string) legKind {
 		return legLocal
 	}
 	switch {
+	case g.p2p != nil && g.p2p.decoder != "" && s.cfg.canPrefillRemote():
+		return legPrefill
+	case g.p2p != nil && g.p2p.prefiller != nil && s.cfg.canDecodeRemote():
+		return legDecode
+	case g.p2p != nil && (g.p2p.decoder != "" || g.p2p.prefiller != nil):
+		s.log.Warn().Str("request_id", rid).Str("role", string(s.cfg.Role)).Msg("p2p kv_transfer_params not servable by this role; serving locally")
 	case g.kv != nil && g.kv.DoRemoteDecode && s.cfg.canPrefillRemote():
 		return legPrefill
 	case g.kv != nil && g.kv.DoRemotePrefill && s.cfg.canDecodeRemote():
@@ -96,6 +102,16 @@ func (s *Sim) execute(ctx context.Context, w http.ResponseWriter, g *genRequest,
 	digest := Digest(fps)
 
 	maxTokens := g.maxTokens
+	p2pHold := leg == legPrefill && g.p2p != nil && g.p2p.decoder != ""
+	if p2pHold {
+		// The P2P tier holds the prefill's KV under the kv_request_id
+		// before the first token, and the answer goes out as usual.
+		if err := s.holdKV(g, f, hashes, o); err != nil {
+			s.log.Error().Str("request_id", o.requestID).Err(err).Msg("cannot hold kv for a p2p pull")
+			out.fail(http.StatusServiceUnavailable, errorBody(503, "ServiceUnavailableError", "", err.Error()))
+			return
+		}
+	}
 	var room *hold // the KV of an SGLang room or Mooncake transfer
 	if leg == legPrefill && (g.boot != nil || g.isMooncake()) {
 		if g.boot != nil {
@@ -113,7 +129,7 @@ func (s *Sim) execute(ctx context.Context, w http.ResponseWriter, g *genRequest,
 		s.releaseCancelled(room)
 		return
 	}
-	if leg == legPrefill && room == nil && g.boot == nil && !g.isMooncake() && o.finish == "length" {
+	if leg == legPrefill && room == nil && !p2pHold && g.boot == nil && !g.isMooncake() && o.finish == "length" {
 		if err := s.holdKV(g, f, hashes, o); err != nil {
 			s.log.Error().Str("request_id", o.requestID).Err(err).Msg("cannot hold kv for remote decode")
 			out.fail(http.StatusServiceUnavailable, errorBody(503, "ServiceUnavailableError", "", err.Error()))
@@ -184,12 +200,19 @@ func (s *Sim) loadKV(ctx context.Context, g *genRequest, leg legKind, f Faults, 
 		if ctx.Err() != nil {
 			return nil, 0, ctx.Err()
 		}
-		s.m.nixlFailed.Inc()
+		if g.p2pPrefiller() != nil {
+			s.m.p2pPullFailures.WithLabelValues(p2pPrefill).Inc()
+		} else {
+			s.m.nixlFailed.Inc()
+		}
 		s.m.kvLoadFailures.WithLabelValues(s.cfg.KVLoadFailurePolicy).Inc()
 		s.log.Error().Str("request_id", rid).Err(err).Str("policy", s.cfg.KVLoadFailurePolicy).Msg("KV load failed")
 		if s.cfg.KVLoadFailurePolicy == PolicyFail {
 			return nil, 0, fmt.Errorf("%w: %w", errKVLoadFailed, err)
 		}
+	}
+	if g.p2p != nil && g.p2p.source != nil {
+		s.pullSource(ctx, g, hashes, rid)
 	}
 	if s.store != nil {
 		return s.prefillShared(ctx, g, hashes)
@@ -239,6 +262,8 @@ func (s *Sim) pullKV(ctx context.Context, g *genRequest, f Faults, hashes []uint
 		if addr, req, err = s.mooncakePull(ctx, g); err != nil {
 			return nil, err
 		}
+	} else if pp := g.p2pPrefiller(); pp != nil {
+		addr, req = s.p2pPrefillPull(pp)
 	} else if g.boot != nil {
 		addr = net.JoinHostPort(g.boot.host, strconv.Itoa(g.boot.port))
 		room := g.boot.room
@@ -259,8 +284,13 @@ func (s *Sim) pullKV(ctx context.Context, g *genRequest, f Faults, hashes []uint
 		return nil, fmt.Errorf("%w: pulled %d tokens in %d blocks, prompt has %d tokens in %d blocks",
 			ErrKVPull, p.numTokens, len(p.blocks), len(g.prompt), len(hashes))
 	}
-	s.m.nixlXferTime.Observe(time.Since(start).Seconds())
-	s.m.nixlBytes.Observe(float64(p.bytes))
+	if g.p2pPrefiller() != nil {
+		s.m.p2pPulls.WithLabelValues(p2pPrefill).Inc()
+		s.m.p2pBlocksPulled.WithLabelValues(p2pPrefill).Add(float64(len(p.blocks)))
+	} else {
+		s.m.nixlXferTime.Observe(time.Since(start).Seconds())
+		s.m.nixlBytes.Observe(float64(p.bytes))
+	}
 	if g.isMooncake() {
 		s.m.mooncakeDecodes.Inc()
 	} else if g.boot != nil {
@@ -278,7 +308,9 @@ func (s *Sim) pullKV(ctx context.Context, g *genRequest, f Faults, hashes []uint
 func (s *Sim) holdKV(g *genRequest, f Faults, hashes []uint64, o *output) error {
 	bb := s.blockBytes()
 	h := &hold{requestID: o.requestID + "-" + randomHex(8), tokens: len(g.prompt), corrupt: f.CorruptKV, done: make(chan struct{})}
-	if g.boot != nil {
+	if g.p2p != nil && g.p2p.decoder != "" {
+		h.room, h.hasRoom, h.p2p = p2pKey(g.p2p.decoder), true, p2pPrefill
+	} else if g.boot != nil {
 		h.room, h.hasRoom = g.boot.room, true
 	} else if g.isMooncake() {
 		h.room, h.hasRoom, h.transferID = mooncakeKey(*g.kv.TransferID), true, *g.kv.TransferID
@@ -301,6 +333,10 @@ func (s *Sim) holdKV(g *genRequest, f Faults, hashes []uint64, o *output) error 
 		return err
 	}
 	s.m.remoteDecodePrefills.Inc()
+	if h.p2p != "" {
+		s.m.p2pHolds.Inc()
+		return nil
+	}
 	if h.transferID != "" {
 		s.m.mooncakePrefills.Inc()
 		return nil

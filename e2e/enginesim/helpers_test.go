@@ -8,10 +8,12 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	dto "github.com/prometheus/client_model/go"
 	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/require"
 )
@@ -26,7 +28,7 @@ func startSim(t *testing.T, role Role, mutate func(*Config)) *testSim {
 	t.Helper()
 	cfg := DefaultConfig()
 	cfg.Role = role
-	cfg.Port, cfg.KVPort, cfg.BootstrapPort = 0, 0, 0
+	cfg.Port, cfg.KVPort, cfg.BootstrapPort, cfg.P2PPort = 0, 0, 0, 0
 	cfg.PrefillPerToken, cfg.DecodePerToken = 0, 0
 	cfg.KVBandwidth = 0
 	cfg.BootstrapTimeout = 5 * time.Second
@@ -49,7 +51,7 @@ func startSim(t *testing.T, role Role, mutate func(*Config)) *testSim {
 	})
 	ts := &testSim{Sim: s, url: "http://" + ls.HTTP.Addr().String()}
 	require.Eventually(t, func() bool {
-		return (s.KVAddr() != nil || ls.KV == nil) && (s.BootstrapAddr() != nil || ls.Bootstrap == nil)
+		return (s.KVAddr() != nil || ls.KV == nil) && (s.BootstrapAddr() != nil || ls.Bootstrap == nil) && s.P2PAddr() != nil
 	}, time.Second, time.Millisecond)
 	return ts
 }
@@ -57,6 +59,19 @@ func startSim(t *testing.T, role Role, mutate func(*Config)) *testSim {
 // metric returns the value of a counter or gauge (sum over label sets), or
 // the sample count of a histogram.
 func (s *testSim) metric(t *testing.T, name string) float64 {
+	t.Helper()
+	return s.metricWhere(t, name, "", "")
+}
+
+// kindMetric is metric over the series labelled kind.
+func (s *testSim) kindMetric(t *testing.T, name, kind string) float64 {
+	t.Helper()
+	return s.metricWhere(t, name, "kind", kind)
+}
+
+// metricWhere is metric over the series whose label has value (every series
+// when label is "").
+func (s *testSim) metricWhere(t *testing.T, name, label, value string) float64 {
 	t.Helper()
 	fams, err := s.reg.Gather()
 	require.NoError(t, err)
@@ -66,6 +81,9 @@ func (s *testSim) metric(t *testing.T, name string) float64 {
 		}
 		var sum float64
 		for _, m := range f.GetMetric() {
+			if label != "" && !slices.ContainsFunc(m.GetLabel(), func(l *dto.LabelPair) bool { return l.GetName() == label && l.GetValue() == value }) {
+				continue
+			}
 			switch {
 			case m.Counter != nil:
 				sum += m.GetCounter().GetValue()

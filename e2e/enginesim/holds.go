@@ -29,6 +29,9 @@ type hold struct {
 	timer     *time.Timer
 	// transferID is the Mooncake transfer (room is its key); "" otherwise.
 	transferID string
+	// p2p is the P2P pull kind it is served for ("prefill": held under a
+	// kv_request_id; "source": prefix blocks, never stored); "" otherwise.
+	p2p string
 	// done is closed when the hold ends (pulled, released or expired); nil
 	// for holds that nobody waits on.
 	done chan struct{}

@@ -25,6 +25,9 @@ type simMetrics struct {
 	sharedStoredBlocks                  prometheus.Counter
 	sharedLoadedBlocks, sharedLoads     prometheus.Counter
 	thresholdDeclines                   prometheus.Counter
+	p2pHolds                            prometheus.Counter
+	p2pBlocksServed, p2pPulls           *prometheus.CounterVec
+	p2pBlocksPulled, p2pPullFailures    *prometheus.CounterVec
 	faultsInjected                      *prometheus.CounterVec
 	badRequests                         *prometheus.CounterVec
 }
@@ -52,7 +55,7 @@ func newSimMetrics(reg prometheus.Registerer, model string) *simMetrics {
 		return h
 	}
 	latency := []float64{0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10, 20, 40, 80}
-	return &simMetrics{
+	m := &simMetrics{
 		running:              gauge("vllm:num_requests_running", "Number of requests in model execution batches."),
 		waiting:              gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed."),
 		kvUsage:              gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage."),
@@ -85,5 +88,18 @@ func newSimMetrics(reg prometheus.Registerer, model string) *simMetrics {
 		thresholdDeclines:    counter("sim_cache_threshold_declines_total", "Requests declined with finish_reason cache_threshold."),
 		faultsInjected:       counterVec("sim_faults_injected_total", "Faults injected, by kind.", "kind"),
 		badRequests:          counterVec("sim_bad_requests_total", "Requests refused as invalid, by status.", "code"),
+		p2pHolds:             counter("sim_p2p_holds_total", "Prefills that held their KV under a remote_decoder kv_request_id for a P2P pull."),
+		p2pBlocksServed:      counterVec("sim_p2p_blocks_served_total", "KV blocks served to P2P pullers (counted once the puller read them all), by kind.", "kind"),
+		p2pPulls:             counterVec("sim_p2p_pulls_total", "Completed P2P pulls, by kind (prefill: remote_prefiller; source: remote_kv_source).", "kind"),
+		p2pBlocksPulled:      counterVec("sim_p2p_blocks_pulled_total", "KV blocks pulled over the P2P tier, by kind.", "kind"),
+		p2pPullFailures:      counterVec("sim_p2p_pull_failures_total", "Failed P2P pulls, by kind.", "kind"),
 	}
+	// Both kinds are exported from the start, so a scrape shows 0.
+	for _, k := range []string{p2pPrefill, p2pSource} {
+		m.p2pBlocksServed.WithLabelValues(k)
+		m.p2pPulls.WithLabelValues(k)
+		m.p2pBlocksPulled.WithLabelValues(k)
+		m.p2pPullFailures.WithLabelValues(k)
+	}
+	return m
 }

@@ -47,7 +47,9 @@ type genRequest struct {
 	kv *kvParams
 	// kvInvalid is set when kv_transfer_params was present but unusable.
 	kvInvalid string
-	boot      *bootstrap
+	// p2p are the OffloadingConnector P2P sub-dicts (nil when none).
+	p2p  *p2pParams
+	boot *bootstrap
 	// cacheHitThreshold is cache_hit_threshold (0..1; 0 when absent).
 	cacheHitThreshold float64
 }
@@ -289,6 +291,9 @@ func parseRequest(a api, raw []byte, defaultMax int) (*genRequest, error) {
 			g.kvInvalid = "kv_transfer_params: " + err.Error()
 		} else {
 			g.kv = &p
+		}
+		if g.p2p, err = parseP2P(b.KVTransferParams, g.kv); err != nil {
+			return nil, err
 		}
 	}
 	if err := g.parseThreshold(b.CacheHitThreshold); err != nil {

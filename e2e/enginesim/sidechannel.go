@@ -25,13 +25,19 @@ import (
 //	                     the blocks released (a decoder that vanishes
 //	                     mid-pull leaves them to the lease)
 
-// pullRequest names the blocks to pull: by NIXL-style ids, or by SGLang room.
+// pullRequest names the blocks to pull: by NIXL-style ids, by SGLang room,
+// or (on the P2P port) by kind and kv_request_id.
 type pullRequest struct {
 	EngineID  string  `json:"engine_id,omitempty"`
 	RequestID string  `json:"request_id,omitempty"`
 	BlockIDs  []int   `json:"block_ids,omitempty"`
 	Room      *uint64 `json:"room,omitempty"`
 	WaitMS    int     `json:"wait_ms,omitempty"`
+	// Kind ("prefill" or "source"), KVRequestID and Hashes are the P2P
+	// tier's: a source pull sends the chained hashes of the blocks it asks.
+	Kind        string   `json:"kind,omitempty"`
+	KVRequestID string   `json:"kv_request_id,omitempty"`
+	Hashes      []uint64 `json:"block_hashes,omitempty"`
 }
 
 // pullHeader describes what follows.
@@ -50,6 +56,12 @@ var ErrKVPull = errors.New("kv pull failed")
 // serveKV accepts pulls on l until ctx ends.
 func (s *Sim) serveKV(ctx context.Context, l net.Listener) error {
 	return acceptEach(ctx, l, "kv side channel", func(c net.Conn) { s.servePull(ctx, c) })
+}
+
+// servePull serves one pull of held blocks (NIXL ids, SGLang room, Mooncake
+// transfer) on c.
+func (s *Sim) servePull(ctx context.Context, c net.Conn) {
+	s.serveBlocks(ctx, c, s.findHold)
 }
 
 // acceptEach serves every connection accepted on l on its own goroutine
@@ -72,7 +84,10 @@ func acceptEach(ctx context.Context, l net.Listener, what string, serve func(net
 	}
 }
 
-func (s *Sim) servePull(ctx context.Context, c net.Conn) {
+// serveBlocks serves one pull on c: it reads the request, resolves it with
+// find, streams the blocks and, once the puller said "done", counts P2P
+// blocks served and releases a stored hold.
+func (s *Sim) serveBlocks(ctx context.Context, c net.Conn, find func(context.Context, pullRequest) (*hold, error)) {
 	defer c.Close()
 	_ = c.SetDeadline(time.Now().Add(s.cfg.BootstrapTimeout + 30*time.Second))
 	r := bufio.NewReader(c)
@@ -85,9 +100,9 @@ func (s *Sim) servePull(ctx context.Context, c net.Conn) {
 		writeHeader(c, pullHeader{Error: "bad pull request: " + err.Error()})
 		return
 	}
-	h, err := s.findHold(ctx, req)
+	h, err := find(ctx, req)
 	if err != nil {
-		s.log.Warn().Str("request_id", req.RequestID).Err(err).Msg("kv pull refused")
+		s.log.Warn().Str("request_id", req.RequestID).Str("kv_request_id", req.KVRequestID).Err(err).Msg("kv pull refused")
 		writeHeader(c, pullHeader{Error: err.Error()})
 		return
 	}
@@ -113,20 +128,17 @@ func (s *Sim) servePull(ctx context.Context, c net.Conn) {
 	if err != nil || done != "done\n" {
 		return
 	}
-	if s.holds.release(h) {
+	if h.p2p != "" {
+		s.m.p2pBlocksServed.WithLabelValues(h.p2p).Add(float64(len(h.blocks)))
+	}
+	if h.timer != nil && s.holds.release(h) {
 		s.log.Debug().Str("request_id", h.requestID).Int("blocks", len(h.blocks)).Msg("kv pulled and released")
 	}
 }
 
 func (s *Sim) findHold(ctx context.Context, req pullRequest) (*hold, error) {
 	if req.Room != nil {
-		wait := time.Duration(req.WaitMS) * time.Millisecond
-		if wait <= 0 || wait > s.cfg.BootstrapTimeout {
-			wait = s.cfg.BootstrapTimeout
-		}
-		wctx, cancel := context.WithTimeout(ctx, wait)
-		defer cancel()
-		return s.holds.waitRoom(wctx, *req.Room)
+		return s.waitHold(ctx, *req.Room, req.WaitMS)
 	}
 	if req.EngineID != s.engineID {
 		return nil, fmt.Errorf("engine id %q is not this engine (%s): %w", req.EngineID, s.engineID, ErrNoSuchTransfer)
@@ -139,6 +151,18 @@ func (s *Sim) findHold(ctx context.Context, req pullRequest) (*hold, error) {
 		return nil, fmt.Errorf("request %q: block ids %v do not match held %v: %w", req.RequestID, req.BlockIDs, h.blockIDs, ErrNoSuchTransfer)
 	}
 	return h, nil
+}
+
+// waitHold waits for the hold registered under room, up to waitMS (bounded
+// by, and by default, the bootstrap timeout).
+func (s *Sim) waitHold(ctx context.Context, room uint64, waitMS int) (*hold, error) {
+	wait := time.Duration(waitMS) * time.Millisecond
+	if wait <= 0 || wait > s.cfg.BootstrapTimeout {
+		wait = s.cfg.BootstrapTimeout
+	}
+	wctx, cancel := context.WithTimeout(ctx, wait)
+	defer cancel()
+	return s.holds.waitRoom(wctx, room)
 }
 
 func writeHeader(w io.Writer, h pullHeader) error {

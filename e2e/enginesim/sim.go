@@ -2,9 +2,11 @@
 // engine side of every P/D protocol pd-sidecar drives: OpenAI-compatible
 // completions and chat (JSON and SSE), the Responses, Messages and
 // /inference/v1/generate bodies, vLLM NixlConnector kv_transfer_params with a
-// real KV side channel, and SGLang bootstrap rooms. Output tokens are a
-// deterministic function of the KV the decode step reads, and proof counters
-// show what really happened, so tests can prove a split took place.
+// real KV side channel, SGLang bootstrap rooms, and vLLM
+// OffloadingConnector's P2P tier (remote_decoder, remote_prefiller,
+// remote_kv_source). Output tokens are a deterministic function of the KV the
+// decode step reads, and proof counters show what really happened, so tests
+// can prove a split took place.
 package enginesim
 
 import (
@@ -43,6 +45,8 @@ type Sim struct {
 	kvAddr *net.TCPAddr
 	// bootAddr is the SGLang bootstrap listener's address.
 	bootAddr *net.TCPAddr
+	// p2pAddr is the P2P listener's address.
+	p2pAddr *net.TCPAddr
 }
 
 // New builds a simulator from a validated configuration.
@@ -97,9 +101,9 @@ func (s *Sim) EngineID() string { return s.engineID }
 func (s *Sim) Registry() *prometheus.Registry { return s.reg }
 
 // Listeners are the sockets a simulator serves on. KV and Bootstrap may be
-// nil when the role does not need them.
+// nil when the role does not need them; every role has a P2P listener.
 type Listeners struct {
-	HTTP, KV, Bootstrap net.Listener
+	HTTP, KV, Bootstrap, P2P net.Listener
 }
 
 // Listen opens the listeners the configuration and role call for.
@@ -112,13 +116,19 @@ func (s *Sim) Listen() (Listeners, error) {
 	if ls.HTTP, err = open(s.cfg.Port); err != nil {
 		return ls, fmt.Errorf("listen http: %w", err)
 	}
+	if ls.P2P, err = open(s.cfg.P2PPort); err != nil {
+		ls.HTTP.Close()
+		return ls, fmt.Errorf("listen p2p: %w", err)
+	}
 	if s.cfg.canPrefillRemote() {
 		if ls.KV, err = open(s.cfg.KVPort); err != nil {
 			ls.HTTP.Close()
+			ls.P2P.Close()
 			return ls, fmt.Errorf("listen kv side channel: %w", err)
 		}
 		if ls.Bootstrap, err = open(s.cfg.BootstrapPort); err != nil {
 			ls.HTTP.Close()
+			ls.P2P.Close()
 			ls.KV.Close()
 			return ls, fmt.Errorf("listen sglang bootstrap: %w", err)
 		}
@@ -130,7 +140,7 @@ func (s *Sim) Listen() (Listeners, error) {
 func (s *Sim) Serve(ctx context.Context, ls Listeners) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	errc := make(chan error, 3)
+	errc := make(chan error, 4)
 	if s.kva != nil {
 		if err := s.kva.start(ctx, s.cfg.Host); err != nil {
 			return err
@@ -149,10 +159,17 @@ func (s *Sim) Serve(ctx context.Context, ls Listeners) error {
 		s.mu.Unlock()
 		go func() { errc <- s.serveBootstrap(ctx, ls.Bootstrap) }()
 	}
+	if ls.P2P != nil {
+		s.mu.Lock()
+		s.p2pAddr = ls.P2P.Addr().(*net.TCPAddr)
+		s.mu.Unlock()
+		go func() { errc <- s.serveP2P(ctx, ls.P2P) }()
+	}
 	srv := &http.Server{Handler: s.Handler(), ReadHeaderTimeout: 10 * time.Second}
 	go func() { errc <- srv.Serve(ls.HTTP) }()
 	s.log.Info().Str("http", ls.HTTP.Addr().String()).Str("role", string(s.cfg.Role)).
 		Str("engine_id", s.engineID).Str("kv", addrString(ls.KV)).Str("bootstrap", addrString(ls.Bootstrap)).
+		Str("p2p", addrString(ls.P2P)).
 		Msg("engine-sim serving")
 	var err error
 	select {
@@ -188,6 +205,13 @@ func (s *Sim) BootstrapAddr() *net.TCPAddr {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.bootAddr
+}
+
+// P2PAddr returns the P2P listener's address (nil until Serve started it).
+func (s *Sim) P2PAddr() *net.TCPAddr {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.p2pAddr
 }
 
 // HeldBlocks returns the number of KV blocks held for remote decoders.

@@ -1,6 +1,10 @@
 package harness
 
 import (
+	"encoding/json"
+	"net"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 )
@@ -9,8 +13,9 @@ import (
 type Engine struct {
 	*Proc
 	// Port is the HTTP port; KVPort the NIXL-style KV side channel;
-	// BootstrapPort the SGLang bootstrap port.
-	Port, KVPort, BootstrapPort int
+	// BootstrapPort the SGLang bootstrap port; P2PPort the OffloadingConnector
+	// P2P listener (remote_prefiller and remote_kv_source pulls).
+	Port, KVPort, BootstrapPort, P2PPort int
 }
 
 // URL returns the engine's base URL.
@@ -27,22 +32,80 @@ func (e *Engine) Metric(t testing.TB, name string, labels map[string]string) flo
 
 // StartEngineSim builds and starts cmd/engine-sim with the given role on free
 // ports and waits for /health. Extra flags are appended after the defaults, so
-// they override them.
+// they override them; a port flag among them (--port, --kv-port,
+// --bootstrap-port, --p2p-port, as "--flag N" or "--flag=N") sets that port,
+// e.g. "--p2p-port", N for data-parallel rank r's engine on base+r. With
+// "--p2p-port 0" the engine picks the port, read from its startup line.
 func StartEngineSim(t testing.TB, role string, extra ...string) *Engine {
 	t.Helper()
-	e := &Engine{Port: FreePort(t), KVPort: FreePort(t), BootstrapPort: FreePort(t)}
-	args := []string{
-		"--role", role,
-		"--port", itoa(e.Port),
-		"--kv-port", itoa(e.KVPort),
-		"--bootstrap-port", itoa(e.BootstrapPort),
+	e := &Engine{}
+	ports := []struct {
+		flag string
+		port *int
+	}{{"--port", &e.Port}, {"--kv-port", &e.KVPort}, {"--bootstrap-port", &e.BootstrapPort}, {"--p2p-port", &e.P2PPort}}
+	args := []string{"--role", role}
+	for _, p := range ports {
+		v, ok := flagValue(extra, p.flag)
+		if !ok {
+			*p.port = FreePort(t)
+			args = append(args, p.flag, itoa(*p.port))
+			continue
+		}
+		n, err := strconv.Atoi(v)
+		if err != nil {
+			t.Fatalf("harness: %s %q is not a port", p.flag, v)
+		}
+		*p.port = n
+	}
+	args = append(args,
 		"--model", "sim-model",
 		"--prefill-us-per-token", "20",
 		"--decode-us-per-token", "200",
 		"--log-level", "debug",
-	}
+	)
 	args = append(args, extra...)
 	e.Proc = Start(t, Binary(t, "engine-sim"), args...)
 	e.WaitHTTP(t, e.URL()+"/health", 30*time.Second)
+	if e.P2PPort == 0 {
+		e.P2PPort = e.announcedPort(t, "p2p")
+	}
 	return e
+}
+
+// flagValue returns the last value given to flag in args.
+func flagValue(args []string, flag string) (string, bool) {
+	v, ok := "", false
+	for i, a := range args {
+		switch {
+		case a == flag && i+1 < len(args):
+			v, ok = args[i+1], true
+		case strings.HasPrefix(a, flag+"="):
+			v, ok = strings.TrimPrefix(a, flag+"="), true
+		}
+	}
+	return v, ok
+}
+
+// announcedPort reads the port of listener key ("kv", "bootstrap", "p2p")
+// from the engine's startup line ("engine-sim serving").
+func (e *Engine) announcedPort(t testing.TB, key string) int {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		for _, line := range strings.Split(e.Output(), "\n") {
+			var m map[string]any
+			if json.Unmarshal([]byte(line), &m) != nil || m["message"] != "engine-sim serving" {
+				continue
+			}
+			addr, _ := m[key].(string)
+			_, port, err := net.SplitHostPort(addr)
+			if n, perr := strconv.Atoi(port); err == nil && perr == nil {
+				return n
+			}
+			t.Fatalf("harness: engine-sim announced %s %q", key, addr)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Fatalf("harness: engine-sim did not announce its %s port:\n%s", key, e.Output())
+	return 0
 }
