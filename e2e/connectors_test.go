@@ -15,7 +15,7 @@ import (
 )
 
 // These tests run pd-sidecar with each non-default connector (sglang,
-// mooncake, shared-storage) between two engine-sim processes and prove the
+// mooncake, shared-storage, offloading) between two engine-sim processes and prove the
 // split with the simulators' proof counters and token-exact output.
 
 // connRig is a prefill engine, a decode engine, a reference engine (local
@@ -40,6 +40,7 @@ var connSpecs = []connSpec{
 	{name: "sglang", prefillProof: "sim_sglang_prefills_total", decodeProof: "sim_sglang_decodes_total"},
 	{name: "mooncake", prefillProof: "sim_mooncake_prefills_total", decodeProof: "sim_mooncake_decodes_total"},
 	{name: "shared-storage", extra: `,"cache_hit_threshold":0.8`, prefillProof: "sim_shared_storage_stored_blocks_total", decodeProof: "sim_shared_storage_loads_total"},
+	{name: "offloading", prefillProof: "sim_p2p_holds_total", decodeProof: "sim_p2p_pulls_total"},
 }
 
 // newConnRig starts the engines (engine flags apply to both P and D) and a
@@ -54,7 +55,8 @@ func newConnRig(t *testing.T, spec connSpec, sidecarFlags []string, engineFlags 
 	r.decode = harness.StartEngineSim(t, "decode", engineFlags...)
 	flags := append([]string{"--kv-connector", spec.name,
 		"--sglang-bootstrap-port", itoa(r.prefill.BootstrapPort),
-		"--mooncake-bootstrap-port", itoa(r.prefill.BootstrapPort)}, sidecarFlags...)
+		"--mooncake-bootstrap-port", itoa(r.prefill.BootstrapPort),
+		"--p2p-connector-port", itoa(r.prefill.P2PPort)}, sidecarFlags...)
 	r.sc = harness.StartSidecar(t, r.decode.Port, flags...)
 	return r
 }
@@ -294,6 +296,23 @@ func TestConnectorsLLMDRequestShapes(t *testing.T) {
 			`,"remote_bootstrap_addr":`+quote("http://"+harness.HostPort(r.prefill.BootstrapPort))+
 			`,"remote_engine_id":`+quote(m["0"]["engine_id"].(string))+`}`,
 			gjson.GetBytes(dec[0].Body, "kv_transfer_params").Raw)
+		assert.True(t, gjson.GetBytes(dec[0].Body, "stream").Bool())
+	})
+	t.Run("offloading", func(t *testing.T) {
+		r := newConnRig(t, connSpecs[3], nil)
+		st, _, _ := scStream(t, r.sc.URL()+"/v1/chat/completions", chat, r.header())
+		require.Equal(t, http.StatusOK, st)
+		pre, dec := simRequests(t, r.prefill), simRequests(t, r.decode)
+		require.Len(t, pre, 1)
+		require.Len(t, dec, 1)
+		id := gjson.GetBytes(pre[0].Body, "kv_transfer_params.remote_decoder.kv_request_id").String()
+		assert.Regexp(t, `^[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$`, id)
+		assert.JSONEq(t, `{"remote_decoder":{"kv_request_id":`+quote(id)+`}}`, gjson.GetBytes(pre[0].Body, "kv_transfer_params").Raw)
+		assert.Equal(t, int64(1), gjson.GetBytes(pre[0].Body, "max_tokens").Int())
+		assert.False(t, gjson.GetBytes(pre[0].Body, "stream").Bool())
+		assert.JSONEq(t, `{"remote_prefiller":{"kv_request_id":`+quote(id)+`,"remote_host":"127.0.0.1","remote_port":`+itoa(r.prefill.P2PPort)+`}}`,
+			gjson.GetBytes(dec[0].Body, "kv_transfer_params").Raw)
+		assert.Equal(t, int64(8), gjson.GetBytes(dec[0].Body, "max_tokens").Int(), "the decode leg keeps the client's cap")
 		assert.True(t, gjson.GetBytes(dec[0].Body, "stream").Bool())
 	})
 	t.Run("shared-storage", func(t *testing.T) {

@@ -16,13 +16,16 @@ type Engine struct {
 	// BootstrapPort the SGLang bootstrap port; P2PPort the OffloadingConnector
 	// P2P listener (remote_prefiller and remote_kv_source pulls).
 	Port, KVPort, BootstrapPort, P2PPort int
+	// Host is the address it listens on: 127.0.0.1, or the --host a test
+	// gave (another loopback address stands for another pod).
+	Host string
 }
 
 // URL returns the engine's base URL.
-func (e *Engine) URL() string { return URL(e.Port) }
+func (e *Engine) URL() string { return "http://" + e.HostPort() }
 
-// HostPort returns 127.0.0.1:Port, the form x-prefiller-host-port takes.
-func (e *Engine) HostPort() string { return HostPort(e.Port) }
+// HostPort returns Host:Port, the form x-prefiller-host-port takes.
+func (e *Engine) HostPort() string { return net.JoinHostPort(e.Host, strconv.Itoa(e.Port)) }
 
 // Metric scrapes the engine's /metrics and returns Value(name, labels).
 func (e *Engine) Metric(t testing.TB, name string, labels map[string]string) float64 {
@@ -38,7 +41,10 @@ func (e *Engine) Metric(t testing.TB, name string, labels map[string]string) flo
 // "--p2p-port 0" the engine picks the port, read from its startup line.
 func StartEngineSim(t testing.TB, role string, extra ...string) *Engine {
 	t.Helper()
-	e := &Engine{}
+	e := &Engine{Host: "127.0.0.1"}
+	if h, ok := flagValue(extra, "--host"); ok {
+		e.Host = h
+	}
 	ports := []struct {
 		flag string
 		port *int
