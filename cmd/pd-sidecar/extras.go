@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"io"
 	"time"
 
 	"github.com/pd-sidecar/pd-sidecar/proxy"
@@ -9,9 +10,9 @@ import (
 )
 
 // installExtras wires the proxy's optional collaborators: the /debug/pd
-// tracker, always; OpenTelemetry spans with --tracing. The returned func
-// flushes what must be flushed at exit.
-func installExtras(p *proxy.Proxy, opts options, connector string) (func(), error) {
+// tracker, always; OpenTelemetry spans when tracing is on (console spans go
+// to stdout). The returned func flushes what must be flushed at exit.
+func installExtras(p *proxy.Proxy, opts options, connector string, tracing tracingSetup, stdout io.Writer) (func(), error) {
 	handoff := "engine-pull"
 	if connector == "sidecar" {
 		handoff = "sidecar-pull"
@@ -24,8 +25,8 @@ func installExtras(p *proxy.Proxy, opts options, connector string) (func(), erro
 	})
 	ext := proxy.Extras{Observer: tr, Debug: tr.ServeDebug}
 	shutdown := func() {}
-	if opts.tracing {
-		tracer, prop, stop, err := newTracing(context.Background())
+	if tracing.on() {
+		tracer, prop, stop, err := newTracing(context.Background(), tracing, stdout)
 		if err != nil {
 			return nil, err
 		}

@@ -23,7 +23,7 @@ type options struct {
 	// connectorOpts configure the connectors (registered in main.go).
 	connectorOpts connectorOptions
 	logLevel      zerolog.Level
-	tracing       bool         // OpenTelemetry spans, exporter from OTEL_* (tracing.go)
+	tracing       bool         // OpenTelemetry spans; OTEL_* can turn them on or off too (tracing.go)
 	kv            kvOptions    // the sidecar connector's own KV pull (kv.go)
 	guard         guardOptions // SSRF, TLS, limits, circuit breaker (security.go)
 	llmd          llmdOptions  // llm-d's --zap-* flags and flags of features not built yet (llmd_flags.go)
@@ -95,7 +95,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	level := fs.String("log-level", "info", "log level: trace, debug, info, warn, error; wins over --zap-log-level and --zap-devel")
 	addLLMDFlags(fs, &o.llmd, os.Getenv)
 	addGuardFlags(fs, &o)
-	fs.BoolVar(&o.tracing, "tracing", false, "export OpenTelemetry spans over OTLP/HTTP (endpoint, headers, sampler from the standard OTEL_* environment)")
+	fs.BoolVar(&o.tracing, "tracing", false, "export OpenTelemetry spans (OTLP over gRPC or HTTP, or console); OTEL_TRACES_EXPORTER=otlp or console turns tracing on without this flag, OTEL_TRACES_EXPORTER=none or OTEL_SDK_DISABLED=true keeps it off with it; endpoint, protocol, headers, sampler from the standard OTEL_* environment")
 	if err := parseWithConfiguration(fs, args, os.ReadFile); err != nil {
 		if errors.Is(err, pflag.ErrHelp) {
 			fmt.Fprintf(stderr, "Usage of pd-sidecar:\n%s", fs.FlagUsages())

@@ -55,7 +55,13 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "pd-sidecar: %v\n", err)
 		return exitUsage
 	}
+	tracing, err := decideTracing(opts.tracing, os.Getenv)
+	if err != nil {
+		fmt.Fprintf(stderr, "pd-sidecar: %v\n", err)
+		return exitUsage
+	}
 	log := zerolog.New(stdout).Level(opts.logLevel).With().Timestamp().Logger()
+	tracing.log(log)
 	conn, err := connector(opts.connector, opts.connectorOpts)
 	if err != nil {
 		fmt.Fprintf(stderr, "pd-sidecar: %v\n", err)
@@ -75,7 +81,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "pd-sidecar: %v\n", err)
 		return exitUsage
 	}
-	flush, err := installExtras(p, opts, conn.Name())
+	flush, err := installExtras(p, opts, conn.Name(), tracing, stdout)
 	if err != nil {
 		fmt.Fprintf(stderr, "pd-sidecar: %v\n", err)
 		return exitUsage

@@ -253,6 +253,7 @@ func TestChartRenders(t *testing.T) {
 					env[e.Name] = e.Value
 				}
 				assert.Equal(t, "http://otel-collector.monitoring:4318", env["OTEL_EXPORTER_OTLP_ENDPOINT"])
+				assert.Equal(t, "http/protobuf", env["OTEL_EXPORTER_OTLP_PROTOCOL"], "the chart's :4318 endpoint is OTLP/HTTP")
 				assert.Equal(t, "parentbased_traceidratio", env["OTEL_TRACES_SAMPLER"])
 				require.Equal(t, 1, o.Kinds["ServiceMonitor"])
 				sm := o.Other[0]

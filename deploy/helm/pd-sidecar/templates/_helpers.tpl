@@ -134,6 +134,10 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
     - name: OTEL_EXPORTER_OTLP_ENDPOINT
       value: {{ .endpoint | quote }}
     {{- end }}
+    {{- if .protocol }}
+    - name: OTEL_EXPORTER_OTLP_PROTOCOL
+      value: {{ .protocol | quote }}
+    {{- end }}
     - name: OTEL_SERVICE_NAME
       value: {{ .serviceName | quote }}
     - name: OTEL_TRACES_SAMPLER
