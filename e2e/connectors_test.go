@@ -176,7 +176,12 @@ func TestConnectorsClientCancelCancelsBothLegs(t *testing.T) {
 			r := newConnRig(t, spec, nil)
 			// The decode engine is slow to start, so the client leaves while
 			// both legs are in flight (shared-storage: while the prefill is).
-			if spec.name == "shared-storage" {
+			// An offloading prefill answers as soon as it holds the blocks,
+			// and the hold then waits for the decoder or the engine's lease,
+			// so there the prefill is the slow leg: the client leaves while
+			// it runs and the decode waits on the P2P pull.
+			prefillSlow := spec.name == "shared-storage" || spec.name == "offloading"
+			if prefillSlow {
 				setFault(t, r.prefill, `{"latency_ms":3000}`)
 			} else {
 				setFault(t, r.decode, `{"latency_ms":3000}`)
@@ -194,7 +199,11 @@ func TestConnectorsClientCancelCancelsBothLegs(t *testing.T) {
 					r.prefill.Metric(t, "sim_kv_blocks_held", nil) == 0 &&
 					r.scMetric(t, "pd_sidecar_client_disconnects_total", nil) == 1
 			})
-			if spec.name != "shared-storage" {
+			if spec.name == "offloading" {
+				assert.Zero(t, r.prefill.Metric(t, "sim_p2p_holds_total", nil), "the prefill was cancelled before it held anything")
+				assert.Zero(t, r.decode.Metric(t, "sim_p2p_pulls_total", nil))
+			}
+			if !prefillSlow {
 				assert.Equal(t, 1.0, r.prefill.Metric(t, "sim_kv_released_on_cancel_total", nil),
 					"the prefill leg was cancelled while holding KV, and the KV was freed at once")
 			}
