@@ -225,6 +225,10 @@ func TestLLMDRemovedFlags(t *testing.T) {
 		{[]string{"--connector=nixlv2"}, func(t *testing.T, o options) { assert.Equal(t, "nixlv2", o.connector) }},
 		{[]string{"--connector=nixl"}, func(t *testing.T, o options) { assert.Equal(t, "nixlv2", o.connector) }},
 		{[]string{"--connector=sglang"}, func(t *testing.T, o options) { assert.Equal(t, "sglang", o.connector) }},
+		{[]string{"--connector=offloading"}, func(t *testing.T, o options) {
+			assert.Equal(t, "offloading", o.connector)
+			assert.True(t, o.cfg.P2P.Enabled)
+		}},
 		{[]string{"--connector=nixlv2", "--kv-connector=shared-storage"}, func(t *testing.T, o options) { assert.Equal(t, "shared-storage", o.connector) }},
 		{[]string{"--prefiller-use-tls"}, func(t *testing.T, o options) {
 			assert.True(t, o.cfg.Guard.TLS.Prefiller)
