@@ -195,16 +195,39 @@ func TestKVFieldsTrusted(t *testing.T) {
 	})
 }
 
+// TestKVFieldsMalformedBodyRefused: a body that is not one well-formed JSON
+// object is a 400 JSON error from the sidecar before any leg, on both
+// paths (the lane: the request in one write; fasthttp's: in two), with or
+// without a prefiller named; the error never quotes a character the client
+// did not send.
 func TestKVFieldsMalformedBodyRefused(t *testing.T) {
+	prefill := harness.StartEngineSim(t, "prefill")
 	decode := harness.StartEngineSim(t, "decode")
 	sc := harness.StartSidecar(t, decode.Port)
-	for _, whole := range []bool{true, false} {
-		for _, body := range []string{`{"prompt":"x","kv_transfer_params":{"remote_host":"10.0.0.1"}`, `{"prompt":"x"} {"kv_transfer_params":{}}`, `not json`} {
-			resp, b := exchangeRaw(t, sc.Port, "/v1/completions", body, nil, whole)
-			require.Equal(t, http.StatusBadRequest, resp.StatusCode, "%s", b)
-			assert.Equal(t, int64(400), gjson.GetBytes(b, "error.code").Int())
+	bodies := []string{
+		`{"prompt":"x","kv_transfer_params":{"remote_host":"10.0.0.1"}`,
+		`{"prompt":"x"} {"kv_transfer_params":{}}`,
+		`not json`,
+		`{"prompt":"x",}`,
+		`{"prompt":"x","max_tokens":4,"stream":tru}`,
+		`[{"prompt":"x"}]`,
+		`{"prompt":"x" "max_tokens":4}`,
+		`{"prompt":"x\q"}`,
+	}
+	n := 0
+	for _, hdr := range []map[string]string{nil, {"x-prefiller-host-port": prefill.HostPort()}} {
+		for _, whole := range []bool{true, false} {
+			for _, body := range bodies {
+				resp, b := exchangeRaw(t, sc.Port, "/v1/completions", body, hdr, whole)
+				require.Equal(t, http.StatusBadRequest, resp.StatusCode, "%s: %s", body, b)
+				assert.Equal(t, int64(400), gjson.GetBytes(b, "error.code").Int(), "%s", body)
+				assert.NotContains(t, gjson.GetBytes(b, "error.message").String(), "invalid character ','", "%s", body)
+				n++
+			}
 		}
 	}
 	assert.Empty(t, simRequests(t, decode), "a malformed body never reaches the engine")
-	assert.Equal(t, 6.0, sc.Metric(t, "pd_sidecar_requests_rejected_total", map[string]string{"reason": "malformed"}))
+	assert.Empty(t, simRequests(t, prefill), "nor the prefiller")
+	assert.Equal(t, float64(n), sc.Metric(t, "pd_sidecar_requests_rejected_total", map[string]string{"reason": "malformed"}))
+	assert.Zero(t, sc.Metric(t, "pd_sidecar_requests_total", map[string]string{"mode": "disaggregated"}))
 }

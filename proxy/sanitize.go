@@ -21,10 +21,16 @@ var ErrKVAddressDenied = errors.New("a kv transfer address in the request body i
 // fields (counted by field), or, with --trust-client-kv-params, body itself
 // once the addresses those fields name passed the SSRF allowlist. A body
 // that is not a well-formed JSON object is refused (ErrBadRequest, counted
-// as malformed): what an engine would read in it cannot be told. log gets
-// the debug line of a removal (nil: none).
+// as malformed; connectors.ValidObject): what an engine would read in it
+// cannot be told, and an edited copy would make the engine's error quote
+// bytes the client never sent. log gets the debug line of a removal (nil:
+// none).
 func (p *Proxy) cleanBody(api connectors.API, body []byte, log func() *zerolog.Event) ([]byte, error) {
 	g := p.guard
+	if err := connectors.ValidObject(body); err != nil {
+		g.m.Rejected.WithLabelValues(metrics.RejectMalformed).Inc()
+		return nil, fmt.Errorf("%w: %w", ErrBadRequest, err)
+	}
 	if g.cfg.TrustClientKVParams {
 		if g.cfg.Allowlist == nil {
 			return body, nil

@@ -1,0 +1,256 @@
+package connectors
+
+import (
+	"encoding/binary"
+	"fmt"
+	"math/bits"
+	"unicode/utf8"
+)
+
+// maxJSONDepth bounds the nesting of a body ValidObject accepts (Python's
+// json module, which vLLM and SGLang parse with, stops near 1000 too).
+const maxJSONDepth = 512
+
+// ValidObject reports whether body is exactly one JSON object (RFC 8259:
+// strict numbers and literals, string escapes, no raw control characters,
+// UTF-8 text), blanks allowed around it; else an error wrapping
+// ErrMalformedJSON that says what is wrong and at which byte offset,
+// quoting nothing of the body. It allocates nothing. Strings, which hold
+// nearly all of a prompt's bytes, are scanned eight bytes at a time: only
+// a quote, a backslash, a control character or a non-ASCII byte stops the
+// word scan.
+func ValidObject(body []byte) error {
+	v := validator{b: body, i: skipBlank(body, 0)}
+	if v.i >= len(body) || body[v.i] != '{' {
+		return v.fail("not a JSON object")
+	}
+	if err := v.value(0); err != nil {
+		return err
+	}
+	if skipBlank(body, v.i) != len(body) {
+		return fmt.Errorf("%w: data after the object at byte %d", ErrMalformedJSON, skipBlank(body, v.i))
+	}
+	return nil
+}
+
+// validator walks one JSON text; i is the offset of the next byte to read.
+type validator struct {
+	b []byte
+	i int
+}
+
+func (v *validator) fail(what string) error {
+	return fmt.Errorf("%w: %s at byte %d", ErrMalformedJSON, what, v.i)
+}
+
+// value reads the value at v.i (blanks already skipped).
+func (v *validator) value(depth int) error {
+	if v.i >= len(v.b) {
+		return v.fail("value expected")
+	}
+	switch c := v.b[v.i]; {
+	case c == '{':
+		return v.object(depth + 1)
+	case c == '[':
+		return v.array(depth + 1)
+	case c == '"':
+		return v.str()
+	case c == 't':
+		return v.literal("true")
+	case c == 'f':
+		return v.literal("false")
+	case c == 'n':
+		return v.literal("null")
+	case c == '-' || c >= '0' && c <= '9':
+		return v.number()
+	}
+	return v.fail("value expected")
+}
+
+func (v *validator) object(depth int) error {
+	if depth > maxJSONDepth {
+		return v.fail("nesting too deep")
+	}
+	v.i = skipBlank(v.b, v.i+1)
+	if v.i < len(v.b) && v.b[v.i] == '}' {
+		v.i++
+		return nil
+	}
+	for {
+		if v.i >= len(v.b) || v.b[v.i] != '"' {
+			return v.fail("member name expected")
+		}
+		if err := v.str(); err != nil {
+			return err
+		}
+		v.i = skipBlank(v.b, v.i)
+		if v.i >= len(v.b) || v.b[v.i] != ':' {
+			return v.fail("':' expected")
+		}
+		v.i = skipBlank(v.b, v.i+1)
+		if err := v.value(depth); err != nil {
+			return err
+		}
+		v.i = skipBlank(v.b, v.i)
+		switch {
+		case v.i < len(v.b) && v.b[v.i] == ',':
+			v.i = skipBlank(v.b, v.i+1)
+		case v.i < len(v.b) && v.b[v.i] == '}':
+			v.i++
+			return nil
+		default:
+			return v.fail("',' or '}' expected")
+		}
+	}
+}
+
+func (v *validator) array(depth int) error {
+	if depth > maxJSONDepth {
+		return v.fail("nesting too deep")
+	}
+	v.i = skipBlank(v.b, v.i+1)
+	if v.i < len(v.b) && v.b[v.i] == ']' {
+		v.i++
+		return nil
+	}
+	for {
+		if err := v.value(depth); err != nil {
+			return err
+		}
+		v.i = skipBlank(v.b, v.i)
+		switch {
+		case v.i < len(v.b) && v.b[v.i] == ',':
+			v.i = skipBlank(v.b, v.i+1)
+		case v.i < len(v.b) && v.b[v.i] == ']':
+			v.i++
+			return nil
+		default:
+			return v.fail("',' or ']' expected")
+		}
+	}
+}
+
+func (v *validator) literal(word string) error {
+	if len(v.b)-v.i < len(word) || string(v.b[v.i:v.i+len(word)]) != word {
+		return v.fail("invalid literal")
+	}
+	v.i += len(word)
+	return nil
+}
+
+// number reads -?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?.
+func (v *validator) number() error {
+	b := v.b
+	if b[v.i] == '-' {
+		v.i++
+	}
+	switch {
+	case v.i < len(b) && b[v.i] == '0':
+		v.i++
+	case v.i < len(b) && b[v.i] >= '1' && b[v.i] <= '9':
+		v.digits()
+	default:
+		return v.fail("invalid number")
+	}
+	if v.i < len(b) && b[v.i] == '.' {
+		v.i++
+		if v.digits() == 0 {
+			return v.fail("invalid number")
+		}
+	}
+	if v.i < len(b) && (b[v.i] == 'e' || b[v.i] == 'E') {
+		v.i++
+		if v.i < len(b) && (b[v.i] == '+' || b[v.i] == '-') {
+			v.i++
+		}
+		if v.digits() == 0 {
+			return v.fail("invalid number")
+		}
+	}
+	return nil
+}
+
+func (v *validator) digits() int {
+	start := v.i
+	for v.i < len(v.b) && v.b[v.i] >= '0' && v.b[v.i] <= '9' {
+		v.i++
+	}
+	return v.i - start
+}
+
+// SWAR constants: one byte value repeated in each of a word's eight bytes.
+const (
+	ones  = 0x0101010101010101
+	highs = 0x8080808080808080
+)
+
+// special flags (high bit of the byte) the bytes of w that stop a string
+// scan: '"', '\\', a control character, a non-ASCII byte. The lowest
+// flagged byte is exact (a borrow can only flag bytes above a real match).
+func special(w uint64) uint64 {
+	q := w ^ ('"' * ones)
+	s := w ^ ('\\' * ones)
+	return ((q-ones)&^q | (s-ones)&^s | (w-0x20*ones)&^w | w) & highs
+}
+
+// str reads the string whose opening quote is at v.i.
+func (v *validator) str() error {
+	b := v.b
+	v.i++
+	for {
+		for v.i+8 <= len(b) {
+			if m := special(binary.LittleEndian.Uint64(b[v.i:])); m != 0 {
+				v.i += bits.TrailingZeros64(m) >> 3
+				break
+			}
+			v.i += 8
+		}
+		if v.i >= len(b) {
+			return v.fail("unterminated string")
+		}
+		switch c := b[v.i]; {
+		case c == '"':
+			v.i++
+			return nil
+		case c == '\\':
+			if err := v.escape(); err != nil {
+				return err
+			}
+		case c < 0x20:
+			return v.fail("control character in a string")
+		case c >= utf8.RuneSelf:
+			r, n := utf8.DecodeRune(b[v.i:])
+			if r == utf8.RuneError && n <= 1 {
+				return v.fail("invalid UTF-8 in a string")
+			}
+			v.i += n
+		default:
+			v.i++
+		}
+	}
+}
+
+// escape reads the escape sequence whose backslash is at v.i.
+func (v *validator) escape() error {
+	b := v.b
+	if v.i+1 >= len(b) {
+		return v.fail("unterminated string")
+	}
+	switch b[v.i+1] {
+	case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
+		v.i += 2
+		return nil
+	case 'u':
+		if len(b)-v.i < 6 {
+			return v.fail("invalid \\u escape")
+		}
+		for _, h := range b[v.i+2 : v.i+6] {
+			if !(h >= '0' && h <= '9' || h >= 'a' && h <= 'f' || h >= 'A' && h <= 'F') {
+				return v.fail("invalid \\u escape")
+			}
+		}
+		v.i += 6
+		return nil
+	}
+	return v.fail("invalid escape")
+}

@@ -1,0 +1,95 @@
+package connectors_test
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"strings"
+	"testing"
+	"unicode/utf8"
+
+	"github.com/stretchr/testify/assert"
+
+	"github.com/pd-sidecar/pd-sidecar/connectors"
+)
+
+func TestValidObject(t *testing.T) {
+	long := strings.Repeat("a quick brown fox \\n \\u00e9 é 😀 ", 100)
+	for _, tc := range []struct {
+		in string
+		ok bool
+	}{
+		{`{}`, true},
+		{" \n{\"a\":1} \t", true},
+		{`{"prompt":"` + long + `","max_tokens":16,"stream":true,"x":null,"y":false}`, true},
+		{`{"a":[1,-2,3.5,4e10,-0.5E-3,0],"b":{"c":[[],{}]}}`, true},
+		{`{"a":"\"\\\/\b\f\n\r\t\uD83D\uDE00"}`, true},
+		{`{"prompt":"x",}`, false},
+		{`{"stream":tru}`, false},
+		{`{"stream":truex}`, false},
+		{`{"a":nul}`, false},
+		{`{"a":01}`, false},
+		{`{"a":1.}`, false},
+		{`{"a":.5}`, false},
+		{`{"a":1e}`, false},
+		{`{"a":-}`, false},
+		{`{"a":+1}`, false},
+		{`{"a":"\q"}`, false},
+		{`{"a":"\u12G4"}`, false},
+		{`{"a":"\u12"}`, false},
+		{"{\"a\":\"tab\there\"}", false},
+		{"{\"a\":\"\xff\xfe\"}", false},
+		{"{\"a\":\"\xe2\x82\"}", false},
+		{`{"a" 1}`, false},
+		{`{"a":1 "b":2}`, false},
+		{`{"a":[1,,2]}`, false},
+		{`{"a":[1 2]}`, false},
+		{`{"a":{"b" 1}}`, false},
+		{`{"a":[1}`, false},
+		{`{"a":"x`, false},
+		{`{"a":1} {}`, false},
+		{`[{"a":1}]`, false},
+		{`"x"`, false},
+		{``, false},
+		{`{1:2}`, false},
+		{strings.Repeat("[", 600) + strings.Repeat("]", 600), false},
+		{`{"a":` + strings.Repeat("[", 600) + strings.Repeat("]", 600) + `}`, false},
+		{`{"a":` + strings.Repeat("[", 400) + strings.Repeat("]", 400) + `}`, true},
+	} {
+		err := connectors.ValidObject([]byte(tc.in))
+		if tc.ok {
+			assert.NoError(t, err, "%.80q", tc.in)
+			continue
+		}
+		assert.True(t, errors.Is(err, connectors.ErrMalformedJSON), "%.80q: %v", tc.in, err)
+	}
+}
+
+// FuzzValidObject: on UTF-8 input, ValidObject agrees with encoding/json
+// (plus: the value is an object, nested at most 512 deep).
+func FuzzValidObject(f *testing.F) {
+	for _, s := range []string{`{}`, `{"a":[1,2.5e3,"x\n"],"b":{"c":null}}`, `{"a":tru}`, `{"a":"\u00e9"}`, `{"a":1,}`, `[1]`} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		if !utf8.Valid(b) || bytes.Count(b, []byte{'['})+bytes.Count(b, []byte{'{'}) > 500 {
+			return
+		}
+		want := json.Valid(b) && len(bytes.TrimLeft(b, " \t\r\n")) > 0 && bytes.TrimLeft(b, " \t\r\n")[0] == '{'
+		err := connectors.ValidObject(b)
+		if want != (err == nil) {
+			t.Fatalf("ValidObject(%q) = %v, encoding/json says valid object: %v", b, err, want)
+		}
+	})
+}
+
+func BenchmarkValidObject(b *testing.B) {
+	p := strings.Repeat("The quick brown fox jumps over the lazy dog. \\n ", 2800) // ~128 KiB
+	body := []byte(`{"model":"m","messages":[{"role":"user","content":"` + p + `"}],"max_tokens":16,"stream":true}`)
+	b.SetBytes(int64(len(body)))
+	for b.Loop() {
+		if err := connectors.ValidObject(body); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
