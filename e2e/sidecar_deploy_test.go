@@ -22,8 +22,9 @@ import (
 
 // TestDebugPDAndStatusCommand drives real traffic and reads the verdict
 // from GET /debug/pd and from `pd-sidecar status --url`: no prefiller
-// named → not-requested; a dead prefiller → never-split, in words, with
-// the reason; real splits → operating, with the last split and KV transfer.
+// named → not-configured; a dead prefiller → not-operating, in words, with
+// the reason; real splits after it → degraded, with the last split and KV
+// transfer.
 func TestDebugPDAndStatusCommand(t *testing.T) {
 	rig := newRig(t)
 	url := rig.sc.URL()
@@ -39,14 +40,14 @@ func TestDebugPDAndStatusCommand(t *testing.T) {
 	st, _, _ := scPost(t, url+"/v1/completions", completionBody(`,"max_tokens":4`), nil)
 	require.Equal(t, http.StatusOK, st)
 	s = snap()
-	assert.Equal(t, status.VerdictNotRequested, s.Verdict)
+	assert.Equal(t, status.VerdictNotConfigured, s.Verdict)
 	assert.Equal(t, 1, s.Window.Local)
 
 	dead := map[string]string{"x-prefiller-host-port": harness.HostPort(harness.FreePort(t))}
 	st, _, _ = scPost(t, url+"/v1/completions", completionBody(`,"max_tokens":4`), dead)
 	require.Equal(t, http.StatusOK, st, "a dead prefiller degrades, never fails")
 	s = snap()
-	assert.Equal(t, status.VerdictNeverSplit, s.Verdict)
+	assert.Equal(t, status.VerdictNotOperating, s.Verdict)
 	assert.Contains(t, s.Summary, "no split happened")
 	assert.Equal(t, 1, s.Window.FallbacksByReason["unreachable"])
 	assert.Nil(t, s.LastSplit)

@@ -55,6 +55,7 @@ func (lc *laneConn) split(hv []byte) {
 	pd.buf = append(pd.buf, r.body...)
 	pd.start, r.body = pd.buf[:n:n], pd.buf[n:] // the body outlives the loop's buffer
 	lc.pd = pd
+	r.named = true
 	hp, err := p.pickAllowed(hv)
 	r.prefiller, r.label = hp, p.prefillerLabel(hp, err)
 	r.logReady = false // the request's logger gets the prefiller field

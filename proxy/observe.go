@@ -22,8 +22,12 @@ type RequestReport struct {
 	// Reason is the fallback reason ("" when the request did not degrade).
 	Reason string
 	// Prefiller is the bounded metric label of the named prefiller ("" when
-	// the request named none).
+	// the request named none, or none that could be used).
 	Prefiller string
+	// NamedPrefiller is true when the request carried
+	// x-prefiller-host-port, whatever its value (one that names no usable
+	// prefiller included).
+	NamedPrefiller bool
 	// Status is the HTTP status answered (499: the client left first).
 	Status int
 	// Start is when the request arrived; Duration how long it lived.
@@ -230,7 +234,7 @@ func (r *request) report() {
 	}
 	if o := r.p.ext.Observer; o != nil {
 		o.ObserveRequest(RequestReport{
-			ID: r.id, Mode: mode, Reason: r.obs.reason, Prefiller: r.label,
+			ID: r.id, Mode: mode, Reason: r.obs.reason, Prefiller: r.label, NamedPrefiller: r.named,
 			Status: r.obs.status, Start: r.start, Duration: time.Since(r.start),
 			PrefillDuration: r.obs.prefillDur, KVHandoffDuration: r.obs.kvDur,
 			KVTransferred: r.obs.kvOK && mode == metrics.ModeDisaggregated,

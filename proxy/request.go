@@ -42,6 +42,7 @@ type request struct {
 	usage  bool // stream_options.include_usage
 
 	prefiller string // host:port chosen from the header ("" = none)
+	named     bool   // the request carried x-prefiller-host-port
 	// source is the engine the prefill leg's engine pulls the prompt's
 	// prefix from first (p2p.go); nil: none.
 	source   *connectors.P2PPeer

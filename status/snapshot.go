@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -12,17 +13,25 @@ import (
 	"github.com/pd-sidecar/pd-sidecar/metrics"
 )
 
-// Verdicts: the one-word state of disaggregation in a Snapshot.
+// Verdicts: the one-word state of disaggregation in a Snapshot. A request
+// counts as split only when a decode ran on KV that moved from its
+// prefiller.
 const (
-	// VerdictIdle: no inference request in the window.
+	// VerdictIdle: no inference request in the window (and, since start,
+	// either none named a prefiller or one was split).
 	VerdictIdle = "idle"
-	// VerdictNotRequested: requests arrived but none named a prefiller.
-	VerdictNotRequested = "not-requested"
-	// VerdictNeverSplit: requests named a prefiller but none was split.
-	VerdictNeverSplit = "never-split"
-	// VerdictDegraded: some requests split, some fell back.
+	// VerdictNotConfigured: requests arrived but none named a prefiller:
+	// nothing asks for P/D (the endpoint picker's P/D decision is off, or
+	// the header never reaches the sidecar).
+	VerdictNotConfigured = "not-configured"
+	// VerdictNotOperating: requests named a prefiller but none was split
+	// (in the window; or, with an idle window, ever since start).
+	VerdictNotOperating = "not-operating"
+	// VerdictDegraded: some requests were split, some that named a
+	// prefiller fell back or failed.
 	VerdictDegraded = "degraded"
-	// VerdictOperating: named requests split and KV moved.
+	// VerdictOperating: requests were split and KV moved for each, and
+	// none that named a prefiller fell back or failed.
 	VerdictOperating = "operating"
 )
 
@@ -57,9 +66,23 @@ type Counts struct {
 	Disaggregated int `json:"disaggregated"`
 	Local         int `json:"local"`
 	Fallback      int `json:"fallback"`
-	// NamedPrefiller counts requests whose header named a prefiller.
+	// NamedPrefiller counts requests that carried x-prefiller-host-port
+	// (whatever its value); the five outcomes below sum to it.
 	NamedPrefiller int `json:"named_prefiller"`
-	// KVTransferred counts decodes that produced output from remote KV.
+	// Split: a decode ran on KV that moved from the prefiller.
+	Split int `json:"split"`
+	// NoHandoff: answered without a KV handoff (the prefill's first token
+	// ended generation; a decode-first engine served from its cache).
+	NoHandoff int `json:"no_handoff"`
+	// FellBack: degraded to a local prefill, and answered.
+	FellBack int `json:"fell_back"`
+	// Refused: answered 4xx (the prefiller's answer passed on, or the
+	// sidecar's own refusal).
+	Refused int `json:"refused"`
+	// NamedFailed: answered 5xx, or the client left first.
+	NamedFailed int `json:"named_failed"`
+	// KVTransferred counts decodes that produced output from remote KV
+	// (equal to Split).
 	KVTransferred int `json:"kv_transferred"`
 	// Failed counts requests answered with 5xx (or whose client left).
 	Failed int `json:"failed"`
@@ -112,6 +135,11 @@ func (t *Tracker) Snapshot() Snapshot {
 		s.Window.Local += b.modes[metrics.ModeLocal]
 		s.Window.Fallback += b.modes[metrics.ModeFallback]
 		s.Window.NamedPrefiller += b.named
+		s.Window.Split += b.outcomes[outcomeSplit]
+		s.Window.NoHandoff += b.outcomes[outcomeNoHandoff]
+		s.Window.FellBack += b.outcomes[outcomeFellBack]
+		s.Window.Refused += b.outcomes[outcomeRefused]
+		s.Window.NamedFailed += b.outcomes[outcomeFailed]
 		s.Window.KVTransferred += b.kvMoved
 		s.Window.Failed += b.failed
 		for k, v := range b.reasons {
@@ -153,17 +181,43 @@ func (t *Tracker) verdict(s Snapshot) (string, string) {
 	win := fmt.Sprintf("the last %s", t.opts.Window)
 	switch {
 	case total == 0 && t.everNamed > 0 && t.everSplit == 0:
-		return VerdictNeverSplit, fmt.Sprintf("idle in %s; configured for P/D (%s) but no request has ever been split: all %d that named a prefiller ran locally", win, s.Connector, t.everNamed)
+		return VerdictNotOperating, fmt.Sprintf("idle in %s; configured for P/D (%s) but no request has ever been split: none of the %d that named a prefiller since start had a decode on moved KV", win, s.Connector, t.everNamed)
 	case total == 0:
 		return VerdictIdle, fmt.Sprintf("no inference requests in %s", win)
 	case w.NamedPrefiller == 0:
-		return VerdictNotRequested, fmt.Sprintf("configured for P/D (%s) but not splitting: %d requests in %s, none named a prefiller (x-prefiller-host-port); is the EPP's P/D decision enabled?", s.Connector, total, win)
-	case w.Disaggregated == 0:
-		return VerdictNeverSplit, fmt.Sprintf("configured for P/D (%s) but no split happened in %s: %d requests named a prefiller and all fell back to local prefill (%s)%s", s.Connector, win, w.NamedPrefiller, reasonsText(w.FallbacksByReason), t.lastText(s))
-	case w.Fallback > 0:
-		return VerdictDegraded, fmt.Sprintf("%d of %d requests that named a prefiller were split, %d fell back (%s); KV moved for %d", w.Disaggregated, w.NamedPrefiller, w.Fallback, reasonsText(w.FallbacksByReason), w.KVTransferred)
+		return VerdictNotConfigured, fmt.Sprintf("configured for P/D (%s) but not asked to split: %d requests in %s, none named a prefiller (x-prefiller-host-port); is the endpoint picker's P/D decision enabled?", s.Connector, total, win)
+	case w.Split == 0:
+		return VerdictNotOperating, fmt.Sprintf("configured for P/D (%s) but no split happened in %s: %d requests named a prefiller and none had a decode on moved KV: %s%s", s.Connector, win, w.NamedPrefiller, outcomesText(w), t.lastText(s))
+	case w.FellBack+w.NamedFailed > 0:
+		return VerdictDegraded, fmt.Sprintf("%d of %d requests that named a prefiller in %s were split, KV moved for each; the others: %s", w.Split, w.NamedPrefiller, win, outcomesText(w))
 	}
-	return VerdictOperating, fmt.Sprintf("%d of %d requests in %s were split (%d local), KV moved for %d", w.Disaggregated, total, win, w.Local, w.KVTransferred)
+	others := ""
+	if w.Split < w.NamedPrefiller {
+		others = "; the others: " + outcomesText(w)
+	}
+	return VerdictOperating, fmt.Sprintf("%d of %d requests that named a prefiller in %s were split, KV moved for each (%d local)%s", w.Split, w.NamedPrefiller, win, w.Local, others)
+}
+
+// outcomesText lists the window's outcomes other than split, with the
+// fallback reasons.
+func outcomesText(w Counts) string {
+	var parts []string
+	if w.FellBack > 0 {
+		parts = append(parts, fmt.Sprintf("%d fell back to local prefill (%s)", w.FellBack, reasonsText(w.FallbacksByReason)))
+	}
+	if w.Refused > 0 {
+		parts = append(parts, fmt.Sprintf("%d answered 4xx", w.Refused))
+	}
+	if w.NamedFailed > 0 {
+		parts = append(parts, fmt.Sprintf("%d failed (5xx or client gone)", w.NamedFailed))
+	}
+	if w.NoHandoff > 0 {
+		parts = append(parts, fmt.Sprintf("%d answered without a KV handoff", w.NoHandoff))
+	}
+	if len(parts) == 0 {
+		return "none"
+	}
+	return strings.Join(parts, ", ")
 }
 
 func (t *Tracker) lastText(s Snapshot) string {

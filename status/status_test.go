@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
 	"testing"
@@ -40,6 +41,21 @@ func fallback(p, reason string) proxy.RequestReport {
 
 func local() proxy.RequestReport { return proxy.RequestReport{Mode: metrics.ModeLocal, Status: 200} }
 
+// rejected is a prefill 4xx passed on to the client.
+func rejected(p string) proxy.RequestReport {
+	return proxy.RequestReport{Mode: metrics.ModeDisaggregated, Prefiller: p, Status: 400, PrefillDuration: time.Millisecond}
+}
+
+// badHeader named a prefiller that could not be used (no label).
+func badHeader() proxy.RequestReport {
+	return proxy.RequestReport{Mode: metrics.ModeFallback, NamedPrefiller: true, Reason: "bad_header", Status: 200}
+}
+
+// eos: the prefill's first token ended generation; no decode ran.
+func eos(p string) proxy.RequestReport {
+	return proxy.RequestReport{Mode: metrics.ModeDisaggregated, Prefiller: p, Status: 200, PrefillDuration: time.Millisecond}
+}
+
 func TestVerdicts(t *testing.T) {
 	tests := []struct {
 		name     string
@@ -48,11 +64,16 @@ func TestVerdicts(t *testing.T) {
 		contains string
 	}{
 		{"nothing", nil, status.VerdictIdle, "no inference requests"},
-		{"local only", []proxy.RequestReport{local(), local()}, status.VerdictNotRequested, "none named a prefiller"},
+		{"local only", []proxy.RequestReport{local(), local()}, status.VerdictNotConfigured, "none named a prefiller"},
 		{"all fell back", []proxy.RequestReport{fallback("p:1", "timeout"), fallback("p:1", "timeout"), fallback("p:1", "unreachable")},
-			status.VerdictNeverSplit, "all fell back to local prefill (timeout: 2, unreachable: 1); no split since start"},
-		{"mixed", []proxy.RequestReport{split("p:1"), fallback("p:2", "server_error")}, status.VerdictDegraded, "1 of 2 requests that named a prefiller were split"},
-		{"operating", []proxy.RequestReport{split("p:1"), split("p:1"), local()}, status.VerdictOperating, "2 of 3 requests"},
+			status.VerdictNotOperating, "3 fell back to local prefill (timeout: 2, unreachable: 1); no split since start"},
+		{"a prefill 4xx is no split", []proxy.RequestReport{rejected("p:1")}, status.VerdictNotOperating, "1 answered 4xx"},
+		{"a bad header value named a prefiller", []proxy.RequestReport{badHeader(), local()}, status.VerdictNotOperating, "1 requests named a prefiller"},
+		{"first-token EOS moved no KV", []proxy.RequestReport{eos("p:1")}, status.VerdictNotOperating, "1 answered without a KV handoff"},
+		{"mixed", []proxy.RequestReport{split("p:1"), fallback("p:2", "server_error")}, status.VerdictDegraded, "1 of 2 requests that named a prefiller in the last 5m0s were split"},
+		{"a failure degrades", []proxy.RequestReport{split("p:1"), {Mode: metrics.ModeDisaggregated, Prefiller: "p:1", Status: 502}}, status.VerdictDegraded, "1 failed"},
+		{"operating", []proxy.RequestReport{split("p:1"), split("p:1"), local()}, status.VerdictOperating, "2 of 2 requests that named a prefiller in the last 5m0s were split, KV moved for each (1 local)"},
+		{"operating, one refused", []proxy.RequestReport{split("p:1"), rejected("p:1")}, status.VerdictOperating, "the others: 1 answered 4xx"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -96,13 +117,13 @@ func TestWindowExpiresAndLastTimesStay(t *testing.T) {
 	require.NotNil(t, s.LastKVTransfer)
 }
 
-func TestNeverSplitWhenIdleAfterFailures(t *testing.T) {
+func TestNotOperatingWhenIdleAfterFailures(t *testing.T) {
 	c := &clock{t: time.Unix(1_000_000, 0)}
 	tr := status.New(status.Options{Connector: "nixlv2", Window: time.Minute, Now: c.now})
 	tr.ObserveRequest(fallback("p:1", "unreachable"))
 	c.t = c.t.Add(time.Hour)
 	s := tr.Snapshot()
-	assert.Equal(t, status.VerdictNeverSplit, s.Verdict)
+	assert.Equal(t, status.VerdictNotOperating, s.Verdict)
 	assert.Contains(t, s.Summary, "no request has ever been split")
 	assert.Nil(t, s.LastSplit)
 }
@@ -174,4 +195,65 @@ func TestServeFetchAndText(t *testing.T) {
 	}
 	_, err = status.Fetch(context.Background(), srv.Client(), srv.URL+"/nope")
 	require.Error(t, err)
+}
+
+// TestCountsAddUp: whatever mix of requests ends, the outcomes of those
+// that named a prefiller sum to the named count, the modes sum to the
+// requests, KV moved exactly for the splits, the per-prefiller splits add
+// up to the window's, and the verdict agrees with the counts.
+func TestCountsAddUp(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	modes := []string{metrics.ModeDisaggregated, metrics.ModeLocal, metrics.ModeFallback}
+	statuses := []int{200, 200, 200, 400, 403, 429, 499, 500, 502, 503}
+	for round := range 300 {
+		c := &clock{t: time.Unix(1_000_000, 0)}
+		tr := status.New(status.Options{Connector: "nixlv2", Now: c.now})
+		n := rng.IntN(40)
+		for range n {
+			r := proxy.RequestReport{Mode: modes[rng.IntN(3)], Status: statuses[rng.IntN(len(statuses))]}
+			switch rng.IntN(4) {
+			case 0: // no prefiller
+			case 1:
+				r.NamedPrefiller = true // a value naming no usable prefiller
+			default:
+				r.NamedPrefiller, r.Prefiller = true, []string{"p:1", "p:2", "p:3"}[rng.IntN(3)]
+			}
+			if r.Mode == metrics.ModeLocal && r.Prefiller != "" && rng.IntN(2) == 0 {
+				r.Mode = metrics.ModeDisaggregated
+			}
+			if r.Mode == metrics.ModeDisaggregated && r.Prefiller == "" {
+				r.Mode = metrics.ModeLocal // no prefiller to split with (the proxy reports it so)
+			}
+			r.KVTransferred = r.Mode == metrics.ModeDisaggregated && r.Status < 400 && rng.IntN(4) > 0
+			if r.Mode == metrics.ModeFallback {
+				r.Reason = []string{"timeout", "unreachable"}[rng.IntN(2)]
+			}
+			tr.ObserveRequest(r)
+			c.t = c.t.Add(time.Duration(rng.IntN(3)) * time.Second)
+		}
+		s := tr.Snapshot()
+		w := s.Window
+		require.Equal(t, n, w.Disaggregated+w.Local+w.Fallback, "round %d: modes", round)
+		require.Equal(t, w.NamedPrefiller, w.Split+w.NoHandoff+w.FellBack+w.Refused+w.NamedFailed, "round %d: outcomes %+v", round, w)
+		require.Equal(t, w.Split, w.KVTransferred, "round %d", round)
+		rows := 0
+		for _, p := range s.Prefillers {
+			rows += p.Splits
+		}
+		require.Equal(t, w.Split, rows, "round %d: per-prefiller splits", round)
+		switch s.Verdict {
+		case status.VerdictOperating:
+			require.True(t, w.Split > 0 && w.FellBack+w.NamedFailed == 0, "round %d: %+v", round, w)
+		case status.VerdictDegraded:
+			require.True(t, w.Split > 0 && w.FellBack+w.NamedFailed > 0, "round %d: %+v", round, w)
+		case status.VerdictNotOperating:
+			require.Zero(t, w.Split, "round %d", round)
+		case status.VerdictNotConfigured:
+			require.True(t, n > 0 && w.NamedPrefiller == 0, "round %d", round)
+		case status.VerdictIdle:
+			require.Zero(t, n, "round %d", round)
+		default:
+			t.Fatalf("round %d: verdict %q", round, s.Verdict)
+		}
+	}
 }

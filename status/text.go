@@ -55,8 +55,13 @@ func (s Snapshot) WriteText(w io.Writer) error {
 	p("  local:\t%d\n", c.Local)
 	p("  fallback:\t%d\n", c.Fallback)
 	p("  named a prefiller:\t%d\n", c.NamedPrefiller)
+	p("    split (KV moved):\t%d\n", c.Split)
+	p("    fell back:\t%d\n", c.FellBack)
+	p("    answered 4xx:\t%d\n", c.Refused)
+	p("    failed:\t%d\n", c.NamedFailed)
+	p("    no KV handoff:\t%d\n", c.NoHandoff)
 	p("  kv transferred:\t%d\n", c.KVTransferred)
-	p("  failed:\t%d\n", c.Failed)
+	p("  failed (any request):\t%d\n", c.Failed)
 	if len(c.FallbacksByReason) > 0 {
 		p("  fallbacks by reason:\t%s\n", reasonsText(c.FallbacksByReason))
 	}

@@ -55,6 +55,40 @@ type bucket struct {
 	failed    int // answered >= 500 (or 499)
 	kvMoved   int
 	prefilled int
+	outcomes  [numOutcomes]int // of the named requests: they sum to named
+}
+
+// The outcomes of a request that named a prefiller, one each.
+const (
+	// outcomeSplit: a decode ran on KV that moved from the prefiller.
+	outcomeSplit = iota
+	// outcomeNoHandoff: answered 2xx/3xx without a KV handoff: the
+	// prefill's first token ended generation, or a decode-first engine
+	// served it from its own cache.
+	outcomeNoHandoff
+	// outcomeFellBack: degraded to a local prefill, and answered.
+	outcomeFellBack
+	// outcomeRefused: answered 4xx (passed on from the prefiller, or
+	// refused by the sidecar).
+	outcomeRefused
+	// outcomeFailed: answered 5xx, or the client left first.
+	outcomeFailed
+	numOutcomes
+)
+
+// outcomeOf classifies a report of a request that named a prefiller.
+func outcomeOf(r proxy.RequestReport) int {
+	switch {
+	case r.Status >= 500 || r.Status == 499:
+		return outcomeFailed
+	case r.Status >= 400:
+		return outcomeRefused
+	case r.Mode == metrics.ModeFallback:
+		return outcomeFellBack
+	case r.Mode == metrics.ModeDisaggregated && r.KVTransferred:
+		return outcomeSplit
+	}
+	return outcomeNoHandoff
 }
 
 // prefillerStat is the recent picture of one prefiller.
@@ -155,12 +189,23 @@ func (t *Tracker) ObserveRequest(r proxy.RequestReport) {
 	if r.Status >= 500 || r.Status == 499 {
 		b.failed++
 	}
-	if r.Prefiller == "" {
+	if r.Prefiller == "" && !r.NamedPrefiller {
 		return
 	}
 	b.named++
 	t.everNamed++
 	t.lastNamed = now
+	o := outcomeOf(r)
+	b.outcomes[o]++
+	if o == outcomeSplit {
+		b.kvMoved++
+		t.everSplit++
+		t.everKVMoved++
+		t.lastSplit, t.lastKV = now, now
+	}
+	if r.Prefiller == "" {
+		return // a value naming no usable prefiller: no row of its own
+	}
 	ps := t.prefiller(r.Prefiller, now)
 	if r.PrefillDuration > 0 {
 		b.prefilled++
@@ -169,21 +214,15 @@ func (t *Tracker) ObserveRequest(r proxy.RequestReport) {
 	if r.KVHandoffDuration > 0 {
 		ps.kv.push(r.KVHandoffDuration)
 	}
-	switch {
-	case r.Mode == metrics.ModeDisaggregated && r.Status < 400:
-		t.lastSplit = now
-		t.everSplit++
+	switch o {
+	case outcomeSplit:
 		ps.splits++
 		ps.lastSuccess = now
-		if r.KVTransferred {
-			b.kvMoved++
-			t.everKVMoved++
-			t.lastKV = now
-		}
-	case r.Mode == metrics.ModeFallback:
+	case outcomeFellBack:
 		ps.fallbacks++
+		ps.lastFailure, ps.lastReason = now, r.Reason
+	case outcomeFailed:
 		ps.lastFailure = now
-		ps.lastReason = r.Reason
 	}
 }
 
