@@ -13,18 +13,42 @@ build:
 	@mkdir -p $(BIN)
 	$(GO) build -o $(BIN)/ ./cmd/...
 
-## test: everything CI runs: gofmt, go vet, staticcheck, and go test -race (unit and e2e over real processes)
+## test: everything CI runs: gofmt, go vet, staticcheck, and go test -race (unit and e2e over real
+## processes). About 7 minutes on 2 cores (the first run also downloads modules and staticcheck).
 test: lint deploy-check test-ucx fuzz-short
+	@echo "==> go test -race ./... (unit and e2e over real processes; about 5 minutes on 2 cores, the e2e package alone about 4: each package prints when it is done)"
 	$(GO) test -race -count=1 -timeout 20m ./...
 
 ## test-ucx: the ucx kvtransfer transport for real (cgo over libucx-dev, -tags ucx): vet and
 ## staticcheck with the tag, the transport conformance suite and the sidecar-pull e2e over ucx.
-## Needs libucx-dev (.ci/run installs it); UCX picks tcp and shared-memory transports on loopback.
+## Needs libucx-dev: installed here with apt-get when missing and this user may (root, or
+## passwordless sudo); otherwise skipped with a loud note, and everything else still runs.
+## UCX_REQUIRED=1 makes a missing libucx-dev an error instead.
+## UCX picks tcp and shared-memory transports on loopback.
 .PHONY: test-ucx
 test-ucx: $(STATICCHECK)
-	@pkg-config --exists ucx || { echo "test-ucx: libucx-dev is not installed (apt-get install -y libucx-dev)"; exit 1; }
-	$(GO) vet -tags ucx ./kvtransfer/... ./e2e/
-	$(STATICCHECK) -tags ucx ./kvtransfer/...
+	@if ! pkg-config --exists ucx 2>/dev/null; then \
+		sudo=""; [ "$$(id -u)" = 0 ] || { sudo -n true 2>/dev/null && sudo="sudo -n"; } || true; \
+		if command -v apt-get >/dev/null 2>&1 && { [ "$$(id -u)" = 0 ] || [ -n "$$sudo" ]; }; then \
+			echo "==> test-ucx: installing libucx-dev and pkg-config with apt-get (about a minute)"; \
+			$$sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -qq --no-install-recommends libucx-dev pkg-config >/dev/null || true; \
+		fi; \
+	fi; \
+	if ! pkg-config --exists ucx 2>/dev/null; then \
+		echo "########################################################################"; \
+		echo "# test-ucx: SKIPPED. libucx-dev is not installed and could not be"; \
+		echo "# installed here (no apt-get, not root and no passwordless sudo, or the"; \
+		echo "# install failed). The ucx transport's tests did NOT run; every other"; \
+		echo "# test does. To run them:"; \
+		echo "#   sudo apt-get install -y libucx-dev pkg-config && make test-ucx"; \
+		echo "########################################################################"; \
+		if [ -n "$(UCX_REQUIRED)" ]; then echo "test-ucx: UCX_REQUIRED is set: failing"; exit 1; fi; \
+		exit 0; \
+	fi; \
+	echo "==> test-ucx: vet, staticcheck and the ucx tests (-tags ucx; about a minute)"; \
+	set -e; \
+	$(GO) vet -tags ucx ./kvtransfer/... ./e2e/; \
+	$(STATICCHECK) -tags ucx ./kvtransfer/...; \
 	$(GO) test -race -count=1 -timeout 10m -tags ucx -run 'UCX' ./kvtransfer/... ./e2e/
 
 ## lint: gofmt, go vet and staticcheck
