@@ -98,6 +98,17 @@ type Metrics struct {
 	Guards *Guards
 }
 
+// RegisterBuildInfo registers pd_sidecar_build_info{version,revision,go_version}
+// on reg: a gauge at 1 that says which build is running.
+func RegisterBuildInfo(reg prometheus.Registerer, version, revision, goVersion string) {
+	g := prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "pd_sidecar_build_info",
+		Help: "The running build: module version, VCS revision and Go version (always 1).",
+	}, []string{"version", "revision", "go_version"})
+	reg.MustRegister(g)
+	g.WithLabelValues(version, revision, goVersion).Set(1)
+}
+
 var latencyBuckets = []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60}
 
 // New creates the collectors and registers them on reg. maxPrefillers

@@ -52,8 +52,8 @@ func (a connectorAlias) Set(v string) error {
 }
 
 // parseFlags reads the command line into options and validates them; the
-// error is one line fit for stderr.
-func parseFlags(args []string, stderr io.Writer) (options, error) {
+// error is one line fit for stderr. --help prints the usage on help.
+func parseFlags(args []string, help io.Writer) (options, error) {
 	o := options{cfg: proxy.DefaultConfig()}
 	c := &o.cfg
 	fs := pflag.NewFlagSet("pd-sidecar", pflag.ContinueOnError)
@@ -98,7 +98,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.BoolVar(&o.tracing, "tracing", false, "export OpenTelemetry spans (OTLP over gRPC or HTTP, or console); OTEL_TRACES_EXPORTER=otlp or console turns tracing on without this flag, OTEL_TRACES_EXPORTER=none or OTEL_SDK_DISABLED=true keeps it off with it; endpoint, protocol, headers, sampler from the standard OTEL_* environment")
 	if err := parseWithConfiguration(fs, args, os.ReadFile); err != nil {
 		if errors.Is(err, pflag.ErrHelp) {
-			fmt.Fprintf(stderr, "Usage of pd-sidecar:\n%s", fs.FlagUsages())
+			fmt.Fprintf(help, "%s%s", usageHead, fs.FlagUsages())
 			return o, errHelp
 		}
 		return o, err

@@ -69,11 +69,27 @@ func TestRunInvalidConfigExits2WithOneLine(t *testing.T) {
 	}
 }
 
-func TestRunHelpExits0(t *testing.T) {
-	var stderr bytes.Buffer
-	assert.Equal(t, 0, run([]string{"--help"}, io.Discard, &stderr))
-	assert.Contains(t, stderr.String(), "--model-server-port")
-	assert.NotContains(t, stderr.String(), "vllm-port", "deprecated alias hidden")
+// TestRunHelpAndVersion: --help (of every command) and --version print on
+// stdout and exit 0; the main help names the subcommands.
+func TestRunHelpAndVersion(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want []string
+	}{
+		{[]string{"--help"}, []string{"--model-server-port", "pd-sidecar status", "pd-sidecar kv-probe", "pd-sidecar --version"}},
+		{[]string{"status", "--help"}, []string{"Usage: pd-sidecar status", "--url"}},
+		{[]string{"kv-probe", "--help"}, []string{"Usage: pd-sidecar kv-probe", "--peer"}},
+		{[]string{"--version"}, []string{"pd-sidecar ", "commit ", "built with go"}},
+		{[]string{"version"}, []string{"pd-sidecar ", "commit "}},
+	} {
+		var stdout, stderr bytes.Buffer
+		assert.Equal(t, 0, run(tc.args, &stdout, &stderr), "%v", tc.args)
+		assert.Empty(t, stderr.String(), "%v", tc.args)
+		for _, w := range tc.want {
+			assert.Contains(t, stdout.String(), w, "%v", tc.args)
+		}
+		assert.NotContains(t, stdout.String(), "vllm-port", "deprecated alias hidden")
+	}
 }
 
 func TestBufferBudget(t *testing.T) {

@@ -29,7 +29,7 @@ func runKVProbe(args []string, stdout, stderr io.Writer) int {
 	timeout := fs.Duration("timeout", 30*time.Second, "bound on each measurement")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, pflag.ErrHelp) {
-			fmt.Fprintf(stderr, "Usage of pd-sidecar kv-probe:\n%s", fs.FlagUsages())
+			fmt.Fprintf(stdout, "Usage: pd-sidecar kv-probe --peer HOST:PORT [flags]\n%s", fs.FlagUsages())
 			return exitOK
 		}
 		fmt.Fprintf(stderr, "pd-sidecar kv-probe: %v\n", err)

@@ -47,7 +47,11 @@ func run(args []string, stdout, stderr io.Writer) int {
 	if len(args) > 0 && args[0] == "kv-probe" {
 		return runKVProbe(args[1:], stdout, stderr)
 	}
-	opts, err := parseFlags(args, stderr)
+	if len(args) == 1 && (args[0] == "--version" || args[0] == "-version" || args[0] == "version") {
+		fmt.Fprintln(stdout, readBuildInfo())
+		return exitOK
+	}
+	opts, err := parseFlags(args, stdout)
 	if errors.Is(err, errHelp) {
 		return exitOK
 	}
@@ -76,6 +80,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m := metrics.New(reg, opts.cfg.MaxPrefillers)
+	bi := readBuildInfo()
+	metrics.RegisterBuildInfo(reg, bi.version, bi.revision, bi.goVersion)
 	p, err := proxy.New(opts.cfg, conn, m, reg, log)
 	if err != nil {
 		fmt.Fprintf(stderr, "pd-sidecar: %v\n", err)

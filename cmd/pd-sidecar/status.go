@@ -24,7 +24,7 @@ func runStatus(args []string, stdout, stderr io.Writer) int {
 	timeout := fs.Duration("timeout", 5*time.Second, "bound on the request")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, pflag.ErrHelp) {
-			fmt.Fprintf(stderr, "Usage: pd-sidecar status [--url URL] [--json]\n%s", fs.FlagUsages())
+			fmt.Fprintf(stdout, "Usage: pd-sidecar status [--url URL] [--json]\n%s", fs.FlagUsages())
 			return exitOK
 		}
 		fmt.Fprintf(stderr, "pd-sidecar status: %v\n", err)
