@@ -57,6 +57,9 @@ func (s Snapshot) WriteText(w io.Writer) error {
 	p("  named a prefiller:\t%d\n", c.NamedPrefiller)
 	p("  kv transferred:\t%d\n", c.KVTransferred)
 	p("  failed:\t%d\n", c.Failed)
+	if c.ChunkedDecodes > 0 {
+		p("  chunked decodes:\t%d (%d chunks)\n", c.ChunkedDecodes, c.DecodeChunks)
+	}
 	if len(c.FallbacksByReason) > 0 {
 		p("  fallbacks by reason:\t%s\n", reasonsText(c.FallbacksByReason))
 	}

@@ -55,6 +55,8 @@ type bucket struct {
 	failed    int // answered >= 500 (or 499)
 	kvMoved   int
 	prefilled int
+	chunked   int // decodes run in chunks (--decode-chunk-size)
+	chunks    int // their chunk requests
 }
 
 // prefillerStat is the recent picture of one prefiller.
@@ -154,6 +156,10 @@ func (t *Tracker) ObserveRequest(r proxy.RequestReport) {
 	}
 	if r.Status >= 500 || r.Status == 499 {
 		b.failed++
+	}
+	if r.DecodeChunks > 0 {
+		b.chunked++
+		b.chunks += r.DecodeChunks
 	}
 	if r.Prefiller == "" {
 		return
