@@ -260,3 +260,32 @@ func TestChunkedDecodeClientLeaves(t *testing.T) {
 	assert.Len(t, r.decodeChunks(t), 2, "no chunk after the client left")
 	assert.Zero(t, running(t, r.decode))
 }
+
+// TestChunkedDecodeSplitSSEAndKVLoadFailure: a streamed nixlv2 split is
+// chunked and token-exact; when its first chunk cannot load the remote KV
+// the request degrades to a local prefill, itself chunked, before the
+// client saw a byte: one stream, no error event.
+func TestChunkedDecodeSplitSSEAndKVLoadFailure(t *testing.T) {
+	r := newChunkRig(t)
+	body := chunkChatBody(`,"max_tokens":10,"stream":true,"stream_options":{"include_usage":true}`)
+	want := gjson.GetBytes(r.want(t, chunkChatBody(`,"max_tokens":10`)), "choices.0.message.content").String()
+
+	st, text, events := scStream(t, r.sc.URL()+"/v1/chat/completions", body, r.header())
+	require.Equal(t, http.StatusOK, st)
+	assert.Equal(t, want, text, "token-exact")
+	assert.Equal(t, "[DONE]", events[len(events)-1])
+	assert.Equal(t, 1.0, r.decode.Metric(t, "sim_remote_kv_decodes_total", nil))
+	checkChunks(t, r.decodeChunks(t), 4, 4, 2)
+
+	setFault(t, r.decode, `{"fail_kv_load":true,"only":"decode","times":1}`)
+	st, text, events = scStream(t, r.sc.URL()+"/v1/chat/completions", body, r.header())
+	require.Equal(t, http.StatusOK, st)
+	assert.Equal(t, want, text, "nothing lost or duplicated")
+	for _, e := range events {
+		assert.False(t, gjson.Get(e, "error").Exists(), "no error reaches the client: %s", e)
+	}
+	assert.Equal(t, 1.0, r.scMetric(t, "pd_sidecar_fallbacks_total", map[string]string{"reason": "kv_load_failed"}))
+	assert.Equal(t, 1.0, r.chunkMetric(t, "fallback"))
+	assert.Equal(t, 2.0, r.chunkMetric(t, "completed"), "the split, then the fallback's local decode")
+	assert.Equal(t, 1.0, r.decode.Metric(t, "sim_remote_kv_decodes_total", nil), "the failed pull did not count")
+}

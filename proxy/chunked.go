@@ -156,9 +156,8 @@ func (r *request) chunked(body []byte, remote bool, plan chunkPlan) error {
 	c.gauge.Dec()
 	c.done(metrics.ChunkedCompleted)
 	if r.stream {
-		var ev []byte
-		ev = c.openEvent(ev)
-		r.answer(r.mode, fasthttp.StatusOK, "text/event-stream", c.closeEvents(ev))
+		r.rc.Response.Header.Set("Cache-Control", "no-cache")
+		r.answer(r.mode, fasthttp.StatusOK, "text/event-stream", c.closeEvents(c.openEvent(nil)))
 		return nil
 	}
 	r.answer(r.mode, fasthttp.StatusOK, "application/json", c.whole())
