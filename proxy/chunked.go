@@ -59,7 +59,8 @@ func (r *request) decode(body []byte, remote bool) error {
 // chunkPlanFor reports whether the decode of body is chunked, and how. A
 // budget (max_completion_tokens, else max_tokens) of at most one chunk is
 // one plain request; so is a request the stitching cannot represent (n > 1,
-// logprobs, or a client's own continue_final_message).
+// logprobs, or a client's own continue_final_message), and one whose cap
+// is not a positive integer (the engine refuses it, as unchunked).
 func (r *request) chunkPlanFor(body []byte, remote bool) (chunkPlan, bool) {
 	n := r.p.cfg.DecodeChunkSize
 	if n <= 0 || r.api != connectors.APIChat || r.rc == nil ||
@@ -70,10 +71,15 @@ func (r *request) chunkPlanFor(body []byte, remote bool) (chunkPlan, bool) {
 	v := gjson.GetMany(connectors.Bytes(body), "max_completion_tokens", "max_tokens", "n", "logprobs",
 		"continue_final_message", "min_tokens", "messages")
 	budget := 0
-	if b := v[0].Int(); v[0].Type == gjson.Number && b > 0 {
-		budget = int(b)
-	} else if b := v[1].Int(); v[1].Type == gjson.Number && b > 0 {
-		budget = int(b)
+	for _, lim := range v[:2] {
+		switch {
+		case lim.Type == gjson.Null:
+			continue // absent, or null: no cap
+		case lim.Type != gjson.Number || lim.Int() < 1:
+			return chunkPlan{}, false // the engine's to refuse, as it would
+		case budget == 0:
+			budget = int(lim.Int())
+		}
 	}
 	if (budget > 0 && budget <= n) || (v[2].Exists() && v[2].Int() != 1) || v[3].Bool() || v[4].Bool() || !v[6].IsArray() {
 		return chunkPlan{}, false
