@@ -96,6 +96,8 @@ type Metrics struct {
 	Prefillers *Bounded
 	// Guards are the request guards' collectors (guards.go).
 	Guards *Guards
+	// Chunked are the chunked decode's collectors (chunked.go).
+	Chunked *Chunked
 }
 
 // RegisterBuildInfo registers pd_sidecar_build_info{version,revision,go_version}
@@ -183,6 +185,7 @@ func New(reg prometheus.Registerer, maxPrefillers int) *Metrics {
 		}),
 		Prefillers: NewBounded(maxPrefillers),
 		Guards:     NewGuards(reg),
+		Chunked:    NewChunked(reg),
 	}
 	reg.MustRegister(m.PrefillLegFailures, m.KVSources, m.DecodeFirst, m.LoopStreams, m.LoopHandoffs, m.LoopRequests)
 	reg.MustRegister(m.Requests, m.Fallbacks, m.PrefillDuration, m.KVTransferDuration,

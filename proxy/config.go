@@ -86,6 +86,11 @@ type Config struct {
 	// goroutine and no buffer. 0 keeps fasthttp's goroutine per connection
 	// for everything.
 	StreamLoops int
+	// DecodeChunkSize > 0 runs the decode of a /v1/chat/completions request
+	// (decoder-only, or the decode leg of a nixlv2 split) as a series of
+	// requests of at most this many tokens, stitched into one answer
+	// (chunked.go); 0: off.
+	DecodeChunkSize int
 	// Guard holds the limits, SSRF protection, circuit breaker and TLS
 	// (guard.go, tls.go).
 	Guard GuardConfig
@@ -157,6 +162,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("--shutdown-grace must be >= 0, got %v", c.ShutdownGrace)
 	case c.MaxConnsPerHost <= 0:
 		return fmt.Errorf("--max-idle-conns-per-host must be > 0, got %d", c.MaxConnsPerHost)
+	case c.DecodeChunkSize < 0:
+		return fmt.Errorf("--decode-chunk-size %d must be >= 0", c.DecodeChunkSize)
 	case c.StreamLoops < 0:
 		return fmt.Errorf("--stream-loops must be >= 0, got %d", c.StreamLoops)
 	case c.MaxPrefillers <= 0:

@@ -400,6 +400,9 @@ func (ll *laneLoop) parse(b []byte) (api connectors.API, body []byte, lr laneReq
 		return 0, nil, lr, false
 	}
 	api, ok = connectors.APIForPath(string(h.RequestURI()))
+	if api == connectors.APIChat && p.cfg.DecodeChunkSize > 0 {
+		return 0, nil, lr, false // a chunked decode is fasthttp's (chunked.go)
+	}
 	return api, b[headLen:], lr, ok
 }
 

@@ -41,6 +41,9 @@ type RequestReport struct {
 	// KVTransferred is true when the decode engine produced output from the
 	// remote KV: KV really moved.
 	KVTransferred bool
+	// DecodeChunks is the number of chunk requests of a chunked decode (0:
+	// the decode was not chunked).
+	DecodeChunks int
 }
 
 // Observer learns how every inference request ended. ObserveRequest is
@@ -97,6 +100,7 @@ type obsState struct {
 	prefillDur time.Duration
 	kvDur      time.Duration
 	kvOK       bool
+	chunks     int             // chunk requests of a chunked decode (chunked.go)
 	root       trace.Span      // nil without a tracer
 	tctx       context.Context // the request span's context
 	leg        context.Context // trace context written on the next leg
@@ -238,6 +242,7 @@ func (r *request) report() {
 			Status: r.obs.status, Start: r.start, Duration: time.Since(r.start),
 			PrefillDuration: r.obs.prefillDur, KVHandoffDuration: r.obs.kvDur,
 			KVTransferred: r.obs.kvOK && mode == metrics.ModeDisaggregated,
+			DecodeChunks:  r.obs.chunks,
 		})
 	}
 }

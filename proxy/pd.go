@@ -78,7 +78,7 @@ func (p *Proxy) serveInference(rc *fasthttp.RequestCtx, local string, api connec
 		return
 	}
 	r.mode, r.handoff = metrics.ModeDisaggregated, &res.handoff
-	err = r.forward(body, true)
+	err = r.decode(body, true) // chunked.go
 	if errors.Is(err, ErrKVLoadFailed) {
 		r.handoff = nil
 		r.fallback(err)
@@ -100,7 +100,7 @@ func (r *request) serveLocal() {
 			return
 		}
 	}
-	r.fail(r.forward(body, false))
+	r.fail(r.decode(body, false)) // chunked.go
 }
 
 // tpGuard refuses a handoff from a prefiller of a larger tensor-parallel
@@ -133,7 +133,7 @@ func (r *request) fallback(cause error) {
 		r.fail(cause)
 		return
 	}
-	r.fail(r.forward(r.body, false))
+	r.fail(r.decode(r.body, false)) // chunked.go
 }
 
 // degrade reports whether cause is a reason to degrade to a local prefill

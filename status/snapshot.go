@@ -88,6 +88,10 @@ type Counts struct {
 	Failed int `json:"failed"`
 	// FallbacksByReason counts degradations by reason.
 	FallbacksByReason map[string]int `json:"fallbacks_by_reason"`
+	// ChunkedDecodes counts decodes run as a series of chunks
+	// (--decode-chunk-size); DecodeChunks their chunk requests.
+	ChunkedDecodes int `json:"chunked_decodes"`
+	DecodeChunks   int `json:"decode_chunks"`
 }
 
 // Prefiller is the recent health of one prefiller.
@@ -142,6 +146,8 @@ func (t *Tracker) Snapshot() Snapshot {
 		s.Window.NamedFailed += b.outcomes[outcomeFailed]
 		s.Window.KVTransferred += b.kvMoved
 		s.Window.Failed += b.failed
+		s.Window.ChunkedDecodes += b.chunked
+		s.Window.DecodeChunks += b.chunks
 		for k, v := range b.reasons {
 			s.Window.FallbacksByReason[k] += v
 		}

@@ -257,3 +257,25 @@ func TestCountsAddUp(t *testing.T) {
 		}
 	}
 }
+
+// Chunked decodes are counted in the window and shown in the text view;
+// the line is left out while there are none.
+func TestChunkedDecodesCounted(t *testing.T) {
+	tr := status.New(status.Options{Connector: "nixlv2", Transport: "engine-pull"})
+	var out bytes.Buffer
+	require.NoError(t, tr.Snapshot().WriteText(&out))
+	assert.NotContains(t, out.String(), "chunked decodes")
+	r := local()
+	r.DecodeChunks = 3
+	tr.ObserveRequest(r)
+	s := split("10.0.0.9:8000")
+	s.DecodeChunks = 2
+	tr.ObserveRequest(s)
+	tr.ObserveRequest(local())
+	snap := tr.Snapshot()
+	assert.Equal(t, 2, snap.Window.ChunkedDecodes)
+	assert.Equal(t, 5, snap.Window.DecodeChunks)
+	out.Reset()
+	require.NoError(t, snap.WriteText(&out))
+	assert.Regexp(t, `chunked decodes:\s+2 \(5 chunks\)`, out.String())
+}

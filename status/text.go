@@ -62,6 +62,9 @@ func (s Snapshot) WriteText(w io.Writer) error {
 	p("    no KV handoff:\t%d\n", c.NoHandoff)
 	p("  kv transferred:\t%d\n", c.KVTransferred)
 	p("  failed (any request):\t%d\n", c.Failed)
+	if c.ChunkedDecodes > 0 {
+		p("  chunked decodes:\t%d (%d chunks)\n", c.ChunkedDecodes, c.DecodeChunks)
+	}
 	if len(c.FallbacksByReason) > 0 {
 		p("  fallbacks by reason:\t%s\n", reasonsText(c.FallbacksByReason))
 	}

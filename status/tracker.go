@@ -56,6 +56,8 @@ type bucket struct {
 	kvMoved   int
 	prefilled int
 	outcomes  [numOutcomes]int // of the named requests: they sum to named
+	chunked   int // decodes run in chunks (--decode-chunk-size)
+	chunks    int // their chunk requests
 }
 
 // The outcomes of a request that named a prefiller, one each.
@@ -188,6 +190,10 @@ func (t *Tracker) ObserveRequest(r proxy.RequestReport) {
 	}
 	if r.Status >= 500 || r.Status == 499 {
 		b.failed++
+	}
+	if r.DecodeChunks > 0 {
+		b.chunked++
+		b.chunks += r.DecodeChunks
 	}
 	if r.Prefiller == "" && !r.NamedPrefiller {
 		return

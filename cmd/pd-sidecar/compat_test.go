@@ -79,6 +79,7 @@ var llmdFlagTable = []struct {
 	{"prefill-max-retries", []string{"--prefill-max-retries=2"}, func(t *testing.T, o options) { assert.Equal(t, 2, o.cfg.PrefillMaxRetries) }},
 	{"prefill-retry-backoff", []string{"--prefill-retry-backoff=300ms"}, func(t *testing.T, o options) { assert.Equal(t, 300*time.Millisecond, o.cfg.PrefillRetryBackoff) }},
 	{"decode-chunk-size", []string{"--decode-chunk-size=0"}, func(t *testing.T, o options) { assert.Zero(t, o.llmd.decodeChunkSize) }},
+	{"decode-chunk-size", []string{"--decode-chunk-size=16"}, func(t *testing.T, o options) { assert.Equal(t, 16, o.cfg.DecodeChunkSize) }},
 	{"tracing", []string{"--tracing=true"}, func(t *testing.T, o options) { assert.True(t, o.tracing) }},
 	{"metrics-port", []string{"--metrics-port=9090"}, func(t *testing.T, o options) { assert.Equal(t, 9090, o.cfg.MetricsPort) }},
 	{"moriio-write-mode", []string{"--moriio-write-mode=false"}, func(t *testing.T, o options) { assert.False(t, o.llmd.moriio.writeMode) }},
@@ -256,7 +257,6 @@ func TestLLMDFlagsRefused(t *testing.T) {
 		args []string
 		want string
 	}{
-		{[]string{"--decode-chunk-size", "4"}, "--decode-chunk-size 4: chunked decode is not supported yet; leave it 0"},
 		{[]string{"--decode-chunk-size=-1"}, "--decode-chunk-size -1 must be >= 0"},
 		{[]string{"--ec-connector=ec-nixl"}, "--ec-connector ec-nixl: the encoder stage is not supported yet; leave it empty"},
 		{[]string{"--ec-connector=bogus"}, `--ec-connector "bogus" is not one of ec-example, ec-nixl`},

@@ -117,6 +117,7 @@ func parseFlags(args []string, help io.Writer) (options, error) {
 	if err := o.llmd.validate(c.DataParallelSize, o.connector); err != nil {
 		return o, err
 	}
+	c.DecodeChunkSize = o.llmd.decodeChunkSize
 	c.P2P = proxy.P2PConfig{
 		Enabled: o.connector == offloading.Name || o.llmd.enableP2PPull,
 		Port:    o.llmd.p2pConnectorPort,

@@ -97,8 +97,12 @@ func (s *Sim) execute(ctx context.Context, w http.ResponseWriter, g *genRequest,
 	case err != nil:
 		return // the client left
 	}
-	o.promptTokens, o.cachedTokens = len(g.prompt), cached
-	s.m.promptTokens.Add(float64(len(g.prompt)))
+	// A continued message's tokens are context too (continue.go).
+	o.promptTokens, o.cachedTokens = len(g.prompt)+g.offset, cached
+	s.m.promptTokens.Add(float64(o.promptTokens))
+	if g.continued {
+		s.m.continuedMessages.Inc()
+	}
 	digest := Digest(fps)
 
 	maxTokens := g.maxTokens
@@ -153,12 +157,19 @@ func (s *Sim) generate(ctx context.Context, out *sink, g *genRequest, f Faults, 
 		if i > 0 && !sleep(ctx, s.cfg.DecodePerToken) {
 			return false
 		}
-		tok := GenerateToken(d, i)
+		// Output position g.offset+i: a continued message resumes where
+		// its content ends (continue.go).
+		tok := GenerateToken(d, g.offset+i)
 		eos := i == 0 && f.EOSFirstToken
 		if eos {
 			tok = EOSToken
 			o.finish = "stop"
 			s.m.faultsInjected.WithLabelValues("eos_first_token").Inc()
+		}
+		if !eos && f.EOSAfterTokens > 0 && g.offset+i == f.EOSAfterTokens {
+			tok, eos = EOSToken, true
+			o.finish = "stop"
+			s.m.faultsInjected.WithLabelValues("eos_after_tokens").Inc()
 		}
 		o.tokens = append(o.tokens, tok)
 		s.m.generationTokens.Inc()

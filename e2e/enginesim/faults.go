@@ -32,6 +32,10 @@ type Faults struct {
 	DieAfterHead bool `json:"die_after_head,omitempty"`
 	// EOSFirstToken makes the first generated token EOS (finish "stop").
 	EOSFirstToken bool `json:"eos_first_token,omitempty"`
+	// EOSAfterTokens, when > 0, ends generation with EOS (finish "stop") at
+	// output position EOSAfterTokens: after that many tokens of the
+	// assistant message, a continued message's (continue.go) included.
+	EOSAfterTokens int `json:"eos_after_tokens,omitempty"`
 	// CorruptKV flips a byte of the KV a remote decoder pulls.
 	CorruptKV bool `json:"corrupt_kv,omitempty"`
 	// ExpireKV makes blocks held for remote decoders expire at once.
@@ -42,6 +46,9 @@ type Faults struct {
 	// "decode" legs (carrying remote KV params or an SGLang room); empty
 	// means every inference request.
 	Only string `json:"only,omitempty"`
+	// Skip lets this many matching requests pass unfaulted before the plan
+	// applies (then Times counts): Skip k fails the (k+1)th request.
+	Skip int `json:"skip,omitempty"`
 	// Times applies the plan to the next Times matching requests, then
 	// clears it; 0 keeps it until cleared.
 	Times int `json:"times,omitempty"`
@@ -54,7 +61,7 @@ func (f Faults) Validate() error {
 		return fmt.Errorf("%w: faults.status must be 4xx or 5xx, not %d", ErrInvalidConfig, f.Status)
 	case f.Only != "" && f.Only != "prefill" && f.Only != "decode":
 		return fmt.Errorf("%w: faults.only must be prefill or decode, not %q", ErrInvalidConfig, f.Only)
-	case f.DieAfterChunks < 0 || f.LatencyMS < 0 || f.AfterHeadMS < 0 || f.Times < 0:
+	case f.DieAfterChunks < 0 || f.LatencyMS < 0 || f.AfterHeadMS < 0 || f.Times < 0 || f.Skip < 0 || f.EOSAfterTokens < 0:
 		return fmt.Errorf("%w: fault counts must not be negative", ErrInvalidConfig)
 	}
 	return nil
@@ -98,6 +105,10 @@ func (b *faultBox) take(k legKind) Faults {
 	defer b.mu.Unlock()
 	f := b.f
 	if f == (Faults{}) || (f.Only != "" && legKind(f.Only) != k) {
+		return Faults{}
+	}
+	if f.Skip > 0 {
+		b.f.Skip--
 		return Faults{}
 	}
 	if f.Times > 0 {

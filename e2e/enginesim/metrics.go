@@ -30,6 +30,7 @@ type simMetrics struct {
 	p2pBlocksPulled, p2pPullFailures    *prometheus.CounterVec
 	faultsInjected                      *prometheus.CounterVec
 	badRequests                         *prometheus.CounterVec
+	continuedMessages                   prometheus.Counter
 }
 
 func newSimMetrics(reg prometheus.Registerer, model string) *simMetrics {
@@ -88,6 +89,7 @@ func newSimMetrics(reg prometheus.Registerer, model string) *simMetrics {
 		thresholdDeclines:    counter("sim_cache_threshold_declines_total", "Requests declined with finish_reason cache_threshold."),
 		faultsInjected:       counterVec("sim_faults_injected_total", "Faults injected, by kind.", "kind"),
 		badRequests:          counterVec("sim_bad_requests_total", "Requests refused as invalid, by status.", "code"),
+		continuedMessages:    counter("sim_continued_messages_total", "Chat requests that continued their final assistant message (continue_final_message)."),
 		p2pHolds:             counter("sim_p2p_holds_total", "Prefills that held their KV under a remote_decoder kv_request_id for a P2P pull."),
 		p2pBlocksServed:      counterVec("sim_p2p_blocks_served_total", "KV blocks served to P2P pullers (counted once the puller read them all), by kind.", "kind"),
 		p2pPulls:             counterVec("sim_p2p_pulls_total", "Completed P2P pulls, by kind (prefill: remote_prefiller; source: remote_kv_source).", "kind"),

@@ -52,6 +52,12 @@ type genRequest struct {
 	boot *bootstrap
 	// cacheHitThreshold is cache_hit_threshold (0..1; 0 when absent).
 	cacheHitThreshold float64
+	// offset is, for a chat request continuing its final assistant message
+	// (continue_final_message), the number of tokens that message already
+	// holds: generation resumes at that output position (continue.go).
+	offset int
+	// continued marks a request with continue_final_message.
+	continued bool
 }
 
 // kvParams is vLLM NixlConnector's kv_transfer_params.
@@ -151,6 +157,9 @@ type body struct {
 	BootstrapPort       json.RawMessage `json:"bootstrap_port"`
 	BootstrapRoom       json.RawMessage `json:"bootstrap_room"`
 	CacheHitThreshold   json.RawMessage `json:"cache_hit_threshold"`
+	// continue.go: chat template controls.
+	ContinueFinalMessage json.RawMessage `json:"continue_final_message"`
+	AddGenerationPrompt  json.RawMessage `json:"add_generation_prompt"`
 }
 
 func absent(raw json.RawMessage) bool {
@@ -316,7 +325,9 @@ func (g *genRequest) parsePrompt(a api, b *body) error {
 		if err != nil {
 			return err
 		}
-		g.prompt = Tokenize(ChatPrompt(msgs))
+		if err := g.chatPrompt(msgs, b); err != nil {
+			return err
+		}
 	case apiResponses:
 		if absent(b.Input) {
 			return badRequest("input", "input is required")

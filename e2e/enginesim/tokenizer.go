@@ -2,7 +2,6 @@ package enginesim
 
 import (
 	"hash/fnv"
-	"strings"
 	"unicode"
 )
 
@@ -85,16 +84,6 @@ type Message struct {
 }
 
 // ChatPrompt renders chat messages with the simulator's template:
-// "<|role|>\ncontent\n" per message, then "<|assistant|>\n".
-func ChatPrompt(msgs []Message) string {
-	var b strings.Builder
-	for _, m := range msgs {
-		b.WriteString("<|")
-		b.WriteString(m.Role)
-		b.WriteString("|>\n")
-		b.WriteString(m.Content)
-		b.WriteString("\n")
-	}
-	b.WriteString("<|assistant|>\n")
-	return b.String()
-}
+// "<|role|>\ncontent\n" per message, then "<|assistant|>\n" (continue.go
+// has the template's controls).
+func ChatPrompt(msgs []Message) string { return chatTemplate(msgs, true) }
