@@ -349,12 +349,57 @@ func (r *request) prefillAnswered(status int, contentType, body []byte) (prefill
 	return prefillResult{handoff: h, body: body}, err
 }
 
+// errorType names status in the one vocabulary of every error body the
+// sidecar writes: OpenAI's client error classes, as vLLM's own error bodies
+// use them (BadRequestError, NotFoundError, InternalServerError...), and
+// the same PascalCase "...Error" shape for the statuses they lack.
+func errorType(status int) string {
+	switch status {
+	case 400:
+		return "BadRequestError"
+	case 401:
+		return "AuthenticationError"
+	case 403:
+		return "PermissionDeniedError"
+	case 404:
+		return "NotFoundError"
+	case 405:
+		return "MethodNotAllowedError"
+	case 408:
+		return "RequestTimeoutError"
+	case 409:
+		return "ConflictError"
+	case 413:
+		return "RequestTooLargeError"
+	case 422:
+		return "UnprocessableEntityError"
+	case 429:
+		return "RateLimitError"
+	case 431:
+		return "RequestHeaderFieldsTooLargeError"
+	case 499:
+		return "ClientClosedRequestError"
+	case 501:
+		return "NotImplementedError"
+	case 502:
+		return "BadGatewayError"
+	case 503:
+		return "ServiceUnavailableError"
+	case 504:
+		return "GatewayTimeoutError"
+	}
+	if status >= 500 {
+		return "InternalServerError"
+	}
+	return "BadRequestError"
+}
+
 // errorBody is an OpenAI-style error object.
 func errorBody(status int, err error) []byte {
 	b := []byte(`{"error":{"message":`)
 	b = appendJSONString(b, err.Error())
 	b = append(b, `,"type":`...)
-	b = appendJSONString(b, fasthttp.StatusMessage(status))
+	b = appendJSONString(b, errorType(status))
 	b = append(b, `,"param":null,"code":`...)
 	b = fmt.Appendf(b, "%d}}", status)
 	return b

@@ -161,7 +161,7 @@ func TestRewriteEvent(t *testing.T) {
 
 func TestErrorBody(t *testing.T) {
 	b := errorBody(http.StatusServiceUnavailable, fmt.Errorf("%w: \"quoted\"", ErrDecodeUnavailable))
-	assert.JSONEq(t, `{"error":{"message":"decode engine unavailable: \"quoted\"","type":"Service Unavailable","param":null,"code":503}}`, string(b))
+	assert.JSONEq(t, `{"error":{"message":"decode engine unavailable: \"quoted\"","type":"ServiceUnavailableError","param":null,"code":503}}`, string(b))
 	assert.Contains(t, string(sseError(502, ErrDecodeFailed)), "data: [DONE]\n\n")
 }
 
