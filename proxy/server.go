@@ -35,7 +35,7 @@ func (p *Proxy) Run(ctx context.Context) error {
 		ln, err := net.Listen("tcp", addr)
 		if err != nil {
 			closeAll()
-			return fmt.Errorf("listen %s: %w", addr, err)
+			return err // "listen tcp <addr>: ...": it names the step and the address
 		}
 		lns = append(lns, ln)
 		servers = append(servers, p.newServer(h))

@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"net"
 	"io"
 	"sync"
 	"time"
@@ -23,7 +24,20 @@ type LegError struct {
 }
 
 // Error implements error.
-func (e *LegError) Error() string { return fmt.Sprintf("%s %s: %v", e.Op, e.Addr, e.Err) }
+func (e *LegError) Error() string {
+	if saysOp(e.Err, e.Op) {
+		return e.Err.Error()
+	}
+	return fmt.Sprintf("%s %s: %v", e.Op, e.Addr, e.Err)
+}
+
+// saysOp reports whether err already names step op and its address (a
+// *net.OpError of that Op: "dial tcp 10.0.0.5:8000: connect: connection
+// refused"), so that a message does not say it twice.
+func saysOp(err error, op string) bool {
+	var ne *net.OpError
+	return errors.As(err, &ne) && ne.Op == op
+}
 
 // Unwrap returns the underlying error.
 func (e *LegError) Unwrap() error { return e.Err }
@@ -192,7 +206,12 @@ type opError struct {
 	err error
 }
 
-func (e *opError) Error() string { return e.op + ": " + e.err.Error() }
+func (e *opError) Error() string {
+	if saysOp(e.err, e.op) {
+		return e.err.Error()
+	}
+	return e.op + ": " + e.err.Error()
+}
 func (e *opError) Unwrap() error { return e.err }
 
 func opOf(err error) string {

@@ -229,3 +229,20 @@ func TestTransportFirstByteTimeout(t *testing.T) {
 		})
 	}
 }
+
+// TestErrorsSayEachStepOnce: a leg's error names the step and the address
+// once, whether the cause already says them (net's dial errors) or not.
+func TestErrorsSayEachStepOnce(t *testing.T) {
+	dialErr := &net.OpError{Op: "dial", Net: "tcp", Addr: &net.TCPAddr{IP: net.IPv4(10, 0, 0, 5), Port: 8000}, Err: errors.New("connect: connection refused")}
+	for _, tc := range []struct {
+		err  error
+		want string
+	}{
+		{&LegError{Addr: "10.0.0.5:8000", Op: "dial", Err: dialErr}, "dial tcp 10.0.0.5:8000: connect: connection refused"},
+		{&LegError{Addr: "10.0.0.5:8000", Op: "dial", Err: context.DeadlineExceeded}, "dial 10.0.0.5:8000: context deadline exceeded"},
+		{&LegError{Addr: "10.0.0.5:8000", Op: "read", Err: io.ErrUnexpectedEOF}, "read 10.0.0.5:8000: unexpected EOF"},
+	} {
+		assert.Equal(t, tc.want, tc.err.Error())
+		assert.ErrorIs(t, tc.err, errors.Unwrap(tc.err))
+	}
+}
