@@ -84,9 +84,12 @@ func TestGuardLimits(t *testing.T) {
 		"--max-concurrent-requests", "2")
 	t.Run("body 413", func(t *testing.T) {
 		big := completionBody(`,"max_tokens":2,"pad":"` + strings.Repeat("x", 8192) + `"`)
-		st, b, _ := scPost(t, sc.URL()+"/v1/completions", big, nil)
+		st, b, h := scPost(t, sc.URL()+"/v1/completions", big, map[string]string{"X-Request-Id": "big-body-1"})
 		require.Equal(t, http.StatusRequestEntityTooLarge, st, "%s", b)
 		assert.Equal(t, int64(413), gjson.GetBytes(b, "error.code").Int())
+		assert.Equal(t, "RequestTooLargeError", gjson.GetBytes(b, "error.type").String())
+		assert.Equal(t, "big-body-1", h.Get("X-Request-Id"))
+		assert.Contains(t, sc.Output(), `"request_id":"big-body-1","reason":"body_too_large"`, "the log line names the request")
 	})
 	t.Run("headers 431", func(t *testing.T) {
 		st, b, _ := scPost(t, sc.URL()+"/v1/completions", completionBody(`,"max_tokens":2`),

@@ -164,10 +164,14 @@ func (p *Proxy) overloaded(rc *fasthttp.RequestCtx) {
 }
 
 // reject answers a request refused before any upstream leg, counted by
-// reason and logged.
+// reason and logged with its request id: the client's X-Request-Id when
+// the head was read and it is valid, else a new one; the answer carries
+// it too.
 func (p *Proxy) reject(rc *fasthttp.RequestCtx, reason string, status int, err error) {
 	p.guard.m.Rejected.WithLabelValues(reason).Inc()
-	p.log.Warn().Err(err).Str("reason", reason).Int("status", status).
+	id := requestID(rc.Request.Header.Peek(HeaderRequestID))
+	rc.Response.Header.Set(HeaderRequestID, id)
+	p.log.Warn().Err(err).Str("request_id", id).Str("reason", reason).Int("status", status).
 		Str("remote", rc.RemoteAddr().String()).Msg("request rejected")
 	rc.SetStatusCode(status)
 	rc.SetContentType("application/json")
