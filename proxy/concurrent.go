@@ -185,7 +185,7 @@ func (l *prefillLeg) run(ctx context.Context, cancel context.CancelFunc, req *fa
 	l.endSpan(err)
 	if err == nil {
 		l.report(nil)
-		l.log.Debug().Dur("took", time.Since(start)).Msg("prefill leg answered")
+		l.log.Debug().Dur("took_ms", time.Since(start)).Msg("prefill leg answered")
 		return
 	}
 	if l.parent.Err() != nil || l.abandoned.Load() {

@@ -97,7 +97,7 @@ func (p *Proxy) Run(ctx context.Context) error {
 		err = fmt.Errorf("serve: %w", err)
 	}
 	p.draining.Store(true)
-	p.log.Info().Dur("grace", p.cfg.ShutdownGrace).Msg("shutting down: draining in-flight requests")
+	p.log.Info().Str("grace", p.cfg.ShutdownGrace.String()).Msg("shutting down: draining in-flight requests")
 	for _, ln := range lanes {
 		ln.shutdown()
 	}

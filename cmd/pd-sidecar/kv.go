@@ -80,7 +80,7 @@ func enableKVPull(p *proxy.Proxy, conn connectors.Connector, o kvOptions, reg pr
 		_ = puller.Close()
 		return nil, nil, err
 	}
-	log.Info().Str("kv_transport", tr.Name()).Dur("kv_pull_timeout", o.pullTimeout).Int("kv_pull_streams", o.streams).Msg("sidecar KV pull enabled")
+	log.Info().Str("kv_transport", tr.Name()).Str("kv_pull_timeout", o.pullTimeout.String()).Int("kv_pull_streams", o.streams).Msg("sidecar KV pull enabled")
 	var probe func(context.Context)
 	if o.probeInterval > 0 {
 		probe = func(ctx context.Context) { p.RunKVProbes(ctx, o.probeInterval) }
