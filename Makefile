@@ -63,6 +63,13 @@ $(STATICCHECK):
 	@mkdir -p $(BIN)
 	GOBIN=$(BIN) $(GO) install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
 
+## render: print the pd-sidecar chart rendered with VALUES (space-separated values files), as
+## `helm template` would, without helm: e.g. make render VALUES=my-values.yaml
+VALUES ?=
+.PHONY: render
+render:
+	@$(GO) run ./deploy/render -chart deploy/helm/pd-sidecar $(foreach f,$(VALUES),-f $(f))
+
 ## demo: engine-sim as a prefill and a decode engine, the sidecar in front, real traffic, a summary
 demo: build
 	$(BIN)/pd-demo --bin $(BIN)

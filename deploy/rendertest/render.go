@@ -48,18 +48,29 @@ type Objects struct {
 // Render renders the chart in dir with values merged over its defaults and
 // decodes every manifest.
 func Render(dir string, values map[string]any) (Objects, error) {
+	all, err := RenderYAML(dir, Release, Namespace, values)
+	if err != nil {
+		return Objects{}, err
+	}
+	return Decode(all)
+}
+
+// RenderYAML renders the chart in dir as release name in namespace, with
+// values merged over its defaults (and checked against its
+// values.schema.json), into one YAML stream, as `helm template` does.
+func RenderYAML(dir, name, namespace string, values map[string]any) ([]byte, error) {
 	ch, err := loader.Load(dir)
 	if err != nil {
-		return Objects{}, fmt.Errorf("load chart %s: %w", dir, err)
+		return nil, fmt.Errorf("load chart %s: %w", dir, err)
 	}
 	vals, err := util.ToRenderValues(ch, values,
-		common.ReleaseOptions{Name: Release, Namespace: Namespace, IsInstall: true}, common.DefaultCapabilities)
+		common.ReleaseOptions{Name: name, Namespace: namespace, IsInstall: true}, common.DefaultCapabilities)
 	if err != nil {
-		return Objects{}, fmt.Errorf("values: %w", err)
+		return nil, fmt.Errorf("values: %w", err)
 	}
 	files, err := engine.Render(ch, vals)
 	if err != nil {
-		return Objects{}, fmt.Errorf("render: %w", err)
+		return nil, fmt.Errorf("render: %w", err)
 	}
 	names := make([]string, 0, len(files))
 	for n := range files {
@@ -68,13 +79,14 @@ func Render(dir string, values map[string]any) (Objects, error) {
 	sort.Strings(names)
 	var all bytes.Buffer
 	for _, n := range names {
-		if !strings.HasSuffix(n, ".yaml") {
-			continue // NOTES.txt, helpers
+		if !strings.HasSuffix(n, ".yaml") || strings.TrimSpace(files[n]) == "" {
+			continue // NOTES.txt, helpers, templates turned off
 		}
-		all.WriteString("\n---\n")
-		all.WriteString(files[n])
+		all.WriteString("---\n# Source: " + n + "\n")
+		all.WriteString(strings.TrimLeft(files[n], "\n"))
+		all.WriteString("\n")
 	}
-	return Decode(all.Bytes())
+	return all.Bytes(), nil
 }
 
 // DecodeFiles decodes every .yaml file under dir.
