@@ -70,6 +70,12 @@ VALUES ?=
 render:
 	@$(GO) run ./deploy/render -chart deploy/helm/pd-sidecar $(foreach f,$(VALUES),-f $(f))
 
+## schema: regenerate the chart's values.schema.json from values.yaml and pd-sidecar --help
+## (a test fails while the committed one is out of date)
+.PHONY: schema
+schema: build
+	$(BIN)/pd-sidecar --help | $(GO) run ./deploy/schemagen > deploy/helm/pd-sidecar/values.schema.json
+
 ## demo: engine-sim as a prefill and a decode engine, the sidecar in front, real traffic, a summary
 demo: build
 	$(BIN)/pd-demo --bin $(BIN)

@@ -459,6 +459,22 @@ func TestChartRefusesBadValues(t *testing.T) {
 		{"service monitor without a service",
 			map[string]any{"service": map[string]any{"enabled": false}, "metrics": map[string]any{"serviceMonitor": map[string]any{"enabled": true}}},
 			"needs service.enabled"},
+		// values.schema.json: a key the chart does not read, or a value of
+		// the wrong type, fails instead of being ignored.
+		{"flags at the top level instead of under sidecar", map[string]any{"flags": map[string]any{"enable-ssrf-protection": true}},
+			"additional properties 'flags' not allowed"},
+		{"a flag that does not exist", map[string]any{"sidecar": map[string]any{"flags": map[string]any{"enable-ssrf-protecton": true}}},
+			"additional properties 'enable-ssrf-protecton' not allowed"},
+		{"a flag of the wrong type", map[string]any{"sidecar": map[string]any{"flags": map[string]any{"port": "eighty"}}},
+			"/sidecar/flags/port"},
+		{"a duration that is not one", map[string]any{"sidecar": map[string]any{"flags": map[string]any{"prefill-timeout": "10 seconds"}}},
+			"/sidecar/flags/prefill-timeout"},
+		{"a bool as a word", map[string]any{"sidecar": map[string]any{"flags": map[string]any{"tracing": "yes"}}},
+			"/sidecar/flags/tracing"},
+		{"a misspelt chart key", map[string]any{"sidecar": map[string]any{"imagee": map[string]any{"tag": "1"}}},
+			"additional properties 'imagee' not allowed"},
+		{"a chart key of the wrong type", map[string]any{"workload": map[string]any{"replicas": "two"}},
+			"/workload/replicas"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -537,4 +553,35 @@ func TestChartConfigurationStartsTheSidecar(t *testing.T) {
 	harness.Eventually(t, 5*time.Second, "the start-up log line", func() bool {
 		return strings.Contains(p.Output(), `"kv_connector":"sglang"`)
 	})
+}
+
+// TestValuesSchemaIsCurrent: the committed values.schema.json is the one
+// `make schema` generates from values.yaml and this binary's flags, so a
+// new flag or chart key cannot be left out of it.
+func TestValuesSchemaIsCurrent(t *testing.T) {
+	out, err := exec.Command(harness.Binary(t, "pd-sidecar"), "--help").Output()
+	require.NoError(t, err)
+	raw, err := os.ReadFile(chartDir + "/values.yaml")
+	require.NoError(t, err)
+	var defaults map[string]any
+	require.NoError(t, yaml.Unmarshal(raw, &defaults))
+	want, err := rendertest.ValuesSchema(defaults, rendertest.FlagTypes(string(out)))
+	require.NoError(t, err)
+	have, err := os.ReadFile(chartDir + "/values.schema.json")
+	require.NoError(t, err)
+	assert.JSONEq(t, string(want), string(have), "deploy/helm/pd-sidecar/values.schema.json is out of date: run make schema")
+	assert.Len(t, rendertest.FlagTypes(string(out)), len(flagRE.FindAllString(string(out), -1)), "every flag of --help has a type")
+}
+
+// TestValuesSchemaAcceptsEveryFlagForm: each flag type takes its natural
+// YAML forms, null and "" (not passed).
+func TestValuesSchemaAcceptsEveryFlagForm(t *testing.T) {
+	for _, flags := range []map[string]any{
+		{"port": 9000, "prefill-timeout": "1m30s", "tracing": true, "enable-tls": []any{"prefiller"}},
+		{"enable-tls": "prefiller,decoder", "zap-log-level": 5, "kv-probe-interval": "0"},
+		{"zap-log-level": "debug", "port": nil, "host": "", "prefill-timeout": ""},
+	} {
+		_, err := rendertest.Render(chartDir, map[string]any{"sidecar": map[string]any{"flags": flags}})
+		assert.NoError(t, err, "%v", flags)
+	}
 }
