@@ -223,6 +223,7 @@ func (r *request) continueEncoded(params [][]byte) error {
 // --on-encoder-failure error, the first failure (which cancels the rest).
 func (r *request) fanOut(items []connectors.MMItem, addrs []string) (params [][]byte, failed int, first error) {
 	cfg := r.p.cfg.Encoder
+	r.logger() // built once here: the legs' goroutines only read it
 	ctx, cancel := context.WithTimeoutCause(r.ctx, cfg.Timeout, ErrEncoderTimeout)
 	defer cancel()
 	failFast := cfg.OnFailure == EncoderFailError

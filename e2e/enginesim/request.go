@@ -52,6 +52,10 @@ type genRequest struct {
 	boot *bootstrap
 	// cacheHitThreshold is cache_hit_threshold (0..1; 0 when absent).
 	cacheHitThreshold float64
+	// mm are the chat messages' multimodal items, ec the
+	// ec_transfer_params entries by mm_hash (encoder.go).
+	mm []mmItem
+	ec map[string]ecRef
 }
 
 // kvParams is vLLM NixlConnector's kv_transfer_params.
@@ -151,6 +155,7 @@ type body struct {
 	BootstrapPort       json.RawMessage `json:"bootstrap_port"`
 	BootstrapRoom       json.RawMessage `json:"bootstrap_room"`
 	CacheHitThreshold   json.RawMessage `json:"cache_hit_threshold"`
+	ECTransferParams    json.RawMessage `json:"ec_transfer_params"`
 }
 
 func absent(raw json.RawMessage) bool {
@@ -317,6 +322,7 @@ func (g *genRequest) parsePrompt(a api, b *body) error {
 			return err
 		}
 		g.prompt = Tokenize(ChatPrompt(msgs))
+		g.mm, g.ec = mmItemsOf(b.Messages), parseECParams(b.ECTransferParams) // encoder.go
 	case apiResponses:
 		if absent(b.Input) {
 			return badRequest("input", "input is required")
