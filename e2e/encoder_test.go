@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"io"
 	"net/http"
 	"strings"
 	"testing"
@@ -90,6 +91,12 @@ func TestEncoderStageEPD(t *testing.T) {
 	assert.Equal(t, 1.0, sc.Metric(t, "pd_sidecar_encoder_stages_total", map[string]string{"outcome": "encoded"}))
 	assert.Equal(t, 3.0, sc.Metric(t, "pd_sidecar_encoder_items_total", nil))
 	assert.Equal(t, 3.0, sc.Metric(t, "pd_sidecar_encode_duration_seconds", map[string]string{"outcome": "ok"}))
+	resp, err := http.Get(sc.URL() + "/debug/pd")
+	require.NoError(t, err)
+	view, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	require.NoError(t, err)
+	assert.Equal(t, int64(1), gjson.GetBytes(view, "window.encoder_stages.encoded").Int(), "the status view shows the stage: %s", view)
 
 	setFault(t, encA, `{"corrupt_kv":true}`)
 	st, got, _ = scPost(t, sc.URL()+"/v1/chat/completions", body, hdr)

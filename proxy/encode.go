@@ -152,10 +152,9 @@ func (r *request) encode() error {
 	if len(vs) == 0 {
 		return nil
 	}
-	m := p.m.Encoder
 	items := connectors.MMItems(r.body)
 	if len(items) == 0 {
-		m.Stages.WithLabelValues(metrics.StageNoItems).Inc()
+		r.stageEnded(metrics.StageNoItems)
 		r.logAt(zerolog.DebugLevel).Msg("encoders named but no multimodal item: encoder stage skipped")
 		return nil
 	}
@@ -174,7 +173,7 @@ func (r *request) encode() error {
 	if failed > 0 {
 		return r.encoderStageFailed(fmt.Errorf("%w: %d of %d items", ErrEncoderFailed, failed, len(items)), failed, params)
 	}
-	m.Stages.WithLabelValues(metrics.StageEncoded).Inc()
+	r.stageEnded(metrics.StageEncoded)
 	return r.continueEncoded(params)
 }
 
@@ -182,17 +181,23 @@ func (r *request) encode() error {
 // error; under local, the request continues with what the successful
 // legs gave (params), the failed items (failed) left to the engines.
 func (r *request) encoderStageFailed(err error, failed int, params [][]byte) error {
-	m := r.p.m.Encoder
 	if r.gone() {
 		return ErrClientGone
 	}
 	if r.p.cfg.Encoder.OnFailure != EncoderFailLocal {
-		m.Stages.WithLabelValues(metrics.StageFailed).Inc()
+		r.stageEnded(metrics.StageFailed)
 		return err
 	}
-	m.Stages.WithLabelValues(metrics.StageDegraded).Inc()
+	r.stageEnded(metrics.StageDegraded)
 	r.logAt(zerolog.WarnLevel).Err(err).Int("items_left_to_engine", failed).Msg("encoder stage degraded: the engine encodes the failed items itself")
 	return r.continueEncoded(params)
+}
+
+// stageEnded counts the encoder stage's outcome and tells the request's
+// report (the status view).
+func (r *request) stageEnded(outcome string) {
+	r.p.m.Encoder.Stages.WithLabelValues(outcome).Inc()
+	r.obs.encoder = outcome
 }
 
 // continueEncoded sets r.body to the body past the stage.

@@ -37,6 +37,9 @@ type RequestReport struct {
 	// KVTransferred is true when the decode engine produced output from the
 	// remote KV: KV really moved.
 	KVTransferred bool
+	// Encoder is the encoder stage's outcome (metrics.StageEncoded, ...;
+	// "" when the request went through no encoder stage).
+	Encoder string
 }
 
 // Observer learns how every inference request ended. ObserveRequest is
@@ -89,6 +92,7 @@ const (
 // obsState is a request's bookkeeping for the Observer and its spans.
 type obsState struct {
 	reason     string
+	encoder    string // the encoder stage's outcome (encode.go)
 	status     int
 	prefillDur time.Duration
 	kvDur      time.Duration
@@ -234,6 +238,7 @@ func (r *request) report() {
 			Status: r.obs.status, Start: r.start, Duration: time.Since(r.start),
 			PrefillDuration: r.obs.prefillDur, KVHandoffDuration: r.obs.kvDur,
 			KVTransferred: r.obs.kvOK && mode == metrics.ModeDisaggregated,
+			Encoder:       r.obs.encoder,
 		})
 	}
 }

@@ -65,6 +65,9 @@ type Counts struct {
 	Failed int `json:"failed"`
 	// FallbacksByReason counts degradations by reason.
 	FallbacksByReason map[string]int `json:"fallbacks_by_reason"`
+	// EncoderStages counts requests through the encoder stage by outcome
+	// (encoded, degraded, failed, no_items); empty when none.
+	EncoderStages map[string]int `json:"encoder_stages,omitempty"`
 }
 
 // Prefiller is the recent health of one prefiller.
@@ -116,6 +119,12 @@ func (t *Tracker) Snapshot() Snapshot {
 		s.Window.Failed += b.failed
 		for k, v := range b.reasons {
 			s.Window.FallbacksByReason[k] += v
+		}
+		for k, v := range b.encoder {
+			if s.Window.EncoderStages == nil {
+				s.Window.EncoderStages = map[string]int{}
+			}
+			s.Window.EncoderStages[k] += v
 		}
 	}
 	for label, ps := range t.prefillers {

@@ -55,6 +55,7 @@ type bucket struct {
 	failed    int // answered >= 500 (or 499)
 	kvMoved   int
 	prefilled int
+	encoder   map[string]int // encoder-stage outcomes
 }
 
 // prefillerStat is the recent picture of one prefiller.
@@ -136,7 +137,7 @@ func (t *Tracker) bucketFor(now time.Time) *bucket {
 	}
 	b := &t.ring[i]
 	if !b.start.Equal(start) {
-		*b = bucket{start: start, modes: map[string]int{}, reasons: map[string]int{}}
+		*b = bucket{start: start, modes: map[string]int{}, reasons: map[string]int{}, encoder: map[string]int{}}
 	}
 	return b
 }
@@ -154,6 +155,9 @@ func (t *Tracker) ObserveRequest(r proxy.RequestReport) {
 	}
 	if r.Status >= 500 || r.Status == 499 {
 		b.failed++
+	}
+	if r.Encoder != "" {
+		b.encoder[r.Encoder]++
 	}
 	if r.Prefiller == "" {
 		return
