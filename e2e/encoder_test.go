@@ -1,9 +1,11 @@
 package e2e
 
 import (
+	"encoding/json"
 	"io"
 	"net/http"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -261,4 +263,38 @@ func TestEncoderStageNoItems(t *testing.T) {
 	dec = simRequests(t, decode)
 	assert.Empty(t, dec[len(dec)-1].Headers["x-encoder-hosts-ports"], "the header is stripped all the same")
 	assert.Equal(t, 3.0, decode.Metric(t, "sim_ec_local_encodes_total", nil))
+}
+
+// TestEncoderStageTraced: each encoder leg is an "encode" span of the
+// request's trace, whose context the encoder receives in traceparent.
+func TestEncoderStageTraced(t *testing.T) {
+	clearOTELEnv(t)
+	t.Setenv("OTEL_TRACES_EXPORTER", "console")
+	enc := harness.StartEngineSim(t, "encode")
+	decode := harness.StartEngineSim(t, "both")
+	sc := harness.StartSidecar(t, decode.Port, "--ec-connector", "ec-nixl")
+	const trace = "4ef7651916cd43dd8448eb211c80319a"
+	st, got, _ := scPost(t, sc.URL()+"/v1/chat/completions", mmChatBody(imagePart("http://img/a.png"), imagePart("http://img/b.png")),
+		map[string]string{"x-encoder-hosts-ports": enc.HostPort(), "traceparent": "00-" + trace + "-f7ad6b7169203335-01"})
+	require.Equal(t, http.StatusOK, st, "%s", got)
+	legs := simRequests(t, enc)
+	require.Len(t, legs, 2)
+	for _, l := range legs {
+		require.NotEmpty(t, l.Headers["traceparent"])
+		assert.Contains(t, l.Headers["traceparent"][0], trace, "the encoder leg carries the request's trace")
+	}
+	require.NoError(t, sc.Signal(syscall.SIGTERM))
+	_, err := sc.Wait(15 * time.Second)
+	require.NoError(t, err)
+	n := 0
+	for _, line := range strings.Split(sc.Output(), "\n") {
+		var span struct {
+			Name        string
+			SpanContext struct{ TraceID string }
+		}
+		if json.Unmarshal([]byte(line), &span) == nil && span.SpanContext.TraceID == trace && span.Name == "encode" {
+			n++
+		}
+	}
+	assert.Equal(t, 2, n, "one encode span per item:\n%s", sc.Output())
 }

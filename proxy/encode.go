@@ -13,10 +13,16 @@ import (
 	"github.com/rs/zerolog"
 	"github.com/tidwall/gjson"
 	"github.com/valyala/fasthttp"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/pd-sidecar/pd-sidecar/connectors"
 	"github.com/pd-sidecar/pd-sidecar/metrics"
 )
+
+// SpanEncode is the span of one encoder leg (a child of the request's).
+const SpanEncode = "encode"
 
 // HeaderEncoders names the encoder engines of llm-d's encoder stage
 // (host:port, comma separated, or several header values). Client
@@ -298,7 +304,16 @@ func (r *request) encodeErr(ctx context.Context, err error) error {
 func (r *request) encodeItem(ctx context.Context, idx int, item connectors.MMItem, addr string) (params []byte, err error) {
 	m := r.p.m.Encoder
 	start := time.Now()
+	sctx, span := r.child(SpanEncode, trace.SpanKindClient) // nil without a tracer
 	defer func() {
+		if span != nil {
+			span.SetAttributes(attribute.Int("pd.encoder.item", idx), attribute.String("pd.encoder", addr))
+			if err != nil {
+				span.RecordError(err)
+				span.SetStatus(codes.Error, err.Error())
+			}
+			span.End()
+		}
 		outcome := metrics.EncodeOK
 		if err != nil {
 			outcome = metrics.EncodeFailed
@@ -324,7 +339,9 @@ func (r *request) encodeItem(ctx context.Context, idx int, item connectors.MMIte
 	req.Header.SetHost(addr)
 	req.Header.SetContentType("application/json")
 	req.Header.Set(HeaderRequestID, connectors.ECRequestID(r.id, idx))
-	r.injectTrace(&req.Header)
+	if span != nil {
+		r.p.ext.Propagator.Inject(sctx, headerCarrier{&req.Header})
+	}
 	req.SetBodyRaw(body)
 	hold, err := r.p.encTr.Do(ctx, addr, req, resp)
 	if err != nil {
