@@ -256,6 +256,16 @@ func TestEncoderStageNoItems(t *testing.T) {
 	assert.Empty(t, dec[0].Headers["x-encoder-hosts-ports"])
 	assert.Equal(t, 1.0, sc.Metric(t, "pd_sidecar_encoder_stages_total", map[string]string{"outcome": "no_items"}))
 
+	req, err := http.NewRequest(http.MethodGet, sc.URL()+"/v1/models", nil)
+	require.NoError(t, err)
+	req.Header.Set("x-encoder-hosts-ports", enc.HostPort())
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	resp.Body.Close()
+	all := journal(t, decode)
+	require.Equal(t, "/v1/models", all[len(all)-1].Path)
+	assert.Empty(t, all[len(all)-1].Headers["x-encoder-hosts-ports"], "a passthrough is stripped of the header too")
+
 	off := harness.StartSidecar(t, decode.Port)
 	st, got, _ = scPost(t, off.URL()+"/v1/chat/completions", mmChatBody(threeImages...), hdr)
 	require.Equal(t, http.StatusOK, st, "%s", got)
