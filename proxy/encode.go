@@ -79,13 +79,14 @@ func (c EncoderConfig) Validate() error {
 	return nil
 }
 
-// Encoder-stage errors. Each wraps ErrEncoderFailed, answered 502 under
-// --on-encoder-failure error.
+// Encoder-stage errors. A failed stage's error wraps ErrEncoderFailed,
+// answered 502 under --on-encoder-failure error.
 var (
-	// ErrEncoderFailed: an encoder leg failed.
+	// ErrEncoderFailed: an encoder leg failed, or no encoder was allowed.
 	ErrEncoderFailed = errors.New("encoder request failed")
-	// ErrEncoderTimeout: the fan-out ran past --encoder-timeout.
-	ErrEncoderTimeout = fmt.Errorf("%w: --encoder-timeout exceeded", ErrEncoderFailed)
+	// ErrEncoderTimeout: the fan-out ran past --encoder-timeout (the
+	// stage's error wraps it in ErrEncoderFailed).
+	ErrEncoderTimeout = errors.New("--encoder-timeout exceeded")
 	// ErrNoEncoder: every encoder named was refused (not host:port, or
 	// not on the SSRF allowlist).
 	ErrNoEncoder = fmt.Errorf("%w: no encoder of x-encoder-hosts-ports is allowed", ErrEncoderFailed)
@@ -247,9 +248,13 @@ func (r *request) fanOut(items []connectors.MMItem, addrs []string) (params [][]
 		select {
 		case sem <- struct{}{}:
 		case <-ctx.Done():
-			errs[i] = r.encodeErr(ctx, nil)
+			// Never sent: counted as the legs that were.
+			if errs[i] = r.encodeErr(ctx, nil); encoderReason(errs[i]) != "" {
+				r.p.m.Encoder.Failures.WithLabelValues(encoderReason(errs[i])).Inc()
+			}
 			continue
 		}
+		r.p.m.Encoder.Items.Inc()
 		wg.Add(1)
 		go func() {
 			defer func() { <-sem; wg.Done() }()
@@ -260,7 +265,6 @@ func (r *request) fanOut(items []connectors.MMItem, addrs []string) (params [][]
 		}()
 	}
 	wg.Wait()
-	r.p.m.Encoder.Items.Add(float64(len(items)))
 	for i, err := range errs {
 		if err == nil {
 			continue
@@ -268,7 +272,7 @@ func (r *request) fanOut(items []connectors.MMItem, addrs []string) (params [][]
 		failed++
 		// The first real failure, not a leg it cancelled.
 		if first == nil || errors.Is(first, errCancelledByFailure) && !errors.Is(err, errCancelledByFailure) {
-			first = fmt.Errorf("encoder request failed for item %d: %w", i, err)
+			first = fmt.Errorf("%w for item %d: %w", ErrEncoderFailed, i, err)
 		}
 	}
 	if !failFast {
@@ -279,7 +283,7 @@ func (r *request) fanOut(items []connectors.MMItem, addrs []string) (params [][]
 
 // errCancelledByFailure marks a leg cancelled because another one failed
 // (--on-encoder-failure error).
-var errCancelledByFailure = fmt.Errorf("%w: cancelled by another item's failure", ErrEncoderFailed)
+var errCancelledByFailure = errors.New("cancelled by another item's failure")
 
 // encodeErr names why ctx ended a leg whose transport error was err.
 func (r *request) encodeErr(ctx context.Context, err error) error {
@@ -293,9 +297,9 @@ func (r *request) encodeErr(ctx context.Context, err error) error {
 	case err != nil && isTimeout(err):
 		return fmt.Errorf("%w: %w", ErrEncoderTimeout, err)
 	case err != nil:
-		return fmt.Errorf("%w: %w", ErrEncoderFailed, err)
+		return err // refused, reset: unreachable
 	}
-	return ErrEncoderFailed
+	return context.Cause(ctx)
 }
 
 // encodeItem sends item idx to addr and returns its ec_transfer_params
@@ -349,20 +353,20 @@ func (r *request) encodeItem(ctx context.Context, idx int, item connectors.MMIte
 			return nil, r.encodeErr(ctx, err)
 		}
 		if errors.Is(err, ErrBufferBudget) || errors.Is(err, ErrBadUpstreamAnswer) {
-			return nil, fmt.Errorf("%w: %w: %w", ErrEncoderFailed, errEncoderBadAnswer, err)
+			return nil, fmt.Errorf("%w: %w", errEncoderBadAnswer, err)
 		}
 		return nil, r.encodeErr(ctx, err)
 	}
 	defer hold.Release()
 	if s := resp.StatusCode(); s < 200 || s > 299 {
-		return nil, fmt.Errorf("%w: %w %d: %s", ErrEncoderFailed, errEncoderStatus, s, logValue(string(resp.Body())))
+		return nil, fmt.Errorf("%w %d: %s", errEncoderStatus, s, logValue(string(resp.Body())))
 	}
 	if r.p.cfg.Encoder.Connector != connectors.ECNixl {
 		return nil, nil // ec-example: the encoder wrote the item to the shared cache
 	}
 	ec, err := connectors.ECParamsOf(resp.Body())
 	if err != nil {
-		return nil, fmt.Errorf("%w: %w: %w", ErrEncoderFailed, errEncoderBadAnswer, err)
+		return nil, fmt.Errorf("%w: %w", errEncoderBadAnswer, err)
 	}
 	if ec == nil {
 		r.logAt(zerolog.WarnLevel).Int("item", idx).Msg("encoder answered no ec_transfer_params")

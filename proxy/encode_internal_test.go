@@ -80,15 +80,15 @@ func TestEncoderReason(t *testing.T) {
 		reason string
 	}{
 		{ErrEncoderTimeout, metrics.EncoderTimeout},
-		{fmt.Errorf("%w: %w 500: x", ErrEncoderFailed, errEncoderStatus), metrics.EncoderStatus},
-		{fmt.Errorf("%w: %w", ErrEncoderFailed, errEncoderBadAnswer), metrics.EncoderBadAnswer},
-		{fmt.Errorf("%w: %w", ErrEncoderFailed, context.Canceled), metrics.EncoderUnreachable},
+		{fmt.Errorf("%w 500: x", errEncoderStatus), metrics.EncoderStatus},
+		{fmt.Errorf("%w: x", errEncoderBadAnswer), metrics.EncoderBadAnswer},
+		{&LegError{Addr: "a:1", Op: "dial", Err: context.Canceled}, metrics.EncoderUnreachable},
 		{errCancelledByFailure, ""},
 		{ErrClientGone, ""},
 	} {
 		assert.Equal(t, tc.reason, encoderReason(tc.err), "%v", tc.err)
 	}
-	for _, err := range []error{ErrEncoderTimeout, ErrNoEncoder, fmt.Errorf("encoder request failed for item 1: %w", errCancelledByFailure)} {
+	for _, err := range []error{ErrNoEncoder, fmt.Errorf("%w for item 1: %w", ErrEncoderFailed, ErrEncoderTimeout)} {
 		assert.Equal(t, 502, classify(err).status, "%v", err)
 	}
 }
@@ -202,7 +202,7 @@ func TestFanOutFailure(t *testing.T) {
 	p := encodeProxy(t, func(*EncoderConfig) {})
 	_, err := runStage(p, okAddr+","+badAddr, 2)
 	require.ErrorIs(t, err, ErrEncoderFailed)
-	assert.Contains(t, err.Error(), "encoder request failed for item 1")
+	assert.Equal(t, "encoder request failed for item 1: encoder answered status 500: ", err.Error())
 	assert.Equal(t, 502, classify(err).status)
 
 	p = encodeProxy(t, func(c *EncoderConfig) { c.OnFailure = EncoderFailLocal })
@@ -215,5 +215,6 @@ func TestFanOutFailure(t *testing.T) {
 	start := time.Now()
 	_, err = runStage(p, slow.serve(t), 1)
 	require.ErrorIs(t, err, ErrEncoderTimeout)
+	require.ErrorIs(t, err, ErrEncoderFailed)
 	assert.Less(t, time.Since(start), 500*time.Millisecond)
 }
