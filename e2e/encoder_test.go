@@ -130,6 +130,17 @@ func TestEncoderStageEPDSplit(t *testing.T) {
 		assert.Zero(t, e.Metric(t, "sim_ec_local_encodes_total", nil))
 	}
 	assert.Equal(t, 1.0, sc.Metric(t, "pd_sidecar_requests_total", map[string]string{"mode": "disaggregated", "code": "200"}))
+
+	// Streamed: the encoder legs are not (stream false), the answer is.
+	streamed := strings.Replace(body, `"max_tokens":6`, `"max_tokens":6,"stream":true`, 1)
+	st, text, events := scStream(t, sc.URL()+"/v1/chat/completions", streamed,
+		map[string]string{"x-encoder-hosts-ports": enc.HostPort(), "x-prefiller-host-port": prefill.HostPort()})
+	require.Equal(t, http.StatusOK, st)
+	assert.Equal(t, "[DONE]", events[len(events)-1])
+	var words string
+	require.NoError(t, json.Unmarshal([]byte(want), &words))
+	assert.Equal(t, words, text, "the streamed text is the local run's")
+	assert.Equal(t, 6.0, enc.Metric(t, "sim_ec_encodes_total", nil))
 }
 
 // TestEncoderStageECExample: ec-example (shared encoder cache) with the
