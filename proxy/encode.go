@@ -132,7 +132,6 @@ func (p *Proxy) encoders(vs [][]byte) (addrs []string, dropped int) {
 			}
 			if al := p.guard.cfg.Allowlist; al != nil && !al.Allowed(hp) {
 				m.Failures.WithLabelValues(metrics.EncoderDenied).Inc()
-				p.guard.m.Rejected.WithLabelValues(metrics.RejectSSRF).Inc()
 				dropped++
 				continue
 			}
