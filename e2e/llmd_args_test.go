@@ -14,8 +14,10 @@ import (
 // llmdDeploymentArgs are the sidecar arg lists of llm-d's own manifests,
 // verbatim (LLMD-SIDECAR.md section 23; ${VLLM_DATA_PARALLEL_SIZE} = 1,
 // ${CONNECTOR_TYPE} as llm-d's e2e substitutes it). The lists that turn on
-// a feature not built here yet (--ec-connector, --moriio-write-mode) are
-// refused at start-up, as cmd/pd-sidecar's TestLLMDDeploymentArgs checks.
+// a feature not built here yet (--moriio-write-mode) are refused at
+// start-up, as cmd/pd-sidecar's TestLLMDDeploymentArgs checks. The e-pd and
+// e-p-d lists (--ec-connector) serve a text split here, and their encoder
+// stage is proven by TestEncoderStageECExample.
 var llmdDeploymentArgs = []struct {
 	name, connector, args string
 }{
@@ -24,6 +26,8 @@ var llmdDeploymentArgs = []struct {
 	{"p-d shared-storage", "shared-storage", "--port=8000 --kv-connector=shared-storage --mooncake-bootstrap-port=8000 --secure-proxy=false --data-parallel-size=1"},
 	{"p-d mooncake", "mooncake", "--port=8000 --kv-connector=mooncake --mooncake-bootstrap-port=8000 --secure-proxy=false --data-parallel-size=1"},
 	{"test pod-qwen", "nixlv2", "--port=8000 --model-server-port=8001"},
+	{"e-pd", "nixlv2", "--port=8000 --ec-connector=ec-example --secure-proxy=false --data-parallel-size=1"},
+	{"e-p-d", "shared-storage", "--port=8000 --kv-connector=shared-storage --ec-connector=ec-example --secure-proxy=false --data-parallel-size=1"},
 	// What llm-d-modelservice renders, its default list included, is run by
 	// TestModelserviceArgListsServeASplit from the chart's fixture.
 }

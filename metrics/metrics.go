@@ -98,6 +98,8 @@ type Metrics struct {
 	Guards *Guards
 	// Chunked are the chunked decode's collectors (chunked.go).
 	Chunked *Chunked
+	// Encoder are the encoder stage's collectors (encoder.go).
+	Encoder *Encoder
 }
 
 // RegisterBuildInfo registers pd_sidecar_build_info{version,revision,go_version}
@@ -186,6 +188,7 @@ func New(reg prometheus.Registerer, maxPrefillers int) *Metrics {
 		Prefillers: NewBounded(maxPrefillers),
 		Guards:     NewGuards(reg),
 		Chunked:    NewChunked(reg),
+		Encoder:    NewEncoder(reg),
 	}
 	reg.MustRegister(m.PrefillLegFailures, m.KVSources, m.DecodeFirst, m.LoopStreams, m.LoopHandoffs, m.LoopRequests)
 	reg.MustRegister(m.Requests, m.Fallbacks, m.PrefillDuration, m.KVTransferDuration,

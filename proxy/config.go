@@ -94,6 +94,8 @@ type Config struct {
 	// Guard holds the limits, SSRF protection, circuit breaker and TLS
 	// (guard.go, tls.go).
 	Guard GuardConfig
+	// Encoder is llm-d's encoder stage (encode.go); off by default.
+	Encoder EncoderConfig
 }
 
 // DefaultConfig returns the defaults, drop-in compatible with llm-d's
@@ -118,6 +120,7 @@ func DefaultConfig() Config {
 		MaxPrefillers:          64,
 		StreamLoops:            runtime.GOMAXPROCS(0),
 		Guard:                  DefaultGuardConfig(),
+		Encoder:                DefaultEncoderConfig(),
 	}
 }
 
@@ -171,6 +174,9 @@ func (c Config) Validate() error {
 	case c.Guard.MaxBufferedBytes > 0 && c.Guard.MaxBufferedBytes < int64(c.MaxRequestBodyBytes):
 		return fmt.Errorf("--max-buffered-bytes %d must be >= --max-request-body-bytes %d (a body of the largest accepted size could never be read)",
 			c.Guard.MaxBufferedBytes, c.MaxRequestBodyBytes)
+	}
+	if err := c.Encoder.Validate(); err != nil {
+		return err
 	}
 	return c.Guard.Validate()
 }

@@ -154,6 +154,8 @@ func classify(err error) outcome {
 		return outcome{status: http.StatusBadRequest}
 	case errors.Is(err, ErrBootstrapFailed), errors.Is(err, connectors.ErrBadBootstrap):
 		return outcome{status: http.StatusBadGateway, reason: ReasonBootstrapFailed}
+	case errors.Is(err, ErrEncoderFailed):
+		return outcome{status: http.StatusBadGateway}
 	case errors.Is(err, ErrDecodeTimeout):
 		return outcome{status: http.StatusGatewayTimeout}
 	case errors.Is(err, ErrDecodeUnavailable):

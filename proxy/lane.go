@@ -396,7 +396,7 @@ func (ll *laneLoop) parse(b []byte) (api connectors.API, body []byte, lr laneReq
 	if !h.IsPost() || !h.IsHTTP11() || cl < 0 || headLen+cl != len(b) || cl > p.cfg.MaxRequestBodyBytes {
 		return 0, nil, lr, false
 	}
-	if lr = scanRequest(h); lr.refused || lr.kvSource && p.cfg.P2P.Enabled {
+	if lr = scanRequest(h); lr.refused || lr.kvSource && p.cfg.P2P.Enabled || lr.encoders && p.cfg.Encoder.Connector != "" {
 		return 0, nil, lr, false
 	}
 	api, ok = connectors.APIForPath(string(h.RequestURI()))

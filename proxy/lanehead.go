@@ -61,6 +61,7 @@ type laneRequest struct {
 	prefiller []byte // x-prefiller-host-port (the first; nil: a local request)
 	refused   bool   // a header the lane leaves to fasthttp
 	kvSource  bool   // x-kv-cache-source-host-port: fasthttp's while the P2P tier is in use
+	encoders  bool   // x-encoder-hosts-ports: fasthttp's while the encoder stage is on
 	keepAlive bool
 }
 
@@ -68,8 +69,9 @@ type laneRequest struct {
 // serve, and so are a field name that is not a token (fasthttp's path
 // refuses it: refuseHead) and x-data-parallel-host-port (its rank's engine
 // or its 400: pickRank); so is x-kv-cache-source-host-port while the P2P
-// tier is in use (the caller checks kvSource); a named prefiller makes a
-// P/D request.
+// tier is in use (the caller checks kvSource), and x-encoder-hosts-ports
+// while the encoder stage is on (the caller checks encoders); a named
+// prefiller makes a P/D request.
 func scanRequest(h *fasthttp.RequestHeader) laneRequest {
 	lr := laneRequest{keepAlive: !h.ConnectionClose()}
 	for k, v := range h.All() {
@@ -85,10 +87,11 @@ func scanRequest(h *fasthttp.RequestHeader) laneRequest {
 			if lr.id == nil && equalFold(k, "x-request-id") {
 				lr.id = v
 			}
-		case len(HeaderPrefiller):
+		case len(HeaderPrefiller): // == len(HeaderEncoders)
 			if lr.prefiller == nil && equalFold(k, HeaderPrefiller) {
 				lr.prefiller = v
 			}
+			lr.encoders = lr.encoders || equalFold(k, HeaderEncoders)
 		case len(HeaderDataParallel):
 			lr.refused = lr.refused || equalFold(k, HeaderDataParallel)
 		case len(HeaderKVCacheSource):
@@ -121,6 +124,7 @@ func appendLegStart(dst []byte, h *fasthttp.RequestHeader) []byte {
 			len(k) == 12 && equalFold(k, "x-request-id"),
 			len(k) == 15 && equalFold(k, "accept-encoding"),
 			len(k) == len(HeaderPrefiller) && equalFold(k, HeaderPrefiller),
+			len(k) == len(HeaderEncoders) && equalFold(k, HeaderEncoders),
 			len(k) == len(HeaderDataParallel) && equalFold(k, HeaderDataParallel),
 			len(k) == len(HeaderKVCacheSource) && equalFold(k, HeaderKVCacheSource):
 			continue

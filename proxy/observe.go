@@ -44,6 +44,9 @@ type RequestReport struct {
 	// DecodeChunks is the number of chunk requests of a chunked decode (0:
 	// the decode was not chunked).
 	DecodeChunks int
+	// Encoder is the encoder stage's outcome (metrics.StageEncoded, ...;
+	// "" when the request went through no encoder stage).
+	Encoder string
 }
 
 // Observer learns how every inference request ended. ObserveRequest is
@@ -96,6 +99,7 @@ const (
 // obsState is a request's bookkeeping for the Observer and its spans.
 type obsState struct {
 	reason     string
+	encoder    string // the encoder stage's outcome (encode.go)
 	status     int
 	prefillDur time.Duration
 	kvDur      time.Duration
@@ -243,6 +247,7 @@ func (r *request) report() {
 			PrefillDuration: r.obs.prefillDur, KVHandoffDuration: r.obs.kvDur,
 			KVTransferred: r.obs.kvOK && mode == metrics.ModeDisaggregated,
 			DecodeChunks:  r.obs.chunks,
+			Encoder:       r.obs.encoder,
 		})
 	}
 }

@@ -35,6 +35,7 @@ func (p *Proxy) passthrough(rc *fasthttp.RequestCtx, local string) {
 	req.Header.Del(HeaderPrefiller)
 	req.Header.Del(HeaderDataParallel)
 	req.Header.Del(HeaderKVCacheSource)
+	req.Header.Del(HeaderEncoders)
 	req.Header.Del("Expect")
 	// One X-Request-Id, as on every leg: the client's first (when valid),
 	// never a second copy (Set replaces only the first).

@@ -35,6 +35,10 @@ func (p *Proxy) serveInference(rc *fasthttp.RequestCtx, local string, api connec
 		r.fail(err)
 		return
 	}
+	if err := r.encode(); err != nil { // encode.go: llm-d's encoder stage
+		r.fail(err)
+		return
+	}
 	hv := rc.Request.Header.Peek(HeaderPrefiller)
 	if len(hv) == 0 {
 		r.logAt(zerolog.DebugLevel).Msg("no prefiller named: local")

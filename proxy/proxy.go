@@ -43,6 +43,7 @@ type Proxy struct {
 	choreo   connectors.Choreography   // what conn declares (choreography.go)
 	boot     *bootstrapCache           // Bootstrapper answers per prefiller
 	tr       *Transport
+	encTr    *Transport // the encoder legs' (encode.go); nil: stage off
 	m        *metrics.Metrics
 	log      zerolog.Logger
 	metricsH fasthttp.RequestHandler
@@ -90,6 +91,9 @@ func New(cfg Config, conn connectors.Connector, m *metrics.Metrics, gatherer pro
 		return nil, err
 	}
 	p.tr.UseTLS(upTLS)
+	if p.encTr, err = newEncoderTransport(cfg); err != nil {
+		return nil, err
+	}
 	p.seq, _ = conn.(connectors.Sequential)
 	if p.choreo = connectors.ChoreographyOf(conn); p.choreo == 0 {
 		return nil, fmt.Errorf("connector %q is neither sequential nor concurrent", conn.Name())

@@ -175,6 +175,7 @@ func (r *request) upstreamHeader(dst, src *fasthttp.RequestHeader, addr string) 
 	dst.Del(HeaderPrefiller)
 	dst.Del(HeaderDataParallel)
 	dst.Del(HeaderKVCacheSource)
+	dst.Del(HeaderEncoders)
 	dst.Del("Accept-Encoding")
 	dst.Del("Expect")
 	dst.Del(HeaderRequestID) // every copy: Set replaces only the first

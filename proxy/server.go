@@ -129,6 +129,9 @@ func (p *Proxy) Run(ctx context.Context) error {
 		p.loops.Close() // ends what is left
 	}
 	p.tr.Close()
+	if p.encTr != nil {
+		p.encTr.Close()
+	}
 	p.log.Info().Err(err).Msg("stopped")
 	return err
 }

@@ -92,6 +92,9 @@ type Counts struct {
 	// (--decode-chunk-size); DecodeChunks their chunk requests.
 	ChunkedDecodes int `json:"chunked_decodes"`
 	DecodeChunks   int `json:"decode_chunks"`
+	// EncoderStages counts requests through the encoder stage by outcome
+	// (encoded, degraded, failed, no_items); empty when none.
+	EncoderStages map[string]int `json:"encoder_stages,omitempty"`
 }
 
 // Prefiller is the recent health of one prefiller.
@@ -150,6 +153,12 @@ func (t *Tracker) Snapshot() Snapshot {
 		s.Window.DecodeChunks += b.chunks
 		for k, v := range b.reasons {
 			s.Window.FallbacksByReason[k] += v
+		}
+		for k, v := range b.encoder {
+			if s.Window.EncoderStages == nil {
+				s.Window.EncoderStages = map[string]int{}
+			}
+			s.Window.EncoderStages[k] += v
 		}
 	}
 	for label, ps := range t.prefillers {

@@ -279,3 +279,24 @@ func TestChunkedDecodesCounted(t *testing.T) {
 	require.NoError(t, snap.WriteText(&out))
 	assert.Regexp(t, `chunked decodes:\s+2 \(5 chunks\)`, out.String())
 }
+
+// TestEncoderStages: the window counts requests through the encoder stage
+// by outcome, shown in the text view; none, no line.
+func TestEncoderStages(t *testing.T) {
+	tr := status.New(status.Options{Connector: "nixlv2", Transport: "engine-pull"})
+	var out bytes.Buffer
+	require.NoError(t, tr.Snapshot().WriteText(&out))
+	assert.NotContains(t, out.String(), "encoder stages")
+	for _, o := range []string{metrics.StageEncoded, metrics.StageEncoded, metrics.StageDegraded} {
+		r := local()
+		r.Encoder = o
+		tr.ObserveRequest(r)
+	}
+	tr.ObserveRequest(local())
+	s := tr.Snapshot()
+	assert.Equal(t, map[string]int{metrics.StageEncoded: 2, metrics.StageDegraded: 1}, s.Window.EncoderStages)
+	out.Reset()
+	require.NoError(t, s.WriteText(&out))
+	assert.Contains(t, out.String(), "encoder stages:")
+	assert.Contains(t, out.String(), "encoded: 2")
+}

@@ -68,6 +68,9 @@ func (s Snapshot) WriteText(w io.Writer) error {
 	if len(c.FallbacksByReason) > 0 {
 		p("  fallbacks by reason:\t%s\n", reasonsText(c.FallbacksByReason))
 	}
+	if len(c.EncoderStages) > 0 {
+		p("  encoder stages:\t%s\n", reasonsText(c.EncoderStages))
+	}
 	p("last split:\t%s\n", ago(s.Now, s.LastSplit))
 	p("last kv transfer:\t%s\n", ago(s.Now, s.LastKVTransfer))
 	if err := tw.Flush(); err != nil {

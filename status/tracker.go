@@ -58,6 +58,7 @@ type bucket struct {
 	outcomes  [numOutcomes]int // of the named requests: they sum to named
 	chunked   int // decodes run in chunks (--decode-chunk-size)
 	chunks    int // their chunk requests
+	encoder   map[string]int // encoder-stage outcomes
 }
 
 // The outcomes of a request that named a prefiller, one each.
@@ -172,7 +173,7 @@ func (t *Tracker) bucketFor(now time.Time) *bucket {
 	}
 	b := &t.ring[i]
 	if !b.start.Equal(start) {
-		*b = bucket{start: start, modes: map[string]int{}, reasons: map[string]int{}}
+		*b = bucket{start: start, modes: map[string]int{}, reasons: map[string]int{}, encoder: map[string]int{}}
 	}
 	return b
 }
@@ -194,6 +195,9 @@ func (t *Tracker) ObserveRequest(r proxy.RequestReport) {
 	if r.DecodeChunks > 0 {
 		b.chunked++
 		b.chunks += r.DecodeChunks
+	}
+	if r.Encoder != "" {
+		b.encoder[r.Encoder]++
 	}
 	if r.Prefiller == "" && !r.NamedPrefiller {
 		return

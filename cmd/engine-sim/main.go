@@ -35,7 +35,7 @@ func run(args []string) error {
 	fs.StringVar(&cfg.Host, "host", cfg.Host, "address to listen on (and to advertise as remote_host)")
 	fs.IntVar(&cfg.Port, "port", cfg.Port, "HTTP port (OpenAI API, /metrics, /sim/*)")
 	fs.StringVar(&cfg.Model, "model", cfg.Model, "served model name")
-	role := fs.String("role", string(cfg.Role), "prefill, decode or both")
+	role := fs.String("role", string(cfg.Role), "prefill, decode, both or encode (answers one-item encoder requests with ec_transfer_params)")
 	fs.StringVar(&cfg.EngineID, "engine-id", "", "engine id advertised as remote_engine_id (random when empty)")
 	fs.IntVar(&cfg.BlockSize, "block-size", cfg.BlockSize, "tokens per KV block")
 	fs.IntVar(&cfg.NumKVBlocks, "num-kv-blocks", cfg.NumKVBlocks, "KV cache capacity in blocks")
@@ -57,6 +57,7 @@ func run(args []string) error {
 	fs.IntVar(&cfg.KVAgentPort, "kv-agent-port", 0, "kvtransfer agent port; 0 picks a free one")
 	fs.StringVar(&cfg.KVRegionDir, "kv-region-dir", "", "directory of the KV region's shared-memory file (default /dev/shm)")
 	fs.StringVar(&cfg.SharedStorageDir, "shared-storage-dir", "", "shared KV store directory (LMCache-style): computed blocks are written there, prefills load from it")
+	fs.StringVar(&cfg.ECSharedDir, "ec-shared-dir", "", "shared encoder cache directory (ec-example): an encoder writes each item's encoding there, other engines read it")
 	faults := fs.String("faults", "", `faults active from the start, as JSON (see POST /sim/faults), e.g. '{"status":500}'`)
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
 	if err := fs.Parse(args); err != nil {

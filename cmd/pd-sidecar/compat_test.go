@@ -177,8 +177,22 @@ func TestLLMDDeploymentArgs(t *testing.T) {
 		{name: "p-d nixlv2 no p2p pull", args: "--port=8000 --kv-connector=nixlv2", check: func(t *testing.T, o options) {
 			assert.False(t, o.cfg.P2P.Enabled, "x-kv-cache-source-host-port is ignored without --enable-p2p-pull")
 		}},
-		{name: "e-pd", args: "--port=8000 --ec-connector=ec-example --secure-proxy=false --data-parallel-size=1", wantErr: "the encoder stage is not supported yet"},
-		{name: "e-p-d", args: "--port=8000 --kv-connector=shared-storage --ec-connector=ec-example --secure-proxy=false --data-parallel-size=1", wantErr: "the encoder stage is not supported yet"},
+		{name: "e-pd", args: "--port=8000 --ec-connector=ec-example --secure-proxy=false --data-parallel-size=1", check: func(t *testing.T, o options) {
+			assert.Equal(t, "ec-example", o.cfg.Encoder.Connector)
+			assert.Equal(t, proxy.EncoderFailError, o.cfg.Encoder.OnFailure, "llm-d's 502 by default")
+		}},
+		{name: "e-pd ec-nixl", args: "--port=8000 --ec-connector=ec-nixl --secure-proxy=false --data-parallel-size=1", check: func(t *testing.T, o options) {
+			assert.Equal(t, "ec-nixl", o.cfg.Encoder.Connector)
+		}},
+		{name: "e-p-d", args: "--port=8000 --kv-connector=shared-storage --ec-connector=ec-example --secure-proxy=false --data-parallel-size=1", check: func(t *testing.T, o options) {
+			assert.Equal(t, "shared-storage", o.connector)
+			assert.Equal(t, "ec-example", o.cfg.Encoder.Connector)
+		}},
+		{name: "encoder TLS stage", args: "--ec-connector=ec-nixl --enable-tls=encoder --tls-insecure-skip-verify=encoder", check: func(t *testing.T, o options) {
+			assert.True(t, o.cfg.Encoder.TLS)
+			assert.True(t, o.cfg.Encoder.InsecureSkipVerify)
+			assert.False(t, o.cfg.Guard.TLS.Prefiller)
+		}},
 		{name: "test pod-qwen", args: "--port=8000 --model-server-port=8001", check: func(t *testing.T, o options) { assert.Equal(t, 8001, o.cfg.ModelServerPort) }},
 		{name: "stale nixl decoder pod", args: "-port=8000 -connector=nixlv2 -v=6", wantErr: "unknown shorthand flag: 'p'"},
 		{name: "MoRI-IO serial", args: "--moriio-write-mode=true --moriio-dp-size=8 --moriio-tp-size=1 --moriio-local-pod-ip=10.0.0.5", wantErr: "MoRI-IO is not supported yet"},
@@ -258,7 +272,9 @@ func TestLLMDFlagsRefused(t *testing.T) {
 		want string
 	}{
 		{[]string{"--decode-chunk-size=-1"}, "--decode-chunk-size -1 must be >= 0"},
-		{[]string{"--ec-connector=ec-nixl"}, "--ec-connector ec-nixl: the encoder stage is not supported yet; leave it empty"},
+		{[]string{"--ec-connector=ec-nixl", "--on-encoder-failure=retry"}, `--on-encoder-failure must be "error" or "local", got "retry"`},
+		{[]string{"--ec-connector=ec-nixl", "--encoder-timeout=0s"}, "--encoder-timeout must be > 0, got 0s"},
+		{[]string{"--encoder-max-concurrency=0"}, "--encoder-max-concurrency must be > 0, got 0"},
 		{[]string{"--ec-connector=bogus"}, `--ec-connector "bogus" is not one of ec-example, ec-nixl`},
 		{[]string{"--enable-p2p-pull", "--kv-connector=shared-storage"}, "--enable-p2p-pull requires --kv-connector=nixlv2"},
 		{[]string{"--p2p-connector-port=0"}, "--p2p-connector-port 0 is not a port"},

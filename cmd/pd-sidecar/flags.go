@@ -94,6 +94,7 @@ func parseFlags(args []string, help io.Writer) (options, error) {
 	fs.IntVar(&c.StreamLoops, "stream-loops", c.StreamLoops, "event loops serving inference requests whole (local and sequential P/D) and carrying open streams (an idle connection or an open stream then holds no goroutine or buffer; 0: a goroutine per connection for everything)")
 	level := fs.String("log-level", "info", "log level: trace, debug, info, warn, error; wins over --zap-log-level and --zap-devel")
 	addLLMDFlags(fs, &o.llmd, os.Getenv)
+	addEncoderFlags(fs, &c.Encoder)
 	addGuardFlags(fs, &o)
 	fs.BoolVar(&o.tracing, "tracing", false, "export OpenTelemetry spans (OTLP over gRPC or HTTP, or console); OTEL_TRACES_EXPORTER=otlp or console turns tracing on without this flag, OTEL_TRACES_EXPORTER=none or OTEL_SDK_DISABLED=true keeps it off with it; endpoint, protocol, headers, sampler from the standard OTEL_* environment")
 	if err := parseWithConfiguration(fs, args, os.ReadFile); err != nil {
@@ -118,6 +119,7 @@ func parseFlags(args []string, help io.Writer) (options, error) {
 		return o, err
 	}
 	c.DecodeChunkSize = o.llmd.decodeChunkSize
+	c.Encoder.Connector = o.llmd.ecConnector
 	c.P2P = proxy.P2PConfig{
 		Enabled: o.connector == offloading.Name || o.llmd.enableP2PPull,
 		Port:    o.llmd.p2pConnectorPort,

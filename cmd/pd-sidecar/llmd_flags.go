@@ -12,9 +12,9 @@ import (
 
 // llmdOptions are llm-d's sidecar flags that pd-sidecar accepts so that
 // llm-d's arg lists start it unchanged: the --zap-* logging flags, and the
-// flags of features not built yet (the encoder stage, MoRI-IO), which are
-// accepted at their default or off value only, chunked decode's and the P2P
-// KV tier's.
+// flags of features not built yet (MoRI-IO), which are accepted at their
+// default or off value only, chunked decode's, the P2P KV tier's and the
+// encoder stage's (--ec-connector; its own flags are in encoder.go).
 type llmdOptions struct {
 	zap zapOptions
 
@@ -92,7 +92,7 @@ func addLLMDFlags(fs *pflag.FlagSet, o *llmdOptions, getenv func(string) string)
 	fs.StringVar(&z.timeEnc, "zap-time-encoding", "", "llm-d's time encoding (epoch, millis, nano, iso8601, rfc3339, rfc3339nano); accepted, the time field is always RFC 3339 (llm-d forces epoch)")
 
 	fs.IntVar(&o.decodeChunkSize, "decode-chunk-size", 0, "chunked decode: N > 0 runs the decode of /v1/chat/completions requests (decoder-only, nixlv2 decode legs) as requests of at most N tokens, each continuing the one assistant message, stitched into one answer (0: off)")
-	fs.StringVar(&o.ecConnector, "ec-connector", "", "llm-d's encoder-stage connector (ec-example, ec-nixl): not supported yet, only empty (no encoder stage) is accepted")
+	fs.StringVar(&o.ecConnector, "ec-connector", "", "llm-d's encoder stage for multimodal requests: ec-example (encoders write a shared encoder cache) or ec-nixl (their ec_transfer_params are passed on); the items of a request naming x-encoder-hosts-ports go to those encoders first (empty: off, the header is only stripped)")
 	fs.BoolVar(&o.enableP2PPull, "enable-p2p-pull", false, "nixlv2 only: honour x-kv-cache-source-host-port, telling the prefill engine to pull the prompt's cached prefix from that engine's P2P KV tier first (remote_kv_source)")
 	fs.IntVar(&o.p2pConnectorPort, "p2p-connector-port", envPort(getenv, "P2P_CONNECTOR_PORT", defaultP2PConnectorPort), "port of the engines' P2P KV tier (offloading, --enable-p2p-pull), rank r on port+r (env P2P_CONNECTOR_PORT)")
 
@@ -122,7 +122,6 @@ func (o llmdOptions) validate(dp int, kvConnector string) error {
 	switch o.ecConnector {
 	case "":
 	case "ec-example", "ec-nixl":
-		return fmt.Errorf("--ec-connector %s: the encoder stage is not supported yet; leave it empty", o.ecConnector)
 	default:
 		return fmt.Errorf("--ec-connector %q is not one of ec-example, ec-nixl", o.ecConnector)
 	}

@@ -47,8 +47,8 @@ func addGuardFlags(fs *pflag.FlagSet, o *options) {
 	g, c := &o.guard, &o.cfg.Guard
 	fs.BoolVar(&c.TLS.SecureProxy, "secure-proxy", c.TLS.SecureProxy, "serve the proxy ports over TLS (llm-d defaults to true; pd-sidecar to false)")
 	fs.StringVar(&c.TLS.CertPath, "cert-path", c.TLS.CertPath, "directory with tls.crt and tls.key for --secure-proxy, reloaded when they change (empty: self-signed)")
-	fs.StringSliceVar(&g.enableTLS, "enable-tls", nil, "upstream legs that use TLS: prefiller, decoder (encoder accepted, unused)")
-	fs.StringSliceVar(&g.skipVerify, "tls-insecure-skip-verify", nil, "upstream legs whose certificate is not verified: prefiller, decoder")
+	fs.StringSliceVar(&g.enableTLS, "enable-tls", nil, "upstream legs that use TLS: prefiller, decoder, encoder")
+	fs.StringSliceVar(&g.skipVerify, "tls-insecure-skip-verify", nil, "upstream legs whose certificate is not verified: prefiller, decoder, encoder")
 	for _, f := range []struct {
 		name, use string
 		dst       *bool
@@ -80,26 +80,28 @@ func addGuardFlags(fs *pflag.FlagSet, o *options) {
 
 // apply validates the guard flags and writes what they mean into c.
 func (g *guardOptions) apply(c *proxy.Config) error {
-	legs := func(flag string, v []string) (pre, dec bool, err error) {
+	legs := func(flag string, v []string) (pre, dec, enc bool, err error) {
 		for _, l := range v {
 			switch strings.TrimSpace(l) {
 			case "prefiller":
 				pre = true
 			case "decoder":
 				dec = true
-			case "encoder", "":
+			case "encoder":
+				enc = true
+			case "":
 			default:
-				return false, false, fmt.Errorf("--%s %q: legs are prefiller, decoder", flag, l)
+				return false, false, false, fmt.Errorf("--%s %q: legs are prefiller, decoder, encoder", flag, l)
 			}
 		}
-		return pre, dec, nil
+		return pre, dec, enc, nil
 	}
 	var err error
 	t := &c.Guard.TLS
-	if t.Prefiller, t.Decoder, err = legs("enable-tls", g.enableTLS); err != nil {
+	if t.Prefiller, t.Decoder, c.Encoder.TLS, err = legs("enable-tls", g.enableTLS); err != nil {
 		return err
 	}
-	if t.InsecureSkipVerifyPrefiller, t.InsecureSkipVerifyDecoder, err = legs("tls-insecure-skip-verify", g.skipVerify); err != nil {
+	if t.InsecureSkipVerifyPrefiller, t.InsecureSkipVerifyDecoder, c.Encoder.InsecureSkipVerify, err = legs("tls-insecure-skip-verify", g.skipVerify); err != nil {
 		return err
 	}
 	l := g.legacyTLS

@@ -80,6 +80,10 @@ type Config struct {
 	// KVRegionDir holds the region's shared-memory file (default /dev/shm,
 	// else the temp dir).
 	KVRegionDir string
+	// ECSharedDir, when set, is the shared encoder cache (ec-example): an
+	// encoder writes each item's encoding there, other engines read it
+	// (encoder.go).
+	ECSharedDir string
 }
 
 // DefaultConfig returns the defaults the engine-sim binary uses.
@@ -113,8 +117,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("%w: %s", ErrInvalidConfig, fmt.Sprintf(format, a...))
 	}
 	switch {
-	case c.Role != RolePrefill && c.Role != RoleDecode && c.Role != RoleBoth:
-		return bad("--role must be prefill, decode or both, not %q", c.Role)
+	case c.Role != RolePrefill && c.Role != RoleDecode && c.Role != RoleBoth && c.Role != RoleEncode:
+		return bad("--role must be prefill, decode, both or encode, not %q", c.Role)
 	case c.Model == "":
 		return bad("--model must not be empty")
 	case c.BlockSize <= 0:

@@ -35,6 +35,7 @@ func (s *Sim) Handler() http.Handler {
 	mux.HandleFunc("POST /sim/faults", s.postFaults)
 	mux.HandleFunc("DELETE /sim/faults", s.deleteFaults)
 	mux.HandleFunc("GET /sim/requests", s.listRequests)
+	mux.HandleFunc("GET /ec/{handle}", s.serveEncoding) // encoder.go
 	if s.kva != nil {
 		mux.HandleFunc("POST /kv/alloc", s.kva.handleAlloc)
 		mux.HandleFunc("POST /kv/free", s.kva.handleFree)
@@ -129,6 +130,18 @@ func (s *Sim) inference(a api) http.HandlerFunc {
 			o.id = "msg_" + rid
 		default:
 			o.id = rid
+		}
+		// The encoder stage (encoder.go): an encoder answers with
+		// ec_transfer_params; other engines fold the items' encodings into
+		// the prompt first.
+		if s.cfg.Role == RoleEncode {
+			s.serveEncode(w, r, g, o)
+			return
+		}
+		if err := s.resolveMM(ctx, g); err != nil {
+			s.log.Error().Str("request_id", rid).Err(err).Msg("encoder cache load failed")
+			writeError(w, http.StatusInternalServerError, "InternalServerError", "", err.Error())
+			return
 		}
 		s.log.Debug().Str("request_id", rid).Str("path", r.URL.Path).Str("leg", string(leg)).
 			Int("prompt_tokens", len(g.prompt)).Int("max_tokens", g.maxTokens).Bool("stream", g.stream).Msg("request")

@@ -58,6 +58,10 @@ type genRequest struct {
 	offset int
 	// continued marks a request with continue_final_message.
 	continued bool
+	// mm are the chat messages' multimodal items, ec the
+	// ec_transfer_params entries by mm_hash (encoder.go).
+	mm []mmItem
+	ec map[string]ecRef
 }
 
 // kvParams is vLLM NixlConnector's kv_transfer_params.
@@ -160,6 +164,7 @@ type body struct {
 	// continue.go: chat template controls.
 	ContinueFinalMessage json.RawMessage `json:"continue_final_message"`
 	AddGenerationPrompt  json.RawMessage `json:"add_generation_prompt"`
+	ECTransferParams    json.RawMessage `json:"ec_transfer_params"`
 }
 
 func absent(raw json.RawMessage) bool {
@@ -328,6 +333,7 @@ func (g *genRequest) parsePrompt(a api, b *body) error {
 		if err := g.chatPrompt(msgs, b); err != nil {
 			return err
 		}
+		g.mm, g.ec = mmItemsOf(b.Messages), parseECParams(b.ECTransferParams) // encoder.go
 	case apiResponses:
 		if absent(b.Input) {
 			return badRequest("input", "input is required")

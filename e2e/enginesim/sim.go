@@ -40,6 +40,10 @@ type Sim struct {
 	store    *sharedStore // nil without SharedStorageDir
 	// kva is the kvtransfer region and agent (nil without KVTransport).
 	kva *kvAgent
+	// ec holds encodings for consumers; ecm counts the encoder stage
+	// (encoder.go).
+	ec  ecStore
+	ecm *ecMetrics
 
 	mu     sync.Mutex
 	kvAddr *net.TCPAddr
@@ -67,6 +71,7 @@ func New(cfg Config, log zerolog.Logger) (*Sim, error) {
 		s.engineID = randomHex(16)
 	}
 	s.m = newSimMetrics(s.reg, cfg.Model)
+	s.ecm = newECMetrics(s.reg, cfg.Model)
 	s.holds = newHoldStore(cfg.NumKVBlocks,
 		func(held int, usage float64) {
 			s.m.kvBlocksHeld.Set(float64(held))
