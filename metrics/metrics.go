@@ -96,6 +96,8 @@ type Metrics struct {
 	Prefillers *Bounded
 	// Guards are the request guards' collectors (guards.go).
 	Guards *Guards
+	// MoriIO are MoRI-IO's DNS collectors (moriio.go).
+	MoriIO *MoriIO
 }
 
 var latencyBuckets = []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60}
@@ -172,6 +174,7 @@ func New(reg prometheus.Registerer, maxPrefillers int) *Metrics {
 		}),
 		Prefillers: NewBounded(maxPrefillers),
 		Guards:     NewGuards(reg),
+		MoriIO:     NewMoriIO(reg),
 	}
 	reg.MustRegister(m.PrefillLegFailures, m.KVSources, m.DecodeFirst, m.LoopStreams, m.LoopHandoffs, m.LoopRequests)
 	reg.MustRegister(m.Requests, m.Fallbacks, m.PrefillDuration, m.KVTransferDuration,

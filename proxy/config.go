@@ -89,6 +89,8 @@ type Config struct {
 	// Guard holds the limits, SSRF protection, circuit breaker and TLS
 	// (guard.go, tls.go).
 	Guard GuardConfig
+	// MoriIO is MoRI-IO write mode on nixlv2 (moriio.go).
+	MoriIO MoriIOConfig
 }
 
 // DefaultConfig returns the defaults, drop-in compatible with llm-d's
@@ -164,6 +166,9 @@ func (c Config) Validate() error {
 	case c.Guard.MaxBufferedBytes > 0 && c.Guard.MaxBufferedBytes < int64(c.MaxRequestBodyBytes):
 		return fmt.Errorf("--max-buffered-bytes %d must be >= --max-request-body-bytes %d (a body of the largest accepted size could never be read)",
 			c.Guard.MaxBufferedBytes, c.MaxRequestBodyBytes)
+	}
+	if err := c.MoriIO.Validate(); err != nil {
+		return err
 	}
 	return c.Guard.Validate()
 }
