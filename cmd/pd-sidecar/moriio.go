@@ -56,6 +56,9 @@ func moriioLookup(getenv func(string) string) (proxy.LookupFunc, error) {
 // environment, and every host spec resolved now (as llm-d does at start-up:
 // a spec that does not resolve is an error).
 func (m moriioOptions) config(getenv func(string) string) (proxy.MoriIOConfig, error) {
+	if !m.writeMode {
+		return proxy.MoriIOConfig{}, nil // off: the flags are not used
+	}
 	c := proxy.MoriIOConfig{
 		WriteMode: m.writeMode, ParallelDispatch: m.parallelDispatch,
 		Ports: moriio.Ports{
@@ -65,9 +68,6 @@ func (m moriioOptions) config(getenv func(string) string) (proxy.MoriIOConfig, e
 		},
 		PodIP: m.localPodIP, RemoteHosts: m.remoteHosts, DecodeHosts: m.decodeHosts,
 		WaitTimeout: m.waitTimeout,
-	}
-	if !m.writeMode {
-		return c, nil
 	}
 	var err error
 	if c.DNSTTL, err = envSeconds(getenv, envMoriioDNSTTL, 30*time.Second); err != nil {
