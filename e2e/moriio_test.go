@@ -116,6 +116,7 @@ func assertMoriSplits(t *testing.T, r *moriRig, parallel bool) {
 			assert.Equal(t, int64(r.notify), dkv.Get("remote_notify_port").Int(), "%s: decode notify port backfilled", c.path)
 		}
 	}
+	assert.Zero(t, r.scMetric(t, "pd_sidecar_loop_requests_total", nil), "the lane left MoRI-IO splits to fasthttp")
 	st, text, events := scStream(t, r.sc.URL()+"/v1/chat/completions", chatBody(`,"max_tokens":9,"stream":true`), r.headerFor("mori-stream"))
 	require.Equal(t, http.StatusOK, st)
 	_, want, _ := scStream(t, r.ref.URL()+"/v1/chat/completions", chatBody(`,"max_tokens":9,"stream":true`), nil)
