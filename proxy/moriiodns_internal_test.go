@@ -29,12 +29,6 @@ type fakeDNS struct {
 
 var errFakeDNS = errors.New("no such host")
 
-func (f *fakeDNS) set(name string, ips ...string) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.answers[name] = ips
-}
-
 func (f *fakeDNS) failing(on bool) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
