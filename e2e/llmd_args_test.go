@@ -14,8 +14,9 @@ import (
 // llmdDeploymentArgs are the sidecar arg lists of llm-d's own manifests,
 // verbatim (LLMD-SIDECAR.md section 23; ${VLLM_DATA_PARALLEL_SIZE} = 1,
 // ${CONNECTOR_TYPE} as llm-d's e2e substitutes it). The lists that turn on
-// a feature not built here yet (--ec-connector, --moriio-write-mode) are
-// refused at start-up, as cmd/pd-sidecar's TestLLMDDeploymentArgs checks.
+// a feature not built here yet (--ec-connector) are refused at start-up, as
+// cmd/pd-sidecar's TestLLMDDeploymentArgs checks; the MoRI-IO lists are
+// run by TestMoriIOLLMDArgListsServeASplit.
 var llmdDeploymentArgs = []struct {
 	name, connector, args string
 }{

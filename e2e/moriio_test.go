@@ -242,3 +242,38 @@ func TestMoriIODNSStaleWhileRevalidate(t *testing.T) {
 	assert.Zero(t, r.scMetric(t, "pd_sidecar_fallbacks_total", nil))
 	assert.Zero(t, r.scMetric(t, "moriio_dns_ip_changed_total", nil))
 }
+
+// TestMoriIOLLMDArgListsServeASplit starts pd-sidecar with the MoRI-IO
+// decode-sidecar arg lists of llm-d's MORIIO_README (LLMD-SIDECAR.md
+// section 23) verbatim, POD_IP from the environment as in a pod, the 2P2D
+// list's Service names answered by a DNS server, and only the decode
+// notify port added (the engine listens where the test put it); each
+// serves a split whose KV the prefill engine wrote into the decode engine.
+func TestMoriIOLLMDArgListsServeASplit(t *testing.T) {
+	const serial = "--moriio-write-mode=true --moriio-dp-size=8 --moriio-tp-size=1"
+	for _, tc := range []struct{ name, args string }{
+		{"1P1D serial", serial},
+		{"1P1D parallel", serial + " --moriio-parallel-dispatch=true"},
+		{"2P2D", "--moriio-write-mode=true --moriio-dp-size=16 --moriio-dp-size-local=8 --moriio-tp-size=1 " +
+			"--moriio-remote-hosts=prefill-master.ns.svc,prefill-worker.ns.svc --moriio-decode-hosts=decode-master.ns.svc,decode-worker.ns.svc"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dns := harness.StartDNSServer(t, map[string]string{
+				"prefill-master.ns.svc": "127.0.0.1", "prefill-worker.ns.svc": "127.0.0.2",
+				"decode-master.ns.svc": "127.0.0.1", "decode-worker.ns.svc": "127.0.0.3",
+			})
+			t.Setenv("MORIIO_DNS_SERVER", dns.Addr)
+			t.Setenv("POD_IP", "127.0.0.1")
+			prefill := harness.StartEngineSim(t, "prefill")
+			notify := harness.FreePort(t)
+			decode := harness.StartEngineSim(t, "decode", "--moriio-notify-port", itoa(notify), "--bootstrap-timeout", "5s")
+			sc := harness.StartSidecar(t, decode.Port, append(strings.Fields(tc.args), "--moriio-decode-notify-port="+itoa(notify))...)
+			st, got, _ := scPost(t, sc.URL()+"/v1/completions", completionBody(`,"max_tokens":5`),
+				map[string]string{"x-prefiller-host-port": prefill.HostPort()})
+			require.Equal(t, http.StatusOK, st, "%s", got)
+			assert.Positive(t, blocks(t, prefill, "pushed"), "the prefill engine wrote the KV")
+			assert.Equal(t, blocks(t, prefill, "pushed"), blocks(t, decode, "used"), "the decode engine decoded from it")
+			assert.Equal(t, 1.0, sc.Metric(t, "pd_sidecar_requests_total", map[string]string{"mode": "disaggregated", "code": "200"}))
+		})
+	}
+}
