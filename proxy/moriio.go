@@ -160,6 +160,9 @@ func (r *request) serveMoriParallel() {
 		p.guard.trackCircuit(r.prefiller)
 		once.Do(func() { close(finished) })
 	}
+	// The prefiller's host goes as the header named it: only the
+	// configured host specs are resolved (and cached), never a name a
+	// request brings.
 	host, _, _ := net.SplitHostPort(r.prefiller)
 	l := r.moriLeg()
 	pre, err := moriio.ParallelPrefillBody(r.body,
@@ -167,7 +170,7 @@ func (r *request) serveMoriParallel() {
 	var dec []byte
 	if err == nil {
 		dec, err = moriio.WithParams(r.body,
-			moriio.ParallelDecodeParams(s.cfg.Ports, s.dns.resolve(r.ctx, host), l, s.hosts(r.ctx, s.cfg.RemoteHosts)))
+			moriio.ParallelDecodeParams(s.cfg.Ports, host, l, s.hosts(r.ctx, s.cfg.RemoteHosts)))
 	}
 	if err != nil {
 		report(ErrBadRequest)
