@@ -277,3 +277,17 @@ func TestMoriIOLLMDArgListsServeASplit(t *testing.T) {
 		})
 	}
 }
+
+// Serial write mode whose prefill engine cannot write the KV (the decode
+// notify port names nothing): the prefill fails, and the request degrades
+// to a local prefill, counted.
+func TestMoriIOSerialWriteFailsFallsBackLocally(t *testing.T) {
+	r := newMoriRig(t, "--moriio-decode-notify-port="+itoa(harness.FreePort(t)))
+	body := completionBody(`,"max_tokens":7`)
+	st, got, _ := scPost(t, r.sc.URL()+"/v1/completions", body, r.headerFor("mori-nowhere"))
+	require.Equal(t, http.StatusOK, st, "%s", got)
+	assert.Equal(t, r.refText(t, "/v1/completions", body), textOf(got))
+	assert.Equal(t, 1.0, r.scMetric(t, "pd_sidecar_fallbacks_total", map[string]string{"reason": "server_error"}))
+	assert.Zero(t, blocks(t, r.prefill, "pushed"))
+	assert.Zero(t, blocks(t, r.decode, "used"))
+}
