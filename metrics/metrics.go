@@ -100,6 +100,8 @@ type Metrics struct {
 	Chunked *Chunked
 	// Encoder are the encoder stage's collectors (encoder.go).
 	Encoder *Encoder
+	// MoriIO are MoRI-IO's DNS collectors (moriio.go).
+	MoriIO *MoriIO
 }
 
 // RegisterBuildInfo registers pd_sidecar_build_info{version,revision,go_version}
@@ -189,6 +191,7 @@ func New(reg prometheus.Registerer, maxPrefillers int) *Metrics {
 		Guards:     NewGuards(reg),
 		Chunked:    NewChunked(reg),
 		Encoder:    NewEncoder(reg),
+		MoriIO:     NewMoriIO(reg),
 	}
 	reg.MustRegister(m.PrefillLegFailures, m.KVSources, m.DecodeFirst, m.LoopStreams, m.LoopHandoffs, m.LoopRequests)
 	reg.MustRegister(m.Requests, m.Fallbacks, m.PrefillDuration, m.KVTransferDuration,

@@ -27,6 +27,10 @@ import (
 // handoff run (always for Sequential connectors, and for DecodeFirst ones
 // when the request is not tried on the decode engine first or was declined).
 func (r *request) choreograph() bool {
+	if m := r.p.mori; m != nil && m.cfg.ParallelDispatch {
+		r.serveMoriParallel() // MoRI-IO parallel dispatch (moriio.go)
+		return true
+	}
 	switch r.p.choreo {
 	case connectors.ChoreographyConcurrent:
 		r.serveConcurrent(r.p.conn.(connectors.Concurrent))

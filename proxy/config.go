@@ -96,6 +96,8 @@ type Config struct {
 	Guard GuardConfig
 	// Encoder is llm-d's encoder stage (encode.go); off by default.
 	Encoder EncoderConfig
+	// MoriIO is MoRI-IO write mode on nixlv2 (moriio.go).
+	MoriIO MoriIOConfig
 }
 
 // DefaultConfig returns the defaults, drop-in compatible with llm-d's
@@ -176,6 +178,9 @@ func (c Config) Validate() error {
 			c.Guard.MaxBufferedBytes, c.MaxRequestBodyBytes)
 	}
 	if err := c.Encoder.Validate(); err != nil {
+		return err
+	}
+	if err := c.MoriIO.Validate(); err != nil {
 		return err
 	}
 	return c.Guard.Validate()

@@ -124,6 +124,8 @@ func classify(err error) outcome {
 		return outcome{status: http.StatusBadRequest}
 	case errors.Is(err, ErrBadPrefiller):
 		return outcome{status: http.StatusBadRequest, reason: ReasonBadPrefiller}
+	case errors.Is(err, ErrKVWaitTimeout):
+		return outcome{status: http.StatusGatewayTimeout, reason: ReasonKVWaitTimeout}
 	case errors.Is(err, ErrPrefillTimeout):
 		return outcome{status: http.StatusGatewayTimeout, reason: ReasonTimeout}
 	case errors.Is(err, ErrPrefillUnreachable):

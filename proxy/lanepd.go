@@ -28,7 +28,8 @@ import (
 
 // laneSplits reports whether the lane serves P/D requests.
 func (p *Proxy) laneSplits() bool {
-	return p.seq != nil && p.choreo == connectors.ChoreographySequential && p.kv == nil && !p.cfg.Guard.TLS.Prefiller
+	return p.seq != nil && p.choreo == connectors.ChoreographySequential && p.kv == nil && !p.cfg.Guard.TLS.Prefiller &&
+		p.mori == nil // MoRI-IO's legs are fasthttp's (moriio.go)
 }
 
 // lanePD is a split's state on the lane.

@@ -76,6 +76,13 @@ func (p *Proxy) serveInference(rc *fasthttp.RequestCtx, local string, api connec
 			return
 		}
 	}
+	if p.mori != nil {
+		// MoRI-IO write mode: the rank and fields of the decode leg (moriio.go).
+		if res.handoff.Params, err = r.moriDecodeParams(res.handoff.Params); err != nil {
+			r.fallback(err)
+			return
+		}
+	}
 	body, err := p.seq.DecodeBody(nil, api, r.body, res.handoff)
 	if err != nil {
 		r.fail(err)
@@ -284,6 +291,9 @@ func (e *rejected) Unwrap() error { return ErrPrefillRejected }
 func (r *request) prefill() (res prefillResult, err error) {
 	p := r.p
 	body, err := p.seq.PrefillBody(nil, r.api, r.body)
+	if err == nil && p.mori != nil {
+		body, err = r.moriPrefillBody(body) // MoRI-IO write mode (moriio.go)
+	}
 	if err == nil && r.source != nil {
 		body, err = connectors.WithKVSource(nil, body, *r.source)
 	}

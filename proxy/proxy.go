@@ -40,6 +40,7 @@ type Proxy struct {
 	conn     connectors.Connector
 	rewriter connectors.AnswerRewriter // nil when conn has no such ability
 	seq      connectors.Sequential     // nil for a Concurrent connector
+	mori     *moriState                // MoRI-IO write mode (moriio.go); nil when off
 	choreo   connectors.Choreography   // what conn declares (choreography.go)
 	boot     *bootstrapCache           // Bootstrapper answers per prefiller
 	tr       *Transport
@@ -99,6 +100,9 @@ func New(cfg Config, conn connectors.Connector, m *metrics.Metrics, gatherer pro
 		return nil, fmt.Errorf("connector %q is neither sequential nor concurrent", conn.Name())
 	}
 	p.boot = newBootstrapCache(cfg.MaxPrefillers)
+	if cfg.MoriIO.WriteMode && p.seq != nil && conn.Name() == "nixlv2" {
+		p.mori = newMoriState(cfg.MoriIO, m.MoriIO, log) // MoRI-IO (moriio.go)
+	}
 	return p, nil
 }
 

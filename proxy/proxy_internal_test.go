@@ -37,6 +37,7 @@ func TestClassify(t *testing.T) {
 		{ErrBadPrefiller, 400, ReasonBadPrefiller, false},
 		{ErrKVLoadFailed, 500, ReasonKVLoadFailed, false},
 		{ErrEOSStream, 502, ReasonEOSUnsupported, false},
+		{fmt.Errorf("%w (30s)", ErrKVWaitTimeout), 504, ReasonKVWaitTimeout, false},
 		{fmt.Errorf("%w: an answer", ErrBufferBudget), 503, ReasonBufferBudget, false},
 		{fmt.Errorf("%w: %w", ErrDecodeFailed, ErrBufferBudget), 503, ReasonBufferBudget, false},
 		{fmt.Errorf("%w: refused", ErrDecodeUnavailable), 503, "", false},

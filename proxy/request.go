@@ -15,6 +15,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/pd-sidecar/pd-sidecar/connectors"
+	"github.com/pd-sidecar/pd-sidecar/connectors/moriio"
 	"github.com/pd-sidecar/pd-sidecar/metrics"
 )
 
@@ -54,6 +55,10 @@ type request struct {
 	// is seen (before it is relayed): the concurrent choreography's point of
 	// no return.
 	onOutput func()
+	// mori is the request's MoRI-IO leg state (rank, transfer id) and
+	// moriRank its legs' x-data-parallel-rank ("" = none) (moriio.go).
+	mori     moriio.Leg
+	moriRank string
 	obs      obsState // report and spans (observe.go)
 	// held is the buffer budget's share of the answers read whole that
 	// the request keeps until it finishes (a prefill answer's copy).
@@ -180,6 +185,9 @@ func (r *request) upstreamHeader(dst, src *fasthttp.RequestHeader, addr string) 
 	dst.Del("Expect")
 	dst.Del(HeaderRequestID) // every copy: Set replaces only the first
 	dst.Set(HeaderRequestID, r.id)
+	if r.moriRank != "" {
+		dst.Set(moriio.HeaderRank, r.moriRank)
+	}
 	r.injectTrace(dst)
 	dst.SetHost(addr)
 }

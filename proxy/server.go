@@ -23,6 +23,9 @@ var ErrDrainTimeout = errors.New("shutdown grace ran out with requests in flight
 // drains in-flight requests for up to ShutdownGrace. It returns an error
 // when a port cannot be bound, a server fails, or the drain timed out.
 func (p *Proxy) Run(ctx context.Context) error {
+	if p.mori != nil {
+		defer p.mori.dns.close() // MoRI-IO's background DNS revalidations
+	}
 	var servers []*fasthttp.Server
 	var lns []net.Listener
 	closeAll := func() {

@@ -52,6 +52,7 @@ func run(args []string) error {
 	fs.IntVar(&cfg.KVPort, "kv-port", 0, "KV side channel port (NIXL stand-in); 0 picks a free one")
 	fs.IntVar(&cfg.BootstrapPort, "bootstrap-port", 8998, "SGLang bootstrap port; 0 picks a free one")
 	fs.IntVar(&cfg.P2PPort, "p2p-port", 0, "OffloadingConnector P2P listener port (every role: remote_prefiller and remote_kv_source pulls); 0 picks a free one")
+	fs.IntVar(&cfg.MoriIONotifyPort, "moriio-notify-port", 0, "MoRI-IO write mode's notify port (decode and both roles): prefill engines write KV there under a transfer_id; 0: none")
 	fs.DurationVar(&cfg.BootstrapTimeout, "bootstrap-timeout", cfg.BootstrapTimeout, "how long a decode waits for its KV (SGLang room or pull)")
 	kvTransport := fs.String("kv-agent-transport", "", "serve a host KV region with a kvtransfer agent over tcp, ucx or nixl (the sidecar connector); empty: off")
 	fs.IntVar(&cfg.KVAgentPort, "kv-agent-port", 0, "kvtransfer agent port; 0 picks a free one")

@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/pd-sidecar/pd-sidecar/connectors/moriio"
 	"github.com/pd-sidecar/pd-sidecar/proxy"
 	"github.com/pd-sidecar/pd-sidecar/ssrf"
 )
@@ -120,7 +121,8 @@ func assertPool(t *testing.T, o options, ns, name string) {
 // clearLLMDEnv unsets the environment variables llm-d's flags default
 // from, so that the machine running the test does not change them.
 func clearLLMDEnv(t *testing.T) {
-	for _, v := range []string{"MOONCAKE_BOOTSTRAP_PORT", "P2P_CONNECTOR_PORT", "ENABLE_PREFILLER_SAMPLING", "INFERENCE_POOL", "POD_IP", "SGLANG_BOOTSTRAP_PORT"} {
+	for _, v := range []string{"MOONCAKE_BOOTSTRAP_PORT", "P2P_CONNECTOR_PORT", "ENABLE_PREFILLER_SAMPLING", "INFERENCE_POOL", "POD_IP", "SGLANG_BOOTSTRAP_PORT",
+		"MORIIO_DNS_RESOLVE_TTL_SECONDS", "MORIIO_DNS_RESOLVE_TIMEOUT_SECONDS", "MORIIO_DNS_SERVER", "MORIIO_METRICS_ADDR"} {
 		t.Setenv(v, "")
 	}
 }
@@ -195,8 +197,30 @@ func TestLLMDDeploymentArgs(t *testing.T) {
 		}},
 		{name: "test pod-qwen", args: "--port=8000 --model-server-port=8001", check: func(t *testing.T, o options) { assert.Equal(t, 8001, o.cfg.ModelServerPort) }},
 		{name: "stale nixl decoder pod", args: "-port=8000 -connector=nixlv2 -v=6", wantErr: "unknown shorthand flag: 'p'"},
-		{name: "MoRI-IO serial", args: "--moriio-write-mode=true --moriio-dp-size=8 --moriio-tp-size=1 --moriio-local-pod-ip=10.0.0.5", wantErr: "MoRI-IO is not supported yet"},
-		{name: "MoRI-IO 2P2D", args: "--moriio-write-mode=true --moriio-dp-size=16 --moriio-dp-size-local=8 --moriio-tp-size=1 --moriio-remote-hosts=prefill-master.ns.svc,prefill-worker.ns.svc --moriio-decode-hosts=decode-master.ns.svc,decode-worker.ns.svc --moriio-local-pod-ip=10.0.0.5", wantErr: "MoRI-IO is not supported yet"},
+		{name: "MoRI-IO serial", args: "--moriio-write-mode=true --moriio-dp-size=8 --moriio-tp-size=1 --moriio-local-pod-ip=10.0.0.5", check: func(t *testing.T, o options) {
+			m := o.cfg.MoriIO
+			assert.True(t, m.WriteMode)
+			assert.False(t, m.ParallelDispatch)
+			assert.Equal(t, moriio.Ports{DecodeNotify: 61005, DecodeHandshake: 6301, PrefillNotify: 61005, PrefillHandshake: 6301, TPSize: 1, DPSize: 8}, m.Ports)
+			assert.Equal(t, "10.0.0.5", m.PodIP)
+			assert.Equal(t, 30*time.Second, m.DNSTTL)
+			assert.Equal(t, 5*time.Second, m.DNSTimeout)
+			assert.Empty(t, m.Seed, "a literal IP is not resolved")
+		}},
+		{name: "MoRI-IO parallel", args: "--moriio-write-mode=true --moriio-parallel-dispatch=true --moriio-dp-size=8 --moriio-tp-size=1 --moriio-local-pod-ip=10.0.0.5", check: func(t *testing.T, o options) {
+			assert.True(t, o.cfg.MoriIO.ParallelDispatch)
+			assert.Equal(t, 30*time.Second, o.cfg.MoriIO.WaitTimeout)
+		}},
+		// The 2P2D list names in-cluster Services: outside a cluster they do
+		// not resolve, and start-up fails as llm-d's does (e2e runs the list
+		// verbatim against a DNS server that knows them).
+		{name: "MoRI-IO 2P2D", args: "--moriio-write-mode=true --moriio-dp-size=16 --moriio-dp-size-local=8 --moriio-tp-size=1 --moriio-remote-hosts=prefill-master.ns.svc,prefill-worker.ns.svc --moriio-decode-hosts=decode-master.ns.svc,decode-worker.ns.svc --moriio-local-pod-ip=10.0.0.5", wantErr: `MoRI-IO host "prefill-master.ns.svc" does not resolve`},
+		{name: "MoRI-IO 2P2D resolvable", args: "--moriio-write-mode=true --moriio-dp-size=16 --moriio-dp-size-local=8 --moriio-tp-size=1 --moriio-remote-hosts=localhost,127.0.0.2 --moriio-decode-hosts=127.0.0.3,localhost --moriio-local-pod-ip=10.0.0.5", check: func(t *testing.T, o options) {
+			m := o.cfg.MoriIO
+			assert.Equal(t, []string{"localhost", "127.0.0.2"}, m.RemoteHosts)
+			assert.Equal(t, []string{"127.0.0.3", "localhost"}, m.DecodeHosts)
+			assert.Equal(t, map[string]string{"localhost": "127.0.0.1"}, m.Seed, "names resolved at start-up, IPv4 first")
+		}},
 		// llm-d-modelservice v0.4.12's routingProxy defaults, and older charts' -v.
 		{name: "modelservice defaults", args: "--port=8000 --vllm-port=8200 --connector=nixlv2 --zap-encoder=json --zap-log-level=debug --secure-proxy=false", check: func(t *testing.T, o options) {
 			assert.Equal(t, "nixlv2", o.connector)
@@ -280,7 +304,7 @@ func TestLLMDFlagsRefused(t *testing.T) {
 		{[]string{"--p2p-connector-port=0"}, "--p2p-connector-port 0 is not a port"},
 		{[]string{"--p2p-connector-port=65535", "--data-parallel-size=2"}, "--p2p-connector-port 65535 plus data-parallel rank 1 exceeds 65535"},
 		{[]string{"--moriio-write-mode"}, "--moriio-write-mode needs --moriio-local-pod-ip or POD_IP"},
-		{[]string{"--moriio-write-mode", "--moriio-local-pod-ip=10.0.0.5"}, "--moriio-write-mode: MoRI-IO is not supported yet; leave it false"},
+		{[]string{"--moriio-write-mode", "--moriio-local-pod-ip=no-such-host.invalid"}, `MoRI-IO host "no-such-host.invalid" does not resolve`},
 		{[]string{"--moriio-parallel-dispatch"}, "--moriio-parallel-dispatch needs --moriio-write-mode"},
 		{[]string{"--moriio-remote-hosts=a,b"}, "--moriio-remote-hosts with 2 hosts needs --moriio-dp-size-local > 0"},
 		{[]string{"--moriio-decode-hosts=a,b", "--moriio-dp-size=8", "--moriio-dp-size-local=3"}, "--moriio-dp-size 8 is not a multiple of --moriio-dp-size-local 3"},
@@ -325,6 +349,15 @@ func TestLLMDEnvDefaults(t *testing.T) {
 		{name: "INFERENCE_POOL bare name", env: map[string]string{"INFERENCE_POOL": "my-pool"}, check: func(t *testing.T, o options) { assertPool(t, o, "default", "my-pool") }},
 		{name: "POD_IP", env: map[string]string{"POD_IP": "10.1.2.3"}, check: func(t *testing.T, o options) { assert.Equal(t, "10.1.2.3", o.llmd.moriio.localPodIP) }},
 		{name: "flag beats POD_IP", env: map[string]string{"POD_IP": "10.1.2.3"}, args: []string{"--moriio-local-pod-ip=10.9.9.9"}, check: func(t *testing.T, o options) { assert.Equal(t, "10.9.9.9", o.llmd.moriio.localPodIP) }},
+		{name: "MORIIO_DNS_RESOLVE_TTL_SECONDS", env: map[string]string{"MORIIO_DNS_RESOLVE_TTL_SECONDS": "2.5", "MORIIO_DNS_RESOLVE_TIMEOUT_SECONDS": "1"}, args: []string{"--moriio-write-mode", "--moriio-local-pod-ip=10.0.0.5"}, check: func(t *testing.T, o options) {
+			assert.Equal(t, 2500*time.Millisecond, o.cfg.MoriIO.DNSTTL)
+			assert.Equal(t, time.Second, o.cfg.MoriIO.DNSTimeout)
+		}},
+		{name: "MORIIO_DNS_RESOLVE_TTL_SECONDS not positive", env: map[string]string{"MORIIO_DNS_RESOLVE_TTL_SECONDS": "0"}, args: []string{"--moriio-write-mode", "--moriio-local-pod-ip=10.0.0.5"}, wantErr: `MORIIO_DNS_RESOLVE_TTL_SECONDS="0" is not a positive number of seconds`},
+		{name: "MORIIO_DNS_SERVER not host:port", env: map[string]string{"MORIIO_DNS_SERVER": "dns"}, args: []string{"--moriio-write-mode", "--moriio-local-pod-ip=10.0.0.5"}, wantErr: `MORIIO_DNS_SERVER="dns" is not host:port`},
+		{name: "MORIIO_METRICS_ADDR", env: map[string]string{"MORIIO_METRICS_ADDR": ":9090"}, check: func(t *testing.T, o options) { assert.Equal(t, 9090, o.cfg.MetricsPort) }},
+		{name: "flag beats MORIIO_METRICS_ADDR", env: map[string]string{"MORIIO_METRICS_ADDR": ":9090"}, args: []string{"--metrics-port=9191"}, check: func(t *testing.T, o options) { assert.Equal(t, 9191, o.cfg.MetricsPort) }},
+		{name: "MORIIO_METRICS_ADDR not an address", env: map[string]string{"MORIIO_METRICS_ADDR": "9090"}, wantErr: `MORIIO_METRICS_ADDR="9090" is not a listen address like :9090`},
 		{name: "SGLANG_BOOTSTRAP_PORT", env: map[string]string{"SGLANG_BOOTSTRAP_PORT": "9300"}, check: func(t *testing.T, o options) { assert.Equal(t, 9300, o.connectorOpts.sglangBootstrapPort) }},
 		{name: "SGLANG_BOOTSTRAP_PORT not a port (stricter than llm-d)", env: map[string]string{"SGLANG_BOOTSTRAP_PORT": "x"}, wantErr: `SGLANG_BOOTSTRAP_PORT "x" is not a port`},
 	}

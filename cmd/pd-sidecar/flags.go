@@ -120,6 +120,16 @@ func parseFlags(args []string, help io.Writer) (options, error) {
 	}
 	c.DecodeChunkSize = o.llmd.decodeChunkSize
 	c.Encoder.Connector = o.llmd.ecConnector
+	if c.MoriIO, err = o.llmd.moriio.config(os.Getenv); err != nil { // moriio.go
+		return o, err
+	}
+	if !fs.Changed("metrics-port") {
+		if port, err := moriioMetricsPort(os.Getenv); err != nil {
+			return o, err
+		} else if port != 0 {
+			c.MetricsPort = port // llm-d's MORIIO_METRICS_ADDR fallback (moriio.go)
+		}
+	}
 	c.P2P = proxy.P2PConfig{
 		Enabled: o.connector == offloading.Name || o.llmd.enableP2PPull,
 		Port:    o.llmd.p2pConnectorPort,

@@ -12,9 +12,8 @@ import (
 
 // llmdOptions are llm-d's sidecar flags that pd-sidecar accepts so that
 // llm-d's arg lists start it unchanged: the --zap-* logging flags, and the
-// flags of features not built yet (MoRI-IO), which are accepted at their
-// default or off value only, chunked decode's, the P2P KV tier's and the
-// encoder stage's (--ec-connector; its own flags are in encoder.go).
+// flags of chunked decode, the P2P KV tier, MoRI-IO and the encoder stage
+// (--ec-connector; its own flags are in encoder.go).
 type llmdOptions struct {
 	zap zapOptions
 
@@ -35,7 +34,8 @@ type zapOptions struct {
 	timeEnc    string
 }
 
-// moriioOptions are llm-d's --moriio-* flags (MoRI-IO, not built yet).
+// moriioOptions are llm-d's --moriio-* flags (MoRI-IO write mode on nixlv2;
+// moriio.go).
 type moriioOptions struct {
 	writeMode        bool
 	parallelDispatch bool
@@ -97,19 +97,19 @@ func addLLMDFlags(fs *pflag.FlagSet, o *llmdOptions, getenv func(string) string)
 	fs.IntVar(&o.p2pConnectorPort, "p2p-connector-port", envPort(getenv, "P2P_CONNECTOR_PORT", defaultP2PConnectorPort), "port of the engines' P2P KV tier (offloading, --enable-p2p-pull), rank r on port+r (env P2P_CONNECTOR_PORT)")
 
 	m := &o.moriio
-	fs.BoolVar(&m.writeMode, "moriio-write-mode", false, "llm-d's MoRI-IO write mode: not supported yet, only false is accepted")
-	fs.BoolVar(&m.parallelDispatch, "moriio-parallel-dispatch", false, "llm-d's MoRI-IO parallel dispatch (needs --moriio-write-mode): not supported yet, only false is accepted")
-	fs.IntVar(&m.decodeNotify, "moriio-decode-notify-port", defaultMoriioNotifyPort, "MoRI-IO decode notify port (unused until MoRI-IO exists)")
-	fs.IntVar(&m.decodeHandshake, "moriio-decode-handshake-port", defaultMoriioHandshake, "MoRI-IO decode handshake port (unused until MoRI-IO exists)")
-	fs.IntVar(&m.prefillNotify, "moriio-prefill-notify-port", defaultMoriioNotifyPort, "MoRI-IO prefill notify port (unused until MoRI-IO exists)")
-	fs.IntVar(&m.prefillHandshake, "moriio-prefill-handshake-port", defaultMoriioHandshake, "MoRI-IO prefill handshake port (unused until MoRI-IO exists)")
-	fs.StringVar(&m.localPodIP, "moriio-local-pod-ip", getenv("POD_IP"), "MoRI-IO local pod IP (env POD_IP; unused until MoRI-IO exists)")
-	fs.DurationVar(&m.waitTimeout, "moriio-parallel-decode-wait-timeout", 30*time.Second, "MoRI-IO parallel decode wait (unused until MoRI-IO exists)")
-	fs.IntVar(&m.tpSize, "moriio-tp-size", 1, "MoRI-IO tensor-parallel size (unused until MoRI-IO exists)")
-	fs.IntVar(&m.dpSize, "moriio-dp-size", 1, "MoRI-IO data-parallel size (unused until MoRI-IO exists)")
-	fs.IntVar(&m.dpSizeLocal, "moriio-dp-size-local", 0, "MoRI-IO data-parallel ranks per host (unused until MoRI-IO exists)")
-	fs.StringSliceVar(&m.remoteHosts, "moriio-remote-hosts", nil, "MoRI-IO prefill hosts (unused until MoRI-IO exists)")
-	fs.StringSliceVar(&m.decodeHosts, "moriio-decode-hosts", nil, "MoRI-IO decode hosts (unused until MoRI-IO exists)")
+	fs.BoolVar(&m.writeMode, "moriio-write-mode", false, "nixlv2 only: MoRI-IO write mode (the prefill engine writes the KV into this decode engine): prefill leg, then decode leg, with MoRI-IO's kv_transfer_params")
+	fs.BoolVar(&m.parallelDispatch, "moriio-parallel-dispatch", false, "MoRI-IO write mode with both legs sent at once, the decode's output held until the prefill answered (needs --moriio-write-mode)")
+	fs.IntVar(&m.decodeNotify, "moriio-decode-notify-port", defaultMoriioNotifyPort, "MoRI-IO notify port of the decode engine (the prefill engine writes the KV there)")
+	fs.IntVar(&m.decodeHandshake, "moriio-decode-handshake-port", defaultMoriioHandshake, "MoRI-IO handshake port of the decode engine")
+	fs.IntVar(&m.prefillNotify, "moriio-prefill-notify-port", defaultMoriioNotifyPort, "MoRI-IO notify port of the prefill engines (parallel dispatch's decode leg)")
+	fs.IntVar(&m.prefillHandshake, "moriio-prefill-handshake-port", defaultMoriioHandshake, "MoRI-IO handshake port of the prefill engines (parallel dispatch's decode leg)")
+	fs.StringVar(&m.localPodIP, "moriio-local-pod-ip", getenv("POD_IP"), "MoRI-IO: this decode pod's IP or host name, the prefill leg's remote_host (env POD_IP; needed by --moriio-write-mode)")
+	fs.DurationVar(&m.waitTimeout, "moriio-parallel-decode-wait-timeout", 30*time.Second, "MoRI-IO parallel dispatch: bound on the wait for the prefill leg's answer before the decode produced output; past it the request degrades to a local prefill (fallback reason kv_wait_timeout)")
+	fs.IntVar(&m.tpSize, "moriio-tp-size", 1, "MoRI-IO tensor-parallel size (tp_size)")
+	fs.IntVar(&m.dpSize, "moriio-dp-size", 1, "MoRI-IO data-parallel size: above 1 both legs are pinned to rank blake2s(request id) mod size (x-data-parallel-rank, remote_dp_rank)")
+	fs.IntVar(&m.dpSizeLocal, "moriio-dp-size-local", 0, "MoRI-IO data-parallel ranks per host (wide-EP host lists; remote_dp_size_local)")
+	fs.StringSliceVar(&m.remoteHosts, "moriio-remote-hosts", nil, "MoRI-IO wide-EP prefill hosts (comma-separated; names re-resolved on the request path, MORIIO_DNS_RESOLVE_TTL_SECONDS)")
+	fs.StringSliceVar(&m.decodeHosts, "moriio-decode-hosts", nil, "MoRI-IO wide-EP decode hosts (comma-separated; names re-resolved on the request path, MORIIO_DNS_RESOLVE_TTL_SECONDS)")
 }
 
 // validate checks llm-d's flags as llm-d does, and refuses, in one line,
@@ -139,7 +139,7 @@ func (o llmdOptions) validate(dp int, kvConnector string) error {
 }
 
 // validate checks the --moriio-* flags as llm-d does (minus the start-up
-// DNS resolution of the hosts) and refuses write mode.
+// DNS resolution of the hosts: see moriioConfig).
 func (m moriioOptions) validate() error {
 	for _, p := range []struct {
 		flag string
@@ -183,8 +183,6 @@ func (m moriioOptions) validate() error {
 		return fmt.Errorf("--moriio-parallel-dispatch needs --moriio-write-mode")
 	case m.writeMode && m.localPodIP == "":
 		return fmt.Errorf("--moriio-write-mode needs --moriio-local-pod-ip or POD_IP")
-	case m.writeMode:
-		return fmt.Errorf("--moriio-write-mode: MoRI-IO is not supported yet; leave it false")
 	}
 	return nil
 }

@@ -75,6 +75,9 @@ type Config struct {
 	// kvtransfer agent serving it over this transport (the sidecar
 	// connector); nil disables both.
 	KVTransport kvtransfer.Transport
+	// MoriIONotifyPort, when > 0, is MoRI-IO write mode's notify port on a
+	// decode-capable engine: prefill engines write KV into it (moriio.go).
+	MoriIONotifyPort int
 	// KVAgentPort is the agent's port (0 picks a free one).
 	KVAgentPort int
 	// KVRegionDir holds the region's shared-memory file (default /dev/shm,
@@ -145,6 +148,8 @@ func (c Config) Validate() error {
 		return bad("--kv-agent-port must be within 0..65535")
 	case c.Port < 0 || c.Port > 65535 || c.KVPort < 0 || c.KVPort > 65535 || c.BootstrapPort < 0 || c.BootstrapPort > 65535:
 		return bad("ports must be within 0..65535")
+	case c.MoriIONotifyPort < 0 || c.MoriIONotifyPort > 65535:
+		return bad("--moriio-notify-port %d is not a port", c.MoriIONotifyPort)
 	case c.P2PPort < 0 || c.P2PPort > 65535:
 		return bad("--p2p-port must be within 0..65535")
 	}

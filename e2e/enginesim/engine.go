@@ -106,6 +106,17 @@ func (s *Sim) execute(ctx context.Context, w http.ResponseWriter, g *genRequest,
 	digest := Digest(fps)
 
 	maxTokens := g.maxTokens
+	moriWrite := leg == legPrefill && g.isMoriIO()
+	if moriWrite {
+		// MoRI-IO write mode: the KV is written into the decode engine
+		// before the first token goes out (moriio.go).
+		if err := s.pushKV(ctx, g, f, hashes); err != nil {
+			s.log.Error().Str("request_id", o.requestID).Err(err).Msg("MoRI-IO KV write failed")
+			out.fail(http.StatusInternalServerError, errorBody(500, "InternalServerError", "", err.Error()))
+			return
+		}
+		s.moriPrefillAnswer(g, o)
+	}
 	p2pHold := leg == legPrefill && g.p2p != nil && g.p2p.decoder != ""
 	if p2pHold {
 		// The P2P tier holds the prefill's KV under the kv_request_id
@@ -133,7 +144,7 @@ func (s *Sim) execute(ctx context.Context, w http.ResponseWriter, g *genRequest,
 		s.releaseCancelled(room)
 		return
 	}
-	if leg == legPrefill && room == nil && !p2pHold && g.boot == nil && !g.isMooncake() && o.finish == "length" {
+	if leg == legPrefill && room == nil && !p2pHold && !moriWrite && g.boot == nil && !g.isMooncake() && o.finish == "length" {
 		if err := s.holdKV(g, f, hashes, o); err != nil {
 			s.log.Error().Str("request_id", o.requestID).Err(err).Msg("cannot hold kv for remote decode")
 			out.fail(http.StatusServiceUnavailable, errorBody(503, "ServiceUnavailableError", "", err.Error()))
@@ -265,6 +276,9 @@ func (s *Sim) pullKV(ctx context.Context, g *genRequest, f Faults, hashes []uint
 			return nil, fmt.Errorf("%w: kv_preloaded but this engine has no kv region (--kv-agent-transport)", ErrKVPull)
 		}
 		return s.kva.loadPreloaded(g.kv.Preloaded, len(g.prompt), len(hashes))
+	}
+	if g.isMoriIO() {
+		return s.useMoriKV(ctx, g, hashes) // MoRI-IO write mode (moriio.go)
 	}
 	var addr string
 	var req pullRequest

@@ -83,6 +83,7 @@ func (s *Sim) inference(a api) http.HandlerFunc {
 		ctx := r.Context()
 		raw, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBodyBytes))
 		s.journal.add(r, raw)
+		s.mio.countRank(r.Header.Get("X-Data-Parallel-Rank")) // MoRI-IO (moriio.go)
 		rid := r.Header.Get("X-Request-Id")
 		if rid == "" {
 			rid = randomHex(32)

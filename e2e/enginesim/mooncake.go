@@ -31,7 +31,7 @@ func mooncakeKey(transferID string) uint64 {
 
 // isMooncake reports whether the request carries a Mooncake transfer_id.
 func (g *genRequest) isMooncake() bool {
-	return g.kv != nil && g.kv.TransferID != nil && *g.kv.TransferID != ""
+	return g.kv != nil && g.kv.TransferID != nil && *g.kv.TransferID != "" && g.kv.RemoteNotifyPort == nil // not MoRI-IO's
 }
 
 // invalidForMooncake reports why Mooncake decode params cannot be used.

@@ -77,6 +77,10 @@ type kvParams struct {
 	// TransferID and RemoteBootstrapAddr are vLLM MooncakeConnector's.
 	TransferID          *string `json:"transfer_id"`
 	RemoteBootstrapAddr *string `json:"remote_bootstrap_addr"`
+	// RemoteNotifyPort and RemoteDPRank are MoRI-IO write mode's
+	// (moriio.go; its transfer_id is TransferID).
+	RemoteNotifyPort *int `json:"remote_notify_port"`
+	RemoteDPRank     *int `json:"remote_dp_rank"`
 	// PullMode "sidecar" asks a prefiller for a kv_source descriptor.
 	PullMode string `json:"pull_mode"`
 	// Preloaded names blocks a sidecar already pulled into this engine.
@@ -105,6 +109,9 @@ func (p *kvParams) invalidForDecode() string {
 			return "kv_preloaded needs alloc_id and block_ids"
 		}
 		return ""
+	}
+	if p.RemoteNotifyPort != nil {
+		return p.invalidForMoriIO() // MoRI-IO write mode (moriio.go)
 	}
 	if p.TransferID != nil {
 		return p.invalidForMooncake()

@@ -44,6 +44,8 @@ type Sim struct {
 	// (encoder.go).
 	ec  ecStore
 	ecm *ecMetrics
+	// mio is MoRI-IO write mode's inbox and counters (moriio.go).
+	mio *moriIO
 
 	mu     sync.Mutex
 	kvAddr *net.TCPAddr
@@ -72,6 +74,7 @@ func New(cfg Config, log zerolog.Logger) (*Sim, error) {
 	}
 	s.m = newSimMetrics(s.reg, cfg.Model)
 	s.ecm = newECMetrics(s.reg, cfg.Model)
+	s.mio = newMoriIO(s.reg, cfg.Model, cfg.KVLease)
 	s.holds = newHoldStore(cfg.NumKVBlocks,
 		func(held int, usage float64) {
 			s.m.kvBlocksHeld.Set(float64(held))
@@ -109,6 +112,9 @@ func (s *Sim) Registry() *prometheus.Registry { return s.reg }
 // nil when the role does not need them; every role has a P2P listener.
 type Listeners struct {
 	HTTP, KV, Bootstrap, P2P net.Listener
+	// MoriNotify is MoRI-IO's notify port (decode-capable roles with
+	// MoriIONotifyPort set; moriio.go).
+	MoriNotify net.Listener
 }
 
 // Listen opens the listeners the configuration and role call for.
@@ -124,6 +130,13 @@ func (s *Sim) Listen() (Listeners, error) {
 	if ls.P2P, err = open(s.cfg.P2PPort); err != nil {
 		ls.HTTP.Close()
 		return ls, fmt.Errorf("listen p2p: %w", err)
+	}
+	if s.cfg.MoriIONotifyPort > 0 && s.cfg.canDecodeRemote() {
+		if ls.MoriNotify, err = open(s.cfg.MoriIONotifyPort); err != nil {
+			ls.HTTP.Close()
+			ls.P2P.Close()
+			return ls, fmt.Errorf("listen moriio notify: %w", err)
+		}
 	}
 	if s.cfg.canPrefillRemote() {
 		if ls.KV, err = open(s.cfg.KVPort); err != nil {
@@ -145,7 +158,7 @@ func (s *Sim) Listen() (Listeners, error) {
 func (s *Sim) Serve(ctx context.Context, ls Listeners) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	errc := make(chan error, 4)
+	errc := make(chan error, 5)
 	if s.kva != nil {
 		if err := s.kva.start(ctx, s.cfg.Host); err != nil {
 			return err
@@ -163,6 +176,9 @@ func (s *Sim) Serve(ctx context.Context, ls Listeners) error {
 		s.bootAddr = ls.Bootstrap.Addr().(*net.TCPAddr)
 		s.mu.Unlock()
 		go func() { errc <- s.serveBootstrap(ctx, ls.Bootstrap) }()
+	}
+	if ls.MoriNotify != nil {
+		go func() { errc <- s.serveMoriNotify(ctx, ls.MoriNotify) }()
 	}
 	if ls.P2P != nil {
 		s.mu.Lock()

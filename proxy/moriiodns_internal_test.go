@@ -1,0 +1,171 @@
+package proxy
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/rs/zerolog"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/pd-sidecar/pd-sidecar/metrics"
+)
+
+// fakeDNS is an injected resolver: answers by name, a failure switch, a
+// gate that holds lookups, and a count of lookups.
+type fakeDNS struct {
+	mu      sync.Mutex
+	answers map[string][]string
+	fail    bool
+	gate    chan struct{} // when set, lookups wait on it
+	calls   atomic.Int32
+}
+
+var errFakeDNS = errors.New("no such host")
+
+func (f *fakeDNS) failing(on bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.fail = on
+}
+
+func (f *fakeDNS) lookup(ctx context.Context, host string) ([]string, error) {
+	f.calls.Add(1)
+	f.mu.Lock()
+	gate, fail, ips := f.gate, f.fail, f.answers[host]
+	f.mu.Unlock()
+	if gate != nil {
+		select {
+		case <-gate:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+	if fail || ips == nil {
+		return nil, errFakeDNS
+	}
+	return ips, nil
+}
+
+// testResolver is a resolver on f with a settable clock.
+func testResolver(f *fakeDNS, seed map[string]string) (*hostResolver, *metrics.MoriIO, *time.Time) {
+	m := metrics.NewMoriIO(prometheus.NewRegistry())
+	r := newHostResolver(f.lookup, 30*time.Second, time.Second, seed, m, zerolog.Nop())
+	now := time.Unix(1000, 0)
+	r.now = func() time.Time { return now }
+	for _, e := range r.byHost {
+		e.at = now
+	}
+	return r, m, &now
+}
+
+func counts(m *metrics.MoriIO) [3]float64 {
+	return [3]float64{testutil.ToFloat64(m.DNSReresolve), testutil.ToFloat64(m.DNSIPChanged), testutil.ToFloat64(m.DNSLookupFailures)}
+}
+
+func TestPickIP(t *testing.T) {
+	f := &fakeDNS{answers: map[string][]string{"v6first": {"fd00::1", "10.0.0.7"}, "v6only": {"fd00::2"}, "none": {}}}
+	for _, c := range []struct {
+		spec, want string
+		err        error
+	}{
+		{"10.1.2.3", "10.1.2.3", nil}, {"fd00::9", "fd00::9", nil},
+		{"v6first", "10.0.0.7", nil}, {"v6only", "fd00::2", nil},
+		{"none", "", ErrNoAddress}, {"missing", "", errFakeDNS},
+	} {
+		got, err := PickIP(context.Background(), f.lookup, c.spec)
+		assert.Equal(t, c.want, got, c.spec)
+		if c.err != nil {
+			assert.ErrorIs(t, err, c.err, c.spec)
+		} else {
+			assert.NoError(t, err, c.spec)
+		}
+	}
+}
+
+func TestHostResolver(t *testing.T) {
+	t.Run("literal IPs are never looked up", func(t *testing.T) {
+		f := &fakeDNS{answers: map[string][]string{}}
+		r, m, _ := testResolver(f, nil)
+		defer r.close()
+		assert.Equal(t, "10.0.0.1", r.resolve(context.Background(), "10.0.0.1"))
+		assert.Zero(t, f.calls.Load())
+		assert.Equal(t, [3]float64{}, counts(m))
+	})
+	t.Run("seeded: fresh within the TTL", func(t *testing.T) {
+		f := &fakeDNS{answers: map[string][]string{"svc": {"10.0.0.9"}}}
+		r, m, now := testResolver(f, map[string]string{"svc": "10.0.0.1"})
+		defer r.close()
+		*now = now.Add(29 * time.Second)
+		assert.Equal(t, "10.0.0.1", r.resolve(context.Background(), "svc"))
+		assert.Zero(t, f.calls.Load())
+		assert.Equal(t, [3]float64{}, counts(m))
+	})
+	t.Run("stale: served at once, revalidated once in the background", func(t *testing.T) {
+		f := &fakeDNS{answers: map[string][]string{"svc": {"10.0.0.9"}}, gate: make(chan struct{})}
+		r, m, now := testResolver(f, map[string]string{"svc": "10.0.0.1"})
+		defer r.close()
+		*now = now.Add(31 * time.Second)
+		for range 5 {
+			assert.Equal(t, "10.0.0.1", r.resolve(context.Background(), "svc"), "stale while revalidating")
+		}
+		close(f.gate)
+		require.Eventually(t, func() bool { return r.resolve(context.Background(), "svc") == "10.0.0.9" }, 5*time.Second, time.Millisecond)
+		assert.Equal(t, int32(1), f.calls.Load(), "one background lookup")
+		assert.Equal(t, [3]float64{1, 1, 0}, counts(m))
+	})
+	t.Run("stale and the lookup fails: the stale address is kept and the failure counted", func(t *testing.T) {
+		f := &fakeDNS{answers: map[string][]string{}}
+		f.failing(true)
+		r, m, now := testResolver(f, map[string]string{"svc": "10.0.0.1"})
+		defer r.close()
+		*now = now.Add(31 * time.Second)
+		assert.Equal(t, "10.0.0.1", r.resolve(context.Background(), "svc"))
+		require.Eventually(t, func() bool { return counts(m)[2] == 1 }, 5*time.Second, time.Millisecond)
+		assert.Equal(t, "10.0.0.1", r.resolve(context.Background(), "svc"), "fresh again for a TTL after the failure")
+		assert.Equal(t, int32(1), f.calls.Load())
+		assert.Equal(t, [3]float64{1, 0, 1}, counts(m))
+	})
+	t.Run("cold: looked up once for concurrent callers", func(t *testing.T) {
+		f := &fakeDNS{answers: map[string][]string{"svc": {"10.0.0.5"}}, gate: make(chan struct{})}
+		r, m, _ := testResolver(f, nil)
+		defer r.close()
+		var wg sync.WaitGroup
+		got := make([]string, 8)
+		for i := range got {
+			wg.Go(func() { got[i] = r.resolve(context.Background(), "svc") })
+		}
+		require.Eventually(t, func() bool { return f.calls.Load() == 1 }, 5*time.Second, time.Millisecond)
+		time.Sleep(20 * time.Millisecond)
+		close(f.gate)
+		wg.Wait()
+		for _, g := range got {
+			assert.Equal(t, "10.0.0.5", g)
+		}
+		assert.Equal(t, int32(1), f.calls.Load(), "singleflight")
+		assert.Equal(t, [3]float64{1, 0, 0}, counts(m))
+	})
+	t.Run("cold and the lookup fails: the raw spec", func(t *testing.T) {
+		f := &fakeDNS{answers: map[string][]string{}}
+		r, m, _ := testResolver(f, nil)
+		defer r.close()
+		assert.Equal(t, "svc", r.resolve(context.Background(), "svc"))
+		assert.Equal(t, [3]float64{1, 0, 1}, counts(m))
+	})
+	t.Run("a lookup is bounded by the timeout", func(t *testing.T) {
+		f := &fakeDNS{answers: map[string][]string{"svc": {"10.0.0.5"}}, gate: make(chan struct{})}
+		m := metrics.NewMoriIO(prometheus.NewRegistry())
+		r := newHostResolver(f.lookup, time.Minute, 50*time.Millisecond, nil, m, zerolog.Nop())
+		defer r.close()
+		start := time.Now()
+		assert.Equal(t, "svc", r.resolve(context.Background(), "svc"))
+		assert.Less(t, time.Since(start), 2*time.Second)
+		assert.Equal(t, [3]float64{1, 0, 1}, counts(m))
+	})
+}
