@@ -56,9 +56,9 @@ type bucket struct {
 	kvMoved   int
 	prefilled int
 	outcomes  [numOutcomes]int // of the named requests: they sum to named
-	chunked   int // decodes run in chunks (--decode-chunk-size)
-	chunks    int // their chunk requests
-	encoder   map[string]int // encoder-stage outcomes
+	chunked   int              // decodes run in chunks (--decode-chunk-size)
+	chunks    int              // their chunk requests
+	encoder   map[string]int   // encoder-stage outcomes
 }
 
 // The outcomes of a request that named a prefiller, one each.

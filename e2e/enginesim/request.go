@@ -171,7 +171,7 @@ type body struct {
 	// continue.go: chat template controls.
 	ContinueFinalMessage json.RawMessage `json:"continue_final_message"`
 	AddGenerationPrompt  json.RawMessage `json:"add_generation_prompt"`
-	ECTransferParams    json.RawMessage `json:"ec_transfer_params"`
+	ECTransferParams     json.RawMessage `json:"ec_transfer_params"`
 }
 
 func absent(raw json.RawMessage) bool {
