@@ -12,7 +12,7 @@ import (
 )
 
 // llmdDeploymentArgs are the sidecar arg lists of llm-d's own manifests,
-// verbatim (LLMD-SIDECAR.md section 23; ${VLLM_DATA_PARALLEL_SIZE} = 1,
+// verbatim (llm-d-router v0.10's deployment manifests; ${VLLM_DATA_PARALLEL_SIZE} = 1,
 // ${CONNECTOR_TYPE} as llm-d's e2e substitutes it). The lists that turn on
 // a feature not built here yet are refused at start-up, as cmd/pd-sidecar's
 // TestLLMDDeploymentArgs checks. The e-pd and e-p-d lists (--ec-connector)

@@ -190,7 +190,7 @@ func TestMoriIODNSStartupFailureExits2(t *testing.T) {
 	assert.Contains(t, out, `MoRI-IO host "decode.no-such-zone.invalid" does not resolve`)
 }
 
-// llm-d's 2P2D MoRI-IO arg list (LLMD-SIDECAR.md section 23) verbatim, its
+// llm-d's 2P2D MoRI-IO arg list (llm-d-router v0.10's deployment manifests) verbatim, its
 // Service names answered by a DNS server: it starts and serves a split;
 // when the names stop resolving, the last addresses are used (stale) and
 // the failed re-resolutions are counted.
@@ -244,8 +244,8 @@ func TestMoriIODNSStaleWhileRevalidate(t *testing.T) {
 }
 
 // TestMoriIOLLMDArgListsServeASplit starts pd-sidecar with the MoRI-IO
-// decode-sidecar arg lists of llm-d's MORIIO_README (LLMD-SIDECAR.md
-// section 23) verbatim, POD_IP from the environment as in a pod, the 2P2D
+// decode-sidecar arg lists of llm-d's MORIIO_README (llm-d-router v0.10)
+// verbatim, POD_IP from the environment as in a pod, the 2P2D
 // list's Service names answered by a DNS server, and only the decode
 // notify port added (the engine listens where the test put it); each
 // serves a split whose KV the prefill engine wrote into the decode engine.

@@ -16,10 +16,10 @@ import (
 	"github.com/pd-sidecar/pd-sidecar/ssrf"
 )
 
-// llmdFlagNames are the flags of llm-d's sidecar flag table: LLMD-SIDECAR.md
-// (the facts about llm-d-router's pd-sidecar at commit ebab687), section 2
-// "Complete flag inventory" (the configuration-file tests try every key of
-// --configuration and --configuration-file).
+// llmdFlagNames are the flags of llm-d's sidecar: llm-d-router's pd-sidecar
+// at commit ebab687 (v0.10), its options.go and --help (the
+// configuration-file tests try every key of --configuration and
+// --configuration-file).
 var llmdFlagNames = []string{
 	"port", "model-server-port", "vllm-port", "data-parallel-size", "kv-connector", "ec-connector",
 	"mooncake-bootstrap-port", "p2p-connector-port", "enable-p2p-pull", "secure-proxy", "cert-path",
@@ -35,7 +35,7 @@ var llmdFlagNames = []string{
 }
 
 // llmdFlagTable gives every flag of llmdFlagNames a typical value, as in
-// LLMD-SIDECAR.md section 2, and what it sets in our options.
+// llm-d-router v0.10's options.go, and what it sets in our options.
 var llmdFlagTable = []struct {
 	flag  string
 	args  []string
@@ -146,7 +146,7 @@ func TestLLMDFlagTable(t *testing.T) {
 }
 
 // TestLLMDDeploymentArgs parses llm-d's deployment arg lists, copied
-// verbatim (LLMD-SIDECAR.md section 23, the ${VAR}s substituted with the
+// verbatim (llm-d-router v0.10's deployment manifests, the ${VAR}s substituted with the
 // values llm-d's scripts and e2e use), and the lists llm-d-modelservice
 // renders. Lists that turn on a feature not built yet (the encoder stage,
 // MoRI-IO) are refused with one line saying so; llm-d's own stale list

@@ -156,7 +156,7 @@ func TestConfigurationInvalidExits2(t *testing.T) {
 	}
 }
 
-// llmdKeys are llm-d's 23 configuration keys (LLMD-SIDECAR.md §3).
+// llmdKeys are llm-d's 23 configuration keys (llm-d-router v0.10's options.go).
 var llmdKeys = []string{
 	"port", "model-server-port", "vllm-port", "mooncake-bootstrap-port", "p2p-connector-port",
 	"data-parallel-size", "kv-connector", "ec-connector", "enable-ssrf-protection",

@@ -19,7 +19,7 @@ import (
 // FixtureFile is the fixture's path relative to the repository root.
 const FixtureFile = "deploy/rendertest/testdata/llm-d-modelservice.json"
 
-// Fixture is one rendering session of the chart.
+// Fixture is one rendering of the chart.
 type Fixture struct {
 	Chart        string `json:"chart"`        // chart name (Chart.yaml)
 	ChartVersion string `json:"chartVersion"` // chart version (Chart.yaml)
