@@ -289,3 +289,23 @@ func TestChunkedDecodeSplitSSEAndKVLoadFailure(t *testing.T) {
 	assert.Equal(t, 2.0, r.chunkMetric(t, "completed"), "the split, then the fallback's local decode")
 	assert.Equal(t, 1.0, r.decode.Metric(t, "sim_remote_kv_decodes_total", nil), "the failed pull did not count")
 }
+
+// TestChunkedDecodeSlowChunksStream: chunks slow enough for the client
+// connection to be watched while they run (past watchDelay) still stream
+// to the end: the watch of a chunk that runs after the handler returned is
+// no sign of the client leaving, and no request boundary for the event
+// loops to take the connection at.
+func TestChunkedDecodeSlowChunksStream(t *testing.T) {
+	r := newChunkRig(t)
+	want := gjson.GetBytes(r.want(t, chunkChatBody(`,"max_tokens":10`)), "choices.0.message.content").String()
+	setFault(t, r.decode, `{"latency_ms":150,"skip":1,"times":2}`)
+	for _, hdr := range []map[string]string{nil, r.header()} {
+		st, text, events := scStream(t, r.sc.URL()+"/v1/chat/completions", chunkChatBody(`,"max_tokens":10,"stream":true`), hdr)
+		require.Equal(t, http.StatusOK, st)
+		assert.Equal(t, want, text, "every chunk's text arrived")
+		assert.Equal(t, "[DONE]", events[len(events)-1])
+		setFault(t, r.decode, `{"latency_ms":150,"skip":1,"times":2}`)
+	}
+	assert.Zero(t, r.chunkMetric(t, "client_left"))
+	assert.Equal(t, 2.0, r.chunkMetric(t, "completed"))
+}

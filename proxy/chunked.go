@@ -463,9 +463,11 @@ func (s *chunkStream) Read(p []byte) (int, error) {
 func (s *chunkStream) step() error {
 	c, r := s.c, s.c.r
 	s.buf, s.off = s.buf[:0], 0
+	release := holdConn(r.rc) // the handler returned: the watch's read is no request boundary
 	w := r.p.armer.watch(r.rc.Conn(), r.cancel, time.Now())
 	err := c.next()
 	s.pipelined = w.stop() || s.pipelined
+	release()
 	switch {
 	case r.gone() || errors.Is(err, ErrClientGone):
 		s.outcome = metrics.ChunkedClientLeft

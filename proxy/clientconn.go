@@ -172,6 +172,20 @@ func counted(rc *fasthttp.RequestCtx) func() {
 
 func (c *clientConn) idle() { c.busy.Store(false) }
 
+// holdConn marks rc's client connection busy again until the returned func
+// is called, for a connWatch that reads it after the handler returned (a
+// body stream that waits on an upstream between its writes): such a read
+// is no request boundary, so it must not hand the connection to the lane
+// (Read's io.EOF), which the watch would take for the client leaving.
+func holdConn(rc *fasthttp.RequestCtx) func() {
+	c, ok := rc.Conn().(*clientConn)
+	if !ok {
+		return func() {}
+	}
+	c.busy.Store(true)
+	return c.idle
+}
+
 // count adds the request with head h, which fasthttp read from the
 // connection, to consumed, and begins measuring the request line of a
 // request read ahead of it.
