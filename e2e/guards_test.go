@@ -89,7 +89,9 @@ func TestGuardLimits(t *testing.T) {
 		assert.Equal(t, int64(413), gjson.GetBytes(b, "error.code").Int())
 		assert.Equal(t, "RequestTooLargeError", gjson.GetBytes(b, "error.type").String())
 		assert.Equal(t, "big-body-1", h.Get("X-Request-Id"))
-		assert.Contains(t, sc.Output(), `"request_id":"big-body-1","reason":"body_too_large"`, "the log line names the request")
+		harness.Eventually(t, 5*time.Second, "the log line names the request", func() bool {
+			return strings.Contains(sc.Output(), `"request_id":"big-body-1","reason":"body_too_large"`)
+		})
 	})
 	t.Run("headers 431", func(t *testing.T) {
 		st, b, _ := scPost(t, sc.URL()+"/v1/completions", completionBody(`,"max_tokens":2`),

@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -27,6 +28,11 @@ func TestTraceLevelLogsLegs(t *testing.T) {
 			st, _, _ := scPost(t, sc.URL()+"/v1/completions", completionBody(`,"max_tokens":3,"user":"trace-marker-91"`), hdr)
 			require.Equal(t, http.StatusOK, st)
 			require.Equal(t, 1.0, sc.Metric(t, "pd_sidecar_requests_total", map[string]string{"mode": "disaggregated"}), "the split happened")
+			// The request's last line is written as it ends; the output pipe
+			// may still carry it.
+			harness.Eventually(t, 5*time.Second, "the request's log lines", func() bool {
+				return strings.Contains(sc.Output(), `"message":"answered"`)
+			})
 			out := sc.Output()
 			assert.NotContains(t, out, "sk-trace-secret", "credentials never reach the log")
 			legs := map[string]map[string]any{}
