@@ -107,7 +107,9 @@ modelservice-fixture:
 
 ## bench: the performance budget, side by side in one run: engine direct, the sidecar's local and
 ## disaggregated paths, the P/D floor, nginx (installed from Debian's packages when missing) and
-## PEER_SIDECAR=/path/to/binary when given; then the hot-path micro-benchmarks.
+## PEER_SIDECAR=/path/to/binary when given, with 128-word prompts and then long ones (1k, 8k, 30k,
+## 100k words at 25 req/s; BENCH_FLAGS=--scenarios=long runs those alone); then the hot-path
+## micro-benchmarks.
 ## Writes out/bench.png and out/bench.json.
 .PHONY: bench
 bench: build

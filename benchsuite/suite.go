@@ -30,7 +30,8 @@ type Options struct {
 	RefProxy string
 	// Dir receives logs and configuration files.
 	Dir string
-	// Clients, Duration, Rounds and Warmup shape the saturation run.
+	// Clients, Duration, Rounds and Warmup shape the short-prompt
+	// scenario's saturation run.
 	Clients  int
 	Duration time.Duration
 	Rounds   int
@@ -40,6 +41,11 @@ type Options struct {
 	// Streams is the number of concurrent open streams of the memory run
 	// (0 skips it).
 	Streams int
+	// Short runs the short-prompt scenario: saturation, the open-loop
+	// latency run at Rate and the memory run with Streams.
+	Short bool
+	// Long is the long-prompt scenario (no lengths: skipped).
+	Long LongOptions
 	// Plot, when set, receives the saturation run's PNG.
 	Plot string
 	// JSON, when set, receives every report as JSON.
@@ -164,10 +170,33 @@ func Run(ctx context.Context, o Options, w io.Writer) error {
 			targets = append(targets, px.target)
 		}
 	}
+	rep := &report{}
+	if o.Short {
+		memory := func() (map[string]streamMem, error) { return streamMemory(ctx, o, launch, ports[9:]) }
+		if err := runShort(ctx, o, w, proxies, targets, rep, memory); err != nil {
+			return err
+		}
+		writeCosts(w, rep.Costs)
+	}
+	if len(o.Long.Words) > 0 {
+		if err := runLong(ctx, o.Long, w, proxies, targets, rep); err != nil {
+			return fmt.Errorf("long-prompt run: %w", err)
+		}
+	}
+	writeBudget(w, rep)
+	if o.JSON != "" {
+		return rep.writeJSON(o.JSON)
+	}
+	return nil
+}
+
+// runShort is the short-prompt scenario: the saturation run, the open-loop
+// latency run and the open-streams memory run (memory runs the last).
+func runShort(ctx context.Context, o Options, w io.Writer, proxies []proxyUnderTest, targets []loadgen.Target, rep *report,
+	memory func() (map[string]streamMem, error)) error {
 	work := loadgen.Workload{API: loadgen.APIChat, Model: "sim-model", Stream: true,
 		PromptTokens: loadgen.Dist{Min: 128, Max: 128}, OutputTokens: loadgen.Dist{Min: 16, Max: 16}, Seed: 1, Distinct: 256}
 	reqs := work.Generate()
-	rep := &report{}
 
 	fmt.Fprintf(w, "pd-bench suite: engine-sim (zero-work timing, 16 SSE events per stream), %d clients, %d rounds × %v per target\n\n",
 		o.Clients, o.Rounds, o.Duration)
@@ -211,7 +240,7 @@ func Run(ctx context.Context, o Options, w io.Writer) error {
 		}
 	}
 	if o.Streams > 0 {
-		mem, err := streamMemory(ctx, o, launch, ports[9:])
+		mem, err := memory()
 		if err != nil {
 			return fmt.Errorf("open-streams run: %w", err)
 		}
@@ -229,11 +258,6 @@ func Run(ctx context.Context, o Options, w io.Writer) error {
 				rep.Costs[i].CPUPerEvent = m.usPerEvent
 			}
 		}
-	}
-	writeCosts(w, rep.Costs)
-	writeBudget(w, rep)
-	if o.JSON != "" {
-		return rep.writeJSON(o.JSON)
 	}
 	return nil
 }
