@@ -53,6 +53,7 @@ func (lc *laneConn) split(hv []byte) {
 	pd.bufp, pd.buf = p.bufs.getChunk()
 	pd.buf = appendLegStart(pd.buf, &ll.req)
 	n := len(pd.buf)
+	pd.bufp, pd.buf = p.bufs.growChunk(pd.bufp, pd.buf, len(r.body))
 	pd.buf = append(pd.buf, r.body...)
 	pd.start, r.body = pd.buf[:n:n], pd.buf[n:] // the body outlives the loop's buffer
 	lc.pd = pd
