@@ -164,4 +164,3 @@ func TestErrorBody(t *testing.T) {
 	assert.JSONEq(t, `{"error":{"message":"decode engine unavailable: \"quoted\"","type":"ServiceUnavailableError","param":null,"code":503}}`, string(b))
 	assert.Contains(t, string(sseError(502, ErrDecodeFailed)), "data: [DONE]\n\n")
 }
-
