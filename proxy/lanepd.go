@@ -71,7 +71,9 @@ func (lc *laneConn) split(hv []byte) {
 		lc.fallback(fmt.Errorf("%w: %s skipped for up to %v", ErrCircuitOpen, logValue(hp), g.cfg.Breaker.Cooldown))
 		return
 	}
-	body, err := p.seq.PrefillBody(nil, r.api, r.body)
+	scratch, dst := p.bufs.editScratch(len(r.body))
+	defer p.bufs.putScratch(scratch) // legTo copies the body
+	body, err := p.seq.PrefillBody(dst, r.api, r.body)
 	if err != nil {
 		err = fmt.Errorf("%w: %w", ErrBadRequest, err)
 		tk.Done(breakerResult(err))
@@ -195,7 +197,9 @@ func (lc *laneConn) prefillEnded(res prefillResult, err error) {
 		lc.fallback(err)
 		return
 	}
-	body, err := p.seq.DecodeBody(nil, r.api, r.body, res.handoff)
+	scratch, dst := p.bufs.editScratch(len(r.body))
+	defer p.bufs.putScratch(scratch) // decodeLeg copies the body
+	body, err := p.seq.DecodeBody(dst, r.api, r.body, res.handoff)
 	if err != nil {
 		lc.failWith(err)
 		return

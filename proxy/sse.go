@@ -67,6 +67,29 @@ func (b *streamBufs) putChunk(p *[]byte, buf []byte) {
 	}
 }
 
+// editScratch returns a buffer for an edited copy of a body of n bytes
+// that a leg copies at once (legTo): from the body pool for a long body
+// (give it back with putScratch), else none (the edit allocates its own).
+func (b *streamBufs) editScratch(n int) (*[]byte, []byte) {
+	if n <= maxPooledChunk {
+		return nil, nil
+	}
+	p := b.bodies.get(n + editRoom)
+	return p, *p
+}
+
+// editRoom is what a leg's edits add to a body, as a rule (a
+// kv_transfer_params with a long prompt's block ids): a larger edit grows
+// the buffer itself.
+const editRoom = 16 << 10
+
+// putScratch gives back a buffer of editScratch.
+func (b *streamBufs) putScratch(p *[]byte) {
+	if p != nil {
+		b.bodies.put(p)
+	}
+}
+
 // growChunk makes room for n more bytes in buf, a chunk buffer (entry p):
 // a chunk that would grow past maxPooledChunk (a leg carrying a long body)
 // moves to a buffer of the body pool with room for all, its bytes copied
