@@ -107,7 +107,9 @@ modelservice-fixture:
 
 ## bench: the performance budget, side by side in one run: engine direct, the sidecar's local and
 ## disaggregated paths, the P/D floor, nginx (installed from Debian's packages when missing) and
-## PEER_SIDECAR=/path/to/binary when given; then the hot-path micro-benchmarks.
+## PEER_SIDECAR=/path/to/binary when given, with 128-word prompts and then long ones (1k, 8k, 30k,
+## 100k words at 25 req/s; BENCH_FLAGS=--scenarios=long runs those alone); then the hot-path
+## micro-benchmarks.
 ## Writes out/bench.png and out/bench.json.
 .PHONY: bench
 bench: build
@@ -117,13 +119,13 @@ bench: build
 	$(BIN)/pd-bench suite --bin $(BIN) --dir out/bench --plot out/bench.png --json out/bench.json $(BENCH_FLAGS)
 	$(GO) test -run '^$$' -bench . -benchmem ./connectors/nixlv2 ./proxy
 
-## fuzz-short: a short seeded run of every fuzz target (connector body rewriting, client connector field stripping, JSON body validation, header parser, SSE event split (goroutine and event-loop), scanner and rewriter, chunked body decoder, the lane's request heads, upstream answers on both paths)
+## fuzz-short: a short seeded run of every fuzz target (connector body rewriting (its member walk against gjson's), client connector field stripping, JSON body validation and its top-level read, header parser, SSE event split (goroutine and event-loop), scanner and rewriter, chunked body decoder, the lane's request heads, upstream answers on both paths)
 # An execution count, not a duration: a duration races Go's fuzzing coordinator at its end
 # (golang/go#75804: "context deadline exceeded" with no input found, on a loaded machine).
 FUZZTIME ?= 20000x
 .PHONY: fuzz-short
 fuzz-short:
-	@set -e; for t in FuzzConnectorLegs FuzzEditObject FuzzClassifyEvent FuzzStripClientFields FuzzValidObject; do \
+	@set -e; for t in FuzzConnectorLegs FuzzEditObject FuzzClassifyEvent FuzzStripClientFields FuzzValidObject FuzzScanBody FuzzEditObjectScan; do \
 		$(GO) test -run '^$$' -fuzz "^$$t\$$" -fuzztime $(FUZZTIME) ./connectors/; done
 	@set -e; for t in FuzzPickPrefiller FuzzSSEScanRewrite FuzzSSEErrorEvent FuzzEventReaderSplits FuzzLoopStreamSplits FuzzHandOverAnywhere FuzzLaneRequestHead FuzzUpstreamAnswer; do \
 		$(GO) test -run '^$$' -fuzz "^$$t\$$" -fuzztime $(FUZZTIME) ./proxy/; done

@@ -7,13 +7,18 @@ import (
 )
 
 // nginxConfig is nginx as a plain streaming reverse proxy: 2 workers,
-// upstream keepalive, no response buffering.
+// upstream keepalive, no response buffering, request bodies streamed to
+// the engine as they arrive; it takes bodies up to 64 MiB (engine-sim's
+// bound) and reads them through a 1 MiB buffer, so a long prompt is never
+// refused (413) nor spooled to a temporary file.
 const nginxConfig = `worker_processes 2;
 pid %[1]s/nginx.pid;
 error_log %[1]s/error.log warn;
 events { worker_connections 16384; }
 http {
   access_log off;
+  client_max_body_size 64m;
+  client_body_buffer_size 1m;
   client_body_temp_path %[1]s/body;
   proxy_temp_path %[1]s/proxy;
   fastcgi_temp_path %[1]s/fastcgi;

@@ -16,6 +16,8 @@ type report struct {
 	Saturation loadgen.Report `json:"saturation"`
 	OpenLoop   loadgen.Report `json:"open_loop,omitempty"`
 	Costs      []proxyCost    `json:"proxy_costs"`
+	// Long is the long-prompt scenario, one run per prompt length.
+	Long []longRun `json:"long_prompts,omitempty"`
 }
 
 // proxyCost is one proxy's resource use.
@@ -152,8 +154,15 @@ func writeBudget(w io.Writer, r *report) {
 		fmt.Fprintf(w, "  memory ≤ 18 KB per open stream: %.1f KB (%d streams, RSS %.1f MiB) — %s\n",
 			c.KBPerStream, c.StreamsOpen, c.RSSStreamsMiB, verdict(c.KBPerStream <= 18))
 	}
+	for _, b := range longBudgetLines(r.Long) {
+		fmt.Fprintf(w, "  %s — %s\n", b.line, verdict(b.met))
+	}
+	all := append(append([]loadgen.Summary{}, r.Saturation.Targets...), r.OpenLoop.Targets...)
+	for _, l := range r.Long {
+		all = append(all, l.Report.Targets...)
+	}
 	cut := 0
-	for _, s := range append(append([]loadgen.Summary{}, r.Saturation.Targets...), r.OpenLoop.Targets...) {
+	for _, s := range all {
 		if s.Name == "sidecar" || s.Name == "sidecar-pd" {
 			cut += s.CutShort
 		}

@@ -30,7 +30,8 @@ type Options struct {
 	RefProxy string
 	// Dir receives logs and configuration files.
 	Dir string
-	// Clients, Duration, Rounds and Warmup shape the saturation run.
+	// Clients, Duration, Rounds and Warmup shape the short-prompt
+	// scenario's saturation run.
 	Clients  int
 	Duration time.Duration
 	Rounds   int
@@ -40,6 +41,11 @@ type Options struct {
 	// Streams is the number of concurrent open streams of the memory run
 	// (0 skips it).
 	Streams int
+	// Short runs the short-prompt scenario: saturation, the open-loop
+	// latency run at Rate and the memory run with Streams.
+	Short bool
+	// Long is the long-prompt scenario (no lengths: skipped).
+	Long LongOptions
 	// Plot, when set, receives the saturation run's PNG.
 	Plot string
 	// JSON, when set, receives every report as JSON.
@@ -63,64 +69,125 @@ func Run(ctx context.Context, o Options, w io.Writer) error {
 	if err := os.MkdirAll(o.Dir, 0o755); err != nil {
 		return err
 	}
-	var procs []*proc
-	defer func() {
-		for _, p := range procs {
-			p.stop()
-		}
-	}()
-	launch := func(name, bin string, args ...string) (*proc, error) {
-		p, err := start(o.Dir, name, bin, args...)
+	rep := &report{}
+	if o.Short {
+		rg, err := startRig(ctx, o, filepath.Join(o.Dir, "short"), nil)
 		if err == nil {
-			procs = append(procs, p)
+			memory := func() (map[string]streamMem, error) { return streamMemory(ctx, o, rg.launch, rg.ports[9:]) }
+			err = runShort(ctx, o, w, rg.proxies, rg.targets, rep, memory)
+		}
+		if rg != nil {
+			rg.stop()
+		}
+		if err != nil {
+			return err
+		}
+		writeCosts(w, rep.Costs)
+	}
+	if len(o.Long.Words) > 0 {
+		// The nixlv2 handoff moves KV between the engines, never through
+		// the sidecar: engine-sim's KV is made small (8 bytes a token) and
+		// its cache large enough for the prompts held until pulled, so
+		// the engines' own copying does not take the cores the proxies
+		// are measured on.
+		rg, err := startRig(ctx, o, filepath.Join(o.Dir, "long"), []string{"--kv-bytes-per-token", "8", "--num-kv-blocks", "131072"})
+		if err == nil {
+			err = runLong(ctx, o.Long, w, rg.proxies, rg.targets, rep)
+		}
+		if rg != nil {
+			rg.stop()
+		}
+		if err != nil {
+			return fmt.Errorf("long-prompt run: %w", err)
+		}
+	}
+	writeBudget(w, rep)
+	if o.JSON != "" {
+		return rep.writeJSON(o.JSON)
+	}
+	return nil
+}
+
+// rig is the processes a scenario drives: the engines and the proxies in
+// front of them, and the targets in the order they are reported.
+type rig struct {
+	procs   []*proc
+	proxies []proxyUnderTest
+	targets []loadgen.Target
+	// launch starts a process of the rig; ports are the rig's free ports.
+	launch func(name, bin string, args ...string) (*proc, error)
+	ports  []int
+}
+
+func (rg *rig) stop() {
+	for _, p := range rg.procs {
+		p.stop()
+	}
+}
+
+// startRig starts a scenario's engines (engine-sim at zero work, with
+// engineArgs added) and proxies, logs and configuration in dir, and waits
+// until every one answers. The rig returned with an error holds what was
+// started, to stop.
+func startRig(ctx context.Context, o Options, dir string, engineArgs []string) (*rig, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
+	rg := &rig{}
+	rg.launch = func(name, bin string, args ...string) (*proc, error) {
+		p, err := start(dir, name, bin, args...)
+		if err == nil {
+			rg.procs = append(rg.procs, p)
 		}
 		return p, err
 	}
+	launch := rg.launch
 	ports, err := freePorts(16)
 	if err != nil {
-		return err
+		return nil, err
 	}
+	rg.ports = ports
 	engine, prefill := ports[0], ports[1]
 	fast := []string{"--prefill-us-per-token", "0", "--decode-us-per-token", "0", "--default-max-tokens", "16",
 		"--model", "sim-model", "--log-level", "warn"}
+	fast = append(fast, engineArgs...)
 	if _, err := launch("engine-decode", filepath.Join(o.Bin, "engine-sim"),
 		append([]string{"--role", "decode", "--port", itoa(engine)}, fast...)...); err != nil {
-		return err
+		return rg, err
 	}
 	if _, err := launch("engine-prefill", filepath.Join(o.Bin, "engine-sim"),
 		append([]string{"--role", "prefill", "--port", itoa(prefill), "--kv-port", itoa(ports[2]), "--bootstrap-port", itoa(ports[3])}, fast...)...); err != nil {
-		return err
+		return rg, err
 	}
-	var proxies []proxyUnderTest
 	sidecarArgs := func(port, upstream int) []string {
 		return []string{"--port", itoa(port), "--model-server-port", itoa(upstream), "--log-level", "warn"}
 	}
 	add := func(name string, p *proc, port int, prefiller string) {
-		proxies = append(proxies, proxyUnderTest{name: name, p: p,
+		rg.proxies = append(rg.proxies, proxyUnderTest{name: name, p: p,
 			target: loadgen.Target{Name: name, URL: baseURL(port), Prefiller: prefiller}})
 	}
 	sc, err := launch("sidecar", filepath.Join(o.Bin, "pd-sidecar"), sidecarArgs(ports[4], engine)...)
 	if err != nil {
-		return err
+		return rg, err
 	}
 	add("sidecar", sc, ports[4], "")
 	scPD, err := launch("sidecar-pd", filepath.Join(o.Bin, "pd-sidecar"), sidecarArgs(ports[5], engine)...)
 	if err != nil {
-		return err
+		return rg, err
 	}
 	add("sidecar-pd", scPD, ports[5], hostPort(prefill))
 	if o.Nginx != "" {
-		p, err := startNginx(o.Dir, o.Nginx, ports[6], engine)
+		p, err := startNginx(dir, o.Nginx, ports[6], engine)
 		if err != nil {
-			return err
+			return rg, err
 		}
-		procs = append(procs, p)
+		rg.procs = append(rg.procs, p)
 		add("nginx", p, ports[6], "")
 	}
 	if o.RefProxy != "" {
 		p, err := launch("go-proxy", o.RefProxy, "refproxy", "--port", itoa(ports[13]), "--upstream", hostPort(engine))
 		if err != nil {
-			return err
+			return rg, err
 		}
 		add("go-proxy", p, ports[13], "")
 	}
@@ -130,44 +197,50 @@ func Run(ctx context.Context, o Options, w io.Writer) error {
 		}
 		p, err := launch("peer", o.Peer, peerArgs(ports[7])...)
 		if err != nil {
-			return err
+			return rg, err
 		}
 		add("peer", p, ports[7], "")
 		p2, err := launch("peer-pd", o.Peer, peerArgs(ports[8])...)
 		if err != nil {
-			return err
+			return rg, err
 		}
 		add("peer-pd", p2, ports[8], hostPort(prefill))
 	}
 	for _, u := range []string{baseURL(engine) + "/health", baseURL(prefill) + "/health"} {
 		if err := waitHTTP(ctx, u, 20*time.Second); err != nil {
-			return err
+			return rg, err
 		}
 	}
-	for _, px := range proxies {
+	for _, px := range rg.proxies {
 		if err := waitHTTP(ctx, px.target.URL+"/v1/models", 20*time.Second); err != nil {
-			return fmt.Errorf("%s: %w", px.name, err)
+			return rg, fmt.Errorf("%s: %w", px.name, err)
 		}
 	}
 
 	direct := loadgen.Target{Name: "direct", URL: baseURL(engine)}
 	floor := loadgen.Target{Name: "floor", URL: baseURL(engine), PrefillURL: baseURL(prefill)}
-	targets := []loadgen.Target{direct}
-	for _, px := range proxies {
+	rg.targets = []loadgen.Target{direct}
+	for _, px := range rg.proxies {
 		if px.target.Prefiller == "" {
-			targets = append(targets, px.target)
+			rg.targets = append(rg.targets, px.target)
 		}
 	}
-	targets = append(targets, floor)
-	for _, px := range proxies {
+	rg.targets = append(rg.targets, floor)
+	for _, px := range rg.proxies {
 		if px.target.Prefiller != "" {
-			targets = append(targets, px.target)
+			rg.targets = append(rg.targets, px.target)
 		}
 	}
+	return rg, nil
+}
+
+// runShort is the short-prompt scenario: the saturation run, the open-loop
+// latency run and the open-streams memory run (memory runs the last).
+func runShort(ctx context.Context, o Options, w io.Writer, proxies []proxyUnderTest, targets []loadgen.Target, rep *report,
+	memory func() (map[string]streamMem, error)) error {
 	work := loadgen.Workload{API: loadgen.APIChat, Model: "sim-model", Stream: true,
 		PromptTokens: loadgen.Dist{Min: 128, Max: 128}, OutputTokens: loadgen.Dist{Min: 16, Max: 16}, Seed: 1, Distinct: 256}
 	reqs := work.Generate()
-	rep := &report{}
 
 	fmt.Fprintf(w, "pd-bench suite: engine-sim (zero-work timing, 16 SSE events per stream), %d clients, %d rounds × %v per target\n\n",
 		o.Clients, o.Rounds, o.Duration)
@@ -211,7 +284,7 @@ func Run(ctx context.Context, o Options, w io.Writer) error {
 		}
 	}
 	if o.Streams > 0 {
-		mem, err := streamMemory(ctx, o, launch, ports[9:])
+		mem, err := memory()
 		if err != nil {
 			return fmt.Errorf("open-streams run: %w", err)
 		}
@@ -229,11 +302,6 @@ func Run(ctx context.Context, o Options, w io.Writer) error {
 				rep.Costs[i].CPUPerEvent = m.usPerEvent
 			}
 		}
-	}
-	writeCosts(w, rep.Costs)
-	writeBudget(w, rep)
-	if o.JSON != "" {
-		return rep.writeJSON(o.JSON)
 	}
 	return nil
 }

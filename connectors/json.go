@@ -1,6 +1,8 @@
 package connectors
 
 import (
+	"bytes"
+	"errors"
 	"slices"
 	"unsafe"
 
@@ -46,6 +48,12 @@ func IsObject(body []byte) bool {
 // whose member was absent are appended at the end. obj is never modified and
 // is never unmarshalled.
 func EditObject(dst, obj []byte, edits []Edit) ([]byte, error) {
+	return editObject(dst, obj, edits, true)
+}
+
+// editObject is EditObject; scan false walks the members with gjson only
+// (the reference the scanning walk is fuzzed against).
+func editObject(dst, obj []byte, edits []Edit, scan bool) ([]byte, error) {
 	if !IsObject(obj) {
 		return dst, ErrBadBody
 	}
@@ -59,13 +67,16 @@ func EditObject(dst, obj []byte, edits []Edit) ([]byte, error) {
 		room += len(edits[i].Key) + len(edits[i].Raw) + 4
 	}
 	dst = slices.Grow(dst, room)
+	base := len(dst)
 	dst = append(dst, '{')
 	n := 0
 	var err error
-	gjson.Parse(Bytes(obj)).ForEach(func(k, v gjson.Result) bool {
-		i := find(edits, k.Str)
+	// take copies or edits one member: key its name (unescaped), [ks, ke)
+	// its raw name, [vs, ve) its raw value.
+	take := func(key string, ks, ke, vs, ve int) bool {
+		i := find(edits, key)
 		if i < 0 {
-			dst = member(dst, n, obj[k.Index:v.Index+len(v.Raw)])
+			dst = member(dst, n, obj[ks:ve])
 			n++
 			return true
 		}
@@ -74,22 +85,30 @@ func EditObject(dst, obj []byte, edits []Edit) ([]byte, error) {
 		switch {
 		case e.Delete:
 		case e.Nested != nil:
-			dst = member(dst, n, obj[k.Index:v.Index])
+			dst = member(dst, n, obj[ks:vs])
 			n++
-			raw := obj[v.Index : v.Index+len(v.Raw)]
-			if v.IsObject() {
-				dst, err = EditObject(dst, raw, e.Nested)
+			if raw := obj[vs:ve]; isObjectAt(raw) {
+				dst, err = editObject(dst, raw, e.Nested, scan)
 			} else {
 				dst = append(dst, raw...)
 			}
 		default:
-			dst = member(dst, n, obj[k.Index:k.Index+len(k.Raw)])
+			dst = member(dst, n, obj[ks:ke])
 			n++
 			dst = append(dst, ':')
 			dst = append(dst, e.Raw...)
 		}
 		return err == nil
-	})
+	}
+	// The members are found by scanObject, which skips a string (a prompt)
+	// with bytes.IndexByte; an object it cannot walk is walked by gjson,
+	// as it always was, whose reading of a malformed one is kept.
+	if !scan || !editScan(obj, take) {
+		dst, n, seen, err = dst[:base+1], 0, 0, nil
+		gjson.Parse(Bytes(obj)).ForEach(func(k, v gjson.Result) bool {
+			return take(k.Str, k.Index, k.Index+len(k.Raw), v.Index, v.Index+len(v.Raw))
+		})
+	}
 	if err != nil {
 		return dst, err
 	}
@@ -109,6 +128,34 @@ func EditObject(dst, obj []byte, edits []Edit) ([]byte, error) {
 	}
 	return append(dst, '}'), nil
 }
+
+// editScan walks the members of obj with scanObject, telling take each
+// one, in one pass; false when obj is not an object scanObject can walk
+// whole, or a member's name has escapes decodeName cannot decode (take may
+// have been told some members: the caller starts again).
+func editScan(obj []byte, take func(key string, ks, ke, vs, ve int) bool) bool {
+	escaped := false
+	_, err := scanObject(obj, skipBlank(obj, 0), func(m jsonMember) error {
+		key := m.name
+		if bytes.IndexByte(key, '\\') >= 0 {
+			var buf [64]byte
+			k, ok := decodeName(buf[:0], key)
+			if !ok {
+				escaped = true
+				return errStop
+			}
+			key = k
+		}
+		if !take(Bytes(key), m.start, m.start+len(m.name)+2, m.end-len(m.value), m.end) {
+			return errStop // take's own error, which the caller returns
+		}
+		return nil
+	})
+	return !escaped && (err == nil || errors.Is(err, errStop))
+}
+
+// errStop ends a scanObject walk early.
+var errStop = errors.New("stop")
 
 func member(dst []byte, n int, raw []byte) []byte {
 	if n > 0 {

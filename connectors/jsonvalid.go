@@ -20,7 +20,13 @@ const maxJSONDepth = 512
 // a quote, a backslash, a control character or a non-ASCII byte stops the
 // word scan.
 func ValidObject(body []byte) error {
-	v := validator{b: body, i: skipBlank(body, 0)}
+	return validate(body, nil)
+}
+
+// validate is ValidObject, and tells top of each member of the top-level
+// object (nil: nothing).
+func validate(body []byte, top *BodyTop) error {
+	v := validator{b: body, i: skipBlank(body, 0), top: top}
 	if v.i >= len(body) || body[v.i] != '{' {
 		return v.fail("not a JSON object")
 	}
@@ -35,8 +41,9 @@ func ValidObject(body []byte) error {
 
 // validator walks one JSON text; i is the offset of the next byte to read.
 type validator struct {
-	b []byte
-	i int
+	b   []byte
+	i   int
+	top *BodyTop // told the top-level members (nil: none)
 }
 
 func (v *validator) fail(what string) error {
@@ -80,16 +87,22 @@ func (v *validator) object(depth int) error {
 		if v.i >= len(v.b) || v.b[v.i] != '"' {
 			return v.fail("member name expected")
 		}
+		ns := v.i
 		if err := v.str(); err != nil {
 			return err
 		}
+		ne := v.i
 		v.i = skipBlank(v.b, v.i)
 		if v.i >= len(v.b) || v.b[v.i] != ':' {
 			return v.fail("':' expected")
 		}
 		v.i = skipBlank(v.b, v.i+1)
+		vs := v.i
 		if err := v.value(depth); err != nil {
 			return err
+		}
+		if depth == 1 && v.top != nil {
+			v.top.member(v.b[ns+1:ne-1], v.b[vs:v.i])
 		}
 		v.i = skipBlank(v.b, v.i)
 		switch {

@@ -43,6 +43,9 @@ type Result struct {
 	Tokens int
 	// Status is the HTTP status (0 when none arrived).
 	Status int
+	// BodyBytes is the size of the request body the client sent (for a
+	// floor target, the client's body, not the legs').
+	BodyBytes int
 	// Err is empty on success, else a short error kind.
 	Err string
 }
@@ -84,7 +87,7 @@ var prefillParams = []byte(`{"do_remote_decode":true,"do_remote_prefill":false,"
 
 // do runs one request (two legs for a floor target).
 func (c *client) do(start time.Time, body []byte) Result {
-	r := Result{Start: start}
+	r := Result{Start: start, BodyBytes: len(body)}
 	if c.t.PrefillURL != "" {
 		decodeBody, err := c.prefill(body)
 		if err != nil {

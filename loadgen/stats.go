@@ -31,20 +31,22 @@ type Percentiles struct {
 
 // Summary is the digest of one target's results.
 type Summary struct {
-	Name       string         `json:"name"`
-	URL        string         `json:"url"`
-	Requests   int            `json:"requests"`
-	OK         int            `json:"ok"`
-	Errors     map[string]int `json:"errors"`
-	CutShort   int            `json:"cut_short"`
-	Dropped    int            `json:"dropped"`
-	Tokens     int            `json:"tokens"`
-	ReqPerSec  float64        `json:"req_per_sec"`
-	TokPerSec  float64        `json:"tok_per_sec"`
-	TTFT       Percentiles    `json:"ttft"`
-	InterToken Percentiles    `json:"inter_token"`
-	E2E        Percentiles    `json:"e2e"`
-	ActiveSec  float64        `json:"active_sec"`
+	Name     string         `json:"name"`
+	URL      string         `json:"url"`
+	Requests int            `json:"requests"`
+	OK       int            `json:"ok"`
+	Errors   map[string]int `json:"errors"`
+	CutShort int            `json:"cut_short"`
+	Dropped  int            `json:"dropped"`
+	Tokens   int            `json:"tokens"`
+	// BodyBytes is the request body bytes sent, over every request.
+	BodyBytes  int64       `json:"body_bytes"`
+	ReqPerSec  float64     `json:"req_per_sec"`
+	TokPerSec  float64     `json:"tok_per_sec"`
+	TTFT       Percentiles `json:"ttft"`
+	InterToken Percentiles `json:"inter_token"`
+	E2E        Percentiles `json:"e2e"`
+	ActiveSec  float64     `json:"active_sec"`
 }
 
 // Summarize digests t.
@@ -53,6 +55,7 @@ func Summarize(t *TargetResults) Summary {
 		Dropped: t.Dropped, ActiveSec: t.Active.Seconds()}
 	var ttft, gaps, e2e []time.Duration
 	for _, r := range t.Results {
+		s.BodyBytes += int64(r.BodyBytes)
 		if r.Err != "" {
 			s.Errors[r.Err]++
 			if r.Err == ErrKindCut {

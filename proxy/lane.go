@@ -180,6 +180,7 @@ const (
 	laneWaiting        // the leg is sent; waiting for the answer's head
 	laneAnswer         // the answer is read (raw) or relayed (ls)
 	laneBackoff        // waiting to send the prefill leg again
+	laneReading        // reading the rest of a request's body (lanebody.go)
 	laneGone           // given to fasthttp, or closed
 )
 
@@ -216,6 +217,7 @@ type laneConn struct {
 	ls        *loopStream
 	streamed  bool       // the answer is a stream (counted in LoopStreams)
 	raw       *rawAnswer // a non-streamed answer being read
+	body      *laneBody  // a request's body being read (laneReading)
 }
 
 // Ready implements netloop.Handler.
@@ -232,6 +234,8 @@ func (lc *laneConn) Ready(fd int, ev netloop.Events) {
 		lc.abandon(ErrDrainTimeout)
 	case lc.state == laneIdle:
 		lc.readRequest(ev)
+	case lc.state == laneReading:
+		lc.readBody()
 	case lc.state == laneAnswer && lc.ls != nil:
 		if ev&(netloop.HangUp|netloop.Writable) == 0 {
 			// A pipelined request: it waits in the socket until this answer
@@ -272,6 +276,11 @@ func (lc *laneConn) close() {
 	_ = lc.ll.loop.Remove(lc.fd)
 	_ = lc.cc.TCPConn.Close()
 	lc.ll.ln.forget(lc)
+	if lc.body != nil {
+		lc.stopTimer()
+		lc.dropBody(lc.body)
+		lc.body = nil
+	}
 }
 
 // toServer gives the connection to fasthttp, which reads in (the bytes
@@ -302,13 +311,29 @@ func (lc *laneConn) readRequest(ev netloop.Events) {
 		return
 	}
 	b := in[:n]
-	api, body, lr, ok := ll.parse(b)
+	api, headLen, want, lr, ok := ll.parseHead(b)
+	switch {
+	case !ok:
+		lc.toServer(b)
+	case want > len(b) && n < len(in):
+		lc.toServer(b) // the body comes in a later write: fasthttp's
+	case want > len(b):
+		lc.beginBody(b, headLen, want) // a long body: lanebody.go
+	default:
+		lc.serve(b, api, headLen, lr)
+	}
+}
+
+// serve serves the request b, whole and parsed into the loop's header
+// (parseHead), unless the guard refuses it (then fasthttp answers it).
+func (lc *laneConn) serve(b []byte, api connectors.API, headLen int, lr laneRequest) {
+	ll := lc.ll
 	p := ll.ln.p
-	if !ok || len(lr.prefiller) > 0 && !p.laneSplits() || !p.guard.acquire() {
+	if !p.guard.acquire() {
 		lc.toServer(b)
 		return
 	}
-	r := p.startRequest(lr.id, &ll.req, body, ll.ln.local, api)
+	r := p.startRequest(lr.id, &ll.req, b[headLen:], ll.ln.local, api)
 	lc.r, lc.keepAlive = r, lr.keepAlive
 	p.loopRequests.Add(1)
 	if err := r.sanitize(); err != nil {
@@ -316,7 +341,7 @@ func (lc *laneConn) readRequest(ev netloop.Events) {
 		return
 	}
 	if len(lr.prefiller) > 0 {
-		lc.split(lr.prefiller)
+		lc.split(lr.prefiller) // copies the body
 		return
 	}
 	lc.decodeLeg(r.body, false) // the client's body, or its sanitized copy
@@ -351,6 +376,7 @@ func (lc *laneConn) decodeLeg(body []byte, remote bool) {
 // appends body, and sends it.
 func (lc *laneConn) legTo(addr string, body []byte) {
 	lc.sent = appendLegEnd(lc.sent, addr, lc.r.id, len(body))
+	lc.sentp, lc.sent = lc.ll.ln.p.bufs.growChunk(lc.sentp, lc.sent, len(body))
 	lc.sent = append(lc.sent, body...)
 	lc.addr, lc.retried = addr, false
 	lc.connect()
@@ -377,33 +403,49 @@ func (lc *laneConn) setGauge(g prometheus.Gauge) {
 
 // parse parses b as one whole request the lane may serve, and returns its
 // API, body (a sub-slice of b) and what the lane needs of its headers.
-// With a tracer, every request is fasthttp's (the trace context is read
-// and written through fasthttp's header objects).
 func (ll *laneLoop) parse(b []byte) (api connectors.API, body []byte, lr laneRequest, ok bool) {
+	api, headLen, want, lr, ok := ll.parseHead(b)
+	if !ok || want != len(b) {
+		return 0, nil, lr, false
+	}
+	return api, b[headLen:], lr, true
+}
+
+// parseHead parses the head at the start of b, of a request the lane may
+// serve, and returns its API, the head's length, the bytes the whole
+// request takes (want: head and Content-Length; more than len(b) when its
+// body is still to come) and what the lane needs of its headers. Bytes in b
+// past the request (a pipelined one) make it fasthttp's. With a tracer,
+// every request is fasthttp's (the trace context is read and written
+// through fasthttp's header objects).
+func (ll *laneLoop) parseHead(b []byte) (api connectors.API, headLen, want int, lr laneRequest, ok bool) {
 	p := ll.ln.p
 	if p.draining.Load() || p.ext.Tracer != nil {
-		return 0, nil, lr, false
+		return 0, 0, 0, lr, false
 	}
 	h := &ll.req
 	h.Reset()
 	ll.rd.Reset(b)
 	ll.br.Reset(&ll.rd)
 	if err := h.Read(ll.br); err != nil {
-		return 0, nil, lr, false // not whole, or malformed: fasthttp answers it
+		return 0, 0, 0, lr, false // not whole, or malformed: fasthttp answers it
 	}
-	headLen := len(b) - ll.rd.Len() - ll.br.Buffered()
+	headLen = len(b) - ll.rd.Len() - ll.br.Buffered()
 	cl := h.ContentLength()
-	if !h.IsPost() || !h.IsHTTP11() || cl < 0 || headLen+cl != len(b) || cl > p.cfg.MaxRequestBodyBytes {
-		return 0, nil, lr, false
+	if !h.IsPost() || !h.IsHTTP11() || cl < 0 || headLen+cl < len(b) || cl > p.cfg.MaxRequestBodyBytes {
+		return 0, 0, 0, lr, false
 	}
 	if lr = scanRequest(h); lr.refused || lr.kvSource && p.cfg.P2P.Enabled || lr.encoders && p.cfg.Encoder.Connector != "" {
-		return 0, nil, lr, false
+		return 0, 0, 0, lr, false
+	}
+	if len(lr.prefiller) > 0 && !p.laneSplits() {
+		return 0, 0, 0, lr, false
 	}
 	api, ok = connectors.APIForPath(string(h.RequestURI()))
 	if api == connectors.APIChat && p.cfg.DecodeChunkSize > 0 {
-		return 0, nil, lr, false // a chunked decode is fasthttp's (chunked.go)
+		return 0, 0, 0, lr, false // a chunked decode is fasthttp's (chunked.go)
 	}
-	return api, b[headLen:], lr, ok
+	return api, headLen, headLen + cl, lr, ok
 }
 
 // pop takes a pooled connection to addr, nil when none is fit.

@@ -53,6 +53,7 @@ func (lc *laneConn) split(hv []byte) {
 	pd.bufp, pd.buf = p.bufs.getChunk()
 	pd.buf = appendLegStart(pd.buf, &ll.req)
 	n := len(pd.buf)
+	pd.bufp, pd.buf = p.bufs.growChunk(pd.bufp, pd.buf, len(r.body))
 	pd.buf = append(pd.buf, r.body...)
 	pd.start, r.body = pd.buf[:n:n], pd.buf[n:] // the body outlives the loop's buffer
 	lc.pd = pd
@@ -70,7 +71,9 @@ func (lc *laneConn) split(hv []byte) {
 		lc.fallback(fmt.Errorf("%w: %s skipped for up to %v", ErrCircuitOpen, logValue(hp), g.cfg.Breaker.Cooldown))
 		return
 	}
-	body, err := p.seq.PrefillBody(nil, r.api, r.body)
+	scratch, dst := p.bufs.editScratch(len(r.body))
+	defer p.bufs.putScratch(scratch) // legTo copies the body
+	body, err := p.seq.PrefillBody(dst, r.api, r.body)
 	if err != nil {
 		err = fmt.Errorf("%w: %w", ErrBadRequest, err)
 		tk.Done(breakerResult(err))
@@ -194,7 +197,9 @@ func (lc *laneConn) prefillEnded(res prefillResult, err error) {
 		lc.fallback(err)
 		return
 	}
-	body, err := p.seq.DecodeBody(nil, r.api, r.body, res.handoff)
+	scratch, dst := p.bufs.editScratch(len(r.body))
+	defer p.bufs.putScratch(scratch) // decodeLeg copies the body
+	body, err := p.seq.DecodeBody(dst, r.api, r.body, res.handoff)
 	if err != nil {
 		lc.failWith(err)
 		return

@@ -138,7 +138,8 @@ func (p *Proxy) passthroughBody(rc *fasthttp.RequestCtx) ([]byte, error) {
 		return body, nil
 	}
 	api, _ := connectors.APIForPath(string(rc.Path()))
-	return p.cleanBody(api, body, func() *zerolog.Event {
+	body, _, err := p.cleanBody(api, body, func() *zerolog.Event {
 		return p.log.Debug().Str("path", string(rc.Path())).Str("request_id", logValue(string(rc.Request.Header.Peek(HeaderRequestID))))
 	})
+	return body, err
 }

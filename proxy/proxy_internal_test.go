@@ -12,7 +12,6 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	"github.com/tidwall/gjson"
 
 	"github.com/pd-sidecar/pd-sidecar/connectors"
 )
@@ -164,27 +163,4 @@ func TestErrorBody(t *testing.T) {
 	b := errorBody(http.StatusServiceUnavailable, fmt.Errorf("%w: \"quoted\"", ErrDecodeUnavailable))
 	assert.JSONEq(t, `{"error":{"message":"decode engine unavailable: \"quoted\"","type":"ServiceUnavailableError","param":null,"code":503}}`, string(b))
 	assert.Contains(t, string(sseError(502, ErrDecodeFailed)), "data: [DONE]\n\n")
-}
-
-func TestStreamFlags(t *testing.T) {
-	cases := []struct {
-		body          string
-		stream, usage bool
-	}{
-		{`{"model":"m","stream":true}`, true, false},
-		{`{"stream_options":{"include_usage":true},"messages":[{"stream":false}],"stream":true}`, true, true},
-		{`{"messages":[{"role":"user","content":"stream"}],"stream":false,"stream_options":{"include_usage":true}}`, false, true},
-		{`{"stream":true,"stream":false}`, true, false},
-		{`{"stream":"yes"}`, false, false},
-		{`{"nested":{"stream":true}}`, false, false},
-		{`[{"stream":true}]`, false, false},
-		{`not json`, false, false},
-		{``, false, false},
-	}
-	for _, tc := range cases {
-		stream, usage := streamFlags([]byte(tc.body))
-		want := [2]bool{gjson.Get(tc.body, "stream").Bool(), gjson.Get(tc.body, "stream_options.include_usage").Bool()}
-		assert.Equal(t, [2]bool{tc.stream, tc.usage}, [2]bool{stream, usage}, "%s", tc.body)
-		assert.Equal(t, want, [2]bool{stream, usage}, "agrees with gjson.Get: %s", tc.body)
-	}
 }

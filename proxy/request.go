@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/rs/zerolog"
-	"github.com/tidwall/gjson"
 	"github.com/valyala/fasthttp"
 
 	"github.com/pd-sidecar/pd-sidecar/connectors"
@@ -89,7 +88,7 @@ func (p *Proxy) startRequest(id []byte, h *fasthttp.RequestHeader, body []byte, 
 		api: api, local: local, home: local, body: body, mode: metrics.ModeLocal,
 	}
 	r.id = requestID(id)
-	r.stream, r.usage = streamFlags(body)
+	// r.stream and r.usage: read by sanitize, in its pass over the body.
 	r.traceStart(h)
 	return r
 }
@@ -116,23 +115,6 @@ func (r *request) logger() *zerolog.Logger {
 		r.logReady = true
 	}
 	return &r.log
-}
-
-// streamFlags reads the body's top-level "stream" and
-// "stream_options.include_usage" in one pass (the first of a repeated key
-// wins, as with gjson.Get).
-func streamFlags(body []byte) (stream, usage bool) {
-	var seenStream, seenOptions bool
-	gjson.Parse(connectors.Bytes(body)).ForEach(func(k, v gjson.Result) bool {
-		switch {
-		case k.Str == "stream" && !seenStream:
-			stream, seenStream = v.Bool(), true
-		case k.Str == "stream_options" && !seenOptions:
-			usage, seenOptions = v.Get("include_usage").Bool(), true
-		}
-		return !seenStream || !seenOptions
-	})
-	return stream, usage
 }
 
 // finish ends the request's bookkeeping; the last owner calls it.

@@ -32,10 +32,13 @@ type eventReader struct {
 const eventReaderSize = 1 << 10
 
 // streamBufs recycles the per-stream buffers of finished streams: event
-// readers and chunk buffers. A Proxy owns one; the zero value works.
+// readers and chunk buffers; and the buffers of long request bodies and
+// of the legs that carry them (bodypool.go). A Proxy owns one; the zero
+// value works.
 type streamBufs struct {
 	readers sync.Pool // *bufio.Reader of eventReaderSize
 	chunks  sync.Pool // *[]byte
+	bodies  bodyPool
 }
 
 // getChunk returns an empty chunk buffer (4 KiB or more) and its pool
@@ -50,12 +53,55 @@ func (b *streamBufs) getChunk() (*[]byte, []byte) {
 }
 
 // putChunk gives back a chunk buffer taken with getChunk; buf is the buffer
-// as grown since (one grown past maxPooledChunk is dropped).
+// as grown since: one grown past maxPooledChunk by growChunk goes back to
+// its body size class, one grown otherwise is dropped.
 func (b *streamBufs) putChunk(p *[]byte, buf []byte) {
-	if p != nil && cap(buf) <= maxPooledChunk {
+	switch {
+	case p == nil:
+	case cap(buf) <= maxPooledChunk:
 		*p = buf[:0]
 		b.chunks.Put(p)
+	default:
+		*p = buf
+		b.bodies.put(p)
 	}
+}
+
+// editScratch returns a buffer for an edited copy of a body of n bytes
+// that a leg copies at once (legTo): from the body pool for a long body
+// (give it back with putScratch), else none (the edit allocates its own).
+func (b *streamBufs) editScratch(n int) (*[]byte, []byte) {
+	if n <= maxPooledChunk {
+		return nil, nil
+	}
+	p := b.bodies.get(n + editRoom)
+	return p, *p
+}
+
+// editRoom is what a leg's edits add to a body, as a rule (a
+// kv_transfer_params with a long prompt's block ids): a larger edit grows
+// the buffer itself.
+const editRoom = 16 << 10
+
+// putScratch gives back a buffer of editScratch.
+func (b *streamBufs) putScratch(p *[]byte) {
+	if p != nil {
+		b.bodies.put(p)
+	}
+}
+
+// growChunk makes room for n more bytes in buf, a chunk buffer (entry p):
+// a chunk that would grow past maxPooledChunk (a leg carrying a long body)
+// moves to a buffer of the body pool with room for all, its bytes copied
+// once, instead of doubling by append.
+func (b *streamBufs) growChunk(p *[]byte, buf []byte, n int) (*[]byte, []byte) {
+	if cap(buf)-len(buf) >= n || len(buf)+n <= maxPooledChunk {
+		return p, buf
+	}
+	np := b.bodies.get(len(buf) + n)
+	nb := append(*np, buf...)
+	b.putChunk(p, buf)
+	return np, nb
 }
 
 // newEventReader reads events from r through a buffer from bufs (nil: a

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"os"
 	"os/exec"
@@ -32,6 +33,13 @@ func runSuite(args []string) error {
 	fs.DurationVar(&o.Warmup, "warmup", time.Second, "warm-up per target, not measured")
 	fs.Float64Var(&o.Rate, "rate", 500, "open-loop arrivals per second of the latency run (0: skip)")
 	fs.IntVar(&o.Streams, "streams", 2000, "concurrent open streams of the memory run (0: skip)")
+	scenarios := fs.StringSlice("scenarios", []string{"short", "long"}, "scenarios to run: short (128-word prompts: saturation, open loop at --rate, open streams) and long (long prompts, --long-*)")
+	fs.IntSliceVar(&o.Long.Words, "long-words", []int{1000, 8000, 30000, 100000}, "long scenario: prompt lengths in words (engine-sim tokens); 30000 words (~200 KB) is the budget's length")
+	fs.Float64Var(&o.Long.Rate, "long-rate", 25, "long scenario: open-loop arrivals per second (Poisson) per target")
+	fs.DurationVar(&o.Long.Duration, "long-duration", 2*time.Second, "long scenario: time each target is driven per round and length")
+	fs.IntVar(&o.Long.Rounds, "long-rounds", 2, "long scenario: rounds per length (targets interleaved)")
+	fs.DurationVar(&o.Long.Warmup, "long-warmup", 500*time.Millisecond, "long scenario: warm-up per target and length, not measured")
+	fs.IntVar(&o.Long.Distinct, "long-distinct", 8, "long scenario: distinct request bodies per length (cycled)")
 	fs.StringVar(&o.Plot, "plot", "out/bench.png", "PNG of the saturation run (empty: none)")
 	fs.StringVar(&o.JSON, "json", "out/bench.json", "JSON report (empty: none)")
 	if err := fs.Parse(args); err != nil {
@@ -39,6 +47,23 @@ func runSuite(args []string) error {
 			return nil
 		}
 		return err
+	}
+	long := false
+	for _, sc := range *scenarios {
+		switch sc {
+		case "short":
+			o.Short = true
+		case "long":
+			long = true
+		default:
+			return fmt.Errorf("--scenarios: unknown scenario %q (short, long)", sc)
+		}
+	}
+	if !long {
+		o.Long.Words = nil
+	}
+	if err := o.Long.Validate(); err != nil {
+		return fmt.Errorf("--long-*: %w", err)
 	}
 	if *nginx != "off" {
 		if p, err := exec.LookPath(*nginx); err == nil {

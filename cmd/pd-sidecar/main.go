@@ -99,6 +99,12 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return exitUsage
 	}
 	defer closeKV()
+	stopProfile, err := startDebugProfile(os.Getenv(debugProfileEnv), opts.cfg.Port) // debugprofile.go
+	if err != nil {
+		fmt.Fprintf(stderr, "pd-sidecar: %v\n", err)
+		return exitUsage
+	}
+	defer stopProfile()
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	if probe != nil {

@@ -1,0 +1,54 @@
+package connectors
+
+import "github.com/tidwall/gjson"
+
+// BodyTop is what the sidecar reads of a request body's top level, in the
+// pass that validates it (ScanBody): the client connector fields there and
+// the stream flags.
+type BodyTop struct {
+	// Fields are the client connector fields an engine of the API reads
+	// (FindClientFields).
+	Fields ClientFields
+	// Stream and Usage are the top-level "stream" and
+	// "stream_options.include_usage", read as gjson.Get reads them (the
+	// first of a repeated name wins).
+	Stream, Usage bool
+
+	seenStream, seenOptions bool
+}
+
+// ScanBody validates body as ValidObject does and, in the same pass, reads
+// its BodyTop for api: a prompt of any length is read once for both. On
+// /inference/v1/generate, whose engines also read connector fields nested
+// in sampling_params.extra_args, the fields take a second pass
+// (FindClientFields).
+func ScanBody(api API, body []byte) (BodyTop, error) {
+	var top BodyTop
+	if err := validate(body, &top); err != nil {
+		return BodyTop{}, err
+	}
+	if api == APIGenerate {
+		f, err := FindClientFields(api, body)
+		if err != nil {
+			return BodyTop{}, err
+		}
+		top.Fields = f
+	}
+	return top, nil
+}
+
+// member takes one top-level member: its raw (still escaped) name and raw
+// value, both validated.
+func (t *BodyTop) member(name, value []byte) {
+	if i := clientField(name); i >= 0 {
+		t.Fields |= 1 << i
+	}
+	switch {
+	case !t.seenStream && nameIs(name, "stream"):
+		t.seenStream = true
+		t.Stream = gjson.ParseBytes(value).Bool()
+	case !t.seenOptions && nameIs(name, "stream_options"):
+		t.seenOptions = true
+		t.Usage = gjson.GetBytes(value, "include_usage").Bool()
+	}
+}

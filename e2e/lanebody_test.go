@@ -1,0 +1,110 @@
+package e2e
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"github.com/tidwall/gjson"
+
+	"github.com/pd-sidecar/pd-sidecar/e2e/harness"
+)
+
+// longPrompt is a chat body with a prompt of words words (~7 bytes each).
+func longPrompt(words int, extra string) string {
+	var b strings.Builder
+	for i := range words {
+		fmt.Fprintf(&b, "w%d ", i%997)
+	}
+	return `{"model":"sim-model","messages":[{"role":"user","content":` + quote(b.String()) + `}]` + extra + `}`
+}
+
+// TestLaneLongBodies: a request whose body is longer than the loop's one
+// read (a long prompt, sent in one write) is read and served whole on the
+// lane (proxy/lanebody.go), local and P/D, with the answer the engine gives
+// directly and every prompt token reaching it; its buffered bytes are
+// given back after it. A client that leaves mid-body gives its reservation
+// back too; one that stalls mid-body is handed to fasthttp, which reads
+// the rest and answers.
+func TestLaneLongBodies(t *testing.T) {
+	rig := newRig(t, "--read-timeout", "1s")
+	body := longPrompt(30000, `,"max_tokens":4`)
+	require.Greater(t, len(body), 100<<10)
+	_, direct, _ := scPost(t, rig.decode.URL()+"/v1/chat/completions", body, nil)
+	want := gjson.GetBytes(direct, "usage.prompt_tokens").Int()
+	require.Greater(t, want, int64(30000))
+
+	for i, pd := range []bool{false, true} {
+		var hdr map[string]string
+		if pd {
+			hdr = rig.header()
+		}
+		resp, b := exchangeRaw(t, rig.sc.Port, "/v1/chat/completions", body, hdr, true)
+		require.Equal(t, http.StatusOK, resp.StatusCode, "%s", b)
+		assert.Equal(t, want, gjson.GetBytes(b, "usage.prompt_tokens").Int(), "pd %v: every prompt token reached the engine", pd)
+		if !pd {
+			assert.Equal(t, textOf(direct), textOf(b), "the engine's own answer")
+		}
+		assert.Equal(t, float64(i+1), rig.scMetric(t, laneRequests, nil), "pd %v: served on the lane", pd)
+	}
+	assert.Equal(t, 1.0, rig.prefill.Metric(t, "vllm:request_success_total", nil), "the P/D one was prefilled remotely")
+	assert.Zero(t, rig.scMetric(t, "pd_sidecar_buffered_bytes", nil), "given back")
+
+	// A client that leaves mid-body.
+	head := fmt.Sprintf("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n", len(body))
+	conn, err := net.Dial("tcp", harness.HostPort(rig.sc.Port))
+	require.NoError(t, err)
+	_, err = io.WriteString(conn, head+body[:len(body)/2])
+	require.NoError(t, err)
+	harness.Eventually(t, 2*time.Second, "the body reserved", func() bool {
+		return rig.scMetric(t, "pd_sidecar_buffered_bytes", nil) == float64(len(body))
+	})
+	require.NoError(t, conn.Close())
+	harness.Eventually(t, 2*time.Second, "and given back", func() bool {
+		return rig.scMetric(t, "pd_sidecar_buffered_bytes", nil) == 0
+	})
+
+	// A client that stalls mid-body past half of --read-timeout, then sends
+	// the rest: fasthttp reads it and answers.
+	conn, err = net.Dial("tcp", harness.HostPort(rig.sc.Port))
+	require.NoError(t, err)
+	defer conn.Close()
+	_, err = io.WriteString(conn, head+body[:len(body)/2])
+	require.NoError(t, err)
+	time.Sleep(700 * time.Millisecond)
+	_, err = io.WriteString(conn, body[len(body)/2:])
+	require.NoError(t, err)
+	require.NoError(t, conn.SetReadDeadline(time.Now().Add(10*time.Second)))
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	require.NoError(t, err)
+	b, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	require.Equal(t, http.StatusOK, resp.StatusCode, "%s", b)
+	assert.Equal(t, textOf(direct), textOf(b))
+	assert.Equal(t, 2.0, rig.scMetric(t, laneRequests, nil), "fasthttp's")
+	harness.Eventually(t, 2*time.Second, "nothing held", func() bool {
+		return rig.scMetric(t, "pd_sidecar_buffered_bytes", nil) == 0
+	})
+
+	// A client that stalls past --read-timeout in all: 408, as before.
+	conn2, err := net.Dial("tcp", harness.HostPort(rig.sc.Port))
+	require.NoError(t, err)
+	defer conn2.Close()
+	_, err = io.WriteString(conn2, head+body[:len(body)/2])
+	require.NoError(t, err)
+	require.NoError(t, conn2.SetReadDeadline(time.Now().Add(10*time.Second)))
+	resp, err = http.ReadResponse(bufio.NewReader(conn2), nil)
+	require.NoError(t, err)
+	_, _ = io.ReadAll(resp.Body)
+	assert.Equal(t, http.StatusRequestTimeout, resp.StatusCode)
+	harness.Eventually(t, 2*time.Second, "nothing held after it", func() bool {
+		return rig.scMetric(t, "pd_sidecar_buffered_bytes", nil) == 0
+	})
+}

@@ -1,0 +1,102 @@
+package proxy
+
+import (
+	"errors"
+
+	"github.com/pd-sidecar/pd-sidecar/netloop"
+)
+
+// A request whose body does not fit in the loop's one read (a long prompt:
+// the loop reads 16 KiB at a time, and the read came full) is read on the
+// lane too,
+// straight from the socket into one buffer of the whole request's size
+// (bodyPool), and served there as a request read whole is: not handed to
+// fasthttp, which would take a goroutine, read the bytes again through its
+// own buffers and grow its body buffer by doubling. Its body is reserved
+// from --max-buffered-bytes before it is read, as fasthttp's path reserves
+// it (budget.go); a body the budget refuses is handed to fasthttp, which
+// refuses it (503) as it refuses its own. A body not read whole within half
+// of --read-timeout is handed to fasthttp with the bytes read so far, and
+// fasthttp reads the rest under its own --read-timeout (408 past it): a
+// slow or stalled client holds the lane's buffer for a bounded time, and
+// is answered as it always was. A request whose first read did not fill
+// the buffer but lacks its body (the body comes in a later write) is
+// fasthttp's, as before.
+
+// laneBody is a request being read whole on the lane.
+type laneBody struct {
+	bufp *[]byte
+	buf  []byte // the request so far: head and body read
+	want int    // the whole request's length
+	held int64  // reserved from --max-buffered-bytes
+}
+
+// beginBody begins reading the rest of request b, whose head is headLen
+// bytes and which takes want bytes in all.
+func (lc *laneConn) beginBody(b []byte, headLen, want int) {
+	p := lc.ll.ln.p
+	var held int64
+	if n := int64(want - headLen); n > unreservedBody {
+		if !p.guard.buffered.TryReserve(n) {
+			lc.toServer(b) // refused there, as fasthttp refuses its own
+			return
+		}
+		held = n
+	}
+	lb := &laneBody{bufp: p.bufs.bodies.get(want), want: want, held: held}
+	lb.buf = append(*lb.bufp, b...)
+	lc.body, lc.state = lb, laneReading
+	lc.startTimer(p.cfg.Guard.ReadTimeout/2, lc.bodyStalled)
+	lc.readBody()
+}
+
+// readBody reads what the client sent of the body, and serves the request
+// once it is whole.
+func (lc *laneConn) readBody() {
+	lb := lc.body
+	for len(lb.buf) < lb.want {
+		n, err := netloop.Read(lc.fd, lb.buf[len(lb.buf):lb.want])
+		switch {
+		case errors.Is(err, netloop.ErrWouldBlock):
+			return
+		case err != nil || n == 0:
+			lc.close() // the client left mid-body
+			return
+		}
+		lb.buf = lb.buf[:len(lb.buf)+n]
+	}
+	lc.stopTimer()
+	lc.body, lc.state = nil, laneIdle
+	defer lc.dropBody(lb)
+	// The loop's header was another connection's meanwhile: parsed again.
+	api, headLen, want, lr, ok := lc.ll.parseHead(lb.buf)
+	if !ok || want != len(lb.buf) {
+		lc.toServer(lb.buf) // draining since, say
+		return
+	}
+	lc.serve(lb.buf, api, headLen, lr) // the legs take copies of the body
+}
+
+// bodyStalled hands a body not read whole in time to fasthttp.
+func (lc *laneConn) bodyStalled() {
+	lb := lc.body
+	if lc.state != laneReading || lb == nil {
+		return
+	}
+	lc.body = nil
+	lc.toServer(lb.buf) // copies what was read
+	lc.dropBody(lb)
+}
+
+// dropBody gives back a body's reservation and buffer.
+func (lc *laneConn) dropBody(lb *laneBody) {
+	if lb == nil {
+		return
+	}
+	p := lc.ll.ln.p
+	p.guard.buffered.Release(lb.held)
+	lb.held = 0
+	*lb.bufp = lb.buf
+	p.bufs.bodies.put(lb.bufp)
+	lb.bufp = nil
+}
