@@ -48,7 +48,7 @@ func (o LongOptions) Validate() error {
 	return nil
 }
 
-// budgetWords is the prompt length issue 20's budget is stated for:
+// budgetWords is the prompt length the long-prompt budget is stated for:
 // 30,000 words, a ~200 KB chat body.
 const budgetWords = 30000
 
@@ -171,7 +171,7 @@ func findLongCost(cs []longCost, name string) (longCost, bool) {
 	return longCost{}, false
 }
 
-// longBudget is issue 20's budget for one length's run: each line's
+// longBudget is the long-prompt budget for one length's run: each line's
 // figures and whether it is met.
 type longBudget struct {
 	line string
