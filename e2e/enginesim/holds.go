@@ -73,10 +73,11 @@ func (s *holdStore) stats() (int, float64) {
 }
 
 func (s *holdStore) notify() {
+	// Under the lock: two changes reporting out of order (a hold added and,
+	// with a zero lease, expired at once) would leave the gauge stale.
 	s.mu.Lock()
-	held, usage := s.stats()
-	s.mu.Unlock()
-	s.changed(held, usage)
+	defer s.mu.Unlock()
+	s.changed(s.stats())
 }
 
 // useActive adds n blocks in use by a running request (n < 0 returns them).
