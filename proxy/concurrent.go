@@ -85,9 +85,36 @@ func (r *request) serveConcurrent(cc connectors.Concurrent) {
 	r.mode = metrics.ModeDisaggregated
 	r.logAt(zerolog.DebugLevel).Uint64("bootstrap_room", pr.Room).Str("transfer_id", pr.TransferID).Msg("concurrent prefill and decode legs")
 
-	parent := r.ctx
-	dctx, cancelDecode := context.WithCancelCause(parent)
-	pctx, cancelPrefill := context.WithTimeoutCause(parent, p.cfg.PrefillTimeout, ErrPrefillTimeout)
+	pl := r.startPrefillLeg(pre, report)
+	r.onOutput = pl.leg.commit
+	err = r.forward(dec, true)
+	r.endPairedLegs(pl, err, func() {
+		if bs, ok := cc.(connectors.Bootstrapper); ok {
+			p.boot.forget(bs.BootstrapAddr(host))
+		}
+	})
+}
+
+// pairedLegs is a concurrent split in flight: the prefill leg running in
+// the background, and the context the decode leg runs under, which the
+// prefill leg cancels when it fails first.
+type pairedLegs struct {
+	leg           *prefillLeg
+	parent, dctx  context.Context
+	cancelDecode  context.CancelCauseFunc
+	cancelPrefill context.CancelFunc
+}
+
+// startPrefillLeg sends the prefill leg carrying pre in the background,
+// bounded by --prefill-timeout, its outcome told to report, and points r
+// at the decode leg's context (r.ctx = dctx) with an empty handoff (the
+// decode leg carries remote KV). endPairedLegs undoes it.
+func (r *request) startPrefillLeg(pre []byte, report func(error)) *pairedLegs {
+	p := r.p
+	pl := &pairedLegs{parent: r.ctx}
+	pl.dctx, pl.cancelDecode = context.WithCancelCause(pl.parent)
+	pctx, cancelPrefill := context.WithTimeoutCause(pl.parent, p.cfg.PrefillTimeout, ErrPrefillTimeout)
+	pl.cancelPrefill = cancelPrefill
 	// The prefill span is opened here, so the leg's traceparent names it, and
 	// ended by the leg (spans are safe to end from another goroutine).
 	sctx, span := r.child(SpanPrefill, trace.SpanKindClient)
@@ -95,34 +122,41 @@ func (r *request) serveConcurrent(cc connectors.Concurrent) {
 		span.SetAttributes(AttrPrefiller.String(r.label))
 		r.obs.leg = sctx
 	}
-	leg := &prefillLeg{
-		p: p, log: *r.logger(), label: r.label, addr: r.prefiller, parent: parent,
-		cancelDecode: cancelDecode, report: report, span: span,
+	pl.leg = &prefillLeg{
+		p: p, log: *r.logger(), label: r.label, addr: r.prefiller, parent: pl.parent,
+		cancelDecode: pl.cancelDecode, report: report, span: span,
 	}
-	go leg.run(pctx, cancelPrefill, r.upstream(r.prefiller, pre))
-
+	go pl.leg.run(pctx, cancelPrefill, r.upstream(r.prefiller, pre))
 	r.handoff = &connectors.Handoff{}
-	r.ctx = dctx
-	r.onOutput = leg.commit
-	err = r.forward(dec, true)
+	r.ctx = pl.dctx
+	return pl
+}
+
+// endPairedLegs ends a concurrent split whose decode leg returned err: on
+// success nothing more; when the prefill leg failed first (and cancelled
+// the decode), the prefill's failure decides; else the prefill leg is
+// cancelled and a KV load failure (after kvLoadFailed, which may forget
+// what led to it) degrades to a local prefill, any other error is
+// answered.
+func (r *request) endPairedLegs(pl *pairedLegs, err error, kvLoadFailed func()) {
 	r.onOutput = nil
-	r.ctx = parent
-	leg.commit()
+	r.ctx = pl.parent
+	pl.leg.commit()
 	if err == nil {
 		return
 	}
-	if cause := context.Cause(dctx); parent.Err() == nil && dctx.Err() != nil {
+	if cause := context.Cause(pl.dctx); pl.parent.Err() == nil && pl.dctx.Err() != nil {
 		// The prefill leg failed first and cancelled the decode leg.
 		r.handoff = nil
 		r.prefillFailed(cause)
 		return
 	}
-	leg.abandon()
-	cancelPrefill()
+	pl.leg.abandon()
+	pl.cancelPrefill()
 	if errors.Is(err, ErrKVLoadFailed) {
 		r.handoff = nil
-		if bs, ok := cc.(connectors.Bootstrapper); ok {
-			p.boot.forget(bs.BootstrapAddr(host))
+		if kvLoadFailed != nil {
+			kvLoadFailed()
 		}
 		r.fallback(err)
 		return

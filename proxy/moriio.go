@@ -10,9 +10,7 @@ import (
 	"time"
 
 	"github.com/rs/zerolog"
-	"go.opentelemetry.io/otel/trace"
 
-	"github.com/pd-sidecar/pd-sidecar/connectors"
 	"github.com/pd-sidecar/pd-sidecar/connectors/moriio"
 	"github.com/pd-sidecar/pd-sidecar/metrics"
 )
@@ -180,19 +178,8 @@ func (r *request) serveMoriParallel() {
 	r.mode = metrics.ModeDisaggregated
 	r.logAt(zerolog.DebugLevel).Int("dp_rank", l.Rank).Str("transfer_id", l.TransferID).Msg("MoRI-IO parallel dispatch")
 
-	parent := r.ctx
-	dctx, cancelDecode := context.WithCancelCause(parent)
-	pctx, cancelPrefill := context.WithTimeoutCause(parent, p.cfg.PrefillTimeout, ErrPrefillTimeout)
-	sctx, span := r.child(SpanPrefill, trace.SpanKindClient)
-	if span != nil {
-		span.SetAttributes(AttrPrefiller.String(r.label))
-		r.obs.leg = sctx
-	}
-	leg := &prefillLeg{
-		p: p, log: *r.logger(), label: r.label, addr: r.prefiller, parent: parent,
-		cancelDecode: cancelDecode, report: report, span: span,
-	}
-	go leg.run(pctx, cancelPrefill, r.upstream(r.prefiller, pre))
+	pl := r.startPrefillLeg(pre, report)
+	leg, parent := pl.leg, pl.parent
 
 	// The KV-wait backstop: no prefill outcome and no decode output in
 	// time cancels both legs.
@@ -207,14 +194,12 @@ func (r *request) serveMoriParallel() {
 		defer leg.mu.Unlock()
 		if !leg.committed {
 			leg.abandon()
-			cancelDecode(fmt.Errorf("%w (%v)", ErrKVWaitTimeout, s.cfg.WaitTimeout))
-			cancelPrefill()
+			pl.cancelDecode(fmt.Errorf("%w (%v)", ErrKVWaitTimeout, s.cfg.WaitTimeout))
+			pl.cancelPrefill()
 		}
 	})
 	defer backstop.Stop()
 
-	r.handoff = &connectors.Handoff{}
-	r.ctx = dctx
 	r.onOutput = func() {
 		// The decode has its KV: it is never cancelled from here on, and
 		// its output waits for the prefill leg's answer (bounded).
@@ -229,25 +214,7 @@ func (r *request) serveMoriParallel() {
 		}
 	}
 	err = r.forward(dec, true)
-	r.onOutput = nil
-	r.ctx = parent
-	leg.commit()
-	if err == nil {
-		return
-	}
-	if cause := context.Cause(dctx); parent.Err() == nil && dctx.Err() != nil {
-		// The prefill leg failed (or the KV wait ran out) first and
-		// cancelled the decode leg.
-		r.handoff = nil
-		r.prefillFailed(cause)
-		return
-	}
-	leg.abandon()
-	cancelPrefill()
-	if errors.Is(err, ErrKVLoadFailed) {
-		r.handoff = nil
-		r.fallback(err)
-		return
-	}
-	r.fail(err)
+	// A prefill leg that failed, or a KV wait that ran out, first
+	// cancelled the decode leg: its cause decides.
+	r.endPairedLegs(pl, err, nil)
 }
