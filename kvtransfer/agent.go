@@ -46,7 +46,9 @@ type AgentConfig struct {
 	// hold ends; the engine may reuse the blocks from then on. May be nil.
 	OnRelease func(h HoldInfo, reason string)
 	// OnHeld is called, outside the lock, with the number of blocks held
-	// after every change (the held-blocks gauge). May be nil.
+	// after every change (the held-blocks gauge); calls never overlap, and
+	// the last one carries the count as it is now, whatever order
+	// concurrent changes reach it in. May be nil.
 	OnHeld func(blocks int)
 }
 
@@ -77,6 +79,7 @@ type hold struct {
 // is safe for concurrent use.
 type Agent struct {
 	cfg     AgentConfig
+	onHeld  sync.Mutex // serialises OnHeld calls (notify)
 	mu      sync.Mutex
 	regions []*Region
 	holds   map[string]*hold
@@ -144,9 +147,8 @@ func (a *Agent) Hold(h Hold) (Source, error) {
 	x.timer = time.AfterFunc(x.Lease, func() { a.end(h.RequestID, x, ReasonExpired) })
 	a.holds[h.RequestID] = x
 	a.held += len(h.BlockIDs)
-	held := a.held
 	a.mu.Unlock()
-	a.notify(held)
+	a.notify()
 	return Source{
 		EngineID: a.cfg.EngineID, RequestID: h.RequestID, BlockIDs: slices.Clone(h.BlockIDs),
 		BlockBytes: h.Region.BlockBytes(), NumTokens: h.NumTokens, Checksums: slices.Clone(h.Checksums),
@@ -282,18 +284,24 @@ func (a *Agent) finish(id string, h *hold, reason string) {
 	}
 	delete(a.holds, id)
 	a.held -= len(h.BlockIDs)
-	held := a.held
 	a.mu.Unlock()
-	a.notify(held)
+	a.notify()
 	if a.cfg.OnRelease != nil {
 		a.cfg.OnRelease(HoldInfo{RequestID: id, Region: h.Region, BlockIDs: h.BlockIDs}, reason)
 	}
 }
 
-func (a *Agent) notify(held int) {
-	if a.cfg.OnHeld != nil {
-		a.cfg.OnHeld(held)
+// notify tells OnHeld the count held now. The count is read inside the
+// serialised call, not passed from the change: a hold added and, with a
+// zero lease, expired at once could otherwise report 0 then the stale
+// count, leaving the gauge wrong.
+func (a *Agent) notify() {
+	if a.cfg.OnHeld == nil {
+		return
 	}
+	a.onHeld.Lock()
+	defer a.onHeld.Unlock()
+	a.cfg.OnHeld(a.HeldBlocks())
 }
 
 // Close ends every hold (reason released), e.g. at engine shutdown.
