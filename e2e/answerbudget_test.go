@@ -42,7 +42,7 @@ var budgetFlags = []string{"--max-buffered-bytes", itoa(answerBudget), "--max-re
 	"--prefill-max-retries", "0", "--circuit-breaker-failures", "0", "--log-level", "info"}
 
 // sendOn writes a request on a new connection: whole in one write (the
-// lane's) or its body in a second write (fasthttp's path).
+// lane's) or its head in two writes (fasthttp's path).
 func sendOn(t *testing.T, port int, path, body string, headers map[string]string, whole bool) (net.Conn, *bufio.Reader) {
 	t.Helper()
 	c := postRaw(t, port, path, body, headers, whole)

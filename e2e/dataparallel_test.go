@@ -55,7 +55,7 @@ func lastCarries(t *testing.T, e *harness.Engine) bool {
 // An inference request whose x-data-parallel-host-port names rank 1 is
 // decoded by rank 1's engine though it arrived on rank 0's port, with and
 // without a prefiller, on the lane (one write) and on fasthttp's path
-// (the body in a second write); no leg carries the header.
+// (the head in two writes); no leg carries the header.
 func TestDataParallelHeaderPicksRank(t *testing.T) {
 	g := newDPRig(t)
 	rank1 := harness.HostPort(g.sc.Port + 1)

@@ -23,7 +23,7 @@ import (
 // trailers, bare-LF lines, repeated request ids, header names that are not
 // tokens, heads that cannot be parsed. Each case runs on the lane (the
 // request whole in one write), on the lane's hand-over to fasthttp (the
-// body in a second write) and on fasthttp alone (--stream-loops=0), and
+// head in two writes) and on fasthttp alone (--stream-loops=0), and
 // checks what the client received, byte-wise, whether the connection went
 // on, and what the engines received.
 
@@ -47,7 +47,7 @@ func newFramingRig(t *testing.T) *framingRig {
 type framingPath struct {
 	name  string
 	plain bool // the sidecar without the lane
-	split bool // the body in a second write
+	split bool // the head in two writes (fasthttp's)
 }
 
 func framingPaths() []framingPath {
@@ -133,12 +133,14 @@ func (c *rawClient) closed() {
 }
 
 // request is a request with a Content-Length body and extra header lines,
-// as parts: whole, or the head and the body.
+// as parts: whole, or the request line and the rest (a head in two
+// writes: fasthttp's).
 func request(method, target, body string, split bool, headers ...string) []string {
 	head := fmt.Sprintf("%s %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n%s\r\n",
 		method, target, len(body), strings.Join(headers, ""))
 	if split {
-		return []string{head, body}
+		line := strings.Index(head, "\r\n") + 2
+		return []string{head[:line], head[line:] + body}
 	}
 	return []string{head + body}
 }

@@ -23,7 +23,7 @@ import (
 // path used to write its untouched response, an empty 200, a cancelled
 // request reported as success. A client that resets is gone as well. On
 // the lane (the request whole in one write) and on fasthttp's path (the
-// body in a second write).
+// head in two writes).
 func TestClientLeftIsNeverAnswered(t *testing.T) {
 	decode := harness.StartEngineSim(t, "decode", "--prefill-us-per-token", "5000") // ~200 ms for the prompt
 	sc := harness.StartSidecar(t, decode.Port)

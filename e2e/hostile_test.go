@@ -172,7 +172,7 @@ var hostileFlags = []string{"--prefill-timeout", "1s", "--prefill-max-retries", 
 	"--circuit-breaker-failures", "0"}
 
 // exchangeOn sends a request on conn (whole in one write: the lane's; or
-// its body in a second write: fasthttp's) and reads its answer whole,
+// its head in two writes: fasthttp's) and reads its answer whole,
 // requiring it well-framed within 5 s.
 func exchangeOn(t *testing.T, conn net.Conn, br *bufio.Reader, path, body string, headers map[string]string, whole bool) (*http.Response, []byte) {
 	t.Helper()
@@ -364,7 +364,7 @@ func TestHostileBootstrap(t *testing.T) {
 
 // TestLaneSplitMalformedAnswersAsTheServer is TestLaneSplitAnswersAsTheServer
 // for a prefiller's malformed answers: sent whole (the lane's) or with its
-// body in a second write (fasthttp's), a request gets the same answer and
+// head in two writes (fasthttp's), a request gets the same answer and
 // the sidecar counts the same.
 func TestLaneSplitMalformedAnswersAsTheServer(t *testing.T) {
 	completion := completionBody(`,"max_tokens":6`)

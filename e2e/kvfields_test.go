@@ -21,8 +21,8 @@ import (
 // engine would connect to for KV) never reach an engine: a trap listener
 // at the address a body names counts the connections it gets, and
 // engine-sim's journal shows the body it received. Each case runs on the
-// lane (the request whole in one write) and on fasthttp's path (the body
-// in a second write).
+// lane (the request whole in one write) and on fasthttp's path (the head
+// in two writes).
 
 // trap is a TCP listener that counts the connections it accepts.
 type trap struct {

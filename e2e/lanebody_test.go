@@ -30,9 +30,10 @@ func longPrompt(words int, extra string) string {
 // read (a long prompt, sent in one write) is read and served whole on the
 // lane (proxy/lanebody.go), local and P/D, with the answer the engine gives
 // directly and every prompt token reaching it; its buffered bytes are
-// given back after it. A client that leaves mid-body gives its reservation
-// back too; one that stalls mid-body is handed to fasthttp, which reads
-// the rest and answers.
+// given back after it. So is a short body the client writes after its head
+// (as Go's HTTP client writes a body past its 4 KiB buffer). A client that
+// leaves mid-body gives its reservation back too; one that stalls mid-body
+// is handed to fasthttp, which reads the rest and answers.
 func TestLaneLongBodies(t *testing.T) {
 	rig := newRig(t, "--read-timeout", "1s")
 	body := longPrompt(30000, `,"max_tokens":4`)
@@ -55,6 +56,42 @@ func TestLaneLongBodies(t *testing.T) {
 		assert.Equal(t, float64(i+1), rig.scMetric(t, laneRequests, nil), "pd %v: served on the lane", pd)
 	}
 	assert.Equal(t, 1.0, rig.prefill.Metric(t, "vllm:request_success_total", nil), "the P/D one was prefilled remotely")
+	assert.Zero(t, rig.scMetric(t, "pd_sidecar_buffered_bytes", nil), "given back")
+
+	// A short body written after its head, local and P/D.
+	short := longPrompt(300, `,"max_tokens":4`)
+	_, directShort, _ := scPost(t, rig.decode.URL()+"/v1/chat/completions", short, nil)
+	for i, pd := range []bool{false, true} {
+		var hdr map[string]string
+		if pd {
+			hdr = rig.header()
+		}
+		var head strings.Builder
+		fmt.Fprintf(&head, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n", len(short))
+		for k, v := range hdr {
+			fmt.Fprintf(&head, "%s: %s\r\n", k, v)
+		}
+		head.WriteString("\r\n")
+		conn, err := net.Dial("tcp", harness.HostPort(rig.sc.Port))
+		require.NoError(t, err)
+		_, err = io.WriteString(conn, head.String())
+		require.NoError(t, err)
+		time.Sleep(50 * time.Millisecond) // the loop reads the head alone
+		_, err = io.WriteString(conn, short)
+		require.NoError(t, err)
+		require.NoError(t, conn.SetReadDeadline(time.Now().Add(10*time.Second)))
+		resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+		require.NoError(t, err)
+		b, err := io.ReadAll(resp.Body)
+		require.NoError(t, err)
+		require.NoError(t, conn.Close())
+		require.Equal(t, http.StatusOK, resp.StatusCode, "%s", b)
+		if !pd {
+			assert.Equal(t, textOf(directShort), textOf(b), "the engine's own answer")
+		}
+		assert.Equal(t, float64(3+i), rig.scMetric(t, laneRequests, nil), "pd %v: served on the lane", pd)
+	}
+	assert.Equal(t, 2.0, rig.prefill.Metric(t, "vllm:request_success_total", nil), "the P/D one was prefilled remotely")
 	assert.Zero(t, rig.scMetric(t, "pd_sidecar_buffered_bytes", nil), "given back")
 
 	// A client that leaves mid-body.
@@ -88,7 +125,7 @@ func TestLaneLongBodies(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, http.StatusOK, resp.StatusCode, "%s", b)
 	assert.Equal(t, textOf(direct), textOf(b))
-	assert.Equal(t, 2.0, rig.scMetric(t, laneRequests, nil), "fasthttp's")
+	assert.Equal(t, 4.0, rig.scMetric(t, laneRequests, nil), "fasthttp's")
 	harness.Eventually(t, 2*time.Second, "nothing held", func() bool {
 		return rig.scMetric(t, "pd_sidecar_buffered_bytes", nil) == 0
 	})

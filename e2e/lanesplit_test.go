@@ -21,7 +21,7 @@ import (
 // The lane serves a P/D request (proxy/lanepd.go) as the fasthttp path
 // does (proxy/pd.go): TestLaneSplitAnswersAsTheServer runs every outcome
 // of a split twice, on rigs of their own: once sent whole (the lane's),
-// once with its body in a second write (fasthttp's), and requires the same
+// once with its head in two writes (fasthttp's), and requires the same
 // answer and the same counts, on the sidecar and on both engines.
 
 // splitCountered are the sidecar's families whose every series must read
@@ -189,7 +189,7 @@ func TestLaneSplitAnswersAsTheServer(t *testing.T) {
 }
 
 // sendRaw sends a request on a connection of its own: whole in one write
-// (the lane's), or its body in a second write (fasthttp's); and reads the
+// (the lane's), or its head in two writes (fasthttp's); and reads the
 // answer, or hangs up after leave.
 func sendRaw(t *testing.T, port int, path, body string, headers map[string]string, whole bool, leave time.Duration) splitOutcome {
 	t.Helper()

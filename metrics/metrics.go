@@ -90,7 +90,7 @@ type Metrics struct {
 	LoopHandoffs prometheus.Counter
 	// LoopRequests counts inference requests served on the event loops
 	// from their first byte to their last (the lane: local and P/D
-	// requests read whole in one read).
+	// requests whose head came whole in the first read).
 	LoopRequests prometheus.Counter
 	// Prefillers bounds the prefiller label.
 	Prefillers *Bounded
@@ -185,7 +185,7 @@ func New(reg prometheus.Registerer, maxPrefillers int) *Metrics {
 		}),
 		LoopRequests: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "pd_sidecar_loop_requests_total",
-			Help: "Inference requests served on the event loops from first byte to last (local and P/D requests read whole in one read).",
+			Help: "Inference requests served on the event loops from first byte to last (local and P/D requests whose head came whole in the first read).",
 		}),
 		Prefillers: NewBounded(maxPrefillers),
 		Guards:     NewGuards(reg),

@@ -23,7 +23,8 @@ import (
 )
 
 // The lane serves the common request on the event loops from its first
-// byte to its last: an inference request read whole in one read, with no
+// byte to its last: an inference request whose head came whole in the
+// loop's first read (its body read on the loop as it comes: lanebody.go), with no
 // prefiller named (a local prefill and decode) or one (the sequential P/D
 // split, lanepd.go). Such a request then has no goroutine of its own and
 // is handed between none: the loop that saw the client's bytes writes the
@@ -32,7 +33,7 @@ import (
 // fasthttp is relayed). Between requests the client connection waits on
 // the loop too, holding nothing but its handler.
 //
-// Every other request (a body that came in more than one read, a request
+// Every other request (a head split across reads, a request
 // the guards refuse, GET /v1/models, /metrics, TLS, a connector whose split
 // is not sequential, the sidecar's own KV pull...) is given to fasthttp
 // with the bytes the lane read (clientConn.replay), and comes back to the
@@ -315,10 +316,8 @@ func (lc *laneConn) readRequest(ev netloop.Events) {
 	switch {
 	case !ok:
 		lc.toServer(b)
-	case want > len(b) && n < len(in):
-		lc.toServer(b) // the body comes in a later write: fasthttp's
 	case want > len(b):
-		lc.beginBody(b, headLen, want) // a long body: lanebody.go
+		lc.beginBody(b, headLen, want) // the rest of the body is still to come: lanebody.go
 	default:
 		lc.serve(b, api, headLen, lr)
 	}

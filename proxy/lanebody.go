@@ -6,22 +6,22 @@ import (
 	"github.com/pd-sidecar/pd-sidecar/netloop"
 )
 
-// A request whose body does not fit in the loop's one read (a long prompt:
-// the loop reads 16 KiB at a time, and the read came full) is read on the
-// lane too,
-// straight from the socket into one buffer of the whole request's size
-// (bodyPool), and served there as a request read whole is: not handed to
-// fasthttp, which would take a goroutine, read the bytes again through its
-// own buffers and grow its body buffer by doubling. Its body is reserved
-// from --max-buffered-bytes before it is read, as fasthttp's path reserves
-// it (budget.go); a body the budget refuses is handed to fasthttp, which
+// A request whose body is not whole in the loop's first read — a long
+// prompt (the loop reads 16 KiB at a time), or a body the client wrote
+// after its head (Go's HTTP client writes through a 4 KiB buffer, a proxy
+// may send head and body apart) — is read on the lane too, straight from
+// the socket into one buffer of the whole request's size (bodyPool), and
+// served there as a request read whole is: not handed to fasthttp, which
+// would take a goroutine, read the bytes again through its own buffers and
+// grow its body buffer by doubling. Its body is reserved from
+// --max-buffered-bytes before it is read, as fasthttp's path reserves it
+// (budget.go); a body the budget refuses is handed to fasthttp, which
 // refuses it (503) as it refuses its own. A body not read whole within half
 // of --read-timeout is handed to fasthttp with the bytes read so far, and
 // fasthttp reads the rest under its own --read-timeout (408 past it): a
 // slow or stalled client holds the lane's buffer for a bounded time, and
-// is answered as it always was. A request whose first read did not fill
-// the buffer but lacks its body (the body comes in a later write) is
-// fasthttp's, as before.
+// is answered as it always was. A head that is not whole in the first read
+// is fasthttp's.
 
 // laneBody is a request being read whole on the lane.
 type laneBody struct {

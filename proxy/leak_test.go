@@ -94,7 +94,7 @@ func TestNoGoroutineLeakAfterLoad(t *testing.T) {
 		ccancel()
 	}
 	// Streams on an event loop: local and P/D ones served by the lane from
-	// their start, and P/D ones whose body came in a second write handed
+	// their start, and P/D ones whose head came in two writes handed
 	// over by fasthttp after streaming 50 ms; one of each read to its end,
 	// one of each whose client leaves, and a local one still streaming at
 	// shutdown (the drain finishes it).
@@ -103,11 +103,11 @@ func TestNoGoroutineLeakAfterLoad(t *testing.T) {
 		if handOver {
 			conn, err := net.Dial("tcp", "127.0.0.1:"+strconv.Itoa(cfg.Port))
 			require.NoError(t, err)
-			_, err = io.WriteString(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"+
-				proxy.HeaderPrefiller+": 127.0.0.1:"+strconv.Itoa(prefill)+"\r\nContent-Length: "+strconv.Itoa(len(body))+"\r\n\r\n")
+			_, err = io.WriteString(conn, "POST /v1/chat/completions HTTP/1.1\r\n")
 			require.NoError(t, err)
 			time.Sleep(10 * time.Millisecond)
-			_, err = io.WriteString(conn, body)
+			_, err = io.WriteString(conn, "Host: x\r\nContent-Type: application/json\r\n"+
+				proxy.HeaderPrefiller+": 127.0.0.1:"+strconv.Itoa(prefill)+"\r\nContent-Length: "+strconv.Itoa(len(body))+"\r\n\r\n"+body)
 			require.NoError(t, err)
 			resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
 			require.NoError(t, err)
@@ -142,7 +142,7 @@ func TestNoGoroutineLeakAfterLoad(t *testing.T) {
 		body.Close()
 		onLoop(0)
 	}
-	require.Equal(t, 2.0, testutil.ToFloat64(m.LoopHandoffs), "the P/D streams sent in two writes were handed over, none other")
+	require.Equal(t, 2.0, testutil.ToFloat64(m.LoopHandoffs), "the P/D streams whose head came in two writes were handed over, none other")
 	require.Eventually(t, func() bool { return testutil.ToFloat64(m.LoopRequests) >= lane+4 }, 5*time.Second, time.Millisecond,
 		"the local and P/D streams sent whole were the lane's")
 	body := longStream(400, false, false)
