@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"unicode/utf8"
@@ -83,13 +84,25 @@ func FuzzValidObject(f *testing.F) {
 	})
 }
 
+// BenchmarkValidObject: a ~128 KiB chat body whose prompt has an escape
+// every 48 bytes, and one of plain words (pd-bench's long prompts).
 func BenchmarkValidObject(b *testing.B) {
-	p := strings.Repeat("The quick brown fox jumps over the lazy dog. \\n ", 2800) // ~128 KiB
-	body := []byte(`{"model":"m","messages":[{"role":"user","content":"` + p + `"}],"max_tokens":16,"stream":true}`)
-	b.SetBytes(int64(len(body)))
-	for b.Loop() {
-		if err := connectors.ValidObject(body); err != nil {
-			b.Fatal(err)
-		}
+	var words strings.Builder
+	for i := range 18000 {
+		fmt.Fprintf(&words, "w%d ", i%997)
+	}
+	for _, bc := range []struct{ name, prompt string }{
+		{"escapes", strings.Repeat("The quick brown fox jumps over the lazy dog. \\n ", 2800)},
+		{"words", words.String()},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			body := []byte(`{"model":"m","messages":[{"role":"user","content":"` + bc.prompt + `"}],"max_tokens":16,"stream":true}`)
+			b.SetBytes(int64(len(body)))
+			for b.Loop() {
+				if err := connectors.ValidObject(body); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
 	}
 }
