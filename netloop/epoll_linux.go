@@ -356,3 +356,28 @@ func Write(fd int, p []byte) (int, error) {
 	}
 	return total, nil
 }
+
+// Write2 writes a then b to fd without blocking, as Write does, in one
+// system call where the socket takes both (writev): a message's head and a
+// body kept in a buffer of its own go out together, the body not copied
+// behind the head. It returns how much of a and of b was written.
+func Write2(fd int, a, b []byte) (na, nb int, err error) {
+	for na < len(a) || nb < len(b) {
+		n, err := rawWritev(fd, a[na:], b[nb:])
+		if n > 0 {
+			da := min(n, len(a)-na)
+			na += da
+			nb += n - da
+		}
+		switch {
+		case err == nil:
+			continue
+		case errors.Is(err, unix.EINTR):
+			continue
+		case errors.Is(err, unix.EAGAIN):
+			return na, nb, ErrWouldBlock
+		}
+		return na, nb, err
+	}
+	return na, nb, nil
+}

@@ -3,6 +3,7 @@
 package netloop
 
 import (
+	"bytes"
 	"errors"
 	"net"
 	"testing"
@@ -147,6 +148,58 @@ func TestWriteWouldBlock(t *testing.T) {
 	assert.ErrorIs(t, err, ErrWouldBlock)
 	assert.Positive(t, n)
 	assert.Less(t, n, len(big))
+}
+
+// TestWrite2: a head and a body too large for the socket's buffers go out
+// in order and whole, across writes that would block, each reporting how
+// much of each was taken; with the peer reading, every byte arrives once.
+func TestWrite2(t *testing.T) {
+	a, b := pair(t)
+	fd, _ := FD(b)
+	head := []byte("HEAD\r\n\r\n")
+	body := make([]byte, 16<<20)
+	for i := range body {
+		body[i] = byte(i % 251)
+	}
+	got := make(chan []byte, 1)
+	go func() {
+		buf := make([]byte, 0, len(head)+len(body))
+		tmp := make([]byte, 1<<20)
+		for len(buf) < cap(buf) {
+			n, err := a.Read(tmp)
+			buf = append(buf, tmp[:n]...)
+			if err != nil {
+				break
+			}
+		}
+		got <- buf
+	}()
+	var na, nb, blocked int
+	for na < len(head) || nb < len(body) {
+		da, db, err := Write2(fd, head[na:], body[nb:])
+		if db > 0 {
+			require.Equal(t, len(head), na+da, "the body only after the whole head")
+		}
+		na, nb = na+da, nb+db
+		if errors.Is(err, ErrWouldBlock) {
+			blocked++
+			time.Sleep(time.Millisecond)
+			continue
+		}
+		require.NoError(t, err)
+	}
+	assert.Positive(t, blocked, "the socket's buffers filled at least once")
+	select {
+	case buf := <-got:
+		require.Equal(t, len(head)+len(body), len(buf))
+		assert.Equal(t, head, buf[:len(head)])
+		assert.True(t, bytes.Equal(body, buf[len(head):]), "the body, byte for byte")
+	case <-time.After(10 * time.Second):
+		t.Fatal("the peer did not receive it all")
+	}
+	da, db, err := Write2(fd, nil, nil)
+	assert.Zero(t, da+db)
+	assert.NoError(t, err, "nothing to write")
 }
 
 func TestFDPlainSocketsOnly(t *testing.T) {

@@ -43,3 +43,6 @@ func Read(int, []byte) (int, error) { return 0, ErrUnsupported }
 
 // Write returns ErrUnsupported.
 func Write(int, []byte) (int, error) { return 0, ErrUnsupported }
+
+// Write2 returns ErrUnsupported.
+func Write2(int, []byte, []byte) (int, int, error) { return 0, 0, ErrUnsupported }

@@ -63,3 +63,24 @@ func rawEpollCtl(epfd, op, fd int, ev *unix.EpollEvent) error {
 	}
 	return nil
 }
+
+// rawWritev is writev(2) of a and b (either may be empty) on fd.
+func rawWritev(fd int, a, b []byte) (int, error) {
+	var iov [2]unix.Iovec
+	n := 0
+	for _, p := range [2][]byte{a, b} {
+		if len(p) > 0 {
+			iov[n].Base = &p[0]
+			iov[n].SetLen(len(p))
+			n++
+		}
+	}
+	if n == 0 {
+		return 0, nil
+	}
+	w, _, e := unix.RawSyscall(unix.SYS_WRITEV, uintptr(fd), uintptr(unsafe.Pointer(&iov[0])), uintptr(n))
+	if e != 0 {
+		return 0, errnoErr(e)
+	}
+	return int(w), nil
+}

@@ -207,9 +207,12 @@ type laneConn struct {
 	prefill   bool             // the current leg is the prefill
 	up        *upConn
 	dials     uint64 // dials begun, so that a late one is told from the current
-	sent      []byte // the leg as sent upstream, kept for a retry until the head arrives
+	sent      []byte // the leg as sent upstream (its head, and its body when short), kept for a retry until the answer's head arrives
 	sentp     *[]byte
-	unsent    []byte // what the upstream has not taken of it yet
+	sentBody  []byte  // a long leg body, sent after sent from where it lies (legTo), kept as sent is
+	sentBodyp *[]byte // the body pool's buffer holding sentBody, given back with sent (nil: none of its own)
+	unsent    []byte  // what the upstream has not taken of sent yet
+	unsentBdy []byte  // and of sentBody
 	retried   bool
 	head      []byte      // an answer head that came in more than one read
 	interim   int         // interim 100 Continue answers skipped on the leg
@@ -219,6 +222,7 @@ type laneConn struct {
 	streamed  bool       // the answer is a stream (counted in LoopStreams)
 	raw       *rawAnswer // a non-streamed answer being read
 	body      *laneBody  // a request's body being read (laneReading)
+	reqBody   *laneBody  // the body of the request being served, read on the lane: its legs send from it (lanebody.go)
 }
 
 // Ready implements netloop.Handler.
@@ -277,6 +281,9 @@ func (lc *laneConn) close() {
 	_ = lc.ll.loop.Remove(lc.fd)
 	_ = lc.cc.TCPConn.Close()
 	lc.ll.ln.forget(lc)
+	if lc.r == nil { // else the request's finish gives it back
+		lc.dropReqBody()
+	}
 	if lc.body != nil {
 		lc.stopTimer()
 		lc.dropBody(lc.body)
@@ -343,13 +350,14 @@ func (lc *laneConn) serve(b []byte, api connectors.API, headLen int, lr laneRequ
 		lc.split(lr.prefiller) // copies the body
 		return
 	}
-	lc.decodeLeg(r.body, false) // the client's body, or its sanitized copy
-	r.body = nil                // maybe in the loop's buffer, which the next read overwrites
+	lc.decodeLeg(r.body, nil, false) // the client's body, or its sanitized copy
+	r.body = nil                     // maybe in the loop's buffer, which the next read overwrites
 }
 
-// decodeLeg sends body to the local engine: the decode leg carrying the
-// remote KV (remote), or a local prefill and decode.
-func (lc *laneConn) decodeLeg(body []byte, remote bool) {
+// decodeLeg sends body (held in bodyp, or nil: see legTo) to the local
+// engine: the decode leg carrying the remote KV (remote), or a local
+// prefill and decode.
+func (lc *laneConn) decodeLeg(body []byte, bodyp *[]byte, remote bool) {
 	ll, r, p := lc.ll, lc.r, lc.ll.ln.p
 	if remote {
 		lc.setGauge(ll.decode)
@@ -368,15 +376,24 @@ func (lc *laneConn) decodeLeg(body []byte, remote bool) {
 		lc.startTimer(p.cfg.DecodeFirstByteTimeout, lc.firstByteTimeout)
 	}
 	lc.prefill = false
-	lc.legTo(r.local, body)
+	lc.legTo(r.local, body, bodyp)
 }
 
-// legTo ends the leg's head in lc.sent (its start is there) for addr,
-// appends body, and sends it.
-func (lc *laneConn) legTo(addr string, body []byte) {
+// legTo ends the leg's head in lc.sent (its start is there) for addr, and
+// sends it with body. A short body is appended to the head; a long one
+// (past maxPooledChunk: a long prompt) is sent from where it lies, after
+// the head in the same writev, and never copied: it is the request's
+// body (held by reqBody, or the sanitized copy), or an edit of it built in
+// bodyp, a buffer of the body pool the leg now holds until putSent.
+func (lc *laneConn) legTo(addr string, body []byte, bodyp *[]byte) {
+	bufs := &lc.ll.ln.p.bufs
 	lc.sent = appendLegEnd(lc.sent, addr, lc.r.id, len(body))
-	lc.sentp, lc.sent = lc.ll.ln.p.bufs.growChunk(lc.sentp, lc.sent, len(body))
-	lc.sent = append(lc.sent, body...)
+	if len(body) > maxPooledChunk {
+		lc.sentBody, lc.sentBodyp = body, bodyp
+	} else {
+		lc.sent = append(lc.sent, body...)
+		bufs.putScratch(bodyp)
+	}
 	lc.addr, lc.retried = addr, false
 	lc.connect()
 }
@@ -604,7 +621,7 @@ func (lc *laneConn) send(u *upConn) {
 	u.owner = lc
 	ll.mu.Unlock()
 	u.keep = true
-	lc.up, lc.state, lc.head, lc.unsent, lc.interim = u, laneWaiting, lc.head[:0], lc.sent, 0
+	lc.up, lc.state, lc.head, lc.unsent, lc.unsentBdy, lc.interim = u, laneWaiting, lc.head[:0], lc.sent, lc.sentBody, 0
 	lc.writeUp()
 }
 
@@ -612,8 +629,8 @@ func (lc *laneConn) send(u *upConn) {
 // its socket is full, the rest waits for it to be writable.
 func (lc *laneConn) writeUp() {
 	u := lc.up
-	n, err := netloop.Write(u.fd, lc.unsent)
-	lc.unsent = lc.unsent[n:]
+	na, nb, err := netloop.Write2(u.fd, lc.unsent, lc.unsentBdy)
+	lc.unsent, lc.unsentBdy = lc.unsent[na:], lc.unsentBdy[nb:]
 	switch {
 	case err == nil && u.writing:
 		u.writing = false
@@ -638,7 +655,7 @@ func (lc *laneConn) upReady(u *upConn, ev netloop.Events) {
 	}
 	switch lc.state {
 	case laneWaiting:
-		if len(lc.unsent) > 0 && ev&netloop.Writable != 0 {
+		if len(lc.unsent)+len(lc.unsentBdy) > 0 && ev&netloop.Writable != 0 {
 			lc.writeUp()
 			return
 		}
@@ -1088,11 +1105,14 @@ func (lc *laneConn) stopTimer() {
 }
 
 func (lc *laneConn) putSent() {
-	lc.unsent = nil
+	bufs := &lc.ll.ln.p.bufs
+	lc.unsent, lc.unsentBdy = nil, nil
 	if lc.sentp != nil {
-		lc.ll.ln.p.bufs.putChunk(lc.sentp, lc.sent)
+		bufs.putChunk(lc.sentp, lc.sent)
 		lc.sentp, lc.sent = nil, nil
 	}
+	bufs.putScratch(lc.sentBodyp)
+	lc.sentBody, lc.sentBodyp = nil, nil
 }
 
 // finish ends the request's bookkeeping (the lane's version of
@@ -1103,6 +1123,8 @@ func (lc *laneConn) finish() {
 		return
 	}
 	lc.r, lc.prefill = nil, false
+	lc.putSent()
+	lc.dropReqBody()
 	lc.dropRaw()
 	lc.endSplit()
 	lc.setGauge(nil)

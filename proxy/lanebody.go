@@ -11,7 +11,9 @@ import (
 // after its head (Go's HTTP client writes through a 4 KiB buffer, a proxy
 // may send head and body apart) — is read on the lane too, straight from
 // the socket into one buffer of the whole request's size (bodyPool), and
-// served there as a request read whole is: not handed to fasthttp, which
+// served there as a request read whole is — the request keeps the buffer
+// until it finishes, and its legs send the body from it, behind their
+// heads in one writev (legTo), not from copies —: not handed to fasthttp, which
 // would take a goroutine, read the bytes again through its own buffers and
 // grow its body buffer by doubling. Its body is reserved from
 // --max-buffered-bytes before it is read, as fasthttp's path reserves it
@@ -67,14 +69,28 @@ func (lc *laneConn) readBody() {
 	}
 	lc.stopTimer()
 	lc.body, lc.state = nil, laneIdle
-	defer lc.dropBody(lb)
 	// The loop's header was another connection's meanwhile: parsed again.
 	api, headLen, want, lr, ok := lc.ll.parseHead(lb.buf)
 	if !ok || want != len(lb.buf) {
 		lc.toServer(lb.buf) // draining since, say
+		lc.dropBody(lb)
 		return
 	}
-	lc.serve(lb.buf, api, headLen, lr) // the legs take copies of the body
+	// The request keeps its body until it finishes (finish): its legs
+	// send from it.
+	lc.reqBody = lb
+	lc.serve(lb.buf, api, headLen, lr)
+	if lc.r == nil { // not served (fasthttp's), or over already
+		lc.dropReqBody()
+	}
+}
+
+// dropReqBody gives back the body of the request that was being served.
+func (lc *laneConn) dropReqBody() {
+	if lb := lc.reqBody; lb != nil {
+		lc.reqBody = nil
+		lc.dropBody(lb)
+	}
 }
 
 // bodyStalled hands a body not read whole in time to fasthttp.

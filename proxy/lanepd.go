@@ -53,9 +53,12 @@ func (lc *laneConn) split(hv []byte) {
 	pd.bufp, pd.buf = p.bufs.getChunk()
 	pd.buf = appendLegStart(pd.buf, &ll.req)
 	n := len(pd.buf)
-	pd.bufp, pd.buf = p.bufs.growChunk(pd.bufp, pd.buf, len(r.body))
-	pd.buf = append(pd.buf, r.body...)
-	pd.start, r.body = pd.buf[:n:n], pd.buf[n:] // the body outlives the loop's buffer
+	if lc.reqBody == nil { // the body is in the loop's buffer, which the next read overwrites: copied
+		pd.bufp, pd.buf = p.bufs.growChunk(pd.bufp, pd.buf, len(r.body))
+		pd.buf = append(pd.buf, r.body...)
+		r.body = pd.buf[n:]
+	}
+	pd.start = pd.buf[:n:n]
 	lc.pd = pd
 	r.named = true
 	hp, err := p.pickAllowed(hv)
@@ -72,9 +75,9 @@ func (lc *laneConn) split(hv []byte) {
 		return
 	}
 	scratch, dst := p.bufs.editScratch(len(r.body))
-	defer p.bufs.putScratch(scratch) // legTo copies the body
 	body, err := p.seq.PrefillBody(dst, r.api, r.body)
 	if err != nil {
+		p.bufs.putScratch(scratch)
 		err = fmt.Errorf("%w: %w", ErrBadRequest, err)
 		tk.Done(breakerResult(err))
 		g.trackCircuit(hp)
@@ -89,7 +92,7 @@ func (lc *laneConn) split(hv []byte) {
 	lc.prefill = true
 	lc.sentp, lc.sent = p.bufs.getChunk()
 	lc.sent = append(lc.sent, pd.start...)
-	lc.legTo(hp, body)
+	lc.legTo(hp, body, scratch)
 }
 
 // prefillHead begins reading the prefill's answer, whose head is in
@@ -198,14 +201,14 @@ func (lc *laneConn) prefillEnded(res prefillResult, err error) {
 		return
 	}
 	scratch, dst := p.bufs.editScratch(len(r.body))
-	defer p.bufs.putScratch(scratch) // decodeLeg copies the body
 	body, err := p.seq.DecodeBody(dst, r.api, r.body, res.handoff)
 	if err != nil {
+		p.bufs.putScratch(scratch)
 		lc.failWith(err)
 		return
 	}
 	r.mode, r.handoff = metrics.ModeDisaggregated, &res.handoff
-	lc.decodeLeg(body, true)
+	lc.decodeLeg(body, scratch, true)
 }
 
 // answerFromPrefill serves a request whose generation ended on the
@@ -226,7 +229,7 @@ func (lc *laneConn) fallback(cause error) {
 		lc.failWith(cause)
 		return
 	}
-	lc.decodeLeg(lc.r.body, false)
+	lc.decodeLeg(lc.r.body, nil, false)
 }
 
 // remoteAnswered writes the decode leg's non-streamed answer, read whole,
