@@ -58,6 +58,33 @@ func TestLaneLongBodies(t *testing.T) {
 	assert.Equal(t, 1.0, rig.prefill.Metric(t, "vllm:request_success_total", nil), "the P/D one was prefilled remotely")
 	assert.Zero(t, rig.scMetric(t, "pd_sidecar_buffered_bytes", nil), "given back")
 
+	// The connection a long body came on takes its next request at once:
+	// the socket's low-water mark, raised while the body was awaited, is
+	// back to a byte.
+	kc, err := net.Dial("tcp", harness.HostPort(rig.sc.Port))
+	require.NoError(t, err)
+	kbr := bufio.NewReader(kc)
+	for _, b := range []string{body, `{"model":"sim-model","messages":[{"role":"user","content":"hi"}],"max_tokens":2}`} {
+		req := fmt.Sprintf("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(b), b)
+		half := len(req) // a short request in one write; a long one's body in two
+		if len(b) > 1024 {
+			half = len(req) - len(b) + 1024
+		}
+		_, err = io.WriteString(kc, req[:half])
+		require.NoError(t, err)
+		time.Sleep(50 * time.Millisecond) // the loop awaits the rest (well within --read-timeout/2)
+		_, err = io.WriteString(kc, req[half:])
+		require.NoError(t, err)
+		require.NoError(t, kc.SetReadDeadline(time.Now().Add(5*time.Second)))
+		resp, err := http.ReadResponse(kbr, nil)
+		require.NoError(t, err, "answered on the same connection")
+		_, err = io.Copy(io.Discard, resp.Body)
+		require.NoError(t, err)
+		require.Equal(t, http.StatusOK, resp.StatusCode)
+	}
+	require.NoError(t, kc.Close())
+	assert.Equal(t, 4.0, rig.scMetric(t, laneRequests, nil), "both served on the lane")
+
 	// A short body written after its head, local and P/D.
 	short := longPrompt(300, `,"max_tokens":4`)
 	_, directShort, _ := scPost(t, rig.decode.URL()+"/v1/chat/completions", short, nil)
@@ -89,7 +116,7 @@ func TestLaneLongBodies(t *testing.T) {
 		if !pd {
 			assert.Equal(t, textOf(directShort), textOf(b), "the engine's own answer")
 		}
-		assert.Equal(t, float64(3+i), rig.scMetric(t, laneRequests, nil), "pd %v: served on the lane", pd)
+		assert.Equal(t, float64(5+i), rig.scMetric(t, laneRequests, nil), "pd %v: served on the lane", pd)
 	}
 	assert.Equal(t, 2.0, rig.prefill.Metric(t, "vllm:request_success_total", nil), "the P/D one was prefilled remotely")
 	assert.Zero(t, rig.scMetric(t, "pd_sidecar_buffered_bytes", nil), "given back")
@@ -125,7 +152,7 @@ func TestLaneLongBodies(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, http.StatusOK, resp.StatusCode, "%s", b)
 	assert.Equal(t, textOf(direct), textOf(b))
-	assert.Equal(t, 4.0, rig.scMetric(t, laneRequests, nil), "fasthttp's")
+	assert.Equal(t, 6.0, rig.scMetric(t, laneRequests, nil), "fasthttp's")
 	harness.Eventually(t, 2*time.Second, "nothing held", func() bool {
 		return rig.scMetric(t, "pd_sidecar_buffered_bytes", nil) == 0
 	})

@@ -381,3 +381,14 @@ func Write2(fd int, a, b []byte) (na, nb int, err error) {
 	}
 	return na, nb, nil
 }
+
+// SetReadLowWater makes fd readable to its loop only once n bytes are
+// waiting (SO_RCVLOWAT; the kernel caps n at half its largest receive
+// buffer, and reports readable before n when that buffer is under
+// pressure, so a reader is never stranded), or the peer closed. A handler
+// expecting a body of known length is woken once for it, not once per
+// segment. It must be set back to 1 before the connection is read any
+// other way: a Go net.Conn's reads wait on the same readiness.
+func SetReadLowWater(fd, n int) error {
+	return rawSetRcvLowat(fd, max(n, 1))
+}

@@ -46,3 +46,6 @@ func Write(int, []byte) (int, error) { return 0, ErrUnsupported }
 
 // Write2 returns ErrUnsupported.
 func Write2(int, []byte, []byte) (int, int, error) { return 0, 0, ErrUnsupported }
+
+// SetReadLowWater returns ErrUnsupported.
+func SetReadLowWater(int, int) error { return ErrUnsupported }

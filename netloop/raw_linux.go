@@ -84,3 +84,14 @@ func rawWritev(fd int, a, b []byte) (int, error) {
 	}
 	return int(w), nil
 }
+
+// rawSetRcvLowat sets fd's SO_RCVLOWAT to n.
+func rawSetRcvLowat(fd, n int) error {
+	v := int32(n)
+	_, _, e := unix.RawSyscall6(unix.SYS_SETSOCKOPT, uintptr(fd), unix.SOL_SOCKET, unix.SO_RCVLOWAT,
+		uintptr(unsafe.Pointer(&v)), 4, 0)
+	if e != 0 {
+		return errnoErr(e)
+	}
+	return nil
+}

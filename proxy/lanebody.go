@@ -31,6 +31,10 @@ type laneBody struct {
 	buf  []byte // the request so far: head and body read
 	want int    // the whole request's length
 	held int64  // reserved from --max-buffered-bytes
+	// lowat is the client socket's SO_RCVLOWAT while the rest is awaited
+	// (0: the default): the loop is woken once the rest is there, not for
+	// every segment of it.
+	lowat int
 }
 
 // beginBody begins reading the rest of request b, whose head is headLen
@@ -60,6 +64,7 @@ func (lc *laneConn) readBody() {
 		n, err := netloop.Read(lc.fd, lb.buf[len(lb.buf):lb.want])
 		switch {
 		case errors.Is(err, netloop.ErrWouldBlock):
+			lc.awaitBody(lb)
 			return
 		case err != nil || n == 0:
 			lc.close() // the client left mid-body
@@ -68,6 +73,9 @@ func (lc *laneConn) readBody() {
 		lb.buf = lb.buf[:len(lb.buf)+n]
 	}
 	lc.stopTimer()
+	if lc.lowWaterBack(lb); lc.state == laneGone {
+		return // closed, lb given back
+	}
 	lc.body, lc.state = nil, laneIdle
 	// The loop's header was another connection's meanwhile: parsed again.
 	api, headLen, want, lr, ok := lc.ll.parseHead(lb.buf)
@@ -93,11 +101,41 @@ func (lc *laneConn) dropReqBody() {
 	}
 }
 
+// awaitBody asks to be woken when the rest of lb is there: its socket's
+// low-water mark set to what is missing (the kernel caps it, and wakes the
+// loop early when its buffer fills; past the cap, each wake-up sets the
+// mark again).
+func (lc *laneConn) awaitBody(lb *laneBody) {
+	rest := lb.want - len(lb.buf)
+	if rest == lb.lowat || rest <= 1 {
+		return
+	}
+	if netloop.SetReadLowWater(lc.fd, rest) == nil {
+		lb.lowat = rest
+	}
+}
+
+// lowWaterBack sets the client socket's low-water mark back to the
+// default once lb is read or given up: the next request's head, or
+// fasthttp's reads, must wake on any byte.
+func (lc *laneConn) lowWaterBack(lb *laneBody) {
+	if lb.lowat == 0 {
+		return
+	}
+	lb.lowat = 0
+	if err := netloop.SetReadLowWater(lc.fd, 1); err != nil {
+		lc.close() // a connection that could hang unseen is not kept; lb is given back
+	}
+}
+
 // bodyStalled hands a body not read whole in time to fasthttp.
 func (lc *laneConn) bodyStalled() {
 	lb := lc.body
 	if lc.state != laneReading || lb == nil {
 		return
+	}
+	if lc.lowWaterBack(lb); lc.state == laneGone {
+		return // closed, lb given back
 	}
 	lc.body = nil
 	lc.toServer(lb.buf) // copies what was read
