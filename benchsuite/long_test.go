@@ -42,22 +42,30 @@ func TestPerBody(t *testing.T) {
 }
 
 // TestLongBudgetLines: the budget is stated for the 30,000-word run only,
-// each line with its ratio and verdict.
+// each line with its ratio and verdict, for the sidecars with every
+// processor and, where they ran, with one.
 func TestLongBudgetLines(t *testing.T) {
 	summary := func(name string, p50 float64) loadgen.Summary {
 		return loadgen.Summary{Name: name, TTFT: loadgen.Percentiles{P50: p50}}
 	}
 	run := longRun{Words: budgetWords,
-		Report: loadgen.Report{Targets: []loadgen.Summary{summary("direct", 1.0), summary("sidecar", 1.5), summary("nginx", 1.2)}},
+		Report: loadgen.Report{Targets: []loadgen.Summary{summary("direct", 1.0), summary("sidecar", 1.5), summary("nginx", 1.2),
+			summary("sidecar-1p", 1.25)}},
 		Costs: []longCost{{Proxy: "sidecar", CPUMicros: 500}, {Proxy: "nginx", CPUMicros: 430},
-			{Proxy: "sidecar-pd", CPUMicros: 1200}, {Proxy: "peer-pd", CPUMicros: 8100}}}
+			{Proxy: "sidecar-pd", CPUMicros: 1200}, {Proxy: "peer-pd", CPUMicros: 8100},
+			{Proxy: "sidecar-1p", CPUMicros: 600}, {Proxy: "sidecar-pd-1p", CPUMicros: 1000}}}
 	lines := longBudgetLines([]longRun{{Words: 1000}, run})
-	require.Len(t, lines, 4)
+	require.Len(t, lines, 7)
 	assert.True(t, lines[0].met, lines[0].line) // 1.16× nginx
 	assert.Contains(t, lines[0].line, "1.16×")
 	assert.False(t, lines[1].met, lines[1].line) // +0.5 ms against +0.2 + 0.1
 	assert.False(t, lines[2].met, lines[2].line) // 2.79× nginx
-	assert.True(t, lines[3].met, lines[3].line)  // 6.75× the peer
+	assert.False(t, lines[3].met, lines[3].line) // one processor: 1.40× nginx
+	assert.Contains(t, lines[3].line, "GOMAXPROCS=1")
+	assert.True(t, lines[4].met, lines[4].line) // +0.25 ms against +0.2 + 0.1
+	assert.True(t, lines[5].met, lines[5].line) // 2.33× nginx
+	assert.True(t, lines[6].met, lines[6].line) // 6.75× the peer
+	assert.Contains(t, lines[6].line, "peer")
 	assert.Empty(t, longBudgetLines([]longRun{{Words: 1000}}))
 }
 

@@ -21,11 +21,19 @@ type proc struct {
 
 // start runs bin with args, its output to a log file in dir.
 func start(dir, name, bin string, args ...string) (*proc, error) {
+	return startEnv(dir, name, bin, nil, args...)
+}
+
+// startEnv is start with env added to the process's environment.
+func startEnv(dir, name, bin string, env []string, args ...string) (*proc, error) {
 	log, err := os.Create(fmt.Sprintf("%s/%s.log", dir, name))
 	if err != nil {
 		return nil, err
 	}
 	cmd := exec.Command(bin, args...)
+	if env != nil {
+		cmd.Env = append(os.Environ(), env...)
+	}
 	cmd.Stdout, cmd.Stderr = log, log
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Start(); err != nil {

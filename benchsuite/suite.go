@@ -71,7 +71,7 @@ func Run(ctx context.Context, o Options, w io.Writer) error {
 	}
 	rep := &report{}
 	if o.Short {
-		rg, err := startRig(ctx, o, filepath.Join(o.Dir, "short"), nil)
+		rg, err := startRig(ctx, o, filepath.Join(o.Dir, "short"), nil, false)
 		if err == nil {
 			memory := func() (map[string]streamMem, error) { return streamMemory(ctx, o, rg.launch, rg.ports[9:]) }
 			err = runShort(ctx, o, w, rg.proxies, rg.targets, rep, memory)
@@ -90,7 +90,12 @@ func Run(ctx context.Context, o Options, w io.Writer) error {
 		// its cache large enough for the prompts held until pulled, so
 		// the engines' own copying does not take the cores the proxies
 		// are measured on.
-		rg, err := startRig(ctx, o, filepath.Join(o.Dir, "long"), []string{"--kv-bytes-per-token", "8", "--num-kv-blocks", "131072"})
+		// The sidecars also run as the chart deploys them by default
+		// (GOMAXPROCS=1, from its 500m CPU request): with an idle second
+		// processor, Go's scheduler wakes a thread to look for work on it
+		// at every wake-up of the loop, which a long-prompt run at a low
+		// rate pays for on every request.
+		rg, err := startRig(ctx, o, filepath.Join(o.Dir, "long"), []string{"--kv-bytes-per-token", "8", "--num-kv-blocks", "131072"}, true)
 		if err == nil {
 			err = runLong(ctx, o.Long, w, rg.proxies, rg.targets, rep)
 		}
@@ -127,9 +132,10 @@ func (rg *rig) stop() {
 
 // startRig starts a scenario's engines (engine-sim at zero work, with
 // engineArgs added) and proxies, logs and configuration in dir, and waits
-// until every one answers. The rig returned with an error holds what was
-// started, to stop.
-func startRig(ctx context.Context, o Options, dir string, engineArgs []string) (*rig, error) {
+// until every one answers; with oneP, the sidecars also run with
+// GOMAXPROCS=1, as sidecar-1p and sidecar-pd-1p. The rig returned with an
+// error holds what was started, to stop.
+func startRig(ctx context.Context, o Options, dir string, engineArgs []string, oneP bool) (*rig, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
 	}
@@ -176,6 +182,21 @@ func startRig(ctx context.Context, o Options, dir string, engineArgs []string) (
 		return rg, err
 	}
 	add("sidecar-pd", scPD, ports[5], hostPort(prefill))
+	if oneP {
+		one := []string{"GOMAXPROCS=1"}
+		sc1, err := startEnv(dir, "sidecar-1p", filepath.Join(o.Bin, "pd-sidecar"), one, sidecarArgs(ports[9], engine)...)
+		if err != nil {
+			return rg, err
+		}
+		rg.procs = append(rg.procs, sc1)
+		add("sidecar-1p", sc1, ports[9], "")
+		scPD1, err := startEnv(dir, "sidecar-pd-1p", filepath.Join(o.Bin, "pd-sidecar"), one, sidecarArgs(ports[10], engine)...)
+		if err != nil {
+			return rg, err
+		}
+		rg.procs = append(rg.procs, scPD1)
+		add("sidecar-pd-1p", scPD1, ports[10], hostPort(prefill))
+	}
 	if o.Nginx != "" {
 		p, err := startNginx(dir, o.Nginx, ports[6], engine)
 		if err != nil {
