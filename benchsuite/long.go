@@ -123,16 +123,17 @@ func runLong(ctx context.Context, o LongOptions, w io.Writer, proxies []proxyUnd
 			}
 		}
 		// Each proxy's CPU is read around its own target's phases (the
-		// phases are interleaved): a proxy's idle cost while the others
-		// are driven — a Go process's timers, a few wake-ups a second — is
-		// not counted against its requests.
+		// phases are interleaved), exactly where the kernel allows
+		// (procUsage.busy): a phase of a few seconds is a few hundred
+		// clock ticks, and what utime+stime charge a process at rest while
+		// the others are driven is not counted against its requests.
 		own := map[string]time.Duration{}
 		before := usageOf(proxies)
 		last, shown := before, progress(w)
 		phase := func(round, rounds int, target string, done int) {
 			now := usageOf(proxies)
 			if u, ok := now[target]; ok {
-				own[target] += u.CPU - last[target].CPU
+				own[target] += max(u.busy()-last[target].busy(), 0)
 			}
 			last = now
 			shown(round, rounds, target, done)
@@ -179,8 +180,8 @@ func writeLongTable(w io.Writer, r longRun) {
 			s.TTFT.P50, s.TTFT.P99, s.TTFT.P50-direct.TTFT.P50, s.TTFT.P99-direct.TTFT.P99, cpu, perMB, whole)
 	}
 	_ = tw.Flush()
-	fmt.Fprintln(w, "(TTFT in ms, Δ over direct; CPU: utime+stime of the proxy's process tree over its own target's phases, per request sent;")
-	fmt.Fprintln(w, " whole run: over the length's whole run, the other targets' phases included)")
+	fmt.Fprintln(w, "(TTFT in ms, Δ over direct; CPU: time on a CPU of the proxy's process tree over its own target's phases, per request sent;")
+	fmt.Fprintln(w, " whole run: utime+stime over the length's whole run, the other targets' phases included)")
 }
 
 func findLongCost(cs []longCost, name string) (longCost, bool) {

@@ -1,6 +1,7 @@
 package benchsuite
 
 import (
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -84,4 +85,26 @@ func TestLongOptionsValidate(t *testing.T) {
 	bad = ok
 	bad.Rounds = 0
 	assert.Error(t, bad.Validate())
+}
+
+// TestTreeUsageBusy: this process's busy time (exact, from schedstat
+// where the kernel keeps it) grows as it burns CPU, and agrees with the
+// clock-tick count of utime+stime.
+func TestTreeUsageBusy(t *testing.T) {
+	u0, err := treeUsage(os.Getpid())
+	require.NoError(t, err)
+	var u1 procUsage
+	deadline := time.Now().Add(20 * time.Second)
+	for x := 0; time.Now().Before(deadline); {
+		for range 1 << 20 {
+			x++
+		}
+		if u1, err = treeUsage(os.Getpid()); err == nil && u1.CPU-u0.CPU >= 300*time.Millisecond {
+			break
+		}
+	}
+	require.GreaterOrEqual(t, u1.CPU-u0.CPU, 300*time.Millisecond, "burnt CPU, by clock ticks")
+	busy := u1.busy() - u0.busy()
+	assert.InDelta(t, float64(u1.CPU-u0.CPU), float64(busy), float64(150*time.Millisecond),
+		"busy %v against %v by clock ticks (schedstat read: %v)", busy, u1.CPU-u0.CPU, u1.onCPUOK)
 }

@@ -19,6 +19,12 @@ type procUsage struct {
 	// CPU is utime+stime of every live process in the tree plus the
 	// cutime+cstime of children they already reaped.
 	CPU time.Duration
+	// OnCPU is the time the tree's live threads spent on a CPU, exact
+	// (/proc/<pid>/task/*/schedstat), where utime and stime are charged
+	// by whole clock ticks to whichever thread a tick finds running; ok
+	// only where the kernel keeps it for every thread (onCPUOK).
+	OnCPU   time.Duration
+	onCPUOK bool
 	// RSS is the summed resident set of the tree; PeakRSS the summed
 	// VmHWM (each process's peak), in bytes.
 	RSS, PeakRSS int64
@@ -26,7 +32,7 @@ type procUsage struct {
 
 // treeUsage reads the usage of pid and all its descendants.
 func treeUsage(pid int) (procUsage, error) {
-	var u procUsage
+	u := procUsage{onCPUOK: true}
 	for _, p := range descendants(pid) {
 		cpu, err := statCPU(p)
 		if err != nil {
@@ -36,6 +42,9 @@ func treeUsage(pid int) (procUsage, error) {
 			continue // a child that just exited
 		}
 		u.CPU += cpu
+		on, ok := schedCPU(p)
+		u.OnCPU += on
+		u.onCPUOK = u.onCPUOK && ok
 		rss, hwm := statusMem(p)
 		u.RSS += rss
 		u.PeakRSS += hwm
@@ -111,6 +120,43 @@ func statCPU(pid int) (time.Duration, error) {
 		ticks += v
 	}
 	return time.Duration(ticks) * clockTick, nil
+}
+
+// schedCPU returns the time pid's live threads spent on a CPU, and false
+// where the kernel keeps no such statistics (or a thread's could not be
+// read).
+func schedCPU(pid int) (time.Duration, bool) {
+	dir := filepath.Join("/proc", strconv.Itoa(pid), "task")
+	tasks, err := os.ReadDir(dir)
+	if err != nil || len(tasks) == 0 {
+		return 0, false
+	}
+	var total time.Duration
+	for _, t := range tasks {
+		b, err := os.ReadFile(filepath.Join(dir, t.Name(), "schedstat"))
+		if err != nil {
+			return 0, false
+		}
+		f := strings.Fields(string(b))
+		if len(f) == 0 {
+			return 0, false
+		}
+		ns, err := strconv.ParseInt(f[0], 10, 64)
+		if err != nil {
+			return 0, false
+		}
+		total += time.Duration(ns)
+	}
+	return total, true
+}
+
+// busy is the tree's CPU time as exactly as it can be read: OnCPU where
+// the kernel keeps it, else utime+stime.
+func (u procUsage) busy() time.Duration {
+	if u.onCPUOK {
+		return u.OnCPU
+	}
+	return u.CPU
 }
 
 // statusMem returns VmRSS and VmHWM in bytes.
