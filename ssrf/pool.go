@@ -93,9 +93,10 @@ type PoolWatcher struct {
 
 	set atomic.Pointer[map[netip.AddrPort]struct{}]
 
-	mu   sync.Mutex // serialises rebuilds (informer goroutines)
-	pool cache.Store
-	pods cache.Store
+	mu      sync.Mutex // serialises rebuilds (informer goroutines)
+	pool    cache.Store
+	pods    cache.Store
+	missing bool // the pool was not found at the last rebuild (logged once)
 }
 
 // NewPoolWatcher returns a watcher of cfg's pool; Run starts it.
@@ -189,6 +190,14 @@ func (w *PoolWatcher) rebuild() {
 	defer w.mu.Unlock()
 	next := map[netip.AddrPort]struct{}{}
 	obj, exists, err := w.pool.GetByKey(w.cfg.Namespace + "/" + w.cfg.Name)
+	if missing := err != nil || !exists; missing != w.missing {
+		w.missing = missing
+		if missing {
+			w.log.Warn().Msg("inference pool not found: allowing no prefiller until it exists (fail closed)")
+		} else {
+			w.log.Info().Msg("inference pool found")
+		}
+	}
 	if err == nil && exists {
 		if u, ok := obj.(*unstructured.Unstructured); ok {
 			sel, ports, perr := poolSpec(u)
