@@ -31,24 +31,42 @@ var poolGVR = schema.GroupVersionResource{Group: "inference.networking.k8s.io", 
 // app=prefill on the prefill engine's port, and a sidecar whose SSRF
 // allowlist watches that pool.
 type k8sBed struct {
-	c       *kube.Cluster
-	ns      string
-	prefill *harness.Engine
-	sc      *harness.Sidecar
+	c               *kube.Cluster
+	ns              string
+	prefill, decode *harness.Engine
+	sc              *harness.Sidecar
 }
 
 func newK8sBed(t *testing.T) *k8sBed {
+	t.Helper()
+	b := newK8sCluster(t)
+	b.sc = b.startSidecar(t, b.c.Kubeconfig)
+	return b
+}
+
+// newK8sCluster is newK8sBed without the sidecar.
+func newK8sCluster(t *testing.T) *k8sBed {
 	t.Helper()
 	b := &k8sBed{c: kube.Start(t, harness.RepoRoot(t)), ns: "pd"}
 	ctx := context.Background()
 	_, err := b.c.Client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: b.ns}}, metav1.CreateOptions{})
 	require.NoError(t, err)
 	b.prefill = harness.StartEngineSim(t, "prefill", "--host", "127.0.0.2")
+	b.decode = harness.StartEngineSim(t, "decode")
 	b.setPool(t, map[string]string{"app": "prefill"}, b.prefill.Port)
-	decode := harness.StartEngineSim(t, "decode")
-	b.sc = harness.StartSidecar(t, decode.Port, "--enable-ssrf-protection", "--inference-pool", b.ns+"/pool",
-		"--kubeconfig", b.c.Kubeconfig, "--prefill-max-retries", "0")
 	return b
+}
+
+// sidecarArgs are the flags of a sidecar watching the pool with kubeconfig.
+func (b *k8sBed) sidecarArgs(kubeconfig string) []string {
+	return []string{"--enable-ssrf-protection", "--inference-pool", b.ns + "/pool", "--kubeconfig", kubeconfig,
+		"--prefill-max-retries", "0", "--ssrf-sync-timeout", "10s"}
+}
+
+// startSidecar starts a sidecar watching the pool with kubeconfig.
+func (b *k8sBed) startSidecar(t *testing.T, kubeconfig string) *harness.Sidecar {
+	t.Helper()
+	return harness.StartSidecar(t, b.decode.Port, b.sidecarArgs(kubeconfig)...)
 }
 
 // setPool creates or updates the pool.

@@ -12,6 +12,7 @@ import (
 	"github.com/rs/zerolog"
 	"github.com/spf13/pflag"
 	"k8s.io/client-go/dynamic"
+	authorizationv1client "k8s.io/client-go/kubernetes/typed/authorization/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
@@ -184,6 +185,16 @@ func startPoolWatch(o *options, log zerolog.Logger) (func(), error) {
 	dyn, err := dynamic.NewForConfig(rc)
 	if err != nil {
 		return nil, fmt.Errorf("kubernetes dynamic client: %w", err)
+	}
+	az, err := authorizationv1client.NewForConfig(rc)
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes authorization client: %w", err)
+	}
+	actx, acancel := context.WithTimeout(context.Background(), g.syncTimeout)
+	err = ssrf.CheckAccess(actx, az.SelfSubjectAccessReviews(), pc)
+	acancel()
+	if err != nil {
+		return nil, fmt.Errorf("--inference-pool %s: %w", g.pool, err)
 	}
 	w, err := ssrf.NewPoolWatcher(pc, dyn, log)
 	if err != nil {
