@@ -165,6 +165,9 @@ func Start(t testing.TB, bin string, args ...string) *Proc {
 	return p
 }
 
+// Pid is the process id.
+func (p *Proc) Pid() int { return p.cmd.Process.Pid }
+
 // Output returns what the process printed so far.
 func (p *Proc) Output() string { return p.out.String() }
 

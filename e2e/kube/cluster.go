@@ -302,6 +302,16 @@ func (c *Cluster) RestartServer(down time.Duration) error {
 func (c *Cluster) StopServer()        { c.server.stop(30 * time.Second) }
 func (c *Cluster) StartServer() error { return c.startServer() }
 
+// ServerPID and EtcdPID are the processes' ids (their resident memory
+// is read from /proc).
+func (c *Cluster) ServerPID() int { return c.server.cmd.Process.Pid }
+func (c *Cluster) EtcdPID() int   { return c.etcd.cmd.Process.Pid }
+
+// Get returns the body of an admin GET of path (e.g. /metrics).
+func (c *Cluster) Get(ctx context.Context, path string) ([]byte, error) {
+	return c.Client.CoreV1().RESTClient().Get().AbsPath(path).DoRaw(ctx)
+}
+
 // Stop stops kube-apiserver and etcd.
 func (c *Cluster) Stop() {
 	c.stopOnce.Do(func() {
