@@ -3,7 +3,6 @@
 package e2e
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -17,19 +16,23 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"helm.sh/helm/v4/pkg/action"
+	"helm.sh/helm/v4/pkg/chart/loader"
+	helmkube "helm.sh/helm/v4/pkg/kube"
+	release "helm.sh/helm/v4/pkg/release/v1"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
-	"k8s.io/client-go/restmapper"
+	"k8s.io/cli-runtime/pkg/genericclioptions"
 
-	"github.com/pd-sidecar/pd-sidecar/deploy/rendertest"
 	"github.com/pd-sidecar/pd-sidecar/e2e/harness"
 )
 
-// TestK8sChartRBACServiceAccount: the chart, rendered with SSRF protection
-// on, is accepted object by object by the real API server, and the decode
+// TestK8sChartRBACServiceAccount: the chart, with SSRF protection on, is
+// installed with the Helm SDK on the real API server (server-side apply,
+// every object accepted, the release deployed), and the decode
 // Deployment's pod template — with the sidecar injected as a native
 // sidecar (an init container with restartPolicy Always) — is stored as
 // written. A sidecar running as the chart's ServiceAccount (a token from
@@ -41,13 +44,22 @@ func TestK8sChartRBACServiceAccount(t *testing.T) {
 	ctx := context.Background()
 	values := map[string]any{"sidecar": map[string]any{"flags": map[string]any{
 		"enable-ssrf-protection": true, "inference-pool": b.ns + "/pool"}}}
-	stream, err := rendertest.RenderYAML(filepath.Join(harness.RepoRoot(t), "deploy", "helm", "pd-sidecar"), "pd", b.ns, values)
+	chart, err := loader.Load(filepath.Join(harness.RepoRoot(t), "deploy", "helm", "pd-sidecar"))
 	require.NoError(t, err)
+	flags := genericclioptions.NewConfigFlags(false)
+	flags.KubeConfig, flags.Namespace = &b.c.Kubeconfig, &b.ns
+	cfg := action.NewConfiguration()
+	require.NoError(t, cfg.Init(flags, b.ns, "secret"))
+	install := action.NewInstall(cfg)
+	install.ReleaseName, install.Namespace = "pd", b.ns
+	install.WaitStrategy = helmkube.HookOnlyStrategy // no kubelet runs the pods
+	rr, err := install.RunWithContext(ctx, chart, values)
+	require.NoError(t, err, "helm install against the real API server: every object accepted")
+	rel, ok := rr.(*release.Release)
+	require.True(t, ok, "a %T", rr)
+	require.Equal(t, "deployed", string(rel.Info.Status))
 
-	groups, err := restmapper.GetAPIGroupResources(b.c.Client.Discovery())
-	require.NoError(t, err)
-	mapper := restmapper.NewDiscoveryRESTMapper(groups)
-	dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(stream), 4096)
+	dec := utilyaml.NewYAMLOrJSONDecoder(strings.NewReader(rel.Manifest), 4096)
 	var written []*unstructured.Unstructured
 	for {
 		var obj map[string]any
@@ -56,19 +68,9 @@ func TestK8sChartRBACServiceAccount(t *testing.T) {
 		} else {
 			require.NoError(t, err)
 		}
-		if len(obj) == 0 {
-			continue
+		if len(obj) > 0 {
+			written = append(written, &unstructured.Unstructured{Object: obj})
 		}
-		u := &unstructured.Unstructured{Object: obj}
-		m, err := mapper.RESTMapping(u.GroupVersionKind().GroupKind(), u.GroupVersionKind().Version)
-		require.NoError(t, err, "the server serves %s", u.GetKind())
-		ns := u.GetNamespace()
-		if ns == "" {
-			ns = b.ns
-		}
-		_, err = b.c.Dynamic.Resource(m.Resource).Namespace(ns).Create(ctx, u, metav1.CreateOptions{FieldValidation: "Strict"})
-		require.NoError(t, err, "the API server accepts %s %s (strict field validation)", u.GetKind(), u.GetName())
-		written = append(written, u)
 	}
 	kinds := map[string]int{}
 	for _, u := range written {
