@@ -154,10 +154,16 @@ func TestConnectorsPrefillerDeadFallsBackLocally(t *testing.T) {
 	}
 }
 
+// TestConnectorsDecodeDeadIs503: with the local engine dead, the request
+// is answered 503 and nothing stays held on the prefiller. The prefill is
+// made slow (about 0.2 s) so that, under a concurrent choreography, the
+// failed decode leg's cancellation reaches it mid-prefill: a prefill that
+// finished first would hold its KV for the decoder's pull until its lease
+// ran out, which is the engine's behaviour, not a leak.
 func TestConnectorsDecodeDeadIs503(t *testing.T) {
 	for _, spec := range connSpecs {
 		t.Run(spec.name, func(t *testing.T) {
-			r := newConnRig(t, spec, nil)
+			r := newConnRig(t, spec, nil, "--prefill-us-per-token", "2000")
 			dead := harness.StartSidecar(t, harness.FreePort(t), "--kv-connector", spec.name,
 				"--sglang-bootstrap-port", itoa(r.prefill.BootstrapPort), "--mooncake-bootstrap-port", itoa(r.prefill.BootstrapPort))
 			st, b, _ := scPost(t, dead.URL()+"/v1/completions", completionBody(`,"max_tokens":4`+spec.extra), r.header())
