@@ -155,6 +155,12 @@ test-k8s: kube-apiserver
 	command -v etcd >/dev/null 2>&1 || { echo "test-k8s: etcd is not installed and could not be: sudo apt-get install etcd-server"; exit 1; }
 	$(GO) test -race -count=1 -tags k8s -run 'K8s' -timeout 20m ./e2e/
 
+## k8s-watch-cost: what the sidecars' InferencePool watches cost the real API server, with 1, 10 and 50
+## sidecars (K8S_WATCH_SIDECARS), without the race detector: the table of docs/deploy.md (about 3 minutes).
+.PHONY: k8s-watch-cost
+k8s-watch-cost: kube-apiserver
+	K8S_WATCH_SIDECARS=$${K8S_WATCH_SIDECARS:-1,10,50} $(GO) test -count=1 -v -tags k8s -run 'TestK8sWatchCost' -timeout 20m ./e2e/
+
 ## fuzz-short: a short seeded run of every fuzz target (connector body rewriting (its member walk against gjson's), client connector field stripping, JSON body validation and its top-level read, header parser, SSE event split (goroutine and event-loop), scanner and rewriter, chunked body decoder, the lane's request heads, upstream answers on both paths)
 # An execution count, not a duration: a duration races Go's fuzzing coordinator at its end
 # (golang/go#75804: "context deadline exceeded" with no input found, on a loaded machine).

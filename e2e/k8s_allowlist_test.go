@@ -229,6 +229,9 @@ func TestK8sAllowlistSurvivesServerRestartAndCompaction(t *testing.T) {
 	b.createPod(t, "prefill-0", map[string]string{"app": "prefill"})
 	b.setReady(t, "prefill-0", "127.0.0.2", true)
 	b.decided(t, "pod Ready", hp, http.StatusOK)
+	require.Equal(t, 1.0, b.sc.Metric(t, "pd_sidecar_inference_pool_allowed", nil))
+	require.Equal(t, 1.0, b.sc.Metric(t, "pd_sidecar_inference_pool_found", nil))
+	require.Positive(t, b.sc.Metric(t, "pd_sidecar_inference_pool_events_total", map[string]string{"resource": "pods"}))
 
 	pod, err := b.c.Client.CoreV1().Pods(b.ns).Get(context.Background(), "prefill-0", metav1.GetOptions{})
 	require.NoError(t, err)
@@ -243,7 +246,8 @@ func TestK8sAllowlistSurvivesServerRestartAndCompaction(t *testing.T) {
 	resp, err := http.Get(b.sc.URL() + "/ready")
 	require.NoError(t, err)
 	resp.Body.Close()
-	t.Logf("sidecar /ready with the API server down: %d", resp.StatusCode)
+	require.Equal(t, http.StatusOK, resp.StatusCode, "/ready while the API server is down")
+	require.Equal(t, 1.0, b.sc.Metric(t, "pd_sidecar_inference_pool_allowed", nil), "the last set kept")
 	require.NoError(t, b.c.StartServer())
 	// While the sidecar's watch is still away: the pod goes NotReady, and
 	// enough writes follow that a compaction passes its resource version.
@@ -268,6 +272,8 @@ func TestK8sAllowlistSurvivesServerRestartAndCompaction(t *testing.T) {
 
 	require.NoError(t, b.c.Dynamic.Resource(poolGVR).Namespace(b.ns).Delete(context.Background(), "pool", metav1.DeleteOptions{}))
 	b.decidedWithin(t, "pool deleted: fail closed", hp, http.StatusForbidden, reconnect)
+	require.Zero(t, b.sc.Metric(t, "pd_sidecar_inference_pool_found", nil), "fail closed, shown")
+	require.Zero(t, b.sc.Metric(t, "pd_sidecar_inference_pool_allowed", nil))
 	harness.Eventually(t, 5*time.Second, "the fail-closed state logged", func() bool {
 		return strings.Contains(b.sc.Output(), "inference pool not found")
 	})

@@ -97,7 +97,18 @@ type PoolWatcher struct {
 	pool    cache.Store
 	pods    cache.Store
 	missing bool // the pool was not found at the last rebuild (logged once)
+	obs     WatchObserver
 }
+
+// WatchObserver is told what a PoolWatcher sees: every event handled, by
+// resource (inferencepools, pods), and the allowlist after each rebuild.
+type WatchObserver interface {
+	Event(resource string)
+	Allowlist(allowed int, poolFound bool)
+}
+
+// Observe makes o the watcher's observer; call it before Run.
+func (w *PoolWatcher) Observe(o WatchObserver) { w.obs = o }
 
 // NewPoolWatcher returns a watcher of cfg's pool; Run starts it.
 func NewPoolWatcher(cfg PoolConfig, dyn dynamic.Interface, log zerolog.Logger) (*PoolWatcher, error) {
@@ -133,16 +144,23 @@ func (w *PoolWatcher) Run(ctx context.Context, ready chan<- struct{}) error {
 		func(o *metav1.ListOptions) { o.FieldSelector = "metadata.name=" + name })
 	podInf := informer(w.dyn, w.dyn.Resource(PodsGVR).Namespace(w.cfg.Namespace), func(*metav1.ListOptions) {})
 	w.pool, w.pods = poolInf.GetStore(), podInf.GetStore()
-	h := cache.ResourceEventHandlerFuncs{
-		AddFunc:    func(any) { w.rebuild() },
-		UpdateFunc: func(any, any) { w.rebuild() },
-		DeleteFunc: func(any) { w.rebuild() },
-	}
-	if _, err := poolInf.AddEventHandler(h); err != nil {
-		return fmt.Errorf("pool informer: %w", err)
-	}
-	if _, err := podInf.AddEventHandler(h); err != nil {
-		return fmt.Errorf("pod informer: %w", err)
+	for _, in := range []struct {
+		inf      cache.SharedIndexInformer
+		resource string
+	}{{poolInf, w.cfg.GVR().Resource}, {podInf, PodsGVR.Resource}} {
+		event := func() {
+			if w.obs != nil {
+				w.obs.Event(in.resource)
+			}
+			w.rebuild()
+		}
+		if _, err := in.inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+			AddFunc:    func(any) { event() },
+			UpdateFunc: func(any, any) { event() },
+			DeleteFunc: func(any) { event() },
+		}); err != nil {
+			return fmt.Errorf("%s informer: %w", in.resource, err)
+		}
 	}
 	var wg sync.WaitGroup
 	defer wg.Wait()
@@ -210,6 +228,9 @@ func (w *PoolWatcher) rebuild() {
 	}
 	prev := len(*w.set.Load())
 	w.set.Store(&next)
+	if w.obs != nil {
+		w.obs.Allowlist(len(next), !w.missing)
+	}
 	if prev != len(next) {
 		w.log.Info().Int("allowed", len(next)).Msg("inference pool allowlist changed")
 	}

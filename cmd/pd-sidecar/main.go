@@ -71,14 +71,14 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "pd-sidecar: %v\n", err)
 		return exitUsage
 	}
-	stopWatch, err := startPoolWatch(&opts, log)
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	stopWatch, err := startPoolWatch(&opts, reg, log)
 	if err != nil {
 		fmt.Fprintf(stderr, "pd-sidecar: %v\n", err)
 		return exitFailed
 	}
 	defer stopWatch()
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m := metrics.New(reg, opts.cfg.MaxPrefillers)
 	bi := readBuildInfo()
 	metrics.RegisterBuildInfo(reg, bi.version, bi.revision, bi.goVersion)

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 	"github.com/spf13/pflag"
 	"k8s.io/client-go/dynamic"
@@ -16,6 +17,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
+	"github.com/pd-sidecar/pd-sidecar/metrics"
 	"github.com/pd-sidecar/pd-sidecar/proxy"
 	"github.com/pd-sidecar/pd-sidecar/ssrf"
 )
@@ -167,9 +169,9 @@ func bufferBudget(read func(string) ([]byte, error), maxBody int) int64 {
 }
 
 // startPoolWatch starts the InferencePool watch when SSRF protection names
-// a pool, waits for its first sync, and installs the allowlist in c. The
-// returned func stops the watch.
-func startPoolWatch(o *options, log zerolog.Logger) (func(), error) {
+// a pool (its collectors registered on reg), waits for its first sync, and
+// installs the allowlist in c. The returned func stops the watch.
+func startPoolWatch(o *options, reg prometheus.Registerer, log zerolog.Logger) (func(), error) {
 	g := &o.guard
 	if !g.ssrf || g.pool == "" {
 		return func() {}, nil
@@ -200,6 +202,7 @@ func startPoolWatch(o *options, log zerolog.Logger) (func(), error) {
 	if err != nil {
 		return nil, err
 	}
+	w.Observe(metrics.NewPoolWatch(reg))
 	ctx, cancel := context.WithCancel(context.Background())
 	ready := make(chan struct{})
 	done := make(chan error, 1)
