@@ -144,7 +144,8 @@ kube-apiserver:
 
 ## test-k8s: the e2e tests against a real Kubernetes API server (etcd from Debian's etcd-server, installed
 ## here with apt-get when missing and this user may; kube-apiserver from make kube-apiserver): the
-## SSRF allowlist's InferencePool watch. Fails, never skips, when either cannot be had.
+## SSRF allowlist's InferencePool watch, the chart installed with the Helm SDK and run as its
+## ServiceAccount, the watch's cost (about 3 minutes). Fails, never skips, when either cannot be had.
 .PHONY: test-k8s
 test-k8s: kube-apiserver
 	@if ! command -v etcd >/dev/null 2>&1; then \
