@@ -208,6 +208,11 @@ func (e *eventReader) assemble() ([]byte, error) {
 			// a lone "\n".
 			e.fragment = true
 		case errors.Is(err, os.ErrDeadlineExceeded):
+			if len(line) > 0 {
+				// The line goes on after the deadline: what comes next
+				// continues it, so a lone "\n" then is its end, no blank line.
+				e.fragment = true
+			}
 			return nil, err
 		case err != nil:
 			e.asm, e.err = false, err
