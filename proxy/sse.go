@@ -208,9 +208,10 @@ func (e *eventReader) assemble() ([]byte, error) {
 			// a lone "\n".
 			e.fragment = true
 		case errors.Is(err, os.ErrDeadlineExceeded):
-			if len(line) > 0 {
+			if len(line) > 0 && (len(line) > 1 || line[0] != '\r') {
 				// The line goes on after the deadline: what comes next
-				// continues it, so a lone "\n" then is its end, no blank line.
+				// continues it, so a lone "\n" then is its end, no blank
+				// line (a lone "\r" cut from its "\n" is one).
 				e.fragment = true
 			}
 			return nil, err
