@@ -91,7 +91,7 @@ func TestK8sWatchCost(t *testing.T) {
 }
 
 // serverMetric sums the API server's samples of name whose labels include
-// want (gauges and counters).
+// want.
 func serverMetric(t *testing.T, b *k8sBed, name string, want map[string]string) float64 {
 	t.Helper()
 	raw, err := b.c.Get(context.Background(), "/metrics")
@@ -99,29 +99,7 @@ func serverMetric(t *testing.T, b *k8sBed, name string, want map[string]string) 
 	parser := expfmt.NewTextParser(model.UTF8Validation)
 	fams, err := parser.TextToMetricFamilies(bytes.NewReader(raw))
 	require.NoError(t, err)
-	f, ok := fams[name]
-	if !ok {
-		return 0
-	}
-	var sum float64
-	for _, m := range f.GetMetric() {
-		labels := map[string]string{}
-		for _, l := range m.GetLabel() {
-			labels[l.GetName()] = l.GetValue()
-		}
-		match := true
-		for k, v := range want {
-			match = match && labels[k] == v
-		}
-		switch {
-		case !match:
-		case m.Gauge != nil:
-			sum += m.Gauge.GetValue()
-		case m.Counter != nil:
-			sum += m.Counter.GetValue()
-		}
-	}
-	return sum
+	return harness.Metrics(fams).Value(name, want)
 }
 
 // rssKB is pid's resident set in KiB.

@@ -65,7 +65,7 @@ func TestLaneLongBodies(t *testing.T) {
 	require.NoError(t, err)
 	kbr := bufio.NewReader(kc)
 	for _, b := range []string{body, `{"model":"sim-model","messages":[{"role":"user","content":"hi"}],"max_tokens":2}`} {
-		req := fmt.Sprintf("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(b), b)
+		req := requestHead("/v1/chat/completions", len(b), nil) + b
 		half := len(req) // a short request in one write; a long one's body in two
 		if len(b) > 1024 {
 			half = len(req) - len(b) + 1024
@@ -93,15 +93,9 @@ func TestLaneLongBodies(t *testing.T) {
 		if pd {
 			hdr = rig.header()
 		}
-		var head strings.Builder
-		fmt.Fprintf(&head, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n", len(short))
-		for k, v := range hdr {
-			fmt.Fprintf(&head, "%s: %s\r\n", k, v)
-		}
-		head.WriteString("\r\n")
 		conn, err := net.Dial("tcp", harness.HostPort(rig.sc.Port))
 		require.NoError(t, err)
-		_, err = io.WriteString(conn, head.String())
+		_, err = io.WriteString(conn, requestHead("/v1/chat/completions", len(short), hdr))
 		require.NoError(t, err)
 		time.Sleep(50 * time.Millisecond) // the loop reads the head alone
 		_, err = io.WriteString(conn, short)
@@ -122,7 +116,7 @@ func TestLaneLongBodies(t *testing.T) {
 	assert.Zero(t, rig.scMetric(t, "pd_sidecar_buffered_bytes", nil), "given back")
 
 	// A client that leaves mid-body.
-	head := fmt.Sprintf("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n", len(body))
+	head := requestHead("/v1/chat/completions", len(body), nil)
 	conn, err := net.Dial("tcp", harness.HostPort(rig.sc.Port))
 	require.NoError(t, err)
 	_, err = io.WriteString(conn, head+body[:len(body)/2])

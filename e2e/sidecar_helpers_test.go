@@ -217,24 +217,29 @@ func postRaw(t *testing.T, port int, path, body string, headers map[string]strin
 	return conn
 }
 
+// requestHead is the head of a JSON POST to path with a body of n bytes
+// and extra headers.
+func requestHead(path string, n int, headers map[string]string) string {
+	var head strings.Builder
+	fmt.Fprintf(&head, "POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n", path, n)
+	for k, v := range headers {
+		fmt.Fprintf(&head, "%s: %s\r\n", k, v)
+	}
+	return head.String() + "\r\n"
+}
+
 // writeRequest writes a POST of body to conn: whole in one write (a
 // request the lane serves) or its head cut across two writes (one fasthttp
 // serves: the lane takes a request only when its head came whole in the
 // loop's first read; a body that comes after the head is still the lane's).
 func writeRequest(t *testing.T, conn net.Conn, path, body string, headers map[string]string, whole bool) {
 	t.Helper()
-	var head strings.Builder
-	fmt.Fprintf(&head, "POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n", path, len(body))
-	for k, v := range headers {
-		fmt.Fprintf(&head, "%s: %s\r\n", k, v)
-	}
-	head.WriteString("\r\n")
+	h := requestHead(path, len(body), headers)
 	if whole {
-		_, err := io.WriteString(conn, head.String()+body)
+		_, err := io.WriteString(conn, h+body)
 		require.NoError(t, err)
 		return
 	}
-	h := head.String()
 	_, err := io.WriteString(conn, h[:len(h)/2])
 	require.NoError(t, err)
 	// Long enough that a loaded machine's event loop reads the first half

@@ -338,23 +338,8 @@ func Read(fd int, p []byte) (int, error) {
 // Write writes p to fd without blocking, as much as fits: n < len(p) with
 // ErrWouldBlock when the socket's buffer is full.
 func Write(fd int, p []byte) (int, error) {
-	total := 0
-	for total < len(p) {
-		n, err := rawWrite(fd, p[total:])
-		if n > 0 {
-			total += n
-		}
-		switch {
-		case err == nil:
-			continue
-		case errors.Is(err, unix.EINTR):
-			continue
-		case errors.Is(err, unix.EAGAIN):
-			return total, ErrWouldBlock
-		}
-		return total, err
-	}
-	return total, nil
+	n, _, err := Write2(fd, p, nil)
+	return n, err
 }
 
 // Write2 writes a then b to fd without blocking, as Write does, in one

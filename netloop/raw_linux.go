@@ -29,16 +29,13 @@ func errnoErr(e syscall.Errno) error {
 	return e
 }
 
-func rawRead(fd int, p []byte) (int, error)  { return rawIO(unix.SYS_READ, fd, p) }
-func rawWrite(fd int, p []byte) (int, error) { return rawIO(unix.SYS_WRITE, fd, p) }
-
-// rawIO is read(2) or write(2) (trap) of p on fd.
-func rawIO(trap uintptr, fd int, p []byte) (int, error) {
+// rawRead is read(2) of p on fd (writes go through rawWritev).
+func rawRead(fd int, p []byte) (int, error) {
 	var ptr unsafe.Pointer
 	if len(p) > 0 {
 		ptr = unsafe.Pointer(&p[0])
 	}
-	n, _, e := unix.RawSyscall(trap, uintptr(fd), uintptr(ptr), uintptr(len(p)))
+	n, _, e := unix.RawSyscall(unix.SYS_READ, uintptr(fd), uintptr(ptr), uintptr(len(p)))
 	if e != 0 {
 		return 0, errnoErr(e)
 	}
