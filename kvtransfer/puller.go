@@ -284,9 +284,10 @@ func (p *Puller) Close() error {
 }
 
 // Probe measures the path to the agent at addr over the cached connection:
-// it reads size filler bytes (0: a bare round trip) and returns how long it
-// took. The transport's Conn must be a Prober.
-func (p *Puller) Probe(ctx context.Context, addr string, size int) (time.Duration, error) {
+// it reads filler into every block of dst (none: the transport's smallest
+// round trip) and returns how long it took. The transport's Conn must be a
+// Prober.
+func (p *Puller) Probe(ctx context.Context, addr string, dst [][]byte) (time.Duration, error) {
 	ctx, cancel := context.WithTimeout(ctx, p.cfg.Deadline)
 	defer cancel()
 	c, err := p.conn(ctx, addr)
@@ -297,9 +298,8 @@ func (p *Puller) Probe(ctx context.Context, addr string, size int) (time.Duratio
 	if !ok {
 		return 0, fmt.Errorf("%s connections cannot probe: %w", p.tr.Name(), ErrUnsupported)
 	}
-	buf := make([]byte, size)
 	start := time.Now()
-	if err := pr.Probe(ctx, buf); err != nil {
+	if err := pr.Probe(ctx, dst); err != nil {
 		if errors.Is(err, ErrKVSourceGone) {
 			p.evict(addr, c)
 		}
@@ -307,3 +307,8 @@ func (p *Puller) Probe(ctx context.Context, addr string, size int) (time.Duratio
 	}
 	return time.Since(start), nil
 }
+
+// Conn returns the cached connection to the agent at addr, dialling it when
+// there is none (for callers that ask a transport's Conn for an optional
+// ability, e.g. kv-probe's report of the UCX lanes).
+func (p *Puller) Conn(ctx context.Context, addr string) (Conn, error) { return p.conn(ctx, addr) }

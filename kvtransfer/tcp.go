@@ -24,6 +24,10 @@ type TCPConfig struct {
 	// GrantExtra, when set, fills Grant.Extra on the agent side for every
 	// Open (transports that use tcp as their control channel, e.g. ucx).
 	GrantExtra func(g *Grant) error
+	// Info, when set, answers a puller's Info call on the agent side: what
+	// a transport riding on this control channel needs before any hold
+	// (for ucx: the worker address and the probe region).
+	Info func() ([]byte, error)
 }
 
 // TCPTransport is the pure-Go transport: block bytes are written from the
@@ -54,7 +58,7 @@ func (t *TCPTransport) Listen(ctx context.Context, addr string, a *Agent) (Liste
 	if err != nil {
 		return nil, fmt.Errorf("kvtransfer tcp listen %s: %w", addr, err)
 	}
-	l := &tcpListener{l: nl, a: a, extra: t.cfg.GrantExtra, conns: map[net.Conn]struct{}{}}
+	l := &tcpListener{l: nl, a: a, extra: t.cfg.GrantExtra, info: t.cfg.Info, conns: map[net.Conn]struct{}{}}
 	ctx, l.cancel = context.WithCancel(ctx)
 	go l.accept(ctx)
 	return l, nil
@@ -64,6 +68,7 @@ type tcpListener struct {
 	l      net.Listener
 	a      *Agent
 	extra  func(*Grant) error
+	info   func() ([]byte, error)
 	cancel context.CancelFunc
 
 	mu     sync.Mutex
@@ -171,6 +176,15 @@ func (l *tcpListener) handle(ctx context.Context, c net.Conn, op byte, payload [
 			return fail(fmt.Errorf("bad probe: %w", ErrKVProtocol))
 		}
 		return sendFiller(c, req.Size)
+	case opInfo:
+		if l.info == nil {
+			return fail(fmt.Errorf("this agent has no transport info: %w", ErrKVProtocol))
+		}
+		b, err := l.info()
+		if err != nil {
+			return fail(err)
+		}
+		return writeFrame(c, stOK, b)
 	}
 	return fail(fmt.Errorf("unknown op %d: %w", op, ErrKVProtocol))
 }
@@ -429,19 +443,39 @@ func (c *tcpConn) Release(ctx context.Context, requestID string) error {
 	})
 }
 
-// Probe reads len(dst) filler bytes from the agent.
-func (c *tcpConn) Probe(ctx context.Context, dst []byte) error {
+// Probe reads filler into every block of dst, in one exchange (none: a
+// bare round trip).
+func (c *tcpConn) Probe(ctx context.Context, dst [][]byte) error {
+	var want int64
+	for _, d := range dst {
+		want += int64(len(d))
+	}
 	return c.exchange(ctx, false, func(nc net.Conn) error {
-		b, err := call(nc, opProbe, probeReq{Size: int64(len(dst))})
+		b, err := call(nc, opProbe, probeReq{Size: want})
 		if err != nil {
 			return err
 		}
-		if len(b) != 8 || binary.BigEndian.Uint64(b) != uint64(len(dst)) {
+		if len(b) != 8 || int64(binary.BigEndian.Uint64(b)) != want {
 			return fmt.Errorf("probe answered with %x: %w", b, ErrKVProtocol)
 		}
-		_, err = io.ReadFull(nc, dst)
+		for _, d := range dst {
+			if _, err := io.ReadFull(nc, d); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+// Info returns the agent's transport info (TCPConfig.Info on its side).
+func (c *tcpConn) Info(ctx context.Context) ([]byte, error) {
+	var out []byte
+	err := c.exchange(ctx, true, func(nc net.Conn) error {
+		b, err := call(nc, opInfo, struct{}{})
+		out = b
 		return err
 	})
+	return out, err
 }
 
 // Close closes the idle connections; busy ones close when their call ends.

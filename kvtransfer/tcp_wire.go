@@ -18,13 +18,15 @@ import (
 // A successful read response has an 8-byte payload, the number of raw bytes
 // that follow it: the blocks, in idx order, with no framing between them, so
 // the puller reads them straight into the destination. A probe response is
-// the same with filler bytes.
+// the same with filler bytes. An info response's payload is the
+// transport's opaque description of the agent (TCPConfig.Info).
 const (
 	opOpen     byte = 1
 	opRead     byte = 2
 	opComplete byte = 3
 	opRelease  byte = 4
 	opProbe    byte = 5
+	opInfo     byte = 6
 )
 
 // Response statuses; each non-zero one maps back to a sentinel.

@@ -179,8 +179,10 @@ type Conn interface {
 //     PullerConfig.ReleaseTimeout); the lease covers the rest.
 
 // Prober is an optional ability of a Conn (found by type assertion): it
-// reads len(dst) bytes of filler from the agent without any hold, to
-// measure latency (empty dst) and bandwidth of the path (kv-probe).
+// reads filler into every block of dst from the agent without any hold,
+// over the same path and in the same way as Read moves blocks, to measure
+// the path's latency and bandwidth per block size (kv-probe). With no
+// blocks it makes the transport's smallest round trip.
 type Prober interface {
-	Probe(ctx context.Context, dst []byte) error
+	Probe(ctx context.Context, dst [][]byte) error
 }

@@ -362,7 +362,7 @@ func (p *Proxy) RunKVProbes(ctx context.Context, every time.Duration) {
 		}
 		k.mu.Unlock()
 		for agent, label := range agents {
-			d, err := k.puller.Probe(ctx, agent, 0)
+			d, err := k.puller.Probe(ctx, agent, nil)
 			if err != nil {
 				p.log.Warn().Err(err).Str("agent", agent).Msg("kv probe failed")
 				k.mu.Lock()

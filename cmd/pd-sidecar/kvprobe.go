@@ -2,31 +2,38 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"os"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/spf13/pflag"
 
 	"github.com/pd-sidecar/pd-sidecar/kvtransfer"
 	"github.com/pd-sidecar/pd-sidecar/kvtransfer/transports"
+	"github.com/pd-sidecar/pd-sidecar/kvtransfer/ucx"
 )
 
-// runKVProbe is `pd-sidecar kv-probe`: it measures the latency (bare round
-// trips) and the bandwidth (one read of --size filler bytes) to a peer's
-// kvtransfer agent over a transport, to validate the fabric from inside a
-// pod before deploying.
+// runKVProbe is `pd-sidecar kv-probe`: it measures, for each block size,
+// the latency of one-block reads (percentiles) and the bandwidth of many
+// blocks read as a pull reads them, from a peer's kvtransfer agent over a
+// transport; it says which UCX transports carried the reads and whether the
+// result is what the transport should reach. It validates the fabric from
+// inside a pod before deploying.
 func runKVProbe(args []string, stdout, stderr io.Writer) int {
 	fs := pflag.NewFlagSet("pd-sidecar kv-probe", pflag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	peer := fs.String("peer", "", "the agent's host:port (required)")
 	transport := fs.String("transport", "tcp", "tcp, ucx or nixl")
-	size := fs.String("size", "64MiB", "bytes to read for the bandwidth figure (e.g. 256KiB, 64MiB, 1GiB)")
-	count := fs.Int("count", 20, "round trips for the latency figures")
+	sizes := fs.String("block-sizes", "4KiB,64KiB,256KiB,1MiB,4MiB", "block sizes to measure, comma-separated")
+	size := fs.String("size", "64MiB", "bytes read for each block size's bandwidth figure (at most 1GiB)")
+	count := fs.Int("count", 50, "one-block reads for each block size's latency percentiles")
 	timeout := fs.Duration("timeout", 30*time.Second, "bound on each measurement")
+	asJSON := fs.Bool("json", false, "print the report as JSON")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, pflag.ErrHelp) {
 			fmt.Fprintf(stdout, "Usage: pd-sidecar kv-probe --peer HOST:PORT [flags]\n%s", fs.FlagUsages())
@@ -35,7 +42,11 @@ func runKVProbe(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "pd-sidecar kv-probe: %v\n", err)
 		return exitUsage
 	}
-	n, err := parseSize(*size)
+	total, err := parseSize(*size)
+	var blocks []int
+	if err == nil {
+		blocks, err = parseSizes(*sizes)
+	}
 	switch {
 	case err != nil:
 	case *peer == "":
@@ -52,45 +63,231 @@ func runKVProbe(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "pd-sidecar kv-probe: %v\n", err)
 		return exitUsage
 	}
-	res, err := kvProbe(context.Background(), tr, *peer, n, *count, *timeout)
+	rep, err := kvProbe(context.Background(), tr, *peer, blocks, total, *count, *timeout)
 	if err != nil {
 		fmt.Fprintf(stderr, "pd-sidecar kv-probe: %v\n", err)
 		return exitFailed
 	}
-	fmt.Fprintf(stdout, "peer %s transport %s\n", *peer, tr.Name())
-	fmt.Fprintf(stdout, "latency over %d round trips: min %v p50 %v max %v\n", *count, res.min, res.p50, res.max)
-	fmt.Fprintf(stdout, "bandwidth: %d bytes in %v = %.3f GB/s\n", n, res.took, res.gbps)
+	if *asJSON {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		_ = enc.Encode(rep)
+	} else {
+		rep.print(stdout)
+	}
 	return exitOK
 }
 
-type probeResult struct {
-	min, p50, max, took time.Duration
-	gbps                float64
+// probeReport is kv-probe's result (its --json form is read by pd-bench kv).
+type probeReport struct {
+	Peer      string `json:"peer"`
+	Transport string `json:"transport"`
+	// UCXVersion, Lanes and PeerFailureDetection describe ucx endpoints.
+	UCXVersion           string `json:"ucx_version,omitempty"`
+	Lanes                string `json:"lanes,omitempty"`
+	LaneSummary          string `json:"lane_summary,omitempty"`
+	PeerFailureDetection *bool  `json:"peer_failure_detection,omitempty"`
+	// RoundTrip is the transport's smallest round trip (p50).
+	RoundTrip time.Duration `json:"round_trip_ns"`
+	Blocks    []blockResult `json:"blocks"`
+	Verdict   string        `json:"verdict"`
 }
 
-// kvProbe runs count bare round trips and one read of size bytes.
-func kvProbe(ctx context.Context, tr kvtransfer.Transport, peer string, size, count int, timeout time.Duration) (probeResult, error) {
-	var r probeResult
+// blockResult is one block size's figures.
+type blockResult struct {
+	BlockBytes int           `json:"block_bytes"`
+	P50        time.Duration `json:"p50_ns"`
+	P90        time.Duration `json:"p90_ns"`
+	P99        time.Duration `json:"p99_ns"`
+	Max        time.Duration `json:"max_ns"`
+	Bytes      int           `json:"bytes"`
+	Took       time.Duration `json:"took_ns"`
+	GBps       float64       `json:"gb_per_s"`
+}
+
+// lanesReporter is the ucx connection's description of its endpoint.
+type lanesReporter interface {
+	Lanes(ctx context.Context) (string, error)
+	PeerFailureDetection() bool
+}
+
+// kvProbe measures every block size: count one-block reads (after one to
+// warm up) and one read of total bytes in blocks of that size.
+func kvProbe(ctx context.Context, tr kvtransfer.Transport, peer string, blocks []int, total, count int, timeout time.Duration) (probeReport, error) {
+	rep := probeReport{Peer: peer, Transport: tr.Name()}
 	p, err := kvtransfer.NewPuller(tr, kvtransfer.PullerConfig{Deadline: timeout})
 	if err != nil {
-		return r, err
+		return rep, err
 	}
 	defer p.Close()
-	lat := make([]time.Duration, 0, count)
-	for range count {
-		d, err := p.Probe(ctx, peer, 0)
+	rtt := make([]time.Duration, 0, count)
+	for range count + 1 {
+		d, err := p.Probe(ctx, peer, nil)
 		if err != nil {
-			return r, err
+			return rep, err
 		}
-		lat = append(lat, d)
+		rtt = append(rtt, d)
 	}
-	slices.Sort(lat)
-	r.min, r.p50, r.max = lat[0], lat[len(lat)/2], lat[len(lat)-1]
-	if r.took, err = p.Probe(ctx, peer, size); err != nil {
-		return r, err
+	slices.Sort(rtt[1:])
+	rep.RoundTrip = rtt[1+count/2]
+	if c, err := p.Conn(ctx, peer); err == nil {
+		if lr, ok := c.(lanesReporter); ok {
+			rep.UCXVersion = ucx.Version()
+			if rep.Lanes, err = lr.Lanes(ctx); err != nil {
+				return rep, err
+			}
+			rep.LaneSummary = summarizeLanes(rep.Lanes)
+			pfd := lr.PeerFailureDetection()
+			rep.PeerFailureDetection = &pfd
+		}
 	}
-	r.gbps = float64(size) / r.took.Seconds() / 1e9
-	return r, nil
+	buf := make([]byte, max(total, slices.Max(blocks)))
+	for _, bs := range blocks {
+		r := blockResult{BlockBytes: bs}
+		lat := make([]time.Duration, 0, count)
+		one := [][]byte{buf[:bs]}
+		for i := range count + 1 {
+			d, err := p.Probe(ctx, peer, one)
+			if err != nil {
+				return rep, fmt.Errorf("%d-byte blocks: %w", bs, err)
+			}
+			if i > 0 {
+				lat = append(lat, d)
+			}
+		}
+		slices.Sort(lat)
+		pct := func(q float64) time.Duration { return lat[min(len(lat)-1, int(q*float64(len(lat))))] }
+		r.P50, r.P90, r.P99, r.Max = pct(0.5), pct(0.9), pct(0.99), lat[len(lat)-1]
+		n := max(1, total/bs)
+		dst := make([][]byte, n)
+		for i := range dst {
+			dst[i] = buf[i*bs:][:bs]
+		}
+		if r.Took, err = p.Probe(ctx, peer, dst); err != nil {
+			return rep, fmt.Errorf("%d-byte blocks: %w", bs, err)
+		}
+		r.Bytes = n * bs
+		r.GBps = float64(r.Bytes) / r.Took.Seconds() / 1e9
+		rep.Blocks = append(rep.Blocks, r)
+	}
+	rep.Verdict = verdict(rep)
+	return rep, nil
+}
+
+func (r probeReport) print(w io.Writer) {
+	fmt.Fprintf(w, "peer %s transport %s\n", r.Peer, r.Transport)
+	if r.Lanes != "" {
+		fmt.Fprintf(w, "ucx %s lanes: %s\n", r.UCXVersion, r.LaneSummary)
+		if r.PeerFailureDetection != nil && !*r.PeerFailureDetection {
+			fmt.Fprintln(w, "ucx peer failure detection: off on these transports (the control connection and the pull deadline watch the agent)")
+		}
+	}
+	fmt.Fprintf(w, "round trip p50 %v\n", r.RoundTrip)
+	fmt.Fprintf(w, "%10s %10s %10s %10s %10s %12s\n", "block", "p50", "p90", "p99", "max", "bandwidth")
+	for _, b := range r.Blocks {
+		fmt.Fprintf(w, "%10s %10v %10v %10v %10v %8.3f GB/s\n", formatSize(b.BlockBytes), b.P50, b.P90, b.P99, b.Max, b.GBps)
+	}
+	fmt.Fprintf(w, "verdict: %s\n", r.Verdict)
+}
+
+// summarizeLanes turns ucp_ep_print_info's text into "tcp/lo (am
+// keepalive wireup); ..." and marks the lanes that carry gets ("get").
+func summarizeLanes(info string) string {
+	type lane struct{ tl, roles string }
+	var lanes []lane
+	gets := map[string]bool{}
+	for line := range strings.Lines(info) {
+		f := strings.Fields(strings.TrimPrefix(strings.TrimSpace(line), "#"))
+		switch {
+		case len(f) >= 2 && strings.HasPrefix(f[0], "lane["):
+			tl := f[1]
+			if i := strings.IndexByte(tl, ':'); i >= 0 {
+				tl = tl[i+1:]
+			}
+			tl = strings.TrimSuffix(tl, ".0")
+			var roles []string
+			for _, x := range f[2:] {
+				if x == "am" || x == "keepalive" || x == "wireup" || strings.HasPrefix(x, "rma") {
+					roles = append(roles, x)
+				}
+			}
+			lanes = append(lanes, lane{tl: tl, roles: strings.Join(roles, " ")})
+		case len(f) >= 1 && strings.HasPrefix(f[0], "get["):
+			gets[strings.TrimSuffix(strings.TrimPrefix(f[0], "get["), "]:")] = true
+		}
+	}
+	parts := make([]string, 0, len(lanes))
+	for i, l := range lanes {
+		roles := l.roles
+		if gets[fmt.Sprint(i)] {
+			roles = strings.TrimSpace(roles + " get")
+		}
+		parts = append(parts, fmt.Sprintf("%s (%s)", l.tl, roles))
+	}
+	if len(parts) == 0 {
+		return "unknown"
+	}
+	if len(gets) == 0 {
+		parts = append(parts, "no lane reads remote memory directly: gets are emulated over the am lane")
+	}
+	return strings.Join(parts, "; ")
+}
+
+// verdict compares the largest block's bandwidth with what the transport
+// should reach, and says what to change when it is the transport's limit.
+func verdict(r probeReport) string {
+	if len(r.Blocks) == 0 {
+		return "no measurement"
+	}
+	best := r.Blocks[len(r.Blocks)-1]
+	got := fmt.Sprintf("%.2f GB/s at %s blocks", best.GBps, formatSize(best.BlockBytes))
+	switch r.Transport {
+	case "tcp":
+		return "tcp: " + got + "; expect what one TCP connection carries per stream (iperf3 -P 1 between the pods), times --kv-pull-streams up to the link's rate"
+	case "ucx":
+		s := r.LaneSummary
+		switch {
+		case strings.Contains(s, "rc_") || strings.Contains(s, "dc_") || strings.Contains(s, "ud_"):
+			return "ucx over RDMA verbs: " + got + "; expect near the NIC's line rate (12 GB/s at 100 Gb/s) with blocks of 64 KiB and up; far below it, check UCX_NET_DEVICES and the NIC's link"
+		case strings.Contains(s, "cuda") || strings.Contains(s, "gdr"):
+			return "ucx with CUDA transports: " + got
+		case strings.Contains(s, "sysv") || strings.Contains(s, "posix") || strings.Contains(s, "xpmem") || strings.Contains(s, "cma"):
+			return "ucx over shared memory (same host): " + got + "; UCX " + r.UCXVersion + " reads memory it did not allocate (the engine's KV) by emulating the get over its shared-memory messages, expect ~0.5-1 GB/s; with xpmem loaded it maps it (tens of GB/s); across hosts UCX_TLS must include rc or tcp"
+		case strings.Contains(s, "tcp"):
+			return "ucx over tcp: " + got + "; RMA is emulated in software over TCP, expect ~0.2-1 GB/s (0.2 with one get in flight); set UCX_TLS to include rc (RDMA) or, on one host, sm"
+		}
+		return "ucx: " + got + "; transports: " + s
+	}
+	return r.Transport + ": " + got
+}
+
+// parseSizes reads a comma-separated list of sizes.
+func parseSizes(s string) ([]int, error) {
+	var out []int
+	for f := range strings.SplitSeq(s, ",") {
+		n, err := parseSize(strings.TrimSpace(f))
+		if err != nil {
+			return nil, fmt.Errorf("--block-sizes: %w", err)
+		}
+		if n <= 0 {
+			return nil, fmt.Errorf("--block-sizes: %q is not positive", f)
+		}
+		out = append(out, n)
+	}
+	return out, nil
+}
+
+// formatSize writes 4096 as 4KiB, 1048576 as 1MiB.
+func formatSize(n int) string {
+	switch {
+	case n >= 1<<30 && n%(1<<30) == 0:
+		return fmt.Sprintf("%dGiB", n>>30)
+	case n >= 1<<20 && n%(1<<20) == 0:
+		return fmt.Sprintf("%dMiB", n>>20)
+	case n >= 1<<10 && n%(1<<10) == 0:
+		return fmt.Sprintf("%dKiB", n>>10)
+	}
+	return fmt.Sprintf("%dB", n)
 }
 
 // parseSize reads 123, 4KiB, 256KiB, 64MiB, 1GiB (also KB/MB/GB as powers

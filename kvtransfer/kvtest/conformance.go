@@ -5,6 +5,7 @@
 package kvtest
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"math/rand/v2"
@@ -276,7 +277,14 @@ func RunConformance(t *testing.T, addr string, newTransport func(t testing.TB) k
 				return // an optional ability
 			}
 			require.NoError(t, p.Probe(context.Background(), nil))
-			require.NoError(t, p.Probe(context.Background(), make([]byte, 1<<20)))
+			for _, bs := range []int{4 << 10, 256 << 10, 1 << 20} {
+				mark := bytes.Repeat([]byte{0xa5}, bs)
+				dst := [][]byte{bytes.Clone(mark), bytes.Clone(mark), bytes.Clone(mark)}
+				require.NoError(t, p.Probe(context.Background(), dst), "blocks of %d bytes", bs)
+				for i, b := range dst {
+					require.NotEqual(t, mark, b, "block %d of %d bytes was not written", i, bs)
+				}
+			}
 		}},
 	}
 	for _, tc := range cases {

@@ -12,3 +12,6 @@ import (
 func New() (kvtransfer.Transport, error) {
 	return nil, fmt.Errorf("--kv-transport ucx: %w: this binary was built without -tags ucx (needs libucx-dev)", kvtransfer.ErrUnsupported)
 }
+
+// Version is empty: this binary was built without UCX.
+func Version() string { return "" }

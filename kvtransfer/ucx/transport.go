@@ -6,19 +6,21 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"net"
-	"strconv"
 	"sync"
 	"time"
+	"unsafe"
 
 	"github.com/pd-sidecar/pd-sidecar/kvtransfer"
 )
 
 // Transport is the ucx transport: control (open, complete, release) over
 // kvtransfer's tcp protocol, data by one-sided ucp_get_nbx from the agent's
-// ucp_mem_map'ed regions. The agent's UCP listener address, the region base
-// address and the packed remote key travel in Grant.Extra. UCX reads its
-// own UCX_* environment (UCX_TLS, UCX_NET_DEVICES...).
+// ucp_mem_map'ed regions. The agent's UCP worker address, the region's
+// base address and its packed remote key travel in Grant.Extra; the puller
+// creates its endpoint from the worker address, so any transport the two
+// workers share carries the gets (shared memory and cma on one host, tcp,
+// rc/dc verbs). UCX reads its own UCX_* environment (UCX_TLS,
+// UCX_NET_DEVICES...).
 type Transport struct {
 	mu sync.Mutex
 	wk *worker // the pullers' worker, created on first Dial
@@ -30,59 +32,88 @@ func New() (*Transport, error) { return &Transport{}, nil }
 // Name returns "ucx".
 func (*Transport) Name() string { return "ucx" }
 
-// extra is Grant.Extra of the ucx transport.
+// extra is Grant.Extra of the ucx transport, and (with the probe region)
+// the agent's answer to an Info call.
 type extra struct {
-	Host string `json:"host"`
-	Port int    `json:"port"`
-	// Base is the remote address of the hold's region.
+	// Worker is the agent's UCP worker address.
+	Worker []byte `json:"worker"`
+	// Base is the remote address of the hold's region (of the probe
+	// region in an Info answer).
 	Base uint64 `json:"base"`
 	// RKey is the region's packed remote key.
 	RKey []byte `json:"rkey"`
+	// Size is the probe region's size (Info answers only).
+	Size int `json:"size,omitempty"`
 	// Pace is the agent's bandwidth cap (bytes/s, 0: none): one-sided
 	// reads cannot be paced by the agent, so the puller honours it (the
 	// simulator's timing model).
 	Pace float64 `json:"pace,omitempty"`
 }
 
-// Listen maps every region of a, opens a UCP listener on addr's host and
-// serves the control protocol on addr.
+// probeBytes is the size of the filler region every agent serves to
+// kv-probe (the largest block size it measures).
+const probeBytes = 4 << 20
+
+// In flight per pull: at most maxInFlight gets and about
+// maxInFlightBytes. Enough to keep a NIC or the tcp transport's software
+// RMA busy; bounded so one pull of a long prompt cannot queue thousands of
+// requests on the worker ahead of the others.
+const (
+	maxInFlight      = 64
+	maxInFlightBytes = 16 << 20
+)
+
+// window is how many gets of blockBytes each may be in flight.
+func window(blockBytes int) int {
+	return max(2, min(maxInFlight, maxInFlightBytes/max(1, blockBytes)))
+}
+
+// Listen maps every region of a and a filler region for probes, and serves
+// the control protocol on addr. Pullers reach the agent's worker at the
+// address its grants carry.
 func (t *Transport) Listen(ctx context.Context, addr string, a *kvtransfer.Agent) (kvtransfer.Listener, error) {
-	host, _, err := net.SplitHostPort(addr)
-	if err != nil {
-		return nil, fmt.Errorf("ucx listen %s: %w", addr, err)
-	}
-	if host == "" {
-		host = "0.0.0.0"
-	}
 	wk, err := newWorker()
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", kvtransfer.ErrUnsupported, err)
 	}
-	l := &ucxListener{wk: wk, regs: map[*kvtransfer.Region]*memReg{}}
+	l := &ucxListener{wk: wk, regs: map[*kvtransfer.Region]*memReg{}, probe: newProbeRegion(probeBytes)}
 	for _, r := range a.Regions() {
-		m, err := wk.memMap(r.Mem())
+		mem := r.Mem()
+		if len(mem) == 0 {
+			l.Close()
+			return nil, fmt.Errorf("ucx listen: region %s is empty: %w", r.Name(), kvtransfer.ErrKVSize)
+		}
+		m, err := wk.memMap(uintptr(unsafe.Pointer(&mem[0])), len(mem))
 		if err != nil {
 			l.Close()
 			return nil, err
 		}
 		l.regs[r] = m
 	}
-	if l.ul, err = wk.listen(host); err != nil {
+	if l.probeReg, err = wk.memMap(uintptr(l.probe.mem), l.probe.size); err != nil {
 		l.Close()
 		return nil, err
 	}
-	tcp := kvtransfer.NewTCPTransport(kvtransfer.TCPConfig{GrantExtra: func(g *kvtransfer.Grant) error {
-		r, err := a.Region(g.RequestID)
-		if err != nil {
+	info, err := json.Marshal(extra{Worker: wk.addr, Base: uint64(l.probeReg.base), RKey: l.probeReg.rkey, Size: l.probe.size})
+	if err != nil {
+		l.Close()
+		return nil, err
+	}
+	tcp := kvtransfer.NewTCPTransport(kvtransfer.TCPConfig{
+		GrantExtra: func(g *kvtransfer.Grant) error {
+			r, err := a.Region(g.RequestID)
+			if err != nil {
+				return err
+			}
+			m, ok := l.regs[r]
+			if !ok {
+				return fmt.Errorf("region %s was registered after Listen: %w", r.Name(), kvtransfer.ErrKVProtocol)
+			}
+			g.Extra, err = json.Marshal(extra{Worker: wk.addr, Base: uint64(m.base), RKey: m.rkey, Pace: a.Bandwidth()})
 			return err
-		}
-		m, ok := l.regs[r]
-		if !ok {
-			return fmt.Errorf("region %s was registered after Listen: %w", r.Name(), kvtransfer.ErrKVProtocol)
-		}
-		g.Extra, err = json.Marshal(extra{Host: host, Port: l.ul.port, Base: uint64(m.base), RKey: m.rkey, Pace: a.Bandwidth()})
-		return err
-	}})
+		},
+		Info: func() ([]byte, error) { return info, nil },
+	})
 	if l.ctl, err = tcp.Listen(ctx, addr, a); err != nil {
 		l.Close()
 		return nil, err
@@ -92,35 +123,38 @@ func (t *Transport) Listen(ctx context.Context, addr string, a *kvtransfer.Agent
 }
 
 type ucxListener struct {
-	wk   *worker
-	ul   *listener
-	ctl  kvtransfer.Listener
-	regs map[*kvtransfer.Region]*memReg
-	once sync.Once
+	wk       *worker
+	ctl      kvtransfer.Listener
+	regs     map[*kvtransfer.Region]*memReg
+	probe    *probeRegion
+	probeReg *memReg
+	once     sync.Once
 }
 
 func (l *ucxListener) Addr() string { return l.ctl.Addr() }
 
-// Close stops the control listener, the UCP listener and the worker (which
-// closes the accepted endpoints: pullers mid-read see an error).
+// Close stops the control listener and the worker: pullers' endpoints to
+// it fail (where the transport detects a peer's failure) and their next
+// control call finds the agent gone.
 func (l *ucxListener) Close() error {
 	l.once.Do(func() {
 		if l.ctl != nil {
 			_ = l.ctl.Close()
 		}
-		if l.ul != nil {
-			l.ul.close()
-		}
 		for _, m := range l.regs {
 			l.wk.memUnmap(m)
 		}
+		if l.probeReg != nil {
+			l.wk.memUnmap(l.probeReg)
+		}
 		l.wk.close()
+		l.probe.free()
 	})
 	return nil
 }
 
 // Dial connects the control channel; the UCP endpoint is created on the
-// first Read, from the grant.
+// first Read or Probe, from the agent's worker address.
 func (t *Transport) Dial(ctx context.Context, addr string) (kvtransfer.Conn, error) {
 	t.mu.Lock()
 	if t.wk == nil {
@@ -137,74 +171,92 @@ func (t *Transport) Dial(ctx context.Context, addr string) (kvtransfer.Conn, err
 	if err != nil {
 		return nil, err
 	}
-	return &ucxConn{Conn: ctl, wk: wk}, nil
+	ic, ok := ctl.(infoConn)
+	if !ok {
+		_ = ctl.Close()
+		return nil, fmt.Errorf("ucx: the tcp control connection cannot ask for info: %w", kvtransfer.ErrUnsupported)
+	}
+	return &ucxConn{Conn: ctl, info: ic, wk: wk}, nil
 }
 
-// ucxConn is the control connection plus one UCP endpoint to the agent.
+// infoConn is the control connection's Info call (kvtransfer's tcp Conn).
+type infoConn interface {
+	Info(ctx context.Context) ([]byte, error)
+}
+
+// ucxConn is the control connection plus one UCP endpoint to the agent's
+// worker.
 type ucxConn struct {
 	kvtransfer.Conn // Open, Complete, Release over tcp
+	info            infoConn
 	wk              *worker
 	mu              sync.Mutex
 	ep              *endpoint
-	epKey           string
+	epKey           string // the agent's worker address
+	probe           *extra // the agent's Info answer, once asked
 }
 
-func (c *ucxConn) endpoint(x extra) (*endpoint, error) {
-	key := net.JoinHostPort(x.Host, strconv.Itoa(x.Port))
+func (c *ucxConn) endpoint(worker []byte) (*endpoint, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.ep != nil && c.epKey == key && !c.ep.isBroken() {
+	if c.ep != nil && c.epKey == string(worker) && !c.ep.isBroken() {
 		return c.ep, nil
 	}
 	if c.ep != nil {
 		c.ep.close()
 		c.ep = nil
 	}
-	ep, err := c.wk.connect(x.Host, x.Port)
+	ep, err := c.wk.connect(worker)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", kvtransfer.ErrKVSourceGone, err)
 	}
-	c.ep, c.epKey = ep, key
+	c.ep, c.epKey = ep, string(worker)
 	return ep, nil
 }
 
-// Read gets the blocks one-sided straight into dst, in chunks paced to the
-// agent's cap when it has one.
+// Read gets the blocks one-sided straight into dst, pipelined, paced to
+// the agent's cap when it has one.
 func (c *ucxConn) Read(ctx context.Context, g kvtransfer.Grant, idx []int, dst [][]byte) error {
 	var x extra
-	if err := json.Unmarshal(g.Extra, &x); err != nil || len(x.RKey) == 0 {
-		return fmt.Errorf("ucx grant without a remote key: %w", kvtransfer.ErrKVProtocol)
+	if err := json.Unmarshal(g.Extra, &x); err != nil || len(x.RKey) == 0 || len(x.Worker) == 0 {
+		return fmt.Errorf("ucx grant without a worker address and remote key: %w", kvtransfer.ErrKVProtocol)
 	}
 	if len(idx) != len(dst) {
 		return fmt.Errorf("%d indices for %d destinations: %w", len(idx), len(dst), kvtransfer.ErrKVSize)
 	}
 	ops := make([]getOp, len(idx))
 	for k, i := range idx {
-		if i < 0 || i >= len(g.BlockIDs) || len(dst[k]) != g.BlockBytes {
+		if i < 0 || i >= len(g.BlockIDs) || len(dst[k]) != g.BlockBytes || g.BlockBytes <= 0 {
 			return fmt.Errorf("block %d of %d bytes into %d: %w", i, g.BlockBytes, len(dst[k]), kvtransfer.ErrKVSize)
 		}
 		ops[k] = getOp{dst: dst[k], raddr: x.Base + uint64(g.BlockIDs[i])*uint64(g.BlockBytes)}
 	}
-	ep, err := c.endpoint(x)
+	return c.gets(ctx, x, ops, g.BlockBytes)
+}
+
+// gets runs ops on the endpoint to x.Worker, in batches paced to x.Pace
+// when set.
+func (c *ucxConn) gets(ctx context.Context, x extra, ops []getOp, blockBytes int) error {
+	ep, err := c.endpoint(x.Worker)
 	if err != nil {
 		return err
 	}
 	cancelled := func() bool { return ctx.Err() != nil }
 	batch := len(ops)
 	if x.Pace > 0 {
-		batch = max(1, int(16<<10/g.BlockBytes))
+		batch = max(1, int(16<<10/blockBytes))
 	}
 	start := time.Now()
 	var sent int64
 	for lo := 0; lo < len(ops); lo += batch {
 		hi := min(lo+batch, len(ops))
-		if err := ep.get(x.RKey, ops[lo:hi], cancelled); err != nil {
+		if err := ep.get(x.RKey, ops[lo:hi], window(blockBytes), cancelled); err != nil {
 			if ctx.Err() != nil {
 				return fmt.Errorf("ucx get: %w", ctx.Err())
 			}
-			return fmt.Errorf("ucx get from %s:%d: %w: %w", x.Host, x.Port, kvtransfer.ErrKVSourceGone, err)
+			return fmt.Errorf("ucx get: %w: %w", kvtransfer.ErrKVSourceGone, err)
 		}
-		sent += int64(hi-lo) * int64(g.BlockBytes)
+		sent += int64(hi-lo) * int64(blockBytes)
 		if x.Pace > 0 {
 			due := time.Duration(float64(sent) / x.Pace * float64(time.Second))
 			if wait := due - time.Since(start); wait > 0 {
@@ -219,6 +271,82 @@ func (c *ucxConn) Read(ctx context.Context, g kvtransfer.Grant, idx []int, dst [
 	return nil
 }
 
+// probeInfo returns the agent's Info answer, asked once per connection.
+func (c *ucxConn) probeInfo(ctx context.Context) (extra, error) {
+	c.mu.Lock()
+	p := c.probe
+	c.mu.Unlock()
+	if p != nil {
+		return *p, nil
+	}
+	b, err := c.info.Info(ctx)
+	if err != nil {
+		return extra{}, err
+	}
+	var x extra
+	if err := json.Unmarshal(b, &x); err != nil || len(x.Worker) == 0 || len(x.RKey) == 0 || x.Size <= 0 {
+		return extra{}, fmt.Errorf("ucx agent info without a worker address and probe region: %w", kvtransfer.ErrKVProtocol)
+	}
+	c.mu.Lock()
+	c.probe = &x
+	c.mu.Unlock()
+	return x, nil
+}
+
+// Probe reads filler from the agent's probe region into every block of
+// dst, one get per block (blocks larger than the region in several), as
+// Read does; with no blocks it makes one 64-byte get.
+func (c *ucxConn) Probe(ctx context.Context, dst [][]byte) error {
+	x, err := c.probeInfo(ctx)
+	if err != nil {
+		return err
+	}
+	if len(dst) == 0 {
+		dst = [][]byte{make([]byte, 64)}
+	}
+	var ops []getOp
+	off := 0
+	for _, d := range dst {
+		for lo := 0; lo < len(d); lo += x.Size {
+			piece := d[lo:min(len(d), lo+x.Size)]
+			if off+len(piece) > x.Size {
+				off = 0
+			}
+			ops = append(ops, getOp{dst: piece, raddr: x.Base + uint64(off)})
+			off += len(piece)
+		}
+	}
+	return c.gets(ctx, x, ops, len(dst[0]))
+}
+
+// Lanes describes the endpoint to the agent at this connection's address:
+// ucp_ep_print_info's text, which names the transport and device of every
+// lane (the rma lanes carry the gets).
+func (c *ucxConn) Lanes(ctx context.Context) (string, error) {
+	x, err := c.probeInfo(ctx)
+	if err != nil {
+		return "", err
+	}
+	ep, err := c.endpoint(x.Worker)
+	if err != nil {
+		return "", err
+	}
+	// Lanes are complete once wire-up is: one get makes sure of it.
+	if err := c.gets(ctx, x, []getOp{{dst: make([]byte, 64), raddr: x.Base}}, 64); err != nil {
+		return "", err
+	}
+	return ep.info(), nil
+}
+
+// PeerFailureDetection reports whether UCX watches the agent's liveness
+// on the endpoint (false on transports without it, e.g. UCX 1.13's shared
+// memory: there the control connection and the pull deadline do).
+func (c *ucxConn) PeerFailureDetection() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.ep != nil && c.ep.peerErr
+}
+
 // Close closes the endpoint and the control connection.
 func (c *ucxConn) Close() error {
 	c.mu.Lock()
@@ -230,14 +358,9 @@ func (c *ucxConn) Close() error {
 	return c.Conn.Close()
 }
 
-func (e *endpoint) isBroken() bool {
-	e.wk.mu.Lock()
-	defer e.wk.mu.Unlock()
-	return e.broken
-}
-
 var (
 	_ kvtransfer.Transport = (*Transport)(nil)
 	_ kvtransfer.Listener  = (*ucxListener)(nil)
 	_ kvtransfer.Conn      = (*ucxConn)(nil)
+	_ kvtransfer.Prober    = (*ucxConn)(nil)
 )

@@ -5,40 +5,25 @@ package ucx
 /*
 #cgo pkg-config: ucx
 #include <ucp/api/ucp.h>
-#include <string.h>
-#include <arpa/inet.h>
-#include <netinet/in.h>
+#include <ucs/debug/log_def.h>
+#include <errno.h>
+#include <poll.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
-// Connection requests arrive on the listener's callback during progress;
-// they are queued here and accepted by the progress loop.
-#define PX_QLEN 256
-typedef struct { ucp_conn_request_h q[PX_QLEN]; int head, tail; } px_connq;
-
-static void px_on_conn(ucp_conn_request_h req, void *arg) {
-	px_connq *q = arg;
-	int n = (q->tail + 1) % PX_QLEN;
-	if (n == q->head) return; // full: the client times out and retries
-	q->q[q->tail] = req;
-	q->tail = n;
-}
-
-static ucp_conn_request_h px_next_conn(px_connq *q) {
-	if (q->head == q->tail) return NULL;
-	ucp_conn_request_h r = q->q[q->head];
-	q->head = (q->head + 1) % PX_QLEN;
-	return r;
-}
-
-static ucs_status_t px_init(ucp_context_h *ctx, ucp_worker_h *w) {
+// px_init creates a context with one-sided RMA and wake-up events and a
+// worker whose progress the Go side serialises (the worker is MULTI so
+// UCX's own threads, e.g. keepalive, are safe too).
+static ucs_status_t px_init(ucp_context_h *ctx, ucp_worker_h *w, int wakeup) {
 	ucp_config_t *cfg;
 	ucs_status_t st = ucp_config_read(NULL, NULL, &cfg);
 	if (st != UCS_OK) return st;
 	ucp_params_t p;
 	memset(&p, 0, sizeof p);
 	p.field_mask = UCP_PARAM_FIELD_FEATURES;
-	p.features = UCP_FEATURE_RMA;
+	p.features = UCP_FEATURE_RMA | (wakeup ? UCP_FEATURE_WAKEUP : 0);
 	st = ucp_init(&p, cfg, ctx);
 	ucp_config_release(cfg);
 	if (st != UCS_OK) return st;
@@ -51,30 +36,15 @@ static ucs_status_t px_init(ucp_context_h *ctx, ucp_worker_h *w) {
 	return st;
 }
 
-static int px_sockaddr(const char *ip, int port, struct sockaddr_in *sa) {
-	memset(sa, 0, sizeof *sa);
-	sa->sin_family = AF_INET;
-	sa->sin_port = htons(port);
-	return inet_pton(AF_INET, ip, &sa->sin_addr) == 1 ? 0 : -1;
-}
-
-static ucs_status_t px_listen(ucp_worker_h w, const char *ip, px_connq *q, ucp_listener_h *l, int *port) {
-	struct sockaddr_in sa;
-	if (px_sockaddr(ip, 0, &sa)) return UCS_ERR_INVALID_PARAM;
-	ucp_listener_params_t lp;
-	memset(&lp, 0, sizeof lp);
-	lp.field_mask = UCP_LISTENER_PARAM_FIELD_SOCK_ADDR | UCP_LISTENER_PARAM_FIELD_CONN_HANDLER;
-	lp.sockaddr.addr = (const struct sockaddr *)&sa;
-	lp.sockaddr.addrlen = sizeof sa;
-	lp.conn_handler.cb = px_on_conn;
-	lp.conn_handler.arg = q;
-	ucs_status_t st = ucp_listener_create(w, &lp, l);
+// px_address copies the worker's address into C memory the caller frees.
+static ucs_status_t px_address(ucp_worker_h w, void **out, size_t *len) {
+	ucp_address_t *a;
+	ucs_status_t st = ucp_worker_get_address(w, &a, len);
 	if (st != UCS_OK) return st;
-	ucp_listener_attr_t a;
-	a.field_mask = UCP_LISTENER_ATTR_FIELD_SOCKADDR;
-	st = ucp_listener_query(*l, &a);
-	if (st != UCS_OK) return st;
-	*port = ntohs(((struct sockaddr_in *)&a.sockaddr)->sin_port);
+	*out = malloc(*len);
+	if (*out == NULL) { ucp_worker_release_address(w, a); return UCS_ERR_NO_MEMORY; }
+	memcpy(*out, a, *len);
+	ucp_worker_release_address(w, a);
 	return UCS_OK;
 }
 
@@ -87,31 +57,38 @@ static void px_on_ep_error(void *arg, ucp_ep_h ep, ucs_status_t st) {
 	(void)arg; (void)ep; (void)st;
 }
 
-static ucs_status_t px_accept(ucp_worker_h w, ucp_conn_request_h r, ucp_ep_h *ep) {
-	ucp_ep_params_t p;
-	memset(&p, 0, sizeof p);
-	p.field_mask = UCP_EP_PARAM_FIELD_CONN_REQUEST | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
-		UCP_EP_PARAM_FIELD_ERR_HANDLER;
-	p.conn_request = r;
-	p.err_mode = UCP_ERR_HANDLING_MODE_PEER;
-	p.err_handler.cb = px_on_ep_error;
-	p.err_handler.arg = NULL;
-	return ucp_ep_create(w, &p, ep);
+// px_connect creates an endpoint to a remote worker address, the way
+// ucx_perftest does: every transport both workers share can carry it
+// (shared memory, cma, tcp, rc/dc verbs). It asks for peer failure
+// detection first; transports without it (UCX 1.13's shared memory) refuse
+// that as unreachable, and the endpoint is then created without it
+// (*peer = 0): the control connection and the pull deadline watch the peer.
+// px_quiet_select swallows the transport selection's error lines while an
+// endpoint with peer failure detection is tried: on transports without it
+// the refusal is expected and answered by the second attempt.
+static ucs_log_func_rc_t px_quiet_select(const char *file, unsigned line, const char *function,
+		ucs_log_level_t level, const ucs_log_component_config_t *comp, const char *msg, va_list ap) {
+	(void)line; (void)function; (void)comp; (void)msg; (void)ap;
+	if (level <= UCS_LOG_LEVEL_ERROR && file != NULL && strstr(file, "select.c") != NULL)
+		return UCS_LOG_FUNC_RC_STOP;
+	return UCS_LOG_FUNC_RC_CONTINUE;
 }
 
-static ucs_status_t px_connect(ucp_worker_h w, const char *ip, int port, ucp_ep_h *ep) {
-	struct sockaddr_in sa;
-	if (px_sockaddr(ip, port, &sa)) return UCS_ERR_INVALID_PARAM;
+static ucs_status_t px_connect(ucp_worker_h w, const void *addr, ucp_ep_h *ep, int *peer) {
 	ucp_ep_params_t p;
 	memset(&p, 0, sizeof p);
-	p.field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+	p.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
 		UCP_EP_PARAM_FIELD_ERR_HANDLER;
-	p.flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER;
-	p.sockaddr.addr = (const struct sockaddr *)&sa;
-	p.sockaddr.addrlen = sizeof sa;
+	p.address = (const ucp_address_t *)addr;
 	p.err_mode = UCP_ERR_HANDLING_MODE_PEER;
 	p.err_handler.cb = px_on_ep_error;
-	p.err_handler.arg = NULL;
+	*peer = 1;
+	ucs_log_push_handler(px_quiet_select);
+	ucs_status_t st = ucp_ep_create(w, &p, ep);
+	ucs_log_pop_handler();
+	if (st != UCS_ERR_UNREACHABLE) return st;
+	p.err_mode = UCP_ERR_HANDLING_MODE_NONE;
+	*peer = 0;
 	return ucp_ep_create(w, &p, ep);
 }
 
@@ -124,16 +101,68 @@ static ucs_status_t px_mem_map(ucp_context_h c, uintptr_t addr, size_t len, ucp_
 	return ucp_mem_map(c, &p, m);
 }
 
-// px_get starts a one-sided read; it returns NULL with *st set when the
-// read completed (UCS_OK) or failed at once, else the request to poll.
-static void *px_get(ucp_ep_h ep, uintptr_t dst, size_t len, uint64_t raddr, ucp_rkey_h rk, ucs_status_t *st) {
-	ucp_request_param_t p;
-	memset(&p, 0, sizeof p);
-	ucs_status_ptr_t r = ucp_get_nbx(ep, (void *)dst, len, raddr, rk, &p);
-	if (r == NULL) { *st = UCS_OK; return NULL; }
-	if (UCS_PTR_IS_ERR(r)) { *st = UCS_PTR_STATUS(r); return NULL; }
-	*st = UCS_INPROGRESS;
-	return r;
+// px_pull is one batch of one-sided reads: n gets, at most window in
+// flight, issued and completed by px_pump. Its arrays are C memory.
+typedef struct {
+	ucp_ep_h ep;
+	ucp_rkey_h rk;
+	uintptr_t *dst;
+	uint64_t *raddr;
+	size_t *len;
+	int n, next, inflight, done, window, stop;
+	ucs_status_t err;
+} px_pull;
+
+static void px_get_done(void *req, ucs_status_t st, void *user) {
+	px_pull *p = user;
+	p->inflight--;
+	p->done++;
+	if (st != UCS_OK && p->err == UCS_OK) p->err = st;
+	ucp_request_free(req);
+}
+
+// px_pump issues gets up to the window and progresses the worker, at most
+// spins times; it returns 1 when the batch is over: every get done, or an
+// error (or a stop) with nothing left in flight. It never blocks, so the
+// Go side can watch its context between calls.
+static int px_pump(ucp_worker_h w, px_pull *p, int spins) {
+	for (int i = 0; i < spins; i++) {
+		while (p->err == UCS_OK && !p->stop && p->next < p->n && p->inflight < p->window) {
+			ucp_request_param_t rp;
+			memset(&rp, 0, sizeof rp);
+			rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+			rp.cb.send = px_get_done;
+			rp.user_data = p;
+			int k = p->next++;
+			ucs_status_ptr_t r = ucp_get_nbx(p->ep, (void *)p->dst[k], p->len[k], p->raddr[k], p->rk, &rp);
+			if (r == NULL) {
+				p->done++;
+			} else if (UCS_PTR_IS_ERR(r)) {
+				p->done++;
+				p->err = UCS_PTR_STATUS(r);
+			} else {
+				p->inflight++;
+			}
+		}
+		if (p->done == p->n || ((p->err != UCS_OK || p->stop) && p->inflight == 0)) return 1;
+		ucp_worker_progress(w);
+	}
+	return 0;
+}
+
+// px_drain progresses w until it has nothing to do; it returns how many
+// progress calls made progress.
+static int px_drain(ucp_worker_h w) {
+	int n = 0;
+	while (ucp_worker_progress(w)) n++;
+	return n;
+}
+
+// px_wait_fd waits at most ms milliseconds for the armed worker's event
+// file descriptor.
+static void px_wait_fd(int efd, int ms) {
+	struct pollfd pfd = { .fd = efd, .events = POLLIN };
+	poll(&pfd, 1, ms);
 }
 
 static void px_close_ep(ucp_worker_h w, ucp_ep_h ep) {
@@ -147,47 +176,84 @@ static void px_close_ep(ucp_worker_h w, ucp_ep_h ep) {
 		ucp_request_free(r);
 	}
 }
+
+// px_ep_info is ucp_ep_print_info's text, in C memory the caller frees.
+static char *px_ep_info(ucp_ep_h ep) {
+	char *buf = NULL;
+	size_t len = 0;
+	FILE *f = open_memstream(&buf, &len);
+	if (f == NULL) return NULL;
+	ucp_ep_print_info(ep, f);
+	fclose(f);
+	return buf;
+}
 */
 import "C"
 
 import (
 	"errors"
 	"fmt"
+	"runtime"
 	"sync"
 	"time"
 	"unsafe"
 )
+
+// Version is the version of the UCX library in use.
+func Version() string { return C.GoString(C.ucp_get_version_string()) }
 
 // statusErr names a UCS status.
 func statusErr(op string, st C.ucs_status_t) error {
 	return fmt.Errorf("%s: %s (%d)", op, C.GoString(C.ucs_status_string(st)), int(st))
 }
 
-// worker is one UCP context and worker, progressed by its own goroutine.
-// Every UCP call on it is made under mu.
+// worker is one UCP context and worker. Every UCP call on it is made under
+// mu. Between operations a goroutine progresses it, sleeping on the
+// worker's event file descriptor while nothing happens (an agent answers
+// software RMA, e.g. over tcp, and every worker answers UCX's wire-up and
+// keepalive messages); a pull progresses the worker itself while it waits.
 type worker struct {
 	mu   sync.Mutex
 	ctx  C.ucp_context_h
 	w    C.ucp_worker_h
-	q    *C.px_connq // listener connection queue (C memory)
-	eps  []C.ucp_ep_h
+	efd  C.int // -1: no wake-up events; the loop polls with a back-off
+	addr []byte
 	stop chan struct{}
 	done chan struct{}
 }
 
 func newWorker() (*worker, error) {
-	wk := &worker{stop: make(chan struct{}), done: make(chan struct{})}
-	if st := C.px_init(&wk.ctx, &wk.w); st != C.UCS_OK {
-		return nil, statusErr("ucp init", st)
+	wk := &worker{efd: -1, stop: make(chan struct{}), done: make(chan struct{})}
+	st := C.px_init(&wk.ctx, &wk.w, 1)
+	if st != C.UCS_OK {
+		// Some transport sets cannot raise events: progress by polling.
+		if st = C.px_init(&wk.ctx, &wk.w, 0); st != C.UCS_OK {
+			return nil, statusErr("ucp init", st)
+		}
+	} else {
+		var fd C.int
+		if C.ucp_worker_get_efd(wk.w, &fd) == C.UCS_OK {
+			wk.efd = fd
+		}
 	}
-	wk.q = (*C.px_connq)(C.calloc(1, C.sizeof_px_connq))
+	var buf unsafe.Pointer
+	var n C.size_t
+	if st := C.px_address(wk.w, &buf, &n); st != C.UCS_OK {
+		C.ucp_worker_destroy(wk.w)
+		C.ucp_cleanup(wk.ctx)
+		return nil, statusErr("ucp_worker_get_address", st)
+	}
+	wk.addr = C.GoBytes(buf, C.int(n))
+	C.free(buf)
 	go wk.progressLoop()
 	return wk, nil
 }
 
-// progressLoop progresses the worker and accepts queued connections,
-// backing off while idle.
+// progressLoop progresses the worker between operations: it sleeps on the
+// event file descriptor (50 ms at most, to see a stop) or, without one,
+// backs off to 1 ms while idle.
 func (wk *worker) progressLoop() {
+	runtime.LockOSThread() // the poll blocks this thread, not a P's others
 	defer close(wk.done)
 	idle := 0
 	for {
@@ -197,63 +263,36 @@ func (wk *worker) progressLoop() {
 		default:
 		}
 		wk.mu.Lock()
-		n := C.ucp_worker_progress(wk.w)
-		for r := C.px_next_conn(wk.q); r != nil; r = C.px_next_conn(wk.q) {
-			var ep C.ucp_ep_h
-			if C.px_accept(wk.w, r, &ep) == C.UCS_OK {
-				wk.eps = append(wk.eps, ep)
-			}
-			n++
+		n := C.px_drain(wk.w)
+		armed := C.ucs_status_t(C.UCS_ERR_UNSUPPORTED)
+		if n == 0 && wk.efd >= 0 {
+			armed = C.ucp_worker_arm(wk.w)
 		}
 		wk.mu.Unlock()
-		if n > 0 {
+		if n > 0 || armed == C.UCS_ERR_BUSY {
 			idle = 0
 			continue
 		}
+		if armed == C.UCS_OK {
+			// Sleep outside mu: a pull may progress meanwhile.
+			C.px_wait_fd(wk.efd, 50)
+			continue
+		}
 		idle++
-		time.Sleep(time.Duration(min(idle, 20)) * 10 * time.Microsecond)
+		time.Sleep(time.Duration(min(idle, 100)) * 10 * time.Microsecond)
 	}
 }
 
 func (wk *worker) close() {
 	close(wk.stop)
+	wk.mu.Lock()
+	C.ucp_worker_signal(wk.w)
+	wk.mu.Unlock()
 	<-wk.done
 	wk.mu.Lock()
 	defer wk.mu.Unlock()
-	for _, ep := range wk.eps {
-		C.px_close_ep(wk.w, ep)
-	}
-	wk.eps = nil
 	C.ucp_worker_destroy(wk.w)
 	C.ucp_cleanup(wk.ctx)
-	C.free(unsafe.Pointer(wk.q))
-}
-
-// listener is a UCP listener on the worker.
-type listener struct {
-	wk   *worker
-	l    C.ucp_listener_h
-	port int
-}
-
-func (wk *worker) listen(ip string) (*listener, error) {
-	cip := C.CString(ip)
-	defer C.free(unsafe.Pointer(cip))
-	var l C.ucp_listener_h
-	var port C.int
-	wk.mu.Lock()
-	st := C.px_listen(wk.w, cip, wk.q, &l, &port)
-	wk.mu.Unlock()
-	if st != C.UCS_OK {
-		return nil, statusErr("ucp listen "+ip, st)
-	}
-	return &listener{wk: wk, l: l, port: int(port)}, nil
-}
-
-func (l *listener) close() {
-	l.wk.mu.Lock()
-	C.ucp_listener_destroy(l.l)
-	l.wk.mu.Unlock()
 }
 
 // memReg is one registered region.
@@ -263,23 +302,23 @@ type memReg struct {
 	rkey []byte
 }
 
-func (wk *worker) memMap(mem []byte) (*memReg, error) {
-	if len(mem) == 0 {
+func (wk *worker) memMap(base uintptr, size int) (*memReg, error) {
+	if size == 0 {
 		return nil, errors.New("ucp mem map: empty region")
 	}
-	m := &memReg{base: uintptr(unsafe.Pointer(&mem[0]))}
+	m := &memReg{base: base}
 	wk.mu.Lock()
 	defer wk.mu.Unlock()
-	if st := C.px_mem_map(wk.ctx, C.uintptr_t(m.base), C.size_t(len(mem)), &m.memh); st != C.UCS_OK {
+	if st := C.px_mem_map(wk.ctx, C.uintptr_t(m.base), C.size_t(size), &m.memh); st != C.UCS_OK {
 		return nil, statusErr("ucp_mem_map", st)
 	}
 	var buf unsafe.Pointer
-	var size C.size_t
-	if st := C.ucp_rkey_pack(wk.ctx, m.memh, &buf, &size); st != C.UCS_OK {
+	var n C.size_t
+	if st := C.ucp_rkey_pack(wk.ctx, m.memh, &buf, &n); st != C.UCS_OK {
 		C.ucp_mem_unmap(wk.ctx, m.memh)
 		return nil, statusErr("ucp_rkey_pack", st)
 	}
-	m.rkey = C.GoBytes(buf, C.int(size))
+	m.rkey = C.GoBytes(buf, C.int(n))
 	C.ucp_rkey_buffer_release(buf)
 	return m, nil
 }
@@ -290,25 +329,32 @@ func (wk *worker) memUnmap(m *memReg) {
 	wk.mu.Unlock()
 }
 
-// endpoint is a client endpoint to one agent's UCP listener, with the
-// remote keys unpacked on it.
+// endpoint is an endpoint to one agent's worker, with the remote keys
+// unpacked on it (once per region: the packed key is the cache key).
 type endpoint struct {
-	wk     *worker
-	ep     C.ucp_ep_h
-	rkeys  map[string]C.ucp_rkey_h
-	broken bool
+	wk *worker
+	ep C.ucp_ep_h
+	// peerErr: UCX detects the peer's failure on this endpoint.
+	peerErr bool
+	rkeys   map[string]C.ucp_rkey_h
+	broken  bool
 }
 
-func (wk *worker) connect(ip string, port int) (*endpoint, error) {
-	cip := C.CString(ip)
-	defer C.free(unsafe.Pointer(cip))
+func (wk *worker) connect(addr []byte) (*endpoint, error) {
+	if len(addr) == 0 {
+		return nil, errors.New("ucp connect: empty worker address")
+	}
+	caddr := C.CBytes(addr)
+	defer C.free(caddr)
 	e := &endpoint{wk: wk, rkeys: map[string]C.ucp_rkey_h{}}
+	var peer C.int
 	wk.mu.Lock()
-	st := C.px_connect(wk.w, cip, C.int(port), &e.ep)
+	st := C.px_connect(wk.w, caddr, &e.ep, &peer)
 	wk.mu.Unlock()
 	if st != C.UCS_OK {
-		return nil, statusErr(fmt.Sprintf("ucp connect %s:%d", ip, port), st)
+		return nil, statusErr("ucp_ep_create", st)
 	}
+	e.peerErr = peer != 0
 	return e, nil
 }
 
@@ -316,6 +362,9 @@ func (wk *worker) connect(ip string, port int) (*endpoint, error) {
 func (e *endpoint) rkey(packed []byte) (C.ucp_rkey_h, error) {
 	if rk, ok := e.rkeys[string(packed)]; ok {
 		return rk, nil
+	}
+	if len(packed) == 0 {
+		return nil, errors.New("ucp_ep_rkey_unpack: empty key")
 	}
 	var rk C.ucp_rkey_h
 	if st := C.ucp_ep_rkey_unpack(e.ep, unsafe.Pointer(&packed[0]), &rk); st != C.UCS_OK {
@@ -325,7 +374,23 @@ func (e *endpoint) rkey(packed []byte) (C.ucp_rkey_h, error) {
 	return rk, nil
 }
 
-// getOp is one block to read.
+// info is ucp_ep_print_info's description of the endpoint: its lanes and
+// the transport and device of each.
+func (e *endpoint) info() string {
+	e.wk.mu.Lock()
+	defer e.wk.mu.Unlock()
+	if e.broken {
+		return ""
+	}
+	s := C.px_ep_info(e.ep)
+	if s == nil {
+		return ""
+	}
+	defer C.free(unsafe.Pointer(s))
+	return C.GoString(s)
+}
+
+// getOp is one read: len(dst) bytes from raddr.
 type getOp struct {
 	dst   []byte
 	raddr uint64
@@ -335,14 +400,46 @@ type getOp struct {
 // flight before it force-closes the endpoint.
 const cancelDrain = 2 * time.Second
 
-// get reads every op one-sided and waits for all of them, polling until
-// they complete or fail. When cancelled() reports true it issues nothing
-// more and lets the reads in flight finish (at most cancelDrain) before it
-// returns: force-closing an endpoint with reads in flight makes UCX 1.13's
-// software RMA (the tcp transport) abort the *serving* process with
-// "Fatal: unexpected error: Endpoint timeout" in ucp_get_req_handler. A
-// failed read breaks (closes) the endpoint.
-func (e *endpoint) get(packed []byte, ops []getOp, cancelled func() bool) error {
+// pumpSpins is how many progress calls one px_pump makes before it returns
+// to Go to check for cancellation (a few microseconds of work).
+const pumpSpins = 32
+
+// get reads every op one-sided, at most window in flight, progressing the
+// worker itself until they are all done. When cancelled() reports true it
+// issues nothing more and lets the reads in flight finish (at most
+// cancelDrain) before it returns: force-closing an endpoint with reads in
+// flight makes UCX 1.13's software RMA (the tcp transport) abort the
+// *serving* process with "Fatal: unexpected error: Endpoint timeout" in
+// ucp_get_req_handler. A failed read breaks (closes) the endpoint.
+func (e *endpoint) get(packed []byte, ops []getOp, window int, cancelled func() bool) error {
+	n := len(ops)
+	if n == 0 {
+		return nil
+	}
+	// One C allocation holds the struct and its three arrays.
+	size := C.sizeof_px_pull + C.size_t(n)*(C.sizeof_uintptr_t+C.sizeof_uint64_t+C.sizeof_size_t)
+	mem := C.calloc(1, size)
+	if mem == nil {
+		return errors.New("ucp get: out of memory")
+	}
+	leaked := false
+	defer func() {
+		if !leaked {
+			C.free(mem)
+		}
+	}()
+	p := (*C.px_pull)(mem)
+	dsts := unsafe.Slice((*C.uintptr_t)(unsafe.Add(mem, C.sizeof_px_pull)), n)
+	raddrs := unsafe.Slice((*C.uint64_t)(unsafe.Add(unsafe.Pointer(&dsts[0]), n*C.sizeof_uintptr_t)), n)
+	lens := unsafe.Slice((*C.size_t)(unsafe.Add(unsafe.Pointer(&raddrs[0]), n*C.sizeof_uint64_t)), n)
+	for k, op := range ops {
+		dsts[k] = C.uintptr_t(uintptr(unsafe.Pointer(&op.dst[0])))
+		raddrs[k] = C.uint64_t(op.raddr)
+		lens[k] = C.size_t(len(op.dst))
+	}
+	p.dst, p.raddr, p.len = &dsts[0], &raddrs[0], &lens[0]
+	p.n, p.window = C.int(n), C.int(max(1, window))
+
 	e.wk.mu.Lock()
 	if e.broken {
 		e.wk.mu.Unlock()
@@ -353,63 +450,57 @@ func (e *endpoint) get(packed []byte, ops []getOp, cancelled func() bool) error 
 		e.wk.mu.Unlock()
 		return err
 	}
-	reqs := make([]unsafe.Pointer, 0, len(ops))
-	var first error
-	for _, op := range ops {
-		var st C.ucs_status_t
-		r := C.px_get(e.ep, C.uintptr_t(uintptr(unsafe.Pointer(&op.dst[0]))), C.size_t(len(op.dst)), C.uint64_t(op.raddr), rk, &st)
-		if r != nil {
-			reqs = append(reqs, r)
-		} else if st != C.UCS_OK {
-			first = statusErr("ucp_get_nbx", st)
+	p.ep, p.rk = e.ep, rk
+	var drainUntil time.Time
+	for {
+		over := C.px_pump(e.wk.w, p, pumpSpins) != 0
+		if over {
 			break
 		}
-	}
-	e.wk.mu.Unlock()
-	var drainUntil time.Time
-	for len(reqs) > 0 {
-		if first == nil && cancelled() {
-			first = errCancelled
+		if p.stop != 0 && time.Now().After(drainUntil) {
+			if e.broken && time.Now().After(drainUntil.Add(cancelDrain)) {
+				// Closing the endpoint did not complete the gets in
+				// flight: keep their state alive (leak it) rather than
+				// let a late completion write freed memory.
+				e.wk.mu.Unlock()
+				leaked = true
+				return errCancelled
+			}
+			e.breakLocked() // completes the gets in flight with an error
+		}
+		e.wk.mu.Unlock()
+		if p.stop == 0 && cancelled() {
+			p.stop = 1 // read by px_pump under mu
 			drainUntil = time.Now().Add(cancelDrain)
 		}
+		runtime.Gosched()
 		e.wk.mu.Lock()
-		if first != nil && (!errors.Is(first, errCancelled) || time.Now().After(drainUntil)) {
-			e.breakLocked()
-		}
-		kept := reqs[:0]
-		for _, r := range reqs {
-			st := C.ucp_request_check_status(r)
-			if st == C.UCS_INPROGRESS {
-				kept = append(kept, r)
-				continue
-			}
-			if st != C.UCS_OK && first == nil {
-				first = statusErr("ucp get", st)
-			}
-			C.ucp_request_free(r)
-		}
-		reqs = kept
-		if first != nil && len(reqs) > 0 {
-			C.ucp_worker_progress(e.wk.w)
-		}
-		e.wk.mu.Unlock()
-		if len(reqs) > 0 {
-			time.Sleep(5 * time.Microsecond)
-		}
 	}
-	if first != nil && !errors.Is(first, errCancelled) {
-		e.wk.mu.Lock()
+	st := p.err
+	stopped := p.stop != 0
+	if st != C.UCS_OK {
 		e.breakLocked()
-		e.wk.mu.Unlock()
-		return fmt.Errorf("%w: %w", errBroken, first)
 	}
-	return first
+	e.wk.mu.Unlock()
+	if st != C.UCS_OK && !stopped {
+		return fmt.Errorf("%w: %w", errBroken, statusErr("ucp get", st))
+	}
+	if stopped {
+		return errCancelled
+	}
+	return nil
 }
 
 func (e *endpoint) close() {
 	e.wk.mu.Lock()
 	defer e.wk.mu.Unlock()
 	e.breakLocked()
+}
+
+func (e *endpoint) isBroken() bool {
+	e.wk.mu.Lock()
+	defer e.wk.mu.Unlock()
+	return e.broken
 }
 
 // breakLocked destroys the remote keys and closes the endpoint, once.
@@ -425,6 +516,23 @@ func (e *endpoint) breakLocked() {
 	}
 	e.rkeys = nil
 }
+
+// probeRegion is C memory an agent serves to kv-probe: filler, never KV.
+type probeRegion struct {
+	mem  unsafe.Pointer
+	size int
+}
+
+func newProbeRegion(size int) *probeRegion {
+	mem := C.malloc(C.size_t(size))
+	b := unsafe.Slice((*byte)(mem), size)
+	for i := range b {
+		b[i] = byte(i*7 + 1)
+	}
+	return &probeRegion{mem: mem, size: size}
+}
+
+func (r *probeRegion) free() { C.free(r.mem) }
 
 var (
 	errBroken    = errors.New("ucx endpoint failed")
