@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"encoding/json"
 	"context"
 	"net/http"
 	"os/exec"
@@ -120,16 +121,38 @@ func testKVPull(t *testing.T, tr string) {
 		assert.Zero(t, sc.Metric(t, "pd_sidecar_fallbacks_total", nil))
 		e.assertNothingHeld(t)
 
-		// kv-probe measures the same agent from the command line (tcp: the
-		// ucx transport has no data-path probe yet).
-		if tr != "tcp" {
-			return
-		}
+		// kv-probe measures the same agent from the command line, over the
+		// transport's own data path, at every block size it is asked for.
 		out, err := exec.Command(harness.Binary(t, "pd-sidecar"), "kv-probe", "--peer", harness.HostPort(e.prefillAgentPort),
-			"--transport", tr, "--size", "4MiB", "--count", "3").CombinedOutput()
+			"--transport", tr, "--block-sizes", "4KiB,1MiB", "--size", "4MiB", "--count", "3", "--json").Output()
 		require.NoError(t, err, "%s", out)
-		assert.Contains(t, string(out), "GB/s")
-		assert.Contains(t, string(out), "latency over 3 round trips")
+		var rep struct {
+			Transport   string `json:"transport"`
+			Lanes       string `json:"lanes"`
+			LaneSummary string `json:"lane_summary"`
+			Blocks      []struct {
+				BlockBytes int     `json:"block_bytes"`
+				P50        int64   `json:"p50_ns"`
+				Bytes      int     `json:"bytes"`
+				GBps       float64 `json:"gb_per_s"`
+			} `json:"blocks"`
+			Verdict string `json:"verdict"`
+		}
+		require.NoError(t, json.Unmarshal(out, &rep), "%s", out)
+		assert.Equal(t, tr, rep.Transport)
+		require.Len(t, rep.Blocks, 2)
+		for i, bs := range []int{4 << 10, 1 << 20} {
+			assert.Equal(t, bs, rep.Blocks[i].BlockBytes)
+			assert.Equal(t, 4<<20, rep.Blocks[i].Bytes)
+			assert.Positive(t, rep.Blocks[i].P50)
+			assert.Positive(t, rep.Blocks[i].GBps)
+		}
+		assert.Contains(t, rep.Verdict, "GB/s at 1MiB blocks")
+		if tr == "ucx" {
+			// The lanes UCX picked: on loopback tcp or shared memory.
+			assert.Contains(t, rep.Lanes, "UCP endpoint")
+			assert.Regexp(t, `tcp/|sysv/|posix/`, rep.LaneSummary)
+		}
 	})
 
 	t.Run("corrupted block: policy applies, and unverified bytes change the output", func(t *testing.T) {

@@ -30,6 +30,9 @@ func run(args []string) error {
 	if len(args) > 0 && args[0] == "suite" {
 		return runSuite(args[1:])
 	}
+	if len(args) > 0 && args[0] == "kv" {
+		return runKV(args[1:])
+	}
 	if len(args) > 0 && args[0] == "refproxy" {
 		return runRefProxy(args[1:])
 	}

@@ -103,12 +103,20 @@ type blockResult struct {
 	Bytes      int           `json:"bytes"`
 	Took       time.Duration `json:"took_ns"`
 	GBps       float64       `json:"gb_per_s"`
+	// UCXMemoryGBps is the bandwidth from memory UCX allocated on the agent
+	// (ucx only): what ucx_perftest measures.
+	UCXMemoryGBps float64 `json:"ucx_memory_gb_per_s,omitempty"`
 }
 
 // lanesReporter is the ucx connection's description of its endpoint.
 type lanesReporter interface {
 	Lanes(ctx context.Context) (string, error)
 	PeerFailureDetection() bool
+}
+
+// ucxMemoryProber is the ucx connection's probe of memory UCX allocated.
+type ucxMemoryProber interface {
+	ProbeUCXMemory(ctx context.Context, dst [][]byte) error
 }
 
 // kvProbe measures every block size: count one-block reads (after one to
@@ -130,7 +138,9 @@ func kvProbe(ctx context.Context, tr kvtransfer.Transport, peer string, blocks [
 	}
 	slices.Sort(rtt[1:])
 	rep.RoundTrip = rtt[1+count/2]
+	var ump ucxMemoryProber
 	if c, err := p.Conn(ctx, peer); err == nil {
+		ump, _ = c.(ucxMemoryProber)
 		if lr, ok := c.(lanesReporter); ok {
 			rep.UCXVersion = ucx.Version()
 			if rep.Lanes, err = lr.Lanes(ctx); err != nil {
@@ -168,6 +178,16 @@ func kvProbe(ctx context.Context, tr kvtransfer.Transport, peer string, blocks [
 		}
 		r.Bytes = n * bs
 		r.GBps = float64(r.Bytes) / r.Took.Seconds() / 1e9
+		if ump != nil {
+			pctx, cancel := context.WithTimeout(ctx, timeout)
+			start := time.Now()
+			err := ump.ProbeUCXMemory(pctx, dst)
+			cancel()
+			if err != nil {
+				return rep, fmt.Errorf("%d-byte blocks from UCX-allocated memory: %w", bs, err)
+			}
+			r.UCXMemoryGBps = float64(r.Bytes) / time.Since(start).Seconds() / 1e9
+		}
 		rep.Blocks = append(rep.Blocks, r)
 	}
 	rep.Verdict = verdict(rep)
@@ -183,9 +203,17 @@ func (r probeReport) print(w io.Writer) {
 		}
 	}
 	fmt.Fprintf(w, "round trip p50 %v\n", r.RoundTrip)
-	fmt.Fprintf(w, "%10s %10s %10s %10s %10s %12s\n", "block", "p50", "p90", "p99", "max", "bandwidth")
+	fmt.Fprintf(w, "%10s %10s %10s %10s %10s %14s", "block", "p50", "p90", "p99", "max", "bandwidth")
+	if r.Lanes != "" {
+		fmt.Fprintf(w, " %22s", "from UCX-allocated mem")
+	}
+	fmt.Fprintln(w)
 	for _, b := range r.Blocks {
-		fmt.Fprintf(w, "%10s %10v %10v %10v %10v %8.3f GB/s\n", formatSize(b.BlockBytes), b.P50, b.P90, b.P99, b.Max, b.GBps)
+		fmt.Fprintf(w, "%10s %10v %10v %10v %10v %9.3f GB/s", formatSize(b.BlockBytes), b.P50, b.P90, b.P99, b.Max, b.GBps)
+		if r.Lanes != "" {
+			fmt.Fprintf(w, " %17.3f GB/s", b.UCXMemoryGBps)
+		}
+		fmt.Fprintln(w)
 	}
 	fmt.Fprintf(w, "verdict: %s\n", r.Verdict)
 }

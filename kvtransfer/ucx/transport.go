@@ -32,8 +32,20 @@ func New() (*Transport, error) { return &Transport{}, nil }
 // Name returns "ucx".
 func (*Transport) Name() string { return "ucx" }
 
-// extra is Grant.Extra of the ucx transport, and (with the probe region)
-// the agent's answer to an Info call.
+// agentInfo is the agent's answer to an Info call: the probe regions.
+type agentInfo struct {
+	// Plain is filler in memory the agent allocated itself, as an engine
+	// allocates its KV: what a pull reads.
+	Plain extra `json:"plain"`
+	// UCX is filler in memory UCX allocated (ucp_mem_map with
+	// UCP_MEM_MAP_ALLOCATE), as ucx_perftest's buffers are: on one host
+	// UCX can map it into the reader, which memory it did not allocate
+	// it cannot (without xpmem).
+	UCX extra `json:"ucx"`
+}
+
+// extra is Grant.Extra of the ucx transport, and one probe region of an
+// Info answer.
 type extra struct {
 	// Worker is the agent's UCP worker address.
 	Worker []byte `json:"worker"`
@@ -94,7 +106,14 @@ func (t *Transport) Listen(ctx context.Context, addr string, a *kvtransfer.Agent
 		l.Close()
 		return nil, err
 	}
-	info, err := json.Marshal(extra{Worker: wk.addr, Base: uint64(l.probeReg.base), RKey: l.probeReg.rkey, Size: l.probe.size})
+	if l.allocReg, err = wk.memAlloc(probeBytes); err != nil {
+		l.Close()
+		return nil, err
+	}
+	info, err := json.Marshal(agentInfo{
+		Plain: extra{Worker: wk.addr, Base: uint64(l.probeReg.base), RKey: l.probeReg.rkey, Size: l.probe.size},
+		UCX:   extra{Worker: wk.addr, Base: uint64(l.allocReg.base), RKey: l.allocReg.rkey, Size: probeBytes},
+	})
 	if err != nil {
 		l.Close()
 		return nil, err
@@ -128,6 +147,7 @@ type ucxListener struct {
 	regs     map[*kvtransfer.Region]*memReg
 	probe    *probeRegion
 	probeReg *memReg
+	allocReg *memReg // UCX-allocated probe region
 	once     sync.Once
 }
 
@@ -146,6 +166,9 @@ func (l *ucxListener) Close() error {
 		}
 		if l.probeReg != nil {
 			l.wk.memUnmap(l.probeReg)
+		}
+		if l.allocReg != nil {
+			l.wk.memUnmap(l.allocReg) // frees UCX's allocation
 		}
 		l.wk.close()
 		l.probe.free()
@@ -193,7 +216,7 @@ type ucxConn struct {
 	mu              sync.Mutex
 	ep              *endpoint
 	epKey           string // the agent's worker address
-	probe           *extra // the agent's Info answer, once asked
+	probe           *agentInfo // the agent's Info answer, once asked
 }
 
 func (c *ucxConn) endpoint(worker []byte) (*endpoint, error) {
@@ -272,7 +295,7 @@ func (c *ucxConn) gets(ctx context.Context, x extra, ops []getOp, blockBytes int
 }
 
 // probeInfo returns the agent's Info answer, asked once per connection.
-func (c *ucxConn) probeInfo(ctx context.Context) (extra, error) {
+func (c *ucxConn) probeInfo(ctx context.Context) (agentInfo, error) {
 	c.mu.Lock()
 	p := c.probe
 	c.mu.Unlock()
@@ -281,11 +304,11 @@ func (c *ucxConn) probeInfo(ctx context.Context) (extra, error) {
 	}
 	b, err := c.info.Info(ctx)
 	if err != nil {
-		return extra{}, err
+		return agentInfo{}, err
 	}
-	var x extra
-	if err := json.Unmarshal(b, &x); err != nil || len(x.Worker) == 0 || len(x.RKey) == 0 || x.Size <= 0 {
-		return extra{}, fmt.Errorf("ucx agent info without a worker address and probe region: %w", kvtransfer.ErrKVProtocol)
+	var x agentInfo
+	if err := json.Unmarshal(b, &x); err != nil || !x.Plain.probeable() || !x.UCX.probeable() {
+		return agentInfo{}, fmt.Errorf("ucx agent info without a worker address and probe regions: %w", kvtransfer.ErrKVProtocol)
 	}
 	c.mu.Lock()
 	c.probe = &x
@@ -293,14 +316,32 @@ func (c *ucxConn) probeInfo(ctx context.Context) (extra, error) {
 	return x, nil
 }
 
-// Probe reads filler from the agent's probe region into every block of
-// dst, one get per block (blocks larger than the region in several), as
-// Read does; with no blocks it makes one 64-byte get.
+func (x extra) probeable() bool { return len(x.Worker) > 0 && len(x.RKey) > 0 && x.Size > 0 }
+
+// Probe reads filler from the agent's plain probe region (memory it
+// allocated, as engines allocate KV) into every block of dst, one get per
+// block (blocks larger than the region in several), as Read does; with no
+// blocks it makes one 64-byte get.
 func (c *ucxConn) Probe(ctx context.Context, dst [][]byte) error {
 	x, err := c.probeInfo(ctx)
 	if err != nil {
 		return err
 	}
+	return c.probeFrom(ctx, x.Plain, dst)
+}
+
+// ProbeUCXMemory is Probe from the region UCX allocated on the agent (the
+// memory ucx_perftest measures): set beside Probe, it tells the cost of
+// the memory's origin from the binding's.
+func (c *ucxConn) ProbeUCXMemory(ctx context.Context, dst [][]byte) error {
+	x, err := c.probeInfo(ctx)
+	if err != nil {
+		return err
+	}
+	return c.probeFrom(ctx, x.UCX, dst)
+}
+
+func (c *ucxConn) probeFrom(ctx context.Context, x extra, dst [][]byte) error {
 	if len(dst) == 0 {
 		dst = [][]byte{make([]byte, 64)}
 	}
@@ -327,12 +368,12 @@ func (c *ucxConn) Lanes(ctx context.Context) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	ep, err := c.endpoint(x.Worker)
+	ep, err := c.endpoint(x.Plain.Worker)
 	if err != nil {
 		return "", err
 	}
 	// Lanes are complete once wire-up is: one get makes sure of it.
-	if err := c.gets(ctx, x, []getOp{{dst: make([]byte, 64), raddr: x.Base}}, 64); err != nil {
+	if err := c.probeFrom(ctx, x.Plain, nil); err != nil {
 		return "", err
 	}
 	return ep.info(), nil

@@ -101,6 +101,25 @@ static ucs_status_t px_mem_map(ucp_context_h c, uintptr_t addr, size_t len, ucp_
 	return ucp_mem_map(c, &p, m);
 }
 
+// px_mem_alloc has UCX allocate and map len bytes (shared memory it can
+// hand to a peer on the same host, as ucx_perftest's buffers are).
+static ucs_status_t px_mem_alloc(ucp_context_h c, size_t len, ucp_mem_h *m, void **addr) {
+	ucp_mem_map_params_t p;
+	memset(&p, 0, sizeof p);
+	p.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH | UCP_MEM_MAP_PARAM_FIELD_FLAGS;
+	p.address = NULL;
+	p.length = len;
+	p.flags = UCP_MEM_MAP_ALLOCATE;
+	ucs_status_t st = ucp_mem_map(c, &p, m);
+	if (st != UCS_OK) return st;
+	ucp_mem_attr_t a;
+	a.field_mask = UCP_MEM_ATTR_FIELD_ADDRESS;
+	st = ucp_mem_query(*m, &a);
+	if (st != UCS_OK) { ucp_mem_unmap(c, *m); return st; }
+	*addr = a.address;
+	return UCS_OK;
+}
+
 // px_pull is one batch of one-sided reads: n gets, at most window in
 // flight, issued and completed by px_pump. Its arrays are C memory.
 typedef struct {
@@ -256,6 +275,7 @@ func (wk *worker) progressLoop() {
 	runtime.LockOSThread() // the poll blocks this thread, not a P's others
 	defer close(wk.done)
 	idle := 0
+	var busy time.Time
 	for {
 		select {
 		case <-wk.stop:
@@ -270,7 +290,13 @@ func (wk *worker) progressLoop() {
 		}
 		wk.mu.Unlock()
 		if n > 0 || armed == C.UCS_ERR_BUSY {
-			idle = 0
+			idle, busy = 0, time.Now()
+			continue
+		}
+		if time.Since(busy) < spinAfterWork {
+			// Work comes in bursts (a pull's gets, emulated over the
+			// am lane, each need this worker): keep polling a while.
+			runtime.Gosched()
 			continue
 		}
 		if armed == C.UCS_OK {
@@ -312,15 +338,34 @@ func (wk *worker) memMap(base uintptr, size int) (*memReg, error) {
 	if st := C.px_mem_map(wk.ctx, C.uintptr_t(m.base), C.size_t(size), &m.memh); st != C.UCS_OK {
 		return nil, statusErr("ucp_mem_map", st)
 	}
+	return m, wk.packLocked(m)
+}
+
+// memAlloc has UCX allocate size bytes, filled with filler.
+func (wk *worker) memAlloc(size int) (*memReg, error) {
+	m := &memReg{}
+	wk.mu.Lock()
+	defer wk.mu.Unlock()
+	var ptr unsafe.Pointer
+	if st := C.px_mem_alloc(wk.ctx, C.size_t(size), &m.memh, &ptr); st != C.UCS_OK {
+		return nil, statusErr("ucp_mem_map(allocate)", st)
+	}
+	m.base = uintptr(ptr)
+	fill(unsafe.Slice((*byte)(ptr), size))
+	return m, wk.packLocked(m)
+}
+
+// packLocked packs m's remote key; on failure it unmaps m. Call under mu.
+func (wk *worker) packLocked(m *memReg) error {
 	var buf unsafe.Pointer
 	var n C.size_t
 	if st := C.ucp_rkey_pack(wk.ctx, m.memh, &buf, &n); st != C.UCS_OK {
 		C.ucp_mem_unmap(wk.ctx, m.memh)
-		return nil, statusErr("ucp_rkey_pack", st)
+		return statusErr("ucp_rkey_pack", st)
 	}
 	m.rkey = C.GoBytes(buf, C.int(n))
 	C.ucp_rkey_buffer_release(buf)
-	return m, nil
+	return nil
 }
 
 func (wk *worker) memUnmap(m *memReg) {
@@ -399,6 +444,10 @@ type getOp struct {
 // cancelDrain bounds how long a cancelled get waits for its reads in
 // flight before it force-closes the endpoint.
 const cancelDrain = 2 * time.Second
+
+// spinAfterWork is how long the progress loop keeps polling after the
+// worker last had work, before it sleeps on the event file descriptor.
+const spinAfterWork = 500 * time.Microsecond
 
 // pumpSpins is how many progress calls one px_pump makes before it returns
 // to Go to check for cancellation (a few microseconds of work).
@@ -525,11 +574,15 @@ type probeRegion struct {
 
 func newProbeRegion(size int) *probeRegion {
 	mem := C.malloc(C.size_t(size))
-	b := unsafe.Slice((*byte)(mem), size)
+	fill(unsafe.Slice((*byte)(mem), size))
+	return &probeRegion{mem: mem, size: size}
+}
+
+// fill writes the probe regions' filler.
+func fill(b []byte) {
 	for i := range b {
 		b[i] = byte(i*7 + 1)
 	}
-	return &probeRegion{mem: mem, size: size}
 }
 
 func (r *probeRegion) free() { C.free(r.mem) }
