@@ -24,7 +24,9 @@ test: lint deploy-check test-ucx fuzz-short
 ## Needs libucx-dev: installed here with apt-get when missing and this user may (root, or
 ## passwordless sudo); otherwise skipped with a loud note, and everything else still runs.
 ## UCX_REQUIRED=1 makes a missing libucx-dev an error instead.
-## UCX picks tcp and shared-memory transports on loopback.
+## Then the transport's own tests once per UCX_TLS setting that ucx_perftest accepts here
+## (UCX_TLS_SETTINGS), each checking that the reads ride the transports it names.
+UCX_TLS_SETTINGS := sm,self posix,self sysv,self tcp sm,tcp,self tcp,cma shm,cma,self
 .PHONY: test-ucx
 test-ucx: $(STATICCHECK)
 	@if ! pkg-config --exists ucx 2>/dev/null; then \
@@ -49,7 +51,33 @@ test-ucx: $(STATICCHECK)
 	set -e; \
 	$(GO) vet -tags ucx ./kvtransfer/... ./e2e/; \
 	$(STATICCHECK) -tags ucx ./kvtransfer/...; \
-	$(GO) test -race -count=1 -timeout 10m -tags ucx -run 'UCX' ./kvtransfer/... ./e2e/
+	$(GO) test -race -count=1 -timeout 10m -tags ucx -run 'UCX' ./kvtransfer/... ./e2e/; \
+	$(GO) test -race -c -tags ucx -o $(BIN)/ucx-transport.test ./kvtransfer/ucx/; \
+	for tls in $(UCX_TLS_SETTINGS); do \
+		echo "==> test-ucx: the ucx transport's tests with UCX_TLS=$$tls"; \
+		UCX_TLS=$$tls $(BIN)/ucx-transport.test -test.count=1 -test.timeout 5m; \
+	done
+
+## bench-kv: the KV data plane against its ceilings, side by side in one run (pd-bench kv): for
+## each UCX_TLS setting and block size (4KiB..4MiB) ucx_perftest's one-sided get next to the
+## sidecar's pull (engine-sim's agent read by `pd-sidecar kv-probe`, both built with -tags ucx),
+## then the tcp transport next to a raw one-connection copy and iperf3. Installs libucx-dev,
+## ucx-utils (ucx_perftest) and iperf3 with apt-get when missing; KV_BENCH_FLAGS adds flags
+## (e.g. --ucx-tls 'tcp;sm,self' --size 256MiB). About 3 minutes.
+.PHONY: bench-kv
+bench-kv:
+	@need=""; pkg-config --exists ucx 2>/dev/null || need="$$need libucx-dev pkg-config"; \
+	command -v ucx_perftest >/dev/null 2>&1 || need="$$need ucx-utils"; \
+	command -v iperf3 >/dev/null 2>&1 || need="$$need iperf3"; \
+	if [ -n "$$need" ]; then \
+		echo "==> bench-kv: installing$$need with apt-get"; \
+		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$need) >/dev/null \
+			|| echo "bench-kv: could not install$$need: the columns that need them say n/a"; \
+	fi
+	@pkg-config --exists ucx 2>/dev/null || { echo "bench-kv: libucx-dev is missing: the sidecar cannot be built with -tags ucx"; exit 1; }
+	@mkdir -p $(BIN)/ucx out
+	$(GO) build -tags ucx -o $(BIN)/ucx/ ./cmd/pd-sidecar ./cmd/engine-sim ./cmd/pd-bench
+	$(BIN)/ucx/pd-bench kv --bin $(BIN)/ucx --dir out/bench-kv $(KV_BENCH_FLAGS) | tee out/bench-kv.txt
 
 ## lint: gofmt, go vet and staticcheck
 lint: vet $(STATICCHECK)

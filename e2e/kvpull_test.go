@@ -1,8 +1,8 @@
 package e2e
 
 import (
-	"encoding/json"
 	"context"
+	"encoding/json"
 	"net/http"
 	"os/exec"
 	"strings"
@@ -135,6 +135,7 @@ func testKVPull(t *testing.T, tr string) {
 				P50        int64   `json:"p50_ns"`
 				Bytes      int     `json:"bytes"`
 				GBps       float64 `json:"gb_per_s"`
+				UCXMemGBps float64 `json:"ucx_memory_gb_per_s"`
 			} `json:"blocks"`
 			Verdict string `json:"verdict"`
 		}
@@ -152,6 +153,9 @@ func testKVPull(t *testing.T, tr string) {
 			// The lanes UCX picked: on loopback tcp or shared memory.
 			assert.Contains(t, rep.Lanes, "UCP endpoint")
 			assert.Regexp(t, `tcp/|sysv/|posix/`, rep.LaneSummary)
+			for _, b := range rep.Blocks {
+				assert.Positive(t, b.UCXMemGBps, "%d-byte blocks from UCX-allocated memory", b.BlockBytes)
+			}
 		}
 	})
 

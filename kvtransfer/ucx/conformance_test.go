@@ -3,8 +3,13 @@
 package ucx_test
 
 import (
+	"bytes"
+	"context"
+	"os"
+	"strings"
 	"testing"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/pd-sidecar/pd-sidecar/kvtransfer"
@@ -18,4 +23,64 @@ func TestConformanceUCX(t *testing.T) {
 		require.NoError(t, err)
 		return tr
 	})
+}
+
+// TestLanesFollowUCXTLS checks, under the UCX_TLS of the run (make test-ucx
+// runs the package once per setting), that the reads ride the transports
+// that setting names: an endpoint made from the worker address can use
+// shared memory, where the former client-server connection could not.
+func TestLanesFollowUCXTLS(t *testing.T) {
+	tr, err := ucx.New()
+	require.NoError(t, err)
+	e := kvtest.NewEnv(t, tr, kvtest.Options{Addr: "127.0.0.1:0", BlockBytes: 4096, NumBlocks: 4})
+	c, err := e.Puller.Conn(context.Background(), e.Listener.Addr())
+	require.NoError(t, err)
+	lr, ok := c.(interface {
+		Lanes(context.Context) (string, error)
+		PeerFailureDetection() bool
+	})
+	require.True(t, ok, "the ucx connection describes its lanes")
+	lanes, err := lr.Lanes(context.Background())
+	require.NoError(t, err)
+	t.Logf("UCX_TLS=%q:\n%s", os.Getenv("UCX_TLS"), lanes)
+	require.Contains(t, lanes, "lane[0]")
+	tls := os.Getenv("UCX_TLS")
+	var want []string
+	for _, name := range strings.Split(tls, ",") {
+		switch name {
+		case "sm", "shm":
+			want = append(want, "sysv/", "posix/")
+		case "posix", "sysv", "tcp":
+			want = append(want, name+"/")
+		}
+	}
+	if tls == "" || len(want) == 0 {
+		return // UCX's own choice: any lane will do
+	}
+	found := false
+	for _, w := range want {
+		found = found || strings.Contains(lanes, w)
+	}
+	assert.True(t, found, "UCX_TLS=%s: no lane over any of %v", tls, want)
+	if !strings.Contains(tls, "tcp") {
+		assert.NotContains(t, lanes, "tcp/", "UCX_TLS=%s excludes tcp", tls)
+		assert.False(t, lr.PeerFailureDetection(), "shared memory in UCX 1.13 has no peer failure detection")
+	} else {
+		assert.True(t, lr.PeerFailureDetection(), "tcp detects a peer's failure")
+	}
+	// Both probe regions read back filler over these lanes.
+	mark := bytes.Repeat([]byte{0xa5}, 64<<10)
+	for _, probe := range []func(context.Context, [][]byte) error{
+		c.(kvtransfer.Prober).Probe,
+		c.(interface {
+			ProbeUCXMemory(context.Context, [][]byte) error
+		}).ProbeUCXMemory,
+	} {
+		dst := [][]byte{bytes.Clone(mark), bytes.Clone(mark)}
+		require.NoError(t, probe(context.Background(), dst))
+		for _, d := range dst {
+			assert.NotEqual(t, mark, d)
+			assert.Equal(t, byte(1), d[0], "the filler starts at byte(0*7+1)")
+		}
+	}
 }

@@ -5,8 +5,10 @@ package ucx
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unsafe"
 
@@ -265,6 +267,14 @@ func (c *ucxConn) gets(ctx context.Context, x extra, ops []getOp, blockBytes int
 		return err
 	}
 	cancelled := func() bool { return ctx.Err() != nil }
+	gone := func() bool { return false }
+	if !ep.peerErr {
+		// UCX does not watch the agent on these transports: the control
+		// connection does, while the gets run.
+		var stop func()
+		gone, stop = c.watchAgent(ctx)
+		defer stop()
+	}
 	batch := len(ops)
 	if x.Pace > 0 {
 		batch = max(1, int(16<<10/blockBytes))
@@ -273,7 +283,7 @@ func (c *ucxConn) gets(ctx context.Context, x extra, ops []getOp, blockBytes int
 	var sent int64
 	for lo := 0; lo < len(ops); lo += batch {
 		hi := min(lo+batch, len(ops))
-		if err := ep.get(x.RKey, ops[lo:hi], window(blockBytes), cancelled); err != nil {
+		if err := ep.get(x.RKey, ops[lo:hi], window(blockBytes), cancelled, gone); err != nil {
 			if ctx.Err() != nil {
 				return fmt.Errorf("ucx get: %w", ctx.Err())
 			}
@@ -292,6 +302,35 @@ func (c *ucxConn) gets(ctx context.Context, x extra, ops []getOp, blockBytes int
 		}
 	}
 	return nil
+}
+
+// livenessEvery is how often the control connection checks the agent while
+// gets run on an endpoint without peer failure detection.
+const livenessEvery = 100 * time.Millisecond
+
+// watchAgent asks the agent for its info every livenessEvery until stop is
+// called; gone reports whether one of those calls found the agent gone.
+func (c *ucxConn) watchAgent(ctx context.Context) (gone func() bool, stop func()) {
+	var dead atomic.Bool
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		t := time.NewTicker(livenessEvery)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			if _, err := c.info.Info(ctx); errors.Is(err, kvtransfer.ErrKVSourceGone) {
+				dead.Store(true)
+				return
+			}
+		}
+	}()
+	return dead.Load, func() { cancel(); <-done }
 }
 
 // probeInfo returns the agent's Info answer, asked once per connection.

@@ -460,7 +460,11 @@ const pumpSpins = 32
 // flight makes UCX 1.13's software RMA (the tcp transport) abort the
 // *serving* process with "Fatal: unexpected error: Endpoint timeout" in
 // ucp_get_req_handler. A failed read breaks (closes) the endpoint.
-func (e *endpoint) get(packed []byte, ops []getOp, window int, cancelled func() bool) error {
+//
+// gone() reporting true (the agent found dead by other means, on an
+// endpoint without peer failure detection) closes the endpoint at once:
+// nothing in flight will complete, and no live agent can be hurt.
+func (e *endpoint) get(packed []byte, ops []getOp, window int, cancelled, gone func() bool) error {
 	n := len(ops)
 	if n == 0 {
 		return nil
@@ -501,6 +505,7 @@ func (e *endpoint) get(packed []byte, ops []getOp, window int, cancelled func() 
 	}
 	p.ep, p.rk = e.ep, rk
 	var drainUntil time.Time
+	peerGone := false
 	for {
 		over := C.px_pump(e.wk.w, p, pumpSpins) != 0
 		if over {
@@ -518,8 +523,13 @@ func (e *endpoint) get(packed []byte, ops []getOp, window int, cancelled func() 
 			e.breakLocked() // completes the gets in flight with an error
 		}
 		e.wk.mu.Unlock()
-		if p.stop == 0 && cancelled() {
+		switch {
+		case p.stop == 0 && gone():
 			p.stop = 1 // read by px_pump under mu
+			drainUntil = time.Now()
+			peerGone = true
+		case p.stop == 0 && cancelled():
+			p.stop = 1
 			drainUntil = time.Now().Add(cancelDrain)
 		}
 		runtime.Gosched()
@@ -531,6 +541,9 @@ func (e *endpoint) get(packed []byte, ops []getOp, window int, cancelled func() 
 		e.breakLocked()
 	}
 	e.wk.mu.Unlock()
+	if peerGone {
+		return errPeerGone
+	}
 	if st != C.UCS_OK && !stopped {
 		return fmt.Errorf("%w: %w", errBroken, statusErr("ucp get", st))
 	}
@@ -590,4 +603,5 @@ func (r *probeRegion) free() { C.free(r.mem) }
 var (
 	errBroken    = errors.New("ucx endpoint failed")
 	errCancelled = errors.New("ucx get cancelled")
+	errPeerGone  = errors.New("ucx get: the agent's control connection is gone, gets in flight abandoned")
 )
