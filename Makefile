@@ -56,14 +56,18 @@ test-ucx: $(STATICCHECK)
 	for tls in $(UCX_TLS_SETTINGS); do \
 		echo "==> test-ucx: the ucx transport's tests with UCX_TLS=$$tls"; \
 		UCX_TLS=$$tls $(BIN)/ucx-transport.test -test.count=1 -test.timeout 5m; \
-	done
+	done; \
+	echo "==> test-ucx: the sidecar-pull e2e over shared memory alone (UCX_TLS=sm,self)"; \
+	UCX_TLS=sm,self $(GO) test -count=1 -timeout 5m -tags ucx -run 'TestKVPullUCX' ./e2e/
 
 ## bench-kv: the KV data plane against its ceilings, side by side in one run (pd-bench kv): for
 ## each UCX_TLS setting and block size (4KiB..4MiB) ucx_perftest's one-sided get next to the
 ## sidecar's pull (engine-sim's agent read by `pd-sidecar kv-probe`, both built with -tags ucx),
 ## then the tcp transport next to a raw one-connection copy and iperf3. Installs libucx-dev,
 ## ucx-utils (ucx_perftest) and iperf3 with apt-get when missing; KV_BENCH_FLAGS adds flags
-## (e.g. --ucx-tls 'tcp;sm,self' --size 256MiB). About 3 minutes.
+## (e.g. --ucx-tls 'tcp;sm,self' --size 256MiB). About 3 minutes. UCX_PREFIX=DIR builds against
+## the UCX installed there instead (e.g. scripts/build-nixl.sh's prefix: UCX 1.19) and runs its
+## ucx_perftest.
 .PHONY: bench-kv
 bench-kv:
 	@need=""; pkg-config --exists ucx 2>/dev/null || need="$$need libucx-dev pkg-config"; \
@@ -74,10 +78,16 @@ bench-kv:
 		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$need) >/dev/null \
 			|| echo "bench-kv: could not install$$need: the columns that need them say n/a"; \
 	fi
-	@pkg-config --exists ucx 2>/dev/null || { echo "bench-kv: libucx-dev is missing: the sidecar cannot be built with -tags ucx"; exit 1; }
+	@pkg-config --exists ucx 2>/dev/null || [ -n "$(UCX_PREFIX)" ] || { echo "bench-kv: libucx-dev is missing: the sidecar cannot be built with -tags ucx"; exit 1; }
 	@mkdir -p $(BIN)/ucx out
+ifeq ($(UCX_PREFIX),)
 	$(GO) build -tags ucx -o $(BIN)/ucx/ ./cmd/pd-sidecar ./cmd/engine-sim ./cmd/pd-bench
 	$(BIN)/ucx/pd-bench kv --bin $(BIN)/ucx --dir out/bench-kv $(KV_BENCH_FLAGS) | tee out/bench-kv.txt
+else
+	PKG_CONFIG_PATH=$(UCX_PREFIX)/lib/pkgconfig CGO_LDFLAGS="-Wl,-rpath,$(UCX_PREFIX)/lib" \
+		$(GO) build -tags ucx -o $(BIN)/ucx/ ./cmd/pd-sidecar ./cmd/engine-sim ./cmd/pd-bench
+	$(BIN)/ucx/pd-bench kv --bin $(BIN)/ucx --dir out/bench-kv --ucx-perftest $(UCX_PREFIX)/bin/ucx_perftest $(KV_BENCH_FLAGS) | tee out/bench-kv-prefix.txt
+endif
 
 ## lint: gofmt, go vet and staticcheck
 lint: vet $(STATICCHECK)

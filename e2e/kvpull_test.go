@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"net/http"
+	"os"
 	"os/exec"
 	"strings"
 	"sync"
@@ -153,6 +154,9 @@ func testKVPull(t *testing.T, tr string) {
 			// The lanes UCX picked: on loopback tcp or shared memory.
 			assert.Contains(t, rep.Lanes, "UCP endpoint")
 			assert.Regexp(t, `tcp/|sysv/|posix/`, rep.LaneSummary)
+			if tls := os.Getenv("UCX_TLS"); tls != "" && !strings.Contains(tls, "tcp") {
+				assert.NotContains(t, rep.LaneSummary, "tcp/", "UCX_TLS=%s", tls)
+			}
 			for _, b := range rep.Blocks {
 				assert.Positive(t, b.UCXMemGBps, "%d-byte blocks from UCX-allocated memory", b.BlockBytes)
 			}

@@ -90,18 +90,25 @@ func Run(ctx context.Context, o Options) error {
 			perf[i] = o.best(func() Result { return perftest(ctx, o, env, bs) })
 		}
 		ours, info, err := probe(ctx, o, "ucx", env)
+		same, _, serr := probe(ctx, o, "ucx", env, "--same-buffer")
 		var notes notes
 		fmt.Fprintf(o.Out, "UCX_TLS=%s   %s\n", name, info)
-		fmt.Fprintf(o.Out, "%8s %14s | %15s %7s | %15s %7s\n", "", "", "engine memory", "", "UCX-allocated", "")
-		fmt.Fprintf(o.Out, "%8s %14s | %15s %7s | %15s %7s\n", "block", "ucx_perftest", "pd-sidecar pull", "ratio", "pd-sidecar get", "ratio")
+		fmt.Fprintf(o.Out, "%8s %14s | %-24s | %-24s | %s\n", "", "", "same work as ucx_perftest", "a pull", "")
+		fmt.Fprintf(o.Out, "%8s %14s | %-24s | %-24s | %s\n", "", "", "UCX memory, one buffer", "engine memory, distinct", "UCX memory, distinct")
+		fmt.Fprintf(o.Out, "%8s %14s | %15s %8s | %15s %8s | %15s\n", "block", "ucx_perftest", "pd-sidecar", "ratio", "pd-sidecar", "ratio", "pd-sidecar")
 		for i, bs := range o.Blocks {
-			our, alloc := Result{Note: errNote(err)}, Result{Note: errNote(err)}
+			pull, alloc, like := Result{Note: errNote(err)}, Result{Note: errNote(err)}, Result{Note: errNote(serr)}
 			if err == nil {
-				our, alloc = ours[bs][0], ours[bs][1]
+				pull, alloc = ours[bs][0], ours[bs][1]
 			}
-			fmt.Fprintf(o.Out, "%8s %14s | %15s %7s | %15s %7s\n", formatSize(bs), perf[i].cell(), our.cell(), ratio(our, perf[i]), alloc.cell(), ratio(alloc, perf[i]))
+			if serr == nil {
+				like = same[bs][1]
+			}
+			fmt.Fprintf(o.Out, "%8s %14s | %15s %8s | %15s %8s | %15s\n", formatSize(bs), perf[i].cell(),
+				like.cell(), ratio(like, perf[i]), pull.cell(), ratio(pull, perf[i]), alloc.cell())
 			notes.add("ucx_perftest", perf[i])
-			notes.add("pd-sidecar", our)
+			notes.add("pd-sidecar", pull)
+			notes.add("pd-sidecar", like)
 		}
 		notes.print(o.Out)
 		fmt.Fprintln(o.Out)
@@ -255,11 +262,11 @@ type probeReport struct {
 
 // probe starts engine-sim's kvtransfer agent over transport and reads it
 // with kv-probe, both with env.
-func probe(ctx context.Context, o Options, transport string, env []string) (map[int][2]Result, string, error) {
+func probe(ctx context.Context, o Options, transport string, env []string, extra ...string) (map[int][2]Result, string, error) {
 	var best map[int][2]Result
 	var info string
 	for range max(1, o.Repeat) {
-		res, in, err := probeOnce(ctx, o, transport, env)
+		res, in, err := probeOnce(ctx, o, transport, env, extra)
 		if err != nil {
 			return nil, "", err
 		}
@@ -282,7 +289,7 @@ func probe(ctx context.Context, o Options, transport string, env []string) (map[
 }
 
 // probeOnce is one agent and one kv-probe run.
-func probeOnce(ctx context.Context, o Options, transport string, env []string) (map[int][2]Result, string, error) {
+func probeOnce(ctx context.Context, o Options, transport string, env []string, extra []string) (map[int][2]Result, string, error) {
 	port, err := freePort()
 	if err != nil {
 		return nil, "", err
@@ -314,6 +321,7 @@ func probeOnce(ctx context.Context, o Options, transport string, env []string) (
 	cmd := exec.CommandContext(ctx, filepath.Join(o.Bin, "pd-sidecar"), "kv-probe", "--json", "--transport", transport,
 		"--peer", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), "--block-sizes", strings.Join(sizes, ","),
 		"--size", strconv.Itoa(o.Bytes), "--count", "20")
+	cmd.Args = append(cmd.Args, extra...)
 	cmd.Env = env
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr

@@ -34,6 +34,7 @@ func runKVProbe(args []string, stdout, stderr io.Writer) int {
 	count := fs.Int("count", 50, "one-block reads for each block size's latency percentiles")
 	timeout := fs.Duration("timeout", 30*time.Second, "bound on each measurement")
 	asJSON := fs.Bool("json", false, "print the report as JSON")
+	sameBuffer := fs.Bool("same-buffer", false, "read every block of a bandwidth figure into one buffer, as ucx_perftest does (cache-resident at small blocks), instead of into distinct memory as a pull does")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, pflag.ErrHelp) {
 			fmt.Fprintf(stdout, "Usage: pd-sidecar kv-probe --peer HOST:PORT [flags]\n%s", fs.FlagUsages())
@@ -63,7 +64,7 @@ func runKVProbe(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "pd-sidecar kv-probe: %v\n", err)
 		return exitUsage
 	}
-	rep, err := kvProbe(context.Background(), tr, *peer, blocks, total, *count, *timeout)
+	rep, err := kvProbe(context.Background(), tr, *peer, blocks, total, *count, *timeout, *sameBuffer)
 	if err != nil {
 		fmt.Fprintf(stderr, "pd-sidecar kv-probe: %v\n", err)
 		return exitFailed
@@ -89,8 +90,10 @@ type probeReport struct {
 	PeerFailureDetection *bool  `json:"peer_failure_detection,omitempty"`
 	// RoundTrip is the transport's smallest round trip (p50).
 	RoundTrip time.Duration `json:"round_trip_ns"`
-	Blocks    []blockResult `json:"blocks"`
-	Verdict   string        `json:"verdict"`
+	// SameBuffer: every block of a bandwidth figure landed in one buffer.
+	SameBuffer bool          `json:"same_buffer,omitempty"`
+	Blocks     []blockResult `json:"blocks"`
+	Verdict    string        `json:"verdict"`
 }
 
 // blockResult is one block size's figures.
@@ -121,8 +124,8 @@ type ucxMemoryProber interface {
 
 // kvProbe measures every block size: count one-block reads (after one to
 // warm up) and one read of total bytes in blocks of that size.
-func kvProbe(ctx context.Context, tr kvtransfer.Transport, peer string, blocks []int, total, count int, timeout time.Duration) (probeReport, error) {
-	rep := probeReport{Peer: peer, Transport: tr.Name()}
+func kvProbe(ctx context.Context, tr kvtransfer.Transport, peer string, blocks []int, total, count int, timeout time.Duration, sameBuffer bool) (probeReport, error) {
+	rep := probeReport{Peer: peer, Transport: tr.Name(), SameBuffer: sameBuffer}
 	p, err := kvtransfer.NewPuller(tr, kvtransfer.PullerConfig{Deadline: timeout})
 	if err != nil {
 		return rep, err
@@ -172,6 +175,9 @@ func kvProbe(ctx context.Context, tr kvtransfer.Transport, peer string, blocks [
 		dst := make([][]byte, n)
 		for i := range dst {
 			dst[i] = buf[i*bs:][:bs]
+			if sameBuffer {
+				dst[i] = buf[:bs]
+			}
 		}
 		if r.Took, err = p.Probe(ctx, peer, dst); err != nil {
 			return rep, fmt.Errorf("%d-byte blocks: %w", bs, err)

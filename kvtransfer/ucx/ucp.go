@@ -14,8 +14,8 @@ package ucx
 #include <string.h>
 
 // px_init creates a context with one-sided RMA and wake-up events and a
-// worker whose progress the Go side serialises (the worker is MULTI so
-// UCX's own threads, e.g. keepalive, are safe too).
+// worker whose every call the Go side serialises (SERIALIZED: no lock of
+// UCX's own on each operation; UCX's async thread takes care of itself).
 static ucs_status_t px_init(ucp_context_h *ctx, ucp_worker_h *w, int wakeup) {
 	ucp_config_t *cfg;
 	ucs_status_t st = ucp_config_read(NULL, NULL, &cfg);
@@ -214,6 +214,7 @@ import (
 	"fmt"
 	"runtime"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unsafe"
 )
@@ -237,7 +238,10 @@ type worker struct {
 	w    C.ucp_worker_h
 	efd  C.int // -1: no wake-up events; the loop polls with a back-off
 	addr []byte
-	stop chan struct{}
+	// pumping counts gets under way: they progress the worker themselves,
+	// and the progress loop leaves the mutex to them meanwhile.
+	pumping atomic.Int32
+	stop    chan struct{}
 	done chan struct{}
 }
 
@@ -281,6 +285,11 @@ func (wk *worker) progressLoop() {
 		case <-wk.stop:
 			return
 		default:
+		}
+		if wk.pumping.Load() > 0 {
+			busy = time.Now()
+			time.Sleep(50 * time.Microsecond)
+			continue
 		}
 		wk.mu.Lock()
 		n := C.px_drain(wk.w)
@@ -492,6 +501,8 @@ func (e *endpoint) get(packed []byte, ops []getOp, window int, cancelled, gone f
 	}
 	p.dst, p.raddr, p.len = &dsts[0], &raddrs[0], &lens[0]
 	p.n, p.window = C.int(n), C.int(max(1, window))
+	e.wk.pumping.Add(1)
+	defer e.wk.pumping.Add(-1)
 
 	e.wk.mu.Lock()
 	if e.broken {
