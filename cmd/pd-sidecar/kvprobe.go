@@ -251,18 +251,24 @@ func summarizeLanes(info string) string {
 		}
 	}
 	parts := make([]string, 0, len(lanes))
+	direct := false
 	for i, l := range lanes {
 		roles := l.roles
 		if gets[fmt.Sprint(i)] {
 			roles = strings.TrimSpace(roles + " get")
+		}
+		direct = direct || strings.Contains(roles, "get") || strings.Contains(roles, "rma")
+		if roles == "" {
+			parts = append(parts, l.tl)
+			continue
 		}
 		parts = append(parts, fmt.Sprintf("%s (%s)", l.tl, roles))
 	}
 	if len(parts) == 0 {
 		return "unknown"
 	}
-	if len(gets) == 0 {
-		parts = append(parts, "no lane reads remote memory directly: gets are emulated over the am lane")
+	if !direct {
+		parts = append(parts, "no lane reads remote memory: gets are emulated in software over the am lane")
 	}
 	return strings.Join(parts, "; ")
 }
@@ -285,8 +291,10 @@ func verdict(r probeReport) string {
 			return "ucx over RDMA verbs: " + got + "; expect near the NIC's line rate (12 GB/s at 100 Gb/s) with blocks of 64 KiB and up; far below it, check UCX_NET_DEVICES and the NIC's link"
 		case strings.Contains(s, "cuda") || strings.Contains(s, "gdr"):
 			return "ucx with CUDA transports: " + got
-		case strings.Contains(s, "sysv") || strings.Contains(s, "posix") || strings.Contains(s, "xpmem") || strings.Contains(s, "cma"):
-			return "ucx over shared memory (same host): " + got + "; UCX " + r.UCXVersion + " reads memory it did not allocate (the engine's KV) by emulating the get over its shared-memory messages, expect ~0.5-1 GB/s; with xpmem loaded it maps it (tens of GB/s); across hosts UCX_TLS must include rc or tcp"
+		case strings.Contains(s, "cma/memory (rma") || strings.Contains(s, "xpmem"):
+			return "ucx over shared memory (same host): " + got + "; gets read the agent's memory in one copy (cma or xpmem): expect a large part of one core's memory copy rate; across hosts UCX_TLS must include rc or tcp"
+		case strings.Contains(s, "sysv") || strings.Contains(s, "posix"):
+			return "ucx over shared memory (same host): " + got + "; UCX " + r.UCXVersion + " maps only memory it allocated itself, so the agent's worker serves gets of the engine's KV in software over shared-memory messages (two copies and the agent's CPU); UCX 1.19 (the CUDA image's) reads it in one copy over cma; across hosts UCX_TLS must include rc or tcp"
 		case strings.Contains(s, "tcp"):
 			return "ucx over tcp: " + got + "; RMA is emulated in software over TCP, expect ~0.2-1 GB/s (0.2 with one get in flight); set UCX_TLS to include rc (RDMA) or, on one host, sm"
 		}

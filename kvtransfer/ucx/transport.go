@@ -217,7 +217,7 @@ type ucxConn struct {
 	wk              *worker
 	mu              sync.Mutex
 	ep              *endpoint
-	epKey           string // the agent's worker address
+	epKey           string     // the agent's worker address
 	probe           *agentInfo // the agent's Info answer, once asked
 }
 

@@ -242,7 +242,7 @@ type worker struct {
 	// and the progress loop leaves the mutex to them meanwhile.
 	pumping atomic.Int32
 	stop    chan struct{}
-	done chan struct{}
+	done    chan struct{}
 }
 
 func newWorker() (*worker, error) {
