@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"syscall"
 	"testing"
 	"unsafe"
 
@@ -193,8 +194,13 @@ func testAgentRoundTrip(t *testing.T, path string) []byte {
 	require.NoError(t, err)
 	defer b.Close()
 
-	src := []byte("0123456789abcdef")
-	dst := make([]byte, 8)
+	// The agents hold only the buffers' addresses, so the buffers are
+	// mapped outside Go's heap and stacks: a small Go buffer may live on
+	// the goroutine's stack, which moves when it grows (real NIXL then
+	// read zeros from the stale address).
+	src := mapped(t, 16)
+	copy(src, "0123456789abcdef")
+	dst := mapped(t, 8)
 	srcDesc := nixl.Desc{Addr: uintptr(unsafe.Pointer(&src[0])), Len: len(src)}
 	dstDesc := nixl.Desc{Addr: uintptr(unsafe.Pointer(&dst[0])), Len: len(dst)}
 	require.NoError(t, a.Register(nixl.MemDRAM, []nixl.Desc{srcDesc}))
@@ -233,6 +239,15 @@ func testAgentRoundTrip(t *testing.T, path string) []byte {
 	err = b.Read(context.Background(), nixl.MemDRAM, nixl.MemDRAM, []nixl.Desc{dstDesc}, remote, "a")
 	require.ErrorAs(t, err, &ce)
 	return md
+}
+
+// mapped returns n bytes of anonymous memory, unmapped at the test's end.
+func mapped(t *testing.T, n int) []byte {
+	t.Helper()
+	b, err := syscall.Mmap(-1, 0, n, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_ANON|syscall.MAP_PRIVATE)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = syscall.Munmap(b) })
+	return b
 }
 
 func TestConformanceFakeNIXL(t *testing.T) {
