@@ -33,14 +33,25 @@ type Agent struct {
 
 // NewAgent creates the agent called name (unique in the fabric: remote
 // agents key its metadata by it) and its backend plugin (e.g. "UCX") with
-// the plugin's default parameters.
+// the plugin's default parameters, its progress thread polling with
+// DefaultProgressDelay.
 func (l *Lib) NewAgent(name, backend string) (*Agent, error) {
+	return l.newAgent(name, backend, DefaultProgressDelay)
+}
+
+// newAgent is NewAgent with the progress thread's poll timeout.
+func (l *Lib) newAgent(name, backend string, progressDelay time.Duration) (*Agent, error) {
 	cname, cplugin := C.CString(name), C.CString(backend)
 	defer C.free(unsafe.Pointer(cname))
 	defer C.free(unsafe.Pointer(cplugin))
 	a := &Agent{lib: l, name: name}
-	if err := call(C.NX_CREATE_AGENT, C.nx_create_agent(l.c, cname, &a.h)); err != nil {
-		return nil, fmt.Errorf("nixl agent %s: %w", name, err)
+	st := C.nx_create_agent(l.c, cname, C.uint64_t(progressDelay.Microseconds()), &a.h)
+	if st != 0 {
+		fn := "nixl_capi_create_agent"
+		if C.nx_has_configured_agent(l.c) {
+			fn = "nixl_capi_create_configured_agent"
+		}
+		return nil, fmt.Errorf("nixl agent %s: %w", name, &CallError{Func: fn, Status: Status(st)})
 	}
 	var mems, params unsafe.Pointer
 	if err := call(C.NX_GET_PLUGIN_PARAMS, C.nx_get_plugin_params(l.c, a.h, cplugin, &mems, &params)); err != nil {

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 	"unsafe"
 
 	"github.com/stretchr/testify/assert"
@@ -166,6 +167,56 @@ func TestPullMarshalsDescriptorsMetadataAndOperation(t *testing.T) {
 	require.Len(t, rel, 1)
 	assert.Equal(t, "1", field(rel[0], "done"))
 	assert.Len(t, log.lines("destroy_xfer_req"), 1)
+}
+
+// Agents are created with a progress thread that sleeps in poll between
+// events (NIXL's default delay, 0, spins a core per agent).
+func TestAgentsProgressThreadPollsWithADelay(t *testing.T) {
+	lib := buildFake(t)
+	for _, tc := range []struct {
+		delay time.Duration
+		want  string
+	}{{0, "1000"}, {5 * time.Millisecond, "5000"}} {
+		logPath := filepath.Join(t.TempDir(), "calls.log")
+		t.Setenv("FAKE_NIXL_LOG", logPath)
+		tr, err := nixl.New(nixl.Config{Library: lib, ProgressDelay: tc.delay})
+		require.NoError(t, err)
+		e := kvtest.NewEnv(t, tr, kvtest.Options{Addr: "127.0.0.1:0"})
+		src := e.Hold(t, []int{1}, false)
+		_, err = e.Puller.Pull(context.Background(), src, e.Dst(t, 0, 1))
+		require.NoError(t, err)
+		require.NoError(t, tr.Close())
+
+		raw, err := os.ReadFile(logPath)
+		require.NoError(t, err)
+		created := fakeLog(raw).lines("create_configured_agent ")
+		require.Len(t, created, 2, "the listener's agent and the pullers'")
+		for _, l := range created {
+			assert.Equal(t, "1", field(l, "prog_thread"), l)
+			assert.Equal(t, tc.want, field(l, "pthr_delay_us"), l)
+			assert.Equal(t, "0", field(l, "listen_thread"), l)
+			assert.Equal(t, "0", field(l, "sync"), l)
+			assert.Equal(t, "1", field(l, "workers"), l)
+			assert.Equal(t, "100000", field(l, "lthr_delay_us"), l)
+			assert.Equal(t, "0", field(l, "telemetry"), l)
+		}
+	}
+}
+
+// A library without nixl_capi_create_configured_agent (NIXL before 0.6.1)
+// still works, with nixl_capi_create_agent.
+func TestLibraryWithoutConfiguredAgent(t *testing.T) {
+	logPath := filepath.Join(t.TempDir(), "calls.log")
+	t.Setenv("FAKE_NIXL_LOG", logPath)
+	lib, err := nixl.Open(buildFake(t, "-DFAKE_OMIT_CONFIGURED"))
+	require.NoError(t, err)
+	a, err := lib.NewAgent("old", "UCX")
+	require.NoError(t, err)
+	a.Close()
+	raw, err := os.ReadFile(logPath)
+	require.NoError(t, err)
+	assert.Len(t, fakeLog(raw).lines("create_agent name=old"), 1, string(raw))
+	assert.Empty(t, fakeLog(raw).lines("create_configured_agent "))
 }
 
 func TestRegisterLocalSkipsPerReadRegistration(t *testing.T) {

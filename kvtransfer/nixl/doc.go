@@ -15,6 +15,7 @@ package nixl
 import (
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/pd-sidecar/pd-sidecar/kvtransfer"
 )
@@ -26,6 +27,12 @@ const DefaultLibrary = "libnixl_capi.so"
 // DefaultBackend is the NIXL backend plugin used when Config.Backend is
 // empty.
 const DefaultBackend = "UCX"
+
+// DefaultProgressDelay is the poll timeout of an agent's progress thread
+// when Config.ProgressDelay is zero. The thread wakes at once on the
+// backend's events; the timeout only bounds a missed wake-up. NIXL's own
+// default, 0, makes the thread spin: a busy core per agent, idle or not.
+const DefaultProgressDelay = time.Millisecond
 
 // ErrLibraryMissing: libnixl_capi.so (or the path given) could not be
 // loaded, lacks a nixl_capi_* symbol the binding needs, or is NIXL's stub
@@ -49,6 +56,11 @@ type Config struct {
 	// host name, the process id and a random suffix follow, so names are
 	// unique across the fleet.
 	AgentPrefix string
+	// ProgressDelay is the poll timeout of each agent's progress thread
+	// (default DefaultProgressDelay; NIXL rounds it up to whole
+	// milliseconds). Libraries older than NIXL 0.6.1 lack
+	// nixl_capi_create_configured_agent and get NIXL's default instead.
+	ProgressDelay time.Duration
 }
 
 func (c Config) withDefaults() Config {
@@ -60,6 +72,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.AgentPrefix == "" {
 		c.AgentPrefix = "pd-sidecar"
+	}
+	if c.ProgressDelay <= 0 {
+		c.ProgressDelay = DefaultProgressDelay
 	}
 	return c
 }

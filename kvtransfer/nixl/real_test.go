@@ -4,8 +4,11 @@ package nixl_test
 
 import (
 	"os"
+	"syscall"
 	"testing"
+	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/pd-sidecar/pd-sidecar/kvtransfer"
@@ -34,6 +37,30 @@ func TestAgentRoundTripRealNIXL(t *testing.T) {
 	testAgentRoundTrip(t, realLibrary(t))
 }
 
+// An idle agent's progress thread sleeps: NIXL's default (what
+// nixl_capi_create_agent gives) spins it, a whole core per agent.
+func TestIdleAgentSleepsRealNIXL(t *testing.T) {
+	lib, err := nixl.Open(realLibrary(t))
+	require.NoError(t, err)
+	a, err := lib.NewAgent("idle", "UCX")
+	require.NoError(t, err)
+	defer a.Close()
+	const idle = time.Second
+	before := cpuTime(t)
+	time.Sleep(idle)
+	used := cpuTime(t) - before
+	t.Logf("an idle agent: %v of CPU in %v", used, idle)
+	assert.Less(t, used, idle/4, "the progress thread spins")
+}
+
+// cpuTime is the CPU time this process has used.
+func cpuTime(t *testing.T) time.Duration {
+	t.Helper()
+	var ru syscall.Rusage
+	require.NoError(t, syscall.Getrusage(syscall.RUSAGE_SELF, &ru))
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
 func TestConformanceRealNIXL(t *testing.T) {
 	lib := realLibrary(t)
 	kvtest.RunConformance(t, "127.0.0.1:0", func(t testing.TB) kvtransfer.Transport {
@@ -43,3 +70,4 @@ func TestConformanceRealNIXL(t *testing.T) {
 		return tr
 	})
 }
+
