@@ -3,6 +3,7 @@
 package nixl_test
 
 import (
+	"context"
 	"os"
 	"syscall"
 	"testing"
@@ -71,3 +72,50 @@ func TestConformanceRealNIXL(t *testing.T) {
 	})
 }
 
+// go test -run '^$' -bench RealNIXL -benchtime 20x ./kvtransfer/nixl/ (with
+// the environment of make test-nixl; UCX_TLS selects UCX's transports).
+
+// benchPullReal pulls blocks of 256 KiB over the real library, four
+// streams, checksums skipped (as kvtransfer's and ucx's pull benchmarks);
+// registered: the destination region registered once (RegisterLocal)
+// instead of per read.
+func benchPullReal(b *testing.B, blocks int, registered bool) {
+	tr, err := nixl.New(nixl.Config{Library: realLibrary(b)})
+	require.NoError(b, err)
+	b.Cleanup(func() { _ = tr.Close() })
+	e := kvtest.NewEnv(b, tr, kvtest.Options{Addr: "127.0.0.1:0", BlockBytes: 256 << 10, NumBlocks: blocks,
+		Puller: kvtransfer.PullerConfig{Streams: 4, SkipChecksums: true}})
+	if registered {
+		require.NoError(b, tr.RegisterLocal(e.Local))
+	}
+	ids := make([]int, blocks)
+	for i := range ids {
+		ids[i] = i
+	}
+	dst := e.Dst(b, 0, blocks)
+	b.SetBytes(int64(blocks) << 18)
+	b.ResetTimer()
+	for range b.N {
+		b.StopTimer() // Hold computes the source checksums
+		src := e.Hold(b, ids, false)
+		b.StartTimer()
+		src.Checksums = nil
+		if _, err := e.Puller.Pull(context.Background(), src, dst); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.StopTimer()
+	e.AssertSame(b, e.Hold(b, ids, false), dst)
+}
+
+// BenchmarkPullRealNIXL64MiB pulls 64 MiB in 256 KiB blocks.
+func BenchmarkPullRealNIXL64MiB(b *testing.B) {
+	b.Run("register-per-read", func(b *testing.B) { benchPullReal(b, 256, false) })
+	b.Run("RegisterLocal", func(b *testing.B) { benchPullReal(b, 256, true) })
+}
+
+// BenchmarkPullRealNIXLSmall is the latency of a one-block pull.
+func BenchmarkPullRealNIXLSmall(b *testing.B) {
+	b.Run("register-per-read", func(b *testing.B) { benchPullReal(b, 1, false) })
+	b.Run("RegisterLocal", func(b *testing.B) { benchPullReal(b, 1, true) })
+}
