@@ -115,7 +115,18 @@ logged make.log make -j"$jobs"
 logged install.log make install
 cd "$work"
 
-# NIXL.
+# NIXL. Before 0.10.0 (fixed upstream by "fix: ensure useEtcd is properly
+# initialized in all cases", 5a91d107) a build without etcd leaves
+# nixlAgentData::useEtcd uninitialised, and an agent whose memory held
+# garbage there starts its metadata thread, which spins a core for the
+# agent's life (seen with 0.7.1 on every agent created after others had
+# come and gone). Initialise it as that fix does.
+agent_cpp=$nixl_src/src/core/nixl_agent.cpp
+if grep -q '"NIXL ETCD is excluded";' "$agent_cpp" &&
+	! grep -B1 '"NIXL ETCD is excluded";' "$agent_cpp" | grep -q 'useEtcd = false;'; then
+	echo "==> NIXL: initialising useEtcd in a build without etcd (the fix of NIXL 0.10.0)"
+	sed -i '/"NIXL ETCD is excluded";/i\    useEtcd = false;' "$agent_cpp"
+fi
 if [ -n "$subprojects" ]; then
 	cp -a "$subprojects"/. "$nixl_src/subprojects/"
 fi
