@@ -1,15 +1,16 @@
 // Package nixl is kvtransfer's nixl transport: our own thin binding of
 // NIXL's C API (the nixl_capi_* functions of NIXL's src/bindings/rust
-// wrapper, built as libnixl_capi.so in Dockerfile.cuda). The library is
+// wrapper, built as libnixl_capi.so by scripts/build-nixl.sh, which
+// Dockerfile.cuda runs). The library is
 // loaded with dlopen at run time, never linked, so every build compiles
 // (cgo is needed for dlopen; a CGO_ENABLED=0 build reports ErrLibraryMissing)
 // and a missing library or symbol is one clear error naming the library and
 // NIXL_CAPI_LIB.
 //
-// The prototypes are declared in capi.go from NIXL's wrapper.h; no NIXL
-// header is needed to build. Real NIXL runs only where the library exists
-// (the CUDA image); the tests run the binding against a fake library with
-// the same symbols, built with the C compiler.
+// The prototypes are declared in capi.h from NIXL's wrapper.h; no NIXL
+// header is needed to build. The tests run the binding against a fake
+// library with the same symbols, built with the C compiler, and, with
+// NIXL_CAPI_LIB set (make test-nixl), against the real one.
 package nixl
 
 import (
