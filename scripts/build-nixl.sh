@@ -33,7 +33,9 @@
 #
 # The build leaves out what the transport does not use: NIXL's tests,
 # examples, GDS and Mooncake backends; UCX's Go and Java bindings; CUDA
-# unless --with-cuda is given.
+# unless --with-cuda is given. The NIXL tree is changed in place: the
+# --subprojects are copied in, and sources older than 0.10.0 get the one
+# line of NIXL's later fix that initialises useEtcd (see below).
 set -euo pipefail
 
 UCX_VERSION=${UCX_VERSION:-1.19.0}
@@ -93,7 +95,9 @@ if [ -n "$download" ]; then
 		git clone --quiet --depth 1 --branch "$NIXL_VERSION" https://github.com/ai-dynamo/nixl.git "$nixl_src"
 	fi
 fi
-[ -n "$ucx_src" ] && [ -n "$nixl_src" ] || die "give --ucx-src=DIR and --nixl-src=DIR, or --download"
+if [ -z "$ucx_src" ] || [ -z "$nixl_src" ]; then
+	die "give --ucx-src=DIR and --nixl-src=DIR, or --download"
+fi
 [ -d "$ucx_src" ] || die "--ucx-src: no directory $ucx_src"
 [ -f "$nixl_src/meson.build" ] || die "--nixl-src: $nixl_src is not a NIXL source tree"
 ucx_src=$(abs "$ucx_src")
