@@ -318,6 +318,77 @@ func mapped(t *testing.T, n int) []byte {
 	return b
 }
 
+// twoAgents returns agents a (serving src) and b (reading into dst), b
+// with a's metadata loaded, and the descriptors of src and dst.
+func twoAgents(t *testing.T, path string, n int) (a, b *nixl.Agent, src, dst []byte, sd, dd nixl.Desc) {
+	t.Helper()
+	lib, err := nixl.Open(path)
+	require.NoError(t, err)
+	a, err = lib.NewAgent("src", "UCX")
+	require.NoError(t, err)
+	t.Cleanup(a.Close)
+	b, err = lib.NewAgent("dst", "UCX")
+	require.NoError(t, err)
+	t.Cleanup(b.Close)
+	src, dst = mapped(t, n), mapped(t, n)
+	for i := range src {
+		src[i] = byte(i%251) + 1
+	}
+	sd = nixl.Desc{Addr: uintptr(unsafe.Pointer(&src[0])), Len: n}
+	dd = nixl.Desc{Addr: uintptr(unsafe.Pointer(&dst[0])), Len: n}
+	require.NoError(t, a.Register(nixl.MemDRAM, []nixl.Desc{sd}))
+	require.NoError(t, b.Register(nixl.MemDRAM, []nixl.Desc{dd}))
+	md, err := a.LocalMD()
+	require.NoError(t, err)
+	_, err = b.LoadRemoteMD(md)
+	require.NoError(t, err)
+	return a, b, src, dst, sd, dd
+}
+
+// A cancelled read lets the running transfer end before releasing it: the
+// destination must not be written after Read returns (real NIXL's release
+// does not stop the data).
+func TestCancelledReadReleasesOnlyAfterTheTransferEnds(t *testing.T) {
+	logPath := filepath.Join(t.TempDir(), "calls.log")
+	t.Setenv("FAKE_NIXL_LOG", logPath)
+	_, b, src, dst, sd, dd := twoAgents(t, buildFake(t), 4096)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	err := b.Read(ctx, nixl.MemDRAM, nixl.MemDRAM, []nixl.Desc{dd}, []nixl.Desc{sd}, "src")
+	require.ErrorIs(t, err, context.Canceled)
+	assert.Equal(t, src, dst)
+	raw, err := os.ReadFile(logPath)
+	require.NoError(t, err)
+	rel := fakeLog(raw).lines("release_xfer_req ")
+	require.Len(t, rel, 1)
+	assert.Equal(t, "1", field(rel[0], "done"), "released while still running")
+}
+
+// A transfer that never ends is released after the drain time, and the
+// error says its memory may still be written.
+func TestStuckTransferIsReleasedAfterTheDrainTime(t *testing.T) {
+	logPath := filepath.Join(t.TempDir(), "calls.log")
+	t.Setenv("FAKE_NIXL_LOG", logPath)
+	t.Setenv("FAKE_NIXL_STUCK", "1")
+	_, b, _, _, sd, dd := twoAgents(t, buildFake(t), 4096)
+	nixl.SetDrainTimeout(b, 50*time.Millisecond)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	err := b.Read(ctx, nixl.MemDRAM, nixl.MemDRAM, []nixl.Desc{dd}, []nixl.Desc{sd}, "src")
+	took := time.Since(start)
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	require.ErrorIs(t, err, nixl.ErrCall)
+	assert.Contains(t, err.Error(), "may still be written")
+	assert.GreaterOrEqual(t, took, 70*time.Millisecond, "the read's 20 ms, then the 50 ms drain")
+	raw, rerr := os.ReadFile(logPath)
+	require.NoError(t, rerr)
+	rel := fakeLog(raw).lines("release_xfer_req ")
+	require.Len(t, rel, 1)
+	assert.Equal(t, "0", field(rel[0], "done"))
+	assert.Len(t, fakeLog(raw).lines("destroy_xfer_req"), 1)
+}
+
 func TestConformanceFakeNIXL(t *testing.T) {
 	lib := buildFake(t)
 	kvtest.RunConformance(t, "127.0.0.1:0", func(t testing.TB) kvtransfer.Transport {

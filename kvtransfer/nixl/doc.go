@@ -35,6 +35,12 @@ const DefaultBackend = "UCX"
 // default, 0, makes the thread spin: a busy core per agent, idle or not.
 const DefaultProgressDelay = time.Millisecond
 
+// DefaultDrainTimeout bounds how long releasing a transfer that is still
+// running (a cancelled or timed-out read) waits for it to end: NIXL's
+// release does not stop the data, so the transport lets it land before the
+// destination memory is given back.
+const DefaultDrainTimeout = 10 * time.Second
+
 // ErrLibraryMissing: libnixl_capi.so (or the path given) could not be
 // loaded, lacks a nixl_capi_* symbol the binding needs, or is NIXL's stub
 // build. Errors wrapping it also wrap kvtransfer.ErrUnsupported.

@@ -21,7 +21,7 @@ import (
 // -DFAKE_OMIT_POST leaves nixl_capi_post_xfer_req out,
 // -DFAKE_OMIT_CONFIGURED nixl_capi_create_configured_agent (as before NIXL
 // 0.6.1); -DFAKE_STUB adds nixl_capi_is_stub returning true (NIXL's stub
-// build).
+// build). With FAKE_NIXL_STUCK set, transfers stay in progress forever.
 const fakeNIXL = `
 #include <pthread.h>
 #include <stdarg.h>
@@ -315,8 +315,10 @@ st_t nixl_capi_get_xfer_status(agent *a, xreq *x) {
 	if (!a || !x || !x->posted) return INVAL;
 	pthread_mutex_lock(&mu);
 	st_t st;
+	const char *stuck = getenv("FAKE_NIXL_STUCK");
 	if (x->done) st = OK;
 	else if (!x->r->alive) st = BACKEND;
+	else if (stuck && *stuck) st = INPROG; // a transfer that never ends
 	else if (x->polls++ == 0) {
 		for (size_t i = 0; i < x->l.n; i++)
 			memcpy((void *)x->l.d[i].addr, (const void *)x->rd.d[i].addr, x->l.d[i].len);
