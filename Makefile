@@ -89,6 +89,31 @@ else
 	$(BIN)/ucx/pd-bench kv --bin $(BIN)/ucx --dir out/bench-kv --ucx-perftest $(UCX_PREFIX)/bin/ucx_perftest $(KV_BENCH_FLAGS) | tee out/bench-kv-prefix.txt
 endif
 
+## test-nixl: the nixl kvtransfer transport against the real NIXL library, on host memory over
+## NIXL's UCX backend: the binding's round trip, the transport conformance suite and the
+## sidecar-pull e2e over nixl (tests named RealNIXL and TestKVPullNIXL). NIXL_PREFIX is an install
+## of scripts/build-nixl.sh (UCX, NIXL and libnixl_capi.so built from source), e.g.
+##   scripts/build-nixl.sh --download --prefix=$HOME/.cache/pd-sidecar/nixl-0.7.1
+##   make test-nixl NIXL_PREFIX=$HOME/.cache/pd-sidecar/nixl-0.7.1
+## UCX_PREFIX when UCX went elsewhere (--ucx-prefix). Without NIXL_PREFIX, or without
+## lib/libnixl_capi.so in it, prints SKIPPED and succeeds. Not part of make test: CI cannot fetch
+## NIXL's and UCX's sources, so CI runs the same suite over a fake library (TestConformanceFakeNIXL).
+NIXL_PREFIX ?=
+UCX_PREFIX  ?= $(NIXL_PREFIX)
+.PHONY: test-nixl
+test-nixl:
+	@lib="$(NIXL_PREFIX)/lib/libnixl_capi.so"; \
+	if [ -z "$(NIXL_PREFIX)" ] || [ ! -f "$$lib" ]; then \
+		echo "SKIPPED: test-nixl: no real NIXL library$(if $(NIXL_PREFIX), in $(NIXL_PREFIX)/lib,): build one with scripts/build-nixl.sh --prefix=DIR and run make test-nixl NIXL_PREFIX=DIR"; \
+		exit 0; \
+	fi; \
+	set -e; \
+	export NIXL_CAPI_LIB="$$lib" NIXL_PLUGIN_DIR="$(NIXL_PREFIX)/lib/plugins" \
+		LD_LIBRARY_PATH="$(NIXL_PREFIX)/lib:$(UCX_PREFIX)/lib$${LD_LIBRARY_PATH:+:$$LD_LIBRARY_PATH}"; \
+	echo "==> test-nixl: $$lib (NIXL_PLUGIN_DIR=$$NIXL_PLUGIN_DIR)"; \
+	$(GO) test -race -count=1 -timeout 10m -v -run 'RealNIXL' ./kvtransfer/nixl/; \
+	$(GO) test -race -count=1 -timeout 10m -v -run '^TestKVPullNIXL$$' ./e2e/
+
 ## lint: gofmt, go vet and staticcheck
 lint: vet $(STATICCHECK)
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi

@@ -82,7 +82,8 @@ func TestDockerfiles(t *testing.T) {
 			[]string{"CGO_ENABLED=0", "./cmd/pd-sidecar"}, nil},
 		{"../../Dockerfile.cuda", "nvidia/cuda:${CUDA_VERSION}-runtime-ubuntu24.04",
 			[]string{"CGO_ENABLED=1", "-tags ucx", "./cmd/pd-sidecar"},
-			[]string{"--with-cuda=", "libnixl_capi.so", "NIXL_CAPI_LIB=/opt/nixl/lib/libnixl_capi.so"}},
+			[]string{"COPY scripts/build-nixl.sh ", "build-nixl.sh --ucx-src=", "--with-cuda=", "NIXL_CAPI_LIB=/opt/nixl/lib/libnixl_capi.so",
+				"NIXL_PLUGIN_DIR=/opt/nixl/lib/plugins"}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.file, func(t *testing.T) {
@@ -135,3 +136,32 @@ func TestDockerfiles(t *testing.T) {
 }
 
 func allShell(ins []instruction) string { return strings.Join(all(ins, "SHELL"), " ") }
+
+// TestCUDAImageBuildsNIXLAsLocally: Dockerfile.cuda builds UCX and NIXL with
+// scripts/build-nixl.sh, the script a local build for make test-nixl runs,
+// and fetches the versions that script defaults to.
+func TestCUDAImageBuildsNIXLAsLocally(t *testing.T) {
+	script, err := os.ReadFile("../../scripts/build-nixl.sh")
+	require.NoError(t, err)
+	ins := parseDockerfile(t, "../../Dockerfile.cuda")
+	args := map[string]string{}
+	for _, a := range all(ins, "ARG") {
+		if k, v, ok := strings.Cut(a, "="); ok {
+			args[k] = v
+		}
+	}
+	for _, name := range []string{"UCX_VERSION", "NIXL_VERSION"} {
+		m := regexp.MustCompile(`(?m)^` + name + `=\$\{` + name + `:-([^}]+)\}$`).FindSubmatch(script)
+		require.NotNil(t, m, "scripts/build-nixl.sh defaults %s", name)
+		assert.Equal(t, string(m[1]), args[name], "Dockerfile.cuda's ARG %s and the script's default", name)
+	}
+	var runs bool
+	for _, r := range all(ins, "RUN") {
+		if strings.HasPrefix(r, "build-nixl.sh ") {
+			runs = true
+		}
+		assert.NotContains(t, r, "meson setup", "NIXL is built by the script, not beside it")
+		assert.NotContains(t, r, "configure-release", "UCX is built by the script, not beside it")
+	}
+	assert.True(t, runs, "a RUN runs build-nixl.sh")
+}

@@ -41,15 +41,35 @@ int nx_open(const char *path, nx_lib *l, char **why) {
 		}
 	}
 	l->is_stub = (bool (*)(void))dlsym(l->h, "nixl_capi_is_stub");
+	l->create_configured_agent = (nx_status (*)(const char *, const nx_agent_config *, void **))dlsym(l->h, "nixl_capi_create_configured_agent");
 	return 0;
 }
 
 bool nx_is_stub(nx_lib *l) { return l->is_stub && l->is_stub(); }
+bool nx_has_configured_agent(nx_lib *l) { return l->create_configured_agent != NULL; }
 
 #define NXF(i, T) ((T)l->fn[i])
 
 // Trampolines: one per C function, calling through the table.
-nx_status nx_create_agent(nx_lib *l, const char *name, void **a) {
+// nx_create_agent creates an agent with NIXL's progress thread, whose poll
+// timeout is pthr_delay_us (NIXL rounds it up to whole milliseconds).
+// nixl_capi_create_agent passes NIXL's default delay, 0: the thread then
+// polls without sleeping and keeps a core busy even when idle. Libraries
+// without nixl_capi_create_configured_agent (before 0.6.1) get that.
+nx_status nx_create_agent(nx_lib *l, const char *name, uint64_t pthr_delay_us, void **a) {
+	if (l->create_configured_agent) {
+		nx_agent_config c = {
+			.enable_prog_thread = true,
+			.enable_listen_thread = false,
+			.listen_port = 0,
+			.thread_sync = 0, // NIXL_CAPI_THREAD_SYNC_DEFAULT: calls are serialised by the binding
+			.num_workers = 1,
+			.pthr_delay_us = pthr_delay_us,
+			.lthr_delay_us = 100000, // nixlAgentConfig's default
+			.capture_telemetry = false,
+		};
+		return l->create_configured_agent(name, &c, a);
+	}
 	return NXF(NX_CREATE_AGENT, nx_status (*)(const char *, void **))(name, a);
 }
 nx_status nx_destroy_agent(nx_lib *l, void *a) {

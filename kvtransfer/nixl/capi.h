@@ -26,11 +26,26 @@ enum {
 	NX_NUM
 };
 
+// nx_agent_config mirrors nixl_capi_agent_config_t (wrapper.h since NIXL
+// 0.6.1; the thread-sync enum is int-sized).
+typedef struct {
+	bool enable_prog_thread;
+	bool enable_listen_thread;
+	int listen_port;
+	int thread_sync;
+	unsigned int num_workers;
+	uint64_t pthr_delay_us;
+	uint64_t lthr_delay_us;
+	bool capture_telemetry;
+} nx_agent_config;
+
 // nx_lib is one loaded library: its handle and its function table.
 typedef struct nx_lib {
 	void *h;
 	void *fn[NX_NUM];
 	bool (*is_stub)(void); // optional: nixl_capi_is_stub of NIXL's stub build
+	// optional: nixl_capi_create_configured_agent (NIXL 0.6.1 and later)
+	nx_status (*create_configured_agent)(const char *, const nx_agent_config *, void **);
 } nx_lib;
 
 // nx_desc mirrors Desc.
@@ -39,8 +54,9 @@ typedef struct { uintptr_t addr; size_t len; uint64_t dev; } nx_desc;
 const char *nx_name(int i);
 int nx_open(const char *path, nx_lib *l, char **why);
 bool nx_is_stub(nx_lib *l);
+bool nx_has_configured_agent(nx_lib *l);
 
-nx_status nx_create_agent(nx_lib *l, const char *name, void **a);
+nx_status nx_create_agent(nx_lib *l, const char *name, uint64_t pthr_delay_us, void **a);
 nx_status nx_destroy_agent(nx_lib *l, void *a);
 nx_status nx_get_plugin_params(nx_lib *l, void *a, const char *plugin, void **mems, void **params);
 nx_status nx_destroy_mem_list(nx_lib *l, void *m);

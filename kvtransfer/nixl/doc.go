@@ -1,20 +1,22 @@
 // Package nixl is kvtransfer's nixl transport: our own thin binding of
 // NIXL's C API (the nixl_capi_* functions of NIXL's src/bindings/rust
-// wrapper, built as libnixl_capi.so in Dockerfile.cuda). The library is
+// wrapper, built as libnixl_capi.so by scripts/build-nixl.sh, which
+// Dockerfile.cuda runs). The library is
 // loaded with dlopen at run time, never linked, so every build compiles
 // (cgo is needed for dlopen; a CGO_ENABLED=0 build reports ErrLibraryMissing)
 // and a missing library or symbol is one clear error naming the library and
 // NIXL_CAPI_LIB.
 //
-// The prototypes are declared in capi.go from NIXL's wrapper.h; no NIXL
-// header is needed to build. Real NIXL runs only where the library exists
-// (the CUDA image); the tests run the binding against a fake library with
-// the same symbols, built with the C compiler.
+// The prototypes are declared in capi.h from NIXL's wrapper.h; no NIXL
+// header is needed to build. The tests run the binding against a fake
+// library with the same symbols, built with the C compiler, and, with
+// NIXL_CAPI_LIB set (make test-nixl), against the real one.
 package nixl
 
 import (
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/pd-sidecar/pd-sidecar/kvtransfer"
 )
@@ -26,6 +28,18 @@ const DefaultLibrary = "libnixl_capi.so"
 // DefaultBackend is the NIXL backend plugin used when Config.Backend is
 // empty.
 const DefaultBackend = "UCX"
+
+// DefaultProgressDelay is the poll timeout of an agent's progress thread
+// when Config.ProgressDelay is zero. The thread wakes at once on the
+// backend's events; the timeout only bounds a missed wake-up. NIXL's own
+// default, 0, makes the thread spin: a busy core per agent, idle or not.
+const DefaultProgressDelay = time.Millisecond
+
+// DefaultDrainTimeout bounds how long releasing a transfer that is still
+// running (a cancelled or timed-out read) waits for it to end: NIXL's
+// release does not stop the data, so the transport lets it land before the
+// destination memory is given back.
+const DefaultDrainTimeout = 10 * time.Second
 
 // ErrLibraryMissing: libnixl_capi.so (or the path given) could not be
 // loaded, lacks a nixl_capi_* symbol the binding needs, or is NIXL's stub
@@ -49,6 +63,11 @@ type Config struct {
 	// host name, the process id and a random suffix follow, so names are
 	// unique across the fleet.
 	AgentPrefix string
+	// ProgressDelay is the poll timeout of each agent's progress thread
+	// (default DefaultProgressDelay; NIXL rounds it up to whole
+	// milliseconds). Libraries older than NIXL 0.6.1 lack
+	// nixl_capi_create_configured_agent and get NIXL's default instead.
+	ProgressDelay time.Duration
 }
 
 func (c Config) withDefaults() Config {
@@ -60,6 +79,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.AgentPrefix == "" {
 		c.AgentPrefix = "pd-sidecar"
+	}
+	if c.ProgressDelay <= 0 {
+		c.ProgressDelay = DefaultProgressDelay
 	}
 	return c
 }

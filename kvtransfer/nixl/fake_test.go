@@ -18,8 +18,10 @@ import (
 // real NIXL checks (registered memory on both sides, loaded remote
 // metadata, matching lengths, a live remote agent) and, when FAKE_NIXL_LOG
 // names a file, appends one line per call with its arguments.
-// -DFAKE_OMIT_POST leaves nixl_capi_post_xfer_req out; -DFAKE_STUB adds
-// nixl_capi_is_stub returning true (NIXL's stub build).
+// -DFAKE_OMIT_POST leaves nixl_capi_post_xfer_req out,
+// -DFAKE_OMIT_CONFIGURED nixl_capi_create_configured_agent (as before NIXL
+// 0.6.1); -DFAKE_STUB adds nixl_capi_is_stub returning true (NIXL's stub
+// build). With FAKE_NIXL_STUCK set, transfers stay in progress forever.
 const fakeNIXL = `
 #include <pthread.h>
 #include <stdarg.h>
@@ -113,6 +115,24 @@ st_t nixl_capi_create_agent(const char *name, agent **out) {
 	pthread_mutex_unlock(&mu);
 	return OK;
 }
+
+#ifndef FAKE_OMIT_CONFIGURED
+typedef struct {
+	bool enable_prog_thread, enable_listen_thread;
+	int listen_port, thread_sync;
+	unsigned int num_workers;
+	uint64_t pthr_delay_us, lthr_delay_us;
+	bool capture_telemetry;
+} agent_config;
+
+st_t nixl_capi_create_configured_agent(const char *name, const agent_config *c, agent **out) {
+	if (!name || !c || !out) return INVAL;
+	logf_("create_configured_agent name=%s prog_thread=%d listen_thread=%d port=%d sync=%d workers=%u pthr_delay_us=%lu lthr_delay_us=%lu telemetry=%d",
+		name, c->enable_prog_thread, c->enable_listen_thread, c->listen_port, c->thread_sync, c->num_workers,
+		(unsigned long)c->pthr_delay_us, (unsigned long)c->lthr_delay_us, c->capture_telemetry);
+	return nixl_capi_create_agent(name, out);
+}
+#endif
 
 st_t nixl_capi_destroy_agent(agent *a) {
 	if (!a) return INVAL;
@@ -295,8 +315,10 @@ st_t nixl_capi_get_xfer_status(agent *a, xreq *x) {
 	if (!a || !x || !x->posted) return INVAL;
 	pthread_mutex_lock(&mu);
 	st_t st;
+	const char *stuck = getenv("FAKE_NIXL_STUCK");
 	if (x->done) st = OK;
 	else if (!x->r->alive) st = BACKEND;
+	else if (stuck && *stuck) st = INPROG; // a transfer that never ends
 	else if (x->polls++ == 0) {
 		for (size_t i = 0; i < x->l.n; i++)
 			memcpy((void *)x->l.d[i].addr, (const void *)x->rd.d[i].addr, x->l.d[i].len);

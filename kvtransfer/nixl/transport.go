@@ -90,7 +90,7 @@ func regionDesc(r *kvtransfer.Region) (Desc, MemType, error) {
 // Listen creates a NIXL agent with the configured backend, registers every
 // region of a with it and serves the control protocol on addr.
 func (t *Transport) Listen(ctx context.Context, addr string, a *kvtransfer.Agent) (kvtransfer.Listener, error) {
-	na, err := t.lib.NewAgent(t.agentName("agent"), t.cfg.Backend)
+	na, err := t.lib.newAgent(t.agentName("agent"), t.cfg.Backend, t.cfg.ProgressDelay)
 	if err != nil {
 		return nil, fmt.Errorf("nixl listen %s: %w: %w", addr, kvtransfer.ErrUnsupported, err)
 	}
@@ -168,7 +168,7 @@ func (t *Transport) pullerAgent() (*Agent, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.puller == nil {
-		na, err := t.lib.NewAgent(t.agentName("puller"), t.cfg.Backend)
+		na, err := t.lib.newAgent(t.agentName("puller"), t.cfg.Backend, t.cfg.ProgressDelay)
 		if err != nil {
 			return nil, fmt.Errorf("nixl: %w: %w", kvtransfer.ErrUnsupported, err)
 		}

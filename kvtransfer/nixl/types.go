@@ -5,17 +5,19 @@ import "fmt"
 // Status is a nixl_capi_status_t.
 type Status int
 
-// The nixl_capi_status_t values of NIXL's wrapper.h.
+// The nixl_capi_status_t values of NIXL's wrapper.h. Release 0.7.1 returns
+// StatusBackend for every failure; later versions report NIXL's own status
+// (StatusNotFound: the remote agent's metadata is not loaded, or no backend
+// serves the request).
 const (
-	StatusSuccess           Status = 0
-	StatusInProgress        Status = 1
-	StatusInProgressWithErr Status = 2 // in progress, at least one entry failed
-	StatusInvalidParam      Status = -1
-	StatusBackend           Status = -2
-	StatusInvalidState      Status = -3
-	StatusException         Status = -4
-	StatusNoTelemetry       Status = -5
-	StatusNotSupported      Status = -6
+	StatusSuccess      Status = 0
+	StatusInProgress   Status = 1
+	StatusInvalidParam Status = -1
+	StatusBackend      Status = -2
+	StatusInvalidState Status = -3
+	StatusException    Status = -4
+	StatusNoTelemetry  Status = -5
+	StatusNotFound     Status = -6
 )
 
 // String returns the C name of s.
@@ -25,8 +27,6 @@ func (s Status) String() string {
 		return "NIXL_CAPI_SUCCESS"
 	case StatusInProgress:
 		return "NIXL_CAPI_IN_PROG"
-	case StatusInProgressWithErr:
-		return "NIXL_CAPI_IN_PROG_WITH_ERR"
 	case StatusInvalidParam:
 		return "NIXL_CAPI_ERROR_INVALID_PARAM"
 	case StatusBackend:
@@ -37,8 +37,8 @@ func (s Status) String() string {
 		return "NIXL_CAPI_ERROR_EXCEPTION"
 	case StatusNoTelemetry:
 		return "NIXL_CAPI_ERROR_NO_TELEMETRY"
-	case StatusNotSupported:
-		return "NIXL_CAPI_ERROR_NOT_SUPPORTED"
+	case StatusNotFound:
+		return "NIXL_CAPI_ERROR_NOT_FOUND"
 	}
 	return fmt.Sprintf("nixl_capi_status_t(%d)", int(s))
 }
