@@ -299,6 +299,8 @@ func verdict(r probeReport) string {
 			return "ucx over tcp: " + got + "; RMA is emulated in software over TCP, expect ~0.2-1 GB/s (0.2 with one get in flight); set UCX_TLS to include rc (RDMA) or, on one host, sm"
 		}
 		return "ucx: " + got + "; transports: " + s
+	case "nixl":
+		return "nixl: " + got + "; NIXL's UCX backend picks its transports from UCX_TLS among those with peer error handling: on one host tcp (RMA emulated in software, ~1 GB/s), across hosts with an RDMA NIC rc (near line rate); every read registers its destination with NIXL first, as a pull does"
 	}
 	return r.Transport + ": " + got
 }

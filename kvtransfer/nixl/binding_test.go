@@ -122,10 +122,12 @@ func TestPullMarshalsDescriptorsMetadataAndOperation(t *testing.T) {
 	}
 	assert.Len(t, log.lines("create_backend "), 2)
 
-	// The agent registers its whole region as DRAM on device 0.
+	// The agent registers its whole region as DRAM on device 0, then the
+	// 4 MiB filler region it serves to kv-probe.
 	remote := e.Region.Mem()
 	reg := log.lines("register_mem agent=" + agentName + " ")
-	require.Len(t, reg, 1)
+	require.Len(t, reg, 2)
+	assert.Equal(t, fmt.Sprint(4<<20), field(reg[1], "len"))
 	assert.Equal(t, "0", field(reg[0], "mem"))
 	assert.Equal(t, addr(remote), field(reg[0], "addr"))
 	assert.Equal(t, fmt.Sprint(len(remote)), field(reg[0], "len"))
@@ -238,8 +240,9 @@ func TestRegisterLocalSkipsPerReadRegistration(t *testing.T) {
 	raw, err := os.ReadFile(logPath)
 	require.NoError(t, err)
 	log := fakeLog(raw)
-	// The listener's region and the local region: no per-read registration.
-	assert.Len(t, log.lines("register_mem "), 2, string(raw))
+	// The listener's region, its probe region and the local region: no
+	// per-read registration.
+	assert.Len(t, log.lines("register_mem "), 3, string(raw))
 	assert.Empty(t, log.lines("deregister_mem "))
 }
 

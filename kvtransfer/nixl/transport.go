@@ -76,6 +76,8 @@ type extra struct {
 	// Pace is the agent's bandwidth cap (bytes/s, 0: none), honoured by the
 	// puller: one-sided reads cannot be paced by the agent.
 	Pace float64 `json:"pace,omitempty"`
+	// Size is the probe region's size (the agent's info answer only).
+	Size int `json:"size,omitempty"`
 }
 
 // regionDesc is the NIXL descriptor of a whole region.
@@ -107,12 +109,23 @@ func (t *Transport) Listen(ctx context.Context, addr string, a *kvtransfer.Agent
 		l.regs[r] = extra{Agent: na.Name(), Base: uint64(d.Addr), Mem: mem, Dev: d.DevID, Pace: a.Bandwidth()}
 		l.descs = append(l.descs, regDesc{mem, d})
 	}
+	if err := l.serveProbe(); err != nil {
+		l.Close()
+		return nil, fmt.Errorf("nixl listen %s: %w", addr, err)
+	}
 	md, err := na.LocalMD()
 	if err != nil {
 		l.Close()
 		return nil, fmt.Errorf("nixl listen %s: %w: %w", addr, kvtransfer.ErrUnsupported, err)
 	}
-	tcp := kvtransfer.NewTCPTransport(kvtransfer.TCPConfig{GrantExtra: func(g *kvtransfer.Grant) error {
+	probeInfo := l.probe
+	probeInfo.MD = md
+	info, err := json.Marshal(probeInfo)
+	if err != nil {
+		l.Close()
+		return nil, err
+	}
+	tcp := kvtransfer.NewTCPTransport(kvtransfer.TCPConfig{Info: func() ([]byte, error) { return info, nil }, GrantExtra: func(g *kvtransfer.Grant) error {
 		r, err := a.Region(g.RequestID)
 		if err != nil {
 			return err
@@ -143,7 +156,11 @@ type nixlListener struct {
 	ctl   kvtransfer.Listener
 	regs  map[*kvtransfer.Region]extra
 	descs []regDesc
-	once  sync.Once
+	// probeRegion is filler served to kv-probe (never KV); probe is its
+	// descriptor in an info answer.
+	probeRegion *kvtransfer.Region
+	probe       extra
+	once        sync.Once
 }
 
 func (l *nixlListener) Addr() string { return l.ctl.Addr() }
@@ -159,6 +176,9 @@ func (l *nixlListener) Close() error {
 			_ = l.na.Deregister(r.mem, []Desc{r.d})
 		}
 		l.na.Close()
+		if l.probeRegion != nil {
+			_ = l.probeRegion.Close()
+		}
 	})
 	return nil
 }
@@ -230,6 +250,8 @@ type nixlConn struct {
 	kvtransfer.Conn // Open, Complete, Release over tcp
 	t               *Transport
 	na              *Agent
+	mu              sync.Mutex
+	probe           *extra // the agent's info answer, once asked
 }
 
 // remote makes sure the grant's agent metadata is loaded.
@@ -350,4 +372,5 @@ var (
 	_ kvtransfer.Transport = (*Transport)(nil)
 	_ kvtransfer.Listener  = (*nixlListener)(nil)
 	_ kvtransfer.Conn      = (*nixlConn)(nil)
+	_ kvtransfer.Prober    = (*nixlConn)(nil)
 )
