@@ -26,6 +26,11 @@ import (
 type Transport struct {
 	mu sync.Mutex
 	wk *worker // the pullers' worker, created on first Dial
+	// local is the pullers' worker limited to sysv and posix shared memory
+	// (see localTLS), created on first Dial when the setting allows them;
+	// nil otherwise. Endpoints try it first: it reaches agents on this
+	// host only.
+	local *worker
 }
 
 // New returns the ucx transport.
@@ -86,7 +91,7 @@ func window(blockBytes int) int {
 // the control protocol on addr. Pullers reach the agent's worker at the
 // address its grants carry.
 func (t *Transport) Listen(ctx context.Context, addr string, a *kvtransfer.Agent) (kvtransfer.Listener, error) {
-	wk, err := newWorker()
+	wk, err := newWorker("")
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", kvtransfer.ErrUnsupported, err)
 	}
@@ -183,14 +188,19 @@ func (l *ucxListener) Close() error {
 func (t *Transport) Dial(ctx context.Context, addr string) (kvtransfer.Conn, error) {
 	t.mu.Lock()
 	if t.wk == nil {
-		wk, err := newWorker()
+		wk, err := newWorker("")
 		if err != nil {
 			t.mu.Unlock()
 			return nil, fmt.Errorf("%w: %w", kvtransfer.ErrUnsupported, err)
 		}
 		t.wk = wk
+		if tls := localTLS(configuredTLS()); tls != "" {
+			// Without it the gets to an agent on this host ride tcp (or
+			// find no transport); if it cannot be made, they still can.
+			t.local, _ = newWorker(tls)
+		}
 	}
-	wk := t.wk
+	wk, local := t.wk, t.local
 	t.mu.Unlock()
 	ctl, err := kvtransfer.NewTCPTransport(kvtransfer.TCPConfig{}).Dial(ctx, addr)
 	if err != nil {
@@ -201,7 +211,7 @@ func (t *Transport) Dial(ctx context.Context, addr string) (kvtransfer.Conn, err
 		_ = ctl.Close()
 		return nil, fmt.Errorf("ucx: the tcp control connection cannot ask for info: %w", kvtransfer.ErrUnsupported)
 	}
-	return &ucxConn{Conn: ctl, info: ic, wk: wk}, nil
+	return &ucxConn{Conn: ctl, info: ic, wk: wk, local: local}, nil
 }
 
 // infoConn is the control connection's Info call (kvtransfer's tcp Conn).
@@ -215,6 +225,7 @@ type ucxConn struct {
 	kvtransfer.Conn // Open, Complete, Release over tcp
 	info            infoConn
 	wk              *worker
+	local           *worker // shared-memory worker, or nil
 	mu              sync.Mutex
 	ep              *endpoint
 	epKey           string     // the agent's worker address
@@ -231,7 +242,14 @@ func (c *ucxConn) endpoint(worker []byte) (*endpoint, error) {
 		c.ep.close()
 		c.ep = nil
 	}
-	ep, err := c.wk.connect(worker)
+	var ep *endpoint
+	err := errUnreachable
+	if c.local != nil {
+		ep, err = c.local.connectLocal(worker)
+	}
+	if err != nil { // another host, or no transport in common: the main worker
+		ep, err = c.wk.connect(worker)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", kvtransfer.ErrKVSourceGone, err)
 	}

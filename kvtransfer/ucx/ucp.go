@@ -16,10 +16,15 @@ package ucx
 // px_init creates a context with one-sided RMA and wake-up events and a
 // worker whose every call the Go side serialises (SERIALIZED: no lock of
 // UCX's own on each operation; UCX's async thread takes care of itself).
-static ucs_status_t px_init(ucp_context_h *ctx, ucp_worker_h *w, int wakeup) {
+// tls, when not NULL, replaces UCX_TLS for this context.
+static ucs_status_t px_init(ucp_context_h *ctx, ucp_worker_h *w, int wakeup, const char *tls) {
 	ucp_config_t *cfg;
 	ucs_status_t st = ucp_config_read(NULL, NULL, &cfg);
 	if (st != UCS_OK) return st;
+	if (tls != NULL && (st = ucp_config_modify(cfg, "TLS", tls)) != UCS_OK) {
+		ucp_config_release(cfg);
+		return st;
+	}
 	ucp_params_t p;
 	memset(&p, 0, sizeof p);
 	p.field_mask = UCP_PARAM_FIELD_FEATURES;
@@ -58,14 +63,24 @@ static void px_on_ep_error(void *arg, ucp_ep_h ep, ucs_status_t st) {
 }
 
 // px_connect creates an endpoint to a remote worker address, the way
-// ucx_perftest does: every transport both workers share can carry it
-// (shared memory, cma, tcp, rc/dc verbs). It asks for peer failure
-// detection first; transports without it (UCX 1.13's shared memory) refuse
-// that as unreachable, and the endpoint is then created without it
-// (*peer = 0): the control connection and the pull deadline watch the peer.
+// ucx_perftest does, with peer failure detection: every transport both
+// workers share that can detect a peer's failure can carry it (tcp, cma,
+// rc/dc verbs; not UCX's sysv and posix shared memory, which the
+// shared-memory worker serves, see px_connect_local).
+static ucs_status_t px_connect(ucp_worker_h w, const void *addr, ucp_ep_h *ep) {
+	ucp_ep_params_t p;
+	memset(&p, 0, sizeof p);
+	p.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+		UCP_EP_PARAM_FIELD_ERR_HANDLER;
+	p.address = (const ucp_address_t *)addr;
+	p.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+	p.err_handler.cb = px_on_ep_error;
+	return ucp_ep_create(w, &p, ep);
+}
+
 // px_quiet_select swallows the transport selection's error lines while an
-// endpoint with peer failure detection is tried: on transports without it
-// the refusal is expected and answered by the second attempt.
+// endpoint is tried on the shared-memory worker: an agent on another host
+// is expected to be unreachable there, and the main worker is tried next.
 static ucs_log_func_rc_t px_quiet_select(const char *file, unsigned line, const char *function,
 		ucs_log_level_t level, const ucs_log_component_config_t *comp, const char *msg, va_list ap) {
 	(void)line; (void)function; (void)comp; (void)msg; (void)ap;
@@ -74,22 +89,34 @@ static ucs_log_func_rc_t px_quiet_select(const char *file, unsigned line, const 
 	return UCS_LOG_FUNC_RC_CONTINUE;
 }
 
-static ucs_status_t px_connect(ucp_worker_h w, const void *addr, ucp_ep_h *ep, int *peer) {
+// px_tls is the UCX_TLS in effect (environment or UCX's configuration
+// files), as ucp_config_print writes it, in C memory the caller frees;
+// NULL when it cannot be read.
+static char *px_tls(void) {
+	ucp_config_t *cfg;
+	if (ucp_config_read(NULL, NULL, &cfg) != UCS_OK) return NULL;
+	char *buf = NULL;
+	size_t len = 0;
+	FILE *f = open_memstream(&buf, &len);
+	if (f == NULL) { ucp_config_release(cfg); return NULL; }
+	ucp_config_print(cfg, f, NULL, UCS_CONFIG_PRINT_CONFIG);
+	fclose(f);
+	ucp_config_release(cfg);
+	return buf;
+}
+
+// px_connect_local creates an endpoint without peer failure detection on
+// the shared-memory worker (sysv and posix only: see localTLS).
+static ucs_status_t px_connect_local(ucp_worker_h w, const void *addr, ucp_ep_h *ep) {
 	ucp_ep_params_t p;
 	memset(&p, 0, sizeof p);
-	p.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
-		UCP_EP_PARAM_FIELD_ERR_HANDLER;
+	p.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
 	p.address = (const ucp_address_t *)addr;
-	p.err_mode = UCP_ERR_HANDLING_MODE_PEER;
-	p.err_handler.cb = px_on_ep_error;
-	*peer = 1;
+	p.err_mode = UCP_ERR_HANDLING_MODE_NONE;
 	ucs_log_push_handler(px_quiet_select);
 	ucs_status_t st = ucp_ep_create(w, &p, ep);
 	ucs_log_pop_handler();
-	if (st != UCS_ERR_UNREACHABLE) return st;
-	p.err_mode = UCP_ERR_HANDLING_MODE_NONE;
-	*peer = 0;
-	return ucp_ep_create(w, &p, ep);
+	return st;
 }
 
 static ucs_status_t px_mem_map(ucp_context_h c, uintptr_t addr, size_t len, ucp_mem_h *m) {
@@ -213,6 +240,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -245,12 +273,19 @@ type worker struct {
 	done    chan struct{}
 }
 
-func newWorker() (*worker, error) {
+// newWorker creates a worker over the transports UCX's configuration
+// names, or over tls when it is not empty.
+func newWorker(tls string) (*worker, error) {
 	wk := &worker{efd: -1, stop: make(chan struct{}), done: make(chan struct{})}
-	st := C.px_init(&wk.ctx, &wk.w, 1)
+	var ctls *C.char
+	if tls != "" {
+		ctls = C.CString(tls)
+		defer C.free(unsafe.Pointer(ctls))
+	}
+	st := C.px_init(&wk.ctx, &wk.w, 1, ctls)
 	if st != C.UCS_OK {
 		// Some transport sets cannot raise events: progress by polling.
-		if st = C.px_init(&wk.ctx, &wk.w, 0); st != C.UCS_OK {
+		if st = C.px_init(&wk.ctx, &wk.w, 0, ctls); st != C.UCS_OK {
 			return nil, statusErr("ucp init", st)
 		}
 	} else {
@@ -400,16 +435,51 @@ func (wk *worker) connect(addr []byte) (*endpoint, error) {
 	}
 	caddr := C.CBytes(addr)
 	defer C.free(caddr)
-	e := &endpoint{wk: wk, rkeys: map[string]C.ucp_rkey_h{}}
-	var peer C.int
+	e := &endpoint{wk: wk, rkeys: map[string]C.ucp_rkey_h{}, peerErr: true}
 	wk.mu.Lock()
-	st := C.px_connect(wk.w, caddr, &e.ep, &peer)
+	st := C.px_connect(wk.w, caddr, &e.ep)
 	wk.mu.Unlock()
 	if st != C.UCS_OK {
 		return nil, statusErr("ucp_ep_create", st)
 	}
-	e.peerErr = peer != 0
 	return e, nil
+}
+
+// connectLocal is connect without peer failure detection, for the worker
+// limited to sysv and posix shared memory (localTLS); it reports
+// errUnreachable when the agent is not on this host.
+func (wk *worker) connectLocal(addr []byte) (*endpoint, error) {
+	if len(addr) == 0 {
+		return nil, errors.New("ucp connect: empty worker address")
+	}
+	caddr := C.CBytes(addr)
+	defer C.free(caddr)
+	e := &endpoint{wk: wk, rkeys: map[string]C.ucp_rkey_h{}}
+	wk.mu.Lock()
+	st := C.px_connect_local(wk.w, caddr, &e.ep)
+	wk.mu.Unlock()
+	if st == C.UCS_ERR_UNREACHABLE {
+		return nil, errUnreachable
+	}
+	if st != C.UCS_OK {
+		return nil, statusErr("ucp_ep_create", st)
+	}
+	return e, nil
+}
+
+// configuredTLS is the UCX_TLS in effect ("all" when none is set).
+func configuredTLS() string {
+	s := C.px_tls()
+	if s == nil {
+		return "all"
+	}
+	defer C.free(unsafe.Pointer(s))
+	for line := range strings.Lines(C.GoString(s)) {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "UCX_TLS="); ok {
+			return v
+		}
+	}
+	return "all"
 }
 
 // rkey returns packed's unpacked key on e (cached). Call under wk.mu.
@@ -529,6 +599,9 @@ func (e *endpoint) get(packed []byte, ops []getOp, window int, cancelled, gone f
 				// let a late completion write freed memory.
 				e.wk.mu.Unlock()
 				leaked = true
+				if peerGone {
+					return errPeerGone
+				}
 				return errCancelled
 			}
 			e.breakLocked() // completes the gets in flight with an error
@@ -612,7 +685,8 @@ func fill(b []byte) {
 func (r *probeRegion) free() { C.free(r.mem) }
 
 var (
-	errBroken    = errors.New("ucx endpoint failed")
-	errCancelled = errors.New("ucx get cancelled")
-	errPeerGone  = errors.New("ucx get: the agent's control connection is gone, gets in flight abandoned")
+	errBroken      = errors.New("ucx endpoint failed")
+	errCancelled   = errors.New("ucx get cancelled")
+	errUnreachable = errors.New("ucx: not reachable over these transports")
+	errPeerGone    = errors.New("ucx get: the agent's control connection is gone, gets in flight abandoned")
 )
