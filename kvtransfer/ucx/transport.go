@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -272,8 +273,9 @@ func (c *ucxConn) Read(ctx context.Context, g kvtransfer.Grant, idx []int, dst [
 		if i < 0 || i >= len(g.BlockIDs) || len(dst[k]) != g.BlockBytes || g.BlockBytes <= 0 {
 			return fmt.Errorf("block %d of %d bytes into %d: %w", i, g.BlockBytes, len(dst[k]), kvtransfer.ErrKVSize)
 		}
-		ops[k] = getOp{dst: dst[k], raddr: x.Base + uint64(g.BlockIDs[i])*uint64(g.BlockBytes)}
+		ops[k] = opInto(dst[k], x.Base+uint64(g.BlockIDs[i])*uint64(g.BlockBytes))
 	}
+	defer runtime.KeepAlive(dst)
 	return c.gets(ctx, x, ops, g.BlockBytes)
 }
 
@@ -402,15 +404,22 @@ func (c *ucxConn) probeFrom(ctx context.Context, x extra, dst [][]byte) error {
 	if len(dst) == 0 {
 		dst = [][]byte{make([]byte, 64)}
 	}
-	var ops []getOp
+	defer runtime.KeepAlive(dst)
+	ops := make([]getOp, 0, len(dst))
 	off := 0
-	for _, d := range dst {
+	for i, d := range dst {
+		if i > 0 && unsafe.SliceData(d) == unsafe.SliceData(dst[i-1]) && len(d) <= x.Size {
+			// Blocks read into one buffer (kv-probe --same-buffer) read
+			// one remote buffer too: ucx_perftest's work, get for get.
+			ops = append(ops, opInto(d, ops[len(ops)-1].raddr))
+			continue
+		}
 		for lo := 0; lo < len(d); lo += x.Size {
 			piece := d[lo:min(len(d), lo+x.Size)]
 			if off+len(piece) > x.Size {
 				off = 0
 			}
-			ops = append(ops, getOp{dst: piece, raddr: x.Base + uint64(off)})
+			ops = append(ops, opInto(piece, x.Base+uint64(off)))
 			off += len(piece)
 		}
 	}

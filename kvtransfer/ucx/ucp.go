@@ -323,7 +323,7 @@ func (wk *worker) progressLoop() {
 		}
 		if wk.pumping.Load() > 0 {
 			busy = time.Now()
-			time.Sleep(50 * time.Microsecond)
+			time.Sleep(time.Millisecond)
 			continue
 		}
 		wk.mu.Lock()
@@ -514,10 +514,18 @@ func (e *endpoint) info() string {
 	return C.GoString(s)
 }
 
-// getOp is one read: len(dst) bytes from raddr.
+// getOp is one read: n bytes from raddr into the local address dst. It
+// holds no Go pointer (a pull's thousands of ops cost the collector
+// nothing); the caller keeps the destination alive until the get returns.
 type getOp struct {
-	dst   []byte
+	dst   uintptr
+	n     int
 	raddr uint64
+}
+
+// opInto is the getOp reading len(b) bytes from raddr into b.
+func opInto(b []byte, raddr uint64) getOp {
+	return getOp{dst: uintptr(unsafe.Pointer(unsafe.SliceData(b))), n: len(b), raddr: raddr}
 }
 
 // cancelDrain bounds how long a cancelled get waits for its reads in
@@ -565,9 +573,9 @@ func (e *endpoint) get(packed []byte, ops []getOp, window int, cancelled, gone f
 	raddrs := unsafe.Slice((*C.uint64_t)(unsafe.Add(unsafe.Pointer(&dsts[0]), n*C.sizeof_uintptr_t)), n)
 	lens := unsafe.Slice((*C.size_t)(unsafe.Add(unsafe.Pointer(&raddrs[0]), n*C.sizeof_uint64_t)), n)
 	for k, op := range ops {
-		dsts[k] = C.uintptr_t(uintptr(unsafe.Pointer(&op.dst[0])))
+		dsts[k] = C.uintptr_t(op.dst)
 		raddrs[k] = C.uint64_t(op.raddr)
-		lens[k] = C.size_t(len(op.dst))
+		lens[k] = C.size_t(op.n)
 	}
 	p.dst, p.raddr, p.len = &dsts[0], &raddrs[0], &lens[0]
 	p.n, p.window = C.int(n), C.int(max(1, window))
