@@ -225,7 +225,10 @@ func (r probeReport) print(w io.Writer) {
 }
 
 // summarizeLanes turns ucp_ep_print_info's text into "tcp/lo (am
-// keepalive wireup); ..." and marks the lanes that carry gets ("get").
+// keepalive wireup); ..." and marks the lanes UCX 1.13 lists for gets
+// ("get"; 1.19 names rma_bw lanes only). Whether a shared-memory lane
+// reads the remote memory itself depends on who allocated that memory,
+// which the text does not say: kv-probe's two probe regions show it.
 func summarizeLanes(info string) string {
 	type lane struct{ tl, roles string }
 	var lanes []lane
@@ -251,13 +254,13 @@ func summarizeLanes(info string) string {
 		}
 	}
 	parts := make([]string, 0, len(lanes))
-	direct := false
+	tcpOnly := true
 	for i, l := range lanes {
 		roles := l.roles
 		if gets[fmt.Sprint(i)] {
 			roles = strings.TrimSpace(roles + " get")
 		}
-		direct = direct || strings.Contains(roles, "get") || strings.Contains(roles, "rma")
+		tcpOnly = tcpOnly && strings.HasPrefix(l.tl, "tcp/")
 		if roles == "" {
 			parts = append(parts, l.tl)
 			continue
@@ -267,8 +270,8 @@ func summarizeLanes(info string) string {
 	if len(parts) == 0 {
 		return "unknown"
 	}
-	if !direct {
-		parts = append(parts, "no lane reads remote memory: gets are emulated in software over the am lane")
+	if tcpOnly {
+		parts = append(parts, "tcp cannot read remote memory: gets are emulated in software over the am lane")
 	}
 	return strings.Join(parts, "; ")
 }
