@@ -297,7 +297,7 @@ func verdict(r probeReport) string {
 		case strings.Contains(s, "cma/memory (rma") || strings.Contains(s, "xpmem"):
 			return "ucx over shared memory (same host): " + got + "; gets read the agent's memory in one copy (cma or xpmem): expect a large part of one core's memory copy rate; across hosts UCX_TLS must include rc or tcp"
 		case strings.Contains(s, "sysv") || strings.Contains(s, "posix"):
-			return "ucx over shared memory (same host): " + got + "; UCX " + r.UCXVersion + " maps only memory it allocated itself, so the agent's worker serves gets of the engine's KV in software over shared-memory messages (two copies and the agent's CPU); UCX 1.19 (the CUDA image's) reads it in one copy over cma; across hosts UCX_TLS must include rc or tcp"
+			return "ucx over sysv/posix shared memory (same host): " + got + "; UCX " + r.UCXVersion + " maps only memory it allocated itself, so the agent's worker serves gets of the engine's KV in software over shared-memory messages (two copies and the agent's CPU: expect about half of one core's memory copy rate); cma is not used here, it aborts the reader when the agent dies unless peer failure is handled, which sysv and posix cannot; across hosts UCX_TLS must include rc or tcp"
 		case strings.Contains(s, "tcp"):
 			return "ucx over tcp: " + got + "; RMA is emulated in software over TCP, expect ~0.2-1 GB/s (0.2 with one get in flight); set UCX_TLS to include rc (RDMA) or, on one host, sm"
 		}

@@ -18,7 +18,7 @@ func TestLaneSummaryAndVerdict(t *testing.T) {
 		verdict       []string
 	}{
 		{"1.13-sm.txt", "1.13.1", "sysv/memory (am get); posix/memory (get)",
-			[]string{"ucx over shared memory", "maps only memory it allocated itself", "UCX 1.13.1"}},
+			[]string{"ucx over sysv/posix shared memory", "maps only memory it allocated itself", "UCX 1.13.1"}},
 		{"1.13-tcp.txt", "1.13.1", "tcp/lo (am keepalive wireup); tcp cannot read remote memory: gets are emulated in software over the am lane",
 			[]string{"ucx over tcp", "RMA is emulated in software"}},
 		{"1.19-sm.txt", "1.19.0", "sysv/memory (am); posix/memory; cma/memory (rma_bw#0)",
