@@ -311,7 +311,6 @@ func newWorker(tls string) (*worker, error) {
 // event file descriptor (50 ms at most, to see a stop) or, without one,
 // backs off to 1 ms while idle.
 func (wk *worker) progressLoop() {
-	runtime.LockOSThread() // the poll blocks this thread, not a P's others
 	defer close(wk.done)
 	idle := 0
 	var busy time.Time
