@@ -26,7 +26,7 @@ test: lint deploy-check test-ucx fuzz-short
 ## UCX_REQUIRED=1 makes a missing libucx-dev an error instead.
 ## Then the transport's own tests once per UCX_TLS setting that ucx_perftest accepts here
 ## (UCX_TLS_SETTINGS), each checking that the reads ride the transports it names.
-UCX_TLS_SETTINGS := sm,self posix,self sysv,self tcp sm,tcp,self tcp,cma shm,cma,self
+UCX_TLS_SETTINGS := sm,self posix,self sysv,self shm,self tcp tcp,self sm,tcp,self tcp,cma shm,cma,self all ^tcp ^sm
 .PHONY: test-ucx
 test-ucx: $(STATICCHECK)
 	@if ! pkg-config --exists ucx 2>/dev/null; then \

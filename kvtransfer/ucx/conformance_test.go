@@ -4,10 +4,9 @@ package ucx_test
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"os"
-	"slices"
-	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -50,10 +49,7 @@ func TestLanesFollowUCXTLS(t *testing.T) {
 	// it, on an endpoint the control connection watches; otherwise tcp
 	// does, watching the peer itself.
 	tls := os.Getenv("UCX_TLS")
-	shm := tls == ""
-	for _, name := range strings.Split(tls, ",") {
-		shm = shm || slices.Contains([]string{"sm", "shm", "posix", "sysv"}, name)
-	}
+	shm := ucx.LocalTLS(cmp.Or(tls, "all")) != ""
 	if shm {
 		assert.Regexp(t, `sysv/|posix/`, lanes)
 		assert.NotContains(t, lanes, "tcp/", "UCX_TLS=%q: shared memory is preferred on one host", tls)

@@ -1,0 +1,6 @@
+//go:build ucx
+
+package ucx
+
+// LocalTLS is localTLS, for the external tests.
+var LocalTLS = localTLS
