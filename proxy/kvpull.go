@@ -57,17 +57,30 @@ type kvPull struct {
 	puller *kvtransfer.Puller
 	m      *metrics.KVPull
 
+	// local registers cached mappings with the transport once, when it
+	// can (nixl: a memory registration per read otherwise); nil if not.
+	local localRegistrar
+
 	mu      sync.Mutex
 	regions map[string]*mappedRegion
 	recent  map[string]string // agent address -> prefiller label, for probes
 }
 
+// localRegistrar is a transport that registers a destination region once
+// for every later read into it (nixl's RegisterLocal), and undoes it
+// before the region is unmapped.
+type localRegistrar interface {
+	RegisterLocal(r *kvtransfer.Region) error
+	DeregisterLocal(r *kvtransfer.Region) error
+}
+
 // mappedRegion is a cached mapping of a local engine's KV region and the
 // number of pulls writing into it now; it is unmapped only when none is.
 type mappedRegion struct {
-	reg    *kvtransfer.Region
-	refs   int
-	cached bool // false once evicted: the last user unmaps it
+	reg        *kvtransfer.Region
+	refs       int
+	cached     bool // false once evicted: the last user unmaps it
+	registered bool // with the transport (kvPull.local)
 }
 
 // EnableKVPull makes the proxy pull the KV itself between prefill and
@@ -92,6 +105,7 @@ func (p *Proxy) EnableKVPull(cfg KVPullConfig, puller *kvtransfer.Puller, m *met
 	}
 	p.kv = &kvPull{cfg: cfg, conn: src, puller: puller, m: m,
 		regions: map[string]*mappedRegion{}, recent: map[string]string{}}
+	p.kv.local, _ = puller.Transport().(localRegistrar)
 	return nil
 }
 
@@ -257,8 +271,23 @@ func (k *kvPull) region(path string, blockBytes int) (*mappedRegion, error) {
 	if len(k.regions) < k.cfg.MaxRegions {
 		m.cached = true
 		k.regions[path] = m
+		// Registered once for every pull into it while it stays mapped;
+		// if the transport refuses, each read registers its blocks.
+		if k.local != nil && k.local.RegisterLocal(reg) == nil {
+			m.registered = true
+		}
 	}
 	return m, nil
+}
+
+// unmap deregisters m from the transport (no pull writes into it) and
+// unmaps it. Called with k.mu held.
+func (k *kvPull) unmap(m *mappedRegion) {
+	if m.registered {
+		_ = k.local.DeregisterLocal(m.reg)
+		m.registered = false
+	}
+	_ = m.reg.Close()
 }
 
 // evict drops m from the cache, unmapping it unless a pull still writes
@@ -267,7 +296,7 @@ func (k *kvPull) evict(path string, m *mappedRegion) {
 	delete(k.regions, path)
 	m.cached = false
 	if m.refs == 0 {
-		_ = m.reg.Close()
+		k.unmap(m)
 	}
 }
 
@@ -277,7 +306,7 @@ func (k *kvPull) unref(m *mappedRegion) {
 	defer k.mu.Unlock()
 	m.refs--
 	if m.refs == 0 && !m.cached {
-		_ = m.reg.Close()
+		k.unmap(m)
 	}
 }
 

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"errors"
 	"path/filepath"
 	"strconv"
 	"testing"
@@ -54,4 +55,59 @@ func TestKVRegionCacheEvictsOnlyUnusedMappings(t *testing.T) {
 	k.unref(c)
 	_, err = a.reg.Block(0)
 	assert.NoError(t, err, "cached mappings stay mapped for the next pull")
+}
+
+// registrar records a transport's local registrations.
+type registrar struct {
+	live  map[*kvtransfer.Region]bool
+	calls []string
+}
+
+func (r *registrar) RegisterLocal(reg *kvtransfer.Region) error {
+	r.live[reg] = true
+	r.calls = append(r.calls, "register "+reg.Path())
+	return nil
+}
+
+func (r *registrar) DeregisterLocal(reg *kvtransfer.Region) error {
+	_, err := reg.Block(0)
+	if err != nil || !r.live[reg] {
+		return errors.New("deregistered after the unmap, or twice")
+	}
+	delete(r.live, reg)
+	r.calls = append(r.calls, "deregister "+reg.Path())
+	return nil
+}
+
+// TestKVRegionCacheRegistersMappingsOnce: a transport that can register a
+// destination region once (nixl) gets each cached mapping registered once
+// for all its pulls, and deregistered before it is unmapped; a mapping used
+// once is never registered.
+func TestKVRegionCacheRegistersMappingsOnce(t *testing.T) {
+	dir := t.TempDir()
+	paths := make([]string, 3)
+	for i := range paths {
+		paths[i] = filepath.Join(dir, "engine"+strconv.Itoa(i)+".kv")
+		reg, err := kvtransfer.CreateHostRegion(paths[i], 4, 4096)
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = reg.Close() })
+	}
+	r := &registrar{live: map[*kvtransfer.Region]bool{}}
+	k := &kvPull{cfg: KVPullConfig{MaxRegions: 1}, regions: map[string]*mappedRegion{}, local: r}
+
+	for range 3 { // three pulls into the same engine's region
+		a, err := k.region(paths[0], 4096)
+		require.NoError(t, err)
+		k.unref(a)
+	}
+	assert.Equal(t, []string{"register " + paths[0]}, r.calls)
+
+	held, err := k.region(paths[1], 4096) // evicts and unmaps the first
+	require.NoError(t, err)
+	once, err := k.region(paths[2], 4096) // cache full and in use: used once
+	require.NoError(t, err)
+	k.unref(once)
+	k.unref(held)
+	assert.Equal(t, []string{"register " + paths[0], "deregister " + paths[0], "register " + paths[1]}, r.calls)
+	assert.Len(t, r.live, 1)
 }

@@ -244,6 +244,23 @@ func TestRegisterLocalSkipsPerReadRegistration(t *testing.T) {
 	// per-read registration.
 	assert.Len(t, log.lines("register_mem "), 3, string(raw))
 	assert.Empty(t, log.lines("deregister_mem "))
+
+	// Deregistered (before an unmap), the region is registered per read
+	// again; a second deregistration is refused.
+	require.NoError(t, tr.DeregisterLocal(e.Local))
+	require.ErrorIs(t, tr.DeregisterLocal(e.Local), kvtransfer.ErrKVProtocol)
+	src = e.Hold(t, []int{5, 6}, false)
+	dst = e.Dst(t, 0, 2)
+	_, err = e.Puller.Pull(context.Background(), src, dst)
+	require.NoError(t, err)
+	e.AssertSame(t, src, dst)
+	raw, err = os.ReadFile(logPath)
+	require.NoError(t, err)
+	log = fakeLog(raw)
+	dereg := log.lines("deregister_mem ")
+	require.Len(t, dereg, 3, "the local region, then the read's two blocks: %s", raw)
+	assert.Equal(t, fmt.Sprint(len(e.Local.Mem())), field(dereg[0], "len"))
+	assert.Len(t, log.lines("register_mem "), 5, "the read's two blocks registered")
 }
 
 func TestAgentBindingRoundTrip(t *testing.T) {

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"os"
 	"runtime"
+	"slices"
 	"sync"
 	"time"
 	"unsafe"
@@ -216,6 +217,30 @@ func (t *Transport) RegisterLocal(r *kvtransfer.Region) error {
 	t.mu.Lock()
 	t.local = append(t.local, span{d.Addr, d.Addr + uintptr(d.Len)})
 	t.mu.Unlock()
+	return nil
+}
+
+// DeregisterLocal undoes RegisterLocal for r. No Read into r may be in
+// flight; r may be unmapped afterwards.
+func (t *Transport) DeregisterLocal(r *kvtransfer.Region) error {
+	d, mem, err := regionDesc(r)
+	if err != nil {
+		return err
+	}
+	t.mu.Lock()
+	na := t.puller
+	s := span{d.Addr, d.Addr + uintptr(d.Len)}
+	i := slices.Index(t.local, s)
+	if i >= 0 {
+		t.local = slices.Delete(t.local, i, i+1)
+	}
+	t.mu.Unlock()
+	if i < 0 || na == nil {
+		return fmt.Errorf("nixl: local region %s was not registered: %w", r.Name(), kvtransfer.ErrKVProtocol)
+	}
+	if err := na.Deregister(mem, []Desc{d}); err != nil {
+		return fmt.Errorf("nixl: deregister local region %s: %w", r.Name(), err)
+	}
 	return nil
 }
 
