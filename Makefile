@@ -14,7 +14,7 @@ build:
 	$(GO) build -o $(BIN)/ ./cmd/...
 
 ## test: everything CI runs: gofmt, go vet, staticcheck, and go test -race (unit and e2e over real
-## processes). About 7 minutes on 2 cores (the first run also downloads modules and staticcheck).
+## processes). About 10 minutes on 2 cores (the first run also downloads modules and staticcheck).
 test: lint deploy-check test-ucx fuzz-short
 	@echo "==> go test -race ./... (unit and e2e over real processes; about 5 minutes on 2 cores, the e2e package alone about 4: each package prints when it is done)"
 	$(GO) test -race -count=1 -timeout 20m ./...
