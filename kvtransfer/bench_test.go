@@ -1,7 +1,6 @@
 package kvtransfer_test
 
 import (
-	"context"
 	"io"
 	"net"
 	"testing"
@@ -25,24 +24,7 @@ const (
 
 func benchPull(b *testing.B, tr kvtransfer.Transport, addr string, blocks int, cfg kvtransfer.PullerConfig) {
 	e := kvtest.NewEnv(b, tr, kvtest.Options{Addr: addr, BlockBytes: benchBlock, NumBlocks: blocks, Puller: cfg})
-	ids := make([]int, blocks)
-	for i := range ids {
-		ids[i] = i
-	}
-	dst := e.Dst(b, 0, blocks)
-	b.SetBytes(int64(blocks) * benchBlock)
-	b.ResetTimer()
-	for range b.N {
-		b.StopTimer() // Hold computes the source checksums
-		src := e.Hold(b, ids, false)
-		b.StartTimer()
-		if cfg.SkipChecksums {
-			src.Checksums = nil
-		}
-		if _, err := e.Puller.Pull(context.Background(), src, dst); err != nil {
-			b.Fatal(err)
-		}
-	}
+	e.BenchPull(b, blocks, cfg.SkipChecksums)
 }
 
 func BenchmarkPullTCP64MiB(b *testing.B) {

@@ -296,3 +296,30 @@ func RunConformance(t *testing.T, addr string, newTransport func(t testing.TB) k
 		})
 	}
 }
+
+// BenchPull times pulls of the first blocks blocks of e's region into its
+// local region, b.N times (the source checksums are computed outside the
+// timer, and not verified when skipChecksums), then checks the bytes.
+// The pull benchmarks of every transport run it.
+func (e *Env) BenchPull(b *testing.B, blocks int, skipChecksums bool) {
+	ids := make([]int, blocks)
+	for i := range ids {
+		ids[i] = i
+	}
+	dst := e.Dst(b, 0, blocks)
+	b.SetBytes(int64(blocks) * int64(e.Region.BlockBytes()))
+	b.ResetTimer()
+	for range b.N {
+		b.StopTimer() // Hold computes the source checksums
+		src := e.Hold(b, ids, false)
+		b.StartTimer()
+		if skipChecksums {
+			src.Checksums = nil
+		}
+		if _, err := e.Puller.Pull(context.Background(), src, dst); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.StopTimer()
+	e.AssertSame(b, e.Hold(b, ids, false), dst)
+}

@@ -4,7 +4,6 @@ package nixl_test
 
 import (
 	"bytes"
-	"context"
 	"os"
 	"syscall"
 	"testing"
@@ -118,24 +117,7 @@ func benchPullReal(b *testing.B, blocks int, registered bool) {
 	if registered {
 		require.NoError(b, tr.RegisterLocal(e.Local))
 	}
-	ids := make([]int, blocks)
-	for i := range ids {
-		ids[i] = i
-	}
-	dst := e.Dst(b, 0, blocks)
-	b.SetBytes(int64(blocks) << 18)
-	b.ResetTimer()
-	for range b.N {
-		b.StopTimer() // Hold computes the source checksums
-		src := e.Hold(b, ids, false)
-		b.StartTimer()
-		src.Checksums = nil
-		if _, err := e.Puller.Pull(context.Background(), src, dst); err != nil {
-			b.Fatal(err)
-		}
-	}
-	b.StopTimer()
-	e.AssertSame(b, e.Hold(b, ids, false), dst)
+	e.BenchPull(b, blocks, true)
 }
 
 // BenchmarkPullRealNIXL64MiB pulls 64 MiB in 256 KiB blocks.

@@ -22,22 +22,7 @@ func benchPull(b *testing.B, blocks int) {
 	require.NoError(b, err)
 	e := kvtest.NewEnv(b, tr, kvtest.Options{Addr: "127.0.0.1:0", BlockBytes: 256 << 10, NumBlocks: blocks,
 		Puller: kvtransfer.PullerConfig{Streams: 4, SkipChecksums: true}})
-	ids := make([]int, blocks)
-	for i := range ids {
-		ids[i] = i
-	}
-	dst := e.Dst(b, 0, blocks)
-	b.SetBytes(int64(blocks) << 18)
-	b.ResetTimer()
-	for range b.N {
-		b.StopTimer() // Hold computes the source checksums
-		src := e.Hold(b, ids, false)
-		b.StartTimer()
-		src.Checksums = nil
-		if _, err := e.Puller.Pull(context.Background(), src, dst); err != nil {
-			b.Fatal(err)
-		}
-	}
+	e.BenchPull(b, blocks, true)
 }
 
 // BenchmarkPullUCX64MiB pulls 64 MiB in 256 KiB blocks.
