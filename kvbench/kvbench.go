@@ -21,6 +21,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/pd-sidecar/pd-sidecar/bytesize"
 )
 
 // Options configure a run.
@@ -71,11 +73,11 @@ func Run(ctx context.Context, o Options) error {
 		return err
 	}
 	fmt.Fprintf(o.Out, "KV data plane, %s blocks, %s per block size and path (GB/s = 1e9 bytes/s), best of %d\n",
-		joinSizes(o.Blocks), formatSize(o.Bytes), max(1, o.Repeat))
+		joinSizes(o.Blocks), bytesize.Format(o.Bytes), max(1, o.Repeat))
 	fmt.Fprintf(o.Out, "memory copy on one core, a 4MiB source cycled into %s of fresh memory (what every get lands in): %s\n",
-		formatSize(o.Bytes), o.best(func() Result { return memCopy(o.Bytes) }).cell())
+		bytesize.Format(o.Bytes), o.best(func() Result { return memCopy(o.Bytes) }).cell())
 	fmt.Fprintf(o.Out, "ucx_perftest reads one buffer of the block size into one buffer, again and again (cache-resident up to\n"+
-		"about 1MiB here); the sidecar's pull reads distinct blocks into %s of distinct memory, as a pull does\n\n", formatSize(o.Bytes))
+		"about 1MiB here); the sidecar's pull reads distinct blocks into %s of distinct memory, as a pull does\n\n", bytesize.Format(o.Bytes))
 	for _, tls := range o.TLS {
 		if err := ctx.Err(); err != nil {
 			return err
@@ -104,7 +106,7 @@ func Run(ctx context.Context, o Options) error {
 			if serr == nil {
 				like = same[bs][1]
 			}
-			fmt.Fprintf(o.Out, "%8s %14s | %15s %8s | %15s %8s | %15s\n", formatSize(bs), perf[i].cell(),
+			fmt.Fprintf(o.Out, "%8s %14s | %15s %8s | %15s %8s | %15s\n", bytesize.Format(bs), perf[i].cell(),
 				like.cell(), ratio(like, perf[i]), pull.cell(), ratio(pull, perf[i]), alloc.cell())
 			notes.add("ucx_perftest", perf[i])
 			notes.add("pd-sidecar", pull)
@@ -121,7 +123,7 @@ func Run(ctx context.Context, o Options) error {
 		four := o.best(func() Result { return tcpPull(ctx, o.Bytes, bs, 4) })
 		raw := o.best(func() Result { return rawCopy(ctx, o.Bytes, bs) })
 		ip := o.best(func() Result { return iperf(ctx, o, bs) })
-		fmt.Fprintf(o.Out, "%8s %14s %14s %12s %12s %10s %10s\n", formatSize(bs), one.cell(), four.cell(), raw.cell(), ip.cell(), ratio(one, raw), ratio(one, ip))
+		fmt.Fprintf(o.Out, "%8s %14s %14s %12s %12s %10s %10s\n", bytesize.Format(bs), one.cell(), four.cell(), raw.cell(), ip.cell(), ratio(one, raw), ratio(one, ip))
 		tcpNotes.add("pull", one)
 		tcpNotes.add("pull", four)
 		tcpNotes.add("raw copy", raw)
@@ -498,38 +500,7 @@ func lastLine(b []byte) string {
 func joinSizes(s []int) string {
 	out := make([]string, len(s))
 	for i, n := range s {
-		out[i] = formatSize(n)
+		out[i] = bytesize.Format(n)
 	}
 	return strings.Join(out, ", ")
-}
-
-// formatSize writes 4096 as 4KiB.
-func formatSize(n int) string {
-	switch {
-	case n >= 1<<20 && n%(1<<20) == 0:
-		return fmt.Sprintf("%dMiB", n>>20)
-	case n >= 1<<10 && n%(1<<10) == 0:
-		return fmt.Sprintf("%dKiB", n>>10)
-	}
-	return fmt.Sprintf("%dB", n)
-}
-
-// ParseSize reads 4096, 4KiB, 64MiB or 1GiB.
-func ParseSize(s string) (int, error) {
-	mult := 1
-	num := s
-	for _, u := range []struct {
-		suffix string
-		mult   int
-	}{{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", 1 << 30}} {
-		if v, ok := strings.CutSuffix(s, u.suffix); ok {
-			num, mult = v, u.mult
-			break
-		}
-	}
-	n, err := strconv.Atoi(num)
-	if err != nil || n <= 0 || n > (1<<30)/mult {
-		return 0, fmt.Errorf("%q is not a size like 4KiB or 64MiB (at most 1GiB)", s)
-	}
-	return n * mult, nil
 }

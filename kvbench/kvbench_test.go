@@ -5,7 +5,6 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/assert"
-	"github.com/stretchr/testify/require"
 )
 
 func TestParsePerftest(t *testing.T) {
@@ -25,18 +24,6 @@ func TestParsePerftest(t *testing.T) {
 			assert.Equal(t, tc.ok, ok)
 			assert.InDelta(t, tc.gbps, gbps, 1e-9)
 		})
-	}
-}
-
-func TestParseSize(t *testing.T) {
-	for in, want := range map[string]int{"4096": 4096, "4KiB": 4 << 10, "64MiB": 64 << 20, "1GiB": 1 << 30} {
-		got, err := ParseSize(in)
-		require.NoError(t, err, in)
-		assert.Equal(t, want, got, in)
-	}
-	for _, bad := range []string{"", "0", "-1KiB", "2GiB", "4kb", "KiB"} {
-		_, err := ParseSize(bad)
-		assert.Error(t, err, bad)
 	}
 }
 

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/spf13/pflag"
 
+	"github.com/pd-sidecar/pd-sidecar/bytesize"
 	"github.com/pd-sidecar/pd-sidecar/kvbench"
 )
 
@@ -35,15 +37,14 @@ func runKV(args []string) error {
 		return err
 	}
 	var err error
-	if o.Bytes, err = kvbench.ParseSize(*size); err != nil {
-		return err
+	if o.Bytes, err = bytesize.Parse(*size); err != nil {
+		return fmt.Errorf("--size: %w", err)
 	}
-	for _, b := range *blocks {
-		n, err := kvbench.ParseSize(b)
-		if err != nil {
-			return err
-		}
-		o.Blocks = append(o.Blocks, n)
+	if o.Bytes == 0 {
+		return errors.New("--size must be positive")
+	}
+	if o.Blocks, err = bytesize.ParseList(strings.Join(*blocks, ",")); err != nil {
+		return fmt.Errorf("--block-sizes: %w", err)
 	}
 	for one := range strings.SplitSeq(*tls, ";") {
 		if one == "unset" {

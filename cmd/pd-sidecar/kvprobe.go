@@ -13,6 +13,7 @@ import (
 
 	"github.com/spf13/pflag"
 
+	"github.com/pd-sidecar/pd-sidecar/bytesize"
 	"github.com/pd-sidecar/pd-sidecar/kvtransfer"
 	"github.com/pd-sidecar/pd-sidecar/kvtransfer/transports"
 	"github.com/pd-sidecar/pd-sidecar/kvtransfer/ucx"
@@ -43,10 +44,15 @@ func runKVProbe(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "pd-sidecar kv-probe: %v\n", err)
 		return exitUsage
 	}
-	total, err := parseSize(*size)
+	total, err := bytesize.Parse(*size)
+	if err != nil {
+		err = fmt.Errorf("--size: %w", err)
+	}
 	var blocks []int
 	if err == nil {
-		blocks, err = parseSizes(*sizes)
+		if blocks, err = bytesize.ParseList(*sizes); err != nil {
+			err = fmt.Errorf("--block-sizes: %w", err)
+		}
 	}
 	switch {
 	case err != nil:
@@ -222,7 +228,7 @@ func (r probeReport) print(w io.Writer) {
 	}
 	fmt.Fprintln(w)
 	for _, b := range r.Blocks {
-		fmt.Fprintf(w, "%10s %10v %10v %10v %10v %9.3f GB/s", formatSize(b.BlockBytes), b.P50, b.P90, b.P99, b.Max, b.GBps)
+		fmt.Fprintf(w, "%10s %10v %10v %10v %10v %9.3f GB/s", bytesize.Format(b.BlockBytes), b.P50, b.P90, b.P99, b.Max, b.GBps)
 		if r.Lanes != "" {
 			fmt.Fprintf(w, " %17.3f GB/s", b.UCXMemoryGBps)
 		}
@@ -290,7 +296,7 @@ func verdict(r probeReport) string {
 		return "no measurement"
 	}
 	best := r.Blocks[len(r.Blocks)-1]
-	got := fmt.Sprintf("%.2f GB/s at %s blocks", best.GBps, formatSize(best.BlockBytes))
+	got := fmt.Sprintf("%.2f GB/s at %s blocks", best.GBps, bytesize.Format(best.BlockBytes))
 	switch r.Transport {
 	case "tcp":
 		return "tcp: " + got + "; expect what one TCP connection carries per stream (iperf3 -P 1 between the pods), times --kv-pull-streams up to the link's rate"
@@ -313,56 +319,4 @@ func verdict(r probeReport) string {
 		return "nixl: " + got + "; NIXL's UCX backend picks its transports from UCX_TLS among those with peer error handling: on one host tcp (RMA emulated in software, ~1 GB/s), across hosts with an RDMA NIC rc (near line rate); every read registers its destination with NIXL first, as a pull does"
 	}
 	return r.Transport + ": " + got
-}
-
-// parseSizes reads a comma-separated list of sizes.
-func parseSizes(s string) ([]int, error) {
-	var out []int
-	for f := range strings.SplitSeq(s, ",") {
-		n, err := parseSize(strings.TrimSpace(f))
-		if err != nil {
-			return nil, fmt.Errorf("--block-sizes: %w", err)
-		}
-		if n <= 0 {
-			return nil, fmt.Errorf("--block-sizes: %q is not positive", f)
-		}
-		out = append(out, n)
-	}
-	return out, nil
-}
-
-// formatSize writes 4096 as 4KiB, 1048576 as 1MiB.
-func formatSize(n int) string {
-	switch {
-	case n >= 1<<30 && n%(1<<30) == 0:
-		return fmt.Sprintf("%dGiB", n>>30)
-	case n >= 1<<20 && n%(1<<20) == 0:
-		return fmt.Sprintf("%dMiB", n>>20)
-	case n >= 1<<10 && n%(1<<10) == 0:
-		return fmt.Sprintf("%dKiB", n>>10)
-	}
-	return fmt.Sprintf("%dB", n)
-}
-
-// parseSize reads 123, 4KiB, 256KiB, 64MiB, 1GiB (also KB/MB/GB as powers
-// of 1000).
-func parseSize(s string) (int, error) {
-	units := []struct {
-		suffix string
-		mult   int
-	}{{"KiB", 1 << 10}, {"MiB", 1 << 20}, {"GiB", 1 << 30}, {"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"B", 1}, {"", 1}}
-	for _, u := range units {
-		if len(s) < len(u.suffix) || s[len(s)-len(u.suffix):] != u.suffix {
-			continue
-		}
-		var n int
-		if _, err := fmt.Sscanf(s[:len(s)-len(u.suffix)], "%d", &n); err != nil || n < 0 || fmt.Sprint(n) != s[:len(s)-len(u.suffix)] {
-			break
-		}
-		if n*u.mult > 1<<30 {
-			return 0, fmt.Errorf("--size %s is above 1GiB", s)
-		}
-		return n * u.mult, nil
-	}
-	return 0, fmt.Errorf("--size %q is not a size like 256KiB or 64MiB", s)
 }

@@ -38,16 +38,3 @@ func TestLaneSummaryAndVerdict(t *testing.T) {
 		})
 	}
 }
-
-func TestParseSizes(t *testing.T) {
-	got, err := parseSizes("4KiB, 64KiB,1MiB,4096")
-	require.NoError(t, err)
-	assert.Equal(t, []int{4 << 10, 64 << 10, 1 << 20, 4096}, got)
-	for _, bad := range []string{"", "0", "4KiB,,1MiB", "2GiB", "x"} {
-		_, err := parseSizes(bad)
-		assert.Error(t, err, "%q", bad)
-	}
-	assert.Equal(t, "4KiB", formatSize(4096))
-	assert.Equal(t, "1MiB", formatSize(1<<20))
-	assert.Equal(t, "1000B", formatSize(1000))
-}
