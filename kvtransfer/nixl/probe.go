@@ -82,23 +82,12 @@ func (c *nixlConn) Probe(ctx context.Context, dst [][]byte) error {
 	if err != nil {
 		return err
 	}
-	if len(dst) == 0 {
-		dst = [][]byte{make([]byte, 64)}
-	}
 	defer runtime.KeepAlive(dst)
 	var local, remote []Desc
-	off := 0
-	for _, d := range dst {
-		for lo := 0; lo < len(d); lo += x.Size {
-			piece := d[lo:min(len(d), lo+x.Size)]
-			if off+len(piece) > x.Size {
-				off = 0
-			}
-			local = append(local, Desc{Addr: uintptr(unsafe.Pointer(unsafe.SliceData(piece))), Len: len(piece)})
-			remote = append(remote, Desc{Addr: uintptr(x.Base) + uintptr(off), Len: len(piece), DevID: x.Dev})
-			off += len(piece)
-		}
-	}
+	kvtransfer.ProbeLayout(dst, x.Size, func(piece []byte, off int) {
+		local = append(local, Desc{Addr: uintptr(unsafe.Pointer(unsafe.SliceData(piece))), Len: len(piece)})
+		remote = append(remote, Desc{Addr: uintptr(x.Base) + uintptr(off), Len: len(piece), DevID: x.Dev})
+	})
 	if err := c.remote(x); err != nil {
 		return err
 	}

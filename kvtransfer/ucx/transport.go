@@ -401,29 +401,12 @@ func (c *ucxConn) ProbeUCXMemory(ctx context.Context, dst [][]byte) error {
 }
 
 func (c *ucxConn) probeFrom(ctx context.Context, x extra, dst [][]byte) error {
-	if len(dst) == 0 {
-		dst = [][]byte{make([]byte, 64)}
-	}
 	defer runtime.KeepAlive(dst)
-	ops := make([]getOp, 0, len(dst))
-	off := 0
-	for i, d := range dst {
-		if i > 0 && unsafe.SliceData(d) == unsafe.SliceData(dst[i-1]) && len(d) <= x.Size {
-			// Blocks read into one buffer (kv-probe --same-buffer) read
-			// one remote buffer too: ucx_perftest's work, get for get.
-			ops = append(ops, opInto(d, ops[len(ops)-1].raddr))
-			continue
-		}
-		for lo := 0; lo < len(d); lo += x.Size {
-			piece := d[lo:min(len(d), lo+x.Size)]
-			if off+len(piece) > x.Size {
-				off = 0
-			}
-			ops = append(ops, opInto(piece, x.Base+uint64(off)))
-			off += len(piece)
-		}
-	}
-	return c.gets(ctx, x, ops, len(dst[0]))
+	ops := make([]getOp, 0, max(1, len(dst)))
+	kvtransfer.ProbeLayout(dst, x.Size, func(piece []byte, off int) {
+		ops = append(ops, opInto(piece, x.Base+uint64(off)))
+	})
+	return c.gets(ctx, x, ops, ops[0].n)
 }
 
 // Lanes describes the endpoint to the agent at this connection's address:
