@@ -45,6 +45,7 @@ func run(args []string) error {
 	fs.IntVar(&cfg.KVBytesPerToken, "kv-bytes-per-token", cfg.KVBytesPerToken, "KV bytes per token (a multiple of 8)")
 	fs.DurationVar(&cfg.KVLease, "kv-lease", cfg.KVLease, "how long a prefill holds blocks for a remote decoder")
 	fs.StringVar(&cfg.KVLoadFailurePolicy, "kv-load-failure-policy", cfg.KVLoadFailurePolicy, "fail or recompute: what a decode does when its KV pull fails")
+	fs.DurationVar(&cfg.KVHandshakeDelay, "kv-handshake-delay", cfg.KVHandshakeDelay, "how long a decode's first NIXL pull from a prefiller engine (by remote_engine_id) waits for their handshake, once per prefiller engine (0: none)")
 	fs.BoolVar(&cfg.KVVerifyChecksums, "kv-verify-checksums", cfg.KVVerifyChecksums, "verify pulled blocks against the prefiller's checksums (NIXL does not)")
 	fs.IntVar(&cfg.MaxRunning, "max-running", cfg.MaxRunning, "requests served at once; more wait in the queue")
 	fs.IntVar(&cfg.DefaultMaxTokens, "default-max-tokens", cfg.DefaultMaxTokens, "token cap when a request sets none")

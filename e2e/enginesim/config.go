@@ -55,6 +55,9 @@ type Config struct {
 	KVLease time.Duration
 	// KVLoadFailurePolicy is PolicyFail or PolicyRecompute.
 	KVLoadFailurePolicy string
+	// KVHandshakeDelay is how long a decode engine's first NIXL pull from
+	// a prefiller engine waits for their handshake (handshake.go); 0: none.
+	KVHandshakeDelay time.Duration
 	// KVVerifyChecksums makes the decoder check pulled blocks against the
 	// prefiller's checksums (real NIXL does not; off by default).
 	KVVerifyChecksums bool
@@ -136,6 +139,8 @@ func (c Config) Validate() error {
 		return bad("--kv-bandwidth must not be negative")
 	case c.KVLease < 0:
 		return bad("--kv-lease must not be negative")
+	case c.KVHandshakeDelay < 0:
+		return bad("--kv-handshake-delay must not be negative")
 	case c.KVLoadFailurePolicy != PolicyFail && c.KVLoadFailurePolicy != PolicyRecompute:
 		return bad("--kv-load-failure-policy must be fail or recompute, not %q", c.KVLoadFailurePolicy)
 	case c.MaxRunning <= 0:

@@ -294,6 +294,11 @@ func (s *Sim) pullKV(ctx context.Context, g *genRequest, f Faults, hashes []uint
 		room := g.boot.room
 		req = pullRequest{Room: &room, WaitMS: int(s.cfg.BootstrapTimeout / time.Millisecond)}
 	} else {
+		// NIXL: the first pull from a prefiller engine waits for the
+		// handshake with it (handshake.go).
+		if err := s.hs.connect(ctx, *g.kv.RemoteEngineID); err != nil {
+			return nil, err
+		}
 		ids, _ := g.kv.blockIDs()
 		addr = net.JoinHostPort(*g.kv.RemoteHost, strconv.Itoa(*g.kv.RemotePort))
 		req = pullRequest{EngineID: *g.kv.RemoteEngineID, RequestID: *g.kv.RemoteRequestID, BlockIDs: ids}

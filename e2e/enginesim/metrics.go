@@ -15,6 +15,7 @@ type simMetrics struct {
 	kvBlocksHeld                        prometheus.Gauge
 	remoteDecodePrefills                prometheus.Counter
 	remoteKVDecodes                     prometheus.Counter
+	kvHandshakes                        prometheus.Counter
 	localPrefillTokens                  prometheus.Counter
 	invalidKVParams                     prometheus.Counter
 	kvLoadFailures                      *prometheus.CounterVec
@@ -73,6 +74,7 @@ func newSimMetrics(reg prometheus.Registerer, model string) *simMetrics {
 		kvBlocksHeld:         gauge("sim_kv_blocks_held", "KV blocks held for remote decoders (stranded KV when it does not return to 0)."),
 		remoteDecodePrefills: counter("sim_remote_decode_prefills_total", "Prefills done for a remote decoder (do_remote_decode or SGLang room)."),
 		remoteKVDecodes:      counter("sim_remote_kv_decodes_total", "Decodes that used KV pulled from a remote prefiller."),
+		kvHandshakes:         counter("sim_kv_handshakes_total", "NIXL handshakes with prefiller engines: first pulls from a remote_engine_id not connected yet (each waits --kv-handshake-delay)."),
 		localPrefillTokens:   counter("sim_local_prefill_tokens_total", "Prompt tokens this engine prefilled itself (cache hits included)."),
 		invalidKVParams:      counter("sim_invalid_kv_params_total", "Requests whose kv_transfer_params were invalid (prefilled locally, as vLLM does)."),
 		kvLoadFailures:       counterVec("sim_kv_load_failures_total", "Failed KV loads on the decode side, by the policy applied.", "policy"),

@@ -46,6 +46,9 @@ type Sim struct {
 	ecm *ecMetrics
 	// mio is MoRI-IO write mode's inbox and counters (moriio.go).
 	mio *moriIO
+	// hs are the prefiller engines this engine is connected to
+	// (handshake.go).
+	hs *handshakes
 
 	mu     sync.Mutex
 	kvAddr *net.TCPAddr
@@ -75,6 +78,7 @@ func New(cfg Config, log zerolog.Logger) (*Sim, error) {
 	s.m = newSimMetrics(s.reg, cfg.Model)
 	s.ecm = newECMetrics(s.reg, cfg.Model)
 	s.mio = newMoriIO(s.reg, cfg.Model, cfg.KVLease)
+	s.hs = newHandshakes(cfg.KVHandshakeDelay, s.m.kvHandshakes)
 	s.holds = newHoldStore(cfg.NumKVBlocks,
 		func(held int, usage float64) {
 			s.m.kvBlocksHeld.Set(float64(held))
