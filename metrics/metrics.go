@@ -92,6 +92,9 @@ type Metrics struct {
 	// from their first byte to their last (the lane: local and P/D
 	// requests whose head came whole in the first read).
 	LoopRequests prometheus.Counter
+	// Prewarms counts warm-up splits to newly seen prefillers by result
+	// (prewarm.go).
+	Prewarms *prometheus.CounterVec
 	// Prefillers bounds the prefiller label.
 	Prefillers *Bounded
 	// Guards are the request guards' collectors (guards.go).
@@ -187,6 +190,7 @@ func New(reg prometheus.Registerer, maxPrefillers int) *Metrics {
 			Name: "pd_sidecar_loop_requests_total",
 			Help: "Inference requests served on the event loops from first byte to last (local and P/D requests whose head came whole in the first read).",
 		}),
+		Prewarms:   NewPrewarms(reg),
 		Prefillers: NewBounded(maxPrefillers),
 		Guards:     NewGuards(reg),
 		Chunked:    NewChunked(reg),

@@ -91,6 +91,10 @@ type Config struct {
 	// requests of at most this many tokens, stitched into one answer
 	// (chunked.go); 0: off.
 	DecodeChunkSize int
+	// PrefillPrewarm sends each newly seen prefiller a warm-up split in
+	// the background, so that the local engine's KV connection to it is made
+	// before a client request needs it (prewarm.go).
+	PrefillPrewarm bool
 	// Guard holds the limits, SSRF protection, circuit breaker and TLS
 	// (guard.go, tls.go).
 	Guard GuardConfig

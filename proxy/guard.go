@@ -211,13 +211,14 @@ func (p *Proxy) serverError(rc *fasthttp.RequestCtx, err error) {
 // and answered 403 by the caller (classify).
 func (p *Proxy) pickAllowed(hv []byte) (string, error) {
 	hp, err := pickPrefiller(hv, p.cfg.PrefillerSampling)
-	if err != nil || p.guard.cfg.Allowlist == nil {
+	if err != nil {
 		return hp, err
 	}
-	if !p.guard.cfg.Allowlist.Allowed(hp) {
+	if al := p.guard.cfg.Allowlist; al != nil && !al.Allowed(hp) {
 		p.guard.m.Rejected.WithLabelValues(metrics.RejectSSRF).Inc()
 		return hp, fmt.Errorf("%w: %w", ErrPrefillerDenied, ssrf.ErrDenied)
 	}
+	p.warm.saw(hp, false) // a new prefiller is warmed up (prewarm.go)
 	return hp, nil
 }
 

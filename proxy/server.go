@@ -26,6 +26,7 @@ func (p *Proxy) Run(ctx context.Context) error {
 	if p.mori != nil {
 		defer p.mori.dns.close() // MoRI-IO's background DNS revalidations
 	}
+	defer p.warm.start(ctx)() // warm-ups of new prefillers (prewarm.go), until shutdown
 	var servers []*fasthttp.Server
 	var lns []net.Listener
 	closeAll := func() {

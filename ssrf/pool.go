@@ -91,13 +91,53 @@ type PoolWatcher struct {
 	dyn dynamic.Interface
 	log zerolog.Logger
 
-	set atomic.Pointer[map[netip.AddrPort]struct{}]
+	// set maps each admitted host:port to its pod's RoleLabel value.
+	set atomic.Pointer[map[netip.AddrPort]string]
 
 	mu      sync.Mutex // serialises rebuilds (informer goroutines)
 	pool    cache.Store
 	pods    cache.Store
 	missing bool // the pool was not found at the last rebuild (logged once)
 	obs     WatchObserver
+	added   func([]Member) // see OnAdded; nil: nobody
+}
+
+// RoleLabel is the pod label by which llm-d tells prefill pods
+// ("prefill") from decode pods ("decode", "both") in one pool.
+const RoleLabel = "llm-d.ai/role"
+
+// Member is one host:port the pool admits.
+type Member struct {
+	// Addr is "ip:port" (IPv6 in brackets).
+	Addr string
+	// Role is the pod's RoleLabel value ("" when it has none).
+	Role string
+}
+
+// OnAdded makes fn hear of the admitted host:port pairs: at once of every
+// one admitted now, then, after each rebuild, of those admitted that were
+// not before (a new Ready pod, or one Ready again). fn runs on the
+// watcher's goroutines, under its lock: it must not block or call the
+// watcher.
+func (w *PoolWatcher) OnAdded(fn func([]Member)) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.added = fn
+	if all := members(*w.set.Load(), nil); len(all) > 0 {
+		fn(all)
+	}
+}
+
+// members lists the entries of set not in prev (all of them when prev is
+// nil).
+func members(set, prev map[netip.AddrPort]string) []Member {
+	var out []Member
+	for ap, role := range set {
+		if _, ok := prev[ap]; !ok {
+			out = append(out, Member{Addr: ap.String(), Role: role})
+		}
+	}
+	return out
 }
 
 // WatchObserver is told what a PoolWatcher sees: every event handled, by
@@ -116,7 +156,7 @@ func NewPoolWatcher(cfg PoolConfig, dyn dynamic.Interface, log zerolog.Logger) (
 		return nil, err
 	}
 	w := &PoolWatcher{cfg: cfg, dyn: dyn, log: log.With().Str("inference_pool", cfg.Namespace+"/"+cfg.Name).Logger()}
-	empty := map[netip.AddrPort]struct{}{}
+	empty := map[netip.AddrPort]string{}
 	w.set.Store(&empty)
 	return w, nil
 }
@@ -206,7 +246,7 @@ func informer(client dynamic.Interface, ri dynamic.ResourceInterface, mod func(*
 func (w *PoolWatcher) rebuild() {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	next := map[netip.AddrPort]struct{}{}
+	next := map[netip.AddrPort]string{}
 	obj, exists, err := w.pool.GetByKey(w.cfg.Namespace + "/" + w.cfg.Name)
 	if missing := err != nil || !exists; missing != w.missing {
 		w.missing = missing
@@ -226,17 +266,23 @@ func (w *PoolWatcher) rebuild() {
 			}
 		}
 	}
-	prev := len(*w.set.Load())
+	old := *w.set.Load()
+	prev := len(old)
 	w.set.Store(&next)
 	if w.obs != nil {
 		w.obs.Allowlist(len(next), !w.missing)
+	}
+	if w.added != nil {
+		if add := members(next, old); len(add) > 0 {
+			w.added(add)
+		}
 	}
 	if prev != len(next) {
 		w.log.Info().Int("allowed", len(next)).Msg("inference pool allowlist changed")
 	}
 }
 
-func (w *PoolWatcher) addPods(set map[netip.AddrPort]struct{}, sel labels.Selector, ports []uint16) {
+func (w *PoolWatcher) addPods(set map[netip.AddrPort]string, sel labels.Selector, ports []uint16) {
 	for _, o := range w.pods.List() {
 		pod, ok := o.(*unstructured.Unstructured)
 		if !ok || !sel.Matches(labels.Set(pod.GetLabels())) || !podReady(pod) {
@@ -244,7 +290,7 @@ func (w *PoolWatcher) addPods(set map[netip.AddrPort]struct{}, sel labels.Select
 		}
 		for _, ip := range podIPs(pod) {
 			for _, p := range ports {
-				set[netip.AddrPortFrom(ip, p)] = struct{}{}
+				set[netip.AddrPortFrom(ip, p)] = pod.GetLabels()[RoleLabel]
 			}
 		}
 	}

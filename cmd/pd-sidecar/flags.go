@@ -83,6 +83,7 @@ func parseFlags(args []string, help io.Writer) (options, error) {
 	fs.DurationVar(&c.PrefillTimeout, "prefill-timeout", c.PrefillTimeout, "bound on the whole prefill leg, retries included")
 	fs.DurationVar(&c.DecodeFirstByteTimeout, "decode-first-byte-timeout", c.DecodeFirstByteTimeout, "bound on the wait for a streamed answer's first event from the local engine (its first output for a decode on remote KV; the head, which vLLM sends at once, does not count): 504 past it; 0: none. The stream itself has no total timeout")
 	fs.DurationVar(&c.ConnectTimeout, "connect-timeout", c.ConnectTimeout, "TCP connect timeout to engines")
+	fs.BoolVar(&c.PrefillPrewarm, "prefill-prewarm", c.PrefillPrewarm, "send each newly seen prefiller (named by a request and allowed, or a new Ready pod of the --inference-pool) one tiny warm-up split in the background, so that the local engine's KV connection to it (NIXL's handshake) is made before a client request needs it; nixlv2 only; model from the local engine's GET /v1/models")
 	fs.BoolVar(&c.PrefillFallback, "prefill-fallback", c.PrefillFallback, "degrade a failed prefill to a local prefill (false: answer the error)")
 	fs.StringVar(&c.OnKVLoadFailure, "on-kv-load-failure", c.OnKVLoadFailure, "when the decode engine fails to load remote KV: local-prefill or error")
 	fs.IntVar(&c.DecodeTPSize, "decode-tp-size", c.DecodeTPSize, "local engine tensor-parallel size; a larger prefill tp_size degrades to local prefill (0: no check)")

@@ -99,6 +99,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return exitUsage
 	}
 	defer closeKV()
+	if w := opts.guard.watcher; w != nil && opts.cfg.PrefillPrewarm {
+		watchPrefillers(w, p) // prewarm.go
+	}
 	stopProfile, err := startDebugProfile(os.Getenv(debugProfileEnv), opts.cfg.Port) // debugprofile.go
 	if err != nil {
 		fmt.Fprintf(stderr, "pd-sidecar: %v\n", err)

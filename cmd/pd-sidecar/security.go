@@ -34,6 +34,7 @@ type guardOptions struct {
 	kubeconfig  string
 	syncTimeout time.Duration
 	static      *ssrf.Static
+	watcher     *ssrf.PoolWatcher // the running --inference-pool watch (startPoolWatch); nil: none
 	maxBuffered int64 // 0: derived (bufferBudget)
 	// readFile reads the cgroup's memory limit (os.ReadFile; a test's fake).
 	readFile func(string) ([]byte, error)
@@ -225,6 +226,7 @@ func startPoolWatch(o *options, reg prometheus.Registerer, log zerolog.Logger) (
 		lists = append(lists, g.static)
 	}
 	o.cfg.Guard.Allowlist = lists
+	g.watcher = w
 	return stop, nil
 }
 
