@@ -35,7 +35,7 @@ type guardOptions struct {
 	syncTimeout time.Duration
 	static      *ssrf.Static
 	watcher     *ssrf.PoolWatcher // the running --inference-pool watch (startPoolWatch); nil: none
-	maxBuffered int64 // 0: derived (bufferBudget)
+	maxBuffered int64             // 0: derived (bufferBudget)
 	// readFile reads the cgroup's memory limit (os.ReadFile; a test's fake).
 	readFile func(string) ([]byte, error)
 	// legacyTLS: llm-d's booleans removed in 0.10 (--prefiller-use-tls,
