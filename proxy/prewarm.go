@@ -165,7 +165,7 @@ func newPrewarmer(p *Proxy) *prewarmer {
 func (p *Proxy) prewarmCovered() string {
 	switch {
 	case p.seq == nil || p.choreo != connectors.ChoreographySequential:
-		return fmt.Sprintf("connector %s is not sequential", p.conn.Name())
+		return "the connector's split is not a prefill then a decode" // a constant: asked on every request
 	case p.kv != nil:
 		return "the sidecar pulls the KV itself"
 	case p.mori != nil:
