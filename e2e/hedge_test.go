@@ -75,20 +75,22 @@ func TestHedgedPrefill(t *testing.T) {
 		denied       float64
 		mode         string
 		reason       string // fallbacks_total's
+		// what the losing leg's engine saw cancelled
+		cancelledPrefill, cancelledLocal float64
 	}{
 		{
 			name:         "slow prefill, local prefill wins, stream",
 			prefillFault: `{"latency_ms":3000,"only":"prefill"}`,
 			flags:        []string{"--prefill-hedge-after", "100ms", "--prefill-hedge-budget", "1"},
 			path:         "/v1/chat/completions", body: chatStream,
-			maxTook: 1500 * time.Millisecond, winner: "local", mode: "fallback", reason: "slow_prefill",
+			maxTook: 1500 * time.Millisecond, winner: "local", mode: "fallback", reason: "slow_prefill", cancelledPrefill: 1,
 		},
 		{
 			name:         "slow prefill, local prefill wins, JSON",
 			prefillFault: `{"latency_ms":3000,"only":"prefill"}`,
 			flags:        []string{"--prefill-hedge-after", "100ms", "--prefill-hedge-budget", "1"},
 			path:         "/v1/completions", body: completion,
-			maxTook: 1500 * time.Millisecond, winner: "local", mode: "fallback", reason: "slow_prefill",
+			maxTook: 1500 * time.Millisecond, winner: "local", mode: "fallback", reason: "slow_prefill", cancelledPrefill: 1,
 		},
 		{
 			name:         "prefill answers while the local prefill runs, stream",
@@ -96,7 +98,7 @@ func TestHedgedPrefill(t *testing.T) {
 			prefillFault: `{"latency_ms":300,"only":"prefill"}`,
 			flags:        []string{"--prefill-hedge-after", "50ms", "--prefill-hedge-budget", "1"},
 			path:         "/v1/chat/completions", body: chatStream,
-			maxTook: 1200 * time.Millisecond, minTook: 300 * time.Millisecond, winner: "remote", mode: "disaggregated",
+			maxTook: 1200 * time.Millisecond, minTook: 300 * time.Millisecond, winner: "remote", mode: "disaggregated", cancelledLocal: 1,
 		},
 		{
 			name:         "prefill answers while the local prefill runs, JSON",
@@ -104,7 +106,15 @@ func TestHedgedPrefill(t *testing.T) {
 			prefillFault: `{"latency_ms":300,"only":"prefill"}`,
 			flags:        []string{"--prefill-hedge-after", "50ms", "--prefill-hedge-budget", "1"},
 			path:         "/v1/completions", body: completion,
-			maxTook: 1200 * time.Millisecond, minTook: 300 * time.Millisecond, winner: "remote", mode: "disaggregated",
+			maxTook: 1200 * time.Millisecond, minTook: 300 * time.Millisecond, winner: "remote", mode: "disaggregated", cancelledLocal: 1,
+		},
+		{
+			name:         "the prefill fails while hedged: the running local prefill is its fallback",
+			decodeArgs:   []string{"--prefill-us-per-token", "20000"},
+			prefillFault: `{"latency_ms":300,"status":500,"only":"prefill"}`,
+			flags:        []string{"--prefill-hedge-after", "50ms", "--prefill-hedge-budget", "1"},
+			path:         "/v1/chat/completions", body: chatStream,
+			maxTook: 2 * time.Second, minTook: 500 * time.Millisecond, winner: "local", mode: "fallback", reason: "server_error",
 		},
 		{
 			name:         "budget spent: the slow prefill is waited for",
@@ -131,6 +141,7 @@ func TestHedgedPrefill(t *testing.T) {
 				want := answerText(t, ref)
 				require.NotEmpty(t, want)
 				tokens := prefill.Metric(t, "vllm:generation_tokens_total", nil)
+				promptTokens := prefill.Metric(t, "vllm:prompt_tokens_total", nil)
 				setFault(t, prefill, tc.prefillFault)
 
 				start := time.Now()
@@ -163,23 +174,27 @@ func TestHedgedPrefill(t *testing.T) {
 
 				// What the engines did: the loser was cancelled, nothing is
 				// left held, and the answer's tokens were generated once.
-				cancelled := func(e *harness.Engine, kind string) func() bool {
-					return func() bool {
-						return e.Metric(t, "sim_requests_cancelled_total", map[string]string{"kind": kind}) == 1
-					}
+				for _, c := range []struct {
+					e          *harness.Engine
+					kind, what string
+					want       float64
+				}{
+					{prefill, "prefill", "prefills cancelled on the prefiller", tc.cancelledPrefill},
+					{decode, "local", "local prefills cancelled on the decoder", tc.cancelledLocal},
+				} {
+					harness.Eventually(t, 2*time.Second, c.what, func() bool {
+						return c.e.Metric(t, "sim_requests_cancelled_total", map[string]string{"kind": c.kind}) == c.want
+					})
 				}
-				switch tc.winner {
-				case "local":
-					harness.Eventually(t, 2*time.Second, "the prefill cancelled on the prefiller", cancelled(prefill, "prefill"))
-					assert.Equal(t, 0.0, prefill.Metric(t, "sim_remote_decode_prefills_total", nil))
-					assert.Equal(t, 0.0, decode.Metric(t, "sim_remote_kv_decodes_total", nil))
-				case "remote":
-					harness.Eventually(t, 2*time.Second, "the local prefill cancelled on the decoder", cancelled(decode, "local"))
-					assert.Equal(t, 1.0, prefill.Metric(t, "sim_remote_decode_prefills_total", nil))
-					assert.Equal(t, 1.0, decode.Metric(t, "sim_remote_kv_decodes_total", nil))
-				default:
-					assert.Equal(t, 0.0, decode.Metric(t, "sim_requests_cancelled_total", map[string]string{"kind": "local"}))
-					assert.Equal(t, 1.0, decode.Metric(t, "sim_remote_kv_decodes_total", nil))
+				split := 0.0
+				if tc.winner != "local" {
+					split = 1
+				}
+				assert.Equal(t, split, prefill.Metric(t, "sim_remote_decode_prefills_total", nil), "prefills for the decoder")
+				assert.Equal(t, split, decode.Metric(t, "sim_remote_kv_decodes_total", nil), "decodes on the prefiller's KV")
+				if tc.winner == "local" {
+					assert.Equal(t, promptTokens, decode.Metric(t, "sim_local_prefill_tokens_total", nil),
+						"the decoder prefilled the prompt once")
 				}
 				harness.Eventually(t, 2*time.Second, "no KV held on the prefiller", func() bool {
 					return prefill.Metric(t, "sim_kv_blocks_held", nil) == 0
