@@ -36,7 +36,7 @@ func (h hedgeAfter) Set(v string) error {
 	return nil
 }
 
-func (h hedgeAfter) Type() string { return "duration|auto" }
+func (h hedgeAfter) Type() string { return "duration" } // or "auto"; a string in a configuration file
 
 // addHedgeFlags adds the flags of hedged prefill.
 func addHedgeFlags(fs *pflag.FlagSet, c *proxy.HedgeConfig) {
