@@ -105,6 +105,8 @@ type Metrics struct {
 	Encoder *Encoder
 	// MoriIO are MoRI-IO's DNS collectors (moriio.go).
 	MoriIO *MoriIO
+	// Hedge are hedged prefill's collectors (hedge.go).
+	Hedge *Hedge
 }
 
 // RegisterBuildInfo registers pd_sidecar_build_info{version,revision,go_version}
@@ -196,6 +198,7 @@ func New(reg prometheus.Registerer, maxPrefillers int) *Metrics {
 		Chunked:    NewChunked(reg),
 		Encoder:    NewEncoder(reg),
 		MoriIO:     NewMoriIO(reg),
+		Hedge:      NewHedge(reg),
 	}
 	reg.MustRegister(m.PrefillLegFailures, m.KVSources, m.DecodeFirst, m.LoopStreams, m.LoopHandoffs, m.LoopRequests)
 	reg.MustRegister(m.Requests, m.Fallbacks, m.PrefillDuration, m.KVTransferDuration,

@@ -102,6 +102,8 @@ type Config struct {
 	Encoder EncoderConfig
 	// MoriIO is MoRI-IO write mode on nixlv2 (moriio.go).
 	MoriIO MoriIOConfig
+	// Hedge is hedged prefill (hedge.go); off by default.
+	Hedge HedgeConfig
 }
 
 // DefaultConfig returns the defaults, drop-in compatible with llm-d's
@@ -127,6 +129,7 @@ func DefaultConfig() Config {
 		StreamLoops:            runtime.GOMAXPROCS(0),
 		Guard:                  DefaultGuardConfig(),
 		Encoder:                DefaultEncoderConfig(),
+		Hedge:                  HedgeConfig{Budget: 0.1},
 	}
 }
 
@@ -182,6 +185,9 @@ func (c Config) Validate() error {
 			c.Guard.MaxBufferedBytes, c.MaxRequestBodyBytes)
 	}
 	if err := c.Encoder.Validate(); err != nil {
+		return err
+	}
+	if err := c.Hedge.Validate(); err != nil {
 		return err
 	}
 	if err := c.MoriIO.Validate(); err != nil {

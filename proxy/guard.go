@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net"
@@ -243,12 +244,18 @@ func logValue(s string) string {
 // open circuit skips it (ErrCircuitOpen, a fallback reason), and the
 // prefill's outcome is reported to the breaker.
 func (r *request) guardedPrefill() (prefillResult, error) {
+	return r.guardedPrefillCtx(r.ctx)
+}
+
+// guardedPrefillCtx is guardedPrefill within ctx (the request's, or a
+// hedge's that cancels the prefill when the local leg wins).
+func (r *request) guardedPrefillCtx(ctx context.Context) (prefillResult, error) {
 	g := r.p.guard
 	tk, ok := g.breakers.Allow(r.prefiller)
 	if !ok {
 		return prefillResult{}, fmt.Errorf("%w: %s skipped for up to %v", ErrCircuitOpen, logValue(r.prefiller), g.cfg.Breaker.Cooldown)
 	}
-	res, err := r.prefill()
+	res, err := r.prefill(ctx)
 	tk.Done(breakerResult(err))
 	g.trackCircuit(r.prefiller)
 	return res, err
@@ -276,7 +283,7 @@ func breakerResult(err error) circuit.Result {
 	switch {
 	case err == nil:
 		return circuit.Success
-	case errors.Is(err, ErrClientGone), errors.Is(err, ErrBadRequest):
+	case errors.Is(err, ErrClientGone), errors.Is(err, ErrBadRequest), errors.Is(err, errHedgeLost):
 		return circuit.Neutral
 	case errors.Is(err, ErrPrefillUnreachable), errors.Is(err, ErrPrefillTimeout), errors.Is(err, ErrPrefillServerError):
 		return circuit.Failure

@@ -223,6 +223,11 @@ type laneConn struct {
 	raw       *rawAnswer // a non-streamed answer being read
 	body      *laneBody  // a request's body being read (laneReading)
 	reqBody   *laneBody  // the body of the request being served, read on the lane: its legs send from it (lanebody.go)
+	// shadowOf, on a hedge's local leg (lanehedge.go), is the client
+	// connection whose request it runs for: the shadow has that client's
+	// request and descriptor but never writes to it, closes it or ends the
+	// request; its primary adopts its answer, or drops it.
+	shadowOf *laneConn
 }
 
 // Ready implements netloop.Handler.
@@ -274,7 +279,7 @@ func (lc *laneConn) setInterest(ev netloop.Events) error {
 
 // close closes the client connection.
 func (lc *laneConn) close() {
-	if lc.state == laneGone {
+	if lc.state == laneGone || lc.shadowOf != nil {
 		return
 	}
 	lc.state = laneGone
@@ -565,8 +570,9 @@ func (lc *laneConn) dial() {
 // request by then.
 func (lc *laneConn) onLoop(r *request, f func()) {
 	lc.ll.loop.Post(func() {
-		lc.mu.Lock()
-		defer lc.mu.Unlock()
+		mu := lc.lock()
+		mu.Lock()
+		defer mu.Unlock()
 		if lc.r == r {
 			f()
 		}
@@ -592,8 +598,9 @@ func (lc *laneConn) startTimer(d time.Duration, f func()) {
 // sent on conn, or failed with err.
 func (lc *laneConn) dialed(r *request, n uint64, addr string, conn net.Conn, fd int, err error) {
 	ll := lc.ll
-	lc.mu.Lock()
-	defer lc.mu.Unlock()
+	mu := lc.lock()
+	mu.Lock()
+	defer mu.Unlock()
 	if lc.state != laneSending || lc.r != r || lc.dials != n {
 		if err == nil {
 			_ = conn.Close()
@@ -648,8 +655,9 @@ func (lc *laneConn) writeUp() {
 
 // upReady handles an event of the engine connection.
 func (lc *laneConn) upReady(u *upConn, ev netloop.Events) {
-	lc.mu.Lock()
-	defer lc.mu.Unlock()
+	mu := lc.lock()
+	mu.Lock()
+	defer mu.Unlock()
 	if lc.up != u {
 		return
 	}
@@ -764,9 +772,13 @@ func (lc *laneConn) answer(rest []byte) {
 	// decode on remote KV), as relaySSE's does; so does the first-byte
 	// timer, when there is one.
 	ls := lc.newStream(dec)
-	if r.handoff != nil {
+	switch {
+	case lc.shadowOf != nil:
+		// A hedge's local leg: held until its first output (lanehedge.go).
+		ls.gate, ls.gated = gateHolding, lc.hedgeGated
+	case r.handoff != nil:
 		lc.gateStream(ls)
-	} else {
+	default:
 		ls.gate, ls.gated = gateFirstEvent, lc.began
 	}
 	lc.streamed = true
@@ -907,6 +919,8 @@ func (lc *laneConn) rawDone() {
 	defer a.hold.Release()
 	lc.endUp(a.body.Done() && !a.excess)
 	switch {
+	case lc.shadowOf != nil:
+		lc.shadowOf.hedgeWhole(lc, a) // lanehedge.go
 	case lc.prefill:
 		lc.prefillAnswered(a)
 	case r.handoff != nil:
@@ -954,6 +968,10 @@ func (lc *laneConn) writeWhole(h *fasthttp.ResponseHeader, body []byte) {
 // failWith answers err as the fasthttp path's fail does: the client has
 // seen nothing yet.
 func (lc *laneConn) failWith(err error) {
+	if lc.shadowOf != nil {
+		lc.shadowOf.hedgeFailed(lc, err)
+		return
+	}
 	lc.stopTimer()
 	lc.putSent()
 	o := lc.r.failure(err)
@@ -1058,6 +1076,10 @@ func (lc *laneConn) clientLeft() {
 
 // abandon ends a request the lane cannot carry on (the loop shutting down).
 func (lc *laneConn) abandon(err error) {
+	if lc.shadowOf != nil {
+		lc.shadowOf.hedgeFailed(lc, err)
+		return
+	}
 	if lc.ls != nil {
 		lc.ls.fail(err)
 		return
@@ -1072,6 +1094,7 @@ func (lc *laneConn) abandon(err error) {
 // drop ends a request before its answer began: the upstream connection
 // is closed, so the upstream drops it too.
 func (lc *laneConn) drop(cause error) {
+	lc.dropHedge()
 	lc.r.cancel(cause)
 	lc.stopTimer()
 	lc.putSent()
@@ -1122,6 +1145,11 @@ func (lc *laneConn) finish() {
 	if r == nil {
 		return
 	}
+	if lc.shadowOf != nil {
+		lc.shadowOf.hedgeFailed(lc, errHedgeAbandoned)
+		return
+	}
+	lc.dropHedge()
 	lc.r, lc.prefill = nil, false
 	lc.putSent()
 	lc.dropReqBody()
@@ -1142,6 +1170,9 @@ func (lc *laneConn) finish() {
 // done is the end of an answer: the connection waits for its next request
 // (keep), or is closed.
 func (lc *laneConn) done(keep bool) {
+	if lc.shadowOf != nil {
+		return // the client is the primary's
+	}
 	lc.ls = nil
 	if !keep || lc.state == laneGone {
 		lc.close()
@@ -1197,11 +1228,12 @@ func (u *upConn) Ready(fd int, ev netloop.Events) {
 	}
 	u.ll.mu.Unlock()
 	if ev&netloop.Shutdown != 0 {
-		lc.mu.Lock()
+		mu := lc.lock()
+		mu.Lock()
 		if lc.up == u {
 			lc.abandon(ErrDrainTimeout)
 		}
-		lc.mu.Unlock()
+		mu.Unlock()
 		return
 	}
 	lc.upReady(u, ev)
@@ -1237,3 +1269,13 @@ var (
 	_ streamConns     = (*laneConn)(nil)
 	_ streamConns     = (*legConns)(nil)
 )
+
+// lock returns the mutex that orders the connection's callbacks: a hedge's
+// shadow shares its primary's, so that the two legs of one request move
+// one at a time.
+func (lc *laneConn) lock() *sync.Mutex {
+	if lc.shadowOf != nil {
+		return &lc.shadowOf.mu
+	}
+	return &lc.mu
+}

@@ -44,6 +44,13 @@ type lanePD struct {
 	attempts int
 	last     error     // the last attempt's failure
 	sent     time.Time // the decode leg's start, for the KV handoff's duration
+
+	// hedged prefill (lanehedge.go)
+	hedgeAfter time.Duration
+	hedgeTimer *time.Timer // the hedge point
+	hedge      *laneConn   // the local leg's shadow, while it runs
+	hedgeAt    time.Time   // when it started
+	awaitHedge bool        // the prefill failed: the hedge is the fallback
 }
 
 // split begins the P/D split of the request, its prefiller named by hv.
@@ -92,6 +99,7 @@ func (lc *laneConn) split(hv []byte) {
 	lc.prefill = true
 	lc.sentp, lc.sent = p.bufs.getChunk()
 	lc.sent = append(lc.sent, pd.start...)
+	lc.startHedge() // lanehedge.go
 	lc.legTo(hp, body, scratch)
 }
 
@@ -169,6 +177,7 @@ func (lc *laneConn) endPrefill(err error) {
 	}
 	lc.prefill = false
 	pd.timeout.Stop()
+	pd.stopHedgeTimer()
 	pd.done(err)
 	pd.tk.Done(breakerResult(err))
 	pd.tk = nil
@@ -182,6 +191,9 @@ func (lc *laneConn) prefillEnded(res prefillResult, err error) {
 	r, p := lc.r, lc.ll.ln.p
 	lc.putSent()
 	lc.endPrefill(err)
+	if lc.hedgeSettled(err) {
+		return // the hedge's local leg is the fallback (lanehedge.go)
+	}
 	if err != nil {
 		var rej *rejected
 		if errors.As(err, &rej) {

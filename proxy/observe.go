@@ -164,6 +164,9 @@ func (r *request) prefillStarted(start time.Time) func(error) {
 	return func(err error) {
 		d := time.Since(start)
 		r.p.m.PrefillDuration.WithLabelValues(r.label).Observe(d.Seconds())
+		if err == nil {
+			r.p.hedge.observe(r.label, d) // hedge.go's auto hedge point
+		}
 		r.obs.prefillDur = d
 		if span != nil {
 			if err != nil {

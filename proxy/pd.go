@@ -57,7 +57,10 @@ func (p *Proxy) serveInference(rc *fasthttp.RequestCtx, local string, api connec
 	if r.choreograph() {
 		return
 	}
-	res, err := r.guardedPrefill()
+	res, served, err := r.hedgedPrefill() // hedge.go
+	if served {
+		return
+	}
 	if err != nil {
 		r.prefillFailed(err)
 		return
@@ -286,9 +289,9 @@ type rejected struct {
 func (e *rejected) Error() string { return fmt.Sprintf("prefiller answered %d", e.status) }
 func (e *rejected) Unwrap() error { return ErrPrefillRejected }
 
-// prefill runs the prefill leg on r.prefiller, retrying retryable failures
-// with backoff, all within --prefill-timeout.
-func (r *request) prefill() (res prefillResult, err error) {
+// prefill runs the prefill leg on r.prefiller within parent, retrying
+// retryable failures with backoff, all within --prefill-timeout.
+func (r *request) prefill(parent context.Context) (res prefillResult, err error) {
 	p := r.p
 	body, err := p.seq.PrefillBody(nil, r.api, r.body)
 	if err == nil && p.mori != nil {
@@ -306,7 +309,7 @@ func (r *request) prefill() (res prefillResult, err error) {
 	defer g.Dec()
 	done := r.prefillStarted(time.Now())
 	defer func() { done(err) }()
-	ctx, cancel := context.WithTimeoutCause(r.ctx, p.cfg.PrefillTimeout, ErrPrefillTimeout)
+	ctx, cancel := context.WithTimeoutCause(parent, p.cfg.PrefillTimeout, ErrPrefillTimeout)
 	defer cancel()
 	for attempt := 0; ; attempt++ {
 		res, err := r.prefillOnce(ctx, body)

@@ -53,6 +53,7 @@ type Proxy struct {
 	ext      Extras      // optional collaborators (see SetExtras)
 	kv       *kvPull     // sidecar-driven KV pull (see EnableKVPull); nil: off
 	warm     *prewarmer  // --prefill-prewarm (prewarm.go); nil: off
+	hedge    *hedger     // hedged prefill (hedge.go); nil: off
 	armer    *watchArmer // client-connection watches (watch.go)
 	bufs     streamBufs  // per-stream buffers for reuse (sse.go)
 	// loops carry open streams (loopstream.go); nil: each stream keeps its
@@ -101,6 +102,10 @@ func New(cfg Config, conn connectors.Connector, m *metrics.Metrics, gatherer pro
 		return nil, fmt.Errorf("connector %q is neither sequential nor concurrent", conn.Name())
 	}
 	p.boot = newBootstrapCache(cfg.MaxPrefillers)
+	p.hedge = newHedger(cfg.Hedge, m.Hedge)
+	if cfg.Hedge.On() && p.choreo != connectors.ChoreographySequential {
+		log.Warn().Str("connector", conn.Name()).Msg("--prefill-hedge-after has no effect: this connector sends the decode leg while the prefill runs, so there is no wait to hedge")
+	}
 	if cfg.MoriIO.WriteMode && p.seq != nil && conn.Name() == "nixlv2" {
 		p.mori = newMoriState(cfg.MoriIO, m.MoriIO, log) // MoRI-IO (moriio.go)
 	}

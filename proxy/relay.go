@@ -144,23 +144,11 @@ func (r *request) relaySSE(leg *Leg, resp *fasthttp.Response, g prometheus.Gauge
 		}
 		held = append(held, ev...)
 	} else {
-		held = make([]byte, 0, 2<<10) // the role chunk and the first output, usually
-		kvFail := false
-		for {
-			ev, err := er.next()
-			if err != nil {
-				return abort(beforeOutputErr(fmt.Errorf("decode stream ended before any output: %w", err)))
-			}
-			held = append(held, ev...)
-			kind := connectors.EventPreamble
-			if d := firstData(ev); d != nil {
-				kind = connectors.ClassifyEvent(r.api, d)
-			}
-			if kind == connectors.EventPreamble && len(held) < maxHeld {
-				continue
-			}
-			kvFail = kind == connectors.EventError
-			break
+		var kvFail bool
+		var err error
+		// The role chunk and the first output, usually.
+		if held, kvFail, err = readToOutput(er, r.api, make([]byte, 0, 2<<10)); err != nil {
+			return abort(beforeOutputErr(fmt.Errorf("decode stream ended before any output: %w", err)))
 		}
 		r.kvHandoffDone(sent, !kvFail)
 		if kvFail && r.kvLoadFailed() {
