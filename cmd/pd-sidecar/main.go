@@ -102,6 +102,11 @@ func run(args []string, stdout, stderr io.Writer) int {
 	if w := opts.guard.watcher; w != nil && opts.cfg.PrefillPrewarm {
 		watchPrefillers(w, p) // prewarm.go
 	}
+	if opts.cfg.PrefillPrewarm && opts.guard.ssrf {
+		for _, hp := range staticPrefillers(opts.guard.allowlist) {
+			p.NotePrefiller(hp)
+		}
+	}
 	stopProfile, err := startDebugProfile(os.Getenv(debugProfileEnv), opts.cfg.Port) // debugprofile.go
 	if err != nil {
 		fmt.Fprintf(stderr, "pd-sidecar: %v\n", err)
