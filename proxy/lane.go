@@ -1122,6 +1122,7 @@ func (lc *laneConn) finish() {
 	if r == nil {
 		return
 	}
+	lc.releaseKV() // kvrelease.go: before the split's buffers are given back
 	lc.r, lc.prefill = nil, false
 	lc.putSent()
 	lc.dropReqBody()

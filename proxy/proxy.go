@@ -52,6 +52,7 @@ type Proxy struct {
 	guard    *guard      // limits, SSRF, circuit breaker, TLS (guard.go)
 	ext      Extras      // optional collaborators (see SetExtras)
 	kv       *kvPull     // sidecar-driven KV pull (see EnableKVPull); nil: off
+	kvr      *kvReleaser // frees a prefiller's KV nobody read (kvrelease.go); nil: off
 	armer    *watchArmer // client-connection watches (watch.go)
 	bufs     streamBufs  // per-stream buffers for reuse (sse.go)
 	// loops carry open streams (loopstream.go); nil: each stream keeps its
@@ -103,6 +104,7 @@ func New(cfg Config, conn connectors.Connector, m *metrics.Metrics, gatherer pro
 	if cfg.MoriIO.WriteMode && p.seq != nil && conn.Name() == "nixlv2" {
 		p.mori = newMoriState(cfg.MoriIO, m.MoriIO, log) // MoRI-IO (moriio.go)
 	}
+	p.kvr = newKVReleaser(p)
 	return p, nil
 }
 

@@ -85,6 +85,7 @@ func parseFlags(args []string, help io.Writer) (options, error) {
 	fs.DurationVar(&c.ConnectTimeout, "connect-timeout", c.ConnectTimeout, "TCP connect timeout to engines")
 	fs.BoolVar(&c.PrefillFallback, "prefill-fallback", c.PrefillFallback, "degrade a failed prefill to a local prefill (false: answer the error)")
 	fs.StringVar(&c.OnKVLoadFailure, "on-kv-load-failure", c.OnKVLoadFailure, "when the decode engine fails to load remote KV: local-prefill or error")
+	fs.BoolVar(&c.ReleaseKVOnCancel, "release-kv-on-cancel", c.ReleaseKVOnCancel, "nixlv2: when a request ends after its prefill answered but before the decode engine read the KV (the client left), send the local engine a one-token, non-streamed decode leg with the handoff in the background (its answer discarded), so that the prefiller frees the blocks at once instead of after its abort timeout (vLLM: 480s)")
 	fs.IntVar(&c.DecodeTPSize, "decode-tp-size", c.DecodeTPSize, "local engine tensor-parallel size; a larger prefill tp_size degrades to local prefill (0: no check)")
 	fs.IntVar(&c.MaxRequestBodyBytes, "max-request-body-bytes", c.MaxRequestBodyBytes, "largest accepted request body")
 	fs.Int64Var(&c.MaxUpstreamAnswerBytes, "max-upstream-answer-bytes", c.MaxUpstreamAnswerBytes, "largest upstream answer read whole (prefill, bootstrap, non-streamed decode); a larger prefill answer falls back (bad_answer), a larger decode answer is a 502")
