@@ -30,7 +30,7 @@ var splitCountered = []string{
 	"pd_sidecar_requests_total", "pd_sidecar_fallbacks_total", "pd_sidecar_prefill_retries_total",
 	"pd_sidecar_kv_load_failures_total", "pd_sidecar_client_disconnects_total",
 	"pd_sidecar_ttft_seconds", "pd_sidecar_prefill_duration_seconds", "pd_sidecar_kv_transfer_duration_seconds",
-	"pd_sidecar_inflight_requests", "pd_sidecar_prefiller_circuits_open",
+	"pd_sidecar_inflight_requests", "pd_sidecar_prefiller_circuits_open", "pd_sidecar_kv_releases_total",
 }
 
 // engineCountered are the engines' counters that show what work was done.
@@ -96,6 +96,10 @@ func TestLaneSplitAnswersAsTheServer(t *testing.T) {
 		fallbackReason string
 		leave          time.Duration // the client hangs up after this long (no answer: status 0)
 		leftIn         string        // the phase its leaving is counted in ("": prefill)
+		// releases: the request ended with its prefill's KV unread, so a
+		// release leg was sent (--release-kv-on-cancel); when it read the
+		// KV it is among remoteDecodes.
+		releases float64
 	}{
 		{name: "split", path: "/v1/completions", body: completion, status: 200, lane: 1, remoteDecodes: 1},
 		{name: "split stream", path: "/v1/chat/completions", body: stream, status: 200, lane: 1, remoteDecodes: 1},
@@ -117,9 +121,11 @@ func TestLaneSplitAnswersAsTheServer(t *testing.T) {
 			decodeFault: `{"fail_kv_load":true,"after_head_ms":50,"only":"decode","times":1}`,
 			path:        "/v1/chat/completions", body: stream, status: 200, lane: 1, fallbackReason: "kv_load_failed"},
 		{name: "decode engine silent after its head times out", flags: []string{"--decode-first-byte-timeout", "300ms"},
-			decodeFault: `{"after_head_ms":2000,"only":"decode"}`, path: "/v1/chat/completions", body: stream, status: 504, lane: 1},
+			decodeFault: `{"after_head_ms":2000,"only":"decode"}`, path: "/v1/chat/completions", body: stream, status: 504, lane: 1,
+			releases: 1, remoteDecodes: 1},
 		{name: "client leaves while the decode stream is held", decodeFault: `{"after_head_ms":2000,"only":"decode"}`,
-			path: "/v1/chat/completions", body: stream, status: 0, lane: 1, leave: 300 * time.Millisecond, leftIn: "decode"},
+			path: "/v1/chat/completions", body: stream, status: 0, lane: 1, leave: 300 * time.Millisecond, leftIn: "decode",
+			releases: 1, remoteDecodes: 1},
 		{name: "kv load failure recovers locally", decodeFault: `{"fail_kv_load":true,"only":"decode","times":1}`,
 			path: "/v1/completions", body: completion, status: 200, lane: 1, fallbackReason: "kv_load_failed"},
 		{name: "kv load failure in a stream recovers locally", decodeFault: `{"fail_kv_load":true,"only":"decode","times":1}`,
@@ -135,7 +141,7 @@ func TestLaneSplitAnswersAsTheServer(t *testing.T) {
 		{name: "client leaves during the prefill's backoff", flags: []string{"--prefill-max-retries", "3", "--prefill-retry-backoff", "2s"},
 			prefillFault: `{"status":503,"times":1}`, path: "/v1/chat/completions", body: stream, status: 0, lane: 1, leave: 300 * time.Millisecond},
 		{name: "decode engine resets", decodeFault: `{"refuse":true,"only":"decode"}`, path: "/v1/completions", body: completion,
-			status: 502, lane: 1, remoteDecodes: 0},
+			status: 502, lane: 1, remoteDecodes: 0, releases: 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			run := func(whole bool) splitOutcome {
@@ -157,7 +163,7 @@ func TestLaneSplitAnswersAsTheServer(t *testing.T) {
 				}
 				harness.Eventually(t, 3*time.Second, "the request ended, the upstreams' work with it", func() bool {
 					return rig.scMetric(t, "pd_sidecar_inflight_requests", nil) == 0 && running(t, rig.prefill) == 0 &&
-						running(t, rig.decode) == 0
+						running(t, rig.decode) == 0 && rig.scMetric(t, "pd_sidecar_kv_releases_total", nil) == tc.releases
 				})
 				assert.Equal(t, lane, rig.scMetric(t, laneRequests, nil), "the lane's requests (whole: %v)", whole)
 				o.sidecar = series(harness.Scrape(t, rig.sc.URL()+"/metrics"), splitCountered)

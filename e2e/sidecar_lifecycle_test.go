@@ -81,7 +81,9 @@ func TestSidecarClientCancelWaitingForFirstToken(t *testing.T) {
 	t.Run("in decode kv pull", func(t *testing.T) {
 		prefill := harness.StartEngineSim(t, "prefill", "--kv-bandwidth", "2000")
 		decode := harness.StartEngineSim(t, "decode", "--kv-bandwidth", "2000")
-		sc := harness.StartSidecar(t, decode.Port)
+		// No release leg (kvrelease_test.go): its pull, as slow, would
+		// keep the engine running after the client left.
+		sc := harness.StartSidecar(t, decode.Port, "--release-kv-on-cancel=false")
 		cancelWhileWaiting(t, sc, "/v1/completions", completionBody(`,"max_tokens":50`),
 			map[string]string{"x-prefiller-host-port": prefill.HostPort()}, decode, prefill, decode)
 	})

@@ -24,7 +24,9 @@ import (
 // engine sees the request abandoned. An engine whose stream begins in time
 // is not bounded after it.
 func TestSidecarDecodeFirstByteTimeout(t *testing.T) {
-	rig := newRig(t, "--decode-first-byte-timeout", "300ms")
+	// No release legs for the splits' unread KV (kvrelease_test.go): they
+	// would add decode legs to the engine's counts.
+	rig := newRig(t, "--decode-first-byte-timeout", "300ms", "--release-kv-on-cancel=false")
 	body := chatBody(`,"max_tokens":4,"stream":true`)
 	cases := []struct {
 		name  string
@@ -175,7 +177,9 @@ func streamedText(s string) string {
 // back, so no 200 went out — on the local and the disaggregated path, on
 // the lane and on fasthttp's.
 func TestSidecarStreamEndsBeforeAnyEvent(t *testing.T) {
-	rig := newRig(t)
+	// No release legs for the splits' unread KV (kvrelease_test.go): they
+	// would add decode legs to the engine's counts.
+	rig := newRig(t, "--release-kv-on-cancel=false")
 	body := chatBody(`,"max_tokens":4,"stream":true`)
 	n := 0.0
 	for _, pd := range []bool{false, true} {

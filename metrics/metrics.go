@@ -47,6 +47,21 @@ const (
 	KVSourceMalformed = "malformed"
 )
 
+// KV release outcomes (the how label of kv_releases_total): what became of
+// a prefill handoff whose decode never read the KV (--release-kv-on-cancel).
+const (
+	// KVReleaseDecodeLeg: a one-token decode leg read the KV; the
+	// prefiller freed it.
+	KVReleaseDecodeLeg = "decode_leg"
+	// KVReleaseFailed: the release leg failed (transport error, timeout,
+	// non-200, or a body that could not be built); the prefiller keeps the
+	// KV until its own timeout.
+	KVReleaseFailed = "failed"
+	// KVReleaseOverLimit: not sent, as many release legs were in flight as
+	// allowed.
+	KVReleaseOverLimit = "over_limit"
+)
+
 // Metrics holds the sidecar's collectors.
 type Metrics struct {
 	// Requests counts finished inference requests by mode and status code.
@@ -73,6 +88,10 @@ type Metrics struct {
 	// ClientDisconnects counts requests whose client left before the answer
 	// was complete, by the phase it was in.
 	ClientDisconnects *prometheus.CounterVec
+	// KVReleases counts prefill handoffs whose decode never read the KV
+	// (the client left first) by what the sidecar did to free the
+	// prefiller's blocks (KVReleaseDecodeLeg, ...).
+	KVReleases *prometheus.CounterVec
 	// PrefillLegFailures counts prefill legs of a concurrent choreography
 	// (sglang, mooncake, offloading) that failed, by reason (a fallback reason, or
 	// "rejected" for a 4xx).
@@ -168,6 +187,10 @@ func New(reg prometheus.Registerer, maxPrefillers int) *Metrics {
 			Name: "pd_sidecar_client_disconnects_total",
 			Help: "Requests whose client left before the answer was complete; upstream legs were cancelled.",
 		}, []string{"phase"}),
+		KVReleases: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "pd_sidecar_kv_releases_total",
+			Help: "Prefill handoffs whose decode leg never read the KV (the client left first), by how the prefiller's blocks were freed: decode_leg (a one-token decode read them), failed, over_limit (not sent).",
+		}, []string{"how"}),
 		PrefillLegFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "pd_sidecar_prefill_leg_failures_total",
 			Help: "Prefill legs sent concurrently with the decode leg (sglang, mooncake, offloading) that failed, by reason.",
@@ -202,7 +225,10 @@ func New(reg prometheus.Registerer, maxPrefillers int) *Metrics {
 	}
 	reg.MustRegister(m.PrefillLegFailures, m.KVSources, m.DecodeFirst, m.LoopStreams, m.LoopHandoffs, m.LoopRequests)
 	reg.MustRegister(m.Requests, m.Fallbacks, m.PrefillDuration, m.KVTransferDuration,
-		m.TTFT, m.KVLoadFailures, m.Inflight, m.PrefillRetries, m.ClientDisconnects)
+		m.TTFT, m.KVLoadFailures, m.Inflight, m.PrefillRetries, m.ClientDisconnects, m.KVReleases)
+	for _, h := range []string{KVReleaseDecodeLeg, KVReleaseFailed, KVReleaseOverLimit} {
+		m.KVReleases.WithLabelValues(h)
+	}
 	for _, o := range []string{KVSourceUsed, KVSourcePrefiller, KVSourceOwnRank, KVSourceNotAllowed, KVSourceMalformed} {
 		m.KVSources.WithLabelValues(o)
 	}

@@ -60,6 +60,11 @@ type Config struct {
 	PrefillFallback bool
 	// OnKVLoadFailure is KVFailLocalPrefill or KVFailError.
 	OnKVLoadFailure string
+	// ReleaseKVOnCancel frees the prefiller's KV of a split whose decode
+	// leg never read it (the client left first): a one-token decode leg
+	// with the handoff is sent to the local engine in the background
+	// (kvrelease.go). Only for connectors whose decoder pulls (nixlv2).
+	ReleaseKVOnCancel bool
 	// DecodeTPSize is the local engine's tensor-parallel size; a prefill
 	// answer with a larger tp_size degrades to local prefill. 0 disables
 	// the check.
@@ -121,6 +126,7 @@ func DefaultConfig() Config {
 		ConnectTimeout:         2 * time.Second,
 		PrefillFallback:        true,
 		OnKVLoadFailure:        KVFailLocalPrefill,
+		ReleaseKVOnCancel:      true,
 		MaxRequestBodyBytes:    32 << 20,
 		MaxUpstreamAnswerBytes: DefaultMaxUpstreamAnswerBytes,
 		ShutdownGrace:          30 * time.Second,

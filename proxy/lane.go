@@ -1150,6 +1150,7 @@ func (lc *laneConn) finish() {
 		return
 	}
 	lc.dropHedge()
+	lc.releaseKV() // kvrelease.go: before the split's buffers are given back
 	lc.r, lc.prefill = nil, false
 	lc.putSent()
 	lc.dropReqBody()

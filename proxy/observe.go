@@ -203,6 +203,7 @@ func (r *request) decodeStarted(remote bool) {
 // sent at sent produced its first output (ok) or a KV load failure.
 func (r *request) kvHandoffDone(sent time.Time, ok bool) {
 	d := time.Since(sent)
+	r.kvPending = nil // the engine read the KV, or tried (kvrelease.go)
 	r.p.m.KVTransferDuration.WithLabelValues(r.label).Observe(d.Seconds())
 	r.obs.kvDur, r.obs.kvOK = d, ok
 	if ok && r.onOutput != nil {

@@ -363,6 +363,7 @@ func (r *request) prefillAnswered(status int, contentType, body []byte) (prefill
 		return prefillResult{}, &rejected{status: status, contentType: string(contentType), body: body}
 	}
 	h, err := r.p.seq.ParsePrefill(r.api, body)
+	r.awaitKVRead(h, err) // kvrelease.go
 	return prefillResult{handoff: h, body: body}, err
 }
 

@@ -54,6 +54,7 @@ type Proxy struct {
 	kv       *kvPull     // sidecar-driven KV pull (see EnableKVPull); nil: off
 	warm     *prewarmer  // --prefill-prewarm (prewarm.go); nil: off
 	hedge    *hedger     // hedged prefill (hedge.go); nil: off
+	kvr      *kvReleaser // frees a prefiller's KV nobody read (kvrelease.go); nil: off
 	armer    *watchArmer // client-connection watches (watch.go)
 	bufs     streamBufs  // per-stream buffers for reuse (sse.go)
 	// loops carry open streams (loopstream.go); nil: each stream keeps its
@@ -112,6 +113,7 @@ func New(cfg Config, conn connectors.Connector, m *metrics.Metrics, gatherer pro
 	if cfg.PrefillPrewarm {
 		p.warm = newPrewarmer(p)
 	}
+	p.kvr = newKVReleaser(p)
 	return p, nil
 }
 

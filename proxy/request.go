@@ -62,6 +62,10 @@ type request struct {
 	// held is the buffer budget's share of the answers read whole that
 	// the request keeps until it finishes (a prefill answer's copy).
 	held AnswerHold
+	// kvPending is the prefill's handoff while the decode engine has not
+	// read its KV: set when the prefill answer is parsed, cleared by the
+	// decode leg's first output or KV load failure (kvrelease.go).
+	kvPending *connectors.Handoff
 }
 
 // hopHeaders are connection-scoped and never forwarded.
@@ -119,6 +123,7 @@ func (r *request) logger() *zerolog.Logger {
 
 // finish ends the request's bookkeeping; the last owner calls it.
 func (r *request) finish() {
+	r.releaseKV(nil) // kvrelease.go
 	r.held.Release()
 	r.report()
 	r.p.guard.release()

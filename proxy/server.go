@@ -132,6 +132,7 @@ func (p *Proxy) Run(ctx context.Context) error {
 	if p.loops != nil {
 		p.loops.Close() // ends what is left
 	}
+	p.kvr.stop() // the release legs still in flight (kvrelease.go)
 	p.tr.Close()
 	if p.encTr != nil {
 		p.encTr.Close()
