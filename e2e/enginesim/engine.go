@@ -49,7 +49,8 @@ func (s *Sim) classify(g *genRequest, rid string) legKind {
 }
 
 // execute runs one admitted inference request and writes its answer.
-func (s *Sim) execute(ctx context.Context, w http.ResponseWriter, g *genRequest, leg legKind, f Faults, o *output) {
+func (s *Sim) execute(ctx context.Context, w http.ResponseWriter, g *genRequest, leg legKind, a applied, o *output) {
+	f := a.Faults
 	start := time.Now()
 	out := newSink(w, g.stream, f.DieAfterChunks)
 	s.m.waiting.Inc()
@@ -66,6 +67,16 @@ func (s *Sim) execute(ctx context.Context, w http.ResponseWriter, g *genRequest,
 				s.m.waiting.Dec()
 				return
 			}
+		}
+	}
+	if a.slowed {
+		// A slow prefill: the request waits before it queues for a slot
+		// and computes, as behind a long queue.
+		s.m.faultsInjected.WithLabelValues("slow").Inc()
+		s.log.Debug().Str("request_id", o.requestID).Dur("delay", a.slow).Msg("slow-prefill fault")
+		if !sleep(ctx, a.slow) {
+			s.m.waiting.Dec()
+			return
 		}
 	}
 	select {

@@ -113,7 +113,7 @@ func (s *Sim) inference(a api) http.HandlerFunc {
 		}
 		leg := s.classify(g, rid)
 		f := s.faults.take(leg)
-		if !s.injectFaults(w, r, f) {
+		if !s.injectFaults(w, r, f.Faults) {
 			return
 		}
 		o := &output{api: a, requestID: rid, model: s.cfg.Model, created: time.Now().Unix()}
