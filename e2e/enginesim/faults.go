@@ -111,6 +111,14 @@ const (
 	legDecode  legKind = "decode"
 )
 
+// label names k in metrics: "prefill", "decode" or "local".
+func (k legKind) label() string {
+	if k == legLocal {
+		return "local"
+	}
+	return string(k)
+}
+
 // applied is the part of a plan that applies to one request.
 type applied struct {
 	Faults
