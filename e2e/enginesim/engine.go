@@ -48,16 +48,23 @@ func (s *Sim) classify(g *genRequest, rid string) legKind {
 	return legLocal
 }
 
-// execute runs one admitted inference request and writes its answer.
-func (s *Sim) execute(ctx context.Context, w http.ResponseWriter, g *genRequest, leg legKind, f Faults, o *output) {
+// execute runs one admitted inference request and writes its answer. Every
+// wait (the slow-prefill fault, the queue, the prefill, a KV pull, each
+// decode step) ends when the client leaves, and the request then stops and
+// frees what it holds; o.ended tells the caller whether the answer was
+// finished (see countCancelled).
+func (s *Sim) execute(ctx context.Context, w http.ResponseWriter, g *genRequest, leg legKind, a applied, o *output) {
+	f := a.Faults
 	start := time.Now()
 	out := newSink(w, g.stream, f.DieAfterChunks)
+	defer func() { o.ended = o.ended || out.ended }()
 	s.m.waiting.Inc()
 	if g.stream {
 		out.start()
 		if f.DieAfterHead {
 			s.m.faultsInjected.WithLabelValues("die_after_head").Inc()
 			s.m.waiting.Dec()
+			out.ended = true // cut by the engine, not by the client
 			panic(http.ErrAbortHandler)
 		}
 		if f.AfterHeadMS > 0 {
@@ -66,6 +73,16 @@ func (s *Sim) execute(ctx context.Context, w http.ResponseWriter, g *genRequest,
 				s.m.waiting.Dec()
 				return
 			}
+		}
+	}
+	if a.slowed {
+		// A slow prefill: the request waits before it queues for a slot
+		// and computes, as behind a long queue.
+		s.m.faultsInjected.WithLabelValues("slow").Inc()
+		s.log.Debug().Str("request_id", o.requestID).Dur("delay", a.slow).Msg("slow-prefill fault")
+		if !sleep(ctx, a.slow) {
+			s.m.waiting.Dec()
+			return
 		}
 	}
 	select {
@@ -111,21 +128,29 @@ func (s *Sim) execute(ctx context.Context, w http.ResponseWriter, g *genRequest,
 		// MoRI-IO write mode: the KV is written into the decode engine
 		// before the first token goes out (moriio.go).
 		if err := s.pushKV(ctx, g, f, hashes); err != nil {
+			if ctx.Err() != nil {
+				return // the client left
+			}
 			s.log.Error().Str("request_id", o.requestID).Err(err).Msg("MoRI-IO KV write failed")
 			out.fail(http.StatusInternalServerError, errorBody(500, "InternalServerError", "", err.Error()))
 			return
 		}
 		s.moriPrefillAnswer(g, o)
 	}
+	// held is the KV this request holds for a remote decoder until its
+	// answer is written: a client that leaves before frees it at once.
+	var held *hold
 	p2pHold := leg == legPrefill && g.p2p != nil && g.p2p.decoder != ""
 	if p2pHold {
 		// The P2P tier holds the prefill's KV under the kv_request_id
 		// before the first token, and the answer goes out as usual.
-		if err := s.holdKV(g, f, hashes, o); err != nil {
+		h, err := s.holdKV(g, f, hashes, o)
+		if err != nil {
 			s.log.Error().Str("request_id", o.requestID).Err(err).Msg("cannot hold kv for a p2p pull")
 			out.fail(http.StatusServiceUnavailable, errorBody(503, "ServiceUnavailableError", "", err.Error()))
 			return
 		}
+		held = h
 	}
 	var room *hold // the KV of an SGLang room or Mooncake transfer
 	if leg == legPrefill && (g.boot != nil || g.isMooncake()) {
@@ -133,7 +158,7 @@ func (s *Sim) execute(ctx context.Context, w http.ResponseWriter, g *genRequest,
 			// An SGLang prefill server generates the first token only.
 			maxTokens = 1
 		}
-		if err := s.holdKV(g, f, hashes, o); err != nil {
+		if _, err := s.holdKV(g, f, hashes, o); err != nil {
 			s.log.Error().Str("request_id", o.requestID).Err(err).Msg("cannot hold kv for a bootstrap room or transfer")
 			out.fail(http.StatusServiceUnavailable, errorBody(503, "ServiceUnavailableError", "", err.Error()))
 			return
@@ -142,21 +167,37 @@ func (s *Sim) execute(ctx context.Context, w http.ResponseWriter, g *genRequest,
 	}
 	if !s.generate(ctx, out, g, f, digest, maxTokens, o, start) || !s.awaitPull(ctx, room) {
 		s.releaseCancelled(room)
+		s.releaseCancelled(held)
 		return
 	}
 	if leg == legPrefill && room == nil && !p2pHold && !moriWrite && g.boot == nil && !g.isMooncake() && o.finish == "length" {
-		if err := s.holdKV(g, f, hashes, o); err != nil {
+		if ctx.Err() != nil {
+			return // the client left: hold nothing for it
+		}
+		h, err := s.holdKV(g, f, hashes, o)
+		if err != nil {
 			s.log.Error().Str("request_id", o.requestID).Err(err).Msg("cannot hold kv for remote decode")
 			out.fail(http.StatusServiceUnavailable, errorBody(503, "ServiceUnavailableError", "", err.Error()))
 			return
 		}
+		held = h
+	}
+	if ctx.Err() != nil {
+		// The client left before its answer (and the kv_transfer_params
+		// in it) was written: no decoder can learn of the KV.
+		s.releaseCancelled(held)
+		return
 	}
 	s.m.requestSuccess.WithLabelValues(o.finish).Inc()
 	s.m.e2e.Observe(time.Since(start).Seconds())
 	if g.stream {
-		_ = out.send(streamClose(o, g.includeUsage)...)
+		if out.end(streamClose(o, g.includeUsage)...) != nil {
+			s.releaseCancelled(held)
+		}
 		return
 	}
+	// Once written, the answer's hold stays until pulled or its lease ends,
+	// as a vLLM prefill engine keeps KV for the decoder it told.
 	out.json(http.StatusOK, responseJSON(o))
 }
 
@@ -334,8 +375,9 @@ func (s *Sim) pullKV(ctx context.Context, g *genRequest, f Faults, hashes []uint
 }
 
 // holdKV materialises the request's blocks and holds them for a remote
-// decoder, setting the answer's kv_transfer_params (NIXL).
-func (s *Sim) holdKV(g *genRequest, f Faults, hashes []uint64, o *output) error {
+// decoder, setting the answer's kv_transfer_params (NIXL). It returns the
+// hold.
+func (s *Sim) holdKV(g *genRequest, f Faults, hashes []uint64, o *output) (*hold, error) {
 	bb := s.blockBytes()
 	h := &hold{requestID: o.requestID + "-" + randomHex(8), tokens: len(g.prompt), corrupt: f.CorruptKV, done: make(chan struct{})}
 	if g.p2p != nil && g.p2p.decoder != "" {
@@ -360,20 +402,20 @@ func (s *Sim) holdKV(g *genRequest, f Faults, hashes []uint64, o *output) error 
 		s.m.faultsInjected.WithLabelValues("corrupt_kv").Inc()
 	}
 	if err := s.holds.add(h, lease); err != nil {
-		return err
+		return nil, err
 	}
 	s.m.remoteDecodePrefills.Inc()
 	if h.p2p != "" {
 		s.m.p2pHolds.Inc()
-		return nil
+		return h, nil
 	}
 	if h.transferID != "" {
 		s.m.mooncakePrefills.Inc()
-		return nil
+		return h, nil
 	}
 	if h.hasRoom {
 		s.m.bootstrapPrefills.Inc()
-		return nil
+		return h, nil
 	}
 	kv := s.KVAddr()
 	host := kv.IP.String()
@@ -391,9 +433,11 @@ func (s *Sim) holdKV(g *genRequest, f Faults, hashes []uint64, o *output) error 
 		"tp_size":           s.cfg.TPSize,
 	}
 	if g.kv != nil && g.kv.PullMode == PullModeSidecar && s.kva != nil {
-		return s.kva.export(h, lease, o)
+		if err := s.kva.export(h, lease, o); err != nil {
+			return nil, err
+		}
 	}
-	return nil
+	return h, nil
 }
 
 // writeLoadFailure answers a KV load failure under the "fail" policy the way
@@ -404,7 +448,7 @@ func (s *Sim) writeLoadFailure(out *sink, o *output) {
 		out.json(http.StatusInternalServerError, internalErrorBody())
 		return
 	}
-	_ = out.send(append(streamOpen(o), streamError()...)...)
+	_ = out.end(append(streamOpen(o), streamError()...)...)
 }
 
 // sleep waits d or until ctx ends; it reports whether d passed.

@@ -1,6 +1,7 @@
 package enginesim
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"io"
@@ -112,11 +113,12 @@ func (s *Sim) inference(a api) http.HandlerFunc {
 			return
 		}
 		leg := s.classify(g, rid)
+		o := &output{api: a, requestID: rid, model: s.cfg.Model, created: time.Now().Unix()}
+		defer s.countCancelled(ctx, leg, o)
 		f := s.faults.take(leg)
-		if !s.injectFaults(w, r, f) {
+		if !s.injectFaults(w, r, f.Faults, o) {
 			return
 		}
-		o := &output{api: a, requestID: rid, model: s.cfg.Model, created: time.Now().Unix()}
 		if la, ok := ctx.Value(http.LocalAddrContextKey).(*net.TCPAddr); ok {
 			o.localHost = la.IP.String()
 		}
@@ -137,11 +139,16 @@ func (s *Sim) inference(a api) http.HandlerFunc {
 		// the prompt first.
 		if s.cfg.Role == RoleEncode {
 			s.serveEncode(w, r, g, o)
+			o.ended = true
 			return
 		}
 		if err := s.resolveMM(ctx, g); err != nil {
+			if ctx.Err() != nil {
+				return // the client left
+			}
 			s.log.Error().Str("request_id", rid).Err(err).Msg("encoder cache load failed")
 			writeError(w, http.StatusInternalServerError, "InternalServerError", "", err.Error())
+			o.ended = true
 			return
 		}
 		s.log.Debug().Str("request_id", rid).Str("path", r.URL.Path).Str("leg", string(leg)).
@@ -150,9 +157,21 @@ func (s *Sim) inference(a api) http.HandlerFunc {
 	}
 }
 
+// countCancelled counts a request whose client left before its answer was
+// finished (o.ended unset), once, by the leg's kind; deferred by the
+// handler, it sees every way a request ends.
+func (s *Sim) countCancelled(ctx context.Context, leg legKind, o *output) {
+	if o.ended || ctx.Err() == nil {
+		return
+	}
+	s.m.requestsCancelled.WithLabelValues(leg.label()).Inc()
+	s.log.Info().Str("request_id", o.requestID).Str("kind", leg.label()).Msg("client left before the answer; request cancelled")
+}
+
 // injectFaults applies the request-level faults of f; it reports whether the
-// request should still be served.
-func (s *Sim) injectFaults(w http.ResponseWriter, r *http.Request, f Faults) bool {
+// request should still be served. A request the faults answer or cut is
+// marked ended in o.
+func (s *Sim) injectFaults(w http.ResponseWriter, r *http.Request, f Faults, o *output) bool {
 	ctx := r.Context()
 	if f.LatencyMS > 0 {
 		s.m.faultsInjected.WithLabelValues("latency").Inc()
@@ -163,6 +182,7 @@ func (s *Sim) injectFaults(w http.ResponseWriter, r *http.Request, f Faults) boo
 	switch {
 	case f.Refuse:
 		s.m.faultsInjected.WithLabelValues("refuse").Inc()
+		o.ended = true
 		if hj, ok := w.(http.Hijacker); ok {
 			if c, _, err := hj.Hijack(); err == nil {
 				if tc, ok := c.(*net.TCPConn); ok {
@@ -180,6 +200,7 @@ func (s *Sim) injectFaults(w http.ResponseWriter, r *http.Request, f Faults) boo
 	case f.Status != 0:
 		s.m.faultsInjected.WithLabelValues("status").Inc()
 		writeError(w, f.Status, errorType(f.Status), "", "injected fault: status "+http.StatusText(f.Status))
+		o.ended = true
 		return false
 	}
 	if f.DieAfterChunks > 0 {

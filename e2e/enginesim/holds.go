@@ -32,6 +32,9 @@ type hold struct {
 	// p2p is the P2P pull kind it is served for ("prefill": held under a
 	// kv_request_id; "source": prefix blocks, never stored); "" otherwise.
 	p2p string
+	// exported marks a hold handed to the kvtransfer agent (kvagent.go),
+	// which owns its lease and ends it.
+	exported bool
 	// done is closed when the hold ends (pulled, released or expired); nil
 	// for holds that nobody waits on.
 	done chan struct{}

@@ -176,6 +176,7 @@ func (k *kvAgent) export(h *hold, lease time.Duration, o *output) error {
 		k.s.holds.release(h)
 		return err
 	}
+	h.exported = true
 	src.Agent, src.Transport = k.addr(o.localHost), k.tr.Name()
 	o.kv["kv_source"] = src
 	return nil

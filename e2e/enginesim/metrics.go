@@ -32,6 +32,7 @@ type simMetrics struct {
 	faultsInjected                      *prometheus.CounterVec
 	badRequests                         *prometheus.CounterVec
 	continuedMessages                   prometheus.Counter
+	requestsCancelled                   *prometheus.CounterVec
 }
 
 func newSimMetrics(reg prometheus.Registerer, model string) *simMetrics {
@@ -97,6 +98,8 @@ func newSimMetrics(reg prometheus.Registerer, model string) *simMetrics {
 		p2pPulls:             counterVec("sim_p2p_pulls_total", "Completed P2P pulls, by kind (prefill: remote_prefiller; source: remote_kv_source).", "kind"),
 		p2pBlocksPulled:      counterVec("sim_p2p_blocks_pulled_total", "KV blocks pulled over the P2P tier, by kind.", "kind"),
 		p2pPullFailures:      counterVec("sim_p2p_pull_failures_total", "Failed P2P pulls, by kind.", "kind"),
+		requestsCancelled: counterVec("sim_requests_cancelled_total",
+			"Inference requests whose client left before the answer was finished (work stopped, KV freed), by leg kind (prefill, decode, local).", "kind"),
 	}
 	// Both kinds are exported from the start, so a scrape shows 0.
 	for _, k := range []string{p2pPrefill, p2pSource} {
@@ -104,6 +107,9 @@ func newSimMetrics(reg prometheus.Registerer, model string) *simMetrics {
 		m.p2pPulls.WithLabelValues(k)
 		m.p2pBlocksPulled.WithLabelValues(k)
 		m.p2pPullFailures.WithLabelValues(k)
+	}
+	for _, k := range []legKind{legPrefill, legDecode, legLocal} {
+		m.requestsCancelled.WithLabelValues(k.label())
 	}
 	return m
 }

@@ -210,9 +210,20 @@ func (s *Sim) awaitPull(ctx context.Context, h *hold) bool {
 	}
 }
 
-// releaseCancelled frees the KV of a prefill whose request was cancelled.
+// releaseCancelled frees the KV of a prefill whose request was cancelled
+// (nil: nothing held). A hold already pulled or expired is left alone and
+// not counted.
 func (s *Sim) releaseCancelled(h *hold) {
-	if h == nil || !s.holds.release(h) {
+	if h == nil {
+		return
+	}
+	var freed bool
+	if h.exported {
+		freed = s.kva.agent.Drop(h.requestID) // its OnRelease frees the blocks
+	} else {
+		freed = s.holds.release(h)
+	}
+	if !freed {
 		return
 	}
 	s.m.kvReleasedOnCancel.Inc()

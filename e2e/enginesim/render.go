@@ -24,6 +24,9 @@ type output struct {
 	localHost string
 	// chunkPrefix caches the constant head of a streamed chunk.
 	chunkPrefix []byte
+	// ended is set once the engine finished the request's answer (or cut
+	// it by a fault): a client that leaves after that did not cancel it.
+	ended bool
 }
 
 func (o *output) text() string {

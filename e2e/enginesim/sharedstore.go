@@ -177,7 +177,7 @@ func (s *Sim) declineThreshold(out *sink, g *genRequest, o *output, hit int) {
 		evs = []sseEvent{dataEvent(map[string]any{"id": o.id, "object": "text_completion", "created": o.created, "model": o.model,
 			"choices": []any{map[string]any{"index": 0, "text": "", "logprobs": nil, "finish_reason": finishCacheThreshold}}}), doneEvent}
 	}
-	_ = out.send(evs...)
+	_ = out.end(evs...)
 }
 
 // thresholdJSON is the JSON answer of a declined request.

@@ -14,6 +14,11 @@ type sink struct {
 	started  bool
 	events   int
 	dieAfter int
+	// ended is set once the engine has finished the answer: a JSON body
+	// or a stream's last events written, or the connection cut by a
+	// fault. A request whose client leaves before it is not ended was
+	// cancelled.
+	ended bool
 }
 
 func newSink(w http.ResponseWriter, stream bool, dieAfter int) *sink {
@@ -43,6 +48,7 @@ func (k *sink) send(evs ...sseEvent) error {
 	for _, ev := range evs {
 		if k.dieAfter > 0 && k.events >= k.dieAfter {
 			k.flush()
+			k.ended = true
 			panic(http.ErrAbortHandler)
 		}
 		buf = buf[:0]
@@ -63,6 +69,16 @@ func (k *sink) send(evs ...sseEvent) error {
 	return nil
 }
 
+// end writes a stream's last events and marks the answer ended when they
+// were written.
+func (k *sink) end(evs ...sseEvent) error {
+	if err := k.send(evs...); err != nil {
+		return err
+	}
+	k.ended = true
+	return nil
+}
+
 func (k *sink) flush() {
 	if f, ok := k.w.(http.Flusher); ok {
 		f.Flush()
@@ -75,6 +91,7 @@ func (k *sink) json(status int, body []byte) {
 	h.Set("Content-Type", "application/json")
 	h.Set("Content-Length", strconv.Itoa(len(body)))
 	k.w.WriteHeader(status)
+	k.ended = true
 	if k.dieAfter > 0 {
 		_, _ = k.w.Write(body[:len(body)/2])
 		k.flush()
@@ -87,7 +104,7 @@ func (k *sink) json(status int, body []byte) {
 // SSE error event and [DONE].
 func (k *sink) fail(status int, body []byte) {
 	if k.started {
-		_ = k.send(sseEvent{data: body}, doneEvent)
+		_ = k.end(sseEvent{data: body}, doneEvent)
 		return
 	}
 	k.json(status, body)
