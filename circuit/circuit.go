@@ -3,6 +3,12 @@
 // straight to local prefill), then one probe request is let through
 // (half-open); its success closes the circuit, its failure opens it again.
 // A dead prefill pod thus costs a few timeouts, not one per request.
+//
+// An open circuit can also be probed from outside the request path (the
+// proxy's prober connects to the prefiller): Probes lists the circuits worth
+// a probe and Probed records what one found. A probe that found the
+// prefiller back ends the cool-down at once, so the next request is the
+// half-open trial without waiting for it.
 package circuit
 
 import (
@@ -24,6 +30,12 @@ const (
 	// Neutral: no verdict (the client left, the request was bad); a
 	// half-open probe slot is released for the next request.
 	Neutral
+	// Unreachable: a Failure where nothing answered the request: the
+	// connection was refused, reset or closed first. A circuit opened by
+	// one is what a connect probe can see end (Probes); after a timeout or
+	// a 5xx the prefiller's port most likely accepted connections all along,
+	// so a connect says nothing and only the cool-down's trial decides.
+	Unreachable
 )
 
 // State of one prefiller's circuit.
@@ -57,6 +69,10 @@ type Config struct {
 	Failures int
 	// Cooldown is how long an open circuit refuses requests before a probe.
 	Cooldown time.Duration
+	// ProbeInterval is how often the proxy's prober connects to the
+	// prefillers whose circuit Probes lists (a connect that succeeds ends
+	// the cool-down); 0: no probing, the cool-down alone decides.
+	ProbeInterval time.Duration
 	// MaxTracked bounds the prefillers tracked at once (their addresses come
 	// from a client header); past it, closed circuits are forgotten first,
 	// and an untracked prefiller is treated as closed.
@@ -65,9 +81,10 @@ type Config struct {
 	Now func() time.Time
 }
 
-// DefaultConfig returns 3 failures, a 5 s cool-down and 1024 prefillers.
+// DefaultConfig returns 3 failures, a 5 s cool-down, a probe every 250 ms
+// and 1024 prefillers.
 func DefaultConfig() Config {
-	return Config{Failures: 3, Cooldown: 5 * time.Second, MaxTracked: 1024}
+	return Config{Failures: 3, Cooldown: 5 * time.Second, ProbeInterval: 250 * time.Millisecond, MaxTracked: 1024}
 }
 
 // Validate reports the first invalid setting, as one line.
@@ -77,6 +94,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("--circuit-breaker-failures must be >= 0, got %d", c.Failures)
 	case c.Failures > 0 && c.Cooldown <= 0:
 		return fmt.Errorf("--circuit-breaker-cooldown must be > 0, got %v", c.Cooldown)
+	case c.ProbeInterval < 0:
+		return fmt.Errorf("--circuit-probe-interval must be >= 0, got %v", c.ProbeInterval)
 	case c.MaxTracked <= 0:
 		return errors.New("circuit breaker: max tracked prefillers must be > 0")
 	}
@@ -87,6 +106,19 @@ type entry struct {
 	state    State
 	failures int
 	openedAt time.Time
+	// unreachable: the failure that last opened the circuit was
+	// Unreachable, so a connect probe can tell when it ends.
+	unreachable bool
+	// probeUp: a probe found the prefiller back since the circuit last
+	// opened; the next request is admitted as the half-open trial.
+	probeUp bool
+	// distrusted: a trial admitted on a probe's word failed; probes are
+	// not listed again until the circuit closes (the entry goes), so a
+	// prefiller that accepts connections but fails requests gets one
+	// extra trial per outage, not one per probe.
+	distrusted bool
+	// lastProbe is when a probe last reported on the circuit.
+	lastProbe time.Time
 }
 
 // Breakers is a bounded set of per-key circuit breakers, safe for
@@ -131,7 +163,7 @@ func (b *Breakers) Allow(key string) (*Ticket, bool) {
 	}
 	switch e.state {
 	case Open:
-		if b.now().Sub(e.openedAt) < b.cfg.Cooldown {
+		if !e.probeUp && b.now().Sub(e.openedAt) < b.cfg.Cooldown {
 			return nil, false
 		}
 		e.state = HalfOpen
@@ -165,7 +197,7 @@ func (b *Breakers) report(key string, probe bool, r Result) {
 			e.state = Open // the next request probes at once
 			e.openedAt = time.Time{}
 		}
-	case Failure:
+	case Failure, Unreachable:
 		if e == nil {
 			if !b.makeRoom() {
 				return
@@ -175,14 +207,66 @@ func (b *Breakers) report(key string, probe bool, r Result) {
 		}
 		switch {
 		case probe:
-			e.state, e.openedAt = Open, b.now()
+			e.state, e.openedAt, e.unreachable = Open, b.now(), r == Unreachable
+			e.distrusted = e.distrusted || e.probeUp
+			e.probeUp = false
 		case e.state == Closed:
 			e.failures++
 			if e.failures >= b.cfg.Failures {
-				e.state, e.openedAt = Open, b.now()
+				e.state, e.openedAt, e.unreachable = Open, b.now(), r == Unreachable
 			}
 		}
 	}
+}
+
+// probeable: the circuit is open, and a connect probe may end its
+// cool-down.
+func (e *entry) probeable() bool {
+	return e.state == Open && e.unreachable && !e.probeUp && !e.distrusted
+}
+
+// Probes returns up to limit prefillers whose circuit is open and worth a
+// connect probe: opened by an Unreachable failure, not found back by a
+// probe already (its trial is pending), not distrusted. Map order picks
+// which ones when more are open, so a later call may pick others.
+func (b *Breakers) Probes(limit int) []string {
+	if b == nil || b.cfg.Failures == 0 || limit <= 0 {
+		return nil
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	var keys []string
+	for k, e := range b.entries {
+		if e.probeable() {
+			keys = append(keys, k)
+			if len(keys) == limit {
+				break
+			}
+		}
+	}
+	return keys
+}
+
+// Probed records a probe of key: up means the prefiller accepted a
+// connection. On an open circuit that Probes would list, up ends the
+// cool-down: the next request is admitted as the half-open trial, whose
+// result closes or reopens the circuit as a cool-down's trial does. It
+// reports whether the circuit now admits that trial.
+func (b *Breakers) Probed(key string, up bool) bool {
+	if b == nil {
+		return false
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	e := b.entries[key]
+	if e == nil || e.state != Open {
+		return false
+	}
+	e.lastProbe = b.now()
+	if up && e.unreachable && !e.distrusted {
+		e.probeUp = true
+	}
+	return e.probeUp
 }
 
 // makeRoom frees a slot when the set is full, forgetting a closed circuit;
@@ -211,6 +295,38 @@ func (b *Breakers) State(key string) State {
 		return e.state
 	}
 	return Closed
+}
+
+// Info is what is known of one circuit.
+type Info struct {
+	State State
+	// Probing: the circuit is open and listed by Probes.
+	Probing bool
+	// ProbeUp: a probe found the prefiller back; the next request is the
+	// half-open trial.
+	ProbeUp bool
+	// LastProbe is when a probe last reported (zero: never since the
+	// circuit was last closed).
+	LastProbe time.Time
+}
+
+// Info returns what is known of key's circuit.
+func (b *Breakers) Info(key string) Info {
+	if b == nil {
+		return Info{}
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	e := b.entries[key]
+	if e == nil {
+		return Info{}
+	}
+	return Info{
+		State:     e.state,
+		Probing:   e.probeable(),
+		ProbeUp:   e.state == Open && e.probeUp,
+		LastProbe: e.lastProbe,
+	}
 }
 
 // Len is the number of tracked prefillers (at most MaxTracked).

@@ -123,18 +123,161 @@ func TestBreakerConcurrent(t *testing.T) {
 		wg.Go(func() {
 			for i := range 1000 {
 				if tk, ok := b.Allow(fmt.Sprint(i % 32)); ok {
-					tk.Done(Result((i + g) % 3))
+					tk.Done(Result((i + g) % 4))
 				}
 			}
 		})
 	}
+	wg.Go(func() { // a prober
+		for i := range 1000 {
+			for _, k := range b.Probes(8) {
+				b.Probed(k, i%2 == 0)
+			}
+		}
+	})
 	wg.Wait()
 	assert.LessOrEqual(t, b.Len(), 16)
 }
 
+// open fails key with r until its circuit opens (Failures times).
+func open(t *testing.T, b *Breakers, key string, r Result) {
+	t.Helper()
+	for range b.cfg.Failures {
+		tk, ok := b.Allow(key)
+		require.True(t, ok, key)
+		tk.Done(r)
+	}
+	require.Equal(t, Open, b.State(key))
+}
+
+func TestBreakerProbes(t *testing.T) {
+	// A step: a probe's result ("up", "down"), the cool-down passing
+	// ("wait"), nothing ("check"), or a request ("ok", "fail",
+	// "unreachable", "neutral": the result it reports when admitted);
+	// then what holds after it.
+	type step struct {
+		do     string
+		admit  bool // a request: whether it was admitted
+		state  State
+		listed bool // Probes lists the circuit
+	}
+	tests := []struct {
+		name   string
+		opened Result
+		steps  []step
+	}{
+		{"a probe that finds it back admits the trial at once", Unreachable, []step{
+			{do: "check", state: Open, listed: true},
+			{do: "ok", admit: false, state: Open, listed: true},
+			{do: "down", state: Open, listed: true},
+			{do: "ok", admit: false, state: Open, listed: true},
+			{do: "up", state: Open, listed: false},
+			{do: "ok", admit: true, state: Closed, listed: false},
+			{do: "ok", admit: true, state: Closed, listed: false},
+		}},
+		{"timeouts and 5xx are not probed: the port may have accepted all along", Failure, []step{
+			{do: "check", state: Open, listed: false},
+			{do: "up", state: Open, listed: false},
+			{do: "ok", admit: false, state: Open, listed: false},
+			{do: "wait", state: Open, listed: false},
+			{do: "ok", admit: true, state: Closed, listed: false},
+		}},
+		{"a failed trial on a probe's word: probes are ignored until the circuit closes", Unreachable, []step{
+			{do: "up", state: Open, listed: false},
+			{do: "unreachable", admit: true, state: Open, listed: false},
+			{do: "up", state: Open, listed: false},
+			{do: "ok", admit: false, state: Open, listed: false},
+			{do: "wait", state: Open, listed: false},
+			{do: "ok", admit: true, state: Closed, listed: false},
+		}},
+		{"a trial with no verdict keeps the probe's word", Unreachable, []step{
+			{do: "up", state: Open, listed: false},
+			{do: "neutral", admit: true, state: Open, listed: false},
+			{do: "ok", admit: true, state: Closed, listed: false},
+		}},
+		{"a timed-out trial after the cool-down opens it unprobed", Unreachable, []step{
+			{do: "wait", state: Open, listed: true},
+			{do: "fail", admit: true, state: Open, listed: false},
+			{do: "up", state: Open, listed: false},
+			{do: "ok", admit: false, state: Open, listed: false},
+		}},
+		{"a refused trial after the cool-down keeps it probed", Failure, []step{
+			{do: "wait", state: Open, listed: false},
+			{do: "unreachable", admit: true, state: Open, listed: true},
+			{do: "up", state: Open, listed: false},
+			{do: "ok", admit: true, state: Closed, listed: false},
+		}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			b, c := newBreakers(2, 10)
+			open(t, b, "p", tc.opened)
+			for i, s := range tc.steps {
+				switch s.do {
+				case "up", "down":
+					b.Probed("p", s.do == "up")
+				case "wait":
+					c.add(time.Second)
+				case "check":
+				default:
+					r := map[string]Result{"ok": Success, "fail": Failure, "unreachable": Unreachable, "neutral": Neutral}[s.do]
+					tk, ok := b.Allow("p")
+					require.Equal(t, s.admit, ok, "step %d (%s): admitted", i, s.do)
+					if ok {
+						tk.Done(r)
+					}
+				}
+				assert.Equal(t, s.state, b.State("p"), "step %d (%s): state", i, s.do)
+				listed := b.Probes(10)
+				assert.Equal(t, s.listed, len(listed) == 1, "step %d (%s): listed %v", i, s.do, listed)
+				in := b.Info("p")
+				assert.Equal(t, s.listed, in.Probing, "step %d (%s): Info.Probing", i, s.do)
+			}
+		})
+	}
+}
+
+func TestBreakerProbeInfoAndBounds(t *testing.T) {
+	b, c := newBreakers(1, 100)
+	assert.False(t, b.Probed("nobody:1", true), "a closed circuit has nothing to probe")
+	assert.Zero(t, b.Len(), "nor is it tracked by a probe")
+	for i := range 10 {
+		open(t, b, fmt.Sprintf("p%d:1", i), Unreachable)
+	}
+	assert.Len(t, b.Probes(3), 3, "a round is bounded")
+	assert.Len(t, b.Probes(100), 10)
+	assert.Empty(t, b.Probes(0))
+
+	c.add(100 * time.Millisecond)
+	assert.False(t, b.Probed("p0:1", false))
+	in := b.Info("p0:1")
+	assert.Equal(t, Info{State: Open, Probing: true, LastProbe: c.now()}, in)
+	assert.True(t, b.Probed("p0:1", true))
+	in = b.Info("p0:1")
+	assert.Equal(t, Info{State: Open, ProbeUp: true, LastProbe: c.now()}, in)
+
+	// A trial in flight (half-open) is not probed, nor changed by a probe.
+	c.add(time.Second)
+	tk, ok := b.Allow("p1:1")
+	require.True(t, ok)
+	assert.Equal(t, HalfOpen, b.State("p1:1"))
+	assert.NotContains(t, b.Probes(100), "p1:1")
+	assert.False(t, b.Probed("p1:1", true))
+	tk.Done(Success)
+	assert.Equal(t, Info{}, b.Info("p1:1"), "closed: nothing remembered")
+
+	off, _ := newBreakers(0, 10)
+	assert.Empty(t, off.Probes(10), "no breaker, nothing to probe")
+	var nilB *Breakers
+	assert.Empty(t, nilB.Probes(10))
+	assert.False(t, nilB.Probed("p", true))
+	assert.Equal(t, Info{}, nilB.Info("p"))
+}
+
 func TestConfigValidate(t *testing.T) {
 	require.NoError(t, DefaultConfig().Validate())
-	for _, c := range []Config{{Failures: -1, MaxTracked: 1}, {Failures: 1, MaxTracked: 1}, {Failures: 1, Cooldown: 1}} {
+	for _, c := range []Config{{Failures: -1, MaxTracked: 1}, {Failures: 1, MaxTracked: 1}, {Failures: 1, Cooldown: 1},
+		{Failures: 1, Cooldown: 1, MaxTracked: 1, ProbeInterval: -1}} {
 		assert.Error(t, c.Validate(), "%+v", c)
 	}
 }

@@ -27,6 +27,14 @@ const (
 	RejectUnknownRank = "unknown_data_parallel_rank"
 )
 
+// Circuit probe results (the result label of circuit_probes_total).
+const (
+	// ProbeUp: the prefiller accepted the probe's connection.
+	ProbeUp = "up"
+	// ProbeDown: the connection was refused or timed out.
+	ProbeDown = "down"
+)
+
 // SanitizedFields are the client connector fields removed from request
 // bodies (the field label of requests_sanitized_total; the same names as
 // connectors.ClientFieldNames).
@@ -45,6 +53,9 @@ type Guards struct {
 	// CircuitOpen is the number of prefillers whose circuit is open or
 	// half-open now.
 	CircuitOpen prometheus.Gauge
+	// CircuitProbes counts the connect probes of open circuits, by result
+	// (ProbeUp, ProbeDown).
+	CircuitProbes *prometheus.CounterVec
 	// Sanitized counts requests whose body carried a client connector
 	// field, by field (SanitizedFields), removed before any engine saw it.
 	Sanitized *prometheus.CounterVec
@@ -64,6 +75,10 @@ func NewGuards(reg prometheus.Registerer) *Guards {
 			Name: "pd_sidecar_prefiller_circuits_open",
 			Help: "Prefillers skipped by the circuit breaker now (open or half-open circuits).",
 		}),
+		CircuitProbes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "pd_sidecar_circuit_probes_total",
+			Help: "Connect probes of prefillers whose circuit is open (--circuit-probe-interval), by result: up (it accepted the connection; the next request is the half-open trial), down.",
+		}, []string{"result"}),
 		Sanitized: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "pd_sidecar_requests_sanitized_total",
 			Help: "Requests whose body carried the client's own connector field (kv_transfer_params, ec_transfer_params, bootstrap_host, ...), removed before any engine saw it, by field.",
@@ -73,7 +88,9 @@ func NewGuards(reg prometheus.Registerer) *Guards {
 			Help: "Bytes reserved now from --max-buffered-bytes by request bodies and answers read whole.",
 		}),
 	}
-	reg.MustRegister(g.Rejected, g.CircuitOpen, g.Sanitized, g.BufferedBytes)
+	reg.MustRegister(g.Rejected, g.CircuitOpen, g.CircuitProbes, g.Sanitized, g.BufferedBytes)
+	g.CircuitProbes.WithLabelValues(ProbeUp)
+	g.CircuitProbes.WithLabelValues(ProbeDown)
 	for _, f := range SanitizedFields {
 		g.Sanitized.WithLabelValues(f)
 	}

@@ -277,15 +277,17 @@ func (g *guard) trackCircuit(hp string) {
 }
 
 // breakerResult is what a prefill outcome says about the prefiller's
-// health: refused, reset, timed out or 5xx is a failure; a client leaving
-// says nothing; any answer shows it alive.
+// health: refused or reset (unreachable), timed out or 5xx is a failure; a
+// client leaving says nothing; any answer shows it alive.
 func breakerResult(err error) circuit.Result {
 	switch {
 	case err == nil:
 		return circuit.Success
 	case errors.Is(err, ErrClientGone), errors.Is(err, ErrBadRequest), errors.Is(err, errHedgeLost):
 		return circuit.Neutral
-	case errors.Is(err, ErrPrefillUnreachable), errors.Is(err, ErrPrefillTimeout), errors.Is(err, ErrPrefillServerError):
+	case errors.Is(err, ErrPrefillUnreachable):
+		return circuit.Unreachable // a connect probe can tell when it ends
+	case errors.Is(err, ErrPrefillTimeout), errors.Is(err, ErrPrefillServerError):
 		return circuit.Failure
 	}
 	return circuit.Success

@@ -192,7 +192,7 @@ func TestClassifyGuards(t *testing.T) {
 	assert.Equal(t, outcome{status: 403}, classify(fmt.Errorf("%w: x", ErrPrefillerDenied)))
 	assert.Equal(t, outcome{status: 503, reason: ReasonCircuitOpen}, classify(fmt.Errorf("%w: x", ErrCircuitOpen)))
 	assert.Equal(t, circuit.Failure, breakerResult(fmt.Errorf("%w: x", ErrPrefillTimeout)))
-	assert.Equal(t, circuit.Failure, breakerResult(fmt.Errorf("%w: x", ErrPrefillUnreachable)))
+	assert.Equal(t, circuit.Unreachable, breakerResult(fmt.Errorf("%w: x", ErrPrefillUnreachable)))
 	assert.Equal(t, circuit.Failure, breakerResult(fmt.Errorf("%w: x", ErrPrefillServerError)))
 	assert.Equal(t, circuit.Neutral, breakerResult(ErrClientGone))
 	assert.Equal(t, circuit.Success, breakerResult(ErrPrefillOverloaded))

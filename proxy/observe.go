@@ -261,11 +261,31 @@ func semStatus(st int) attribute.KeyValue {
 }
 
 // CircuitState reports the circuit-breaker state of prefiller (host:port):
-// "closed", "open" or "half-open"; "" when no breaker is configured. It
-// lets /debug/pd show per-prefiller circuits (status.CircuitStates).
+// "closed", "open" or "half_open"; with --circuit-probe-interval, an open
+// circuit being probed reads "open (probing)", and one a probe found back,
+// whose next request is the half-open trial, "open (probe up)". "" when no
+// breaker is configured. It lets /debug/pd show per-prefiller circuits
+// (status.CircuitStates).
 func (p *Proxy) CircuitState(prefiller string) string {
 	if p.guard == nil || p.guard.cfg.Breaker.Failures == 0 {
 		return ""
 	}
-	return p.guard.breakers.State(prefiller).String()
+	in := p.guard.breakers.Info(prefiller)
+	switch {
+	case p.guard.cfg.Breaker.ProbeInterval <= 0:
+	case in.ProbeUp:
+		return in.State.String() + " (probe up)"
+	case in.Probing:
+		return in.State.String() + " (probing)"
+	}
+	return in.State.String()
+}
+
+// CircuitLastProbe is when prefiller's open circuit was last probed (zero:
+// not since it opened, or no breaker); status.CircuitStates.
+func (p *Proxy) CircuitLastProbe(prefiller string) time.Time {
+	if p.guard == nil || p.guard.cfg.Breaker.Failures == 0 {
+		return time.Time{}
+	}
+	return p.guard.breakers.Info(prefiller).LastProbe
 }

@@ -27,6 +27,20 @@ func (p *Proxy) Run(ctx context.Context) error {
 		defer p.mori.dns.close() // MoRI-IO's background DNS revalidations
 	}
 	defer p.warm.start(ctx)() // warm-ups of new prefillers (prewarm.go), until shutdown
+	if pr := newCircuitProber(p.guard, p.cfg.ConnectTimeout); pr != nil {
+		// Probes of open circuits (circuitprobe.go), until shutdown begins
+		// or Run fails; Run returns after the prober has stopped.
+		pctx, stop := context.WithCancel(ctx)
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			pr.run(pctx)
+		}()
+		defer func() {
+			stop()
+			<-done
+		}()
+	}
 	var servers []*fasthttp.Server
 	var lns []net.Listener
 	closeAll := func() {

@@ -103,6 +103,9 @@ type Prefiller struct {
 	Prefiller string `json:"prefiller"`
 	// Circuit is the breaker state, or "n/a" when no breaker is wired.
 	Circuit string `json:"circuit"`
+	// CircuitLastProbe is when the open circuit was last probed
+	// (--circuit-probe-interval); null when it is not open or not probed.
+	CircuitLastProbe *time.Time `json:"circuit_last_probe"`
 	// Splits and Fallbacks count outcomes since the entry was admitted.
 	Splits    int `json:"splits"`
 	Fallbacks int `json:"fallbacks"`
@@ -178,6 +181,7 @@ func (t *Tracker) prefillerView(label string, ps *prefillerStat) Prefiller {
 	if t.opts.Circuits != nil {
 		if c := t.opts.Circuits.CircuitState(label); c != "" {
 			v.Circuit = c
+			v.CircuitLastProbe = timePtr(t.opts.Circuits.CircuitLastProbe(label))
 		}
 	}
 	if d := ps.prefill.values(); len(d) > 0 {

@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
+	"regexp"
 	"testing"
 	"time"
 
@@ -24,10 +25,16 @@ type clock struct{ t time.Time }
 
 func (c *clock) now() time.Time { return c.t }
 
-// circuits is a fake breaker.
-type circuits map[string]string
+// circuits is a fake breaker: each prefiller's state and last probe.
+type circuits map[string]circuitView
 
-func (c circuits) CircuitState(p string) string { return c[p] }
+type circuitView struct {
+	state  string
+	probed time.Time
+}
+
+func (c circuits) CircuitState(p string) string        { return c[p].state }
+func (c circuits) CircuitLastProbe(p string) time.Time { return c[p].probed }
 
 func split(p string) proxy.RequestReport {
 	return proxy.RequestReport{Mode: metrics.ModeDisaggregated, Prefiller: p, Status: 200,
@@ -130,13 +137,18 @@ func TestNotOperatingWhenIdleAfterFailures(t *testing.T) {
 
 func TestPrefillersCircuitAndBound(t *testing.T) {
 	c := &clock{t: time.Unix(1_000_000, 0)}
+	probed := c.t.Add(-120 * time.Millisecond)
 	tests := []struct {
-		name string
-		cb   status.CircuitStates
-		want string
+		name      string
+		cb        status.CircuitStates
+		want      string
+		lastProbe *time.Time
+		text      string // the CIRCUIT column
 	}{
-		{"no breaker", nil, status.CircuitNA},
-		{"breaker", circuits{"p:1": "open"}, "open"},
+		{"no breaker", nil, status.CircuitNA, nil, "n/a"},
+		{"breaker", circuits{"p:1": {state: "open"}}, "open", nil, "open"},
+		{"probed", circuits{"p:1": {state: "open (probing)", probed: probed}}, "open (probing)", &probed,
+			"open (probing), probed 120ms ago"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -147,6 +159,21 @@ func TestPrefillersCircuitAndBound(t *testing.T) {
 			require.Len(t, s.Prefillers, 1)
 			pf := s.Prefillers[0]
 			assert.Equal(t, tc.want, pf.Circuit)
+			assert.Equal(t, tc.lastProbe, pf.CircuitLastProbe)
+			var out bytes.Buffer
+			require.NoError(t, s.WriteText(&out))
+			assert.Regexp(t, `(?m)^p:1 +`+regexp.QuoteMeta(tc.text)+`  `, out.String())
+			// The JSON snapshot carries the probe time as the text does.
+			b, err := json.Marshal(s)
+			require.NoError(t, err)
+			var back status.Snapshot
+			require.NoError(t, json.Unmarshal(b, &back))
+			if tc.lastProbe == nil {
+				assert.Nil(t, back.Prefillers[0].CircuitLastProbe)
+			} else {
+				require.NotNil(t, back.Prefillers[0].CircuitLastProbe)
+				assert.True(t, tc.lastProbe.Equal(*back.Prefillers[0].CircuitLastProbe))
+			}
 			assert.Equal(t, 1, pf.Splits)
 			assert.Equal(t, 1, pf.Fallbacks)
 			assert.Equal(t, "timeout", pf.LastReason)

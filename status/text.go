@@ -86,13 +86,22 @@ func (s Snapshot) WriteText(w io.Writer) error {
 		if reason == "" {
 			reason = "-"
 		}
-		p("%s\t%s\t%d\t%d\t%s\t%.1fms\t%.1fms\t%.1fms\t%s\n", pf.Prefiller, pf.Circuit, pf.Splits, pf.Fallbacks,
+		p("%s\t%s\t%d\t%d\t%s\t%.1fms\t%.1fms\t%.1fms\t%s\n", pf.Prefiller, circuitText(s.Now, pf), pf.Splits, pf.Fallbacks,
 			reason, pf.PrefillP50Ms, pf.PrefillMaxMs, pf.KVHandoffP50Ms, ago(s.Now, pf.LastSuccess))
 	}
 	if err := tw.Flush(); err != nil {
 		return fmt.Errorf("status: write: %w", err)
 	}
 	return nil
+}
+
+// circuitText is the CIRCUIT column: the state, and when an open circuit
+// was last probed ("open (probing), probed 120ms ago").
+func circuitText(now time.Time, pf Prefiller) string {
+	if pf.CircuitLastProbe == nil {
+		return pf.Circuit
+	}
+	return fmt.Sprintf("%s, probed %s ago", pf.Circuit, now.Sub(*pf.CircuitLastProbe).Round(10*time.Millisecond))
 }
 
 func ago(now time.Time, t *time.Time) string {

@@ -18,10 +18,12 @@ import (
 const BucketWidth = 10 * time.Second
 
 // CircuitStates reports a prefiller's circuit-breaker state ("closed",
-// "open", "half-open"), keyed by the prefiller's metric label. It is
-// implemented by the proxy's breaker where one is configured.
+// "open", "half_open", "open (probing)", "open (probe up)") and when its
+// open circuit was last probed (zero: not), keyed by the prefiller's metric
+// label. It is implemented by the proxy's breaker where one is configured.
 type CircuitStates interface {
 	CircuitState(prefiller string) string
+	CircuitLastProbe(prefiller string) time.Time
 }
 
 // CircuitNA is shown for the circuit state when no breaker is wired.

@@ -80,6 +80,7 @@ func addGuardFlags(fs *pflag.FlagSet, o *options) {
 	fs.Int64Var(&g.maxBuffered, "max-buffered-bytes", 0, "bound on the request bodies and upstream answers read whole that are buffered at once, all connections together (503 past it, before the bytes are read; a prefill answer past it falls back, buffered_bytes); 0: a quarter of the container's memory limit (cgroup v2 memory.max), at most 512 MiB and at least --max-request-body-bytes")
 	fs.IntVar(&c.Breaker.Failures, "circuit-breaker-failures", c.Breaker.Failures, "consecutive prefill failures that open a prefiller's circuit (0: no breaker)")
 	fs.DurationVar(&c.Breaker.Cooldown, "circuit-breaker-cooldown", c.Breaker.Cooldown, "how long an open circuit skips its prefiller before a probe")
+	fs.DurationVar(&c.Breaker.ProbeInterval, "circuit-probe-interval", c.Breaker.ProbeInterval, "how often a prefiller whose circuit opened on refused connections is probed with a TCP connect; one that accepts gets the next request as the half-open probe, without waiting for the cooldown (0: no probing)")
 }
 
 // apply validates the guard flags and writes what they mean into c.
