@@ -86,6 +86,7 @@ func parseFlags(args []string, help io.Writer) (options, error) {
 	fs.BoolVar(&c.PrefillFallback, "prefill-fallback", c.PrefillFallback, "degrade a failed prefill to a local prefill (false: answer the error)")
 	fs.StringVar(&c.OnKVLoadFailure, "on-kv-load-failure", c.OnKVLoadFailure, "when the decode engine fails to load remote KV: local-prefill or error")
 	fs.IntVar(&c.DecodeTPSize, "decode-tp-size", c.DecodeTPSize, "local engine tensor-parallel size; a larger prefill tp_size degrades to local prefill (0: no check)")
+	fs.IntVar(&c.MinRemotePrefillTokens, "min-remote-prefill-tokens", c.MinRemotePrefillTokens, "short-prompt guard: a request naming a prefiller whose prompt is estimated under N tokens is served locally, with no prefill leg or KV transfer (mode local, pd_sidecar_split_declined_total{reason=\"short_prompt\"}); token ids count exactly, text as ceil(bytes/3) (0: off)")
 	fs.IntVar(&c.MaxRequestBodyBytes, "max-request-body-bytes", c.MaxRequestBodyBytes, "largest accepted request body")
 	fs.Int64Var(&c.MaxUpstreamAnswerBytes, "max-upstream-answer-bytes", c.MaxUpstreamAnswerBytes, "largest upstream answer read whole (prefill, bootstrap, non-streamed decode); a larger prefill answer falls back (bad_answer), a larger decode answer is a 502")
 	fs.DurationVar(&c.ShutdownGrace, "shutdown-grace", c.ShutdownGrace, "how long SIGTERM waits for in-flight requests")
