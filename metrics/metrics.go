@@ -11,7 +11,8 @@ import (
 const (
 	// ModeDisaggregated: prefilled remotely, KV handed to the local decode.
 	ModeDisaggregated = "disaggregated"
-	// ModeLocal: no prefiller was named; the local engine did everything.
+	// ModeLocal: no prefiller was named, or the sidecar declined the split
+	// (see split_declined_total); the local engine did everything.
 	ModeLocal = "local"
 	// ModeFallback: a prefiller was named but the request degraded to a local
 	// prefill (see fallbacks_total for why).
@@ -28,6 +29,16 @@ const (
 	PhaseLocal = "local"
 	// PhasePassthrough: a non-inference request to the local engine.
 	PhasePassthrough = "passthrough"
+)
+
+// Reasons the sidecar declines to split a request that named a prefiller
+// (the reason label of split_declined_total). A declined request is served
+// locally (mode local): it is no fallback, nothing failed.
+const (
+	// DeclineShortPrompt: the prompt is estimated shorter than
+	// --min-remote-prefill-tokens; moving its KV would cost more than the
+	// prefill it saves.
+	DeclineShortPrompt = "short_prompt"
 )
 
 // KV cache source outcomes (the outcome label of kv_sources_total): what
@@ -68,6 +79,10 @@ type Metrics struct {
 	Requests *prometheus.CounterVec
 	// Fallbacks counts degradations to local prefill by reason.
 	Fallbacks *prometheus.CounterVec
+	// SplitDeclined counts requests that named a prefiller and that the
+	// sidecar served locally by choice, without a prefill leg, by reason
+	// (DeclineShortPrompt).
+	SplitDeclined *prometheus.CounterVec
 	// PrefillDuration observes the whole prefill phase (retries included)
 	// per prefiller, successful or not.
 	PrefillDuration *prometheus.HistogramVec
@@ -156,6 +171,10 @@ func New(reg prometheus.Registerer, maxPrefillers int) *Metrics {
 			Name: "pd_sidecar_fallbacks_total",
 			Help: "Requests with a named prefiller that degraded to local prefill, by reason.",
 		}, []string{"reason"}),
+		SplitDeclined: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "pd_sidecar_split_declined_total",
+			Help: "Requests with a named prefiller served locally by choice, without a prefill leg (no fallback), by reason (short_prompt: under --min-remote-prefill-tokens).",
+		}, []string{"reason"}),
 		PrefillDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "pd_sidecar_prefill_duration_seconds",
 			Help:    "Duration of the prefill phase on the remote prefiller (all attempts), successful or not.",
@@ -223,6 +242,8 @@ func New(reg prometheus.Registerer, maxPrefillers int) *Metrics {
 		MoriIO:     NewMoriIO(reg),
 		Hedge:      NewHedge(reg),
 	}
+	reg.MustRegister(m.SplitDeclined)
+	m.SplitDeclined.WithLabelValues(DeclineShortPrompt)
 	reg.MustRegister(m.PrefillLegFailures, m.KVSources, m.DecodeFirst, m.LoopStreams, m.LoopHandoffs, m.LoopRequests)
 	reg.MustRegister(m.Requests, m.Fallbacks, m.PrefillDuration, m.KVTransferDuration,
 		m.TTFT, m.KVLoadFailures, m.Inflight, m.PrefillRetries, m.ClientDisconnects, m.KVReleases)

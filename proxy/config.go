@@ -69,6 +69,11 @@ type Config struct {
 	// answer with a larger tp_size degrades to local prefill. 0 disables
 	// the check.
 	DecodeTPSize int
+	// MinRemotePrefillTokens is the short-prompt guard (shortprompt.go): a
+	// request that names a prefiller but whose prompt is estimated under
+	// this many tokens (connectors.EstimatePromptTokens) is served locally,
+	// with no prefill leg. 0 disables the guard.
+	MinRemotePrefillTokens int
 	// MaxRequestBodyBytes bounds client request bodies (413 above).
 	MaxRequestBodyBytes int
 	// MaxUpstreamAnswerBytes bounds every upstream answer the sidecar reads
@@ -172,6 +177,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("--on-kv-load-failure must be %q or %q, got %q", KVFailLocalPrefill, KVFailError, c.OnKVLoadFailure)
 	case c.DecodeTPSize < 0:
 		return fmt.Errorf("--decode-tp-size must be >= 0, got %d", c.DecodeTPSize)
+	case c.MinRemotePrefillTokens < 0:
+		return fmt.Errorf("--min-remote-prefill-tokens must be >= 0, got %d", c.MinRemotePrefillTokens)
 	case c.MaxRequestBodyBytes <= 0:
 		return fmt.Errorf("--max-request-body-bytes must be > 0, got %d", c.MaxRequestBodyBytes)
 	case c.MaxUpstreamAnswerBytes <= 0:

@@ -75,6 +75,10 @@ func (lc *laneConn) split(hv []byte) {
 		lc.fallback(err)
 		return
 	}
+	if r.declineShort() { // shortprompt.go
+		lc.decodeLeg(r.body, nil, false)
+		return
+	}
 	g := p.guard
 	tk, ok := g.breakers.Allow(hp)
 	if !ok {

@@ -24,6 +24,11 @@ type RequestReport struct {
 	// Prefiller is the bounded metric label of the named prefiller ("" when
 	// the request named none, or none that could be used).
 	Prefiller string
+	// Declined is why the sidecar served a request that named a prefiller
+	// locally by choice, with no prefill leg (metrics.DeclineShortPrompt);
+	// "" when it did not decline. Such a request is in Mode local, and no
+	// fallback.
+	Declined string
 	// NamedPrefiller is true when the request carried
 	// x-prefiller-host-port, whatever its value (one that names no usable
 	// prefiller included).
@@ -99,6 +104,7 @@ const (
 // obsState is a request's bookkeeping for the Observer and its spans.
 type obsState struct {
 	reason     string
+	declined   string // why the split was declined (shortprompt.go)
 	encoder    string // the encoder stage's outcome (encode.go)
 	status     int
 	prefillDur time.Duration
@@ -246,7 +252,7 @@ func (r *request) report() {
 	}
 	if o := r.p.ext.Observer; o != nil {
 		o.ObserveRequest(RequestReport{
-			ID: r.id, Mode: mode, Reason: r.obs.reason, Prefiller: r.label, NamedPrefiller: r.named,
+			ID: r.id, Mode: mode, Reason: r.obs.reason, Declined: r.obs.declined, Prefiller: r.label, NamedPrefiller: r.named,
 			Status: r.obs.status, Start: r.start, Duration: time.Since(r.start),
 			PrefillDuration: r.obs.prefillDur, KVHandoffDuration: r.obs.kvDur,
 			KVTransferred: r.obs.kvOK && mode == metrics.ModeDisaggregated,

@@ -53,6 +53,10 @@ func (p *Proxy) serveInference(rc *fasthttp.RequestCtx, local string, api connec
 		r.fallback(err)
 		return
 	}
+	if r.declineShort() { // shortprompt.go
+		r.serveLocal()
+		return
+	}
 	r.source = r.kvSource(&rc.Request.Header)
 	if r.choreograph() {
 		return

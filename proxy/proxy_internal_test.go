@@ -71,6 +71,7 @@ func TestConfigValidate(t *testing.T) {
 		{"connect", func(c *Config) { c.ConnectTimeout = -time.Second }, "--connect-timeout"},
 		{"policy", func(c *Config) { c.OnKVLoadFailure = "retry" }, "--on-kv-load-failure"},
 		{"tp", func(c *Config) { c.DecodeTPSize = -1 }, "--decode-tp-size"},
+		{"short prompt", func(c *Config) { c.MinRemotePrefillTokens = -1 }, "--min-remote-prefill-tokens"},
 		{"body", func(c *Config) { c.MaxRequestBodyBytes = 0 }, "--max-request-body-bytes"},
 		{"grace", func(c *Config) { c.ShutdownGrace = -1 }, "--shutdown-grace"},
 	}

@@ -18,7 +18,8 @@ import (
 // prefiller.
 const (
 	// VerdictIdle: no inference request in the window (and, since start,
-	// either none named a prefiller or one was split).
+	// either none named a prefiller or one was split); or nothing to split:
+	// every request that named a prefiller was declined (Counts.Declined).
 	VerdictIdle = "idle"
 	// VerdictNotConfigured: requests arrived but none named a prefiller:
 	// nothing asks for P/D (the endpoint picker's P/D decision is off, or
@@ -67,7 +68,8 @@ type Counts struct {
 	Local         int `json:"local"`
 	Fallback      int `json:"fallback"`
 	// NamedPrefiller counts requests that carried x-prefiller-host-port
-	// (whatever its value); the five outcomes below sum to it.
+	// (whatever its value), those declined excepted; the five outcomes
+	// below sum to it.
 	NamedPrefiller int `json:"named_prefiller"`
 	// Split: a decode ran on KV that moved from the prefiller.
 	Split int `json:"split"`
@@ -81,6 +83,12 @@ type Counts struct {
 	Refused int `json:"refused"`
 	// NamedFailed: answered 5xx, or the client left first.
 	NamedFailed int `json:"named_failed"`
+	// Declined counts requests that named a prefiller and that the sidecar
+	// served locally by choice, with no prefill leg (counted in Local, not
+	// in NamedPrefiller: no fallback, nothing failed); DeclinedByReason by
+	// why (short_prompt: under --min-remote-prefill-tokens).
+	Declined         int            `json:"declined"`
+	DeclinedByReason map[string]int `json:"declined_by_reason"`
 	// KVTransferred counts decodes that produced output from remote KV
 	// (equal to Split).
 	KVTransferred int `json:"kv_transferred"`
@@ -133,7 +141,7 @@ func (t *Tracker) Snapshot() Snapshot {
 		WindowSeconds: t.opts.Window.Seconds(),
 		SinceStart:    maps.Clone(t.total),
 		LastSplit:     timePtr(t.lastSplit), LastKVTransfer: timePtr(t.lastKV),
-		Window: Counts{FallbacksByReason: map[string]int{}},
+		Window: Counts{FallbacksByReason: map[string]int{}, DeclinedByReason: map[string]int{}},
 	}
 	oldest := now.Truncate(BucketWidth).Add(-t.opts.Window + BucketWidth)
 	for i := range t.ring {
@@ -156,6 +164,10 @@ func (t *Tracker) Snapshot() Snapshot {
 		s.Window.DecodeChunks += b.chunks
 		for k, v := range b.reasons {
 			s.Window.FallbacksByReason[k] += v
+		}
+		for k, v := range b.declined {
+			s.Window.Declined += v
+			s.Window.DeclinedByReason[k] += v
 		}
 		for k, v := range b.encoder {
 			if s.Window.EncoderStages == nil {
@@ -203,18 +215,30 @@ func (t *Tracker) verdict(s Snapshot) (string, string) {
 		return VerdictNotOperating, fmt.Sprintf("idle in %s; configured for P/D (%s) but no request has ever been split: none of the %d that named a prefiller since start had a decode on moved KV", win, s.Connector, t.everNamed)
 	case total == 0:
 		return VerdictIdle, fmt.Sprintf("no inference requests in %s", win)
+	case w.NamedPrefiller == 0 && w.Declined > 0:
+		return VerdictIdle, fmt.Sprintf("nothing to split in %s: %d requests named a prefiller and every one was declined (%s) and served locally (%d local)", win, w.Declined, reasonsText(w.DeclinedByReason), w.Local)
 	case w.NamedPrefiller == 0:
 		return VerdictNotConfigured, fmt.Sprintf("configured for P/D (%s) but not asked to split: %d requests in %s, none named a prefiller (x-prefiller-host-port); is the endpoint picker's P/D decision enabled?", s.Connector, total, win)
 	case w.Split == 0:
-		return VerdictNotOperating, fmt.Sprintf("configured for P/D (%s) but no split happened in %s: %d requests named a prefiller and none had a decode on moved KV: %s%s", s.Connector, win, w.NamedPrefiller, outcomesText(w), t.lastText(s))
+		return VerdictNotOperating, fmt.Sprintf("configured for P/D (%s) but no split happened in %s: %d requests named a prefiller and none had a decode on moved KV: %s%s%s", s.Connector, win, w.NamedPrefiller, outcomesText(w), t.lastText(s), declinedText(w))
 	case w.FellBack+w.NamedFailed > 0:
-		return VerdictDegraded, fmt.Sprintf("%d of %d requests that named a prefiller in %s were split, KV moved for each; the others: %s", w.Split, w.NamedPrefiller, win, outcomesText(w))
+		return VerdictDegraded, fmt.Sprintf("%d of %d requests that named a prefiller in %s were split, KV moved for each; the others: %s%s", w.Split, w.NamedPrefiller, win, outcomesText(w), declinedText(w))
 	}
 	others := ""
 	if w.Split < w.NamedPrefiller {
 		others = "; the others: " + outcomesText(w)
 	}
-	return VerdictOperating, fmt.Sprintf("%d of %d requests that named a prefiller in %s were split, KV moved for each (%d local)%s", w.Split, w.NamedPrefiller, win, w.Local, others)
+	return VerdictOperating, fmt.Sprintf("%d of %d requests that named a prefiller in %s were split, KV moved for each (%d local)%s%s", w.Split, w.NamedPrefiller, win, w.Local, others, declinedText(w))
+}
+
+// declinedText says, after a verdict's sentence, how many requests named
+// a prefiller but were declined (not among the counts before it); "" when
+// none was.
+func declinedText(w Counts) string {
+	if w.Declined == 0 {
+		return ""
+	}
+	return fmt.Sprintf("; %d more named a prefiller but were declined (%s) and served locally", w.Declined, reasonsText(w.DeclinedByReason))
 }
 
 // outcomesText lists the window's outcomes other than split, with the

@@ -48,6 +48,11 @@ func fallback(p, reason string) proxy.RequestReport {
 
 func local() proxy.RequestReport { return proxy.RequestReport{Mode: metrics.ModeLocal, Status: 200} }
 
+// declined named prefiller p but its prompt was short: served locally.
+func declined(p string) proxy.RequestReport {
+	return proxy.RequestReport{Mode: metrics.ModeLocal, Prefiller: p, NamedPrefiller: true, Declined: metrics.DeclineShortPrompt, Status: 200}
+}
+
 // rejected is a prefill 4xx passed on to the client.
 func rejected(p string) proxy.RequestReport {
 	return proxy.RequestReport{Mode: metrics.ModeDisaggregated, Prefiller: p, Status: 400, PrefillDuration: time.Millisecond}
@@ -81,6 +86,14 @@ func TestVerdicts(t *testing.T) {
 		{"a failure degrades", []proxy.RequestReport{split("p:1"), {Mode: metrics.ModeDisaggregated, Prefiller: "p:1", Status: 502}}, status.VerdictDegraded, "1 failed"},
 		{"operating", []proxy.RequestReport{split("p:1"), split("p:1"), local()}, status.VerdictOperating, "2 of 2 requests that named a prefiller in the last 5m0s were split, KV moved for each (1 local)"},
 		{"operating, one refused", []proxy.RequestReport{split("p:1"), rejected("p:1")}, status.VerdictOperating, "the others: 1 answered 4xx"},
+		{"declines only: nothing to split", []proxy.RequestReport{declined("p:1"), declined("p:1"), local()}, status.VerdictIdle,
+			"nothing to split in the last 5m0s: 2 requests named a prefiller and every one was declined (short_prompt: 2) and served locally (3 local)"},
+		{"declines do not degrade", []proxy.RequestReport{split("p:1"), declined("p:1")}, status.VerdictOperating,
+			"1 of 1 requests that named a prefiller in the last 5m0s were split, KV moved for each (1 local); 1 more named a prefiller but were declined (short_prompt: 1) and served locally"},
+		{"declines beside a fallback", []proxy.RequestReport{split("p:1"), fallback("p:1", "timeout"), declined("p:1")}, status.VerdictDegraded,
+			"the others: 1 fell back to local prefill (timeout: 1); 1 more named a prefiller but were declined"},
+		{"declines beside no split", []proxy.RequestReport{fallback("p:1", "timeout"), declined("p:1")}, status.VerdictNotOperating,
+			"1 requests named a prefiller and none had a decode on moved KV"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -251,6 +264,10 @@ func TestCountsAddUp(t *testing.T) {
 			if r.Mode == metrics.ModeDisaggregated && r.Prefiller == "" {
 				r.Mode = metrics.ModeLocal // no prefiller to split with (the proxy reports it so)
 			}
+			if r.Prefiller != "" && rng.IntN(5) == 0 {
+				r = declined(r.Prefiller) // served locally by choice
+				r.Status = statuses[rng.IntN(len(statuses))]
+			}
 			r.KVTransferred = r.Mode == metrics.ModeDisaggregated && r.Status < 400 && rng.IntN(4) > 0
 			if r.Mode == metrics.ModeFallback {
 				r.Reason = []string{"timeout", "unreachable"}[rng.IntN(2)]
@@ -263,6 +280,11 @@ func TestCountsAddUp(t *testing.T) {
 		require.Equal(t, n, w.Disaggregated+w.Local+w.Fallback, "round %d: modes", round)
 		require.Equal(t, w.NamedPrefiller, w.Split+w.NoHandoff+w.FellBack+w.Refused+w.NamedFailed, "round %d: outcomes %+v", round, w)
 		require.Equal(t, w.Split, w.KVTransferred, "round %d", round)
+		declines := 0
+		for _, v := range w.DeclinedByReason {
+			declines += v
+		}
+		require.Equal(t, w.Declined, declines, "round %d: declines by reason", round)
 		rows := 0
 		for _, p := range s.Prefillers {
 			rows += p.Splits
@@ -278,7 +300,7 @@ func TestCountsAddUp(t *testing.T) {
 		case status.VerdictNotConfigured:
 			require.True(t, n > 0 && w.NamedPrefiller == 0, "round %d", round)
 		case status.VerdictIdle:
-			require.Zero(t, n, "round %d", round)
+			require.True(t, n == 0 || w.NamedPrefiller == 0 && w.Declined > 0, "round %d: %+v", round, w)
 		default:
 			t.Fatalf("round %d: verdict %q", round, s.Verdict)
 		}
@@ -326,4 +348,45 @@ func TestEncoderStages(t *testing.T) {
 	require.NoError(t, s.WriteText(&out))
 	assert.Contains(t, out.String(), "encoder stages:")
 	assert.Contains(t, out.String(), "encoded: 2")
+}
+
+// TestDeclinedApartFromFallbacks: a split declined for a short prompt is
+// counted in its own line of the window, in local, and neither among the
+// requests that named a prefiller nor as a fallback; the per-prefiller
+// table does not count it; the JSON snapshot carries the same counts.
+func TestDeclinedApartFromFallbacks(t *testing.T) {
+	tr := status.New(status.Options{Connector: "nixlv2", Transport: "engine-pull"})
+	var out bytes.Buffer
+	require.NoError(t, tr.Snapshot().WriteText(&out))
+	assert.NotContains(t, out.String(), "declined", "no line while there are none")
+	tr.ObserveRequest(split("10.0.0.9:8000"))
+	tr.ObserveRequest(declined("10.0.0.9:8000"))
+	tr.ObserveRequest(declined("10.0.0.9:8000"))
+	s := tr.Snapshot()
+	w := s.Window
+	assert.Equal(t, 2, w.Declined)
+	assert.Equal(t, map[string]int{metrics.DeclineShortPrompt: 2}, w.DeclinedByReason)
+	assert.Equal(t, 2, w.Local)
+	assert.Equal(t, 0, w.Fallback)
+	assert.Equal(t, 1, w.NamedPrefiller)
+	assert.Equal(t, 0, w.FellBack)
+	assert.Empty(t, w.FallbacksByReason)
+	assert.Equal(t, status.VerdictOperating, s.Verdict, s.Summary)
+	require.Len(t, s.Prefillers, 1)
+	assert.Equal(t, 1, s.Prefillers[0].Splits)
+	assert.Equal(t, 0, s.Prefillers[0].Fallbacks)
+
+	out.Reset()
+	require.NoError(t, s.WriteText(&out))
+	assert.Regexp(t, `\n  declined \(short prompt\):\s+2\n`, out.String())
+	assert.Regexp(t, `\n    fell back:\s+0\n`, out.String())
+	assert.Regexp(t, `\n  named a prefiller:\s+1\n`, out.String())
+	assert.NotContains(t, out.String(), "DEGRADED")
+
+	b, err := json.Marshal(s)
+	require.NoError(t, err)
+	var back status.Snapshot
+	require.NoError(t, json.Unmarshal(b, &back))
+	assert.Equal(t, s.Window, back.Window)
+	assert.Contains(t, string(b), `"declined":2,"declined_by_reason":{"short_prompt":2}`)
 }

@@ -5,7 +5,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -60,6 +62,9 @@ func (s Snapshot) WriteText(w io.Writer) error {
 	p("    answered 4xx:\t%d\n", c.Refused)
 	p("    failed:\t%d\n", c.NamedFailed)
 	p("    no KV handoff:\t%d\n", c.NoHandoff)
+	for _, reason := range slices.Sorted(maps.Keys(c.DeclinedByReason)) {
+		p("  declined (%s):\t%d\n", strings.ReplaceAll(reason, "_", " "), c.DeclinedByReason[reason])
+	}
 	p("  kv transferred:\t%d\n", c.KVTransferred)
 	p("  failed (any request):\t%d\n", c.Failed)
 	if c.ChunkedDecodes > 0 {

@@ -53,8 +53,9 @@ type bucket struct {
 	start     time.Time // zero: unused
 	modes     map[string]int
 	reasons   map[string]int
-	named     int // requests that named a prefiller
-	failed    int // answered >= 500 (or 499)
+	named     int            // requests that named a prefiller (and were not declined)
+	declined  map[string]int // splits declined, by reason (not in named)
+	failed    int            // answered >= 500 (or 499)
 	kvMoved   int
 	prefilled int
 	outcomes  [numOutcomes]int // of the named requests: they sum to named
@@ -175,7 +176,7 @@ func (t *Tracker) bucketFor(now time.Time) *bucket {
 	}
 	b := &t.ring[i]
 	if !b.start.Equal(start) {
-		*b = bucket{start: start, modes: map[string]int{}, reasons: map[string]int{}, encoder: map[string]int{}}
+		*b = bucket{start: start, modes: map[string]int{}, reasons: map[string]int{}, declined: map[string]int{}, encoder: map[string]int{}}
 	}
 	return b
 }
@@ -200,6 +201,12 @@ func (t *Tracker) ObserveRequest(r proxy.RequestReport) {
 	}
 	if r.Encoder != "" {
 		b.encoder[r.Encoder]++
+	}
+	if r.Declined != "" {
+		// Served locally by choice (a short prompt): no outcome of a split,
+		// and nothing about the prefiller's health.
+		b.declined[r.Declined]++
+		return
 	}
 	if r.Prefiller == "" && !r.NamedPrefiller {
 		return
