@@ -104,7 +104,7 @@ func New(cfg Config, conn connectors.Connector, m *metrics.Metrics, gatherer pro
 	}
 	p.boot = newBootstrapCache(cfg.MaxPrefillers)
 	p.hedge = newHedger(cfg.Hedge, m.Hedge)
-	if cfg.Hedge.On() && p.choreo != connectors.ChoreographySequential {
+	if cfg.Hedge.On() && p.choreo == connectors.ChoreographyConcurrent {
 		log.Warn().Str("connector", conn.Name()).Msg("--prefill-hedge-after has no effect: this connector sends the decode leg while the prefill runs, so there is no wait to hedge")
 	}
 	if cfg.MoriIO.WriteMode && p.seq != nil && conn.Name() == "nixlv2" {
