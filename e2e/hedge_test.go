@@ -205,3 +205,45 @@ func TestHedgedPrefill(t *testing.T) {
 		}
 	}
 }
+
+// TestHedgedPrefillClientLeaves: a client that leaves while both legs of a
+// hedge run cancels both: each engine counts its request cancelled, and
+// nothing stays held on the prefiller.
+func TestHedgedPrefillClientLeaves(t *testing.T) {
+	for _, whole := range []bool{true, false} {
+		path := "fasthttp"
+		if whole {
+			path = "lane"
+		}
+		t.Run(path, func(t *testing.T) {
+			prefill := harness.StartEngineSim(t, "prefill")
+			decode := harness.StartEngineSim(t, "decode", "--prefill-us-per-token", "200000")
+			sc := harness.StartSidecar(t, decode.Port, "--prefill-hedge-after", "50ms", "--prefill-hedge-budget", "1")
+			setFault(t, prefill, `{"latency_ms":6000,"only":"prefill"}`)
+			conn := postRaw(t, sc.Port, "/v1/chat/completions", chatBody(`,"max_tokens":6,"stream":true`),
+				map[string]string{"x-prefiller-host-port": prefill.HostPort()}, whole)
+			// Both legs run once the hedge started.
+			harness.Eventually(t, 3*time.Second, "the hedge's local leg running", func() bool {
+				return running(t, decode) == 1
+			})
+			require.NoError(t, conn.Close())
+			for _, c := range []struct {
+				e    *harness.Engine
+				kind string
+			}{{prefill, "prefill"}, {decode, "local"}} {
+				harness.Eventually(t, 2*time.Second, c.kind+" cancelled", func() bool {
+					return c.e.Metric(t, "sim_requests_cancelled_total", map[string]string{"kind": c.kind}) == 1
+				})
+			}
+			harness.Eventually(t, 2*time.Second, "the client's leaving counted", func() bool {
+				return sc.Metric(t, "pd_sidecar_requests_total", map[string]string{"mode": "disaggregated", "code": "499"}) == 1
+			})
+			assert.Equal(t, 0.0, prefill.Metric(t, "sim_kv_blocks_held", nil))
+			assert.Equal(t, 0.0, decode.Metric(t, "vllm:generation_tokens_total", nil), "no token made")
+			for _, w := range []string{"local", "remote"} {
+				assert.Equal(t, 0.0, sc.Metric(t, "pd_sidecar_hedges_total", map[string]string{"winner": w}), "no winner")
+			}
+			assert.Equal(t, 0.0, sc.Metric(t, "pd_sidecar_inflight_requests", map[string]string{"phase": "local"}), "the hedge's gauge")
+		})
+	}
+}

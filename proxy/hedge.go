@@ -293,7 +293,9 @@ func (r *request) hedgedPrefill() (res prefillResult, served bool, err error) {
 		if l.err != nil {
 			// The local leg failed: the prefill goes on alone.
 			lcancel(nil)
-			r.logAt(zerolog.WarnLevel).Err(l.err).Msg("hedge: local prefill failed; waiting for the prefill")
+			if !r.gone() {
+				r.logAt(zerolog.WarnLevel).Err(l.err).Msg("hedge: local prefill failed; waiting for the prefill")
+			}
 			o := <-pch
 			return o.res, false, o.err
 		}
