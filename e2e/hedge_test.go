@@ -247,3 +247,43 @@ func TestHedgedPrefillClientLeaves(t *testing.T) {
 		})
 	}
 }
+
+// TestHedgedPrefillAuto: with --prefill-hedge-after auto no prefill is
+// hedged until the prefiller's recent prefill times set its hedge point;
+// then a prefill far slower than those is hedged, and the local leg wins.
+func TestHedgedPrefillAuto(t *testing.T) {
+	for _, whole := range []bool{true, false} {
+		path := "fasthttp"
+		if whole {
+			path = "lane"
+		}
+		t.Run(path, func(t *testing.T) {
+			prefill := harness.StartEngineSim(t, "prefill")
+			decode := harness.StartEngineSim(t, "decode")
+			sc := harness.StartSidecar(t, decode.Port, "--prefill-hedge-after", "auto", "--prefill-hedge-budget", "1")
+			h := map[string]string{"x-prefiller-host-port": prefill.HostPort()}
+			body := completionBody(`,"max_tokens":4`)
+			// The first slow prefill comes before auto has its samples: waited for.
+			setFault(t, prefill, `{"latency_ms":400,"only":"prefill","times":1}`)
+			resp, b := exchangeRaw(t, sc.Port, "/v1/completions", body, h, whole)
+			require.Equal(t, 200, resp.StatusCode, "%s", b)
+			assert.Equal(t, 1.0, sc.Metric(t, "pd_sidecar_requests_total", map[string]string{"mode": "disaggregated", "code": "200"}))
+			for range 16 {
+				resp, b := exchangeRaw(t, sc.Port, "/v1/completions", body, h, whole)
+				require.Equal(t, 200, resp.StatusCode, "%s", b)
+			}
+			assert.Equal(t, 0.0, sc.Metric(t, "pd_sidecar_hedges_total", map[string]string{"winner": "local"}))
+			setFault(t, prefill, `{"latency_ms":6000,"only":"prefill","times":1}`)
+			took := within(t, 3*time.Second, func() {
+				resp, b := exchangeRaw(t, sc.Port, "/v1/completions", body, h, whole)
+				require.Equal(t, 200, resp.StatusCode, "%s", b)
+			})
+			t.Logf("the slow prefill's request answered in %v", took)
+			assert.Equal(t, 1.0, sc.Metric(t, "pd_sidecar_hedges_total", map[string]string{"winner": "local"}))
+			assert.Equal(t, 17.0, sc.Metric(t, "pd_sidecar_requests_total", map[string]string{"mode": "disaggregated", "code": "200"}))
+			harness.Eventually(t, 2*time.Second, "the slow prefill cancelled", func() bool {
+				return prefill.Metric(t, "sim_requests_cancelled_total", map[string]string{"kind": "prefill"}) == 1
+			})
+		})
+	}
+}
