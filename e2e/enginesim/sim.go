@@ -39,8 +39,8 @@ type Sim struct {
 	// prefillSlots bounds the prefills computing at once (nil: unbounded;
 	// see Config.PrefillSlots).
 	prefillSlots chan struct{}
-	journal  *journal
-	store    *sharedStore // nil without SharedStorageDir
+	journal      *journal
+	store        *sharedStore // nil without SharedStorageDir
 	// kva is the kvtransfer region and agent (nil without KVTransport).
 	kva *kvAgent
 	// ec holds encodings for consumers; ecm counts the encoder stage
