@@ -310,7 +310,11 @@ func (s *Sim) prefillLocal(ctx context.Context, g *genRequest, hashes []uint64) 
 // engine's compute: meanwhile the request counts as waiting, not running.
 // It reports false when the client left.
 func (s *Sim) computePrefill(ctx context.Context, d time.Duration) bool {
-	if d <= 0 || s.prefillSlots == nil {
+	if d <= 0 {
+		return ctx.Err() == nil
+	}
+	if s.prefillSlots == nil {
+		s.m.prefillsComputed.Inc()
 		return sleep(ctx, d)
 	}
 	select {
@@ -329,6 +333,7 @@ func (s *Sim) computePrefill(ctx context.Context, d time.Duration) bool {
 		}
 	}
 	defer func() { <-s.prefillSlots }()
+	s.m.prefillsComputed.Inc()
 	return sleep(ctx, d)
 }
 

@@ -84,6 +84,7 @@ func TestPrefillSlots(t *testing.T) {
 			assert.Equal(t, tc.maxWaiting, float64(maxWaiting.Load()), "peak of vllm:num_requests_waiting")
 			assert.Equal(t, 0.0, s.metric(t, "vllm:num_requests_waiting"), "none left waiting")
 			assert.Equal(t, 0.0, s.metric(t, "vllm:num_requests_running"), "none left running")
+			assert.Equal(t, float64(tc.k), s.metric(t, "sim_prefills_computed_total"))
 		})
 	}
 }
@@ -104,6 +105,7 @@ func TestPrefillSlotsCancelledWhileWaiting(t *testing.T) {
 	require.Eventually(t, func() bool { return s.metric(t, "vllm:num_requests_waiting") == 0 }, time.Second, 2*time.Millisecond)
 	require.Eventually(t, func() bool { return s.metric(t, "vllm:num_requests_running") == 0 }, 2*time.Second, 5*time.Millisecond)
 	assert.Equal(t, 1.0, s.kindMetric(t, "sim_requests_cancelled_total", "local"))
+	assert.Equal(t, 1.0, s.metric(t, "sim_prefills_computed_total"), "the cancelled one never computed")
 }
 
 func TestPrefillSlotsValidated(t *testing.T) {
