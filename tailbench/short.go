@@ -35,13 +35,13 @@ func runShort(ctx context.Context, o Options, r *rig) ([]Line, error) {
 	// No warm-up: every request of the guarded target is counted, so the
 	// declines can be compared with them.
 	load := loadgen.Load{Rate: o.ShortRate, Poisson: true, Duration: o.ShortDuration, Rounds: rounds, Timeout: 30 * time.Second}
-	fmt.Fprintf(o.Out, "workload: chat, %d-token prompts, %d output tokens; open loop, %.0f req/s Poisson, %d rounds × %v per target (interleaved), same sidecar and decode engine\n",
-		o.ShortTokens, o.OutputTokens, o.ShortRate, rounds, o.ShortDuration)
 	res, err := loadgen.Run(ctx, loadgen.APIChat, targets, reqs, load, progress(o))
 	if err != nil {
 		return nil, fmt.Errorf("load: %w", err)
 	}
-	rep := loadgen.Report{Workload: "see above", Load: "see above"}
+	rep := loadgen.Report{
+		Workload: fmt.Sprintf("chat, %d-token prompts, %d output tokens, streamed; same sidecar and decode engine, guarded with the header, local without", o.ShortTokens, o.OutputTokens),
+		Load:     fmt.Sprintf("open loop, %.0f req/s Poisson, %d rounds × %v per target (interleaved), no warm-up", o.ShortRate, rounds, o.ShortDuration)}
 	for _, t := range res {
 		rep.Targets = append(rep.Targets, loadgen.Summarize(t))
 	}

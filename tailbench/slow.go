@@ -83,8 +83,6 @@ func runSlow(ctx context.Context, o Options, r *rig) ([]Line, error) {
 	reqs := workload(1, int(perTarget*float64(len(targets))*1.5)+64, o.PromptTokens, o.OutputTokens)
 	load := loadgen.Load{Rate: o.Rate, Poisson: true, Duration: o.Duration, Rounds: o.Rounds, Warmup: o.Warmup, Timeout: 60 * time.Second}
 	prefill := time.Duration(o.PromptTokens) * o.PrefillPerToken
-	fmt.Fprintf(o.Out, "workload: chat, %d-token prompts (prefill %v), %d output tokens, streamed; open loop, %.1f req/s Poisson, %d rounds × %v per target (interleaved), %v warm-up\n",
-		o.PromptTokens, prefill, o.OutputTokens, o.Rate, o.Rounds, o.Duration, o.Warmup)
 	fmt.Fprintf(o.Out, "local-only keeps its decode engine %.0f%% busy prefilling (rate × prefill, one prefill slot); each prefiller of a P/D target %.0f%%\n",
 		100*o.Rate*prefill.Seconds()/float64(max(1, o.PrefillSlots)), 100*o.Rate*prefill.Seconds()/4/float64(max(1, o.PrefillSlots)))
 	fmt.Fprintf(o.Out, "hedging: --prefill-hedge-after %s --prefill-hedge-budget %s on pd-slow-hedged only\n", o.HedgeAfter, ftoa(o.HedgeBudget))
@@ -92,7 +90,9 @@ func runSlow(ctx context.Context, o Options, r *rig) ([]Line, error) {
 	if err != nil {
 		return nil, fmt.Errorf("load: %w", err)
 	}
-	rep := loadgen.Report{Workload: "see above", Load: "see above"}
+	rep := loadgen.Report{
+		Workload: fmt.Sprintf("chat, %d-token prompts (prefill %v), %d output tokens, streamed", o.PromptTokens, prefill, o.OutputTokens),
+		Load:     fmt.Sprintf("open loop, %.1f req/s Poisson, %d rounds × %v per target (interleaved), %v warm-up", o.Rate, o.Rounds, o.Duration, o.Warmup)}
 	sum := map[string]loadgen.Summary{}
 	for _, t := range res {
 		s := loadgen.Summarize(t)

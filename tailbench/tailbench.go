@@ -85,7 +85,7 @@ type Options struct {
 	CircuitCooldown                 time.Duration
 }
 
-// DefaultOptions is `make bench-tail`: about 2.5 minutes on 2 cores.
+// DefaultOptions is `make bench-tail`: about 3 minutes on 2 cores.
 func DefaultOptions() Options {
 	return Options{
 		Bin: "bin", Dir: "out/bench-tail", Out: os.Stdout, Scenarios: []int{1, 2, 3, 4},
@@ -99,7 +99,7 @@ func DefaultOptions() Options {
 		PromptTokens: 1000, OutputTokens: 4,
 		// 6 req/s of 100 ms prefills keeps a decode engine serving
 		// everything locally 60 % busy prefilling.
-		Rate: 6, Duration: 12 * time.Second, Rounds: 2, Warmup: 2 * time.Second,
+		Rate: 6, Duration: 14 * time.Second, Rounds: 2, Warmup: 2 * time.Second,
 		SlowShare: 0.1, SlowDelay: 2 * time.Second, HedgeAfter: "auto", HedgeBudget: 0.1,
 		HandshakeDelay: 2 * time.Second, WarmRequests: 8,
 		ShortTokens: 32, GuardTokens: 256, ShortRate: 50, ShortDuration: 4 * time.Second,
