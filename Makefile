@@ -182,6 +182,18 @@ bench: build
 	$(BIN)/pd-bench suite --bin $(BIN) --dir out/bench --plot out/bench.png --json out/bench.json $(BENCH_FLAGS)
 	$(GO) test -run '^$$' -bench . -benchmem ./connectors/nixlv2 ./proxy
 
+## bench-tail: the tail-latency features against baselines of the same run (pd-bench tail), on
+## loopback with engine-sim at a mid-size model's timing and one prefill slot per engine: one
+## prefiller of four slow (local only, healthy P/D, P/D with it, the same hedged), a cold prefiller
+## with and without --prefill-prewarm, short prompts under --min-remote-prefill-tokens, a prefiller
+## killed for 3 s under 200 req/s with and without circuit probing; then a budget table with a
+## verdict per line. About 3 minutes; TAIL_BENCH_FLAGS adds flags (e.g. --scenarios 1 --duration 30s).
+## Writes out/bench-tail.txt, logs in out/bench-tail/. Not part of make test.
+.PHONY: bench-tail
+bench-tail: build
+	@mkdir -p out
+	$(BIN)/pd-bench tail --bin $(BIN) --dir out/bench-tail $(TAIL_BENCH_FLAGS) | tee out/bench-tail.txt
+
 ## kube-apiserver: build bin/kube-apiserver from k8s.io/kubernetes (the module in e2e/kube/apiserver) for
 ## make test-k8s: about 10 minutes and 3 GB of memory on 2 cores the first time. The binary is kept in
 ## $(KUBE_CACHE) under a hash of that module's go.mod and go.sum and copied from there while they

@@ -101,3 +101,40 @@ func freePorts(n int) ([]int, error) {
 
 func hostPort(port int) string { return net.JoinHostPort("127.0.0.1", strconv.Itoa(port)) }
 func baseURL(port int) string  { return "http://" + hostPort(port) }
+
+// Process is a child process started by Start: its own process group, its
+// output in a log file. Other benchmarks (pd-bench tail) start theirs with
+// it.
+type Process struct{ p *proc }
+
+// Start runs bin with args in its own process group, its output to
+// dir/name.log.
+func Start(dir, name, bin string, args ...string) (*Process, error) {
+	p, err := start(dir, name, bin, args...)
+	if err != nil {
+		return nil, err
+	}
+	return &Process{p: p}, nil
+}
+
+// PID is the process's id (its process group's too).
+func (p *Process) PID() int { return p.p.pid() }
+
+// Stop ends the process group (SIGTERM, SIGKILL after 5 s) and waits.
+func (p *Process) Stop() { p.p.stop() }
+
+// Kill ends the process group at once with SIGKILL, as a crash would, and
+// waits.
+func (p *Process) Kill() {
+	_ = syscall.Kill(-p.p.pid(), syscall.SIGKILL)
+	_ = p.p.cmd.Wait()
+	p.p.log.Close()
+}
+
+// WaitHTTP polls url until it answers 200, for at most timeout.
+func WaitHTTP(ctx context.Context, url string, timeout time.Duration) error {
+	return waitHTTP(ctx, url, timeout)
+}
+
+// FreePorts returns n distinct free loopback ports.
+func FreePorts(n int) ([]int, error) { return freePorts(n) }

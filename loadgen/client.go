@@ -3,6 +3,7 @@ package loadgen
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -227,3 +228,26 @@ func (c *client) readStream(r *Result, resp *fasthttp.Response) {
 		}
 	}
 }
+
+// Client sends single requests to one target, for a benchmark that times
+// requests one by one (Run drives load).
+type Client struct{ c *client }
+
+// NewClient returns a Client for t; timeout bounds each request's reads and
+// writes.
+func NewClient(t Target, api API, timeout time.Duration) *Client {
+	return &Client{c: newClient(t, api, timeout)}
+}
+
+// Send runs one request and returns what it saw. A ctx that has ended
+// sends nothing (the Result's Err is "canceled"); fasthttp takes no
+// context, so a request already sent runs to its end or its timeout.
+func (c *Client) Send(ctx context.Context, body []byte) Result {
+	if ctx.Err() != nil {
+		return Result{Start: time.Now(), Err: "canceled"}
+	}
+	return c.c.do(time.Now(), body)
+}
+
+// Close closes the client's idle connections.
+func (c *Client) Close() { c.c.hc.CloseIdleConnections() }

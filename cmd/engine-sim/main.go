@@ -48,6 +48,7 @@ func run(args []string) error {
 	fs.DurationVar(&cfg.KVHandshakeDelay, "kv-handshake-delay", cfg.KVHandshakeDelay, "how long a decode's first NIXL pull from a prefiller engine (by remote_engine_id) waits for their handshake, once per prefiller engine (0: none)")
 	fs.BoolVar(&cfg.KVVerifyChecksums, "kv-verify-checksums", cfg.KVVerifyChecksums, "verify pulled blocks against the prefiller's checksums (NIXL does not)")
 	fs.IntVar(&cfg.MaxRunning, "max-running", cfg.MaxRunning, "requests served at once; more wait in the queue")
+	fs.IntVar(&cfg.PrefillSlots, "prefill-slots", cfg.PrefillSlots, "prefills computing at once, as on a compute-bound engine; more wait (0: unbounded)")
 	fs.IntVar(&cfg.DefaultMaxTokens, "default-max-tokens", cfg.DefaultMaxTokens, "token cap when a request sets none")
 	fs.IntVar(&cfg.TPSize, "tp-size", cfg.TPSize, "tensor-parallel size reported as tp_size")
 	fs.IntVar(&cfg.KVPort, "kv-port", 0, "KV side channel port (NIXL stand-in); 0 picks a free one")

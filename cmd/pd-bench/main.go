@@ -33,6 +33,9 @@ func run(args []string) error {
 	if len(args) > 0 && args[0] == "kv" {
 		return runKV(args[1:])
 	}
+	if len(args) > 0 && args[0] == "tail" {
+		return runTail(args[1:])
+	}
 	if len(args) > 0 && args[0] == "refproxy" {
 		return runRefProxy(args[1:])
 	}

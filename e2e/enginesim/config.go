@@ -65,6 +65,12 @@ type Config struct {
 	BootstrapTimeout time.Duration
 	// MaxRunning is the number of requests served at once; more wait.
 	MaxRunning int
+	// PrefillSlots bounds the prefills computing at once (0: unbounded).
+	// A real engine's prefill is compute-bound: its prefills share the
+	// GPU, so one more prefill makes the others wait. With N slots, a
+	// request whose prefill finds them all taken waits for one (counted in
+	// vllm:num_requests_waiting); decode steps and KV pulls take none.
+	PrefillSlots int
 	// DefaultMaxTokens applies when a request sets no token cap.
 	DefaultMaxTokens int
 	// TPSize is reported as tp_size in kv_transfer_params.
@@ -145,6 +151,8 @@ func (c Config) Validate() error {
 		return bad("--kv-load-failure-policy must be fail or recompute, not %q", c.KVLoadFailurePolicy)
 	case c.MaxRunning <= 0:
 		return bad("--max-running must be positive")
+	case c.PrefillSlots < 0:
+		return bad("--prefill-slots must not be negative")
 	case c.DefaultMaxTokens <= 0:
 		return bad("--default-max-tokens must be positive")
 	case c.TPSize <= 0:

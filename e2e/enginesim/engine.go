@@ -294,7 +294,7 @@ func (s *Sim) prefillLocal(ctx context.Context, g *genRequest, hashes []uint64) 
 	s.m.prefixQueries.Add(float64(len(g.prompt)))
 	s.m.prefixHits.Add(float64(cached))
 	s.m.localPrefillTokens.Add(float64(len(g.prompt)))
-	if !sleep(ctx, time.Duration(len(g.prompt)-cached)*s.cfg.PrefillPerToken) {
+	if !s.computePrefill(ctx, time.Duration(len(g.prompt)-cached)*s.cfg.PrefillPerToken) {
 		return nil, 0, ctx.Err()
 	}
 	for j := hits; j < len(hashes); j++ {
@@ -303,6 +303,38 @@ func (s *Sim) prefillLocal(ctx context.Context, g *genRequest, hashes []uint64) 
 		}
 	}
 	return fps, cached, nil
+}
+
+// computePrefill spends d computing a prefill. With --prefill-slots, the
+// computation first waits for a free prefill slot, as prefills share a real
+// engine's compute: meanwhile the request counts as waiting, not running.
+// It reports false when the client left.
+func (s *Sim) computePrefill(ctx context.Context, d time.Duration) bool {
+	if d <= 0 {
+		return ctx.Err() == nil
+	}
+	if s.prefillSlots == nil {
+		s.m.prefillsComputed.Inc()
+		return sleep(ctx, d)
+	}
+	select {
+	case s.prefillSlots <- struct{}{}:
+	default:
+		s.m.running.Dec()
+		s.m.waiting.Inc()
+		select {
+		case s.prefillSlots <- struct{}{}:
+		case <-ctx.Done():
+		}
+		s.m.waiting.Dec()
+		s.m.running.Inc()
+		if ctx.Err() != nil {
+			return false
+		}
+	}
+	defer func() { <-s.prefillSlots }()
+	s.m.prefillsComputed.Inc()
+	return sleep(ctx, d)
 }
 
 // pullKV pulls the request's KV from its prefiller and checks it covers the

@@ -17,6 +17,7 @@ type simMetrics struct {
 	remoteKVDecodes                     prometheus.Counter
 	kvHandshakes                        prometheus.Counter
 	localPrefillTokens                  prometheus.Counter
+	prefillsComputed                    prometheus.Counter
 	invalidKVParams                     prometheus.Counter
 	kvLoadFailures                      *prometheus.CounterVec
 	leaseExpired                        prometheus.Counter
@@ -77,6 +78,7 @@ func newSimMetrics(reg prometheus.Registerer, model string) *simMetrics {
 		remoteKVDecodes:      counter("sim_remote_kv_decodes_total", "Decodes that used KV pulled from a remote prefiller."),
 		kvHandshakes:         counter("sim_kv_handshakes_total", "NIXL handshakes with prefiller engines: first pulls from a remote_engine_id not connected yet (each waits --kv-handshake-delay)."),
 		localPrefillTokens:   counter("sim_local_prefill_tokens_total", "Prompt tokens this engine prefilled itself (cache hits included)."),
+		prefillsComputed:     counter("sim_prefills_computed_total", "Prefills that started computing on this engine (local requests, prefill legs, recomputes; a prefix cache hit of the whole prompt is none), finished or not."),
 		invalidKVParams:      counter("sim_invalid_kv_params_total", "Requests whose kv_transfer_params were invalid (prefilled locally, as vLLM does)."),
 		kvLoadFailures:       counterVec("sim_kv_load_failures_total", "Failed KV loads on the decode side, by the policy applied.", "policy"),
 		leaseExpired:         counter("sim_kv_lease_expired_total", "Holds of KV blocks that ended at lease expiry, not by a pull."),

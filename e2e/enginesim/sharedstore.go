@@ -133,7 +133,7 @@ func (s *Sim) prefillShared(ctx context.Context, g *genRequest, hashes []uint64)
 	if loaded > 0 {
 		s.m.sharedLoads.Inc()
 	}
-	if !sleep(ctx, time.Duration(n-cached)*s.cfg.PrefillPerToken) {
+	if !s.computePrefill(ctx, time.Duration(n-cached)*s.cfg.PrefillPerToken) {
 		return nil, 0, ctx.Err()
 	}
 	for k := hits; k < len(hashes); k++ {

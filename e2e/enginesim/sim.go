@@ -36,8 +36,11 @@ type Sim struct {
 	holds    *holdStore
 	faults   faultBox
 	slots    chan struct{}
-	journal  *journal
-	store    *sharedStore // nil without SharedStorageDir
+	// prefillSlots bounds the prefills computing at once (nil: unbounded;
+	// see Config.PrefillSlots).
+	prefillSlots chan struct{}
+	journal      *journal
+	store        *sharedStore // nil without SharedStorageDir
 	// kva is the kvtransfer region and agent (nil without KVTransport).
 	kva *kvAgent
 	// ec holds encodings for consumers; ecm counts the encoder stage
@@ -71,6 +74,9 @@ func New(cfg Config, log zerolog.Logger) (*Sim, error) {
 		cache:    newPrefixCache(cfg.NumKVBlocks),
 		slots:    make(chan struct{}, cfg.MaxRunning),
 		journal:  newJournal(200),
+	}
+	if cfg.PrefillSlots > 0 {
+		s.prefillSlots = make(chan struct{}, cfg.PrefillSlots)
 	}
 	if s.engineID == "" {
 		s.engineID = randomHex(16)
