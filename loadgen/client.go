@@ -7,6 +7,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
+	"sync"
 	"time"
 
 	"github.com/tidwall/gjson"
@@ -49,6 +51,11 @@ type Result struct {
 	BodyBytes int
 	// Err is empty on success, else a short error kind.
 	Err string
+	// Left marks a request whose client closed its connection on purpose
+	// before the answer ended (Load.LeaveShare); Err is then empty, and
+	// Status and Tokens say what had arrived before it left (Status 0:
+	// not even the answer's head).
+	Left bool
 }
 
 // Error kinds of a Result.
@@ -62,26 +69,80 @@ const (
 
 // client sends requests for one target.
 type client struct {
-	t   Target
-	api API
-	hc  *fasthttp.Client
-	url string
+	t       Target
+	api     API
+	hc      *fasthttp.Client
+	url     string
+	timeout time.Duration
 }
 
 func newClient(t Target, api API, timeout time.Duration) *client {
 	return &client{
-		t:   t,
-		api: api,
-		url: t.URL + api.Path(),
-		hc: &fasthttp.Client{
-			StreamResponseBody:  true,
-			MaxConnsPerHost:     1 << 16,
-			MaxIdleConnDuration: 30 * time.Second,
-			ReadTimeout:         timeout,
-			WriteTimeout:        timeout,
-			ReadBufferSize:      16 << 10,
-		},
+		t:       t,
+		api:     api,
+		url:     t.URL + api.Path(),
+		timeout: timeout,
+		hc:      newHTTPClient(timeout, nil),
 	}
+}
+
+// newHTTPClient is the fasthttp client of a target; dial nil is
+// fasthttp's own.
+func newHTTPClient(timeout time.Duration, dial fasthttp.DialFunc) *fasthttp.Client {
+	return &fasthttp.Client{
+		Dial:                dial,
+		StreamResponseBody:  true,
+		MaxConnsPerHost:     1 << 16,
+		MaxIdleConnDuration: 30 * time.Second,
+		ReadTimeout:         timeout,
+		WriteTimeout:        timeout,
+		ReadBufferSize:      16 << 10,
+	}
+}
+
+// leave runs one request whose client closes its connection at the time
+// at unless the answer ended before: a client that gives up. fasthttp has
+// no per-request cancellation, so the request gets a client of its own
+// whose dialer keeps the connection, and a timer closes it; the server
+// sees the connection end as it would when a real client goes away.
+func (c *client) leave(start time.Time, body []byte, at time.Time) Result {
+	var (
+		mu   sync.Mutex
+		conn net.Conn
+		gone bool // the timer fired: no connection may be made any more
+	)
+	dial := func(addr string) (net.Conn, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		if gone {
+			return nil, errors.New("the client has left")
+		}
+		nc, err := fasthttp.DialTimeout(addr, c.timeout)
+		if err != nil {
+			return nil, fmt.Errorf("dial %s: %w", addr, err)
+		}
+		conn = nc
+		return nc, nil
+	}
+	one := *c
+	one.hc = newHTTPClient(c.timeout, dial)
+	defer one.hc.CloseIdleConnections()
+	timer := time.AfterFunc(time.Until(at), func() {
+		mu.Lock()
+		defer mu.Unlock()
+		gone = true
+		if conn != nil {
+			_ = conn.Close()
+		}
+	})
+	r := one.do(start, body)
+	fired := !timer.Stop()
+	// A timer that fired as the answer ended closed an idle connection:
+	// that client got its whole answer and did not leave.
+	if fired && r.Err != "" {
+		r.Left, r.Err = true, ""
+	}
+	return r
 }
 
 var prefillParams = []byte(`{"do_remote_decode":true,"do_remote_prefill":false,"remote_engine_id":null,"remote_block_ids":null,"remote_host":null,"remote_port":null}`)

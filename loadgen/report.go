@@ -40,7 +40,7 @@ func (r Report) WriteTable(w io.Writer) error {
 			ratio = s.ReqPerSec / base.ReqPerSec
 		}
 		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%.0f\t%.2f\t%.0f\t%s\t%s\t%s\t%s\t%+.3f\t%+.3f\t%s\t%s\t%s\t%s\t\n",
-			s.Name, s.OK, s.Requests-s.OK, s.CutShort, s.ReqPerSec, ratio, s.TokPerSec,
+			s.Name, s.OK, s.Requests-s.OK-s.Left, s.CutShort, s.ReqPerSec, ratio, s.TokPerSec,
 			ms(s.TTFT.P50), ms(s.TTFT.P90), ms(s.TTFT.P99), ms(s.TTFT.Max),
 			s.TTFT.P50-base.TTFT.P50, s.TTFT.P99-base.TTFT.P99,
 			ms(s.InterToken.P50), ms(s.InterToken.P99), ms(s.E2E.P50), ms(s.E2E.P99))
@@ -49,6 +49,11 @@ func (r Report) WriteTable(w io.Writer) error {
 		return err
 	}
 	fmt.Fprintln(w, "(latencies in ms; Δ columns: ms added over the first target)")
+	for _, s := range r.Targets {
+		if s.Left > 0 {
+			fmt.Fprintf(w, "%s: %d clients left on purpose (%d of them after the answer's head), neither ok nor errors\n", s.Name, s.Left, s.LeftAfterHead)
+		}
+	}
 	for _, s := range r.Targets {
 		if len(s.Errors) == 0 && s.Dropped == 0 {
 			continue

@@ -33,6 +33,12 @@ type Load struct {
 	// MaxOutstanding bounds open-loop requests in flight; arrivals past it
 	// are counted as dropped.
 	MaxOutstanding int
+	// LeaveShare is the share (0..1) of requests whose client closes its
+	// connection LeaveAfter after the request was due, unless the answer
+	// ended before: clients that give up (Result.Left). The leaving
+	// requests are spread evenly over each phase's requests (see leaves).
+	LeaveShare float64
+	LeaveAfter time.Duration
 }
 
 // Validate checks the load.
@@ -44,8 +50,26 @@ func (l Load) Validate() error {
 		return errors.New("duration must be positive")
 	case l.Rounds < 1:
 		return errors.New("rounds must be at least 1")
+	case l.LeaveShare < 0 || l.LeaveShare > 1:
+		return errors.New("leave share must be within 0..1")
+	case l.LeaveShare > 0 && l.LeaveAfter <= 0:
+		return errors.New("a leave share needs a positive leave-after time")
 	}
 	return nil
+}
+
+// leaves reports whether the phase's request number k (from 0) is one
+// whose client leaves: of the first n requests, floor(n × LeaveShare)
+// leave, so that a share of 0.1 makes every tenth request leave rather
+// than a random tenth, and a short phase still has its share.
+func (l Load) leaves(k uint64) bool {
+	if l.LeaveShare <= 0 {
+		return false
+	}
+	// The epsilon keeps products that are whole numbers in decimal (10 ×
+	// 0.3) from landing just under them in binary.
+	upTo := func(n uint64) uint64 { return uint64(float64(n)*l.LeaveShare + 1e-9) }
+	return upTo(k+1) > upTo(k)
 }
 
 // Progress is told after every phase.
@@ -108,6 +132,14 @@ func runPhase(ctx context.Context, c *client, reqs []Request, next *atomic.Uint6
 	ctx, cancel := context.WithTimeout(ctx, l.Duration)
 	defer cancel()
 	pick := func() []byte { return reqs[next.Add(1)%uint64(len(reqs))].Body }
+	// send runs one request, as a leaving client when its number says so.
+	var sent atomic.Uint64
+	send := func(start time.Time, body []byte) Result {
+		if l.leaves(sent.Add(1) - 1) {
+			return c.leave(start, body, start.Add(l.LeaveAfter))
+		}
+		return c.do(start, body)
+	}
 	var mu sync.Mutex
 	var all []Result
 	var wg sync.WaitGroup
@@ -118,7 +150,7 @@ func runPhase(ctx context.Context, c *client, reqs []Request, next *atomic.Uint6
 				defer wg.Done()
 				var mine []Result
 				for ctx.Err() == nil {
-					mine = append(mine, c.do(time.Now(), pick()))
+					mine = append(mine, send(time.Now(), pick()))
 				}
 				mu.Lock()
 				all = append(all, mine...)
@@ -159,7 +191,7 @@ func runPhase(ctx context.Context, c *client, reqs []Request, next *atomic.Uint6
 		go func(start time.Time, body []byte) {
 			defer wg.Done()
 			defer outstanding.Add(-1)
-			r := c.do(start, body)
+			r := send(start, body)
 			mu.Lock()
 			all = append(all, r)
 			mu.Unlock()

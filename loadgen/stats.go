@@ -38,7 +38,12 @@ type Summary struct {
 	Errors   map[string]int `json:"errors"`
 	CutShort int            `json:"cut_short"`
 	Dropped  int            `json:"dropped"`
-	Tokens   int            `json:"tokens"`
+	// Left counts the requests whose client left on purpose
+	// (Load.LeaveShare), neither ok nor errors; LeftAfterHead those of
+	// them that had the answer's head before they left.
+	Left          int `json:"left"`
+	LeftAfterHead int `json:"left_after_head"`
+	Tokens        int `json:"tokens"`
 	// BodyBytes is the request body bytes sent, over every request.
 	BodyBytes  int64       `json:"body_bytes"`
 	ReqPerSec  float64     `json:"req_per_sec"`
@@ -56,6 +61,13 @@ func Summarize(t *TargetResults) Summary {
 	var ttft, gaps, e2e []time.Duration
 	for _, r := range t.Results {
 		s.BodyBytes += int64(r.BodyBytes)
+		if r.Left {
+			s.Left++
+			if r.Status != 0 {
+				s.LeftAfterHead++
+			}
+			continue
+		}
 		if r.Err != "" {
 			s.Errors[r.Err]++
 			if r.Err == ErrKindCut {
