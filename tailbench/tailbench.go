@@ -1,6 +1,6 @@
 // Package tailbench is `pd-bench tail` (make bench-tail): the sidecar's
 // tail-latency features measured against baselines of the same run, on
-// loopback with engine-sim at a mid-size model's timing. Four scenarios,
+// loopback with engine-sim at a mid-size model's timing. Five scenarios,
 // each with its own processes, then one table of budget lines with a
 // verdict each:
 //
@@ -11,7 +11,10 @@
 //  3. short prompts under --min-remote-prefill-tokens against the same
 //     prompts served locally;
 //  4. a prefiller killed for a few seconds under load, with and without
-//     active probing of its open circuit.
+//     active probing of its open circuit;
+//  5. a share of clients that leave right after the prefill answered,
+//     before the decode engine read the KV, with and without
+//     --release-kv-on-cancel: the prefillers' KV held after the load.
 //
 // Every engine runs with --prefill-slots (1 by default): a real engine's
 // prefill is compute-bound, so the prefills a decode engine does itself
@@ -39,7 +42,7 @@ type Options struct {
 	Bin, Dir string
 	// Out receives the tables.
 	Out io.Writer
-	// Scenarios to run, by number (1..4).
+	// Scenarios to run, by number (1..5).
 	Scenarios []int
 
 	// The engines' timing: prefill per token, decode per token after the
@@ -83,12 +86,24 @@ type Options struct {
 	ProbeInterval                   time.Duration
 	CircuitFailures                 int
 	CircuitCooldown                 time.Duration
+
+	// Scenario 5: the prompt length, the rate and load time, the share of
+	// clients that leave and when (after their request was due), how long
+	// the decode engine holds a streamed decode leg after its head before
+	// it reads the KV, the prefillers' --kv-lease, and how long the blocks
+	// held are watched after the load's end.
+	LeaveTokens            int
+	LeaveRate              float64
+	LeaveDuration          time.Duration
+	LeaveShare             float64
+	LeaveAfter, DecodeHold time.Duration
+	KVLease, LeaveWatch    time.Duration
 }
 
 // DefaultOptions is `make bench-tail`: about 3 minutes on 2 cores.
 func DefaultOptions() Options {
 	return Options{
-		Bin: "bin", Dir: "out/bench-tail", Out: os.Stdout, Scenarios: []int{1, 2, 3, 4},
+		Bin: "bin", Dir: "out/bench-tail", Out: os.Stdout, Scenarios: []int{1, 2, 3, 4, 5},
 		// A mid-size model on one GPU: 100 µs of prefill a token (a
 		// 1000-token prompt in 100 ms), 20 ms a decode step, 128 KiB of
 		// KV a token moved at 25 GB/s (5 ms for 1000 tokens): simulated
@@ -105,6 +120,14 @@ func DefaultOptions() Options {
 		ShortTokens: 32, GuardTokens: 256, ShortRate: 50, ShortDuration: 4 * time.Second,
 		KillRate: 200, KillBefore: 1500 * time.Millisecond, KillDown: 3 * time.Second, KillAfter: 3500 * time.Millisecond,
 		ProbeInterval: 250 * time.Millisecond, CircuitFailures: 3, CircuitCooldown: 5 * time.Second,
+		// 256-token prompts prefill in 26 ms: at 30 req/s over two
+		// prefillers each is 38 % busy, so a prefill queues a few
+		// milliseconds and has answered well before 250 ms; every decode
+		// leg then waits 600 ms before it reads the KV. vLLM keeps KV no
+		// decoder read for VLLM_NIXL_ABORT_REQUEST_TIMEOUT, 480 s.
+		LeaveTokens: 256, LeaveRate: 30, LeaveDuration: 10 * time.Second, LeaveShare: 0.1,
+		LeaveAfter: 250 * time.Millisecond, DecodeHold: 600 * time.Millisecond,
+		KVLease: 480 * time.Second, LeaveWatch: 2 * time.Second,
 	}
 }
 
@@ -127,10 +150,18 @@ func (o Options) Validate() error {
 		return errors.New("the kill phases must be positive")
 	case o.WarmRequests < 1:
 		return errors.New("--warm-requests must be at least 1")
+	case o.LeaveTokens < 1 || o.LeaveRate <= 0 || o.LeaveDuration <= 0:
+		return errors.New("scenario 5: prompt length, rate and duration must be positive")
+	case o.LeaveShare <= 0 || o.LeaveShare > 1:
+		return errors.New("--leave-share must be within 0 (excluded) and 1")
+	case o.LeaveAfter <= 0 || o.DecodeHold <= o.LeaveAfter:
+		return errors.New("--leave-after must be positive and --decode-hold longer: the clients leave while the decode leg is held")
+	case o.KVLease <= o.LeaveWatch || o.LeaveWatch <= 0:
+		return errors.New("--leave-watch must be positive and --kv-lease longer: else the lease, not a release, frees the KV")
 	}
 	for _, s := range o.Scenarios {
-		if s < 1 || s > 4 {
-			return fmt.Errorf("scenario %d: there are scenarios 1 to 4", s)
+		if s < 1 || s > 5 {
+			return fmt.Errorf("scenario %d: there are scenarios 1 to 5", s)
 		}
 	}
 	return nil
@@ -158,7 +189,7 @@ func Run(ctx context.Context, o Options) error {
 	scenarios := []struct {
 		n   int
 		run func(context.Context, Options, *rig) ([]Line, error)
-	}{{1, runSlow}, {2, runCold}, {3, runShort}, {4, runKill}}
+	}{{1, runSlow}, {2, runCold}, {3, runShort}, {4, runKill}, {5, runLeave}}
 	var lines []Line
 	for _, s := range scenarios {
 		if !slices.Contains(o.Scenarios, s.n) {

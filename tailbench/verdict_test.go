@@ -88,11 +88,14 @@ func TestWriteLinesCountsMissed(t *testing.T) {
 func TestOptionsValidate(t *testing.T) {
 	require.NoError(t, DefaultOptions().Validate())
 	cases := map[string]func(*Options){
-		"scenario 5":      func(o *Options) { o.Scenarios = []int{5} },
-		"no rate":         func(o *Options) { o.Rate = 0 },
-		"slow share > 1":  func(o *Options) { o.SlowShare = 2 },
-		"kv bytes not ×8": func(o *Options) { o.KVBytesPerToken = 12 },
-		"no rounds":       func(o *Options) { o.Rounds = 0 },
+		"scenario 6":             func(o *Options) { o.Scenarios = []int{6} },
+		"leave after the hold":   func(o *Options) { o.LeaveAfter = o.DecodeHold },
+		"no leave share":         func(o *Options) { o.LeaveShare = 0 },
+		"lease within the watch": func(o *Options) { o.KVLease = o.LeaveWatch },
+		"no rate":                func(o *Options) { o.Rate = 0 },
+		"slow share > 1":         func(o *Options) { o.SlowShare = 2 },
+		"kv bytes not ×8":        func(o *Options) { o.KVBytesPerToken = 12 },
+		"no rounds":              func(o *Options) { o.Rounds = 0 },
 	}
 	for name, mutate := range cases {
 		o := DefaultOptions()

@@ -22,7 +22,7 @@ func runTail(args []string) error {
 	fs.SortFlags = false
 	fs.StringVar(&o.Bin, "bin", o.Bin, "directory holding engine-sim and pd-sidecar")
 	fs.StringVar(&o.Dir, "dir", o.Dir, "directory for the processes' logs")
-	scenarios := fs.String("scenarios", "1,2,3,4", "scenarios to run: 1 slow prefiller and hedging, 2 cold prefiller and pre-warm, 3 short-prompt guard, 4 prefiller killed and circuit probing")
+	scenarios := fs.String("scenarios", "1,2,3,4,5", "scenarios to run: 1 slow prefiller and hedging, 2 cold prefiller and pre-warm, 3 short-prompt guard, 4 prefiller killed and circuit probing, 5 clients leaving after the prefill and --release-kv-on-cancel")
 	fs.DurationVar(&o.PrefillPerToken, "prefill-per-token", o.PrefillPerToken, "engines' prefill cost per token")
 	fs.DurationVar(&o.DecodePerToken, "decode-per-token", o.DecodePerToken, "engines' cost per decode step")
 	fs.IntVar(&o.KVBytesPerToken, "kv-bytes-per-token", o.KVBytesPerToken, "simulated KV bytes per token (a multiple of 8)")
@@ -49,6 +49,14 @@ func runTail(args []string) error {
 	fs.DurationVar(&o.KillDown, "kill-down", o.KillDown, "scenario 4: how long the prefiller stays down")
 	fs.DurationVar(&o.KillAfter, "kill-after", o.KillAfter, "scenario 4: load after the restart")
 	fs.DurationVar(&o.ProbeInterval, "probe-interval", o.ProbeInterval, "scenario 4: --circuit-probe-interval measured (the control runs 0)")
+	fs.IntVar(&o.LeaveTokens, "leave-tokens", o.LeaveTokens, "scenario 5: prompt length in tokens")
+	fs.Float64Var(&o.LeaveRate, "leave-rate", o.LeaveRate, "scenario 5: open-loop Poisson arrivals per second")
+	fs.DurationVar(&o.LeaveDuration, "leave-duration", o.LeaveDuration, "scenario 5: load time of each run (release on, release off)")
+	fs.Float64Var(&o.LeaveShare, "leave-share", o.LeaveShare, "scenario 5: share of clients that leave after the prefill")
+	fs.DurationVar(&o.LeaveAfter, "leave-after", o.LeaveAfter, "scenario 5: when a leaving client closes its connection, after its request was due")
+	fs.DurationVar(&o.DecodeHold, "decode-hold", o.DecodeHold, "scenario 5: how long the decode engine holds a streamed decode leg before it reads the KV (longer than --leave-after)")
+	fs.DurationVar(&o.KVLease, "kv-lease", o.KVLease, "scenario 5: the prefillers' --kv-lease")
+	fs.DurationVar(&o.LeaveWatch, "leave-watch", o.LeaveWatch, "scenario 5: how long the prefillers' KV is watched after the load's end")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, pflag.ErrHelp) {
 			return nil
@@ -59,7 +67,7 @@ func runTail(args []string) error {
 	for one := range strings.SplitSeq(*scenarios, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(one))
 		if err != nil {
-			return fmt.Errorf("--scenarios %q: want numbers 1..4, comma-separated: %w", *scenarios, err)
+			return fmt.Errorf("--scenarios %q: want numbers 1..5, comma-separated: %w", *scenarios, err)
 		}
 		o.Scenarios = append(o.Scenarios, n)
 	}
