@@ -186,8 +186,9 @@ bench: build
 ## loopback with engine-sim at a mid-size model's timing and one prefill slot per engine: one
 ## prefiller of four slow (local only, healthy P/D, P/D with it, the same hedged), a cold prefiller
 ## with and without --prefill-prewarm, short prompts under --min-remote-prefill-tokens, a prefiller
-## killed for 3 s under 200 req/s with and without circuit probing; then a budget table with a
-## verdict per line. About 3 minutes; TAIL_BENCH_FLAGS adds flags (e.g. --scenarios 1 --duration 30s).
+## killed for 3 s under 200 req/s with and without circuit probing, 10 % of clients leaving right
+## after the prefill with and without --release-kv-on-cancel; then a budget table with a verdict per
+## line. About 3.5 minutes; TAIL_BENCH_FLAGS adds flags (e.g. --scenarios 1 --duration 30s).
 ## Writes out/bench-tail.txt, logs in out/bench-tail/. Not part of make test.
 .PHONY: bench-tail
 bench-tail: build

@@ -100,7 +100,7 @@ type Options struct {
 	KVLease, LeaveWatch    time.Duration
 }
 
-// DefaultOptions is `make bench-tail`: about 3 minutes on 2 cores.
+// DefaultOptions is `make bench-tail`: about 3.5 minutes on 2 cores.
 func DefaultOptions() Options {
 	return Options{
 		Bin: "bin", Dir: "out/bench-tail", Out: os.Stdout, Scenarios: []int{1, 2, 3, 4, 5},
