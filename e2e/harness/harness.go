@@ -5,7 +5,6 @@
 package harness
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"errors"
@@ -24,9 +23,7 @@ import (
 	"testing"
 	"time"
 
-	dto "github.com/prometheus/client_model/go"
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
+	"github.com/pd-sidecar/pd-sidecar/promscrape"
 )
 
 // builds caches one compiled binary per command name for the whole test
@@ -227,73 +224,18 @@ func (p *Proc) WaitHTTP(t testing.TB, url string, timeout time.Duration) {
 	t.Fatalf("harness: %s did not answer 200 within %v:\n%s", url, timeout, p.Output())
 }
 
-// Metrics is one scrape of a Prometheus endpoint.
-type Metrics map[string]*dto.MetricFamily
+// Metrics is one scrape of a Prometheus endpoint (promscrape.Metrics:
+// Value sums its series by label).
+type Metrics = promscrape.Metrics
 
 // Scrape fetches and parses url (a /metrics endpoint).
 func Scrape(t testing.TB, url string) Metrics {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	m, err := promscrape.Scrape(context.Background(), url)
 	if err != nil {
-		t.Fatalf("harness: scrape %s: %v", url, err)
+		t.Fatalf("harness: %v", err)
 	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatalf("harness: scrape %s: %v", url, err)
-	}
-	defer resp.Body.Close()
-	parser := expfmt.NewTextParser(model.UTF8Validation)
-	fams, err := parser.TextToMetricFamilies(bufio.NewReader(resp.Body))
-	if err != nil {
-		t.Fatalf("harness: parse %s: %v", url, err)
-	}
-	return fams
-}
-
-// Value returns the sum over every series of metric name whose labels include
-// all of labels (counter, gauge, untyped; the sample count for histograms).
-// A metric that is absent reads as 0, as Prometheus counters that never moved
-// are often not exported.
-func (m Metrics) Value(name string, labels map[string]string) float64 {
-	fam, ok := m[name]
-	if !ok {
-		return 0
-	}
-	var sum float64
-	for _, s := range fam.GetMetric() {
-		if !matches(s.GetLabel(), labels) {
-			continue
-		}
-		switch {
-		case s.Counter != nil:
-			sum += s.GetCounter().GetValue()
-		case s.Gauge != nil:
-			sum += s.GetGauge().GetValue()
-		case s.Histogram != nil:
-			sum += float64(s.GetHistogram().GetSampleCount())
-		case s.Untyped != nil:
-			sum += s.GetUntyped().GetValue()
-		}
-	}
-	return sum
-}
-
-func matches(have []*dto.LabelPair, want map[string]string) bool {
-	for k, v := range want {
-		found := false
-		for _, l := range have {
-			if l.GetName() == k && l.GetValue() == v {
-				found = true
-				break
-			}
-		}
-		if !found {
-			return false
-		}
-	}
-	return true
+	return m
 }
 
 // Metric scrapes url and returns Value(name, labels).
