@@ -25,6 +25,12 @@ const (
 	// RejectUnknownRank: x-data-parallel-host-port names no data-parallel
 	// rank of this pod (400).
 	RejectUnknownRank = "unknown_data_parallel_rank"
+	// RejectMethodNotAllowed: the passthrough policy passes no request of
+	// this method on this path (405).
+	RejectMethodNotAllowed = "method_not_allowed"
+	// RejectPathNotAllowed: the passthrough policy passes nothing to this
+	// path (403).
+	RejectPathNotAllowed = "path_not_allowed"
 )
 
 // Circuit probe results (the result label of circuit_probes_total).
@@ -69,7 +75,7 @@ func NewGuards(reg prometheus.Registerer) *Guards {
 	g := &Guards{
 		Rejected: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "pd_sidecar_requests_rejected_total",
-			Help: "Requests refused before any upstream leg, by reason (body_too_large, headers_too_large, read_timeout, malformed, overloaded, prefiller_not_allowed, buffered_bytes, unknown_data_parallel_rank).",
+			Help: "Requests refused before any upstream leg, by reason (body_too_large, headers_too_large, read_timeout, malformed, overloaded, prefiller_not_allowed, buffered_bytes, unknown_data_parallel_rank, method_not_allowed, path_not_allowed).",
 		}, []string{"reason"}),
 		CircuitOpen: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "pd_sidecar_prefiller_circuits_open",

@@ -114,6 +114,9 @@ type Config struct {
 	MoriIO MoriIOConfig
 	// Hedge is hedged prefill (hedge.go); off by default.
 	Hedge HedgeConfig
+	// Passthrough says which other requests pass through to the local
+	// engine (passpolicy.go).
+	Passthrough PassthroughConfig
 }
 
 // DefaultConfig returns the defaults, drop-in compatible with llm-d's
@@ -141,6 +144,7 @@ func DefaultConfig() Config {
 		Guard:                  DefaultGuardConfig(),
 		Encoder:                DefaultEncoderConfig(),
 		Hedge:                  HedgeConfig{Budget: 0.1},
+		Passthrough:            DefaultPassthroughConfig(),
 	}
 }
 
@@ -204,6 +208,9 @@ func (c Config) Validate() error {
 		return err
 	}
 	if err := c.MoriIO.Validate(); err != nil {
+		return err
+	}
+	if err := c.Passthrough.Validate(); err != nil {
 		return err
 	}
 	return c.Guard.Validate()

@@ -56,6 +56,7 @@ type Proxy struct {
 	hedge    *hedger     // hedged prefill (hedge.go); nil: off
 	kvr      *kvReleaser // frees a prefiller's KV nobody read (kvrelease.go); nil: off
 	armer    *watchArmer // client-connection watches (watch.go)
+	pass     *passPolicy // what passes through to the engine (passpolicy.go)
 	bufs     streamBufs  // per-stream buffers for reuse (sse.go)
 	// loops carry open streams (loopstream.go); nil: each stream keeps its
 	// goroutine. servers are the servers of the local engines' ports, by
@@ -83,6 +84,11 @@ func New(cfg Config, conn connectors.Connector, m *metrics.Metrics, gatherer pro
 	}
 	p.tr.SetAnswerLimits(cfg.MaxUpstreamAnswerBytes, cfg.Guard.MaxHeaderBytes)
 	p.armer = newWatchArmer(watchDelay)
+	pass, err := newPassPolicy(cfg.Passthrough)
+	if err != nil {
+		return nil, err
+	}
+	p.pass = pass
 	p.rewriter, _ = conn.(connectors.AnswerRewriter)
 	g, err := newGuard(cfg.Guard, cfg.MaxRequestBodyBytes, m.Guards, log)
 	if err != nil {
@@ -132,36 +138,22 @@ func (p *Proxy) Handler(rank int) fasthttp.RequestHandler {
 		if p.refuseHead(rc) {
 			return
 		}
-		path := rc.Path()
-		switch string(path) {
-		case "/health":
-			rc.SetContentType("application/json")
-			rc.SetBodyString(`{"status":"ok"}`)
+		if p.serveOwn(rc, local) { // /health, /ready, /metrics, /debug/pd (exposure.go)
 			return
-		case "/ready":
-			p.ready(rc, local)
-			return
-		case "/metrics":
-			if p.cfg.MetricsPort == 0 {
-				p.metricsH(rc)
-				return
-			}
-		case "/debug/pd":
-			if p.ext.Debug != nil {
-				p.ext.Debug(rc)
-				return
-			}
 		}
+		path := rc.Path()
 		if api, ok := connectors.APIForPath(string(path)); ok && rc.IsPost() {
 			p.serveInference(rc, local, api)
+			return
+		}
+		// Before anything is forwarded: the passthrough policy.
+		if v := p.pass.decide(string(rc.Method()), string(path)); !v.pass() {
+			p.refusePassthrough(rc, v)
 			return
 		}
 		p.passthrough(rc, local)
 	}
 }
-
-// MetricsHandler serves /metrics (for --metrics-port).
-func (p *Proxy) MetricsHandler() fasthttp.RequestHandler { return p.metricsH }
 
 // ready answers 200 when the local engine's /health answers 200 and the
 // proxy is not draining.

@@ -100,6 +100,7 @@ func parseFlags(args []string, help io.Writer) (options, error) {
 	addLLMDFlags(fs, &o.llmd, os.Getenv)
 	addEncoderFlags(fs, &c.Encoder)
 	addGuardFlags(fs, &o)
+	addExposureFlags(fs, c) // exposure.go
 	fs.BoolVar(&o.tracing, "tracing", false, "export OpenTelemetry spans (OTLP over gRPC or HTTP, or console); OTEL_TRACES_EXPORTER=otlp or console turns tracing on without this flag, OTEL_TRACES_EXPORTER=none or OTEL_SDK_DISABLED=true keeps it off with it; endpoint, protocol, headers, sampler from the standard OTEL_* environment")
 	if err := parseWithConfiguration(fs, args, os.ReadFile); err != nil {
 		if errors.Is(err, pflag.ErrHelp) {

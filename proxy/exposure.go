@@ -1,0 +1,105 @@
+package proxy
+
+import (
+	"strings"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/pd-sidecar/pd-sidecar/metrics"
+)
+
+// What the sidecar itself answers on its serving ports: /health, /ready,
+// /metrics (unless --metrics-port moves it) and /debug/pd, and the requests
+// the passthrough policy refuses.
+
+// debugPath is the status view's path (status.Path).
+const debugPath = "/debug/pd"
+
+// serveOwn answers rc when its path is one of the sidecar's own endpoints on
+// a serving port, and reports whether it did. /metrics is not the serving
+// port's when --metrics-port is set: then it is judged by the passthrough
+// policy like any other path (the engine's /metrics passes).
+func (p *Proxy) serveOwn(rc *fasthttp.RequestCtx, local string) bool {
+	path := rc.Path()
+	switch string(path) {
+	case "/health", "/ready":
+	case "/metrics":
+		if p.cfg.MetricsPort != 0 {
+			return false
+		}
+	case debugPath:
+		if p.ext.Debug == nil {
+			return false
+		}
+	default:
+		return false
+	}
+	if v := p.pass.ownVerdict(string(rc.Method())); !v.pass() {
+		p.refusePassthrough(rc, v)
+		return true
+	}
+	switch string(path) {
+	case "/health":
+		health(rc)
+	case "/ready":
+		p.ready(rc, local)
+	case "/metrics":
+		p.metricsH(rc)
+	default:
+		p.ext.Debug(rc)
+	}
+	return true
+}
+
+// health answers /health: the sidecar is alive.
+func health(rc *fasthttp.RequestCtx) {
+	rc.SetContentType("application/json")
+	rc.SetBodyString(`{"status":"ok"}`)
+}
+
+// refusePassthrough answers a request the passthrough policy refuses, before
+// anything is forwarded: an OpenAI-style JSON error (405 with its Allow
+// header, or 403) in fixed words, counted in requests_rejected_total,
+// logged with the request id, the method and the path (logPath's).
+func (p *Proxy) refusePassthrough(rc *fasthttp.RequestCtx, v passVerdict) {
+	reason := metrics.RejectPathNotAllowed
+	if v.status == fasthttp.StatusMethodNotAllowed {
+		reason = metrics.RejectMethodNotAllowed
+		rc.Response.Header.Set(fasthttp.HeaderAllow, v.allow)
+	}
+	p.guard.m.Rejected.WithLabelValues(reason).Inc()
+	id := requestID(rc.Request.Header.Peek(HeaderRequestID))
+	rc.Response.Header.Set(HeaderRequestID, id)
+	p.log.Warn().Err(v.err).Str("request_id", id).Str("reason", reason).Int("status", v.status).
+		Str("method", logPath(rc.Method())).Str("path", logPath(rc.Path())).
+		Str("remote", rc.RemoteAddr().String()).Msg("request rejected")
+	rc.SetStatusCode(v.status)
+	rc.SetContentType("application/json")
+	rc.SetBody(errorBody(v.status, v.err))
+}
+
+// maxLoggedPath bounds a path quoted in a log line.
+const maxLoggedPath = 128
+
+// logPath is a client's path (decoded, without its query) or method as a
+// log line may quote it: at most maxLoggedPath bytes, each byte that is not
+// visible ASCII written %XX, so nothing a client sends can forge a line or
+// a terminal escape.
+func logPath(b []byte) string {
+	const hex = "0123456789ABCDEF"
+	var sb strings.Builder
+	for _, c := range b {
+		if sb.Len() >= maxLoggedPath {
+			sb.WriteString("...")
+			break
+		}
+		if c <= ' ' || c >= 0x7f || c == '%' {
+			sb.WriteByte('%')
+			sb.WriteByte(hex[c>>4])
+			sb.WriteByte(hex[c&15])
+			continue
+		}
+		sb.WriteByte(c)
+	}
+	return sb.String()
+}
