@@ -21,7 +21,8 @@ import (
 // What the serving port exposes (docs/security.md): the passthrough policy
 // refuses, before anything is forwarded, what is not the engines' serving
 // API (TRACE, CONNECT, OPTIONS *, the engine's admin endpoints), with an
-// OpenAI-style 405 or 403, counted and logged. Each on the lane (default
+// OpenAI-style 405 or 403, counted and logged; --metrics-port takes
+// /metrics and /debug/pd off the serving port. Each on the lane (default
 // --stream-loops) and on fasthttp's path (--stream-loops=0).
 
 // recordingEngine is a raw TCP local engine that records every request it
@@ -316,4 +317,63 @@ func nilIfEmpty(s []string) []string {
 		return nil
 	}
 	return s
+}
+
+// TestMetricsPortMovesMetricsAndDebugOff: without --metrics-port the
+// serving port answers the sidecar's own /metrics and /debug/pd; with it,
+// both are on the metrics port only (any other path there is a 404), and
+// on the serving port /metrics is the engine's (passed through, as
+// llm-d's sidecar passes it) while /debug/pd is refused, the engine never
+// seeing it.
+func TestMetricsPortMovesMetricsAndDebugOff(t *testing.T) {
+	eng := startRecordingEngine(t)
+	get := func(t *testing.T, url string) (int, string) {
+		t.Helper()
+		resp, err := http.Get(url)
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		require.NoError(t, err)
+		return resp.StatusCode, string(b)
+	}
+	t.Run("default", func(t *testing.T) {
+		sc := harness.StartSidecar(t, eng.port())
+		eng.take()
+		st, b := get(t, sc.URL()+"/metrics")
+		require.Equal(t, http.StatusOK, st)
+		assert.Contains(t, b, "pd_sidecar_requests_rejected_total")
+		st, b = get(t, sc.URL()+"/debug/pd")
+		require.Equal(t, http.StatusOK, st, b)
+		assert.True(t, gjson.Get(b, "verdict").Exists(), b)
+		assert.Empty(t, eng.take())
+	})
+	for _, sp := range servingPaths {
+		t.Run("metrics-port/"+sp.name, func(t *testing.T) {
+			mp := harness.FreePort(t)
+			sc := harness.StartSidecar(t, eng.port(), append([]string{"--metrics-port", itoa(mp)}, sp.flags...)...)
+			sc.WaitHTTP(t, harness.URL(mp)+"/metrics", 10*time.Second)
+			eng.take()
+			own := harness.URL(mp)
+			st, b := get(t, own+"/metrics")
+			require.Equal(t, http.StatusOK, st)
+			assert.Contains(t, b, "pd_sidecar_requests_rejected_total")
+			st, b = get(t, own+"/debug/pd")
+			require.Equal(t, http.StatusOK, st, b)
+			assert.True(t, gjson.Get(b, "verdict").Exists(), b)
+			st, b = get(t, own+"/v1/models")
+			assert.Equal(t, http.StatusNotFound, st, b)
+			assert.Empty(t, eng.take(), "the metrics port forwards nothing")
+
+			st, b = get(t, sc.URL()+"/metrics")
+			require.Equal(t, http.StatusOK, st, b)
+			assert.Equal(t, "fake_engine_metric 1\n", b, "the serving port's /metrics is the engine's")
+			assert.Equal(t, []string{"GET /metrics"}, eng.take())
+			st, b = get(t, sc.URL()+"/debug/pd")
+			assert.Equal(t, http.StatusForbidden, st, b)
+			assert.Equal(t, "PermissionDeniedError", gjson.Get(b, "error.type").String(), b)
+			assert.NotContains(t, b, "prefillers")
+			assert.Empty(t, eng.take(), "/debug/pd is not the engine's")
+			assert.Equal(t, 1.0, harness.Metric(t, own+"/metrics", "pd_sidecar_requests_rejected_total", map[string]string{"reason": "path_not_allowed"}))
+		})
+	}
 }

@@ -82,8 +82,8 @@ type Config struct {
 	MaxUpstreamAnswerBytes int64
 	// ShutdownGrace bounds the drain of in-flight requests on shutdown.
 	ShutdownGrace time.Duration
-	// MetricsPort serves /metrics on its own port; 0 serves it on the
-	// proxy's port(s).
+	// MetricsPort serves /metrics and /debug/pd on their own port; 0 serves
+	// them on the proxy's port(s).
 	MetricsPort int
 	// MaxConnsPerHost bounds the pooled connections to each engine.
 	MaxConnsPerHost int
@@ -162,7 +162,7 @@ func (c Config) Validate() error {
 	case c.ModelServerHost == "":
 		return errors.New("the model server host must not be empty")
 	case c.MetricsPort < 0 || c.MetricsPort > 65535:
-		return fmt.Errorf("--metrics-port %d is not a port (0 = serve /metrics on --port)", c.MetricsPort)
+		return fmt.Errorf("--metrics-port %d is not a port (0 = serve /metrics and /debug/pd on --port)", c.MetricsPort)
 	case c.MetricsPort != 0 && c.MetricsPort >= c.Port && c.MetricsPort < c.Port+c.DataParallelSize:
 		return fmt.Errorf("--metrics-port %d collides with a proxy port", c.MetricsPort)
 	case c.P2P.Enabled && (!validPort(c.P2P.Port) || !validPort(c.P2P.Port+c.DataParallelSize-1)):

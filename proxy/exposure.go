@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"errors"
 	"strings"
 
 	"github.com/valyala/fasthttp"
@@ -8,17 +9,24 @@ import (
 	"github.com/pd-sidecar/pd-sidecar/metrics"
 )
 
-// What the sidecar itself answers on its serving ports: /health, /ready,
-// /metrics (unless --metrics-port moves it) and /debug/pd, and the requests
-// the passthrough policy refuses.
+// What the sidecar itself answers on its ports: /health and /ready on every
+// serving port; /metrics (the sidecar's Prometheus metrics, per-prefiller
+// labels included) and /debug/pd (per-prefiller addresses, circuits,
+// counts, last failures) on the serving ports, or on --metrics-port alone
+// when it is set. The requests the passthrough policy refuses are answered
+// here too.
+
+// ErrNotOnMetricsPort: a path --metrics-port does not serve (404).
+var ErrNotOnMetricsPort = errors.New("the metrics port serves /metrics and /debug/pd only")
 
 // debugPath is the status view's path (status.Path).
 const debugPath = "/debug/pd"
 
 // serveOwn answers rc when its path is one of the sidecar's own endpoints on
-// a serving port, and reports whether it did. /metrics is not the serving
-// port's when --metrics-port is set: then it is judged by the passthrough
-// policy like any other path (the engine's /metrics passes).
+// a serving port, and reports whether it did. /metrics and /debug/pd are
+// not the serving port's when --metrics-port is set: then they are judged
+// by the passthrough policy like any other path (the engine's /metrics
+// passes, /debug/pd is refused).
 func (p *Proxy) serveOwn(rc *fasthttp.RequestCtx, local string) bool {
 	path := rc.Path()
 	switch string(path) {
@@ -28,7 +36,7 @@ func (p *Proxy) serveOwn(rc *fasthttp.RequestCtx, local string) bool {
 			return false
 		}
 	case debugPath:
-		if p.ext.Debug == nil {
+		if p.cfg.MetricsPort != 0 || p.ext.Debug == nil {
 			return false
 		}
 	default:
@@ -55,6 +63,31 @@ func (p *Proxy) serveOwn(rc *fasthttp.RequestCtx, local string) bool {
 func health(rc *fasthttp.RequestCtx) {
 	rc.SetContentType("application/json")
 	rc.SetBodyString(`{"status":"ok"}`)
+}
+
+// metricsPortHandler serves --metrics-port: /metrics and /debug/pd, GET and
+// HEAD; any other path is a 404.
+func (p *Proxy) metricsPortHandler() fasthttp.RequestHandler {
+	return func(rc *fasthttp.RequestCtx) {
+		var h fasthttp.RequestHandler
+		switch string(rc.Path()) {
+		case "/metrics":
+			h = p.metricsH
+		case debugPath:
+			h = p.ext.Debug // nil: no status view wired
+		}
+		if h == nil {
+			rc.SetStatusCode(fasthttp.StatusNotFound)
+			rc.SetContentType("application/json")
+			rc.SetBody(errorBody(fasthttp.StatusNotFound, ErrNotOnMetricsPort))
+			return
+		}
+		if v := p.pass.ownVerdict(string(rc.Method())); !v.pass() {
+			p.refusePassthrough(rc, v)
+			return
+		}
+		h(rc)
+	}
 }
 
 // refusePassthrough answers a request the passthrough policy refuses, before

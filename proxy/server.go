@@ -100,7 +100,7 @@ func (p *Proxy) Run(ctx context.Context) error {
 		p.log.Info().Int("rank", rank).Int("port", p.cfg.Port+rank).Str("engine", p.localAddr(rank)).Msg("listening")
 	}
 	if p.cfg.MetricsPort != 0 {
-		if err := listen(p.cfg.MetricsPort, p.metricsH); err != nil {
+		if err := listen(p.cfg.MetricsPort, p.metricsPortHandler()); err != nil { // exposure.go
 			return err
 		}
 	}

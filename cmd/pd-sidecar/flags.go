@@ -93,7 +93,7 @@ func parseFlags(args []string, help io.Writer) (options, error) {
 	fs.IntVar(&c.MaxRequestBodyBytes, "max-request-body-bytes", c.MaxRequestBodyBytes, "largest accepted request body")
 	fs.Int64Var(&c.MaxUpstreamAnswerBytes, "max-upstream-answer-bytes", c.MaxUpstreamAnswerBytes, "largest upstream answer read whole (prefill, bootstrap, non-streamed decode); a larger prefill answer falls back (bad_answer), a larger decode answer is a 502")
 	fs.DurationVar(&c.ShutdownGrace, "shutdown-grace", c.ShutdownGrace, "how long SIGTERM waits for in-flight requests")
-	fs.IntVar(&c.MetricsPort, "metrics-port", c.MetricsPort, "port for /metrics (0: serve it on --port)")
+	fs.IntVar(&c.MetricsPort, "metrics-port", c.MetricsPort, "port for /metrics and /debug/pd, which then leave --port (0: serve them on --port)")
 	fs.IntVar(&c.MaxConnsPerHost, "max-idle-conns-per-host", c.MaxConnsPerHost, "connections pooled per engine")
 	fs.IntVar(&c.StreamLoops, "stream-loops", c.StreamLoops, "event loops serving inference requests whole (local and sequential P/D) and carrying open streams (an idle connection or an open stream then holds no goroutine or buffer; 0: a goroutine per connection for everything)")
 	level := fs.String("log-level", "info", "log level: trace, debug, info, warn, error; wins over --zap-log-level and --zap-devel")
