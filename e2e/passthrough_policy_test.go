@@ -18,12 +18,14 @@ import (
 	"github.com/pd-sidecar/pd-sidecar/e2e/harness"
 )
 
-// What the serving port exposes (docs/security.md): the passthrough policy
-// refuses, before anything is forwarded, what is not the engines' serving
-// API (TRACE, CONNECT, OPTIONS *, the engine's admin endpoints), with an
-// OpenAI-style 405 or 403, counted and logged; --metrics-port takes
-// /metrics and /debug/pd off the serving port. Each on the lane (default
-// --stream-loops) and on fasthttp's path (--stream-loops=0).
+// What the serving port exposes (docs/security.md, "What the serving port
+// passes through"): the passthrough policy refuses, before anything is
+// forwarded, what is not the engines' serving API (TRACE, CONNECT,
+// OPTIONS *, the engine's admin endpoints), with an OpenAI-style 405 or
+// 403, counted and logged; --metrics-port takes /metrics and /debug/pd off
+// the serving port; --prefill-strip-headers keeps named client headers off
+// the prefill legs. Each on the lane (default --stream-loops) and on
+// fasthttp's path (--stream-loops=0).
 
 // recordingEngine is a raw TCP local engine that records every request it
 // reads and answers each with 200: a refused request must never reach it.
@@ -376,4 +378,80 @@ func TestMetricsPortMovesMetricsAndDebugOff(t *testing.T) {
 			assert.Equal(t, 1.0, harness.Metric(t, own+"/metrics", "pd_sidecar_requests_rejected_total", map[string]string{"reason": "path_not_allowed"}))
 		})
 	}
+}
+
+// TestPrefillStripHeaders: with --prefill-strip-headers the client's
+// Authorization, Cookie and X-Api-Key reach the decode leg and never a
+// prefill leg: on the lane (proven by its request counter), on fasthttp's
+// path, for a retried prefill, and for a concurrent connector's prefill
+// leg (sglang). Without the flag they reach the prefiller, as in llm-d.
+func TestPrefillStripHeaders(t *testing.T) {
+	prefill := harness.StartEngineSim(t, "prefill")
+	decode := harness.StartEngineSim(t, "decode")
+	strip := "--prefill-strip-headers=Authorization,Cookie,X-Api-Key"
+	creds := map[string]string{
+		"Authorization": "Bearer client-secret", "Cookie": "session=s1", "X-Api-Key": "key-1",
+		"x-prefiller-host-port": prefill.HostPort(),
+	}
+	credNames := []string{"authorization", "cookie", "x-api-key"}
+	for _, tc := range []struct {
+		name     string
+		flags    []string
+		lane     bool // the split is the lane's
+		retry    bool // the first prefill attempt fails with a 503
+		stripped bool
+	}{
+		{"lane", []string{strip, "--prefill-max-retries=1"}, true, true, true},
+		{"stream-loops=0", []string{strip, "--stream-loops=0", "--prefill-max-retries=1"}, false, true, true},
+		{"sglang", []string{strip, "--kv-connector=sglang", "--sglang-bootstrap-port", itoa(prefill.BootstrapPort)}, false, false, true},
+		{"not stripped by default", nil, true, false, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			sc := harness.StartSidecar(t, decode.Port, tc.flags...)
+			for _, e := range []*harness.Engine{prefill, decode} {
+				clearJournal(t, e)
+			}
+			if tc.retry {
+				setFault(t, prefill, `{"status":503,"times":1,"only":"prefill"}`)
+			}
+			loop0 := sc.Metric(t, laneRequests, nil)
+			resp, b := exchangeRaw(t, sc.Port, "/v1/completions", completionBody(`,"max_tokens":4`), creds, true)
+			require.Equal(t, http.StatusOK, resp.StatusCode, "%s", b)
+			if tc.lane {
+				assert.Equal(t, 1.0, sc.Metric(t, laneRequests, nil)-loop0, "the lane served the split")
+			}
+			legs := simRequests(t, prefill)
+			wantLegs := 1
+			if tc.retry {
+				wantLegs = 2
+			}
+			require.Len(t, legs, wantLegs, "prefill legs")
+			for i, leg := range legs {
+				for _, h := range credNames {
+					if tc.stripped {
+						assert.Empty(t, leg.Headers[h], "prefill leg %d carries %s", i, h)
+					} else {
+						assert.NotEmpty(t, leg.Headers[h], "prefill leg %d lacks %s", i, h)
+					}
+				}
+				assert.NotEmpty(t, leg.Headers["content-type"], "prefill leg %d keeps its other headers", i)
+			}
+			dec := simRequests(t, decode)
+			require.NotEmpty(t, dec, "the decode leg")
+			last := dec[len(dec)-1]
+			assert.Equal(t, []string{"Bearer client-secret"}, last.Headers["authorization"], "the decode leg keeps the client's credentials")
+			assert.Equal(t, []string{"key-1"}, last.Headers["x-api-key"])
+			assert.Contains(t, strings.Join(last.Headers["cookie"], ";"), "session=s1")
+		})
+	}
+}
+
+// clearJournal forgets an engine-sim's received requests.
+func clearJournal(t *testing.T, e *harness.Engine) {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodDelete, e.URL()+"/sim/requests", nil)
+	require.NoError(t, err)
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	resp.Body.Close()
 }

@@ -126,7 +126,7 @@ func (r *request) startPrefillLeg(pre []byte, report func(error)) *pairedLegs {
 		p: p, log: *r.logger(), label: r.label, addr: r.prefiller, parent: pl.parent,
 		cancelDecode: pl.cancelDecode, report: report, span: span,
 	}
-	go pl.leg.run(pctx, cancelPrefill, r.upstream(r.prefiller, pre))
+	go pl.leg.run(pctx, cancelPrefill, r.prefillRequest(pre))
 	r.handoff = &connectors.Handoff{}
 	r.ctx = pl.dctx
 	return pl

@@ -117,6 +117,9 @@ type Config struct {
 	// Passthrough says which other requests pass through to the local
 	// engine (passpolicy.go).
 	Passthrough PassthroughConfig
+	// PrefillStripHeaders are client headers removed from every leg sent
+	// to a prefiller (prefillheaders.go); never from the local engine's.
+	PrefillStripHeaders []string
 }
 
 // DefaultConfig returns the defaults, drop-in compatible with llm-d's
@@ -211,6 +214,9 @@ func (c Config) Validate() error {
 		return err
 	}
 	if err := c.Passthrough.Validate(); err != nil {
+		return err
+	}
+	if err := validStripHeaders(c.PrefillStripHeaders); err != nil {
 		return err
 	}
 	return c.Guard.Validate()

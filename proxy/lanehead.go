@@ -111,6 +111,13 @@ func appendLegHead(dst []byte, h *fasthttp.RequestHeader, addr, id string, bodyL
 // appendLegStart appends the part of a leg's head every leg of a request
 // shares: h's request line and end-to-end headers.
 func appendLegStart(dst []byte, h *fasthttp.RequestHeader) []byte {
+	return appendLegStartStrip(dst, h, nil)
+}
+
+// appendLegStartStrip appends a leg's head start as appendLegStart does,
+// less the headers named in strip (lower case): a prefill leg's under
+// --prefill-strip-headers (prefillheaders.go).
+func appendLegStartStrip(dst []byte, h *fasthttp.RequestHeader, strip []string) []byte {
 	dst = append(dst, h.Method()...)
 	dst = append(dst, ' ')
 	dst = append(dst, h.RequestURI()...)
@@ -126,7 +133,8 @@ func appendLegStart(dst []byte, h *fasthttp.RequestHeader) []byte {
 			len(k) == len(HeaderPrefiller) && equalFold(k, HeaderPrefiller),
 			len(k) == len(HeaderEncoders) && equalFold(k, HeaderEncoders),
 			len(k) == len(HeaderDataParallel) && equalFold(k, HeaderDataParallel),
-			len(k) == len(HeaderKVCacheSource) && equalFold(k, HeaderKVCacheSource):
+			len(k) == len(HeaderKVCacheSource) && equalFold(k, HeaderKVCacheSource),
+			len(strip) > 0 && stripped(k, strip):
 			continue
 		}
 		dst = appendHeaderLine(dst, k, v)

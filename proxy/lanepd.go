@@ -102,7 +102,11 @@ func (lc *laneConn) split(hv []byte) {
 	pd.timeout = time.AfterFunc(p.cfg.PrefillTimeout, func() { lc.onLoop(r, lc.prefillTimedOut) })
 	lc.prefill = true
 	lc.sentp, lc.sent = p.bufs.getChunk()
-	lc.sent = append(lc.sent, pd.start...)
+	if len(p.strip) > 0 { // --prefill-strip-headers: the prefill leg's own head (prefillheaders.go)
+		lc.sent = appendLegStartStrip(lc.sent, &ll.req, p.strip)
+	} else {
+		lc.sent = append(lc.sent, pd.start...)
+	}
 	lc.startHedge() // lanehedge.go
 	lc.legTo(hp, body, scratch)
 }

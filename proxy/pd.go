@@ -333,7 +333,7 @@ func (r *request) prefill(parent context.Context) (res prefillResult, err error)
 }
 
 func (r *request) prefillOnce(ctx context.Context, body []byte) (prefillResult, error) {
-	req := r.upstream(r.prefiller, body)
+	req := r.prefillRequest(body)
 	resp := fasthttp.AcquireResponse()
 	defer fasthttp.ReleaseRequest(req)
 	defer fasthttp.ReleaseResponse(resp)

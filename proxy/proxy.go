@@ -57,6 +57,7 @@ type Proxy struct {
 	kvr      *kvReleaser // frees a prefiller's KV nobody read (kvrelease.go); nil: off
 	armer    *watchArmer // client-connection watches (watch.go)
 	pass     *passPolicy // what passes through to the engine (passpolicy.go)
+	strip    []string    // --prefill-strip-headers, lower case (prefillheaders.go)
 	bufs     streamBufs  // per-stream buffers for reuse (sse.go)
 	// loops carry open streams (loopstream.go); nil: each stream keeps its
 	// goroutine. servers are the servers of the local engines' ports, by
@@ -88,7 +89,7 @@ func New(cfg Config, conn connectors.Connector, m *metrics.Metrics, gatherer pro
 	if err != nil {
 		return nil, err
 	}
-	p.pass = pass
+	p.pass, p.strip = pass, stripNames(cfg.PrefillStripHeaders)
 	p.rewriter, _ = conn.(connectors.AnswerRewriter)
 	g, err := newGuard(cfg.Guard, cfg.MaxRequestBodyBytes, m.Guards, log)
 	if err != nil {

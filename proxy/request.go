@@ -150,8 +150,15 @@ func (r *request) gone() bool { return context.Cause(r.ctx) == ErrClientGone }
 // hop-by-hop and sidecar headers, with our X-Request-Id set once. Compressed
 // answers are refused on P/D legs, whose answers the proxy reads.
 func (r *request) upstream(addr string, body []byte) *fasthttp.Request {
+	return r.legRequest(addr, body, nil)
+}
+
+// legRequest builds a leg as upstream does, less the headers named in strip
+// (lower case; prefillheaders.go).
+func (r *request) legRequest(addr string, body []byte, strip []string) *fasthttp.Request {
 	req := fasthttp.AcquireRequest()
 	r.upstreamHeader(&req.Header, &r.rc.Request.Header, addr)
+	stripPrefillHeaders(&req.Header, strip)
 	req.SetBodyRaw(body)
 	r.traceLeg(addr, req)
 	return req

@@ -1,0 +1,84 @@
+package proxy
+
+import (
+	"bufio"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"github.com/valyala/fasthttp"
+)
+
+// TestPrefillStripBothBuilders: the lane's leg head (appendLegStartStrip)
+// and fasthttp's (stripPrefillHeaders on a leg upstreamHeader built) drop
+// the same headers, every copy and in any letter case, and keep the rest.
+func TestPrefillStripBothBuilders(t *testing.T) {
+	const head = "POST /v1/completions HTTP/1.1\r\nHost: sidecar:8000\r\nContent-Type: application/json\r\n" +
+		"authorization: Bearer secret\r\nCOOKIE: a=1\r\nCookie: b=2\r\nX-Api-Key: k1\r\nx-api-key: k2\r\n" +
+		"X-Custom: kept\r\nContent-Length: 2\r\n\r\n"
+	for _, tc := range []struct {
+		name  string
+		strip []string
+		gone  []string
+		kept  []string
+	}{
+		{"none", nil, nil, []string{"Authorization", "Cookie", "X-Api-Key", "X-Custom"}},
+		{"credentials", []string{"Authorization", "Cookie", "X-Api-Key"}, []string{"Authorization", "Cookie", "X-Api-Key"}, []string{"X-Custom", "Content-Type"}},
+		{"any case", []string{"AUTHORIZATION", "x-API-key"}, []string{"Authorization", "X-Api-Key"}, []string{"Cookie", "X-Custom"}},
+		{"absent name", []string{"X-Not-Sent"}, nil, []string{"Authorization", "Cookie", "X-Api-Key", "X-Custom"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			strip := stripNames(tc.strip)
+			// The lane's: the head parsed with key normalizing off.
+			lane := parseRequestHead(t, head)
+			laneGot := appendLegEnd(appendLegStartStrip(nil, lane, strip), "127.0.0.1:8100", "rid", 2)
+			laneReq, err := http.ReadRequest(bufio.NewReader(strings.NewReader(string(laneGot) + "{}")))
+			require.NoError(t, err, "%s", laneGot)
+			// fasthttp's: the server's parsed head, copied to a leg.
+			var src fasthttp.RequestHeader
+			require.NoError(t, src.Read(bufio.NewReader(strings.NewReader(head))))
+			var leg fasthttp.RequestHeader
+			src.CopyTo(&leg)
+			stripPrefillHeaders(&leg, strip)
+			leg.SetContentLength(2)
+			fastReq, err := http.ReadRequest(bufio.NewReader(strings.NewReader(string(leg.Header()) + "{}")))
+			require.NoError(t, err, "%s", leg.Header())
+			for _, got := range []*http.Request{laneReq, fastReq} {
+				for _, k := range tc.gone {
+					assert.Empty(t, got.Header.Values(k), k)
+				}
+				for _, k := range tc.kept {
+					assert.NotEmpty(t, got.Header.Values(k), k)
+				}
+			}
+			assert.ElementsMatch(t, laneReq.Header.Values("X-Api-Key"), fastReq.Header.Values("X-Api-Key"))
+			assert.Equal(t, len(laneReq.Cookies()), len(fastReq.Cookies()), "cookies")
+		})
+	}
+}
+
+func TestValidStripHeaders(t *testing.T) {
+	for _, tc := range []struct {
+		names []string
+		err   string
+	}{
+		{nil, ""},
+		{[]string{"Authorization", "Cookie", "X-Api-Key", "traceparent"}, ""},
+		{[]string{"X Bad"}, "is not a header name"},
+		{[]string{""}, "is not a header name"},
+		{[]string{"host"}, "every leg needs it"},
+		{[]string{"Content-Type"}, "every leg needs it"},
+		{[]string{"X-REQUEST-ID"}, "every leg needs it"},
+		{[]string{"content-length"}, "every leg needs it"},
+	} {
+		err := validStripHeaders(tc.names)
+		if tc.err == "" {
+			assert.NoError(t, err, "%q", tc.names)
+			continue
+		}
+		require.Error(t, err, "%q", tc.names)
+		assert.Contains(t, err.Error(), tc.err)
+	}
+}
