@@ -197,6 +197,11 @@ func (b *sseBody) putOut() {
 func (b *sseBody) end(err error) error {
 	r := b.r
 	b.ended = true
+	if err != nil && !errors.Is(err, io.EOF) {
+		// A broken or refused stream: its connection is closed now, not
+		// once the client took the stream's end.
+		b.leg.Close()
+	}
 	switch {
 	case r.gone():
 		r.left()
@@ -220,7 +225,11 @@ func (r *request) endStream(out []byte, done bool, err error) []byte {
 		err = errors.New("stream ended without [DONE]")
 	}
 	r.logAt(zerolog.ErrorLevel).Err(err).Msg("upstream stream broke off; ending the client stream with an error event")
-	return append(out, sseError(fasthttp.StatusBadGateway, fmt.Errorf("%w: stream broke off", ErrDecodeFailed))...)
+	cause := fmt.Errorf("%w: stream broke off", ErrDecodeFailed)
+	if errors.Is(err, ErrEventTooLong) {
+		cause = fmt.Errorf("%w: %w", ErrDecodeFailed, ErrEventTooLong)
+	}
+	return append(out, sseError(fasthttp.StatusBadGateway, cause)...)
 }
 
 // Close implements io.Closer: fasthttp calls it when the body is written or
