@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"errors"
 	"io"
 	"strings"
 	"testing"
@@ -157,6 +158,33 @@ func TestEventBoundEndlessLine(t *testing.T) {
 		assert.LessOrEqual(t, src.read, limit+len(piece), "fed up to the bound, not further")
 		assert.Nil(t, ls.partial, "the refused event's bytes let go")
 	})
+}
+
+// TestEventReaderLongHook: the hook that watches the client (sseBody's
+// watchClient) runs only while an event longer than the read buffer is
+// assembled, and is stopped each time the assembly stops.
+func TestEventReaderLongHook(t *testing.T) {
+	short := "data: " + strings.Repeat("s", 100) + "\n\n"
+	long := "data: " + strings.Repeat("l", 3*eventReaderSize) + "\n\n"
+	er := newEventReader(strings.NewReader(short+long+short), nil, 0)
+	armed, stopped := 0, 0
+	er.long = func() func() {
+		armed++
+		return func() { stopped++ }
+	}
+	for i, want := range []string{short, long, short} {
+		ev, err := er.next()
+		require.NoError(t, err)
+		require.Equal(t, want, string(ev), "event %d", i)
+		wantArmed := 0
+		if i >= 1 {
+			wantArmed = 1
+		}
+		assert.Equal(t, wantArmed, armed, "armed after event %d", i)
+		assert.Equal(t, armed, stopped, "stopped after event %d", i)
+	}
+	_, err := er.next()
+	assert.True(t, errors.Is(err, io.EOF))
 }
 
 // TestEventBoundDropsLongBuffer: an assembled long event's buffer is not

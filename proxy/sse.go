@@ -29,6 +29,11 @@ type eventReader struct {
 	// set, is called then, once.
 	max     int
 	refused func()
+	// long, when set, is called when the reader begins (or resumes)
+	// assembling an event longer than its buffer, reading the upstream
+	// with nothing to return meanwhile; the func it returns is called when
+	// the assembly stops (sseBody.watchClient).
+	long func() (stop func())
 }
 
 // eventReaderSize is the read buffer of one stream. Events are small; a
@@ -217,6 +222,9 @@ func (e *eventReader) next() ([]byte, error) {
 func (e *eventReader) assemble() ([]byte, error) {
 	if !e.asm {
 		e.buf, e.fragment, e.asm = e.buf[:0], false, true
+	}
+	if e.long != nil {
+		defer e.long()()
 	}
 	for {
 		line, err := e.br.ReadSlice('\n')

@@ -48,6 +48,9 @@ type sseBody struct {
 	cc         *clientConn
 	keepAlive  bool
 	handedOver bool
+	// pipelined: a watch of the client (watchClient) took the first byte
+	// of its next request; the connection closes after this answer.
+	pipelined bool
 }
 
 // newSSEBody streams er's events after held; release frees the leg and
@@ -62,7 +65,27 @@ func (r *request) newSSEBody(er *eventReader, leg *Leg, held []byte, remote bool
 	if !b.loopable() {
 		b.cc = nil
 	}
+	er.long = b.watchClient
 	return b
+}
+
+// watchClient watches the client connection while the reader assembles a
+// long event: nothing is written to the client meanwhile, so no failed
+// write can tell that it left; the watch (watch.go) does, and cancels the
+// request, which closes the upstream connection at once: the engine sees
+// the cancel, and the sidecar reads no more of it. The watch is armed
+// only once the assembly has lasted watchDelay, so a long event that
+// arrives whole costs no goroutine.
+func (b *sseBody) watchClient() (stop func()) {
+	r := b.r
+	release := holdConn(r.rc)
+	w := r.p.armer.watch(r.rc.Conn(), r.cancel, time.Now())
+	return func() {
+		if w.stop() {
+			b.pipelined, b.cc = true, nil // the connection cannot move now
+		}
+		release()
+	}
 }
 
 // firstWritten runs after the answer's first write: it records the TTFT
@@ -244,6 +267,11 @@ func (b *sseBody) Close() error {
 		b.r.left()
 	}
 	b.putOut()
+	if b.pipelined {
+		// The watch took the first byte of the client's next request: the
+		// connection cannot serve it; the client sends it again.
+		_ = b.r.rc.Conn().Close()
+	}
 	if b.release != nil {
 		b.release()
 		b.release = nil
