@@ -141,6 +141,8 @@ type Metrics struct {
 	MoriIO *MoriIO
 	// Hedge are hedged prefill's collectors (hedge.go).
 	Hedge *Hedge
+	// Upstream counts upstream answers refused (upstream.go).
+	Upstream *Upstream
 }
 
 // RegisterBuildInfo registers pd_sidecar_build_info{version,revision,go_version}
@@ -241,6 +243,7 @@ func New(reg prometheus.Registerer, maxPrefillers int) *Metrics {
 		Encoder:    NewEncoder(reg),
 		MoriIO:     NewMoriIO(reg),
 		Hedge:      NewHedge(reg),
+		Upstream:   NewUpstream(reg),
 	}
 	reg.MustRegister(m.SplitDeclined)
 	m.SplitDeclined.WithLabelValues(DeclineShortPrompt)

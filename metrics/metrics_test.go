@@ -45,6 +45,7 @@ func TestNewRegistersEverything(t *testing.T) {
 		"pd_sidecar_ttft_seconds", "pd_sidecar_kv_load_failures_total",
 		"pd_sidecar_inflight_requests", "pd_sidecar_prefill_retries_total",
 		"pd_sidecar_client_disconnects_total", "pd_sidecar_split_declined_total",
+		"pd_sidecar_upstream_refused_total",
 	} {
 		assert.True(t, names[want], "%s is exported", want)
 	}

@@ -80,6 +80,10 @@ type Config struct {
 	// whole (a prefill answer, a bootstrap /query, a non-streamed decode
 	// answer): past it a prefill fails (bad_answer) and a decode is a 502.
 	MaxUpstreamAnswerBytes int64
+	// MaxSSEEventBytes bounds one SSE event of an upstream stream, on every
+	// stream reader of both serving paths (eventbound.go): past it the
+	// stream is refused, a 502 before any output, else an error event.
+	MaxSSEEventBytes int
 	// ShutdownGrace bounds the drain of in-flight requests on shutdown.
 	ShutdownGrace time.Duration
 	// MetricsPort serves /metrics and /debug/pd on their own port; 0 serves
@@ -140,6 +144,7 @@ func DefaultConfig() Config {
 		ReleaseKVOnCancel:      true,
 		MaxRequestBodyBytes:    32 << 20,
 		MaxUpstreamAnswerBytes: DefaultMaxUpstreamAnswerBytes,
+		MaxSSEEventBytes:       DefaultMaxSSEEventBytes,
 		ShutdownGrace:          30 * time.Second,
 		MaxConnsPerHost:        1024,
 		MaxPrefillers:          64,
@@ -190,6 +195,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("--max-request-body-bytes must be > 0, got %d", c.MaxRequestBodyBytes)
 	case c.MaxUpstreamAnswerBytes <= 0:
 		return fmt.Errorf("--max-upstream-answer-bytes must be > 0, got %d", c.MaxUpstreamAnswerBytes)
+	case c.MaxSSEEventBytes < MinMaxSSEEventBytes:
+		return fmt.Errorf("--max-sse-event-bytes must be >= %d, got %d", MinMaxSSEEventBytes, c.MaxSSEEventBytes)
 	case c.ShutdownGrace < 0:
 		return fmt.Errorf("--shutdown-grace must be >= 0, got %v", c.ShutdownGrace)
 	case c.MaxConnsPerHost <= 0:

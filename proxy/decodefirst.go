@@ -102,7 +102,7 @@ func (r *request) tryDecode(df connectors.DecodeFirst) (declined bool, err error
 // known to decline); a declined stream is closed, any other is relayed from
 // its first event on.
 func (r *request) tryDecodeSSE(df connectors.DecodeFirst, leg *Leg, resp *fasthttp.Response, g prometheus.Gauge) (bool, error) {
-	er := newEventReader(leg, &r.p.bufs)
+	er := r.eventReader(leg)
 	var held []byte
 	for {
 		ev, err := er.next()

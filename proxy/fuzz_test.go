@@ -68,7 +68,7 @@ func FuzzSSEScanRewrite(f *testing.F) {
 	f.Fuzz(func(t *testing.T, in []byte, apiSel uint8) {
 		api := apis[int(apiSel)%len(apis)]
 		fn := func(d []byte) []byte { return rw.RewriteAnswer(api, d, h) }
-		er := newEventReader(bytes.NewReader(in), nil)
+		er := newEventReader(bytes.NewReader(in), nil, 0)
 		var out []byte
 		n := 0
 		for {
@@ -123,12 +123,12 @@ func FuzzSSEErrorEvent(f *testing.F) {
 	})
 }
 
-// splitEventsReference is the SSE event split the reader must agree with,
+// splitEventsReference is the SSE event split the readers must agree with,
 // written the plain way: lines up to and including their '\n'; an event
 // ends at a blank line; blank-only events are skipped; a final event
-// without its blank line gets one.
-func splitEventsReference(in []byte) [][]byte {
-	var evs [][]byte
+// without its blank line gets one. An event (or blank-only run) longer than
+// limit bytes ends the split: the events before it, and refused.
+func splitEventsReference(in []byte, limit int) (evs [][]byte, refused bool) {
 	var cur []byte
 	for len(in) > 0 {
 		line := in
@@ -138,6 +138,9 @@ func splitEventsReference(in []byte) [][]byte {
 			in = nil
 		}
 		cur = append(cur, line...)
+		if len(cur) > limit {
+			return evs, true
+		}
 		if line[len(line)-1] == '\n' && isBlank(line) {
 			if len(bytes.TrimSpace(cur)) > 0 {
 				evs = append(evs, cur)
@@ -148,25 +151,38 @@ func splitEventsReference(in []byte) [][]byte {
 	if len(bytes.TrimSpace(cur)) > 0 {
 		evs = append(evs, append(cur, "\n\n"...))
 	}
-	return evs
+	return evs, false
+}
+
+// fuzzBound is a fuzz input's event bound: 1 to 255 bytes, or (0) the
+// default.
+func fuzzBound(b uint8) int {
+	if b == 0 {
+		return DefaultMaxSSEEventBytes
+	}
+	return int(b)
 }
 
 // FuzzEventReaderSplits: whatever the input and however it arrives (whole,
 // a byte at a time, in halves), the event reader — zero-copy when an event
 // is whole in its buffer, assembled across refills when not — returns the
-// reference split, then io.EOF, and io.EOF again.
+// reference split, then io.EOF, and io.EOF again; or, at an event past its
+// bound, the events before it, then ErrEventTooLong, sticky, reported
+// once.
 func FuzzEventReaderSplits(f *testing.F) {
 	long := strings.Repeat("x", 3*eventReaderSize)
 	for _, s := range []string{
 		"data: a\n\ndata: b\n\n", "data: a\r\n\r\ndata: b\r\n\r\n", "\n\n\ndata: a\n\n  \n\n",
 		"data: " + long + "\n\ndata: b\n\n", "data: tail without blank line", "data: a\n\ndata: b",
-		": c\n\nevent: x\ndata: y\n\n",
+		": c\n\nevent: x\ndata: y\n\n", "data: a\n\n" + long, "  \n  \n  \n\ndata: b\n\n",
 	} {
-		f.Add([]byte(s), uint8(0))
-		f.Add([]byte(s), uint8(1))
-		f.Add([]byte(s), uint8(2))
+		for _, bound := range []uint8{0, 8, 9, 10, 200} {
+			f.Add([]byte(s), uint8(0), bound)
+			f.Add([]byte(s), uint8(1), bound)
+			f.Add([]byte(s), uint8(2), bound)
+		}
 	}
-	f.Fuzz(func(t *testing.T, in []byte, how uint8) {
+	f.Fuzz(func(t *testing.T, in []byte, how, bound uint8) {
 		var r io.Reader = bytes.NewReader(in)
 		switch how % 3 {
 		case 1:
@@ -174,21 +190,32 @@ func FuzzEventReaderSplits(f *testing.F) {
 		case 2:
 			r = iotest.HalfReader(r)
 		}
-		er := newEventReader(r, nil)
+		limit := fuzzBound(bound)
+		er := newEventReader(r, nil, limit)
+		refusals := 0
+		er.refused = func() { refusals++ }
 		defer er.release()
 		var got [][]byte
+		var end error
 		for {
 			ev, err := er.next()
 			if err != nil {
-				require.ErrorIs(t, err, io.EOF)
+				end = err
 				break
 			}
 			got = append(got, bytes.Clone(ev))
 			require.LessOrEqual(t, len(got), len(in)+1, "more events than bytes")
 		}
 		_, err := er.next()
-		require.ErrorIs(t, err, io.EOF, "EOF is sticky")
-		want := splitEventsReference(in)
+		require.ErrorIs(t, err, end, "the end is sticky")
+		want, refused := splitEventsReference(in, limit)
+		if refused {
+			require.ErrorIs(t, end, ErrEventTooLong, "%q bounded at %d", in, limit)
+			require.Equal(t, 1, refusals, "a refusal reported once")
+		} else {
+			require.ErrorIs(t, end, io.EOF, "%q bounded at %d", in, limit)
+			require.Zero(t, refusals)
+		}
 		require.Equal(t, len(want), len(got), "events of %q", in)
 		for i := range want {
 			require.Equal(t, string(want[i]), string(got[i]), "event %d of %q", i, in)
@@ -198,18 +225,22 @@ func FuzzEventReaderSplits(f *testing.F) {
 
 // FuzzLoopStreamSplits checks the event loop's incremental splitter against
 // the reference split: the body framed as chunks of one size, read in
-// pieces of another, gives the same events in the same bytes.
+// pieces of another, gives the same events in the same bytes; an event past
+// the bound ends it with ErrEventTooLong after the same events, as the
+// goroutine path's reader does (FuzzEventReaderSplits).
 func FuzzLoopStreamSplits(f *testing.F) {
 	for _, s := range []string{
 		"data: a\n\ndata: b\n\n", "data: a\r\n\r\ndata: b\r\n\r\n", "\n\n\ndata: a\n\n  \n\n",
 		"data: " + strings.Repeat("x", 5000) + "\n\ndata: b\n\n", "data: tail without blank line",
-		": c\n\nevent: x\ndata: y\n\n", "data: a\r\n\r",
+		": c\n\nevent: x\ndata: y\n\n", "data: a\r\n\r", "  \n  \n  \n\ndata: b\n\n",
 	} {
-		f.Add([]byte(s), uint8(1), uint8(1))
-		f.Add([]byte(s), uint8(3), uint8(7))
-		f.Add([]byte(s), uint8(200), uint8(2))
+		for _, bound := range []uint8{0, 8, 9, 10, 200} {
+			f.Add([]byte(s), uint8(1), uint8(1), bound)
+			f.Add([]byte(s), uint8(3), uint8(7), bound)
+			f.Add([]byte(s), uint8(200), uint8(2), bound)
+		}
 	}
-	f.Fuzz(func(t *testing.T, in []byte, chunk, piece uint8) {
+	f.Fuzz(func(t *testing.T, in []byte, chunk, piece, bound uint8) {
 		var framed []byte
 		for rest := in; len(rest) > 0; {
 			n := min(len(rest), int(chunk)+1)
@@ -217,19 +248,27 @@ func FuzzLoopStreamSplits(f *testing.F) {
 			rest = rest[n:]
 		}
 		framed = append(framed, httpbody.LastChunk...)
-		ls := &loopStream{body: httpbody.New(httpbody.Chunked, 0)}
+		limit := fuzzBound(bound)
+		ls := &loopStream{body: httpbody.New(httpbody.Chunked, 0), maxEvent: limit}
+		want, refused := splitEventsReference(in, limit)
 		var out []byte
 		for rest := framed; len(rest) > 0; {
 			n := min(len(rest), int(piece)+1)
 			var err error
 			out, err = ls.feedRaw(out, rest[:n])
-			require.NoError(t, err)
+			if err != nil {
+				require.ErrorIs(t, err, ErrEventTooLong)
+				require.True(t, refused, "%q refused at %d", in, limit)
+				require.Empty(t, ls.partial, "nothing of the long event kept")
+				require.Equal(t, string(bytes.Join(want, nil)), string(out), "events of %q before the long one", in)
+				return
+			}
 			rest = rest[n:]
 		}
+		require.False(t, refused, "%q not refused at %d", in, limit)
 		require.True(t, ls.body.Done())
 		out = ls.flushPartial(out)
-		want := bytes.Join(splitEventsReference(in), nil)
-		require.Equal(t, string(want), string(out), "events of %q", in)
+		require.Equal(t, string(bytes.Join(want, nil)), string(out), "events of %q", in)
 	})
 }
 
@@ -277,7 +316,7 @@ func FuzzHandOverAnywhere(f *testing.F) {
 		}
 	}
 	f.Fuzz(func(t *testing.T, in []byte, k uint16, stay bool) {
-		er := newEventReader(&deadlineAt{src: in, k: int(k)}, nil)
+		er := newEventReader(&deadlineAt{src: in, k: int(k)}, nil, 0)
 		defer er.release()
 		var got []byte
 		for {
@@ -307,7 +346,8 @@ func FuzzHandOverAnywhere(f *testing.F) {
 			}
 			got = append(got, ev...)
 		}
-		want := bytes.Join(splitEventsReference(in), nil)
+		evs, _ := splitEventsReference(in, DefaultMaxSSEEventBytes)
+		want := bytes.Join(evs, nil)
 		require.Equal(t, string(want), string(got), "events of %q, stopped at %d", in, k)
 	})
 }

@@ -59,7 +59,7 @@ func (r *request) openLocal(ctx context.Context, req *fasthttp.Request) (*heldAn
 		}
 		return a, nil
 	}
-	a.er = newEventReader(a.leg, &r.p.bufs)
+	a.er = r.eventReader(a.leg)
 	var errEvent bool
 	a.held, errEvent, err = readToOutput(a.er, r.api, nil)
 	switch {

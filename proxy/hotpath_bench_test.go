@@ -39,7 +39,7 @@ func benchEvents(b *testing.B, perEvent func(ev []byte)) {
 	b.ReportAllocs()
 	for b.Loop() {
 		rd.Reset(stream)
-		er := newEventReader(rd, nil)
+		er := newEventReader(rd, nil, 0)
 		for {
 			ev, err := er.next()
 			if err == io.EOF {

@@ -807,7 +807,8 @@ func (lc *laneConn) readWhole(dec httpbody.Decoder, rest []byte) {
 // handed over by fasthttp is.
 func (lc *laneConn) newStream(dec httpbody.Decoder) *loopStream {
 	ll, r := lc.ll, lc.r
-	ls := &loopStream{r: r, loop: ll.loop, body: dec, keepAlive: lc.keepAlive, cfd: lc.fd, ufd: -1}
+	ls := &loopStream{r: r, loop: ll.loop, body: dec, keepAlive: lc.keepAlive, cfd: lc.fd, ufd: -1,
+		maxEvent: r.p.cfg.MaxSSEEventBytes}
 	if lc.up != nil {
 		ls.ufd = lc.up.fd
 	}
@@ -1054,8 +1055,9 @@ func (lc *laneConn) began(g gateState, held []byte) {
 	r, ls := lc.r, lc.ls
 	lc.stopTimer()
 	if g != gateOutput { // ended with no event
+		cause := ls.endedBefore("stream ended before any event")
 		lc.dropStream()
-		lc.failWith(decodeTransportErr(errors.New("stream ended before any event")))
+		lc.failWith(decodeTransportErr(cause))
 		return
 	}
 	r.p.m.Requests.WithLabelValues(r.mode, statusLabel(r.obs.status)).Inc()

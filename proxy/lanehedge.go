@@ -125,7 +125,7 @@ func (lc *laneConn) hedgeFailed(h *laneConn, err error) {
 func (lc *laneConn) hedgeGated(g gateState, held []byte) {
 	lc.stopTimer()
 	if g != gateOutput {
-		lc.shadowOf.hedgeFailed(lc, fmt.Errorf("%w: the local stream ended or erred before any output", ErrDecodeFailed))
+		lc.shadowOf.hedgeFailed(lc, fmt.Errorf("%w: %w", ErrDecodeFailed, lc.ls.endedBefore("the local stream ended or erred before any output")))
 		return
 	}
 	lc.shadowOf.hedgeWon(lc, held, nil)

@@ -290,8 +290,9 @@ func (lc *laneConn) gateDone(g gateState, held []byte) {
 	lc.stopTimer()
 	switch {
 	case g == gateHolding: // ended with no output
+		cause := ls.endedBefore("decode stream ended before any output")
 		lc.dropStream()
-		lc.failWith(decodeTransportErr(errors.New("decode stream ended before any output")))
+		lc.failWith(decodeTransportErr(cause))
 		return
 	case g == gateError:
 		r.kvHandoffDone(lc.pd.sent, false)

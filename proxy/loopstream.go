@@ -15,13 +15,6 @@ import (
 	"github.com/pd-sidecar/pd-sidecar/netloop"
 )
 
-// maxEvent bounds one SSE event carried by an event loop (an event that
-// long is no engine's; the stream is ended with an error event).
-const maxEvent = 4 << 20
-
-// errEventTooLong: an upstream SSE event exceeded maxEvent.
-var errEventTooLong = errors.New("SSE event longer than 4 MiB")
-
 // loopStream carries a streamed answer on an event loop (netloop). The
 // answer begins as every answer does, written by fasthttp's server
 // goroutine from an sseBody; once it has streamed for loopAfter and would
@@ -50,6 +43,8 @@ type loopStream struct {
 	firstp    *[]byte
 
 	done     bool   // [DONE] seen
+	maxEvent int    // --max-sse-event-bytes (0: the default; eventbound.go)
+	cut      error  // ErrEventTooLong, once the stream was refused for it
 	partial  []byte // the start of an event not yet whole
 	scanned  int    // partial's bytes up to its last line's start
 	pending  []byte // bytes the client has not taken yet
@@ -144,7 +139,7 @@ func (b *sseBody) handOver() bool {
 	loop := r.p.loops.Pick()
 	release := b.release
 	ls := &loopStream{r: r, loop: loop, body: leg.body, fn: b.fn, done: b.done,
-		keepAlive: b.keepAlive, cfd: cfd, ufd: ufd}
+		keepAlive: b.keepAlive, cfd: cfd, ufd: ufd, maxEvent: r.p.cfg.MaxSSEEventBytes}
 	ls.release = func() {
 		release()
 		r.p.loopRequests.Add(-1)
@@ -345,11 +340,14 @@ func (ls *loopStream) feedRaw(out, raw []byte) ([]byte, error) {
 
 // feed cuts body bytes into events (as eventReader does: each up to its
 // blank line, stray blank lines dropped) and appends them to out, keeping
-// an incomplete last event for the next call.
+// an incomplete last event for the next call. An event longer than the
+// bound (eventbound.go) ends the stream: ErrEventTooLong, the events
+// before it appended.
 func (ls *loopStream) feed(out, data []byte) ([]byte, error) {
 	if len(data) == 0 {
 		return out, nil
 	}
+	limit := eventBound(ls.maxEvent)
 	start, pos := 0, 0
 	if len(ls.partial) > 0 {
 		ls.partial = append(ls.partial, data...)
@@ -363,6 +361,10 @@ func (ls *loopStream) feed(out, data []byte) ([]byte, error) {
 		}
 		end := pos + i + 1
 		if isBlank(data[pos:end]) {
+			if end-start > limit {
+				ls.partial, ls.scanned = nil, 0
+				return out, ErrEventTooLong
+			}
 			if len(bytes.TrimSpace(data[start:pos])) > 0 {
 				out = ls.emit(out, data[start:end])
 			}
@@ -373,8 +375,9 @@ func (ls *loopStream) feed(out, data []byte) ([]byte, error) {
 	rest := data[start:]
 	ls.scanned = pos - start
 	switch {
-	case len(rest) > maxEvent:
-		return out, errEventTooLong
+	case len(rest) > limit:
+		ls.partial, ls.scanned = nil, 0
+		return out, ErrEventTooLong
 	case len(rest) == 0:
 		ls.partial = nil
 	case len(ls.partial) > 0:
@@ -424,6 +427,10 @@ func (ls *loopStream) flushPartial(out []byte) []byte {
 // appends the stream's last events to out: a final event that lacked its
 // blank line, and an error event when the stream broke off.
 func (ls *loopStream) endUpstream(out []byte, err error) []byte {
+	if errors.Is(err, ErrEventTooLong) && ls.cut == nil {
+		ls.cut = err
+		ls.r.eventRefused()
+	}
 	clean := err == nil
 	if clean {
 		out = ls.flushPartial(out)
@@ -433,6 +440,15 @@ func (ls *loopStream) endUpstream(out []byte, err error) []byte {
 	ls.ended = true
 	ls.closeLeg(clean)
 	return out
+}
+
+// endedBefore is the error of a stream that ended before anything of it
+// reached the client: what says so, and the bound that cut it, if one did.
+func (ls *loopStream) endedBefore(what string) error {
+	if ls.cut != nil {
+		return fmt.Errorf("%s: %w", what, ls.cut)
+	}
+	return errors.New(what)
 }
 
 // closeLeg stops watching the upstream and closes the leg: its connection

@@ -73,6 +73,7 @@ func TestConfigValidate(t *testing.T) {
 		{"tp", func(c *Config) { c.DecodeTPSize = -1 }, "--decode-tp-size"},
 		{"short prompt", func(c *Config) { c.MinRemotePrefillTokens = -1 }, "--min-remote-prefill-tokens"},
 		{"body", func(c *Config) { c.MaxRequestBodyBytes = 0 }, "--max-request-body-bytes"},
+		{"sse event", func(c *Config) { c.MaxSSEEventBytes = MinMaxSSEEventBytes - 1 }, "--max-sse-event-bytes"},
 		{"grace", func(c *Config) { c.ShutdownGrace = -1 }, "--shutdown-grace"},
 	}
 	for _, tt := range tests {
@@ -126,7 +127,7 @@ func TestRequestID(t *testing.T) {
 
 func TestEventReader(t *testing.T) {
 	in := "data: {\"a\":1}\n\n\n: comment\n\nevent: x\r\ndata: {\"b\":2}\r\n\r\ndata: [DONE]"
-	er := newEventReader(strings.NewReader(in), nil)
+	er := newEventReader(strings.NewReader(in), nil, 0)
 	var got []string
 	for {
 		ev, err := er.next()
@@ -148,7 +149,7 @@ func TestEventReader(t *testing.T) {
 
 func TestEventReaderLongLine(t *testing.T) {
 	long := "data: " + strings.Repeat("x", 100<<10) + "\n\n"
-	ev, err := newEventReader(strings.NewReader(long), nil).next()
+	ev, err := newEventReader(strings.NewReader(long), nil, 0).next()
 	require.NoError(t, err)
 	assert.Equal(t, long, string(ev))
 }

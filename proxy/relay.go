@@ -124,7 +124,7 @@ func copyResponseHead(rc *fasthttp.RequestCtx, resp *fasthttp.Response) {
 // first output or error: an error there is a KV load failure, recoverable
 // because the client has seen nothing.
 func (r *request) relaySSE(leg *Leg, resp *fasthttp.Response, g prometheus.Gauge, remote bool, sent time.Time) error {
-	er := newEventReader(leg, &r.p.bufs)
+	er := r.eventReader(leg)
 	var held []byte
 	abort := func(err error) error {
 		er.release()

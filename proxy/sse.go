@@ -24,6 +24,16 @@ type eventReader struct {
 	// ahead, when set, shows bytes received below br that it has not read
 	// yet (the upstream connection's buffer), for pending.
 	ahead func() []byte
+	// max bounds one event (eventbound.go): the reader stops at the first
+	// byte past it and the stream ends with ErrEventTooLong; refused, when
+	// set, is called then, once.
+	max     int
+	refused func()
+	// long, when set, is called when the reader begins (or resumes)
+	// assembling an event longer than its buffer, reading the upstream
+	// with nothing to return meanwhile; the func it returns is called when
+	// the assembly stops (sseBody.watchClient).
+	long func() (stop func())
 }
 
 // eventReaderSize is the read buffer of one stream. Events are small; a
@@ -104,9 +114,9 @@ func (b *streamBufs) growChunk(p *[]byte, buf []byte, n int) (*[]byte, []byte) {
 	return np, nb
 }
 
-// newEventReader reads events from r through a buffer from bufs (nil: a
-// buffer of its own).
-func newEventReader(r io.Reader, bufs *streamBufs) *eventReader {
+// newEventReader reads events of at most maxEvent bytes (0: the default
+// bound) from r through a buffer from bufs (nil: a buffer of its own).
+func newEventReader(r io.Reader, bufs *streamBufs, maxEvent int) *eventReader {
 	var br *bufio.Reader
 	if bufs != nil {
 		br, _ = bufs.readers.Get().(*bufio.Reader)
@@ -116,7 +126,7 @@ func newEventReader(r io.Reader, bufs *streamBufs) *eventReader {
 	} else {
 		br.Reset(r)
 	}
-	e := &eventReader{br: br, bufs: bufs}
+	e := &eventReader{br: br, bufs: bufs, max: eventBound(maxEvent)}
 	if l, ok := r.(*Leg); ok {
 		e.ahead = l.ahead
 	}
@@ -158,18 +168,33 @@ var (
 
 // next returns the next event's raw bytes, valid until the following call.
 // A final event without its blank line is returned whole; io.EOF follows.
+// An event longer than e.max ends the stream: ErrEventTooLong, from then
+// on.
 func (e *eventReader) next() ([]byte, error) {
 	if e.asm {
 		return e.assemble()
 	}
+	if e.err != nil {
+		return nil, e.err
+	}
+	if cap(e.buf) > maxPooledChunk {
+		e.buf = nil // a long event's buffer is not kept for the stream's life
+	}
 	for {
-		if ev := e.buffered(); ev != nil {
+		ev, tooLong := e.buffered()
+		switch {
+		case tooLong:
+			return nil, e.tooLong()
+		case ev != nil:
 			return ev, nil
-		}
-		if e.err != nil {
+		case e.err != nil:
 			return nil, e.err
 		}
+		// What the buffer holds now is the beginning of one event.
 		n := e.br.Buffered()
+		if n > e.max {
+			return nil, e.tooLong()
+		}
 		if n >= e.br.Size() {
 			return e.assemble() // an event longer than the buffer
 		}
@@ -198,9 +223,15 @@ func (e *eventReader) assemble() ([]byte, error) {
 	if !e.asm {
 		e.buf, e.fragment, e.asm = e.buf[:0], false, true
 	}
+	if e.long != nil {
+		defer e.long()()
+	}
 	for {
 		line, err := e.br.ReadSlice('\n')
 		e.buf = append(e.buf, line...)
+		if len(e.buf) > e.max {
+			return nil, e.tooLong()
+		}
 		switch {
 		case errors.Is(err, bufio.ErrBufferFull):
 			// The line so far came in more than one piece (a line longer than
@@ -234,6 +265,17 @@ func (e *eventReader) assemble() ([]byte, error) {
 	}
 }
 
+// tooLong ends the stream at an event longer than e.max: what was read of
+// it is let go, and ErrEventTooLong is returned from now on.
+func (e *eventReader) tooLong() error {
+	e.asm, e.err, e.buf = false, ErrEventTooLong, nil
+	if e.refused != nil {
+		e.refused()
+		e.refused = nil
+	}
+	return e.err
+}
+
 // unread returns what e holds and has not returned yet: the start of an
 // event being assembled, then the read buffer's bytes. It is valid until e
 // is used again.
@@ -247,24 +289,28 @@ func (e *eventReader) unread() [][]byte {
 
 // buffered returns the next event without copying it when it is whole in
 // the read buffer (skipping blank lines before it), else nil and consumes
-// nothing but those blank lines. The slice stays valid until the buffer is
-// next filled: up to the following call of next.
-func (e *eventReader) buffered() []byte {
+// nothing but those blank lines; tooLong reports an event (or blank-only
+// run) whole in the buffer but longer than e.max. The slice stays valid
+// until the buffer is next filled: up to the following call of next.
+func (e *eventReader) buffered() (ev []byte, tooLong bool) {
 	b, _ := e.br.Peek(e.br.Buffered())
 	start, pos := 0, 0
 	for {
 		i := bytes.IndexByte(b[pos:], '\n')
 		if i < 0 {
 			_, _ = e.br.Discard(start)
-			return nil
+			return nil, false
 		}
 		end := pos + i + 1
 		if isBlank(b[pos:end]) {
-			if len(bytes.TrimSpace(b[start:pos])) == 0 {
+			switch {
+			case end-start > e.max:
+				return nil, true
+			case len(bytes.TrimSpace(b[start:pos])) == 0:
 				start = end // a stray blank line between events
-			} else {
+			default:
 				_, _ = e.br.Discard(end)
-				return b[start:end]
+				return b[start:end], false
 			}
 		}
 		pos = end

@@ -48,6 +48,9 @@ type sseBody struct {
 	cc         *clientConn
 	keepAlive  bool
 	handedOver bool
+	// pipelined: a watch of the client (watchClient) took the first byte
+	// of its next request; the connection closes after this answer.
+	pipelined bool
 }
 
 // newSSEBody streams er's events after held; release frees the leg and
@@ -62,7 +65,27 @@ func (r *request) newSSEBody(er *eventReader, leg *Leg, held []byte, remote bool
 	if !b.loopable() {
 		b.cc = nil
 	}
+	er.long = b.watchClient
 	return b
+}
+
+// watchClient watches the client connection while the reader assembles a
+// long event: nothing is written to the client meanwhile, so no failed
+// write can tell that it left; the watch (watch.go) does, and cancels the
+// request, which closes the upstream connection at once: the engine sees
+// the cancel, and the sidecar reads no more of it. The watch is armed
+// only once the assembly has lasted watchDelay, so a long event that
+// arrives whole costs no goroutine.
+func (b *sseBody) watchClient() (stop func()) {
+	r := b.r
+	release := holdConn(r.rc)
+	w := r.p.armer.watch(r.rc.Conn(), r.cancel, time.Now())
+	return func() {
+		if w.stop() {
+			b.pipelined, b.cc = true, nil // the connection cannot move now
+		}
+		release()
+	}
 }
 
 // firstWritten runs after the answer's first write: it records the TTFT
@@ -197,6 +220,11 @@ func (b *sseBody) putOut() {
 func (b *sseBody) end(err error) error {
 	r := b.r
 	b.ended = true
+	if err != nil && !errors.Is(err, io.EOF) {
+		// A broken or refused stream: its connection is closed now, not
+		// once the client took the stream's end.
+		b.leg.Close()
+	}
 	switch {
 	case r.gone():
 		r.left()
@@ -220,7 +248,11 @@ func (r *request) endStream(out []byte, done bool, err error) []byte {
 		err = errors.New("stream ended without [DONE]")
 	}
 	r.logAt(zerolog.ErrorLevel).Err(err).Msg("upstream stream broke off; ending the client stream with an error event")
-	return append(out, sseError(fasthttp.StatusBadGateway, fmt.Errorf("%w: stream broke off", ErrDecodeFailed))...)
+	cause := fmt.Errorf("%w: stream broke off", ErrDecodeFailed)
+	if errors.Is(err, ErrEventTooLong) {
+		cause = fmt.Errorf("%w: %w", ErrDecodeFailed, ErrEventTooLong)
+	}
+	return append(out, sseError(fasthttp.StatusBadGateway, cause)...)
 }
 
 // Close implements io.Closer: fasthttp calls it when the body is written or
@@ -235,6 +267,11 @@ func (b *sseBody) Close() error {
 		b.r.left()
 	}
 	b.putOut()
+	if b.pipelined {
+		// The watch took the first byte of the client's next request: the
+		// connection cannot serve it; the client sends it again.
+		_ = b.r.rc.Conn().Close()
+	}
 	if b.release != nil {
 		b.release()
 		b.release = nil

@@ -92,6 +92,7 @@ func parseFlags(args []string, help io.Writer) (options, error) {
 	fs.IntVar(&c.MinRemotePrefillTokens, "min-remote-prefill-tokens", c.MinRemotePrefillTokens, "short-prompt guard: a request naming a prefiller whose prompt is estimated under N tokens is served locally, with no prefill leg or KV transfer (mode local, pd_sidecar_split_declined_total{reason=\"short_prompt\"}); token ids count exactly, text as ceil(bytes/3) (0: off)")
 	fs.IntVar(&c.MaxRequestBodyBytes, "max-request-body-bytes", c.MaxRequestBodyBytes, "largest accepted request body")
 	fs.Int64Var(&c.MaxUpstreamAnswerBytes, "max-upstream-answer-bytes", c.MaxUpstreamAnswerBytes, "largest upstream answer read whole (prefill, bootstrap, non-streamed decode); a larger prefill answer falls back (bad_answer), a larger decode answer is a 502")
+	fs.IntVar(&c.MaxSSEEventBytes, "max-sse-event-bytes", c.MaxSSEEventBytes, "longest SSE event of an engine's stream, on every stream reader of both serving paths; past it the stream is refused and its upstream connection closed: a 502 before any output, else an error event and [DONE] (pd_sidecar_upstream_refused_total{reason=\"event_too_long\"}); at least 16384")
 	fs.DurationVar(&c.ShutdownGrace, "shutdown-grace", c.ShutdownGrace, "how long SIGTERM waits for in-flight requests")
 	fs.IntVar(&c.MetricsPort, "metrics-port", c.MetricsPort, "port for /metrics and /debug/pd, which then leave --port (0: serve them on --port)")
 	fs.IntVar(&c.MaxConnsPerHost, "max-idle-conns-per-host", c.MaxConnsPerHost, "connections pooled per engine")
