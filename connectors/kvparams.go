@@ -5,8 +5,10 @@ import (
 	"math"
 	"net"
 	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
+	"unsafe"
 
 	"github.com/tidwall/gjson"
 )
@@ -136,13 +138,19 @@ func (s *Schema) invalid(field, why string) error {
 // port (at port 0 when none is). Anything else is ErrInvalidKVParams with
 // a fixed reason.
 func (s *Schema) Canonical(dst []byte, v gjson.Result) ([]byte, []Addr, error) {
-	if !v.IsObject() || ValidObject([]byte(v.Raw)) != nil {
+	// v.Raw is only read: viewed as bytes, not copied.
+	if !v.IsObject() || ValidObject(unsafe.Slice(unsafe.StringData(v.Raw), len(v.Raw))) != nil {
 		return dst, nil, s.invalid("", "not a well-formed JSON object")
 	}
 	if len(s.Fields) > maxFields {
 		return dst, nil, s.invalid("", "schema too large") // a programming error
 	}
-	vals := make([]gjson.Result, len(s.Fields))
+	var buf [16]gjson.Result
+	vals := buf[:0]
+	if len(s.Fields) > len(buf) {
+		vals = make([]gjson.Result, 0, len(s.Fields))
+	}
+	vals = vals[:len(s.Fields)]
 	var seen uint64
 	var err error
 	v.ForEach(func(k, val gjson.Result) bool {
@@ -165,7 +173,9 @@ func (s *Schema) Canonical(dst []byte, v gjson.Result) ([]byte, []Addr, error) {
 	if err != nil {
 		return dst, nil, err
 	}
-	w := canonWriter{dst: append(dst, '{')}
+	// Written anew, it is at most as long as v but for the numbers
+	// rewritten (a float's digits): room for it at once.
+	w := canonWriter{dst: append(slices.Grow(dst, len(v.Raw)+32), '{')}
 	var hosts []Addr // port to come
 	var ports []int
 	var addrs []Addr
@@ -382,57 +392,79 @@ func (w *canonWriter) ints(s *Schema, f *Field, val gjson.Result) error {
 }
 
 // blockIDs reads a flat list of block ids, or a list of them per KV group.
+// The object was validated (Canonical), so the array's bytes are walked
+// as they are, without a JSON parser: a prefill of a long prompt names
+// tens of thousands of blocks.
 func (w *canonWriter) blockIDs(s *Schema, f *Field, val gjson.Result) error {
 	if !val.IsArray() {
 		return s.invalid(f.Name, "not an array")
 	}
-	total, groups := int64(0), 0
-	nested := -1 // unknown until the first entry
-	var err error
-	one := func(x gjson.Result) bool {
-		id, ok := intIn(x, 0, math.MaxInt32)
-		switch {
-		case !ok:
-			err = s.invalid(f.Name, "a block id that is not an integer in 0..2147483647")
-		case total >= f.Max:
-			err = s.invalid(f.Name, fmt.Sprintf("more than %d block ids", f.Max))
-		default:
-			if total > 0 && w.dst[len(w.dst)-1] != '[' {
-				w.dst = append(w.dst, ',')
+	raw := val.Raw
+	depth, total, groups := 0, int64(0), 0
+	nested := -1          // unknown until the first entry: 0 ids, 1 lists of ids
+	first := []bool{true} // per depth: no entry written yet
+	for i := 0; i < len(raw); i++ {
+		switch c := raw[i]; {
+		case c == ' ' || c == '\t' || c == '\n' || c == '\r':
+		case c == '[':
+			if depth == 1 {
+				if nested == 0 {
+					return s.invalid(f.Name, "block ids and lists of them mixed")
+				}
+				nested = 1
+				if groups++; groups > MaxKVGroups {
+					return s.invalid(f.Name, fmt.Sprintf("more than %d KV-cache groups", MaxKVGroups))
+				}
+				w.sep(first, depth)
 			}
-			total++
-			w.dst = strconv.AppendInt(w.dst, id, 10)
+			if depth++; depth > 2 {
+				return s.invalid(f.Name, "nested deeper than a list per KV-cache group")
+			}
+			first = append(first[:depth], true)
+			w.dst = append(w.dst, '[')
+		case c == ']':
+			depth--
+			w.dst = append(w.dst, ']')
+		case c == ',':
+		case c >= '0' && c <= '9':
+			j := i
+			for j < len(raw) && raw[j] >= '0' && raw[j] <= '9' {
+				j++
+			}
+			if j < len(raw) && (raw[j] == '.' || raw[j] == 'e' || raw[j] == 'E') || j-i > 10 {
+				return s.invalid(f.Name, "a block id that is not an integer in 0..2147483647")
+			}
+			// Validated JSON has no leading zeros: the digits are the
+			// id's own canonical form, once its range is checked.
+			if d := raw[i:j]; len(d) == 10 && d > "2147483647" {
+				return s.invalid(f.Name, "a block id that is not an integer in 0..2147483647")
+			}
+			if depth == 1 {
+				if nested == 1 {
+					return s.invalid(f.Name, "block ids and lists of them mixed")
+				}
+				nested = 0
+			}
+			if total++; total > f.Max {
+				return s.invalid(f.Name, fmt.Sprintf("more than %d block ids", f.Max))
+			}
+			w.sep(first, depth)
+			w.dst = append(w.dst, raw[i:j]...)
+			i = j - 1
+		default:
+			return s.invalid(f.Name, "a block id that is not an integer in 0..2147483647")
 		}
-		return err == nil
 	}
-	w.dst = append(w.dst, '[')
-	val.ForEach(func(_, x gjson.Result) bool {
-		isList := 0
-		if x.IsArray() {
-			isList = 1
-		}
-		if nested >= 0 && nested != isList {
-			err = s.invalid(f.Name, "block ids and lists of them mixed")
-			return false
-		}
-		nested = isList
-		if isList == 0 {
-			return one(x)
-		}
-		if groups++; groups > MaxKVGroups {
-			err = s.invalid(f.Name, fmt.Sprintf("more than %d KV-cache groups", MaxKVGroups))
-			return false
-		}
-		if groups > 1 {
-			w.dst = append(w.dst, ',')
-		}
-		w.dst = append(w.dst, '[')
-		x.ForEach(func(_, y gjson.Result) bool { return one(y) })
-		w.dst = append(w.dst, ']')
-		return err == nil
-	})
-	w.dst = append(w.dst, ']')
-	return err
+	return nil
+}
+
+// sep writes the comma before an entry at depth, but for the first.
+func (w *canonWriter) sep(first []bool, depth int) {
+	if first[depth] {
+		first[depth] = false
+		return
+	}
+	w.dst = append(w.dst, ',')
 }
 
 // intIn reads v as an integer (digits only: no fraction or exponent) in
