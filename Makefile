@@ -238,13 +238,13 @@ test-k8s: kube-apiserver
 k8s-watch-cost: kube-apiserver
 	K8S_WATCH_SIDECARS=$${K8S_WATCH_SIDECARS:-1,10,50} $(GO) test -count=1 -v -tags k8s -run 'TestK8sWatchCost' -timeout 20m ./e2e/
 
-## fuzz-short: a short seeded run of every fuzz target (connector body rewriting (its member walk against gjson's), client connector field stripping, JSON body validation and its top-level read, header parser, SSE event split (goroutine and event-loop), scanner and rewriter, chunked body decoder, the lane's request heads, upstream answers on both paths)
+## fuzz-short: a short seeded run of every fuzz target (connector body rewriting (its member walk against gjson's), upstream answers' handoffs through every connector, client connector field stripping, JSON body validation and its top-level read, header parser, SSE event split (goroutine and event-loop), scanner and rewriter, chunked body decoder, the lane's request heads, upstream answers on both paths)
 # An execution count, not a duration: a duration races Go's fuzzing coordinator at its end
 # (golang/go#75804: "context deadline exceeded" with no input found, on a loaded machine).
 FUZZTIME ?= 20000x
 .PHONY: fuzz-short
 fuzz-short:
-	@set -e; for t in FuzzConnectorLegs FuzzEditObject FuzzClassifyEvent FuzzStripClientFields FuzzValidObject FuzzScanBody FuzzEditObjectScan; do \
+	@set -e; for t in FuzzConnectorLegs FuzzEditObject FuzzClassifyEvent FuzzStripClientFields FuzzValidObject FuzzScanBody FuzzEditObjectScan FuzzPrefillAnswerHandoff; do \
 		$(GO) test -run '^$$' -fuzz "^$$t\$$" -fuzztime $(FUZZTIME) ./connectors/; done
 	@set -e; for t in FuzzPickPrefiller FuzzSSEScanRewrite FuzzSSEErrorEvent FuzzEventReaderSplits FuzzLoopStreamSplits FuzzHandOverAnywhere FuzzLaneRequestHead FuzzUpstreamAnswer; do \
 		$(GO) test -run '^$$' -fuzz "^$$t\$$" -fuzztime $(FUZZTIME) ./proxy/; done

@@ -17,7 +17,9 @@ var (
 	// carried no kv_transfer_params, so there is nothing to hand off.
 	ErrNoKVParams = errors.New("connectors: prefill answer carries no kv_transfer_params")
 	// ErrInvalidKVParams means the prefill answer's kv_transfer_params lack a
-	// field the decode engine needs; vLLM would silently prefill locally.
+	// field the decode engine needs (vLLM would silently prefill locally),
+	// carry one the connector does not document, of another type or past
+	// its bounds, or name an address the sidecar does not allow.
 	ErrInvalidKVParams = errors.New("connectors: invalid kv_transfer_params in prefill answer")
 	// ErrBadPrefillAnswer means the prefill answer cannot be used: its body
 	// is not a JSON object, or (wrapped by the proxy around its own reason)
@@ -27,9 +29,15 @@ var (
 
 // Handoff is what the prefill answer tells the decode leg.
 type Handoff struct {
-	// Params is the raw kv_transfer_params object of the prefill answer,
-	// copied verbatim into the decode body. Nil when Done is true.
+	// Params is the prefill answer's kv_transfer_params as the decode body
+	// carries them: written anew from the members the connector documents,
+	// each checked for its type and bounds (Schema.Canonical), never the
+	// answer's bytes. Nil when Done is true.
 	Params []byte
+	// Addrs are the addresses Params name for the decode side to connect
+	// to (the prefiller's side channel, a kvtransfer agent): the proxy
+	// checks them before anything connects.
+	Addrs []Addr
 	// Done reports that generation already ended on the prefill's first
 	// token (EOS): the prefill answer is the whole answer and no decode leg
 	// is needed.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 
 	"github.com/tidwall/gjson"
 )
@@ -105,26 +106,71 @@ func EncoderBody(dst, body []byte, item MMItem) ([]byte, error) {
 	return EditObject(dst, body, edits)
 }
 
+// ECEntry is one entry of an ec-nixl encoder's ec_transfer_params, keyed
+// by the item's mm_hash: the handle under which the encoder holds the
+// item's encoding, and the encoder's host and port the prefill and decode
+// engines fetch it from.
+var ECEntry = Schema{Name: "ec_transfer_params", Fields: []Field{
+	{Name: "handle", Kind: KindID, Required: true},
+	{Name: "remote_host", Kind: KindHost, Role: RoleHost},
+	{Name: "remote_port", Kind: KindInt, Min: 1, Max: 65535, Role: RolePort},
+}}
+
+// maxECEntries bounds the entries of one encoder answer (it encodes one
+// item).
+const maxECEntries = 64
+
 // ECParamsOf returns the top-level ec_transfer_params object of an
-// encoder's answer, or nil when it is missing, null, not an object or
-// empty; an answer that is not a JSON object is ErrECAnswer.
-func ECParamsOf(answer []byte) ([]byte, error) {
-	if !IsObject(answer) || !gjson.ValidBytes(answer) {
-		return nil, ErrECAnswer
+// encoder's answer, written anew, and the addresses it names; nil when it
+// is missing, null, not an object or empty. Each member's name must be an
+// id (ValidID, unescaped, given once) and its value an ECEntry, at most
+// maxECEntries of them; anything else, and an answer that is not a
+// well-formed JSON object, is ErrECAnswer.
+func ECParamsOf(answer []byte) ([]byte, []Addr, error) {
+	if ValidObject(answer) != nil {
+		return nil, nil, ErrECAnswer
 	}
 	v := gjson.GetBytes(answer, "ec_transfer_params")
 	if !v.IsObject() {
-		return nil, nil
+		return nil, nil, nil
 	}
-	empty := true
-	v.ForEach(func(_, _ gjson.Result) bool {
-		empty = false
-		return false
+	out := []byte{'{'}
+	var addrs []Addr
+	seen := map[string]bool{}
+	var err error
+	v.ForEach(func(k, e gjson.Result) bool {
+		switch {
+		case len(seen) >= maxECEntries:
+			err = fmt.Errorf("%w: more than %d ec_transfer_params entries", ErrECAnswer, maxECEntries)
+		case strings.IndexByte(k.Raw, '\\') >= 0 || !ValidID(k.Str):
+			err = fmt.Errorf("%w: an ec_transfer_params key that is not an id", ErrECAnswer)
+		case seen[k.Str]:
+			err = fmt.Errorf("%w: an ec_transfer_params key given twice", ErrECAnswer)
+		}
+		if err != nil {
+			return false
+		}
+		if len(seen) > 0 {
+			out = append(out, ',')
+		}
+		seen[k.Str] = true
+		out = strconv.AppendQuote(out, k.Str)
+		out = append(out, ':')
+		var a []Addr
+		if out, a, err = ECEntry.Canonical(out, e); err != nil {
+			err = fmt.Errorf("%w: %w", ErrECAnswer, err)
+			return false
+		}
+		addrs = append(addrs, a...)
+		return true
 	})
-	if empty {
-		return nil, nil
+	if err != nil {
+		return nil, nil, err
 	}
-	return []byte(v.Raw), nil
+	if len(seen) == 0 {
+		return nil, nil, nil
+	}
+	return append(out, '}'), addrs, nil
 }
 
 // MergeECParams merges the members of each object of parts, in order, into

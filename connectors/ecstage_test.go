@@ -1,6 +1,7 @@
 package connectors_test
 
 import (
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -66,15 +67,23 @@ func TestECParamsOf(t *testing.T) {
 		err                bool
 	}{
 		{"object", `{"id":"x","ec_transfer_params":{"h1":{"handle":"a"}}}`, `{"h1":{"handle":"a"}}`, false},
+		{"ec-nixl's entries, written anew", `{"ec_transfer_params":{ "h1" : {"remote_port":7001,"handle":"a","remote_host":"10.0.0.5"},"h2":{"handle":"b"}}}`,
+			`{"h1":{"handle":"a","remote_host":"10.0.0.5","remote_port":7001},"h2":{"handle":"b"}}`, false},
 		{"missing", `{"id":"x"}`, "", false},
 		{"null", `{"ec_transfer_params":null}`, "", false},
 		{"not an object", `{"ec_transfer_params":[1]}`, "", false},
 		{"empty", `{"ec_transfer_params":{}}`, "", false},
 		{"not json", `oops`, "", true},
 		{"truncated", `{"ec_transfer_params":{"a":`, "", true},
+		{"an undocumented member", `{"ec_transfer_params":{"h1":{"handle":"a","kv_source":{}}}}`, "", true},
+		{"a deep value", `{"ec_transfer_params":{"h1":{"handle":` + strings.Repeat("[", 100000) + strings.Repeat("]", 100000) + `}}}`, "", true},
+		{"an entry that is no object", `{"ec_transfer_params":{"h1":"10.9.9.9:1"}}`, "", true},
+		{"a key given twice", `{"ec_transfer_params":{"h1":{"handle":"a"},"h1":{"handle":"b"}}}`, "", true},
+		{"an escaped key", `{"ec_transfer_params":{"h\u0031":{"handle":"a"}}}`, "", true},
+		{"a port that is no port", `{"ec_transfer_params":{"h1":{"handle":"a","remote_host":"10.0.0.5","remote_port":"x"}}}`, "", true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got, err := connectors.ECParamsOf([]byte(tc.answer))
+			got, _, err := connectors.ECParamsOf([]byte(tc.answer))
 			if tc.err {
 				assert.ErrorIs(t, err, connectors.ErrECAnswer)
 				return

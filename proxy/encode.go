@@ -363,9 +363,12 @@ func (r *request) encodeItem(ctx context.Context, idx int, item connectors.MMIte
 	if r.p.cfg.Encoder.Connector != connectors.ECNixl {
 		return nil, nil // ec-example: the encoder wrote the item to the shared cache
 	}
-	ec, err := connectors.ECParamsOf(resp.Body())
+	ec, addrs, err := connectors.ECParamsOf(resp.Body())
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", errEncoderBadAnswer, err)
+	}
+	if a, ok := r.p.refusedAddr(addr, addrs); !ok { // answeraddrs.go
+		return nil, fmt.Errorf("%w: %s names an address that is neither the encoder's host nor on the allowlist", errEncoderBadAnswer, a.Field)
 	}
 	if ec == nil {
 		r.logAt(zerolog.WarnLevel).Int("item", idx).Msg("encoder answered no ec_transfer_params")

@@ -94,7 +94,7 @@ func TestEncoderReason(t *testing.T) {
 }
 
 // fakeEncoder is an in-process encoder: it answers each request with
-// ec_transfer_params {"<url>": "<name>"} after delay, or status when set,
+// ec_transfer_params {"<url>": {"handle": "<name>"}, "by": ...} after delay, or status when set,
 // and records the items it got and the legs in flight at most.
 type fakeEncoder struct {
 	name   string
@@ -138,7 +138,7 @@ func (f *fakeEncoder) serve(t *testing.T) string {
 			return
 		}
 		rc.SetContentType("application/json")
-		fmt.Fprintf(rc, `{"id":"x","ec_transfer_params":{%q:%q,"by":%q}}`, url, f.name, f.name)
+		fmt.Fprintf(rc, `{"id":"x","ec_transfer_params":{%q:{"handle":%q},"by":{"handle":%q}}}`, url, f.name, f.name)
 	}}
 	go func() { _ = srv.Serve(ln) }()
 	t.Cleanup(func() { _ = srv.Shutdown() })
@@ -186,7 +186,9 @@ func TestFanOutRoundRobinAndMerge(t *testing.T) {
 	assert.ElementsMatch(t, []string{"u0", "u2", "u4"}, a.items)
 	assert.ElementsMatch(t, []string{"u1", "u3"}, b.items)
 	assert.Equal(t, 2, legs.peak, "at most two legs at once")
-	assert.JSONEq(t, `{"own":1,"u0":"a","by":"a","u1":"b","u2":"a","u3":"b","u4":"a"}`, gjson.GetBytes(body, "ec_transfer_params").Raw)
+	h := func(n string) string { return `{"handle":"` + n + `"}` }
+	assert.JSONEq(t, `{"own":1,"u0":`+h("a")+`,"by":`+h("a")+`,"u1":`+h("b")+`,"u2":`+h("a")+`,"u3":`+h("b")+`,"u4":`+h("a")+`}`,
+		gjson.GetBytes(body, "ec_transfer_params").Raw)
 	assert.Equal(t, "0", gjson.GetBytes(body, "cache_hit_threshold").Raw)
 	assert.Equal(t, `"own","u0","by","u1","u2","u3","u4"`,
 		strings.Trim(gjson.GetBytes(body, "ec_transfer_params|@keys").Raw, "[]"), "keys in first-seen order")
@@ -208,7 +210,7 @@ func TestFanOutFailure(t *testing.T) {
 	p = encodeProxy(t, func(c *EncoderConfig) { c.OnFailure = EncoderFailLocal })
 	body, err := runStage(p, okAddr+","+badAddr, 2)
 	require.NoError(t, err)
-	assert.JSONEq(t, `{"own":1,"u0":"ok","by":"ok"}`, gjson.GetBytes(body, "ec_transfer_params").Raw, "item 1 left to the engine")
+	assert.JSONEq(t, `{"own":1,"u0":{"handle":"ok"},"by":{"handle":"ok"}}`, gjson.GetBytes(body, "ec_transfer_params").Raw, "item 1 left to the engine")
 
 	slow := &fakeEncoder{name: "slow", delay: time.Second}
 	p = encodeProxy(t, func(c *EncoderConfig) { c.Timeout = 50 * time.Millisecond })

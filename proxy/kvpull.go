@@ -129,6 +129,11 @@ var errKVAlloc = errors.New("local engine did not lend kv blocks")
 // gone).
 func (r *request) pullKV(h connectors.Handoff) (connectors.Handoff, error) {
 	k := r.p.kv
+	// The agent is dialed below: its address is checked here too, whatever
+	// read the handoff (answeraddrs.go; prefillAnswered did already).
+	if err := r.p.checkHandoff(r.prefiller, h); err != nil {
+		return h, err
+	}
 	raw, err := k.conn.KVSource(h)
 	var src kvtransfer.Source
 	if err == nil {

@@ -367,7 +367,13 @@ func (r *request) prefillAnswered(status int, contentType, body []byte) (prefill
 		return prefillResult{}, &rejected{status: status, contentType: string(contentType), body: body}
 	}
 	h, err := r.p.seq.ParsePrefill(r.api, body)
-	r.awaitKVRead(h, err) // kvrelease.go
+	if err == nil {
+		err = r.p.checkHandoff(r.prefiller, h) // answeraddrs.go
+	}
+	if err != nil {
+		h = connectors.Handoff{} // nothing of a refused answer goes on
+	}
+	r.awaitKVRead(h, err) // kvrelease.go: only a checked handoff is released
 	return prefillResult{handoff: h, body: body}, err
 }
 

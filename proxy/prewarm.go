@@ -326,6 +326,9 @@ func (w *prewarmer) splitTo(ctx context.Context, hp, local, model string) error 
 		return fmt.Errorf("%w: prefill on %s: status %d", ErrPrewarmStatus, logValue(hp), status)
 	}
 	h, err := p.seq.ParsePrefill(connectors.APICompletions, answer)
+	if err == nil {
+		err = p.checkHandoff(hp, h) // answeraddrs.go
+	}
 	if err != nil {
 		return fmt.Errorf("warm-up prefill on %s: %w", logValue(hp), err)
 	}

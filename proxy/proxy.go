@@ -19,6 +19,7 @@ import (
 	"github.com/valyala/fasthttp/fasthttpadaptor"
 
 	"github.com/pd-sidecar/pd-sidecar/connectors"
+	"github.com/pd-sidecar/pd-sidecar/connectors/moriio"
 	"github.com/pd-sidecar/pd-sidecar/metrics"
 	"github.com/pd-sidecar/pd-sidecar/netloop"
 )
@@ -116,6 +117,7 @@ func New(cfg Config, conn connectors.Connector, m *metrics.Metrics, gatherer pro
 	}
 	if cfg.MoriIO.WriteMode && p.seq != nil && conn.Name() == "nixlv2" {
 		p.mori = newMoriState(cfg.MoriIO, m.MoriIO, log) // MoRI-IO (moriio.go)
+		p.seq = moriio.ReadHandoffs(p.seq)               // its prefill answers are MoRI-IO's
 	}
 	if cfg.PrefillPrewarm {
 		p.warm = newPrewarmer(p)

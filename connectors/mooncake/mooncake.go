@@ -42,26 +42,66 @@ func (c *Connector) BootstrapAddr(prefillHost string) string {
 // BootstrapPath returns "/query".
 func (*Connector) BootstrapPath() string { return "/query" }
 
+// maxRanks bounds the ranks a bootstrap answer may list.
+const maxRanks = 4096
+
 // ParseBootstrap reads the bootstrap server's answer, an object keyed by
 // data-parallel rank ({"0":{"engine_id":"..."},...}), and keeps the lowest
-// rank that names an engine id.
+// rank that names an engine id. Only the engine ids are read (each an id
+// connectors.ValidID takes, as it goes into the decode leg), and the ranks
+// (decimal numbers, at most maxRanks of them); an answer that is not a
+// well-formed object, or names any other engine id or rank, is
+// ErrBadBootstrap. The bootstrap URL the decode engine is given is the
+// address the sidecar asked (addr), never one the answer names.
 func (*Connector) ParseBootstrap(addr string, answer []byte) (connectors.Bootstrap, error) {
-	if !connectors.IsObject(answer) {
-		return connectors.Bootstrap{}, fmt.Errorf("%w: not a JSON object", connectors.ErrBadBootstrap)
+	if connectors.ValidObject(answer) != nil {
+		return connectors.Bootstrap{}, fmt.Errorf("%w: not a well-formed JSON object", connectors.ErrBadBootstrap)
 	}
 	type entry struct{ rank, id string }
 	var found []entry
+	var err error
+	n := 0
 	gjson.ParseBytes(answer).ForEach(func(k, v gjson.Result) bool {
-		if id := v.Get("engine_id"); id.Type == gjson.String && id.Str != "" {
+		if n++; n > maxRanks {
+			err = fmt.Errorf("%w: more than %d ranks", connectors.ErrBadBootstrap, maxRanks)
+			return false
+		}
+		if !validRank(k.Str) {
+			err = fmt.Errorf("%w: a rank that is not a decimal number", connectors.ErrBadBootstrap)
+			return false
+		}
+		id := v.Get("engine_id")
+		switch {
+		case !id.Exists() || id.Type == gjson.Null:
+		case id.Type != gjson.String || !connectors.ValidID(id.Str):
+			err = fmt.Errorf("%w: an engine_id that is not an id of 1..%d printable ASCII characters", connectors.ErrBadBootstrap, connectors.MaxIDLen)
+			return false
+		default:
 			found = append(found, entry{k.Str, id.Str})
 		}
 		return true
 	})
+	if err != nil {
+		return connectors.Bootstrap{}, err
+	}
 	if len(found) == 0 {
 		return connectors.Bootstrap{}, fmt.Errorf("%w: no engine_id in the answer", connectors.ErrBadBootstrap)
 	}
 	slices.SortFunc(found, func(a, b entry) int { return rankLess(a.rank, b.rank) })
 	return connectors.Bootstrap{URL: "http://" + addr, EngineID: found[0].id, Rank: found[0].rank}, nil
+}
+
+// validRank reports whether k is a data-parallel rank: 1..5 digits.
+func validRank(k string) bool {
+	if len(k) == 0 || len(k) > 5 {
+		return false
+	}
+	for i := 0; i < len(k); i++ {
+		if k[i] < '0' || k[i] > '9' {
+			return false
+		}
+	}
+	return true
 }
 
 // rankLess orders ranks numerically when they are numbers.

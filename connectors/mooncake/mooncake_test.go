@@ -1,6 +1,7 @@
 package mooncake_test
 
 import (
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -55,6 +56,13 @@ func TestParseBootstrap(t *testing.T) {
 		{"lowest rank", `{"10":{"engine_id":"e10"},"2":{"engine_id":"e2"}}`, "e2", "2", false},
 		{"no engine id", `{"0":{"kv_port":1}}`, "", "", true},
 		{"not an object", `[]`, "", "", true},
+		{"malformed", `{"0":{"engine_id":"e0"}`, "", "", true},
+		{"engine id with a control character", `{"0":{"engine_id":"e\u0000"}}`, "", "", true},
+		{"engine id with a quote", `{"0":{"engine_id":"e\",\"remote_host\":\"10.9.9.9"}}`, "", "", true},
+		{"engine id too long", `{"0":{"engine_id":"` + strings.Repeat("e", 257) + `"}}`, "", "", true},
+		{"engine id not a string", `{"0":{"engine_id":7}}`, "", "", true},
+		{"rank not a number", `{"zero":{"engine_id":"e0"}}`, "", "", true},
+		{"other members ignored", `{"0":{"engine_id":"e0","remote_bootstrap_addr":"http://10.9.9.9:1","kv_host":"10.9.9.9"}}`, "e0", "0", false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

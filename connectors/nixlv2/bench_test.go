@@ -2,6 +2,7 @@ package nixlv2_test
 
 import (
 	"encoding/json"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -85,5 +86,29 @@ func BenchmarkDecodeRewrite(b *testing.B) {
 		if dst, err = c.DecodeBody(dst, connectors.APIChat, body, h); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// BenchmarkParsePrefill measures reading a prefill answer's handoff: the
+// params checked against Params and written anew (vLLM's shape, two
+// KV-cache groups of n blocks each).
+func BenchmarkParsePrefill(b *testing.B) {
+	for _, n := range []int{64, 32768} {
+		ids := strings.TrimSuffix(strings.Repeat("1234,", n), ",")
+		answer := []byte(`{"id":"cmpl-1","object":"text_completion","created":1,"model":"m","choices":[{"index":0,"text":" a","logprobs":null,"finish_reason":"length"}],` +
+			`"usage":{"prompt_tokens":1024,"total_tokens":1025,"completion_tokens":1,"prompt_tokens_details":{"cached_tokens":0}},` +
+			`"kv_transfer_params":{"do_remote_prefill":true,"do_remote_decode":false,"remote_block_ids":[[` + ids + `],[` + ids + `]],` +
+			`"remote_engine_id":"5f0c9a3e-1b2d-4e6f-8a7b-9c0d1e2f3a4b","remote_request_id":"cmpl-0123456789abcdef0123456789abcdef-0-1a2b3c4d",` +
+			`"remote_host":"10.0.0.9","remote_port":5600,"tp_size":1}}`)
+		b.Run(strconv.Itoa(2*n)+"-blocks", func(b *testing.B) {
+			c := nixlv2.New()
+			b.SetBytes(int64(len(answer)))
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, err := c.ParsePrefill(connectors.APICompletions, answer); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
 	}
 }

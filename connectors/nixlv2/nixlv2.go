@@ -69,41 +69,22 @@ var samplingEdits = []connectors.Edit{
 
 // ParsePrefill reads kv_transfer_params, tp_size and the cached-token count
 // from the prefill answer. An answer without params that finished by itself
-// (EOS on the first token) is Done; one that hit its cap without params, or
-// whose params lack what the decode engine needs, is an error.
+// (EOS on the first token) is Done; one that hit its cap without params is
+// ErrNoKVParams; params that lack what the decode engine needs, or carry
+// anything Params does not document, are ErrInvalidKVParams. The handoff's
+// Params are written anew from the members read, and its Addrs name the
+// side channel they point the decode engine at.
 func (*Connector) ParsePrefill(api connectors.API, answer []byte) (connectors.Handoff, error) {
 	h, p, ok, err := connectors.PrefillParams(api, answer)
 	if !ok {
 		return h, err
 	}
-	if !p.IsObject() || !valid(p) {
-		return h, connectors.ErrInvalidKVParams
-	}
-	h.TPSize = int(p.Get("tp_size").Int())
-	h.Params = append([]byte(nil), p.Raw...)
-	return h, nil
-}
-
-// valid reports whether params name the blocks and where to pull them from,
-// the fields without which vLLM logs "Got invalid KVTransferParams" and
-// prefills locally.
-func valid(p gjson.Result) bool {
-	if !p.Get("do_remote_prefill").Bool() {
-		return false
-	}
-	for _, k := range [...]string{"remote_engine_id", "remote_host"} {
-		if v := p.Get(k); v.Type != gjson.String || v.Str == "" {
-			return false
-		}
-	}
-	if p.Get("remote_port").Type != gjson.Number {
-		return false
-	}
-	return p.Get("remote_block_ids").IsArray()
+	return connectors.ReadHandoff(h, p, &Params)
 }
 
 // DecodeBody returns the client body with kv_transfer_params replaced by the
-// prefill answer's, verbatim. Every other field is the client's own.
+// handoff's (the prefill answer's, as ParsePrefill read them). Every other
+// field is the client's own.
 func (*Connector) DecodeBody(dst []byte, _ connectors.API, body []byte, h connectors.Handoff) ([]byte, error) {
 	edits := [1]connectors.Edit{{Key: "kv_transfer_params", Raw: h.Params}}
 	return connectors.EditObject(dst[:0], body, edits[:])

@@ -95,13 +95,15 @@ func TestParsePrefill(t *testing.T) {
 			name:   "length with params",
 			api:    connectors.APICompletions,
 			answer: `{"choices":[{"text":"a","finish_reason":"length"}],"usage":{"prompt_tokens":40,"prompt_tokens_details":{"cached_tokens":16}},"kv_transfer_params":` + goodParams + `}`,
-			want:   connectors.Handoff{Params: []byte(goodParams), TPSize: 2, CachedTokens: 16},
+			want: connectors.Handoff{Params: []byte(goodParams), TPSize: 2, CachedTokens: 16,
+				Addrs: []connectors.Addr{{Field: "kv_transfer_params.remote_host", Host: "10.0.0.9", Port: 5600}}},
 		},
 		{
 			name:   "flat block ids",
 			api:    connectors.APIChat,
 			answer: `{"choices":[{"finish_reason":"length"}],"kv_transfer_params":{"do_remote_prefill":true,"remote_block_ids":[1,2],"remote_engine_id":"e","remote_host":"h","remote_port":1}}`,
-			want:   connectors.Handoff{Params: []byte(`{"do_remote_prefill":true,"remote_block_ids":[1,2],"remote_engine_id":"e","remote_host":"h","remote_port":1}`)},
+			want: connectors.Handoff{Params: []byte(`{"do_remote_prefill":true,"remote_block_ids":[1,2],"remote_engine_id":"e","remote_host":"h","remote_port":1}`),
+				Addrs: []connectors.Addr{{Field: "kv_transfer_params.remote_host", Host: "h", Port: 1}}},
 		},
 		{
 			name:   "eos on first token",

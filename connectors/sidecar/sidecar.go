@@ -55,20 +55,26 @@ func (*Connector) PrefillBody(dst []byte, api connectors.API, body []byte) ([]by
 }
 
 // ParsePrefill reads kv_transfer_params.kv_source from the prefill answer.
-// Handoff.Params is the raw descriptor. An answer without params that
+// Handoff.Params is the descriptor, written anew from the members Source
+// documents; Handoff.Addrs its agent. An answer without params that
 // finished by itself is Done; one that hit its cap without params is
-// ErrNoKVParams; params without a usable kv_source are ErrInvalidKVParams.
+// ErrNoKVParams; params without a usable kv_source, or with anything
+// Params does not document, are ErrInvalidKVParams.
 func (*Connector) ParsePrefill(api connectors.API, answer []byte) (connectors.Handoff, error) {
 	h, p, ok, err := connectors.PrefillParams(api, answer)
 	if !ok {
 		return h, err
 	}
-	src := p.Get("kv_source")
-	if !src.IsObject() {
+	if !p.Get("kv_source").IsObject() {
 		return h, fmt.Errorf("%w: no kv_source (is the prefill engine serving a kvtransfer agent?)", connectors.ErrInvalidKVParams)
 	}
-	h.TPSize = int(p.Get("tp_size").Int())
-	h.Params = append([]byte(nil), src.Raw...)
+	out, addrs, err := Params.Canonical(nil, p)
+	if err != nil {
+		return h, err
+	}
+	h.TPSize = int(gjson.GetBytes(out, "tp_size").Int())
+	h.Params = []byte(gjson.GetBytes(out, "kv_source").Raw)
+	h.Addrs = addrs
 	return h, nil
 }
 

@@ -99,3 +99,27 @@ func TestDecodeBodyNamesPreloadedBlocksOnly(t *testing.T) {
 	assert.Equal(t, int64(9), gjson.Get(js, "max_tokens").Int(), "the client's own fields")
 	assert.True(t, gjson.Get(js, "stream").Bool())
 }
+
+func TestParsePrefillReadsOnlyTheDocumentedSource(t *testing.T) {
+	answer := func(src string) []byte {
+		return []byte(`{"choices":[{"finish_reason":"length"}],"kv_transfer_params":{"do_remote_prefill":true,"kv_source":` + src + `}}`)
+	}
+	h, err := sidecar.New().ParsePrefill(connectors.APICompletions, answer(source))
+	require.NoError(t, err)
+	assert.Equal(t, source, string(h.Params), "written anew, in the documented order")
+	assert.Equal(t, []connectors.Addr{{Field: "kv_source.agent", Host: "10.0.0.9", Port: 5700}}, h.Addrs)
+	for name, src := range map[string]string{
+		"extra member":        `{"agent":"10.0.0.9:5700","transport":"tcp","engine_id":"e","request_id":"r","block_ids":[1],"block_bytes":1,"num_tokens":1,"remote_host":"10.9.9.9"}`,
+		"agent without port":  `{"agent":"10.0.0.9","transport":"tcp","engine_id":"e","request_id":"r","block_ids":[1],"block_bytes":1,"num_tokens":1}`,
+		"agent port 0":        `{"agent":"10.0.0.9:0","transport":"tcp","engine_id":"e","request_id":"r","block_ids":[1],"block_bytes":1,"num_tokens":1}`,
+		"agent with a path":   `{"agent":"10.0.0.9:5700/x","transport":"tcp","engine_id":"e","request_id":"r","block_ids":[1],"block_bytes":1,"num_tokens":1}`,
+		"checksum not uint64": `{"agent":"10.0.0.9:5700","transport":"tcp","engine_id":"e","request_id":"r","block_ids":[1],"block_bytes":1,"num_tokens":1,"checksums":[-1]}`,
+		"agent twice":         `{"agent":"10.0.0.9:5700","agent":"10.9.9.9:1","transport":"tcp","engine_id":"e","request_id":"r","block_ids":[1],"block_bytes":1,"num_tokens":1}`,
+	} {
+		_, err := sidecar.New().ParsePrefill(connectors.APICompletions, answer(src))
+		assert.ErrorIs(t, err, connectors.ErrInvalidKVParams, name)
+	}
+	_, err = sidecar.New().ParsePrefill(connectors.APICompletions,
+		[]byte(`{"choices":[{"finish_reason":"length"}],"kv_transfer_params":{"kv_source":`+source+`,"remote_bootstrap_addr":"x"}}`))
+	assert.ErrorIs(t, err, connectors.ErrInvalidKVParams, "an undocumented member beside kv_source")
+}
