@@ -734,7 +734,7 @@ func parseAnswerHead(h *fasthttp.ResponseHeader, rd *bytes.Reader, br *bufio.Rea
 				return nil, false, answerHeadErr(err)
 			}
 			if len(b) >= maxHead {
-				return nil, false, fmt.Errorf("%w: answer head longer than %d bytes", ErrBadUpstreamAnswer, maxHead)
+				return nil, false, badAnswer("answer head longer than the read buffer", nil)
 			}
 			return b, false, nil // not whole yet
 		}
@@ -744,7 +744,7 @@ func parseAnswerHead(h *fasthttp.ResponseHeader, rd *bytes.Reader, br *bufio.Rea
 			return b, true, nil
 		}
 		if st != fasthttp.StatusContinue || *interim >= maxInterim {
-			return nil, false, fmt.Errorf("%w: status %d", ErrBadUpstreamAnswer, st)
+			return nil, false, badAnswer(fmt.Sprintf("status %d", st), nil)
 		}
 		*interim++
 	}
@@ -859,7 +859,7 @@ func (a *rawAnswer) feed(b []byte) error {
 	for len(b) > 0 && !a.body.Done() {
 		data, n, err := a.body.Next(b, len(b))
 		if err != nil {
-			return fmt.Errorf("%w: %w", ErrBadUpstreamAnswer, err)
+			return badAnswer("malformed answer body", err)
 		}
 		size := int64(len(a.buf) + len(data))
 		if size > a.max {
@@ -884,13 +884,13 @@ func (lc *laneConn) readRaw() {
 	case errors.Is(err, netloop.ErrWouldBlock):
 		return
 	case err != nil:
-		lc.rawBroke(fmt.Errorf("read %s: %w", lc.addr, err))
+		lc.rawBroke(err)
 		return
 	case n == 0 && lc.raw.body.Mode() == httpbody.UntilClose:
 		lc.rawDone()
 		return
 	case n == 0:
-		lc.rawBroke(fmt.Errorf("read %s: connection closed mid-body", lc.addr))
+		lc.rawBroke(io.ErrUnexpectedEOF)
 		return
 	}
 	lc.feedRaw(in[:n])
@@ -935,6 +935,9 @@ func (lc *laneConn) rawDone() {
 // the client has seen nothing, so it gets the error answer (or, for the
 // prefill's, the split goes on as after any failed prefill).
 func (lc *laneConn) rawBroke(err error) {
+	if le := (*LegError)(nil); !errors.As(err, &le) {
+		err = &LegError{Addr: lc.addr, Op: "read", Err: err}
+	}
 	lc.dropRaw()
 	lc.endUp(false)
 	if lc.prefill {
@@ -1055,7 +1058,7 @@ func (lc *laneConn) began(g gateState, held []byte) {
 	lc.stopTimer()
 	if g != gateOutput { // ended with no event
 		lc.dropStream()
-		lc.failWith(decodeTransportErr(errors.New("stream ended before any event")))
+		lc.failWith(decodeTransportErr(endedEarly(lc.r.local, "any event", nil)))
 		return
 	}
 	r.p.m.Requests.WithLabelValues(r.mode, statusLabel(r.obs.status)).Inc()

@@ -287,7 +287,7 @@ func (lc *laneConn) gateDone(g gateState, held []byte) {
 	switch {
 	case g == gateHolding: // ended with no output
 		lc.dropStream()
-		lc.failWith(decodeTransportErr(errors.New("decode stream ended before any output")))
+		lc.failWith(decodeTransportErr(endedEarly(lc.r.local, "any output", nil)))
 		return
 	case g == gateError:
 		r.kvHandoffDone(lc.pd.sent, false)

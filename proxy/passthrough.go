@@ -3,7 +3,6 @@ package proxy
 import (
 	"bytes"
 	"context"
-	"fmt"
 	"io"
 	"time"
 
@@ -76,7 +75,7 @@ func (p *Proxy) passthrough(rc *fasthttp.RequestCtx, local string) {
 		done()
 		err = decodeTransportErr(err)
 		st := classify(err).status
-		p.log.Error().Err(err).Str("path", string(rc.Path())).Msg("passthrough failed")
+		withUpstream(p.log.Error().Err(err), err).Str("path", string(rc.Path())).Msg("passthrough failed")
 		rc.SetStatusCode(st)
 		rc.SetContentType("application/json")
 		rc.SetBody(errorBody(st, err))
@@ -89,8 +88,13 @@ func (p *Proxy) passthrough(rc *fasthttp.RequestCtx, local string) {
 		leg.Close()
 		done()
 		if err != nil {
-			rc.SetStatusCode(fasthttp.StatusBadGateway)
-			rc.SetBody(errorBody(fasthttp.StatusBadGateway, fmt.Errorf("%w: %w", ErrDecodeFailed, err)))
+			err = decodeTransportErr(&LegError{Addr: local, Op: "read", Err: err})
+			st := classify(err).status
+			withUpstream(p.log.Error().Err(err), err).Str("path", string(rc.Path())).Msg("passthrough failed")
+			rc.Response.Reset()
+			rc.SetStatusCode(st)
+			rc.SetContentType("application/json")
+			rc.SetBody(errorBody(st, err))
 			return
 		}
 		rc.SetBody(body)

@@ -140,7 +140,7 @@ func (r *request) relaySSE(leg *Leg, resp *fasthttp.Response, g prometheus.Gauge
 	if !remote {
 		ev, err := er.next()
 		if err != nil {
-			return abort(beforeOutputErr(fmt.Errorf("stream ended before any event: %w", err)))
+			return abort(beforeOutputErr(endedEarly(r.local, "any event", err)))
 		}
 		held = append(held, ev...)
 	} else {
@@ -148,7 +148,7 @@ func (r *request) relaySSE(leg *Leg, resp *fasthttp.Response, g prometheus.Gauge
 		var err error
 		// The role chunk and the first output, usually.
 		if held, kvFail, err = readToOutput(er, r.api, make([]byte, 0, 2<<10)); err != nil {
-			return abort(beforeOutputErr(fmt.Errorf("decode stream ended before any output: %w", err)))
+			return abort(beforeOutputErr(endedEarly(r.local, "any output", err)))
 		}
 		r.kvHandoffDone(sent, !kvFail)
 		if kvFail && r.kvLoadFailed() {
@@ -171,12 +171,7 @@ func (r *request) relaySSE(leg *Leg, resp *fasthttp.Response, g prometheus.Gauge
 
 // beforeOutputErr is the error of a stream that ended, or was cut by
 // --decode-first-byte-timeout, before it had anything to relay.
-func beforeOutputErr(err error) error {
-	if errors.Is(err, ErrFirstByteTimeout) {
-		return fmt.Errorf("%w: %w", ErrDecodeTimeout, err)
-	}
-	return decodeTransportErr(err)
-}
+func beforeOutputErr(err error) error { return decodeTransportErr(err) }
 
 // needsDone reports whether api's streams end with data: [DONE].
 func needsDone(api connectors.API) bool {
