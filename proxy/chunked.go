@@ -155,6 +155,10 @@ func (r *request) chunked(body []byte, remote bool, plan chunkPlan) error {
 			break
 		}
 		if r.stream {
+			if r.leftNow() {
+				c.gauge.Dec()
+				return c.failedBeforeAnswer(ErrClientGone)
+			}
 			c.beginStream()
 			return nil
 		}

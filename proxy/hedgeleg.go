@@ -116,6 +116,13 @@ func (r *request) commitLocal(a *heldAnswer, cancel context.CancelCauseFunc) {
 	g := r.p.m.Inflight.WithLabelValues(metrics.PhaseLocal)
 	g.Inc()
 	r.decodeStarted(false)
+	if r.leftNow() {
+		g.Dec()
+		cancel(nil)
+		a.discard()
+		r.leftBeforeAnswer(ErrClientGone)
+		return
+	}
 	if a.er == nil {
 		defer g.Dec()
 		defer cancel(nil)

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"io"
+	"net"
 	"time"
 
 	"github.com/rs/zerolog"
@@ -79,6 +80,16 @@ func (p *Proxy) passthrough(rc *fasthttp.RequestCtx, local string) {
 		rc.SetStatusCode(st)
 		rc.SetContentType("application/json")
 		rc.SetBody(errorBody(st, err))
+		return
+	}
+	if peerClosed(rc.Conn()) {
+		// The client half-closed (or reset) before its answer: nothing is
+		// written, as to an inference request's client (halfclose.go).
+		leg.Close()
+		done()
+		p.log.Info().Str("path", string(rc.Path())).Str("request_id", logValue(id)).Msg("client left; passthrough answer dropped")
+		rc.HijackSetNoResponse(true)
+		rc.Hijack(func(net.Conn) {})
 		return
 	}
 	copyResponseHead(rc, resp)

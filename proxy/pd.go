@@ -175,7 +175,7 @@ func (r *request) fail(err error) {
 	if err == nil {
 		return
 	}
-	if r.gone() || errors.Is(err, ErrClientGone) {
+	if errors.Is(err, ErrClientGone) || r.leftNow() {
 		r.leftBeforeAnswer(err)
 		return
 	}
@@ -223,8 +223,12 @@ func (r *request) phase() string {
 	return metrics.PhaseLocal
 }
 
-// answer writes a complete, non-streamed answer.
+// answer writes a complete, non-streamed answer, unless the client left.
 func (r *request) answer(mode string, status int, contentType string, body []byte) {
+	if r.leftNow() {
+		r.leftBeforeAnswer(ErrClientGone)
+		return
+	}
 	rc := r.rc
 	rc.SetStatusCode(status)
 	rc.SetContentType(contentType)

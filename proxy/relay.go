@@ -80,6 +80,9 @@ func (r *request) relayJSON(leg *Leg, resp *fasthttp.Response, remote bool, sent
 			buf = r.p.rewriter.RewriteAnswer(r.api, buf, *r.handoff)
 		}
 	}
+	if r.leftNow() {
+		return ErrClientGone
+	}
 	r.copyHead(resp)
 	r.rc.SetBody(buf)
 	r.jsonAnswered(st)
@@ -154,6 +157,9 @@ func (r *request) relaySSE(leg *Leg, resp *fasthttp.Response, g prometheus.Gauge
 		if kvFail && r.kvLoadFailed() {
 			return abort(ErrKVLoadFailed)
 		}
+	}
+	if r.leftNow() {
+		return abort(ErrClientGone)
 	}
 	leg.Began()
 	r.copyHead(resp)
