@@ -17,13 +17,15 @@ import (
 	"github.com/pd-sidecar/pd-sidecar/e2e/harness"
 )
 
-// What the lane and fasthttp's path must agree on: a client that
-// half-closes after its request, a body that stalls, a Host that is no
-// host:port. Each case runs on a sidecar with the lane (the default) and on
-// one without (--stream-loops=0), on raw sockets, and requires from both
-// the same answers (status, protocol, framing, Connection), the same end
-// of the connection, the same counters and the same requests at the
-// engine; then what the case expects of them.
+// HTTP conformance, and what the lane and fasthttp's path must agree on: a
+// client that half-closes after its request, a body that stalls, a Host
+// that is no host:port, HTTP versions other than 1.0 and 1.1, HTTP/1.0
+// framing and keep-alive, request targets not in normal form. Each case
+// runs on a sidecar with the lane (the default) and on one without
+// (--stream-loops=0), on raw sockets, and requires from both the same
+// answers (status, protocol, framing, Connection), the same end of the
+// connection, the same counters and the same requests at the engine; then
+// what the case expects of them.
 
 // convReadTimeout is the sidecars' --read-timeout: the stalled body's 408
 // comes after it, on both paths.
@@ -202,6 +204,24 @@ func TestConformanceBothPaths(t *testing.T) {
 	engine := harness.StartEngineSim(t, "decode", "--prefill-us-per-token", "100")
 	body := completionBody(`,"max_tokens":3`)
 	stream := completionBody(`,"max_tokens":3,"stream":true`)
+	// The answers to an HTTP/1.0 client say HTTP/1.1, the sidecar's
+	// version, in a framing it reads.
+	streamed := func() func(*testing.T, convOutcome) {
+		return func(t *testing.T, o convOutcome) {
+			require.Len(t, o.answers, 1)
+			a := o.answers[0]
+			assert.Equal(t, http.StatusOK, a.status)
+			assert.Equal(t, "HTTP/1.1", a.proto)
+			assert.Equal(t, "close", a.framing, "an HTTP/1.0 client cannot read chunked framing")
+			assert.True(t, strings.HasSuffix(a.body, "[DONE]"), "the whole stream: %s", a.body)
+			assert.True(t, o.closed)
+			assert.Equal(t, "1", o.counted(`pd_sidecar_requests_total{code=200,mode=local}`), "%v", o.counts)
+		}
+	}
+	pathCase := func(target string) convCase {
+		return convCase{name: "target " + target, exchanges: []convExchange{{parts: []string{rawPost(target, "HTTP/1.1", body)}}},
+			check: refusedBy(http.StatusBadRequest, "path_not_normal")}
+	}
 	cases := []convCase{
 		{name: "half-close after a request", exchanges: []convExchange{{parts: []string{rawPost("/v1/completions", "HTTP/1.1", body)}}},
 			halfClose: true, engineVaries: true, check: func(t *testing.T, o convOutcome) {
@@ -229,6 +249,55 @@ func TestConformanceBothPaths(t *testing.T) {
 			}},
 		{name: "a Host with a path", exchanges: []convExchange{{parts: []string{rawHead("POST", "/v1/completions", "HTTP/1.1", "evil.example:80/path", len(body)) + body}}},
 			check: refusedBy(http.StatusBadRequest, "malformed")},
+		{name: "HTTP/2.0 in a request line", exchanges: []convExchange{{parts: []string{rawPost("/v1/completions", "HTTP/2.0", body)}}},
+			check: refusedBy(http.StatusHTTPVersionNotSupported, "http_version")},
+		{name: "HTTP/1.2", exchanges: []convExchange{{parts: []string{rawPost("/v1/completions", "HTTP/1.2", body)}}},
+			check: refusedBy(http.StatusHTTPVersionNotSupported, "http_version")},
+		{name: "HTTP/0.9 passthrough", exchanges: []convExchange{{parts: []string{"GET /v1/models HTTP/0.9\r\nHost: x\r\n\r\n"}}},
+			check: refusedBy(http.StatusHTTPVersionNotSupported, "http_version")},
+		{name: "HTTP/1.0 stream", exchanges: []convExchange{{parts: []string{rawPost("/v1/completions", "HTTP/1.0", stream)}}},
+			check: streamed()},
+		{name: "HTTP/1.0 stream, keep-alive asked", exchanges: []convExchange{{parts: []string{rawPost("/v1/completions", "HTTP/1.0", stream, "Connection: keep-alive\r\n")}}},
+			check: streamed()},
+		{name: "HTTP/1.0 JSON", exchanges: []convExchange{{parts: []string{rawPost("/v1/completions", "HTTP/1.0", body)}}},
+			check: func(t *testing.T, o convOutcome) {
+				require.Len(t, o.answers, 1)
+				assert.Equal(t, convAnswer{status: 200, proto: "HTTP/1.1", framing: "length", conn: "close", body: o.answers[0].body}, o.answers[0])
+				assert.NotEmpty(t, o.answers[0].body)
+				assert.True(t, o.closed, "no keep-alive asked")
+			}},
+		{name: "HTTP/1.0 JSON, keep-alive", exchanges: []convExchange{
+			{parts: []string{rawPost("/v1/completions", "HTTP/1.0", body, "Connection: keep-alive\r\n")}},
+			{parts: []string{rawPost("/v1/completions", "HTTP/1.0", body, "Connection: keep-alive\r\n")}}},
+			check: func(t *testing.T, o convOutcome) {
+				require.Len(t, o.answers, 2)
+				for _, a := range o.answers {
+					assert.Equal(t, convAnswer{status: 200, proto: "HTTP/1.1", framing: "length", conn: "keep-alive", body: a.body}, a)
+				}
+				assert.False(t, o.closed, "kept alive, as asked")
+				assert.Equal(t, []string{"POST /v1/completions", "POST /v1/completions"}, o.engine)
+			}},
+		pathCase("/v1/../v1/completions"),
+		pathCase("/v1/%2e%2e/v1/completions"),
+		pathCase("/v1/%63ompletions"),
+		pathCase("//v1/completions"),
+		pathCase("/v1/./completions"),
+		pathCase("/v1/completions%2F"),
+		pathCase("/v1/completions#top"),
+		{name: "target /health/../v1/models", exchanges: []convExchange{{parts: []string{"GET /health/../v1/models HTTP/1.1\r\nHost: x\r\n\r\n"}}},
+			check: refusedBy(http.StatusBadRequest, "path_not_normal")},
+		{name: "an absolute-form target", exchanges: []convExchange{{parts: []string{rawPost("http://engine.example/v1/completions?x=1", "HTTP/1.1", body)}}},
+			check: func(t *testing.T, o convOutcome) {
+				require.Len(t, o.answers, 1)
+				assert.Equal(t, http.StatusOK, o.answers[0].status)
+				assert.Equal(t, []string{"POST /v1/completions?x=1"}, o.engine, "the path routed on, in origin form")
+			}},
+		{name: "a query is forwarded as sent", exchanges: []convExchange{{parts: []string{rawPost("/v1/completions?a=../b", "HTTP/1.1", body)}}},
+			check: func(t *testing.T, o convOutcome) {
+				require.Len(t, o.answers, 1)
+				assert.Equal(t, http.StatusOK, o.answers[0].status)
+				assert.Equal(t, []string{"POST /v1/completions?a=../b"}, o.engine)
+			}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

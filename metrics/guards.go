@@ -25,6 +25,12 @@ const (
 	// RejectUnknownRank: x-data-parallel-host-port names no data-parallel
 	// rank of this pod (400).
 	RejectUnknownRank = "unknown_data_parallel_rank"
+	// RejectHTTPVersion: the request line names an HTTP version other than
+	// 1.0 and 1.1 (505).
+	RejectHTTPVersion = "http_version"
+	// RejectPathNotNormal: the request target's path is not in normal form
+	// (dot or empty segments, percent-encoded bytes) or has a fragment (400).
+	RejectPathNotNormal = "path_not_normal"
 )
 
 // Circuit probe results (the result label of circuit_probes_total).
@@ -69,7 +75,7 @@ func NewGuards(reg prometheus.Registerer) *Guards {
 	g := &Guards{
 		Rejected: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "pd_sidecar_requests_rejected_total",
-			Help: "Requests refused before any upstream leg, by reason (body_too_large, headers_too_large, read_timeout, malformed, overloaded, prefiller_not_allowed, buffered_bytes, unknown_data_parallel_rank).",
+			Help: "Requests refused before any upstream leg, by reason (body_too_large, headers_too_large, read_timeout, malformed, overloaded, prefiller_not_allowed, buffered_bytes, unknown_data_parallel_rank, http_version, path_not_normal).",
 		}, []string{"reason"}),
 		CircuitOpen: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "pd_sidecar_prefiller_circuits_open",

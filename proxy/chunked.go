@@ -429,7 +429,7 @@ func (c *chunker) beginStream() {
 		rc.SetConnectionClose()
 	}
 	r.detached = true
-	rc.SetBodyStream(s, -1)
+	setStream(rc, s) // conformance.go
 }
 
 // chunkStream is the body of a streamed chunked decode: fasthttp's server

@@ -111,9 +111,14 @@ func appendLegHead(dst []byte, h *fasthttp.RequestHeader, addr, id string, bodyL
 // appendLegStart appends the part of a leg's head every leg of a request
 // shares: h's request line and end-to-end headers.
 func appendLegStart(dst []byte, h *fasthttp.RequestHeader) []byte {
+	return appendLegStartAt(dst, h, h.RequestURI())
+}
+
+// appendLegStartAt is appendLegStart with the request target target.
+func appendLegStartAt(dst []byte, h *fasthttp.RequestHeader, target []byte) []byte {
 	dst = append(dst, h.Method()...)
 	dst = append(dst, ' ')
-	dst = append(dst, h.RequestURI()...)
+	dst = append(dst, target...)
 	dst = append(dst, " HTTP/1.1\r\n"...)
 	for k, v := range h.All() {
 		switch {

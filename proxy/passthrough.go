@@ -43,6 +43,10 @@ func (p *Proxy) passthrough(rc *fasthttp.RequestCtx, local string) {
 	req.Header.Del(HeaderRequestID)
 	req.Header.Set(HeaderRequestID, id)
 	req.Header.SetHost(local)
+	if t := originForm(rc); t != nil {
+		req.Header.SetRequestURIBytes(t) // the path routed on (conformance.go)
+	}
+	req.Header.SetProtocolBytes(strHTTP11)
 	body, err := p.passthroughBody(rc)
 	if err != nil {
 		fasthttp.ReleaseRequest(req)
@@ -117,10 +121,10 @@ func (p *Proxy) passthrough(rc *fasthttp.RequestCtx, local string) {
 	if w.stop() {
 		rc.SetConnectionClose()
 	}
-	rc.SetBodyStream(&passthroughBody{leg: leg, done: func() {
+	setStream(rc, &passthroughBody{leg: leg, done: func() { // conformance.go
 		leg.Close()
 		done()
-	}}, -1)
+	}})
 }
 
 // passthroughBody streams an upstream body to the client as it arrives.

@@ -413,6 +413,8 @@ func errorType(status int) string {
 		return "ServiceUnavailableError"
 	case 504:
 		return "GatewayTimeoutError"
+	case 505:
+		return "HTTPVersionNotSupportedError"
 	}
 	if status >= 500 {
 		return "InternalServerError"

@@ -117,6 +117,10 @@ func (r *request) copyHead(resp *fasthttp.Response) {
 
 func copyResponseHead(rc *fasthttp.RequestCtx, resp *fasthttp.Response) {
 	resp.Header.CopyTo(&rc.Response.Header)
+	// The status line is the sidecar's, HTTP/1.1 as in every answer it
+	// makes (an HTTP/1.0 client gets framing it reads: conformance.go),
+	// never the upstream's version.
+	rc.Response.Header.SetProtocol(nil)
 	for _, h := range hopHeaders {
 		rc.Response.Header.Del(h)
 	}
@@ -198,5 +202,5 @@ func (r *request) streamBody(b *sseBody) {
 		r.rc.SetConnectionClose()
 	}
 	r.detached = true
-	r.rc.SetBodyStream(b, -1)
+	setStream(r.rc, b) // conformance.go
 }

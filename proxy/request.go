@@ -152,6 +152,9 @@ func (r *request) gone() bool { return context.Cause(r.ctx) == ErrClientGone }
 func (r *request) upstream(addr string, body []byte) *fasthttp.Request {
 	req := fasthttp.AcquireRequest()
 	r.upstreamHeader(&req.Header, &r.rc.Request.Header, addr)
+	if t := originForm(r.rc); t != nil {
+		req.Header.SetRequestURIBytes(t) // the path routed on (conformance.go)
+	}
 	req.SetBodyRaw(body)
 	r.traceLeg(addr, req)
 	return req
@@ -177,6 +180,7 @@ func (r *request) upstreamHeader(dst, src *fasthttp.RequestHeader, addr string) 
 	}
 	r.injectTrace(dst)
 	dst.SetHost(addr)
+	dst.SetProtocolBytes(strHTTP11) // whatever the client's (conformance.go)
 }
 
 // pickPrefiller chooses one entry of the header value: the first, or a
