@@ -35,7 +35,7 @@ func longPrompt(words int, extra string) string {
 // leaves mid-body gives its reservation back too; one that stalls mid-body
 // is handed to fasthttp, which reads the rest and answers.
 func TestLaneLongBodies(t *testing.T) {
-	rig := newRig(t, "--read-timeout", "1s")
+	rig := newRig(t, "--read-timeout", "2s")
 	body := longPrompt(30000, `,"max_tokens":4`)
 	require.Greater(t, len(body), 100<<10)
 	_, direct, _ := scPost(t, rig.decode.URL()+"/v1/chat/completions", body, nil)
@@ -130,13 +130,13 @@ func TestLaneLongBodies(t *testing.T) {
 	})
 
 	// A client that stalls mid-body past half of --read-timeout, then sends
-	// the rest: fasthttp reads it and answers.
+	// the rest within it: fasthttp reads it and answers.
 	conn, err = net.Dial("tcp", harness.HostPort(rig.sc.Port))
 	require.NoError(t, err)
 	defer conn.Close()
 	_, err = io.WriteString(conn, head+body[:len(body)/2])
 	require.NoError(t, err)
-	time.Sleep(700 * time.Millisecond)
+	time.Sleep(1400 * time.Millisecond)
 	_, err = io.WriteString(conn, body[len(body)/2:])
 	require.NoError(t, err)
 	require.NoError(t, conn.SetReadDeadline(time.Now().Add(10*time.Second)))
@@ -151,7 +151,8 @@ func TestLaneLongBodies(t *testing.T) {
 		return rig.scMetric(t, "pd_sidecar_buffered_bytes", nil) == 0
 	})
 
-	// A client that stalls past --read-timeout in all: 408, as before.
+	// A client that stalls past --read-timeout in all: 408, --read-timeout
+	// after its first bytes (TestConformanceBothPaths times it).
 	conn2, err := net.Dial("tcp", harness.HostPort(rig.sc.Port))
 	require.NoError(t, err)
 	defer conn2.Close()

@@ -119,7 +119,9 @@ func setFault(t *testing.T, e *harness.Engine, fault string) {
 
 // simRequest is one entry of engine-sim's /sim/requests journal.
 type simRequest struct {
+	Method  string              `json:"method"`
 	Path    string              `json:"path"`
+	Target  string              `json:"target"` // as on the request line
 	Headers map[string][]string `json:"headers"`
 	Body    json.RawMessage     `json:"body"`
 }

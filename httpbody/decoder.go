@@ -113,7 +113,7 @@ func (d *Decoder) Next(in []byte, max int) (data []byte, consumed int, err error
 				d.size = d.size<<4 | int64(v)
 				d.digits++
 			case d.digits == 0:
-				return d.fail(fmt.Sprintf("chunk size expected, found %q", c))
+				return d.fail("chunk size expected") // never the byte: an error names no upstream bytes
 			case c == ';' || c == ' ' || c == '\t':
 				d.st = stSizeExt
 			case c == '\r':
@@ -121,7 +121,7 @@ func (d *Decoder) Next(in []byte, max int) (data []byte, consumed int, err error
 			case c == '\n':
 				d.endSizeLine()
 			default:
-				return d.fail(fmt.Sprintf("bad byte %q in chunk size", c))
+				return d.fail("bad byte in chunk size")
 			}
 			i++
 		case stSizeExt:

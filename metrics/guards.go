@@ -31,6 +31,12 @@ const (
 	// RejectPathNotAllowed: the passthrough policy passes nothing to this
 	// path (403).
 	RejectPathNotAllowed = "path_not_allowed"
+	// RejectHTTPVersion: the request line names an HTTP version other than
+	// 1.0 and 1.1 (505).
+	RejectHTTPVersion = "http_version"
+	// RejectPathNotNormal: the request target's path is not in normal form
+	// (dot or empty segments, percent-encoded bytes) or has a fragment (400).
+	RejectPathNotNormal = "path_not_normal"
 )
 
 // Circuit probe results (the result label of circuit_probes_total).
@@ -75,7 +81,7 @@ func NewGuards(reg prometheus.Registerer) *Guards {
 	g := &Guards{
 		Rejected: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "pd_sidecar_requests_rejected_total",
-			Help: "Requests refused before any upstream leg, by reason (body_too_large, headers_too_large, read_timeout, malformed, overloaded, prefiller_not_allowed, buffered_bytes, unknown_data_parallel_rank, method_not_allowed, path_not_allowed).",
+			Help: "Requests refused before any upstream leg, by reason (body_too_large, headers_too_large, read_timeout, malformed, overloaded, prefiller_not_allowed, buffered_bytes, unknown_data_parallel_rank, method_not_allowed, path_not_allowed, http_version, path_not_normal).",
 		}, []string{"reason"}),
 		CircuitOpen: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "pd_sidecar_prefiller_circuits_open",

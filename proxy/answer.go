@@ -102,7 +102,7 @@ var ErrBadUpstreamAnswer = errors.New("unacceptable upstream answer")
 
 // ErrAnswerTooLarge: an answer read whole is longer than
 // --max-upstream-answer-bytes.
-var ErrAnswerTooLarge = fmt.Errorf("%w: longer than --max-upstream-answer-bytes", ErrBadUpstreamAnswer)
+var ErrAnswerTooLarge = badAnswer("longer than --max-upstream-answer-bytes", nil)
 
 // maxInterim bounds the interim 100 Continue answers skipped before an
 // answer.
@@ -123,7 +123,7 @@ func readAnswer(br *bufio.Reader, resp *fasthttp.Response, stream bool, maxBody 
 			break
 		}
 		if st != fasthttp.StatusContinue || interim >= maxInterim {
-			return fmt.Errorf("%w: status %d", ErrBadUpstreamAnswer, st)
+			return badAnswer(fmt.Sprintf("status %d", st), nil)
 		}
 		resp.Header.Reset()
 	}
@@ -138,11 +138,16 @@ func readAnswer(br *bufio.Reader, resp *fasthttp.Response, stream bool, maxBody 
 // does not parse, or is longer than the read buffer) as a bad answer.
 func answerHeadErr(err error) error {
 	var ne net.Error
-	if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, fasthttp.ErrTimeout) ||
-		errors.As(err, &ne) || isReset(err) {
+	var small *fasthttp.ErrSmallBuffer
+	switch {
+	case errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, fasthttp.ErrTimeout) ||
+		errors.As(err, &ne) || isReset(err):
 		return err
+	case errors.As(err, &small):
+		return badAnswer("answer head longer than the read buffer", err)
 	}
-	return fmt.Errorf("%w: %w", ErrBadUpstreamAnswer, err)
+	// fasthttp's message quotes the head: never said.
+	return badAnswer("malformed answer head", err)
 }
 
 // readAnswerBody reads resp's body whole from br, decoded as the lane and
@@ -183,7 +188,7 @@ func readAnswerBody(br *bufio.Reader, resp *fasthttp.Response, maxBody int64, ho
 		in, _ := br.Peek(br.Buffered())
 		data, n, err := dec.Next(in, len(in))
 		if err != nil {
-			return fmt.Errorf("%w: %w", ErrBadUpstreamAnswer, err)
+			return badAnswer("malformed answer body", err)
 		}
 		size := int64(len(resp.Body()) + len(data))
 		if size > maxBody {

@@ -93,7 +93,7 @@ func answerByLane(data []byte, cut int) upstreamVerdict {
 // refused alike by the fasthttp path (readAnswer) and the lane
 // (parseAnswerHead, rawAnswer), however it is cut into reads: the same
 // status and body, the same malformed-answer verdict, the same verdict on
-// pooling the connection.
+// pooling the connection; and neither's error quotes the answer.
 func FuzzUpstreamAnswer(f *testing.F) {
 	for _, s := range []string{
 		"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}",
@@ -114,6 +114,7 @@ func FuzzUpstreamAnswer(f *testing.F) {
 		"HTTP/1.1 200 OK\r\nX: " + strings.Repeat("a", 1100),
 		"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nX-Slow: ",
 		"HTTP/1.1 200 OK\nContent-Length: 1\n\nx",
+		"HTTP/1.1 200 OK\r\nSet-Cookie: session=SECRET\r\nContent-Length: zz\r\n\r\n{}",
 		"",
 	} {
 		f.Add([]byte(s), uint16(len(s)/2))
@@ -127,6 +128,11 @@ func FuzzUpstreamAnswer(f *testing.F) {
 			}
 			if v.err == nil && v.status < 200 {
 				t.Fatalf("status %d taken as an answer", v.status)
+			}
+		}
+		for _, v := range []upstreamVerdict{tr, ln} {
+			if v.err != nil && bytes.Contains(data, []byte("SECRET")) && strings.Contains(v.err.Error(), "SECRET") {
+				t.Fatalf("the error quotes the answer: %v", v.err)
 			}
 		}
 		if (tr.err == nil) != (ln.err == nil) {

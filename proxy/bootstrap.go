@@ -93,17 +93,19 @@ func query(ctx context.Context, tr *Transport, bs connectors.Bootstrapper, addr 
 	hold, err := tr.Do(ctx, addr, req, resp)
 	defer hold.Release() // the answer is parsed here
 	if err != nil {
+		ue := upstreamErr(RoleBootstrap, addr, ctxErr(ctx, err))
 		if errors.Is(err, ErrBadUpstreamAnswer) {
-			return connectors.Bootstrap{}, fmt.Errorf("%w: GET %s%s: %w", ErrBootstrapFailed, addr, bs.BootstrapPath(), err)
+			return connectors.Bootstrap{}, fmt.Errorf("%w: %w", ErrBootstrapFailed, ue)
 		}
-		return connectors.Bootstrap{}, fmt.Errorf("bootstrap query %s: %w", addr, prefillTransportErr(ctxErr(ctx, err)))
+		return connectors.Bootstrap{}, prefillTransportErr(ue) // unreachable, timed out: as the prefiller
 	}
 	if st := resp.StatusCode(); st != fasthttp.StatusOK {
-		return connectors.Bootstrap{}, fmt.Errorf("%w: GET %s%s answered %d", ErrBootstrapFailed, addr, bs.BootstrapPath(), st)
+		return connectors.Bootstrap{}, fmt.Errorf("%w: %w", ErrBootstrapFailed,
+			&UpstreamError{Role: RoleBootstrap, Reason: fmt.Sprintf("answered %d", st), Addr: addr})
 	}
 	b, err := bs.ParseBootstrap(addr, resp.Body())
 	if err != nil {
-		return b, fmt.Errorf("%w: %w", ErrBootstrapFailed, err)
+		return b, fmt.Errorf("%w: %w", ErrBootstrapFailed, &UpstreamError{Role: RoleBootstrap, Reason: "unusable answer", Addr: addr, Err: err})
 	}
 	return b, nil
 }

@@ -155,6 +155,10 @@ func (r *request) chunked(body []byte, remote bool, plan chunkPlan) error {
 			break
 		}
 		if r.stream {
+			if r.leftNow() {
+				c.gauge.Dec()
+				return c.failedBeforeAnswer(ErrClientGone)
+			}
 			c.beginStream()
 			return nil
 		}
@@ -425,7 +429,7 @@ func (c *chunker) beginStream() {
 		rc.SetConnectionClose()
 	}
 	r.detached = true
-	rc.SetBodyStream(s, -1)
+	setStream(rc, s) // conformance.go
 }
 
 // chunkStream is the body of a streamed chunked decode: fasthttp's server

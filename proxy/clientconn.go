@@ -50,6 +50,12 @@ type clientConn struct {
 	// linger: the connection closes after an error answer to a request
 	// that may not have been read whole (serverError); see Close.
 	linger atomic.Bool
+	// readBy, when not zero (Unix nanoseconds), is the latest read
+	// deadline fasthttp may set while it reads the request the lane gave
+	// it part of (lane.toServer): --read-timeout from when the lane began
+	// to read it, not from when fasthttp did. Cleared once the request is
+	// read (counted).
+	readBy atomic.Int64
 
 	// The count of a request's bytes is what fasthttp's parser took, not
 	// what a well-formed request would take: line measures the request
@@ -89,6 +95,15 @@ func (c *clientConn) Read(p []byte) (int, error) {
 	n, err := c.TCPConn.Read(p)
 	c.account(p[:n])
 	return n, err
+}
+
+// SetReadDeadline implements net.Conn, never past readBy while that is
+// set.
+func (c *clientConn) SetReadDeadline(t time.Time) error {
+	if by := c.readBy.Load(); by != 0 && (t.IsZero() || t.UnixNano() > by) {
+		t = time.Unix(0, by)
+	}
+	return c.TCPConn.SetReadDeadline(t)
 }
 
 // account counts b, the next bytes read: a request that begins with them
@@ -164,6 +179,7 @@ func counted(rc *fasthttp.RequestCtx) func() {
 	if !ok {
 		return func() {}
 	}
+	c.readBy.Store(0) // the request is read
 	c.count(&rc.Request.Header)
 	c.busy.Store(true)
 	c.stay.Store(c.lane != nil && !c.lane.p.laneSplits() && len(rc.Request.Header.Peek(HeaderPrefiller)) > 0)

@@ -128,3 +128,37 @@ func TestLineScan(t *testing.T) {
 	_, ok := s.length(0)
 	assert.False(t, ok, "past the limit")
 }
+
+// TestClientConnReadBy: while readBy is set, no read deadline fasthttp
+// sets goes past it (none, or a later one); once cleared, deadlines are
+// as set.
+func TestClientConnReadBy(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer ln.Close()
+	c, err := net.Dial("tcp", ln.Addr().String())
+	require.NoError(t, err)
+	defer c.Close()
+	s, err := ln.Accept()
+	require.NoError(t, err)
+	cc := &clientConn{TCPConn: s.(*net.TCPConn)}
+	defer cc.Close()
+
+	cc.readBy.Store(time.Now().Add(100 * time.Millisecond).UnixNano())
+	for _, d := range []time.Time{{}, time.Now().Add(time.Hour)} {
+		require.NoError(t, cc.SetReadDeadline(d))
+		start := time.Now()
+		_, err = cc.Read(make([]byte, 1))
+		var ne net.Error
+		require.ErrorAs(t, err, &ne)
+		assert.True(t, ne.Timeout())
+		assert.Less(t, time.Since(start), 5*time.Second, "by readBy, not by %v", d)
+	}
+	cc.readBy.Store(0)
+	require.NoError(t, cc.SetReadDeadline(time.Now().Add(50*time.Millisecond)))
+	_, err = c.Write([]byte("x"))
+	require.NoError(t, err)
+	n, err := cc.Read(make([]byte, 1))
+	require.NoError(t, err)
+	assert.Equal(t, 1, n)
+}

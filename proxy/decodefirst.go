@@ -87,6 +87,9 @@ func (r *request) tryDecode(df connectors.DecodeFirst) (declined bool, err error
 		if st == fasthttp.StatusOK && df.Declined(r.api, buf) {
 			return true, nil
 		}
+		if r.leftNow() {
+			return false, ErrClientGone
+		}
 		r.copyHead(resp)
 		r.rc.SetBody(buf)
 		r.p.m.TTFT.WithLabelValues(r.mode).Observe(time.Since(r.start).Seconds())
@@ -129,6 +132,13 @@ func (r *request) tryDecodeSSE(df connectors.DecodeFirst, leg *Leg, resp *fastht
 			continue
 		}
 		break
+	}
+	if r.leftNow() {
+		er.release()
+		leg.Close()
+		fasthttp.ReleaseResponse(resp)
+		g.Dec()
+		return false, ErrClientGone
 	}
 	leg.Began()
 	r.copyHead(resp)

@@ -348,24 +348,25 @@ func (r *request) encodeItem(ctx context.Context, idx int, item connectors.MMIte
 	req.SetBodyRaw(body)
 	hold, err := r.p.encTr.Do(ctx, addr, req, resp)
 	if err != nil {
-		if ctx.Err() != nil {
-			return nil, r.encodeErr(ctx, err)
+		if ctx.Err() == nil && (errors.Is(err, ErrBufferBudget) || errors.Is(err, ErrBadUpstreamAnswer)) {
+			err = fmt.Errorf("%w: %w", errEncoderBadAnswer, err)
+		} else if err = r.encodeErr(ctx, err); errors.Is(err, ErrClientGone) || errors.Is(err, errCancelledByFailure) {
+			return nil, err
 		}
-		if errors.Is(err, ErrBufferBudget) || errors.Is(err, ErrBadUpstreamAnswer) {
-			return nil, fmt.Errorf("%w: %w", errEncoderBadAnswer, err)
-		}
-		return nil, r.encodeErr(ctx, err)
+		return nil, upstreamErr(RoleEncoder, addr, err)
 	}
 	defer hold.Release()
 	if s := resp.StatusCode(); s < 200 || s > 299 {
-		return nil, fmt.Errorf("%w %d: %s", errEncoderStatus, s, logValue(string(resp.Body())))
+		// Its body is the encoder's to choose: never said.
+		return nil, &UpstreamError{Role: RoleEncoder, Reason: fmt.Sprintf("answered status %d", s), Addr: addr, Err: errEncoderStatus}
 	}
 	if r.p.cfg.Encoder.Connector != connectors.ECNixl {
 		return nil, nil // ec-example: the encoder wrote the item to the shared cache
 	}
 	ec, addrs, err := connectors.ECParamsOf(resp.Body())
 	if err != nil {
-		return nil, fmt.Errorf("%w: %w", errEncoderBadAnswer, err)
+		return nil, &UpstreamError{Role: RoleEncoder, Reason: errEncoderBadAnswer.Error(), Addr: addr,
+			Err: fmt.Errorf("%w: %w", errEncoderBadAnswer, err)}
 	}
 	if a, ok := r.p.refusedAddr(addr, addrs); !ok { // answeraddrs.go
 		return nil, fmt.Errorf("%w: %s names an address that is neither the encoder's host nor on the allowlist", errEncoderBadAnswer, a.Field)

@@ -204,7 +204,7 @@ func TestFanOutFailure(t *testing.T) {
 	p := encodeProxy(t, func(*EncoderConfig) {})
 	_, err := runStage(p, okAddr+","+badAddr, 2)
 	require.ErrorIs(t, err, ErrEncoderFailed)
-	assert.Equal(t, "encoder request failed for item 1: encoder answered status 500: ", err.Error())
+	assert.Equal(t, "encoder request failed for item 1: encoder: answered status 500", err.Error(), "the encoder's body is never said")
 	assert.Equal(t, 502, classify(err).status)
 
 	p = encodeProxy(t, func(c *EncoderConfig) { c.OnFailure = EncoderFailLocal })

@@ -166,28 +166,52 @@ func classify(err error) outcome {
 	return outcome{status: http.StatusBadGateway}
 }
 
-// prefillTransportErr names a failed prefill exchange.
+// prefillTransportErr names a failed prefill exchange: the sentinel
+// classify maps (the fallback reason) around an UpstreamError of the
+// prefiller (or of the role err names already: its bootstrap server). An
+// error named so already is returned as it is.
 func prefillTransportErr(err error) error {
+	var ue *UpstreamError
+	named := errors.As(err, &ue)
 	switch {
-	case errors.Is(err, ErrClientGone), errors.Is(err, ErrPrefillTimeout), errors.Is(err, ErrBufferBudget):
+	case errors.Is(err, ErrClientGone):
 		return err
-	case errors.Is(err, ErrBadUpstreamAnswer):
-		return fmt.Errorf("%w: %w", connectors.ErrBadPrefillAnswer, err)
-	case errors.Is(err, context.DeadlineExceeded) || isTimeout(err):
-		return fmt.Errorf("%w: %w", ErrPrefillTimeout, err)
+	case named && (errors.Is(err, ErrPrefillTimeout) || errors.Is(err, ErrPrefillUnreachable) ||
+		errors.Is(err, connectors.ErrBadPrefillAnswer) || errors.Is(err, ErrBufferBudget)):
+		return err
 	}
-	return fmt.Errorf("%w: %w", ErrPrefillUnreachable, err)
+	u := upstreamErr(RolePrefiller, "", err)
+	switch {
+	case errors.Is(err, ErrBufferBudget): // no fault of the prefiller's
+		return u
+	case errors.Is(err, ErrBadUpstreamAnswer):
+		return fmt.Errorf("%w: %w", connectors.ErrBadPrefillAnswer, u)
+	case errors.Is(err, ErrPrefillTimeout), errors.Is(err, context.DeadlineExceeded) || isTimeout(err):
+		return fmt.Errorf("%w: %w", ErrPrefillTimeout, u)
+	}
+	return fmt.Errorf("%w: %w", ErrPrefillUnreachable, u)
 }
 
-// decodeTransportErr names a failed exchange with the local engine.
+// decodeTransportErr names a failed exchange with the local engine: the
+// sentinel classify maps (the status) around an UpstreamError of the local
+// engine. An error named so already is returned as it is.
 func decodeTransportErr(err error) error {
+	var ue *UpstreamError
+	named := errors.As(err, &ue)
 	switch {
-	case errors.Is(err, ErrClientGone), errors.Is(err, ErrDecodeTimeout):
+	case errors.Is(err, ErrClientGone):
 		return err
-	case errors.Is(err, syscall.ECONNREFUSED):
-		return fmt.Errorf("%w: %w", ErrDecodeUnavailable, err)
+	case named && (errors.Is(err, ErrDecodeFailed) || errors.Is(err, ErrDecodeTimeout) || errors.Is(err, ErrDecodeUnavailable)):
+		return err
 	}
-	return fmt.Errorf("%w: %w", ErrDecodeFailed, err)
+	u := upstreamErr(RoleEngine, "", err)
+	switch {
+	case errors.Is(err, ErrDecodeTimeout), errors.Is(err, ErrFirstByteTimeout):
+		return fmt.Errorf("%w: %w", ErrDecodeTimeout, u)
+	case errors.Is(err, syscall.ECONNREFUSED):
+		return fmt.Errorf("%w: %w", ErrDecodeUnavailable, u)
+	}
+	return fmt.Errorf("%w: %w", ErrDecodeFailed, u)
 }
 
 func isTimeout(err error) bool {

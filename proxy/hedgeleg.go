@@ -65,7 +65,7 @@ func (r *request) openLocal(ctx context.Context, req *fasthttp.Request) (*heldAn
 	switch {
 	case err != nil:
 		a.discard()
-		return nil, beforeOutputErr(fmt.Errorf("local stream ended before any output: %w", err))
+		return nil, beforeOutputErr(endedEarly(r.local, "any output", err))
 	case errEvent:
 		a.discard()
 		return nil, fmt.Errorf("%w: the local stream began with an error event", ErrDecodeFailed)
@@ -116,6 +116,13 @@ func (r *request) commitLocal(a *heldAnswer, cancel context.CancelCauseFunc) {
 	g := r.p.m.Inflight.WithLabelValues(metrics.PhaseLocal)
 	g.Inc()
 	r.decodeStarted(false)
+	if r.leftNow() {
+		g.Dec()
+		cancel(nil)
+		a.discard()
+		r.leftBeforeAnswer(ErrClientGone)
+		return
+	}
 	if a.er == nil {
 		defer g.Dec()
 		defer cancel(nil)

@@ -9,3 +9,7 @@ import "net"
 func idleQuiet(net.Conn) bool { return true }
 
 func fdQuiet(int) bool { return true }
+
+// fdClosed: without a non-blocking peek, a client's half-close is seen by
+// its connWatch only.
+func fdClosed(int) bool { return false }

@@ -183,12 +183,12 @@ func (r *request) allocKV(src kvtransfer.Source) (allocAnswer, error) {
 	b, status, err := r.engineCall(ctx, "/kv/alloc", body)
 	switch {
 	case err != nil:
-		return a, fmt.Errorf("%w: %w", errKVAlloc, err)
-	case status != fasthttp.StatusOK:
-		return a, fmt.Errorf("%w: status %d: %s", errKVAlloc, status, b)
+		return a, fmt.Errorf("%w: %w", errKVAlloc, upstreamErr(RoleEngine, r.local, err))
+	case status != fasthttp.StatusOK: // its body is never said
+		return a, fmt.Errorf("%w: %w", errKVAlloc, &UpstreamError{Role: RoleEngine, Reason: fmt.Sprintf("answered %d", status), Addr: r.local})
 	}
 	if err := json.Unmarshal(b, &a); err != nil || a.AllocID == "" || len(a.BlockIDs) != len(src.BlockIDs) {
-		return a, fmt.Errorf("%w: unusable answer %q", errKVAlloc, b)
+		return a, fmt.Errorf("%w: %w", errKVAlloc, &UpstreamError{Role: RoleEngine, Reason: "unusable answer", Addr: r.local, Err: err})
 	}
 	return a, nil
 }
@@ -355,6 +355,11 @@ func kvFailureReason(err error) string {
 // kv_source_gone); any other failure follows --on-kv-load-failure, exactly
 // like an engine-side KV load failure.
 func (r *request) kvPullFailed(err error) {
+	var ue *UpstreamError
+	if !errors.As(err, &ue) && !errors.Is(err, connectors.ErrInvalidKVParams) {
+		// The agent's errors may quote its descriptor: said in fixed words.
+		err = &UpstreamError{Role: RoleKVAgent, Reason: "KV pull failed (" + kvFailureReason(err) + ")", Err: err}
+	}
 	switch {
 	case r.gone():
 		r.fail(fmt.Errorf("%w: %w", ErrClientGone, err))

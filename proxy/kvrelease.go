@@ -115,7 +115,11 @@ func (r *request) releaseKV(start []byte) {
 		if r.rc == nil {
 			return
 		}
-		start = appendLegStart(nil, &r.rc.Request.Header)
+		target := originForm(r.rc) // the path routed on (conformance.go)
+		if target == nil {
+			target = r.rc.Request.Header.RequestURI()
+		}
+		start = appendLegStartAt(nil, &r.rc.Request.Header, target, nil)
 	} else {
 		start = append([]byte(nil), start...)
 	}

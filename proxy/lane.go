@@ -65,6 +65,7 @@ type laneLoop struct {
 
 	req  fasthttp.RequestHeader  // key normalizing off (lanehead.go)
 	resp fasthttp.ResponseHeader // likewise
+	uri  fasthttp.URI            // the Host, parsed as fasthttp's path parses it
 	rd   bytes.Reader
 	br   *bufio.Reader
 
@@ -87,6 +88,9 @@ func (p *Proxy) newLane(local string, srv *fasthttp.Server, loops []*netloop.Loo
 	go ln.sweep()
 	return ln
 }
+
+// slash is the target a Host is parsed with.
+var slash = []byte("/")
 
 // laneIdleMax is how long a pooled upstream connection may stay unused (as
 // the fasthttp pool's MaxIdleConnDuration).
@@ -297,11 +301,14 @@ func (lc *laneConn) close() {
 }
 
 // toServer gives the connection to fasthttp, which reads in (the bytes
-// read of the next request) first.
-func (lc *laneConn) toServer(in []byte) {
+// read of the next request, which began to arrive at since) first, and the
+// rest of the request by --read-timeout from since: fasthttp's own read
+// timeout would count from now (clientConn.readBy).
+func (lc *laneConn) toServer(in []byte, since time.Time) {
 	lc.state = laneGone
 	_ = lc.ll.loop.Remove(lc.fd)
 	lc.ll.ln.forget(lc)
+	lc.cc.readBy.Store(since.Add(lc.ll.ln.p.cfg.Guard.ReadTimeout).UnixNano())
 	lc.cc.replay = append([]byte(nil), in...)
 	srv := lc.ll.ln.srv
 	go func() { _ = srv.ServeConn(lc.cc) }()
@@ -327,7 +334,7 @@ func (lc *laneConn) readRequest(ev netloop.Events) {
 	api, headLen, want, lr, ok := ll.parseHead(b)
 	switch {
 	case !ok:
-		lc.toServer(b)
+		lc.toServer(b, time.Now())
 	case want > len(b):
 		lc.beginBody(b, headLen, want) // the rest of the body is still to come: lanebody.go
 	default:
@@ -341,7 +348,7 @@ func (lc *laneConn) serve(b []byte, api connectors.API, headLen int, lr laneRequ
 	ll := lc.ll
 	p := ll.ln.p
 	if !p.guard.acquire() {
-		lc.toServer(b)
+		lc.toServer(b, time.Now()) // whole: nothing is left to read
 		return
 	}
 	r := p.startRequest(lr.id, &ll.req, b[headLen:], ll.ln.local, api)
@@ -460,6 +467,12 @@ func (ll *laneLoop) parseHead(b []byte) (api connectors.API, headLen, want int, 
 		return 0, 0, 0, lr, false
 	}
 	if len(lr.prefiller) > 0 && !p.laneSplits() {
+		return 0, 0, 0, lr, false
+	}
+	// A Host fasthttp's parser refuses (400) is its to refuse; the target
+	// is an inference path exactly, or fasthttp's (conformance.go). A Host
+	// seen last is not parsed again (URI.Parse keeps it).
+	if ll.uri.Parse(h.Host(), slash) != nil {
 		return 0, 0, 0, lr, false
 	}
 	api, ok = connectors.APIForPath(string(h.RequestURI()))
@@ -734,7 +747,7 @@ func parseAnswerHead(h *fasthttp.ResponseHeader, rd *bytes.Reader, br *bufio.Rea
 				return nil, false, answerHeadErr(err)
 			}
 			if len(b) >= maxHead {
-				return nil, false, fmt.Errorf("%w: answer head longer than %d bytes", ErrBadUpstreamAnswer, maxHead)
+				return nil, false, badAnswer("answer head longer than the read buffer", nil)
 			}
 			return b, false, nil // not whole yet
 		}
@@ -744,7 +757,7 @@ func parseAnswerHead(h *fasthttp.ResponseHeader, rd *bytes.Reader, br *bufio.Rea
 			return b, true, nil
 		}
 		if st != fasthttp.StatusContinue || *interim >= maxInterim {
-			return nil, false, fmt.Errorf("%w: status %d", ErrBadUpstreamAnswer, st)
+			return nil, false, badAnswer(fmt.Sprintf("status %d", st), nil)
 		}
 		*interim++
 	}
@@ -860,7 +873,7 @@ func (a *rawAnswer) feed(b []byte) error {
 	for len(b) > 0 && !a.body.Done() {
 		data, n, err := a.body.Next(b, len(b))
 		if err != nil {
-			return fmt.Errorf("%w: %w", ErrBadUpstreamAnswer, err)
+			return badAnswer("malformed answer body", err)
 		}
 		size := int64(len(a.buf) + len(data))
 		if size > a.max {
@@ -885,13 +898,13 @@ func (lc *laneConn) readRaw() {
 	case errors.Is(err, netloop.ErrWouldBlock):
 		return
 	case err != nil:
-		lc.rawBroke(fmt.Errorf("read %s: %w", lc.addr, err))
+		lc.rawBroke(err)
 		return
 	case n == 0 && lc.raw.body.Mode() == httpbody.UntilClose:
 		lc.rawDone()
 		return
 	case n == 0:
-		lc.rawBroke(fmt.Errorf("read %s: connection closed mid-body", lc.addr))
+		lc.rawBroke(io.ErrUnexpectedEOF)
 		return
 	}
 	lc.feedRaw(in[:n])
@@ -936,6 +949,9 @@ func (lc *laneConn) rawDone() {
 // the client has seen nothing, so it gets the error answer (or, for the
 // prefill's, the split goes on as after any failed prefill).
 func (lc *laneConn) rawBroke(err error) {
+	if le := (*LegError)(nil); !errors.As(err, &le) {
+		err = &LegError{Addr: lc.addr, Op: "read", Err: err}
+	}
 	lc.dropRaw()
 	lc.endUp(false)
 	if lc.prefill {
@@ -1055,9 +1071,8 @@ func (lc *laneConn) began(g gateState, held []byte) {
 	r, ls := lc.r, lc.ls
 	lc.stopTimer()
 	if g != gateOutput { // ended with no event
-		cause := ls.endedBefore("stream ended before any event")
 		lc.dropStream()
-		lc.failWith(decodeTransportErr(cause))
+		lc.failWith(decodeTransportErr(endedEarly(lc.r.local, "any event", ls.cut)))
 		return
 	}
 	r.p.m.Requests.WithLabelValues(r.mode, statusLabel(r.obs.status)).Inc()

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"errors"
+	"time"
 
 	"github.com/pd-sidecar/pd-sidecar/netloop"
 )
@@ -20,10 +21,11 @@ import (
 // (budget.go); a body the budget refuses is handed to fasthttp, which
 // refuses it (503) as it refuses its own. A body not read whole within half
 // of --read-timeout is handed to fasthttp with the bytes read so far, and
-// fasthttp reads the rest under its own --read-timeout (408 past it): a
-// slow or stalled client holds the lane's buffer for a bounded time, and
-// is answered as it always was. A head that is not whole in the first read
-// is fasthttp's.
+// fasthttp reads the rest by --read-timeout from the request's first bytes
+// (clientConn.readBy; 408 past it, as on fasthttp's path alone): a slow or
+// stalled client holds the lane's buffer for a bounded time, and is
+// answered as fasthttp answers it. A head that is not whole in the first
+// read is fasthttp's, by the same deadline.
 
 // laneBody is a request being read whole on the lane.
 type laneBody struct {
@@ -31,6 +33,9 @@ type laneBody struct {
 	buf  []byte // the request so far: head and body read
 	want int    // the whole request's length
 	held int64  // reserved from --max-buffered-bytes
+	// start is when the request's first bytes were read: it is read whole
+	// by --read-timeout from then, here or on fasthttp's path.
+	start time.Time
 	// lowat is the client socket's SO_RCVLOWAT while the rest is awaited
 	// (0: the default): the loop is woken once the rest is there, not for
 	// every segment of it.
@@ -44,12 +49,12 @@ func (lc *laneConn) beginBody(b []byte, headLen, want int) {
 	var held int64
 	if n := int64(want - headLen); n > unreservedBody {
 		if !p.guard.buffered.TryReserve(n) {
-			lc.toServer(b) // refused there, as fasthttp refuses its own
+			lc.toServer(b, time.Now()) // refused there, as fasthttp refuses its own
 			return
 		}
 		held = n
 	}
-	lb := &laneBody{bufp: p.bufs.bodies.get(want), want: want, held: held}
+	lb := &laneBody{bufp: p.bufs.bodies.get(want), want: want, held: held, start: time.Now()}
 	lb.buf = append(*lb.bufp, b...)
 	lc.body, lc.state = lb, laneReading
 	lc.startTimer(p.cfg.Guard.ReadTimeout/2, lc.bodyStalled)
@@ -80,7 +85,7 @@ func (lc *laneConn) readBody() {
 	// The loop's header was another connection's meanwhile: parsed again.
 	api, headLen, want, lr, ok := lc.ll.parseHead(lb.buf)
 	if !ok || want != len(lb.buf) {
-		lc.toServer(lb.buf) // draining since, say
+		lc.toServer(lb.buf, lb.start) // draining since, say
 		lc.dropBody(lb)
 		return
 	}
@@ -138,7 +143,7 @@ func (lc *laneConn) bodyStalled() {
 		return // closed, lb given back
 	}
 	lc.body = nil
-	lc.toServer(lb.buf) // copies what was read
+	lc.toServer(lb.buf, lb.start) // copies what was read
 	lc.dropBody(lb)
 }
 

@@ -111,16 +111,21 @@ func appendLegHead(dst []byte, h *fasthttp.RequestHeader, addr, id string, bodyL
 // appendLegStart appends the part of a leg's head every leg of a request
 // shares: h's request line and end-to-end headers.
 func appendLegStart(dst []byte, h *fasthttp.RequestHeader) []byte {
-	return appendLegStartStrip(dst, h, nil)
+	return appendLegStartAt(dst, h, h.RequestURI(), nil)
 }
 
 // appendLegStartStrip appends a leg's head start as appendLegStart does,
 // less the headers named in strip (lower case): a prefill leg's under
 // --prefill-strip-headers (prefillheaders.go).
 func appendLegStartStrip(dst []byte, h *fasthttp.RequestHeader, strip []string) []byte {
+	return appendLegStartAt(dst, h, h.RequestURI(), strip)
+}
+
+// appendLegStartAt is appendLegStartStrip with the request target target.
+func appendLegStartAt(dst []byte, h *fasthttp.RequestHeader, target []byte, strip []string) []byte {
 	dst = append(dst, h.Method()...)
 	dst = append(dst, ' ')
-	dst = append(dst, h.RequestURI()...)
+	dst = append(dst, target...)
 	dst = append(dst, " HTTP/1.1\r\n"...)
 	for k, v := range h.All() {
 		switch {

@@ -290,9 +290,8 @@ func (lc *laneConn) gateDone(g gateState, held []byte) {
 	lc.stopTimer()
 	switch {
 	case g == gateHolding: // ended with no output
-		cause := ls.endedBefore("decode stream ended before any output")
 		lc.dropStream()
-		lc.failWith(decodeTransportErr(cause))
+		lc.failWith(decodeTransportErr(endedEarly(lc.r.local, "any output", ls.cut)))
 		return
 	case g == gateError:
 		r.kvHandoffDone(lc.pd.sent, false)

@@ -16,6 +16,7 @@ import (
 // by one goroutine (Close must not race a Read); cancelling its context from
 // any goroutine interrupts a pending Read.
 type Leg struct {
+	addr       string // the upstream's host:port
 	ctx        context.Context
 	br         *bufio.Reader // the connection's reader
 	conn       net.Conn
@@ -86,7 +87,7 @@ func (l *Leg) Read(p []byte) (int, error) {
 		_, _ = l.br.Discard(n)
 		l.eof = l.body.Done()
 		if err != nil {
-			return 0, err
+			return 0, badAnswer("malformed answer body", err)
 		}
 		if len(data) > 0 {
 			return len(data), nil
@@ -101,6 +102,11 @@ func (l *Leg) Read(p []byte) (int, error) {
 // the caller releases the hold once it lets go of the bytes. On failure
 // nothing is held.
 func (l *Leg) readAll(maxBody int64) (b []byte, hold AnswerHold, err error) {
+	defer func() {
+		if err != nil {
+			err = &LegError{Addr: l.addr, Op: "read", Err: err}
+		}
+	}()
 	hold.b = l.budget
 	size := int64(512) // the buffer's first size, as io.ReadAll's
 	if !l.eof && l.body.Mode() == httpbody.Length {

@@ -3,8 +3,8 @@ package proxy
 import (
 	"bytes"
 	"context"
-	"fmt"
 	"io"
+	"net"
 	"time"
 
 	"github.com/rs/zerolog"
@@ -43,6 +43,10 @@ func (p *Proxy) passthrough(rc *fasthttp.RequestCtx, local string) {
 	req.Header.Del(HeaderRequestID)
 	req.Header.Set(HeaderRequestID, id)
 	req.Header.SetHost(local)
+	if t := originForm(rc); t != nil {
+		req.Header.SetRequestURIBytes(t) // the path routed on (conformance.go)
+	}
+	req.Header.SetProtocolBytes(strHTTP11)
 	body, err := p.passthroughBody(rc)
 	if err != nil {
 		fasthttp.ReleaseRequest(req)
@@ -76,10 +80,20 @@ func (p *Proxy) passthrough(rc *fasthttp.RequestCtx, local string) {
 		done()
 		err = decodeTransportErr(err)
 		st := classify(err).status
-		p.log.Error().Err(err).Str("path", string(rc.Path())).Msg("passthrough failed")
+		withUpstream(p.log.Error().Err(err), err).Str("path", string(rc.Path())).Msg("passthrough failed")
 		rc.SetStatusCode(st)
 		rc.SetContentType("application/json")
 		rc.SetBody(errorBody(st, err))
+		return
+	}
+	if peerClosed(rc.Conn()) {
+		// The client half-closed (or reset) before its answer: nothing is
+		// written, as to an inference request's client (halfclose.go).
+		leg.Close()
+		done()
+		p.log.Info().Str("path", string(rc.Path())).Str("request_id", logValue(id)).Msg("client left; passthrough answer dropped")
+		rc.HijackSetNoResponse(true)
+		rc.Hijack(func(net.Conn) {})
 		return
 	}
 	copyResponseHead(rc, resp)
@@ -89,8 +103,13 @@ func (p *Proxy) passthrough(rc *fasthttp.RequestCtx, local string) {
 		leg.Close()
 		done()
 		if err != nil {
-			rc.SetStatusCode(fasthttp.StatusBadGateway)
-			rc.SetBody(errorBody(fasthttp.StatusBadGateway, fmt.Errorf("%w: %w", ErrDecodeFailed, err)))
+			err = decodeTransportErr(&LegError{Addr: local, Op: "read", Err: err})
+			st := classify(err).status
+			withUpstream(p.log.Error().Err(err), err).Str("path", string(rc.Path())).Msg("passthrough failed")
+			rc.Response.Reset()
+			rc.SetStatusCode(st)
+			rc.SetContentType("application/json")
+			rc.SetBody(errorBody(st, err))
 			return
 		}
 		rc.SetBody(body)
@@ -102,10 +121,10 @@ func (p *Proxy) passthrough(rc *fasthttp.RequestCtx, local string) {
 	if w.stop() {
 		rc.SetConnectionClose()
 	}
-	rc.SetBodyStream(&passthroughBody{leg: leg, done: func() {
+	setStream(rc, &passthroughBody{leg: leg, done: func() { // conformance.go
 		leg.Close()
 		done()
-	}}, -1)
+	}})
 }
 
 // passthroughBody streams an upstream body to the client as it arrives.

@@ -164,7 +164,7 @@ func (r *request) degrade(cause error) bool {
 	}
 	r.p.m.Fallbacks.WithLabelValues(o.reason).Inc()
 	r.obs.reason = o.reason
-	r.logAt(zerolog.WarnLevel).Err(cause).Str("reason", o.reason).Msg("degrading to local prefill")
+	withUpstream(r.logAt(zerolog.WarnLevel).Err(cause), cause).Str("reason", o.reason).Msg("degrading to local prefill")
 	r.mode = metrics.ModeFallback
 	return true
 }
@@ -175,7 +175,7 @@ func (r *request) fail(err error) {
 	if err == nil {
 		return
 	}
-	if r.gone() || errors.Is(err, ErrClientGone) {
+	if errors.Is(err, ErrClientGone) || r.leftNow() {
 		r.leftBeforeAnswer(err)
 		return
 	}
@@ -203,7 +203,7 @@ func (r *request) leftBeforeAnswer(err error) {
 // failure classifies and logs err, which the client is answered with.
 func (r *request) failure(err error) outcome {
 	o := classify(err)
-	r.logAt(zerolog.ErrorLevel).Err(err).Int("status", o.status).Msg("request failed")
+	withUpstream(r.logAt(zerolog.ErrorLevel).Err(err), err).Int("status", o.status).Msg("request failed")
 	if errors.Is(err, ErrBufferBudget) {
 		// Refused for want of buffer room, as a request body is: counted
 		// with those, answered 503 with Retry-After.
@@ -223,8 +223,12 @@ func (r *request) phase() string {
 	return metrics.PhaseLocal
 }
 
-// answer writes a complete, non-streamed answer.
+// answer writes a complete, non-streamed answer, unless the client left.
 func (r *request) answer(mode string, status int, contentType string, body []byte) {
+	if r.leftNow() {
+		r.leftBeforeAnswer(ErrClientGone)
+		return
+	}
 	rc := r.rc
 	rc.SetStatusCode(status)
 	rc.SetContentType(contentType)
@@ -415,6 +419,8 @@ func errorType(status int) string {
 		return "ServiceUnavailableError"
 	case 504:
 		return "GatewayTimeoutError"
+	case 505:
+		return "HTTPVersionNotSupportedError"
 	}
 	if status >= 500 {
 		return "InternalServerError"
@@ -422,10 +428,10 @@ func errorType(status int) string {
 	return "BadRequestError"
 }
 
-// errorBody is an OpenAI-style error object.
+// errorBody is an OpenAI-style error object, saying clientMessage(err).
 func errorBody(status int, err error) []byte {
 	b := []byte(`{"error":{"message":`)
-	b = appendJSONString(b, err.Error())
+	b = appendJSONString(b, clientMessage(err))
 	b = append(b, `,"type":`...)
 	b = appendJSONString(b, errorType(status))
 	b = append(b, `,"param":null,"code":`...)

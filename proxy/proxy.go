@@ -138,7 +138,7 @@ func (p *Proxy) Handler(rank int) fasthttp.RequestHandler {
 	return func(rc *fasthttp.RequestCtx) {
 		dropTrailers(&rc.Request.Header) // before anything reads the head
 		defer counted(rc)()
-		if p.refuseHead(rc) {
+		if p.refuseHead(rc) || p.refuseVersion(rc) || p.refuseTarget(rc) { // reqhead.go, conformance.go
 			return
 		}
 		if p.serveOwn(rc, local) { // /health, /ready, /metrics, /debug/pd (exposure.go)

@@ -80,6 +80,9 @@ func (r *request) relayJSON(leg *Leg, resp *fasthttp.Response, remote bool, sent
 			buf = r.p.rewriter.RewriteAnswer(r.api, buf, *r.handoff)
 		}
 	}
+	if r.leftNow() {
+		return ErrClientGone
+	}
 	r.copyHead(resp)
 	r.rc.SetBody(buf)
 	r.jsonAnswered(st)
@@ -114,6 +117,10 @@ func (r *request) copyHead(resp *fasthttp.Response) {
 
 func copyResponseHead(rc *fasthttp.RequestCtx, resp *fasthttp.Response) {
 	resp.Header.CopyTo(&rc.Response.Header)
+	// The status line is the sidecar's, HTTP/1.1 as in every answer it
+	// makes (an HTTP/1.0 client gets framing it reads: conformance.go),
+	// never the upstream's version.
+	rc.Response.Header.SetProtocol(nil)
 	for _, h := range hopHeaders {
 		rc.Response.Header.Del(h)
 	}
@@ -140,7 +147,7 @@ func (r *request) relaySSE(leg *Leg, resp *fasthttp.Response, g prometheus.Gauge
 	if !remote {
 		ev, err := er.next()
 		if err != nil {
-			return abort(beforeOutputErr(fmt.Errorf("stream ended before any event: %w", err)))
+			return abort(beforeOutputErr(endedEarly(r.local, "any event", err)))
 		}
 		held = append(held, ev...)
 	} else {
@@ -148,12 +155,15 @@ func (r *request) relaySSE(leg *Leg, resp *fasthttp.Response, g prometheus.Gauge
 		var err error
 		// The role chunk and the first output, usually.
 		if held, kvFail, err = readToOutput(er, r.api, make([]byte, 0, 2<<10)); err != nil {
-			return abort(beforeOutputErr(fmt.Errorf("decode stream ended before any output: %w", err)))
+			return abort(beforeOutputErr(endedEarly(r.local, "any output", err)))
 		}
 		r.kvHandoffDone(sent, !kvFail)
 		if kvFail && r.kvLoadFailed() {
 			return abort(ErrKVLoadFailed)
 		}
+	}
+	if r.leftNow() {
+		return abort(ErrClientGone)
 	}
 	leg.Began()
 	r.copyHead(resp)
@@ -171,12 +181,7 @@ func (r *request) relaySSE(leg *Leg, resp *fasthttp.Response, g prometheus.Gauge
 
 // beforeOutputErr is the error of a stream that ended, or was cut by
 // --decode-first-byte-timeout, before it had anything to relay.
-func beforeOutputErr(err error) error {
-	if errors.Is(err, ErrFirstByteTimeout) {
-		return fmt.Errorf("%w: %w", ErrDecodeTimeout, err)
-	}
-	return decodeTransportErr(err)
-}
+func beforeOutputErr(err error) error { return decodeTransportErr(err) }
 
 // needsDone reports whether api's streams end with data: [DONE].
 func needsDone(api connectors.API) bool {
@@ -197,5 +202,5 @@ func (r *request) streamBody(b *sseBody) {
 		r.rc.SetConnectionClose()
 	}
 	r.detached = true
-	r.rc.SetBodyStream(b, -1)
+	setStream(r.rc, b) // conformance.go
 }

@@ -159,6 +159,9 @@ func (r *request) legRequest(addr string, body []byte, strip []string) *fasthttp
 	req := fasthttp.AcquireRequest()
 	r.upstreamHeader(&req.Header, &r.rc.Request.Header, addr)
 	stripPrefillHeaders(&req.Header, strip)
+	if t := originForm(r.rc); t != nil {
+		req.Header.SetRequestURIBytes(t) // the path routed on (conformance.go)
+	}
 	req.SetBodyRaw(body)
 	r.traceLeg(addr, req)
 	return req
@@ -184,6 +187,7 @@ func (r *request) upstreamHeader(dst, src *fasthttp.RequestHeader, addr string) 
 	}
 	r.injectTrace(dst)
 	dst.SetHost(addr)
+	dst.SetProtocolBytes(strHTTP11) // whatever the client's (conformance.go)
 }
 
 // pickPrefiller chooses one entry of the header value: the first, or a

@@ -330,7 +330,7 @@ func (t *Transport) try(ctx context.Context, hc *fasthttp.HostClient, pooled boo
 		release(clean)
 		return nil, reused, nil
 	}
-	leg := &Leg{ctx: ctx, br: br, conn: conn, body: bodyDecoder(resp), declared: resp.Header.ContentLength(),
+	leg := &Leg{addr: hc.Addr, ctx: ctx, br: br, conn: conn, body: bodyDecoder(resp), declared: resp.Header.ContentLength(),
 		putReader: hc.ReleaseReader, release: release, stopCancel: stop, budget: budget}
 	if bounded {
 		leg.firstByte, leg.deadline = firstByte, deadline

@@ -19,6 +19,7 @@ type journal struct {
 type journalEntry struct {
 	Method  string              `json:"method"`
 	Path    string              `json:"path"`
+	Target  string              `json:"target"` // as on the request line
 	Query   string              `json:"query,omitempty"`
 	Headers map[string][]string `json:"headers"`
 	Body    json.RawMessage     `json:"body,omitempty"`
@@ -28,7 +29,7 @@ type journalEntry struct {
 func newJournal(limit int) *journal { return &journal{limit: limit} }
 
 func (j *journal) add(r *http.Request, body []byte) {
-	e := journalEntry{Method: r.Method, Path: r.URL.Path, Query: r.URL.RawQuery, Headers: map[string][]string{}}
+	e := journalEntry{Method: r.Method, Path: r.URL.Path, Target: r.RequestURI, Query: r.URL.RawQuery, Headers: map[string][]string{}}
 	for k, v := range r.Header {
 		e.Headers[strings.ToLower(k)] = v
 	}
