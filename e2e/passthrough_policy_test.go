@@ -144,9 +144,12 @@ func refusals() []refusal {
 		{"scale_elastic_ep", post("/scale_elastic_ep"), 403, ""},
 		{"pause", post("/pause"), 403, ""},
 		{"load_lora_adapter", post("/v1/load_lora_adapter"), 403, ""},
-		{"dot segments", post("/v1/../collective_rpc"), 403, ""},
-		{"encoded dots", post("/v1/%2e%2e/sleep"), 403, ""},
-		{"encoded letters", post("/%73leep"), 403, ""},
+		// A target not in normal form is refused before the policy is
+		// asked (400, path_not_normal; docs/security.md → HTTP
+		// conformance), and its connection closed.
+		{"dot segments", post("/v1/../collective_rpc"), 400, ""},
+		{"encoded dots", post("/v1/%2e%2e/sleep"), 400, ""},
+		{"encoded letters", post("/%73leep"), 400, ""},
 	}
 }
 
@@ -164,9 +167,9 @@ func TestPassthroughPolicyRefusesBeforeForwarding(t *testing.T) {
 			reason := func(r string) float64 {
 				return sc.Metric(t, "pd_sidecar_requests_rejected_total", map[string]string{"reason": r})
 			}
-			methods0, paths0 := reason("method_not_allowed"), reason("path_not_allowed")
+			methods0, paths0, normal0 := reason("method_not_allowed"), reason("path_not_allowed"), reason("path_not_normal")
 			eng.take()
-			var methods, paths float64
+			var methods, paths, normal float64
 			var followUps []string
 			for i, rf := range refusals() {
 				id := fmt.Sprintf("pt-%d", i)
@@ -183,6 +186,11 @@ func TestPassthroughPolicyRefusesBeforeForwarding(t *testing.T) {
 					vals, ok := resp.Header["Allow"]
 					require.True(t, ok, "%s: a 405 carries Allow: %s", rf.name, raw)
 					assert.Equal(t, []string{rf.allow}, vals, rf.name)
+				} else if rf.status == http.StatusBadRequest {
+					normal++
+					assert.Equal(t, "BadRequestError", gjson.GetBytes(body, "error.type").String(), rf.name)
+					assert.True(t, resp.Close, "%s: Connection: close: %s", rf.name, raw)
+					c = dialRaw(t, sc) // the refusal closed the connection
 				} else {
 					paths++
 					assert.Equal(t, "PermissionDeniedError", gjson.GetBytes(body, "error.type").String(), rf.name)
@@ -199,6 +207,7 @@ func TestPassthroughPolicyRefusesBeforeForwarding(t *testing.T) {
 			assert.Equal(t, followUps, eng.take(), "the engine received only the allowed requests")
 			assert.Equal(t, methods, reason("method_not_allowed")-methods0)
 			assert.Equal(t, paths, reason("path_not_allowed")-paths0)
+			assert.Equal(t, normal, reason("path_not_normal")-normal0)
 			harness.Eventually(t, 5*time.Second, "the refusal's log line", func() bool {
 				for _, l := range strings.Split(sc.Output(), "\n") {
 					if strings.Contains(l, `"request_id":"pt-7"`) && strings.Contains(l, `"path":"/collective_rpc"`) &&

@@ -66,9 +66,11 @@ func (p *Proxy) refuseVersion(rc *fasthttp.RequestCtx) bool {
 
 // refuseTarget answers 400 JSON, counted, to a request whose target is not
 // in normal form (normalTarget), and closes the connection after it. It
-// reports whether it answered.
+// reports whether it answered. A CONNECT is left to the passthrough policy.
 func (p *Proxy) refuseTarget(rc *fasthttp.RequestCtx) bool {
-	if normalTarget(rc.Request.Header.RequestURI(), rc.URI()) {
+	// CONNECT's target is an authority, not a path: the passthrough
+	// policy judges it (a 405 unless --passthrough-policy all).
+	if rc.IsConnect() || normalTarget(rc.Request.Header.RequestURI(), rc.URI()) {
 		return false
 	}
 	p.reject(rc, metrics.RejectPathNotNormal, fasthttp.StatusBadRequest, ErrPathNotNormal)
