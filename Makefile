@@ -19,6 +19,34 @@ test: lint deploy-check test-ucx fuzz-short
 	@echo "==> go test -race ./... (unit and e2e over real processes; about 5 minutes on 2 cores, the e2e package alone about 4: each package prints when it is done)"
 	$(GO) test -race -count=1 -timeout 20m ./...
 
+## test-stress: the e2e and kvtransfer tests on a busy machine and on a fast one, to show that no
+## test bets on timing. First -count=$(STRESS_COUNT) while STRESS_HOGS busy loops (default: one per
+## core, as `stress-ng --cpu $$(nproc)`) compete for every core, then once with
+## GOMAXPROCS=$(STRESS_GOMAXPROCS) and no hog. With libucx-dev, -tags ucx adds the ucx transport's
+## tests. STRESS_FLAGS adds go test flags (e.g. -race; -run 'TestLane'). Not part of make test:
+## about 25 minutes on 2 cores.
+STRESS_HOGS       ?= $(shell nproc 2>/dev/null || echo 2)
+STRESS_COUNT      ?= 3
+STRESS_GOMAXPROCS ?= 16
+STRESS_FLAGS      ?=
+STRESS_PKGS       := ./e2e/ ./kvtransfer/...
+.PHONY: test-stress
+test-stress:
+	@tags=""; if pkg-config --exists ucx 2>/dev/null; then tags="-tags ucx"; else \
+		echo "test-stress: libucx-dev is not installed: the ucx transport's tests are not part of this run"; fi; \
+	echo "==> test-stress: building the tests first (no hog)"; \
+	$(GO) test $$tags $(STRESS_FLAGS) -count=1 -run '^$$' $(STRESS_PKGS) >/dev/null || exit 1; \
+	echo "==> test-stress: $(STRESS_PKGS) -count=$(STRESS_COUNT) under $(STRESS_HOGS) busy loops"; \
+	pids=""; for i in $$(seq $(STRESS_HOGS)); do yes >/dev/null & pids="$$pids $$!"; done; \
+	trap 'kill $$pids 2>/dev/null' EXIT INT TERM; \
+	start=$$(date +%s); \
+	$(GO) test $$tags $(STRESS_FLAGS) -count=$(STRESS_COUNT) -timeout 90m $(STRESS_PKGS) || exit 1; \
+	kill $$pids 2>/dev/null; trap - EXIT INT TERM; \
+	echo "==> test-stress: under load in $$(( $$(date +%s) - start )) s; now once with GOMAXPROCS=$(STRESS_GOMAXPROCS) and no hog"; \
+	start=$$(date +%s); \
+	GOMAXPROCS=$(STRESS_GOMAXPROCS) $(GO) test $$tags $(STRESS_FLAGS) -count=1 -timeout 30m $(STRESS_PKGS) || exit 1; \
+	echo "==> test-stress: passed (GOMAXPROCS=$(STRESS_GOMAXPROCS) run: $$(( $$(date +%s) - start )) s)"
+
 ## test-ucx: the ucx kvtransfer transport for real (cgo over libucx-dev, -tags ucx): vet and
 ## staticcheck with the tag, the transport conformance suite and the sidecar-pull e2e over ucx.
 ## Needs libucx-dev: installed here with apt-get when missing and this user may (root, or
