@@ -52,7 +52,7 @@ func startSim(t *testing.T, role Role, mutate func(*Config)) *testSim {
 	ts := &testSim{Sim: s, url: "http://" + ls.HTTP.Addr().String()}
 	require.Eventually(t, func() bool {
 		return (s.KVAddr() != nil || ls.KV == nil) && (s.BootstrapAddr() != nil || ls.Bootstrap == nil) && s.P2PAddr() != nil
-	}, time.Second, time.Millisecond)
+	}, 30*time.Second, time.Millisecond)
 	return ts
 }
 
