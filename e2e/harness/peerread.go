@@ -14,8 +14,9 @@ import (
 
 // WaitPeerRead waits until the process on the other end of conn (a TCP
 // connection over IPv4 loopback to a process on this host) has read every
-// byte written on conn so far: the peer socket's receive queue, as the
-// kernel reports it in /proc/net/tcp, is empty. It is the event a test
+// byte written on conn so far: conn's send queue is empty (every byte
+// reached the peer's kernel and was acknowledged) and the peer socket's
+// receive queue is empty, as the kernel reports them in /proc/net/tcp. It is the event a test
 // needs when it must know that a server's read came before its next write
 // (say, that a read found half a request head), where a pause would only
 // make that likely.
@@ -27,21 +28,25 @@ func WaitPeerRead(t testing.TB, conn net.Conn, timeout time.Duration) {
 		t.Fatalf("harness: WaitPeerRead needs an IPv4 TCP connection, got %v -> %v", conn.LocalAddr(), conn.RemoteAddr())
 	}
 	// The peer's socket: its local address is our remote one and back.
-	peerLocal, peerRemote := procTCPAddr(remote), procTCPAddr(local)
+	ours, peer := [2]*net.TCPAddr{local, remote}, [2]*net.TCPAddr{remote, local}
 	deadline := time.Now().Add(timeout)
 	for {
-		queued, found, err := rxQueue(peerLocal, peerRemote)
+		unsent, _, foundOurs, err := queues(ours)
 		if err != nil {
 			t.Fatalf("harness: WaitPeerRead: %v", err)
 		}
-		if found && queued == 0 {
+		_, queued, found, err := queues(peer)
+		if err != nil {
+			t.Fatalf("harness: WaitPeerRead: %v", err)
+		}
+		if foundOurs && found && unsent == 0 && queued == 0 {
 			return
 		}
 		if time.Now().After(deadline) {
-			if !found {
-				t.Fatalf("harness: no socket %s -> %s in /proc/net/tcp within %v", peerLocal, peerRemote, timeout)
+			if !found || !foundOurs {
+				t.Fatalf("harness: no sockets %v <-> %v in /proc/net/tcp{,6} within %v", local, remote, timeout)
 			}
-			t.Fatalf("harness: the peer of %v left %d bytes unread for %v", conn.LocalAddr(), queued, timeout)
+			t.Fatalf("harness: %d bytes of %v unsent, %d unread by its peer, for %v", unsent, conn.LocalAddr(), queued, timeout)
 		}
 		time.Sleep(time.Millisecond)
 	}
@@ -54,26 +59,50 @@ func procTCPAddr(a *net.TCPAddr) string {
 	return fmt.Sprintf("%08X:%04X", binary.NativeEndian.Uint32(ip), a.Port)
 }
 
-// rxQueue finds the socket local -> remote in /proc/net/tcp and returns
-// the bytes in its receive queue.
-func rxQueue(local, remote string) (int64, bool, error) {
-	f, err := os.Open("/proc/net/tcp")
+// procTCP6Addr writes IPv4 address a as /proc/net/tcp6 shows it on a
+// dual-stack socket (a server listening on every address): the IPv4-mapped
+// IPv6 address as four host 32-bit words in hex, a colon, the port.
+func procTCP6Addr(a *net.TCPAddr) string {
+	ip := a.IP.To16()
+	var b strings.Builder
+	for i := 0; i < 16; i += 4 {
+		fmt.Fprintf(&b, "%08X", binary.NativeEndian.Uint32(ip[i:i+4]))
+	}
+	return fmt.Sprintf("%s:%04X", b.String(), a.Port)
+}
+
+// queues finds the socket addrs (local, remote) in /proc/net/tcp, or as a
+// dual-stack socket in /proc/net/tcp6, and returns the bytes in its send
+// and receive queues.
+func queues(addrs [2]*net.TCPAddr) (tx, rx int64, found bool, err error) {
+	tx, rx, found, err = queuesIn("/proc/net/tcp", [2]string{procTCPAddr(addrs[0]), procTCPAddr(addrs[1])})
+	if found || err != nil {
+		return tx, rx, found, err
+	}
+	return queuesIn("/proc/net/tcp6", [2]string{procTCP6Addr(addrs[0]), procTCP6Addr(addrs[1])})
+}
+
+func queuesIn(path string, addrs [2]string) (tx, rx int64, found bool, err error) {
+	f, err := os.Open(path)
 	if err != nil {
-		return 0, false, err
+		return 0, 0, false, err
 	}
 	defer f.Close()
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
 		fields := strings.Fields(sc.Text())
-		if len(fields) < 5 || fields[1] != local || fields[2] != remote {
+		if len(fields) < 5 || fields[1] != addrs[0] || fields[2] != addrs[1] {
 			continue
 		}
-		_, rx, ok := strings.Cut(fields[4], ":")
+		txs, rxs, ok := strings.Cut(fields[4], ":")
 		if !ok {
-			return 0, false, fmt.Errorf("odd queue field %q", fields[4])
+			return 0, 0, false, fmt.Errorf("odd queue field %q", fields[4])
 		}
-		n, err := strconv.ParseInt(rx, 16, 64)
-		return n, true, err
+		if tx, err = strconv.ParseInt(txs, 16, 64); err != nil {
+			return 0, 0, false, err
+		}
+		rx, err = strconv.ParseInt(rxs, 16, 64)
+		return tx, rx, true, err
 	}
-	return 0, false, sc.Err()
+	return 0, 0, false, sc.Err()
 }
