@@ -35,7 +35,8 @@ func longPrompt(words int, extra string) string {
 // leaves mid-body gives its reservation back too; one that stalls mid-body
 // is handed to fasthttp, which reads the rest and answers.
 func TestLaneLongBodies(t *testing.T) {
-	rig := newRig(t, "--read-timeout", "2s")
+	const readTimeout = 6 * time.Second
+	rig := newRig(t, "--read-timeout", readTimeout.String())
 	body := longPrompt(30000, `,"max_tokens":4`)
 	require.Greater(t, len(body), 100<<10)
 	_, direct, _ := scPost(t, rig.decode.URL()+"/v1/chat/completions", body, nil)
@@ -72,7 +73,7 @@ func TestLaneLongBodies(t *testing.T) {
 		}
 		_, err = io.WriteString(kc, req[:half])
 		require.NoError(t, err)
-		time.Sleep(50 * time.Millisecond) // the loop awaits the rest (well within --read-timeout/2)
+		harness.WaitPeerRead(t, kc, 30*time.Second) // the loop read the first part and awaits the rest
 		_, err = io.WriteString(kc, req[half:])
 		require.NoError(t, err)
 		require.NoError(t, kc.SetReadDeadline(time.Now().Add(5*time.Second)))
@@ -97,7 +98,7 @@ func TestLaneLongBodies(t *testing.T) {
 		require.NoError(t, err)
 		_, err = io.WriteString(conn, requestHead("/v1/chat/completions", len(short), hdr))
 		require.NoError(t, err)
-		time.Sleep(50 * time.Millisecond) // the loop reads the head alone
+		harness.WaitPeerRead(t, conn, 30*time.Second) // the loop read the head alone
 		_, err = io.WriteString(conn, short)
 		require.NoError(t, err)
 		require.NoError(t, conn.SetReadDeadline(time.Now().Add(10*time.Second)))
@@ -121,11 +122,11 @@ func TestLaneLongBodies(t *testing.T) {
 	require.NoError(t, err)
 	_, err = io.WriteString(conn, head+body[:len(body)/2])
 	require.NoError(t, err)
-	harness.Eventually(t, 2*time.Second, "the body reserved", func() bool {
+	harness.Eventually(t, 30*time.Second, "the body reserved", func() bool {
 		return rig.scMetric(t, "pd_sidecar_buffered_bytes", nil) == float64(len(body))
 	})
 	require.NoError(t, conn.Close())
-	harness.Eventually(t, 2*time.Second, "and given back", func() bool {
+	harness.Eventually(t, 30*time.Second, "and given back", func() bool {
 		return rig.scMetric(t, "pd_sidecar_buffered_bytes", nil) == 0
 	})
 
@@ -136,7 +137,10 @@ func TestLaneLongBodies(t *testing.T) {
 	defer conn.Close()
 	_, err = io.WriteString(conn, head+body[:len(body)/2])
 	require.NoError(t, err)
-	time.Sleep(1400 * time.Millisecond)
+	// The stall is paced from the configured value, 1.5 s clear of both
+	// ends of its window (--read-timeout/2 to --read-timeout): no
+	// machine's lateness moves it out.
+	time.Sleep(readTimeout * 3 / 4)
 	_, err = io.WriteString(conn, body[len(body)/2:])
 	require.NoError(t, err)
 	require.NoError(t, conn.SetReadDeadline(time.Now().Add(10*time.Second)))
@@ -147,7 +151,7 @@ func TestLaneLongBodies(t *testing.T) {
 	require.Equal(t, http.StatusOK, resp.StatusCode, "%s", b)
 	assert.Equal(t, textOf(direct), textOf(b))
 	assert.Equal(t, 6.0, rig.scMetric(t, laneRequests, nil), "fasthttp's")
-	harness.Eventually(t, 2*time.Second, "nothing held", func() bool {
+	harness.Eventually(t, 30*time.Second, "nothing held", func() bool {
 		return rig.scMetric(t, "pd_sidecar_buffered_bytes", nil) == 0
 	})
 
@@ -158,12 +162,12 @@ func TestLaneLongBodies(t *testing.T) {
 	defer conn2.Close()
 	_, err = io.WriteString(conn2, head+body[:len(body)/2])
 	require.NoError(t, err)
-	require.NoError(t, conn2.SetReadDeadline(time.Now().Add(10*time.Second)))
+	require.NoError(t, conn2.SetReadDeadline(time.Now().Add(readTimeout+30*time.Second)))
 	resp, err = http.ReadResponse(bufio.NewReader(conn2), nil)
 	require.NoError(t, err)
 	_, _ = io.ReadAll(resp.Body)
 	assert.Equal(t, http.StatusRequestTimeout, resp.StatusCode)
-	harness.Eventually(t, 2*time.Second, "nothing held after it", func() bool {
+	harness.Eventually(t, 30*time.Second, "nothing held after it", func() bool {
 		return rig.scMetric(t, "pd_sidecar_buffered_bytes", nil) == 0
 	})
 }

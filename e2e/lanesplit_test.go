@@ -161,7 +161,7 @@ func TestLaneSplitAnswersAsTheServer(t *testing.T) {
 				if whole {
 					lane = tc.lane
 				}
-				harness.Eventually(t, 3*time.Second, "the request ended, the upstreams' work with it", func() bool {
+				harness.Eventually(t, 30*time.Second, "the request ended, the upstreams' work with it", func() bool {
 					return rig.scMetric(t, "pd_sidecar_inflight_requests", nil) == 0 && running(t, rig.prefill) == 0 &&
 						running(t, rig.decode) == 0 && rig.scMetric(t, "pd_sidecar_kv_releases_total", nil) == tc.releases
 				})

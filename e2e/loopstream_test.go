@@ -84,12 +84,12 @@ func streamOnLoop(t *testing.T, c *http.Client, rig *pdRig, path, body string, h
 	}
 	defer resp.Body.Close()
 	require.Equal(t, http.StatusOK, resp.StatusCode)
-	harness.Eventually(t, 3*time.Second, "the stream is on a loop", func() bool {
+	harness.Eventually(t, 30*time.Second, "the stream is on a loop", func() bool {
 		return rig.scMetric(t, "pd_sidecar_loop_streams", nil) == 1 &&
 			(counter == "pd_sidecar_loop_requests_total" || rig.scMetric(t, counter, nil) == before+1)
 	})
 	text, events := readEvents(t, bufio.NewReader(resp.Body))
-	harness.Eventually(t, 2*time.Second, "the loop lets go of the stream", func() bool {
+	harness.Eventually(t, 30*time.Second, "the loop lets go of the stream", func() bool {
 		return rig.scMetric(t, "pd_sidecar_loop_streams", nil) == 0 && rig.scMetric(t, counter, nil) == before+1
 	})
 	return text, events, reused
@@ -101,7 +101,7 @@ func streamOnLoop(t *testing.T, c *http.Client, rig *pdRig, path, body string, h
 func TestLoopStreamDisaggregatedChat(t *testing.T) {
 	for _, handOver := range []bool{false, true} {
 		t.Run(map[bool]string{false: "lane", true: "handed over"}[handOver], func(t *testing.T) {
-			rig := slowRig(t, "10000")
+			rig := slowRig(t, "100000") // 25 tokens: 2.5 s, time to see the stream on a loop
 			c := &http.Client{Transport: &http.Transport{}}
 			body := chatBody(`,"max_tokens":25,"stream":true,"stream_options":{"include_usage":true}`)
 			local, _, _ := streamOnLoop(t, c, rig, "/v1/chat/completions", body, nil, false)
@@ -139,7 +139,7 @@ func TestLoopStreamClientLeaves(t *testing.T) {
 		pd, handOver bool
 	}{{"local", false, false}, {"pd", true, false}, {"pd handed over", true, true}} {
 		t.Run(tc.name, func(t *testing.T) {
-			rig := slowRig(t, "5000")
+			rig := slowRig(t, "20000") // 2,000 tokens: 40 s, far past the client's leaving
 			hdr := map[string]string(nil)
 			if tc.pd {
 				hdr = rig.header()
@@ -155,13 +155,13 @@ func TestLoopStreamClientLeaves(t *testing.T) {
 			} else {
 				_, cancel = openStream(t, rig.sc.URL()+"/v1/completions", body, hdr, 1)
 			}
-			harness.Eventually(t, 3*time.Second, "the stream is on a loop", func() bool {
+			harness.Eventually(t, 30*time.Second, "the stream is on a loop", func() bool {
 				return rig.scMetric(t, "pd_sidecar_loop_streams", nil) == 1
 			})
 			cancel()
-			harness.Eventually(t, 2*time.Second, "the decode engine stops", func() bool { return running(t, rig.decode) == 0 })
+			harness.Eventually(t, 30*time.Second, "the decode engine stops", func() bool { return running(t, rig.decode) == 0 })
 			assert.Less(t, rig.decode.Metric(t, "vllm:generation_tokens_total", nil), 1000.0, "decode was cut short")
-			harness.Eventually(t, 2*time.Second, "disconnect counted, loop idle", func() bool {
+			harness.Eventually(t, 30*time.Second, "disconnect counted, loop idle", func() bool {
 				return rig.scMetric(t, "pd_sidecar_client_disconnects_total", nil) == 1 &&
 					rig.scMetric(t, "pd_sidecar_loop_streams", nil) == 0
 			})
@@ -177,7 +177,7 @@ func TestLoopStreamClientLeaves(t *testing.T) {
 func TestLoopStreamBrokenUpstreamEndsWithError(t *testing.T) {
 	for _, handOver := range []bool{false, true} {
 		t.Run(map[bool]string{false: "lane", true: "handed over"}[handOver], func(t *testing.T) {
-			rig := slowRig(t, "10000")
+			rig := slowRig(t, "200000") // 12 chunks: 2.4 s, time to see the stream on a loop
 			setFault(t, rig.decode, `{"die_after_chunks":12,"only":"decode"}`)
 			c := &http.Client{Transport: &http.Transport{}}
 			_, events, _ := streamOnLoop(t, c, rig, "/v1/chat/completions", chatBody(`,"max_tokens":40,"stream":true`), rig.header(), handOver)
@@ -205,7 +205,7 @@ func TestLoopStreamSlowReader(t *testing.T) {
 	resp, err := http.ReadResponse(br, nil)
 	require.NoError(t, err)
 	defer resp.Body.Close()
-	harness.Eventually(t, 3*time.Second, "the stream moves to a loop", func() bool {
+	harness.Eventually(t, 30*time.Second, "the stream moves to a loop", func() bool {
 		return rig.scMetric(t, "pd_sidecar_loop_streams", nil) == 1
 	})
 	time.Sleep(700 * time.Millisecond) // not reading
@@ -218,7 +218,7 @@ func TestLoopStreamSlowReader(t *testing.T) {
 // a long stream: fasthttp has read it ahead, so the stream must not move
 // (the request would be lost); both are answered.
 func TestLoopStreamPipelinedStaysOnGoroutine(t *testing.T) {
-	rig := slowRig(t, "10000")
+	rig := slowRig(t, "100000") // 15 tokens: 1.5 s, time to see the control's stream on a loop
 	conn, err := net.Dial("tcp", harness.HostPort(rig.sc.Port))
 	require.NoError(t, err)
 	defer conn.Close()
@@ -249,16 +249,16 @@ func TestLoopStreamPipelinedStaysOnGoroutine(t *testing.T) {
 }
 
 func TestLoopStreamGracefulShutdownDrains(t *testing.T) {
-	rig := slowRig(t, "3000")
+	rig := slowRig(t, "10000") // 300 tokens: 3 s, time to see the stream on a loop and signal
 	br, _ := openStream(t, rig.sc.URL()+"/v1/completions", completionBody(`,"max_tokens":300,"stream":true`), rig.header(), 1)
-	harness.Eventually(t, 3*time.Second, "the stream moves to a loop", func() bool {
+	harness.Eventually(t, 30*time.Second, "the stream moves to a loop", func() bool {
 		return rig.scMetric(t, "pd_sidecar_loop_streams", nil) == 1
 	})
 	require.NoError(t, rig.sc.Signal(syscall.SIGTERM))
 	_, events := readEvents(t, br)
 	assert.Equal(t, 300-1, strings.Count(strings.Join(events, "\n"), `"text"`), "every token arrived")
 	assert.Equal(t, "[DONE]", events[len(events)-1])
-	code, err := rig.sc.Wait(10 * time.Second)
+	code, err := rig.sc.Wait(30 * time.Second)
 	require.NoError(t, err)
 	assert.Equal(t, 0, code)
 }

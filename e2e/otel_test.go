@@ -114,7 +114,7 @@ func TestModelserviceTracingEnvOverGRPC(t *testing.T) {
 	st, _, _ := scPost(t, harness.URL(port)+"/v1/completions", completionBody(`,"max_tokens":4`), hdr)
 	require.Equal(t, http.StatusOK, st)
 	for _, name := range []string{"pd-sidecar.request", "prefill", "kv_handoff", "decode"} {
-		harness.Eventually(t, 10*time.Second, "span "+name+" over OTLP/gRPC", func() bool {
+		harness.Eventually(t, 30*time.Second, "span "+name+" over OTLP/gRPC", func() bool {
 			sp, ok := recv.Span(name)
 			return ok && sp.TraceID == trace
 		})

@@ -208,7 +208,7 @@ func TestPassthroughPolicyRefusesBeforeForwarding(t *testing.T) {
 			assert.Equal(t, methods, reason("method_not_allowed")-methods0)
 			assert.Equal(t, paths, reason("path_not_allowed")-paths0)
 			assert.Equal(t, normal, reason("path_not_normal")-normal0)
-			harness.Eventually(t, 5*time.Second, "the refusal's log line", func() bool {
+			harness.Eventually(t, 30*time.Second, "the refusal's log line", func() bool {
 				for _, l := range strings.Split(sc.Output(), "\n") {
 					if strings.Contains(l, `"request_id":"pt-7"`) && strings.Contains(l, `"path":"/collective_rpc"`) &&
 						strings.Contains(l, `"reason":"path_not_allowed"`) && strings.Contains(l, `"status":403`) {

@@ -12,8 +12,11 @@ import (
 )
 
 // handshakeDelay is the decode engine's NIXL handshake in the prewarm
-// tests: what the first transfer from a new prefiller pays.
-const handshakeDelay = time.Second
+// tests: what the first transfer from a new prefiller pays. Long enough
+// that a request which does not pay it (a few-token split, tens of
+// milliseconds) stays far under half of it on a loaded machine; a request
+// that pays it can never be faster than it.
+const handshakeDelay = 5 * time.Second
 
 // prewarmRig is a prefill engine, a decode engine whose first pull from a
 // prefiller engine pays handshakeDelay, and a sidecar with flags.
@@ -57,7 +60,7 @@ func TestPrefillPrewarm(t *testing.T) {
 				// The request that reveals the prefiller does not wait for
 				// the warm-up; it may share its handshake.
 				first := r.splitTimed(t, "a first request to a new prefiller", path.whole)
-				harness.Eventually(t, 10*time.Second, "the warm-up done", func() bool {
+				harness.Eventually(t, 30*time.Second, "the warm-up done", func() bool {
 					return r.scMetric(t, "pd_sidecar_prewarms_total", map[string]string{"result": "ok"}) == 1
 				})
 				took := r.splitTimed(t, "a request after the warm-up", path.whole)

@@ -37,7 +37,7 @@ func TestShortPromptServedLocally(t *testing.T) {
 				resp, b := exchangeRaw(t, rig.sc.Port, path, body, rig.header(), whole)
 				require.Equal(t, http.StatusOK, resp.StatusCode, "%s", b)
 				require.NotEmpty(t, answerOf(b), "an answer with tokens: %s", b)
-				harness.Eventually(t, 3*time.Second, "the request ended", func() bool {
+				harness.Eventually(t, 30*time.Second, "the request ended", func() bool {
 					return rig.scMetric(t, "pd_sidecar_inflight_requests", nil) == 0
 				})
 			}

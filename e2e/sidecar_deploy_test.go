@@ -178,12 +178,12 @@ func TestTracingOverOTLP(t *testing.T) {
 		assert.Equal(t, trace, parts[1], "%s leg continues the client's trace", name)
 		assert.NotEqual(t, "b7ad6b7169203331", parts[2], "%s leg's parent is the sidecar's span", name)
 	}
-	harness.Eventually(t, 10*time.Second, "spans exported over OTLP", func() bool {
+	harness.Eventually(t, 30*time.Second, "spans exported over OTLP", func() bool {
 		id, _ := sink.get("pd-sidecar.request")
 		return id != ""
 	})
 	for _, name := range []string{"pd-sidecar.request", "prefill", "kv_handoff", "decode"} {
-		harness.Eventually(t, 5*time.Second, "span "+name, func() bool {
+		harness.Eventually(t, 30*time.Second, "span "+name, func() bool {
 			id, _ := sink.get(name)
 			return id == trace
 		})
@@ -223,7 +223,7 @@ func TestTracingConcurrentChoreography(t *testing.T) {
 	}
 	assert.NotEqual(t, parents["prefill"], parents["decode"], "each leg is the child of its own span")
 	for _, name := range []string{"pd-sidecar.request", "prefill", "decode"} {
-		harness.Eventually(t, 10*time.Second, "span "+name, func() bool {
+		harness.Eventually(t, 30*time.Second, "span "+name, func() bool {
 			id, _ := sink.get(name)
 			return id == trace
 		})

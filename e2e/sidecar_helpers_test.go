@@ -244,10 +244,9 @@ func writeRequest(t *testing.T, conn net.Conn, path, body string, headers map[st
 	}
 	_, err := io.WriteString(conn, h[:len(h)/2])
 	require.NoError(t, err)
-	// Long enough that a loaded machine's event loop reads the first half
-	// alone (a read that found the whole head would give the request to the
-	// lane).
-	time.Sleep(50 * time.Millisecond)
+	// The sidecar has read the first half alone before the rest is sent (a
+	// read that found the whole head would give the request to the lane).
+	harness.WaitPeerRead(t, conn, 30*time.Second)
 	_, err = io.WriteString(conn, h[len(h)/2:]+body)
 	require.NoError(t, err)
 }

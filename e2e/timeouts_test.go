@@ -34,7 +34,9 @@ func TestSidecarDecodeFirstByteTimeout(t *testing.T) {
 		kind  string // the fault's sim_faults_injected_total kind
 	}{
 		{name: "no head", fault: `{"hang":true}`, kind: "hang"},
-		{name: "a head and nothing more", fault: `{"after_head_ms":5000}`, kind: "after_head"},
+		// The rest would come only after a minute: an answer before that is
+		// the timeout's on any machine.
+		{name: "a head and nothing more", fault: `{"after_head_ms":60000}`, kind: "after_head"},
 	}
 	n := 0.0
 	for _, tc := range cases {
@@ -56,12 +58,12 @@ func TestSidecarDecodeFirstByteTimeout(t *testing.T) {
 					assert.Equal(t, "application/json", resp.Header.Get("Content-Type"))
 					assert.Equal(t, int64(504), gjson.GetBytes(b, "error.code").Int(), "%s", b)
 					assert.Contains(t, gjson.GetBytes(b, "error.message").String(), "--decode-first-byte-timeout")
-					assert.GreaterOrEqual(t, took, 300*time.Millisecond)
-					assert.Less(t, took, 4*time.Second)
+					assert.GreaterOrEqual(t, took, 300*time.Millisecond, "never before the timeout")
+					assert.Less(t, took, 300*time.Millisecond+15*time.Second, "by the timeout, not by the engine")
 					n++
 					assert.Equal(t, n, rig.scMetric(t, "pd_sidecar_requests_total", map[string]string{"code": "504"}))
 					assert.Equal(t, faults+1, rig.decode.Metric(t, "sim_faults_injected_total", map[string]string{"kind": tc.kind}), "the engine got the request")
-					harness.Eventually(t, 5*time.Second, "the engine saw it abandoned", func() bool {
+					harness.Eventually(t, 30*time.Second, "the engine saw it abandoned", func() bool {
 						return running(t, rig.decode) == 0 && rig.decode.Metric(t, "vllm:num_requests_waiting", nil) == 0
 					})
 					assert.Zero(t, rig.decode.Metric(t, "vllm:generation_tokens_total", nil), "and made nothing")
@@ -72,15 +74,19 @@ func TestSidecarDecodeFirstByteTimeout(t *testing.T) {
 	assert.Equal(t, 4.0, rig.scMetric(t, laneRequests, nil), "the whole requests were the lane's")
 
 	// A stream that begins in time (its first event 200 ms after the
-	// request) is not bounded after it: its 1,000 tokens, 200 µs apart, run
-	// past the 300 ms.
-	setFault(t, rig.decode, `{"after_head_ms":200}`)
+	// request, 1.8 s inside a 2 s timeout: clear of any machine's lateness)
+	// is not bounded after it: its 1,000 tokens, 2.5 ms apart, run past the
+	// 2 s (paced by the engine, so on any machine).
+	const inTime = 2 * time.Second
+	paced := &pdRig{decode: harness.StartEngineSim(t, "decode", "--decode-us-per-token", "2500")}
+	paced.sc = harness.StartSidecar(t, paced.decode.Port, "--decode-first-byte-timeout", inTime.String(), "--release-kv-on-cancel=false")
+	setFault(t, paced.decode, `{"after_head_ms":200}`)
 	long := chatBody(`,"max_tokens":1000,"stream":true,"stream_options":{"include_usage":true}`)
 	for _, whole := range []bool{true, false} {
 		start := time.Now()
-		resp, b := exchangeRaw(t, rig.sc.Port, "/v1/chat/completions", long, nil, whole)
+		resp, b := exchangeRaw(t, paced.sc.Port, "/v1/chat/completions", long, nil, whole)
 		require.Equal(t, http.StatusOK, resp.StatusCode, "whole: %v", whole)
-		assert.Greater(t, time.Since(start), 300*time.Millisecond, "the stream ran past the timeout")
+		assert.Greater(t, time.Since(start), inTime, "the stream ran past the timeout")
 		assert.Contains(t, string(b), `"completion_tokens":1000`, "whole: %v", whole)
 		assert.True(t, strings.HasSuffix(strings.TrimSpace(string(b)), "data: [DONE]"), "whole: %v", whole)
 		assert.NotContains(t, string(b), `"error"`, "whole: %v", whole)

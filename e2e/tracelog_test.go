@@ -30,7 +30,7 @@ func TestTraceLevelLogsLegs(t *testing.T) {
 			require.Equal(t, 1.0, sc.Metric(t, "pd_sidecar_requests_total", map[string]string{"mode": "disaggregated"}), "the split happened")
 			// The request's last line is written as it ends; the output pipe
 			// may still carry it.
-			harness.Eventually(t, 5*time.Second, "the request's log lines", func() bool {
+			harness.Eventually(t, 30*time.Second, "the request's log lines", func() bool {
 				return strings.Contains(sc.Output(), `"message":"answered"`)
 			})
 			out := sc.Output()

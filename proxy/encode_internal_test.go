@@ -100,6 +100,9 @@ type fakeEncoder struct {
 	name   string
 	status int
 	delay  time.Duration
+	// hold, when set, keeps each answer back until it is closed (an
+	// encoder slower than any timeout under test).
+	hold <-chan struct{}
 
 	// legs counts the legs in flight over every fakeEncoder sharing it.
 	legs *legGauge
@@ -111,6 +114,11 @@ type fakeEncoder struct {
 type legGauge struct {
 	mu      sync.Mutex
 	n, peak int
+	// together, when > 0, has each leg wait (up to 10 s) until that many
+	// were in flight at once: the overlap is an event the legs wait on,
+	// not the luck of their timing.
+	together int
+	reached  chan struct{}
 }
 
 func (g *legGauge) add(d int) {
@@ -118,6 +126,25 @@ func (g *legGauge) add(d int) {
 	defer g.mu.Unlock()
 	g.n += d
 	g.peak = max(g.peak, g.n)
+	if g.together > 0 && g.peak >= g.together && g.reached != nil {
+		select {
+		case <-g.reached:
+		default:
+			close(g.reached)
+		}
+	}
+}
+
+// awaitTogether waits until together legs were in flight at once, or 10 s
+// (an implementation that never overlaps them fails the test's count).
+func (g *legGauge) awaitTogether() {
+	if g.together == 0 {
+		return
+	}
+	select {
+	case <-g.reached:
+	case <-time.After(10 * time.Second):
+	}
 }
 
 func (f *fakeEncoder) serve(t *testing.T) string {
@@ -131,6 +158,10 @@ func (f *fakeEncoder) serve(t *testing.T) string {
 		if f.legs != nil {
 			f.legs.add(1)
 			defer f.legs.add(-1)
+			f.legs.awaitTogether()
+		}
+		if f.hold != nil {
+			<-f.hold
 		}
 		time.Sleep(f.delay)
 		if f.status != 0 {
@@ -177,7 +208,7 @@ func runStage(p *Proxy, encoders string, n int) ([]byte, error) {
 // --encoder-max-concurrency at once, and the answers' ec_transfer_params
 // are merged, in item order (a later key wins), into the request's own.
 func TestFanOutRoundRobinAndMerge(t *testing.T) {
-	legs := &legGauge{}
+	legs := &legGauge{together: 2, reached: make(chan struct{})}
 	a := &fakeEncoder{name: "a", delay: 20 * time.Millisecond, legs: legs}
 	b := &fakeEncoder{name: "b", delay: 20 * time.Millisecond, legs: legs}
 	p := encodeProxy(t, func(c *EncoderConfig) { c.MaxConcurrency = 2 })
@@ -212,11 +243,20 @@ func TestFanOutFailure(t *testing.T) {
 	require.NoError(t, err)
 	assert.JSONEq(t, `{"own":1,"u0":{"handle":"ok"},"by":{"handle":"ok"}}`, gjson.GetBytes(body, "ec_transfer_params").Raw, "item 1 left to the engine")
 
-	slow := &fakeEncoder{name: "slow", delay: time.Second}
-	p = encodeProxy(t, func(c *EncoderConfig) { c.Timeout = 50 * time.Millisecond })
+	// An encoder that answers only once the test ends: the stage ends by
+	// the 50 ms timeout (never before it; the upper bound has headroom for
+	// any machine).
+	release := make(chan struct{})
+	slow := &fakeEncoder{name: "slow", hold: release}
+	slowAddr := slow.serve(t)
+	t.Cleanup(func() { close(release) }) // before the server's shutdown
+	const timeout = 50 * time.Millisecond
+	p = encodeProxy(t, func(c *EncoderConfig) { c.Timeout = timeout })
 	start := time.Now()
-	_, err = runStage(p, slow.serve(t), 1)
+	_, err = runStage(p, slowAddr, 1)
+	took := time.Since(start)
 	require.ErrorIs(t, err, ErrEncoderTimeout)
 	require.ErrorIs(t, err, ErrEncoderFailed)
-	assert.Less(t, time.Since(start), 500*time.Millisecond)
+	assert.GreaterOrEqual(t, took, timeout)
+	assert.Less(t, took, timeout+10*time.Second)
 }

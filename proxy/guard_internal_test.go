@@ -83,8 +83,20 @@ func TestServerTLSHotReload(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, first.Raw, got.Certificate[0])
 
-	time.Sleep(10 * time.Millisecond) // a distinct mtime
+	// The new pair's mtimes are set past the old ones: a change the
+	// fingerprint sees whatever the clock's or the file system's grain.
+	var last time.Time
+	for _, f := range []string{CertFile, KeyFile} {
+		st, err := os.Stat(filepath.Join(dir, f))
+		require.NoError(t, err)
+		if st.ModTime().After(last) {
+			last = st.ModTime()
+		}
+	}
 	second := writeCert(t, dir, "second")
+	for _, f := range []string{CertFile, KeyFile} {
+		require.NoError(t, os.Chtimes(filepath.Join(dir, f), last.Add(time.Second), last.Add(time.Second)))
+	}
 	s.maybeReload(time.Now().Add(2 * certCheckInterval))
 	got, _ = s.getCertificate(nil)
 	assert.Equal(t, second.Raw, got.Certificate[0], "reloaded after the files changed")

@@ -1,3 +1,5 @@
+//go:build linux
+
 package proxy
 
 import (
@@ -7,7 +9,25 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
 )
+
+// finIn waits until the kernel has taken the peer's FIN on c (its state is
+// CLOSE_WAIT), so that whatever came before the FIN is waiting too.
+func finIn(t *testing.T, c *clientConn) {
+	t.Helper()
+	rc, err := c.TCPConn.SyscallConn()
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		var state uint8
+		err := rc.Control(func(fd uintptr) {
+			if info, err := unix.GetsockoptTCPInfo(int(fd), unix.IPPROTO_TCP, unix.TCP_INFO); err == nil {
+				state = info.State
+			}
+		})
+		return err == nil && state == unix.BPF_TCP_CLOSE_WAIT
+	}, 30*time.Second, time.Millisecond, "the peer's FIN arrived")
+}
 
 // TestPeerClosed: a peer that shut its side (or reset) is seen without a
 // byte being taken; one with bytes waiting, or still open, is not.
@@ -23,15 +43,12 @@ func TestPeerClosed(t *testing.T) {
 		t.Cleanup(func() { c.Close(); s.Close() })
 		return c.(*net.TCPConn), &clientConn{TCPConn: s.(*net.TCPConn)}
 	}
-	settle := func() { time.Sleep(50 * time.Millisecond) } // loopback delivers in far less
-
 	c, s := pair()
-	settle()
 	assert.False(t, peerClosed(s), "open")
 	_, err = c.Write([]byte("next"))
 	require.NoError(t, err)
 	require.NoError(t, c.CloseWrite())
-	settle()
+	finIn(t, s)
 	assert.False(t, peerClosed(s), "a pipelined request waits before the FIN")
 	b := make([]byte, 4)
 	_, err = s.Read(b)
@@ -42,6 +59,5 @@ func TestPeerClosed(t *testing.T) {
 	c, s = pair()
 	require.NoError(t, c.SetLinger(0))
 	require.NoError(t, c.Close())
-	settle()
-	assert.True(t, peerClosed(s), "reset")
+	require.Eventually(t, func() bool { return peerClosed(s) }, 30*time.Second, time.Millisecond, "reset")
 }

@@ -104,7 +104,7 @@ func TestReleaseKVSendsOneTokenDecode(t *testing.T) {
 	r := pendingRequest(p, local)
 	r.releaseKV(nil)
 	r.releaseKV(nil) // once
-	require.Eventually(t, func() bool { return releases(m, metrics.KVReleaseDecodeLeg) == 1 }, 2*time.Second, 5*time.Millisecond)
+	require.Eventually(t, func() bool { return releases(m, metrics.KVReleaseDecodeLeg) == 1 }, 30*time.Second, 5*time.Millisecond)
 	require.Equal(t, 1, f.got())
 	b := f.bodies[0]
 	assert.Equal(t, "1", gjson.Get(b, "max_tokens").Raw)
@@ -119,7 +119,7 @@ func TestReleaseKVSendsOneTokenDecode(t *testing.T) {
 	f.mu.Unlock()
 	r = pendingRequest(p, local)
 	r.releaseKV(nil)
-	require.Eventually(t, func() bool { return releases(m, metrics.KVReleaseFailed) == 1 }, 2*time.Second, 5*time.Millisecond)
+	require.Eventually(t, func() bool { return releases(m, metrics.KVReleaseFailed) == 1 }, 30*time.Second, 5*time.Millisecond)
 }
 
 // TestReleaseKVNotPending: nothing is sent for a handoff the decode engine
@@ -148,7 +148,9 @@ func TestReleaseKVNotPending(t *testing.T) {
 	push, _ := releaseProxy(t, sglang.New(8998), true)
 	assert.Nil(t, push.kvr, "sglang's prefiller pushes the KV")
 
-	time.Sleep(50 * time.Millisecond)
+	// Stopping waits for every release in flight (and cancels it, counted
+	// failed): none sent is then a fact, not a pause's guess.
+	p.kvr.stop()
 	assert.Zero(t, f.got())
 	assert.Zero(t, testutil.ToFloat64(m.KVReleases.WithLabelValues(metrics.KVReleaseDecodeLeg))+
 		releases(m, metrics.KVReleaseFailed)+releases(m, metrics.KVReleaseOverLimit))
@@ -166,7 +168,7 @@ func TestReleaseKVBounded(t *testing.T) {
 		pendingRequest(p, local).releaseKV(nil)
 	}
 	assert.Equal(t, 1.0, releases(m, metrics.KVReleaseOverLimit))
-	require.Eventually(t, func() bool { return f.got() == maxKVReleases }, 2*time.Second, 5*time.Millisecond)
+	require.Eventually(t, func() bool { return f.got() == maxKVReleases }, 30*time.Second, 5*time.Millisecond)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	stopped := make(chan struct{})

@@ -19,6 +19,7 @@ import (
 
 	"github.com/pd-sidecar/pd-sidecar/connectors/nixlv2"
 	"github.com/pd-sidecar/pd-sidecar/e2e/enginesim"
+	"github.com/pd-sidecar/pd-sidecar/e2e/harness"
 	"github.com/pd-sidecar/pd-sidecar/loadgen"
 	"github.com/pd-sidecar/pd-sidecar/metrics"
 	"github.com/pd-sidecar/pd-sidecar/proxy"
@@ -42,8 +43,8 @@ func TestNoGoroutineLeakAfterLoad(t *testing.T) {
 
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	decode := startSim(t, ctx, enginesim.RoleDecode)
-	prefill := startSim(t, ctx, enginesim.RolePrefill)
+	decode, decodeDone := startSim(t, ctx, enginesim.RoleDecode)
+	prefill, prefillDone := startSim(t, ctx, enginesim.RolePrefill)
 
 	cfg := proxy.DefaultConfig()
 	cfg.Host = "127.0.0.1"
@@ -105,7 +106,7 @@ func TestNoGoroutineLeakAfterLoad(t *testing.T) {
 			require.NoError(t, err)
 			_, err = io.WriteString(conn, "POST /v1/chat/completions HTTP/1.1\r\n")
 			require.NoError(t, err)
-			time.Sleep(10 * time.Millisecond)
+			harness.WaitPeerRead(t, conn, 30*time.Second) // the loop read the request line alone
 			_, err = io.WriteString(conn, "Host: x\r\nContent-Type: application/json\r\n"+
 				proxy.HeaderPrefiller+": 127.0.0.1:"+strconv.Itoa(prefill)+"\r\nContent-Length: "+strconv.Itoa(len(body))+"\r\n\r\n"+body)
 			require.NoError(t, err)
@@ -127,11 +128,13 @@ func TestNoGoroutineLeakAfterLoad(t *testing.T) {
 		return resp.Body
 	}
 	onLoop := func(n float64) {
-		require.Eventually(t, func() bool { return testutil.ToFloat64(m.LoopStreams) == n }, 5*time.Second, time.Millisecond)
+		require.Eventually(t, func() bool { return testutil.ToFloat64(m.LoopStreams) == n }, 30*time.Second, time.Millisecond)
 	}
 	lane := testutil.ToFloat64(m.LoopRequests)
 	for _, tc := range []struct{ pd, handOver bool }{{false, false}, {true, false}, {true, true}} {
-		body := longStream(200, tc.pd, tc.handOver)
+		// 2,000 tokens, 500 µs apart: a second on the loop, time to see it
+		// there on any machine.
+		body := longStream(2000, tc.pd, tc.handOver)
 		onLoop(1)
 		_, err = io.Copy(io.Discard, body)
 		require.NoError(t, err)
@@ -143,9 +146,9 @@ func TestNoGoroutineLeakAfterLoad(t *testing.T) {
 		onLoop(0)
 	}
 	require.Equal(t, 2.0, testutil.ToFloat64(m.LoopHandoffs), "the P/D streams whose head came in two writes were handed over, none other")
-	require.Eventually(t, func() bool { return testutil.ToFloat64(m.LoopRequests) >= lane+4 }, 5*time.Second, time.Millisecond,
+	require.Eventually(t, func() bool { return testutil.ToFloat64(m.LoopRequests) >= lane+4 }, 30*time.Second, time.Millisecond,
 		"the local and P/D streams sent whole were the lane's")
-	body := longStream(400, false, false)
+	body := longStream(2000, false, false)
 	onLoop(1)
 	drained := make(chan error, 1)
 	go func() {
@@ -159,10 +162,13 @@ func TestNoGoroutineLeakAfterLoad(t *testing.T) {
 	require.NoError(t, <-done)
 	require.NoError(t, <-drained, "the stream on the loop was drained to its end")
 	cancel()
-	time.Sleep(100 * time.Millisecond) // let the simulators' servers wind down
+	<-decodeDone // the simulators' servers have wound down
+	<-prefillDone
 }
 
-func startSim(t *testing.T, ctx context.Context, role enginesim.Role) int {
+// startSim serves an engine simulator until ctx ends; the channel closes
+// once it has.
+func startSim(t *testing.T, ctx context.Context, role enginesim.Role) (int, <-chan struct{}) {
 	t.Helper()
 	cfg := enginesim.DefaultConfig()
 	cfg.Role = role
@@ -175,7 +181,7 @@ func startSim(t *testing.T, ctx context.Context, role enginesim.Role) int {
 	done := make(chan struct{})
 	go func() { defer close(done); _ = s.Serve(ctx, ls) }()
 	t.Cleanup(func() { <-done })
-	return ls.HTTP.Addr().(*net.TCPAddr).Port
+	return ls.HTTP.Addr().(*net.TCPAddr).Port, done
 }
 
 func freePort(t *testing.T) int {

@@ -63,7 +63,7 @@ func TestLoopStreamBackpressure(t *testing.T) {
 		ls.mu.Lock()
 		defer ls.mu.Unlock()
 		return len(ls.pending) > 0
-	}, 5*time.Second, 5*time.Millisecond, "the client's socket fills and the loop holds the rest")
+	}, 30*time.Second, 5*time.Millisecond, "the client's socket fills and the loop holds the rest")
 	assert.Equal(t, 1, ls.loop.Len(), "the engine is not watched while the client is behind")
 
 	body, err := io.ReadAll(httputil.NewChunkedReader(client))
@@ -74,7 +74,7 @@ func TestLoopStreamBackpressure(t *testing.T) {
 		require.Contains(t, got[i], fmt.Sprintf("\"%05d ", i), "event %d in order", i)
 	}
 	assert.Equal(t, "data: [DONE]", got[events])
-	assert.Eventually(t, released.Load, time.Second, 5*time.Millisecond, "the request finished")
+	assert.Eventually(t, released.Load, 30*time.Second, 5*time.Millisecond, "the request finished")
 	assert.True(t, clean.Load(), "the engine connection ended cleanly (back to its pool)")
 	assert.Zero(t, ls.loop.Len())
 }

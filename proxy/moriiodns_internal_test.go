@@ -3,6 +3,8 @@ package proxy
 import (
 	"context"
 	"errors"
+	"runtime"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -54,9 +56,25 @@ func (f *fakeDNS) lookup(ctx context.Context, host string) ([]string, error) {
 }
 
 // testResolver is a resolver on f with a settable clock.
+// waitingResolves counts the goroutines in hostResolver.resolve that wait
+// on another caller's lookup (blocked in its select, not in the lookup).
+func waitingResolves() int {
+	buf := make([]byte, 1<<22)
+	buf = buf[:runtime.Stack(buf, true)]
+	n := 0
+	for _, g := range strings.Split(string(buf), "\n\n") {
+		header, _, _ := strings.Cut(g, "\n")
+		if strings.Contains(header, "[select") && strings.Contains(g, "(*hostResolver).resolve") && !strings.Contains(g, "(*fakeDNS).lookup") {
+			n++
+		}
+	}
+	return n
+}
+
 func testResolver(f *fakeDNS, seed map[string]string) (*hostResolver, *metrics.MoriIO, *time.Time) {
 	m := metrics.NewMoriIO(prometheus.NewRegistry())
-	r := newHostResolver(f.lookup, 30*time.Second, time.Second, seed, m, zerolog.Nop())
+	// A lookup timeout no gated lookup below comes near on any machine.
+	r := newHostResolver(f.lookup, 30*time.Second, 30*time.Second, seed, m, zerolog.Nop())
 	now := time.Unix(1000, 0)
 	r.now = func() time.Time { return now }
 	for _, e := range r.byHost {
@@ -116,7 +134,7 @@ func TestHostResolver(t *testing.T) {
 			assert.Equal(t, "10.0.0.1", r.resolve(context.Background(), "svc"), "stale while revalidating")
 		}
 		close(f.gate)
-		require.Eventually(t, func() bool { return r.resolve(context.Background(), "svc") == "10.0.0.9" }, 5*time.Second, time.Millisecond)
+		require.Eventually(t, func() bool { return r.resolve(context.Background(), "svc") == "10.0.0.9" }, 30*time.Second, time.Millisecond)
 		assert.Equal(t, int32(1), f.calls.Load(), "one background lookup")
 		assert.Equal(t, [3]float64{1, 1, 0}, counts(m))
 	})
@@ -127,7 +145,7 @@ func TestHostResolver(t *testing.T) {
 		defer r.close()
 		*now = now.Add(31 * time.Second)
 		assert.Equal(t, "10.0.0.1", r.resolve(context.Background(), "svc"))
-		require.Eventually(t, func() bool { return counts(m)[2] == 1 }, 5*time.Second, time.Millisecond)
+		require.Eventually(t, func() bool { return counts(m)[2] == 1 }, 30*time.Second, time.Millisecond)
 		assert.Equal(t, "10.0.0.1", r.resolve(context.Background(), "svc"), "fresh again for a TTL after the failure")
 		assert.Equal(t, int32(1), f.calls.Load())
 		assert.Equal(t, [3]float64{1, 0, 1}, counts(m))
@@ -141,8 +159,10 @@ func TestHostResolver(t *testing.T) {
 		for i := range got {
 			wg.Go(func() { got[i] = r.resolve(context.Background(), "svc") })
 		}
-		require.Eventually(t, func() bool { return f.calls.Load() == 1 }, 5*time.Second, time.Millisecond)
-		time.Sleep(20 * time.Millisecond)
+		require.Eventually(t, func() bool { return f.calls.Load() == 1 }, 30*time.Second, time.Millisecond)
+		// Every other caller is waiting on the one lookup before it ends.
+		require.Eventually(t, func() bool { return waitingResolves() == len(got)-1 }, 30*time.Second, time.Millisecond,
+			"the other callers wait on the lookup")
 		close(f.gate)
 		wg.Wait()
 		for _, g := range got {
@@ -165,7 +185,9 @@ func TestHostResolver(t *testing.T) {
 		defer r.close()
 		start := time.Now()
 		assert.Equal(t, "svc", r.resolve(context.Background(), "svc"))
-		assert.Less(t, time.Since(start), 2*time.Second)
+		took := time.Since(start)
+		assert.GreaterOrEqual(t, took, 50*time.Millisecond, "not before the timeout")
+		assert.Less(t, took, 50*time.Millisecond+10*time.Second, "by the timeout: the lookup never answers")
 		assert.Equal(t, [3]float64{1, 0, 1}, counts(m))
 	})
 }

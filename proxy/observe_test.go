@@ -121,7 +121,7 @@ func startProxy(t *testing.T, decode string, ext proxy.Extras) string {
 		}
 		resp.Body.Close()
 		return resp.StatusCode == http.StatusOK
-	}, 5*time.Second, 10*time.Millisecond)
+	}, 30*time.Second, 10*time.Millisecond)
 	return url
 }
 
@@ -197,7 +197,7 @@ func TestTracingAndReports(t *testing.T) {
 			}
 			require.Equal(t, http.StatusOK, post(t, url, named))
 
-			require.Eventually(t, func() bool { return len(obs.all()) == 1 }, 2*time.Second, 5*time.Millisecond)
+			require.Eventually(t, func() bool { return len(obs.all()) == 1 }, 30*time.Second, 5*time.Millisecond)
 			rep := obs.all()[0]
 			assert.Equal(t, tc.decision, rep.Mode)
 			assert.Equal(t, tc.reason, rep.Reason)
@@ -248,6 +248,6 @@ func TestNoTracerPassesTraceparentThrough(t *testing.T) {
 	require.Equal(t, http.StatusOK, post(t, url, pre.addr()))
 	assert.Equal(t, []string{clientParent}, pre.traceparents())
 	assert.Equal(t, []string{clientParent}, dec.traceparents())
-	require.Eventually(t, func() bool { return len(obs.all()) == 1 }, 2*time.Second, 5*time.Millisecond)
+	require.Eventually(t, func() bool { return len(obs.all()) == 1 }, 30*time.Second, 5*time.Millisecond)
 	assert.True(t, obs.all()[0].KVTransferred)
 }

@@ -64,7 +64,7 @@ func TestConnWatch(t *testing.T) {
 				tc.client(client)
 			}
 			if tc.wantArmed {
-				require.Eventually(t, armed, 5*time.Second, time.Millisecond)
+				require.Eventually(t, armed, 30*time.Second, time.Millisecond)
 			}
 			if tc.client != nil && !tc.early {
 				tc.client(client)
@@ -72,7 +72,7 @@ func TestConnWatch(t *testing.T) {
 			if tc.wantGone {
 				select {
 				case <-ctx.Done():
-				case <-time.After(5 * time.Second):
+				case <-time.After(30 * time.Second):
 					t.Fatal("the client's leaving was not noticed")
 				}
 				require.ErrorIs(t, context.Cause(ctx), ErrClientGone)
@@ -87,7 +87,7 @@ func TestConnWatch(t *testing.T) {
 				// Stopped before the watcher read the byte: it is still on
 				// the connection for the server. Either way nothing is lost.
 				b := make([]byte, 1)
-				require.NoError(t, server.SetReadDeadline(time.Now().Add(time.Second)))
+				require.NoError(t, server.SetReadDeadline(time.Now().Add(30*time.Second)))
 				_, err := server.Read(b)
 				require.NoError(t, err)
 				require.Equal(t, byte('P'), b[0])
@@ -100,7 +100,7 @@ func TestConnWatch(t *testing.T) {
 				_, err := client.Write([]byte("x"))
 				require.NoError(t, err)
 				b := make([]byte, 1)
-				require.NoError(t, server.SetReadDeadline(time.Now().Add(time.Second)))
+				require.NoError(t, server.SetReadDeadline(time.Now().Add(30*time.Second)))
 				_, err = server.Read(b)
 				require.NoError(t, err)
 				require.Equal(t, byte('x'), b[0])
@@ -132,7 +132,7 @@ func TestWatchArmer(t *testing.T) {
 	}
 	// The first is due at once, the third after the delay; the second was
 	// stopped and the last is not due for an hour.
-	require.Eventually(t, func() bool { return armed(ws[0]) && armed(ws[2]) }, 5*time.Second, time.Millisecond)
+	require.Eventually(t, func() bool { return armed(ws[0]) && armed(ws[2]) }, 30*time.Second, time.Millisecond)
 	require.False(t, armed(ws[1]), "a stopped watch is never armed")
 	require.False(t, armed(ws[3]), "a watch is not armed before its delay")
 	a.mu.Lock()

@@ -114,7 +114,7 @@ func noLeaks(t *testing.T) {
 
 func eventually(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	require.Eventually(t, cond, 5*time.Second, 5*time.Millisecond, what)
+	require.Eventually(t, cond, 30*time.Second, 5*time.Millisecond, what)
 }
 
 func TestPoolWatcherReadyPodsOnTargetPorts(t *testing.T) {

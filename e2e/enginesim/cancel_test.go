@@ -77,7 +77,7 @@ func silentPrefiller(t *testing.T) int {
 
 func eventually(t *testing.T, cond func() bool, msg string) {
 	t.Helper()
-	require.Eventually(t, cond, 5*time.Second, time.Millisecond, msg)
+	require.Eventually(t, cond, 30*time.Second, time.Millisecond, msg)
 }
 
 // TestCancelledRequests: a client that leaves before its answer stops the

@@ -28,7 +28,7 @@ func TestSGLangCancelledPrefillFreesRoom(t *testing.T) {
 			resp.Body.Close()
 		}
 	}()
-	require.Eventually(t, func() bool { return p.metric(t, "sim_kv_blocks_held") == 3 }, 5*time.Second, time.Millisecond,
+	require.Eventually(t, func() bool { return p.metric(t, "sim_kv_blocks_held") == 3 }, 30*time.Second, time.Millisecond,
 		"the room's KV is held while no decoder pulled it")
 	select {
 	case <-done:
@@ -37,7 +37,7 @@ func TestSGLangCancelledPrefillFreesRoom(t *testing.T) {
 	}
 	cancel()
 	<-done
-	require.Eventually(t, func() bool { return p.metric(t, "sim_kv_blocks_held") == 0 }, 5*time.Second, time.Millisecond)
+	require.Eventually(t, func() bool { return p.metric(t, "sim_kv_blocks_held") == 0 }, 30*time.Second, time.Millisecond)
 	assert.Equal(t, 1.0, p.metric(t, "sim_kv_released_on_cancel_total"))
 	assert.Equal(t, 0.0, p.metric(t, "sim_kv_lease_expired_total"))
 }
@@ -78,8 +78,8 @@ func TestMooncakeQueryAndTransfer(t *testing.T) {
 			if !c.wantSame {
 				// The decode fails; the proxy would then cancel the
 				// prefill leg, which frees its KV.
-				require.Eventually(t, func() bool { return d.metric(t, "sim_kv_load_failures_total") == 1 }, 5*time.Second, time.Millisecond)
-				require.Eventually(t, func() bool { return p.metric(t, "sim_kv_blocks_held") > 0 }, 5*time.Second, time.Millisecond)
+				require.Eventually(t, func() bool { return d.metric(t, "sim_kv_load_failures_total") == 1 }, 30*time.Second, time.Millisecond)
+				require.Eventually(t, func() bool { return p.metric(t, "sim_kv_blocks_held") > 0 }, 30*time.Second, time.Millisecond)
 				cancel()
 			}
 			wg.Wait()
@@ -93,9 +93,9 @@ func TestMooncakeQueryAndTransfer(t *testing.T) {
 				assert.Equal(t, 1.0, p.metric(t, "sim_mooncake_prefills_total"))
 			} else {
 				assert.Equal(t, 500, b.status)
-				require.Eventually(t, func() bool { return p.metric(t, "sim_kv_released_on_cancel_total") == 1 }, 5*time.Second, time.Millisecond)
+				require.Eventually(t, func() bool { return p.metric(t, "sim_kv_released_on_cancel_total") == 1 }, 30*time.Second, time.Millisecond)
 			}
-			require.Eventually(t, func() bool { return p.metric(t, "sim_kv_blocks_held") == 0 }, 5*time.Second, time.Millisecond)
+			require.Eventually(t, func() bool { return p.metric(t, "sim_kv_blocks_held") == 0 }, 30*time.Second, time.Millisecond)
 		})
 	}
 	assert.Equal(t, 3.0, p.metric(t, "sim_mooncake_bootstrap_queries_total"), "the test's query and one per decode")

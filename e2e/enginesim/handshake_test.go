@@ -14,7 +14,10 @@ import (
 // from it share that one handshake, later pulls from it do not wait, and
 // another prefiller engine has a handshake of its own.
 func TestKVHandshakeOncePerPrefiller(t *testing.T) {
-	const delay = 300 * time.Millisecond
+	// Long beside a decode's own work and the moments between the three
+	// concurrent ones' starts on a loaded machine: a wait for it, or none,
+	// is plain on any machine.
+	const delay = 3 * time.Second
 	p1 := startSim(t, RolePrefill, nil)
 	p2 := startSim(t, RolePrefill, nil)
 	d := startSim(t, RoleDecode, func(c *Config) { c.KVHandshakeDelay = delay })

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -24,6 +25,30 @@ type testSim struct {
 	url string
 }
 
+// testLog writes a sim's log to its test until the test ends, and drops
+// it after: a timer of the sim's (a KV lease expiring) may fire when the
+// test is over, whenever the machine gets to it.
+type testLog struct {
+	mu   sync.Mutex
+	w    io.Writer
+	over bool
+}
+
+func (l *testLog) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.over {
+		return len(p), nil
+	}
+	return l.w.Write(p)
+}
+
+func (l *testLog) end() {
+	l.mu.Lock()
+	l.over = true
+	l.mu.Unlock()
+}
+
 func startSim(t *testing.T, role Role, mutate func(*Config)) *testSim {
 	t.Helper()
 	cfg := DefaultConfig()
@@ -35,7 +60,9 @@ func startSim(t *testing.T, role Role, mutate func(*Config)) *testSim {
 	if mutate != nil {
 		mutate(&cfg)
 	}
-	s, err := New(cfg, zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.WarnLevel))
+	lw := &testLog{w: zerolog.NewTestWriter(t)}
+	t.Cleanup(lw.end) // runs after the sim's own cleanup below
+	s, err := New(cfg, zerolog.New(lw).Level(zerolog.WarnLevel))
 	require.NoError(t, err)
 	ls, err := s.Listen()
 	require.NoError(t, err)
@@ -52,7 +79,7 @@ func startSim(t *testing.T, role Role, mutate func(*Config)) *testSim {
 	ts := &testSim{Sim: s, url: "http://" + ls.HTTP.Addr().String()}
 	require.Eventually(t, func() bool {
 		return (s.KVAddr() != nil || ls.KV == nil) && (s.BootstrapAddr() != nil || ls.Bootstrap == nil) && s.P2PAddr() != nil
-	}, time.Second, time.Millisecond)
+	}, 30*time.Second, time.Millisecond)
 	return ts
 }
 

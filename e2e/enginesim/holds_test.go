@@ -41,7 +41,7 @@ func TestHoldExpiresAtLease(t *testing.T) {
 	s, held, expired := newTestStore(10)
 	require.NoError(t, s.add(testHold("r1", 4), 30*time.Millisecond))
 	require.NoError(t, s.add(testHold("r2", 2), 0)) // expire_kv: at once
-	require.Eventually(t, func() bool { return held.Load() == 0 }, 5*time.Second, 5*time.Millisecond)
+	require.Eventually(t, func() bool { return held.Load() == 0 }, 30*time.Second, 5*time.Millisecond)
 	assert.Equal(t, int64(2), expired.Load())
 	assert.Equal(t, 0, s.heldBlocks())
 }
@@ -78,7 +78,11 @@ func TestWaitRoom(t *testing.T) {
 			got <- h
 		}
 	}()
-	time.Sleep(10 * time.Millisecond)
+	require.Eventually(t, func() bool { // the waiter is waiting before the room comes
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return len(s.waiters[77]) == 1
+	}, 30*time.Second, time.Millisecond)
 	h := testHold("room-77", 2)
 	h.room, h.hasRoom = 77, true
 	require.NoError(t, s.add(h, time.Hour))

@@ -25,10 +25,19 @@ func TestMoriInbox(t *testing.T) {
 	t.Run("written while the decode waits", func(t *testing.T) {
 		m := newMoriIO(prometheus.NewRegistry(), "m", time.Minute)
 		go func() {
-			time.Sleep(20 * time.Millisecond)
+			// Delivered once the decode waits for it.
+			for {
+				m.mu.Lock()
+				_, waiting := m.inbox["tx2"]
+				m.mu.Unlock()
+				if waiting {
+					break
+				}
+				time.Sleep(time.Millisecond)
+			}
 			_ = m.deliver("tx2", kv)
 		}()
-		got, err := m.take(context.Background(), "tx2", 5*time.Second)
+		got, err := m.take(context.Background(), "tx2", 30*time.Second)
 		require.NoError(t, err)
 		assert.Same(t, kv, got)
 	})
@@ -52,6 +61,6 @@ func TestMoriInbox(t *testing.T) {
 			m.mu.Lock()
 			defer m.mu.Unlock()
 			return len(m.inbox) == 0
-		}, 5*time.Second, time.Millisecond)
+		}, 30*time.Second, time.Millisecond)
 	})
 }

@@ -63,8 +63,12 @@ func TestP2PPrefillDecodeMatchesLocal(t *testing.T) {
 				dec = post(t, d.url+"/v1/completions", p2pBody(prompt, 6, map[string]any{"remote_prefiller": peer("x-1", p.P2PAddr().Port)}))
 			}()
 			if c.decodeFirst {
-				require.Eventually(t, func() bool { return d.metric(t, "vllm:num_requests_running") == 1 }, 5*time.Second, time.Millisecond)
-				time.Sleep(30 * time.Millisecond) // the decode is connected and waiting
+				require.Eventually(t, func() bool { return d.metric(t, "vllm:num_requests_running") == 1 }, 30*time.Second, time.Millisecond)
+				require.Eventually(t, func() bool { // the decode is connected and waits for the hold
+					p.holds.mu.Lock()
+					defer p.holds.mu.Unlock()
+					return len(p.holds.waiters[p2pKey("x-1")]) == 1
+				}, 30*time.Second, time.Millisecond)
 			}
 			go func() { defer wg.Done(); pre = post(t, p.url+"/v1/completions", p2pPrefillBody(prompt, "x-1", source)) }()
 			wg.Wait()
@@ -81,8 +85,8 @@ func TestP2PPrefillDecodeMatchesLocal(t *testing.T) {
 			assert.Equal(t, 1.0, d.metric(t, "sim_remote_kv_decodes_total"))
 			assert.Equal(t, 0.0, d.metric(t, "sim_local_prefill_tokens_total"), "the decoder prefilled nothing")
 			assert.Equal(t, 0.0, d.metric(t, "vllm:nixl_xfer_time_seconds"), "no NIXL transfer")
-			require.Eventually(t, func() bool { return p.kindMetric(t, "sim_p2p_blocks_served_total", p2pPrefill) == 4 }, 5*time.Second, time.Millisecond)
-			require.Eventually(t, func() bool { return p.HeldBlocks() == 0 }, 5*time.Second, time.Millisecond, "the pull released the hold")
+			require.Eventually(t, func() bool { return p.kindMetric(t, "sim_p2p_blocks_served_total", p2pPrefill) == 4 }, 30*time.Second, time.Millisecond)
+			require.Eventually(t, func() bool { return p.HeldBlocks() == 0 }, 30*time.Second, time.Millisecond, "the pull released the hold")
 			if c.viaSource {
 				assert.Equal(t, 3.0, p.kindMetric(t, "sim_p2p_blocks_pulled_total", p2pSource), "the 3 full blocks came from the source")
 				assert.EqualValues(t, 48, get(pre.json, "usage", "prompt_tokens_details", "cached_tokens"))
@@ -186,7 +190,7 @@ func TestP2PKVSource(t *testing.T) {
 			}
 			assert.Equal(t, 0.0, q.kindMetric(t, "sim_p2p_pull_failures_total", p2pSource))
 			assert.Equal(t, 1.0, q.kindMetric(t, "sim_p2p_pulls_total", p2pSource))
-			require.Eventually(t, func() bool { return src.kindMetric(t, "sim_p2p_blocks_served_total", p2pSource) == c.blocks }, 5*time.Second, time.Millisecond)
+			require.Eventually(t, func() bool { return src.kindMetric(t, "sim_p2p_blocks_served_total", p2pSource) == c.blocks }, 30*time.Second, time.Millisecond)
 			// Pulled (or computed) blocks are in the puller's prefix cache now,
 			// so it asks the source for nothing.
 			again := post(t, q.url+"/v1/completions", p2pBody(prompt, 6, map[string]any{"remote_kv_source": peer("y-2", port)}))

@@ -55,7 +55,7 @@ func TestNixlHandoffMatchesLocal(t *testing.T) {
 	assert.Equal(t, 50.0, d.metric(t, "sim_local_prefill_tokens_total"), "only the local run prefilled on the decoder")
 	// The prefiller frees the blocks when the decoder's "done" arrives,
 	// which may be just after the decode answered.
-	require.Eventually(t, func() bool { return p.metric(t, "sim_kv_blocks_held") == 0 }, 5*time.Second, time.Millisecond, "blocks freed once pulled")
+	require.Eventually(t, func() bool { return p.metric(t, "sim_kv_blocks_held") == 0 }, 30*time.Second, time.Millisecond, "blocks freed once pulled")
 
 	again := post(t, d.url+"/v1/completions", decodeBody(prompt, kv, ""))
 	assert.Equal(t, 500, again.status, "the same blocks cannot be pulled twice (policy fail)")
@@ -98,7 +98,7 @@ func TestKVLoadFailurePolicies(t *testing.T) {
 		p := startSim(t, RolePrefill, func(c *Config) { c.Faults = Faults{ExpireKV: true} })
 		d := startSim(t, RoleDecode, nil)
 		kv := nixlPrefill(t, p, prompt)
-		require.Eventually(t, func() bool { return p.HeldBlocks() == 0 }, 2*time.Second, time.Millisecond)
+		require.Eventually(t, func() bool { return p.HeldBlocks() == 0 }, 30*time.Second, time.Millisecond)
 		a := post(t, d.url+"/v1/completions", decodeBody(prompt, kv, ""))
 		assert.Equal(t, 500, a.status)
 		assert.JSONEq(t, `{"error":{"message":"Internal server error","type":"InternalServerError","param":null,"code":500}}`, string(a.body))
@@ -179,7 +179,11 @@ func TestSGLangBootstrapRoom(t *testing.T) {
 	var dec, pre answer
 	wg.Add(2)
 	go func() { defer wg.Done(); dec = post(t, d.url+"/v1/completions", body+boot(1<<62+5)+`}`) }()
-	time.Sleep(20 * time.Millisecond) // the decode waits for its room
+	require.Eventually(t, func() bool { // the decode waits for its room at the prefiller
+		p.holds.mu.Lock()
+		defer p.holds.mu.Unlock()
+		return len(p.holds.waiters[1<<62+5]) == 1
+	}, 30*time.Second, time.Millisecond)
 	go func() { defer wg.Done(); pre = post(t, p.url+"/v1/completions", body+boot(1<<62+5)+`}`) }()
 	wg.Wait()
 	require.Equal(t, 200, pre.status, "%s", pre.body)
@@ -190,7 +194,7 @@ func TestSGLangBootstrapRoom(t *testing.T) {
 	assert.Equal(t, 1.0, p.metric(t, "sim_sglang_prefills_total"))
 	assert.Equal(t, 1.0, d.metric(t, "sim_sglang_decodes_total"))
 	assert.Equal(t, 1.0, d.metric(t, "sim_remote_kv_decodes_total"))
-	require.Eventually(t, func() bool { return p.metric(t, "sim_kv_blocks_held") == 0 }, 5*time.Second, time.Millisecond, "room freed once pulled")
+	require.Eventually(t, func() bool { return p.metric(t, "sim_kv_blocks_held") == 0 }, 30*time.Second, time.Millisecond, "room freed once pulled")
 }
 
 func TestSGLangDecodeWaitIsBounded(t *testing.T) {
@@ -212,7 +216,7 @@ func TestQueuePastMaxRunning(t *testing.T) {
 			post(t, s.url+"/v1/completions", `{"model":"sim-model","prompt":"q","max_tokens":10}`)
 		}()
 	}
-	require.Eventually(t, func() bool { return s.metric(t, "vllm:num_requests_waiting") == 2 }, 5*time.Second, time.Millisecond)
+	require.Eventually(t, func() bool { return s.metric(t, "vllm:num_requests_waiting") == 2 }, 30*time.Second, time.Millisecond)
 	assert.Equal(t, 1.0, s.metric(t, "vllm:num_requests_running"))
 	wg.Wait()
 	assert.Equal(t, 0.0, s.metric(t, "vllm:num_requests_waiting"))

@@ -20,8 +20,10 @@ import (
 // the same slots.
 func TestPrefillSlots(t *testing.T) {
 	const (
-		tokens   = 60
-		perToken = time.Millisecond
+		tokens = 60
+		// 1.2 s a prefill: a wave more or less is a second, far more than
+		// a loaded machine adds to a few requests.
+		perToken = 20 * time.Millisecond
 		prefill  = tokens * perToken
 	)
 	cases := []struct {
@@ -94,16 +96,18 @@ func TestPrefillSlots(t *testing.T) {
 func TestPrefillSlotsCancelledWhileWaiting(t *testing.T) {
 	s := startSim(t, RoleBoth, func(c *Config) {
 		c.PrefillSlots = 1
-		c.PrefillPerToken = 5 * time.Millisecond
+		c.PrefillPerToken = 50 * time.Millisecond
 	})
-	long := fmt.Sprintf(`{"model":"sim-model","prompt":%q,"max_tokens":1}`, "a "+longPrompt(59)) // 300ms
-	go func() { _, _ = httpPostTimeout(s.url+"/v1/completions", long, 2*time.Second) }()
-	require.Eventually(t, func() bool { return s.metric(t, "vllm:num_requests_running") == 1 }, time.Second, 2*time.Millisecond)
+	// 3 s of prefill: the second request comes and leaves while it holds
+	// the slot, on any machine.
+	long := fmt.Sprintf(`{"model":"sim-model","prompt":%q,"max_tokens":1}`, "a "+longPrompt(59))
+	go func() { _, _ = httpPostTimeout(s.url+"/v1/completions", long, 30*time.Second) }()
+	require.Eventually(t, func() bool { return s.metric(t, "vllm:num_requests_running") == 1 }, 30*time.Second, 2*time.Millisecond)
 	// The second one waits behind it and gives up after 50ms.
 	_, err := httpPostTimeout(s.url+"/v1/completions", fmt.Sprintf(`{"model":"sim-model","prompt":%q,"max_tokens":1}`, "b "+longPrompt(59)), 50*time.Millisecond)
 	require.Error(t, err)
-	require.Eventually(t, func() bool { return s.metric(t, "vllm:num_requests_waiting") == 0 }, time.Second, 2*time.Millisecond)
-	require.Eventually(t, func() bool { return s.metric(t, "vllm:num_requests_running") == 0 }, 2*time.Second, 5*time.Millisecond)
+	require.Eventually(t, func() bool { return s.metric(t, "vllm:num_requests_waiting") == 0 }, 30*time.Second, 2*time.Millisecond)
+	require.Eventually(t, func() bool { return s.metric(t, "vllm:num_requests_running") == 0 }, 30*time.Second, 5*time.Millisecond)
 	assert.Equal(t, 1.0, s.kindMetric(t, "sim_requests_cancelled_total", "local"))
 	assert.Equal(t, 1.0, s.metric(t, "sim_prefills_computed_total"), "the cancelled one never computed")
 }

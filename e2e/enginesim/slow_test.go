@@ -39,14 +39,19 @@ func TestSlowShare(t *testing.T) {
 			slowed := 0
 			for i := 0; i < tc.n; i++ {
 				picked, delay := drawSlow(r, tc.plan)
+				before := s.kindMetric(t, "sim_faults_injected_total", "slow")
 				status, took := timedPost(t, s.url+"/v1/completions", smallCompletion)
 				require.Equal(t, 200, status)
+				// Whether the engine slowed it is what its fault counter says,
+				// on any machine; a slowed one is never faster than its delay.
+				moved := s.kindMetric(t, "sim_faults_injected_total", "slow") - before
 				if picked {
 					slowed++
+					assert.Equal(t, 1.0, moved, "request %d was picked: slowed", i)
 					assert.GreaterOrEqual(t, took, delay, "request %d was picked: delayed %v", i, delay)
 					assert.GreaterOrEqual(t, delay, time.Duration(tc.plan.SlowMS)*time.Millisecond)
 				} else {
-					assert.Less(t, took, time.Duration(tc.plan.SlowMS)*time.Millisecond, "request %d was not picked", i)
+					assert.Zero(t, moved, "request %d was not picked: not slowed", i)
 				}
 			}
 			want := tc.plan.SlowShare * float64(tc.n)
@@ -93,12 +98,15 @@ func TestSlowOnlyPrefill(t *testing.T) {
 		{"prefill leg again", prefillCompletion, true},
 	}
 	for _, tc := range cases {
+		before := s.kindMetric(t, "sim_faults_injected_total", "slow")
 		status, took := timedPost(t, s.url+"/v1/completions", tc.body)
 		require.Equal(t, 200, status, tc.name)
+		moved := s.kindMetric(t, "sim_faults_injected_total", "slow") - before
 		if tc.slow {
+			assert.Equal(t, 1.0, moved, "%s: slowed", tc.name)
 			assert.GreaterOrEqual(t, took, 150*time.Millisecond, tc.name)
 		} else {
-			assert.Less(t, took, 150*time.Millisecond, tc.name)
+			assert.Zero(t, moved, "%s: not slowed", tc.name)
 		}
 	}
 	assert.Equal(t, 2.0, s.kindMetric(t, "sim_faults_injected_total", "slow"))
