@@ -62,6 +62,11 @@ func NewEnv(t testing.TB, tr kvtransfer.Transport, o Options) *Env {
 	if o.NumBlocks == 0 {
 		o.NumBlocks = 64
 	}
+	if o.Puller.ReleaseTimeout == 0 {
+		// A failed pull's release has all the time a loaded machine needs
+		// (the cases wait for it, up to AssertReleased's bound).
+		o.Puller.ReleaseTimeout = 30 * time.Second
+	}
 	e := &Env{released: map[string]string{}, opened: make(chan struct{})}
 	e.Agent = kvtransfer.NewAgent(kvtransfer.AgentConfig{
 		EngineID: "engine-a", Lease: o.Lease, Bandwidth: o.Bandwidth,
@@ -307,9 +312,14 @@ func RunConformance(t *testing.T, addr string, newTransport func(t testing.TB) k
 			require.ErrorIs(t, err, kvtransfer.ErrKVSourceGone)
 		}},
 		// 32 KiB a stream at 32 KiB/s: 1 s at least, ten times the deadline.
+		// The connection is made first: a deadline that passes while the
+		// pull dials (a slow machine's first UCX dial) leaves the puller no
+		// connection to release the hold over.
 		{name: "deadline fails the pull and releases the hold", opts: Options{Bandwidth: 32 << 10, Puller: kvtransfer.PullerConfig{Deadline: 100 * time.Millisecond}}, run: func(t *testing.T, e *Env) {
 			src := e.Hold(t, ids(0, 32), false)
-			_, err := e.Puller.Pull(context.Background(), src, e.Dst(t, 0, 32))
+			_, err := e.Puller.Conn(context.Background(), e.Listener.Addr())
+			require.NoError(t, err)
+			_, err = e.Puller.Pull(context.Background(), src, e.Dst(t, 0, 32))
 			require.ErrorIs(t, err, kvtransfer.ErrKVDeadline)
 			e.AssertReleased(t, src.RequestID, kvtransfer.ReasonReleased)
 		}},
