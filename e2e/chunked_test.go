@@ -254,9 +254,9 @@ func TestChunkedDecodeClientLeaves(t *testing.T) {
 	r := newChunkRig(t)
 	setFault(t, r.decode, `{"latency_ms":3000,"skip":1}`)
 	_, cancel := openStream(t, r.sc.URL()+"/v1/chat/completions", chunkChatBody(`,"max_tokens":40,"stream":true`), nil, 1)
-	harness.Eventually(t, 5*time.Second, "chunk 2 sent", func() bool { return len(r.decodeChunks(t)) == 2 })
+	harness.Eventually(t, 30*time.Second, "chunk 2 sent", func() bool { return len(r.decodeChunks(t)) == 2 })
 	cancel()
-	harness.Eventually(t, 5*time.Second, "decode counted as left", func() bool { return r.chunkMetric(t, "client_left") == 1 })
+	harness.Eventually(t, 30*time.Second, "decode counted as left", func() bool { return r.chunkMetric(t, "client_left") == 1 })
 	assert.Len(t, r.decodeChunks(t), 2, "no chunk after the client left")
 	assert.Zero(t, running(t, r.decode))
 }

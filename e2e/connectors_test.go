@@ -121,7 +121,7 @@ func TestConnectorsSplitEveryAPI(t *testing.T) {
 			assert.Equal(t, "[DONE]", events[len(events)-1])
 			assert.Equal(t, 6.0, r.decode.Metric(t, spec.decodeProof, nil))
 			assert.Zero(t, r.scMetric(t, "pd_sidecar_fallbacks_total", nil))
-			harness.Eventually(t, 5*time.Second, "no KV left held on the prefiller", func() bool {
+			harness.Eventually(t, 30*time.Second, "no KV left held on the prefiller", func() bool {
 				return r.prefill.Metric(t, "sim_kv_blocks_held", nil) == 0
 			})
 		})
@@ -169,7 +169,7 @@ func TestConnectorsDecodeDeadIs503(t *testing.T) {
 			st, b, _ := scPost(t, dead.URL()+"/v1/completions", completionBody(`,"max_tokens":4`+spec.extra), r.header())
 			assert.Equal(t, http.StatusServiceUnavailable, st, "%s", b)
 			assert.Equal(t, int64(503), gjson.GetBytes(b, "error.code").Int(), "%s", b)
-			harness.Eventually(t, 5*time.Second, "the prefill leg was cancelled and its KV freed", func() bool {
+			harness.Eventually(t, 30*time.Second, "the prefill leg was cancelled and its KV freed", func() bool {
 				return r.prefill.Metric(t, "sim_kv_blocks_held", nil) == 0 && running(t, r.prefill) == 0
 			})
 		})
@@ -200,7 +200,7 @@ func TestConnectorsClientCancelCancelsBothLegs(t *testing.T) {
 			req.Header.Set("x-prefiller-host-port", r.prefill.HostPort())
 			_, err = http.DefaultClient.Do(req)
 			require.Error(t, err, "the client gave up")
-			harness.Eventually(t, 5*time.Second, "both legs cancelled, no KV held", func() bool {
+			harness.Eventually(t, 30*time.Second, "both legs cancelled, no KV held", func() bool {
 				return running(t, r.prefill) == 0 && running(t, r.decode) == 0 &&
 					r.prefill.Metric(t, "sim_kv_blocks_held", nil) == 0 &&
 					r.scMetric(t, "pd_sidecar_client_disconnects_total", nil) == 1

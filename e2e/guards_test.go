@@ -89,7 +89,7 @@ func TestGuardLimits(t *testing.T) {
 		assert.Equal(t, int64(413), gjson.GetBytes(b, "error.code").Int())
 		assert.Equal(t, "RequestTooLargeError", gjson.GetBytes(b, "error.type").String())
 		assert.Equal(t, "big-body-1", h.Get("X-Request-Id"))
-		harness.Eventually(t, 5*time.Second, "the log line names the request", func() bool {
+		harness.Eventually(t, 30*time.Second, "the log line names the request", func() bool {
 			return strings.Contains(sc.Output(), `"request_id":"big-body-1","reason":"body_too_large"`)
 		})
 	})
@@ -110,7 +110,7 @@ func TestGuardLimits(t *testing.T) {
 		assert.Contains(t, gjson.GetBytes(b, "error.message").String(), "too many concurrent requests")
 		c1()
 		c2()
-		harness.Eventually(t, 5*time.Second, "slots released", func() bool {
+		harness.Eventually(t, 30*time.Second, "slots released", func() bool {
 			st, _, _ := scPost(t, sc.URL()+"/v1/completions", completionBody(`,"max_tokens":2`), nil)
 			return st == http.StatusOK
 		})
