@@ -279,7 +279,7 @@ func TestHostilePrefiller(t *testing.T) {
 			conn, err := net.Dial("tcp", harness.HostPort(sc.Port))
 			require.NoError(t, err)
 			br := bufio.NewReader(conn)
-			within(t, 3*time.Second, func() {
+			within(t, 20*time.Second, func() { // the 1 s timeouts bound it; the upstream never ends
 				resp, b := exchangeOn(t, conn, br, "/v1/completions", body, hdr, whole)
 				require.Equal(t, http.StatusOK, resp.StatusCode, "%s", b)
 			})
@@ -338,7 +338,7 @@ func TestHostileEngine(t *testing.T) {
 			conn, err := net.Dial("tcp", harness.HostPort(sc.Port))
 			require.NoError(t, err)
 			br := bufio.NewReader(conn)
-			within(t, 3*time.Second, func() {
+			within(t, 20*time.Second, func() { // the 1 s timeouts bound it; the upstream never ends
 				resp, b := exchangeOn(t, conn, br, "/v1/chat/completions", stream, nil, whole)
 				require.Equal(t, http.StatusGatewayTimeout, resp.StatusCode, "%s", b)
 				assert.Equal(t, int64(504), gjson.GetBytes(b, "error.code").Int(), "a JSON error: %s", b)
