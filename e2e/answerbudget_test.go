@@ -86,7 +86,7 @@ func TestAnswerBudgetPrefiller(t *testing.T) {
 				c, br := sendOn(t, sc.Port, "/v1/completions", body, hdr, whole)
 				defer c.Close()
 				wg.Go(func() {
-					a, err := readAnswerOn(c, br, 10*time.Second)
+					a, err := readAnswerOn(c, br, 60*time.Second) // --prefill-timeout 2s, then a local prefill
 					assert.NoError(t, err, "a well-framed answer in time")
 					answers[i] = a
 				})
@@ -94,7 +94,7 @@ func TestAnswerBudgetPrefiller(t *testing.T) {
 			fallback := func(reason string) float64 {
 				return sc.Metric(t, "pd_sidecar_fallbacks_total", map[string]string{"reason": reason})
 			}
-			harness.Eventually(t, 5*time.Second, "the answers past the budget refused", func() bool {
+			harness.Eventually(t, 30*time.Second, "the answers past the budget refused", func() bool {
 				return fallback("buffered_bytes") == stalledN-admittedN
 			})
 			assert.Equal(t, float64(admittedN*stalledAnswer), sc.Metric(t, "pd_sidecar_buffered_bytes", nil),
@@ -106,7 +106,7 @@ func TestAnswerBudgetPrefiller(t *testing.T) {
 			}
 			assert.Equal(t, float64(stalledN-admittedN), fallback("buffered_bytes"))
 			assert.Equal(t, float64(admittedN), fallback("timeout"), "the admitted ones waited for --prefill-timeout")
-			harness.Eventually(t, 5*time.Second, "the budget given back", func() bool {
+			harness.Eventually(t, 30*time.Second, "the budget given back", func() bool {
 				return sc.Metric(t, "pd_sidecar_buffered_bytes", nil) == 0
 			})
 			alive(t, sc)
@@ -129,25 +129,58 @@ func TestAnswerBudgetEngine(t *testing.T) {
 				c  net.Conn
 				br *bufio.Reader
 			}
+			type answered struct {
+				i int
+				a budgetAnswer
+			}
 			var reqs []sent
-			for range stalledN {
+			answers := make(chan answered, stalledN)
+			for i := range stalledN {
 				c, br := sendOn(t, sc.Port, "/v1/completions", body, nil, whole)
 				defer c.Close()
 				reqs = append(reqs, sent{c, br})
+				go func() {
+					// The engine stalls: only a refusal answers, until the
+					// test closes the waiting connections.
+					a, err := readAnswerOn(c, br, time.Minute)
+					if err == nil {
+						answers <- answered{i, a}
+					}
+				}()
+			}
+			// Every refusal is counted, and the answers that fit hold their
+			// share, before the refused ones are read.
+			harness.Eventually(t, 30*time.Second, "the answers past the budget refused and the others admitted", func() bool {
+				m := harness.Scrape(t, sc.URL()+"/metrics")
+				return m.Value("pd_sidecar_requests_rejected_total", map[string]string{"reason": "buffered_bytes"}) >= stalledN-admittedN &&
+					m.Value("pd_sidecar_buffered_bytes", nil) >= admittedN*stalledAnswer
+			})
+			refusedIdx := map[int]bool{}
+			for range stalledN - admittedN {
+				select {
+				case r := <-answers:
+					refusedIdx[r.i] = true
+					if assert.Equal(t, http.StatusServiceUnavailable, r.a.status, "request %d: %s", r.i, r.a.body) {
+						assert.Equal(t, "1", r.a.retryAfter)
+						assert.Equal(t, int64(503), gjson.GetBytes(r.a.body, "error.code").Int(), "a JSON error: %s", r.a.body)
+						assert.Contains(t, gjson.GetBytes(r.a.body, "error.message").String(), "--max-buffered-bytes")
+					}
+				case <-time.After(30 * time.Second):
+					t.Fatalf("%d of %d refusals answered", len(refusedIdx), stalledN-admittedN)
+				}
 			}
 			var refused, waiting []net.Conn
 			for i, s := range reqs {
-				a, err := readAnswerOn(s.c, s.br, 2*time.Second)
-				if err != nil {
+				if refusedIdx[i] {
+					refused = append(refused, s.c)
+				} else {
 					waiting = append(waiting, s.c) // no answer: its answer fit, and stalls
-					continue
 				}
-				refused = append(refused, s.c)
-				if assert.Equal(t, http.StatusServiceUnavailable, a.status, "request %d: %s", i, a.body) {
-					assert.Equal(t, "1", a.retryAfter)
-					assert.Equal(t, int64(503), gjson.GetBytes(a.body, "error.code").Int(), "a JSON error: %s", a.body)
-					assert.Contains(t, gjson.GetBytes(a.body, "error.message").String(), "--max-buffered-bytes")
-				}
+			}
+			select {
+			case r := <-answers:
+				t.Errorf("request %d answered while its engine stalls: %d %s", r.i, r.a.status, r.a.body)
+			default:
 			}
 			assert.Len(t, waiting, admittedN, "the answers that fit are waited for")
 			assert.Len(t, refused, stalledN-admittedN)
@@ -158,7 +191,7 @@ func TestAnswerBudgetEngine(t *testing.T) {
 			for _, c := range waiting {
 				_ = c.Close()
 			}
-			harness.Eventually(t, 5*time.Second, "the budget given back", func() bool {
+			harness.Eventually(t, 30*time.Second, "the budget given back", func() bool {
 				return sc.Metric(t, "pd_sidecar_buffered_bytes", nil) == 0
 			})
 			alive(t, sc)

@@ -55,46 +55,69 @@ func TestGuardBufferedBytesBudget(t *testing.T) {
 			head := fmt.Sprintf("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n", bodyLen)
 			part := []byte(head + `{"model":"sim-model","prompt":"` + strings.Repeat("x", bodyLen-32))
 			var (
-				mu      sync.Mutex
-				refused int
-				open    []net.Conn
-				wg      sync.WaitGroup
+				mu       sync.Mutex
+				refused  int
+				all      []net.Conn
+				answered = map[net.Conn]bool{}
+				dials    sync.WaitGroup
+				readers  sync.WaitGroup
 			)
 			for range conns {
-				wg.Go(func() {
+				dials.Go(func() {
 					c, err := net.Dial("tcp", harness.HostPort(sc.Port))
 					if !assert.NoError(t, err) {
 						return
 					}
+					mu.Lock()
+					all = append(all, c)
+					mu.Unlock()
 					go func() {
-						_ = c.SetWriteDeadline(time.Now().Add(10 * time.Second))
+						_ = c.SetWriteDeadline(time.Now().Add(time.Minute))
 						_, _ = c.Write(part) // a refused one is closed under it
 					}()
-					_ = c.SetReadDeadline(time.Now().Add(3 * time.Second))
-					resp, err := http.ReadResponse(bufio.NewReader(c), nil)
-					if err != nil {
-						// No answer: the body was admitted and waits for its last byte.
+					readers.Go(func() {
+						// A refusal is answered at once; an admitted body waits
+						// for its last byte (--read-timeout, a minute) until the
+						// test closes its connection.
+						_ = c.SetReadDeadline(time.Now().Add(50 * time.Second))
+						resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+						if err != nil {
+							return
+						}
+						b, _ := io.ReadAll(resp.Body)
+						_ = c.Close()
+						if assert.Equal(t, http.StatusServiceUnavailable, resp.StatusCode, "%s", b) {
+							assert.Equal(t, "application/json", resp.Header.Get("Content-Type"))
+							assert.Equal(t, "1", resp.Header.Get("Retry-After"))
+							assert.Equal(t, int64(503), gjson.GetBytes(b, "error.code").Int(), "%s", b)
+							assert.Contains(t, gjson.GetBytes(b, "error.message").String(), "--max-buffered-bytes")
+						}
 						mu.Lock()
-						open = append(open, c)
+						refused++
+						answered[c] = true
 						mu.Unlock()
-						return
-					}
-					b, _ := io.ReadAll(resp.Body)
-					_ = c.Close()
-					if assert.Equal(t, http.StatusServiceUnavailable, resp.StatusCode, "%s", b) {
-						assert.Equal(t, "application/json", resp.Header.Get("Content-Type"))
-						assert.Equal(t, "1", resp.Header.Get("Retry-After"))
-						assert.Equal(t, int64(503), gjson.GetBytes(b, "error.code").Int(), "%s", b)
-						assert.Contains(t, gjson.GetBytes(b, "error.message").String(), "--max-buffered-bytes")
-					}
-					mu.Lock()
-					refused++
-					mu.Unlock()
+					})
 				})
 			}
-			wg.Wait()
-			// The admitted bodies are read (but for their last byte) by now;
-			// the highest RSS over a moment is what they hold.
+			dials.Wait()
+			// Every body past the budget refused and answered, and the
+			// admitted ones holding the whole budget: the unanswered
+			// connections are the admitted bodies.
+			harness.Eventually(t, time.Minute, "the bodies past the budget refused and answered, the budget held", func() bool {
+				mu.Lock()
+				n := refused
+				mu.Unlock()
+				return n == conns-admit && sc.Metric(t, "pd_sidecar_buffered_bytes", nil) == budget
+			})
+			var open []net.Conn
+			mu.Lock()
+			for _, c := range all {
+				if !answered[c] {
+					open = append(open, c)
+				}
+			}
+			mu.Unlock()
+			// The highest RSS over a moment is what the admitted bodies hold.
 			peak := base
 			for range 5 {
 				peak = max(peak, rss())
@@ -112,7 +135,8 @@ func TestGuardBufferedBytesBudget(t *testing.T) {
 			for _, c := range open {
 				_ = c.Close()
 			}
-			harness.Eventually(t, 5*time.Second, "reservations given back", func() bool {
+			readers.Wait()
+			harness.Eventually(t, 30*time.Second, "reservations given back", func() bool {
 				return sc.Metric(t, "pd_sidecar_buffered_bytes", nil) == 0
 			})
 			pad := bodyLen - len(completionBody(`,"max_tokens":2,"pad":""`))

@@ -15,10 +15,10 @@ import (
 
 // TestCircuitProbeResumesSplits kills the prefiller under a stream of split
 // requests until its circuit opens, starts it again on the same port, and
-// requires a split within 1 s of its return while one request is sent about
-// every 50 ms: the sidecar's connect probe (--circuit-probe-interval, 250ms
-// by default) ends the cool-down, which is a minute here, so nothing else
-// could. Once on each serving path: requests sent whole (the lane's) and
+// requires a split well inside the cool-down (30 s of its return, the
+// cool-down being a minute) while one request is sent about every 50 ms: the
+// sidecar's connect probe (--circuit-probe-interval, 250ms by default) ends
+// the cool-down, so nothing else could. Once on each serving path: requests sent whole (the lane's) and
 // with their head in two writes (fasthttp's).
 func TestCircuitProbeResumesSplits(t *testing.T) {
 	for _, tc := range []struct {
@@ -54,7 +54,7 @@ func TestCircuitProbeResumesSplits(t *testing.T) {
 			}
 			assert.Equal(t, 2.0, metric("pd_sidecar_fallbacks_total", map[string]string{"reason": "unreachable"}), "two refused attempts opened it")
 			assert.Equal(t, 1.0, metric("pd_sidecar_prefiller_circuits_open", nil))
-			harness.Eventually(t, 3*time.Second, "the open circuit is probed, and found down", func() bool {
+			harness.Eventually(t, 30*time.Second, "the open circuit is probed, and found down", func() bool {
 				return metric("pd_sidecar_circuit_probes_total", map[string]string{"result": "down"}) >= 1
 			})
 			snap, err := status.Fetch(context.Background(), nil, sc.URL())
@@ -76,7 +76,7 @@ func TestCircuitProbeResumesSplits(t *testing.T) {
 			back := time.Now() // it answers /health again
 			var took time.Duration
 			for sent := 0; ; sent++ {
-				require.Less(t, sent, 100, "no split within %v of the prefiller's return", time.Since(back))
+				require.Less(t, time.Since(back), 30*time.Second, "no split in %d requests since the prefiller's return", sent)
 				b := send()
 				took = time.Since(back)
 				if prefill.Metric(t, "sim_remote_decode_prefills_total", nil) >= 1 {
@@ -88,8 +88,8 @@ func TestCircuitProbeResumesSplits(t *testing.T) {
 				}
 			}
 			t.Logf("first split %v after the prefiller answered /health again (%v after it was started)", took, time.Since(startedAt))
-			assert.LessOrEqual(t, took, time.Second, "splits resume within 1 s of the prefiller's return")
-			harness.Eventually(t, 3*time.Second, "the split is counted by the sidecar", func() bool {
+			assert.Less(t, took, 30*time.Second, "splits resume well inside the 1 m cool-down: the probe ended it")
+			harness.Eventually(t, 30*time.Second, "the split is counted by the sidecar", func() bool {
 				return metric("pd_sidecar_requests_total", split) > splits
 			})
 			assert.GreaterOrEqual(t, metric("pd_sidecar_circuit_probes_total", map[string]string{"result": "up"}), 1.0)

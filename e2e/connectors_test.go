@@ -121,7 +121,7 @@ func TestConnectorsSplitEveryAPI(t *testing.T) {
 			assert.Equal(t, "[DONE]", events[len(events)-1])
 			assert.Equal(t, 6.0, r.decode.Metric(t, spec.decodeProof, nil))
 			assert.Zero(t, r.scMetric(t, "pd_sidecar_fallbacks_total", nil))
-			harness.Eventually(t, 5*time.Second, "no KV left held on the prefiller", func() bool {
+			harness.Eventually(t, 30*time.Second, "no KV left held on the prefiller", func() bool {
 				return r.prefill.Metric(t, "sim_kv_blocks_held", nil) == 0
 			})
 		})
@@ -169,7 +169,7 @@ func TestConnectorsDecodeDeadIs503(t *testing.T) {
 			st, b, _ := scPost(t, dead.URL()+"/v1/completions", completionBody(`,"max_tokens":4`+spec.extra), r.header())
 			assert.Equal(t, http.StatusServiceUnavailable, st, "%s", b)
 			assert.Equal(t, int64(503), gjson.GetBytes(b, "error.code").Int(), "%s", b)
-			harness.Eventually(t, 5*time.Second, "the prefill leg was cancelled and its KV freed", func() bool {
+			harness.Eventually(t, 30*time.Second, "the prefill leg was cancelled and its KV freed", func() bool {
 				return r.prefill.Metric(t, "sim_kv_blocks_held", nil) == 0 && running(t, r.prefill) == 0
 			})
 		})
@@ -200,7 +200,7 @@ func TestConnectorsClientCancelCancelsBothLegs(t *testing.T) {
 			req.Header.Set("x-prefiller-host-port", r.prefill.HostPort())
 			_, err = http.DefaultClient.Do(req)
 			require.Error(t, err, "the client gave up")
-			harness.Eventually(t, 5*time.Second, "both legs cancelled, no KV held", func() bool {
+			harness.Eventually(t, 30*time.Second, "both legs cancelled, no KV held", func() bool {
 				return running(t, r.prefill) == 0 && running(t, r.decode) == 0 &&
 					r.prefill.Metric(t, "sim_kv_blocks_held", nil) == 0 &&
 					r.scMetric(t, "pd_sidecar_client_disconnects_total", nil) == 1
@@ -247,17 +247,17 @@ func TestConnectorSharedStorageDecodeFirstServedFromCache(t *testing.T) {
 // it abandoned.
 func TestConnectorSharedStorageDecodeFirstTimesOut(t *testing.T) {
 	r := newConnRig(t, connSpecs[2], []string{"--decode-first-byte-timeout", "300ms"})
-	setFault(t, r.decode, `{"after_head_ms":5000}`)
+	setFault(t, r.decode, `{"after_head_ms":60000}`)
 	body := completionBody(`,"max_tokens":5,"stream":true,"cache_hit_threshold":0.8`)
 	start := time.Now()
 	st, b, _ := scPost(t, r.sc.URL()+"/v1/completions", body, r.header())
 	require.Equal(t, http.StatusGatewayTimeout, st, "%s", b)
 	assert.Equal(t, int64(504), gjson.GetBytes(b, "error.code").Int(), "%s", b)
 	assert.GreaterOrEqual(t, time.Since(start), 300*time.Millisecond)
-	assert.Less(t, time.Since(start), 4*time.Second)
+	assert.Less(t, time.Since(start), 30*time.Second, "the timeout answered, not the engine (60 s)")
 	assert.Equal(t, 1.0, r.decode.Metric(t, "sim_faults_injected_total", map[string]string{"kind": "after_head"}))
 	assert.Empty(t, simRequests(t, r.prefill), "no prefill was tried")
-	harness.Eventually(t, 5*time.Second, "the engine saw it abandoned", func() bool {
+	harness.Eventually(t, 30*time.Second, "the engine saw it abandoned", func() bool {
 		return r.decode.Metric(t, "vllm:num_requests_waiting", nil) == 0
 	})
 	assert.Equal(t, 1.0, r.scMetric(t, "pd_sidecar_requests_total", map[string]string{"code": "504"}))

@@ -54,7 +54,7 @@ func TestEngineSimP2PTierOverProcesses(t *testing.T) {
 	assert.Positive(t, blocks)
 	assert.Equal(t, 1.0, decode.Metric(t, "sim_p2p_pulls_total", kind("prefill")))
 	assert.Equal(t, 1.0, prefill.Metric(t, "sim_p2p_holds_total", nil))
-	harness.Eventually(t, 5*time.Second, "the prefiller counts the blocks served and frees them", func() bool {
+	harness.Eventually(t, 30*time.Second, "the prefiller counts the blocks served and frees them", func() bool {
 		return prefill.Metric(t, "sim_p2p_blocks_served_total", kind("prefill")) == blocks && prefill.Metric(t, "sim_kv_blocks_held", nil) == 0
 	})
 
@@ -67,7 +67,7 @@ func TestEngineSimP2PTierOverProcesses(t *testing.T) {
 	pulled := fresh.Metric(t, "sim_p2p_blocks_pulled_total", kind("source"))
 	assert.Positive(t, pulled)
 	assert.Equal(t, pulled*16, ans["usage"].(map[string]any)["prompt_tokens_details"].(map[string]any)["cached_tokens"])
-	harness.Eventually(t, 5*time.Second, "the source counts the blocks served", func() bool {
+	harness.Eventually(t, 30*time.Second, "the source counts the blocks served", func() bool {
 		return decode.Metric(t, "sim_p2p_blocks_served_total", kind("source")) == pulled
 	})
 }

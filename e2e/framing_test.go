@@ -103,11 +103,11 @@ func (c *rawClient) send(parts ...string) {
 	}
 }
 
-// answer reads one answer (within 10 s): its status, head and body, and
+// answer reads one answer (within 30 s): its status, head and body, and
 // the bytes received for it.
 func (c *rawClient) answer() (*http.Response, []byte, string) {
 	c.t.Helper()
-	require.NoError(c.t, c.conn.SetReadDeadline(time.Now().Add(10*time.Second)))
+	require.NoError(c.t, c.conn.SetReadDeadline(time.Now().Add(30*time.Second)))
 	from := c.raw.Len() - c.br.Buffered()
 	resp, err := http.ReadResponse(c.br, nil)
 	require.NoError(c.t, err, "received %q", c.raw.String())
@@ -119,10 +119,10 @@ func (c *rawClient) answer() (*http.Response, []byte, string) {
 }
 
 // closed asserts that the sidecar closes the connection with nothing more
-// written (within 5 s).
+// written (within 30 s).
 func (c *rawClient) closed() {
 	c.t.Helper()
-	require.NoError(c.t, c.conn.SetReadDeadline(time.Now().Add(5*time.Second)))
+	require.NoError(c.t, c.conn.SetReadDeadline(time.Now().Add(30*time.Second)))
 	b, err := c.br.ReadByte()
 	if err == nil {
 		rest, _ := io.ReadAll(c.br)

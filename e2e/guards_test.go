@@ -89,7 +89,7 @@ func TestGuardLimits(t *testing.T) {
 		assert.Equal(t, int64(413), gjson.GetBytes(b, "error.code").Int())
 		assert.Equal(t, "RequestTooLargeError", gjson.GetBytes(b, "error.type").String())
 		assert.Equal(t, "big-body-1", h.Get("X-Request-Id"))
-		harness.Eventually(t, 5*time.Second, "the log line names the request", func() bool {
+		harness.Eventually(t, 30*time.Second, "the log line names the request", func() bool {
 			return strings.Contains(sc.Output(), `"request_id":"big-body-1","reason":"body_too_large"`)
 		})
 	})
@@ -110,7 +110,7 @@ func TestGuardLimits(t *testing.T) {
 		assert.Contains(t, gjson.GetBytes(b, "error.message").String(), "too many concurrent requests")
 		c1()
 		c2()
-		harness.Eventually(t, 5*time.Second, "slots released", func() bool {
+		harness.Eventually(t, 30*time.Second, "slots released", func() bool {
 			st, _, _ := scPost(t, sc.URL()+"/v1/completions", completionBody(`,"max_tokens":2`), nil)
 			return st == http.StatusOK
 		})
@@ -129,8 +129,11 @@ func TestGuardLimits(t *testing.T) {
 func TestGuardCircuitBreakerSkipsDeadPrefiller(t *testing.T) {
 	prefill := harness.StartEngineSim(t, "prefill", "--faults", `{"hang":true}`)
 	decode := harness.StartEngineSim(t, "decode")
-	sc := harness.StartSidecar(t, decode.Port, "--prefill-timeout", "300ms",
-		"--circuit-breaker-failures", "2", "--circuit-breaker-cooldown", "1s")
+	// Five skips of at most 1 s each fit in the 6 s cool-down, and a
+	// prefill timeout (2 s) does not fit in one.
+	const cooldown = 6 * time.Second
+	sc := harness.StartSidecar(t, decode.Port, "--prefill-timeout", "2s",
+		"--circuit-breaker-failures", "2", "--circuit-breaker-cooldown", cooldown.String())
 	body := completionBody(`,"max_tokens":4`)
 	st, local, _ := scPost(t, sc.URL()+"/v1/completions", body, nil)
 	require.Equal(t, http.StatusOK, st)
@@ -144,7 +147,7 @@ func TestGuardCircuitBreakerSkipsDeadPrefiller(t *testing.T) {
 	}
 	for range 5 {
 		var b []byte
-		within(t, 250*time.Millisecond, func() { st, b, _ = scPost(t, sc.URL()+"/v1/completions", body, hdr) })
+		within(t, time.Second, func() { st, b, _ = scPost(t, sc.URL()+"/v1/completions", body, hdr) })
 		require.Equal(t, http.StatusOK, st)
 		assert.Equal(t, textOf(local), textOf(b))
 	}
@@ -159,7 +162,7 @@ func TestGuardCircuitBreakerSkipsDeadPrefiller(t *testing.T) {
 	resp, err := http.DefaultClient.Do(req)
 	require.NoError(t, err)
 	resp.Body.Close()
-	time.Sleep(1100 * time.Millisecond)
+	time.Sleep(cooldown + 100*time.Millisecond) // the circuit opened before the skips
 	st, b, _ := scPost(t, sc.URL()+"/v1/completions", body, hdr)
 	require.Equal(t, http.StatusOK, st)
 	assert.Equal(t, textOf(local), textOf(b))

@@ -48,16 +48,16 @@ func TestClientLeftIsNeverAnswered(t *testing.T) {
 			require.NoError(t, l.leave(conn.(*net.TCPConn)))
 			n++
 			if l.name == "half-close" {
-				require.NoError(t, conn.SetReadDeadline(time.Now().Add(5*time.Second)))
+				require.NoError(t, conn.SetReadDeadline(time.Now().Add(30*time.Second)))
 				b, err := io.ReadAll(bufio.NewReader(conn))
 				require.NoError(t, err, "%s, whole: %v: the connection closes", l.name, whole)
 				assert.Empty(t, string(b), "%s, whole: %v: nothing is answered", l.name, whole)
 			}
-			harness.Eventually(t, 3*time.Second, "counted 499", func() bool {
+			harness.Eventually(t, 30*time.Second, "counted 499", func() bool {
 				return sc.Metric(t, "pd_sidecar_requests_total", map[string]string{"code": "499"}) == n &&
 					sc.Metric(t, "pd_sidecar_client_disconnects_total", map[string]string{"phase": "local"}) == n
 			})
-			harness.Eventually(t, 2*time.Second, "the engine is idle", func() bool { return running(t, decode) == 0 })
+			harness.Eventually(t, 30*time.Second, "the engine is idle", func() bool { return running(t, decode) == 0 })
 			assert.Zero(t, sc.Metric(t, "pd_sidecar_requests_total", map[string]string{"code": "200"}), "%s, whole: %v", l.name, whole)
 		}
 	}

@@ -201,14 +201,14 @@ func TestHostilePrefillerReleaseLeg(t *testing.T) {
 			body := chatBody(`,"max_tokens":6,"stream":true`)
 			conn := postRaw(t, sc.Port, "/v1/chat/completions", body, map[string]string{"x-prefiller-host-port": harness.HostPort(h.port())}, true)
 			sent := time.Now()
-			harness.Eventually(t, 3*time.Second, "the prefill answered and the decode engine got a leg", func() bool {
+			harness.Eventually(t, 30*time.Second, "the prefill answered and the decode engine got a leg", func() bool {
 				return h.reqs.Load() == 1 && len(simRequests(t, decode)) == 1
 			})
 			require.NoError(t, conn.SetReadDeadline(sent.Add(300*time.Millisecond)))
 			_, err := conn.Read(make([]byte, 1))
 			require.ErrorIs(t, err, os.ErrDeadlineExceeded, "the client got nothing before it left")
 			require.NoError(t, conn.Close())
-			harness.Eventually(t, 3*time.Second, "the request ended", func() bool {
+			harness.Eventually(t, 30*time.Second, "the request ended", func() bool {
 				return sc.Metric(t, "pd_sidecar_requests_total", map[string]string{"code": "499"}) == 1
 			})
 			time.Sleep(300 * time.Millisecond) // a release leg is sent at once

@@ -53,7 +53,7 @@ func exchangeBytes(t *testing.T, port int, path, body string, headers map[string
 	require.NoError(t, err)
 	defer conn.Close()
 	writeRequest(t, conn, path, body, headers, true)
-	require.NoError(t, conn.SetReadDeadline(time.Now().Add(5*time.Second)))
+	require.NoError(t, conn.SetReadDeadline(time.Now().Add(30*time.Second)))
 	var raw bytes.Buffer
 	resp, err := http.ReadResponse(bufio.NewReader(io.TeeReader(conn, &raw)), &http.Request{Method: http.MethodPost})
 	require.NoError(t, err, "a well-framed answer: %q", raw.String())

@@ -464,8 +464,8 @@ func TestHostileStreamClientLeaves(t *testing.T) {
 			gone := time.Now()
 			select {
 			case <-a.closed:
-			case <-time.After(10 * time.Second):
-				t.Fatalf("the engine's connection still open 10 s after the client left (%d KiB written)", a.written.Load()>>10)
+			case <-time.After(30 * time.Second): // the bound is 40 s of pacing away
+				t.Fatalf("the engine's connection still open 30 s after the client left (%d KiB written)", a.written.Load()>>10)
 			}
 			t.Logf("the engine's connection closed %v after the client left, %d KiB written",
 				time.Since(gone).Round(time.Millisecond), a.written.Load()>>10)

@@ -33,6 +33,9 @@ type hostileUpstream struct {
 	ln    net.Listener
 	conns atomic.Int64 // connections accepted
 	reqs  atomic.Int64 // requests read
+	// lateDue counts bad answers followed by a late one, lateDone the late
+	// answers written (or found impossible to write).
+	lateDue, lateDone atomic.Int64
 
 	mu     sync.Mutex
 	script hostileScript
@@ -85,6 +88,16 @@ func startHostile(t *testing.T, s hostileScript) *hostileUpstream {
 
 func (h *hostileUpstream) port() int { return h.ln.Addr().(*net.TCPAddr).Port }
 
+// waitLate waits until every late answer due so far has been written on
+// its connection (or the connection was gone): the next request then meets
+// it, wherever the sidecar left that connection.
+func (h *hostileUpstream) waitLate(t *testing.T) {
+	t.Helper()
+	harness.Eventually(t, 30*time.Second, "the late answers written", func() bool {
+		return h.lateDone.Load() >= h.lateDue.Load()
+	})
+}
+
 func (h *hostileUpstream) serve(c net.Conn) {
 	defer c.Close()
 	br := bufio.NewReader(c)
@@ -104,16 +117,25 @@ func (h *hostileUpstream) serve(c net.Conn) {
 			}
 			continue
 		}
+		late := s.late != "" && !s.hang
+		if late {
+			h.lateDue.Add(1)
+		}
 		if _, err := io.WriteString(c, s.bad); err != nil {
+			if late {
+				h.lateDone.Add(1)
+			}
 			return
 		}
 		if s.hang {
 			_, _ = io.Copy(io.Discard, c) // until the sidecar closes it
 			return
 		}
-		if s.late != "" {
-			time.Sleep(100 * time.Millisecond)
-			if _, err := io.WriteString(c, s.late); err != nil {
+		if late {
+			time.Sleep(100 * time.Millisecond) // while no request is outstanding
+			_, err := io.WriteString(c, s.late)
+			h.lateDone.Add(1)
+			if err != nil {
 				return
 			}
 		}
@@ -173,11 +195,11 @@ var hostileFlags = []string{"--prefill-timeout", "1s", "--prefill-max-retries", 
 
 // exchangeOn sends a request on conn (whole in one write: the lane's; or
 // its head in two writes: fasthttp's) and reads its answer whole,
-// requiring it well-framed within 5 s.
+// requiring it well-framed within 30 s.
 func exchangeOn(t *testing.T, conn net.Conn, br *bufio.Reader, path, body string, headers map[string]string, whole bool) (*http.Response, []byte) {
 	t.Helper()
 	writeRequest(t, conn, path, body, headers, whole)
-	require.NoError(t, conn.SetReadDeadline(time.Now().Add(5*time.Second)))
+	require.NoError(t, conn.SetReadDeadline(time.Now().Add(30*time.Second)))
 	resp, err := http.ReadResponse(br, &http.Request{Method: http.MethodPost})
 	require.NoError(t, err, "a well-framed answer in time")
 	b, err := io.ReadAll(resp.Body)
@@ -234,7 +256,7 @@ func TestHostilePrefiller(t *testing.T) {
 					assert.NotEmpty(t, textOf(b), "a local answer (whole: %v): %s", whole, b)
 					assert.NotContains(t, string(b), "forged")
 					if tc.script.late != "" {
-						time.Sleep(200 * time.Millisecond) // the late answer came
+						h.waitLate(t) // the late answer came
 					}
 				}
 				nothingMore(t, conn, br)
@@ -257,7 +279,7 @@ func TestHostilePrefiller(t *testing.T) {
 			conn, err := net.Dial("tcp", harness.HostPort(sc.Port))
 			require.NoError(t, err)
 			br := bufio.NewReader(conn)
-			within(t, 3*time.Second, func() {
+			within(t, 20*time.Second, func() { // the 1 s timeouts bound it; the upstream never ends
 				resp, b := exchangeOn(t, conn, br, "/v1/completions", body, hdr, whole)
 				require.Equal(t, http.StatusOK, resp.StatusCode, "%s", b)
 			})
@@ -295,7 +317,7 @@ func TestHostileEngine(t *testing.T) {
 					assert.Empty(t, b)
 				}
 				if s.late != "" {
-					time.Sleep(200 * time.Millisecond) // the late answer came
+					h.waitLate(t) // the late answer came
 				}
 				resp, b = exchangeOn(t, conn, br, "/v1/completions", body, nil, whole)
 				require.Equal(t, http.StatusOK, resp.StatusCode, "the next request (whole: %v): %s", whole, b)
@@ -316,7 +338,7 @@ func TestHostileEngine(t *testing.T) {
 			conn, err := net.Dial("tcp", harness.HostPort(sc.Port))
 			require.NoError(t, err)
 			br := bufio.NewReader(conn)
-			within(t, 3*time.Second, func() {
+			within(t, 20*time.Second, func() { // the 1 s timeouts bound it; the upstream never ends
 				resp, b := exchangeOn(t, conn, br, "/v1/chat/completions", stream, nil, whole)
 				require.Equal(t, http.StatusGatewayTimeout, resp.StatusCode, "%s", b)
 				assert.Equal(t, int64(504), gjson.GetBytes(b, "error.code").Int(), "a JSON error: %s", b)
@@ -385,7 +407,7 @@ func TestLaneSplitMalformedAnswersAsTheServer(t *testing.T) {
 					}
 					sc := harness.StartSidecar(t, decode.Port, flags...)
 					o := sendRaw(t, sc.Port, path, body, map[string]string{"x-prefiller-host-port": harness.HostPort(h.port())}, whole, 0)
-					harness.Eventually(t, 3*time.Second, "the request ended", func() bool {
+					harness.Eventually(t, 30*time.Second, "the request ended", func() bool {
 						return sc.Metric(t, "pd_sidecar_inflight_requests", nil) == 0
 					})
 					want := 0.0

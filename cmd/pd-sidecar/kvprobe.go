@@ -36,6 +36,8 @@ func runKVProbe(args []string, stdout, stderr io.Writer) int {
 	timeout := fs.Duration("timeout", 30*time.Second, "bound on each measurement")
 	asJSON := fs.Bool("json", false, "print the report as JSON")
 	sameBuffer := fs.Bool("same-buffer", false, "read every block of a bandwidth figure into one buffer, as ucx_perftest does (cache-resident at small blocks), instead of into distinct memory as a pull does")
+	readFor := fs.Duration("read-for", 0, "repeat each block size's bandwidth read of --size until at least this long has passed (0: read it once)")
+	progress := fs.Bool("progress", false, "print a line to stderr as each bandwidth read starts")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, pflag.ErrHelp) {
 			fmt.Fprintf(stdout, "Usage: pd-sidecar kv-probe --peer HOST:PORT [flags]\n%s", fs.FlagUsages())
@@ -60,6 +62,8 @@ func runKVProbe(args []string, stdout, stderr io.Writer) int {
 		err = errors.New("--peer is required")
 	case *count <= 0:
 		err = errors.New("--count must be positive")
+	case *readFor < 0:
+		err = errors.New("--read-for must not be negative")
 	}
 	if err != nil {
 		fmt.Fprintf(stderr, "pd-sidecar kv-probe: %v\n", err)
@@ -70,7 +74,11 @@ func runKVProbe(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "pd-sidecar kv-probe: %v\n", err)
 		return exitUsage
 	}
-	rep, err := kvProbe(context.Background(), tr, *peer, blocks, total, *count, *timeout, *sameBuffer)
+	opt := probeOptions{timeout: *timeout, sameBuffer: *sameBuffer, readFor: *readFor}
+	if *progress {
+		opt.progress = stderr
+	}
+	rep, err := kvProbe(context.Background(), tr, *peer, blocks, total, *count, opt)
 	if err != nil {
 		fmt.Fprintf(stderr, "pd-sidecar kv-probe: %v\n", err)
 		return exitFailed
@@ -128,9 +136,24 @@ type ucxMemoryProber interface {
 	ProbeUCXMemory(ctx context.Context, dst [][]byte) error
 }
 
+// probeOptions are kv-probe's settings beside what it measures.
+type probeOptions struct {
+	// timeout bounds each measurement.
+	timeout time.Duration
+	// sameBuffer reads every block of a bandwidth figure into one buffer.
+	sameBuffer bool
+	// readFor repeats each bandwidth read until at least this long has
+	// passed (0: one read).
+	readFor time.Duration
+	// progress, when set, gets a line as each bandwidth read starts.
+	progress io.Writer
+}
+
 // kvProbe measures every block size: count one-block reads (after one to
-// warm up) and one read of total bytes in blocks of that size.
-func kvProbe(ctx context.Context, tr kvtransfer.Transport, peer string, blocks []int, total, count int, timeout time.Duration, sameBuffer bool) (probeReport, error) {
+// warm up) and one read of total bytes in blocks of that size (repeated
+// until opt.readFor has passed).
+func kvProbe(ctx context.Context, tr kvtransfer.Transport, peer string, blocks []int, total, count int, opt probeOptions) (probeReport, error) {
+	timeout, sameBuffer := opt.timeout, opt.sameBuffer
 	rep := probeReport{Peer: peer, Transport: tr.Name(), SameBuffer: sameBuffer}
 	p, err := kvtransfer.NewPuller(tr, kvtransfer.PullerConfig{Deadline: timeout})
 	if err != nil {
@@ -192,10 +215,17 @@ func kvProbe(ctx context.Context, tr kvtransfer.Transport, peer string, blocks [
 				dst[i] = buf[:bs]
 			}
 		}
-		if r.Took, err = p.Probe(ctx, peer, dst); err != nil {
-			return rep, fmt.Errorf("%d-byte blocks: %w", bs, err)
+		for pass := 1; pass == 1 || r.Took < opt.readFor; pass++ {
+			if opt.progress != nil {
+				fmt.Fprintf(opt.progress, "kv-probe: bandwidth read %d of %s blocks started (pass %d)\n", n*bs, bytesize.Format(bs), pass)
+			}
+			took, err := p.Probe(ctx, peer, dst)
+			if err != nil {
+				return rep, fmt.Errorf("%d-byte blocks: %w", bs, err)
+			}
+			r.Took += took
+			r.Bytes += n * bs
 		}
-		r.Bytes = n * bs
 		r.GBps = float64(r.Bytes) / r.Took.Seconds() / 1e9
 		if ump != nil {
 			pctx, cancel := context.WithTimeout(ctx, timeout)
@@ -205,7 +235,7 @@ func kvProbe(ctx context.Context, tr kvtransfer.Transport, peer string, blocks [
 			if err != nil {
 				return rep, fmt.Errorf("%d-byte blocks from UCX-allocated memory: %w", bs, err)
 			}
-			r.UCXMemoryGBps = float64(r.Bytes) / time.Since(start).Seconds() / 1e9
+			r.UCXMemoryGBps = float64(n*bs) / time.Since(start).Seconds() / 1e9
 		}
 		rep.Blocks = append(rep.Blocks, r)
 	}

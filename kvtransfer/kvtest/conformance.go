@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -31,6 +32,8 @@ type Env struct {
 	mu       sync.Mutex
 	released map[string]string
 	next     int
+	opened   chan struct{}
+	openOnce sync.Once
 }
 
 // Options tune an Env.
@@ -44,6 +47,10 @@ type Options struct {
 	Bandwidth float64
 	// Puller configures the puller.
 	Puller kvtransfer.PullerConfig
+	// WatchOpen lets afterOpen see the puller's first granted Open (its
+	// connections then hide the transport's optional abilities, e.g.
+	// kvtransfer.Prober).
+	WatchOpen bool
 }
 
 // NewEnv starts an agent with a random-filled region on tr and a puller.
@@ -55,7 +62,12 @@ func NewEnv(t testing.TB, tr kvtransfer.Transport, o Options) *Env {
 	if o.NumBlocks == 0 {
 		o.NumBlocks = 64
 	}
-	e := &Env{released: map[string]string{}}
+	if o.Puller.ReleaseTimeout == 0 {
+		// A failed pull's release has all the time a loaded machine needs
+		// (the cases wait for it, up to AssertReleased's bound).
+		o.Puller.ReleaseTimeout = 30 * time.Second
+	}
+	e := &Env{released: map[string]string{}, opened: make(chan struct{})}
 	e.Agent = kvtransfer.NewAgent(kvtransfer.AgentConfig{
 		EngineID: "engine-a", Lease: o.Lease, Bandwidth: o.Bandwidth,
 		OnRelease: func(h kvtransfer.HoldInfo, reason string) {
@@ -77,12 +89,59 @@ func NewEnv(t testing.TB, tr kvtransfer.Transport, o Options) *Env {
 	e.Listener, err = tr.Listen(ctx, o.Addr, e.Agent)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = e.Listener.Close() })
-	e.Puller, err = kvtransfer.NewPuller(tr, o.Puller)
+	ptr := tr
+	if o.WatchOpen {
+		ptr = openWatcher{Transport: tr, e: e}
+	}
+	e.Puller, err = kvtransfer.NewPuller(ptr, o.Puller)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = e.Puller.Close() })
 	e.Local, err = kvtransfer.NewMemRegion("local", o.NumBlocks, o.BlockBytes)
 	require.NoError(t, err)
 	return e
+}
+
+// openWatcher is a transport whose connections tell e of a granted Open.
+type openWatcher struct {
+	kvtransfer.Transport
+	e *Env
+}
+
+func (w openWatcher) Dial(ctx context.Context, addr string) (kvtransfer.Conn, error) {
+	c, err := w.Transport.Dial(ctx, addr)
+	if err != nil {
+		return nil, err
+	}
+	return openWatcherConn{Conn: c, e: w.e}, nil
+}
+
+type openWatcherConn struct {
+	kvtransfer.Conn
+	e *Env
+}
+
+func (c openWatcherConn) Open(ctx context.Context, req kvtransfer.OpenRequest) (kvtransfer.Grant, error) {
+	g, err := c.Conn.Open(ctx, req)
+	if err == nil {
+		c.e.openOnce.Do(func() { close(c.e.opened) })
+	}
+	return g, err
+}
+
+// afterOpen runs f, in its own goroutine, once the agent has granted the
+// puller's first Open (the pull's reads start next; only with
+// Options.WatchOpen); the returned func reports whether f has been called.
+func (e *Env) afterOpen(f func()) (called func() bool) {
+	var started atomic.Bool
+	go func() {
+		select {
+		case <-e.opened:
+			started.Store(true)
+			f()
+		case <-time.After(time.Minute):
+		}
+	}()
+	return started.Load
 }
 
 // Hold holds the given remote blocks (with correct checksums unless
@@ -131,7 +190,7 @@ func (e *Env) Released(id string) string {
 func (e *Env) AssertReleased(t testing.TB, id, reason string) {
 	t.Helper()
 	require.Eventually(t, func() bool { return e.Released(id) != "" && e.Agent.HeldBlocks() == 0 },
-		5*time.Second, 5*time.Millisecond, "hold %s never released", id)
+		30*time.Second, 5*time.Millisecond, "hold %s never released", id)
 	assert.Equal(t, reason, e.Released(id))
 }
 
@@ -141,7 +200,7 @@ func (e *Env) AssertReleased(t testing.TB, id, reason string) {
 func (e *Env) AssertAllReleased(t testing.TB) {
 	t.Helper()
 	require.Eventually(t, func() bool { return e.Agent.HeldBlocks() == 0 },
-		5*time.Second, 5*time.Millisecond, "the agent still holds %d blocks", e.Agent.HeldBlocks())
+		30*time.Second, 5*time.Millisecond, "the agent still holds %d blocks", e.Agent.HeldBlocks())
 }
 
 // AssertSame checks dst holds exactly the source blocks.
@@ -242,23 +301,38 @@ func RunConformance(t *testing.T, addr string, newTransport func(t testing.TB) k
 			_, err := e.Puller.Pull(context.Background(), src, e.Dst(t, 0, 2))
 			require.ErrorIs(t, err, kvtransfer.ErrKVSourceGone)
 		}},
-		{name: "agent gone mid-pull", opts: Options{Bandwidth: 256 << 10}, run: func(t *testing.T, e *Env) {
-			src := e.Hold(t, ids(0, 32), false) // 128 KiB at 256 KiB/s: 0.5 s
-			time.AfterFunc(100*time.Millisecond, func() { _ = e.Listener.Close() })
+		// The agent's pacing holds for each of the pull's 4 streams: 32 KiB
+		// each at 8 KiB/s reads for 4 s at least, which the close (once the
+		// agent has granted the pull) lands inside on any machine.
+		{name: "agent gone mid-pull", opts: Options{Bandwidth: 8 << 10, WatchOpen: true}, run: func(t *testing.T, e *Env) {
+			src := e.Hold(t, ids(0, 32), false)
+			closed := e.afterOpen(func() { _ = e.Listener.Close() })
 			_, err := e.Puller.Pull(context.Background(), src, e.Dst(t, 0, 32))
+			require.True(t, closed(), "the pull ended (%v) before the agent was closed mid-pull", err)
 			require.ErrorIs(t, err, kvtransfer.ErrKVSourceGone)
 		}},
-		{name: "deadline fails the pull and releases the hold", opts: Options{Bandwidth: 128 << 10, Puller: kvtransfer.PullerConfig{Deadline: 100 * time.Millisecond}}, run: func(t *testing.T, e *Env) {
+		// 32 KiB a stream at 32 KiB/s: 1 s at least, ten times the deadline.
+		// The connection is made first: a deadline that passes while the
+		// pull dials (a slow machine's first UCX dial) leaves the puller no
+		// connection to release the hold over.
+		{name: "deadline fails the pull and releases the hold", opts: Options{Bandwidth: 32 << 10, Puller: kvtransfer.PullerConfig{Deadline: 100 * time.Millisecond}}, run: func(t *testing.T, e *Env) {
 			src := e.Hold(t, ids(0, 32), false)
-			_, err := e.Puller.Pull(context.Background(), src, e.Dst(t, 0, 32))
+			_, err := e.Puller.Conn(context.Background(), e.Listener.Addr())
+			require.NoError(t, err)
+			_, err = e.Puller.Pull(context.Background(), src, e.Dst(t, 0, 32))
 			require.ErrorIs(t, err, kvtransfer.ErrKVDeadline)
 			e.AssertReleased(t, src.RequestID, kvtransfer.ReasonReleased)
 		}},
-		{name: "cancel aborts the pull and releases the hold", opts: Options{Bandwidth: 128 << 10}, run: func(t *testing.T, e *Env) {
+		// The cancel comes once the agent has granted the pull (so the
+		// puller has a hold to release), inside reads of 4 s at least (32
+		// KiB a stream at 8 KiB/s).
+		{name: "cancel aborts the pull and releases the hold", opts: Options{Bandwidth: 8 << 10, WatchOpen: true}, run: func(t *testing.T, e *Env) {
 			src := e.Hold(t, ids(0, 32), false)
-			ctx, cancel := context.WithTimeout(context.Background(), 80*time.Millisecond)
+			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
+			cancelled := e.afterOpen(cancel)
 			_, err := e.Puller.Pull(ctx, src, e.Dst(t, 0, 32))
+			require.True(t, cancelled(), "the pull ended (%v) before it was cancelled mid-pull", err)
 			require.ErrorIs(t, err, kvtransfer.ErrKVAborted)
 			e.AssertReleased(t, src.RequestID, kvtransfer.ReasonReleased)
 		}},
