@@ -78,15 +78,29 @@ func Binary(t testing.TB, name string) string {
 	return out
 }
 
-// handedOut remembers every port FreePort returned in this test process, so
-// two callers never get the same one while neither has bound it yet.
+// handedOut remembers the ports FreePort and FreePorts returned to tests
+// that are still running, so two callers never get the same one while
+// neither has bound it yet. A port is forgotten when its test ends (its
+// processes are stopped by then: their cleanups run first), so a long run
+// (-count=3 of the whole e2e package) never exhausts the ephemeral range.
 var (
 	portMu    sync.Mutex
 	handedOut = map[int]bool{}
 )
 
+// forgetPorts lets ports first..first+n-1 be handed out again once t ends.
+func forgetPorts(t testing.TB, first, n int) {
+	t.Cleanup(func() {
+		portMu.Lock()
+		defer portMu.Unlock()
+		for p := first; p < first+n; p++ {
+			delete(handedOut, p)
+		}
+	})
+}
+
 // FreePort returns a TCP port on 127.0.0.1 that was free a moment ago and
-// that no earlier call returned.
+// that no call of a test still running returned.
 func FreePort(t testing.TB) int {
 	t.Helper()
 	portMu.Lock()
@@ -100,6 +114,7 @@ func FreePort(t testing.TB) int {
 		l.Close()
 		if !handedOut[port] {
 			handedOut[port] = true
+			forgetPorts(t, port, 1)
 			return port
 		}
 	}

@@ -53,6 +53,7 @@ func FreePorts(t testing.TB, n int) int {
 	for try := 0; try < 200; try++ {
 		base := 20000 + rand.IntN(12000-n)
 		if reserveRun(base, n) {
+			forgetPorts(t, base, n)
 			return base
 		}
 	}
@@ -61,7 +62,7 @@ func FreePorts(t testing.TB, n int) int {
 }
 
 // reserveRun marks ports first..first+n-1 as handed out if each is free now
-// and was not handed out before.
+// and no test still running was handed it.
 func reserveRun(first, n int) bool {
 	portMu.Lock()
 	defer portMu.Unlock()
