@@ -24,7 +24,7 @@ test: lint deploy-check test-ucx fuzz-short
 ## core, as `stress-ng --cpu $$(nproc)`) compete for every core, then once with
 ## GOMAXPROCS=$(STRESS_GOMAXPROCS) and no hog. With libucx-dev, -tags ucx adds the ucx transport's
 ## tests. STRESS_FLAGS adds go test flags (e.g. -race; -run 'TestLane'). Not part of make test:
-## about 25 minutes on 2 cores.
+## about 20 minutes on 2 cores (the loaded pass about 15).
 STRESS_HOGS       ?= $(shell nproc 2>/dev/null || echo 2)
 STRESS_COUNT      ?= 3
 STRESS_GOMAXPROCS ?= 16
