@@ -142,13 +142,23 @@ func answerHeadErr(err error) error {
 	switch {
 	case errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, fasthttp.ErrTimeout) ||
 		errors.As(err, &ne) || isReset(err):
-		return err
+		// The failure stays matchable (errors.Is/As), but fasthttp's
+		// message quotes what the head had so far: said in fixed words.
+		return &headReadError{err: err}
 	case errors.As(err, &small):
 		return badAnswer("answer head longer than the read buffer", err)
 	}
 	// fasthttp's message quotes the head: never said.
 	return badAnswer("malformed answer head", err)
 }
+
+// headReadError is a connection's failure while an answer's head was
+// read: its cause kept for errors.Is/As, its message in fixed words
+// (reasonOf), never the bytes the head had so far.
+type headReadError struct{ err error }
+
+func (e *headReadError) Error() string { return "reading the answer head: " + reasonOf(e.err) }
+func (e *headReadError) Unwrap() error { return e.err }
 
 // readAnswerBody reads resp's body whole from br, decoded as the lane and
 // a Leg decode it (httpbody), and refuses it past maxBody bytes before
