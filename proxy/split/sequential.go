@@ -1,0 +1,344 @@
+package split
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/pd-sidecar/pd-sidecar/connectors"
+)
+
+// Errors a split makes of its own decisions.
+var (
+	// ErrPrefillTimeout: the prefill leg did not answer within
+	// --prefill-timeout (all attempts included).
+	ErrPrefillTimeout = errors.New("prefill timed out")
+	// ErrTPMismatch: the prefiller's tp_size exceeds --decode-tp-size.
+	ErrTPMismatch = errors.New("prefill tp_size larger than decode tp size")
+	// ErrHedgeLost is the cause a hedge's losing leg is abandoned with.
+	ErrHedgeLost = errors.New("hedge lost: the other leg was ready first")
+)
+
+// ReasonSlowPrefill: the prefill had not answered by the hedge point and
+// the local prefill raced against it was ready first.
+const ReasonSlowPrefill = "slow_prefill"
+
+// Verdict is what a failure means to a split, as the proxy's one
+// classifier of errors says.
+type Verdict struct {
+	// Reason is the fallback reason: the failure is one a local prefill
+	// may serve ("" none).
+	Reason string
+	// Retry marks a prefill failure worth another attempt.
+	Retry bool
+	// Rejected marks the prefiller's rejection of the request itself (a
+	// 4xx), whose answer goes back to the client as it is.
+	Rejected bool
+}
+
+// Config is what a sequential split's decisions depend on.
+type Config struct {
+	// PrefillTimeout bounds the prefill, its retries included (> 0).
+	PrefillTimeout time.Duration
+	// MaxRetries is how many times a retryable prefill failure is tried
+	// again (--prefill-max-retries).
+	MaxRetries int
+	// RetryBackoff is the pause before each retry.
+	RetryBackoff time.Duration
+	// Fallback lets a failure with a fallback reason degrade to a local
+	// prefill (--prefill-fallback); otherwise it is answered.
+	Fallback bool
+	// DecodeTPSize, when > 0, refuses a handoff of a larger tp_size.
+	DecodeTPSize int
+	// Judge classifies a failure (required).
+	Judge func(error) Verdict
+	// Now is the clock (nil: time.Now).
+	Now func() time.Time
+}
+
+// Start is what a sequential split begins with.
+type Start struct {
+	// Circuit is non-nil when the prefiller's circuit breaker refused the
+	// prefill (its reason to fall back); nil when it allowed it, and the
+	// split then reports the outcome (BreakerDone).
+	Circuit error
+	// HedgeAfter is the hedge point (0: no hedge).
+	HedgeAfter time.Duration
+	// TakeHedge spends one hedge from the budget at the hedge point,
+	// reporting false when there is none left (nil: never).
+	TakeHedge func() bool
+}
+
+// The stages of a sequential split.
+type stage uint8
+
+const (
+	stageIdle       stage = iota
+	stagePrefill          // an attempt in flight
+	stageBackoff          // between attempts
+	stageAwaitHedge       // the prefill failed; the hedge running is its fallback
+	stageDecode           // the decode leg carries the KV
+	stageLocal            // a local leg answers: a fallback or the hedge
+	stageDone             // answered, or failed
+)
+
+// Sequential is one request's prefill → decode split: the prefill leg with
+// its retries, backoff and timeout, the hedge raced against it, the
+// circuit breaker's verdict, the TP guard, the answer from a prefill that
+// ended generation, the decode leg, and what each failure degrades to.
+type Sequential struct {
+	cfg Config
+	st  stage
+
+	attempts  int   // failed attempts so far
+	last      error // the last failed attempt's error
+	armed     [TimerHedge + 1]bool
+	began     time.Time // the prefill's start
+	hedgeAt   time.Time // the hedge's start (zero: none ran)
+	hedging   bool      // a hedge's local leg runs
+	takeHedge func() bool
+}
+
+// NewSequential returns an idle split.
+func NewSequential(cfg Config) *Sequential {
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	return &Sequential{cfg: cfg}
+}
+
+// Done reports whether the split has handed the request its answer (or
+// failure) and takes no more events that change it.
+func (s *Sequential) Done() bool { return s.st == stageDone }
+
+// Start begins the split.
+func (s *Sequential) Start(in Start) []Action {
+	if s.st != stageIdle {
+		return nil
+	}
+	if in.Circuit != nil {
+		return s.fallback(nil, in.Circuit)
+	}
+	s.st = stagePrefill
+	s.began = s.cfg.Now()
+	s.takeHedge = in.TakeHedge
+	acts := []Action{{Op: PrefillBegan}, s.arm(TimerPrefill, s.cfg.PrefillTimeout), {Op: SendPrefill}}
+	if in.HedgeAfter > 0 && in.TakeHedge != nil {
+		acts = append(acts, s.arm(TimerHedge, in.HedgeAfter))
+	}
+	return acts
+}
+
+// On takes one event and returns what to do about it.
+func (s *Sequential) On(ev Event) []Action {
+	switch ev.Kind {
+	case PrefillAnswered:
+		if s.st == stagePrefill {
+			return s.answered(ev.Handoff)
+		}
+	case PrefillFailed:
+		if s.st == stagePrefill {
+			return s.attemptFailed(ev.Err)
+		}
+	case TimerFired:
+		if int(ev.Timer) < len(s.armed) && s.armed[ev.Timer] {
+			s.armed[ev.Timer] = false
+			return s.fired(ev.Timer)
+		}
+	case HedgeReady:
+		if s.hedging {
+			return s.hedgeReady()
+		}
+	case HedgeFailed:
+		if s.hedging {
+			return s.hedgeFailed(ev.Err)
+		}
+	case LegFailed:
+		return s.legFailed(ev.Err, ev.Recoverable)
+	case ClientGone:
+		return s.clientGone(ev.Err)
+	}
+	return nil
+}
+
+func (s *Sequential) arm(t Timer, d time.Duration) Action {
+	s.armed[t] = true
+	return Action{Op: Arm, Timer: t, After: d}
+}
+
+// disarm disarms t if it is armed.
+func (s *Sequential) disarm(acts []Action, t Timer) []Action {
+	if !s.armed[t] {
+		return acts
+	}
+	s.armed[t] = false
+	return append(acts, Action{Op: Disarm, Timer: t})
+}
+
+// fired handles a timer that fired while armed.
+func (s *Sequential) fired(t Timer) []Action {
+	switch t {
+	case TimerBackoff:
+		if s.st == stageBackoff {
+			s.st = stagePrefill
+			return []Action{{Op: SendPrefill, Attempt: s.attempts}}
+		}
+	case TimerPrefill:
+		if s.st == stagePrefill || s.st == stageBackoff {
+			err := fmt.Errorf("%w after %v", ErrPrefillTimeout, s.cfg.PrefillTimeout)
+			if s.last != nil {
+				err = fmt.Errorf("%w (after %w)", err, s.last)
+			}
+			acts := []Action{{Op: CancelPrefill, Err: err}}
+			return append(acts, s.prefillOver(err)...)
+		}
+	case TimerHedge:
+		if (s.st == stagePrefill || s.st == stageBackoff) && !s.hedging && s.takeHedge() {
+			s.hedging, s.hedgeAt = true, s.cfg.Now()
+			return []Action{{Op: SendHedge}}
+		}
+	}
+	return nil
+}
+
+// attemptFailed handles a failed prefill attempt: tried again after the
+// backoff while retries and the timeout allow, else the prefill's end.
+func (s *Sequential) attemptFailed(err error) []Action {
+	if s.cfg.Judge(err).Retry && s.attempts < s.cfg.MaxRetries {
+		s.attempts++
+		s.last = err
+		s.st = stageBackoff
+		return []Action{{Op: Retrying, Err: err, Attempt: s.attempts}, s.arm(TimerBackoff, s.cfg.RetryBackoff)}
+	}
+	return s.prefillOver(err)
+}
+
+// endPrefill closes the prefill's bookkeeping, once.
+func (s *Sequential) endPrefill(err error) []Action {
+	acts := s.disarm(nil, TimerPrefill)
+	acts = s.disarm(acts, TimerBackoff)
+	acts = s.disarm(acts, TimerHedge)
+	return append(acts, Action{Op: PrefillEnded, Err: err}, Action{Op: BreakerDone, Err: err})
+}
+
+// prefillOver ends a prefill that failed with err for good.
+func (s *Sequential) prefillOver(err error) []Action {
+	acts := s.endPrefill(err)
+	v := s.cfg.Judge(err)
+	if s.hedging {
+		if !v.Rejected && s.degrades(v) {
+			// The local leg already running is the fallback.
+			s.st = stageAwaitHedge
+			return append(acts, Action{Op: Degraded, Reason: v.Reason, Err: err})
+		}
+		acts = s.dropHedge(acts)
+	}
+	if v.Rejected {
+		s.st = stageDone
+		return append(acts, Action{Op: PassOn, Err: err})
+	}
+	return append(acts, s.fallback(nil, err)...)
+}
+
+// answered takes the prefill's handoff.
+func (s *Sequential) answered(h connectors.Handoff) []Action {
+	acts := s.endPrefill(nil)
+	if s.hedging {
+		acts = s.dropHedge(acts)
+		acts = append(acts, Action{Op: HedgeWon, Winner: WinnerRemote, After: s.cfg.Now().Sub(s.hedgeAt)})
+	}
+	switch {
+	case h.Done:
+		s.st = stageDecode // the answer from the prefill may fail: recoverable
+		return append(acts, Action{Op: AnswerPrefill, Handoff: h})
+	case s.cfg.DecodeTPSize > 0 && h.TPSize > s.cfg.DecodeTPSize:
+		err := fmt.Errorf("%w: prefill tp_size %d > %d", ErrTPMismatch, h.TPSize, s.cfg.DecodeTPSize)
+		return s.fallback(acts, err)
+	}
+	s.st = stageDecode
+	return append(acts, Action{Op: SendDecode, Handoff: h})
+}
+
+// degrades reports whether a failure of verdict v falls back to a local
+// prefill.
+func (s *Sequential) degrades(v Verdict) bool { return v.Reason != "" && s.cfg.Fallback }
+
+// fallback degrades the request to a local prefill for cause, or answers
+// cause when it is no reason to.
+func (s *Sequential) fallback(acts []Action, cause error) []Action {
+	v := s.cfg.Judge(cause)
+	if !s.degrades(v) {
+		s.st = stageDone
+		return append(acts, Action{Op: Fail, Err: cause})
+	}
+	s.st = stageLocal
+	return append(acts, Action{Op: Degraded, Reason: v.Reason, Err: cause}, Action{Op: SendLocal})
+}
+
+// dropHedge abandons the hedge's local leg.
+func (s *Sequential) dropHedge(acts []Action) []Action {
+	s.hedging = false
+	return append(acts, Action{Op: DropHedge})
+}
+
+// hedgeReady makes the hedge's local leg the answer: the prefill, still
+// running, is abandoned; or it had failed and the hedge is its fallback.
+func (s *Sequential) hedgeReady() []Action {
+	s.hedging = false
+	var acts []Action
+	if s.st == stagePrefill || s.st == stageBackoff {
+		acts = append(acts, Action{Op: CancelPrefill, Err: ErrHedgeLost})
+		acts = append(acts, s.endPrefill(ErrHedgeLost)...)
+		acts = append(acts, Action{Op: Degraded, Reason: ReasonSlowPrefill, Err: ErrHedgeLost})
+	}
+	s.st = stageLocal
+	return append(acts, Action{Op: HedgeWon, Winner: WinnerLocal, After: s.cfg.Now().Sub(s.began)}, Action{Op: RelayHedge})
+}
+
+// hedgeFailed handles the hedge's local leg failing before it was ready:
+// the prefill goes on alone, or, when the hedge was the fallback of a
+// failed prefill, the failure is answered.
+func (s *Sequential) hedgeFailed(err error) []Action {
+	acts := s.dropHedge(nil)
+	if s.st == stageAwaitHedge {
+		s.st = stageDone
+		return append(acts, Action{Op: Fail, Err: err})
+	}
+	return append(acts, Action{Op: HedgeLocalFailed, Err: err})
+}
+
+// legFailed handles the failure of the leg that was to answer.
+func (s *Sequential) legFailed(err error, recoverable bool) []Action {
+	switch s.st {
+	case stageDecode:
+		if recoverable {
+			return s.fallback(nil, err)
+		}
+	case stageLocal:
+	default:
+		return nil
+	}
+	s.st = stageDone
+	return []Action{{Op: Fail, Err: err}}
+}
+
+// clientGone abandons whatever runs; cause is why (the client's leaving).
+func (s *Sequential) clientGone(cause error) []Action {
+	var acts []Action
+	switch s.st {
+	case stagePrefill, stageBackoff:
+		acts = append(acts, Action{Op: CancelPrefill, Err: cause})
+		acts = append(acts, s.endPrefill(cause)...)
+	case stageAwaitHedge:
+	case stageIdle, stageDone:
+		return nil
+	default:
+		// A leg answering the request sees the client leave itself.
+		return nil
+	}
+	if s.hedging {
+		acts = s.dropHedge(acts)
+	}
+	s.st = stageDone
+	return append(acts, Action{Op: Fail, Err: cause})
+}
