@@ -12,6 +12,7 @@ import (
 
 	"github.com/pd-sidecar/pd-sidecar/connectors"
 	"github.com/pd-sidecar/pd-sidecar/kvtransfer"
+	"github.com/pd-sidecar/pd-sidecar/proxy/split"
 )
 
 // Sentinel errors of the request path. Every failure is wrapped around one
@@ -28,7 +29,7 @@ var (
 	ErrPrefillUnreachable = errors.New("prefiller unreachable")
 	// ErrPrefillTimeout: the prefill leg did not answer within
 	// --prefill-timeout (all attempts included).
-	ErrPrefillTimeout = errors.New("prefill timed out")
+	ErrPrefillTimeout = split.ErrPrefillTimeout
 	// ErrPrefillOverloaded: the prefiller answered 429.
 	ErrPrefillOverloaded = errors.New("prefiller overloaded (429)")
 	// ErrPrefillServerError: the prefiller answered 5xx.
@@ -37,7 +38,7 @@ var (
 	// itself is bad, and the answer goes back to the client verbatim.
 	ErrPrefillRejected = errors.New("prefiller rejected the request (4xx)")
 	// ErrTPMismatch: the prefiller's tp_size exceeds --decode-tp-size.
-	ErrTPMismatch = errors.New("prefill tp_size larger than decode tp size")
+	ErrTPMismatch = split.ErrTPMismatch
 	// ErrDecodeUnavailable: the local engine refused the connection.
 	ErrDecodeUnavailable = errors.New("decode engine unavailable")
 	// ErrDecodeTimeout: the local engine did not start a streamed answer

@@ -1,7 +1,6 @@
 package proxy
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"net"
@@ -240,25 +239,15 @@ func logValue(s string) string {
 	return s
 }
 
-// guardedPrefill runs the prefill behind r.prefiller's circuit breaker: an
-// open circuit skips it (ErrCircuitOpen, a fallback reason), and the
-// prefill's outcome is reported to the breaker.
-func (r *request) guardedPrefill() (prefillResult, error) {
-	return r.guardedPrefillCtx(r.ctx)
-}
-
-// guardedPrefillCtx is guardedPrefill within ctx (the request's, or a
-// hedge's that cancels the prefill when the local leg wins).
-func (r *request) guardedPrefillCtx(ctx context.Context) (prefillResult, error) {
-	g := r.p.guard
-	tk, ok := g.breakers.Allow(r.prefiller)
-	if !ok {
-		return prefillResult{}, fmt.Errorf("%w: %s skipped for up to %v", ErrCircuitOpen, logValue(r.prefiller), g.cfg.Breaker.Cooldown)
+// breakerDone reports the outcome of a prefill that tk allowed (nil:
+// none was taken) to the prefiller's circuit breaker, and keeps the
+// open-circuits gauge current.
+func (r *request) breakerDone(tk *circuit.Ticket, err error) {
+	if tk == nil {
+		return
 	}
-	res, err := r.prefill(ctx)
 	tk.Done(breakerResult(err))
-	g.trackCircuit(r.prefiller)
-	return res, err
+	r.p.guard.trackCircuit(r.prefiller)
 }
 
 // trackCircuit keeps the open-circuits gauge current for hp.

@@ -1,8 +1,6 @@
 package proxy
 
 import (
-	"context"
-	"errors"
 	"fmt"
 	"slices"
 	"sync"
@@ -11,6 +9,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/pd-sidecar/pd-sidecar/metrics"
+	"github.com/pd-sidecar/pd-sidecar/proxy/split"
 )
 
 // Hedged prefill (--prefill-hedge-after): a split never makes a request
@@ -77,10 +76,10 @@ func (c HedgeConfig) Validate() error {
 
 // ReasonSlowPrefill: the prefill had not answered by the hedge point and
 // the local prefill raced against it was ready first.
-const ReasonSlowPrefill = "slow_prefill"
+const ReasonSlowPrefill = split.ReasonSlowPrefill
 
 // errHedgeLost is the cause a losing leg is cancelled with.
-var errHedgeLost = errors.New("hedge lost: the other leg was ready first")
+var errHedgeLost = split.ErrHedgeLost
 
 // hedger is the proxy's hedging state: the budget and, for auto, the
 // recent prefill times of each prefiller (by metric label: bounded).
@@ -204,116 +203,19 @@ func (p *Proxy) hedgeable() bool {
 	return p.hedge != nil && p.mori == nil && p.kv == nil
 }
 
-// prefillOutcome is what the prefill goroutine of a hedged request ends
-// with.
-type prefillOutcome struct {
-	res prefillResult
-	err error
-}
-
 // localOutcome is what the local leg of a hedged request ends with.
 type localOutcome struct {
 	a   *heldAnswer
 	err error
 }
 
-// hedgedPrefill runs the request's prefill (guardedPrefill) and, when it
-// has not answered by the hedge point, races a local prefill against it.
-// It reports served when the request was answered here: the local leg
-// won, or served as the fallback of a prefill that failed meanwhile.
-// Otherwise res and err are the prefill's, as guardedPrefill's.
-//
-// The prefill runs on a goroutine of its own; the request's state is its
-// until it ends (this goroutine only waits), and the local leg's goroutine
-// touches nothing of the request but its immutable fields.
-func (r *request) hedgedPrefill() (res prefillResult, served bool, err error) {
-	p := r.p
-	after, ok := p.hedge.split(r.label)
-	if !ok || !p.hedgeable() {
-		res, err = r.guardedPrefill()
-		return res, false, err
+// hedgeWon counts a hedge's winner and the time its loser ran, and logs a
+// prefill that answered first.
+func (r *request) hedgeWon(winner string, loserRan time.Duration) {
+	if winner == split.WinnerLocal {
+		r.p.hedge.won(metrics.HedgeLocal, loserRan)
+		return
 	}
-	// The local leg is built here, before the prefill goroutine reads and
-	// writes the request's state.
-	local := r.upstream(r.local, r.body)
-	pctx, pcancel := context.WithCancelCause(r.ctx)
-	defer pcancel(nil)
-	pch := make(chan prefillOutcome, 1)
-	start := time.Now()
-	go func() {
-		res, err := r.guardedPrefillCtx(pctx)
-		pch <- prefillOutcome{res, err}
-	}()
-	t := time.NewTimer(after)
-	select {
-	case o := <-pch:
-		t.Stop()
-		releaseRequest(local)
-		return o.res, false, o.err
-	case <-t.C:
-	}
-	if !p.hedge.take() {
-		releaseRequest(local)
-		o := <-pch
-		return o.res, false, o.err
-	}
-	hedged := time.Now()
-	lctx, lcancel := context.WithCancelCause(r.ctx)
-	lch := make(chan localOutcome, 1)
-	go func() {
-		a, err := r.openLocal(lctx, local)
-		lch <- localOutcome{a, err}
-	}()
-	select {
-	case o := <-pch:
-		if o.err == nil || !r.degrade(o.err) {
-			// The prefill answered (or failed with no fallback): the local
-			// leg is cancelled before anything of it was relayed.
-			lcancel(errHedgeLost)
-			if l := <-lch; l.a != nil {
-				l.a.discard()
-			}
-			if o.err == nil {
-				p.hedge.won(metrics.HedgeRemote, time.Since(hedged))
-				r.logAt(zerolog.InfoLevel).Dur("hedge_after", after).Msg("hedge: the prefill answered first; local prefill cancelled")
-			}
-			return o.res, false, o.err
-		}
-		// The prefill failed: the local leg already running is its fallback.
-		l := <-lch
-		if l.err != nil {
-			lcancel(nil)
-			r.fail(l.err)
-			return prefillResult{}, true, nil
-		}
-		p.hedge.won(metrics.HedgeLocal, time.Since(start))
-		r.commitLocal(l.a, lcancel)
-		return prefillResult{}, true, nil
-	case l := <-lch:
-		if l.err != nil {
-			// The local leg failed: the prefill goes on alone.
-			lcancel(nil)
-			if !r.gone() {
-				r.logAt(zerolog.WarnLevel).Err(l.err).Msg("hedge: local prefill failed; waiting for the prefill")
-			}
-			o := <-pch
-			return o.res, false, o.err
-		}
-		// The local leg is ready first: the prefill is cancelled (its
-		// connection closed), and its goroutine awaited, so that the
-		// request's state is this goroutine's again.
-		pcancel(errHedgeLost)
-		o := <-pch
-		if o.err == nil {
-			r.logAt(zerolog.WarnLevel).Msg("hedge: the prefill answered as it was cancelled; its KV is left to the prefiller's lease")
-		}
-		p.hedge.won(metrics.HedgeLocal, time.Since(start))
-		r.p.m.Fallbacks.WithLabelValues(ReasonSlowPrefill).Inc()
-		r.obs.reason = ReasonSlowPrefill
-		r.mode = metrics.ModeFallback
-		r.logAt(zerolog.WarnLevel).Dur("hedge_after", after).Str("reason", ReasonSlowPrefill).
-			Msg("hedge: the local prefill was ready first; prefill cancelled, answered locally")
-		r.commitLocal(l.a, lcancel)
-		return prefillResult{}, true, nil
-	}
+	r.p.hedge.won(metrics.HedgeRemote, loserRan)
+	r.logAt(zerolog.InfoLevel).Msg("hedge: the prefill answered first; local prefill cancelled")
 }

@@ -350,11 +350,12 @@ func kvFailureReason(err error) string {
 	return metrics.KVPullOther
 }
 
-// kvPullFailed decides what a failed pull becomes: a client that left is
-// recorded as such; a vanished source degrades to local prefill (reason
-// kv_source_gone); any other failure follows --on-kv-load-failure, exactly
-// like an engine-side KV load failure.
-func (r *request) kvPullFailed(err error) {
+// kvPullFailure says what a failed pull becomes, and whether a local
+// prefill may serve the request instead: a client that left is only that;
+// a KV agent that is gone, or a descriptor that is refused, is the
+// prefiller's fault and degrades; any other failure is a KV load failure,
+// re-run locally as --on-kv-load-failure says.
+func (r *request) kvPullFailure(err error) (error, bool) {
 	var ue *UpstreamError
 	if !errors.As(err, &ue) && !errors.Is(err, connectors.ErrInvalidKVParams) {
 		// The agent's errors may quote its descriptor: said in fixed words.
@@ -362,19 +363,12 @@ func (r *request) kvPullFailed(err error) {
 	}
 	switch {
 	case r.gone():
-		r.fail(fmt.Errorf("%w: %w", ErrClientGone, err))
-	case errors.Is(err, kvtransfer.ErrKVSourceGone):
-		r.fallback(err)
-	case errors.Is(err, connectors.ErrInvalidKVParams):
-		r.fallback(err)
-	default:
-		err = fmt.Errorf("%w: sidecar pull: %w", ErrKVLoadFailed, err)
-		if r.kvLoadFailed() {
-			r.fallback(err)
-			return
-		}
-		r.fail(err)
+		return fmt.Errorf("%w: %w", ErrClientGone, err), false
+	case errors.Is(err, kvtransfer.ErrKVSourceGone), errors.Is(err, connectors.ErrInvalidKVParams):
+		return err, true
 	}
+	err = fmt.Errorf("%w: sidecar pull: %w", ErrKVLoadFailed, err)
+	return err, r.kvLoadFailed()
 }
 
 // RunKVProbes probes the KV agents of recently used prefillers every

@@ -1,7 +1,6 @@
 package proxy
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"net"
@@ -61,48 +60,7 @@ func (p *Proxy) serveInference(rc *fasthttp.RequestCtx, local string, api connec
 	if r.choreograph() {
 		return
 	}
-	res, served, err := r.hedgedPrefill() // hedge.go
-	if served {
-		return
-	}
-	if err != nil {
-		r.prefillFailed(err)
-		return
-	}
-	if res.handoff.Done {
-		r.answerFromPrefill(res)
-		return
-	}
-	if err := p.tpGuard(res.handoff); err != nil {
-		r.fallback(err)
-		return
-	}
-	if p.kv != nil {
-		if res.handoff, err = r.pullKV(res.handoff); err != nil {
-			r.kvPullFailed(err)
-			return
-		}
-	}
-	if p.mori != nil {
-		// MoRI-IO write mode: the rank and fields of the decode leg (moriio.go).
-		if res.handoff.Params, err = r.moriDecodeParams(res.handoff.Params); err != nil {
-			r.fallback(err)
-			return
-		}
-	}
-	body, err := p.seq.DecodeBody(nil, api, r.body, res.handoff)
-	if err != nil {
-		r.fail(err)
-		return
-	}
-	r.mode, r.handoff = metrics.ModeDisaggregated, &res.handoff
-	err = r.decode(body, true) // chunked.go
-	if errors.Is(err, ErrKVLoadFailed) {
-		r.handoff = nil
-		r.fallback(err)
-		return
-	}
-	r.fail(err)
+	r.runSequential()
 }
 
 // serveLocal runs a request that names no prefiller on the local engine;
@@ -136,8 +94,7 @@ func (p *Proxy) tpGuard(h connectors.Handoff) error {
 func (r *request) prefillFailed(err error) {
 	var rej *rejected
 	if errors.As(err, &rej) {
-		r.logAt(zerolog.InfoLevel).Int("status", rej.status).Msg("prefiller rejected the request; answer passed on")
-		r.answer(metrics.ModeDisaggregated, rej.status, rej.contentType, rej.body)
+		r.passOn(err)
 		return
 	}
 	r.fallback(err)
@@ -162,11 +119,41 @@ func (r *request) degrade(cause error) bool {
 	if o.reason == "" || !r.p.cfg.PrefillFallback {
 		return false
 	}
-	r.p.m.Fallbacks.WithLabelValues(o.reason).Inc()
-	r.obs.reason = o.reason
-	withUpstream(r.logAt(zerolog.WarnLevel).Err(cause), cause).Str("reason", o.reason).Msg("degrading to local prefill")
-	r.mode = metrics.ModeFallback
+	r.degraded(o.reason, cause)
 	return true
+}
+
+// degraded counts and logs a request degraded to a local prefill for
+// reason (cause: why): the request is a fallback from here.
+func (r *request) degraded(reason string, cause error) {
+	r.p.m.Fallbacks.WithLabelValues(reason).Inc()
+	r.obs.reason = reason
+	r.mode = metrics.ModeFallback
+	if reason == ReasonSlowPrefill {
+		r.logAt(zerolog.WarnLevel).Str("reason", reason).
+			Msg("hedge: the local prefill was ready first; prefill cancelled, answered locally")
+		return
+	}
+	withUpstream(r.logAt(zerolog.WarnLevel).Err(cause), cause).Str("reason", reason).Msg("degrading to local prefill")
+}
+
+// passOn answers with the prefiller's rejection of the request, err (a
+// *rejected), as it came.
+func (r *request) passOn(err error) {
+	var rej *rejected
+	if !errors.As(err, &rej) {
+		r.fail(err)
+		return
+	}
+	r.logAt(zerolog.InfoLevel).Int("status", rej.status).Msg("prefiller rejected the request; answer passed on")
+	r.answer(metrics.ModeDisaggregated, rej.status, rej.contentType, rej.body)
+}
+
+// retrying counts and logs a prefill attempt that failed with err and is
+// tried again.
+func (r *request) retrying(attempt int, err error) {
+	r.p.m.PrefillRetries.WithLabelValues(r.label).Inc()
+	r.logAt(zerolog.WarnLevel).Err(err).Int("attempt", attempt).Msg("prefill failed; retrying")
 }
 
 // fail answers a request that could not be served, unless the answer has
@@ -246,17 +233,6 @@ func (r *request) answerCounted(mode string, status int) {
 	r.obs.status = status
 }
 
-// answerFromPrefill serves a request whose generation ended on the
-// prefill's first token: the prefill answer is the whole answer.
-func (r *request) answerFromPrefill(res prefillResult) {
-	ct, ans, err := r.prefillAnswer(res)
-	if err != nil {
-		r.fallback(err)
-		return
-	}
-	r.answer(metrics.ModeDisaggregated, fasthttp.StatusOK, ct, ans)
-}
-
 // prefillAnswer is the whole answer of a request whose generation ended on
 // the prefill's first token: the prefill's answer without its
 // kv_transfer_params, as a stream when the client streams (ErrEOSStream
@@ -296,65 +272,6 @@ type rejected struct {
 
 func (e *rejected) Error() string { return fmt.Sprintf("prefiller answered %d", e.status) }
 func (e *rejected) Unwrap() error { return ErrPrefillRejected }
-
-// prefill runs the prefill leg on r.prefiller within parent, retrying
-// retryable failures with backoff, all within --prefill-timeout.
-func (r *request) prefill(parent context.Context) (res prefillResult, err error) {
-	p := r.p
-	body, err := p.seq.PrefillBody(nil, r.api, r.body)
-	if err == nil && p.mori != nil {
-		body, err = r.moriPrefillBody(body) // MoRI-IO write mode (moriio.go)
-	}
-	if err == nil && r.source != nil {
-		body, err = connectors.WithKVSource(nil, body, *r.source)
-	}
-	if err != nil {
-		return prefillResult{}, fmt.Errorf("%w: %w", ErrBadRequest, err)
-	}
-	r.mode = metrics.ModeDisaggregated
-	g := p.m.Inflight.WithLabelValues(metrics.PhasePrefill)
-	g.Inc()
-	defer g.Dec()
-	done := r.prefillStarted(time.Now())
-	defer func() { done(err) }()
-	ctx, cancel := context.WithTimeoutCause(parent, p.cfg.PrefillTimeout, ErrPrefillTimeout)
-	defer cancel()
-	for attempt := 0; ; attempt++ {
-		res, err := r.prefillOnce(ctx, body)
-		if err == nil || !classify(err).retry || attempt >= p.cfg.PrefillMaxRetries {
-			return res, err
-		}
-		p.m.PrefillRetries.WithLabelValues(r.label).Inc()
-		r.logAt(zerolog.WarnLevel).Err(err).Int("attempt", attempt+1).Msg("prefill failed; retrying")
-		t := time.NewTimer(p.cfg.PrefillRetryBackoff)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return res, prefillTransportErr(fmt.Errorf("%w (after %w)", context.Cause(ctx), err))
-		case <-t.C:
-		}
-	}
-}
-
-func (r *request) prefillOnce(ctx context.Context, body []byte) (prefillResult, error) {
-	req := r.prefillRequest(body)
-	resp := fasthttp.AcquireResponse()
-	defer fasthttp.ReleaseRequest(req)
-	defer fasthttp.ReleaseResponse(resp)
-	hold, err := r.p.tr.Do(ctx, r.prefiller, req, resp)
-	if err != nil {
-		return prefillResult{}, prefillTransportErr(err)
-	}
-	res, err := r.prefillAnswered(resp.StatusCode(), resp.Header.ContentType(), append([]byte(nil), resp.Body()...))
-	var rej *rejected
-	if err == nil || errors.As(err, &rej) {
-		// The copy of the body is kept (the handoff's, or the rejection
-		// passed on) while the request runs: so is its reservation.
-		r.keep(&hold)
-	}
-	hold.Release()
-	return res, err
-}
 
 // prefillAnswered is what a prefill answer of status, contentType and body
 // (the caller's to give) says: the handoff, or why there is none.

@@ -58,10 +58,11 @@ type Config struct {
 
 // Start is what a sequential split begins with.
 type Start struct {
-	// Circuit is non-nil when the prefiller's circuit breaker refused the
-	// prefill (its reason to fall back); nil when it allowed it, and the
-	// split then reports the outcome (BreakerDone).
-	Circuit error
+	// Skip is non-nil when no prefill is sent: the prefiller's circuit
+	// breaker refused it, or its body could not be built. The split goes
+	// straight to what Skip degrades to. When nil, the breaker allowed the
+	// prefill and the split reports its outcome (BreakerDone).
+	Skip error
 	// HedgeAfter is the hedge point (0: no hedge).
 	HedgeAfter time.Duration
 	// TakeHedge spends one hedge from the budget at the hedge point,
@@ -116,8 +117,8 @@ func (s *Sequential) Start(in Start) []Action {
 	if s.st != stageIdle {
 		return nil
 	}
-	if in.Circuit != nil {
-		return s.fallback(nil, in.Circuit)
+	if in.Skip != nil {
+		return s.fallback(nil, in.Skip)
 	}
 	s.st = stagePrefill
 	s.began = s.cfg.Now()
