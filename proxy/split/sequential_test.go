@@ -66,7 +66,7 @@ type step struct {
 }
 
 func fire(t split.Timer) split.Event { return split.Event{Kind: split.TimerFired, Timer: t} }
-func failed(err error) split.Event  { return split.Event{Kind: split.PrefillFailed, Err: err} }
+func failed(err error) split.Event   { return split.Event{Kind: split.PrefillFailed, Err: err} }
 func answered(h connectors.Handoff) split.Event {
 	return split.Event{Kind: split.PrefillAnswered, Handoff: h}
 }
