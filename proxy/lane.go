@@ -787,7 +787,7 @@ func (lc *laneConn) answer(rest []byte) {
 	ls := lc.newStream(dec)
 	switch {
 	case lc.shadowOf != nil:
-		// A hedge's local leg: held until its first output (lanehedge.go).
+		// A hedge's local leg: held until its first output.
 		ls.gate, ls.gated = gateHolding, lc.hedgeGated
 	case r.handoff != nil:
 		lc.gateStream(ls)
@@ -934,7 +934,7 @@ func (lc *laneConn) rawDone() {
 	lc.endUp(a.body.Done() && !a.excess)
 	switch {
 	case lc.shadowOf != nil:
-		lc.shadowOf.hedgeWhole(lc, a) // lanehedge.go
+		lc.shadowOf.hedgeWhole(lc, a)
 	case lc.prefill:
 		lc.prefillAnswered(a)
 	case r.handoff != nil:
@@ -1111,13 +1111,12 @@ func (lc *laneConn) abandon(err error) {
 // drop ends a request before its answer began: the upstream connection
 // is closed, so the upstream drops it too.
 func (lc *laneConn) drop(cause error) {
-	lc.dropHedge()
 	lc.r.cancel(cause)
+	lc.endSplitEarly(cause)
 	lc.stopTimer()
 	lc.putSent()
 	lc.endUp(false)
 	lc.dropRaw()
-	lc.endPrefill(cause)
 	lc.finish()
 }
 
