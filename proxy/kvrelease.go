@@ -53,7 +53,7 @@ type kvReleaser struct {
 	sem    chan struct{}
 	ctx    context.Context
 	cancel context.CancelFunc
-	mu     sync.Mutex // orders go with stop
+	mu     sync.Mutex // orders go with the end of Run
 	wg     sync.WaitGroup
 	done   bool // stopped: nothing more is sent
 }
@@ -74,11 +74,11 @@ func newKVReleaser(p *Proxy) *kvReleaser {
 	}
 }
 
-// stop cancels the release legs in flight and waits for them to end.
-func (kr *kvReleaser) stop() {
-	if kr == nil {
-		return
-	}
+// Run returns once ctx is done and the release legs then in flight, which
+// it cancels, have ended; from then on no release leg is sent. The legs
+// are started by the requests that end with a handoff unread, from New on.
+func (kr *kvReleaser) Run(ctx context.Context) {
+	<-ctx.Done()
 	kr.mu.Lock()
 	kr.done = true
 	kr.mu.Unlock()
@@ -196,3 +196,5 @@ func (lc *laneConn) releaseKV() {
 		r.releaseKV(lc.pd.start)
 	}
 }
+
+var _ background = (*kvReleaser)(nil)

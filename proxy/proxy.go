@@ -60,6 +60,10 @@ type Proxy struct {
 	pass     *passPolicy // what passes through to the engine (passpolicy.go)
 	strip    []string    // --prefill-strip-headers, lower case (prefillheaders.go)
 	bufs     streamBufs  // per-stream buffers for reuse (sse.go)
+	// background is the work Run runs beside serving: MoRI-IO's host
+	// revalidations, warm-ups, circuit probes, KV release legs, of those
+	// that are on, in start order.
+	background []backgroundWork
 	// loops carry open streams (loopstream.go); nil: each stream keeps its
 	// goroutine. servers are the servers of the local engines' ports, by
 	// engine address, which take a connection back after its stream. Both
@@ -123,6 +127,20 @@ func New(cfg Config, conn connectors.Connector, m *metrics.Metrics, gatherer pro
 		p.warm = newPrewarmer(p)
 	}
 	p.kvr = newKVReleaser(p)
+	// The background work of what is on, in the order Run starts it
+	// (and stops it in reverse).
+	if p.mori != nil {
+		p.background = append(p.background, backgroundWork{background: p.mori.dns, throughDrain: true})
+	}
+	if p.warm != nil {
+		p.background = append(p.background, backgroundWork{background: p.warm})
+	}
+	if pr := newCircuitProber(p.guard, cfg.ConnectTimeout); pr != nil {
+		p.background = append(p.background, backgroundWork{background: pr})
+	}
+	if p.kvr != nil {
+		p.background = append(p.background, backgroundWork{background: p.kvr, throughDrain: true})
+	}
 	return p, nil
 }
 
