@@ -19,7 +19,7 @@ import (
 
 // answerBudgetCases are answers read whole against a buffer budget: each of
 // the three readers of a whole answer (readAnswerBody for Transport.Do,
-// Leg.readAll, the lane's rawAnswer) must reserve before it keeps bytes,
+// Leg.ReadAll, the lane's rawAnswer) must reserve before it keeps bytes,
 // refuse with ErrBufferBudget what does not fit, and give everything back.
 var answerBudgetCases = []struct {
 	name   string
@@ -104,7 +104,7 @@ func TestLegReadAllReservesFromTheBudget(t *testing.T) {
 			var resp fasthttp.Response
 			require.NoError(t, readAnswer(br, &resp, true, 8<<20, nil))
 			l := &Leg{ctx: context.Background(), br: br, body: bodyDecoder(&resp), declared: resp.Header.ContentLength(), budget: b}
-			got, hold, err := l.readAll(8 << 20)
+			got, hold, err := l.ReadAll(8 << 20)
 			if err != nil {
 				assert.Equal(t, tc.used, b.Used(), "a failed read holds nothing")
 			}

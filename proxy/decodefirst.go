@@ -77,7 +77,7 @@ func (r *request) tryDecode(df connectors.DecodeFirst) (declined bool, err error
 	if !bytes.HasPrefix(resp.Header.ContentType(), eventStream) {
 		defer g.Dec()
 		defer fasthttp.ReleaseResponse(resp)
-		buf, hold, err := leg.readAll(r.p.cfg.MaxUpstreamAnswerBytes)
+		buf, hold, err := leg.ReadAll(r.p.cfg.MaxUpstreamAnswerBytes)
 		defer hold.Release() // buf is let go on return (rc keeps a copy)
 		leg.Close()
 		if err != nil {

@@ -50,7 +50,7 @@ func (r *request) openLocal(ctx context.Context, req *fasthttp.Request) (*heldAn
 		return nil, beforeOutputErr(err)
 	}
 	if !bytes.HasPrefix(resp.Header.ContentType(), eventStream) || bodiless(resp.StatusCode()) {
-		a.buf, a.hold, err = a.leg.readAll(r.p.cfg.MaxUpstreamAnswerBytes)
+		a.buf, a.hold, err = a.leg.ReadAll(r.p.cfg.MaxUpstreamAnswerBytes)
 		a.leg.Close()
 		a.leg = nil
 		if err != nil {

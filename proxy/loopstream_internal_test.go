@@ -40,7 +40,7 @@ func TestLoopStreamBackpressure(t *testing.T) {
 	server, client := tcpPair(t)
 	var clean, released atomic.Bool
 	leg := &Leg{conn: upstream, body: httpbody.New(httpbody.Chunked, 0), release: func(c bool) { clean.Store(c) }}
-	ls := &loopStream{r: r, loop: g.Pick(), body: leg.body, release: func() { released.Store(true) }}
+	ls := &loopStream{r: r, loop: g.Pick(), body: leg.Body(), release: func() { released.Store(true) }}
 	ls.ufd, _ = netloop.FD(upstream)
 	ls.cfd, _ = netloop.FD(server)
 	ls.conns = &legConns{ls: ls, leg: leg, done: func(bool) { _ = server.Close() }}

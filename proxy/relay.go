@@ -63,7 +63,7 @@ func (r *request) forward(body []byte, remote bool) error {
 }
 
 func (r *request) relayJSON(leg *Leg, resp *fasthttp.Response, remote bool, sent time.Time) error {
-	buf, hold, err := leg.readAll(r.p.cfg.MaxUpstreamAnswerBytes)
+	buf, hold, err := leg.ReadAll(r.p.cfg.MaxUpstreamAnswerBytes)
 	// buf is let go on return: what the client is written is rc's copy.
 	defer hold.Release()
 	leg.Close()

@@ -128,7 +128,7 @@ func newEventReader(r io.Reader, bufs *streamBufs, maxEvent int) *eventReader {
 	}
 	e := &eventReader{br: br, bufs: bufs, max: eventBound(maxEvent)}
 	if l, ok := r.(*Leg); ok {
-		e.ahead = l.ahead
+		e.ahead = l.Ahead
 	}
 	return e
 }

@@ -96,7 +96,7 @@ func (b *sseBody) watchClient() (stop func()) {
 func (b *sseBody) firstWritten() {
 	b.first = false
 	b.r.p.m.TTFT.WithLabelValues(b.r.mode).Observe(time.Since(b.r.start).Seconds())
-	if b.cc != nil && b.leg.conn.SetReadDeadline(time.Now().Add(loopAfter)) != nil {
+	if b.cc != nil && b.leg.Conn().SetReadDeadline(time.Now().Add(loopAfter)) != nil {
 		b.cc = nil
 	}
 }
@@ -177,7 +177,7 @@ func (b *sseBody) fill() error {
 				return errHandedOver
 			}
 			b.cc = nil
-			if err := b.leg.conn.SetReadDeadline(time.Time{}); err == nil {
+			if err := b.leg.Conn().SetReadDeadline(time.Time{}); err == nil {
 				continue
 			}
 		}

@@ -258,7 +258,7 @@ func (t *Transport) try(ctx context.Context, hc *fasthttp.HostClient, pooled boo
 	conn := cc.Conn()
 	hook := context.AfterFunc(ctx, func() { _ = conn.Close() })
 	// stop disarms the hook and reports whether it never ran; a leg handed
-	// to an event loop disarms it early (Leg.disarm) and asks again later.
+	// to an event loop disarms it early (Leg.Disarm) and asks again later.
 	disarmed := false
 	stop := func() bool {
 		if !disarmed {
