@@ -13,6 +13,7 @@ import (
 	"github.com/pd-sidecar/pd-sidecar/connectors"
 	"github.com/pd-sidecar/pd-sidecar/httpbody"
 	"github.com/pd-sidecar/pd-sidecar/netloop"
+	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"
 )
 
 // loopStream carries a streamed answer on an event loop (netloop). The
@@ -188,7 +189,7 @@ func (b *sseBody) handOver() bool {
 // connection once the answer is over.
 type legConns struct {
 	ls   *loopStream
-	leg  *Leg
+	leg  *upstream.Leg
 	done func(keep bool)
 }
 

@@ -1,4 +1,4 @@
-package proxy
+package upstream
 
 import (
 	"bufio"
@@ -86,10 +86,10 @@ func (l *Leg) Read(p []byte) (int, error) {
 					}
 					err = io.ErrUnexpectedEOF
 				}
-				if l.firstByte > 0 && l.ctx.Err() == nil && isTimeout(err) {
+				if l.firstByte > 0 && l.ctx.Err() == nil && IsTimeout(err) {
 					err = fmt.Errorf("%w after %v: %w", ErrFirstByteTimeout, l.firstByte, err)
 				}
-				return 0, ctxErr(l.ctx, err)
+				return 0, CtxErr(l.ctx, err)
 			}
 		}
 		in, _ := l.br.Peek(l.br.Buffered())
@@ -98,7 +98,7 @@ func (l *Leg) Read(p []byte) (int, error) {
 		_, _ = l.br.Discard(n)
 		l.eof = l.body.Done()
 		if err != nil {
-			return 0, badAnswer("malformed answer body", err)
+			return 0, BadAnswer("malformed answer body", err)
 		}
 		if len(data) > 0 {
 			return len(data), nil
@@ -125,7 +125,7 @@ func (l *Leg) ReadAll(maxBody int64) (b []byte, hold AnswerHold, err error) {
 			return nil, AnswerHold{}, fmt.Errorf("%w (Content-Length %d)", ErrAnswerTooLarge, l.declared)
 		}
 		size = int64(l.declared)
-		if err := hold.cover(size, size); err != nil {
+		if err := hold.Cover(size, size); err != nil {
 			return nil, AnswerHold{}, err
 		}
 	}
@@ -142,7 +142,7 @@ func (l *Leg) ReadAll(maxBody int64) (b []byte, hold AnswerHold, err error) {
 				return nil, AnswerHold{}, ErrAnswerTooLarge
 			}
 			grown := min(max(2*int64(cap(b)), 512), limit)
-			if err := hold.cover(grown, limit); err != nil {
+			if err := hold.Cover(grown, limit); err != nil {
 				hold.Release()
 				return nil, AnswerHold{}, err
 			}
