@@ -10,6 +10,7 @@ import (
 
 	"github.com/pd-sidecar/pd-sidecar/connectors"
 	"github.com/pd-sidecar/pd-sidecar/metrics"
+	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"
 )
 
 // heldAnswer is a local leg's answer on fasthttp's path, read up to the
@@ -18,7 +19,7 @@ import (
 // local leg is read so off the request's goroutine, then relayed
 // (commitLocal) or dropped (discard).
 type heldAnswer struct {
-	leg  *Leg
+	leg  *upstream.Leg
 	resp *fasthttp.Response
 	sent time.Time
 
@@ -26,7 +27,7 @@ type heldAnswer struct {
 	held []byte       // a stream's events up to its first output
 
 	buf  []byte // a JSON answer's body
-	hold AnswerHold
+	hold upstream.AnswerHold
 }
 
 // releaseRequest gives back a leg request that was built and never sent.
@@ -49,8 +50,8 @@ func (r *request) openLocal(ctx context.Context, req *fasthttp.Request) (*heldAn
 		fasthttp.ReleaseResponse(resp)
 		return nil, beforeOutputErr(err)
 	}
-	if !bytes.HasPrefix(resp.Header.ContentType(), eventStream) || bodiless(resp.StatusCode()) {
-		a.buf, a.hold, err = a.leg.readAll(r.p.cfg.MaxUpstreamAnswerBytes)
+	if !bytes.HasPrefix(resp.Header.ContentType(), eventStream) || upstream.Bodiless(resp.StatusCode()) {
+		a.buf, a.hold, err = a.leg.ReadAll(r.p.cfg.MaxUpstreamAnswerBytes)
 		a.leg.Close()
 		a.leg = nil
 		if err != nil {

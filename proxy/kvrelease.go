@@ -14,6 +14,7 @@ import (
 
 	"github.com/pd-sidecar/pd-sidecar/connectors"
 	"github.com/pd-sidecar/pd-sidecar/metrics"
+	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"
 )
 
 // Freeing the prefiller's KV when the client leaves (--release-kv-on-cancel).
@@ -48,7 +49,7 @@ const (
 // the proxy stops.
 type kvReleaser struct {
 	conn   connectors.KVReleaser
-	tr     *Transport
+	tr     *upstream.Transport
 	counts *prometheus.CounterVec
 	sem    chan struct{}
 	ctx    context.Context
@@ -158,7 +159,7 @@ func (kr *kvReleaser) send(addr string, raw []byte, lg zerolog.Logger) {
 	start := time.Now()
 	status, err := kr.exchange(addr, raw)
 	if err == nil && status != fasthttp.StatusOK {
-		err = fmt.Errorf("%w: the decode engine answered %d", ErrBadUpstreamAnswer, status)
+		err = fmt.Errorf("%w: the decode engine answered %d", upstream.ErrBadUpstreamAnswer, status)
 	}
 	if err != nil {
 		kr.counts.WithLabelValues(metrics.KVReleaseFailed).Inc()

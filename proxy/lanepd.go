@@ -11,6 +11,7 @@ import (
 	"github.com/pd-sidecar/pd-sidecar/circuit"
 	"github.com/pd-sidecar/pd-sidecar/connectors"
 	"github.com/pd-sidecar/pd-sidecar/metrics"
+	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"
 )
 
 // The lane's P/D split: serveInference's sequential handoff as a state
@@ -120,7 +121,7 @@ func (lc *laneConn) prefillHead(rest []byte) {
 	if lc.ll.resp.ConnectionClose() {
 		lc.up.keep = false
 	}
-	lc.readWhole(headDecoder(&lc.ll.resp), rest)
+	lc.readWhole(upstream.HeadDecoder(&lc.ll.resp), rest)
 }
 
 // prefillAnswered takes the prefill's answer, read whole.

@@ -22,6 +22,7 @@ import (
 	"github.com/pd-sidecar/pd-sidecar/connectors/moriio"
 	"github.com/pd-sidecar/pd-sidecar/metrics"
 	"github.com/pd-sidecar/pd-sidecar/netloop"
+	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"
 )
 
 // Header names the proxy reads or sets.
@@ -44,8 +45,8 @@ type Proxy struct {
 	mori     *moriState                // MoRI-IO write mode (moriio.go); nil when off
 	choreo   connectors.Choreography   // what conn declares (choreography.go)
 	boot     *bootstrapCache           // Bootstrapper answers per prefiller
-	tr       *Transport
-	encTr    *Transport // the encoder legs' (encode.go); nil: stage off
+	tr       *upstream.Transport
+	encTr    *upstream.Transport // the encoder legs' (encode.go); nil: stage off
 	m        *metrics.Metrics
 	log      zerolog.Logger
 	metricsH fasthttp.RequestHandler
@@ -82,7 +83,7 @@ func New(cfg Config, conn connectors.Connector, m *metrics.Metrics, gatherer pro
 	p := &Proxy{
 		cfg:  cfg,
 		conn: conn,
-		tr:   NewTransport(cfg.ConnectTimeout, cfg.MaxConnsPerHost, cfg.MaxPrefillers+cfg.DataParallelSize),
+		tr:   upstream.NewTransport(cfg.ConnectTimeout, cfg.MaxConnsPerHost, cfg.MaxPrefillers+cfg.DataParallelSize),
 		m:    m,
 		log:  log,
 		metricsH: fasthttpadaptor.NewFastHTTPHandler(

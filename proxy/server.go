@@ -86,7 +86,7 @@ func (p *Proxy) Run(ctx context.Context) error {
 		// loops), under TLS with --secure-proxy (where they do not). No
 		// lane at trace level either: every leg is logged (tracelog.go).
 		var ln *lane
-		if p.loops != nil && p.guard.tls == nil && !p.tr.usesTLS(p.localAddr(rank)) && !p.logsLegs() {
+		if p.loops != nil && p.guard.tls == nil && !p.tr.UsesTLS(p.localAddr(rank)) && !p.logsLegs() {
 			ln = p.newLane(p.localAddr(rank), srv, p.loops.Loops())
 			lanes = append(lanes, ln)
 		}
