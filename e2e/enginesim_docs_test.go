@@ -12,8 +12,8 @@ import (
 	"github.com/pd-sidecar/pd-sidecar/e2e/harness"
 )
 
-// TestEngineSimDocsListEveryFlag keeps docs/engine-sim.md (the README's
-// engine-sim reference) in step with the binary's flags.
+// TestEngineSimDocsListEveryFlag keeps docs/engine-sim.md (the engine-sim
+// reference) in step with the binary's flags.
 func TestEngineSimDocsListEveryFlag(t *testing.T) {
 	out, _ := exec.Command(harness.Binary(t, "engine-sim"), "--help").CombinedOutput()
 	flags := regexp.MustCompile(`(?m)^\s+(--[a-z0-9-]+)`).FindAllStringSubmatch(string(out), -1)

@@ -10,6 +10,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/pd-sidecar/pd-sidecar/httpbody"
+	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"
 )
 
 // upstreamVerdict is what one path's parser made of an upstream answer
@@ -28,11 +29,11 @@ const (
 	fuzzAnswerBody = 4096
 )
 
-// answerByTransport reads data as Transport.Do reads an answer.
+// answerByTransport reads data as upstream.Transport.Do reads an answer.
 func answerByTransport(data []byte) upstreamVerdict {
 	br := bufio.NewReaderSize(bytes.NewReader(data), fuzzAnswerHead)
 	var resp fasthttp.Response
-	if err := readAnswer(br, &resp, false, fuzzAnswerBody, nil); err != nil {
+	if err := upstream.ReadAnswer(br, &resp, false, fuzzAnswerBody, nil); err != nil {
 		return upstreamVerdict{err: err}
 	}
 	return upstreamVerdict{status: resp.StatusCode(), body: append([]byte(nil), resp.Body()...),
@@ -68,7 +69,7 @@ func answerByLane(data []byte, cut int) upstreamVerdict {
 				head = append(head[:0], rest...)
 				continue
 			}
-			a = &rawAnswer{body: headDecoder(&h), status: h.StatusCode(), max: fuzzAnswerBody}
+			a = &rawAnswer{body: upstream.HeadDecoder(&h), status: h.StatusCode(), max: fuzzAnswerBody}
 			h.CopyTo(&a.head)
 			if err := a.begin(&h); err != nil {
 				return upstreamVerdict{err: err}
@@ -81,7 +82,7 @@ func answerByLane(data []byte, cut int) upstreamVerdict {
 	}
 	switch {
 	case a == nil:
-		return upstreamVerdict{err: errUpClosed}
+		return upstreamVerdict{err: upstream.ErrUpClosed}
 	case !a.body.Done() && a.body.Mode() != httpbody.UntilClose:
 		return upstreamVerdict{err: errors.New("connection closed mid-body")}
 	}
@@ -90,7 +91,7 @@ func answerByLane(data []byte, cut int) upstreamVerdict {
 
 // FuzzUpstreamAnswer: an upstream's answer, whatever its bytes, never
 // panics either path's parser, is held to the body bound, and is taken or
-// refused alike by the fasthttp path (readAnswer) and the lane
+// refused alike by the fasthttp path (upstream.ReadAnswer) and the lane
 // (parseAnswerHead, rawAnswer), however it is cut into reads: the same
 // status and body, the same malformed-answer verdict, the same verdict on
 // pooling the connection; and neither's error quotes the answer.
@@ -139,7 +140,7 @@ func FuzzUpstreamAnswer(f *testing.F) {
 			t.Fatalf("the paths disagree: fasthttp's %v, the lane's %v", tr.err, ln.err)
 		}
 		if tr.err != nil {
-			if errors.Is(tr.err, ErrBadUpstreamAnswer) != errors.Is(ln.err, ErrBadUpstreamAnswer) {
+			if errors.Is(tr.err, upstream.ErrBadUpstreamAnswer) != errors.Is(ln.err, upstream.ErrBadUpstreamAnswer) {
 				t.Fatalf("the paths disagree on a bad answer: fasthttp's %v, the lane's %v", tr.err, ln.err)
 			}
 			return

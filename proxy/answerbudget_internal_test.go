@@ -15,12 +15,14 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"github.com/valyala/fasthttp"
+
+	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"
 )
 
-// answerBudgetCases are answers read whole against a buffer budget: each of
-// the three readers of a whole answer (readAnswerBody for Transport.Do,
-// Leg.readAll, the lane's rawAnswer) must reserve before it keeps bytes,
-// refuse with ErrBufferBudget what does not fit, and give everything back.
+// answerBudgetCases are answers read whole against a buffer budget: the
+// lane's reader of a whole answer (rawAnswer), as the transport's readers
+// (whose tests have the same cases), must reserve before it keeps bytes,
+// refuse with upstream.ErrBufferBudget what does not fit, and give everything back.
 var answerBudgetCases = []struct {
 	name   string
 	answer string // head and framed body
@@ -31,14 +33,14 @@ var answerBudgetCases = []struct {
 }{
 	{name: "declared length that fits", answer: withLength(100 << 10), budget: 1 << 20, size: 100 << 10},
 	{name: "declared length refused before it is read", answer: withLength(100 << 10), budget: 1 << 20, used: 1<<20 - 64<<10,
-		err: ErrBufferBudget},
+		err: upstream.ErrBufferBudget},
 	{name: "small answer needs no room", answer: withLength(1 << 10), budget: 1 << 20, used: 1 << 20, size: 1 << 10},
 	{name: "chunked answer growing within the budget", answer: chunked(300<<10, 10<<10), budget: 1 << 20, size: 300 << 10},
-	{name: "chunked answer growing past the budget", answer: chunked(300<<10, 10<<10), budget: 200 << 10, err: ErrBufferBudget},
+	{name: "chunked answer growing past the budget", answer: chunked(300<<10, 10<<10), budget: 200 << 10, err: upstream.ErrBufferBudget},
 	{name: "chunked answer past what others left", answer: chunked(300<<10, 10<<10), budget: 1 << 20, used: 900 << 10,
-		err: ErrBufferBudget},
+		err: upstream.ErrBufferBudget},
 	{name: "close-delimited answer that fits", answer: untilClose(100 << 10), budget: 1 << 20, size: 100 << 10},
-	{name: "close-delimited answer past the budget", answer: untilClose(400 << 10), budget: 256 << 10, err: ErrBufferBudget},
+	{name: "close-delimited answer past the budget", answer: untilClose(400 << 10), budget: 256 << 10, err: upstream.ErrBufferBudget},
 }
 
 func withLength(n int) string {
@@ -62,18 +64,18 @@ func untilClose(n int) string {
 }
 
 // checkHeld checks what a reader holds after reading a case's answer.
-func checkHeld(t *testing.T, b *budget, used int64, hold *AnswerHold, got []byte, err error, size int, want error) {
+func checkHeld(t *testing.T, b *upstream.Budget, bound, used int64, hold *upstream.AnswerHold, got []byte, err error, size int, want error) {
 	t.Helper()
 	if want != nil {
 		require.ErrorIs(t, err, want)
-		assert.LessOrEqual(t, b.Used(), b.max, "never past the bound")
+		assert.LessOrEqual(t, b.Used(), bound, "never past the bound")
 	} else {
 		require.NoError(t, err)
 		assert.Equal(t, size, len(got))
-		if size > unreservedBody {
+		if size > upstream.UnreservedBody {
 			held := b.Used() - used
 			assert.GreaterOrEqual(t, held, int64(size), "the body is reserved while held")
-			assert.LessOrEqual(t, held, max(2*int64(size)+1, answerStep), "in steps no larger than doubling")
+			assert.LessOrEqual(t, held, max(2*int64(size)+1, upstream.AnswerStep), "in steps no larger than doubling")
 		}
 	}
 	hold.Release()
@@ -81,47 +83,15 @@ func checkHeld(t *testing.T, b *budget, used int64, hold *AnswerHold, got []byte
 	assert.Equal(t, used, b.Used(), "everything given back")
 }
 
-func TestReadAnswerBodyReservesFromTheBudget(t *testing.T) {
-	for _, tc := range answerBudgetCases {
-		t.Run(tc.name, func(t *testing.T) {
-			b := newBudget(tc.budget, nil)
-			require.True(t, b.TryReserve(tc.used))
-			br := bufio.NewReader(strings.NewReader(tc.answer))
-			var resp fasthttp.Response
-			hold := AnswerHold{b: b}
-			err := readAnswer(br, &resp, false, 8<<20, &hold)
-			checkHeld(t, b, tc.used, &hold, resp.Body(), err, tc.size, tc.err)
-		})
-	}
-}
-
-func TestLegReadAllReservesFromTheBudget(t *testing.T) {
-	for _, tc := range answerBudgetCases {
-		t.Run(tc.name, func(t *testing.T) {
-			b := newBudget(tc.budget, nil)
-			require.True(t, b.TryReserve(tc.used))
-			br := bufio.NewReader(strings.NewReader(tc.answer))
-			var resp fasthttp.Response
-			require.NoError(t, readAnswer(br, &resp, true, 8<<20, nil))
-			l := &Leg{ctx: context.Background(), br: br, body: bodyDecoder(&resp), declared: resp.Header.ContentLength(), budget: b}
-			got, hold, err := l.readAll(8 << 20)
-			if err != nil {
-				assert.Equal(t, tc.used, b.Used(), "a failed read holds nothing")
-			}
-			checkHeld(t, b, tc.used, &hold, got, err, tc.size, tc.err)
-		})
-	}
-}
-
 func TestLaneRawAnswerReservesFromTheBudget(t *testing.T) {
 	for _, tc := range answerBudgetCases {
 		t.Run(tc.name, func(t *testing.T) {
-			b := newBudget(tc.budget, nil)
+			b := upstream.NewBudget(tc.budget, nil)
 			require.True(t, b.TryReserve(tc.used))
 			br := bufio.NewReader(strings.NewReader(tc.answer))
 			var resp fasthttp.Response
-			require.NoError(t, readAnswer(br, &resp, true, 8<<20, nil))
-			a := &rawAnswer{body: headDecoder(&resp.Header), max: 8 << 20, hold: AnswerHold{b: b}}
+			require.NoError(t, upstream.ReadAnswer(br, &resp, true, 8<<20, nil))
+			a := &rawAnswer{body: upstream.HeadDecoder(&resp.Header), max: 8 << 20, hold: upstream.NewAnswerHold(b)}
 			err := a.begin(&resp.Header)
 			rest, rerr := io.ReadAll(br)
 			require.NoError(t, rerr)
@@ -130,12 +100,12 @@ func TestLaneRawAnswerReservesFromTheBudget(t *testing.T) {
 				err = a.feed(rest[:n])
 				rest = rest[n:]
 			}
-			checkHeld(t, b, tc.used, &a.hold, a.buf, err, tc.size, tc.err)
+			checkHeld(t, b, tc.budget, tc.used, &a.hold, a.buf, err, tc.size, tc.err)
 		})
 	}
 }
 
-// Transport.Do holds an answer's reservation until the caller releases it,
+// upstream.Transport.Do holds an answer's reservation until the caller releases it,
 // and fails an answer the budget refuses with nothing held.
 func TestTransportDoHoldsTheAnswer(t *testing.T) {
 	body := bytes.Repeat([]byte("y"), 200<<10)
@@ -145,10 +115,10 @@ func TestTransportDoHoldsTheAnswer(t *testing.T) {
 	}))
 	defer srv.Close()
 	addr := srv.Listener.Addr().String()
-	b := newBudget(300<<10, nil)
-	tr := NewTransport(time.Second, 8, 8)
+	b := upstream.NewBudget(300<<10, nil)
+	tr := upstream.NewTransport(time.Second, 8, 8)
 	tr.SetAnswerBudget(b)
-	do := func() (AnswerHold, error) {
+	do := func() (upstream.AnswerHold, error) {
 		resp := fasthttp.AcquireResponse()
 		defer fasthttp.ReleaseResponse(resp)
 		return tr.Do(context.Background(), addr, newReq(addr, "/"), resp)
@@ -157,8 +127,8 @@ func TestTransportDoHoldsTheAnswer(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, int64(len(body)), b.Used(), "the declared length is held")
 	_, err = do()
-	require.ErrorIs(t, err, ErrBufferBudget, "no room for a second answer")
-	assert.ErrorIs(t, prefillTransportErr(err), ErrBufferBudget)
+	require.ErrorIs(t, err, upstream.ErrBufferBudget, "no room for a second answer")
+	assert.ErrorIs(t, prefillTransportErr(err), upstream.ErrBufferBudget)
 	o := classify(prefillTransportErr(err))
 	assert.Equal(t, ReasonBufferBudget, o.reason, "a prefill answer refused falls back")
 	assert.False(t, o.retry)

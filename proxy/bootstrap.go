@@ -10,6 +10,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/pd-sidecar/pd-sidecar/connectors"
+	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"
 )
 
 // ErrBootstrapFailed: the prefiller's bootstrap server (Mooncake's
@@ -49,7 +50,7 @@ func newBootstrapCache(max int) *bootstrapCache {
 // bounded by min(limit, bootstrapTimeout). A transport failure is a prefill
 // transport error (ErrPrefillUnreachable, ErrPrefillTimeout); a bad answer
 // is ErrBootstrapFailed.
-func (c *bootstrapCache) get(ctx context.Context, tr *Transport, bs connectors.Bootstrapper, prefillHost string, limit time.Duration) (connectors.Bootstrap, error) {
+func (c *bootstrapCache) get(ctx context.Context, tr *upstream.Transport, bs connectors.Bootstrapper, prefillHost string, limit time.Duration) (connectors.Bootstrap, error) {
 	addr := bs.BootstrapAddr(prefillHost)
 	c.mu.Lock()
 	e, ok := c.m[addr]
@@ -80,7 +81,7 @@ func (c *bootstrapCache) forget(addr string) {
 	c.mu.Unlock()
 }
 
-func query(ctx context.Context, tr *Transport, bs connectors.Bootstrapper, addr string, timeout time.Duration) (connectors.Bootstrap, error) {
+func query(ctx context.Context, tr *upstream.Transport, bs connectors.Bootstrapper, addr string, timeout time.Duration) (connectors.Bootstrap, error) {
 	ctx, cancel := context.WithTimeoutCause(ctx, timeout, ErrPrefillTimeout)
 	defer cancel()
 	req := fasthttp.AcquireRequest()
@@ -93,19 +94,19 @@ func query(ctx context.Context, tr *Transport, bs connectors.Bootstrapper, addr 
 	hold, err := tr.Do(ctx, addr, req, resp)
 	defer hold.Release() // the answer is parsed here
 	if err != nil {
-		ue := upstreamErr(RoleBootstrap, addr, ctxErr(ctx, err))
-		if errors.Is(err, ErrBadUpstreamAnswer) {
+		ue := upstreamErr(upstream.RoleBootstrap, addr, upstream.CtxErr(ctx, err))
+		if errors.Is(err, upstream.ErrBadUpstreamAnswer) {
 			return connectors.Bootstrap{}, fmt.Errorf("%w: %w", ErrBootstrapFailed, ue)
 		}
 		return connectors.Bootstrap{}, prefillTransportErr(ue) // unreachable, timed out: as the prefiller
 	}
 	if st := resp.StatusCode(); st != fasthttp.StatusOK {
 		return connectors.Bootstrap{}, fmt.Errorf("%w: %w", ErrBootstrapFailed,
-			&UpstreamError{Role: RoleBootstrap, Reason: fmt.Sprintf("answered %d", st), Addr: addr})
+			&upstream.UpstreamError{Role: upstream.RoleBootstrap, Reason: fmt.Sprintf("answered %d", st), Addr: addr})
 	}
 	b, err := bs.ParseBootstrap(addr, resp.Body())
 	if err != nil {
-		return b, fmt.Errorf("%w: %w", ErrBootstrapFailed, &UpstreamError{Role: RoleBootstrap, Reason: "unusable answer", Addr: addr, Err: err})
+		return b, fmt.Errorf("%w: %w", ErrBootstrapFailed, &upstream.UpstreamError{Role: upstream.RoleBootstrap, Reason: "unusable answer", Addr: addr, Err: err})
 	}
 	return b, nil
 }

@@ -1,80 +1,16 @@
 package proxy
 
 import (
-	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/valyala/fasthttp"
 
 	"github.com/pd-sidecar/pd-sidecar/metrics"
+	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"
 )
-
-// ErrBufferBudget: buffering a request body, or an answer read whole,
-// would take the bytes buffered by all connections together past
-// --max-buffered-bytes (503; a prefill answer refused is a fallback,
-// ReasonBufferBudget).
-var ErrBufferBudget = errors.New("too many bytes buffered")
-
-// budget bounds the bytes the sidecar buffers at once, all connections
-// together (--max-buffered-bytes): request bodies read whole before they
-// are served, and answers read whole. A reader reserves what it is about
-// to buffer before reading it (TryReserve) and gives it back when the
-// bytes are let go (Release); a reservation refused is answered 503 before
-// anything more is read. Lock-free: one atomic counter.
-type budget struct {
-	max   int64
-	used  atomic.Int64
-	gauge prometheus.Gauge // the bytes reserved now (nil: none)
-}
-
-func newBudget(max int64, gauge prometheus.Gauge) *budget {
-	return &budget{max: max, gauge: gauge}
-}
-
-// TryReserve reserves n bytes, or reports that they would take the budget
-// past its bound (nothing is then reserved). n <= 0 always succeeds.
-func (b *budget) TryReserve(n int64) bool {
-	if n <= 0 {
-		return true
-	}
-	for {
-		u := b.used.Load()
-		if u+n > b.max || u+n < u {
-			return false
-		}
-		if b.used.CompareAndSwap(u, u+n) {
-			if b.gauge != nil {
-				b.gauge.Add(float64(n))
-			}
-			return true
-		}
-	}
-}
-
-// Release gives back n bytes reserved by TryReserve.
-func (b *budget) Release(n int64) {
-	if n <= 0 {
-		return
-	}
-	b.used.Add(-n)
-	if b.gauge != nil {
-		b.gauge.Sub(float64(n))
-	}
-}
-
-// Used reports the bytes reserved now.
-func (b *budget) Used() int64 { return b.used.Load() }
-
-// unreservedBody is the largest request body read without a reservation:
-// a body the lane reads in its one read (its loop buffer) or fasthttp in
-// its first reads, which is part of a connection's fixed cost (its read
-// buffer is 8 KiB), as its head is. Bigger bodies, which only fasthttp's
-// path buffers, are reserved.
-const unreservedBody = 16 << 10
 
 // bodyHolds wires the budget into fasthttp's reading of request bodies.
 // fasthttp reads a body whole before the handler runs, and calls
@@ -95,7 +31,7 @@ const unreservedBody = 16 << 10
 // once it is older than --read-timeout, by which time fasthttp has either
 // read the body or failed it.
 type bodyHolds struct {
-	b       *budget
+	b       *upstream.Budget
 	maxBody int64
 	stale   time.Duration
 
@@ -112,7 +48,7 @@ type bodyHold struct {
 	refused bool // the body did not fit: answered 503
 }
 
-func newBodyHolds(b *budget, maxBody int, readTimeout time.Duration) *bodyHolds {
+func newBodyHolds(b *upstream.Budget, maxBody int, readTimeout time.Duration) *bodyHolds {
 	return &bodyHolds{b: b, maxBody: int64(maxBody), stale: readTimeout + time.Second,
 		held: map[*fasthttp.RequestHeader]bodyHold{}}
 }
@@ -125,7 +61,7 @@ func (h *bodyHolds) headerReceived(hdr *fasthttp.RequestHeader) fasthttp.Request
 	}
 	// A small body, none, or one fasthttp refuses itself (413) is not
 	// reserved.
-	reserve := n > unreservedBody && n <= h.maxBody
+	reserve := n > upstream.UnreservedBody && n <= h.maxBody
 	if !reserve && h.holds.Load() == 0 {
 		return fasthttp.RequestConfig{}
 	}
@@ -222,6 +158,6 @@ func (h *bodyHolds) errorClaim(rc *fasthttp.RequestCtx) (refused bool) {
 // Retry-After, counted as buffered_bytes.
 func (p *Proxy) bufferFull(rc *fasthttp.RequestCtx) {
 	p.reject(rc, metrics.RejectBufferedBytes, fasthttp.StatusServiceUnavailable,
-		fmt.Errorf("%w (--max-buffered-bytes %d)", ErrBufferBudget, p.guard.cfg.MaxBufferedBytes))
+		fmt.Errorf("%w (--max-buffered-bytes %d)", upstream.ErrBufferBudget, p.guard.cfg.MaxBufferedBytes))
 	rc.Response.Header.Set("Retry-After", "1")
 }

@@ -6,20 +6,9 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/valyala/fasthttp"
-)
 
-func TestBudgetReserveRelease(t *testing.T) {
-	b := newBudget(100, nil)
-	assert.True(t, b.TryReserve(60))
-	assert.False(t, b.TryReserve(41), "past the bound")
-	assert.True(t, b.TryReserve(40), "up to the bound")
-	assert.True(t, b.TryReserve(0))
-	assert.False(t, b.TryReserve(1<<62), "no overflow")
-	b.Release(60)
-	assert.Equal(t, int64(40), b.Used())
-	b.Release(40)
-	assert.Zero(t, b.Used())
-}
+	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"
+)
 
 func TestBodyHoldsHeaderReceived(t *testing.T) {
 	const maxBody = 1 << 20
@@ -37,7 +26,7 @@ func TestBodyHoldsHeaderReceived(t *testing.T) {
 		refused  bool
 		maxBytes int // RequestConfig.MaxRequestBodySize
 	}{
-		{"small body: a connection's fixed cost", unreservedBody, 0, 0, false, 0},
+		{"small body: a connection's fixed cost", upstream.UnreservedBody, 0, 0, false, 0},
 		{"large body reserved", 100 << 10, 1 << 20, 100 << 10, false, 0},
 		{"chunked reserves the largest body", -1, 2 << 20, maxBody, false, 0},
 		{"over the body limit: fasthttp's 413", maxBody + 1, 4 << 20, 0, false, 0},
@@ -45,7 +34,7 @@ func TestBodyHoldsHeaderReceived(t *testing.T) {
 		{"chunked, no room", -1, 512 << 10, 0, true, 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			b := newBudget(tc.free, nil)
+			b := upstream.NewBudget(tc.free, nil)
 			h := newBodyHolds(b, maxBody, time.Minute)
 			hdr := head(tc.cl)
 			rc := h.headerReceived(hdr)
@@ -62,7 +51,7 @@ func TestBodyHoldsHeaderReceived(t *testing.T) {
 }
 
 func TestBodyHoldsGiveBackUnclaimed(t *testing.T) {
-	b := newBudget(300<<10, nil)
+	b := upstream.NewBudget(300<<10, nil)
 	h := newBodyHolds(b, 1<<20, 0)
 	first, second := &fasthttp.RequestHeader{}, &fasthttp.RequestHeader{}
 	first.SetContentLength(200 << 10)
@@ -84,7 +73,7 @@ func TestBodyHoldsGiveBackUnclaimed(t *testing.T) {
 }
 
 func TestBodyHoldsHandlerTrimsAndReleases(t *testing.T) {
-	b := newBudget(4<<20, nil)
+	b := upstream.NewBudget(4<<20, nil)
 	h := newBodyHolds(b, 1<<20, time.Minute)
 	rc := &fasthttp.RequestCtx{}
 	rc.Request.Header.SetContentLength(-1)

@@ -17,6 +17,7 @@ import (
 	"github.com/pd-sidecar/pd-sidecar/connectors"
 	"github.com/pd-sidecar/pd-sidecar/connectors/nixlv2"
 	"github.com/pd-sidecar/pd-sidecar/metrics"
+	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"
 )
 
 // Chunked decode (--decode-chunk-size N): the decode of a chat request runs
@@ -256,11 +257,11 @@ func (c *chunker) next() error {
 func parseChunk(buf []byte) (chunkAnswer, error) {
 	js := string(buf) // a copy: the response is let go
 	if !gjson.Valid(js) {
-		return chunkAnswer{}, fmt.Errorf("%w: a decode chunk's answer is not JSON", ErrBadUpstreamAnswer)
+		return chunkAnswer{}, fmt.Errorf("%w: a decode chunk's answer is not JSON", upstream.ErrBadUpstreamAnswer)
 	}
 	v := gjson.GetMany(js, "choices.0", "usage", "id", "model", "created")
 	if !v[0].IsObject() {
-		return chunkAnswer{}, fmt.Errorf("%w: a decode chunk's answer has no choices[0]", ErrBadUpstreamAnswer)
+		return chunkAnswer{}, fmt.Errorf("%w: a decode chunk's answer has no choices[0]", upstream.ErrBadUpstreamAnswer)
 	}
 	a := chunkAnswer{
 		json: js, text: v[0].Get("message.content").String(), finish: v[0].Get("finish_reason").String(),

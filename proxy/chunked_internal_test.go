@@ -11,6 +11,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/pd-sidecar/pd-sidecar/connectors"
+	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"
 )
 
 func chunkRequest(n int, api connectors.API, header ...string) *request {
@@ -163,7 +164,7 @@ func TestChunkEnds(t *testing.T) {
 	assert.Equal(t, maxDecodeChunks, c.chunks, "no budget: bounded by the chunk count")
 	for _, bad := range []string{`not json`, `{"choices":[]}`, `{"id":"x"}`} {
 		_, err := parseChunk([]byte(bad))
-		assert.ErrorIs(t, err, ErrBadUpstreamAnswer, bad)
+		assert.ErrorIs(t, err, upstream.ErrBadUpstreamAnswer, bad)
 	}
 }
 

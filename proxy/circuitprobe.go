@@ -58,8 +58,9 @@ func newCircuitProber(g *guard, connectTimeout time.Duration) *circuitProber {
 	}
 }
 
-// run probes every interval until ctx is done.
-func (pr *circuitProber) run(ctx context.Context) {
+// Run probes every interval until ctx is done, and returns once the round
+// in progress has ended.
+func (pr *circuitProber) Run(ctx context.Context) {
 	t := time.NewTicker(pr.interval)
 	defer t.Stop()
 	for {
@@ -120,3 +121,5 @@ func (g *guard) probed(hp string, up bool) {
 	g.m.CircuitProbes.WithLabelValues(result).Inc()
 	g.trackCircuit(hp)
 }
+
+var _ background = (*circuitProber)(nil)

@@ -95,7 +95,7 @@ func TestCircuitProberStopsWithItsContext(t *testing.T) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		pr.run(ctx)
+		pr.Run(ctx)
 	}()
 	<-dialing
 	cancel()

@@ -19,6 +19,7 @@ import (
 
 	"github.com/pd-sidecar/pd-sidecar/connectors"
 	"github.com/pd-sidecar/pd-sidecar/metrics"
+	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"
 )
 
 // choreograph runs the request under the choreography its connector
@@ -206,7 +207,7 @@ func (l *prefillLeg) run(ctx context.Context, cancel context.CancelFunc, req *fa
 	fasthttp.ReleaseRequest(req)
 	l.p.m.PrefillDuration.WithLabelValues(l.label).Observe(time.Since(start).Seconds())
 	if err != nil {
-		err = prefillTransportErr(ctxErr(ctx, err))
+		err = prefillTransportErr(upstream.CtxErr(ctx, err))
 	} else {
 		switch st := resp.StatusCode(); {
 		case st == fasthttp.StatusTooManyRequests:
@@ -214,7 +215,7 @@ func (l *prefillLeg) run(ctx context.Context, cancel context.CancelFunc, req *fa
 		case st >= 500:
 			err = fmt.Errorf("%w: status %d", ErrPrefillServerError, st)
 		case st != fasthttp.StatusOK && st < 400:
-			err = fmt.Errorf("%w: %w: status %d", connectors.ErrBadPrefillAnswer, ErrBadUpstreamAnswer, st)
+			err = fmt.Errorf("%w: %w: status %d", connectors.ErrBadPrefillAnswer, upstream.ErrBadUpstreamAnswer, st)
 		case st != fasthttp.StatusOK:
 			err = &rejected{status: st, contentType: string(resp.Header.ContentType()),
 				body: append([]byte(nil), resp.Body()...)}

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"runtime"
 	"time"
+
+	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"
 )
 
 // What to do when the decode engine fails to load the remote KV.
@@ -143,7 +145,7 @@ func DefaultConfig() Config {
 		OnKVLoadFailure:        KVFailLocalPrefill,
 		ReleaseKVOnCancel:      true,
 		MaxRequestBodyBytes:    32 << 20,
-		MaxUpstreamAnswerBytes: DefaultMaxUpstreamAnswerBytes,
+		MaxUpstreamAnswerBytes: upstream.DefaultMaxUpstreamAnswerBytes,
 		MaxSSEEventBytes:       DefaultMaxSSEEventBytes,
 		ShutdownGrace:          30 * time.Second,
 		MaxConnsPerHost:        1024,

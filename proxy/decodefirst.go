@@ -12,6 +12,7 @@ import (
 
 	"github.com/pd-sidecar/pd-sidecar/connectors"
 	"github.com/pd-sidecar/pd-sidecar/metrics"
+	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"
 )
 
 // Outcomes of a decode-first attempt (pd_sidecar_decode_first_total).
@@ -62,7 +63,7 @@ func (r *request) tryDecode(df connectors.DecodeFirst) (declined bool, err error
 	g.Inc()
 	req := r.upstream(r.local, r.body)
 	resp := fasthttp.AcquireResponse()
-	var leg *Leg
+	var leg *upstream.Leg
 	if r.stream && r.p.cfg.DecodeFirstByteTimeout > 0 {
 		leg, err = r.p.tr.StreamFirstByteTimeout(r.ctx, r.local, req, resp, r.p.cfg.DecodeFirstByteTimeout)
 	} else {
@@ -77,7 +78,7 @@ func (r *request) tryDecode(df connectors.DecodeFirst) (declined bool, err error
 	if !bytes.HasPrefix(resp.Header.ContentType(), eventStream) {
 		defer g.Dec()
 		defer fasthttp.ReleaseResponse(resp)
-		buf, hold, err := leg.readAll(r.p.cfg.MaxUpstreamAnswerBytes)
+		buf, hold, err := leg.ReadAll(r.p.cfg.MaxUpstreamAnswerBytes)
 		defer hold.Release() // buf is let go on return (rc keeps a copy)
 		leg.Close()
 		if err != nil {
@@ -104,7 +105,7 @@ func (r *request) tryDecode(df connectors.DecodeFirst) (declined bool, err error
 // tryDecodeSSE reads events up to the first that carries output (or is
 // known to decline); a declined stream is closed, any other is relayed from
 // its first event on.
-func (r *request) tryDecodeSSE(df connectors.DecodeFirst, leg *Leg, resp *fasthttp.Response, g prometheus.Gauge) (bool, error) {
+func (r *request) tryDecodeSSE(df connectors.DecodeFirst, leg *upstream.Leg, resp *fasthttp.Response, g prometheus.Gauge) (bool, error) {
 	er := r.eventReader(leg)
 	var held []byte
 	for {

@@ -19,6 +19,7 @@ import (
 
 	"github.com/pd-sidecar/pd-sidecar/connectors"
 	"github.com/pd-sidecar/pd-sidecar/metrics"
+	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"
 )
 
 // SpanEncode is the span of one encoder leg (a child of the request's).
@@ -94,12 +95,12 @@ var (
 
 // newEncoderTransport is the encoder legs' transport, with TLS when the
 // stage asks for it; nil when the stage is off.
-func newEncoderTransport(cfg Config) (*Transport, error) {
+func newEncoderTransport(cfg Config) (*upstream.Transport, error) {
 	e := cfg.Encoder
 	if e.Connector == "" {
 		return nil, nil
 	}
-	t := NewTransport(cfg.ConnectTimeout, cfg.MaxConnsPerHost, e.MaxEncoders)
+	t := upstream.NewTransport(cfg.ConnectTimeout, cfg.MaxConnsPerHost, e.MaxEncoders)
 	t.SetAnswerLimits(cfg.MaxUpstreamAnswerBytes, cfg.Guard.MaxHeaderBytes)
 	if e.TLS {
 		// Every encoder address gets the "prefiller" config of this one.
@@ -293,7 +294,7 @@ func (r *request) encodeErr(ctx context.Context, err error) error {
 		return ErrEncoderTimeout
 	case cause != nil:
 		return errCancelledByFailure
-	case err != nil && isTimeout(err):
+	case err != nil && upstream.IsTimeout(err):
 		return fmt.Errorf("%w: %w", ErrEncoderTimeout, err)
 	case err != nil:
 		return err // refused, reset: unreachable
@@ -348,24 +349,24 @@ func (r *request) encodeItem(ctx context.Context, idx int, item connectors.MMIte
 	req.SetBodyRaw(body)
 	hold, err := r.p.encTr.Do(ctx, addr, req, resp)
 	if err != nil {
-		if ctx.Err() == nil && (errors.Is(err, ErrBufferBudget) || errors.Is(err, ErrBadUpstreamAnswer)) {
+		if ctx.Err() == nil && (errors.Is(err, upstream.ErrBufferBudget) || errors.Is(err, upstream.ErrBadUpstreamAnswer)) {
 			err = fmt.Errorf("%w: %w", errEncoderBadAnswer, err)
 		} else if err = r.encodeErr(ctx, err); errors.Is(err, ErrClientGone) || errors.Is(err, errCancelledByFailure) {
 			return nil, err
 		}
-		return nil, upstreamErr(RoleEncoder, addr, err)
+		return nil, upstreamErr(upstream.RoleEncoder, addr, err)
 	}
 	defer hold.Release()
 	if s := resp.StatusCode(); s < 200 || s > 299 {
 		// Its body is the encoder's to choose: never said.
-		return nil, &UpstreamError{Role: RoleEncoder, Reason: fmt.Sprintf("answered status %d", s), Addr: addr, Err: errEncoderStatus}
+		return nil, &upstream.UpstreamError{Role: upstream.RoleEncoder, Reason: fmt.Sprintf("answered status %d", s), Addr: addr, Err: errEncoderStatus}
 	}
 	if r.p.cfg.Encoder.Connector != connectors.ECNixl {
 		return nil, nil // ec-example: the encoder wrote the item to the shared cache
 	}
 	ec, addrs, err := connectors.ECParamsOf(resp.Body())
 	if err != nil {
-		return nil, &UpstreamError{Role: RoleEncoder, Reason: errEncoderBadAnswer.Error(), Addr: addr,
+		return nil, &upstream.UpstreamError{Role: upstream.RoleEncoder, Reason: errEncoderBadAnswer.Error(), Addr: addr,
 			Err: fmt.Errorf("%w: %w", errEncoderBadAnswer, err)}
 	}
 	if a, ok := r.p.refusedAddr(addr, addrs); !ok { // answeraddrs.go

@@ -19,6 +19,7 @@ import (
 	"github.com/pd-sidecar/pd-sidecar/connectors"
 	"github.com/pd-sidecar/pd-sidecar/connectors/nixlv2"
 	"github.com/pd-sidecar/pd-sidecar/metrics"
+	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"
 )
 
 // TestScanRequestEncoders: x-encoder-hosts-ports (as long as
@@ -82,7 +83,7 @@ func TestEncoderReason(t *testing.T) {
 		{ErrEncoderTimeout, metrics.EncoderTimeout},
 		{fmt.Errorf("%w 500: x", errEncoderStatus), metrics.EncoderStatus},
 		{fmt.Errorf("%w: x", errEncoderBadAnswer), metrics.EncoderBadAnswer},
-		{&LegError{Addr: "a:1", Op: "dial", Err: context.Canceled}, metrics.EncoderUnreachable},
+		{&upstream.LegError{Addr: "a:1", Op: "dial", Err: context.Canceled}, metrics.EncoderUnreachable},
 		{errCancelledByFailure, ""},
 		{ErrClientGone, ""},
 	} {

@@ -4,15 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"net/http"
 	"syscall"
-
-	"github.com/valyala/fasthttp"
 
 	"github.com/pd-sidecar/pd-sidecar/connectors"
 	"github.com/pd-sidecar/pd-sidecar/kvtransfer"
 	"github.com/pd-sidecar/pd-sidecar/proxy/split"
+	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"
 )
 
 // Sentinel errors of the request path. Every failure is wrapped around one
@@ -71,7 +69,7 @@ const (
 	// ReasonInvalidParams: the params lack what the decode engine needs.
 	ReasonInvalidParams = "invalid_kv_params"
 	// ReasonBadAnswer: the prefill answer is not a JSON object, or not an
-	// answer the sidecar takes (ErrBadUpstreamAnswer: a status below 200, a
+	// answer the sidecar takes (upstream.ErrBadUpstreamAnswer: a status below 200, a
 	// malformed head or body, a body past --max-upstream-answer-bytes).
 	ReasonBadAnswer = "bad_answer"
 	// ReasonTPMismatch: prefill tp_size above --decode-tp-size.
@@ -118,7 +116,7 @@ func classify(err error) outcome {
 		return outcome{status: http.StatusForbidden}
 	case errors.Is(err, ErrCircuitOpen):
 		return outcome{status: http.StatusServiceUnavailable, reason: ReasonCircuitOpen}
-	case errors.Is(err, ErrBufferBudget):
+	case errors.Is(err, upstream.ErrBufferBudget):
 		// An answer the budget had no room for; the upstream may be fine.
 		return outcome{status: http.StatusServiceUnavailable, reason: ReasonBufferBudget}
 	case errors.Is(err, ErrBadRequest), errors.Is(err, ErrUnknownRank):
@@ -168,36 +166,36 @@ func classify(err error) outcome {
 }
 
 // prefillTransportErr names a failed prefill exchange: the sentinel
-// classify maps (the fallback reason) around an UpstreamError of the
+// classify maps (the fallback reason) around an upstream.UpstreamError of the
 // prefiller (or of the role err names already: its bootstrap server). An
 // error named so already is returned as it is.
 func prefillTransportErr(err error) error {
-	var ue *UpstreamError
+	var ue *upstream.UpstreamError
 	named := errors.As(err, &ue)
 	switch {
 	case errors.Is(err, ErrClientGone):
 		return err
 	case named && (errors.Is(err, ErrPrefillTimeout) || errors.Is(err, ErrPrefillUnreachable) ||
-		errors.Is(err, connectors.ErrBadPrefillAnswer) || errors.Is(err, ErrBufferBudget)):
+		errors.Is(err, connectors.ErrBadPrefillAnswer) || errors.Is(err, upstream.ErrBufferBudget)):
 		return err
 	}
-	u := upstreamErr(RolePrefiller, "", err)
+	u := upstreamErr(upstream.RolePrefiller, "", err)
 	switch {
-	case errors.Is(err, ErrBufferBudget): // no fault of the prefiller's
+	case errors.Is(err, upstream.ErrBufferBudget): // no fault of the prefiller's
 		return u
-	case errors.Is(err, ErrBadUpstreamAnswer):
+	case errors.Is(err, upstream.ErrBadUpstreamAnswer):
 		return fmt.Errorf("%w: %w", connectors.ErrBadPrefillAnswer, u)
-	case errors.Is(err, ErrPrefillTimeout), errors.Is(err, context.DeadlineExceeded) || isTimeout(err):
+	case errors.Is(err, ErrPrefillTimeout), errors.Is(err, context.DeadlineExceeded) || upstream.IsTimeout(err):
 		return fmt.Errorf("%w: %w", ErrPrefillTimeout, u)
 	}
 	return fmt.Errorf("%w: %w", ErrPrefillUnreachable, u)
 }
 
 // decodeTransportErr names a failed exchange with the local engine: the
-// sentinel classify maps (the status) around an UpstreamError of the local
+// sentinel classify maps (the status) around an upstream.UpstreamError of the local
 // engine. An error named so already is returned as it is.
 func decodeTransportErr(err error) error {
-	var ue *UpstreamError
+	var ue *upstream.UpstreamError
 	named := errors.As(err, &ue)
 	switch {
 	case errors.Is(err, ErrClientGone):
@@ -205,22 +203,12 @@ func decodeTransportErr(err error) error {
 	case named && (errors.Is(err, ErrDecodeFailed) || errors.Is(err, ErrDecodeTimeout) || errors.Is(err, ErrDecodeUnavailable)):
 		return err
 	}
-	u := upstreamErr(RoleEngine, "", err)
+	u := upstreamErr(upstream.RoleEngine, "", err)
 	switch {
-	case errors.Is(err, ErrDecodeTimeout), errors.Is(err, ErrFirstByteTimeout):
+	case errors.Is(err, ErrDecodeTimeout), errors.Is(err, upstream.ErrFirstByteTimeout):
 		return fmt.Errorf("%w: %w", ErrDecodeTimeout, u)
 	case errors.Is(err, syscall.ECONNREFUSED):
 		return fmt.Errorf("%w: %w", ErrDecodeUnavailable, u)
 	}
 	return fmt.Errorf("%w: %w", ErrDecodeFailed, u)
-}
-
-func isTimeout(err error) bool {
-	var ne net.Error
-	return errors.Is(err, fasthttp.ErrTimeout) || errors.Is(err, fasthttp.ErrDialTimeout) ||
-		(errors.As(err, &ne) && ne.Timeout())
-}
-
-func isReset(err error) bool {
-	return errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
 }

@@ -4,6 +4,7 @@ import (
 	"errors"
 
 	"github.com/pd-sidecar/pd-sidecar/metrics"
+	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"
 )
 
 // The bound on one SSE event of an upstream stream (--max-sse-event-bytes),
@@ -53,7 +54,7 @@ func (r *request) eventRefused() {
 
 // eventReader reads the local engine's stream on leg, bounded by
 // --max-sse-event-bytes, a refusal counted.
-func (r *request) eventReader(leg *Leg) *eventReader {
+func (r *request) eventReader(leg *upstream.Leg) *eventReader {
 	er := newEventReader(leg, &r.p.bufs, r.p.cfg.MaxSSEEventBytes)
 	er.refused = r.eventRefused
 	return er

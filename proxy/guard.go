@@ -15,6 +15,7 @@ import (
 
 	"github.com/pd-sidecar/pd-sidecar/circuit"
 	"github.com/pd-sidecar/pd-sidecar/metrics"
+	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"
 	"github.com/pd-sidecar/pd-sidecar/ssrf"
 )
 
@@ -71,7 +72,7 @@ type GuardConfig struct {
 	// MaxBufferedBytes bounds the bytes buffered at once by all
 	// connections together: request bodies read whole before they are
 	// served (503 past it, before the body is read) and answers read whole
-	// (budget.go).
+	// (upstream.Budget).
 	MaxBufferedBytes int64
 	// TLS is the serving and upstream TLS.
 	TLS TLSConfig
@@ -119,9 +120,9 @@ type guard struct {
 	m        *metrics.Guards
 	breakers *circuit.Breakers
 	inflight atomic.Int64
-	buffered *budget    // --max-buffered-bytes
-	bodies   *bodyHolds // request bodies' share of buffered
-	tls      *serverTLS // nil: plain HTTP
+	buffered *upstream.Budget // --max-buffered-bytes
+	bodies   *bodyHolds       // request bodies' share of buffered
+	tls      *serverTLS       // nil: plain HTTP
 	openMu   sync.Mutex
 	open     map[string]struct{} // prefillers whose circuit is not closed
 }
@@ -132,7 +133,7 @@ func newGuard(cfg GuardConfig, maxBody int, m *metrics.Guards, log zerolog.Logge
 	if m != nil {
 		gauge = m.BufferedBytes
 	}
-	g.buffered = newBudget(cfg.MaxBufferedBytes, gauge)
+	g.buffered = upstream.NewBudget(cfg.MaxBufferedBytes, gauge)
 	g.bodies = newBodyHolds(g.buffered, maxBody, cfg.ReadTimeout)
 	if cfg.TLS.SecureProxy {
 		st, err := newServerTLS(cfg.TLS.CertPath, log)

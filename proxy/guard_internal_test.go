@@ -12,7 +12,6 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
-	"runtime"
 	"testing"
 	"time"
 
@@ -22,40 +21,8 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/pd-sidecar/pd-sidecar/circuit"
+	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"
 )
-
-func TestTransportForgedHostsStayBounded(t *testing.T) {
-	tr := NewTransport(200*time.Millisecond, 8, 4)
-	before := runtime.NumGoroutine()
-	for i := range 2000 {
-		addr := fmt.Sprintf("127.%d.%d.%d:1", 1+i>>16&127, i>>8&255, i&255)
-		resp := fasthttp.AcquireResponse()
-		_, err := tr.Do(context.Background(), addr, newReq(addr, "/x"), resp)
-		fasthttp.ReleaseResponse(resp)
-		require.Error(t, err)
-	}
-	assert.LessOrEqual(t, tr.Hosts(), 4, "pools kept for at most maxHosts upstreams")
-	assert.Less(t, runtime.NumGoroutine()-before, 20, "no goroutine per forged upstream")
-}
-
-func TestTransportPooledHostKeepsItsSlot(t *testing.T) {
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { _, _ = w.Write([]byte("ok")) }))
-	defer srv.Close()
-	good := srv.Listener.Addr().String()
-	tr := NewTransport(200*time.Millisecond, 8, 2)
-	do := func(addr string) error {
-		resp := fasthttp.AcquireResponse()
-		defer fasthttp.ReleaseResponse(resp)
-		_, err := tr.Do(context.Background(), addr, newReq(addr, "/x"), resp)
-		return err
-	}
-	require.NoError(t, do(good))
-	for i := range 100 {
-		_ = do(fmt.Sprintf("127.0.%d.%d:1", 1+i/250, i%250+1))
-		require.NoError(t, do(good), "the real upstream keeps working")
-	}
-	assert.LessOrEqual(t, tr.Hosts(), 2)
-}
 
 // writeCert writes a fresh self-signed pair for 127.0.0.1 into dir and
 // returns its certificate.
@@ -133,7 +100,7 @@ func TestUpstreamTLS(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			f, err := tt.cfg.upstreamTLS([]string{"127.0.0.1:1"})
 			require.NoError(t, err)
-			tr := NewTransport(time.Second, 4, 4)
+			tr := upstream.NewTransport(time.Second, 4, 4)
 			tr.UseTLS(f)
 			resp := fasthttp.AcquireResponse()
 			defer fasthttp.ReleaseResponse(resp)

@@ -15,6 +15,7 @@ import (
 	"github.com/pd-sidecar/pd-sidecar/connectors/sidecar"
 	"github.com/pd-sidecar/pd-sidecar/kvtransfer"
 	"github.com/pd-sidecar/pd-sidecar/metrics"
+	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"
 )
 
 // The sidecar-driven KV pull (--kv-connector sidecar): between the prefill
@@ -183,12 +184,12 @@ func (r *request) allocKV(src kvtransfer.Source) (allocAnswer, error) {
 	b, status, err := r.engineCall(ctx, "/kv/alloc", body)
 	switch {
 	case err != nil:
-		return a, fmt.Errorf("%w: %w", errKVAlloc, upstreamErr(RoleEngine, r.local, err))
+		return a, fmt.Errorf("%w: %w", errKVAlloc, upstreamErr(upstream.RoleEngine, r.local, err))
 	case status != fasthttp.StatusOK: // its body is never said
-		return a, fmt.Errorf("%w: %w", errKVAlloc, &UpstreamError{Role: RoleEngine, Reason: fmt.Sprintf("answered %d", status), Addr: r.local})
+		return a, fmt.Errorf("%w: %w", errKVAlloc, &upstream.UpstreamError{Role: upstream.RoleEngine, Reason: fmt.Sprintf("answered %d", status), Addr: r.local})
 	}
 	if err := json.Unmarshal(b, &a); err != nil || a.AllocID == "" || len(a.BlockIDs) != len(src.BlockIDs) {
-		return a, fmt.Errorf("%w: %w", errKVAlloc, &UpstreamError{Role: RoleEngine, Reason: "unusable answer", Addr: r.local, Err: err})
+		return a, fmt.Errorf("%w: %w", errKVAlloc, &upstream.UpstreamError{Role: upstream.RoleEngine, Reason: "unusable answer", Addr: r.local, Err: err})
 	}
 	return a, nil
 }
@@ -356,10 +357,10 @@ func kvFailureReason(err error) string {
 // prefiller's fault and degrades; any other failure is a KV load failure,
 // re-run locally as --on-kv-load-failure says.
 func (r *request) kvPullFailure(err error) (error, bool) {
-	var ue *UpstreamError
+	var ue *upstream.UpstreamError
 	if !errors.As(err, &ue) && !errors.Is(err, connectors.ErrInvalidKVParams) {
 		// The agent's errors may quote its descriptor: said in fixed words.
-		err = &UpstreamError{Role: RoleKVAgent, Reason: "KV pull failed (" + kvFailureReason(err) + ")", Err: err}
+		err = &upstream.UpstreamError{Role: upstream.RoleKVAgent, Reason: "KV pull failed (" + kvFailureReason(err) + ")", Err: err}
 	}
 	switch {
 	case r.gone():

@@ -14,6 +14,7 @@ import (
 
 	"github.com/pd-sidecar/pd-sidecar/connectors"
 	"github.com/pd-sidecar/pd-sidecar/metrics"
+	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"
 )
 
 // Freeing the prefiller's KV when the client leaves (--release-kv-on-cancel).
@@ -48,12 +49,12 @@ const (
 // the proxy stops.
 type kvReleaser struct {
 	conn   connectors.KVReleaser
-	tr     *Transport
+	tr     *upstream.Transport
 	counts *prometheus.CounterVec
 	sem    chan struct{}
 	ctx    context.Context
 	cancel context.CancelFunc
-	mu     sync.Mutex // orders go with stop
+	mu     sync.Mutex // orders go with the end of Run
 	wg     sync.WaitGroup
 	done   bool // stopped: nothing more is sent
 }
@@ -74,11 +75,11 @@ func newKVReleaser(p *Proxy) *kvReleaser {
 	}
 }
 
-// stop cancels the release legs in flight and waits for them to end.
-func (kr *kvReleaser) stop() {
-	if kr == nil {
-		return
-	}
+// Run returns once ctx is done and the release legs then in flight, which
+// it cancels, have ended; from then on no release leg is sent. The legs
+// are started by the requests that end with a handoff unread, from New on.
+func (kr *kvReleaser) Run(ctx context.Context) {
+	<-ctx.Done()
 	kr.mu.Lock()
 	kr.done = true
 	kr.mu.Unlock()
@@ -158,7 +159,7 @@ func (kr *kvReleaser) send(addr string, raw []byte, lg zerolog.Logger) {
 	start := time.Now()
 	status, err := kr.exchange(addr, raw)
 	if err == nil && status != fasthttp.StatusOK {
-		err = fmt.Errorf("%w: the decode engine answered %d", ErrBadUpstreamAnswer, status)
+		err = fmt.Errorf("%w: the decode engine answered %d", upstream.ErrBadUpstreamAnswer, status)
 	}
 	if err != nil {
 		kr.counts.WithLabelValues(metrics.KVReleaseFailed).Inc()
@@ -196,3 +197,5 @@ func (lc *laneConn) releaseKV() {
 		r.releaseKV(lc.pd.start)
 	}
 }
+
+var _ background = (*kvReleaser)(nil)

@@ -63,15 +63,20 @@ func (f *fakeDecoder) got() int {
 
 const releaseParams = `{"do_remote_prefill":true,"remote_engine_id":"e","remote_request_id":"r","remote_block_ids":[[1]],"remote_host":"h","remote_port":1}`
 
-func releaseProxy(t *testing.T, conn connectors.Connector, on bool) (*Proxy, *metrics.Metrics) {
+// releaseProxy is a proxy whose releaser (when on) runs until stop, or
+// the end of t.
+func releaseProxy(t *testing.T, conn connectors.Connector, on bool) (p *Proxy, m *metrics.Metrics, stop func()) {
 	t.Helper()
 	cfg := DefaultConfig()
 	cfg.ReleaseKVOnCancel = on
-	m := metrics.New(prometheus.NewRegistry(), 0)
+	m = metrics.New(prometheus.NewRegistry(), 0)
 	p, err := New(cfg, conn, m, prometheus.NewRegistry(), zerolog.Nop())
 	require.NoError(t, err)
-	t.Cleanup(p.kvr.stop)
-	return p, m
+	stop = func() {}
+	if p.kvr != nil {
+		stop = runBackground(t, p.kvr)
+	}
+	return p, m, stop
 }
 
 // pendingRequest is a fasthttp-path request to local whose prefill
@@ -100,7 +105,7 @@ func releases(m *metrics.Metrics, how string) float64 {
 func TestReleaseKVSendsOneTokenDecode(t *testing.T) {
 	f := &fakeDecoder{}
 	local := f.serve(t)
-	p, m := releaseProxy(t, nixlv2.New(), true)
+	p, m, _ := releaseProxy(t, nixlv2.New(), true)
 	r := pendingRequest(p, local)
 	r.releaseKV(nil)
 	r.releaseKV(nil) // once
@@ -129,7 +134,7 @@ func TestReleaseKVSendsOneTokenDecode(t *testing.T) {
 func TestReleaseKVNotPending(t *testing.T) {
 	f := &fakeDecoder{}
 	local := f.serve(t)
-	p, m := releaseProxy(t, nixlv2.New(), true)
+	p, m, stop := releaseProxy(t, nixlv2.New(), true)
 	r := pendingRequest(p, local)
 	r.kvHandoffDone(time.Now(), false)
 	r.releaseKV(nil)
@@ -140,17 +145,17 @@ func TestReleaseKVNotPending(t *testing.T) {
 	r.releaseKV(nil)
 	assert.Nil(t, r.kvPending)
 
-	off, _ := releaseProxy(t, nixlv2.New(), false)
+	off, _, _ := releaseProxy(t, nixlv2.New(), false)
 	assert.Nil(t, off.kvr)
 	r = pendingRequest(off, local)
 	assert.Nil(t, r.kvPending)
 	r.releaseKV(nil)
-	push, _ := releaseProxy(t, sglang.New(8998), true)
+	push, _, _ := releaseProxy(t, sglang.New(8998), true)
 	assert.Nil(t, push.kvr, "sglang's prefiller pushes the KV")
 
 	// Stopping waits for every release in flight (and cancels it, counted
 	// failed): none sent is then a fact, not a pause's guess.
-	p.kvr.stop()
+	stop()
 	assert.Zero(t, f.got())
 	assert.Zero(t, testutil.ToFloat64(m.KVReleases.WithLabelValues(metrics.KVReleaseDecodeLeg))+
 		releases(m, metrics.KVReleaseFailed)+releases(m, metrics.KVReleaseOverLimit))
@@ -163,7 +168,7 @@ func TestReleaseKVBounded(t *testing.T) {
 	f := &fakeDecoder{gate: make(chan struct{})}
 	defer close(f.gate)
 	local := f.serve(t)
-	p, m := releaseProxy(t, nixlv2.New(), true)
+	p, m, stop := releaseProxy(t, nixlv2.New(), true)
 	for range maxKVReleases + 1 {
 		pendingRequest(p, local).releaseKV(nil)
 	}
@@ -172,7 +177,7 @@ func TestReleaseKVBounded(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	stopped := make(chan struct{})
-	go func() { p.kvr.stop(); close(stopped) }()
+	go func() { stop(); close(stopped) }()
 	select {
 	case <-stopped:
 	case <-ctx.Done():

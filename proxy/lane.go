@@ -20,6 +20,7 @@ import (
 	"github.com/pd-sidecar/pd-sidecar/httpbody"
 	"github.com/pd-sidecar/pd-sidecar/metrics"
 	"github.com/pd-sidecar/pd-sidecar/netloop"
+	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"
 )
 
 // The lane serves the common request on the event loops from its first
@@ -496,7 +497,7 @@ func (ll *laneLoop) pop(addr string) *upConn {
 		// may be waiting in this round of events: a connection the upstream
 		// sent something on while no request was outstanding (an answer to
 		// a request never sent), or closed, is not used.
-		if now.Sub(u.since) < laneIdleMax && fdQuiet(u.fd) {
+		if now.Sub(u.since) < laneIdleMax && upstream.FdQuiet(u.fd) {
 			return u
 		}
 		u.close()
@@ -512,7 +513,7 @@ func (ll *laneLoop) put(u *upConn) {
 	ll.mu.Lock()
 	u.owner, u.since = nil, time.Now()
 	idle, known := ll.idle[u.addr]
-	if (known || len(ll.idle) <= ll.ln.p.tr.maxHosts) && len(idle) < max(ll.ln.p.cfg.MaxConnsPerHost/len(ll.ln.loops), 1) {
+	if (known || len(ll.idle) <= ll.ln.p.tr.MaxHosts()) && len(idle) < max(ll.ln.p.cfg.MaxConnsPerHost/len(ll.ln.loops), 1) {
 		ll.idle[u.addr] = append(idle, u)
 		ll.mu.Unlock()
 		return
@@ -563,7 +564,7 @@ func (lc *laneConn) dial() {
 	lc.dials++
 	ll, r, addr, n := lc.ll, lc.r, lc.addr, lc.dials
 	go func() {
-		conn, err := ll.ln.p.tr.dial(addr)
+		conn, err := ll.ln.p.tr.Dial(addr)
 		var fd int
 		if err == nil {
 			var ok bool
@@ -621,13 +622,13 @@ func (lc *laneConn) dialed(r *request, n uint64, addr string, conn net.Conn, fd 
 		return
 	}
 	if err != nil {
-		lc.legFailed(&LegError{Addr: addr, Op: "dial", Err: err})
+		lc.legFailed(&upstream.LegError{Addr: addr, Op: "dial", Err: err})
 		return
 	}
 	u := &upConn{ll: ll, addr: addr, conn: conn, fd: fd, fresh: true}
 	if err := ll.loop.Add(fd, netloop.Readable, u); err != nil {
 		_ = conn.Close()
-		lc.legFailed(&LegError{Addr: addr, Op: "dial", Err: err})
+		lc.legFailed(&upstream.LegError{Addr: addr, Op: "dial", Err: err})
 		return
 	}
 	u.watched = true
@@ -662,7 +663,7 @@ func (lc *laneConn) writeUp() {
 		err = nil
 	}
 	if err != nil {
-		lc.upFailed(&LegError{Addr: lc.addr, Op: "write", Err: err})
+		lc.upFailed(&upstream.LegError{Addr: lc.addr, Op: "write", Err: err})
 	}
 }
 
@@ -699,10 +700,10 @@ func (lc *laneConn) readHead() {
 	case errors.Is(err, netloop.ErrWouldBlock):
 		return
 	case err != nil:
-		lc.upFailed(&LegError{Addr: lc.addr, Op: "read", Err: err})
+		lc.upFailed(&upstream.LegError{Addr: lc.addr, Op: "read", Err: err})
 		return
 	case n == 0:
-		lc.upFailed(&LegError{Addr: lc.addr, Op: "read", Err: errUpClosed})
+		lc.upFailed(&upstream.LegError{Addr: lc.addr, Op: "read", Err: upstream.ErrUpClosed})
 		return
 	}
 	b := in[:n]
@@ -713,7 +714,7 @@ func (lc *laneConn) readHead() {
 	rest, whole, err := parseAnswerHead(&ll.resp, &ll.rd, ll.br, b, ll.ln.p.cfg.Guard.MaxHeaderBytes, &lc.interim)
 	switch {
 	case err != nil:
-		lc.upFailed(&LegError{Addr: lc.addr, Op: "read", Err: err})
+		lc.upFailed(&upstream.LegError{Addr: lc.addr, Op: "read", Err: err})
 		return
 	case !whole:
 		// Interim answers skipped are dropped; the rest waits for more.
@@ -730,11 +731,11 @@ func (lc *laneConn) readHead() {
 
 // parseAnswerHead parses the head of an upstream answer at the front of b
 // into h (through rd and br, the loop's parser buffers, br maxHead bytes
-// long), exactly as the fasthttp path's readAnswer does from the same
-// bytes: an interim 100 Continue is skipped (up to maxInterim, counted in
+// long), exactly as the fasthttp path's upstream.ReadAnswer does from the same
+// bytes: an interim 100 Continue is skipped (up to upstream.MaxInterim, counted in
 // *interim), any other status below 200 is refused, and so is a head longer
 // than maxHead or one that does not parse, as soon as what came shows it
-// (all ErrBadUpstreamAnswer). whole reports an answer's head found: rest is
+// (all upstream.ErrBadUpstreamAnswer). whole reports an answer's head found: rest is
 // then what follows it; otherwise rest is what is left of b once interim
 // answers are skipped, to be read on with more bytes.
 func parseAnswerHead(h *fasthttp.ResponseHeader, rd *bytes.Reader, br *bufio.Reader, b []byte, maxHead int, interim *int) (rest []byte, whole bool, err error) {
@@ -744,10 +745,10 @@ func parseAnswerHead(h *fasthttp.ResponseHeader, rd *bytes.Reader, br *bufio.Rea
 		br.Reset(rd)
 		if err := h.Read(br); err != nil {
 			if !errors.Is(err, io.EOF) {
-				return nil, false, answerHeadErr(err)
+				return nil, false, upstream.AnswerHeadErr(err)
 			}
 			if len(b) >= maxHead {
-				return nil, false, badAnswer("answer head longer than the read buffer", nil)
+				return nil, false, upstream.BadAnswer("answer head longer than the read buffer", nil)
 			}
 			return b, false, nil // not whole yet
 		}
@@ -756,8 +757,8 @@ func parseAnswerHead(h *fasthttp.ResponseHeader, rd *bytes.Reader, br *bufio.Rea
 		if st >= 200 {
 			return b, true, nil
 		}
-		if st != fasthttp.StatusContinue || *interim >= maxInterim {
-			return nil, false, badAnswer(fmt.Sprintf("status %d", st), nil)
+		if st != fasthttp.StatusContinue || *interim >= upstream.MaxInterim {
+			return nil, false, upstream.BadAnswer(fmt.Sprintf("status %d", st), nil)
 		}
 		*interim++
 	}
@@ -775,8 +776,8 @@ func (lc *laneConn) answer(rest []byte) {
 	if ll.resp.ConnectionClose() {
 		lc.up.keep = false
 	}
-	dec := headDecoder(&ll.resp)
-	if !bytes.HasPrefix(ll.resp.ContentType(), eventStream) || bodiless(r.obs.status) {
+	dec := upstream.HeadDecoder(&ll.resp)
+	if !bytes.HasPrefix(ll.resp.ContentType(), eventStream) || upstream.Bodiless(r.obs.status) {
 		lc.stopTimer()
 		lc.readWhole(dec, rest)
 		return
@@ -807,7 +808,7 @@ func (lc *laneConn) answer(rest []byte) {
 func (lc *laneConn) readWhole(dec httpbody.Decoder, rest []byte) {
 	p := lc.ll.ln.p
 	lc.raw = &rawAnswer{body: dec, status: lc.ll.resp.StatusCode(), max: p.cfg.MaxUpstreamAnswerBytes,
-		hold: AnswerHold{b: p.guard.buffered}}
+		hold: upstream.NewAnswerHold(p.guard.buffered)}
 	if err := lc.raw.begin(&lc.ll.resp); err != nil {
 		lc.rawBroke(err)
 		return
@@ -849,9 +850,9 @@ type rawAnswer struct {
 	max    int64 // --max-upstream-answer-bytes
 	excess bool  // bytes came after the body: the connection is not pooled
 	// hold is buf's share of --max-buffered-bytes, reserved before bytes
-	// are kept (as readAnswerBody does) and released once the answer is
+	// are kept (as upstream.ReadAnswer does) and released once the answer is
 	// written or dropped (rawDone, dropRaw).
-	hold AnswerHold
+	hold upstream.AnswerHold
 }
 
 // begin refuses an answer whose head h declares a body longer than a.max,
@@ -859,9 +860,9 @@ type rawAnswer struct {
 func (a *rawAnswer) begin(h *fasthttp.ResponseHeader) error {
 	if cl := h.ContentLength(); !a.body.Done() && cl > 0 {
 		if int64(cl) > a.max {
-			return fmt.Errorf("%w (Content-Length %d)", ErrAnswerTooLarge, cl)
+			return fmt.Errorf("%w (Content-Length %d)", upstream.ErrAnswerTooLarge, cl)
 		}
-		return a.hold.cover(int64(cl), int64(cl))
+		return a.hold.Cover(int64(cl), int64(cl))
 	}
 	return nil
 }
@@ -873,13 +874,13 @@ func (a *rawAnswer) feed(b []byte) error {
 	for len(b) > 0 && !a.body.Done() {
 		data, n, err := a.body.Next(b, len(b))
 		if err != nil {
-			return badAnswer("malformed answer body", err)
+			return upstream.BadAnswer("malformed answer body", err)
 		}
 		size := int64(len(a.buf) + len(data))
 		if size > a.max {
-			return ErrAnswerTooLarge
+			return upstream.ErrAnswerTooLarge
 		}
-		if err := a.hold.cover(size, a.max); err != nil {
+		if err := a.hold.Cover(size, a.max); err != nil {
 			return err
 		}
 		a.buf = append(a.buf, data...)
@@ -949,8 +950,8 @@ func (lc *laneConn) rawDone() {
 // the client has seen nothing, so it gets the error answer (or, for the
 // prefill's, the split goes on as after any failed prefill).
 func (lc *laneConn) rawBroke(err error) {
-	if le := (*LegError)(nil); !errors.As(err, &le) {
-		err = &LegError{Addr: lc.addr, Op: "read", Err: err}
+	if le := (*upstream.LegError)(nil); !errors.As(err, &le) {
+		err = &upstream.LegError{Addr: lc.addr, Op: "read", Err: err}
 	}
 	lc.dropRaw()
 	lc.endUp(false)
@@ -1024,7 +1025,7 @@ func (lc *laneConn) upFailed(err error) {
 	fresh := lc.up == nil || lc.up.fresh
 	lc.endUp(false)
 	if !fresh && !lc.retried && len(lc.head) == 0 &&
-		(isReset(err) || errors.Is(err, errUpClosed) || errors.Is(err, io.EOF)) {
+		(upstream.IsReset(err) || errors.Is(err, upstream.ErrUpClosed) || errors.Is(err, io.EOF)) {
 		lc.retried = true
 		lc.dial()
 		return
@@ -1043,9 +1044,6 @@ func (lc *laneConn) legFailed(err error) {
 	lc.failed(err)
 }
 
-// errUpClosed: the engine closed the connection before the answer began.
-var errUpClosed = errors.New("connection closed before the answer")
-
 // failed answers a request whose decode leg got no answer head.
 func (lc *laneConn) failed(err error) {
 	lc.failWith(decodeTransportErr(err))
@@ -1062,7 +1060,7 @@ func (lc *laneConn) firstByteTimeout() {
 	default:
 		return
 	}
-	lc.failed(fmt.Errorf("%w: %w after %v", ErrDecodeTimeout, ErrFirstByteTimeout, lc.ll.ln.p.cfg.DecodeFirstByteTimeout))
+	lc.failed(fmt.Errorf("%w: %w after %v", ErrDecodeTimeout, upstream.ErrFirstByteTimeout, lc.ll.ln.p.cfg.DecodeFirstByteTimeout))
 }
 
 // began relays a local stream once its first event came: the answer

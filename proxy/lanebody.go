@@ -5,13 +5,14 @@ import (
 	"time"
 
 	"github.com/pd-sidecar/pd-sidecar/netloop"
+	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"
 )
 
 // A request whose body is not whole in the loop's first read — a long
 // prompt (the loop reads 16 KiB at a time), or a body the client wrote
 // after its head (Go's HTTP client writes through a 4 KiB buffer, a proxy
 // may send head and body apart) — is read on the lane too, straight from
-// the socket into one buffer of the whole request's size (bodyPool), and
+// the socket into one buffer of the whole request's size (upstream.BodyPool), and
 // served there as a request read whole is — the request keeps the buffer
 // until it finishes, and its legs send the body from it, behind their
 // heads in one writev (legTo), not from copies —: not handed to fasthttp, which
@@ -47,14 +48,14 @@ type laneBody struct {
 func (lc *laneConn) beginBody(b []byte, headLen, want int) {
 	p := lc.ll.ln.p
 	var held int64
-	if n := int64(want - headLen); n > unreservedBody {
+	if n := int64(want - headLen); n > upstream.UnreservedBody {
 		if !p.guard.buffered.TryReserve(n) {
 			lc.toServer(b, time.Now()) // refused there, as fasthttp refuses its own
 			return
 		}
 		held = n
 	}
-	lb := &laneBody{bufp: p.bufs.bodies.get(want), want: want, held: held, start: time.Now()}
+	lb := &laneBody{bufp: p.bufs.bodies.Get(want), want: want, held: held, start: time.Now()}
 	lb.buf = append(*lb.bufp, b...)
 	lc.body, lc.state = lb, laneReading
 	lc.startTimer(p.cfg.Guard.ReadTimeout/2, lc.bodyStalled)
@@ -156,6 +157,6 @@ func (lc *laneConn) dropBody(lb *laneBody) {
 	p.guard.buffered.Release(lb.held)
 	lb.held = 0
 	*lb.bufp = lb.buf
-	p.bufs.bodies.put(lb.bufp)
+	p.bufs.bodies.Put(lb.bufp)
 	lb.bufp = nil
 }

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/assert"
+
+	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"
 )
 
 // TestLanePoolBounds: the lane pools upstream connections per address up
@@ -16,7 +18,7 @@ import (
 // forged prefiller addresses cannot grow it); the sweeper's evict closes
 // those unused for laneIdleMax and forgets the prefillers left with none.
 func TestLanePoolBounds(t *testing.T) {
-	p := &Proxy{cfg: DefaultConfig(), tr: NewTransport(time.Second, 2, 2)}
+	p := &Proxy{cfg: DefaultConfig(), tr: upstream.NewTransport(time.Second, 2, 2)}
 	p.cfg.MaxConnsPerHost = 2
 	ln := &lane{p: p, local: "127.0.0.1:8200"}
 	ll := &laneLoop{ln: ln, idle: map[string][]*upConn{}}

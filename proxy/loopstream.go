@@ -13,6 +13,7 @@ import (
 	"github.com/pd-sidecar/pd-sidecar/connectors"
 	"github.com/pd-sidecar/pd-sidecar/httpbody"
 	"github.com/pd-sidecar/pd-sidecar/netloop"
+	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"
 )
 
 // loopStream carries a streamed answer on an event loop (netloop). The
@@ -114,7 +115,7 @@ func (b *sseBody) loopable() bool {
 		return false
 	}
 	cc, ok := r.rc.Conn().(*clientConn)
-	if _, plain := b.leg.conn.(*net.TCPConn); !ok || !plain {
+	if _, plain := b.leg.Conn().(*net.TCPConn); !ok || !plain {
 		return false // TLS on either side, or no socket to watch
 	}
 	b.cc = cc
@@ -132,13 +133,13 @@ func (b *sseBody) handOver() bool {
 	r, leg := b.r, b.leg
 	cc := b.cc
 	cfd, ok1 := netloop.FD(cc.TCPConn)
-	ufd, ok2 := netloop.FD(leg.conn)
-	if !ok1 || !ok2 || !cc.synced() || !leg.disarm() {
+	ufd, ok2 := netloop.FD(leg.Conn())
+	if !ok1 || !ok2 || !cc.synced() || !leg.Disarm() {
 		return false
 	}
 	loop := r.p.loops.Pick()
 	release := b.release
-	ls := &loopStream{r: r, loop: loop, body: leg.body, fn: b.fn, done: b.done,
+	ls := &loopStream{r: r, loop: loop, body: leg.Body(), fn: b.fn, done: b.done,
 		keepAlive: b.keepAlive, cfd: cfd, ufd: ufd, maxEvent: r.p.cfg.MaxSSEEventBytes}
 	ls.release = func() {
 		release()
@@ -158,9 +159,9 @@ func (b *sseBody) handOver() bool {
 	}
 	b.er.release()
 	if err == nil {
-		out, err = ls.feedRaw(out, leg.ahead())
+		out, err = ls.feedRaw(out, leg.Ahead())
 	}
-	leg.dropReader()
+	leg.DropReader()
 	if err != nil {
 		out = ls.endUpstream(out, err)
 	} else if ls.body.Done() {
@@ -188,13 +189,13 @@ func (b *sseBody) handOver() bool {
 // connection once the answer is over.
 type legConns struct {
 	ls   *loopStream
-	leg  *Leg
+	leg  *upstream.Leg
 	done func(keep bool)
 }
 
 func (c *legConns) legEnd(clean bool) {
 	_ = c.ls.loop.Remove(c.ls.ufd)
-	c.leg.eof = clean
+	c.leg.MarkEnded(clean)
 	c.leg.Close()
 }
 func (c *legConns) legPause() error  { return c.ls.loop.Remove(c.ls.ufd) }

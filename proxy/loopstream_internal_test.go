@@ -7,6 +7,8 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net"
+	"net/http"
 	"net/http/httputil"
 	"strings"
 	"sync/atomic"
@@ -17,11 +19,13 @@ import (
 	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"github.com/valyala/fasthttp"
 
 	"github.com/pd-sidecar/pd-sidecar/connectors"
 	"github.com/pd-sidecar/pd-sidecar/httpbody"
 	"github.com/pd-sidecar/pd-sidecar/metrics"
 	"github.com/pd-sidecar/pd-sidecar/netloop"
+	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"
 )
 
 // TestLoopStreamBackpressure runs a loopStream between two real sockets
@@ -36,18 +40,42 @@ func TestLoopStreamBackpressure(t *testing.T) {
 	ctx, cancel := context.WithCancelCause(context.Background())
 	r := &request{p: p, ctx: ctx, cancel: cancel, api: connectors.APICompletions, mode: metrics.ModeLocal}
 
-	upstream, engine := tcpPair(t)
-	server, client := tcpPair(t)
-	var clean, released atomic.Bool
-	leg := &Leg{conn: upstream, body: httpbody.New(httpbody.Chunked, 0), release: func(c bool) { clean.Store(c) }}
-	ls := &loopStream{r: r, loop: g.Pick(), body: leg.body, release: func() { released.Store(true) }}
-	ls.ufd, _ = netloop.FD(upstream)
-	ls.cfd, _ = netloop.FD(server)
-	ls.conns = &legConns{ls: ls, leg: leg, done: func(bool) { _ = server.Close() }}
-	ls.begin()
-
+	// The engine answers a stream's head, and its events once the loop has
+	// taken the leg over; then, on the same connection, a second request.
+	engineLn, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer engineLn.Close()
+	addr := engineLn.Addr().String()
+	var accepted atomic.Int32
+	engines := make(chan net.Conn, 1)
+	go func() {
+		for {
+			c, err := engineLn.Accept()
+			if err != nil {
+				return
+			}
+			if accepted.Add(1) > 1 {
+				_ = c.Close() // a second connection: the first was not pooled
+				continue
+			}
+			engines <- c
+		}
+	}()
+	tr := upstream.NewTransport(time.Second, 8, 8)
+	defer tr.Close()
+	resp := fasthttp.AcquireResponse()
+	defer fasthttp.ReleaseResponse(resp)
+	taken := make(chan struct{})
 	const events = 40000 // 8 MB: more than the sockets' buffers hold
 	go func() {
+		engine := <-engines
+		defer engine.Close()
+		er := bufio.NewReader(engine)
+		if _, err := engineRequest(er); err != nil {
+			return
+		}
+		_, _ = engine.Write([]byte("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"))
+		<-taken
 		w := bufio.NewWriter(engine)
 		for i := range events {
 			ev := fmt.Sprintf("data: {\"choices\":[{\"text\":\"%05d %s\"}]}\n\n", i, strings.Repeat("x", 150))
@@ -58,7 +86,25 @@ func TestLoopStreamBackpressure(t *testing.T) {
 		}
 		_, _ = w.WriteString(string(httpbody.AppendChunk(nil, []byte("data: [DONE]\n\n"))) + httpbody.LastChunk)
 		_ = w.Flush()
+		if _, err := engineRequest(er); err != nil {
+			return
+		}
+		_, _ = engine.Write([]byte("HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"))
 	}()
+	leg, err := tr.Stream(context.Background(), addr, newReq(addr, "/v1/completions"), resp)
+	require.NoError(t, err)
+	require.True(t, leg.Disarm())
+	require.Empty(t, leg.Ahead(), "the events come once the loop has the leg")
+	leg.DropReader()
+
+	server, client := tcpPair(t)
+	var released atomic.Bool
+	ls := &loopStream{r: r, loop: g.Pick(), body: leg.Body(), release: func() { released.Store(true) }}
+	ls.ufd, _ = netloop.FD(leg.Conn())
+	ls.cfd, _ = netloop.FD(server)
+	ls.conns = &legConns{ls: ls, leg: leg, done: func(bool) { _ = server.Close() }}
+	ls.begin()
+	close(taken)
 	require.Eventually(t, func() bool {
 		ls.mu.Lock()
 		defer ls.mu.Unlock()
@@ -75,6 +121,24 @@ func TestLoopStreamBackpressure(t *testing.T) {
 	}
 	assert.Equal(t, "data: [DONE]", got[events])
 	assert.Eventually(t, released.Load, 30*time.Second, 5*time.Millisecond, "the request finished")
-	assert.True(t, clean.Load(), "the engine connection ended cleanly (back to its pool)")
 	assert.Zero(t, ls.loop.Len())
+	again := fasthttp.AcquireResponse()
+	defer fasthttp.ReleaseResponse(again)
+	doCtx, cancelDo := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancelDo()
+	hold, err := tr.Do(doCtx, addr, newReq(addr, "/v1/completions"), again)
+	require.NoError(t, err)
+	hold.Release()
+	assert.Equal(t, "ok", string(again.Body()))
+	assert.Equal(t, int32(1), accepted.Load(), "the engine connection ended cleanly (back to its pool)")
+}
+
+// engineRequest reads one request, its body included, as an engine does.
+func engineRequest(br *bufio.Reader) (*http.Request, error) {
+	req, err := http.ReadRequest(br)
+	if err != nil {
+		return nil, err
+	}
+	_, err = io.Copy(io.Discard, req.Body)
+	return req, err
 }

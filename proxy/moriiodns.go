@@ -53,7 +53,7 @@ type hostResolver struct {
 	m            *metrics.MoriIO
 	log          zerolog.Logger
 	now          func() time.Time
-	// bg is the context of background revalidations (ended by close).
+	// bg is the context of background revalidations (ended by Run).
 	bg     context.Context
 	stop   context.CancelFunc
 	wg     sync.WaitGroup
@@ -78,8 +78,11 @@ func newHostResolver(lookup LookupFunc, ttl, timeout time.Duration, seed map[str
 	return r
 }
 
-// close ends background revalidations and waits for them.
-func (r *hostResolver) close() {
+// Run returns once ctx is done and the background revalidations, which
+// it cancels, have ended. They are started by the lookups of stale
+// addresses, from newHostResolver on.
+func (r *hostResolver) Run(ctx context.Context) {
+	<-ctx.Done()
 	r.stop()
 	r.wg.Wait()
 }
@@ -168,3 +171,5 @@ func (r *hostResolver) refresh(ctx context.Context, spec string, e *dnsEntry) {
 	}
 	e.ip = ip
 }
+
+var _ background = (*hostResolver)(nil)

@@ -111,7 +111,7 @@ func TestHostResolver(t *testing.T) {
 	t.Run("literal IPs are never looked up", func(t *testing.T) {
 		f := &fakeDNS{answers: map[string][]string{}}
 		r, m, _ := testResolver(f, nil)
-		defer r.close()
+		defer runBackground(t, r)()
 		assert.Equal(t, "10.0.0.1", r.resolve(context.Background(), "10.0.0.1"))
 		assert.Zero(t, f.calls.Load())
 		assert.Equal(t, [3]float64{}, counts(m))
@@ -119,7 +119,7 @@ func TestHostResolver(t *testing.T) {
 	t.Run("seeded: fresh within the TTL", func(t *testing.T) {
 		f := &fakeDNS{answers: map[string][]string{"svc": {"10.0.0.9"}}}
 		r, m, now := testResolver(f, map[string]string{"svc": "10.0.0.1"})
-		defer r.close()
+		defer runBackground(t, r)()
 		*now = now.Add(29 * time.Second)
 		assert.Equal(t, "10.0.0.1", r.resolve(context.Background(), "svc"))
 		assert.Zero(t, f.calls.Load())
@@ -128,7 +128,7 @@ func TestHostResolver(t *testing.T) {
 	t.Run("stale: served at once, revalidated once in the background", func(t *testing.T) {
 		f := &fakeDNS{answers: map[string][]string{"svc": {"10.0.0.9"}}, gate: make(chan struct{})}
 		r, m, now := testResolver(f, map[string]string{"svc": "10.0.0.1"})
-		defer r.close()
+		defer runBackground(t, r)()
 		*now = now.Add(31 * time.Second)
 		for range 5 {
 			assert.Equal(t, "10.0.0.1", r.resolve(context.Background(), "svc"), "stale while revalidating")
@@ -142,7 +142,7 @@ func TestHostResolver(t *testing.T) {
 		f := &fakeDNS{answers: map[string][]string{}}
 		f.failing(true)
 		r, m, now := testResolver(f, map[string]string{"svc": "10.0.0.1"})
-		defer r.close()
+		defer runBackground(t, r)()
 		*now = now.Add(31 * time.Second)
 		assert.Equal(t, "10.0.0.1", r.resolve(context.Background(), "svc"))
 		require.Eventually(t, func() bool { return counts(m)[2] == 1 }, 30*time.Second, time.Millisecond)
@@ -153,7 +153,7 @@ func TestHostResolver(t *testing.T) {
 	t.Run("cold: looked up once for concurrent callers", func(t *testing.T) {
 		f := &fakeDNS{answers: map[string][]string{"svc": {"10.0.0.5"}}, gate: make(chan struct{})}
 		r, m, _ := testResolver(f, nil)
-		defer r.close()
+		defer runBackground(t, r)()
 		var wg sync.WaitGroup
 		got := make([]string, 8)
 		for i := range got {
@@ -174,7 +174,7 @@ func TestHostResolver(t *testing.T) {
 	t.Run("cold and the lookup fails: the raw spec", func(t *testing.T) {
 		f := &fakeDNS{answers: map[string][]string{}}
 		r, m, _ := testResolver(f, nil)
-		defer r.close()
+		defer runBackground(t, r)()
 		assert.Equal(t, "svc", r.resolve(context.Background(), "svc"))
 		assert.Equal(t, [3]float64{1, 0, 1}, counts(m))
 	})
@@ -182,7 +182,7 @@ func TestHostResolver(t *testing.T) {
 		f := &fakeDNS{answers: map[string][]string{"svc": {"10.0.0.5"}}, gate: make(chan struct{})}
 		m := metrics.NewMoriIO(prometheus.NewRegistry())
 		r := newHostResolver(f.lookup, time.Minute, 50*time.Millisecond, nil, m, zerolog.Nop())
-		defer r.close()
+		defer runBackground(t, r)()
 		start := time.Now()
 		assert.Equal(t, "svc", r.resolve(context.Background(), "svc"))
 		took := time.Since(start)

@@ -12,6 +12,7 @@ import (
 
 	"github.com/pd-sidecar/pd-sidecar/connectors"
 	"github.com/pd-sidecar/pd-sidecar/metrics"
+	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"
 )
 
 // maxBuffered is the largest known-length passthrough answer read whole;
@@ -80,7 +81,7 @@ func (p *Proxy) passthrough(rc *fasthttp.RequestCtx, local string) {
 		done()
 		err = decodeTransportErr(err)
 		st := classify(err).status
-		withUpstream(p.log.Error().Err(err), err).Str("path", string(rc.Path())).Msg("passthrough failed")
+		upstream.WithUpstream(p.log.Error().Err(err), err).Str("path", string(rc.Path())).Msg("passthrough failed")
 		rc.SetStatusCode(st)
 		rc.SetContentType("application/json")
 		rc.SetBody(errorBody(st, err))
@@ -103,9 +104,9 @@ func (p *Proxy) passthrough(rc *fasthttp.RequestCtx, local string) {
 		leg.Close()
 		done()
 		if err != nil {
-			err = decodeTransportErr(&LegError{Addr: local, Op: "read", Err: err})
+			err = decodeTransportErr(&upstream.LegError{Addr: local, Op: "read", Err: err})
 			st := classify(err).status
-			withUpstream(p.log.Error().Err(err), err).Str("path", string(rc.Path())).Msg("passthrough failed")
+			upstream.WithUpstream(p.log.Error().Err(err), err).Str("path", string(rc.Path())).Msg("passthrough failed")
 			rc.Response.Reset()
 			rc.SetStatusCode(st)
 			rc.SetContentType("application/json")
@@ -129,7 +130,7 @@ func (p *Proxy) passthrough(rc *fasthttp.RequestCtx, local string) {
 
 // passthroughBody streams an upstream body to the client as it arrives.
 type passthroughBody struct {
-	leg  *Leg
+	leg  *upstream.Leg
 	done func()
 }
 

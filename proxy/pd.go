@@ -11,6 +11,7 @@ import (
 
 	"github.com/pd-sidecar/pd-sidecar/connectors"
 	"github.com/pd-sidecar/pd-sidecar/metrics"
+	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"
 )
 
 // serveInference runs one inference request: local when no prefiller is
@@ -134,7 +135,7 @@ func (r *request) degraded(reason string, cause error) {
 			Msg("hedge: the local prefill was ready first; prefill cancelled, answered locally")
 		return
 	}
-	withUpstream(r.logAt(zerolog.WarnLevel).Err(cause), cause).Str("reason", reason).Msg("degrading to local prefill")
+	upstream.WithUpstream(r.logAt(zerolog.WarnLevel).Err(cause), cause).Str("reason", reason).Msg("degrading to local prefill")
 }
 
 // passOn answers with the prefiller's rejection of the request, err (a
@@ -190,8 +191,8 @@ func (r *request) leftBeforeAnswer(err error) {
 // failure classifies and logs err, which the client is answered with.
 func (r *request) failure(err error) outcome {
 	o := classify(err)
-	withUpstream(r.logAt(zerolog.ErrorLevel).Err(err), err).Int("status", o.status).Msg("request failed")
-	if errors.Is(err, ErrBufferBudget) {
+	upstream.WithUpstream(r.logAt(zerolog.ErrorLevel).Err(err), err).Int("status", o.status).Msg("request failed")
+	if errors.Is(err, upstream.ErrBufferBudget) {
 		// Refused for want of buffer room, as a request body is: counted
 		// with those, answered 503 with Retry-After.
 		r.p.guard.m.Rejected.WithLabelValues(metrics.RejectBufferedBytes).Inc()
@@ -283,7 +284,7 @@ func (r *request) prefillAnswered(status int, contentType, body []byte) (prefill
 		return prefillResult{}, fmt.Errorf("%w: status %d", ErrPrefillServerError, status)
 	case status != fasthttp.StatusOK && status < 400:
 		// A 204, a 304...: no prefill answer, and nothing for the client.
-		return prefillResult{}, fmt.Errorf("%w: %w: status %d", connectors.ErrBadPrefillAnswer, ErrBadUpstreamAnswer, status)
+		return prefillResult{}, fmt.Errorf("%w: %w: status %d", connectors.ErrBadPrefillAnswer, upstream.ErrBadUpstreamAnswer, status)
 	case status != fasthttp.StatusOK:
 		return prefillResult{}, &rejected{status: status, contentType: string(contentType), body: body}
 	}

@@ -233,25 +233,19 @@ func (p *Proxy) ownAddr(hp string) bool {
 	return ip != nil && (ip.IsLoopback() || ip.IsUnspecified())
 }
 
-// start runs the warm-ups until ctx ends or the returned stop is called,
-// which waits for them to end.
-func (w *prewarmer) start(ctx context.Context) (stop func()) {
-	if w == nil {
-		return func() {}
-	}
+// Run runs the warm-ups, prewarmInFlight at a time, until ctx is done, and
+// returns once they have ended. With a connector whose split cannot be
+// warmed up it says so and returns at once.
+func (w *prewarmer) Run(ctx context.Context) {
 	if why := w.p.prewarmCovered(); why != "" {
 		w.log.Warn().Str("reason", why).Msg("--prefill-prewarm has no effect with this connector")
-		return func() {}
+		return
 	}
-	ctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	for range prewarmInFlight {
 		wg.Go(func() { w.worker(ctx) })
 	}
-	return func() {
-		cancel()
-		wg.Wait()
-	}
+	wg.Wait()
 }
 
 func (w *prewarmer) worker(ctx context.Context) {
@@ -460,3 +454,5 @@ func randomHex() string {
 	binary.LittleEndian.PutUint64(b[:], rand.Uint64())
 	return hex.EncodeToString(b[:])
 }
+
+var _ background = (*prewarmer)(nil)

@@ -166,8 +166,7 @@ func TestPrewarmWorkers(t *testing.T) {
 		return nil
 	}
 	start := time.Now()
-	stop := w.start(context.Background())
-	defer stop()
+	runBackground(t, w)
 	for _, hp := range []string{"10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.3:8000", "10.0.0.4:8000", "10.0.0.9:8000"} {
 		require.Equal(t, sightQueued, w.saw(hp, false))
 	}
@@ -180,8 +179,8 @@ func TestPrewarmWorkers(t *testing.T) {
 	assert.Len(t, order, 5)
 }
 
-// TestPrewarmStop: stop cancels a warm-up in flight and waits for it;
-// one cut short is counted neither ok nor failed.
+// TestPrewarmStop: the end of Run's context cancels a warm-up in flight,
+// and Run waits for it; one cut short is counted neither ok nor failed.
 func TestPrewarmStop(t *testing.T) {
 	p := prewarmProxy(t, nixlv2.New(), true)
 	began := make(chan struct{})
@@ -190,7 +189,7 @@ func TestPrewarmStop(t *testing.T) {
 		<-ctx.Done()
 		return ctx.Err()
 	}
-	stop := p.warm.start(context.Background())
+	stop := runBackground(t, p.warm)
 	p.warm.saw("10.0.0.1:8000", false)
 	<-began
 	done := make(chan struct{})

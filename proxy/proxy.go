@@ -22,6 +22,7 @@ import (
 	"github.com/pd-sidecar/pd-sidecar/connectors/moriio"
 	"github.com/pd-sidecar/pd-sidecar/metrics"
 	"github.com/pd-sidecar/pd-sidecar/netloop"
+	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"
 )
 
 // Header names the proxy reads or sets.
@@ -44,8 +45,8 @@ type Proxy struct {
 	mori     *moriState                // MoRI-IO write mode (moriio.go); nil when off
 	choreo   connectors.Choreography   // what conn declares (choreography.go)
 	boot     *bootstrapCache           // Bootstrapper answers per prefiller
-	tr       *Transport
-	encTr    *Transport // the encoder legs' (encode.go); nil: stage off
+	tr       *upstream.Transport
+	encTr    *upstream.Transport // the encoder legs' (encode.go); nil: stage off
 	m        *metrics.Metrics
 	log      zerolog.Logger
 	metricsH fasthttp.RequestHandler
@@ -60,6 +61,10 @@ type Proxy struct {
 	pass     *passPolicy // what passes through to the engine (passpolicy.go)
 	strip    []string    // --prefill-strip-headers, lower case (prefillheaders.go)
 	bufs     streamBufs  // per-stream buffers for reuse (sse.go)
+	// background is the work Run runs beside serving: MoRI-IO's host
+	// revalidations, warm-ups, circuit probes, KV release legs, of those
+	// that are on, in start order.
+	background []backgroundWork
 	// loops carry open streams (loopstream.go); nil: each stream keeps its
 	// goroutine. servers are the servers of the local engines' ports, by
 	// engine address, which take a connection back after its stream. Both
@@ -78,7 +83,7 @@ func New(cfg Config, conn connectors.Connector, m *metrics.Metrics, gatherer pro
 	p := &Proxy{
 		cfg:  cfg,
 		conn: conn,
-		tr:   NewTransport(cfg.ConnectTimeout, cfg.MaxConnsPerHost, cfg.MaxPrefillers+cfg.DataParallelSize),
+		tr:   upstream.NewTransport(cfg.ConnectTimeout, cfg.MaxConnsPerHost, cfg.MaxPrefillers+cfg.DataParallelSize),
 		m:    m,
 		log:  log,
 		metricsH: fasthttpadaptor.NewFastHTTPHandler(
@@ -123,6 +128,20 @@ func New(cfg Config, conn connectors.Connector, m *metrics.Metrics, gatherer pro
 		p.warm = newPrewarmer(p)
 	}
 	p.kvr = newKVReleaser(p)
+	// The background work of what is on, in the order Run starts it
+	// (and stops it in reverse).
+	if p.mori != nil {
+		p.background = append(p.background, backgroundWork{background: p.mori.dns, throughDrain: true})
+	}
+	if p.warm != nil {
+		p.background = append(p.background, backgroundWork{background: p.warm})
+	}
+	if pr := newCircuitProber(p.guard, cfg.ConnectTimeout); pr != nil {
+		p.background = append(p.background, backgroundWork{background: pr})
+	}
+	if p.kvr != nil {
+		p.background = append(p.background, backgroundWork{background: p.kvr, throughDrain: true})
+	}
 	return p, nil
 }
 

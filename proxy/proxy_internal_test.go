@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pd-sidecar/pd-sidecar/connectors"
+	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"
 )
 
 func TestClassify(t *testing.T) {
@@ -37,8 +38,8 @@ func TestClassify(t *testing.T) {
 		{ErrKVLoadFailed, 500, ReasonKVLoadFailed, false},
 		{ErrEOSStream, 502, ReasonEOSUnsupported, false},
 		{fmt.Errorf("%w (30s)", ErrKVWaitTimeout), 504, ReasonKVWaitTimeout, false},
-		{fmt.Errorf("%w: an answer", ErrBufferBudget), 503, ReasonBufferBudget, false},
-		{fmt.Errorf("%w: %w", ErrDecodeFailed, ErrBufferBudget), 503, ReasonBufferBudget, false},
+		{fmt.Errorf("%w: an answer", upstream.ErrBufferBudget), 503, ReasonBufferBudget, false},
+		{fmt.Errorf("%w: %w", ErrDecodeFailed, upstream.ErrBufferBudget), 503, ReasonBufferBudget, false},
 		{fmt.Errorf("%w: refused", ErrDecodeUnavailable), 503, "", false},
 		{fmt.Errorf("%w: reset", ErrDecodeFailed), 502, "", false},
 		{fmt.Errorf("%w: %w", ErrBadRequest, connectors.ErrBadBody), 400, "", false},

@@ -12,6 +12,7 @@ import (
 
 	"github.com/pd-sidecar/pd-sidecar/connectors"
 	"github.com/pd-sidecar/pd-sidecar/metrics"
+	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"
 )
 
 // maxHeld bounds the preamble events held back while waiting for the first
@@ -36,13 +37,13 @@ func (r *request) forward(body []byte, remote bool) error {
 	req := r.upstream(r.local, body)
 	resp := fasthttp.AcquireResponse()
 	sent := time.Now()
-	var leg *Leg
+	var leg *upstream.Leg
 	var err error
 	if r.stream && r.p.cfg.DecodeFirstByteTimeout > 0 {
 		// Bound the wait for the beginning of a streamed answer (relaySSE
 		// ends it); the stream itself, once begun, has no total timeout.
 		leg, err = r.p.tr.StreamFirstByteTimeout(r.ctx, r.local, req, resp, r.p.cfg.DecodeFirstByteTimeout)
-		if errors.Is(err, ErrFirstByteTimeout) {
+		if errors.Is(err, upstream.ErrFirstByteTimeout) {
 			err = fmt.Errorf("%w: %w", ErrDecodeTimeout, err)
 		}
 	} else {
@@ -54,7 +55,7 @@ func (r *request) forward(body []byte, remote bool) error {
 		fasthttp.ReleaseResponse(resp)
 		return decodeTransportErr(err)
 	}
-	if bytes.HasPrefix(resp.Header.ContentType(), eventStream) && !bodiless(resp.StatusCode()) {
+	if bytes.HasPrefix(resp.Header.ContentType(), eventStream) && !upstream.Bodiless(resp.StatusCode()) {
 		return r.relaySSE(leg, resp, g, remote, sent)
 	}
 	defer g.Dec()
@@ -62,8 +63,8 @@ func (r *request) forward(body []byte, remote bool) error {
 	return r.relayJSON(leg, resp, remote, sent)
 }
 
-func (r *request) relayJSON(leg *Leg, resp *fasthttp.Response, remote bool, sent time.Time) error {
-	buf, hold, err := leg.readAll(r.p.cfg.MaxUpstreamAnswerBytes)
+func (r *request) relayJSON(leg *upstream.Leg, resp *fasthttp.Response, remote bool, sent time.Time) error {
+	buf, hold, err := leg.ReadAll(r.p.cfg.MaxUpstreamAnswerBytes)
 	// buf is let go on return: what the client is written is rc's copy.
 	defer hold.Release()
 	leg.Close()
@@ -130,7 +131,7 @@ func copyResponseHead(rc *fasthttp.RequestCtx, resp *fasthttp.Response) {
 // events that carry no output yet (the role chunk) are held back until the
 // first output or error: an error there is a KV load failure, recoverable
 // because the client has seen nothing.
-func (r *request) relaySSE(leg *Leg, resp *fasthttp.Response, g prometheus.Gauge, remote bool, sent time.Time) error {
+func (r *request) relaySSE(leg *upstream.Leg, resp *fasthttp.Response, g prometheus.Gauge, remote bool, sent time.Time) error {
 	er := r.eventReader(leg)
 	var held []byte
 	abort := func(err error) error {

@@ -16,6 +16,7 @@ import (
 	"github.com/pd-sidecar/pd-sidecar/connectors"
 	"github.com/pd-sidecar/pd-sidecar/connectors/moriio"
 	"github.com/pd-sidecar/pd-sidecar/metrics"
+	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"
 )
 
 // request is the state of one inference request. It is owned by the
@@ -61,7 +62,7 @@ type request struct {
 	obs      obsState // report and spans (observe.go)
 	// held is the buffer budget's share of the answers read whole that
 	// the request keeps until it finishes (a prefill answer's copy).
-	held AnswerHold
+	held upstream.AnswerHold
 	// kvPending is the prefill's handoff while the decode engine has not
 	// read its KV: set when the prefill answer is parsed, cleared by the
 	// decode leg's first output or KV load failure (kvrelease.go).
@@ -134,14 +135,7 @@ func (r *request) finish() {
 }
 
 // keep moves h's reservation to the request, released when it finishes.
-func (r *request) keep(h *AnswerHold) {
-	t := h.Take()
-	if r.held.b == nil {
-		r.held = t
-		return
-	}
-	r.held.n += t.n // the same budget
-}
+func (r *request) keep(h *upstream.AnswerHold) { r.held.Add(h.Take()) }
 
 // gone reports whether the client left.
 func (r *request) gone() bool { return context.Cause(r.ctx) == ErrClientGone }

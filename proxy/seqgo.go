@@ -15,6 +15,7 @@ import (
 	"github.com/pd-sidecar/pd-sidecar/connectors"
 	"github.com/pd-sidecar/pd-sidecar/metrics"
 	"github.com/pd-sidecar/pd-sidecar/proxy/split"
+	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"
 )
 
 // The goroutine driver of the sequential split (split.Sequential) on
@@ -55,7 +56,7 @@ type attemptOut struct {
 	status      int
 	contentType []byte
 	body        []byte
-	hold        AnswerHold
+	hold        upstream.AnswerHold
 	err         error
 }
 
@@ -418,7 +419,7 @@ func (d *goSplit) decode(h connectors.Handoff) *split.Event {
 // local leg is read so off the request's goroutine, then relayed
 // (commitLocal) or dropped (discard).
 type heldAnswer struct {
-	leg  *Leg
+	leg  *upstream.Leg
 	resp *fasthttp.Response
 	sent time.Time
 
@@ -426,11 +427,8 @@ type heldAnswer struct {
 	held []byte       // a stream's events up to its first output
 
 	buf  []byte // a JSON answer's body
-	hold AnswerHold
+	hold upstream.AnswerHold
 }
-
-// releaseRequest gives back a leg request that was built and never sent.
-func releaseRequest(req *fasthttp.Request) { fasthttp.ReleaseRequest(req) }
 
 // openLocal sends req, the client's body to the local engine, and reads its
 // answer up to its first output (a stream) or whole (JSON). It uses only
@@ -449,8 +447,8 @@ func (r *request) openLocal(ctx context.Context, req *fasthttp.Request) (*heldAn
 		fasthttp.ReleaseResponse(resp)
 		return nil, beforeOutputErr(err)
 	}
-	if !bytes.HasPrefix(resp.Header.ContentType(), eventStream) || bodiless(resp.StatusCode()) {
-		a.buf, a.hold, err = a.leg.readAll(r.p.cfg.MaxUpstreamAnswerBytes)
+	if !bytes.HasPrefix(resp.Header.ContentType(), eventStream) || upstream.Bodiless(resp.StatusCode()) {
+		a.buf, a.hold, err = a.leg.ReadAll(r.p.cfg.MaxUpstreamAnswerBytes)
 		a.leg.Close()
 		a.leg = nil
 		if err != nil {

@@ -12,6 +12,7 @@ import (
 	"github.com/pd-sidecar/pd-sidecar/connectors"
 	"github.com/pd-sidecar/pd-sidecar/metrics"
 	"github.com/pd-sidecar/pd-sidecar/proxy/split"
+	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"
 )
 
 // The lane's driver of the sequential split (split.Sequential), on the
@@ -286,7 +287,7 @@ func (lc *laneConn) prefillHead(rest []byte) {
 	if lc.ll.resp.ConnectionClose() {
 		lc.up.keep = false
 	}
-	lc.readWhole(headDecoder(&lc.ll.resp), rest)
+	lc.readWhole(upstream.HeadDecoder(&lc.ll.resp), rest)
 }
 
 // prefillAnswered takes the prefill's answer, read whole.

@@ -23,23 +23,17 @@ var ErrDrainTimeout = errors.New("shutdown grace ran out with requests in flight
 // drains in-flight requests for up to ShutdownGrace. It returns an error
 // when a port cannot be bound, a server fails, or the drain timed out.
 func (p *Proxy) Run(ctx context.Context) error {
-	if p.mori != nil {
-		defer p.mori.dns.close() // MoRI-IO's background DNS revalidations
-	}
-	defer p.warm.start(ctx)() // warm-ups of new prefillers (prewarm.go), until shutdown
-	if pr := newCircuitProber(p.guard, p.cfg.ConnectTimeout); pr != nil {
-		// Probes of open circuits (circuitprobe.go), until shutdown begins
-		// or Run fails; Run returns after the prober has stopped.
-		pctx, stop := context.WithCancel(ctx)
-		done := make(chan struct{})
-		go func() {
-			defer close(done)
-			pr.run(pctx)
-		}()
-		defer func() {
-			stop()
-			<-done
-		}()
+	// The background work, until the shutdown begins or, for what the
+	// requests in flight use, until they have drained; stopped here as
+	// well when serving fails to start.
+	var bg workers
+	defer bg.stop()
+	for _, w := range p.background {
+		wctx := ctx
+		if w.throughDrain {
+			wctx = context.WithoutCancel(ctx)
+		}
+		bg.start(wctx, w)
 	}
 	var servers []*fasthttp.Server
 	var lns []net.Listener
@@ -92,7 +86,7 @@ func (p *Proxy) Run(ctx context.Context) error {
 		// loops), under TLS with --secure-proxy (where they do not). No
 		// lane at trace level either: every leg is logged (tracelog.go).
 		var ln *lane
-		if p.loops != nil && p.guard.tls == nil && !p.tr.usesTLS(p.localAddr(rank)) && !p.logsLegs() {
+		if p.loops != nil && p.guard.tls == nil && !p.tr.UsesTLS(p.localAddr(rank)) && !p.logsLegs() {
 			ln = p.newLane(p.localAddr(rank), srv, p.loops.Loops())
 			lanes = append(lanes, ln)
 		}
@@ -146,7 +140,9 @@ func (p *Proxy) Run(ctx context.Context) error {
 	if p.loops != nil {
 		p.loops.Close() // ends what is left
 	}
-	p.kvr.stop() // the release legs still in flight (kvrelease.go)
+	// The release legs still in flight, the probes, the warm-ups and the
+	// MoRI-IO revalidations, in that order, before the transports close.
+	bg.stop()
 	p.tr.Close()
 	if p.encTr != nil {
 		p.encTr.Close()

@@ -7,6 +7,8 @@ import (
 	"io"
 	"os"
 	"sync"
+
+	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"
 )
 
 // eventReader splits an SSE body into events (each up to and including its
@@ -43,12 +45,12 @@ const eventReaderSize = 1 << 10
 
 // streamBufs recycles the per-stream buffers of finished streams: event
 // readers and chunk buffers; and the buffers of long request bodies and
-// of the legs that carry them (bodypool.go). A Proxy owns one; the zero
+// of the legs that carry them (upstream.BodyPool). A Proxy owns one; the zero
 // value works.
 type streamBufs struct {
 	readers sync.Pool // *bufio.Reader of eventReaderSize
 	chunks  sync.Pool // *[]byte
-	bodies  bodyPool
+	bodies  upstream.BodyPool
 }
 
 // getChunk returns an empty chunk buffer (4 KiB or more) and its pool
@@ -73,7 +75,7 @@ func (b *streamBufs) putChunk(p *[]byte, buf []byte) {
 		b.chunks.Put(p)
 	default:
 		*p = buf
-		b.bodies.put(p)
+		b.bodies.Put(p)
 	}
 }
 
@@ -84,7 +86,7 @@ func (b *streamBufs) editScratch(n int) (*[]byte, []byte) {
 	if n <= maxPooledChunk {
 		return nil, nil
 	}
-	p := b.bodies.get(n + editRoom)
+	p := b.bodies.Get(n + editRoom)
 	return p, *p
 }
 
@@ -96,7 +98,7 @@ const editRoom = 16 << 10
 // putScratch gives back a buffer of editScratch.
 func (b *streamBufs) putScratch(p *[]byte) {
 	if p != nil {
-		b.bodies.put(p)
+		b.bodies.Put(p)
 	}
 }
 
@@ -108,7 +110,7 @@ func (b *streamBufs) growChunk(p *[]byte, buf []byte, n int) (*[]byte, []byte) {
 	if cap(buf)-len(buf) >= n || len(buf)+n <= maxPooledChunk {
 		return p, buf
 	}
-	np := b.bodies.get(len(buf) + n)
+	np := b.bodies.Get(len(buf) + n)
 	nb := append(*np, buf...)
 	b.putChunk(p, buf)
 	return np, nb
@@ -127,8 +129,8 @@ func newEventReader(r io.Reader, bufs *streamBufs, maxEvent int) *eventReader {
 		br.Reset(r)
 	}
 	e := &eventReader{br: br, bufs: bufs, max: eventBound(maxEvent)}
-	if l, ok := r.(*Leg); ok {
-		e.ahead = l.ahead
+	if l, ok := r.(*upstream.Leg); ok {
+		e.ahead = l.Ahead
 	}
 	return e
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/pd-sidecar/pd-sidecar/connectors"
+	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"
 )
 
 // doneEvent is the [DONE] terminator as it appears in a held preamble.
@@ -32,7 +33,7 @@ const maxChunk = 32 << 10
 type sseBody struct {
 	r       *request
 	er      *eventReader
-	leg     *Leg
+	leg     *upstream.Leg
 	fn      func([]byte) []byte // per-payload rewrite (nil: none)
 	held    []byte
 	out     []byte  // the chunk being written: a pooled buffer (outp), or nil
@@ -55,7 +56,7 @@ type sseBody struct {
 
 // newSSEBody streams er's events after held; release frees the leg and
 // finishes the request, once.
-func (r *request) newSSEBody(er *eventReader, leg *Leg, held []byte, remote bool, release func()) *sseBody {
+func (r *request) newSSEBody(er *eventReader, leg *upstream.Leg, held []byte, remote bool, release func()) *sseBody {
 	b := &sseBody{r: r, er: er, leg: leg, held: held, first: true, release: release,
 		done: bytes.Contains(held, doneEvent)}
 	if remote && r.p.rewriter != nil {
@@ -96,7 +97,7 @@ func (b *sseBody) watchClient() (stop func()) {
 func (b *sseBody) firstWritten() {
 	b.first = false
 	b.r.p.m.TTFT.WithLabelValues(b.r.mode).Observe(time.Since(b.r.start).Seconds())
-	if b.cc != nil && b.leg.conn.SetReadDeadline(time.Now().Add(loopAfter)) != nil {
+	if b.cc != nil && b.leg.Conn().SetReadDeadline(time.Now().Add(loopAfter)) != nil {
 		b.cc = nil
 	}
 }
@@ -177,7 +178,7 @@ func (b *sseBody) fill() error {
 				return errHandedOver
 			}
 			b.cc = nil
-			if err := b.leg.conn.SetReadDeadline(time.Time{}); err == nil {
+			if err := b.leg.Conn().SetReadDeadline(time.Time{}); err == nil {
 				continue
 			}
 		}

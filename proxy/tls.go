@@ -2,7 +2,6 @@ package proxy
 
 import (
 	"bytes"
-	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
@@ -200,7 +199,7 @@ func SelfSignedCert(hosts []string, valid time.Duration) (tls.Certificate, error
 	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key, Leaf: leaf}, nil
 }
 
-// upstreamTLS returns, for Transport.UseTLS, the client TLS config of each
+// upstreamTLS returns, for upstream.Transport.UseTLS, the client TLS config of each
 // upstream: decoder settings for the local engine addresses, prefiller
 // settings for any other; nil for plain legs.
 func (c TLSConfig) upstreamTLS(local []string) (func(addr string) *tls.Config, error) {
@@ -237,38 +236,4 @@ func (c TLSConfig) upstreamTLS(local []string) (func(addr string) *tls.Config, e
 		}
 		return pre
 	}, nil
-}
-
-// UseTLS makes the transport speak TLS to the upstreams for which f
-// returns a config (nil f, or a nil config: plain TCP). The config's
-// ServerName defaults to the address's host. Call it before the first leg.
-func (t *Transport) UseTLS(f func(addr string) *tls.Config) { t.tlsFor = f }
-
-// usesTLS reports whether the transport speaks TLS to addr.
-func (t *Transport) usesTLS(addr string) bool { return t.tlsFor != nil && t.tlsFor(addr) != nil }
-
-// dial connects to addr within --connect-timeout, with the TLS handshake
-// (bounded by the same timeout) when the upstream uses TLS.
-func (t *Transport) dial(addr string) (net.Conn, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), t.connectTimeout)
-	defer cancel()
-	var d net.Dialer
-	conn, err := d.DialContext(ctx, "tcp", addr)
-	if err != nil || t.tlsFor == nil {
-		return conn, err
-	}
-	cfg := t.tlsFor(addr)
-	if cfg == nil {
-		return conn, nil
-	}
-	if cfg.ServerName == "" {
-		cfg = cfg.Clone()
-		cfg.ServerName, _, _ = net.SplitHostPort(addr)
-	}
-	tc := tls.Client(conn, cfg)
-	if err := tc.HandshakeContext(ctx); err != nil {
-		_ = conn.Close()
-		return nil, fmt.Errorf("tls handshake with %s: %w", addr, err)
-	}
-	return tc, nil
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pd-sidecar/pd-sidecar/connectors"
+	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"
 )
 
 // secretAnswers are upstream answers the sidecar refuses, each carrying a
@@ -27,7 +28,7 @@ var secretAnswers = []struct{ name, answer string }{
 }
 
 // TestUpstreamErrorsSayNoBytes: whatever an upstream answers, the error it
-// becomes on either path (fasthttp's readAnswer, the lane's parser), as the
+// becomes on either path (fasthttp's upstream.ReadAnswer, the lane's parser), as the
 // local engine's or a prefiller's, says in fixed words which upstream failed
 // and why: neither the client's error body nor the log line's text holds the
 // answer's bytes, and the body does not name the upstream's address, which
@@ -43,25 +44,25 @@ func TestUpstreamErrorsSayNoBytes(t *testing.T) {
 					v = answerByLane([]byte(tc.answer), len(tc.answer)/2)
 				}
 				require.Error(t, v.err)
-				require.ErrorIs(t, v.err, ErrBadUpstreamAnswer)
+				require.ErrorIs(t, v.err, upstream.ErrBadUpstreamAnswer)
 				assert.NotContains(t, v.err.Error(), "SECRET", "the parser's verdict")
-				leg := &LegError{Addr: addr, Op: "read", Err: v.err}
+				leg := &upstream.LegError{Addr: addr, Op: "read", Err: v.err}
 				assert.NotContains(t, leg.Error(), "SECRET")
 				for _, e := range []struct {
 					err    error
-					role   Role
+					role   upstream.Role
 					status int
 					reason string
 				}{
-					{decodeTransportErr(leg), RoleEngine, 502, ""},
-					{prefillTransportErr(leg), RolePrefiller, 502, ReasonBadAnswer},
+					{decodeTransportErr(leg), upstream.RoleEngine, 502, ""},
+					{prefillTransportErr(leg), upstream.RolePrefiller, 502, ReasonBadAnswer},
 				} {
 					body := string(errorBody(classify(e.err).status, e.err))
 					assert.NotContains(t, body, "SECRET")
 					assert.NotContains(t, body, "10.9.9.9", "the upstream's address")
 					assert.Contains(t, body, string(e.role)+": answer refused: ", body)
 					assert.NotContains(t, e.err.Error(), "SECRET", "the log line's text")
-					assert.Equal(t, addr, upstreamAddr(e.err), "the log line's upstream field")
+					assert.Equal(t, addr, upstream.UpstreamAddr(e.err), "the log line's upstream field")
 					assert.Equal(t, e.status, classify(e.err).status)
 					assert.Equal(t, e.reason, classify(e.err).reason)
 				}
@@ -79,25 +80,25 @@ func TestReasonOf(t *testing.T) {
 		err  error
 		want string
 	}{
-		{&LegError{Addr: "a:1", Op: "dial", Err: syscall.ECONNREFUSED}, "connection refused"},
-		{&LegError{Addr: "a:1", Op: "read", Err: syscall.ECONNRESET}, "connection reset"},
-		{&LegError{Addr: "a:1", Op: "read", Err: io.ErrUnexpectedEOF}, "connection closed before the answer was whole"},
-		{&LegError{Addr: "a:1", Op: "read", Err: context.DeadlineExceeded}, "timed out"},
-		{&LegError{Addr: "a:1", Op: "read", Err: fmt.Errorf("%w (Content-Length 9)", ErrAnswerTooLarge)}, "answer refused: longer than --max-upstream-answer-bytes"},
-		{&LegError{Addr: "a:1", Op: "dial", Err: &net.DNSError{Name: "SECRET.example", Err: "no such host"}}, "host name not resolved"},
-		{&LegError{Addr: "a:1", Op: "dial", Err: refused}, "exchange failed"},
-		{&LegError{Addr: "a:1", Op: "read", Err: syscall.EHOSTUNREACH}, "no route to host"},
+		{&upstream.LegError{Addr: "a:1", Op: "dial", Err: syscall.ECONNREFUSED}, "connection refused"},
+		{&upstream.LegError{Addr: "a:1", Op: "read", Err: syscall.ECONNRESET}, "connection reset"},
+		{&upstream.LegError{Addr: "a:1", Op: "read", Err: io.ErrUnexpectedEOF}, "connection closed before the answer was whole"},
+		{&upstream.LegError{Addr: "a:1", Op: "read", Err: context.DeadlineExceeded}, "timed out"},
+		{&upstream.LegError{Addr: "a:1", Op: "read", Err: fmt.Errorf("%w (Content-Length 9)", upstream.ErrAnswerTooLarge)}, "answer refused: longer than --max-upstream-answer-bytes"},
+		{&upstream.LegError{Addr: "a:1", Op: "dial", Err: &net.DNSError{Name: "SECRET.example", Err: "no such host"}}, "host name not resolved"},
+		{&upstream.LegError{Addr: "a:1", Op: "dial", Err: refused}, "exchange failed"},
+		{&upstream.LegError{Addr: "a:1", Op: "read", Err: syscall.EHOSTUNREACH}, "no route to host"},
 	} {
 		assert.Equal(t, tc.want, reasonOf(tc.err), "%v", tc.err)
 	}
-	assert.ErrorIs(t, decodeTransportErr(&LegError{Addr: "a:1", Op: "dial", Err: syscall.ECONNREFUSED}), ErrDecodeUnavailable)
-	assert.ErrorIs(t, prefillTransportErr(&LegError{Addr: "a:1", Op: "dial", Err: syscall.ECONNREFUSED}), ErrPrefillUnreachable)
+	assert.ErrorIs(t, decodeTransportErr(&upstream.LegError{Addr: "a:1", Op: "dial", Err: syscall.ECONNREFUSED}), ErrDecodeUnavailable)
+	assert.ErrorIs(t, prefillTransportErr(&upstream.LegError{Addr: "a:1", Op: "dial", Err: syscall.ECONNREFUSED}), ErrPrefillUnreachable)
 	timedOut := prefillTransportErr(fmt.Errorf("%w (after %w)", ErrPrefillTimeout,
-		prefillTransportErr(&LegError{Addr: "a:1", Op: "dial", Err: syscall.ECONNREFUSED})))
+		prefillTransportErr(&upstream.LegError{Addr: "a:1", Op: "dial", Err: syscall.ECONNREFUSED})))
 	assert.ErrorIs(t, timedOut, ErrPrefillTimeout)
 	assert.Equal(t, "prefill timed out (after prefiller unreachable: prefiller: connection refused)", timedOut.Error(),
 		"named once")
-	tooLong := prefillTransportErr(&LegError{Addr: "a:1", Op: "read", Err: ErrAnswerTooLarge})
+	tooLong := prefillTransportErr(&upstream.LegError{Addr: "a:1", Op: "read", Err: upstream.ErrAnswerTooLarge})
 	assert.ErrorIs(t, tooLong, connectors.ErrBadPrefillAnswer)
 	assert.Equal(t, ReasonBadAnswer, classify(tooLong).reason)
 }

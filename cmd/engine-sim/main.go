@@ -1,6 +1,6 @@
 // Command engine-sim is a simulated vLLM/SGLang-compatible inference engine
-// for testing pd-sidecar end to end without a GPU. See the README for every
-// flag and the wire protocols it speaks.
+// for testing pd-sidecar end to end without a GPU. See docs/engine-sim.md for
+// every flag and the wire protocols it speaks.
 package main
 
 import (

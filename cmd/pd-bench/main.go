@@ -1,7 +1,7 @@
 // Command pd-bench is a load generator for OpenAI-compatible completions
 // and chat endpoints that understands SSE. It drives several named targets
 // in one run, interleaved round by round, and prints them side by side with
-// ratios to the first target. See the README's Performance section.
+// ratios to the first target. See docs/performance.md.
 package main
 
 import (

@@ -1,4 +1,4 @@
-package proxy
+package upstream
 
 import (
 	"bufio"
@@ -44,9 +44,20 @@ func (l *Leg) Began() {
 	_ = l.conn.SetDeadline(l.deadline) // a failure fails the next read
 }
 
-// ahead returns the raw bytes already received on the connection and not
+// Conn returns the connection the body is read from, for what the leg's
+// reader does to it beside reading: a read deadline, its descriptor for an
+// event loop. Reading from it bypasses the leg; only a reader that took
+// the connection over (see Disarm) may.
+func (l *Leg) Conn() net.Conn { return l.conn }
+
+// Body returns the decoder of the body's framing in the state the reads so
+// far left it: a reader that takes the connection over (Disarm, Ahead,
+// DropReader) decodes the rest of the body with it.
+func (l *Leg) Body() httpbody.Decoder { return l.body }
+
+// Ahead returns the raw bytes already received on the connection and not
 // yet read through the body (chunk framing included). It never blocks.
-func (l *Leg) ahead() []byte {
+func (l *Leg) Ahead() []byte {
 	if l.closed || l.br == nil {
 		return nil
 	}
@@ -75,10 +86,10 @@ func (l *Leg) Read(p []byte) (int, error) {
 					}
 					err = io.ErrUnexpectedEOF
 				}
-				if l.firstByte > 0 && l.ctx.Err() == nil && isTimeout(err) {
+				if l.firstByte > 0 && l.ctx.Err() == nil && IsTimeout(err) {
 					err = fmt.Errorf("%w after %v: %w", ErrFirstByteTimeout, l.firstByte, err)
 				}
-				return 0, ctxErr(l.ctx, err)
+				return 0, CtxErr(l.ctx, err)
 			}
 		}
 		in, _ := l.br.Peek(l.br.Buffered())
@@ -87,7 +98,7 @@ func (l *Leg) Read(p []byte) (int, error) {
 		_, _ = l.br.Discard(n)
 		l.eof = l.body.Done()
 		if err != nil {
-			return 0, badAnswer("malformed answer body", err)
+			return 0, BadAnswer("malformed answer body", err)
 		}
 		if len(data) > 0 {
 			return len(data), nil
@@ -95,13 +106,13 @@ func (l *Leg) Read(p []byte) (int, error) {
 	}
 }
 
-// readAll reads the whole body, refusing one longer than maxBody bytes
+// ReadAll reads the whole body, refusing one longer than maxBody bytes
 // (ErrAnswerTooLarge) before reading it when its length is declared, as it
 // grows otherwise. The buffer holding it is reserved from the leg's budget
 // before it is allocated (see AnswerHold; refused: ErrBufferBudget), and
 // the caller releases the hold once it lets go of the bytes. On failure
 // nothing is held.
-func (l *Leg) readAll(maxBody int64) (b []byte, hold AnswerHold, err error) {
+func (l *Leg) ReadAll(maxBody int64) (b []byte, hold AnswerHold, err error) {
 	defer func() {
 		if err != nil {
 			err = &LegError{Addr: l.addr, Op: "read", Err: err}
@@ -114,7 +125,7 @@ func (l *Leg) readAll(maxBody int64) (b []byte, hold AnswerHold, err error) {
 			return nil, AnswerHold{}, fmt.Errorf("%w (Content-Length %d)", ErrAnswerTooLarge, l.declared)
 		}
 		size = int64(l.declared)
-		if err := hold.cover(size, size); err != nil {
+		if err := hold.Cover(size, size); err != nil {
 			return nil, AnswerHold{}, err
 		}
 	}
@@ -131,7 +142,7 @@ func (l *Leg) readAll(maxBody int64) (b []byte, hold AnswerHold, err error) {
 				return nil, AnswerHold{}, ErrAnswerTooLarge
 			}
 			grown := min(max(2*int64(cap(b)), 512), limit)
-			if err := hold.cover(grown, limit); err != nil {
+			if err := hold.Cover(grown, limit); err != nil {
 				hold.Release()
 				return nil, AnswerHold{}, err
 			}
@@ -164,20 +175,28 @@ func (l *Leg) Close() {
 	// Bytes after the body are no answer to anything sent: the connection
 	// is not pooled.
 	clean := l.eof && l.body.Mode() != httpbody.UntilClose && (l.br == nil || l.br.Buffered() == 0)
-	l.dropReader()
+	l.DropReader()
 	l.release(clean)
 }
 
-// disarm makes sure nothing but Close will close the connection: it stops
+// Disarm makes sure nothing but Close will close the connection: it stops
 // the hook that closes it when the leg's context ends, and reports whether
-// that hook had not run (when it had, the connection is closed or closing).
-func (l *Leg) disarm() bool { return l.stopCancel() }
+// that hook had not run (when it had, the connection is closed or
+// closing). A reader that takes the connection over (an event loop) calls
+// it first, and then owns the leg's cancellation.
+func (l *Leg) Disarm() bool { return l.stopCancel() }
 
-// dropReader gives the connection's read buffer back; the bytes it held
-// must have been taken (ahead) before.
-func (l *Leg) dropReader() {
+// DropReader gives the connection's read buffer back; the bytes it held
+// must have been taken (Ahead) before. The leg is then read no more
+// through Read or ReadAll: the connection is the caller's to read.
+func (l *Leg) DropReader() {
 	if l.br != nil {
 		l.putReader(l.br)
 		l.br = nil
 	}
 }
+
+// MarkEnded records, for a reader that took the connection over (Disarm,
+// DropReader), whether it read the body to its end and nothing past it
+// (clean); Close then gives the connection back to its pool only if so.
+func (l *Leg) MarkEnded(clean bool) { l.eof = clean }

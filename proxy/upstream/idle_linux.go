@@ -1,6 +1,6 @@
 //go:build linux
 
-package proxy
+package upstream
 
 import (
 	"crypto/tls"
@@ -28,28 +28,18 @@ func idleQuiet(c net.Conn) bool {
 		return false
 	}
 	quiet := false
-	if err := rc.Control(func(fd uintptr) { quiet = fdQuiet(int(fd)) }); err != nil {
+	if err := rc.Control(func(fd uintptr) { quiet = FdQuiet(int(fd)) }); err != nil {
 		return false
 	}
 	return quiet
 }
 
-// fdQuiet is idleQuiet of a socket: nothing to read, and not closed by the
-// peer (not a socket: nothing to tell). A raw system call: it never blocks
-// (see netloop/raw_linux.go).
-func fdQuiet(fd int) bool {
+// FdQuiet is idleQuiet of socket fd: nothing to read, and not closed by
+// the peer (not a socket: nothing to tell). A raw system call, as the event
+// loops' are: it never blocks.
+func FdQuiet(fd int) bool {
 	var b [1]byte
 	_, _, e := unix.RawSyscall6(unix.SYS_RECVFROM, uintptr(fd), uintptr(unsafe.Pointer(&b[0])), 1,
 		unix.MSG_PEEK|unix.MSG_DONTWAIT, 0, 0)
 	return e == unix.EAGAIN || e == unix.ENOTSOCK
-}
-
-// fdClosed reports whether the peer of socket fd closed or reset it: a
-// peek finds the end of the stream, or the reset. A raw system call: it
-// never blocks.
-func fdClosed(fd int) bool {
-	var b [1]byte
-	n, _, e := unix.RawSyscall6(unix.SYS_RECVFROM, uintptr(fd), uintptr(unsafe.Pointer(&b[0])), 1,
-		unix.MSG_PEEK|unix.MSG_DONTWAIT, 0, 0)
-	return e == 0 && n == 0 || e == unix.ECONNRESET
 }

@@ -1,4 +1,4 @@
-package proxy
+package upstream
 
 import (
 	"math/bits"
@@ -16,8 +16,9 @@ const (
 	bodyClasses       = bodyClassMaxShift - bodyClassMinShift + 1
 )
 
-// bodyPool recycles body buffers by size class; the zero value works.
-type bodyPool struct {
+// BodyPool recycles body buffers by size class; the zero value works. It
+// is safe for concurrent use.
+type BodyPool struct {
 	classes [bodyClasses]sync.Pool // *[]byte of cap 1<<(bodyClassMinShift+i)
 }
 
@@ -34,8 +35,8 @@ func bodyClass(n int) int {
 	return shift - bodyClassMinShift
 }
 
-// get returns an empty buffer with room for n bytes.
-func (b *bodyPool) get(n int) *[]byte {
+// Get returns an empty buffer with room for n bytes.
+func (b *BodyPool) Get(n int) *[]byte {
 	c := bodyClass(n)
 	if c < 0 {
 		buf := make([]byte, 0, n)
@@ -49,8 +50,8 @@ func (b *bodyPool) get(n int) *[]byte {
 	return &buf
 }
 
-// put gives back a buffer from get (one of another capacity is dropped).
-func (b *bodyPool) put(p *[]byte) {
+// Put gives back a buffer from Get (one of another capacity is dropped).
+func (b *BodyPool) Put(p *[]byte) {
 	if p == nil {
 		return
 	}

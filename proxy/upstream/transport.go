@@ -1,4 +1,4 @@
-package proxy
+package upstream
 
 import (
 	"context"
@@ -128,12 +128,16 @@ func (t *Transport) newHostClient(addr string) *fasthttp.HostClient {
 		NoDefaultUserAgentHeader: true,
 		DisablePathNormalizing:   true,
 		ReadBufferSize:           t.headBytes, // an answer head's bound, as the lane's
-		Dial:                     t.dial,      // tls.go
+		Dial:                     t.Dial,
 	}
 }
 
+// MaxHosts is the number of upstreams the transport keeps a connection
+// pool for, at most.
+func (t *Transport) MaxHosts() int { return t.maxHosts }
+
 // Hosts is the number of upstreams with a kept connection pool (at most
-// maxHosts).
+// MaxHosts).
 func (t *Transport) Hosts() int {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -227,7 +231,7 @@ func stale(err error) bool {
 	if !errors.As(err, &oe) || oe.op == "dial" {
 		return false
 	}
-	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || isReset(err) ||
+	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || IsReset(err) ||
 		errors.Is(err, fasthttp.ErrConnectionClosed)
 }
 
@@ -258,7 +262,7 @@ func (t *Transport) try(ctx context.Context, hc *fasthttp.HostClient, pooled boo
 	conn := cc.Conn()
 	hook := context.AfterFunc(ctx, func() { _ = conn.Close() })
 	// stop disarms the hook and reports whether it never ran; a leg handed
-	// to an event loop disarms it early (Leg.disarm) and asks again later.
+	// to an event loop disarms it early (Leg.Disarm) and asks again later.
 	disarmed := false
 	stop := func() bool {
 		if !disarmed {
@@ -294,22 +298,22 @@ func (t *Transport) try(ctx context.Context, hc *fasthttp.HostClient, pooled boo
 	hc.ReleaseWriter(bw)
 	if err != nil {
 		release(false)
-		return nil, reused, &opError{"write", ctxErr(ctx, err)}
+		return nil, reused, &opError{"write", CtxErr(ctx, err)}
 	}
 	br := hc.AcquireReader(conn)
 	// A streamed answer's head is read here and its body by the Leg, which
 	// decodes the framing itself (httpbody): it can then stop at any byte
-	// and hand the connection over mid-body (loopstream.go).
-	if err := readAnswer(br, resp, stream, maxAnswer, hold); err != nil {
+	// and hand the connection over mid-body (to an event loop).
+	if err := ReadAnswer(br, resp, stream, maxAnswer, hold); err != nil {
 		if hold != nil {
 			hold.Release()
 		}
 		hc.ReleaseReader(br)
 		release(false)
-		if !headDeadline.Equal(deadline) && ctx.Err() == nil && isTimeout(err) {
+		if !headDeadline.Equal(deadline) && ctx.Err() == nil && IsTimeout(err) {
 			err = fmt.Errorf("%w after %v: %w", ErrFirstByteTimeout, firstByte, err)
 		}
-		return nil, reused, &opError{"read", ctxErr(ctx, err)}
+		return nil, reused, &opError{"read", CtxErr(ctx, err)}
 	}
 	bounded := !headDeadline.Equal(deadline)
 	if bounded && !stream {
@@ -339,8 +343,9 @@ func (t *Transport) try(ctx context.Context, hc *fasthttp.HostClient, pooled boo
 	return leg, reused, nil
 }
 
-// ctxErr prefers the context's cause when the context ended the leg.
-func ctxErr(ctx context.Context, err error) error {
+// CtxErr returns err, a leg's failure, with the context's cause in front
+// (both kept for errors.Is) when the context ended the leg.
+func CtxErr(ctx context.Context, err error) error {
 	if ctx.Err() != nil {
 		return fmt.Errorf("%w (%w)", context.Cause(ctx), err)
 	}

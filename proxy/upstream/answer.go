@@ -1,4 +1,4 @@
-package proxy
+package upstream
 
 import (
 	"bufio"
@@ -30,7 +30,7 @@ func (t *Transport) SetAnswerLimits(maxAnswer int64, headBytes int) {
 }
 
 // BufferBudget is the bound of the bytes buffered at once by all requests
-// together (--max-buffered-bytes; *budget implements it), as answers read
+// together (--max-buffered-bytes; *Budget implements it), as answers read
 // whole draw from it.
 type BufferBudget interface {
 	// TryReserve reserves n bytes, or reports that they do not fit.
@@ -48,10 +48,10 @@ func (t *Transport) SetAnswerBudget(b BufferBudget) {
 }
 
 // AnswerHold is the share of the buffer budget an answer read whole holds:
-// its body's length (past unreservedBody, which like a request body's is
+// its body's length (past UnreservedBody, which like a request body's is
 // part of a connection's fixed cost), reserved before the bytes are kept:
 // a declared Content-Length up front, a chunked or close-delimited body in
-// steps as it grows (doubling, at least answerStep, never past the
+// steps as it grows (doubling, at least AnswerStep, never past the
 // per-answer bound). The holder gives it back with Release once it lets go
 // of the answer's bytes (and of any copy of them it kept). The zero
 // AnswerHold holds nothing.
@@ -60,8 +60,13 @@ type AnswerHold struct {
 	n int64 // bytes reserved
 }
 
-// answerStep is the smallest step in which a growing answer is reserved.
-const answerStep = 64 << 10
+// NewAnswerHold returns an empty hold that reserves from b (nil:
+// unbounded), for a reader of a whole answer other than this package's
+// (Cover).
+func NewAnswerHold(b BufferBudget) AnswerHold { return AnswerHold{b: b} }
+
+// AnswerStep is the smallest step in which a growing answer is reserved.
+const AnswerStep = 64 << 10
 
 // Release gives the reservation back; a second call does nothing.
 func (h *AnswerHold) Release() {
@@ -79,13 +84,27 @@ func (h *AnswerHold) Take() AnswerHold {
 	return t
 }
 
-// cover makes the hold cover size bytes of a body of at most maxBody
-// bytes, or fails with ErrBufferBudget (nothing more is then reserved).
-func (h *AnswerHold) cover(size, maxBody int64) error {
-	if h.b == nil || size <= h.n || size <= unreservedBody {
+// Add moves o's reservation into h, which the caller then releases
+// instead of o. Both draw from the same budget; an h that holds none
+// takes o's.
+func (h *AnswerHold) Add(o AnswerHold) {
+	if h.b == nil {
+		*h = o
+		return
+	}
+	h.n += o.n
+}
+
+// Cover makes the hold cover size bytes of a body of at most maxBody
+// bytes, or fails with ErrBufferBudget (nothing more is then reserved). A
+// reader calls it before it keeps the bytes: with a declared length, once
+// with size and maxBody both that length; as a body of unknown length
+// grows, with its size so far and the per-answer bound.
+func (h *AnswerHold) Cover(size, maxBody int64) error {
+	if h.b == nil || size <= h.n || size <= UnreservedBody {
 		return nil
 	}
-	want := max(size, 2*h.n, answerStep)
+	want := max(size, 2*h.n, AnswerStep)
 	want = max(min(want, maxBody), size)
 	if !h.b.TryReserve(want - h.n) {
 		return fmt.Errorf("%w (--max-buffered-bytes): an upstream answer of %d bytes or more", ErrBufferBudget, size)
@@ -102,28 +121,29 @@ var ErrBadUpstreamAnswer = errors.New("unacceptable upstream answer")
 
 // ErrAnswerTooLarge: an answer read whole is longer than
 // --max-upstream-answer-bytes.
-var ErrAnswerTooLarge = badAnswer("longer than --max-upstream-answer-bytes", nil)
+var ErrAnswerTooLarge = BadAnswer("longer than --max-upstream-answer-bytes", nil)
 
-// maxInterim bounds the interim 100 Continue answers skipped before an
+// MaxInterim bounds the interim 100 Continue answers skipped before an
 // answer.
-const maxInterim = 4
+const MaxInterim = 4
 
-// readAnswer reads resp from br: whole, its body at most maxBody bytes and
-// reserved in hold (nil: unbounded), or only its head when stream is set. An interim 100 Continue is skipped; any
+// ReadAnswer reads resp from br, as Transport.Do and Stream read an
+// answer: whole, its body at most maxBody bytes and reserved in hold (nil:
+// unbounded), or only its head when stream is set. An interim 100 Continue is skipped; any
 // other status below 200 is refused (ErrBadUpstreamAnswer), as is a
 // malformed head or body: a 101 is no switch the sidecar asked for, and a
 // body after it would be relayed as whatever it says it is.
-func readAnswer(br *bufio.Reader, resp *fasthttp.Response, stream bool, maxBody int64, hold *AnswerHold) error {
+func ReadAnswer(br *bufio.Reader, resp *fasthttp.Response, stream bool, maxBody int64, hold *AnswerHold) error {
 	for interim := 0; ; interim++ {
 		if err := resp.Header.Read(br); err != nil {
-			return answerHeadErr(err)
+			return AnswerHeadErr(err)
 		}
 		st := resp.StatusCode()
 		if st >= 200 {
 			break
 		}
-		if st != fasthttp.StatusContinue || interim >= maxInterim {
-			return badAnswer(fmt.Sprintf("status %d", st), nil)
+		if st != fasthttp.StatusContinue || interim >= MaxInterim {
+			return BadAnswer(fmt.Sprintf("status %d", st), nil)
 		}
 		resp.Header.Reset()
 	}
@@ -133,35 +153,37 @@ func readAnswer(br *bufio.Reader, resp *fasthttp.Response, stream bool, maxBody 
 	return readAnswerBody(br, resp, maxBody, hold)
 }
 
-// answerHeadErr names a failed read of an answer's head: the connection's
-// failure (closed, reset, timed out) as it is, anything else (a head that
-// does not parse, or is longer than the read buffer) as a bad answer.
-func answerHeadErr(err error) error {
+// AnswerHeadErr names err, a failed read of an answer's head by
+// fasthttp's parser: the connection's failure (closed, reset, timed out)
+// in fixed words, its cause kept for errors.Is and errors.As; anything
+// else (a head that does not parse, or is longer than the read buffer) as
+// a bad answer (ErrBadUpstreamAnswer).
+func AnswerHeadErr(err error) error {
 	var ne net.Error
 	var small *fasthttp.ErrSmallBuffer
 	switch {
 	case errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, fasthttp.ErrTimeout) ||
-		errors.As(err, &ne) || isReset(err):
+		errors.As(err, &ne) || IsReset(err):
 		// The failure stays matchable (errors.Is/As), but fasthttp's
 		// message quotes what the head had so far: said in fixed words.
 		return &headReadError{err: err}
 	case errors.As(err, &small):
-		return badAnswer("answer head longer than the read buffer", err)
+		return BadAnswer("answer head longer than the read buffer", err)
 	}
 	// fasthttp's message quotes the head: never said.
-	return badAnswer("malformed answer head", err)
+	return BadAnswer("malformed answer head", err)
 }
 
 // headReadError is a connection's failure while an answer's head was
 // read: its cause kept for errors.Is/As, its message in fixed words
-// (reasonOf), never the bytes the head had so far.
+// (ReasonOf), never the bytes the head had so far.
 type headReadError struct{ err error }
 
-func (e *headReadError) Error() string { return "reading the answer head: " + reasonOf(e.err) }
+func (e *headReadError) Error() string { return "reading the answer head: " + ReasonOf(e.err) }
 func (e *headReadError) Unwrap() error { return e.err }
 
-// readAnswerBody reads resp's body whole from br, decoded as the lane and
-// a Leg decode it (httpbody), and refuses it past maxBody bytes before
+// readAnswerBody reads resp's body whole from br, decoded as the event
+// loops and a Leg decode it (httpbody), and refuses it past maxBody bytes before
 // reading them: a declared length up front, a chunked or close-delimited
 // body as it grows. The body's bytes are reserved in hold (nil:
 // unbounded) before they are kept (see AnswerHold); a body the budget
@@ -178,7 +200,7 @@ func readAnswerBody(br *bufio.Reader, resp *fasthttp.Response, maxBody int64, ho
 		if int64(cl) > maxBody {
 			return fmt.Errorf("%w (Content-Length %d)", ErrAnswerTooLarge, cl)
 		}
-		if err := hold.cover(int64(cl), int64(cl)); err != nil {
+		if err := hold.Cover(int64(cl), int64(cl)); err != nil {
 			return err
 		}
 	}
@@ -198,13 +220,13 @@ func readAnswerBody(br *bufio.Reader, resp *fasthttp.Response, maxBody int64, ho
 		in, _ := br.Peek(br.Buffered())
 		data, n, err := dec.Next(in, len(in))
 		if err != nil {
-			return badAnswer("malformed answer body", err)
+			return BadAnswer("malformed answer body", err)
 		}
 		size := int64(len(resp.Body()) + len(data))
 		if size > maxBody {
 			return ErrAnswerTooLarge
 		}
-		if err := hold.cover(size, maxBody); err != nil {
+		if err := hold.Cover(size, maxBody); err != nil {
 			return err
 		}
 		resp.AppendBody(data)
@@ -218,19 +240,19 @@ func bodyDecoder(resp *fasthttp.Response) httpbody.Decoder {
 	if resp.SkipBody {
 		return httpbody.New(httpbody.Length, 0)
 	}
-	return headDecoder(&resp.Header)
+	return HeadDecoder(&resp.Header)
 }
 
-// bodiless reports whether an answer of status st has no body, whatever
-// its head says (a 1xx never reaches a client: readAnswer refuses it).
-func bodiless(st int) bool {
+// Bodiless reports whether an answer of status st has no body, whatever
+// its head says (a 1xx never reaches a client: ReadAnswer refuses it).
+func Bodiless(st int) bool {
 	return st < 200 || st == fasthttp.StatusNoContent || st == fasthttp.StatusNotModified
 }
 
-// headDecoder returns the framing decoder of the body of the answer with
+// HeadDecoder returns the framing decoder of the body of the answer with
 // head h.
-func headDecoder(h *fasthttp.ResponseHeader) httpbody.Decoder {
-	if bodiless(h.StatusCode()) {
+func HeadDecoder(h *fasthttp.ResponseHeader) httpbody.Decoder {
+	if Bodiless(h.StatusCode()) {
 		return httpbody.New(httpbody.Length, 0)
 	}
 	switch cl := h.ContentLength(); {

@@ -1,6 +1,6 @@
 //go:build !linux
 
-package proxy
+package upstream
 
 import "net"
 
@@ -8,8 +8,6 @@ import "net"
 // fit (the lane, which needs one, runs on Linux only).
 func idleQuiet(net.Conn) bool { return true }
 
-func fdQuiet(int) bool { return true }
-
-// fdClosed: without a non-blocking peek, a client's half-close is seen by
-// its connWatch only.
-func fdClosed(int) bool { return false }
+// FdQuiet: without a non-blocking peek, a pooled connection is taken as
+// fit.
+func FdQuiet(int) bool { return true }
