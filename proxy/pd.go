@@ -45,11 +45,7 @@ func (p *Proxy) serveInference(rc *fasthttp.RequestCtx, local string, api connec
 		r.serveLocal()
 		return
 	}
-	r.named = true
-	hp, err := p.pickAllowed(hv)
-	r.prefiller, r.label = hp, p.prefillerLabel(hp, err)
-	r.logReady = false // the request's logger gets the prefiller field
-	if err != nil {
+	if err := r.namePrefiller(hv); err != nil {
 		r.fallback(err)
 		return
 	}

@@ -105,22 +105,12 @@ func (r *request) runSequential() {
 const splitTimers = int(split.TimerHedge) + 1
 
 func (d *goSplit) run() {
-	r, p := d.r, d.r.p
-	var start split.Start
-	// Every split refills the hedge budget, hedged or not.
-	if after, ok := p.hedge.split(r.label); ok && p.hedgeable() {
-		start.HedgeAfter, start.TakeHedge = after, p.hedge.take
-	}
+	r := d.r
 	body, err := r.prefillBody()
-	if err == nil {
-		tk, ok := p.guard.breakers.Allow(r.prefiller)
-		if ok {
-			d.body, d.tk = body, tk
-		} else {
-			err = fmt.Errorf("%w: %s skipped for up to %v", ErrCircuitOpen, logValue(r.prefiller), p.guard.cfg.Breaker.Cooldown)
-		}
+	start, tk := r.splitStart(err)
+	if tk != nil {
+		d.body, d.tk = body, tk
 	}
-	start.Skip = err
 	d.exec(d.m.Start(start))
 	gone := r.ctx.Done()
 	for !d.answered && !d.m.Done() {
@@ -253,19 +243,8 @@ func (d *goSplit) exec(acts []split.Action) *split.Event {
 			d.pcancel()
 			d.gauge.Dec()
 			d.prefillEnd(a.Err)
-		case split.BreakerDone:
-			r.breakerDone(d.tk, a.Err)
-			d.tk = nil
-		case split.Retrying:
-			r.retrying(a.Attempt, a.Err)
-		case split.Degraded:
-			r.degraded(a.Reason, a.Err)
-		case split.HedgeWon:
-			r.hedgeWon(a.Winner, a.After)
-		case split.HedgeLocalFailed:
-			if !r.gone() {
-				r.logAt(zerolog.WarnLevel).Err(a.Err).Msg("hedge: local prefill failed; waiting for the prefill")
-			}
+		default:
+			r.account(a, &d.tk)
 		}
 	}
 	return next

@@ -84,11 +84,7 @@ func (lc *laneConn) split(hv []byte) {
 	}
 	pd.start = pd.buf[:n:n]
 	lc.pd = pd
-	r.named = true
-	hp, err := p.pickAllowed(hv)
-	r.prefiller, r.label = hp, p.prefillerLabel(hp, err)
-	r.logReady = false // the request's logger gets the prefiller field
-	if err != nil {
+	if err := r.namePrefiller(hv); err != nil {
 		lc.fallback(err)
 		return
 	}
@@ -96,24 +92,17 @@ func (lc *laneConn) split(hv []byte) {
 		lc.decodeLeg(r.body, nil, false)
 		return
 	}
-	var start split.Start
-	// Every split refills the hedge budget, hedged or not.
-	if after, ok := p.hedge.split(r.label); ok && p.hedgeable() {
-		start.HedgeAfter, start.TakeHedge = after, p.hedge.take
-	}
 	scratch, dst := p.bufs.editScratch(len(r.body))
 	body, err := p.seq.PrefillBody(dst, r.api, r.body)
 	if err != nil {
 		err = fmt.Errorf("%w: %w", ErrBadRequest, err)
-	} else if tk, ok := p.guard.breakers.Allow(hp); ok {
+	}
+	start, tk := r.splitStart(err)
+	if tk != nil {
 		pd.tk, pd.body, pd.scratch = tk, body, scratch
 	} else {
-		err = fmt.Errorf("%w: %s skipped for up to %v", ErrCircuitOpen, logValue(hp), p.guard.cfg.Breaker.Cooldown)
-	}
-	if err != nil {
 		p.bufs.putScratch(scratch)
 	}
-	start.Skip = err
 	pd.m = split.NewSequential(p.splitConfig())
 	pd.feeding = true
 	lc.execSplit(pd, pd.m.Start(start))
@@ -227,17 +216,8 @@ func (lc *laneConn) execSplit(pd *lanePD, acts []split.Action) {
 			lc.setGauge(nil)
 			p.bufs.putScratch(pd.scratch)
 			pd.scratch, pd.body = nil, nil
-		case split.BreakerDone:
-			r.breakerDone(pd.tk, a.Err)
-			pd.tk = nil
-		case split.Retrying:
-			r.retrying(a.Attempt, a.Err)
-		case split.Degraded:
-			r.degraded(a.Reason, a.Err)
-		case split.HedgeWon:
-			r.hedgeWon(a.Winner, a.After)
-		case split.HedgeLocalFailed:
-			r.hedgeLocalFailed(a.Err)
+		default:
+			r.account(a, &pd.tk)
 		}
 	}
 }
@@ -521,12 +501,4 @@ func (r *request) passingOn(err error) *rejected {
 	}
 	r.logAt(zerolog.InfoLevel).Int("status", rej.status).Msg("prefiller rejected the request; answer passed on")
 	return rej
-}
-
-// hedgeLocalFailed logs the hedge's local leg failing while the prefill
-// goes on alone.
-func (r *request) hedgeLocalFailed(err error) {
-	if !r.gone() {
-		r.logAt(zerolog.WarnLevel).Err(err).Msg("hedge: local prefill failed; waiting for the prefill")
-	}
 }
