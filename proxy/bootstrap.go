@@ -4,18 +4,20 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
 	"sync"
 	"time"
 
 	"github.com/valyala/fasthttp"
 
 	"github.com/pd-sidecar/pd-sidecar/connectors"
+	"github.com/pd-sidecar/pd-sidecar/proxy/failure"
 	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"
 )
 
 // ErrBootstrapFailed: the prefiller's bootstrap server (Mooncake's
 // GET /query) answered, but not with a usable answer.
-var ErrBootstrapFailed = errors.New("prefiller bootstrap query failed")
+var ErrBootstrapFailed error = failure.New("prefiller bootstrap query failed", failure.Outcome{Status: http.StatusBadGateway, Reason: ReasonBootstrapFailed})
 
 // Bounds of the bootstrap query.
 const (

@@ -9,6 +9,7 @@ import (
 
 	"github.com/pd-sidecar/pd-sidecar/connectors"
 	"github.com/pd-sidecar/pd-sidecar/kvtransfer"
+	"github.com/pd-sidecar/pd-sidecar/proxy/failure"
 	"github.com/pd-sidecar/pd-sidecar/proxy/split"
 	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"
 )
@@ -19,39 +20,39 @@ import (
 var (
 	// ErrClientGone: the client closed its connection; upstream legs are
 	// cancelled.
-	ErrClientGone = errors.New("client disconnected")
+	ErrClientGone error = failure.New("client disconnected", failure.Outcome{Status: 499, Precedence: precedenceClientGone})
 	// ErrBadPrefiller: the x-prefiller-host-port value is not host:port.
-	ErrBadPrefiller = errors.New("invalid x-prefiller-host-port")
+	ErrBadPrefiller error = failure.New("invalid x-prefiller-host-port", failure.Outcome{Status: http.StatusBadRequest, Reason: ReasonBadPrefiller})
 	// ErrPrefillUnreachable: the prefiller refused, reset or closed the
 	// connection before answering.
-	ErrPrefillUnreachable = errors.New("prefiller unreachable")
+	ErrPrefillUnreachable error = failure.New("prefiller unreachable", failure.Outcome{Status: http.StatusBadGateway, Reason: ReasonUnreachable, Retry: true})
 	// ErrPrefillTimeout: the prefill leg did not answer within
 	// --prefill-timeout (all attempts included).
 	ErrPrefillTimeout = split.ErrPrefillTimeout
 	// ErrPrefillOverloaded: the prefiller answered 429.
-	ErrPrefillOverloaded = errors.New("prefiller overloaded (429)")
+	ErrPrefillOverloaded error = failure.New("prefiller overloaded (429)", failure.Outcome{Status: http.StatusTooManyRequests, Reason: ReasonOverloaded, Retry: true})
 	// ErrPrefillServerError: the prefiller answered 5xx.
-	ErrPrefillServerError = errors.New("prefiller server error (5xx)")
+	ErrPrefillServerError error = failure.New("prefiller server error (5xx)", failure.Outcome{Status: http.StatusBadGateway, Reason: ReasonServerError, Retry: true})
 	// ErrPrefillRejected: the prefiller answered another 4xx; the request
 	// itself is bad, and the answer goes back to the client verbatim.
-	ErrPrefillRejected = errors.New("prefiller rejected the request (4xx)")
+	ErrPrefillRejected error = failure.New("prefiller rejected the request (4xx)", failure.Outcome{Status: http.StatusBadRequest})
 	// ErrTPMismatch: the prefiller's tp_size exceeds --decode-tp-size.
 	ErrTPMismatch = split.ErrTPMismatch
 	// ErrDecodeUnavailable: the local engine refused the connection.
-	ErrDecodeUnavailable = errors.New("decode engine unavailable")
+	ErrDecodeUnavailable error = failure.New("decode engine unavailable", failure.Outcome{Status: http.StatusServiceUnavailable})
 	// ErrDecodeTimeout: the local engine did not start a streamed answer
 	// within --decode-first-byte-timeout.
-	ErrDecodeTimeout = errors.New("decode engine did not start answering within --decode-first-byte-timeout")
+	ErrDecodeTimeout error = failure.New("decode engine did not start answering within --decode-first-byte-timeout", failure.Outcome{Status: http.StatusGatewayTimeout})
 	// ErrDecodeFailed: another transport failure talking to the local engine.
 	ErrDecodeFailed = errors.New("decode engine failed")
 	// ErrKVLoadFailed: the decode engine reported that loading the remote
 	// KV failed before any token reached the client.
-	ErrKVLoadFailed = errors.New("decode engine failed to load remote KV")
+	ErrKVLoadFailed error = failure.New("decode engine failed to load remote KV", failure.Outcome{Status: http.StatusInternalServerError, Reason: ReasonKVLoadFailed})
 	// ErrUnknownRank: x-data-parallel-host-port names no data-parallel rank
 	// of this pod, or is not host:port.
-	ErrUnknownRank = errors.New("x-data-parallel-host-port names no data-parallel rank of this pod")
+	ErrUnknownRank error = failure.New("x-data-parallel-host-port names no data-parallel rank of this pod", failure.Outcome{Status: http.StatusBadRequest})
 	// ErrBadRequest: the client body is not a JSON object.
-	ErrBadRequest = errors.New("request body is not a JSON object")
+	ErrBadRequest error = failure.New("request body is not a JSON object", failure.Outcome{Status: http.StatusBadRequest})
 )
 
 // Fallback reasons, the closed set of pd_sidecar_fallbacks_total{reason}.
@@ -107,62 +108,50 @@ type outcome struct {
 	retryAfter bool
 }
 
-// classify maps every request-path error to what happens next.
+// Precedences of the outcomes that win wherever they stand in an error
+// (failure.Outcome.Precedence): a client that left, then the sidecar's own
+// refusals. Every other outcome is the outermost one an error carries.
+const (
+	precedenceBufferBudget = 10 + iota*10
+	precedenceCircuitOpen
+	precedenceDenied
+	precedenceClientGone
+)
+
+// classify maps every request-path error to what happens next: the
+// outcome its errors carry (failure.Of), those of the packages below the
+// proxy named by foreignOutcome.
 func classify(err error) outcome {
-	switch {
-	case errors.Is(err, ErrClientGone):
-		return outcome{status: 499}
-	case errors.Is(err, ErrPrefillerDenied), errors.Is(err, ErrKVAddressDenied):
-		return outcome{status: http.StatusForbidden}
-	case errors.Is(err, ErrCircuitOpen):
-		return outcome{status: http.StatusServiceUnavailable, reason: ReasonCircuitOpen}
-	case errors.Is(err, upstream.ErrBufferBudget):
+	o := failure.Of(err, foreignOutcome)
+	return outcome{status: o.Status, reason: o.Reason, retry: o.Retry}
+}
+
+// foreignOutcome is the outcome of a sentinel of a package the proxy
+// builds on (connectors, kvtransfer, the split, upstream I/O), whose
+// errors say what failed and not what the sidecar answers.
+func foreignOutcome(err error) (failure.Outcome, bool) {
+	switch err {
+	case upstream.ErrBufferBudget:
 		// An answer the budget had no room for; the upstream may be fine.
-		return outcome{status: http.StatusServiceUnavailable, reason: ReasonBufferBudget}
-	case errors.Is(err, ErrBadRequest), errors.Is(err, ErrUnknownRank):
-		return outcome{status: http.StatusBadRequest}
-	case errors.Is(err, ErrBadPrefiller):
-		return outcome{status: http.StatusBadRequest, reason: ReasonBadPrefiller}
-	case errors.Is(err, ErrKVWaitTimeout):
-		return outcome{status: http.StatusGatewayTimeout, reason: ReasonKVWaitTimeout}
-	case errors.Is(err, ErrPrefillTimeout):
-		return outcome{status: http.StatusGatewayTimeout, reason: ReasonTimeout}
-	case errors.Is(err, ErrPrefillUnreachable):
-		return outcome{status: http.StatusBadGateway, reason: ReasonUnreachable, retry: true}
-	case errors.Is(err, ErrPrefillOverloaded):
-		return outcome{status: http.StatusTooManyRequests, reason: ReasonOverloaded, retry: true}
-	case errors.Is(err, ErrPrefillServerError):
-		return outcome{status: http.StatusBadGateway, reason: ReasonServerError, retry: true}
-	case errors.Is(err, ErrPrefillRejected):
-		return outcome{status: http.StatusBadRequest}
-	case errors.Is(err, connectors.ErrNoKVParams):
-		return outcome{status: http.StatusBadGateway, reason: ReasonNoKVParams}
-	case errors.Is(err, connectors.ErrInvalidKVParams):
-		return outcome{status: http.StatusBadGateway, reason: ReasonInvalidParams}
-	case errors.Is(err, connectors.ErrBadPrefillAnswer):
-		return outcome{status: http.StatusBadGateway, reason: ReasonBadAnswer}
-	case errors.Is(err, connectors.ErrBadBody):
-		return outcome{status: http.StatusBadRequest}
-	case errors.Is(err, ErrTPMismatch):
-		return outcome{status: http.StatusBadGateway, reason: ReasonTPMismatch}
-	case errors.Is(err, ErrEOSStream):
-		return outcome{status: http.StatusBadGateway, reason: ReasonEOSUnsupported}
-	case errors.Is(err, kvtransfer.ErrKVSourceGone):
-		return outcome{status: http.StatusBadGateway, reason: ReasonKVSourceGone}
-	case errors.Is(err, ErrKVLoadFailed):
-		return outcome{status: http.StatusInternalServerError, reason: ReasonKVLoadFailed}
-	case errors.Is(err, connectors.ErrUnsupportedRequest):
-		return outcome{status: http.StatusBadRequest}
-	case errors.Is(err, ErrBootstrapFailed), errors.Is(err, connectors.ErrBadBootstrap):
-		return outcome{status: http.StatusBadGateway, reason: ReasonBootstrapFailed}
-	case errors.Is(err, ErrEncoderFailed):
-		return outcome{status: http.StatusBadGateway}
-	case errors.Is(err, ErrDecodeTimeout):
-		return outcome{status: http.StatusGatewayTimeout}
-	case errors.Is(err, ErrDecodeUnavailable):
-		return outcome{status: http.StatusServiceUnavailable}
+		return failure.Outcome{Status: http.StatusServiceUnavailable, Reason: ReasonBufferBudget, Precedence: precedenceBufferBudget}, true
+	case split.ErrPrefillTimeout:
+		return failure.Outcome{Status: http.StatusGatewayTimeout, Reason: ReasonTimeout}, true
+	case split.ErrTPMismatch:
+		return failure.Outcome{Status: http.StatusBadGateway, Reason: ReasonTPMismatch}, true
+	case connectors.ErrNoKVParams:
+		return failure.Outcome{Status: http.StatusBadGateway, Reason: ReasonNoKVParams}, true
+	case connectors.ErrInvalidKVParams:
+		return failure.Outcome{Status: http.StatusBadGateway, Reason: ReasonInvalidParams}, true
+	case connectors.ErrBadPrefillAnswer:
+		return failure.Outcome{Status: http.StatusBadGateway, Reason: ReasonBadAnswer}, true
+	case connectors.ErrBadBody, connectors.ErrUnsupportedRequest:
+		return failure.Outcome{Status: http.StatusBadRequest}, true
+	case connectors.ErrBadBootstrap:
+		return failure.Outcome{Status: http.StatusBadGateway, Reason: ReasonBootstrapFailed}, true
+	case kvtransfer.ErrKVSourceGone:
+		return failure.Outcome{Status: http.StatusBadGateway, Reason: ReasonKVSourceGone}, true
 	}
-	return outcome{status: http.StatusBadGateway}
+	return failure.Outcome{}, false
 }
 
 // prefillTransportErr names a failed prefill exchange: the sentinel

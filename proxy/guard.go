@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/http"
 	"os"
 	"sync"
 	"sync/atomic"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/pd-sidecar/pd-sidecar/circuit"
 	"github.com/pd-sidecar/pd-sidecar/metrics"
+	"github.com/pd-sidecar/pd-sidecar/proxy/failure"
 	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"
 	"github.com/pd-sidecar/pd-sidecar/ssrf"
 )
@@ -23,10 +25,10 @@ import (
 var (
 	// ErrPrefillerDenied: SSRF protection is on and the named prefiller is
 	// not on the allowlist (403).
-	ErrPrefillerDenied = errors.New("x-prefiller-host-port is not an allowed prefiller")
+	ErrPrefillerDenied error = failure.New("x-prefiller-host-port is not an allowed prefiller", failure.Outcome{Status: http.StatusForbidden, Precedence: precedenceDenied})
 	// ErrCircuitOpen: the prefiller failed repeatedly and is skipped for a
 	// cool-down; the request goes straight to local prefill.
-	ErrCircuitOpen = errors.New("prefiller circuit open")
+	ErrCircuitOpen error = failure.New("prefiller circuit open", failure.Outcome{Status: http.StatusServiceUnavailable, Reason: ReasonCircuitOpen, Precedence: precedenceCircuitOpen})
 	// ErrOverloaded: --max-concurrent-requests inference requests are in
 	// flight (503).
 	ErrOverloaded = errors.New("too many concurrent requests")

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/http"
 	"strconv"
 	"sync"
 	"time"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/pd-sidecar/pd-sidecar/connectors/moriio"
 	"github.com/pd-sidecar/pd-sidecar/metrics"
+	"github.com/pd-sidecar/pd-sidecar/proxy/failure"
 )
 
 // MoriIOConfig is MoRI-IO write mode on the nixlv2 connector (AMD's KV
@@ -69,7 +71,7 @@ func (c MoriIOConfig) Validate() error {
 // ErrKVWaitTimeout: in MoRI-IO parallel dispatch, the prefill leg gave no
 // outcome, and the decode leg no output, within
 // --moriio-parallel-decode-wait-timeout.
-var ErrKVWaitTimeout = errors.New("prefill did not complete within the MoRI-IO parallel-dispatch KV-wait timeout")
+var ErrKVWaitTimeout error = failure.New("prefill did not complete within the MoRI-IO parallel-dispatch KV-wait timeout", failure.Outcome{Status: http.StatusGatewayTimeout, Reason: ReasonKVWaitTimeout})
 
 // ReasonKVWaitTimeout is the fallback reason of ErrKVWaitTimeout.
 const ReasonKVWaitTimeout = "kv_wait_timeout"

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/http"
 	"time"
 
 	"github.com/rs/zerolog"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/pd-sidecar/pd-sidecar/connectors"
 	"github.com/pd-sidecar/pd-sidecar/metrics"
+	"github.com/pd-sidecar/pd-sidecar/proxy/failure"
 	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"
 )
 
@@ -252,7 +254,7 @@ func (r *request) prefillAnswer(res prefillResult) (contentType string, body []b
 
 // ErrEOSStream: generation ended on the prefill's first token but the
 // client streamed an API whose stream the proxy cannot synthesise.
-var ErrEOSStream = errors.New("first-token EOS on an API whose stream cannot be synthesised")
+var ErrEOSStream error = failure.New("first-token EOS on an API whose stream cannot be synthesised", failure.Outcome{Status: http.StatusBadGateway, Reason: ReasonEOSUnsupported})
 
 // prefillResult is a successful prefill exchange.
 type prefillResult struct {

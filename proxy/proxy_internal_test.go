@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pd-sidecar/pd-sidecar/connectors"
+	"github.com/pd-sidecar/pd-sidecar/kvtransfer"
 	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"
 )
 
@@ -44,6 +45,19 @@ func TestClassify(t *testing.T) {
 		{fmt.Errorf("%w: reset", ErrDecodeFailed), 502, "", false},
 		{fmt.Errorf("%w: %w", ErrBadRequest, connectors.ErrBadBody), 400, "", false},
 		{fmt.Errorf("%w: \"a:1\"", ErrUnknownRank), 400, "", false},
+		// An error carries the outcome of the outermost error in it that
+		// has one, unless one of higher precedence stands anywhere in it.
+		{fmt.Errorf("%w after 2s (after %w)", ErrPrefillTimeout, fmt.Errorf("%w: status 503", ErrPrefillServerError)), 504, ReasonTimeout, false},
+		{fmt.Errorf("%w for item 0: %w", ErrEncoderFailed, fmt.Errorf("%w: %w", ErrBadRequest, connectors.ErrBadBody)), 400, "", false},
+		{fmt.Errorf("%w for item 0: reset", ErrEncoderFailed), 502, "", false},
+		{fmt.Errorf("%w: sidecar pull: %w", ErrKVLoadFailed, &upstream.UpstreamError{Role: upstream.RoleKVAgent, Err: fmt.Errorf("%w: %w", errKVAlloc, upstream.ErrBufferBudget)}), 503, ReasonBufferBudget, false},
+		{fmt.Errorf("%w: %w", ErrPrefillTimeout, ErrClientGone), 499, "", false},
+		{fmt.Errorf("%w (%w)", ErrPrefillUnreachable, fmt.Errorf("%w: x", ErrCircuitOpen)), 503, ReasonCircuitOpen, false},
+		{fmt.Errorf("%w: %w", ErrCircuitOpen, fmt.Errorf("%w: x", ErrPrefillerDenied)), 403, "", false},
+		{fmt.Errorf("%w: %w after 1s", ErrDecodeTimeout, upstream.ErrFirstByteTimeout), 504, "", false},
+		{fmt.Errorf("%w: %w", ErrBootstrapFailed, connectors.ErrBadBootstrap), 502, ReasonBootstrapFailed, false},
+		{fmt.Errorf("%w: kv_source: %w", connectors.ErrInvalidKVParams, kvtransfer.ErrKVSourceGone), 502, ReasonInvalidParams, false},
+		{errors.New("no outcome"), 502, "", false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.err.Error(), func(t *testing.T) {

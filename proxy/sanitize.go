@@ -1,20 +1,21 @@
 package proxy
 
 import (
-	"errors"
 	"fmt"
+	"net/http"
 
 	"github.com/rs/zerolog"
 
 	"github.com/pd-sidecar/pd-sidecar/connectors"
 	"github.com/pd-sidecar/pd-sidecar/metrics"
+	"github.com/pd-sidecar/pd-sidecar/proxy/failure"
 	"github.com/pd-sidecar/pd-sidecar/ssrf"
 )
 
 // ErrKVAddressDenied: --trust-client-kv-params keeps the client's connector
 // fields, SSRF protection is on, and one names an address that is not on
 // the allowlist (403, as a denied prefiller header).
-var ErrKVAddressDenied = errors.New("a kv transfer address in the request body is not an allowed prefiller")
+var ErrKVAddressDenied error = failure.New("a kv transfer address in the request body is not an allowed prefiller", failure.Outcome{Status: http.StatusForbidden, Precedence: precedenceDenied})
 
 // cleanBody is body as it may reach an engine (api: the inference API its
 // path serves, 0 for another path): without the client's own connector
