@@ -414,7 +414,7 @@ func TestHostileStreamEndlessEvent(t *testing.T) {
 }
 
 // TestHostileStreamHedgedLocalLeg: a hedge's local leg (held until its
-// first output, off the request's own reading; lanehedge.go, hedgeleg.go)
+// first output, off the request's own reading, on either serving path)
 // meets the endless event: the leg is refused as any stream, and the
 // request goes on with the prefill it raced, answered from the decode.
 func TestHostileStreamHedgedLocalLeg(t *testing.T) {

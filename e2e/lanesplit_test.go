@@ -18,8 +18,8 @@ import (
 	"github.com/pd-sidecar/pd-sidecar/e2e/harness"
 )
 
-// The lane serves a P/D request (proxy/lanepd.go) as the fasthttp path
-// does (proxy/pd.go): TestLaneSplitAnswersAsTheServer runs every outcome
+// The lane serves a P/D request as the fasthttp path does: both run the
+// same split machine. TestLaneSplitAnswersAsTheServer runs every outcome
 // of a split twice, on rigs of their own: once sent whole (the lane's),
 // once with its head in two writes (fasthttp's), and requires the same
 // answer and the same counts, on the sidecar and on both engines.

@@ -27,7 +27,7 @@ import (
 // byte to its last: an inference request whose head came whole in the
 // loop's first read (its body read on the loop as it comes: lanebody.go), with no
 // prefiller named (a local prefill and decode) or one (the sequential P/D
-// split, lanepd.go). Such a request then has no goroutine of its own and
+// split, run by the split machine). Such a request then has no goroutine of its own and
 // is handed between none: the loop that saw the client's bytes writes the
 // legs to pooled upstream connections it also watches, and relays the
 // answer (a stream through a loopStream, as a stream handed over by
@@ -228,7 +228,7 @@ type laneConn struct {
 	raw       *rawAnswer // a non-streamed answer being read
 	body      *laneBody  // a request's body being read (laneReading)
 	reqBody   *laneBody  // the body of the request being served, read on the lane: its legs send from it (lanebody.go)
-	// shadowOf, on a hedge's local leg (lanehedge.go), is the client
+	// shadowOf, on a hedge's local leg, is the client
 	// connection whose request it runs for: the shadow has that client's
 	// request and descriptor but never writes to it, closes it or ends the
 	// request; its primary adopts its answer, or drops it.
