@@ -186,7 +186,9 @@ func TestKVSourceOutcomes(t *testing.T) {
 		fresh := `{"model":"sim-model","prompt":` + quote("Once more: "+p2pPrompt) + `,"max_tokens":6}`
 		st, b, _ := scPost(t, dec1.URL()+"/v1/completions", fresh, nil)
 		require.Equal(t, http.StatusOK, st, "%s", b)
+		onLoops := r.sc.Metric(t, "pd_sidecar_loop_requests_total", nil)
 		sendBody(fresh, r.want(t, fresh), map[string]string{"x-kv-cache-source-host-port": harness.HostPort(r.sc.Port + 1)})
+		assert.Equal(t, onLoops+1, r.sc.Metric(t, "pd_sidecar_loop_requests_total", nil), "served on the event loops")
 		assert.Equal(t, 1.0, sources("used"))
 		assert.Equal(t, 1.0, p2p(t, dec0, "pulls", "source"), "decode rank 0 pulled from rank 1's P2P port")
 		assert.Positive(t, p2p(t, dec0, "blocks_pulled", "source"))
@@ -200,14 +202,18 @@ func TestKVSourceOutcomes(t *testing.T) {
 // with --enable-p2p-pull (the decode still takes the KV over NIXL), and
 // ignores the header without it.
 func TestNixlP2PPull(t *testing.T) {
-	for _, on := range []bool{true, false} {
-		name := "enable-p2p-pull"
-		flags := []string{"--enable-p2p-pull"}
-		if !on {
-			name, flags = "without enable-p2p-pull", nil
-		}
-		t.Run(name, func(t *testing.T) {
-			r := newP2PRig(t, flags...)
+	for _, c := range []struct {
+		name  string
+		flags []string
+		on    bool
+		lane  bool // served on the event loops (the lane), not fasthttp's path
+	}{
+		{"enable-p2p-pull", []string{"--enable-p2p-pull"}, true, true},
+		{"enable-p2p-pull, stream-loops=0", []string{"--enable-p2p-pull", "--stream-loops=0"}, true, false},
+		{"without enable-p2p-pull", nil, false, true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			r := newP2PRig(t, c.flags...)
 			body := p2pBody("")
 			want := r.want(t, body)
 			r.warm(t, 0, body)
@@ -221,7 +227,12 @@ func TestNixlP2PPull(t *testing.T) {
 			assert.Equal(t, 1.0, dec.Metric(t, "sim_remote_kv_decodes_total", nil), "the decode took the KV over NIXL")
 			assert.Equal(t, 1.0, pre.Metric(t, "sim_remote_decode_prefills_total", nil))
 			assert.Zero(t, p2p(t, dec, "pulls", ""), "no P2P pull on the decode leg")
-			if !on {
+			onLoops := 0.0
+			if c.lane {
+				onLoops = 1
+			}
+			assert.Equal(t, onLoops, r.sc.Metric(t, "pd_sidecar_loop_requests_total", nil), "the serving path")
+			if !c.on {
 				assert.Zero(t, p2p(t, pre, "pulls", ""), "the header is ignored")
 				assert.Zero(t, r.sc.Metric(t, "pd_sidecar_kv_sources_total", nil))
 				return

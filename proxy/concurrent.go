@@ -66,7 +66,7 @@ func (r *request) serveConcurrent(cc connectors.Concurrent) {
 	pr := connectors.Pairing{PrefillHost: host, Room: randomRoom(), TransferID: transferID()}
 	if p.cfg.P2P.Enabled {
 		port, _ := strconv.Atoi(portStr)
-		pr.KVRequestID, pr.PrefillP2PPort, pr.Source = newUUID(), p.p2pPort(port), r.source
+		pr.KVRequestID, pr.PrefillP2PPort, pr.Source = newUUID(), p.p2pPort(port), r.kvSourcePeer()
 	}
 	if bs, ok := cc.(connectors.Bootstrapper); ok {
 		b, err := p.boot.get(r.ctx, p.tr, bs, host, p.cfg.PrefillTimeout)

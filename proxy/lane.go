@@ -363,8 +363,9 @@ func (lc *laneConn) serve(b []byte, api connectors.API, headLen int, lr laneRequ
 		lc.split(lr.prefiller) // copies the body
 		return
 	}
-	lc.decodeLeg(r.body, nil, false) // the client's body, or its sanitized copy
-	r.body = nil                     // maybe in the loop's buffer, which the next read overwrites
+	r.beginFeatures(&ll.req)
+	lc.serveLocal()
+	r.body = nil // maybe in the loop's buffer, which the next read overwrites
 }
 
 // decodeLeg sends body (held in bodyp, or nil: see legTo) to the local
@@ -464,7 +465,7 @@ func (ll *laneLoop) parseHead(b []byte) (api connectors.API, headLen, want int, 
 	if !h.IsPost() || !h.IsHTTP11() || cl < 0 || headLen+cl < len(b) || cl > p.cfg.MaxRequestBodyBytes {
 		return 0, 0, 0, lr, false
 	}
-	if lr = scanRequest(h); lr.refused || lr.kvSource && p.cfg.P2P.Enabled || lr.encoders && p.cfg.Encoder.Connector != "" {
+	if lr = scanRequest(h); lr.refused || lr.encoders && p.cfg.Encoder.Connector != "" {
 		return 0, 0, 0, lr, false
 	}
 	if len(lr.prefiller) > 0 && !p.laneSplits() {

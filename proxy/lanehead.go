@@ -60,7 +60,6 @@ type laneRequest struct {
 	id        []byte // X-Request-Id (the first)
 	prefiller []byte // x-prefiller-host-port (the first; nil: a local request)
 	refused   bool   // a header the lane leaves to fasthttp
-	kvSource  bool   // x-kv-cache-source-host-port: fasthttp's while the P2P tier is in use
 	encoders  bool   // x-encoder-hosts-ports: fasthttp's while the encoder stage is on
 	keepAlive bool
 }
@@ -68,10 +67,9 @@ type laneRequest struct {
 // scanRequest looks at h's headers: Expect and Upgrade are fasthttp's to
 // serve, and so are a field name that is not a token (fasthttp's path
 // refuses it: refuseHead) and x-data-parallel-host-port (its rank's engine
-// or its 400: pickRank); so is x-kv-cache-source-host-port while the P2P
-// tier is in use (the caller checks kvSource), and x-encoder-hosts-ports
-// while the encoder stage is on (the caller checks encoders); a named
-// prefiller makes a P/D request.
+// or its 400: pickRank); so is x-encoder-hosts-ports while the encoder
+// stage is on (the caller checks encoders); a named prefiller makes a P/D
+// request.
 func scanRequest(h *fasthttp.RequestHeader) laneRequest {
 	lr := laneRequest{keepAlive: !h.ConnectionClose()}
 	for k, v := range h.All() {
@@ -94,8 +92,6 @@ func scanRequest(h *fasthttp.RequestHeader) laneRequest {
 			lr.encoders = lr.encoders || equalFold(k, HeaderEncoders)
 		case len(HeaderDataParallel):
 			lr.refused = lr.refused || equalFold(k, HeaderDataParallel)
-		case len(HeaderKVCacheSource):
-			lr.kvSource = lr.kvSource || equalFold(k, HeaderKVCacheSource)
 		}
 	}
 	return lr

@@ -25,7 +25,7 @@ import (
 // itself, or (without a prefiller) the rank serving the request, is not
 // named; one the SSRF allowlist refuses is ignored. Each outcome is
 // counted (pd_sidecar_kv_sources_total). The header never reaches an
-// engine, and the lane leaves a request carrying it to fasthttp while the
+// engine. It is a request feature (kvCacheSource), registered while the
 // tier is in use.
 
 // HeaderKVCacheSource names the engine (host:port of its HTTP server, as
@@ -156,3 +156,48 @@ func (r *request) rank() int {
 	n, _ := strconv.Atoi(port)
 	return n - r.p.cfg.ModelServerPort
 }
+
+// kvCacheSource is the KV cache source, a request feature: registered while
+// the P2P tier is in use.
+type kvCacheSource struct{}
+
+// begin reads the request's x-kv-cache-source-host-port (kvSource): the
+// prefill leg's engine, or the local engine of a request none prefills
+// remotely, is told to pull the prompt's prefix from there first.
+func (kvCacheSource) begin(r *request, h *fasthttp.RequestHeader) featureUse {
+	if peer := r.kvSource(h); peer != nil {
+		return &kvSourceUse{peer: peer}
+	}
+	return nil
+}
+
+// kvSourceUse is a request's KV cache source.
+type kvSourceUse struct{ peer *connectors.P2PPeer }
+
+// editPrefill names the source in the prefill leg (remote_kv_source).
+func (u *kvSourceUse) editPrefill(body []byte) ([]byte, error) {
+	return connectors.WithKVSource(nil, body, *u.peer)
+}
+
+// editLocal replaces the local request's kv_transfer_params with the
+// source alone.
+func (u *kvSourceUse) editLocal(body []byte) ([]byte, error) {
+	return connectors.OnlyKVSource(nil, body, *u.peer)
+}
+
+// kvSourcePeer is the request's KV cache source (nil: none), for a
+// choreography whose legs name it themselves (the offloading connector's).
+func (r *request) kvSourcePeer() *connectors.P2PPeer {
+	for _, u := range r.uses {
+		if s, ok := u.(*kvSourceUse); ok {
+			return s.peer
+		}
+	}
+	return nil
+}
+
+var (
+	_ requestFeature = kvCacheSource{}
+	_ prefillEditor  = (*kvSourceUse)(nil)
+	_ localEditor    = (*kvSourceUse)(nil)
+)

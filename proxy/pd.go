@@ -44,6 +44,7 @@ func (p *Proxy) serveInference(rc *fasthttp.RequestCtx, local string, api connec
 	hv := rc.Request.Header.Peek(HeaderPrefiller)
 	if len(hv) == 0 {
 		r.logAt(zerolog.DebugLevel).Msg("no prefiller named: local")
+		r.beginFeatures(&rc.Request.Header)
 		r.serveLocal()
 		return
 	}
@@ -51,29 +52,25 @@ func (p *Proxy) serveInference(rc *fasthttp.RequestCtx, local string, api connec
 		r.fallback(err)
 		return
 	}
-	if r.declineShort() { // shortprompt.go
+	r.beginFeatures(&rc.Request.Header)
+	if r.splitDeclined() {
 		r.serveLocal()
 		return
 	}
-	r.source = r.kvSource(&rc.Request.Header)
 	if r.choreograph() {
 		return
 	}
 	r.runSequential()
 }
 
-// serveLocal runs a request that names no prefiller on the local engine;
-// with the P2P tier in use and a KV cache source named, the engine is told
-// to pull the prompt's prefix from it first (its kv_transfer_params
-// replaced by remote_kv_source).
+// serveLocal runs a request that no prefiller prefills (none named, or
+// its split declined) on the local engine, its body as the request
+// features edit it (a KV cache source named, for one).
 func (r *request) serveLocal() {
-	body := r.body
-	if src := r.kvSource(&r.rc.Request.Header); src != nil {
-		var err error
-		if body, err = connectors.OnlyKVSource(nil, r.body, *src); err != nil {
-			r.fail(fmt.Errorf("%w: %w", ErrBadRequest, err))
-			return
-		}
+	body, err := r.editLocal(r.body)
+	if err != nil {
+		r.fail(fmt.Errorf("%w: %w", ErrBadRequest, err))
+		return
 	}
 	r.fail(r.decode(body, false)) // chunked.go
 }

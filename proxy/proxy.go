@@ -65,6 +65,9 @@ type Proxy struct {
 	// revalidations, warm-ups, circuit probes, KV release legs, of those
 	// that are on, in start order.
 	background []backgroundWork
+	// features are the request features that are on, in the order they
+	// take part in a request: one line each in New.
+	features []requestFeature
 	// loops carry open streams (loopstream.go); nil: each stream keeps its
 	// goroutine. servers are the servers of the local engines' ports, by
 	// engine address, which take a connection back after its stream. Both
@@ -116,6 +119,12 @@ func New(cfg Config, conn connectors.Connector, m *metrics.Metrics, gatherer pro
 		return nil, fmt.Errorf("connector %q is neither sequential nor concurrent", conn.Name())
 	}
 	p.boot = newBootstrapCache(cfg.MaxPrefillers)
+	if cfg.MinRemotePrefillTokens > 0 {
+		p.features = append(p.features, shortPrompt{limit: cfg.MinRemotePrefillTokens})
+	}
+	if cfg.P2P.Enabled {
+		p.features = append(p.features, kvCacheSource{})
+	}
 	p.hedge = newHedger(cfg.Hedge, m.Hedge)
 	if cfg.Hedge.On() && p.choreo == connectors.ChoreographyConcurrent {
 		log.Warn().Str("connector", conn.Name()).Msg("--prefill-hedge-after has no effect: this connector sends the decode leg while the prefill runs, so there is no wait to hedge")

@@ -44,9 +44,8 @@ type request struct {
 
 	prefiller string // host:port chosen from the header ("" = none)
 	named     bool   // the request carried x-prefiller-host-port
-	// source is the engine the prefill leg's engine pulls the prompt's
-	// prefix from first (p2p.go); nil: none.
-	source   *connectors.P2PPeer
+	// uses are the request features' parts in the request (features.go).
+	uses     []featureUse
 	label    string // bounded metric label of prefiller
 	mode     string
 	handoff  *connectors.Handoff // set once the decode leg carries remote KV

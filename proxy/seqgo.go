@@ -140,15 +140,15 @@ func (d *goSplit) run() {
 }
 
 // prefillBody is the prefill leg's body: the connector's, with MoRI-IO's
-// fields and the KV cache source when they apply.
+// fields when they apply, as the request features edit it.
 func (r *request) prefillBody() ([]byte, error) {
 	p := r.p
 	body, err := p.seq.PrefillBody(nil, r.api, r.body)
 	if err == nil && p.mori != nil {
 		body, err = r.moriPrefillBody(body) // MoRI-IO write mode
 	}
-	if err == nil && r.source != nil {
-		body, err = connectors.WithKVSource(nil, body, *r.source)
+	if err == nil {
+		body, err = r.editPrefill(body)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrBadRequest, err)

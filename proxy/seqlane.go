@@ -88,12 +88,16 @@ func (lc *laneConn) split(hv []byte) {
 		lc.fallback(err)
 		return
 	}
-	if r.declineShort() {
-		lc.decodeLeg(r.body, nil, false)
+	r.beginFeatures(&ll.req)
+	if r.splitDeclined() {
+		lc.serveLocal()
 		return
 	}
 	scratch, dst := p.bufs.editScratch(len(r.body))
 	body, err := p.seq.PrefillBody(dst, r.api, r.body)
+	if err == nil {
+		body, err = r.editPrefill(body)
+	}
 	if err != nil {
 		err = fmt.Errorf("%w: %w", ErrBadRequest, err)
 	}
@@ -285,6 +289,17 @@ func (lc *laneConn) prefillAnswered(a *rawAnswer) {
 func (lc *laneConn) prefillFailed(err error) {
 	lc.head = lc.head[:0]
 	lc.feedSplit(split.Event{Kind: split.PrefillFailed, Err: err})
+}
+
+// serveLocal sends the request to the local engine, none prefilling it
+// remotely, its body as the request features edit it.
+func (lc *laneConn) serveLocal() {
+	body, err := lc.r.editLocal(lc.r.body)
+	if err != nil {
+		lc.failWith(fmt.Errorf("%w: %w", ErrBadRequest, err))
+		return
+	}
+	lc.decodeLeg(body, nil, false)
 }
 
 // fallback degrades the request to a local prefill with the client's

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"github.com/rs/zerolog"
+	"github.com/valyala/fasthttp"
 
 	"github.com/pd-sidecar/pd-sidecar/connectors"
 	"github.com/pd-sidecar/pd-sidecar/metrics"
@@ -13,28 +14,37 @@ import (
 // short prompt's KV costs more than the prefill it saves. It is decided
 // once the header was parsed and allowed (a refused or malformed value is
 // answered as it would be with any prompt) and before the prefiller's
-// circuit breaker and any leg, on both serving paths (serveInference and
-// the lane's split). A declined request is no fallback: it is counted in
+// circuit breaker and any leg, on both serving paths. A declined request is no fallback: it is counted in
 // mode local and in split_declined_total, and reported as declined.
 
-// declineShort reports whether the request's split is declined for a short
-// prompt, and then counts and logs it; the caller serves it locally. With
-// the guard off it costs one comparison; on, one pass over the body's top
-// level (connectors.EstimatePromptTokens). A prompt the estimate cannot
-// read is not declined.
-func (r *request) declineShort() bool {
-	limit := r.p.cfg.MinRemotePrefillTokens
-	if limit <= 0 {
-		return false
+// shortPrompt is the short-prompt guard, a request feature: registered
+// when --min-remote-prefill-tokens is above 0.
+type shortPrompt struct{ limit int }
+
+// begin declines the split of a request that names a prefiller and whose
+// prompt is shorter than the limit, and counts and logs it; the request is
+// then served locally. It costs one pass over the body's top level
+// (connectors.EstimatePromptTokens); a prompt the estimate cannot read is
+// not declined.
+func (s shortPrompt) begin(r *request, _ *fasthttp.RequestHeader) featureUse {
+	if r.prefiller == "" {
+		return nil
 	}
 	n, ok := connectors.EstimatePromptTokens(r.api, r.body)
-	if !ok || n >= limit {
-		return false
+	if !ok || n >= s.limit {
+		return nil
 	}
 	r.p.m.SplitDeclined.WithLabelValues(metrics.DeclineShortPrompt).Inc()
 	r.obs.declined = metrics.DeclineShortPrompt
 	r.mode = metrics.ModeLocal
-	r.logAt(zerolog.DebugLevel).Int("prompt_tokens_estimate", n).Int("min_remote_prefill_tokens", limit).
+	r.logAt(zerolog.DebugLevel).Int("prompt_tokens_estimate", n).Int("min_remote_prefill_tokens", s.limit).
 		Msg("short prompt: split declined, served locally")
-	return true
+	return declinedShort{}
 }
+
+// declinedShort is a split the short-prompt guard declined.
+type declinedShort struct{}
+
+func (declinedShort) declinesSplit() bool { return true }
+
+var _ requestFeature = shortPrompt{}
