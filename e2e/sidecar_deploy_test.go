@@ -151,46 +151,74 @@ func hexOf(b []byte) string {
 // OTLP/HTTP receiver configured only through OTEL_* variables, and checks
 // that both legs carried the client's trace (engine-sim's request journal)
 // and that the prefill, kv_handoff and decode spans were exported with the
-// decision.
+// decision; then the same of a local request. On both serving paths: with
+// tracing on, the event loops (the lane) serve both requests, as
+// pd_sidecar_loop_requests_total shows, and fasthttp's path with
+// --stream-loops=0.
 func TestTracingOverOTLP(t *testing.T) {
-	sink := newOTLPSink(t)
-	prefill := harness.StartEngineSim(t, "prefill")
-	decode := harness.StartEngineSim(t, "decode")
-	sc := startTracedSidecar(t, sink, decode.Port)
+	for _, path := range []struct {
+		name    string
+		flags   []string
+		onLoops float64
+	}{{"lane", nil, 2}, {"stream-loops=0", []string{"--stream-loops=0"}, 0}} {
+		t.Run(path.name, func(t *testing.T) {
+			sink := newOTLPSink(t)
+			prefill := harness.StartEngineSim(t, "prefill")
+			decode := harness.StartEngineSim(t, "decode")
+			sc := startTracedSidecar(t, sink, decode.Port, path.flags...)
 
-	const trace = "0af7651916cd43dd8448eb211c80319c"
-	hdr := map[string]string{
-		"x-prefiller-host-port": prefill.HostPort(),
-		"traceparent":           "00-" + trace + "-b7ad6b7169203331-01",
-	}
-	st, _, _ := scPost(t, sc.URL()+"/v1/completions", completionBody(`,"max_tokens":4`), hdr)
-	require.Equal(t, http.StatusOK, st)
-	require.Equal(t, 1.0, sc.Metric(t, "pd_sidecar_requests_total", map[string]string{"mode": "disaggregated"}))
+			const trace = "0af7651916cd43dd8448eb211c80319c"
+			hdr := map[string]string{
+				"x-prefiller-host-port": prefill.HostPort(),
+				"traceparent":           "00-" + trace + "-b7ad6b7169203331-01",
+			}
+			st, _, _ := scPost(t, sc.URL()+"/v1/completions", completionBody(`,"max_tokens":4`), hdr)
+			require.Equal(t, http.StatusOK, st)
+			require.Equal(t, 1.0, sc.Metric(t, "pd_sidecar_requests_total", map[string]string{"mode": "disaggregated"}))
+			assert.Equal(t, 1.0, decode.Metric(t, "sim_remote_kv_decodes_total", nil), "the split happened")
 
-	legs := map[string]*harness.Engine{"prefill": prefill, "decode": decode}
-	for name, e := range legs {
-		reqs := simRequests(t, e)
-		require.Len(t, reqs, 1, name)
-		tp := reqs[0].Headers["traceparent"]
-		require.Len(t, tp, 1, "%s leg carries exactly one traceparent", name)
-		parts := strings.Split(tp[0], "-")
-		require.Len(t, parts, 4)
-		assert.Equal(t, trace, parts[1], "%s leg continues the client's trace", name)
-		assert.NotEqual(t, "b7ad6b7169203331", parts[2], "%s leg's parent is the sidecar's span", name)
-	}
-	harness.Eventually(t, 30*time.Second, "spans exported over OTLP", func() bool {
-		id, _ := sink.get("pd-sidecar.request")
-		return id != ""
-	})
-	for _, name := range []string{"pd-sidecar.request", "prefill", "kv_handoff", "decode"} {
-		harness.Eventually(t, 30*time.Second, "span "+name, func() bool {
-			id, _ := sink.get(name)
-			return id == trace
+			legs := map[string]*harness.Engine{"prefill": prefill, "decode": decode}
+			for name, e := range legs {
+				reqs := simRequests(t, e)
+				require.Len(t, reqs, 1, name)
+				tp := reqs[0].Headers["traceparent"]
+				require.Len(t, tp, 1, "%s leg carries exactly one traceparent", name)
+				parts := strings.Split(tp[0], "-")
+				require.Len(t, parts, 4)
+				assert.Equal(t, trace, parts[1], "%s leg continues the client's trace", name)
+				assert.NotEqual(t, "b7ad6b7169203331", parts[2], "%s leg's parent is the sidecar's span", name)
+			}
+			for _, name := range []string{"pd-sidecar.request", "prefill", "kv_handoff", "decode"} {
+				harness.Eventually(t, 30*time.Second, "span "+name, func() bool {
+					id, _ := sink.get(name)
+					return id == trace
+				})
+			}
+			_, root := sink.get("pd-sidecar.request")
+			assert.Equal(t, "disaggregated", root["pd.decision"])
+			assert.Equal(t, prefill.HostPort(), root["pd.prefiller"])
+
+			// A local request: its one leg continues its own trace.
+			const local = "3cf7651916cd43dd8448eb211c80319e"
+			st, _, _ = scPost(t, sc.URL()+"/v1/completions", completionBody(`,"max_tokens":4`),
+				map[string]string{"Traceparent": "00-" + local + "-d7ad6b7169203333-01"})
+			require.Equal(t, http.StatusOK, st)
+			reqs := simRequests(t, decode)
+			require.Len(t, reqs, 2)
+			tp := reqs[1].Headers["traceparent"]
+			require.Len(t, tp, 1, "the local leg carries exactly one traceparent")
+			assert.Equal(t, local, strings.Split(tp[0], "-")[1], "the local leg continues the client's trace")
+			for _, name := range []string{"pd-sidecar.request", "decode"} {
+				harness.Eventually(t, 30*time.Second, "span "+name+" of the local request", func() bool {
+					id, _ := sink.get(name)
+					return id == local
+				})
+			}
+			_, root = sink.get("pd-sidecar.request")
+			assert.Equal(t, "local", root["pd.decision"])
+			assert.Equal(t, path.onLoops, sc.Metric(t, "pd_sidecar_loop_requests_total", nil), "the serving path")
 		})
 	}
-	_, root := sink.get("pd-sidecar.request")
-	assert.Equal(t, "disaggregated", root["pd.decision"])
-	assert.Equal(t, prefill.HostPort(), root["pd.prefiller"])
 }
 
 // TestTracingConcurrentChoreography: under sglang (both legs at once) the

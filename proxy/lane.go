@@ -384,7 +384,7 @@ func (lc *laneConn) decodeLeg(body []byte, bodyp *[]byte, remote bool) {
 	if lc.pd != nil {
 		lc.sent = append(lc.sent, lc.pd.start...)
 	} else {
-		lc.sent = appendLegStart(lc.sent, &ll.req)
+		lc.sent = appendLegStartStrip(lc.sent, &ll.req, p.legStrip)
 	}
 	if r.stream && p.cfg.DecodeFirstByteTimeout > 0 {
 		lc.startTimer(p.cfg.DecodeFirstByteTimeout, lc.firstByteTimeout)
@@ -401,7 +401,7 @@ func (lc *laneConn) decodeLeg(body []byte, bodyp *[]byte, remote bool) {
 // bodyp, a buffer of the body pool the leg now holds until putSent.
 func (lc *laneConn) legTo(addr string, body []byte, bodyp *[]byte) {
 	bufs := &lc.ll.ln.p.bufs
-	lc.sent = appendLegEnd(lc.sent, addr, lc.r.id, len(body))
+	lc.sent = appendLegEnd(lc.r.appendTrace(lc.sent), addr, lc.r.id, len(body))
 	if len(body) > maxPooledChunk {
 		lc.sentBody, lc.sentBodyp = body, bodyp
 	} else {
@@ -446,11 +446,11 @@ func (ll *laneLoop) parse(b []byte) (api connectors.API, body []byte, lr laneReq
 // request takes (want: head and Content-Length; more than len(b) when its
 // body is still to come) and what the lane needs of its headers. Bytes in b
 // past the request (a pipelined one) make it fasthttp's. With a tracer,
-// every request is fasthttp's (the trace context is read and written
-// through fasthttp's header objects).
+// the trace context is read from the loop's parsed head and each leg's
+// own is written into its head (appendTrace).
 func (ll *laneLoop) parseHead(b []byte) (api connectors.API, headLen, want int, lr laneRequest, ok bool) {
 	p := ll.ln.p
-	if p.draining.Load() || p.ext.Tracer != nil {
+	if p.draining.Load() {
 		return 0, 0, 0, lr, false
 	}
 	h := &ll.req

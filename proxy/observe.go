@@ -2,6 +2,8 @@ package proxy
 
 import (
 	"context"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -81,6 +83,13 @@ func (p *Proxy) SetExtras(e Extras) {
 		e.Propagator = propagation.TraceContext{}
 	}
 	p.ext = e
+	p.legStrip, p.prefillStrip = nil, p.strip
+	if e.Tracer != nil {
+		for _, f := range e.Propagator.Fields() {
+			p.legStrip = append(p.legStrip, strings.ToLower(f))
+		}
+		p.prefillStrip = append(slices.Clone(p.strip), p.legStrip...)
+	}
 }
 
 // Span and attribute names of the sidecar's traces.
@@ -121,8 +130,20 @@ type obsState struct {
 // headerCarrier adapts fasthttp request headers to the propagator.
 type headerCarrier struct{ h *fasthttp.RequestHeader }
 
-func (c headerCarrier) Get(k string) string { return string(c.h.Peek(k)) }
-func (c headerCarrier) Set(k, v string)     { c.h.Set(k, v) }
+// Get finds k in any letter case: the lane parses heads without
+// normalizing their keys.
+func (c headerCarrier) Get(k string) string {
+	if v := c.h.Peek(k); v != nil {
+		return string(v)
+	}
+	for hk, hv := range c.h.All() {
+		if equalFold(hk, k) {
+			return string(hv)
+		}
+	}
+	return ""
+}
+func (c headerCarrier) Set(k, v string) { c.h.Set(k, v) }
 func (c headerCarrier) Keys() []string {
 	var ks []string
 	for k := range c.h.All() {
@@ -158,6 +179,24 @@ func (r *request) injectTrace(h *fasthttp.RequestHeader) {
 		r.p.ext.Propagator.Inject(r.obs.leg, headerCarrier{h})
 	}
 }
+
+// appendTrace appends the current leg's trace context as header lines of
+// a leg's head the lane writes (nil without a tracer: nothing).
+func (r *request) appendTrace(dst []byte) []byte {
+	if r.obs.leg == nil {
+		return dst
+	}
+	c := lineCarrier{dst: dst}
+	r.p.ext.Propagator.Inject(r.obs.leg, &c)
+	return c.dst
+}
+
+// lineCarrier writes what a propagator injects as header lines.
+type lineCarrier struct{ dst []byte }
+
+func (c *lineCarrier) Get(string) string { return "" }
+func (c *lineCarrier) Set(k, v string)   { c.dst = appendHeaderLine(c.dst, []byte(k), []byte(v)) }
+func (c *lineCarrier) Keys() []string    { return nil }
 
 // prefillStarted opens the prefill span; the returned func records the
 // prefill's duration and outcome.

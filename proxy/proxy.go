@@ -68,6 +68,11 @@ type Proxy struct {
 	// features are the request features that are on, in the order they
 	// take part in a request: one line each in New.
 	features []requestFeature
+	// legStrip are the client's headers the lane leaves out of every leg
+	// it writes (the trace context's, which each leg carries anew), and
+	// prefillStrip those it leaves out of a prefill leg (--prefill-strip-
+	// headers too); lower case.
+	legStrip, prefillStrip []string
 	// loops carry open streams (loopstream.go); nil: each stream keeps its
 	// goroutine. servers are the servers of the local engines' ports, by
 	// engine address, which take a connection back after its stream. Both
@@ -99,6 +104,7 @@ func New(cfg Config, conn connectors.Connector, m *metrics.Metrics, gatherer pro
 		return nil, err
 	}
 	p.pass, p.strip = pass, stripNames(cfg.PrefillStripHeaders)
+	p.prefillStrip = p.strip
 	p.rewriter, _ = conn.(connectors.AnswerRewriter)
 	g, err := newGuard(cfg.Guard, cfg.MaxRequestBodyBytes, m.Guards, log)
 	if err != nil {

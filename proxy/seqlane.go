@@ -75,7 +75,7 @@ func (lc *laneConn) split(hv []byte) {
 	ll, r, p := lc.ll, lc.r, lc.ll.ln.p
 	pd := &lanePD{}
 	pd.bufp, pd.buf = p.bufs.getChunk()
-	pd.buf = appendLegStart(pd.buf, &ll.req)
+	pd.buf = appendLegStartStrip(pd.buf, &ll.req, p.legStrip)
 	n := len(pd.buf)
 	if lc.reqBody == nil { // the body is in the loop's buffer, which the next read overwrites: copied
 		pd.bufp, pd.buf = p.bufs.growChunk(pd.bufp, pd.buf, len(r.body))
@@ -237,8 +237,8 @@ func (lc *laneConn) sendPrefill(pd *lanePD, attempt int) {
 	p := lc.ll.ln.p
 	lc.prefill = true
 	lc.sentp, lc.sent = p.bufs.getChunk()
-	if len(p.strip) > 0 { // --prefill-strip-headers: the prefill leg's own head
-		lc.sent = appendLegStartStrip(lc.sent, &lc.ll.req, p.strip)
+	if len(p.prefillStrip) > 0 { // --prefill-strip-headers: the prefill leg's own head
+		lc.sent = appendLegStartStrip(lc.sent, &lc.ll.req, p.prefillStrip)
 	} else {
 		lc.sent = append(lc.sent, pd.start...)
 	}
