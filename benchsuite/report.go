@@ -150,6 +150,14 @@ func writeBudget(w io.Writer, r *report) {
 	if okF && okP && f.ReqPerSec > 0 {
 		fmt.Fprintf(w, "  disaggregated saturation ≥ 0.7× the floor: %.2f× — %s\n", p.ReqPerSec/f.ReqPerSec, verdict(p.ReqPerSec >= 0.7*f.ReqPerSec))
 	}
+	for _, pair := range [][2]string{{"sidecar", "sidecar-traced"}, {"sidecar-pd", "sidecar-pd-traced"}} {
+		c, ok1 := findCost(r.Costs, pair[0])
+		ct, ok2 := findCost(r.Costs, pair[1])
+		if ok1 && ok2 && c.CPUMicros > 0 {
+			fmt.Fprintf(w, "  %s with tracing on: CPU per request ≤ 1.15× without: %.2f× (%.1f vs %.1f µs) — %s\n",
+				pair[0], ct.CPUMicros/c.CPUMicros, ct.CPUMicros, c.CPUMicros, verdict(ct.CPUMicros <= 1.15*c.CPUMicros))
+		}
+	}
 	if c, ok := findCost(r.Costs, "sidecar"); ok && c.StreamsOpen > 0 {
 		fmt.Fprintf(w, "  memory ≤ 18 KB per open stream: %.1f KB (%d streams, RSS %.1f MiB) — %s\n",
 			c.KBPerStream, c.StreamsOpen, c.RSSStreamsMiB, verdict(c.KBPerStream <= 18))

@@ -10,6 +10,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"time"
@@ -50,6 +52,10 @@ type Options struct {
 	Plot string
 	// JSON, when set, receives every report as JSON.
 	JSON string
+	// Traced also runs the sidecar with --tracing on, every span sampled
+	// and exported over OTLP/HTTP to a sink in this process, as
+	// sidecar-traced and sidecar-pd-traced.
+	Traced bool
 }
 
 // proxyUnderTest is one proxy process and the target that drives it.
@@ -117,6 +123,7 @@ func Run(ctx context.Context, o Options, w io.Writer) error {
 // front of them, and the targets in the order they are reported.
 type rig struct {
 	procs   []*proc
+	closers []func() // what the rig started in this process (the OTLP sink)
 	proxies []proxyUnderTest
 	targets []loadgen.Target
 	// launch starts a process of the rig; ports are the rig's free ports.
@@ -127,6 +134,9 @@ type rig struct {
 func (rg *rig) stop() {
 	for _, p := range rg.procs {
 		p.stop()
+	}
+	for _, c := range rg.closers {
+		c()
 	}
 }
 
@@ -182,6 +192,11 @@ func startRig(ctx context.Context, o Options, dir string, engineArgs []string, o
 		return rg, err
 	}
 	add("sidecar-pd", scPD, ports[5], hostPort(prefill))
+	if o.Traced {
+		if err := rg.startTraced(dir, filepath.Join(o.Bin, "pd-sidecar"), engine, hostPort(prefill), sidecarArgs, add); err != nil {
+			return rg, err
+		}
+	}
 	if oneP {
 		one := []string{"GOMAXPROCS=1"}
 		sc1, err := startEnv(dir, "sidecar-1p", filepath.Join(o.Bin, "pd-sidecar"), one, sidecarArgs(ports[9], engine)...)
@@ -348,3 +363,37 @@ func usageOf(proxies []proxyUnderTest) map[string]procUsage {
 var errNoProxy = errors.New("no proxy to measure")
 
 func itoa(i int) string { return fmt.Sprint(i) }
+
+// startTraced starts sidecar-traced and sidecar-pd-traced: the sidecar
+// with --tracing, every span sampled (parentbased_always_on) and exported
+// over OTLP/HTTP to a sink in this process that reads and drops them, as a
+// collector would take them.
+func (rg *rig) startTraced(dir, bin string, engine int, prefiller string, args func(port, upstream int) []string,
+	add func(name string, p *proc, port int, prefiller string)) error {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return err
+	}
+	srv := &http.Server{ReadHeaderTimeout: 10 * time.Second, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/x-protobuf")
+		w.WriteHeader(http.StatusOK) // an empty ExportTraceServiceResponse
+	})}
+	go func() { _ = srv.Serve(ln) }()
+	rg.closers = append(rg.closers, func() { _ = srv.Close() })
+	env := []string{"OTEL_EXPORTER_OTLP_ENDPOINT=http://" + ln.Addr().String(), "OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf",
+		"OTEL_TRACES_SAMPLER=parentbased_always_on"}
+	ports, err := freePorts(2)
+	if err != nil {
+		return err
+	}
+	for i, t := range []struct{ name, prefiller string }{{"sidecar-traced", ""}, {"sidecar-pd-traced", prefiller}} {
+		p, err := startEnv(dir, t.name, bin, env, append(args(ports[i], engine), "--tracing")...)
+		if err != nil {
+			return err
+		}
+		rg.procs = append(rg.procs, p)
+		add(t.name, p, ports[i], t.prefiller)
+	}
+	return nil
+}

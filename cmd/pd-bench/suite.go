@@ -42,6 +42,7 @@ func runSuite(args []string) error {
 	fs.IntVar(&o.Long.Distinct, "long-distinct", 8, "long scenario: distinct request bodies per length (cycled)")
 	fs.StringVar(&o.Plot, "plot", "out/bench.png", "PNG of the saturation run (empty: none)")
 	fs.StringVar(&o.JSON, "json", "out/bench.json", "JSON report (empty: none)")
+	fs.BoolVar(&o.Traced, "traced", true, "also run the sidecar with --tracing on (every span sampled, exported over OTLP/HTTP to a sink in pd-bench), as sidecar-traced and sidecar-pd-traced")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, pflag.ErrHelp) {
 			return nil
