@@ -53,15 +53,12 @@ func (r *request) serveConcurrent(cc connectors.Concurrent) {
 	// The prefiller's circuit breaker, as on the sequential path: an open
 	// circuit goes straight to local prefill; the prefill leg's outcome
 	// (or the bootstrap query's failure) is reported to it.
-	tk, allowed := p.guard.breakers.Allow(r.prefiller)
-	if !allowed {
-		r.fallback(fmt.Errorf("%w: %s skipped for up to %v", ErrCircuitOpen, logValue(r.prefiller), p.guard.cfg.Breaker.Cooldown))
+	tk, err := r.allowPrefill()
+	if err != nil {
+		r.fallback(err)
 		return
 	}
-	report := func(err error) {
-		tk.Done(breakerResult(err))
-		p.guard.trackCircuit(r.prefiller)
-	}
+	report := func(err error) { r.breakerDone(tk, err) }
 	host, portStr, _ := net.SplitHostPort(r.prefiller)
 	pr := connectors.Pairing{PrefillHost: host, Room: randomRoom(), TransferID: transferID()}
 	if p.cfg.P2P.Enabled {

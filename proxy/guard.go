@@ -242,6 +242,18 @@ func logValue(s string) string {
 	return s
 }
 
+// allowPrefill asks the prefiller's circuit breaker for a prefill: its
+// ticket, whose outcome breakerDone reports, or ErrCircuitOpen (a reason
+// to fall back) while the circuit is open. Every choreography asks here.
+func (r *request) allowPrefill() (*circuit.Ticket, error) {
+	g := r.p.guard
+	tk, ok := g.breakers.Allow(r.prefiller)
+	if !ok {
+		return nil, fmt.Errorf("%w: %s skipped for up to %v", ErrCircuitOpen, logValue(r.prefiller), g.cfg.Breaker.Cooldown)
+	}
+	return tk, nil
+}
+
 // breakerDone reports the outcome of a prefill that tk allowed (nil:
 // none was taken) to the prefiller's circuit breaker, and keeps the
 // open-circuits gauge current.

@@ -147,17 +147,16 @@ func (r *request) moriDecodeParams(returned []byte) ([]byte, error) {
 // within --moriio-parallel-decode-wait-timeout is a counted fallback
 // (kv_wait_timeout), not a bare 504.
 func (r *request) serveMoriParallel() {
-	p, s := r.p, r.p.mori
-	tk, allowed := p.guard.breakers.Allow(r.prefiller)
-	if !allowed {
-		r.fallback(fmt.Errorf("%w: %s skipped for up to %v", ErrCircuitOpen, logValue(r.prefiller), p.guard.cfg.Breaker.Cooldown))
+	s := r.p.mori
+	tk, err := r.allowPrefill()
+	if err != nil {
+		r.fallback(err)
 		return
 	}
 	var once sync.Once
 	finished := make(chan struct{}) // closed once the prefill leg has an outcome
 	report := func(err error) {
-		tk.Done(breakerResult(err))
-		p.guard.trackCircuit(r.prefiller)
+		r.breakerDone(tk, err)
 		once.Do(func() { close(finished) })
 	}
 	// The prefiller's host goes as the header named it: only the

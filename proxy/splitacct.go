@@ -1,8 +1,6 @@
 package proxy
 
 import (
-	"fmt"
-
 	"github.com/rs/zerolog"
 
 	"github.com/pd-sidecar/pd-sidecar/circuit"
@@ -40,11 +38,8 @@ func (r *request) splitStart(bodyErr error) (start split.Start, tk *circuit.Tick
 		start.Skip = bodyErr
 		return start, nil
 	}
-	tk, ok := p.guard.breakers.Allow(r.prefiller)
-	if !ok {
-		start.Skip = fmt.Errorf("%w: %s skipped for up to %v", ErrCircuitOpen, logValue(r.prefiller), p.guard.cfg.Breaker.Cooldown)
-		return start, nil
-	}
+	tk, err := r.allowPrefill()
+	start.Skip = err
 	return start, tk
 }
 
