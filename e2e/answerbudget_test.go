@@ -79,7 +79,7 @@ func TestAnswerBudgetPrefiller(t *testing.T) {
 			h := startHostile(t, stallingAnswer)
 			decode := harness.StartEngineSim(t, "decode")
 			sc := harness.StartSidecar(t, decode.Port, budgetFlags...)
-			hdr := map[string]string{"x-prefiller-host-port": harness.HostPort(h.port())}
+			hdr := map[string]string{"x-prefiller-host-port": h.Addr()}
 			answers := make([]budgetAnswer, stalledN)
 			var wg sync.WaitGroup
 			for i := range stalledN {
@@ -124,7 +124,7 @@ func TestAnswerBudgetEngine(t *testing.T) {
 	for _, whole := range []bool{true, false} {
 		t.Run(map[bool]string{true: "lane", false: "fasthttp"}[whole], func(t *testing.T) {
 			h := startHostile(t, stallingAnswer)
-			sc := harness.StartSidecar(t, h.port(), budgetFlags...)
+			sc := harness.StartSidecar(t, h.Port(), budgetFlags...)
 			type sent struct {
 				c  net.Conn
 				br *bufio.Reader

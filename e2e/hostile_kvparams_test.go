@@ -7,8 +7,6 @@ import (
 	"os"
 	"strconv"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -32,49 +30,21 @@ import (
 // (--stream-loops=0).
 
 // hostTrap is a TCP listener on host that counts the connections it
-// accepts; hold keeps them open, silent, until the test ends (an address
-// that never answers), else each is closed at once.
+// accepts (Conns); hold keeps them open, silent, until the test ends (an
+// address that never answers), else each is closed at once.
 type hostTrap struct {
+	*harness.RawServer
 	host string
-	port int
-	hits atomic.Int64
 }
 
 func newHostTrap(t *testing.T, host string, hold bool) *hostTrap {
 	t.Helper()
-	l, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
-	require.NoError(t, err)
-	tr := &hostTrap{host: host, port: l.Addr().(*net.TCPAddr).Port}
-	var mu sync.Mutex
-	var open []net.Conn
-	t.Cleanup(func() {
-		l.Close()
-		mu.Lock()
-		for _, c := range open {
+	return &hostTrap{host: host, RawServer: harness.StartRawServerOn(t, host, func(c net.Conn) {
+		if !hold {
 			c.Close()
 		}
-		mu.Unlock()
-	})
-	go func() {
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			tr.hits.Add(1)
-			if !hold {
-				c.Close()
-				continue
-			}
-			mu.Lock()
-			open = append(open, c)
-			mu.Unlock()
-		}
-	}()
-	return tr
+	})}
 }
-
-func (tr *hostTrap) hostPort() string { return net.JoinHostPort(tr.host, itoa(tr.port)) }
 
 // serveModes are the two serving paths: the lane (default) and fasthttp's
 // goroutines alone.
@@ -117,7 +87,7 @@ func noParamsSince(t *testing.T, e *harness.Engine, n int, tr *hostTrap) {
 	for _, r := range reqs[n:] {
 		b := string(r.Body)
 		assert.False(t, gjson.Get(b, "kv_transfer_params").Exists(), "params reached the decode engine: %.300s", b)
-		assert.NotContains(t, b, itoa(tr.port), "the trap's address reached the decode engine")
+		assert.NotContains(t, b, itoa(tr.Port()), "the trap's address reached the decode engine")
 	}
 }
 
@@ -125,11 +95,11 @@ func TestHostilePrefillerKVParams(t *testing.T) {
 	trap := newHostTrap(t, "127.0.0.2", false)
 	deep := strings.Repeat("[", 100000) + strings.Repeat("]", 100000)
 	cases := []struct{ name, params string }{
-		{"remote_host names another host", nixlParams(trap.host, trap.port, "")},
-		{"a second remote_host, its name escaped", nixlParams("127.0.0.1", trap.port, `,"remote\u005fhost":"`+trap.host+`"`)},
-		{"other connectors' fields", nixlParams("127.0.0.1", trap.port,
-			`,"transfer_id":"xfer-1","remote_bootstrap_addr":"http://`+trap.hostPort()+`","kv_source":{"agent":"`+trap.hostPort()+`","transport":"tcp"}`)},
-		{"a value nested 100,000 deep", nixlParams("127.0.0.1", trap.port, `,"x":`+deep)},
+		{"remote_host names another host", nixlParams(trap.host, trap.Port(), "")},
+		{"a second remote_host, its name escaped", nixlParams("127.0.0.1", trap.Port(), `,"remote\u005fhost":"`+trap.host+`"`)},
+		{"other connectors' fields", nixlParams("127.0.0.1", trap.Port(),
+			`,"transfer_id":"xfer-1","remote_bootstrap_addr":"http://`+trap.Addr()+`","kv_source":{"agent":"`+trap.Addr()+`","transport":"tcp"}`)},
+		{"a value nested 100,000 deep", nixlParams("127.0.0.1", trap.Port(), `,"x":`+deep)},
 	}
 	body := completionBody(`,"max_tokens":6`)
 	for _, mode := range serveModes {
@@ -137,7 +107,7 @@ func TestHostilePrefillerKVParams(t *testing.T) {
 			h := startHostile(t, hostileScript{bad: prefillAnswer(nixlParams("127.0.0.1", 1, ""))})
 			prefill := harness.StartEngineSim(t, "prefill")
 			decode := harness.StartEngineSim(t, "decode")
-			flags := append(ssrfFlags(harness.HostPort(h.port()), prefill.HostPort()), hostileFlags...)
+			flags := append(ssrfFlags(h.Addr(), prefill.HostPort()), hostileFlags...)
 			sc := harness.StartSidecar(t, decode.Port, append(flags, mode.flags...)...)
 			invalid := map[string]string{"reason": "invalid_kv_params"}
 
@@ -165,7 +135,7 @@ func TestHostilePrefillerKVParams(t *testing.T) {
 					counts := decodeCounts(t, decode)
 					seen := len(simRequests(t, decode))
 					resp, b := exchangeRaw(t, sc.Port, "/v1/completions", body,
-						map[string]string{"x-prefiller-host-port": harness.HostPort(h.port()), "X-Request-Id": "hostile-kv-" + mode.name}, true)
+						map[string]string{"x-prefiller-host-port": h.Addr(), "X-Request-Id": "hostile-kv-" + mode.name}, true)
 					require.Equal(t, http.StatusOK, resp.StatusCode, "the local prefill's answer: %s", b)
 					assert.Equal(t, textOf(ref), textOf(b), "the local prefill's tokens")
 					assert.Equal(t, fallbacks+1, sc.Metric(t, "pd_sidecar_fallbacks_total", invalid), "an invalid_kv_params fallback")
@@ -176,7 +146,7 @@ func TestHostilePrefillerKVParams(t *testing.T) {
 					} else {
 						assert.Zero(t, sc.Metric(t, laneRequests, nil))
 					}
-					assert.Zero(t, trap.hits.Load(), "nothing connected to the trap")
+					assert.Zero(t, trap.Conns(), "nothing connected to the trap")
 				})
 			}
 			assert.Contains(t, sc.Output(), `"request_id":"hostile-kv-`+mode.name+`"`, "the fallback logged with the request id")
@@ -193,13 +163,13 @@ func TestHostilePrefillerReleaseLeg(t *testing.T) {
 	trap := newHostTrap(t, "127.0.0.2", false)
 	for _, mode := range serveModes {
 		t.Run(mode.name, func(t *testing.T) {
-			h := startHostile(t, hostileScript{bad: prefillAnswer(nixlParams(trap.host, trap.port, ""))})
+			h := startHostile(t, hostileScript{bad: prefillAnswer(nixlParams(trap.host, trap.Port(), ""))})
 			decode := harness.StartEngineSim(t, "decode")
-			flags := append(ssrfFlags(harness.HostPort(h.port())), hostileFlags...)
+			flags := append(ssrfFlags(h.Addr()), hostileFlags...)
 			sc := harness.StartSidecar(t, decode.Port, append(append(flags, "--decode-first-byte-timeout", "10s"), mode.flags...)...)
 			setFault(t, decode, `{"after_head_ms":2000}`) // every streamed answer, the local prefill's too
 			body := chatBody(`,"max_tokens":6,"stream":true`)
-			conn := postRaw(t, sc.Port, "/v1/chat/completions", body, map[string]string{"x-prefiller-host-port": harness.HostPort(h.port())}, true)
+			conn := postRaw(t, sc.Port, "/v1/chat/completions", body, map[string]string{"x-prefiller-host-port": h.Addr()}, true)
 			sent := time.Now()
 			harness.Eventually(t, 30*time.Second, "the prefill answered and the decode engine got a leg", func() bool {
 				return h.reqs.Load() == 1 && len(simRequests(t, decode)) == 1
@@ -216,7 +186,7 @@ func TestHostilePrefillerReleaseLeg(t *testing.T) {
 			assert.Equal(t, 1.0, sc.Metric(t, "pd_sidecar_fallbacks_total", map[string]string{"reason": "invalid_kv_params"}))
 			assert.Len(t, simRequests(t, decode), 1, "the local prefill only")
 			noParamsSince(t, decode, 0, trap)
-			assert.Zero(t, trap.hits.Load(), "nothing connected to the trap")
+			assert.Zero(t, trap.Conns(), "nothing connected to the trap")
 		})
 	}
 }
@@ -231,7 +201,7 @@ func TestHostileBootstrapEngineID(t *testing.T) {
 			prefill := harness.StartEngineSim(t, "prefill")
 			decode := harness.StartEngineSim(t, "decode")
 			flags := append(ssrfFlags(prefill.HostPort()), hostileFlags...)
-			flags = append(flags, "--kv-connector", "mooncake", "--mooncake-bootstrap-port", itoa(h.port()))
+			flags = append(flags, "--kv-connector", "mooncake", "--mooncake-bootstrap-port", itoa(h.Port()))
 			sc := harness.StartSidecar(t, decode.Port, append(flags, mode.flags...)...)
 			body := completionBody(`,"max_tokens":6`)
 			resp, ref := exchangeRaw(t, sc.Port, "/v1/completions", body, nil, true)
@@ -266,14 +236,14 @@ func TestHostileKVSourceAgent(t *testing.T) {
 	require.Equal(t, http.StatusOK, st, "%s", pre)
 	var params map[string]any
 	require.NoError(t, json.Unmarshal([]byte(gjson.GetBytes(pre, "kv_transfer_params").Raw), &params))
-	params["kv_source"].(map[string]any)["agent"] = trap.hostPort()
+	params["kv_source"].(map[string]any)["agent"] = trap.Addr()
 	hostileParams, err := json.Marshal(params)
 	require.NoError(t, err)
 
 	for _, mode := range serveModes {
 		t.Run(mode.name, func(t *testing.T) {
 			h := startHostile(t, hostileScript{bad: prefillAnswer(string(hostileParams))})
-			flags := append(ssrfFlags(harness.HostPort(h.port()), e.prefill.HostPort()), hostileFlags...)
+			flags := append(ssrfFlags(h.Addr(), e.prefill.HostPort()), hostileFlags...)
 			flags = append(flags, "--kv-pull-timeout", pullTimeout.String())
 			sc := e.sidecar(t, append(flags, mode.flags...)...)
 			body := tokenPrompt(40, 6, "")
@@ -282,17 +252,17 @@ func TestHostileKVSourceAgent(t *testing.T) {
 			var b []byte
 			took := within(t, pullTimeout/3, func() {
 				var st int
-				st, b, _ = scPost(t, sc.URL()+"/v1/completions", body, map[string]string{"x-prefiller-host-port": harness.HostPort(h.port())})
+				st, b, _ = scPost(t, sc.URL()+"/v1/completions", body, map[string]string{"x-prefiller-host-port": h.Addr()})
 				require.Equal(t, http.StatusOK, st, "%s", b)
 			})
 			t.Logf("%s: answered in %v (--kv-pull-timeout %v)", mode.name, took.Round(time.Millisecond), pullTimeout)
 			assert.Equal(t, textOf(want), textOf(b), "the local prefill's tokens")
 			assert.Equal(t, 1.0, sc.Metric(t, "pd_sidecar_fallbacks_total", map[string]string{"reason": "invalid_kv_params"}))
 			assert.Zero(t, sc.Metric(t, "pd_sidecar_kv_pull_failures_total", nil), "no pull was tried")
-			assert.Zero(t, trap.hits.Load(), "the sidecar never dialed the agent")
+			assert.Zero(t, trap.Conns(), "the sidecar never dialed the agent")
 			for _, r := range simRequests(t, e.decode)[seen:] {
 				assert.NotEqual(t, "/kv/alloc", r.Path, "no blocks borrowed")
-				assert.NotContains(t, string(r.Body), itoa(trap.port))
+				assert.NotContains(t, string(r.Body), itoa(trap.Port()))
 			}
 
 			// The engine-sim prefiller's own descriptor names its own host: split.
@@ -314,20 +284,20 @@ func TestHostileMoriIOAnswer(t *testing.T) {
 			notify := harness.FreePort(t)
 			h := startHostile(t, hostileScript{bad: prefillAnswer(`{"do_remote_prefill":true,"do_remote_decode":false,"remote_engine_id":"e",` +
 				`"remote_block_ids":[],"remote_host":"127.0.0.1","remote_port":0,"tp_size":1,"remote_hosts":["127.0.0.1","` + trap.host + `"],` +
-				`"remote_handshake_port":` + itoa(trap.port) + `}`)})
+				`"remote_handshake_port":` + itoa(trap.Port()) + `}`)})
 			decode := harness.StartEngineSim(t, "decode", "--moriio-notify-port", itoa(notify), "--bootstrap-timeout", "1s")
-			flags := append(append(moriFlags(notify), ssrfFlags(harness.HostPort(h.port()))...), hostileFlags...)
+			flags := append(append(moriFlags(notify), ssrfFlags(h.Addr())...), hostileFlags...)
 			sc := harness.StartSidecar(t, decode.Port, append(flags, mode.flags...)...)
 			body := completionBody(`,"max_tokens":6`)
 			_, ref := exchangeRaw(t, decode.Port, "/v1/completions", body, nil, true)
 			seen := len(simRequests(t, decode))
-			resp, b := exchangeRaw(t, sc.Port, "/v1/completions", body, map[string]string{"x-prefiller-host-port": harness.HostPort(h.port())}, true)
+			resp, b := exchangeRaw(t, sc.Port, "/v1/completions", body, map[string]string{"x-prefiller-host-port": h.Addr()}, true)
 			require.Equal(t, http.StatusOK, resp.StatusCode, "%s", b)
 			assert.Equal(t, textOf(ref), textOf(b), "the local prefill's tokens")
 			assert.Equal(t, 1.0, sc.Metric(t, "pd_sidecar_fallbacks_total", map[string]string{"reason": "invalid_kv_params"}))
 			noParamsSince(t, decode, seen, trap)
 			assert.Zero(t, decode.Metric(t, "sim_moriio_wait_timeouts_total", nil), "no decode leg waited for KV")
-			assert.Zero(t, trap.hits.Load())
+			assert.Zero(t, trap.Conns())
 		})
 	}
 }
@@ -346,21 +316,21 @@ func TestHostileEncoderECParams(t *testing.T) {
 	trap := newHostTrap(t, "127.0.0.2", false)
 	for _, mode := range serveModes {
 		t.Run(mode.name, func(t *testing.T) {
-			h := startHostile(t, hostileScript{bad: hostileEncoderAnswer(trap.host, trap.port)})
+			h := startHostile(t, hostileScript{bad: hostileEncoderAnswer(trap.host, trap.Port())})
 			decode := harness.StartEngineSim(t, "decode")
-			flags := append(ssrfFlags(harness.HostPort(h.port())), "--ec-connector", "ec-nixl", "--on-encoder-failure", "local")
+			flags := append(ssrfFlags(h.Addr()), "--ec-connector", "ec-nixl", "--on-encoder-failure", "local")
 			sc := harness.StartSidecar(t, decode.Port, append(flags, mode.flags...)...)
 			body := `{"model":"sim-model","max_tokens":6,"messages":[{"role":"user","content":[{"type":"text","text":"what is this"},` +
 				`{"type":"image_url","image_url":{"url":"https://example.com/cat.png"}}]}]}`
 			_, ref := exchangeRaw(t, decode.Port, "/v1/chat/completions", body, nil, true)
-			resp, b := exchangeRaw(t, sc.Port, "/v1/chat/completions", body, map[string]string{"x-encoder-hosts-ports": harness.HostPort(h.port())}, true)
+			resp, b := exchangeRaw(t, sc.Port, "/v1/chat/completions", body, map[string]string{"x-encoder-hosts-ports": h.Addr()}, true)
 			require.Equal(t, http.StatusOK, resp.StatusCode, "%s", b)
 			assert.Equal(t, textOf(ref), textOf(b), "the engine encoded the item itself")
 			assert.Equal(t, 1.0, sc.Metric(t, "pd_sidecar_encoder_failures_total", map[string]string{"reason": "bad_answer"}))
 			reqs := simRequests(t, decode)
 			require.NotEmpty(t, reqs)
 			assert.False(t, gjson.GetBytes(reqs[len(reqs)-1].Body, "ec_transfer_params").Exists(), "no encoder params reached the engine")
-			assert.Zero(t, trap.hits.Load(), "nothing connected to the trap")
+			assert.Zero(t, trap.Conns(), "nothing connected to the trap")
 		})
 	}
 }

@@ -88,17 +88,17 @@ func TestHostileAnswersAreNeverQuoted(t *testing.T) {
 			for _, tc := range secretAnswers {
 				t.Run(tc.name, func(t *testing.T) {
 					h := startHostile(t, hostileScript{bad: tc.answer})
-					engine := harness.StartSidecar(t, h.port(), append(append([]string{}, hostileFlags...), p.flags...)...)
+					engine := harness.StartSidecar(t, h.Port(), append(append([]string{}, hostileFlags...), p.flags...)...)
 					decode := harness.StartEngineSim(t, "decode")
 					pd := harness.StartSidecar(t, decode.Port, append(append([]string{}, hostileFlags...), p.flags...)...)
 					strict := harness.StartSidecar(t, decode.Port, append(append([]string{"--prefill-fallback=false"}, hostileFlags...), p.flags...)...)
-					named := map[string]string{"x-prefiller-host-port": harness.HostPort(h.port())}
+					named := map[string]string{"x-prefiller-host-port": h.Addr()}
 					for _, req := range []struct{ path, body string }{{"/v1/completions", json}, {"/v1/chat/completions", stream}} {
 						// The local engine: a 502 that says so.
 						raw, resp, b := exchangeBytes(t, engine.Port, req.path, req.body, nil)
 						assert.Equal(t, http.StatusBadGateway, resp.StatusCode, "%s", raw)
 						assert.NotContains(t, string(raw), secretMarker)
-						assert.NotContains(t, string(raw), harness.HostPort(h.port()), "the engine's address")
+						assert.NotContains(t, string(raw), h.Addr(), "the engine's address")
 						assert.Contains(t, gjson.GetBytes(b, "error.message").String(), "local engine: answer refused", "%s", b)
 
 						// A prefiller: the local fallback, or (without it) a 502
@@ -119,7 +119,7 @@ func TestHostileAnswersAreNeverQuoted(t *testing.T) {
 						alive(t, sc)
 						quietLog(t, sc)
 					}
-					assert.Contains(t, engine.Output(), `"upstream":"`+harness.HostPort(h.port())+`"`, "the log names the upstream")
+					assert.Contains(t, engine.Output(), `"upstream":"`+h.Addr()+`"`, "the log names the upstream")
 				})
 			}
 		})
@@ -131,7 +131,7 @@ func TestHostileAnswersAreNeverQuoted(t *testing.T) {
 				prefill := harness.StartEngineSim(t, "prefill")
 				decode := harness.StartEngineSim(t, "decode")
 				sc := harness.StartSidecar(t, decode.Port, append([]string{"--kv-connector", "mooncake",
-					"--mooncake-bootstrap-port", itoa(h.port()), "--prefill-fallback=false"}, hostileFlags...)...)
+					"--mooncake-bootstrap-port", itoa(h.Port()), "--prefill-fallback=false"}, hostileFlags...)...)
 				raw, resp, b := exchangeBytes(t, sc.Port, "/v1/chat/completions", stream, map[string]string{"x-prefiller-host-port": prefill.HostPort()})
 				assert.Equal(t, http.StatusBadGateway, resp.StatusCode, "%s", raw)
 				assert.NotContains(t, string(raw), secretMarker)

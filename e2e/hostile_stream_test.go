@@ -76,45 +76,21 @@ type endlessAnswer struct {
 // endlessEngine is a raw-TCP local engine: streamed requests get the
 // script while hostile > 0, everything else a good answer (" fine").
 type endlessEngine struct {
-	ln      net.Listener
+	*harness.RawServer
 	answers chan *endlessAnswer
 	reqs    atomic.Int64
 
 	mu      sync.Mutex
 	script  endlessScript
 	hostile int
-	open    []net.Conn
 }
 
 func startEndless(t *testing.T) *endlessEngine {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	e := &endlessEngine{ln: ln, answers: make(chan *endlessAnswer, 16)}
-	t.Cleanup(func() {
-		_ = ln.Close()
-		e.mu.Lock()
-		for _, c := range e.open {
-			_ = c.Close()
-		}
-		e.mu.Unlock()
-	})
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			e.mu.Lock()
-			e.open = append(e.open, c)
-			e.mu.Unlock()
-			go e.serve(c)
-		}
-	}()
+	e := &endlessEngine{answers: make(chan *endlessAnswer, 16)}
+	e.RawServer = harness.StartRawServer(t, func(c net.Conn) { harness.ServeRequests(c, e.answer) })
 	return e
 }
-
-func (e *endlessEngine) port() int { return e.ln.Addr().(*net.TCPAddr).Port }
 
 // arm answers the next streamed request with s.
 func (e *endlessEngine) arm(s endlessScript) {
@@ -148,41 +124,32 @@ func (e *endlessEngine) next(t *testing.T) *endlessAnswer {
 
 const goodEvent = `data: {"id":"cmpl-1","object":"text_completion","choices":[{"index":0,"text":" fine","finish_reason":null}]}` + "\n\n"
 
-func (e *endlessEngine) serve(c net.Conn) {
-	defer c.Close()
-	br := bufio.NewReader(c)
-	for {
-		req, err := http.ReadRequest(br)
-		if err != nil {
-			return
+// answer writes the answer to the request just read on c, and says
+// whether c serves another (not after an endless answer).
+func (e *endlessEngine) answer(c net.Conn, _ *http.Request, body []byte) bool {
+	e.reqs.Add(1)
+	stream := gjson.GetBytes(body, "stream").Bool()
+	s, hostile := e.take(stream)
+	if !hostile {
+		var answer string
+		if stream {
+			events := goodEvent + `data: {"id":"cmpl-1","object":"text_completion","choices":[{"index":0,"text":"","finish_reason":"length"}]}` + "\n\ndata: [DONE]\n\n"
+			answer = fmt.Sprintf("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nContent-Length: %d\r\n\r\n%s", len(events), events)
+		} else {
+			answer = jsonAnswer(200, `{"id":"cmpl-1","object":"text_completion","choices":[{"index":0,"text":" fine","finish_reason":"length"}],"kv_transfer_params":null}`)
 		}
-		body, _ := io.ReadAll(req.Body)
-		e.reqs.Add(1)
-		stream := gjson.GetBytes(body, "stream").Bool()
-		s, hostile := e.take(stream)
-		if !hostile {
-			var answer string
-			if stream {
-				events := goodEvent + `data: {"id":"cmpl-1","object":"text_completion","choices":[{"index":0,"text":"","finish_reason":"length"}]}` + "\n\ndata: [DONE]\n\n"
-				answer = fmt.Sprintf("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nContent-Length: %d\r\n\r\n%s", len(events), events)
-			} else {
-				answer = jsonAnswer(200, `{"id":"cmpl-1","object":"text_completion","choices":[{"index":0,"text":" fine","finish_reason":"length"}],"kv_transfer_params":null}`)
-			}
-			if _, err := io.WriteString(c, answer); err != nil {
-				return
-			}
-			continue
-		}
-		a := &endlessAnswer{closed: make(chan struct{}), done: make(chan struct{})}
-		e.answers <- a
-		go func() {
-			// Until the sidecar closes the connection (EOF or a reset).
-			_, _ = io.Copy(io.Discard, br)
-			close(a.closed)
-		}()
-		writeEndless(c, s, a)
-		return
+		_, err := io.WriteString(c, answer)
+		return err == nil
 	}
+	a := &endlessAnswer{closed: make(chan struct{}), done: make(chan struct{})}
+	e.answers <- a
+	go func() {
+		// Until the sidecar closes the connection (EOF or a reset).
+		_, _ = io.Copy(io.Discard, c)
+		close(a.closed)
+	}()
+	writeEndless(c, s, a)
+	return false
 }
 
 // writeEndless writes the endless answer until the sidecar closes the
@@ -286,7 +253,7 @@ func newStreamRig(t *testing.T, flags []string, split, whole bool) *streamRig {
 		flags = append(flags, "--sglang-bootstrap-port", itoa(r.prefill.BootstrapPort))
 		r.hdr = map[string]string{"x-prefiller-host-port": r.prefill.HostPort()}
 	}
-	r.sc = harness.StartSidecar(t, r.engine.port(), flags...)
+	r.sc = harness.StartSidecar(t, r.engine.Port(), flags...)
 	r.baseRSS, r.basePeak = memKB(t, r.sc.Pid())
 	return r
 }

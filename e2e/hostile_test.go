@@ -30,16 +30,14 @@ import (
 // hostileUpstream is a raw TCP server that reads requests and answers each
 // with a scripted answer.
 type hostileUpstream struct {
-	ln    net.Listener
-	conns atomic.Int64 // connections accepted
-	reqs  atomic.Int64 // requests read
+	*harness.RawServer
+	reqs atomic.Int64 // requests read
 	// lateDue counts bad answers followed by a late one, lateDone the late
 	// answers written (or found impossible to write).
 	lateDue, lateDone atomic.Int64
 
 	mu     sync.Mutex
 	script hostileScript
-	open   []net.Conn
 }
 
 // hostileScript is how the hostile upstream answers.
@@ -59,34 +57,10 @@ type hostileScript struct {
 
 func startHostile(t *testing.T, s hostileScript) *hostileUpstream {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	h := &hostileUpstream{ln: ln, script: s}
-	t.Cleanup(func() {
-		_ = ln.Close()
-		h.mu.Lock()
-		for _, c := range h.open {
-			_ = c.Close()
-		}
-		h.mu.Unlock()
-	})
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			h.conns.Add(1)
-			h.mu.Lock()
-			h.open = append(h.open, c)
-			h.mu.Unlock()
-			go h.serve(c)
-		}
-	}()
+	h := &hostileUpstream{script: s}
+	h.RawServer = harness.StartRawServer(t, func(c net.Conn) { harness.ServeRequests(c, h.answer) })
 	return h
 }
-
-func (h *hostileUpstream) port() int { return h.ln.Addr().(*net.TCPAddr).Port }
 
 // waitLate waits until every late answer due so far has been written on
 // its connection (or the connection was gone): the next request then meets
@@ -98,48 +72,40 @@ func (h *hostileUpstream) waitLate(t *testing.T) {
 	})
 }
 
-func (h *hostileUpstream) serve(c net.Conn) {
-	defer c.Close()
-	br := bufio.NewReader(c)
-	for {
-		req, err := http.ReadRequest(br)
-		if err != nil {
-			return
-		}
-		_, _ = io.Copy(io.Discard, req.Body)
-		n := h.reqs.Add(1)
-		h.mu.Lock()
-		s := h.script
-		h.mu.Unlock()
-		if s.times > 0 && n > s.times {
-			if _, err := io.WriteString(c, s.good); err != nil {
-				return
-			}
-			continue
-		}
-		late := s.late != "" && !s.hang
+// answer writes the script's answer to the request just read on c, and
+// says whether c serves another.
+func (h *hostileUpstream) answer(c net.Conn, _ *http.Request, _ []byte) bool {
+	n := h.reqs.Add(1)
+	h.mu.Lock()
+	s := h.script
+	h.mu.Unlock()
+	if s.times > 0 && n > s.times {
+		_, err := io.WriteString(c, s.good)
+		return err == nil
+	}
+	late := s.late != "" && !s.hang
+	if late {
+		h.lateDue.Add(1)
+	}
+	if _, err := io.WriteString(c, s.bad); err != nil {
 		if late {
-			h.lateDue.Add(1)
-		}
-		if _, err := io.WriteString(c, s.bad); err != nil {
-			if late {
-				h.lateDone.Add(1)
-			}
-			return
-		}
-		if s.hang {
-			_, _ = io.Copy(io.Discard, c) // until the sidecar closes it
-			return
-		}
-		if late {
-			time.Sleep(100 * time.Millisecond) // while no request is outstanding
-			_, err := io.WriteString(c, s.late)
 			h.lateDone.Add(1)
-			if err != nil {
-				return
-			}
+		}
+		return false
+	}
+	if s.hang {
+		_, _ = io.Copy(io.Discard, c) // until the sidecar closes it
+		return false
+	}
+	if late {
+		time.Sleep(100 * time.Millisecond) // while no request is outstanding
+		_, err := io.WriteString(c, s.late)
+		h.lateDone.Add(1)
+		if err != nil {
+			return false
 		}
 	}
+	return true
 }
 
 // jsonAnswer is a complete answer with a JSON body.
@@ -243,13 +209,13 @@ func TestHostilePrefiller(t *testing.T) {
 				flags = append(flags, "--max-upstream-answer-bytes", "65536")
 			}
 			sc := harness.StartSidecar(t, decode.Port, flags...)
-			hdr := map[string]string{"x-prefiller-host-port": harness.HostPort(h.port())}
+			hdr := map[string]string{"x-prefiller-host-port": h.Addr()}
 			for _, whole := range []bool{true, false} {
 				conn, err := net.Dial("tcp", harness.HostPort(sc.Port))
 				require.NoError(t, err)
 				br := bufio.NewReader(conn)
 				before := sc.Metric(t, "pd_sidecar_fallbacks_total", map[string]string{"reason": tc.reason})
-				conns := h.conns.Load()
+				conns := h.Conns()
 				for i := range 2 { // the second on the same client connection
 					resp, b := exchangeOn(t, conn, br, "/v1/completions", body, hdr, whole)
 					require.Equal(t, http.StatusOK, resp.StatusCode, "request %d (whole: %v): %s", i, whole, b)
@@ -266,7 +232,7 @@ func TestHostilePrefiller(t *testing.T) {
 					"two fallbacks for %s (whole: %v)", tc.reason, whole)
 				// A connection the prefiller sent anything on past its
 				// answer is not used again.
-				assert.Equal(t, conns+2, h.conns.Load(), "a connection per request (whole: %v)", whole)
+				assert.Equal(t, conns+2, h.Conns(), "a connection per request (whole: %v)", whole)
 			}
 		})
 	}
@@ -274,7 +240,7 @@ func TestHostilePrefiller(t *testing.T) {
 		h := startHostile(t, hostileScript{bad: "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nX-Slow: ", hang: true})
 		decode := harness.StartEngineSim(t, "decode")
 		sc := harness.StartSidecar(t, decode.Port, hostileFlags...)
-		hdr := map[string]string{"x-prefiller-host-port": harness.HostPort(h.port())}
+		hdr := map[string]string{"x-prefiller-host-port": h.Addr()}
 		for _, whole := range []bool{true, false} {
 			conn, err := net.Dial("tcp", harness.HostPort(sc.Port))
 			require.NoError(t, err)
@@ -303,7 +269,7 @@ func TestHostileEngine(t *testing.T) {
 				if tc.bounded {
 					flags = append(flags, "--max-upstream-answer-bytes", "65536")
 				}
-				sc := harness.StartSidecar(t, h.port(), flags...)
+				sc := harness.StartSidecar(t, h.Port(), flags...)
 				conn, err := net.Dial("tcp", harness.HostPort(sc.Port))
 				require.NoError(t, err)
 				br := bufio.NewReader(conn)
@@ -334,7 +300,7 @@ func TestHostileEngine(t *testing.T) {
 		stream := chatBody(`,"max_tokens":4,"stream":true`)
 		for _, whole := range []bool{true, false} {
 			h := startHostile(t, hostileScript{bad: "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nX-Slow: ", hang: true})
-			sc := harness.StartSidecar(t, h.port(), hostileFlags...)
+			sc := harness.StartSidecar(t, h.Port(), hostileFlags...)
 			conn, err := net.Dial("tcp", harness.HostPort(sc.Port))
 			require.NoError(t, err)
 			br := bufio.NewReader(conn)
@@ -359,7 +325,7 @@ func TestHostileBootstrap(t *testing.T) {
 			h := startHostile(t, tc.script)
 			prefill := harness.StartEngineSim(t, "prefill")
 			decode := harness.StartEngineSim(t, "decode")
-			flags := append([]string{"--kv-connector", "mooncake", "--mooncake-bootstrap-port", itoa(h.port())}, hostileFlags...)
+			flags := append([]string{"--kv-connector", "mooncake", "--mooncake-bootstrap-port", itoa(h.Port())}, hostileFlags...)
 			if tc.bounded {
 				flags = append(flags, "--max-upstream-answer-bytes", "65536")
 			}
@@ -406,7 +372,7 @@ func TestLaneSplitMalformedAnswersAsTheServer(t *testing.T) {
 						flags = append(flags, "--max-upstream-answer-bytes", "65536")
 					}
 					sc := harness.StartSidecar(t, decode.Port, flags...)
-					o := sendRaw(t, sc.Port, path, body, map[string]string{"x-prefiller-host-port": harness.HostPort(h.port())}, whole, 0)
+					o := sendRaw(t, sc.Port, path, body, map[string]string{"x-prefiller-host-port": h.Addr()}, whole, 0)
 					harness.Eventually(t, 30*time.Second, "the request ended", func() bool {
 						return sc.Metric(t, "pd_sidecar_inflight_requests", nil) == 0
 					})

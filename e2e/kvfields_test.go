@@ -4,9 +4,7 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"strconv"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -24,46 +22,30 @@ import (
 // lane (the request whole in one write) and on fasthttp's path (the head
 // in two writes).
 
-// trap is a TCP listener that counts the connections it accepts.
+// trap is a TCP listener that counts the connections it accepts (Conns)
+// and closes each at once.
 type trap struct {
+	*harness.RawServer
 	host string
-	port int
-	hits atomic.Int64
 }
 
 func newTrap(t *testing.T) *trap {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	t.Cleanup(func() { l.Close() })
-	tr := &trap{host: "127.0.0.1", port: l.Addr().(*net.TCPAddr).Port}
-	go func() {
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			tr.hits.Add(1)
-			c.Close()
-		}
-	}()
-	return tr
+	return &trap{host: "127.0.0.1", RawServer: harness.StartRawServer(t, func(c net.Conn) { c.Close() })}
 }
-
-func (tr *trap) hostPort() string { return tr.host + ":" + strconv.Itoa(tr.port) }
 
 // bodyFieldCases are the client connector fields, each naming tr.
 func bodyFieldCases(tr *trap) []struct{ name, field, extra string } {
-	nixl := `{"do_remote_prefill":true,"do_remote_decode":false,"remote_engine_id":"evil","remote_block_ids":[[1,2]],"remote_request_id":"r","remote_host":"` + tr.host + `","remote_port":` + itoa(tr.port) + `,"tp_size":1}`
+	nixl := `{"do_remote_prefill":true,"do_remote_decode":false,"remote_engine_id":"evil","remote_block_ids":[[1,2]],"remote_request_id":"r","remote_host":"` + tr.host + `","remote_port":` + itoa(tr.Port()) + `,"tp_size":1}`
 	return []struct{ name, field, extra string }{
 		{"kv_transfer_params nixl", "kv_transfer_params", `,"kv_transfer_params":` + nixl},
 		{"kv_transfer_params escaped name", "kv_transfer_params", `,"kv_transfer_para\u006ds":` + nixl},
 		{"kv_transfer_params twice", "kv_transfer_params", `,"kv_transfer_params":null,"kv_transfer_params":` + nixl},
-		{"mooncake remote_bootstrap_addr", "kv_transfer_params", `,"kv_transfer_params":{"do_remote_prefill":true,"do_remote_decode":false,"transfer_id":"xfer-1","remote_bootstrap_addr":"http://` + tr.hostPort() + `","remote_engine_id":"e"}`},
-		{"sidecar kv_source", "kv_transfer_params", `,"kv_transfer_params":{"do_remote_prefill":true,"kv_source":{"agent":"` + tr.hostPort() + `","transport":"tcp"},"kv_preloaded":{"alloc_id":"a","block_ids":[1],"num_tokens":1}}`},
-		{"ec_transfer_params", "ec_transfer_params", `,"ec_transfer_params":{"remote_host":"` + tr.host + `","remote_port":` + itoa(tr.port) + `}`},
-		{"sglang bootstrap", "bootstrap_host", `,"bootstrap_host":"` + tr.host + `","bootstrap_port":` + itoa(tr.port) + `,"bootstrap_room":42`},
-		{"top-level remote_bootstrap_addr", "remote_bootstrap_addr", `,"remote_bootstrap_addr":"http://` + tr.hostPort() + `","transfer_id":"xfer-1"`},
+		{"mooncake remote_bootstrap_addr", "kv_transfer_params", `,"kv_transfer_params":{"do_remote_prefill":true,"do_remote_decode":false,"transfer_id":"xfer-1","remote_bootstrap_addr":"http://` + tr.Addr() + `","remote_engine_id":"e"}`},
+		{"sidecar kv_source", "kv_transfer_params", `,"kv_transfer_params":{"do_remote_prefill":true,"kv_source":{"agent":"` + tr.Addr() + `","transport":"tcp"},"kv_preloaded":{"alloc_id":"a","block_ids":[1],"num_tokens":1}}`},
+		{"ec_transfer_params", "ec_transfer_params", `,"ec_transfer_params":{"remote_host":"` + tr.host + `","remote_port":` + itoa(tr.Port()) + `}`},
+		{"sglang bootstrap", "bootstrap_host", `,"bootstrap_host":"` + tr.host + `","bootstrap_port":` + itoa(tr.Port()) + `,"bootstrap_room":42`},
+		{"top-level remote_bootstrap_addr", "remote_bootstrap_addr", `,"remote_bootstrap_addr":"http://` + tr.Addr() + `","transfer_id":"xfer-1"`},
 	}
 }
 
@@ -74,7 +56,7 @@ var clientFieldNames = []string{"kv_transfer_params", "ec_transfer_params", "boo
 // carries a client connector field at its top level.
 func assertNoClientField(t *testing.T, body string, tr *trap) {
 	t.Helper()
-	assert.NotContains(t, body, itoa(tr.port), "the client's address reached the engine: %s", body)
+	assert.NotContains(t, body, itoa(tr.Port()), "the client's address reached the engine: %s", body)
 	gjson.Parse(body).ForEach(func(k, _ gjson.Result) bool {
 		assert.NotContains(t, clientFieldNames, k.Str, "client field reached the engine: %s", body)
 		return true
@@ -105,7 +87,7 @@ func TestKVFieldsLocalNeverReachTheEngine(t *testing.T) {
 	}
 	// Passthrough: SGLang's own /generate reads bootstrap_* too.
 	for _, whole := range []bool{true, false} {
-		_, _ = exchangeRaw(t, sc.Port, "/generate", `{"text":"hi","bootstrap_host":"`+tr.host+`","bootstrap_port":`+itoa(tr.port)+`}`, nil, whole)
+		_, _ = exchangeRaw(t, sc.Port, "/generate", `{"text":"hi","bootstrap_host":"`+tr.host+`","bootstrap_port":`+itoa(tr.Port())+`}`, nil, whole)
 		var got string
 		for _, r := range rawJournal(t, decode) {
 			if gjson.Get(r, "path").String() == "/generate" {
@@ -117,7 +99,7 @@ func TestKVFieldsLocalNeverReachTheEngine(t *testing.T) {
 		want["bootstrap_host"]++
 	}
 	time.Sleep(100 * time.Millisecond)
-	assert.Zero(t, tr.hits.Load(), "the engine connected to the client's address")
+	assert.Zero(t, tr.Conns(), "the engine connected to the client's address")
 	assert.Zero(t, decode.Metric(t, "sim_remote_kv_decodes_total", nil))
 	for f, n := range want {
 		assert.Equal(t, n, sc.Metric(t, "pd_sidecar_requests_sanitized_total", map[string]string{"field": f}), f)
@@ -151,7 +133,7 @@ func TestKVFieldsSplitLegsCarryOnlyTheConnectors(t *testing.T) {
 					require.Equal(t, http.StatusOK, resp.StatusCode, "%s %s", c.name, b)
 					for _, e := range []*harness.Engine{r.prefill, r.decode} {
 						body := lastBody(t, e)
-						assert.NotContains(t, body, itoa(tr.port), "%s: the client's address reached an engine: %s", c.name, body)
+						assert.NotContains(t, body, itoa(tr.Port()), "%s: the client's address reached an engine: %s", c.name, body)
 						for _, f := range clientFieldNames {
 							assert.LessOrEqual(t, strings.Count(body, `"`+f+`"`), 1, "%s: %s twice: %s", c.name, f, body)
 						}
@@ -159,7 +141,7 @@ func TestKVFieldsSplitLegsCarryOnlyTheConnectors(t *testing.T) {
 					}
 				}
 			}
-			assert.Zero(t, tr.hits.Load(), "an engine connected to the client's address")
+			assert.Zero(t, tr.Conns(), "an engine connected to the client's address")
 		})
 	}
 }
@@ -189,7 +171,7 @@ func TestKVFieldsTrusted(t *testing.T) {
 			}
 		}
 		assert.Len(t, simRequests(t, decode), before, "a refused request never reaches the engine")
-		assert.Zero(t, tr.hits.Load())
+		assert.Zero(t, tr.Conns())
 		assert.Equal(t, float64(2*len(cases)), sc.Metric(t, "pd_sidecar_requests_rejected_total", map[string]string{"reason": "prefiller_not_allowed"}))
 		assert.Contains(t, sc.Output(), `"request_id":"kvt-sglang-bootstrap"`)
 	})

@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"bufio"
 	"fmt"
 	"io"
 	"net"
@@ -30,7 +29,7 @@ import (
 // recordingEngine is a raw TCP local engine that records every request it
 // reads and answers each with 200: a refused request must never reach it.
 type recordingEngine struct {
-	ln   net.Listener
+	*harness.RawServer
 	mu   sync.Mutex
 	reqs []recorded
 }
@@ -44,52 +43,30 @@ func (r recorded) String() string { return r.method + " " + r.path }
 
 func startRecordingEngine(t *testing.T) *recordingEngine {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	e := &recordingEngine{ln: ln}
-	t.Cleanup(func() { _ = ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go e.serve(c)
-		}
-	}()
+	e := &recordingEngine{}
+	e.RawServer = harness.StartRawServer(t, func(c net.Conn) { harness.ServeRequests(c, e.answer) })
 	return e
 }
 
-func (e *recordingEngine) port() int { return e.ln.Addr().(*net.TCPAddr).Port }
-
-func (e *recordingEngine) serve(c net.Conn) {
-	defer c.Close()
-	br := bufio.NewReader(c)
-	for {
-		req, err := http.ReadRequest(br)
-		if err != nil {
-			return
-		}
-		_, _ = io.Copy(io.Discard, req.Body)
-		path := req.RequestURI
-		if req.URL != nil && req.URL.Path != "" {
-			path = req.URL.Path
-		}
-		e.mu.Lock()
-		e.reqs = append(e.reqs, recorded{req.Method, path})
-		e.mu.Unlock()
-		body := `{"engine":"fake"}`
-		if path == "/metrics" {
-			body = "fake_engine_metric 1\n"
-		}
-		head := fmt.Sprintf("HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n", len(body))
-		if req.Method == http.MethodHead {
-			body = ""
-		}
-		if _, err := io.WriteString(c, head+body); err != nil {
-			return
-		}
+// answer records the request just read on c and answers it with 200.
+func (e *recordingEngine) answer(c net.Conn, req *http.Request, _ []byte) bool {
+	path := req.RequestURI
+	if req.URL != nil && req.URL.Path != "" {
+		path = req.URL.Path
 	}
+	e.mu.Lock()
+	e.reqs = append(e.reqs, recorded{req.Method, path})
+	e.mu.Unlock()
+	body := `{"engine":"fake"}`
+	if path == "/metrics" {
+		body = "fake_engine_metric 1\n"
+	}
+	head := fmt.Sprintf("HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n", len(body))
+	if req.Method == http.MethodHead {
+		body = ""
+	}
+	_, err := io.WriteString(c, head+body)
+	return err == nil
 }
 
 // take returns the requests read so far and forgets them.
@@ -163,7 +140,7 @@ func TestPassthroughPolicyRefusesBeforeForwarding(t *testing.T) {
 	eng := startRecordingEngine(t)
 	for _, sp := range servingPaths {
 		t.Run(sp.name, func(t *testing.T) {
-			sc := harness.StartSidecar(t, eng.port(), sp.flags...)
+			sc := harness.StartSidecar(t, eng.Port(), sp.flags...)
 			reason := func(r string) float64 {
 				return sc.Metric(t, "pd_sidecar_requests_rejected_total", map[string]string{"reason": r})
 			}
@@ -228,7 +205,7 @@ func TestPassthroughPolicyPassesTheServingAPI(t *testing.T) {
 	eng := startRecordingEngine(t)
 	for _, sp := range servingPaths {
 		t.Run(sp.name, func(t *testing.T) {
-			sc := harness.StartSidecar(t, eng.port(), sp.flags...)
+			sc := harness.StartSidecar(t, eng.Port(), sp.flags...)
 			eng.take()
 			var want []string
 			for _, rq := range []struct{ method, target, path string }{
@@ -304,7 +281,7 @@ func TestPassthroughPolicyFlags(t *testing.T) {
 	} {
 		for _, sp := range servingPaths {
 			t.Run(tc.name+"/"+sp.name, func(t *testing.T) {
-				sc := harness.StartSidecar(t, eng.port(), append(append([]string{}, sp.flags...), tc.flags...)...)
+				sc := harness.StartSidecar(t, eng.Port(), append(append([]string{}, sp.flags...), tc.flags...)...)
 				eng.take()
 				for _, s := range tc.steps {
 					c := dialRaw(t, sc)
@@ -348,7 +325,7 @@ func TestMetricsPortMovesMetricsAndDebugOff(t *testing.T) {
 		return resp.StatusCode, string(b)
 	}
 	t.Run("default", func(t *testing.T) {
-		sc := harness.StartSidecar(t, eng.port())
+		sc := harness.StartSidecar(t, eng.Port())
 		eng.take()
 		st, b := get(t, sc.URL()+"/metrics")
 		require.Equal(t, http.StatusOK, st)
@@ -361,7 +338,7 @@ func TestMetricsPortMovesMetricsAndDebugOff(t *testing.T) {
 	for _, sp := range servingPaths {
 		t.Run("metrics-port/"+sp.name, func(t *testing.T) {
 			mp := harness.FreePort(t)
-			sc := harness.StartSidecar(t, eng.port(), append([]string{"--metrics-port", itoa(mp)}, sp.flags...)...)
+			sc := harness.StartSidecar(t, eng.Port(), append([]string{"--metrics-port", itoa(mp)}, sp.flags...)...)
 			sc.WaitHTTP(t, harness.URL(mp)+"/metrics", 10*time.Second)
 			eng.take()
 			own := harness.URL(mp)
