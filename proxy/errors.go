@@ -136,6 +136,8 @@ func foreignOutcome(err error) (failure.Outcome, bool) {
 		return failure.Outcome{Status: http.StatusServiceUnavailable, Reason: ReasonBufferBudget, Precedence: precedenceBufferBudget}, true
 	case split.ErrPrefillTimeout:
 		return failure.Outcome{Status: http.StatusGatewayTimeout, Reason: ReasonTimeout}, true
+	case split.ErrKVWaitTimeout:
+		return failure.Outcome{Status: http.StatusGatewayTimeout, Reason: ReasonKVWaitTimeout}, true
 	case split.ErrTPMismatch:
 		return failure.Outcome{Status: http.StatusBadGateway, Reason: ReasonTPMismatch}, true
 	case connectors.ErrNoKVParams:

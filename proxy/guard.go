@@ -17,6 +17,7 @@ import (
 	"github.com/pd-sidecar/pd-sidecar/circuit"
 	"github.com/pd-sidecar/pd-sidecar/metrics"
 	"github.com/pd-sidecar/pd-sidecar/proxy/failure"
+	"github.com/pd-sidecar/pd-sidecar/proxy/split"
 	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"
 	"github.com/pd-sidecar/pd-sidecar/ssrf"
 )
@@ -287,7 +288,7 @@ func breakerResult(err error) circuit.Result {
 	switch {
 	case err == nil:
 		return circuit.Success
-	case errors.Is(err, ErrClientGone), errors.Is(err, ErrBadRequest), errors.Is(err, errHedgeLost):
+	case errors.Is(err, ErrClientGone), errors.Is(err, ErrBadRequest), errors.Is(err, errHedgeLost), errors.Is(err, split.ErrAbandoned):
 		return circuit.Neutral
 	case errors.Is(err, ErrPrefillUnreachable):
 		return circuit.Unreachable // a connect probe can tell when it ends

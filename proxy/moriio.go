@@ -5,16 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"net/http"
 	"strconv"
-	"sync"
 	"time"
 
 	"github.com/rs/zerolog"
 
 	"github.com/pd-sidecar/pd-sidecar/connectors/moriio"
 	"github.com/pd-sidecar/pd-sidecar/metrics"
-	"github.com/pd-sidecar/pd-sidecar/proxy/failure"
+	"github.com/pd-sidecar/pd-sidecar/proxy/split"
 )
 
 // MoriIOConfig is MoRI-IO write mode on the nixlv2 connector (AMD's KV
@@ -71,7 +69,7 @@ func (c MoriIOConfig) Validate() error {
 // ErrKVWaitTimeout: in MoRI-IO parallel dispatch, the prefill leg gave no
 // outcome, and the decode leg no output, within
 // --moriio-parallel-decode-wait-timeout.
-var ErrKVWaitTimeout error = failure.New("prefill did not complete within the MoRI-IO parallel-dispatch KV-wait timeout", failure.Outcome{Status: http.StatusGatewayTimeout, Reason: ReasonKVWaitTimeout})
+var ErrKVWaitTimeout = split.ErrKVWaitTimeout
 
 // ReasonKVWaitTimeout is the fallback reason of ErrKVWaitTimeout.
 const ReasonKVWaitTimeout = "kv_wait_timeout"
@@ -148,74 +146,30 @@ func (r *request) moriDecodeParams(returned []byte) ([]byte, error) {
 // (kv_wait_timeout), not a bare 504.
 func (r *request) serveMoriParallel() {
 	s := r.p.mori
+	d := r.newPaired(split.PairedConfig{KVWait: s.cfg.WaitTimeout, HoldOutput: true})
+	var start split.PairedStart
+	var pre, dec []byte
 	tk, err := r.allowPrefill()
-	if err != nil {
-		r.fallback(err)
-		return
-	}
-	var once sync.Once
-	finished := make(chan struct{}) // closed once the prefill leg has an outcome
-	report := func(err error) {
-		r.breakerDone(tk, err)
-		once.Do(func() { close(finished) })
-	}
-	// The prefiller's host goes as the header named it: only the
-	// configured host specs are resolved (and cached), never a name a
-	// request brings.
-	host, _, _ := net.SplitHostPort(r.prefiller)
-	l := r.moriLeg()
-	pre, err := moriio.ParallelPrefillBody(r.body,
-		moriio.PrefillParams(s.cfg.Ports, s.dns.resolve(r.ctx, s.cfg.PodIP), l, s.hosts(r.ctx, s.cfg.DecodeHosts)))
-	var dec []byte
+	start.Skip = err
 	if err == nil {
-		dec, err = moriio.WithParams(r.body,
-			moriio.ParallelDecodeParams(s.cfg.Ports, host, l, s.hosts(r.ctx, s.cfg.RemoteHosts)))
-	}
-	if err != nil {
-		report(ErrBadRequest)
-		r.fail(fmt.Errorf("%w: %w", ErrBadRequest, err))
-		return
-	}
-	r.mode = metrics.ModeDisaggregated
-	r.logAt(zerolog.DebugLevel).Int("dp_rank", l.Rank).Str("transfer_id", l.TransferID).Msg("MoRI-IO parallel dispatch")
-
-	pl := r.startPrefillLeg(pre, report)
-	leg, parent := pl.leg, pl.parent
-
-	// The KV-wait backstop: no prefill outcome and no decode output in
-	// time cancels both legs.
-	deadline := time.Now().Add(s.cfg.WaitTimeout)
-	backstop := time.AfterFunc(s.cfg.WaitTimeout, func() {
-		select {
-		case <-finished:
-			return
-		default:
+		d.tk = tk
+		// The prefiller's host goes as the header named it: only the
+		// configured host specs are resolved (and cached), never a name a
+		// request brings.
+		host, _, _ := net.SplitHostPort(r.prefiller)
+		l := r.moriLeg()
+		pre, err = moriio.ParallelPrefillBody(r.body,
+			moriio.PrefillParams(s.cfg.Ports, s.dns.resolve(r.ctx, s.cfg.PodIP), l, s.hosts(r.ctx, s.cfg.DecodeHosts)))
+		if err == nil {
+			dec, err = moriio.WithParams(r.body,
+				moriio.ParallelDecodeParams(s.cfg.Ports, host, l, s.hosts(r.ctx, s.cfg.RemoteHosts)))
 		}
-		leg.mu.Lock()
-		defer leg.mu.Unlock()
-		if !leg.committed {
-			leg.abandon()
-			pl.cancelDecode(fmt.Errorf("%w (%v)", ErrKVWaitTimeout, s.cfg.WaitTimeout))
-			pl.cancelPrefill()
-		}
-	})
-	defer backstop.Stop()
-
-	r.onOutput = func() {
-		// The decode has its KV: it is never cancelled from here on, and
-		// its output waits for the prefill leg's answer (bounded).
-		leg.commit()
-		t := time.NewTimer(time.Until(deadline))
-		defer t.Stop()
-		select {
-		case <-finished:
-		case <-t.C:
-			r.logAt(zerolog.WarnLevel).Msg("MoRI-IO decode produced output before the prefill leg answered; relayed at the KV-wait timeout")
-		case <-parent.Done():
+		if err != nil {
+			start.Skip, start.SkipReport = fmt.Errorf("%w: %w", ErrBadRequest, err), ErrBadRequest
+		} else {
+			r.mode = metrics.ModeDisaggregated
+			r.logAt(zerolog.DebugLevel).Int("dp_rank", l.Rank).Str("transfer_id", l.TransferID).Msg("MoRI-IO parallel dispatch")
 		}
 	}
-	err = r.forward(dec, true)
-	// A prefill leg that failed, or a KV wait that ran out, first
-	// cancelled the decode leg: its cause decides.
-	r.endPairedLegs(pl, err, nil)
+	d.run(start, pre, dec, nil)
 }

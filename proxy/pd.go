@@ -84,18 +84,6 @@ func (p *Proxy) tpGuard(h connectors.Handoff) error {
 	return nil
 }
 
-// prefillFailed ends a request whose prefill leg failed: a prefiller that
-// rejected the request (4xx) has its answer passed on; any other failure
-// degrades to a local prefill (see fallback).
-func (r *request) prefillFailed(err error) {
-	var rej *rejected
-	if errors.As(err, &rej) {
-		r.passOn(err)
-		return
-	}
-	r.fallback(err)
-}
-
 // fallback degrades the request to a local prefill with the original body,
 // counted and logged with its reason; or, with --prefill-fallback=false (or
 // a reason that is no degradation), answers the error.

@@ -321,6 +321,11 @@ func actionDetail(a split.Action, detail string) string {
 		return fmt.Sprint(a.Attempt)
 	case split.Degraded:
 		return a.Reason
+	case split.PrefillLegFailed:
+		if a.Attempt == 1 {
+			return a.Reason + ":late"
+		}
+		return a.Reason
 	case split.HedgeWon:
 		if strings.Count(detail, ":") == 1 {
 			return a.Winner + ":" + a.After.String()
@@ -341,6 +346,8 @@ func opName(op split.Op) string {
 		split.PassOn: "PassOn", split.Fail: "Fail", split.PrefillBegan: "PrefillBegan", split.PrefillEnded: "PrefillEnded",
 		split.BreakerDone: "BreakerDone", split.Retrying: "Retrying", split.Degraded: "Degraded", split.HedgeWon: "HedgeWon",
 		split.HedgeLocalFailed: "HedgeLocalFailed",
+		split.CancelDecode:     "CancelDecode", split.AbandonPrefill: "AbandonPrefill", split.ReleaseOutput: "ReleaseOutput",
+		split.PrefillLegFailed: "PrefillLegFailed", split.OutputAtKVWait: "OutputAtKVWait",
 	}
 	if n, ok := names[op]; ok {
 		return n
@@ -356,6 +363,8 @@ func timerName(t split.Timer) string {
 		return "backoff"
 	case split.TimerHedge:
 		return "hedge"
+	case split.TimerKVWait:
+		return "kvwait"
 	}
 	return "?"
 }

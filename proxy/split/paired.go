@@ -1,0 +1,289 @@
+package split
+
+import (
+	"errors"
+	"fmt"
+	"time"
+)
+
+// ErrKVWaitTimeout: the prefill leg had no outcome, and the decode leg no
+// output, within the KV-wait bound of a paired split (MoRI-IO's
+// --moriio-parallel-decode-wait-timeout).
+var ErrKVWaitTimeout = errors.New("prefill did not complete within the MoRI-IO parallel-dispatch KV-wait timeout")
+
+// ErrAbandoned is the outcome reported to the breaker of a prefill leg
+// cancelled because the request no longer needed it (its decode failed,
+// its client left): it says nothing of the prefiller.
+var ErrAbandoned = errors.New("prefill leg abandoned: the request no longer needs it")
+
+// The events of a paired split, beside PrefillAnswered, PrefillFailed,
+// TimerFired and ClientGone.
+const (
+	// FirstOutput: the decode leg produced its first output, the point of
+	// no return: it is never cancelled from here on.
+	FirstOutput EventKind = iota + 32
+	// DecodeEnded: the decode leg's relay returned: Event.Err nil once the
+	// answer is written or streaming; else its failure before any output
+	// reached the client (Event.Recoverable: a KV load failure that a
+	// local prefill may serve).
+	DecodeEnded
+)
+
+// TimerKVWait bounds a paired split's wait for the prefill's outcome
+// (PairedConfig.KVWait).
+const TimerKVWait Timer = 8
+
+// The actions of a paired split, beside SendPrefill, SendDecode, SendLocal,
+// PassOn, Fail, Arm, Disarm, BreakerDone and Degraded.
+const (
+	// CancelDecode cancels the decode leg, which has produced no output
+	// (Action.Err: why); its relay then returns with that cause.
+	CancelDecode Op = iota + 32
+	// AbandonPrefill cancels the prefill leg on purpose: its end then says
+	// nothing of the prefiller.
+	AbandonPrefill
+	// ReleaseOutput lets the decode leg's held first output through.
+	ReleaseOutput
+	// PrefillLegFailed counts and logs the prefill leg's failure
+	// (Action.Err; Action.Reason: its label; Action.Attempt 1 when the
+	// decode had already begun its output).
+	PrefillLegFailed
+	// OutputAtKVWait logs a held output relayed at the KV-wait bound.
+	OutputAtKVWait
+)
+
+// PairedConfig is what a paired split's decisions depend on.
+type PairedConfig struct {
+	// Fallback lets a failure with a fallback reason degrade to a local
+	// prefill (--prefill-fallback).
+	Fallback bool
+	// KVWait, when > 0, bounds the wait for the prefill's outcome: with
+	// no outcome and no decode output by then, both legs are cancelled
+	// and the request falls back (ErrKVWaitTimeout).
+	KVWait time.Duration
+	// HoldOutput holds the decode leg's first output until the prefill
+	// leg answered (or KVWait ran out): MoRI-IO's decode writes nothing
+	// the prefill has not finished.
+	HoldOutput bool
+	// Judge classifies a failure (required).
+	Judge func(error) Verdict
+}
+
+// PairedStart is what a paired split begins with.
+type PairedStart struct {
+	// Skip is non-nil when the legs are not sent: the circuit breaker
+	// refused the prefill, the bootstrap query failed, or the legs could
+	// not be built. The split goes to what Skip degrades to.
+	Skip error
+	// SkipReport, when non-nil, is reported to the breaker first: it had
+	// allowed the prefill (a bootstrap failure; a body that could not be
+	// built).
+	SkipReport error
+}
+
+// Paired is one request's split whose prefill and decode legs run at once
+// (SGLang, Mooncake, the offloading connector, MoRI-IO's parallel
+// dispatch): a prefill leg that fails before the decode produced output
+// cancels the decode and decides the request (its rejection passed on, or
+// a local prefill); one that fails later is counted. A decode leg that
+// fails abandons the prefill leg, and a KV load failure degrades to a
+// local prefill. The prefill leg may outlive the answer: its outcome is
+// still reported to the breaker.
+type Paired struct {
+	cfg PairedConfig
+
+	started   bool
+	done      bool  // the request has its answer (or failure)
+	committed bool  // the decode produced output
+	holding   bool  // its first output waits for the prefill (HoldOutput)
+	prefilled bool  // the prefill leg has its outcome
+	abandoned bool  // the prefill leg was cancelled on purpose
+	gone      bool  // the client left
+	cancelled error // why the decode leg was cancelled (nil: it was not)
+	kvArmed   bool
+}
+
+// NewPaired returns an idle paired split.
+func NewPaired(cfg PairedConfig) *Paired { return &Paired{cfg: cfg} }
+
+// Done reports whether the request has its answer or failure.
+func (s *Paired) Done() bool { return s.done }
+
+// Holding reports whether the decode leg's first output waits for the
+// word to go on (ReleaseOutput).
+func (s *Paired) Holding() bool { return s.holding }
+
+// Start begins the split.
+func (s *Paired) Start(in PairedStart) []Action {
+	if s.started {
+		return nil
+	}
+	s.started = true
+	if in.Skip != nil {
+		var acts []Action
+		if in.SkipReport != nil {
+			acts = append(acts, Action{Op: BreakerDone, Err: in.SkipReport})
+		}
+		s.prefilled = true
+		return s.fallback(acts, in.Skip)
+	}
+	acts := []Action{{Op: SendPrefill}, {Op: SendDecode}}
+	if s.cfg.KVWait > 0 {
+		s.kvArmed = true
+		acts = append(acts, Action{Op: Arm, Timer: TimerKVWait, After: s.cfg.KVWait})
+	}
+	return acts
+}
+
+// On takes one event and returns what to do about it.
+func (s *Paired) On(ev Event) []Action {
+	if !s.started {
+		return nil
+	}
+	switch ev.Kind {
+	case PrefillAnswered:
+		return s.prefillEnded(nil)
+	case PrefillFailed:
+		return s.prefillEnded(ev.Err)
+	case FirstOutput:
+		return s.firstOutput()
+	case TimerFired:
+		if ev.Timer == TimerKVWait && s.kvArmed {
+			s.kvArmed = false
+			return s.kvWaitOver()
+		}
+	case DecodeEnded:
+		return s.decodeEnded(ev.Err, ev.Recoverable)
+	case ClientGone:
+		s.gone = true
+		if s.prefilled || s.abandoned {
+			return nil
+		}
+		s.abandoned = true
+		return []Action{{Op: AbandonPrefill, Err: ev.Err}}
+	}
+	return nil
+}
+
+// prefillEnded takes the prefill leg's outcome.
+func (s *Paired) prefillEnded(err error) []Action {
+	if s.prefilled {
+		return nil
+	}
+	s.prefilled = true
+	var acts []Action
+	if s.kvArmed && !s.holding {
+		s.kvArmed = false
+		acts = append(acts, Action{Op: Disarm, Timer: TimerKVWait})
+	}
+	if s.holding {
+		s.holding = false
+		acts = append(acts, Action{Op: ReleaseOutput})
+		if s.kvArmed {
+			s.kvArmed = false
+			acts = append(acts, Action{Op: Disarm, Timer: TimerKVWait})
+		}
+	}
+	if err == nil {
+		return append(acts, Action{Op: BreakerDone})
+	}
+	if s.abandoned {
+		// Cancelled with the request: it says nothing of the prefiller.
+		return append(acts, Action{Op: BreakerDone, Err: ErrAbandoned})
+	}
+	acts = append(acts, Action{Op: BreakerDone, Err: err})
+	reason := s.cfg.Judge(err).Reason
+	if reason == "" {
+		reason = "rejected"
+	}
+	if s.committed || s.done {
+		return append(acts, Action{Op: PrefillLegFailed, Err: err, Reason: reason, Attempt: 1})
+	}
+	s.cancelled = err
+	return append(acts, Action{Op: PrefillLegFailed, Err: err, Reason: reason}, Action{Op: CancelDecode, Err: err})
+}
+
+// firstOutput marks the decode past its point of no return.
+func (s *Paired) firstOutput() []Action {
+	if s.committed || s.cancelled != nil {
+		return nil
+	}
+	s.committed = true
+	if s.cfg.HoldOutput && !s.prefilled {
+		s.holding = true // until the prefill's outcome, or the KV-wait bound
+		return nil
+	}
+	if s.kvArmed {
+		s.kvArmed = false
+		return []Action{{Op: Disarm, Timer: TimerKVWait}}
+	}
+	return nil
+}
+
+// kvWaitOver ends the KV wait: a decode with no output yet is cancelled
+// with the prefill leg; a held output is let through.
+func (s *Paired) kvWaitOver() []Action {
+	if s.holding {
+		s.holding = false
+		return []Action{{Op: OutputAtKVWait}, {Op: ReleaseOutput}}
+	}
+	if s.committed || s.prefilled || s.cancelled != nil {
+		return nil
+	}
+	err := fmt.Errorf("%w (%v)", ErrKVWaitTimeout, s.cfg.KVWait)
+	s.cancelled, s.abandoned = err, true
+	return []Action{{Op: CancelDecode, Err: err}, {Op: AbandonPrefill, Err: err}}
+}
+
+// decodeEnded takes the decode leg's end.
+func (s *Paired) decodeEnded(err error, recoverable bool) []Action {
+	if s.done {
+		return nil
+	}
+	var acts []Action
+	if s.kvArmed {
+		s.kvArmed = false
+		acts = append(acts, Action{Op: Disarm, Timer: TimerKVWait})
+	}
+	if err == nil {
+		s.done = true
+		return acts
+	}
+	if s.gone {
+		s.done = true
+		if !s.prefilled && !s.abandoned {
+			s.abandoned = true
+			acts = append(acts, Action{Op: AbandonPrefill, Err: err})
+		}
+		return append(acts, Action{Op: Fail, Err: err})
+	}
+	if cause := s.cancelled; cause != nil && !s.committed {
+		// The prefill leg failed first (or the KV wait ran out) and
+		// cancelled the decode: its cause decides.
+		if s.cfg.Judge(cause).Rejected {
+			s.done = true
+			return append(acts, Action{Op: PassOn, Err: cause})
+		}
+		return s.fallback(acts, cause)
+	}
+	if !s.prefilled && !s.abandoned {
+		s.abandoned = true
+		acts = append(acts, Action{Op: AbandonPrefill, Err: err})
+	}
+	if recoverable {
+		return s.fallback(acts, err)
+	}
+	s.done = true
+	return append(acts, Action{Op: Fail, Err: err})
+}
+
+// fallback degrades the request to a local prefill for cause, or answers
+// cause when it is no reason to.
+func (s *Paired) fallback(acts []Action, cause error) []Action {
+	s.done = true
+	v := s.cfg.Judge(cause)
+	if v.Reason == "" || !s.cfg.Fallback {
+		return append(acts, Action{Op: Fail, Err: cause})
+	}
+	return append(acts, Action{Op: Degraded, Reason: v.Reason, Err: cause}, Action{Op: SendLocal})
+}
