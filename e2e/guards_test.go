@@ -219,7 +219,9 @@ func TestGuardForgedPrefillersStayBounded(t *testing.T) {
 	// tenfold).
 	sc := &harness.Sidecar{Port: harness.FreePorts(t, 4)}
 	sc.Proc = harness.Start(t, buildNoRace(t, "pd-sidecar"), "--port", itoa(sc.Port), "--model-server-port", itoa(decode.Port),
-		"--prefill-fallback=false", "--log-level", "error", "--connect-timeout", "200ms")
+		// Every forged prefiller refuses at once; the connect timeout is
+		// only a bound, far past what a busy machine takes to be refused.
+		"--prefill-fallback=false", "--log-level", "error", "--connect-timeout", "10s")
 	sc.WaitHTTP(t, sc.URL()+"/health", 30*time.Second)
 	const n, workers = 100_000, 16
 	rss := func() float64 { return sc.Metric(t, "process_resident_memory_bytes", nil) }
