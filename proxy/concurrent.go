@@ -48,7 +48,7 @@ func (r *request) serveConcurrent(cc connectors.Concurrent) {
 	host, portStr, _ := net.SplitHostPort(r.prefiller)
 	forget := func() {}
 	tk, err := r.allowPrefill()
-	start.Skip = err
+	start.NoLegs = err
 	if err == nil {
 		d.tk = tk
 		pr := connectors.Pairing{PrefillHost: host, Room: randomRoom(), TransferID: transferID()}
@@ -61,12 +61,12 @@ func (r *request) serveConcurrent(cc connectors.Concurrent) {
 			b, err := p.boot.get(r.ctx, p.tr, bs, host, p.cfg.PrefillTimeout)
 			pr.Bootstrap = b
 			if err != nil {
-				start.Skip, start.SkipReport = err, err
+				start.NoLegs, start.NoLegsReport = err, err
 			}
 		}
-		if start.Skip == nil {
+		if start.NoLegs == nil {
 			if pre, dec, err = cc.Legs(r.api, r.body, pr); err != nil {
-				start.Skip, start.SkipReport = err, ErrBadRequest
+				start.NoLegs, start.NoLegsReport = err, ErrBadRequest
 			} else {
 				r.mode = metrics.ModeDisaggregated
 				r.logAt(zerolog.DebugLevel).Uint64("bootstrap_room", pr.Room).Str("transfer_id", pr.TransferID).Msg("concurrent prefill and decode legs")

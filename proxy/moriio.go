@@ -150,7 +150,7 @@ func (r *request) serveMoriParallel() {
 	var start split.PairedStart
 	var pre, dec []byte
 	tk, err := r.allowPrefill()
-	start.Skip = err
+	start.NoLegs = err
 	if err == nil {
 		d.tk = tk
 		// The prefiller's host goes as the header named it: only the
@@ -165,7 +165,7 @@ func (r *request) serveMoriParallel() {
 				moriio.ParallelDecodeParams(s.cfg.Ports, host, l, s.hosts(r.ctx, s.cfg.RemoteHosts)))
 		}
 		if err != nil {
-			start.Skip, start.SkipReport = fmt.Errorf("%w: %w", ErrBadRequest, err), ErrBadRequest
+			start.NoLegs, start.NoLegsReport = fmt.Errorf("%w: %w", ErrBadRequest, err), ErrBadRequest
 		} else {
 			r.mode = metrics.ModeDisaggregated
 			r.logAt(zerolog.DebugLevel).Int("dp_rank", l.Rank).Str("transfer_id", l.TransferID).Msg("MoRI-IO parallel dispatch")

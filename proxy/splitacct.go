@@ -27,7 +27,7 @@ func (r *request) namePrefiller(hv []byte) error {
 // splitStart is how the request's sequential split begins: its hedge
 // point, when it may be hedged, and the prefiller's circuit breaker asked
 // for the prefill, unless bodyErr says its body could not be built. tk is
-// the breaker's ticket (nil: no prefill is sent, start.Skip says why).
+// the breaker's ticket (nil: no prefill is sent, start.NoPrefill says why).
 func (r *request) splitStart(bodyErr error) (start split.Start, tk *circuit.Ticket) {
 	p := r.p
 	// Every split refills the hedge budget, hedged or not.
@@ -35,11 +35,11 @@ func (r *request) splitStart(bodyErr error) (start split.Start, tk *circuit.Tick
 		start.HedgeAfter, start.TakeHedge = after, p.hedge.take
 	}
 	if bodyErr != nil {
-		start.Skip = bodyErr
+		start.NoPrefill = bodyErr
 		return start, nil
 	}
 	tk, err := r.allowPrefill()
-	start.Skip = err
+	start.NoPrefill = err
 	return start, tk
 }
 

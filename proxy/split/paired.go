@@ -71,14 +71,14 @@ type PairedConfig struct {
 
 // PairedStart is what a paired split begins with.
 type PairedStart struct {
-	// Skip is non-nil when the legs are not sent: the circuit breaker
+	// NoLegs is non-nil when the legs are not sent: the circuit breaker
 	// refused the prefill, the bootstrap query failed, or the legs could
-	// not be built. The split goes to what Skip degrades to.
-	Skip error
-	// SkipReport, when non-nil, is reported to the breaker first: it had
+	// not be built. The split goes to what NoLegs degrades to.
+	NoLegs error
+	// NoLegsReport, when non-nil, is reported to the breaker first: it had
 	// allowed the prefill (a bootstrap failure; a body that could not be
 	// built).
-	SkipReport error
+	NoLegsReport error
 }
 
 // Paired is one request's split whose prefill and decode legs run at once
@@ -119,13 +119,13 @@ func (s *Paired) Start(in PairedStart) []Action {
 		return nil
 	}
 	s.started = true
-	if in.Skip != nil {
+	if in.NoLegs != nil {
 		var acts []Action
-		if in.SkipReport != nil {
-			acts = append(acts, Action{Op: BreakerDone, Err: in.SkipReport})
+		if in.NoLegsReport != nil {
+			acts = append(acts, Action{Op: BreakerDone, Err: in.NoLegsReport})
 		}
 		s.prefilled = true
-		return s.fallback(acts, in.Skip)
+		return s.fallback(acts, in.NoLegs)
 	}
 	acts := []Action{{Op: SendPrefill}, {Op: SendDecode}}
 	if s.cfg.KVWait > 0 {

@@ -48,10 +48,10 @@ func TestPairedEventOrders(t *testing.T) {
 			{ev: output, want: nil},
 			{ev: decodeOK, want: nil},
 		}, done: true},
-		{name: "circuit open: fallback", start: split.PairedStart{Skip: errCircuitOpen}, startOps: []string{"Degraded:circuit_open", "SendLocal"}, done: true},
-		{name: "bootstrap failed: reported, fallback", start: split.PairedStart{Skip: errUnreachable, SkipReport: errUnreachable},
+		{name: "circuit open: fallback", start: split.PairedStart{NoLegs: errCircuitOpen}, startOps: []string{"Degraded:circuit_open", "SendLocal"}, done: true},
+		{name: "bootstrap failed: reported, fallback", start: split.PairedStart{NoLegs: errUnreachable, NoLegsReport: errUnreachable},
 			startOps: []string{"BreakerDone:prefiller unreachable", "Degraded:unreachable", "SendLocal"}, done: true},
-		{name: "legs not built: reported as the request's fault, answered", start: split.PairedStart{Skip: errBadRequest, SkipReport: errBadRequest},
+		{name: "legs not built: reported as the request's fault, answered", start: split.PairedStart{NoLegs: errBadRequest, NoLegsReport: errBadRequest},
 			startOps: []string{"BreakerDone:bad request", "Fail:bad request"}, done: true},
 		{name: "prefill fails first: decode cancelled, fallback", startOps: legs, steps: []step{
 			{ev: failed(errServer), want: []string{"BreakerDone:prefiller 5xx", "PrefillLegFailed:server_error", "CancelDecode:prefiller 5xx"}},

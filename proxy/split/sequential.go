@@ -58,11 +58,11 @@ type Config struct {
 
 // Start is what a sequential split begins with.
 type Start struct {
-	// Skip is non-nil when no prefill is sent: the prefiller's circuit
+	// NoPrefill is non-nil when no prefill is sent: the prefiller's circuit
 	// breaker refused it, or its body could not be built. The split goes
-	// straight to what Skip degrades to. When nil, the breaker allowed the
+	// straight to what NoPrefill degrades to. When nil, the breaker allowed the
 	// prefill and the split reports its outcome (BreakerDone).
-	Skip error
+	NoPrefill error
 	// HedgeAfter is the hedge point (0: no hedge).
 	HedgeAfter time.Duration
 	// TakeHedge spends one hedge from the budget at the hedge point,
@@ -117,8 +117,8 @@ func (s *Sequential) Start(in Start) []Action {
 	if s.st != stageIdle {
 		return nil
 	}
-	if in.Skip != nil {
-		return s.fallback(nil, in.Skip)
+	if in.NoPrefill != nil {
+		return s.fallback(nil, in.NoPrefill)
 	}
 	s.st = stagePrefill
 	s.began = s.cfg.Now()

@@ -113,7 +113,7 @@ func TestSequentialEventOrders(t *testing.T) {
 			}},
 		{name: "tp guard: fallback", start: noHedge, startOps: startOps, fallback: true,
 			steps: []step{{ev: answered(bigTP), want: cat(endOK, []string{"Degraded:tp_mismatch", "SendLocal"})}}},
-		{name: "circuit open: fallback without a prefill", start: split.Start{Skip: errCircuitOpen},
+		{name: "circuit open: fallback without a prefill", start: split.Start{NoPrefill: errCircuitOpen},
 			startOps: []string{"Degraded:circuit_open", "SendLocal"}},
 		{name: "unreachable, no retries: fallback", start: noHedge, startOps: startOps,
 			steps: []step{{ev: failed(errUnreachable), want: cat(endOK, []string{"Degraded:unreachable", "SendLocal"})}}},
