@@ -124,7 +124,8 @@ type Metrics struct {
 	LoopHandoffs prometheus.Counter
 	// LoopRequests counts inference requests served on the event loops
 	// from their first byte to their last (the lane: local and P/D
-	// requests whose head came whole in the first read).
+	// requests whose head came whole in the first read), as the lane takes
+	// each: before any byte of its answer.
 	LoopRequests prometheus.Counter
 	// Prewarms counts warm-up splits to newly seen prefillers by result
 	// (prewarm.go).

@@ -355,6 +355,9 @@ func (lc *laneConn) serve(b []byte, api connectors.API, headLen int, lr laneRequ
 	r := p.startRequest(lr.id, &ll.req, b[headLen:], ll.ln.local, api)
 	lc.r, lc.keepAlive = r, lr.keepAlive
 	p.loopRequests.Add(1)
+	// Counted as the lane takes it, before any answer byte: a client that
+	// has its answer finds it counted.
+	p.m.LoopRequests.Inc()
 	if err := r.sanitize(); err != nil {
 		lc.failWith(err)
 		return
@@ -1180,7 +1183,6 @@ func (lc *laneConn) finish() {
 		r.p.m.LoopStreams.Dec()
 	}
 	r.p.loopRequests.Add(-1)
-	r.p.m.LoopRequests.Inc()
 }
 
 // done is the end of an answer: the connection waits for its next request
