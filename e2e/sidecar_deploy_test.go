@@ -179,14 +179,9 @@ func TestTracingOverOTLP(t *testing.T) {
 
 			legs := map[string]*harness.Engine{"prefill": prefill, "decode": decode}
 			for name, e := range legs {
-				reqs := simRequests(t, e)
-				require.Len(t, reqs, 1, name)
-				tp := reqs[0].Headers["traceparent"]
-				require.Len(t, tp, 1, "%s leg carries exactly one traceparent", name)
-				parts := strings.Split(tp[0], "-")
-				require.Len(t, parts, 4)
-				assert.Equal(t, trace, parts[1], "%s leg continues the client's trace", name)
-				assert.NotEqual(t, "b7ad6b7169203331", parts[2], "%s leg's parent is the sidecar's span", name)
+				id, parent := legTrace(t, e, 1, name)
+				assert.Equal(t, trace, id, "%s leg continues the client's trace", name)
+				assert.NotEqual(t, "b7ad6b7169203331", parent, "%s leg's parent is the sidecar's span", name)
 			}
 			for _, name := range []string{"pd-sidecar.request", "prefill", "kv_handoff", "decode"} {
 				harness.Eventually(t, 30*time.Second, "span "+name, func() bool {
@@ -203,11 +198,8 @@ func TestTracingOverOTLP(t *testing.T) {
 			st, _, _ = scPost(t, sc.URL()+"/v1/completions", completionBody(`,"max_tokens":4`),
 				map[string]string{"Traceparent": "00-" + local + "-d7ad6b7169203333-01"})
 			require.Equal(t, http.StatusOK, st)
-			reqs := simRequests(t, decode)
-			require.Len(t, reqs, 2)
-			tp := reqs[1].Headers["traceparent"]
-			require.Len(t, tp, 1, "the local leg carries exactly one traceparent")
-			assert.Equal(t, local, strings.Split(tp[0], "-")[1], "the local leg continues the client's trace")
+			id, _ := legTrace(t, decode, 2, "the local")
+			assert.Equal(t, local, id, "the local leg continues the client's trace")
 			for _, name := range []string{"pd-sidecar.request", "decode"} {
 				harness.Eventually(t, 30*time.Second, "span "+name+" of the local request", func() bool {
 					id, _ := sink.get(name)
@@ -240,14 +232,9 @@ func TestTracingConcurrentChoreography(t *testing.T) {
 	assert.Equal(t, 1.0, decode.Metric(t, "sim_sglang_decodes_total", nil), "the split happened")
 	parents := map[string]string{}
 	for name, e := range map[string]*harness.Engine{"prefill": prefill, "decode": decode} {
-		reqs := simRequests(t, e)
-		require.Len(t, reqs, 1, name)
-		tp := reqs[0].Headers["traceparent"]
-		require.Len(t, tp, 1, "%s leg carries exactly one traceparent", name)
-		parts := strings.Split(tp[0], "-")
-		require.Len(t, parts, 4)
-		assert.Equal(t, trace, parts[1], "%s leg continues the client's trace", name)
-		parents[name] = parts[2]
+		id, parent := legTrace(t, e, 1, name)
+		assert.Equal(t, trace, id, "%s leg continues the client's trace", name)
+		parents[name] = parent
 	}
 	assert.NotEqual(t, parents["prefill"], parents["decode"], "each leg is the child of its own span")
 	for _, name := range []string{"pd-sidecar.request", "prefill", "decode"} {
@@ -256,6 +243,20 @@ func TestTracingConcurrentChoreography(t *testing.T) {
 			return id == trace
 		})
 	}
+}
+
+// legTrace is the trace id and parent span id of the traceparent of the
+// last of the n requests engine e has seen (the named leg), which carries
+// exactly one.
+func legTrace(t *testing.T, e *harness.Engine, n int, name string) (id, parent string) {
+	t.Helper()
+	reqs := simRequests(t, e)
+	require.Len(t, reqs, n, name)
+	tp := reqs[n-1].Headers["traceparent"]
+	require.Len(t, tp, 1, "%s leg carries exactly one traceparent", name)
+	parts := strings.Split(tp[0], "-")
+	require.Len(t, parts, 4)
+	return parts[1], parts[2]
 }
 
 // startTracedSidecar starts a sidecar with --tracing exporting to sink
