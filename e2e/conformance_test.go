@@ -106,8 +106,9 @@ func runConv(t *testing.T, sc *harness.Sidecar, engine *harness.Engine, c convCa
 		resume := func() {}
 		if i == len(c.exchanges)-1 && c.halfClose {
 			// The engine is stopped from before the request until the
-			// client's FIN is sent: the answer cannot come before the FIN,
-			// however long this goroutine waits between its writes.
+			// sidecar's kernel has the client's FIN (closeWriteAcked): the
+			// answer cannot come before the FIN, however long this
+			// goroutine waits between its writes or loopback takes.
 			require.NoError(t, engine.Signal(syscall.SIGSTOP))
 			resume = sync.OnceFunc(func() { require.NoError(t, engine.Signal(syscall.SIGCONT)) })
 			defer resume()
@@ -120,7 +121,7 @@ func runConv(t *testing.T, sc *harness.Sidecar, engine *harness.Engine, c convCa
 			require.NoError(t, err)
 		}
 		if i == len(c.exchanges)-1 && c.halfClose {
-			require.NoError(t, conn.(*net.TCPConn).CloseWrite())
+			closeWriteAcked(t, conn.(*net.TCPConn))
 			resume()
 		}
 		wait := ex.wait
@@ -260,7 +261,9 @@ func TestConformanceBothPaths(t *testing.T) {
 			}},
 		{name: "half-close after a passthrough request", exchanges: []convExchange{{parts: []string{"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n"}}},
 			halfClose: true, engineVaries: true, check: func(t *testing.T, o convOutcome) {
-				assert.Equal(t, []convAnswer{{}}, o.answers, "nothing is written")
+				assert.Equal(t, []convAnswer{{}}, o.answers, "nothing is written, not even an error")
+				assert.True(t, o.closed)
+				assert.Equal(t, "1", o.counted(`pd_sidecar_client_disconnects_total{phase=passthrough}`), "%v", o.counts)
 			}},
 		{name: "a short body that stalls", exchanges: []convExchange{{
 			parts: []string{rawHead("POST", "/v1/completions", "HTTP/1.1", "x", len(body)) + body[:len(body)/2]},

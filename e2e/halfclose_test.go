@@ -18,21 +18,23 @@ import (
 // closed its side of the connection before the answer (shutdown(SHUT_WR)
 // here, which the sidecar cannot tell from a close: both are a FIN) is
 // taken as gone on both paths, as nginx takes it (proxy_ignore_client_abort
-// off): the engine's request (200 ms of prefill) is cancelled, it counts
+// off): the engine's request (2 s of prefill) is cancelled, it counts
 // 499, and nothing is written before the connection closes — fasthttp's
 // path used to write its untouched response, an empty 200, a cancelled
 // request reported as success. A client that resets is gone as well. On
 // the lane (the request whole in one write) and on fasthttp's path (the
 // head in two writes).
 func TestClientLeftIsNeverAnswered(t *testing.T) {
-	decode := harness.StartEngineSim(t, "decode", "--prefill-us-per-token", "5000") // ~200 ms for the prompt
+	// ~2 s of prefill for the prompt: the sidecar has seen the FIN (or the
+	// reset) long before the engine could finish, on any machine.
+	decode := harness.StartEngineSim(t, "decode", "--prefill-us-per-token", "50000")
 	sc := harness.StartSidecar(t, decode.Port)
 	body := completionBody(`,"max_tokens":8`)
 	leaves := []struct {
 		name  string
 		leave func(*net.TCPConn) error
 	}{
-		{"half-close", func(c *net.TCPConn) error { return c.CloseWrite() }},
+		{"half-close", func(c *net.TCPConn) error { closeWriteAcked(t, c); return nil }},
 		{"reset", func(c *net.TCPConn) error {
 			// Before the sidecar could answer: only a close is seen.
 			if err := c.SetLinger(0); err != nil {

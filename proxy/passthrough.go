@@ -3,6 +3,7 @@ package proxy
 import (
 	"bytes"
 	"context"
+	"errors"
 	"io"
 	"net"
 	"time"
@@ -77,8 +78,16 @@ func (p *Proxy) passthrough(rc *fasthttp.RequestCtx, local string) {
 		}
 		cancel(context.Canceled)
 	}
+	left := func() bool {
+		// After done: the watch has stopped, so the cause is final.
+		return errors.Is(context.Cause(ctx), ErrClientGone) || peerClosed(rc.Conn())
+	}
 	if err != nil {
 		done()
+		if left() {
+			p.dropPassthrough(rc, id)
+			return
+		}
 		err = decodeTransportErr(err)
 		st := classify(err).status
 		upstream.WithUpstream(p.log.Error().Err(err), err).Str("path", string(rc.Path())).Msg("passthrough failed")
@@ -88,13 +97,9 @@ func (p *Proxy) passthrough(rc *fasthttp.RequestCtx, local string) {
 		return
 	}
 	if peerClosed(rc.Conn()) {
-		// The client half-closed (or reset) before its answer: nothing is
-		// written, as to an inference request's client (halfclose.go).
 		leg.Close()
 		done()
-		p.log.Info().Str("path", string(rc.Path())).Str("request_id", logValue(id)).Msg("client left; passthrough answer dropped")
-		rc.HijackSetNoResponse(true)
-		rc.Hijack(func(net.Conn) {})
+		p.dropPassthrough(rc, id)
 		return
 	}
 	copyResponseHead(rc, resp)
@@ -103,6 +108,11 @@ func (p *Proxy) passthrough(rc *fasthttp.RequestCtx, local string) {
 		body, err := io.ReadAll(leg)
 		leg.Close()
 		done()
+		if err != nil && left() {
+			rc.Response.Reset()
+			p.dropPassthrough(rc, id)
+			return
+		}
 		if err != nil {
 			err = decodeTransportErr(&upstream.LegError{Addr: local, Op: "read", Err: err})
 			st := classify(err).status
@@ -126,6 +136,17 @@ func (p *Proxy) passthrough(rc *fasthttp.RequestCtx, local string) {
 		leg.Close()
 		done()
 	}})
+}
+
+// dropPassthrough ends a passthrough request whose client left before its
+// answer (a FIN or a reset while the engine answered, seen by the watch or
+// by peerClosed): nothing is written, not even an error, as to an inference
+// request's client (halfclose.go), and the connection closes.
+func (p *Proxy) dropPassthrough(rc *fasthttp.RequestCtx, id string) {
+	p.m.ClientDisconnects.WithLabelValues(metrics.PhasePassthrough).Inc()
+	p.log.Info().Str("path", string(rc.Path())).Str("request_id", logValue(id)).Msg("client left; passthrough answer dropped")
+	rc.HijackSetNoResponse(true)
+	rc.Hijack(func(net.Conn) {})
 }
 
 // passthroughBody streams an upstream body to the client as it arrives.
