@@ -12,6 +12,7 @@ import (
 
 	"github.com/pd-sidecar/pd-sidecar/connectors"
 	"github.com/pd-sidecar/pd-sidecar/metrics"
+	"github.com/pd-sidecar/pd-sidecar/proxy/sse"
 	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"
 )
 
@@ -109,21 +110,21 @@ func (r *request) tryDecodeSSE(df connectors.DecodeFirst, leg *upstream.Leg, res
 	er := r.eventReader(leg)
 	var held []byte
 	for {
-		ev, err := er.next()
+		ev, err := er.Next()
 		if errors.Is(err, io.EOF) && len(held) > 0 {
 			break // a short stream: relay what came
 		}
 		if err != nil {
-			er.release()
+			er.Release()
 			leg.Close()
 			fasthttp.ReleaseResponse(resp)
 			g.Dec()
 			return false, beforeOutputErr(err)
 		}
 		held = append(held, ev...)
-		d := firstData(ev)
+		d := sse.FirstData(ev)
 		if d != nil && df.Declined(r.api, d) {
-			er.release()
+			er.Release()
 			leg.Close()
 			fasthttp.ReleaseResponse(resp)
 			g.Dec()
@@ -135,7 +136,7 @@ func (r *request) tryDecodeSSE(df connectors.DecodeFirst, leg *upstream.Leg, res
 		break
 	}
 	if r.leftNow() {
-		er.release()
+		er.Release()
 		leg.Close()
 		fasthttp.ReleaseResponse(resp)
 		g.Dec()
@@ -147,7 +148,7 @@ func (r *request) tryDecodeSSE(df connectors.DecodeFirst, leg *upstream.Leg, res
 	r.obs.status = resp.StatusCode()
 	r.logAt(zerolog.InfoLevel).Str("mode", r.mode).Msg("streaming the decode engine's first answer")
 	r.streamBody(r.newSSEBody(er, leg, held, false, func() {
-		er.release()
+		er.Release()
 		leg.Close()
 		fasthttp.ReleaseResponse(resp)
 		g.Dec()

@@ -1,7 +1,6 @@
 package proxy
 
 import (
-	"errors"
 	"io"
 	"strings"
 	"testing"
@@ -11,13 +10,14 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pd-sidecar/pd-sidecar/httpbody"
+	"github.com/pd-sidecar/pd-sidecar/proxy/sse"
 )
 
 // readAllEvents reads every event of er, and the error that ended it.
-func readAllEvents(er *eventReader) ([]string, error) {
+func readAllEvents(er *sse.Reader) ([]string, error) {
 	var evs []string
 	for {
-		ev, err := er.next()
+		ev, err := er.Next()
 		if err != nil {
 			return evs, err
 		}
@@ -74,15 +74,15 @@ func TestEventBoundBothReaders(t *testing.T) {
 				if how != "whole" {
 					r = iotest.OneByteReader(r)
 				}
-				er := newEventReader(r, nil, limit)
+				er := sse.NewReader(r, nil, limit)
 				refusals := 0
-				er.refused = func() { refusals++ }
+				er.Refused = func() { refusals++ }
 				evs, err := readAllEvents(er)
 				assert.Equal(t, tc.events, evs, "the reader's events (%s)", how)
 				if tc.refused {
 					assert.ErrorIs(t, err, ErrEventTooLong, how)
 					assert.Equal(t, 1, refusals, how)
-					_, again := er.next()
+					_, again := er.Next()
 					assert.ErrorIs(t, again, ErrEventTooLong, "sticky (%s)", how)
 					assert.Equal(t, 1, refusals, "counted once (%s)", how)
 				} else {
@@ -127,76 +127,23 @@ func newEndless() *endless {
 	return &endless{head: []byte("data: {\"choices\":[{\"text\":\"x\"}]}\n\ndata: {\"choices\":[{\"text\":\"")}
 }
 
-// TestEventBoundEndlessLine: an upstream that never ends an event is read
-// no further than the bound (and a read buffer), on both readers, and
-// nothing of the event is kept once it is refused.
+// TestEventBoundEndlessLine: an upstream that never ends an event is fed
+// to the event loop's reader no further than the bound (and a read), and
+// nothing of the event is kept once it is refused (sse.Reader's own test,
+// TestReaderEndlessLine, holds the goroutine path's reader to the same).
 func TestEventBoundEndlessLine(t *testing.T) {
 	const limit = DefaultMaxSSEEventBytes
-	t.Run("goroutine reader", func(t *testing.T) {
-		src := newEndless()
-		er := newEventReader(src, nil, 0) // 0: the default bound
-		ev, err := er.next()
-		require.NoError(t, err)
-		assert.Equal(t, "data: {\"choices\":[{\"text\":\"x\"}]}\n\n", string(ev))
-		_, err = er.next()
-		require.ErrorIs(t, err, ErrEventTooLong)
-		assert.LessOrEqual(t, src.read, limit+2*eventReaderSize, "read up to the bound, not further")
-		assert.Nil(t, er.buf, "the refused event's bytes let go")
-	})
-	t.Run("event loop", func(t *testing.T) {
-		src := newEndless()
-		ls := &loopStream{body: httpbody.New(httpbody.UntilClose, 0)}
-		piece := make([]byte, 16<<10)
-		var out []byte
-		var err error
-		for err == nil && src.read < 64*limit {
-			n, _ := src.Read(piece)
-			out, err = ls.feedRaw(out, piece[:n])
-		}
-		require.ErrorIs(t, err, ErrEventTooLong)
-		assert.Equal(t, "data: {\"choices\":[{\"text\":\"x\"}]}\n\n", string(out))
-		assert.LessOrEqual(t, src.read, limit+len(piece), "fed up to the bound, not further")
-		assert.Nil(t, ls.partial, "the refused event's bytes let go")
-	})
-}
-
-// TestEventReaderLongHook: the hook that watches the client (sseBody's
-// watchClient) runs only while an event longer than the read buffer is
-// assembled, and is stopped each time the assembly stops.
-func TestEventReaderLongHook(t *testing.T) {
-	short := "data: " + strings.Repeat("s", 100) + "\n\n"
-	long := "data: " + strings.Repeat("l", 3*eventReaderSize) + "\n\n"
-	er := newEventReader(strings.NewReader(short+long+short), nil, 0)
-	armed, stopped := 0, 0
-	er.long = func() func() {
-		armed++
-		return func() { stopped++ }
+	src := newEndless()
+	ls := &loopStream{body: httpbody.New(httpbody.UntilClose, 0)}
+	piece := make([]byte, 16<<10)
+	var out []byte
+	var err error
+	for err == nil && src.read < 64*limit {
+		n, _ := src.Read(piece)
+		out, err = ls.feedRaw(out, piece[:n])
 	}
-	for i, want := range []string{short, long, short} {
-		ev, err := er.next()
-		require.NoError(t, err)
-		require.Equal(t, want, string(ev), "event %d", i)
-		wantArmed := 0
-		if i >= 1 {
-			wantArmed = 1
-		}
-		assert.Equal(t, wantArmed, armed, "armed after event %d", i)
-		assert.Equal(t, armed, stopped, "stopped after event %d", i)
-	}
-	_, err := er.next()
-	assert.True(t, errors.Is(err, io.EOF))
-}
-
-// TestEventBoundDropsLongBuffer: an assembled long event's buffer is not
-// kept for the rest of the stream.
-func TestEventBoundDropsLongBuffer(t *testing.T) {
-	long := "data: " + strings.Repeat("l", 2*maxPooledChunk) + "\n\n"
-	er := newEventReader(strings.NewReader(long+"data: b\n\n"), nil, 0)
-	ev, err := er.next()
-	require.NoError(t, err)
-	require.Equal(t, long, string(ev))
-	ev, err = er.next()
-	require.NoError(t, err)
-	assert.Equal(t, "data: b\n\n", string(ev))
-	assert.LessOrEqual(t, cap(er.buf), maxPooledChunk)
+	require.ErrorIs(t, err, ErrEventTooLong)
+	assert.Equal(t, "data: {\"choices\":[{\"text\":\"x\"}]}\n\n", string(out))
+	assert.LessOrEqual(t, src.read, limit+len(piece), "fed up to the bound, not further")
+	assert.Nil(t, ls.partial, "the refused event's bytes let go")
 }

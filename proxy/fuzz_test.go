@@ -9,14 +9,12 @@ import (
 	"os"
 	"strings"
 	"testing"
-	"testing/iotest"
 
 	"github.com/stretchr/testify/require"
 	"github.com/tidwall/sjson"
 
-	"github.com/pd-sidecar/pd-sidecar/connectors"
-	"github.com/pd-sidecar/pd-sidecar/connectors/nixlv2"
 	"github.com/pd-sidecar/pd-sidecar/httpbody"
+	"github.com/pd-sidecar/pd-sidecar/proxy/sse"
 	"github.com/pd-sidecar/pd-sidecar/ssrf"
 )
 
@@ -50,70 +48,14 @@ func FuzzPickPrefiller(f *testing.F) {
 	})
 }
 
-// FuzzSSEScanRewrite splits arbitrary upstream bytes into events and
-// rewrites them with the cached-token rewriter: no panic, no byte lost
-// outside data payloads, and every rewritten JSON payload stays valid JSON.
-func FuzzSSEScanRewrite(f *testing.F) {
-	for _, s := range []string{
-		"data: {\"choices\":[{\"text\":\"a\"}],\"usage\":{\"prompt_tokens_details\":{\"cached_tokens\":9}}}\n\ndata: [DONE]\n\n",
-		": comment\r\n\r\ndata: {\"a\":1}\r\n\r\n",
-		"event: x\ndata: {\"error\":{\"code\":500}}\n\n\n\ndata: [DONE]",
-		"data:\n\n", "\n\n\n", "data: {\"usage\":null}\n\n",
-	} {
-		f.Add([]byte(s), uint8(0))
-	}
-	rw := nixlv2.New()
-	h := connectors.Handoff{CachedTokens: 3}
-	apis := []connectors.API{connectors.APICompletions, connectors.APIChat, connectors.APIResponses, connectors.APIMessages}
-	f.Fuzz(func(t *testing.T, in []byte, apiSel uint8) {
-		api := apis[int(apiSel)%len(apis)]
-		fn := func(d []byte) []byte { return rw.RewriteAnswer(api, d, h) }
-		er := newEventReader(bytes.NewReader(in), nil, 0)
-		var out []byte
-		n := 0
-		for {
-			ev, err := er.next()
-			if err != nil {
-				if !errors.Is(err, io.EOF) {
-					t.Fatalf("reader error %v", err)
-				}
-				break
-			}
-			n++
-			if n > len(in)+1 {
-				t.Fatal("more events than bytes")
-			}
-			out = rewriteEvent(out[:0], ev, fn)
-			for _, line := range bytes.Split(out, []byte("\n")) {
-				d, ok := bytes.CutPrefix(line, []byte("data: "))
-				if !ok {
-					continue
-				}
-				if connectors.IsObject(d) && json.Valid(d) {
-					continue
-				}
-				// A payload that was not valid JSON is passed on unchanged.
-				if json.Valid(d) && connectors.IsObject(d) != connectors.IsObject(bytes.TrimSpace(d)) {
-					t.Fatalf("payload damaged: %q", d)
-				}
-			}
-			if d := firstData(ev); d != nil && connectors.IsObject(d) && json.Valid(d) {
-				if got := firstData(out); !json.Valid(got) {
-					t.Fatalf("rewrite broke valid JSON: %q -> %q", d, got)
-				}
-			}
-		}
-	})
-}
-
 // FuzzSSEErrorEvent: the error event that ends a broken stream is valid
 // JSON whatever the error text.
 func FuzzSSEErrorEvent(f *testing.F) {
 	f.Add("stream broke off", 502)
 	f.Add("\"quoted\" \x00 \u2028 \xff", 500)
 	f.Fuzz(func(t *testing.T, msg string, status int) {
-		ev := sseError(status, errors.New(msg))
-		d := firstData(ev)
+		ev := sse.ErrorEvent(errorBody(status, errors.New(msg)))
+		d := sse.FirstData(ev)
 		if !json.Valid(d) {
 			t.Fatalf("invalid error event %q", ev)
 		}
@@ -123,8 +65,9 @@ func FuzzSSEErrorEvent(f *testing.F) {
 	})
 }
 
-// splitEventsReference is the SSE event split the readers must agree with,
-// written the plain way: lines up to and including their '\n'; an event
+// splitEventsReference is the SSE event split the readers must agree with
+// (sse.Reader is held to a copy of it in its own package), written the
+// plain way: lines up to and including their '\n'; an event
 // ends at a blank line; blank-only events are skipped; a final event
 // without its blank line gets one. An event (or blank-only run) longer than
 // limit bytes ends the split: the events before it, and refused.
@@ -141,7 +84,7 @@ func splitEventsReference(in []byte, limit int) (evs [][]byte, refused bool) {
 		if len(cur) > limit {
 			return evs, true
 		}
-		if line[len(line)-1] == '\n' && isBlank(line) {
+		if line[len(line)-1] == '\n' && sse.IsBlank(line) {
 			if len(bytes.TrimSpace(cur)) > 0 {
 				evs = append(evs, cur)
 			}
@@ -161,66 +104,6 @@ func fuzzBound(b uint8) int {
 		return DefaultMaxSSEEventBytes
 	}
 	return int(b)
-}
-
-// FuzzEventReaderSplits: whatever the input and however it arrives (whole,
-// a byte at a time, in halves), the event reader — zero-copy when an event
-// is whole in its buffer, assembled across refills when not — returns the
-// reference split, then io.EOF, and io.EOF again; or, at an event past its
-// bound, the events before it, then ErrEventTooLong, sticky, reported
-// once.
-func FuzzEventReaderSplits(f *testing.F) {
-	long := strings.Repeat("x", 3*eventReaderSize)
-	for _, s := range []string{
-		"data: a\n\ndata: b\n\n", "data: a\r\n\r\ndata: b\r\n\r\n", "\n\n\ndata: a\n\n  \n\n",
-		"data: " + long + "\n\ndata: b\n\n", "data: tail without blank line", "data: a\n\ndata: b",
-		": c\n\nevent: x\ndata: y\n\n", "data: a\n\n" + long, "  \n  \n  \n\ndata: b\n\n",
-	} {
-		for _, bound := range []uint8{0, 8, 9, 10, 200} {
-			f.Add([]byte(s), uint8(0), bound)
-			f.Add([]byte(s), uint8(1), bound)
-			f.Add([]byte(s), uint8(2), bound)
-		}
-	}
-	f.Fuzz(func(t *testing.T, in []byte, how, bound uint8) {
-		var r io.Reader = bytes.NewReader(in)
-		switch how % 3 {
-		case 1:
-			r = iotest.OneByteReader(r)
-		case 2:
-			r = iotest.HalfReader(r)
-		}
-		limit := fuzzBound(bound)
-		er := newEventReader(r, nil, limit)
-		refusals := 0
-		er.refused = func() { refusals++ }
-		defer er.release()
-		var got [][]byte
-		var end error
-		for {
-			ev, err := er.next()
-			if err != nil {
-				end = err
-				break
-			}
-			got = append(got, bytes.Clone(ev))
-			require.LessOrEqual(t, len(got), len(in)+1, "more events than bytes")
-		}
-		_, err := er.next()
-		require.ErrorIs(t, err, end, "the end is sticky")
-		want, refused := splitEventsReference(in, limit)
-		if refused {
-			require.ErrorIs(t, end, ErrEventTooLong, "%q bounded at %d", in, limit)
-			require.Equal(t, 1, refusals, "a refusal reported once")
-		} else {
-			require.ErrorIs(t, end, io.EOF, "%q bounded at %d", in, limit)
-			require.Zero(t, refusals)
-		}
-		require.Equal(t, len(want), len(got), "events of %q", in)
-		for i := range want {
-			require.Equal(t, string(want[i]), string(got[i]), "event %d of %q", i, in)
-		}
-	})
 }
 
 // FuzzLoopStreamSplits checks the event loop's incremental splitter against
@@ -305,7 +188,7 @@ func (d *deadlineAt) Read(p []byte) (int, error) {
 // unread bytes and of the rest, is exactly the reference split. It also
 // checks that a reader that stays (a refused hand-over) resumes intact.
 func FuzzHandOverAnywhere(f *testing.F) {
-	long := strings.Repeat("y", 3*eventReaderSize)
+	long := strings.Repeat("y", 3<<10) // longer than a Reader's read buffer
 	for _, s := range []string{
 		"data: a\n\ndata: b\n\n", "data: " + long + "\n\ndata: b\n\n", "data: a\r\n\r\ndata: " + long + "\r\n\r\n",
 		"\n\ndata: tail without blank line", ": c\n\nevent: x\ndata: y\n\n",
@@ -316,18 +199,18 @@ func FuzzHandOverAnywhere(f *testing.F) {
 		}
 	}
 	f.Fuzz(func(t *testing.T, in []byte, k uint16, stay bool) {
-		er := newEventReader(&deadlineAt{src: in, k: int(k)}, nil, 0)
-		defer er.release()
+		er := sse.NewReader(&deadlineAt{src: in, k: int(k)}, nil, 0)
+		defer er.Release()
 		var got []byte
 		for {
-			ev, err := er.next()
+			ev, err := er.Next()
 			if errors.Is(err, os.ErrDeadlineExceeded) {
 				if stay {
 					continue // the reader resumes where it stopped
 				}
 				ls := &loopStream{}
 				var out []byte
-				for _, b := range er.unread() {
+				for _, b := range er.Unread() {
 					out, err = ls.feed(out, b)
 					require.NoError(t, err)
 				}

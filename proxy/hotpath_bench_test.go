@@ -16,6 +16,7 @@ import (
 	"github.com/pd-sidecar/pd-sidecar/connectors/nixlv2"
 	"github.com/pd-sidecar/pd-sidecar/httpbody"
 	"github.com/pd-sidecar/pd-sidecar/metrics"
+	"github.com/pd-sidecar/pd-sidecar/proxy/sse"
 )
 
 // sseStream is a chat stream of n token events, a usage chunk and [DONE].
@@ -39,9 +40,9 @@ func benchEvents(b *testing.B, perEvent func(ev []byte)) {
 	b.ReportAllocs()
 	for b.Loop() {
 		rd.Reset(stream)
-		er := newEventReader(rd, nil, 0)
+		er := sse.NewReader(rd, nil, 0)
 		for {
-			ev, err := er.next()
+			ev, err := er.Next()
 			if err == io.EOF {
 				break
 			}
@@ -57,7 +58,7 @@ func benchEvents(b *testing.B, perEvent func(ev []byte)) {
 // each, as the decode relay does.
 func BenchmarkSSEScan(b *testing.B) {
 	benchEvents(b, func(ev []byte) {
-		if d := firstData(ev); d != nil {
+		if d := sse.FirstData(ev); d != nil {
 			_ = connectors.ClassifyEvent(connectors.APIChat, d)
 		}
 	})
@@ -73,7 +74,7 @@ func BenchmarkSSERewrite(b *testing.B) {
 	h := connectors.Handoff{CachedTokens: 16}
 	fn := func(d []byte) []byte { return rw.RewriteAnswer(connectors.APIChat, d, h) }
 	var out []byte
-	benchEvents(b, func(ev []byte) { out = rewriteEvent(out[:0], ev, fn) })
+	benchEvents(b, func(ev []byte) { out = sse.Rewrite(out[:0], ev, fn) })
 }
 
 // BenchmarkHeaderParsing is the per-request header work: the prefiller

@@ -20,6 +20,7 @@ import (
 	"github.com/pd-sidecar/pd-sidecar/httpbody"
 	"github.com/pd-sidecar/pd-sidecar/metrics"
 	"github.com/pd-sidecar/pd-sidecar/netloop"
+	"github.com/pd-sidecar/pd-sidecar/proxy/sse"
 	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"
 )
 
@@ -383,7 +384,7 @@ func (lc *laneConn) decodeLeg(body []byte, bodyp *[]byte, remote bool) {
 		lc.setGauge(ll.local)
 	}
 	r.decodeStarted(remote)
-	lc.sentp, lc.sent = p.bufs.getChunk()
+	lc.sentp, lc.sent = p.bufs.GetChunk()
 	if lc.pd != nil {
 		lc.sent = append(lc.sent, lc.pd.start...)
 	} else {
@@ -398,18 +399,18 @@ func (lc *laneConn) decodeLeg(body []byte, bodyp *[]byte, remote bool) {
 
 // legTo ends the leg's head in lc.sent (its start is there) for addr, and
 // sends it with body. A short body is appended to the head; a long one
-// (past maxPooledChunk: a long prompt) is sent from where it lies, after
+// (past sse.MaxPooledChunk: a long prompt) is sent from where it lies, after
 // the head in the same writev, and never copied: it is the request's
 // body (held by reqBody, or the sanitized copy), or an edit of it built in
 // bodyp, a buffer of the body pool the leg now holds until putSent.
 func (lc *laneConn) legTo(addr string, body []byte, bodyp *[]byte) {
 	bufs := &lc.ll.ln.p.bufs
 	lc.sent = appendLegEnd(lc.r.appendTrace(lc.sent), addr, lc.r.id, len(body))
-	if len(body) > maxPooledChunk {
+	if len(body) > sse.MaxPooledChunk {
 		lc.sentBody, lc.sentBodyp = body, bodyp
 	} else {
 		lc.sent = append(lc.sent, body...)
-		bufs.putScratch(bodyp)
+		bufs.PutScratch(bodyp)
 	}
 	lc.addr, lc.retried = addr, false
 	lc.connect()
@@ -1149,10 +1150,10 @@ func (lc *laneConn) putSent() {
 	bufs := &lc.ll.ln.p.bufs
 	lc.unsent, lc.unsentBdy = nil, nil
 	if lc.sentp != nil {
-		bufs.putChunk(lc.sentp, lc.sent)
+		bufs.PutChunk(lc.sentp, lc.sent)
 		lc.sentp, lc.sent = nil, nil
 	}
-	bufs.putScratch(lc.sentBodyp)
+	bufs.PutScratch(lc.sentBodyp)
 	lc.sentBody, lc.sentBodyp = nil, nil
 }
 

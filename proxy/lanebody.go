@@ -55,7 +55,7 @@ func (lc *laneConn) beginBody(b []byte, headLen, want int) {
 		}
 		held = n
 	}
-	lb := &laneBody{bufp: p.bufs.bodies.Get(want), want: want, held: held, start: time.Now()}
+	lb := &laneBody{bufp: p.bufs.Bodies.Get(want), want: want, held: held, start: time.Now()}
 	lb.buf = append(*lb.bufp, b...)
 	lc.body, lc.state = lb, laneReading
 	lc.startTimer(p.cfg.Guard.ReadTimeout/2, lc.bodyStalled)
@@ -157,6 +157,6 @@ func (lc *laneConn) dropBody(lb *laneBody) {
 	p.guard.buffered.Release(lb.held)
 	lb.held = 0
 	*lb.bufp = lb.buf
-	p.bufs.bodies.Put(lb.bufp)
+	p.bufs.Bodies.Put(lb.bufp)
 	lb.bufp = nil
 }

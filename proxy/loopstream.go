@@ -13,6 +13,7 @@ import (
 	"github.com/pd-sidecar/pd-sidecar/connectors"
 	"github.com/pd-sidecar/pd-sidecar/httpbody"
 	"github.com/pd-sidecar/pd-sidecar/netloop"
+	"github.com/pd-sidecar/pd-sidecar/proxy/sse"
 	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"
 )
 
@@ -44,7 +45,7 @@ type loopStream struct {
 	firstp    *[]byte
 
 	done     bool   // [DONE] seen
-	maxEvent int    // --max-sse-event-bytes (0: the default; eventbound.go)
+	maxEvent int    // --max-sse-event-bytes (0: the default; sse.Bound)
 	cut      error  // ErrEventTooLong, once the stream was refused for it
 	partial  []byte // the start of an event not yet whole
 	scanned  int    // partial's bytes up to its last line's start
@@ -148,16 +149,16 @@ func (b *sseBody) handOver() bool {
 	}
 	ls.conns = &legConns{ls: ls, leg: leg, done: func(keep bool) { r.p.connDone(cc, r.home, keep) }}
 	var out []byte
-	ls.firstp, out = r.p.bufs.getChunk()
+	ls.firstp, out = r.p.bufs.GetChunk()
 	out, mark := httpbody.BeginChunk(out)
 	out = append(out, b.out[b.off:]...)
 	var err error
-	for _, ev := range b.er.unread() {
+	for _, ev := range b.er.Unread() {
 		if err == nil {
 			out, err = ls.feed(out, ev)
 		}
 	}
-	b.er.release()
+	b.er.Release()
 	if err == nil {
 		out, err = ls.feedRaw(out, leg.Ahead())
 	}
@@ -217,7 +218,7 @@ func (ls *loopStream) begin() {
 	defer ls.mu.Unlock()
 	r := ls.r
 	first := ls.first
-	defer r.p.bufs.putChunk(ls.firstp, first)
+	defer r.p.bufs.PutChunk(ls.firstp, first)
 	ls.first, ls.firstp = nil, nil
 	if ls.ended {
 		ls.write(first)
@@ -339,16 +340,16 @@ func (ls *loopStream) feedRaw(out, raw []byte) ([]byte, error) {
 	return out, nil
 }
 
-// feed cuts body bytes into events (as eventReader does: each up to its
+// feed cuts body bytes into events (as sse.Reader does: each up to its
 // blank line, stray blank lines dropped) and appends them to out, keeping
 // an incomplete last event for the next call. An event longer than the
-// bound (eventbound.go) ends the stream: ErrEventTooLong, the events
+// bound (sse.Bound) ends the stream: ErrEventTooLong, the events
 // before it appended.
 func (ls *loopStream) feed(out, data []byte) ([]byte, error) {
 	if len(data) == 0 {
 		return out, nil
 	}
-	limit := eventBound(ls.maxEvent)
+	limit := sse.Bound(ls.maxEvent)
 	start, pos := 0, 0
 	if len(ls.partial) > 0 {
 		ls.partial = append(ls.partial, data...)
@@ -361,7 +362,7 @@ func (ls *loopStream) feed(out, data []byte) ([]byte, error) {
 			break
 		}
 		end := pos + i + 1
-		if isBlank(data[pos:end]) {
+		if sse.IsBlank(data[pos:end]) {
 			if end-start > limit {
 				ls.partial, ls.scanned = nil, 0
 				return out, ErrEventTooLong
@@ -390,7 +391,7 @@ func (ls *loopStream) feed(out, data []byte) ([]byte, error) {
 }
 
 func (ls *loopStream) emit(out, ev []byte) []byte {
-	d := firstData(ev)
+	d := sse.FirstData(ev)
 	switch {
 	case ls.gate == gateFirstEvent:
 		ls.gate = gateOutput
@@ -411,11 +412,11 @@ func (ls *loopStream) emit(out, ev []byte) []byte {
 	if d != nil && connectors.IsDone(d) {
 		ls.done = true
 	}
-	return rewriteEvent(out, ev, ls.fn)
+	return sse.Rewrite(out, ev, ls.fn)
 }
 
 // flushPartial appends the final event that lacked its blank line (as
-// eventReader returns it, blank line added), if any.
+// sse.Reader returns it, blank line added), if any.
 func (ls *loopStream) flushPartial(out []byte) []byte {
 	if len(bytes.TrimSpace(ls.partial)) > 0 {
 		out = ls.emit(out, append(ls.partial, "\n\n"...))

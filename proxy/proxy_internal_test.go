@@ -1,10 +1,8 @@
 package proxy
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"strings"
 	"testing"
@@ -15,6 +13,7 @@ import (
 
 	"github.com/pd-sidecar/pd-sidecar/connectors"
 	"github.com/pd-sidecar/pd-sidecar/kvtransfer"
+	"github.com/pd-sidecar/pd-sidecar/proxy/sse"
 	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"
 )
 
@@ -140,44 +139,8 @@ func TestRequestID(t *testing.T) {
 	assert.NotEqual(t, requestID(nil), requestID(nil))
 }
 
-func TestEventReader(t *testing.T) {
-	in := "data: {\"a\":1}\n\n\n: comment\n\nevent: x\r\ndata: {\"b\":2}\r\n\r\ndata: [DONE]"
-	er := newEventReader(strings.NewReader(in), nil, 0)
-	var got []string
-	for {
-		ev, err := er.next()
-		if errors.Is(err, io.EOF) {
-			break
-		}
-		require.NoError(t, err)
-		got = append(got, string(ev))
-	}
-	assert.Equal(t, []string{
-		"data: {\"a\":1}\n\n",
-		": comment\n\n",
-		"event: x\r\ndata: {\"b\":2}\r\n\r\n",
-		"data: [DONE]\n\n",
-	}, got)
-	assert.Equal(t, `{"b":2}`, string(firstData([]byte(got[2]))))
-	assert.Nil(t, firstData([]byte(got[1])))
-}
-
-func TestEventReaderLongLine(t *testing.T) {
-	long := "data: " + strings.Repeat("x", 100<<10) + "\n\n"
-	ev, err := newEventReader(strings.NewReader(long), nil, 0).next()
-	require.NoError(t, err)
-	assert.Equal(t, long, string(ev))
-}
-
-func TestRewriteEvent(t *testing.T) {
-	ev := []byte("event: e\ndata: {\"n\":1}\n\n")
-	out := rewriteEvent(nil, ev, func(d []byte) []byte { return bytes.ReplaceAll(d, []byte("1"), []byte("2")) })
-	assert.Equal(t, "event: e\ndata: {\"n\":2}\n\n", string(out))
-	assert.Equal(t, string(ev), string(rewriteEvent(nil, ev, nil)))
-}
-
 func TestErrorBody(t *testing.T) {
 	b := errorBody(http.StatusServiceUnavailable, fmt.Errorf("%w: \"quoted\"", ErrDecodeUnavailable))
 	assert.JSONEq(t, `{"error":{"message":"decode engine unavailable: \"quoted\"","type":"ServiceUnavailableError","param":null,"code":503}}`, string(b))
-	assert.Contains(t, string(sseError(502, ErrDecodeFailed)), "data: [DONE]\n\n")
+	assert.Contains(t, string(sse.ErrorEvent(errorBody(502, ErrDecodeFailed))), "data: [DONE]\n\n")
 }

@@ -135,7 +135,7 @@ func (r *request) relaySSE(leg *upstream.Leg, resp *fasthttp.Response, g prometh
 	er := r.eventReader(leg)
 	var held []byte
 	abort := func(err error) error {
-		er.release()
+		er.Release()
 		leg.Close()
 		fasthttp.ReleaseResponse(resp)
 		g.Dec()
@@ -146,7 +146,7 @@ func (r *request) relaySSE(leg *upstream.Leg, resp *fasthttp.Response, g prometh
 	// not a 200 and an error event, when the engine sends its head and
 	// nothing more (within --decode-first-byte-timeout) or breaks off.
 	if !remote {
-		ev, err := er.next()
+		ev, err := er.Next()
 		if err != nil {
 			return abort(beforeOutputErr(endedEarly(r.local, "any event", err)))
 		}
@@ -171,7 +171,7 @@ func (r *request) relaySSE(leg *upstream.Leg, resp *fasthttp.Response, g prometh
 	r.p.m.Requests.WithLabelValues(r.mode, statusLabel(resp.StatusCode())).Inc()
 	r.obs.status = resp.StatusCode()
 	r.streamBody(r.newSSEBody(er, leg, held, remote, func() {
-		er.release()
+		er.Release()
 		leg.Close()
 		fasthttp.ReleaseResponse(resp)
 		g.Dec()

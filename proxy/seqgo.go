@@ -15,6 +15,7 @@ import (
 	"github.com/pd-sidecar/pd-sidecar/connectors"
 	"github.com/pd-sidecar/pd-sidecar/metrics"
 	"github.com/pd-sidecar/pd-sidecar/proxy/split"
+	"github.com/pd-sidecar/pd-sidecar/proxy/sse"
 	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"
 )
 
@@ -402,8 +403,8 @@ type heldAnswer struct {
 	resp *fasthttp.Response
 	sent time.Time
 
-	er   *eventReader // a stream's reader (nil: a JSON answer)
-	held []byte       // a stream's events up to its first output
+	er   *sse.Reader // a stream's reader (nil: a JSON answer)
+	held []byte      // a stream's events up to its first output
 
 	buf  []byte // a JSON answer's body
 	hold upstream.AnswerHold
@@ -453,15 +454,15 @@ func (r *request) openLocal(ctx context.Context, req *fasthttp.Request) (*heldAn
 // readToOutput reads a stream's events, appended to held, up to its first
 // output or error event (error reports the latter), or maxHeld bytes of
 // preamble.
-func readToOutput(er *eventReader, api connectors.API, held []byte) ([]byte, bool, error) {
+func readToOutput(er *sse.Reader, api connectors.API, held []byte) ([]byte, bool, error) {
 	for {
-		ev, err := er.next()
+		ev, err := er.Next()
 		if err != nil {
 			return held, false, err
 		}
 		held = append(held, ev...)
 		kind := connectors.EventPreamble
-		if d := firstData(ev); d != nil {
+		if d := sse.FirstData(ev); d != nil {
 			kind = connectors.ClassifyEvent(api, d)
 		}
 		if kind == connectors.EventPreamble && len(held) < maxHeld {
@@ -475,7 +476,7 @@ func readToOutput(er *eventReader, api connectors.API, held []byte) ([]byte, boo
 // closed, so the engine aborts the request.
 func (a *heldAnswer) discard() {
 	if a.er != nil {
-		a.er.release()
+		a.er.Release()
 		a.er = nil
 	}
 	if a.leg != nil {
@@ -514,7 +515,7 @@ func (r *request) commitLocal(a *heldAnswer, cancel context.CancelCauseFunc) {
 	r.p.m.Requests.WithLabelValues(r.mode, statusLabel(a.resp.StatusCode())).Inc()
 	r.obs.status = a.resp.StatusCode()
 	r.streamBody(r.newSSEBody(a.er, a.leg, a.held, false, func() {
-		a.er.release()
+		a.er.Release()
 		a.leg.Close()
 		fasthttp.ReleaseResponse(a.resp)
 		g.Dec()

@@ -74,11 +74,11 @@ type lanePD struct {
 func (lc *laneConn) split(hv []byte) {
 	ll, r, p := lc.ll, lc.r, lc.ll.ln.p
 	pd := &lanePD{}
-	pd.bufp, pd.buf = p.bufs.getChunk()
+	pd.bufp, pd.buf = p.bufs.GetChunk()
 	pd.buf = appendLegStartStrip(pd.buf, &ll.req, p.legStrip)
 	n := len(pd.buf)
 	if lc.reqBody == nil { // the body is in the loop's buffer, which the next read overwrites: copied
-		pd.bufp, pd.buf = p.bufs.growChunk(pd.bufp, pd.buf, len(r.body))
+		pd.bufp, pd.buf = p.bufs.GrowChunk(pd.bufp, pd.buf, len(r.body))
 		pd.buf = append(pd.buf, r.body...)
 		r.body = pd.buf[n:]
 	}
@@ -93,7 +93,7 @@ func (lc *laneConn) split(hv []byte) {
 		lc.serveLocal()
 		return
 	}
-	scratch, dst := p.bufs.editScratch(len(r.body))
+	scratch, dst := p.bufs.EditScratch(len(r.body))
 	body, err := p.seq.PrefillBody(dst, r.api, r.body)
 	if err == nil {
 		body, err = r.editPrefill(body)
@@ -105,7 +105,7 @@ func (lc *laneConn) split(hv []byte) {
 	if tk != nil {
 		pd.tk, pd.body, pd.scratch = tk, body, scratch
 	} else {
-		p.bufs.putScratch(scratch)
+		p.bufs.PutScratch(scratch)
 	}
 	pd.m = split.NewSequential(p.splitConfig())
 	pd.feeding = true
@@ -178,10 +178,10 @@ func (lc *laneConn) execSplit(pd *lanePD, acts []split.Action) {
 		case split.RelayHedge:
 			lc.adoptHedge(pd)
 		case split.SendDecode:
-			scratch, dst := p.bufs.editScratch(len(r.body))
+			scratch, dst := p.bufs.EditScratch(len(r.body))
 			body, err := p.seq.DecodeBody(dst, r.api, r.body, a.Handoff)
 			if err != nil {
-				p.bufs.putScratch(scratch)
+				p.bufs.PutScratch(scratch)
 				lc.feedSplit(split.Event{Kind: split.LegFailed, Err: err})
 				continue
 			}
@@ -218,7 +218,7 @@ func (lc *laneConn) execSplit(pd *lanePD, acts []split.Action) {
 			lc.putSent()
 			pd.done(a.Err)
 			lc.setGauge(nil)
-			p.bufs.putScratch(pd.scratch)
+			p.bufs.PutScratch(pd.scratch)
 			pd.scratch, pd.body = nil, nil
 		default:
 			r.account(a, &pd.tk)
@@ -236,7 +236,7 @@ func (lc *laneConn) sendPrefill(pd *lanePD, attempt int) {
 	}
 	p := lc.ll.ln.p
 	lc.prefill = true
-	lc.sentp, lc.sent = p.bufs.getChunk()
+	lc.sentp, lc.sent = p.bufs.GetChunk()
 	if len(p.prefillStrip) > 0 { // --prefill-strip-headers: the prefill leg's own head
 		lc.sent = appendLegStartStrip(lc.sent, &lc.ll.req, p.prefillStrip)
 	} else {
@@ -398,8 +398,8 @@ func (lc *laneConn) endSplit() {
 		pd.hedgeDue.Stop()
 	}
 	bufs := &lc.ll.ln.p.bufs
-	bufs.putScratch(pd.scratch)
-	bufs.putChunk(pd.bufp, pd.buf)
+	bufs.PutScratch(pd.scratch)
+	bufs.PutChunk(pd.bufp, pd.buf)
 }
 
 // endSplitEarly tells the split that the request ends before its answer

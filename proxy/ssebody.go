@@ -12,6 +12,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/pd-sidecar/pd-sidecar/connectors"
+	"github.com/pd-sidecar/pd-sidecar/proxy/sse"
 	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"
 )
 
@@ -32,7 +33,7 @@ const maxChunk = 32 << 10
 // loop after loopAfter (loopstream.go), which then owns both.
 type sseBody struct {
 	r       *request
-	er      *eventReader
+	er      *sse.Reader
 	leg     *upstream.Leg
 	fn      func([]byte) []byte // per-payload rewrite (nil: none)
 	held    []byte
@@ -56,7 +57,7 @@ type sseBody struct {
 
 // newSSEBody streams er's events after held; release frees the leg and
 // finishes the request, once.
-func (r *request) newSSEBody(er *eventReader, leg *upstream.Leg, held []byte, remote bool, release func()) *sseBody {
+func (r *request) newSSEBody(er *sse.Reader, leg *upstream.Leg, held []byte, remote bool, release func()) *sseBody {
 	b := &sseBody{r: r, er: er, leg: leg, held: held, first: true, release: release,
 		done: bytes.Contains(held, doneEvent)}
 	if remote && r.p.rewriter != nil {
@@ -66,7 +67,7 @@ func (r *request) newSSEBody(er *eventReader, leg *upstream.Leg, held []byte, re
 	if !b.loopable() {
 		b.cc = nil
 	}
-	er.long = b.watchClient
+	er.Long = b.watchClient
 	return b
 }
 
@@ -166,12 +167,12 @@ func (b *sseBody) fill() error {
 	b.putOut()
 	if b.held != nil {
 		b.getOut()
-		b.out = rewriteEvent(b.out, b.held, b.fn)
+		b.out = sse.Rewrite(b.out, b.held, b.fn)
 		b.held = nil
 		return nil
 	}
 	for {
-		ev, err := b.er.next()
+		ev, err := b.er.Next()
 		if err != nil && b.cc != nil && errors.Is(err, os.ErrDeadlineExceeded) {
 			// loopAfter has passed and the engine has nothing for now.
 			if b.handOver() {
@@ -188,30 +189,27 @@ func (b *sseBody) fill() error {
 			}
 			return b.end(err)
 		}
-		if d := firstData(ev); d != nil && connectors.IsDone(d) {
+		if d := sse.FirstData(ev); d != nil && connectors.IsDone(d) {
 			b.done = true
 		}
 		if b.outp == nil {
 			b.getOut()
 		}
-		b.out = rewriteEvent(b.out, ev, b.fn)
-		if !b.er.pending() || len(b.out) >= maxChunk {
+		b.out = sse.Rewrite(b.out, ev, b.fn)
+		if !b.er.Pending() || len(b.out) >= maxChunk {
 			return nil
 		}
 	}
 }
 
-// maxPooledChunk is the largest chunk buffer kept for reuse.
-const maxPooledChunk = 64 << 10
-
 func (b *sseBody) getOut() {
-	b.outp, b.out = b.r.p.bufs.getChunk()
+	b.outp, b.out = b.r.p.bufs.GetChunk()
 	b.off = 0
 }
 
 func (b *sseBody) putOut() {
 	if b.outp != nil {
-		b.r.p.bufs.putChunk(b.outp, b.out)
+		b.r.p.bufs.PutChunk(b.outp, b.out)
 	}
 	b.outp, b.out, b.off = nil, nil, 0
 }
@@ -253,7 +251,7 @@ func (r *request) endStream(out []byte, done bool, err error) []byte {
 	if errors.Is(err, ErrEventTooLong) {
 		cause = fmt.Errorf("%w: %w", ErrDecodeFailed, ErrEventTooLong)
 	}
-	return append(out, sseError(fasthttp.StatusBadGateway, cause)...)
+	return append(out, sse.ErrorEvent(errorBody(fasthttp.StatusBadGateway, cause))...)
 }
 
 // Close implements io.Closer: fasthttp calls it when the body is written or

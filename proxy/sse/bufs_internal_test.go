@@ -1,4 +1,4 @@
-package proxy
+package sse
 
 import (
 	"bytes"
@@ -8,21 +8,21 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// TestGrowChunk: a chunk that must grow past maxPooledChunk moves once to
+// TestGrowChunk: a chunk that must grow past MaxPooledChunk moves once to
 // a body buffer with room for all, its bytes kept; a small growth stays
-// with append; putChunk takes either back.
+// with append; PutChunk takes either back.
 func TestGrowChunk(t *testing.T) {
-	var bufs streamBufs
-	p, buf := bufs.getChunk()
+	var bufs Bufs
+	p, buf := bufs.GetChunk()
 	buf = append(buf, "head"...)
-	p2, buf2 := bufs.growChunk(p, buf, 100)
+	p2, buf2 := bufs.GrowChunk(p, buf, 100)
 	assert.Same(t, p, p2, "room enough, or small: unchanged")
 	body := bytes.Repeat([]byte("b"), 300<<10)
-	p3, buf3 := bufs.growChunk(p2, buf2, len(body))
+	p3, buf3 := bufs.GrowChunk(p2, buf2, len(body))
 	require.GreaterOrEqual(t, cap(buf3)-len(buf3), len(body))
 	assert.Equal(t, "head", string(buf3))
 	buf3 = append(buf3, body...)
 	assert.Equal(t, 512<<10, cap(buf3), "no growth by append")
-	bufs.putChunk(p3, buf3)
-	assert.Equal(t, 512<<10, cap(*bufs.bodies.Get(300 << 10)), "its class: 512 KiB")
+	bufs.PutChunk(p3, buf3)
+	assert.Equal(t, 512<<10, cap(*bufs.Bodies.Get(300 << 10)), "its class: 512 KiB")
 }
