@@ -114,7 +114,7 @@ func New(cfg Config, conn connectors.Connector, m *metrics.Metrics, gatherer pro
 	}
 	p.guard = g
 	p.tr.SetAnswerBudget(g.buffered) // answers read whole draw from --max-buffered-bytes
-	upTLS, err := cfg.Guard.TLS.upstreamTLS(p.localAddrs())
+	upTLS, err := cfg.Guard.TLS.Upstream(p.localAddrs())
 	if err != nil {
 		return nil, err
 	}
