@@ -121,7 +121,7 @@ type Config struct {
 	// Hedge is hedged prefill (hedge.go); off by default.
 	Hedge HedgeConfig
 	// Passthrough says which other requests pass through to the local
-	// engine (passpolicy.go).
+	// engine (proxy/passpolicy).
 	Passthrough PassthroughConfig
 	// PrefillStripHeaders are client headers removed from every leg sent
 	// to a prefiller (prefillheaders.go); never from the local engine's.

@@ -105,7 +105,7 @@ func newEncoderTransport(cfg Config) (*upstream.Transport, error) {
 	if e.TLS {
 		// Every encoder address gets the "prefiller" config of this one.
 		tc := TLSConfig{Prefiller: true, InsecureSkipVerifyPrefiller: e.InsecureSkipVerify, CAFile: cfg.Guard.TLS.CAFile}
-		f, err := tc.upstreamTLS(nil)
+		f, err := tc.Upstream(nil)
 		if err != nil {
 			return nil, err
 		}

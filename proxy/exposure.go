@@ -7,6 +7,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/pd-sidecar/pd-sidecar/metrics"
+	"github.com/pd-sidecar/pd-sidecar/proxy/passpolicy"
 )
 
 // What the sidecar itself answers on its ports: /health and /ready on every
@@ -15,6 +16,26 @@ import (
 // counts, last failures) on the serving ports, or on --metrics-port alone
 // when it is set. The requests the passthrough policy refuses are answered
 // here too.
+
+// PassthroughConfig says which requests pass through to the local engine
+// (passpolicy.Config).
+type PassthroughConfig = passpolicy.Config
+
+// Passthrough policies (--passthrough-policy): passpolicy's.
+const (
+	PassthroughServing = passpolicy.Serving
+	PassthroughNone    = passpolicy.None
+	PassthroughAll     = passpolicy.All
+)
+
+// Errors of refused passthrough requests: passpolicy's.
+var (
+	ErrPassthroughMethod = passpolicy.ErrMethod
+	ErrPassthroughPath   = passpolicy.ErrPath
+)
+
+// DefaultPassthroughConfig is the serving policy.
+func DefaultPassthroughConfig() PassthroughConfig { return passpolicy.DefaultConfig() }
 
 // ErrNotOnMetricsPort: a path --metrics-port does not serve (404).
 var ErrNotOnMetricsPort = errors.New("the metrics port serves /metrics and /debug/pd only")
@@ -42,7 +63,7 @@ func (p *Proxy) serveOwn(rc *fasthttp.RequestCtx, local string) bool {
 	default:
 		return false
 	}
-	if v := p.pass.ownVerdict(string(rc.Method())); !v.pass() {
+	if v := p.pass.Own(string(rc.Method())); !v.Pass() {
 		p.refusePassthrough(rc, v)
 		return true
 	}
@@ -82,7 +103,7 @@ func (p *Proxy) metricsPortHandler() fasthttp.RequestHandler {
 			rc.SetBody(errorBody(fasthttp.StatusNotFound, ErrNotOnMetricsPort))
 			return
 		}
-		if v := p.pass.ownVerdict(string(rc.Method())); !v.pass() {
+		if v := p.pass.Own(string(rc.Method())); !v.Pass() {
 			p.refusePassthrough(rc, v)
 			return
 		}
@@ -94,21 +115,21 @@ func (p *Proxy) metricsPortHandler() fasthttp.RequestHandler {
 // anything is forwarded: an OpenAI-style JSON error (405 with its Allow
 // header, or 403) in fixed words, counted in requests_rejected_total,
 // logged with the request id, the method and the path (logPath's).
-func (p *Proxy) refusePassthrough(rc *fasthttp.RequestCtx, v passVerdict) {
+func (p *Proxy) refusePassthrough(rc *fasthttp.RequestCtx, v passpolicy.Verdict) {
 	reason := metrics.RejectPathNotAllowed
-	if v.status == fasthttp.StatusMethodNotAllowed {
+	if v.Status == fasthttp.StatusMethodNotAllowed {
 		reason = metrics.RejectMethodNotAllowed
-		rc.Response.Header.Set(fasthttp.HeaderAllow, v.allow)
+		rc.Response.Header.Set(fasthttp.HeaderAllow, v.Allow)
 	}
 	p.guard.m.Rejected.WithLabelValues(reason).Inc()
 	id := requestID(rc.Request.Header.Peek(HeaderRequestID))
 	rc.Response.Header.Set(HeaderRequestID, id)
-	p.log.Warn().Err(v.err).Str("request_id", id).Str("reason", reason).Int("status", v.status).
+	p.log.Warn().Err(v.Err).Str("request_id", id).Str("reason", reason).Int("status", v.Status).
 		Str("method", logPath(rc.Method())).Str("path", logPath(rc.Path())).
 		Str("remote", rc.RemoteAddr().String()).Msg("request rejected")
-	rc.SetStatusCode(v.status)
+	rc.SetStatusCode(v.Status)
 	rc.SetContentType("application/json")
-	rc.SetBody(errorBody(v.status, v.err))
+	rc.SetBody(errorBody(v.Status, v.Err))
 }
 
 // maxLoggedPath bounds a path quoted in a log line.

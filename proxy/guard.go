@@ -18,6 +18,7 @@ import (
 	"github.com/pd-sidecar/pd-sidecar/metrics"
 	"github.com/pd-sidecar/pd-sidecar/proxy/failure"
 	"github.com/pd-sidecar/pd-sidecar/proxy/split"
+	"github.com/pd-sidecar/pd-sidecar/proxy/tlsconf"
 	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"
 	"github.com/pd-sidecar/pd-sidecar/ssrf"
 )
@@ -125,7 +126,7 @@ type guard struct {
 	inflight atomic.Int64
 	buffered *upstream.Budget // --max-buffered-bytes
 	bodies   *bodyHolds       // request bodies' share of buffered
-	tls      *serverTLS       // nil: plain HTTP
+	tls      *tlsconf.Server  // nil: plain HTTP
 	openMu   sync.Mutex
 	open     map[string]struct{} // prefillers whose circuit is not closed
 }
@@ -139,7 +140,7 @@ func newGuard(cfg GuardConfig, maxBody int, m *metrics.Guards, log zerolog.Logge
 	g.buffered = upstream.NewBudget(cfg.MaxBufferedBytes, gauge)
 	g.bodies = newBodyHolds(g.buffered, maxBody, cfg.ReadTimeout)
 	if cfg.TLS.SecureProxy {
-		st, err := newServerTLS(cfg.TLS.CertPath, log)
+		st, err := tlsconf.NewServer(cfg.TLS.CertPath, log)
 		if err != nil {
 			return nil, err
 		}

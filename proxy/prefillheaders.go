@@ -5,6 +5,8 @@ import (
 	"strings"
 
 	"github.com/valyala/fasthttp"
+
+	"github.com/pd-sidecar/pd-sidecar/proxy/passpolicy"
 )
 
 // Client headers on prefill legs. Every leg carries the client's
@@ -28,7 +30,7 @@ var keptForLegs = []string{"host", "content-length", "x-request-id", "content-ty
 func validStripHeaders(names []string) error {
 	for _, n := range names {
 		switch {
-		case !isToken(n):
+		case !passpolicy.IsToken(n):
 			return fmt.Errorf("--prefill-strip-headers %q is not a header name", n)
 		case containsFold(keptForLegs, n):
 			return fmt.Errorf("--prefill-strip-headers %s: every leg needs it (the sidecar sets Host, Content-Length and X-Request-Id; engines refuse a JSON body without its Content-Type)", n)

@@ -22,6 +22,7 @@ import (
 	"github.com/pd-sidecar/pd-sidecar/connectors/moriio"
 	"github.com/pd-sidecar/pd-sidecar/metrics"
 	"github.com/pd-sidecar/pd-sidecar/netloop"
+	"github.com/pd-sidecar/pd-sidecar/proxy/passpolicy"
 	"github.com/pd-sidecar/pd-sidecar/proxy/sse"
 	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"
 )
@@ -59,9 +60,10 @@ type Proxy struct {
 	hedge    *hedger     // hedged prefill (hedge.go); nil: off
 	kvr      *kvReleaser // frees a prefiller's KV nobody read (kvrelease.go); nil: off
 	armer    *watchArmer // client-connection watches (watch.go)
-	pass     *passPolicy // what passes through to the engine (passpolicy.go)
 	strip    []string    // --prefill-strip-headers, lower case (prefillheaders.go)
 	bufs     sse.Bufs    // per-stream buffers for reuse
+	// pass is what passes through to the engine.
+	pass *passpolicy.Policy
 	// background is the work Run runs beside serving: MoRI-IO's host
 	// revalidations, warm-ups, circuit probes, KV release legs, of those
 	// that are on, in start order.
@@ -100,7 +102,7 @@ func New(cfg Config, conn connectors.Connector, m *metrics.Metrics, gatherer pro
 	}
 	p.tr.SetAnswerLimits(cfg.MaxUpstreamAnswerBytes, cfg.Guard.MaxHeaderBytes)
 	p.armer = newWatchArmer(watchDelay)
-	pass, err := newPassPolicy(cfg.Passthrough)
+	pass, err := passpolicy.New(cfg.Passthrough)
 	if err != nil {
 		return nil, err
 	}
@@ -113,7 +115,7 @@ func New(cfg Config, conn connectors.Connector, m *metrics.Metrics, gatherer pro
 	}
 	p.guard = g
 	p.tr.SetAnswerBudget(g.buffered) // answers read whole draw from --max-buffered-bytes
-	upTLS, err := cfg.Guard.TLS.upstreamTLS(p.localAddrs())
+	upTLS, err := cfg.Guard.TLS.Upstream(p.localAddrs())
 	if err != nil {
 		return nil, err
 	}
@@ -185,7 +187,7 @@ func (p *Proxy) Handler(rank int) fasthttp.RequestHandler {
 			return
 		}
 		// Before anything is forwarded: the passthrough policy.
-		if v := p.pass.decide(string(rc.Method()), string(path)); !v.pass() {
+		if v := p.pass.Decide(string(rc.Method()), string(path)); !v.Pass() {
 			p.refusePassthrough(rc, v)
 			return
 		}

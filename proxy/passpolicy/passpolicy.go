@@ -1,4 +1,17 @@
-package proxy
+// Package passpolicy decides which requests pass through the serving port
+// to the local engine. Everything that is neither an inference request the
+// sidecar serves nor one of its own endpoints used to be forwarded to the
+// engine whatever its method and path: TRACE, CONNECT, OPTIONS * and the
+// engine's admin endpoints (vLLM's /sleep, /collective_rpc,
+// /reset_prefix_cache, /start_profile..., which its --api-key does not
+// guard: only /v1 paths are checked) reached it from whoever reached the
+// pod. The passthrough policy admits the serving API and refuses the rest,
+// before anything is forwarded. The decision is a pure function of the
+// method and the path (fasthttp's normalised path, without the query), made
+// in one place, the proxy's request handler: the lane serves only POSTs to
+// the inference paths, which every policy admits, and hands every other
+// request to fasthttp.
+package passpolicy
 
 import (
 	"errors"
@@ -11,44 +24,29 @@ import (
 	"github.com/pd-sidecar/pd-sidecar/connectors"
 )
 
-// What passes through the serving port to the local engine. Everything that
-// is neither an inference request the sidecar serves nor one of its own
-// endpoints used to be forwarded to the engine whatever its method and
-// path: TRACE, CONNECT, OPTIONS * and the engine's admin endpoints
-// (vLLM's /sleep, /collective_rpc, /reset_prefix_cache, /start_profile...,
-// which its --api-key does not guard: only /v1 paths are checked) reached
-// it from whoever reached the pod. The passthrough policy admits the
-// serving API and refuses the rest, before anything is forwarded. The
-// decision is a pure function of the method and the path (fasthttp's
-// normalised path, without the query), made in one place (Proxy.Handler):
-// the lane serves only POSTs to the inference paths, which every policy
-// admits, and hands every other request to fasthttp.
-
 // Passthrough policies (--passthrough-policy).
 const (
-	// PassthroughServing passes the engines' serving API (servingRoutes)
-	// and the paths of --passthrough-allow-paths.
-	PassthroughServing = "serving"
-	// PassthroughNone passes only the paths of --passthrough-allow-paths.
-	PassthroughNone = "none"
-	// PassthroughAll passes every method and path, as llm-d's sidecar does.
-	PassthroughAll = "all"
+	// Serving passes the engines' serving API (servingRoutes) and the paths
+	// of --passthrough-allow-paths.
+	Serving = "serving"
+	// None passes only the paths of --passthrough-allow-paths.
+	None = "none"
+	// All passes every method and path, as llm-d's sidecar does.
+	All = "all"
 )
 
 // Errors of refused passthrough requests; the answer says these words, never
 // the request's path.
 var (
-	// ErrPassthroughMethod: the method is not passed through on this path
-	// (405).
-	ErrPassthroughMethod = errors.New("method not allowed through the sidecar (--passthrough-policy, --passthrough-allow-methods)")
-	// ErrPassthroughPath: the path is not passed through (403).
-	ErrPassthroughPath = errors.New("path not allowed through the sidecar (--passthrough-policy, --passthrough-allow-paths)")
+	// ErrMethod: the method is not passed through on this path (405).
+	ErrMethod = errors.New("method not allowed through the sidecar (--passthrough-policy, --passthrough-allow-methods)")
+	// ErrPath: the path is not passed through (403).
+	ErrPath = errors.New("path not allowed through the sidecar (--passthrough-policy, --passthrough-allow-paths)")
 )
 
-// PassthroughConfig says which requests pass through to the local engine.
-type PassthroughConfig struct {
-	// Policy is PassthroughServing (default), PassthroughNone or
-	// PassthroughAll.
+// Config says which requests pass through to the local engine.
+type Config struct {
+	// Policy is Serving (default), None or All.
 	Policy string
 	// AllowPaths are more path patterns passed through, with GET, HEAD or
 	// POST (and AllowMethods): an exact path ("/sleep"), or a prefix ending
@@ -56,18 +54,18 @@ type PassthroughConfig struct {
 	AllowPaths []string
 	// AllowMethods are methods passed through on every path that passes
 	// (OPTIONS for CORS preflights, say). CONNECT never is: its target is
-	// not a path (only PassthroughAll passes it).
+	// not a path (only All passes it).
 	AllowMethods []string
 }
 
-// DefaultPassthroughConfig is the serving policy.
-func DefaultPassthroughConfig() PassthroughConfig {
-	return PassthroughConfig{Policy: PassthroughServing}
+// DefaultConfig is the serving policy.
+func DefaultConfig() Config {
+	return Config{Policy: Serving}
 }
 
 // Validate reports the first invalid setting, as one line.
-func (c PassthroughConfig) Validate() error {
-	_, err := newPassPolicy(c)
+func (c Config) Validate() error {
+	_, err := New(c)
 	return err
 }
 
@@ -89,7 +87,7 @@ var (
 )
 
 // inferenceRoutes are the paths the sidecar serves itself (POST); any other
-// method on them is a 405 under every policy but PassthroughAll.
+// method on them is a 405 under every policy but All.
 func inferenceRoutes() []route {
 	var rs []route
 	for api := connectors.APICompletions; api <= connectors.APIGenerate; api++ {
@@ -136,8 +134,8 @@ var servingRoutes = []route{
 	{"/get_model_info", getOnly},  // the served model's path and kind
 }
 
-// passPolicy is a PassthroughConfig made ready for decide.
-type passPolicy struct {
+// Policy is a Config made ready for Decide.
+type Policy struct {
 	all      bool
 	exact    map[string][]string // path: the methods it passes
 	prefixes []route             // pattern without its "*"
@@ -145,12 +143,12 @@ type passPolicy struct {
 	methods  []string            // GET, HEAD, POST and extra: the methods a path may pass
 }
 
-// newPassPolicy checks c and prepares its decisions.
-func newPassPolicy(c PassthroughConfig) (*passPolicy, error) {
-	pp := &passPolicy{exact: map[string][]string{}}
+// New checks c and prepares its decisions.
+func New(c Config) (*Policy, error) {
+	pp := &Policy{exact: map[string][]string{}}
 	var routes []route
 	switch c.Policy {
-	case PassthroughAll:
+	case All:
 		switch {
 		case len(c.AllowPaths) > 0:
 			return nil, errors.New("--passthrough-allow-paths has no effect with --passthrough-policy all (every path passes)")
@@ -159,16 +157,16 @@ func newPassPolicy(c PassthroughConfig) (*passPolicy, error) {
 		}
 		pp.all = true
 		return pp, nil
-	case PassthroughServing:
+	case Serving:
 		routes = append(inferenceRoutes(), servingRoutes...)
-	case PassthroughNone:
+	case None:
 		routes = inferenceRoutes()
 	default:
-		return nil, fmt.Errorf("--passthrough-policy must be %s, %s or %s, got %q", PassthroughServing, PassthroughNone, PassthroughAll, c.Policy)
+		return nil, fmt.Errorf("--passthrough-policy must be %s, %s or %s, got %q", Serving, None, All, c.Policy)
 	}
 	for _, m := range c.AllowMethods {
 		switch {
-		case !isToken(m):
+		case !IsToken(m):
 			return nil, fmt.Errorf("--passthrough-allow-methods %q is not an HTTP method", m)
 		case m == fasthttp.MethodConnect:
 			return nil, errors.New("--passthrough-allow-methods CONNECT: a CONNECT names a host, not a path, so no path rule can admit it (only --passthrough-policy all passes it)")
@@ -201,29 +199,29 @@ func newPassPolicy(c PassthroughConfig) (*passPolicy, error) {
 	return pp, nil
 }
 
-// passVerdict is what decide says of a request.
-type passVerdict struct {
-	// status is 0 (passed through), 405 or 403.
-	status int
-	// allow is a 405's Allow header: the methods the path passes, comma
+// Verdict is what Decide says of a request.
+type Verdict struct {
+	// Status is 0 (passed through), 405 or 403.
+	Status int
+	// Allow is a 405's Allow header: the methods the path passes, comma
 	// separated; empty when the path passes none.
-	allow string
-	// err says why, in fixed words.
-	err error
+	Allow string
+	// Err says why, in fixed words: ErrMethod or ErrPath.
+	Err error
 }
 
-// pass reports whether the request passes through.
-func (v passVerdict) pass() bool { return v.status == 0 }
+// Pass reports whether the request passes through.
+func (v Verdict) Pass() bool { return v.Status == 0 }
 
-// decide judges a request of method to path (normalised, without query)
+// Decide judges a request of method to path (normalised, without query)
 // that is neither an inference request the sidecar serves nor one of its
 // own endpoints. A method other than GET, HEAD, POST and AllowMethods is
 // refused 405 whatever the path (TRACE, CONNECT, OPTIONS * by default); a
 // path that passes, with a method it does not pass, 405 too; any other path
 // 403.
-func (pp *passPolicy) decide(method, path string) passVerdict {
+func (pp *Policy) Decide(method, path string) Verdict {
 	if pp.all {
-		return passVerdict{}
+		return Verdict{}
 	}
 	ms, known := pp.exact[path]
 	for _, r := range pp.prefixes {
@@ -236,21 +234,21 @@ func (pp *passPolicy) decide(method, path string) passVerdict {
 	}
 	switch {
 	case slices.Contains(ms, method):
-		return passVerdict{}
+		return Verdict{}
 	case known || !slices.Contains(pp.methods, method):
-		return passVerdict{status: fasthttp.StatusMethodNotAllowed, allow: strings.Join(ms, ", "), err: ErrPassthroughMethod}
+		return Verdict{Status: fasthttp.StatusMethodNotAllowed, Allow: strings.Join(ms, ", "), Err: ErrMethod}
 	}
-	return passVerdict{status: fasthttp.StatusForbidden, err: ErrPassthroughPath}
+	return Verdict{Status: fasthttp.StatusForbidden, Err: ErrPath}
 }
 
-// ownVerdict judges a request of method to one of the sidecar's own
-// endpoints (/health, /ready, /metrics, /debug/pd), which answer GET and
-// HEAD; with PassthroughAll any method, as before the policy existed.
-func (pp *passPolicy) ownVerdict(method string) passVerdict {
+// Own judges a request of method to one of the sidecar's own endpoints
+// (/health, /ready, /metrics, /debug/pd), which answer GET and HEAD; with
+// All any method, as before the policy existed.
+func (pp *Policy) Own(method string) Verdict {
 	if pp.all || method == get || method == head {
-		return passVerdict{}
+		return Verdict{}
 	}
-	return passVerdict{status: fasthttp.StatusMethodNotAllowed, allow: get + ", " + head, err: ErrPassthroughMethod}
+	return Verdict{Status: fasthttp.StatusMethodNotAllowed, Allow: get + ", " + head, Err: ErrMethod}
 }
 
 // addMethod adds m to ms once, keeping ms in the order methods came.
@@ -281,9 +279,9 @@ func validPattern(p string) error {
 	return nil
 }
 
-// isToken reports whether s is an HTTP token (RFC 9110 5.6.2), as a method
-// is.
-func isToken(s string) bool {
+// IsToken reports whether s is an HTTP token (RFC 9110 5.6.2), as a method
+// and a header name are.
+func IsToken(s string) bool {
 	if s == "" {
 		return false
 	}

@@ -1,4 +1,4 @@
-package proxy
+package passpolicy_test
 
 import (
 	"testing"
@@ -7,16 +7,17 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pd-sidecar/pd-sidecar/connectors"
+	"github.com/pd-sidecar/pd-sidecar/proxy/passpolicy"
 )
 
-func TestPassPolicyDecide(t *testing.T) {
-	serving := DefaultPassthroughConfig()
-	none := PassthroughConfig{Policy: PassthroughNone}
-	more := PassthroughConfig{Policy: PassthroughServing, AllowPaths: []string{"/sleep", "/v1/lora/*"}, AllowMethods: []string{"OPTIONS"}}
-	all := PassthroughConfig{Policy: PassthroughAll}
+func TestPolicyDecide(t *testing.T) {
+	serving := passpolicy.DefaultConfig()
+	none := passpolicy.Config{Policy: passpolicy.None}
+	more := passpolicy.Config{Policy: passpolicy.Serving, AllowPaths: []string{"/sleep", "/v1/lora/*"}, AllowMethods: []string{"OPTIONS"}}
+	all := passpolicy.Config{Policy: passpolicy.All}
 	for _, tc := range []struct {
 		name         string
-		cfg          PassthroughConfig
+		cfg          passpolicy.Config
 		method, path string
 		status       int
 		allow        string
@@ -80,81 +81,81 @@ func TestPassPolicyDecide(t *testing.T) {
 		{"all sleep", all, "POST", "/sleep", 0, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			pp, err := newPassPolicy(tc.cfg)
+			pp, err := passpolicy.New(tc.cfg)
 			require.NoError(t, err)
-			v := pp.decide(tc.method, tc.path)
-			assert.Equal(t, tc.status, v.status)
-			assert.Equal(t, tc.allow, v.allow)
+			v := pp.Decide(tc.method, tc.path)
+			assert.Equal(t, tc.status, v.Status)
+			assert.Equal(t, tc.allow, v.Allow)
 			switch tc.status {
 			case 0:
-				assert.True(t, v.pass())
-				assert.NoError(t, v.err)
+				assert.True(t, v.Pass())
+				assert.NoError(t, v.Err)
 			case 405:
-				assert.ErrorIs(t, v.err, ErrPassthroughMethod)
+				assert.ErrorIs(t, v.Err, passpolicy.ErrMethod)
 			case 403:
-				assert.ErrorIs(t, v.err, ErrPassthroughPath)
+				assert.ErrorIs(t, v.Err, passpolicy.ErrPath)
 			}
 		})
 	}
 }
 
-// TestPassPolicyAdmitsWhatTheLaneServes: the lane serves POSTs to the
+// TestPolicyAdmitsWhatTheLaneServes: the lane serves POSTs to the
 // inference paths without asking the policy; every policy passes them, so
 // the lane and fasthttp's path cannot disagree.
-func TestPassPolicyAdmitsWhatTheLaneServes(t *testing.T) {
-	for _, policy := range []string{PassthroughServing, PassthroughNone, PassthroughAll} {
-		pp, err := newPassPolicy(PassthroughConfig{Policy: policy})
+func TestPolicyAdmitsWhatTheLaneServes(t *testing.T) {
+	for _, policy := range []string{passpolicy.Serving, passpolicy.None, passpolicy.All} {
+		pp, err := passpolicy.New(passpolicy.Config{Policy: policy})
 		require.NoError(t, err)
 		n := 0
 		for api := connectors.APICompletions; api <= connectors.APIGenerate; api++ {
 			_, ok := connectors.APIForPath(api.String())
 			require.True(t, ok, api.String())
-			assert.True(t, pp.decide("POST", api.String()).pass(), "%s: POST %s", policy, api)
+			assert.True(t, pp.Decide("POST", api.String()).Pass(), "%s: POST %s", policy, api)
 			n++
 		}
 		assert.Equal(t, 5, n, "every inference API")
 	}
 }
 
-func TestPassPolicyOwnEndpoints(t *testing.T) {
+func TestPolicyOwnEndpoints(t *testing.T) {
 	for _, tc := range []struct {
 		policy, method string
 		status         int
 	}{
-		{PassthroughServing, "GET", 0}, {PassthroughServing, "HEAD", 0}, {PassthroughServing, "POST", 405},
-		{PassthroughServing, "TRACE", 405}, {PassthroughNone, "DELETE", 405}, {PassthroughAll, "TRACE", 0},
+		{passpolicy.Serving, "GET", 0}, {passpolicy.Serving, "HEAD", 0}, {passpolicy.Serving, "POST", 405},
+		{passpolicy.Serving, "TRACE", 405}, {passpolicy.None, "DELETE", 405}, {passpolicy.All, "TRACE", 0},
 	} {
-		pp, err := newPassPolicy(PassthroughConfig{Policy: tc.policy})
+		pp, err := passpolicy.New(passpolicy.Config{Policy: tc.policy})
 		require.NoError(t, err)
-		v := pp.ownVerdict(tc.method)
-		assert.Equal(t, tc.status, v.status, "%s %s", tc.policy, tc.method)
+		v := pp.Own(tc.method)
+		assert.Equal(t, tc.status, v.Status, "%s %s", tc.policy, tc.method)
 		if tc.status != 0 {
-			assert.Equal(t, "GET, HEAD", v.allow)
+			assert.Equal(t, "GET, HEAD", v.Allow)
 		}
 	}
 }
 
-func TestPassthroughConfigValidate(t *testing.T) {
+func TestConfigValidate(t *testing.T) {
 	for _, tc := range []struct {
 		name string
-		cfg  PassthroughConfig
+		cfg  passpolicy.Config
 		err  string
 	}{
-		{"default", DefaultPassthroughConfig(), ""},
-		{"none", PassthroughConfig{Policy: PassthroughNone, AllowPaths: []string{"/v1/models"}}, ""},
-		{"everything under a prefix", PassthroughConfig{Policy: PassthroughNone, AllowPaths: []string{"/*"}}, ""},
-		{"unknown policy", PassthroughConfig{Policy: "open"}, `--passthrough-policy must be serving, none or all, got "open"`},
-		{"empty policy", PassthroughConfig{}, `--passthrough-policy must be serving, none or all, got ""`},
-		{"all with paths", PassthroughConfig{Policy: PassthroughAll, AllowPaths: []string{"/x"}}, "--passthrough-allow-paths has no effect with --passthrough-policy all"},
-		{"all with methods", PassthroughConfig{Policy: PassthroughAll, AllowMethods: []string{"PUT"}}, "--passthrough-allow-methods has no effect with --passthrough-policy all"},
-		{"relative", PassthroughConfig{Policy: PassthroughServing, AllowPaths: []string{"sleep"}}, `--passthrough-allow-paths "sleep": a path pattern begins with /`},
-		{"query", PassthroughConfig{Policy: PassthroughServing, AllowPaths: []string{"/x?a=1"}}, "no query"},
-		{"inner star", PassthroughConfig{Policy: PassthroughServing, AllowPaths: []string{"/v1/*/x"}}, `"*" only ends a pattern`},
-		{"star without slash", PassthroughConfig{Policy: PassthroughServing, AllowPaths: []string{"/v1*"}}, `"*" only ends a pattern`},
-		{"space", PassthroughConfig{Policy: PassthroughServing, AllowPaths: []string{"/a b"}}, "visible ASCII"},
-		{"method not a token", PassthroughConfig{Policy: PassthroughServing, AllowMethods: []string{"GET /"}}, "is not an HTTP method"},
-		{"empty method", PassthroughConfig{Policy: PassthroughServing, AllowMethods: []string{""}}, "is not an HTTP method"},
-		{"CONNECT", PassthroughConfig{Policy: PassthroughServing, AllowMethods: []string{"CONNECT"}}, "a CONNECT names a host"},
+		{"default", passpolicy.DefaultConfig(), ""},
+		{"none", passpolicy.Config{Policy: passpolicy.None, AllowPaths: []string{"/v1/models"}}, ""},
+		{"everything under a prefix", passpolicy.Config{Policy: passpolicy.None, AllowPaths: []string{"/*"}}, ""},
+		{"unknown policy", passpolicy.Config{Policy: "open"}, `--passthrough-policy must be serving, none or all, got "open"`},
+		{"empty policy", passpolicy.Config{}, `--passthrough-policy must be serving, none or all, got ""`},
+		{"all with paths", passpolicy.Config{Policy: passpolicy.All, AllowPaths: []string{"/x"}}, "--passthrough-allow-paths has no effect with --passthrough-policy all"},
+		{"all with methods", passpolicy.Config{Policy: passpolicy.All, AllowMethods: []string{"PUT"}}, "--passthrough-allow-methods has no effect with --passthrough-policy all"},
+		{"relative", passpolicy.Config{Policy: passpolicy.Serving, AllowPaths: []string{"sleep"}}, `--passthrough-allow-paths "sleep": a path pattern begins with /`},
+		{"query", passpolicy.Config{Policy: passpolicy.Serving, AllowPaths: []string{"/x?a=1"}}, "no query"},
+		{"inner star", passpolicy.Config{Policy: passpolicy.Serving, AllowPaths: []string{"/v1/*/x"}}, `"*" only ends a pattern`},
+		{"star without slash", passpolicy.Config{Policy: passpolicy.Serving, AllowPaths: []string{"/v1*"}}, `"*" only ends a pattern`},
+		{"space", passpolicy.Config{Policy: passpolicy.Serving, AllowPaths: []string{"/a b"}}, "visible ASCII"},
+		{"method not a token", passpolicy.Config{Policy: passpolicy.Serving, AllowMethods: []string{"GET /"}}, "is not an HTTP method"},
+		{"empty method", passpolicy.Config{Policy: passpolicy.Serving, AllowMethods: []string{""}}, "is not an HTTP method"},
+		{"CONNECT", passpolicy.Config{Policy: passpolicy.Serving, AllowMethods: []string{"CONNECT"}}, "a CONNECT names a host"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			err := tc.cfg.Validate()
