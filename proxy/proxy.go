@@ -22,6 +22,7 @@ import (
 	"github.com/pd-sidecar/pd-sidecar/connectors/moriio"
 	"github.com/pd-sidecar/pd-sidecar/metrics"
 	"github.com/pd-sidecar/pd-sidecar/netloop"
+	"github.com/pd-sidecar/pd-sidecar/proxy/bootstrap"
 	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"
 )
 
@@ -44,7 +45,7 @@ type Proxy struct {
 	seq      connectors.Sequential     // nil for a Concurrent connector
 	mori     *moriState                // MoRI-IO write mode (moriio.go); nil when off
 	choreo   connectors.Choreography   // what conn declares (choreography.go)
-	boot     *bootstrapCache           // Bootstrapper answers per prefiller
+	boot     *bootstrap.Cache          // Bootstrapper answers per prefiller
 	tr       *upstream.Transport
 	encTr    *upstream.Transport // the encoder legs' (encode.go); nil: stage off
 	m        *metrics.Metrics
@@ -124,7 +125,7 @@ func New(cfg Config, conn connectors.Connector, m *metrics.Metrics, gatherer pro
 	if p.choreo = connectors.ChoreographyOf(conn); p.choreo == 0 {
 		return nil, fmt.Errorf("connector %q is neither sequential nor concurrent", conn.Name())
 	}
-	p.boot = newBootstrapCache(cfg.MaxPrefillers)
+	p.boot = bootstrap.New(cfg.MaxPrefillers, bootstrapTransportErr)
 	if cfg.MinRemotePrefillTokens > 0 {
 		p.features = append(p.features, shortPrompt{limit: cfg.MinRemotePrefillTokens})
 	}
