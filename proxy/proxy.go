@@ -23,6 +23,7 @@ import (
 	"github.com/pd-sidecar/pd-sidecar/metrics"
 	"github.com/pd-sidecar/pd-sidecar/netloop"
 	"github.com/pd-sidecar/pd-sidecar/proxy/bootstrap"
+	"github.com/pd-sidecar/pd-sidecar/proxy/kvrelease"
 	"github.com/pd-sidecar/pd-sidecar/proxy/prewarm"
 	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"
 )
@@ -57,13 +58,15 @@ type Proxy struct {
 	ext      Extras      // optional collaborators (see SetExtras)
 	kv       *kvPull     // sidecar-driven KV pull (see EnableKVPull); nil: off
 	hedge    *hedger     // hedged prefill (hedge.go); nil: off
-	kvr      *kvReleaser // frees a prefiller's KV nobody read (kvrelease.go); nil: off
 	armer    *watchArmer // client-connection watches (watch.go)
 	pass     *passPolicy // what passes through to the engine (passpolicy.go)
 	strip    []string    // --prefill-strip-headers, lower case (prefillheaders.go)
 	bufs     streamBufs  // per-stream buffers for reuse (sse.go)
 	// warm warms up new prefillers (--prefill-prewarm); nil: off.
 	warm *prewarm.Warmer
+	// kvr frees a prefiller's KV nobody read (--release-kv-on-cancel);
+	// nil: off.
+	kvr *kvrelease.Releaser
 	// background is the work Run runs beside serving: MoRI-IO's host
 	// revalidations, warm-ups, circuit probes, KV release legs, of those
 	// that are on, in start order.
