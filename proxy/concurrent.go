@@ -57,8 +57,8 @@ func (r *request) serveConcurrent(cc connectors.Concurrent) {
 			pr.KVRequestID, pr.PrefillP2PPort, pr.Source = newUUID(), p.p2pPort(port), r.kvSourcePeer()
 		}
 		if bs, ok := cc.(connectors.Bootstrapper); ok {
-			forget = func() { p.boot.forget(bs.BootstrapAddr(host)) }
-			b, err := p.boot.get(r.ctx, p.tr, bs, host, p.cfg.PrefillTimeout)
+			forget = func() { p.boot.Forget(bs.BootstrapAddr(host)) }
+			b, err := p.boot.Get(r.ctx, p.tr, bs, host, p.cfg.PrefillTimeout)
 			pr.Bootstrap = b
 			if err != nil {
 				start.NoLegs, start.NoLegsReport = err, err

@@ -9,6 +9,7 @@ import (
 
 	"github.com/pd-sidecar/pd-sidecar/connectors"
 	"github.com/pd-sidecar/pd-sidecar/kvtransfer"
+	"github.com/pd-sidecar/pd-sidecar/proxy/bootstrap"
 	"github.com/pd-sidecar/pd-sidecar/proxy/failure"
 	"github.com/pd-sidecar/pd-sidecar/proxy/split"
 	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"
@@ -148,7 +149,7 @@ func foreignOutcome(err error) (failure.Outcome, bool) {
 		return failure.Outcome{Status: http.StatusBadGateway, Reason: ReasonBadAnswer}, true
 	case connectors.ErrBadBody, connectors.ErrUnsupportedRequest:
 		return failure.Outcome{Status: http.StatusBadRequest}, true
-	case connectors.ErrBadBootstrap:
+	case connectors.ErrBadBootstrap, bootstrap.ErrFailed:
 		return failure.Outcome{Status: http.StatusBadGateway, Reason: ReasonBootstrapFailed}, true
 	case kvtransfer.ErrKVSourceGone:
 		return failure.Outcome{Status: http.StatusBadGateway, Reason: ReasonKVSourceGone}, true

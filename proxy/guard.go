@@ -223,7 +223,7 @@ func (p *Proxy) pickAllowed(hv []byte) (string, error) {
 		p.guard.m.Rejected.WithLabelValues(metrics.RejectSSRF).Inc()
 		return hp, fmt.Errorf("%w: %w", ErrPrefillerDenied, ssrf.ErrDenied)
 	}
-	p.warm.saw(hp, false) // a new prefiller is warmed up (prewarm.go)
+	p.warm.Saw(hp, false) // a new prefiller is warmed up (prewarm.Warmer)
 	return hp, nil
 }
 

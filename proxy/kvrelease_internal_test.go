@@ -1,7 +1,6 @@
 package proxy
 
 import (
-	"context"
 	"net"
 	"sync"
 	"testing"
@@ -159,31 +158,4 @@ func TestReleaseKVNotPending(t *testing.T) {
 	assert.Zero(t, f.got())
 	assert.Zero(t, testutil.ToFloat64(m.KVReleases.WithLabelValues(metrics.KVReleaseDecodeLeg))+
 		releases(m, metrics.KVReleaseFailed)+releases(m, metrics.KVReleaseOverLimit))
-}
-
-// TestReleaseKVBounded: past maxKVReleases in flight a release is not sent
-// (over_limit); stopping cancels those in flight (failed) and waits for
-// them; nothing is sent after.
-func TestReleaseKVBounded(t *testing.T) {
-	f := &fakeDecoder{gate: make(chan struct{})}
-	defer close(f.gate)
-	local := f.serve(t)
-	p, m, stop := releaseProxy(t, nixlv2.New(), true)
-	for range maxKVReleases + 1 {
-		pendingRequest(p, local).releaseKV(nil)
-	}
-	assert.Equal(t, 1.0, releases(m, metrics.KVReleaseOverLimit))
-	require.Eventually(t, func() bool { return f.got() == maxKVReleases }, 30*time.Second, 5*time.Millisecond)
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	stopped := make(chan struct{})
-	go func() { stop(); close(stopped) }()
-	select {
-	case <-stopped:
-	case <-ctx.Done():
-		t.Fatal("stop did not end the release legs in flight")
-	}
-	assert.Equal(t, float64(maxKVReleases), releases(m, metrics.KVReleaseFailed))
-	pendingRequest(p, local).releaseKV(nil)
-	assert.Equal(t, maxKVReleases, f.got(), "nothing sent once stopped")
 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/pd-sidecar/pd-sidecar/connectors/moriio"
 	"github.com/pd-sidecar/pd-sidecar/metrics"
+	"github.com/pd-sidecar/pd-sidecar/proxy/hostdns"
 	"github.com/pd-sidecar/pd-sidecar/proxy/split"
 )
 
@@ -77,7 +78,7 @@ const ReasonKVWaitTimeout = "kv_wait_timeout"
 // moriState is MoRI-IO's per-proxy state.
 type moriState struct {
 	cfg MoriIOConfig
-	dns *hostResolver
+	dns *hostdns.Resolver
 }
 
 func newMoriState(cfg MoriIOConfig, m *metrics.MoriIO, log zerolog.Logger) *moriState {
@@ -85,7 +86,7 @@ func newMoriState(cfg MoriIOConfig, m *metrics.MoriIO, log zerolog.Logger) *mori
 	if lookup == nil {
 		lookup = net.DefaultResolver.LookupHost
 	}
-	return &moriState{cfg: cfg, dns: newHostResolver(lookup, cfg.DNSTTL, cfg.DNSTimeout, cfg.Seed, m, log)}
+	return &moriState{cfg: cfg, dns: hostdns.New(lookup, cfg.DNSTTL, cfg.DNSTimeout, cfg.Seed, m, log)}
 }
 
 // hosts resolves specs (nil for none).
@@ -95,7 +96,7 @@ func (s *moriState) hosts(ctx context.Context, specs []string) []string {
 	}
 	out := make([]string, len(specs))
 	for i, h := range specs {
-		out[i] = s.dns.resolve(ctx, h)
+		out[i] = s.dns.Resolve(ctx, h)
 	}
 	return out
 }
@@ -121,7 +122,7 @@ func (r *request) setMoriRank(rank int) {
 func (r *request) moriPrefillBody(body []byte) ([]byte, error) {
 	s := r.p.mori
 	r.mori = r.moriLeg()
-	params := moriio.PrefillParams(s.cfg.Ports, s.dns.resolve(r.ctx, s.cfg.PodIP), r.mori, s.hosts(r.ctx, s.cfg.DecodeHosts))
+	params := moriio.PrefillParams(s.cfg.Ports, s.dns.Resolve(r.ctx, s.cfg.PodIP), r.mori, s.hosts(r.ctx, s.cfg.DecodeHosts))
 	return moriio.WithParams(body, params)
 }
 
@@ -159,7 +160,7 @@ func (r *request) serveMoriParallel() {
 		host, _, _ := net.SplitHostPort(r.prefiller)
 		l := r.moriLeg()
 		pre, err = moriio.ParallelPrefillBody(r.body,
-			moriio.PrefillParams(s.cfg.Ports, s.dns.resolve(r.ctx, s.cfg.PodIP), l, s.hosts(r.ctx, s.cfg.DecodeHosts)))
+			moriio.PrefillParams(s.cfg.Ports, s.dns.Resolve(r.ctx, s.cfg.PodIP), l, s.hosts(r.ctx, s.cfg.DecodeHosts)))
 		if err == nil {
 			dec, err = moriio.WithParams(r.body,
 				moriio.ParallelDecodeParams(s.cfg.Ports, host, l, s.hosts(r.ctx, s.cfg.RemoteHosts)))

@@ -22,7 +22,10 @@ import (
 	"github.com/pd-sidecar/pd-sidecar/connectors/moriio"
 	"github.com/pd-sidecar/pd-sidecar/metrics"
 	"github.com/pd-sidecar/pd-sidecar/netloop"
+	"github.com/pd-sidecar/pd-sidecar/proxy/bootstrap"
+	"github.com/pd-sidecar/pd-sidecar/proxy/kvrelease"
 	"github.com/pd-sidecar/pd-sidecar/proxy/passpolicy"
+	"github.com/pd-sidecar/pd-sidecar/proxy/prewarm"
 	"github.com/pd-sidecar/pd-sidecar/proxy/sse"
 	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"
 )
@@ -46,7 +49,7 @@ type Proxy struct {
 	seq      connectors.Sequential     // nil for a Concurrent connector
 	mori     *moriState                // MoRI-IO write mode (moriio.go); nil when off
 	choreo   connectors.Choreography   // what conn declares (choreography.go)
-	boot     *bootstrapCache           // Bootstrapper answers per prefiller
+	boot     *bootstrap.Cache          // Bootstrapper answers per prefiller
 	tr       *upstream.Transport
 	encTr    *upstream.Transport // the encoder legs' (encode.go); nil: stage off
 	m        *metrics.Metrics
@@ -56,14 +59,17 @@ type Proxy struct {
 	guard    *guard      // limits, SSRF, circuit breaker, TLS (guard.go)
 	ext      Extras      // optional collaborators (see SetExtras)
 	kv       *kvPull     // sidecar-driven KV pull (see EnableKVPull); nil: off
-	warm     *prewarmer  // --prefill-prewarm (prewarm.go); nil: off
 	hedge    *hedger     // hedged prefill (hedge.go); nil: off
-	kvr      *kvReleaser // frees a prefiller's KV nobody read (kvrelease.go); nil: off
 	armer    *watchArmer // client-connection watches (watch.go)
 	strip    []string    // --prefill-strip-headers, lower case (prefillheaders.go)
 	bufs     sse.Bufs    // per-stream buffers for reuse
 	// pass is what passes through to the engine.
 	pass *passpolicy.Policy
+	// warm warms up new prefillers (--prefill-prewarm); nil: off.
+	warm *prewarm.Warmer
+	// kvr frees a prefiller's KV nobody read (--release-kv-on-cancel);
+	// nil: off.
+	kvr *kvrelease.Releaser
 	// background is the work Run runs beside serving: MoRI-IO's host
 	// revalidations, warm-ups, circuit probes, KV release legs, of those
 	// that are on, in start order.
@@ -127,7 +133,7 @@ func New(cfg Config, conn connectors.Connector, m *metrics.Metrics, gatherer pro
 	if p.choreo = connectors.ChoreographyOf(conn); p.choreo == 0 {
 		return nil, fmt.Errorf("connector %q is neither sequential nor concurrent", conn.Name())
 	}
-	p.boot = newBootstrapCache(cfg.MaxPrefillers)
+	p.boot = bootstrap.New(cfg.MaxPrefillers, bootstrapTransportErr)
 	if cfg.MinRemotePrefillTokens > 0 {
 		p.features = append(p.features, shortPrompt{limit: cfg.MinRemotePrefillTokens})
 	}

@@ -1,4 +1,4 @@
-package proxy
+package hostdns
 
 import (
 	"context"
@@ -55,8 +55,7 @@ func (f *fakeDNS) lookup(ctx context.Context, host string) ([]string, error) {
 	return ips, nil
 }
 
-// testResolver is a resolver on f with a settable clock.
-// waitingResolves counts the goroutines in hostResolver.resolve that wait
+// waitingResolves counts the goroutines in Resolver.Resolve that wait
 // on another caller's lookup (blocked in its select, not in the lookup).
 func waitingResolves() int {
 	buf := make([]byte, 1<<22)
@@ -64,23 +63,45 @@ func waitingResolves() int {
 	n := 0
 	for _, g := range strings.Split(string(buf), "\n\n") {
 		header, _, _ := strings.Cut(g, "\n")
-		if strings.Contains(header, "[select") && strings.Contains(g, "(*hostResolver).resolve") && !strings.Contains(g, "(*fakeDNS).lookup") {
+		if strings.Contains(header, "[select") && strings.Contains(g, "(*Resolver).Resolve") && !strings.Contains(g, "(*fakeDNS).lookup") {
 			n++
 		}
 	}
 	return n
 }
 
-func testResolver(f *fakeDNS, seed map[string]string) (*hostResolver, *metrics.MoriIO, *time.Time) {
+// testResolver is a resolver on f with a settable clock.
+func testResolver(f *fakeDNS, seed map[string]string) (*Resolver, *metrics.MoriIO, *time.Time) {
 	m := metrics.NewMoriIO(prometheus.NewRegistry())
 	// A lookup timeout no gated lookup below comes near on any machine.
-	r := newHostResolver(f.lookup, 30*time.Second, 30*time.Second, seed, m, zerolog.Nop())
+	r := New(f.lookup, 30*time.Second, 30*time.Second, seed, m, zerolog.Nop())
 	now := time.Unix(1000, 0)
 	r.now = func() time.Time { return now }
 	for _, e := range r.byHost {
 		e.at = now
 	}
 	return r, m, &now
+}
+
+// run runs r as the proxy does, until the returned stop (also run at the
+// end of t) cancels it and waits for it.
+func run(t *testing.T, r *Resolver) (stop func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		r.Run(ctx)
+	}()
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			<-done
+		})
+	}
+	t.Cleanup(stop)
+	return stop
 }
 
 func counts(m *metrics.MoriIO) [3]float64 {
@@ -107,34 +128,34 @@ func TestPickIP(t *testing.T) {
 	}
 }
 
-func TestHostResolver(t *testing.T) {
+func TestResolver(t *testing.T) {
 	t.Run("literal IPs are never looked up", func(t *testing.T) {
 		f := &fakeDNS{answers: map[string][]string{}}
 		r, m, _ := testResolver(f, nil)
-		defer runBackground(t, r)()
-		assert.Equal(t, "10.0.0.1", r.resolve(context.Background(), "10.0.0.1"))
+		defer run(t, r)()
+		assert.Equal(t, "10.0.0.1", r.Resolve(context.Background(), "10.0.0.1"))
 		assert.Zero(t, f.calls.Load())
 		assert.Equal(t, [3]float64{}, counts(m))
 	})
 	t.Run("seeded: fresh within the TTL", func(t *testing.T) {
 		f := &fakeDNS{answers: map[string][]string{"svc": {"10.0.0.9"}}}
 		r, m, now := testResolver(f, map[string]string{"svc": "10.0.0.1"})
-		defer runBackground(t, r)()
+		defer run(t, r)()
 		*now = now.Add(29 * time.Second)
-		assert.Equal(t, "10.0.0.1", r.resolve(context.Background(), "svc"))
+		assert.Equal(t, "10.0.0.1", r.Resolve(context.Background(), "svc"))
 		assert.Zero(t, f.calls.Load())
 		assert.Equal(t, [3]float64{}, counts(m))
 	})
 	t.Run("stale: served at once, revalidated once in the background", func(t *testing.T) {
 		f := &fakeDNS{answers: map[string][]string{"svc": {"10.0.0.9"}}, gate: make(chan struct{})}
 		r, m, now := testResolver(f, map[string]string{"svc": "10.0.0.1"})
-		defer runBackground(t, r)()
+		defer run(t, r)()
 		*now = now.Add(31 * time.Second)
 		for range 5 {
-			assert.Equal(t, "10.0.0.1", r.resolve(context.Background(), "svc"), "stale while revalidating")
+			assert.Equal(t, "10.0.0.1", r.Resolve(context.Background(), "svc"), "stale while revalidating")
 		}
 		close(f.gate)
-		require.Eventually(t, func() bool { return r.resolve(context.Background(), "svc") == "10.0.0.9" }, 30*time.Second, time.Millisecond)
+		require.Eventually(t, func() bool { return r.Resolve(context.Background(), "svc") == "10.0.0.9" }, 30*time.Second, time.Millisecond)
 		assert.Equal(t, int32(1), f.calls.Load(), "one background lookup")
 		assert.Equal(t, [3]float64{1, 1, 0}, counts(m))
 	})
@@ -142,22 +163,22 @@ func TestHostResolver(t *testing.T) {
 		f := &fakeDNS{answers: map[string][]string{}}
 		f.failing(true)
 		r, m, now := testResolver(f, map[string]string{"svc": "10.0.0.1"})
-		defer runBackground(t, r)()
+		defer run(t, r)()
 		*now = now.Add(31 * time.Second)
-		assert.Equal(t, "10.0.0.1", r.resolve(context.Background(), "svc"))
+		assert.Equal(t, "10.0.0.1", r.Resolve(context.Background(), "svc"))
 		require.Eventually(t, func() bool { return counts(m)[2] == 1 }, 30*time.Second, time.Millisecond)
-		assert.Equal(t, "10.0.0.1", r.resolve(context.Background(), "svc"), "fresh again for a TTL after the failure")
+		assert.Equal(t, "10.0.0.1", r.Resolve(context.Background(), "svc"), "fresh again for a TTL after the failure")
 		assert.Equal(t, int32(1), f.calls.Load())
 		assert.Equal(t, [3]float64{1, 0, 1}, counts(m))
 	})
 	t.Run("cold: looked up once for concurrent callers", func(t *testing.T) {
 		f := &fakeDNS{answers: map[string][]string{"svc": {"10.0.0.5"}}, gate: make(chan struct{})}
 		r, m, _ := testResolver(f, nil)
-		defer runBackground(t, r)()
+		defer run(t, r)()
 		var wg sync.WaitGroup
 		got := make([]string, 8)
 		for i := range got {
-			wg.Go(func() { got[i] = r.resolve(context.Background(), "svc") })
+			wg.Go(func() { got[i] = r.Resolve(context.Background(), "svc") })
 		}
 		require.Eventually(t, func() bool { return f.calls.Load() == 1 }, 30*time.Second, time.Millisecond)
 		// Every other caller is waiting on the one lookup before it ends.
@@ -174,17 +195,17 @@ func TestHostResolver(t *testing.T) {
 	t.Run("cold and the lookup fails: the raw spec", func(t *testing.T) {
 		f := &fakeDNS{answers: map[string][]string{}}
 		r, m, _ := testResolver(f, nil)
-		defer runBackground(t, r)()
-		assert.Equal(t, "svc", r.resolve(context.Background(), "svc"))
+		defer run(t, r)()
+		assert.Equal(t, "svc", r.Resolve(context.Background(), "svc"))
 		assert.Equal(t, [3]float64{1, 0, 1}, counts(m))
 	})
 	t.Run("a lookup is bounded by the timeout", func(t *testing.T) {
 		f := &fakeDNS{answers: map[string][]string{"svc": {"10.0.0.5"}}, gate: make(chan struct{})}
 		m := metrics.NewMoriIO(prometheus.NewRegistry())
-		r := newHostResolver(f.lookup, time.Minute, 50*time.Millisecond, nil, m, zerolog.Nop())
-		defer runBackground(t, r)()
+		r := New(f.lookup, time.Minute, 50*time.Millisecond, nil, m, zerolog.Nop())
+		defer run(t, r)()
 		start := time.Now()
-		assert.Equal(t, "svc", r.resolve(context.Background(), "svc"))
+		assert.Equal(t, "svc", r.Resolve(context.Background(), "svc"))
 		took := time.Since(start)
 		assert.GreaterOrEqual(t, took, 50*time.Millisecond, "not before the timeout")
 		assert.Less(t, took, 50*time.Millisecond+10*time.Second, "by the timeout: the lookup never answers")
