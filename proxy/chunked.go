@@ -17,6 +17,7 @@ import (
 	"github.com/pd-sidecar/pd-sidecar/connectors"
 	"github.com/pd-sidecar/pd-sidecar/connectors/nixlv2"
 	"github.com/pd-sidecar/pd-sidecar/metrics"
+	"github.com/pd-sidecar/pd-sidecar/proxy/clientconn"
 	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"
 )
 
@@ -468,7 +469,7 @@ func (s *chunkStream) Read(p []byte) (int, error) {
 func (s *chunkStream) step() error {
 	c, r := s.c, s.c.r
 	s.buf, s.off = s.buf[:0], 0
-	release := holdConn(r.rc) // the handler returned: the watch's read is no request boundary
+	release := clientconn.Hold(r.rc) // the handler returned: the watch's read is no request boundary
 	w := r.p.armer.watch(r.rc.Conn(), r.cancel, time.Now())
 	err := c.next()
 	s.pipelined = w.stop() || s.pipelined

@@ -16,6 +16,7 @@ import (
 
 	"github.com/pd-sidecar/pd-sidecar/circuit"
 	"github.com/pd-sidecar/pd-sidecar/metrics"
+	"github.com/pd-sidecar/pd-sidecar/proxy/clientconn"
 	"github.com/pd-sidecar/pd-sidecar/proxy/failure"
 	"github.com/pd-sidecar/pd-sidecar/proxy/split"
 	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"
@@ -185,8 +186,8 @@ func (p *Proxy) reject(rc *fasthttp.RequestCtx, reason string, status int, err e
 // serverError answers what fasthttp could not read or parse, as JSON
 // (fasthttp's Server.ErrorHandler).
 func (p *Proxy) serverError(rc *fasthttp.RequestCtx, err error) {
-	if c, ok := rc.Conn().(*clientConn); ok {
-		c.linger.Store(true) // the request may not have been read whole
+	if c, ok := rc.Conn().(*clientconn.Conn); ok {
+		c.Linger() // the request may not have been read whole
 	}
 	if p.guard.bodies.errorClaim(rc) {
 		p.bufferFull(rc)

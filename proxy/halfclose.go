@@ -4,6 +4,8 @@ import (
 	"crypto/tls"
 	"net"
 	"syscall"
+
+	"github.com/pd-sidecar/pd-sidecar/proxy/clientconn"
 )
 
 // A client that shuts its side of the connection before its answer is
@@ -18,7 +20,7 @@ import (
 // pipelined request) are no close. It never blocks.
 func peerClosed(c net.Conn) bool {
 	switch cc := c.(type) {
-	case *clientConn:
+	case *clientconn.Conn:
 		c = cc.TCPConn
 	case *tls.Conn:
 		return peerClosed(cc.NetConn())

@@ -10,11 +10,13 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
+
+	"github.com/pd-sidecar/pd-sidecar/proxy/clientconn"
 )
 
 // finIn waits until the kernel has taken the peer's FIN on c (its state is
 // CLOSE_WAIT), so that whatever came before the FIN is waiting too.
-func finIn(t *testing.T, c *clientConn) {
+func finIn(t *testing.T, c *clientconn.Conn) {
 	t.Helper()
 	rc, err := c.TCPConn.SyscallConn()
 	require.NoError(t, err)
@@ -35,13 +37,13 @@ func TestPeerClosed(t *testing.T) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	defer ln.Close()
-	pair := func() (client *net.TCPConn, server *clientConn) {
+	pair := func() (client *net.TCPConn, server *clientconn.Conn) {
 		c, err := net.Dial("tcp", ln.Addr().String())
 		require.NoError(t, err)
 		s, err := ln.Accept()
 		require.NoError(t, err)
 		t.Cleanup(func() { c.Close(); s.Close() })
-		return c.(*net.TCPConn), &clientConn{TCPConn: s.(*net.TCPConn)}
+		return c.(*net.TCPConn), &clientconn.Conn{TCPConn: s.(*net.TCPConn)}
 	}
 	c, s := pair()
 	assert.False(t, peerClosed(s), "open")

@@ -118,10 +118,8 @@ func TestAppendAnswerHead(t *testing.T) {
 // keys) would see, so the lane splits exactly the requests the fasthttp
 // path would, towards the same prefiller; and its leg is a well-formed
 // HTTP/1.1 request to the engine that carries exactly the client's body
-// and none of the hop-by-hop or sidecar headers. A head fasthttp's server
-// reads is counted as the bytes its parser took (clientConn), the request
-// line measured in any two reads; and a head the lane takes has only
-// token field names (the fasthttp path refuses others).
+// and none of the hop-by-hop or sidecar headers; and a head the lane takes
+// has only token field names (the fasthttp path refuses others).
 func FuzzLaneRequestHead(f *testing.F) {
 	for _, s := range []string{
 		"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}",
@@ -139,23 +137,7 @@ func FuzzLaneRequestHead(f *testing.F) {
 	}
 	p := &Proxy{cfg: DefaultConfig()}
 	f.Fuzz(func(t *testing.T, in []byte) {
-		// read as fasthttp's server reads it: a buffer of --max-header-bytes
 		var norm fasthttp.RequestHeader
-		rd := strings.NewReader(string(in))
-		br := bufio.NewReaderSize(rd, p.cfg.Guard.MaxHeaderBytes)
-		if norm.Read(br) == nil {
-			headLen := len(in) - rd.Len() - br.Buffered()
-			cut := len(in) / 3
-			var s lineScan
-			s.begin(0, p.cfg.Guard.MaxHeaderBytes)
-			s.feed(in[:cut])
-			s.feed(in[cut:])
-			line, ok := s.length(0)
-			require.True(t, ok, "request line of %q", in)
-			if n := wireSize(&norm, line, true); n >= 0 {
-				require.Equal(t, int64(headLen+max(norm.ContentLength(), 0)), n, "wire size of %q", in)
-			}
-		}
 		ll := &laneLoop{ln: &lane{p: p, local: "127.0.0.1:8001"}, br: bufio.NewReaderSize(nil, p.cfg.Guard.MaxHeaderBytes)}
 		ll.req.DisableNormalizing()
 		_, body, lr, ok := ll.parse(in)

@@ -22,6 +22,7 @@ import (
 	"github.com/pd-sidecar/pd-sidecar/connectors/moriio"
 	"github.com/pd-sidecar/pd-sidecar/metrics"
 	"github.com/pd-sidecar/pd-sidecar/netloop"
+	"github.com/pd-sidecar/pd-sidecar/proxy/clientconn"
 	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"
 )
 
@@ -171,7 +172,7 @@ func (p *Proxy) Handler(rank int) fasthttp.RequestHandler {
 	local := p.localAddr(rank)
 	return func(rc *fasthttp.RequestCtx) {
 		dropTrailers(&rc.Request.Header) // before anything reads the head
-		defer counted(rc)()
+		defer clientconn.Counted(rc)()
 		if p.refuseHead(rc) || p.refuseVersion(rc) || p.refuseTarget(rc) { // reqhead.go, conformance.go
 			return
 		}

@@ -12,6 +12,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/pd-sidecar/pd-sidecar/connectors"
+	"github.com/pd-sidecar/pd-sidecar/proxy/clientconn"
 	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"
 )
 
@@ -46,7 +47,7 @@ type sseBody struct {
 
 	// Hand-over to an event loop (loopstream.go): cc is set when the stream
 	// may go, once it has streamed loopAfter; handedOver once it went.
-	cc         *clientConn
+	cc         *clientconn.Conn
 	keepAlive  bool
 	handedOver bool
 	// pipelined: a watch of the client (watchClient) took the first byte
@@ -79,7 +80,7 @@ func (r *request) newSSEBody(er *eventReader, leg *upstream.Leg, held []byte, re
 // arrives whole costs no goroutine.
 func (b *sseBody) watchClient() (stop func()) {
 	r := b.r
-	release := holdConn(r.rc)
+	release := clientconn.Hold(r.rc)
 	w := r.p.armer.watch(r.rc.Conn(), r.cancel, time.Now())
 	return func() {
 		if w.stop() {
