@@ -13,6 +13,7 @@ import (
 
 	"github.com/pd-sidecar/pd-sidecar/connectors"
 	"github.com/pd-sidecar/pd-sidecar/metrics"
+	"github.com/pd-sidecar/pd-sidecar/proxy/clientconn"
 	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"
 )
 
@@ -80,7 +81,7 @@ func (p *Proxy) passthrough(rc *fasthttp.RequestCtx, local string) {
 	}
 	left := func() bool {
 		// After done: the watch has stopped, so the cause is final.
-		return errors.Is(context.Cause(ctx), ErrClientGone) || peerClosed(rc.Conn())
+		return errors.Is(context.Cause(ctx), ErrClientGone) || clientconn.PeerClosed(rc.Conn())
 	}
 	if err != nil {
 		done()
@@ -96,7 +97,7 @@ func (p *Proxy) passthrough(rc *fasthttp.RequestCtx, local string) {
 		rc.SetBody(errorBody(st, err))
 		return
 	}
-	if peerClosed(rc.Conn()) {
+	if clientconn.PeerClosed(rc.Conn()) {
 		leg.Close()
 		done()
 		p.dropPassthrough(rc, id)
@@ -140,8 +141,9 @@ func (p *Proxy) passthrough(rc *fasthttp.RequestCtx, local string) {
 
 // dropPassthrough ends a passthrough request whose client left before its
 // answer (a FIN or a reset while the engine answered, seen by the watch or
-// by peerClosed): nothing is written, not even an error, as to an inference
-// request's client (halfclose.go), and the connection closes.
+// by clientconn.PeerClosed): nothing is written, not even an error, as to
+// an inference request's client (request.leftNow), and the connection
+// closes.
 func (p *Proxy) dropPassthrough(rc *fasthttp.RequestCtx, id string) {
 	p.m.ClientDisconnects.WithLabelValues(metrics.PhasePassthrough).Inc()
 	p.log.Info().Str("path", string(rc.Path())).Str("request_id", logValue(id)).Msg("client left; passthrough answer dropped")
