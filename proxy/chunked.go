@@ -427,7 +427,7 @@ func (c *chunker) beginStream() {
 	rc.Response.Header.Set("Cache-Control", "no-cache")
 	r.answerCounted(r.mode, fasthttp.StatusOK)
 	s := &chunkStream{c: c, buf: c.openEvent(nil)}
-	if r.watch.stop() {
+	if r.watch.Stop() {
 		rc.SetConnectionClose()
 	}
 	r.detached = true
@@ -470,9 +470,9 @@ func (s *chunkStream) step() error {
 	c, r := s.c, s.c.r
 	s.buf, s.off = s.buf[:0], 0
 	release := clientconn.Hold(r.rc) // the handler returned: the watch's read is no request boundary
-	w := r.p.armer.watch(r.rc.Conn(), r.cancel, time.Now())
+	w := r.p.armer.Watch(r.rc.Conn(), r.cancel, time.Now())
 	err := c.next()
-	s.pipelined = w.stop() || s.pipelined
+	s.pipelined = w.Stop() || s.pipelined
 	release()
 	switch {
 	case r.gone() || errors.Is(err, ErrClientGone):

@@ -6,8 +6,9 @@ import "github.com/pd-sidecar/pd-sidecar/proxy/clientconn"
 // taken as gone, on both paths (docs/security.md, "Half-closed clients"):
 // nothing is written, the request counts 499. The lane's event loop sees
 // the FIN (a hang-up) while the request waits; fasthttp's path has its
-// connWatch, armed only after watchDelay, so an answer that comes sooner
-// is checked for the FIN before it is written (request.leftNow).
+// clientconn.Watch, armed only after clientconn.WatchDelay, so an answer
+// that comes sooner is checked for the FIN before it is written
+// (request.leftNow).
 
 // leftNow reports whether the client of a request on fasthttp's path left
 // before its answer began: the watch saw it, or it half-closed (or reset)

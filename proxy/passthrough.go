@@ -29,7 +29,7 @@ func (p *Proxy) passthrough(rc *fasthttp.RequestCtx, local string) {
 	g := p.m.Inflight.WithLabelValues(metrics.PhasePassthrough)
 	g.Inc()
 	ctx, cancel := context.WithCancelCause(context.Background())
-	w := p.armer.watch(rc.Conn(), cancel, time.Now())
+	w := p.armer.Watch(rc.Conn(), cancel, time.Now())
 	req := fasthttp.AcquireRequest()
 	rc.Request.Header.CopyTo(&req.Header)
 	for _, h := range hopHeaders {
@@ -54,7 +54,7 @@ func (p *Proxy) passthrough(rc *fasthttp.RequestCtx, local string) {
 	if err != nil {
 		fasthttp.ReleaseRequest(req)
 		g.Dec()
-		if w.stop() {
+		if w.Stop() {
 			rc.SetConnectionClose()
 		}
 		cancel(context.Canceled)
@@ -74,7 +74,7 @@ func (p *Proxy) passthrough(rc *fasthttp.RequestCtx, local string) {
 	done := func() {
 		fasthttp.ReleaseResponse(resp)
 		g.Dec()
-		if w.stop() {
+		if w.Stop() {
 			rc.SetConnectionClose()
 		}
 		cancel(context.Canceled)
@@ -130,7 +130,7 @@ func (p *Proxy) passthrough(rc *fasthttp.RequestCtx, local string) {
 	// fasthttp's server goroutine copies the leg to the client, one flushed
 	// chunk per read, and closes it when done or when the client is gone
 	// (the next write fails: the watch ends here).
-	if w.stop() {
+	if w.Stop() {
 		rc.SetConnectionClose()
 	}
 	setStream(rc, &passthroughBody{leg: leg, done: func() { // conformance.go

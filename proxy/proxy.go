@@ -58,10 +58,11 @@ type Proxy struct {
 	warm     *prewarmer  // --prefill-prewarm (prewarm.go); nil: off
 	hedge    *hedger     // hedged prefill (hedge.go); nil: off
 	kvr      *kvReleaser // frees a prefiller's KV nobody read (kvrelease.go); nil: off
-	armer    *watchArmer // client-connection watches (watch.go)
 	pass     *passPolicy // what passes through to the engine (passpolicy.go)
 	strip    []string    // --prefill-strip-headers, lower case (prefillheaders.go)
 	bufs     streamBufs  // per-stream buffers for reuse (sse.go)
+	// armer arms the client connections' watches (clientconn.Watch).
+	armer *clientconn.Armer
 	// background is the work Run runs beside serving: MoRI-IO's host
 	// revalidations, warm-ups, circuit probes, KV release legs, of those
 	// that are on, in start order.
@@ -99,7 +100,7 @@ func New(cfg Config, conn connectors.Connector, m *metrics.Metrics, gatherer pro
 			promhttp.HandlerFor(gatherer, promhttp.HandlerOpts{})),
 	}
 	p.tr.SetAnswerLimits(cfg.MaxUpstreamAnswerBytes, cfg.Guard.MaxHeaderBytes)
-	p.armer = newWatchArmer(watchDelay)
+	p.armer = clientconn.NewArmer(clientconn.WatchDelay, ErrClientGone)
 	pass, err := newPassPolicy(cfg.Passthrough)
 	if err != nil {
 		return nil, err

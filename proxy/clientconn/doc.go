@@ -2,7 +2,8 @@
 // fasthttp's path and the lane's event loops share them: the wrapper of an
 // accepted TCP connection (Conn), which moves between fasthttp and the
 // loops and counts the bytes of its requests so that nothing read ahead is
-// lost when it moves.
+// lost when it moves; and the ways to tell that a client left while its
+// request waits (Watch, PeerClosed).
 //
 // A Listener accepts Conns. fasthttp's handler counts each request it
 // serves (Counted); a Conn whose next request fasthttp reads goes to its
@@ -10,6 +11,12 @@
 // bytes it read (Replay). A stream may take a Conn over mid-answer
 // (HandOff) when fasthttp holds nothing unread (Synced). After an error
 // answer a Conn closes lingering (Linger).
+//
+// An Armer arms a Watch of a request's connection once the request has
+// waited WatchDelay: a goroutine reads the connection, and a client that
+// left cancels the request with the Armer's cause. PeerClosed peeks,
+// without blocking, for a client that closed its side before an answer
+// that came sooner.
 //
 // The package decides nothing about a request: which requests the
 // Adopter serves, and what a client that left means for one, are the
