@@ -206,8 +206,8 @@ func (p *Proxy) serverError(rc *fasthttp.RequestCtx, err error) {
 		p.reject(rc, metrics.RejectReadTimeout, fasthttp.StatusRequestTimeout,
 			fmt.Errorf("%w (--read-timeout %v)", ErrReadTimeout, p.guard.cfg.ReadTimeout))
 	default:
-		// Never the parser's own message: it quotes the request (reqhead.go).
-		p.reject(rc, metrics.RejectMalformed, fasthttp.StatusBadRequest, fmt.Errorf("%w: %w", ErrMalformed, safeParseError(err)))
+		// Never the parser's own message: it quotes the request (clientconn.SafeParseError).
+		p.reject(rc, metrics.RejectMalformed, fasthttp.StatusBadRequest, fmt.Errorf("%w: %w", ErrMalformed, clientconn.SafeParseError(err)))
 	}
 }
 

@@ -14,6 +14,7 @@ import (
 
 	"github.com/pd-sidecar/pd-sidecar/connectors"
 	"github.com/pd-sidecar/pd-sidecar/metrics"
+	"github.com/pd-sidecar/pd-sidecar/proxy/clientconn"
 	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"
 )
 
@@ -116,7 +117,7 @@ func (r *request) releaseKV(start []byte) {
 		if r.rc == nil {
 			return
 		}
-		target := originForm(r.rc) // the path routed on (conformance.go)
+		target := clientconn.OriginForm(r.rc) // the path routed on
 		if target == nil {
 			target = r.rc.Request.Header.RequestURI()
 		}

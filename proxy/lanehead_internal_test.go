@@ -10,6 +10,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"github.com/valyala/fasthttp"
+
+	"github.com/pd-sidecar/pd-sidecar/proxy/clientconn"
 )
 
 // parseRequestHead parses a request head as the lane does (key
@@ -146,7 +148,7 @@ func FuzzLaneRequestHead(f *testing.F) {
 		}
 		require.NoError(t, norm.Read(bufio.NewReaderSize(strings.NewReader(string(in)), p.cfg.Guard.MaxHeaderBytes)), "%q", in)
 		require.Equal(t, string(norm.Peek(HeaderPrefiller)), string(lr.prefiller), "prefiller of %q", in)
-		require.False(t, badHeaderName(&norm), "a name that is not a token taken by the lane: %q", in)
+		require.False(t, clientconn.BadHeaderName(&norm), "a name that is not a token taken by the lane: %q", in)
 		leg := appendLegHead(nil, &ll.req, "127.0.0.1:8001", "rid", len(body))
 		req, err := http.ReadRequest(bufio.NewReader(strings.NewReader(string(leg) + string(body))))
 		require.NoError(t, err, "leg %q of %q", leg, in)

@@ -46,8 +46,8 @@ func (p *Proxy) passthrough(rc *fasthttp.RequestCtx, local string) {
 	req.Header.Del(HeaderRequestID)
 	req.Header.Set(HeaderRequestID, id)
 	req.Header.SetHost(local)
-	if t := originForm(rc); t != nil {
-		req.Header.SetRequestURIBytes(t) // the path routed on (conformance.go)
+	if t := clientconn.OriginForm(rc); t != nil {
+		req.Header.SetRequestURIBytes(t) // the path routed on
 	}
 	req.Header.SetProtocolBytes(strHTTP11)
 	body, err := p.passthroughBody(rc)

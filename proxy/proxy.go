@@ -172,7 +172,7 @@ func (p *Proxy) localAddr(rank int) string {
 func (p *Proxy) Handler(rank int) fasthttp.RequestHandler {
 	local := p.localAddr(rank)
 	return func(rc *fasthttp.RequestCtx) {
-		dropTrailers(&rc.Request.Header) // before anything reads the head
+		clientconn.DropTrailers(&rc.Request.Header) // before anything reads the head
 		defer clientconn.Counted(rc)()
 		if p.refuseHead(rc) || p.refuseVersion(rc) || p.refuseTarget(rc) { // reqhead.go, conformance.go
 			return

@@ -153,8 +153,8 @@ func (r *request) legRequest(addr string, body []byte, strip []string) *fasthttp
 	req := fasthttp.AcquireRequest()
 	r.upstreamHeader(&req.Header, &r.rc.Request.Header, addr)
 	stripPrefillHeaders(&req.Header, strip)
-	if t := originForm(r.rc); t != nil {
-		req.Header.SetRequestURIBytes(t) // the path routed on (conformance.go)
+	if t := clientconn.OriginForm(r.rc); t != nil {
+		req.Header.SetRequestURIBytes(t) // the path routed on
 	}
 	req.SetBodyRaw(body)
 	r.traceLeg(addr, req)

@@ -189,14 +189,14 @@ type fasthttpLogger struct{ p *Proxy }
 
 // Printf implements fasthttp.Logger. The end of fasthttp's part in a
 // stream handed to an event loop is no error; an error is logged as
-// logSafe says it (never with the request's bytes).
+// clientconn.LogSafe says it (never with the request's bytes).
 func (l fasthttpLogger) Printf(format string, args ...any) {
 	for i, a := range args {
 		if err, ok := a.(error); ok {
 			if errors.Is(err, errHandedOver) {
 				return
 			}
-			args[i] = logSafe(err)
+			args[i] = clientconn.LogSafe(err)
 		}
 	}
 	l.p.log.Warn().Msgf(format, args...)
