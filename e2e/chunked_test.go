@@ -291,7 +291,7 @@ func TestChunkedDecodeSplitSSEAndKVLoadFailure(t *testing.T) {
 }
 
 // TestChunkedDecodeSlowChunksStream: chunks slow enough for the client
-// connection to be watched while they run (past watchDelay) still stream
+// connection to be watched while they run (past clientconn.WatchDelay) still stream
 // to the end: the watch of a chunk that runs after the handler returned is
 // no sign of the client leaving, and no request boundary for the event
 // loops to take the connection at.

@@ -17,6 +17,7 @@ import (
 	"github.com/pd-sidecar/pd-sidecar/connectors"
 	"github.com/pd-sidecar/pd-sidecar/connectors/nixlv2"
 	"github.com/pd-sidecar/pd-sidecar/metrics"
+	"github.com/pd-sidecar/pd-sidecar/proxy/clientconn"
 	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"
 )
 
@@ -426,7 +427,7 @@ func (c *chunker) beginStream() {
 	rc.Response.Header.Set("Cache-Control", "no-cache")
 	r.answerCounted(r.mode, fasthttp.StatusOK)
 	s := &chunkStream{c: c, buf: c.openEvent(nil)}
-	if r.watch.stop() {
+	if r.watch.Stop() {
 		rc.SetConnectionClose()
 	}
 	r.detached = true
@@ -468,10 +469,10 @@ func (s *chunkStream) Read(p []byte) (int, error) {
 func (s *chunkStream) step() error {
 	c, r := s.c, s.c.r
 	s.buf, s.off = s.buf[:0], 0
-	release := holdConn(r.rc) // the handler returned: the watch's read is no request boundary
-	w := r.p.armer.watch(r.rc.Conn(), r.cancel, time.Now())
+	release := clientconn.Hold(r.rc) // the handler returned: the watch's read is no request boundary
+	w := r.p.armer.Watch(r.rc.Conn(), r.cancel, time.Now())
 	err := c.next()
-	s.pipelined = w.stop() || s.pipelined
+	s.pipelined = w.Stop() || s.pipelined
 	release()
 	switch {
 	case r.gone() || errors.Is(err, ErrClientGone):

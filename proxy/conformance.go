@@ -1,7 +1,6 @@
 package proxy
 
 import (
-	"bytes"
 	"errors"
 	"io"
 	"net"
@@ -9,6 +8,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/pd-sidecar/pd-sidecar/metrics"
+	"github.com/pd-sidecar/pd-sidecar/proxy/clientconn"
 )
 
 // HTTP conformance of what a client sends, the same on both paths (the
@@ -18,14 +18,15 @@ import (
 //
 //   - HTTP/1.0 and HTTP/1.1 are served; any other version (HTTP/1.2,
 //     HTTP/2.0 in a text request line, HTTP/0.9) is refused 505, never
-//     forwarded as it came (refuseVersion).
+//     forwarded as it came (refuseVersion, clientconn.ServedVersion).
 //   - The path routed on is the path forwarded: a request target whose
 //     path is not already in normal form — a "." or ".." segment, an empty
 //     one ("//"), a percent-encoded byte (fasthttp decodes "%2e" and "%2F"
 //     before it routes; the engine gets the raw bytes) — or that carries a
-//     fragment is refused 400 (refuseTarget). An absolute-form target
-//     ("http://h/v1/completions") is routed on its path, and its legs carry
-//     that path and query in origin form (originForm).
+//     fragment is refused 400 (refuseTarget, clientconn.NormalTarget). An
+//     absolute-form target ("http://h/v1/completions") is routed on its
+//     path, and its legs carry that path and query in origin form
+//     (clientconn.OriginForm).
 //   - A Host that is no host[:port] ("evil.example:80/path") is refused 400
 //     by fasthttp's request parser; the lane parses it as fasthttp does
 //     (laneLoop.parseHead) and leaves such a request to fasthttp.
@@ -46,17 +47,14 @@ var (
 	ErrPathNotNormal = errors.New("request target not in normal form: no dot segments, empty segments, percent-encoded bytes in the path, or fragment")
 )
 
-var (
-	strHTTP10 = []byte("HTTP/1.0")
-	strHTTP11 = []byte("HTTP/1.1")
-)
+// strHTTP11 is every leg's version, whatever the client's.
+var strHTTP11 = []byte("HTTP/1.1")
 
 // refuseVersion answers 505 JSON, counted, to a request of an HTTP version
 // the sidecar does not serve, and closes the connection after it. It
 // reports whether it answered.
 func (p *Proxy) refuseVersion(rc *fasthttp.RequestCtx) bool {
-	proto := rc.Request.Header.Protocol()
-	if bytes.Equal(proto, strHTTP11) || bytes.Equal(proto, strHTTP10) {
+	if clientconn.ServedVersion(rc.Request.Header.Protocol()) {
 		return false
 	}
 	p.reject(rc, metrics.RejectHTTPVersion, fasthttp.StatusHTTPVersionNotSupported, ErrHTTPVersion)
@@ -65,53 +63,18 @@ func (p *Proxy) refuseVersion(rc *fasthttp.RequestCtx) bool {
 }
 
 // refuseTarget answers 400 JSON, counted, to a request whose target is not
-// in normal form (normalTarget), and closes the connection after it. It
-// reports whether it answered. A CONNECT is left to the passthrough policy.
+// in normal form (clientconn.NormalTarget), and closes the connection after
+// it. It reports whether it answered. A CONNECT is left to the passthrough
+// policy.
 func (p *Proxy) refuseTarget(rc *fasthttp.RequestCtx) bool {
 	// CONNECT's target is an authority, not a path: the passthrough
 	// policy judges it (a 405 unless --passthrough-policy all).
-	if rc.IsConnect() || normalTarget(rc.Request.Header.RequestURI(), rc.URI()) {
+	if rc.IsConnect() || clientconn.NormalTarget(rc.Request.Header.RequestURI(), rc.URI()) {
 		return false
 	}
 	p.reject(rc, metrics.RejectPathNotNormal, fasthttp.StatusBadRequest, ErrPathNotNormal)
 	rc.SetConnectionClose()
 	return true
-}
-
-// normalTarget reports whether the request target raw, parsed into u, is
-// one whose path fasthttp routes on as it came: u's path is the path as
-// sent (raw up to its query; an absolute-form target's after its
-// authority), byte for byte, with no "%" in it (fasthttp decodes a valid
-// escape, and keeps an invalid one, which an engine may not), and no
-// fragment follows. The asterisk form ("OPTIONS *", which fasthttp admits
-// for OPTIONS only) is left to the route it takes.
-func normalTarget(raw []byte, u *fasthttp.URI) bool {
-	if len(raw) == 1 && raw[0] == '*' {
-		return true
-	}
-	if bytes.IndexByte(raw, '#') >= 0 {
-		return false
-	}
-	path := u.PathOriginal()
-	if len(raw) > 0 && raw[0] == '/' { // origin form: forwarded as sent
-		path, _, _ = bytes.Cut(raw, []byte("?"))
-	}
-	return bytes.IndexByte(path, '%') < 0 && bytes.Equal(path, u.Path())
-}
-
-// originForm is the origin-form target (path and query) a leg carries for
-// the request of rc when its target is in absolute form; nil when it is
-// origin-form already, and forwarded as it came.
-func originForm(rc *fasthttp.RequestCtx) []byte {
-	return originFormOf(rc.Request.Header.RequestURI(), rc.URI())
-}
-
-// originFormOf is originForm of the target raw, parsed into u.
-func originFormOf(raw []byte, u *fasthttp.URI) []byte {
-	if len(raw) == 0 || raw[0] == '/' || len(raw) == 1 && raw[0] == '*' {
-		return nil
-	}
-	return u.RequestURI()
 }
 
 // setStream makes body the answer of rc, streamed: chunked to an HTTP/1.1

@@ -16,6 +16,7 @@ import (
 
 	"github.com/pd-sidecar/pd-sidecar/circuit"
 	"github.com/pd-sidecar/pd-sidecar/metrics"
+	"github.com/pd-sidecar/pd-sidecar/proxy/clientconn"
 	"github.com/pd-sidecar/pd-sidecar/proxy/failure"
 	"github.com/pd-sidecar/pd-sidecar/proxy/split"
 	"github.com/pd-sidecar/pd-sidecar/proxy/tlsconf"
@@ -186,8 +187,8 @@ func (p *Proxy) reject(rc *fasthttp.RequestCtx, reason string, status int, err e
 // serverError answers what fasthttp could not read or parse, as JSON
 // (fasthttp's Server.ErrorHandler).
 func (p *Proxy) serverError(rc *fasthttp.RequestCtx, err error) {
-	if c, ok := rc.Conn().(*clientConn); ok {
-		c.linger.Store(true) // the request may not have been read whole
+	if c, ok := rc.Conn().(*clientconn.Conn); ok {
+		c.Linger() // the request may not have been read whole
 	}
 	if p.guard.bodies.errorClaim(rc) {
 		p.bufferFull(rc)
@@ -206,8 +207,8 @@ func (p *Proxy) serverError(rc *fasthttp.RequestCtx, err error) {
 		p.reject(rc, metrics.RejectReadTimeout, fasthttp.StatusRequestTimeout,
 			fmt.Errorf("%w (--read-timeout %v)", ErrReadTimeout, p.guard.cfg.ReadTimeout))
 	default:
-		// Never the parser's own message: it quotes the request (reqhead.go).
-		p.reject(rc, metrics.RejectMalformed, fasthttp.StatusBadRequest, fmt.Errorf("%w: %w", ErrMalformed, safeParseError(err)))
+		// Never the parser's own message: it quotes the request (clientconn.SafeParseError).
+		p.reject(rc, metrics.RejectMalformed, fasthttp.StatusBadRequest, fmt.Errorf("%w: %w", ErrMalformed, clientconn.SafeParseError(err)))
 	}
 }
 

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"github.com/pd-sidecar/pd-sidecar/connectors"
+	"github.com/pd-sidecar/pd-sidecar/proxy/clientconn"
 	"github.com/pd-sidecar/pd-sidecar/proxy/kvrelease"
 )
 
@@ -64,7 +65,7 @@ func (r *request) releaseKV(start []byte) {
 		if r.rc == nil {
 			return
 		}
-		target := originForm(r.rc) // the path routed on
+		target := clientconn.OriginForm(r.rc) // the path routed on
 		if target == nil {
 			target = r.rc.Request.Header.RequestURI()
 		}

@@ -20,6 +20,7 @@ import (
 	"github.com/pd-sidecar/pd-sidecar/httpbody"
 	"github.com/pd-sidecar/pd-sidecar/metrics"
 	"github.com/pd-sidecar/pd-sidecar/netloop"
+	"github.com/pd-sidecar/pd-sidecar/proxy/clientconn"
 	"github.com/pd-sidecar/pd-sidecar/proxy/sse"
 	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"
 )
@@ -38,7 +39,7 @@ import (
 // Every other request (a head split across reads, a request
 // the guards refuse, GET /v1/models, /metrics, TLS, a connector whose split
 // is not sequential, the sidecar's own KV pull...) is given to fasthttp
-// with the bytes the lane read (clientConn.replay), and comes back to the
+// with the bytes the lane read (clientconn.Conn.Replay), and comes back to the
 // lane once fasthttp reads for the next one. The lane's failures (an
 // upstream unreachable, no answer head in time, the client leaving, a
 // prefill to retry or to fall back from) are answered as the fasthttp path
@@ -98,8 +99,9 @@ var slash = []byte("/")
 // the fasthttp pool's MaxIdleConnDuration).
 const laneIdleMax = 4 * time.Second
 
-// adopt takes c, which waits for its next request, onto a loop.
-func (ln *lane) adopt(c *clientConn) {
+// Adopt implements clientconn.Adopter: it takes c, which waits for its
+// next request, onto a loop.
+func (ln *lane) Adopt(c *clientconn.Conn) {
 	fd, ok := netloop.FD(c.TCPConn)
 	if !ok || ln.p.draining.Load() {
 		_ = c.TCPConn.Close()
@@ -122,6 +124,12 @@ func (ln *lane) adopt(c *clientConn) {
 	if err := ll.loop.Add(fd, netloop.Readable, lc); err != nil {
 		lc.close()
 	}
+}
+
+// Declines implements clientconn.Adopter: a P/D split is fasthttp's while
+// the lane does not serve P/D requests (laneSplits).
+func (ln *lane) Declines(h *fasthttp.RequestHeader) bool {
+	return !ln.p.laneSplits() && len(h.Peek(HeaderPrefiller)) > 0
 }
 
 // sweep closes client connections idle longer than --idle-timeout, and
@@ -199,7 +207,7 @@ const (
 type laneConn struct {
 	mu       sync.Mutex
 	ll       *laneLoop
-	cc       *clientConn
+	cc       *clientconn.Conn
 	fd       int
 	interest netloop.Events // what fd is watched for
 	state    int
@@ -305,13 +313,12 @@ func (lc *laneConn) close() {
 // toServer gives the connection to fasthttp, which reads in (the bytes
 // read of the next request, which began to arrive at since) first, and the
 // rest of the request by --read-timeout from since: fasthttp's own read
-// timeout would count from now (clientConn.readBy).
+// timeout would count from now (clientconn.Conn.Replay).
 func (lc *laneConn) toServer(in []byte, since time.Time) {
 	lc.state = laneGone
 	_ = lc.ll.loop.Remove(lc.fd)
 	lc.ll.ln.forget(lc)
-	lc.cc.readBy.Store(since.Add(lc.ll.ln.p.cfg.Guard.ReadTimeout).UnixNano())
-	lc.cc.replay = append([]byte(nil), in...)
+	lc.cc.Replay(in, since.Add(lc.ll.ln.p.cfg.Guard.ReadTimeout))
 	srv := lc.ll.ln.srv
 	go func() { _ = srv.ServeConn(lc.cc) }()
 }
@@ -1298,3 +1305,5 @@ func (lc *laneConn) lock() *sync.Mutex {
 	}
 	return &lc.mu
 }
+
+var _ clientconn.Adopter = (*lane)(nil)

@@ -23,7 +23,7 @@ import (
 // refuses it (503) as it refuses its own. A body not read whole within half
 // of --read-timeout is handed to fasthttp with the bytes read so far, and
 // fasthttp reads the rest by --read-timeout from the request's first bytes
-// (clientConn.readBy; 408 past it, as on fasthttp's path alone): a slow or
+// (clientconn.Conn.Replay; 408 past it, as on fasthttp's path alone): a slow or
 // stalled client holds the lane's buffer for a bounded time, and is
 // answered as fasthttp answers it. A head that is not whole in the first
 // read is fasthttp's, by the same deadline.

@@ -13,6 +13,7 @@ import (
 	"github.com/pd-sidecar/pd-sidecar/connectors"
 	"github.com/pd-sidecar/pd-sidecar/httpbody"
 	"github.com/pd-sidecar/pd-sidecar/netloop"
+	"github.com/pd-sidecar/pd-sidecar/proxy/clientconn"
 	"github.com/pd-sidecar/pd-sidecar/proxy/sse"
 	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"
 )
@@ -21,7 +22,7 @@ import (
 // answer begins as every answer does, written by fasthttp's server
 // goroutine from an sseBody; once it has streamed for loopAfter and would
 // wait on its engine, the sseBody hands it over: fasthttp lets go of the
-// connection (clientConn), and from then on the upstream connection's
+// connection (clientconn.Conn), and from then on the upstream connection's
 // readiness wakes the loop, which reads what came into the loop's buffer,
 // cuts it into events (rewritten as sseBody does) and writes them to the
 // client as one chunk. An open stream so holds no goroutine, no stack and
@@ -105,8 +106,8 @@ type streamConns interface {
 const loopAfter = 50 * time.Millisecond
 
 // errHandedOver ends fasthttp's writing of an answer handed to an event
-// loop; fasthttp then closes the connection, which clientConn turns into
-// the loop taking it.
+// loop; fasthttp then closes the connection, which clientconn.Conn turns
+// into the loop taking it.
 var errHandedOver = errors.New("stream handed to an event loop")
 
 // loopable reports whether b's stream may be handed to a loop later.
@@ -115,7 +116,7 @@ func (b *sseBody) loopable() bool {
 	if r.p.loops == nil || r.p.servers[r.home] == nil || !r.rc.Request.Header.IsHTTP11() {
 		return false
 	}
-	cc, ok := r.rc.Conn().(*clientConn)
+	cc, ok := r.rc.Conn().(*clientconn.Conn)
 	if _, plain := b.leg.Conn().(*net.TCPConn); !ok || !plain {
 		return false // TLS on either side, or no socket to watch
 	}
@@ -129,13 +130,13 @@ func (b *sseBody) loopable() bool {
 // b.off, the event reader's buffer, the upstream's unread bytes) become
 // the loop's first chunk. It reports false when the stream must stay
 // (fasthttp read ahead: a pipelined request; or the leg is being
-// cancelled). Then the handler calls clientConn.Close: see begin.
+// cancelled). Then the handler calls clientconn.Conn.Close: see begin.
 func (b *sseBody) handOver() bool {
 	r, leg := b.r, b.leg
 	cc := b.cc
 	cfd, ok1 := netloop.FD(cc.TCPConn)
 	ufd, ok2 := netloop.FD(leg.Conn())
-	if !ok1 || !ok2 || !cc.synced() || !leg.Disarm() {
+	if !ok1 || !ok2 || !cc.Synced() || !leg.Disarm() {
 		return false
 	}
 	loop := r.p.loops.Pick()
@@ -175,8 +176,7 @@ func (b *sseBody) handOver() bool {
 	ls.first = out
 	b.release = nil // the loop's now
 	b.handedOver = true
-	begin := ls.begin
-	cc.handOff.Store(&begin)
+	cc.HandOff(ls.begin)
 	// Counted before fasthttp lets go of the connection, so that a drain
 	// never sees the stream in neither the server's count nor the loops'.
 	r.p.loopRequests.Add(1)
@@ -211,7 +211,7 @@ func (c *legConns) clientDone(keep bool) {
 func (c *legConns) firstOutput() {} // the answer's first write recorded the TTFT
 
 // begin runs on fasthttp's server goroutine when it lets go of the
-// connection (clientConn.Close): it watches both connections on the loop
+// connection (clientconn.Conn.Close): it watches both connections on the loop
 // and writes the first chunk.
 func (ls *loopStream) begin() {
 	ls.mu.Lock()

@@ -142,3 +142,17 @@ func engineRequest(br *bufio.Reader) (*http.Request, error) {
 	_, err = io.Copy(io.Discard, req.Body)
 	return req, err
 }
+
+// tcpPair returns both ends of a loopback TCP connection.
+func tcpPair(t *testing.T) (server, client net.Conn) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer ln.Close()
+	client, err = net.Dial("tcp", ln.Addr().String())
+	require.NoError(t, err)
+	server, err = ln.Accept()
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = server.Close(); _ = client.Close() })
+	return server, client
+}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/pd-sidecar/pd-sidecar/connectors"
 	"github.com/pd-sidecar/pd-sidecar/metrics"
+	"github.com/pd-sidecar/pd-sidecar/proxy/clientconn"
 	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"
 )
 
@@ -28,7 +29,7 @@ func (p *Proxy) passthrough(rc *fasthttp.RequestCtx, local string) {
 	g := p.m.Inflight.WithLabelValues(metrics.PhasePassthrough)
 	g.Inc()
 	ctx, cancel := context.WithCancelCause(context.Background())
-	w := p.armer.watch(rc.Conn(), cancel, time.Now())
+	w := p.armer.Watch(rc.Conn(), cancel, time.Now())
 	req := fasthttp.AcquireRequest()
 	rc.Request.Header.CopyTo(&req.Header)
 	for _, h := range hopHeaders {
@@ -45,15 +46,15 @@ func (p *Proxy) passthrough(rc *fasthttp.RequestCtx, local string) {
 	req.Header.Del(HeaderRequestID)
 	req.Header.Set(HeaderRequestID, id)
 	req.Header.SetHost(local)
-	if t := originForm(rc); t != nil {
-		req.Header.SetRequestURIBytes(t) // the path routed on (conformance.go)
+	if t := clientconn.OriginForm(rc); t != nil {
+		req.Header.SetRequestURIBytes(t) // the path routed on
 	}
 	req.Header.SetProtocolBytes(strHTTP11)
 	body, err := p.passthroughBody(rc)
 	if err != nil {
 		fasthttp.ReleaseRequest(req)
 		g.Dec()
-		if w.stop() {
+		if w.Stop() {
 			rc.SetConnectionClose()
 		}
 		cancel(context.Canceled)
@@ -73,14 +74,14 @@ func (p *Proxy) passthrough(rc *fasthttp.RequestCtx, local string) {
 	done := func() {
 		fasthttp.ReleaseResponse(resp)
 		g.Dec()
-		if w.stop() {
+		if w.Stop() {
 			rc.SetConnectionClose()
 		}
 		cancel(context.Canceled)
 	}
 	left := func() bool {
 		// After done: the watch has stopped, so the cause is final.
-		return errors.Is(context.Cause(ctx), ErrClientGone) || peerClosed(rc.Conn())
+		return errors.Is(context.Cause(ctx), ErrClientGone) || clientconn.PeerClosed(rc.Conn())
 	}
 	if err != nil {
 		done()
@@ -96,7 +97,7 @@ func (p *Proxy) passthrough(rc *fasthttp.RequestCtx, local string) {
 		rc.SetBody(errorBody(st, err))
 		return
 	}
-	if peerClosed(rc.Conn()) {
+	if clientconn.PeerClosed(rc.Conn()) {
 		leg.Close()
 		done()
 		p.dropPassthrough(rc, id)
@@ -129,7 +130,7 @@ func (p *Proxy) passthrough(rc *fasthttp.RequestCtx, local string) {
 	// fasthttp's server goroutine copies the leg to the client, one flushed
 	// chunk per read, and closes it when done or when the client is gone
 	// (the next write fails: the watch ends here).
-	if w.stop() {
+	if w.Stop() {
 		rc.SetConnectionClose()
 	}
 	setStream(rc, &passthroughBody{leg: leg, done: func() { // conformance.go
@@ -140,8 +141,9 @@ func (p *Proxy) passthrough(rc *fasthttp.RequestCtx, local string) {
 
 // dropPassthrough ends a passthrough request whose client left before its
 // answer (a FIN or a reset while the engine answered, seen by the watch or
-// by peerClosed): nothing is written, not even an error, as to an inference
-// request's client (halfclose.go), and the connection closes.
+// by clientconn.PeerClosed): nothing is written, not even an error, as to
+// an inference request's client (request.leftNow), and the connection
+// closes.
 func (p *Proxy) dropPassthrough(rc *fasthttp.RequestCtx, id string) {
 	p.m.ClientDisconnects.WithLabelValues(metrics.PhasePassthrough).Inc()
 	p.log.Info().Str("path", string(rc.Path())).Str("request_id", logValue(id)).Msg("client left; passthrough answer dropped")

@@ -23,6 +23,7 @@ import (
 	"github.com/pd-sidecar/pd-sidecar/metrics"
 	"github.com/pd-sidecar/pd-sidecar/netloop"
 	"github.com/pd-sidecar/pd-sidecar/proxy/bootstrap"
+	"github.com/pd-sidecar/pd-sidecar/proxy/clientconn"
 	"github.com/pd-sidecar/pd-sidecar/proxy/kvrelease"
 	"github.com/pd-sidecar/pd-sidecar/proxy/passpolicy"
 	"github.com/pd-sidecar/pd-sidecar/proxy/prewarm"
@@ -56,13 +57,12 @@ type Proxy struct {
 	log      zerolog.Logger
 	metricsH fasthttp.RequestHandler
 	draining atomic.Bool
-	guard    *guard      // limits, SSRF, circuit breaker, TLS (guard.go)
-	ext      Extras      // optional collaborators (see SetExtras)
-	kv       *kvPull     // sidecar-driven KV pull (see EnableKVPull); nil: off
-	hedge    *hedger     // hedged prefill (hedge.go); nil: off
-	armer    *watchArmer // client-connection watches (watch.go)
-	strip    []string    // --prefill-strip-headers, lower case (prefillheaders.go)
-	bufs     sse.Bufs    // per-stream buffers for reuse
+	guard    *guard   // limits, SSRF, circuit breaker, TLS (guard.go)
+	ext      Extras   // optional collaborators (see SetExtras)
+	kv       *kvPull  // sidecar-driven KV pull (see EnableKVPull); nil: off
+	hedge    *hedger  // hedged prefill (hedge.go); nil: off
+	strip    []string // --prefill-strip-headers, lower case (prefillheaders.go)
+	bufs     sse.Bufs // per-stream buffers for reuse
 	// pass is what passes through to the engine.
 	pass *passpolicy.Policy
 	// warm warms up new prefillers (--prefill-prewarm); nil: off.
@@ -70,6 +70,8 @@ type Proxy struct {
 	// kvr frees a prefiller's KV nobody read (--release-kv-on-cancel);
 	// nil: off.
 	kvr *kvrelease.Releaser
+	// armer arms the client connections' watches (clientconn.Watch).
+	armer *clientconn.Armer
 	// background is the work Run runs beside serving: MoRI-IO's host
 	// revalidations, warm-ups, circuit probes, KV release legs, of those
 	// that are on, in start order.
@@ -107,7 +109,7 @@ func New(cfg Config, conn connectors.Connector, m *metrics.Metrics, gatherer pro
 			promhttp.HandlerFor(gatherer, promhttp.HandlerOpts{})),
 	}
 	p.tr.SetAnswerLimits(cfg.MaxUpstreamAnswerBytes, cfg.Guard.MaxHeaderBytes)
-	p.armer = newWatchArmer(watchDelay)
+	p.armer = clientconn.NewArmer(clientconn.WatchDelay, ErrClientGone)
 	pass, err := passpolicy.New(cfg.Passthrough)
 	if err != nil {
 		return nil, err
@@ -179,8 +181,8 @@ func (p *Proxy) localAddr(rank int) string {
 func (p *Proxy) Handler(rank int) fasthttp.RequestHandler {
 	local := p.localAddr(rank)
 	return func(rc *fasthttp.RequestCtx) {
-		dropTrailers(&rc.Request.Header) // before anything reads the head
-		defer counted(rc)()
+		clientconn.DropTrailers(&rc.Request.Header) // before anything reads the head
+		defer clientconn.Counted(rc)()
 		if p.refuseHead(rc) || p.refuseVersion(rc) || p.refuseTarget(rc) { // reqhead.go, conformance.go
 			return
 		}

@@ -199,7 +199,7 @@ func (r *request) left() {
 // that leaves fails the next write, so no watcher is kept for the life of
 // the stream.
 func (r *request) streamBody(b *sseBody) {
-	if r.watch.stop() {
+	if r.watch.Stop() {
 		r.rc.SetConnectionClose()
 	}
 	r.detached = true

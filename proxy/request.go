@@ -16,6 +16,7 @@ import (
 	"github.com/pd-sidecar/pd-sidecar/connectors"
 	"github.com/pd-sidecar/pd-sidecar/connectors/moriio"
 	"github.com/pd-sidecar/pd-sidecar/metrics"
+	"github.com/pd-sidecar/pd-sidecar/proxy/clientconn"
 	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"
 )
 
@@ -26,7 +27,7 @@ type request struct {
 	rc     *fasthttp.RequestCtx
 	ctx    context.Context
 	cancel context.CancelCauseFunc
-	watch  *connWatch // the client connection's watch (watch.go)
+	watch  *clientconn.Watch // the client connection's watch
 	id     string
 	// log is the request's logger (request_id, path, prefiller fields),
 	// built on first use: see logAt.
@@ -78,7 +79,7 @@ func (p *Proxy) newRequest(rc *fasthttp.RequestCtx, local string, api connectors
 	r := p.startRequest(rc.Request.Header.Peek(HeaderRequestID), &rc.Request.Header, rc.PostBody(), local, api)
 	r.rc = rc
 	rc.Response.Header.Set(HeaderRequestID, r.id)
-	r.watch = p.armer.watch(rc.Conn(), r.cancel, r.start)
+	r.watch = p.armer.Watch(rc.Conn(), r.cancel, r.start)
 	return r
 }
 
@@ -127,7 +128,7 @@ func (r *request) finish() {
 	r.held.Release()
 	r.report()
 	r.p.guard.release()
-	if r.watch.stop() && !r.detached {
+	if r.watch.Stop() && !r.detached {
 		r.rc.SetConnectionClose()
 	}
 	r.cancel(context.Canceled)
@@ -152,8 +153,8 @@ func (r *request) legRequest(addr string, body []byte, strip []string) *fasthttp
 	req := fasthttp.AcquireRequest()
 	r.upstreamHeader(&req.Header, &r.rc.Request.Header, addr)
 	stripPrefillHeaders(&req.Header, strip)
-	if t := originForm(r.rc); t != nil {
-		req.Header.SetRequestURIBytes(t) // the path routed on (conformance.go)
+	if t := clientconn.OriginForm(r.rc); t != nil {
+		req.Header.SetRequestURIBytes(t) // the path routed on
 	}
 	req.SetBodyRaw(body)
 	r.traceLeg(addr, req)

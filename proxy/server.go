@@ -12,6 +12,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/pd-sidecar/pd-sidecar/netloop"
+	"github.com/pd-sidecar/pd-sidecar/proxy/clientconn"
 )
 
 // ErrDrainTimeout: requests were still in flight when --shutdown-grace ran
@@ -72,9 +73,9 @@ func (p *Proxy) Run(ctx context.Context) error {
 			ln.shutdown()
 		}
 	}()
-	var tails *tailPool // the byte counts matter where connections move to the loops
+	var tails *clientconn.TailPool // the byte counts matter where connections move to the loops
 	if p.loops != nil {
-		tails = newTailPool(p.cfg.Guard.MaxHeaderBytes) // fasthttp's read buffer
+		tails = clientconn.NewTailPool(p.cfg.Guard.MaxHeaderBytes) // fasthttp's read buffer
 	}
 	for rank := range p.cfg.DataParallelSize {
 		if err := listen(p.cfg.Port+rank, p.Handler(rank)); err != nil {
@@ -82,15 +83,16 @@ func (p *Proxy) Run(ctx context.Context) error {
 		}
 		srv := servers[len(servers)-1]
 		p.servers[p.localAddr(rank)] = srv
-		// clientConns (streams and idle connections move to the event
+		// clientconn.Conns (streams and idle connections move to the event
 		// loops), under TLS with --secure-proxy (where they do not). No
-		// lane at trace level either: every leg is logged (tracelog.go).
-		var ln *lane
+		// lane at trace level either: every leg is logged (logsLegs).
+		var adopter clientconn.Adopter
 		if p.loops != nil && p.guard.tls == nil && !p.tr.UsesTLS(p.localAddr(rank)) && !p.logsLegs() {
-			ln = p.newLane(p.localAddr(rank), srv, p.loops.Loops())
+			ln := p.newLane(p.localAddr(rank), srv, p.loops.Loops())
 			lanes = append(lanes, ln)
+			adopter = ln
 		}
-		lns[len(lns)-1] = p.guard.wrapListener(clientListener{Listener: lns[len(lns)-1], lane: ln, tails: tails})
+		lns[len(lns)-1] = p.guard.wrapListener(clientconn.Listener{Listener: lns[len(lns)-1], Adopter: adopter, Tails: tails})
 		p.log.Info().Int("rank", rank).Int("port", p.cfg.Port+rank).Str("engine", p.localAddr(rank)).Msg("listening")
 	}
 	if p.cfg.MetricsPort != 0 {
@@ -187,14 +189,14 @@ type fasthttpLogger struct{ p *Proxy }
 
 // Printf implements fasthttp.Logger. The end of fasthttp's part in a
 // stream handed to an event loop is no error; an error is logged as
-// logSafe says it (never with the request's bytes).
+// clientconn.LogSafe says it (never with the request's bytes).
 func (l fasthttpLogger) Printf(format string, args ...any) {
 	for i, a := range args {
 		if err, ok := a.(error); ok {
 			if errors.Is(err, errHandedOver) {
 				return
 			}
-			args[i] = logSafe(err)
+			args[i] = clientconn.LogSafe(err)
 		}
 	}
 	l.p.log.Warn().Msgf(format, args...)
@@ -202,14 +204,15 @@ func (l fasthttpLogger) Printf(format string, args ...any) {
 
 // connDone passes on a client connection whose answer an event loop
 // finished: to its next request (keep), on the lane or else (no lane, or
-// the answer was a P/D one the lane does not serve: clientConn.stay)
+// the answer was a P/D one the lane does not serve: Conn.NextAdopter)
 // fasthttp's server of engine local; or closed.
-func (p *Proxy) connDone(cc *clientConn, local string, keep bool) {
+func (p *Proxy) connDone(cc *clientconn.Conn, local string, keep bool) {
+	a := cc.NextAdopter()
 	switch {
 	case !keep:
 		_ = cc.TCPConn.Close()
-	case cc.lane != nil && !cc.stay.Load():
-		cc.lane.adopt(cc)
+	case a != nil:
+		a.Adopt(cc)
 	default:
 		srv := p.servers[local]
 		go func() { _ = srv.ServeConn(cc) }()

@@ -12,6 +12,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/pd-sidecar/pd-sidecar/connectors"
+	"github.com/pd-sidecar/pd-sidecar/proxy/clientconn"
 	"github.com/pd-sidecar/pd-sidecar/proxy/sse"
 	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"
 )
@@ -47,7 +48,7 @@ type sseBody struct {
 
 	// Hand-over to an event loop (loopstream.go): cc is set when the stream
 	// may go, once it has streamed loopAfter; handedOver once it went.
-	cc         *clientConn
+	cc         *clientconn.Conn
 	keepAlive  bool
 	handedOver bool
 	// pipelined: a watch of the client (watchClient) took the first byte
@@ -73,17 +74,17 @@ func (r *request) newSSEBody(er *sse.Reader, leg *upstream.Leg, held []byte, rem
 
 // watchClient watches the client connection while the reader assembles a
 // long event: nothing is written to the client meanwhile, so no failed
-// write can tell that it left; the watch (watch.go) does, and cancels the
+// write can tell that it left; the watch (clientconn.Watch) does, and cancels the
 // request, which closes the upstream connection at once: the engine sees
 // the cancel, and the sidecar reads no more of it. The watch is armed
-// only once the assembly has lasted watchDelay, so a long event that
+// only once the assembly has lasted clientconn.WatchDelay, so a long event that
 // arrives whole costs no goroutine.
 func (b *sseBody) watchClient() (stop func()) {
 	r := b.r
-	release := holdConn(r.rc)
-	w := r.p.armer.watch(r.rc.Conn(), r.cancel, time.Now())
+	release := clientconn.Hold(r.rc)
+	w := r.p.armer.Watch(r.rc.Conn(), r.cancel, time.Now())
 	return func() {
-		if w.stop() {
+		if w.Stop() {
 			b.pipelined, b.cc = true, nil // the connection cannot move now
 		}
 		release()

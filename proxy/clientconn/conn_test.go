@@ -1,4 +1,4 @@
-package proxy
+package clientconn
 
 import (
 	"bufio"
@@ -14,14 +14,14 @@ import (
 	"github.com/valyala/fasthttp"
 )
 
-// TestClientConnCountsRequests checks the measure that keeps a stream from
+// TestConnCountsRequests checks the measure that keeps a stream from
 // moving to an event loop, and a connection from moving to the lane, while
 // fasthttp holds bytes read past its request: on a keep-alive connection
 // the bytes read equal the bytes fasthttp's parser took exactly when
 // nothing was read ahead, whatever the request line's or header lines'
 // endings; a request whose size cannot be known (a chunked body) takes the
 // connection out of the comparison for good.
-func TestClientConnCountsRequests(t *testing.T) {
+func TestConnCountsRequests(t *testing.T) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	type seen struct {
@@ -30,11 +30,11 @@ func TestClientConnCountsRequests(t *testing.T) {
 	}
 	got := make(chan seen, 16)
 	srv := &fasthttp.Server{ReduceMemoryUsage: true, Handler: func(rc *fasthttp.RequestCtx) {
-		defer counted(rc)()
-		c := rc.Conn().(*clientConn)
-		got <- seen{c.read.Load(), c.consumed.Load(), c.synced()}
+		defer Counted(rc)()
+		c := rc.Conn().(*Conn)
+		got <- seen{c.read.Load(), c.consumed.Load(), c.Synced()}
 	}}
-	go func() { _ = srv.Serve(clientListener{Listener: ln, tails: newTailPool(4096)}) }()
+	go func() { _ = srv.Serve(Listener{Listener: ln, Tails: NewTailPool(4096)}) }()
 	defer func() { _ = srv.Shutdown() }()
 
 	post := func(path, body string, headers ...string) string {
@@ -129,10 +129,50 @@ func TestLineScan(t *testing.T) {
 	assert.False(t, ok, "past the limit")
 }
 
-// TestClientConnReadBy: while readBy is set, no read deadline fasthttp
-// sets goes past it (none, or a later one); once cleared, deadlines are
-// as set.
-func TestClientConnReadBy(t *testing.T) {
+// FuzzWireSize: whatever request bytes a client sends, a head fasthttp's
+// server reads is counted as the bytes its parser took, the request line
+// measured in any two reads.
+func FuzzWireSize(f *testing.F) {
+	for _, s := range []string{
+		"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}",
+		"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nx-prefiller-host-port: a:1\r\nContent-Length: 2\r\n\r\n{}",
+		"POST /v1/completions HTTP/1.1\r\nHost: x\r\nX-PREFILLER-HOST-PORT: a:1\r\nConnection: keep-alive, Te\r\nTe: trailers\r\nContent-Length: 2\r\n\r\n{}",
+		"POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nContent-Length: 2\r\n\r\n2\r\n{}\r\n0\r\n\r\n",
+		"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\n{}",
+		"POST /v1/completions HTTP/1.1\r\nHost: x\r\nX-Request-Id: a\r\nx-request-id: b\r\nProxy-Authorization: z\r\nContent-Length: 0\r\n\r\n",
+		"POST /v1/completions HTTP/1.1\nHost: x\nContent-Length: 2\r\n\r\n{}",
+		"\r\n\nPOST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}",
+		"POST /v1/completions HTTP/1.1\r\nHost: x\r\nX Foo: bar\r\nContent-Length: 2\r\n\r\n{}",
+		"POST /v1/completions HTTP/1.1\r\nHost: x\r\nX-A: 1\r\n folded\r\nContent-Length: 2\r\n\r\n{}",
+	} {
+		f.Add([]byte(s))
+	}
+	const maxHeaderBytes = 8 << 10 // --max-header-bytes' default: fasthttp's read buffer
+	f.Fuzz(func(t *testing.T, in []byte) {
+		var norm fasthttp.RequestHeader
+		rd := strings.NewReader(string(in))
+		br := bufio.NewReaderSize(rd, maxHeaderBytes)
+		if norm.Read(br) != nil {
+			return
+		}
+		headLen := len(in) - rd.Len() - br.Buffered()
+		cut := len(in) / 3
+		var s lineScan
+		s.begin(0, maxHeaderBytes)
+		s.feed(in[:cut])
+		s.feed(in[cut:])
+		line, ok := s.length(0)
+		require.True(t, ok, "request line of %q", in)
+		if n := wireSize(&norm, line, true); n >= 0 {
+			require.Equal(t, int64(headLen+max(norm.ContentLength(), 0)), n, "wire size of %q", in)
+		}
+	})
+}
+
+// TestConnReadBy: while a replayed request is read, no read deadline
+// fasthttp sets goes past its bound (none, or a later one); once it is
+// read, deadlines are as set.
+func TestConnReadBy(t *testing.T) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
 	defer ln.Close()
@@ -141,10 +181,10 @@ func TestClientConnReadBy(t *testing.T) {
 	defer c.Close()
 	s, err := ln.Accept()
 	require.NoError(t, err)
-	cc := &clientConn{TCPConn: s.(*net.TCPConn)}
+	cc := &Conn{TCPConn: s.(*net.TCPConn)}
 	defer cc.Close()
 
-	cc.readBy.Store(time.Now().Add(100 * time.Millisecond).UnixNano())
+	cc.Replay(nil, time.Now().Add(100*time.Millisecond))
 	for _, d := range []time.Time{{}, time.Now().Add(time.Hour)} {
 		require.NoError(t, cc.SetReadDeadline(d))
 		start := time.Now()
@@ -154,7 +194,7 @@ func TestClientConnReadBy(t *testing.T) {
 		assert.True(t, ne.Timeout())
 		assert.Less(t, time.Since(start), 5*time.Second, "by readBy, not by %v", d)
 	}
-	cc.readBy.Store(0)
+	cc.readBy.Store(0) // the request is read (Counted)
 	// A deadline far past readBy (long gone): the read gets its byte, on
 	// any machine.
 	require.NoError(t, cc.SetReadDeadline(time.Now().Add(30*time.Second)))

@@ -1,7 +1,7 @@
 //go:build !linux
 
-package proxy
+package clientconn
 
 // fdClosed: without a non-blocking peek, a client's half-close is seen by
-// its connWatch only.
+// its Watch only.
 func fdClosed(int) bool { return false }

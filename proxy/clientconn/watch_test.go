@@ -1,13 +1,17 @@
-package proxy
+package clientconn
 
 import (
 	"context"
+	"errors"
 	"net"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 )
+
+// errGone is the cause a watch cancels with when its client left.
+var errGone = errors.New("client gone")
 
 // tcpPair returns both ends of a loopback TCP connection.
 func tcpPair(t *testing.T) (server, client net.Conn) {
@@ -23,13 +27,13 @@ func tcpPair(t *testing.T) (server, client net.Conn) {
 	return server, client
 }
 
-func TestConnWatch(t *testing.T) {
+func TestWatch(t *testing.T) {
 	cases := []struct {
 		name string
 		// client acts on its end after the given wait; nil: nothing.
 		client func(net.Conn)
 		// early: the client acts before the watch is armed.
-		delay         time.Duration // 0: watchDelay
+		delay         time.Duration // 0: WatchDelay
 		early         bool
 		wait          time.Duration
 		wantGone      bool
@@ -37,7 +41,7 @@ func TestConnWatch(t *testing.T) {
 		wantArmed     bool
 	}{
 		{name: "answered before the delay: never armed", delay: time.Hour},
-		{name: "client stays: armed, stopped cleanly", wait: watchDelay, wantArmed: true},
+		{name: "client stays: armed, stopped cleanly", wait: WatchDelay, wantArmed: true},
 		{name: "client leaves during a long wait", wantArmed: true, wantGone: true,
 			client: func(c net.Conn) { _ = c.Close() }},
 		{name: "client leaves before the watch is armed: noticed once armed", wantArmed: true, wantGone: true,
@@ -52,9 +56,9 @@ func TestConnWatch(t *testing.T) {
 			defer cancel(nil)
 			delay := tc.delay
 			if delay == 0 {
-				delay = watchDelay
+				delay = WatchDelay
 			}
-			w := newWatchArmer(delay).watch(server, cancel, time.Now())
+			w := NewArmer(delay, errGone).Watch(server, cancel, time.Now())
 			armed := func() bool {
 				w.mu.Lock()
 				defer w.mu.Unlock()
@@ -75,14 +79,14 @@ func TestConnWatch(t *testing.T) {
 				case <-time.After(30 * time.Second):
 					t.Fatal("the client's leaving was not noticed")
 				}
-				require.ErrorIs(t, context.Cause(ctx), ErrClientGone)
+				require.ErrorIs(t, context.Cause(ctx), errGone)
 			} else {
 				time.Sleep(tc.wait)
 				require.NoError(t, ctx.Err())
 			}
 			require.Equal(t, tc.wantArmed, armed())
-			pipelined := w.stop()
-			require.Equal(t, pipelined, w.stop(), "stop is idempotent")
+			pipelined := w.Stop()
+			require.Equal(t, pipelined, w.Stop(), "stop is idempotent")
 			if tc.wantPipelined && !pipelined {
 				// Stopped before the watcher read the byte: it is still on
 				// the connection for the server. Either way nothing is lost.
@@ -109,25 +113,25 @@ func TestConnWatch(t *testing.T) {
 	}
 }
 
-// TestWatchArmer: one timer arms every due watch, in order, skips the
+// TestArmer: one timer arms every due watch, in order, skips the
 // stopped ones, and comes back for the ones not yet due.
-func TestWatchArmer(t *testing.T) {
+func TestArmer(t *testing.T) {
 	const delay = 20 * time.Millisecond
-	a := newWatchArmer(delay)
-	armed := func(w *connWatch) bool {
+	a := NewArmer(delay, errGone)
+	armed := func(w *Watch) bool {
 		w.mu.Lock()
 		defer w.mu.Unlock()
 		return w.end != nil
 	}
 	now := time.Now()
-	var ws []*connWatch
+	var ws []*Watch
 	for i, since := range []time.Time{now.Add(-time.Second), now.Add(-time.Second), now, now.Add(time.Hour)} {
 		server, _ := tcpPair(t)
 		_, cancel := context.WithCancelCause(context.Background())
 		t.Cleanup(func() { cancel(nil) })
-		ws = append(ws, a.watch(server, cancel, since))
+		ws = append(ws, a.Watch(server, cancel, since))
 		if i == 1 {
-			ws[1].stop() // answered before it was due
+			ws[1].Stop() // answered before it was due
 		}
 	}
 	// The first is due at once, the third after the delay; the second was
@@ -136,11 +140,11 @@ func TestWatchArmer(t *testing.T) {
 	require.False(t, armed(ws[1]), "a stopped watch is never armed")
 	require.False(t, armed(ws[3]), "a watch is not armed before its delay")
 	a.mu.Lock()
-	require.Equal(t, []*connWatch{ws[3]}, a.queue, "armed and stopped watches leave the queue")
+	require.Equal(t, []*Watch{ws[3]}, a.queue, "armed and stopped watches leave the queue")
 	require.True(t, a.pending, "the timer waits for the last one")
 	a.mu.Unlock()
 	for _, w := range ws {
-		require.False(t, w.stop(), "nothing was pipelined")
+		require.False(t, w.Stop(), "nothing was pipelined")
 	}
 	require.False(t, armed(ws[0]), "stop ends the watcher")
 }
