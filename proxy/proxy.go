@@ -23,6 +23,7 @@ import (
 	"github.com/pd-sidecar/pd-sidecar/metrics"
 	"github.com/pd-sidecar/pd-sidecar/netloop"
 	"github.com/pd-sidecar/pd-sidecar/proxy/bootstrap"
+	"github.com/pd-sidecar/pd-sidecar/proxy/kvpull"
 	"github.com/pd-sidecar/pd-sidecar/proxy/kvrelease"
 	"github.com/pd-sidecar/pd-sidecar/proxy/passpolicy"
 	"github.com/pd-sidecar/pd-sidecar/proxy/prewarm"
@@ -58,7 +59,6 @@ type Proxy struct {
 	draining atomic.Bool
 	guard    *guard      // limits, SSRF, circuit breaker, TLS (guard.go)
 	ext      Extras      // optional collaborators (see SetExtras)
-	kv       *kvPull     // sidecar-driven KV pull (see EnableKVPull); nil: off
 	hedge    *hedger     // hedged prefill (hedge.go); nil: off
 	armer    *watchArmer // client-connection watches (watch.go)
 	strip    []string    // --prefill-strip-headers, lower case (prefillheaders.go)
@@ -70,6 +70,8 @@ type Proxy struct {
 	// kvr frees a prefiller's KV nobody read (--release-kv-on-cancel);
 	// nil: off.
 	kvr *kvrelease.Releaser
+	// kv is the sidecar-driven KV pull (see EnableKVPull); nil: off.
+	kv *kvpull.Puller
 	// background is the work Run runs beside serving: MoRI-IO's host
 	// revalidations, warm-ups, circuit probes, KV release legs, of those
 	// that are on, in start order.
