@@ -3,15 +3,14 @@ package proxy
 import (
 	"bytes"
 	"net"
-	"net/netip"
 	"strconv"
-	"strings"
 
 	"github.com/rs/zerolog"
 	"github.com/valyala/fasthttp"
 
 	"github.com/pd-sidecar/pd-sidecar/connectors"
 	"github.com/pd-sidecar/pd-sidecar/metrics"
+	"github.com/pd-sidecar/pd-sidecar/proxy/kvsource"
 )
 
 // llm-d's P2P KV tier (vLLM's OffloadingConnector P2P tier): every engine
@@ -23,10 +22,10 @@ import (
 // first (remote_kv_source): the prefill leg's engine on a split, the local
 // engine on a request without a prefiller. A source that is the prefiller
 // itself, or (without a prefiller) the rank serving the request, is not
-// named; one the SSRF allowlist refuses is ignored. Each outcome is
-// counted (pd_sidecar_kv_sources_total). The header never reaches an
-// engine. It is a request feature (kvCacheSource), registered while the
-// tier is in use.
+// named; one the SSRF allowlist refuses is ignored (kvsource.Decide). Each
+// outcome is counted (pd_sidecar_kv_sources_total). The header never
+// reaches an engine. It is a request feature (kvCacheSource), registered
+// while the tier is in use.
 
 // HeaderKVCacheSource names the engine (host:port of its HTTP server, as
 // the endpoint picker knows it) whose P2P tier holds the prompt's prefix.
@@ -46,64 +45,11 @@ type P2PConfig struct {
 	Port int
 }
 
-// endpoint is a host and port read from a header, normalised for
-// comparison: an IP literal in its canonical form (IPv4-mapped IPv6
-// unmapped), a name in lower case; port 0 when none was given.
-type endpoint struct {
-	host string
-	port int
-}
-
-// parseEndpoint reads "host[:port]", an http:// or https:// prefix
-// tolerated; false when there is no host or the port is not a port.
-func parseEndpoint(v string) (endpoint, bool) {
-	v = strings.TrimSpace(v)
-	if len(v) >= 7 && strings.EqualFold(v[:7], "http://") {
-		v = v[7:]
-	} else if len(v) >= 8 && strings.EqualFold(v[:8], "https://") {
-		v = v[8:]
-	}
-	host, port := v, ""
-	if h, p, err := net.SplitHostPort(v); err == nil {
-		host, port = h, p
-	} else if strings.HasPrefix(v, "[") && strings.HasSuffix(v, "]") {
-		host = v[1 : len(v)-1]
-	}
-	if host == "" || strings.ContainsAny(host, "/ []@") {
-		return endpoint{}, false
-	}
-	e := endpoint{host: strings.ToLower(host)}
-	if a, err := netip.ParseAddr(host); err == nil {
-		e.host = a.Unmap().WithZone("").String()
-	}
-	if port != "" {
-		n, err := strconv.Atoi(port)
-		if err != nil || n <= 0 || n > 65535 {
-			return endpoint{}, false
-		}
-		e.port = n
-	}
-	return e, true
-}
-
-// hostPort joins e back into host:port (port 0: the host alone).
-func (e endpoint) hostPort() string {
-	if e.port == 0 {
-		return e.host
-	}
-	return net.JoinHostPort(e.host, strconv.Itoa(e.port))
-}
-
 // p2pPort is the P2P port of the engine whose HTTP port is port: with
 // data-parallel ranks, rank r's (port = --port + r), else rank 0's, as
 // llm-d derives it.
 func (p *Proxy) p2pPort(port int) int {
-	if dp := p.cfg.DataParallelSize; dp > 1 {
-		if r := port - p.cfg.Port; r >= 0 && r < dp {
-			return p.cfg.P2P.Port + r
-		}
-	}
-	return p.cfg.P2P.Port
+	return kvsource.Ports{HTTP: p.cfg.Port, Ranks: p.cfg.DataParallelSize, P2P: p.cfg.P2P.Port}.P2PPort(port)
 }
 
 // kvSource reads r's x-kv-cache-source-host-port (the first) when the P2P
@@ -120,32 +66,15 @@ func (r *request) kvSource(h *fasthttp.RequestHeader) *connectors.P2PPeer {
 	if len(bytes.TrimSpace(v)) == 0 {
 		return nil
 	}
-	outcome := func(o string) {
-		p.m.KVSources.WithLabelValues(o).Inc()
-		if o != metrics.KVSourceUsed {
-			r.logAt(zerolog.DebugLevel).Str("kv_cache_source", logValue(string(v))).Str("outcome", o).Msg("kv cache source not named")
-		}
-	}
-	src, ok := parseEndpoint(string(v))
-	if !ok {
-		outcome(metrics.KVSourceMalformed)
+	src, o := kvsource.Decide(string(v), kvsource.Request{
+		Prefiller: r.prefiller, Port: p.cfg.Port + r.rank(), OwnHost: p.ownHost, Allowlist: p.guard.cfg.Allowlist,
+	})
+	p.m.KVSources.WithLabelValues(o).Inc()
+	if o != metrics.KVSourceUsed {
+		r.logAt(zerolog.DebugLevel).Str("kv_cache_source", logValue(string(v))).Str("outcome", o).Msg("kv cache source not named")
 		return nil
 	}
-	if al := p.guard.cfg.Allowlist; al != nil && !al.Allowed(src.hostPort()) {
-		outcome(metrics.KVSourceNotAllowed)
-		return nil
-	}
-	if r.prefiller != "" {
-		if pre, ok := parseEndpoint(r.prefiller); ok && pre == src {
-			outcome(metrics.KVSourcePrefiller)
-			return nil
-		}
-	} else if src.port == p.cfg.Port+r.rank() && p.ownHost(src.host) {
-		outcome(metrics.KVSourceOwnRank)
-		return nil
-	}
-	outcome(metrics.KVSourceUsed)
-	peer := &connectors.P2PPeer{RequestID: newUUID(), Host: src.host, Port: p.p2pPort(src.port)}
+	peer := &connectors.P2PPeer{RequestID: newUUID(), Host: src.Host, Port: p.p2pPort(src.Port)}
 	r.logAt(zerolog.DebugLevel).Str("kv_cache_source", net.JoinHostPort(peer.Host, strconv.Itoa(peer.Port))).Msg("kv cache source named: remote_kv_source")
 	return peer
 }

@@ -24,6 +24,7 @@ import (
 	"github.com/pd-sidecar/pd-sidecar/netloop"
 	"github.com/pd-sidecar/pd-sidecar/proxy/bootstrap"
 	"github.com/pd-sidecar/pd-sidecar/proxy/clientconn"
+	"github.com/pd-sidecar/pd-sidecar/proxy/kvpull"
 	"github.com/pd-sidecar/pd-sidecar/proxy/kvrelease"
 	"github.com/pd-sidecar/pd-sidecar/proxy/passpolicy"
 	"github.com/pd-sidecar/pd-sidecar/proxy/prewarm"
@@ -57,11 +58,10 @@ type Proxy struct {
 	log      zerolog.Logger
 	metricsH fasthttp.RequestHandler
 	draining atomic.Bool
-	guard    *guard   // limits, SSRF, circuit breaker, TLS (guard.go)
+	guard    *guard   // limits, SSRF, circuit breaker, TLS
 	ext      Extras   // optional collaborators (see SetExtras)
-	kv       *kvPull  // sidecar-driven KV pull (see EnableKVPull); nil: off
-	hedge    *hedger  // hedged prefill (hedge.go); nil: off
-	strip    []string // --prefill-strip-headers, lower case (prefillheaders.go)
+	hedge    *hedger  // hedged prefill (hedger); nil: off
+	strip    []string // --prefill-strip-headers, lower case
 	bufs     sse.Bufs // per-stream buffers for reuse
 	// pass is what passes through to the engine.
 	pass *passpolicy.Policy
@@ -72,6 +72,8 @@ type Proxy struct {
 	kvr *kvrelease.Releaser
 	// armer arms the client connections' watches (clientconn.Watch).
 	armer *clientconn.Armer
+	// kv is the sidecar-driven KV pull (see EnableKVPull); nil: off.
+	kv *kvpull.Puller
 	// background is the work Run runs beside serving: MoRI-IO's host
 	// revalidations, warm-ups, circuit probes, KV release legs, of those
 	// that are on, in start order.

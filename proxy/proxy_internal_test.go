@@ -13,6 +13,7 @@ import (
 
 	"github.com/pd-sidecar/pd-sidecar/connectors"
 	"github.com/pd-sidecar/pd-sidecar/kvtransfer"
+	"github.com/pd-sidecar/pd-sidecar/proxy/kvpull"
 	"github.com/pd-sidecar/pd-sidecar/proxy/sse"
 	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"
 )
@@ -49,7 +50,7 @@ func TestClassify(t *testing.T) {
 		{fmt.Errorf("%w after 2s (after %w)", ErrPrefillTimeout, fmt.Errorf("%w: status 503", ErrPrefillServerError)), 504, ReasonTimeout, false},
 		{fmt.Errorf("%w for item 0: %w", ErrEncoderFailed, fmt.Errorf("%w: %w", ErrBadRequest, connectors.ErrBadBody)), 400, "", false},
 		{fmt.Errorf("%w for item 0: reset", ErrEncoderFailed), 502, "", false},
-		{fmt.Errorf("%w: sidecar pull: %w", ErrKVLoadFailed, &upstream.UpstreamError{Role: upstream.RoleKVAgent, Err: fmt.Errorf("%w: %w", errKVAlloc, upstream.ErrBufferBudget)}), 503, ReasonBufferBudget, false},
+		{fmt.Errorf("%w: sidecar pull: %w", ErrKVLoadFailed, &upstream.UpstreamError{Role: upstream.RoleKVAgent, Err: fmt.Errorf("%w: %w", kvpull.ErrAlloc, upstream.ErrBufferBudget)}), 503, ReasonBufferBudget, false},
 		{fmt.Errorf("%w: %w", ErrPrefillTimeout, ErrClientGone), 499, "", false},
 		{fmt.Errorf("%w (%w)", ErrPrefillUnreachable, fmt.Errorf("%w: x", ErrCircuitOpen)), 503, ReasonCircuitOpen, false},
 		{fmt.Errorf("%w: %w", ErrCircuitOpen, fmt.Errorf("%w: x", ErrPrefillerDenied)), 403, "", false},

@@ -1,4 +1,4 @@
-package proxy
+package kvpull
 
 import (
 	"errors"
@@ -12,19 +12,35 @@ import (
 	"github.com/pd-sidecar/pd-sidecar/kvtransfer"
 )
 
-// TestKVRegionCacheEvictsOnlyUnusedMappings: the cache of mapped engine
-// regions stays bounded, unmaps what it evicts, and never unmaps a region
-// a pull is still writing into.
-func TestKVRegionCacheEvictsOnlyUnusedMappings(t *testing.T) {
+// newTestPuller is the pull machinery of cfg over tr, which has no agent.
+func newTestPuller(t *testing.T, cfg Config, tr kvtransfer.Transport) *Puller {
+	t.Helper()
+	p, err := kvtransfer.NewPuller(tr, kvtransfer.PullerConfig{})
+	require.NoError(t, err)
+	return New(cfg, Deps{Puller: p})
+}
+
+// engineRegions creates n host regions of 4 blocks of 4096 bytes, as a
+// local engine's, and returns their paths.
+func engineRegions(t *testing.T, n int) []string {
+	t.Helper()
 	dir := t.TempDir()
-	paths := make([]string, 4)
+	paths := make([]string, n)
 	for i := range paths {
 		paths[i] = filepath.Join(dir, "engine"+strconv.Itoa(i)+".kv")
 		reg, err := kvtransfer.CreateHostRegion(paths[i], 4, 4096)
 		require.NoError(t, err)
 		t.Cleanup(func() { _ = reg.Close() })
 	}
-	k := &kvPull{cfg: KVPullConfig{MaxRegions: 2}, regions: map[string]*mappedRegion{}}
+	return paths
+}
+
+// TestKVRegionCacheEvictsOnlyUnusedMappings: the cache of mapped engine
+// regions stays bounded, unmaps what it evicts, and never unmaps a region
+// a pull is still writing into.
+func TestKVRegionCacheEvictsOnlyUnusedMappings(t *testing.T) {
+	paths := engineRegions(t, 4)
+	k := newTestPuller(t, Config{MaxRegions: 2}, kvtransfer.NewMemTransport())
 
 	a, err := k.region(paths[0], 4096) // held: a pull writes into it
 	require.NoError(t, err)
@@ -57,8 +73,9 @@ func TestKVRegionCacheEvictsOnlyUnusedMappings(t *testing.T) {
 	assert.NoError(t, err, "cached mappings stay mapped for the next pull")
 }
 
-// registrar records a transport's local registrations.
+// registrar is a transport that records its local registrations.
 type registrar struct {
+	*kvtransfer.MemTransport
 	live  map[*kvtransfer.Region]bool
 	calls []string
 }
@@ -84,16 +101,9 @@ func (r *registrar) DeregisterLocal(reg *kvtransfer.Region) error {
 // for all its pulls, and deregistered before it is unmapped; a mapping used
 // once is never registered.
 func TestKVRegionCacheRegistersMappingsOnce(t *testing.T) {
-	dir := t.TempDir()
-	paths := make([]string, 3)
-	for i := range paths {
-		paths[i] = filepath.Join(dir, "engine"+strconv.Itoa(i)+".kv")
-		reg, err := kvtransfer.CreateHostRegion(paths[i], 4, 4096)
-		require.NoError(t, err)
-		t.Cleanup(func() { _ = reg.Close() })
-	}
-	r := &registrar{live: map[*kvtransfer.Region]bool{}}
-	k := &kvPull{cfg: KVPullConfig{MaxRegions: 1}, regions: map[string]*mappedRegion{}, local: r}
+	paths := engineRegions(t, 3)
+	r := &registrar{MemTransport: kvtransfer.NewMemTransport(), live: map[*kvtransfer.Region]bool{}}
+	k := newTestPuller(t, Config{MaxRegions: 1}, r)
 
 	for range 3 { // three pulls into the same engine's region
 		a, err := k.region(paths[0], 4096)
