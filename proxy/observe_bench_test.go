@@ -45,16 +45,16 @@ func BenchmarkRequestObservation(b *testing.B) {
 				r.label, r.prefiller, r.mode = "p:1", "p:1", metrics.ModeDisaggregated
 				end := r.prefillStarted(time.Now())
 				leg.Reset()
-				r.injectTrace(&leg)
+				r.obs.Inject(&leg)
 				if i%8 == 0 {
 					end(fail)
 				} else {
 					end(nil)
 				}
 				r.decodeStarted(true)
-				head = r.appendTrace(head[:0])
+				head = r.obs.AppendTrace(head[:0])
 				r.kvHandoffDone(time.Now(), true)
-				r.obs.status = fasthttp.StatusOK
+				r.obs.Status = fasthttp.StatusOK
 				r.report()
 				r.cancel(nil)
 			}

@@ -24,6 +24,7 @@ import (
 	"github.com/pd-sidecar/pd-sidecar/netloop"
 	"github.com/pd-sidecar/pd-sidecar/proxy/bootstrap"
 	"github.com/pd-sidecar/pd-sidecar/proxy/kvrelease"
+	"github.com/pd-sidecar/pd-sidecar/proxy/observe"
 	"github.com/pd-sidecar/pd-sidecar/proxy/passpolicy"
 	"github.com/pd-sidecar/pd-sidecar/proxy/prewarm"
 	"github.com/pd-sidecar/pd-sidecar/proxy/sse"
@@ -70,6 +71,9 @@ type Proxy struct {
 	// kvr frees a prefiller's KV nobody read (--release-kv-on-cancel);
 	// nil: off.
 	kvr *kvrelease.Releaser
+	// trace starts the requests' spans and writes the legs' trace
+	// context (SetExtras); nil: no tracer.
+	trace *observe.Tracing
 	// background is the work Run runs beside serving: MoRI-IO's host
 	// revalidations, warm-ups, circuit probes, KV release legs, of those
 	// that are on, in start order.
