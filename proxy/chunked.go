@@ -180,7 +180,7 @@ func (r *request) chunked(body []byte, remote bool, plan chunkPlan) error {
 func (c *chunker) done(outcome string) {
 	r := c.r
 	r.p.m.Chunked.Decodes.WithLabelValues(outcome).Inc()
-	r.obs.chunks = c.chunks
+	r.obs.Chunks = c.chunks
 	r.logAt(zerolog.InfoLevel).Str("outcome", outcome).Int("chunks", c.chunks).Int("completion_tokens", c.tokens).
 		Str("finish_reason", c.last.finish).Msg("chunked decode")
 }

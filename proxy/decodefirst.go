@@ -96,7 +96,7 @@ func (r *request) tryDecode(df connectors.DecodeFirst) (declined bool, err error
 		r.rc.SetBody(buf)
 		r.p.m.TTFT.WithLabelValues(r.mode).Observe(time.Since(r.start).Seconds())
 		r.p.m.Requests.WithLabelValues(r.mode, statusLabel(st)).Inc()
-		r.obs.status = st
+		r.obs.Status = st
 		r.logAt(zerolog.InfoLevel).Str("mode", r.mode).Int("status", st).Msg("answered by the decode engine first")
 		return false, nil
 	}
@@ -145,7 +145,7 @@ func (r *request) tryDecodeSSE(df connectors.DecodeFirst, leg *upstream.Leg, res
 	leg.Began()
 	r.copyHead(resp)
 	r.p.m.Requests.WithLabelValues(r.mode, statusLabel(resp.StatusCode())).Inc()
-	r.obs.status = resp.StatusCode()
+	r.obs.Status = resp.StatusCode()
 	r.logAt(zerolog.InfoLevel).Str("mode", r.mode).Msg("streaming the decode engine's first answer")
 	r.streamBody(r.newSSEBody(er, leg, held, false, func() {
 		er.Release()

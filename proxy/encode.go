@@ -204,7 +204,7 @@ func (r *request) encoderStageFailed(err error, failed int, params [][]byte) err
 // report (the status view).
 func (r *request) stageEnded(outcome string) {
 	r.p.m.Encoder.Stages.WithLabelValues(outcome).Inc()
-	r.obs.encoder = outcome
+	r.obs.Encoder = outcome
 }
 
 // continueEncoded sets r.body to the body past the stage.
@@ -308,7 +308,7 @@ func (r *request) encodeErr(ctx context.Context, err error) error {
 func (r *request) encodeItem(ctx context.Context, idx int, item connectors.MMItem, addr string) (params []byte, err error) {
 	m := r.p.m.Encoder
 	start := time.Now()
-	sctx, span := r.child(SpanEncode, trace.SpanKindClient) // nil without a tracer
+	sctx, span := r.obs.Child(SpanEncode, trace.SpanKindClient) // nil without a tracer
 	defer func() {
 		if span != nil {
 			span.SetAttributes(attribute.Int("pd.encoder.item", idx), attribute.String("pd.encoder", addr))
@@ -344,7 +344,7 @@ func (r *request) encodeItem(ctx context.Context, idx int, item connectors.MMIte
 	req.Header.SetContentType("application/json")
 	req.Header.Set(HeaderRequestID, connectors.ECRequestID(r.id, idx))
 	if span != nil {
-		r.p.ext.Propagator.Inject(sctx, headerCarrier{&req.Header})
+		r.p.trace.Inject(sctx, &req.Header)
 	}
 	req.SetBodyRaw(body)
 	hold, err := r.p.encTr.Do(ctx, addr, req, resp)

@@ -412,7 +412,7 @@ func (lc *laneConn) decodeLeg(body []byte, bodyp *[]byte, remote bool) {
 // bodyp, a buffer of the body pool the leg now holds until putSent.
 func (lc *laneConn) legTo(addr string, body []byte, bodyp *[]byte) {
 	bufs := &lc.ll.ln.p.bufs
-	lc.sent = appendLegEnd(lc.r.appendTrace(lc.sent), addr, lc.r.id, len(body))
+	lc.sent = appendLegEnd(lc.r.obs.AppendTrace(lc.sent), addr, lc.r.id, len(body))
 	if len(body) > sse.MaxPooledChunk {
 		lc.sentBody, lc.sentBodyp = body, bodyp
 	} else {
@@ -458,7 +458,7 @@ func (ll *laneLoop) parse(b []byte) (api connectors.API, body []byte, lr laneReq
 // body is still to come) and what the lane needs of its headers. Bytes in b
 // past the request (a pipelined one) make it fasthttp's. With a tracer,
 // the trace context is read from the loop's parsed head and each leg's
-// own is written into its head (appendTrace).
+// own is written into its head (observe.Request.AppendTrace).
 func (ll *laneLoop) parseHead(b []byte) (api connectors.API, headLen, want int, lr laneRequest, ok bool) {
 	p := ll.ln.p
 	if p.draining.Load() {
@@ -783,13 +783,13 @@ func (lc *laneConn) answer(rest []byte) {
 	lc.up.fresh = false
 	lc.putSent()
 	lc.head = nil
-	r.obs.status = ll.resp.StatusCode()
+	r.obs.Status = ll.resp.StatusCode()
 	lc.state = laneAnswer
 	if ll.resp.ConnectionClose() {
 		lc.up.keep = false
 	}
 	dec := upstream.HeadDecoder(&ll.resp)
-	if !bytes.HasPrefix(ll.resp.ContentType(), eventStream) || upstream.Bodiless(r.obs.status) {
+	if !bytes.HasPrefix(ll.resp.ContentType(), eventStream) || upstream.Bodiless(r.obs.Status) {
 		lc.stopTimer()
 		lc.readWhole(dec, rest)
 		return
@@ -1085,7 +1085,7 @@ func (lc *laneConn) began(g gateState, held []byte) {
 		lc.failWith(decodeTransportErr(endedEarly(lc.r.local, "any event", ls.cut)))
 		return
 	}
-	r.p.m.Requests.WithLabelValues(r.mode, statusLabel(r.obs.status)).Inc()
+	r.p.m.Requests.WithLabelValues(r.mode, statusLabel(r.obs.Status)).Inc()
 	ls.ttftSeen = true
 	lc.firstOutput()
 	ls.write(held)

@@ -1,18 +1,15 @@
 package proxy
 
 import (
-	"context"
-	"slices"
-	"strings"
 	"time"
 
+	"github.com/rs/zerolog"
 	"github.com/valyala/fasthttp"
-	"go.opentelemetry.io/otel/attribute"
-	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/pd-sidecar/pd-sidecar/metrics"
+	"github.com/pd-sidecar/pd-sidecar/proxy/observe"
 )
 
 // RequestReport is how one inference request ended, as told to an Observer.
@@ -79,189 +76,71 @@ type Extras struct {
 
 // SetExtras installs optional collaborators. Call it before Run.
 func (p *Proxy) SetExtras(e Extras) {
-	if e.Tracer != nil && e.Propagator == nil {
-		e.Propagator = propagation.TraceContext{}
-	}
 	p.ext = e
-	p.legStrip, p.prefillStrip = nil, p.strip
-	if e.Tracer != nil {
-		for _, f := range e.Propagator.Fields() {
-			p.legStrip = append(p.legStrip, strings.ToLower(f))
-		}
-		p.prefillStrip = append(slices.Clone(p.strip), p.legStrip...)
-	}
+	p.trace = observe.NewTracing(observe.Config{Tracer: e.Tracer, Propagator: e.Propagator,
+		Reason: failureReason, KVLoadFailed: ReasonKVLoadFailed})
+	p.legStrip, p.prefillStrip = p.trace.Strip(p.strip)
 }
+
+// failureReason is the fallback reason of err, which a failed prefill
+// leg's span carries.
+func failureReason(err error) string { return classify(err).reason }
 
 // Span and attribute names of the sidecar's traces.
 const (
-	SpanRequest   = "pd-sidecar.request"
-	SpanPrefill   = "prefill"
-	SpanKVHandoff = "kv_handoff"
-	SpanDecode    = "decode"
+	SpanRequest   = observe.SpanRequest
+	SpanPrefill   = observe.SpanPrefill
+	SpanKVHandoff = observe.SpanKVHandoff
+	SpanDecode    = observe.SpanDecode
 	// AttrDecision is the request's mode (disaggregated, local, fallback).
-	AttrDecision = attribute.Key("pd.decision")
+	AttrDecision = observe.AttrDecision
 	// AttrReason is the fallback reason.
-	AttrReason = attribute.Key("pd.reason")
+	AttrReason = observe.AttrReason
 	// AttrPrefiller is the bounded prefiller label.
-	AttrPrefiller = attribute.Key("pd.prefiller")
+	AttrPrefiller = observe.AttrPrefiller
 	// AttrRemoteKV marks a decode leg carrying remote KV.
-	AttrRemoteKV = attribute.Key("pd.remote_kv")
+	AttrRemoteKV = observe.AttrRemoteKV
 	// AttrRequestID is the request id.
-	AttrRequestID = attribute.Key("pd.request_id")
+	AttrRequestID = observe.AttrRequestID
 )
-
-// obsState is a request's bookkeeping for the Observer and its spans.
-type obsState struct {
-	reason     string
-	declined   string // why the split was declined (shortprompt.go)
-	encoder    string // the encoder stage's outcome (encode.go)
-	status     int
-	prefillDur time.Duration
-	kvDur      time.Duration
-	kvOK       bool
-	chunks     int             // chunk requests of a chunked decode (chunked.go)
-	root       trace.Span      // nil without a tracer
-	tctx       context.Context // the request span's context
-	leg        context.Context // trace context written on the next leg
-	decode     trace.Span
-	kv         trace.Span
-}
-
-// headerCarrier adapts fasthttp request headers to the propagator.
-type headerCarrier struct{ h *fasthttp.RequestHeader }
-
-// Get finds k in any letter case: the lane parses heads without
-// normalizing their keys.
-func (c headerCarrier) Get(k string) string {
-	if v := c.h.Peek(k); v != nil {
-		return string(v)
-	}
-	for hk, hv := range c.h.All() {
-		if equalFold(hk, k) {
-			return string(hv)
-		}
-	}
-	return ""
-}
-func (c headerCarrier) Set(k, v string) { c.h.Set(k, v) }
-func (c headerCarrier) Keys() []string {
-	var ks []string
-	for k := range c.h.All() {
-		ks = append(ks, string(k))
-	}
-	return ks
-}
 
 // traceStart opens the request span, child of the client's trace context.
 func (r *request) traceStart(h *fasthttp.RequestHeader) {
-	t := r.p.ext.Tracer
-	if t == nil {
-		return
-	}
-	parent := r.p.ext.Propagator.Extract(context.Background(), headerCarrier{h})
-	r.obs.tctx, r.obs.root = t.Start(parent, SpanRequest, trace.WithSpanKind(trace.SpanKindServer),
-		trace.WithTimestamp(r.start),
-		trace.WithAttributes(AttrRequestID.String(r.id), attribute.String("http.route", r.api.String())))
-	r.obs.leg = r.obs.tctx
-}
-
-// child opens a span under the request span (nil without a tracer).
-func (r *request) child(name string, kind trace.SpanKind) (context.Context, trace.Span) {
-	if r.obs.root == nil {
-		return nil, nil
-	}
-	return r.p.ext.Tracer.Start(r.obs.tctx, name, trace.WithSpanKind(kind))
-}
-
-// injectTrace writes the current leg's trace context on an upstream request.
-func (r *request) injectTrace(h *fasthttp.RequestHeader) {
-	if r.obs.leg != nil {
-		r.p.ext.Propagator.Inject(r.obs.leg, headerCarrier{h})
+	if r.p.trace != nil {
+		r.obs.Start(r.p.trace, h, r.start, r.id, r.api.String())
 	}
 }
-
-// appendTrace appends the current leg's trace context as header lines of
-// a leg's head the lane writes (nil without a tracer: nothing).
-func (r *request) appendTrace(dst []byte) []byte {
-	if r.obs.leg == nil {
-		return dst
-	}
-	c := lineCarrier{dst: dst}
-	r.p.ext.Propagator.Inject(r.obs.leg, &c)
-	return c.dst
-}
-
-// lineCarrier writes what a propagator injects as header lines.
-type lineCarrier struct{ dst []byte }
-
-func (c *lineCarrier) Get(string) string { return "" }
-func (c *lineCarrier) Set(k, v string)   { c.dst = appendHeaderLine(c.dst, []byte(k), []byte(v)) }
-func (c *lineCarrier) Keys() []string    { return nil }
 
 // prefillStarted opens the prefill span; the returned func records the
 // prefill's duration and outcome.
 func (r *request) prefillStarted(start time.Time) func(error) {
-	ctx, span := r.child(SpanPrefill, trace.SpanKindClient)
-	if span != nil {
-		span.SetAttributes(AttrPrefiller.String(r.label))
-		r.obs.leg = ctx
-	}
+	span := r.obs.StartPrefill(r.label)
 	return func(err error) {
 		d := time.Since(start)
 		r.p.m.PrefillDuration.WithLabelValues(r.label).Observe(d.Seconds())
 		if err == nil {
-			r.p.hedge.observe(r.label, d) // hedge.go's auto hedge point
+			r.p.hedge.observe(r.label, d) // the auto hedge point's sample
 		}
-		r.obs.prefillDur = d
-		if span != nil {
-			if err != nil {
-				span.RecordError(err)
-				span.SetStatus(codes.Error, err.Error())
-				if rs := classify(err).reason; rs != "" {
-					span.SetAttributes(AttrReason.String(rs))
-				}
-			}
-			span.End()
-		}
+		r.obs.PrefillDur = d
+		r.p.trace.EndPrefill(span, err)
 	}
 }
 
 // decodeStarted opens the decode span (and, for a leg carrying remote KV,
 // the kv_handoff span) before the leg to the local engine is sent.
-func (r *request) decodeStarted(remote bool) {
-	if r.obs.root == nil {
-		return
-	}
-	if r.obs.decode != nil { // a fallback after a failed remote decode
-		r.obs.decode.End()
-	}
-	ctx, span := r.child(SpanDecode, trace.SpanKindClient)
-	span.SetAttributes(AttrRemoteKV.Bool(remote))
-	r.obs.decode, r.obs.leg = span, ctx
-	if remote {
-		_, r.obs.kv = r.child(SpanKVHandoff, trace.SpanKindInternal)
-		r.obs.kv.SetAttributes(AttrPrefiller.String(r.label), attribute.String("pd.kv_handoff", "engine-pull"))
-	}
-}
+func (r *request) decodeStarted(remote bool) { r.obs.StartDecode(remote, r.label) }
 
 // kvHandoffDone records the end of the engine-pull handoff: the decode leg
 // sent at sent produced its first output (ok) or a KV load failure.
 func (r *request) kvHandoffDone(sent time.Time, ok bool) {
 	d := time.Since(sent)
-	r.kvPending = nil // the engine read the KV, or tried (kvrelease.go)
+	r.kvPending = nil // the engine read the KV, or tried (awaitKVRead)
 	r.p.m.KVTransferDuration.WithLabelValues(r.label).Observe(d.Seconds())
-	r.obs.kvDur, r.obs.kvOK = d, ok
+	r.obs.KVDur, r.obs.KVOK = d, ok
 	if ok && r.onOutput != nil {
 		r.onOutput()
 	}
-	if r.obs.kv != nil {
-		if !ok {
-			r.obs.kv.SetStatus(codes.Error, ReasonKVLoadFailed)
-			r.obs.kv.SetAttributes(AttrReason.String(ReasonKVLoadFailed))
-		}
-		r.obs.kv.End()
-		r.obs.kv = nil
-	}
+	r.obs.EndKVHandoff(ok)
 }
 
 // report ends the request's spans and tells the Observer how it ended.
@@ -270,39 +149,25 @@ func (r *request) report() {
 	if mode == metrics.ModeDisaggregated && r.prefiller == "" {
 		mode = metrics.ModeLocal
 	}
-	if sp := r.obs.root; sp != nil {
-		if r.obs.kv != nil {
-			r.obs.kv.End()
-		}
-		if r.obs.decode != nil {
-			r.obs.decode.End()
-		}
-		sp.SetAttributes(AttrDecision.String(mode), semStatus(r.obs.status))
-		if r.obs.reason != "" {
-			sp.SetAttributes(AttrReason.String(r.obs.reason))
-		}
-		if r.label != "" {
-			sp.SetAttributes(AttrPrefiller.String(r.label))
-		}
-		if r.obs.status >= 500 {
-			sp.SetStatus(codes.Error, "status "+statusLabel(r.obs.status))
-		}
-		sp.End()
-	}
+	r.obs.End(mode, r.label)
 	if o := r.p.ext.Observer; o != nil {
 		o.ObserveRequest(RequestReport{
-			ID: r.id, Mode: mode, Reason: r.obs.reason, Declined: r.obs.declined, Prefiller: r.label, NamedPrefiller: r.named,
-			Status: r.obs.status, Start: r.start, Duration: time.Since(r.start),
-			PrefillDuration: r.obs.prefillDur, KVHandoffDuration: r.obs.kvDur,
-			KVTransferred: r.obs.kvOK && mode == metrics.ModeDisaggregated,
-			DecodeChunks:  r.obs.chunks,
-			Encoder:       r.obs.encoder,
+			ID: r.id, Mode: mode, Reason: r.obs.Reason, Declined: r.obs.Declined, Prefiller: r.label, NamedPrefiller: r.named,
+			Status: r.obs.Status, Start: r.start, Duration: time.Since(r.start),
+			PrefillDuration: r.obs.PrefillDur, KVHandoffDuration: r.obs.KVDur,
+			KVTransferred: r.obs.KVOK && mode == metrics.ModeDisaggregated,
+			DecodeChunks:  r.obs.Chunks,
+			Encoder:       r.obs.Encoder,
 		})
 	}
 }
 
-func semStatus(st int) attribute.KeyValue {
-	return attribute.Int("http.response.status_code", st)
+// logsLegs reports whether legs are logged (trace level).
+func (p *Proxy) logsLegs() bool { return observe.LogsLegs(p.log.GetLevel()) }
+
+// traceLeg logs the leg req to addr at trace level.
+func (r *request) traceLeg(addr string, req *fasthttp.Request) {
+	observe.LogLeg(r.logAt(zerolog.TraceLevel), addr, req)
 }
 
 // CircuitState reports the circuit-breaker state of prefiller (host:port):

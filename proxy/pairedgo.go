@@ -9,7 +9,6 @@ import (
 
 	"github.com/rs/zerolog"
 	"github.com/valyala/fasthttp"
-	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/pd-sidecar/pd-sidecar/circuit"
@@ -195,11 +194,7 @@ func (d *goPaired) sendPrefill(pre []byte) {
 	pctx, cancel := d.pctx, d.cancelPre
 	// The prefill span is opened here, so the leg's traceparent names it,
 	// and ended by the leg (spans are safe to end from another goroutine).
-	sctx, span := r.child(SpanPrefill, trace.SpanKindClient)
-	if span != nil {
-		span.SetAttributes(AttrPrefiller.String(r.label))
-		r.obs.leg = sctx
-	}
+	span := r.obs.StartPrefill(r.label)
 	req := r.prefillRequest(pre)
 	leg := pairedPrefill{p: p, log: d.log, label: r.label, addr: r.prefiller, span: span}
 	go func() {
@@ -255,24 +250,9 @@ func (l pairedPrefill) run(ctx context.Context, req *fasthttp.Request) error {
 				body: append([]byte(nil), resp.Body()...)}
 		}
 	}
-	l.endSpan(err)
+	l.p.trace.EndPrefill(l.span, err)
 	if err == nil {
 		l.log.Debug().Dur("took_ms", time.Since(start)).Msg("prefill leg answered")
 	}
 	return err
-}
-
-// endSpan ends the prefill span with the leg's outcome.
-func (l pairedPrefill) endSpan(err error) {
-	if l.span == nil {
-		return
-	}
-	if err != nil {
-		l.span.RecordError(err)
-		l.span.SetStatus(codes.Error, err.Error())
-		if rs := classify(err).reason; rs != "" {
-			l.span.SetAttributes(AttrReason.String(rs))
-		}
-	}
-	l.span.End()
 }

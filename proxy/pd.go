@@ -111,7 +111,7 @@ func (r *request) degrade(cause error) bool {
 // reason (cause: why): the request is a fallback from here.
 func (r *request) degraded(reason string, cause error) {
 	r.p.m.Fallbacks.WithLabelValues(reason).Inc()
-	r.obs.reason = reason
+	r.obs.Reason = reason
 	r.mode = metrics.ModeFallback
 	if reason == ReasonSlowPrefill {
 		r.logAt(zerolog.WarnLevel).Str("reason", reason).
@@ -164,7 +164,7 @@ func (r *request) leftBeforeAnswer(err error) {
 	r.logAt(zerolog.InfoLevel).Err(err).Msg("client left; upstream legs cancelled")
 	r.p.m.ClientDisconnects.WithLabelValues(r.phase()).Inc()
 	r.p.m.Requests.WithLabelValues(r.mode, "499").Inc()
-	r.obs.status = 499
+	r.obs.Status = 499
 	if r.rc != nil && !r.detached {
 		r.rc.HijackSetNoResponse(true)
 		r.rc.Hijack(func(net.Conn) {}) // fasthttp closes the connection after it
@@ -214,7 +214,7 @@ func (r *request) answerCounted(mode string, status int) {
 		r.p.m.TTFT.WithLabelValues(mode).Observe(time.Since(r.start).Seconds())
 	}
 	r.p.m.Requests.WithLabelValues(mode, statusLabel(status)).Inc()
-	r.obs.status = status
+	r.obs.Status = status
 }
 
 // prefillAnswer is the whole answer of a request whose generation ended on

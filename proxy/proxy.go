@@ -26,6 +26,7 @@ import (
 	"github.com/pd-sidecar/pd-sidecar/proxy/clientconn"
 	"github.com/pd-sidecar/pd-sidecar/proxy/kvpull"
 	"github.com/pd-sidecar/pd-sidecar/proxy/kvrelease"
+	"github.com/pd-sidecar/pd-sidecar/proxy/observe"
 	"github.com/pd-sidecar/pd-sidecar/proxy/passpolicy"
 	"github.com/pd-sidecar/pd-sidecar/proxy/prewarm"
 	"github.com/pd-sidecar/pd-sidecar/proxy/sse"
@@ -74,6 +75,9 @@ type Proxy struct {
 	armer *clientconn.Armer
 	// kv is the sidecar-driven KV pull (see EnableKVPull); nil: off.
 	kv *kvpull.Puller
+	// trace starts the requests' spans and writes the legs' trace
+	// context (SetExtras); nil: no tracer.
+	trace *observe.Tracing
 	// background is the work Run runs beside serving: MoRI-IO's host
 	// revalidations, warm-ups, circuit probes, KV release legs, of those
 	// that are on, in start order.

@@ -95,7 +95,7 @@ func (r *request) relayJSON(leg *upstream.Leg, resp *fasthttp.Response, remote b
 func (r *request) jsonAnswered(st int) {
 	r.p.m.TTFT.WithLabelValues(r.mode).Observe(time.Since(r.start).Seconds())
 	r.p.m.Requests.WithLabelValues(r.mode, statusLabel(st)).Inc()
-	r.obs.status = st
+	r.obs.Status = st
 	r.logAt(zerolog.InfoLevel).Str("mode", r.mode).Int("status", st).Msg("answered")
 }
 
@@ -169,7 +169,7 @@ func (r *request) relaySSE(leg *upstream.Leg, resp *fasthttp.Response, g prometh
 	leg.Began()
 	r.copyHead(resp)
 	r.p.m.Requests.WithLabelValues(r.mode, statusLabel(resp.StatusCode())).Inc()
-	r.obs.status = resp.StatusCode()
+	r.obs.Status = resp.StatusCode()
 	r.streamBody(r.newSSEBody(er, leg, held, remote, func() {
 		er.Release()
 		leg.Close()

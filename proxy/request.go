@@ -17,6 +17,7 @@ import (
 	"github.com/pd-sidecar/pd-sidecar/connectors/moriio"
 	"github.com/pd-sidecar/pd-sidecar/metrics"
 	"github.com/pd-sidecar/pd-sidecar/proxy/clientconn"
+	"github.com/pd-sidecar/pd-sidecar/proxy/observe"
 	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"
 )
 
@@ -59,7 +60,7 @@ type request struct {
 	// moriRank its legs' x-data-parallel-rank ("" = none) (moriio.go).
 	mori     moriio.Leg
 	moriRank string
-	obs      obsState // report and spans (observe.go)
+	obs      observe.Request // report and spans
 	// held is the buffer budget's share of the answers read whole that
 	// the request keeps until it finishes (a prefill answer's copy).
 	held upstream.AnswerHold
@@ -179,7 +180,7 @@ func (r *request) upstreamHeader(dst, src *fasthttp.RequestHeader, addr string) 
 	if r.moriRank != "" {
 		dst.Set(moriio.HeaderRank, r.moriRank)
 	}
-	r.injectTrace(dst)
+	r.obs.Inject(dst)
 	dst.SetHost(addr)
 	dst.SetProtocolBytes(strHTTP11) // whatever the client's (conformance.go)
 }

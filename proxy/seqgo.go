@@ -513,7 +513,7 @@ func (r *request) commitLocal(a *heldAnswer, cancel context.CancelCauseFunc) {
 	a.leg.Began()
 	r.copyHead(a.resp)
 	r.p.m.Requests.WithLabelValues(r.mode, statusLabel(a.resp.StatusCode())).Inc()
-	r.obs.status = a.resp.StatusCode()
+	r.obs.Status = a.resp.StatusCode()
 	r.streamBody(r.newSSEBody(a.er, a.leg, a.held, false, func() {
 		a.er.Release()
 		a.leg.Close()

@@ -364,7 +364,7 @@ func (lc *laneConn) gateDone(g gateState, held []byte) {
 	default:
 		r.kvHandoffDone(lc.pd.sent, true)
 	}
-	r.p.m.Requests.WithLabelValues(r.mode, statusLabel(r.obs.status)).Inc()
+	r.p.m.Requests.WithLabelValues(r.mode, statusLabel(r.obs.Status)).Inc()
 	ls.ttftSeen = true
 	lc.firstOutput()
 	ls.write(held)
@@ -501,7 +501,7 @@ func (lc *laneConn) adoptHedge(pd *lanePD) {
 	lc.addr, lc.state = h.addr, laneAnswer
 	lc.streamed, h.streamed = h.streamed, false
 	lc.ls, ls.conns, ls.release = ls, lc, lc.finish
-	r.p.m.Requests.WithLabelValues(r.mode, statusLabel(r.obs.status)).Inc()
+	r.p.m.Requests.WithLabelValues(r.mode, statusLabel(r.obs.Status)).Inc()
 	ls.ttftSeen = true
 	lc.firstOutput()
 	ls.write(pd.readyHeld)

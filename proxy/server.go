@@ -85,7 +85,7 @@ func (p *Proxy) Run(ctx context.Context) error {
 		p.servers[p.localAddr(rank)] = srv
 		// clientconn.Conns (streams and idle connections move to the event
 		// loops), under TLS with --secure-proxy (where they do not). No
-		// lane at trace level either: every leg is logged (logsLegs).
+		// lane at trace level either: every leg is logged (observe.LogLeg).
 		var adopter clientconn.Adopter
 		if p.loops != nil && p.guard.tls == nil && !p.tr.UsesTLS(p.localAddr(rank)) && !p.logsLegs() {
 			ln := p.newLane(p.localAddr(rank), srv, p.loops.Loops())

@@ -35,7 +35,7 @@ func (s shortPrompt) begin(r *request, _ *fasthttp.RequestHeader) featureUse {
 		return nil
 	}
 	r.p.m.SplitDeclined.WithLabelValues(metrics.DeclineShortPrompt).Inc()
-	r.obs.declined = metrics.DeclineShortPrompt
+	r.obs.Declined = metrics.DeclineShortPrompt
 	r.mode = metrics.ModeLocal
 	r.logAt(zerolog.DebugLevel).Int("prompt_tokens_estimate", n).Int("min_remote_prefill_tokens", s.limit).
 		Msg("short prompt: split declined, served locally")

@@ -1,4 +1,4 @@
-package proxy
+package observe
 
 import (
 	"github.com/rs/zerolog"
@@ -10,7 +10,7 @@ import (
 // llm-d's V(5) logs the prefill and decode bodies: a debugging mode, for
 // it logs prompts. Credentials never reach the log: the values of
 // credential headers are replaced. The lane, which builds its legs as raw
-// bytes, is off at trace level, so that every leg passes through here.
+// bytes, is off at trace level, so that every leg passes through LogLeg.
 
 // maxLoggedBody bounds the body bytes one trace line carries.
 const maxLoggedBody = 64 << 10
@@ -18,14 +18,16 @@ const maxLoggedBody = 64 << 10
 // redactedHeaders are the headers whose values a trace line never shows.
 var redactedHeaders = []string{"authorization", "proxy-authorization", "cookie", "x-api-key"} // lower case (equalFold)
 
-// logsLegs reports whether legs are logged (trace level).
-func (p *Proxy) logsLegs() bool {
-	return p.log.GetLevel() <= zerolog.TraceLevel && zerolog.GlobalLevel() <= zerolog.TraceLevel
+// LogsLegs reports whether legs are logged by a logger of level: at trace
+// level, when the global level lets it through too.
+func LogsLegs(level zerolog.Level) bool {
+	return level <= zerolog.TraceLevel && zerolog.GlobalLevel() <= zerolog.TraceLevel
 }
 
-// traceLeg logs the leg req to addr at trace level.
-func (r *request) traceLeg(addr string, req *fasthttp.Request) {
-	e := r.logAt(zerolog.TraceLevel)
+// LogLeg writes on e (a trace-level event of the request's logger; nil:
+// nothing) the leg req to addr: its method, target, head with credentials
+// redacted and body, cut at 64 KiB.
+func LogLeg(e *zerolog.Event, addr string, req *fasthttp.Request) {
 	if e == nil {
 		return
 	}

@@ -1,0 +1,68 @@
+package observe
+
+import (
+	"github.com/valyala/fasthttp"
+	"go.opentelemetry.io/otel/propagation"
+)
+
+// headerCarrier adapts fasthttp request headers to the propagator.
+type headerCarrier struct{ h *fasthttp.RequestHeader }
+
+// Get finds k in any letter case: the lane parses heads without
+// normalizing their keys.
+func (c headerCarrier) Get(k string) string {
+	if v := c.h.Peek(k); v != nil {
+		return string(v)
+	}
+	for hk, hv := range c.h.All() {
+		if equalFold(hk, k) {
+			return string(hv)
+		}
+	}
+	return ""
+}
+func (c headerCarrier) Set(k, v string) { c.h.Set(k, v) }
+func (c headerCarrier) Keys() []string {
+	var ks []string
+	for k := range c.h.All() {
+		ks = append(ks, string(k))
+	}
+	return ks
+}
+
+// lineCarrier writes what a propagator injects as header lines.
+type lineCarrier struct{ dst []byte }
+
+func (c *lineCarrier) Get(string) string { return "" }
+func (c *lineCarrier) Set(k, v string)   { c.dst = appendHeaderLine(c.dst, k, v) }
+func (c *lineCarrier) Keys() []string    { return nil }
+
+// appendHeaderLine appends the header line "k: v".
+func appendHeaderLine(dst []byte, k, v string) []byte {
+	dst = append(dst, k...)
+	dst = append(dst, ": "...)
+	dst = append(dst, v...)
+	return append(dst, "\r\n"...)
+}
+
+// equalFold reports whether b is s, ASCII case-insensitively; s is lower
+// case.
+func equalFold(b []byte, s string) bool {
+	if len(b) != len(s) {
+		return false
+	}
+	for i, c := range b {
+		if 'A' <= c && c <= 'Z' {
+			c += 'a' - 'A'
+		}
+		if c != s[i] {
+			return false
+		}
+	}
+	return true
+}
+
+var (
+	_ propagation.TextMapCarrier = headerCarrier{}
+	_ propagation.TextMapCarrier = (*lineCarrier)(nil)
+)

@@ -1,0 +1,270 @@
+// Package observe observes an inference request: the OpenTelemetry spans
+// of the request and of its prefill, KV handoff and decode legs, the trace
+// context each leg carries (on fasthttp heads, and as header lines of the
+// raw heads the lane writes), the bookkeeping its report is made of, and,
+// at trace level, the log line of each leg sent. What a request is and
+// when its legs start and end are the caller's; this package names the
+// spans, sets their attributes and status, and carries their context.
+package observe
+
+import (
+	"context"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/valyala/fasthttp"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
+)
+
+// Span and attribute names of the sidecar's traces.
+const (
+	SpanRequest   = "pd-sidecar.request"
+	SpanPrefill   = "prefill"
+	SpanKVHandoff = "kv_handoff"
+	SpanDecode    = "decode"
+	// AttrDecision is the request's mode (disaggregated, local, fallback).
+	AttrDecision = attribute.Key("pd.decision")
+	// AttrReason is the fallback reason.
+	AttrReason = attribute.Key("pd.reason")
+	// AttrPrefiller is the bounded prefiller label.
+	AttrPrefiller = attribute.Key("pd.prefiller")
+	// AttrRemoteKV marks a decode leg carrying remote KV.
+	AttrRemoteKV = attribute.Key("pd.remote_kv")
+	// AttrRequestID is the request id.
+	AttrRequestID = attribute.Key("pd.request_id")
+)
+
+// Config is what a Tracing is made of.
+type Config struct {
+	// Tracer starts the spans (nil: no Tracing).
+	Tracer trace.Tracer
+	// Propagator reads the client's trace context and writes each leg's
+	// (nil: W3C trace context).
+	Propagator propagation.TextMapPropagator
+	// Reason is the fallback reason of a failed prefill leg's error, which
+	// its span carries as AttrReason ("": none; nil: never any).
+	Reason func(error) string
+	// KVLoadFailed is the status description and AttrReason of a
+	// kv_handoff span whose KV failed to load.
+	KVLoadFailed string
+}
+
+// Tracing starts the spans of requests and writes their trace context on
+// legs. A nil *Tracing is no tracer: its methods do nothing. Safe for
+// concurrent use.
+type Tracing struct {
+	tracer       trace.Tracer
+	prop         propagation.TextMapPropagator
+	reason       func(error) string
+	kvLoadFailed string
+	fields       []string // the propagator's fields, lower case
+}
+
+// NewTracing returns the Tracing of c, or nil when c has no Tracer.
+func NewTracing(c Config) *Tracing {
+	if c.Tracer == nil {
+		return nil
+	}
+	if c.Propagator == nil {
+		c.Propagator = propagation.TraceContext{}
+	}
+	t := &Tracing{tracer: c.Tracer, prop: c.Propagator, reason: c.Reason, kvLoadFailed: c.KVLoadFailed}
+	for _, f := range c.Propagator.Fields() {
+		t.fields = append(t.fields, strings.ToLower(f))
+	}
+	return t
+}
+
+// Strip returns the client's headers a leg written whole from the
+// client's head leaves out, lower case: leg, those of every leg (the trace
+// context's, which each leg carries anew; nil without a tracer), and
+// prefillLeg, those of a prefill leg: prefill's (--prefill-strip-headers)
+// and leg's. prefill is not modified.
+func (t *Tracing) Strip(prefill []string) (leg, prefillLeg []string) {
+	if t == nil {
+		return nil, prefill
+	}
+	return t.fields, append(slices.Clone(prefill), t.fields...)
+}
+
+// Inject writes the trace context of ctx (a span's, from Request.Child)
+// on an upstream request's head h.
+func (t *Tracing) Inject(ctx context.Context, h *fasthttp.RequestHeader) {
+	if t != nil {
+		t.prop.Inject(ctx, headerCarrier{h})
+	}
+}
+
+// EndPrefill ends span, a prefill span (from Request.StartPrefill; nil:
+// nothing), with the outcome of its leg: err, nil when it answered. It may
+// be called on another goroutine than the request's.
+func (t *Tracing) EndPrefill(span trace.Span, err error) {
+	if span == nil {
+		return
+	}
+	if err != nil {
+		span.RecordError(err)
+		span.SetStatus(codes.Error, err.Error())
+		if t.reason != nil {
+			if rs := t.reason(err); rs != "" {
+				span.SetAttributes(AttrReason.String(rs))
+			}
+		}
+	}
+	span.End()
+}
+
+// Request is one inference request's bookkeeping for its report and its
+// spans. Its zero value is a request without spans; Start opens them. It
+// is owned by the request's goroutine, save where a method says otherwise.
+type Request struct {
+	// Reason is the fallback reason ("" when the request did not degrade).
+	Reason string
+	// Declined is why the split was declined (the short-prompt guard's
+	// metrics.DeclineShortPrompt; "": it was not).
+	Declined string
+	// Encoder is the encoder stage's outcome ("": no encoder stage).
+	Encoder string
+	// Status is the HTTP status answered.
+	Status int
+	// PrefillDur is the whole prefill phase (0: no prefill ran).
+	PrefillDur time.Duration
+	// KVDur is the decode leg's send to first output or KV load failure
+	// when it carried remote KV, and KVOK whether it was first output.
+	KVDur time.Duration
+	KVOK  bool
+	// Chunks is the number of chunk requests of a chunked decode.
+	Chunks int
+
+	t      *Tracing        // nil without a tracer
+	root   trace.Span      // nil without a tracer
+	tctx   context.Context // the request span's context
+	leg    context.Context // trace context written on the next leg
+	decode trace.Span
+	kv     trace.Span
+}
+
+// Start opens the request span, begun at start, child of the trace
+// context of the client's head h; id is the request id and route the API
+// path. Nothing without a tracer (t nil).
+func (o *Request) Start(t *Tracing, h *fasthttp.RequestHeader, start time.Time, id, route string) {
+	if t == nil {
+		return
+	}
+	parent := t.prop.Extract(context.Background(), headerCarrier{h})
+	o.t = t
+	o.tctx, o.root = t.tracer.Start(parent, SpanRequest, trace.WithSpanKind(trace.SpanKindServer),
+		trace.WithTimestamp(start),
+		trace.WithAttributes(AttrRequestID.String(id), attribute.String("http.route", route)))
+	o.leg = o.tctx
+}
+
+// Child opens a span under the request span (nil without a tracer). It
+// may be called on several goroutines at once.
+func (o *Request) Child(name string, kind trace.SpanKind) (context.Context, trace.Span) {
+	if o.root == nil {
+		return nil, nil
+	}
+	return o.t.tracer.Start(o.tctx, name, trace.WithSpanKind(kind))
+}
+
+// Inject writes the current leg's trace context on an upstream request's
+// head h.
+func (o *Request) Inject(h *fasthttp.RequestHeader) {
+	if o.leg != nil {
+		o.t.prop.Inject(o.leg, headerCarrier{h})
+	}
+}
+
+// AppendTrace appends the current leg's trace context as header lines of
+// a leg's head the lane writes (nothing without a tracer).
+func (o *Request) AppendTrace(dst []byte) []byte {
+	if o.leg == nil {
+		return dst
+	}
+	c := lineCarrier{dst: dst}
+	o.t.prop.Inject(o.leg, &c)
+	return c.dst
+}
+
+// StartPrefill opens the prefill span of a leg to the prefiller labelled
+// label and makes it the context the next leg carries; it returns the
+// span, for Tracing.EndPrefill (nil without a tracer).
+func (o *Request) StartPrefill(label string) trace.Span {
+	ctx, span := o.Child(SpanPrefill, trace.SpanKindClient)
+	if span != nil {
+		span.SetAttributes(AttrPrefiller.String(label))
+		o.leg = ctx
+	}
+	return span
+}
+
+// StartDecode opens the decode span (and, for a leg carrying remote KV
+// from the prefiller labelled label, the kv_handoff span) before the leg
+// to the local engine is sent; a decode span still open (a fallback after
+// a failed remote decode) is ended first.
+func (o *Request) StartDecode(remote bool, label string) {
+	if o.root == nil {
+		return
+	}
+	if o.decode != nil { // a fallback after a failed remote decode
+		o.decode.End()
+	}
+	ctx, span := o.Child(SpanDecode, trace.SpanKindClient)
+	span.SetAttributes(AttrRemoteKV.Bool(remote))
+	o.decode, o.leg = span, ctx
+	if remote {
+		_, o.kv = o.Child(SpanKVHandoff, trace.SpanKindInternal)
+		o.kv.SetAttributes(AttrPrefiller.String(label), attribute.String("pd.kv_handoff", "engine-pull"))
+	}
+}
+
+// EndKVHandoff ends the kv_handoff span, if open: the decode leg produced
+// its first output (ok) or a KV load failure.
+func (o *Request) EndKVHandoff(ok bool) {
+	if o.kv == nil {
+		return
+	}
+	if !ok {
+		o.kv.SetStatus(codes.Error, o.t.kvLoadFailed)
+		o.kv.SetAttributes(AttrReason.String(o.t.kvLoadFailed))
+	}
+	o.kv.End()
+	o.kv = nil
+}
+
+// End ends the request's spans, the request span with its mode (the
+// request's metrics mode), its Status and Reason, and label, the bounded
+// label of its prefiller ("": none).
+func (o *Request) End(mode, label string) {
+	sp := o.root
+	if sp == nil {
+		return
+	}
+	if o.kv != nil {
+		o.kv.End()
+	}
+	if o.decode != nil {
+		o.decode.End()
+	}
+	sp.SetAttributes(AttrDecision.String(mode), semStatus(o.Status))
+	if o.Reason != "" {
+		sp.SetAttributes(AttrReason.String(o.Reason))
+	}
+	if label != "" {
+		sp.SetAttributes(AttrPrefiller.String(label))
+	}
+	if o.Status >= 500 {
+		sp.SetStatus(codes.Error, "status "+strconv.Itoa(o.Status))
+	}
+	sp.End()
+}
+
+func semStatus(st int) attribute.KeyValue {
+	return attribute.Int("http.response.status_code", st)
+}
