@@ -37,7 +37,7 @@ func (p *Proxy) serveInference(rc *fasthttp.RequestCtx, local string, api connec
 		r.fail(err)
 		return
 	}
-	if err := r.encode(); err != nil { // encode.go: llm-d's encoder stage
+	if err := r.encode(); err != nil { // llm-d's encoder stage (encoder.Stage)
 		r.fail(err)
 		return
 	}

@@ -24,6 +24,7 @@ import (
 	"github.com/pd-sidecar/pd-sidecar/netloop"
 	"github.com/pd-sidecar/pd-sidecar/proxy/bootstrap"
 	"github.com/pd-sidecar/pd-sidecar/proxy/clientconn"
+	"github.com/pd-sidecar/pd-sidecar/proxy/encoder"
 	"github.com/pd-sidecar/pd-sidecar/proxy/kvpull"
 	"github.com/pd-sidecar/pd-sidecar/proxy/kvrelease"
 	"github.com/pd-sidecar/pd-sidecar/proxy/observe"
@@ -54,7 +55,8 @@ type Proxy struct {
 	choreo   connectors.Choreography   // what conn declares (choreography.go)
 	boot     *bootstrap.Cache          // Bootstrapper answers per prefiller
 	tr       *upstream.Transport
-	encTr    *upstream.Transport // the encoder legs' (encode.go); nil: stage off
+	encTr    *upstream.Transport // the encoder legs'; nil: stage off
+	enc      *encoder.Stage      // the encoder stage (llm-d's E/PD); nil: off
 	m        *metrics.Metrics
 	log      zerolog.Logger
 	metricsH fasthttp.RequestHandler
@@ -137,6 +139,7 @@ func New(cfg Config, conn connectors.Connector, m *metrics.Metrics, gatherer pro
 	if p.encTr, err = newEncoderTransport(cfg); err != nil {
 		return nil, err
 	}
+	p.enc = newEncoderStage(p)
 	p.seq, _ = conn.(connectors.Sequential)
 	if p.choreo = connectors.ChoreographyOf(conn); p.choreo == 0 {
 		return nil, fmt.Errorf("connector %q is neither sequential nor concurrent", conn.Name())

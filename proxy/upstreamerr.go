@@ -33,8 +33,8 @@ func upstreamErr(role upstream.Role, addr string, err error) error {
 
 // reasonOf says in fixed words why an exchange with an upstream failed:
 // upstream.ReasonOf, and the request path's own failures (an SSE event
-// past its bound, the prefill and encoder timeouts) in the same order of
-// precedence.
+// past its bound, the prefill timeout) in the same order of precedence.
+// An encoder leg's failures are named by encoder.Stage.
 func reasonOf(err error) string {
 	switch {
 	case errors.Is(err, upstream.ErrBadUpstreamAnswer):
@@ -43,7 +43,7 @@ func reasonOf(err error) string {
 		return "answer refused: an SSE event longer than --max-sse-event-bytes"
 	case errors.Is(err, upstream.ErrBufferBudget):
 		return upstream.ReasonOf(err)
-	case errors.Is(err, ErrPrefillTimeout), errors.Is(err, ErrEncoderTimeout):
+	case errors.Is(err, ErrPrefillTimeout):
 		return "timed out"
 	}
 	return upstream.ReasonOf(err)
