@@ -131,7 +131,7 @@ func (p *Proxy) encoders(vs [][]byte) (addrs []string, dropped int) {
 				dropped++
 				continue
 			}
-			if al := p.guard.cfg.Allowlist; al != nil && !al.Allowed(hp) {
+			if al := p.cfg.Guard.Allowlist; al != nil && !al.Allowed(hp) {
 				m.Failures.WithLabelValues(metrics.EncoderDenied).Inc()
 				dropped++
 				continue

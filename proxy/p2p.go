@@ -131,7 +131,7 @@ func (r *request) kvSource(h *fasthttp.RequestHeader) *connectors.P2PPeer {
 		outcome(metrics.KVSourceMalformed)
 		return nil
 	}
-	if al := p.guard.cfg.Allowlist; al != nil && !al.Allowed(src.hostPort()) {
+	if al := p.cfg.Guard.Allowlist; al != nil && !al.Allowed(src.hostPort()) {
 		outcome(metrics.KVSourceNotAllowed)
 		return nil
 	}

@@ -23,6 +23,7 @@ import (
 	"github.com/pd-sidecar/pd-sidecar/metrics"
 	"github.com/pd-sidecar/pd-sidecar/netloop"
 	"github.com/pd-sidecar/pd-sidecar/proxy/bootstrap"
+	"github.com/pd-sidecar/pd-sidecar/proxy/guard"
 	"github.com/pd-sidecar/pd-sidecar/proxy/kvrelease"
 	"github.com/pd-sidecar/pd-sidecar/proxy/passpolicy"
 	"github.com/pd-sidecar/pd-sidecar/proxy/prewarm"
@@ -56,7 +57,6 @@ type Proxy struct {
 	log      zerolog.Logger
 	metricsH fasthttp.RequestHandler
 	draining atomic.Bool
-	guard    *guard      // limits, SSRF, circuit breaker, TLS (guard.go)
 	ext      Extras      // optional collaborators (see SetExtras)
 	kv       *kvPull     // sidecar-driven KV pull (see EnableKVPull); nil: off
 	hedge    *hedger     // hedged prefill (hedge.go); nil: off
@@ -65,6 +65,8 @@ type Proxy struct {
 	bufs     sse.Bufs    // per-stream buffers for reuse
 	// pass is what passes through to the engine.
 	pass *passpolicy.Policy
+	// guard holds the limits, SSRF protection, circuit breakers and TLS.
+	guard *guard.Guard
 	// warm warms up new prefillers (--prefill-prewarm); nil: off.
 	warm *prewarm.Warmer
 	// kvr frees a prefiller's KV nobody read (--release-kv-on-cancel);
@@ -120,7 +122,7 @@ func New(cfg Config, conn connectors.Connector, m *metrics.Metrics, gatherer pro
 		return nil, err
 	}
 	p.guard = g
-	p.tr.SetAnswerBudget(g.buffered) // answers read whole draw from --max-buffered-bytes
+	p.tr.SetAnswerBudget(g.Budget()) // answers read whole draw from --max-buffered-bytes
 	upTLS, err := cfg.Guard.TLS.Upstream(p.localAddrs())
 	if err != nil {
 		return nil, err

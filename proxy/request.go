@@ -126,7 +126,7 @@ func (r *request) finish() {
 	r.releaseKV(nil) // kvrelease.go
 	r.held.Release()
 	r.report()
-	r.p.guard.release()
+	r.p.guard.Release()
 	if r.watch.stop() && !r.detached {
 		r.rc.SetConnectionClose()
 	}
