@@ -56,19 +56,18 @@ func TestCircuitProberOverGuard(t *testing.T) {
 	g, err := newGuard(GuardConfig{Breaker: cfg}, 0, m, zerolog.Nop())
 	require.NoError(t, err)
 	for range 2 {
-		tk, ok := g.breakers.Allow(hp)
-		require.True(t, ok)
-		tk.Done(breakerResult(prefillTransportErr(errors.New("connect: connection refused"))))
-		g.trackCircuit(hp)
+		tk, err := g.AllowPrefill(hp)
+		require.NoError(t, err)
+		g.BreakerDone(hp, tk, prefillTransportErr(errors.New("connect: connection refused")))
 	}
-	require.Equal(t, circuit.Open, g.breakers.State(hp))
+	require.Equal(t, circuit.Open, g.CircuitInfo(hp).State)
 	require.Equal(t, 1.0, testutil.ToFloat64(m.CircuitOpen))
 
 	pr := newCircuitProber(g, time.Second)
 	pr.Round(context.Background())
 	assert.Equal(t, 1.0, testutil.ToFloat64(m.CircuitProbes.WithLabelValues(metrics.ProbeDown)))
-	_, ok := g.breakers.Allow(hp)
-	assert.False(t, ok, "still down: still skipped")
+	_, err = g.AllowPrefill(hp)
+	assert.ErrorIs(t, err, ErrCircuitOpen, "still down: still skipped")
 
 	back, err := net.Listen("tcp", hp)
 	if err != nil {
@@ -81,10 +80,9 @@ func TestCircuitProberOverGuard(t *testing.T) {
 	pr.Round(context.Background())
 	assert.Equal(t, 1.0, testutil.ToFloat64(m.CircuitProbes.WithLabelValues(metrics.ProbeUp)), "found up: not probed again")
 
-	tk, ok := g.breakers.Allow(hp)
-	require.True(t, ok, "the next request is the trial, long before the cool-down ends")
-	tk.Done(breakerResult(nil))
-	g.trackCircuit(hp)
-	assert.Equal(t, circuit.Closed, g.breakers.State(hp))
+	tk, err := g.AllowPrefill(hp)
+	require.NoError(t, err, "the next request is the trial, long before the cool-down ends")
+	g.BreakerDone(hp, tk, nil)
+	assert.Equal(t, circuit.Closed, g.CircuitInfo(hp).State)
 	assert.Equal(t, 0.0, testutil.ToFloat64(m.CircuitOpen))
 }

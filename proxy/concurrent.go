@@ -47,7 +47,7 @@ func (r *request) serveConcurrent(cc connectors.Concurrent) {
 	var pre, dec []byte
 	host, portStr, _ := net.SplitHostPort(r.prefiller)
 	forget := func() {}
-	tk, err := r.allowPrefill()
+	tk, err := p.guard.AllowPrefill(r.prefiller)
 	start.NoLegs = err
 	if err == nil {
 		d.tk = tk

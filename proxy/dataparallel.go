@@ -87,7 +87,7 @@ func (r *request) pickRank(h *fasthttp.RequestHeader) error {
 	}
 	local, err := r.p.rankFor(v)
 	if err != nil {
-		r.p.guard.m.Rejected.WithLabelValues(metrics.RejectUnknownRank).Inc()
+		r.p.m.Guards.Rejected.WithLabelValues(metrics.RejectUnknownRank).Inc()
 		return err
 	}
 	if local != r.local {

@@ -79,7 +79,7 @@ func newEncoderStage(p *Proxy) *encoder.Stage {
 	return encoder.New(encoder.Deps{
 		Config:      p.cfg.Encoder,
 		Transport:   p.encTr,
-		Allowlist:   p.guard.cfg.Allowlist,
+		Allowlist:   p.cfg.Guard.Allowlist,
 		RefusedAddr: p.refusedAddr,
 		Inject: func(ctx context.Context, h *fasthttp.RequestHeader) {
 			p.trace.Inject(ctx, h) // set by SetExtras, after New

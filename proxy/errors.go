@@ -11,6 +11,7 @@ import (
 	"github.com/pd-sidecar/pd-sidecar/kvtransfer"
 	"github.com/pd-sidecar/pd-sidecar/proxy/bootstrap"
 	"github.com/pd-sidecar/pd-sidecar/proxy/failure"
+	"github.com/pd-sidecar/pd-sidecar/proxy/guard"
 	"github.com/pd-sidecar/pd-sidecar/proxy/split"
 	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"
 )
@@ -128,8 +129,8 @@ func classify(err error) outcome {
 }
 
 // foreignOutcome is the outcome of a sentinel of a package the proxy
-// builds on (connectors, kvtransfer, the split, upstream I/O), whose
-// errors say what failed and not what the sidecar answers.
+// builds on (connectors, kvtransfer, the split, the guard, upstream I/O),
+// whose errors say what failed and not what the sidecar answers.
 func foreignOutcome(err error) (failure.Outcome, bool) {
 	switch err {
 	case upstream.ErrBufferBudget:
@@ -153,6 +154,10 @@ func foreignOutcome(err error) (failure.Outcome, bool) {
 		return failure.Outcome{Status: http.StatusBadGateway, Reason: ReasonBootstrapFailed}, true
 	case kvtransfer.ErrKVSourceGone:
 		return failure.Outcome{Status: http.StatusBadGateway, Reason: ReasonKVSourceGone}, true
+	case guard.ErrPrefillerDenied:
+		return failure.Outcome{Status: http.StatusForbidden, Precedence: precedenceDenied}, true
+	case guard.ErrCircuitOpen:
+		return failure.Outcome{Status: http.StatusServiceUnavailable, Reason: ReasonCircuitOpen, Precedence: precedenceCircuitOpen}, true
 	}
 	return failure.Outcome{}, false
 }

@@ -121,7 +121,7 @@ func (p *Proxy) refusePassthrough(rc *fasthttp.RequestCtx, v passpolicy.Verdict)
 		reason = metrics.RejectMethodNotAllowed
 		rc.Response.Header.Set(fasthttp.HeaderAllow, v.Allow)
 	}
-	p.guard.m.Rejected.WithLabelValues(reason).Inc()
+	p.m.Guards.Rejected.WithLabelValues(reason).Inc()
 	id := requestID(rc.Request.Header.Peek(HeaderRequestID))
 	rc.Response.Header.Set(HeaderRequestID, id)
 	p.log.Warn().Err(v.Err).Str("request_id", id).Str("reason", reason).Int("status", v.Status).

@@ -4,34 +4,28 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"net/http"
 	"os"
-	"sync"
-	"sync/atomic"
-	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 	"github.com/valyala/fasthttp"
 
 	"github.com/pd-sidecar/pd-sidecar/circuit"
 	"github.com/pd-sidecar/pd-sidecar/metrics"
 	"github.com/pd-sidecar/pd-sidecar/proxy/clientconn"
-	"github.com/pd-sidecar/pd-sidecar/proxy/failure"
+	"github.com/pd-sidecar/pd-sidecar/proxy/guard"
 	"github.com/pd-sidecar/pd-sidecar/proxy/split"
-	"github.com/pd-sidecar/pd-sidecar/proxy/tlsconf"
 	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"
-	"github.com/pd-sidecar/pd-sidecar/ssrf"
 )
 
-// Sentinel errors of the request guards (mapped in classify).
+// Sentinel errors of the request guards (mapped in classify; those of a
+// prefiller refused are the guard's verdicts).
 var (
 	// ErrPrefillerDenied: SSRF protection is on and the named prefiller is
 	// not on the allowlist (403).
-	ErrPrefillerDenied error = failure.New("x-prefiller-host-port is not an allowed prefiller", failure.Outcome{Status: http.StatusForbidden, Precedence: precedenceDenied})
+	ErrPrefillerDenied = guard.ErrPrefillerDenied
 	// ErrCircuitOpen: the prefiller failed repeatedly and is skipped for a
 	// cool-down; the request goes straight to local prefill.
-	ErrCircuitOpen error = failure.New("prefiller circuit open", failure.Outcome{Status: http.StatusServiceUnavailable, Reason: ReasonCircuitOpen, Precedence: precedenceCircuitOpen})
+	ErrCircuitOpen = guard.ErrCircuitOpen
 	// ErrOverloaded: --max-concurrent-requests inference requests are in
 	// flight (503).
 	ErrOverloaded = errors.New("too many concurrent requests")
@@ -49,123 +43,35 @@ var (
 const ReasonCircuitOpen = "circuit_open"
 
 // GuardConfig is the proxy's protection against untrusted input, overload
-// and failing prefillers. Start from DefaultGuardConfig.
-type GuardConfig struct {
-	// Allowlist admits prefillers (--enable-ssrf-protection); nil admits
-	// every syntactically valid host:port.
-	Allowlist ssrf.Allowlist
-	// TrustClientKVParams keeps the client's own connector fields
-	// (kv_transfer_params, bootstrap_host ...: connectors.ClientFieldNames)
-	// in the bodies sent to engines, for setups where something upstream
-	// sends them legitimately (--trust-client-kv-params); with an
-	// Allowlist, the addresses they name must be on it. False removes them.
-	TrustClientKVParams bool
-	// Breaker is the per-prefiller circuit breaker.
-	Breaker circuit.Config
-	// MaxHeaderBytes bounds the request line and headers (431 above); it
-	// is also the read buffer of a connection while it reads a request
-	// (released once the request is read), 8 KiB by default (nginx's and
-	// Apache's usual header limit).
-	MaxHeaderBytes int
-	// ReadTimeout bounds reading a request's head and body.
-	ReadTimeout time.Duration
-	// IdleTimeout closes keep-alive connections idle that long.
-	IdleTimeout time.Duration
-	// MaxConcurrentRequests bounds inference requests in flight, streams
-	// included (503 above); 0 leaves them unbounded.
-	MaxConcurrentRequests int
-	// MaxBufferedBytes bounds the bytes buffered at once by all
-	// connections together: request bodies read whole before they are
-	// served (503 past it, before the body is read) and answers read whole
-	// (upstream.Budget).
-	MaxBufferedBytes int64
-	// TLS is the serving and upstream TLS.
-	TLS TLSConfig
-}
+// and failing prefillers (guard.Config). Start from DefaultGuardConfig.
+type GuardConfig = guard.Config
 
-// DefaultGuardConfig returns the defaults.
-func DefaultGuardConfig() GuardConfig {
-	return GuardConfig{
-		Breaker:               circuit.DefaultConfig(),
-		MaxHeaderBytes:        8 << 10,
-		ReadTimeout:           60 * time.Second,
-		IdleTimeout:           90 * time.Second,
-		MaxConcurrentRequests: 10000,
-		MaxBufferedBytes:      DefaultMaxBufferedBytes,
-	}
-}
+// DefaultGuardConfig returns the defaults (guard.DefaultConfig).
+func DefaultGuardConfig() GuardConfig { return guard.DefaultConfig() }
 
 // DefaultMaxBufferedBytes is --max-buffered-bytes outside a container with
-// a memory limit, and its most within one.
-const DefaultMaxBufferedBytes = 512 << 20
+// a memory limit, and its most within one (guard's).
+const DefaultMaxBufferedBytes = guard.DefaultMaxBufferedBytes
 
-// Validate reports the first invalid setting, as one line.
-func (c GuardConfig) Validate() error {
-	switch {
-	case c.MaxHeaderBytes < 1024:
-		return fmt.Errorf("--max-header-bytes must be >= 1024, got %d", c.MaxHeaderBytes)
-	case c.ReadTimeout <= 0:
-		return fmt.Errorf("--read-timeout must be > 0, got %v", c.ReadTimeout)
-	case c.IdleTimeout <= 0:
-		return fmt.Errorf("--idle-timeout must be > 0, got %v", c.IdleTimeout)
-	case c.MaxConcurrentRequests < 0:
-		return fmt.Errorf("--max-concurrent-requests must be >= 0, got %d", c.MaxConcurrentRequests)
-	case c.MaxBufferedBytes <= 0:
-		return fmt.Errorf("--max-buffered-bytes must be > 0, got %d", c.MaxBufferedBytes)
-	}
-	if err := c.Breaker.Validate(); err != nil {
-		return err
-	}
-	return c.TLS.Validate()
+// newGuard returns the guard of cfg, whose request bodies are at most
+// maxBody bytes (--max-request-body-bytes), counted in m, its circuit
+// breakers told the outcomes of prefills by breakerResult.
+func newGuard(cfg GuardConfig, maxBody int, m *metrics.Guards, log zerolog.Logger) (*guard.Guard, error) {
+	return guard.New(cfg, guard.Deps{MaxBody: maxBody, Metrics: m, BreakerResult: breakerResult, Log: log})
 }
-
-// guard is the proxy's runtime state of GuardConfig.
-type guard struct {
-	cfg      GuardConfig
-	m        *metrics.Guards
-	breakers *circuit.Breakers
-	inflight atomic.Int64
-	buffered *upstream.Budget // --max-buffered-bytes
-	bodies   *bodyHolds       // request bodies' share of buffered
-	tls      *tlsconf.Server  // nil: plain HTTP
-	openMu   sync.Mutex
-	open     map[string]struct{} // prefillers whose circuit is not closed
-}
-
-func newGuard(cfg GuardConfig, maxBody int, m *metrics.Guards, log zerolog.Logger) (*guard, error) {
-	g := &guard{cfg: cfg, m: m, breakers: circuit.New(cfg.Breaker), open: map[string]struct{}{}}
-	var gauge prometheus.Gauge
-	if m != nil {
-		gauge = m.BufferedBytes
-	}
-	g.buffered = upstream.NewBudget(cfg.MaxBufferedBytes, gauge)
-	g.bodies = newBodyHolds(g.buffered, maxBody, cfg.ReadTimeout)
-	if cfg.TLS.SecureProxy {
-		st, err := tlsconf.NewServer(cfg.TLS.CertPath, log)
-		if err != nil {
-			return nil, err
-		}
-		g.tls = st
-	}
-	return g, nil
-}
-
-// acquire admits one more inference request, or reports overload.
-func (g *guard) acquire() bool {
-	n := g.inflight.Add(1)
-	if max := g.cfg.MaxConcurrentRequests; max > 0 && n > int64(max) {
-		g.inflight.Add(-1)
-		return false
-	}
-	return true
-}
-
-func (g *guard) release() { g.inflight.Add(-1) }
 
 // overloaded answers 503 when --max-concurrent-requests are in flight.
 func (p *Proxy) overloaded(rc *fasthttp.RequestCtx) {
 	p.reject(rc, metrics.RejectOverloaded, fasthttp.StatusServiceUnavailable,
-		fmt.Errorf("%w (--max-concurrent-requests %d)", ErrOverloaded, p.guard.cfg.MaxConcurrentRequests))
+		fmt.Errorf("%w (--max-concurrent-requests %d)", ErrOverloaded, p.cfg.Guard.MaxConcurrentRequests))
+	rc.Response.Header.Set("Retry-After", "1")
+}
+
+// bufferFull answers a request whose body the budget refused: 503, with
+// Retry-After, counted as buffered_bytes.
+func (p *Proxy) bufferFull(rc *fasthttp.RequestCtx) {
+	p.reject(rc, metrics.RejectBufferedBytes, fasthttp.StatusServiceUnavailable,
+		fmt.Errorf("%w (--max-buffered-bytes %d)", upstream.ErrBufferBudget, p.cfg.Guard.MaxBufferedBytes))
 	rc.Response.Header.Set("Retry-After", "1")
 }
 
@@ -174,7 +80,7 @@ func (p *Proxy) overloaded(rc *fasthttp.RequestCtx) {
 // the head was read and it is valid, else a new one; the answer carries
 // it too.
 func (p *Proxy) reject(rc *fasthttp.RequestCtx, reason string, status int, err error) {
-	p.guard.m.Rejected.WithLabelValues(reason).Inc()
+	p.m.Guards.Rejected.WithLabelValues(reason).Inc()
 	id := requestID(rc.Request.Header.Peek(HeaderRequestID))
 	rc.Response.Header.Set(HeaderRequestID, id)
 	p.log.Warn().Err(err).Str("request_id", id).Str("reason", reason).Int("status", status).
@@ -190,7 +96,7 @@ func (p *Proxy) serverError(rc *fasthttp.RequestCtx, err error) {
 	if c, ok := rc.Conn().(*clientconn.Conn); ok {
 		c.Linger() // the request may not have been read whole
 	}
-	if p.guard.bodies.errorClaim(rc) {
+	if p.guard.Bodies().ErrorClaim(rc) {
 		p.bufferFull(rc)
 		return
 	}
@@ -202,10 +108,10 @@ func (p *Proxy) serverError(rc *fasthttp.RequestCtx, err error) {
 			fmt.Errorf("%w (--max-request-body-bytes %d)", ErrBodyTooLarge, p.cfg.MaxRequestBodyBytes))
 	case errors.As(err, &small):
 		p.reject(rc, metrics.RejectHeadersTooLarge, fasthttp.StatusRequestHeaderFieldsTooLarge,
-			fmt.Errorf("%w (--max-header-bytes %d)", ErrHeadersTooLarge, p.guard.cfg.MaxHeaderBytes))
+			fmt.Errorf("%w (--max-header-bytes %d)", ErrHeadersTooLarge, p.cfg.Guard.MaxHeaderBytes))
 	case errors.Is(err, os.ErrDeadlineExceeded) || errors.As(err, &ne) && ne.Timeout():
 		p.reject(rc, metrics.RejectReadTimeout, fasthttp.StatusRequestTimeout,
-			fmt.Errorf("%w (--read-timeout %v)", ErrReadTimeout, p.guard.cfg.ReadTimeout))
+			fmt.Errorf("%w (--read-timeout %v)", ErrReadTimeout, p.cfg.Guard.ReadTimeout))
 	default:
 		// Never the parser's own message: it quotes the request (clientconn.SafeParseError).
 		p.reject(rc, metrics.RejectMalformed, fasthttp.StatusBadRequest, fmt.Errorf("%w: %w", ErrMalformed, clientconn.SafeParseError(err)))
@@ -213,16 +119,15 @@ func (p *Proxy) serverError(rc *fasthttp.RequestCtx, err error) {
 }
 
 // pickAllowed chooses the prefiller from the header value and, with SSRF
-// protection on, checks it against the allowlist; a denied one is counted
-// and answered 403 by the caller (classify).
+// protection on, checks it against the allowlist (guard.AdmitPrefiller); a
+// denied one is counted and answered 403 by the caller (classify).
 func (p *Proxy) pickAllowed(hv []byte) (string, error) {
 	hp, err := pickPrefiller(hv, p.cfg.PrefillerSampling)
 	if err != nil {
 		return hp, err
 	}
-	if al := p.guard.cfg.Allowlist; al != nil && !al.Allowed(hp) {
-		p.guard.m.Rejected.WithLabelValues(metrics.RejectSSRF).Inc()
-		return hp, fmt.Errorf("%w: %w", ErrPrefillerDenied, ssrf.ErrDenied)
+	if err := p.guard.AdmitPrefiller(hp); err != nil {
+		return hp, err
 	}
 	p.warm.Saw(hp, false) // a new prefiller is warmed up (prewarm.Warmer)
 	return hp, nil
@@ -245,47 +150,10 @@ func logValue(s string) string {
 	return s
 }
 
-// allowPrefill asks the prefiller's circuit breaker for a prefill: its
-// ticket, whose outcome breakerDone reports, or ErrCircuitOpen (a reason
-// to fall back) while the circuit is open. Every choreography asks here.
-func (r *request) allowPrefill() (*circuit.Ticket, error) {
-	g := r.p.guard
-	tk, ok := g.breakers.Allow(r.prefiller)
-	if !ok {
-		return nil, fmt.Errorf("%w: %s skipped for up to %v", ErrCircuitOpen, logValue(r.prefiller), g.cfg.Breaker.Cooldown)
-	}
-	return tk, nil
-}
-
-// breakerDone reports the outcome of a prefill that tk allowed (nil:
-// none was taken) to the prefiller's circuit breaker, and keeps the
-// open-circuits gauge current.
-func (r *request) breakerDone(tk *circuit.Ticket, err error) {
-	if tk == nil {
-		return
-	}
-	tk.Done(breakerResult(err))
-	r.p.guard.trackCircuit(r.prefiller)
-}
-
-// trackCircuit keeps the open-circuits gauge current for hp.
-func (g *guard) trackCircuit(hp string) {
-	open := g.breakers.State(hp) != circuit.Closed
-	g.openMu.Lock()
-	defer g.openMu.Unlock()
-	_, was := g.open[hp]
-	switch {
-	case open && !was:
-		g.open[hp] = struct{}{}
-	case !open && was:
-		delete(g.open, hp)
-	}
-	g.m.CircuitOpen.Set(float64(len(g.open)))
-}
-
 // breakerResult is what a prefill outcome says about the prefiller's
-// health: refused or reset (unreachable), timed out or 5xx is a failure; a
-// client leaving says nothing; any answer shows it alive.
+// health (guard.Deps.BreakerResult): refused or reset (unreachable), timed
+// out or 5xx is a failure; a client leaving says nothing; any answer shows
+// it alive.
 func breakerResult(err error) circuit.Result {
 	switch {
 	case err == nil:

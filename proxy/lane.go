@@ -356,7 +356,7 @@ func (lc *laneConn) readRequest(ev netloop.Events) {
 func (lc *laneConn) serve(b []byte, api connectors.API, headLen int, lr laneRequest) {
 	ll := lc.ll
 	p := ll.ln.p
-	if !p.guard.acquire() {
+	if !p.guard.Acquire() {
 		lc.toServer(b, time.Now()) // whole: nothing is left to read
 		return
 	}
@@ -820,7 +820,7 @@ func (lc *laneConn) answer(rest []byte) {
 func (lc *laneConn) readWhole(dec httpbody.Decoder, rest []byte) {
 	p := lc.ll.ln.p
 	lc.raw = &rawAnswer{body: dec, status: lc.ll.resp.StatusCode(), max: p.cfg.MaxUpstreamAnswerBytes,
-		hold: upstream.NewAnswerHold(p.guard.buffered)}
+		hold: upstream.NewAnswerHold(p.guard.Budget())}
 	if err := lc.raw.begin(&lc.ll.resp); err != nil {
 		lc.rawBroke(err)
 		return
@@ -1184,7 +1184,7 @@ func (lc *laneConn) finish() {
 	lc.endSplit()
 	lc.setGauge(nil)
 	r.report()
-	r.p.guard.release()
+	r.p.guard.Release()
 	r.cancel(context.Canceled)
 	if lc.streamed {
 		lc.streamed = false

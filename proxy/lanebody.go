@@ -19,7 +19,7 @@ import (
 // would take a goroutine, read the bytes again through its own buffers and
 // grow its body buffer by doubling. Its body is reserved from
 // --max-buffered-bytes before it is read, as fasthttp's path reserves it
-// (budget.go); a body the budget refuses is handed to fasthttp, which
+// (guard.BodyHolds); a body the budget refuses is handed to fasthttp, which
 // refuses it (503) as it refuses its own. A body not read whole within half
 // of --read-timeout is handed to fasthttp with the bytes read so far, and
 // fasthttp reads the rest by --read-timeout from the request's first bytes
@@ -49,7 +49,7 @@ func (lc *laneConn) beginBody(b []byte, headLen, want int) {
 	p := lc.ll.ln.p
 	var held int64
 	if n := int64(want - headLen); n > upstream.UnreservedBody {
-		if !p.guard.buffered.TryReserve(n) {
+		if !p.guard.Budget().TryReserve(n) {
 			lc.toServer(b, time.Now()) // refused there, as fasthttp refuses its own
 			return
 		}
@@ -154,7 +154,7 @@ func (lc *laneConn) dropBody(lb *laneBody) {
 		return
 	}
 	p := lc.ll.ln.p
-	p.guard.buffered.Release(lb.held)
+	p.guard.Budget().Release(lb.held)
 	lb.held = 0
 	*lb.bufp = lb.buf
 	p.bufs.Bodies.Put(lb.bufp)

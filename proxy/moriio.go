@@ -150,7 +150,7 @@ func (r *request) serveMoriParallel() {
 	d := r.newPaired(split.PairedConfig{KVWait: s.cfg.WaitTimeout, HoldOutput: true})
 	var start split.PairedStart
 	var pre, dec []byte
-	tk, err := r.allowPrefill()
+	tk, err := r.p.guard.AllowPrefill(r.prefiller)
 	start.NoLegs = err
 	if err == nil {
 		d.tk = tk

@@ -177,12 +177,12 @@ func (r *request) traceLeg(addr string, req *fasthttp.Request) {
 // breaker is configured. It lets /debug/pd show per-prefiller circuits
 // (status.CircuitStates).
 func (p *Proxy) CircuitState(prefiller string) string {
-	if p.guard == nil || p.guard.cfg.Breaker.Failures == 0 {
+	if p.guard == nil || p.cfg.Guard.Breaker.Failures == 0 {
 		return ""
 	}
-	in := p.guard.breakers.Info(prefiller)
+	in := p.guard.CircuitInfo(prefiller)
 	switch {
-	case p.guard.cfg.Breaker.ProbeInterval <= 0:
+	case p.cfg.Guard.Breaker.ProbeInterval <= 0:
 	case in.ProbeUp:
 		return in.State.String() + " (probe up)"
 	case in.Probing:
@@ -194,8 +194,8 @@ func (p *Proxy) CircuitState(prefiller string) string {
 // CircuitLastProbe is when prefiller's open circuit was last probed (zero:
 // not since it opened, or no breaker); status.CircuitStates.
 func (p *Proxy) CircuitLastProbe(prefiller string) time.Time {
-	if p.guard == nil || p.guard.cfg.Breaker.Failures == 0 {
+	if p.guard == nil || p.cfg.Guard.Breaker.Failures == 0 {
 		return time.Time{}
 	}
-	return p.guard.breakers.Info(prefiller).LastProbe
+	return p.guard.CircuitInfo(prefiller).LastProbe
 }

@@ -67,7 +67,7 @@ func (r *request) kvSource(h *fasthttp.RequestHeader) *connectors.P2PPeer {
 		return nil
 	}
 	src, o := kvsource.Decide(string(v), kvsource.Request{
-		Prefiller: r.prefiller, Port: p.cfg.Port + r.rank(), OwnHost: p.ownHost, Allowlist: p.guard.cfg.Allowlist,
+		Prefiller: r.prefiller, Port: p.cfg.Port + r.rank(), OwnHost: p.ownHost, Allowlist: p.cfg.Guard.Allowlist,
 	})
 	p.m.KVSources.WithLabelValues(o).Inc()
 	if o != metrics.KVSourceUsed {

@@ -113,7 +113,7 @@ func (d *goPaired) exec(acts []split.Action) []split.Action {
 			if errors.Is(a.Err, split.ErrAbandoned) {
 				d.log.Debug().Msg("prefill leg cancelled with the request")
 			}
-			d.r.breakerDone(d.tk, a.Err)
+			d.r.p.guard.BreakerDone(d.r.prefiller, d.tk, a.Err)
 			d.tk = nil
 		case split.PrefillLegFailed:
 			d.r.p.m.PrefillLegFailures.WithLabelValues(a.Reason).Inc()

@@ -19,7 +19,7 @@ import (
 // serveInference runs one inference request: local when no prefiller is
 // named, else the sequential prefill→decode handoff with its degradations.
 func (p *Proxy) serveInference(rc *fasthttp.RequestCtx, local string, api connectors.API) {
-	if !p.guard.acquire() {
+	if !p.guard.Acquire() {
 		p.overloaded(rc)
 		return
 	}
@@ -178,7 +178,7 @@ func (r *request) failure(err error) outcome {
 	if errors.Is(err, upstream.ErrBufferBudget) {
 		// Refused for want of buffer room, as a request body is: counted
 		// with those, answered 503 with Retry-After.
-		r.p.guard.m.Rejected.WithLabelValues(metrics.RejectBufferedBytes).Inc()
+		r.p.m.Guards.Rejected.WithLabelValues(metrics.RejectBufferedBytes).Inc()
 		o.retryAfter = true
 	}
 	return o

@@ -25,6 +25,7 @@ import (
 	"github.com/pd-sidecar/pd-sidecar/proxy/bootstrap"
 	"github.com/pd-sidecar/pd-sidecar/proxy/clientconn"
 	"github.com/pd-sidecar/pd-sidecar/proxy/encoder"
+	"github.com/pd-sidecar/pd-sidecar/proxy/guard"
 	"github.com/pd-sidecar/pd-sidecar/proxy/kvpull"
 	"github.com/pd-sidecar/pd-sidecar/proxy/kvrelease"
 	"github.com/pd-sidecar/pd-sidecar/proxy/observe"
@@ -61,13 +62,14 @@ type Proxy struct {
 	log      zerolog.Logger
 	metricsH fasthttp.RequestHandler
 	draining atomic.Bool
-	guard    *guard   // limits, SSRF, circuit breaker, TLS
 	ext      Extras   // optional collaborators (see SetExtras)
 	hedge    *hedger  // hedged prefill (hedger); nil: off
 	strip    []string // --prefill-strip-headers, lower case
 	bufs     sse.Bufs // per-stream buffers for reuse
 	// pass is what passes through to the engine.
 	pass *passpolicy.Policy
+	// guard holds the limits, SSRF protection, circuit breakers and TLS.
+	guard *guard.Guard
 	// warm warms up new prefillers (--prefill-prewarm); nil: off.
 	warm *prewarm.Warmer
 	// kvr frees a prefiller's KV nobody read (--release-kv-on-cancel);
@@ -130,7 +132,7 @@ func New(cfg Config, conn connectors.Connector, m *metrics.Metrics, gatherer pro
 		return nil, err
 	}
 	p.guard = g
-	p.tr.SetAnswerBudget(g.buffered) // answers read whole draw from --max-buffered-bytes
+	p.tr.SetAnswerBudget(g.Budget()) // answers read whole draw from --max-buffered-bytes
 	upTLS, err := cfg.Guard.TLS.Upstream(p.localAddrs())
 	if err != nil {
 		return nil, err

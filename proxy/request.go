@@ -128,7 +128,7 @@ func (r *request) finish() {
 	r.releaseKV(nil) // kvrelease.go
 	r.held.Release()
 	r.report()
-	r.p.guard.release()
+	r.p.guard.Release()
 	if r.watch.Stop() && !r.detached {
 		r.rc.SetConnectionClose()
 	}

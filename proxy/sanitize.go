@@ -30,23 +30,23 @@ var ErrKVAddressDenied error = failure.New("a kv transfer address in the request
 // remove fields that are there, or to check their addresses. log gets the
 // debug line of a removal (nil: none).
 func (p *Proxy) cleanBody(api connectors.API, body []byte, log func() *zerolog.Event) ([]byte, connectors.BodyTop, error) {
-	g := p.guard
+	m, g := p.m.Guards, &p.cfg.Guard
 	top, err := connectors.ScanBody(api, body)
 	if err != nil {
-		g.m.Rejected.WithLabelValues(metrics.RejectMalformed).Inc()
+		m.Rejected.WithLabelValues(metrics.RejectMalformed).Inc()
 		return nil, top, fmt.Errorf("%w: %w", ErrBadRequest, err)
 	}
-	if g.cfg.TrustClientKVParams {
-		if g.cfg.Allowlist == nil {
+	if g.TrustClientKVParams {
+		if g.Allowlist == nil {
 			return body, top, nil
 		}
-		field, err := connectors.ClientAddrs(api, body, g.cfg.Allowlist.Allowed)
+		field, err := connectors.ClientAddrs(api, body, g.Allowlist.Allowed)
 		switch {
 		case err != nil:
-			g.m.Rejected.WithLabelValues(metrics.RejectMalformed).Inc()
+			m.Rejected.WithLabelValues(metrics.RejectMalformed).Inc()
 			return nil, top, fmt.Errorf("%w: %w", ErrBadRequest, err)
 		case field != "":
-			g.m.Rejected.WithLabelValues(metrics.RejectSSRF).Inc()
+			m.Rejected.WithLabelValues(metrics.RejectSSRF).Inc()
 			return nil, top, fmt.Errorf("%w: %s: %w", ErrKVAddressDenied, field, ssrf.ErrDenied)
 		}
 		return body, top, nil
@@ -56,7 +56,7 @@ func (p *Proxy) cleanBody(api connectors.API, body []byte, log func() *zerolog.E
 	}
 	out, removed, err := connectors.StripClientFields(nil, api, body)
 	if err != nil {
-		g.m.Rejected.WithLabelValues(metrics.RejectMalformed).Inc()
+		m.Rejected.WithLabelValues(metrics.RejectMalformed).Inc()
 		return nil, top, fmt.Errorf("%w: %w", ErrBadRequest, err)
 	}
 	if removed == 0 {
@@ -64,7 +64,7 @@ func (p *Proxy) cleanBody(api connectors.API, body []byte, log func() *zerolog.E
 	}
 	names := removed.Names()
 	for _, f := range names {
-		g.m.Sanitized.WithLabelValues(f).Inc()
+		m.Sanitized.WithLabelValues(f).Inc()
 	}
 	if log != nil {
 		if e := log(); e != nil {

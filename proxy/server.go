@@ -87,12 +87,12 @@ func (p *Proxy) Run(ctx context.Context) error {
 		// loops), under TLS with --secure-proxy (where they do not). No
 		// lane at trace level either: every leg is logged (observe.LogLeg).
 		var adopter clientconn.Adopter
-		if p.loops != nil && p.guard.tls == nil && !p.tr.UsesTLS(p.localAddr(rank)) && !p.logsLegs() {
+		if p.loops != nil && !p.guard.Secure() && !p.tr.UsesTLS(p.localAddr(rank)) && !p.logsLegs() {
 			ln := p.newLane(p.localAddr(rank), srv, p.loops.Loops())
 			lanes = append(lanes, ln)
 			adopter = ln
 		}
-		lns[len(lns)-1] = p.guard.wrapListener(clientconn.Listener{Listener: lns[len(lns)-1], Adopter: adopter, Tails: tails})
+		lns[len(lns)-1] = p.guard.WrapListener(clientconn.Listener{Listener: lns[len(lns)-1], Adopter: adopter, Tails: tails})
 		p.log.Info().Int("rank", rank).Int("port", p.cfg.Port+rank).Str("engine", p.localAddr(rank)).Msg("listening")
 	}
 	if p.cfg.MetricsPort != 0 {
@@ -159,9 +159,9 @@ const serverName = "pd-sidecar"
 func (p *Proxy) newServer(h fasthttp.RequestHandler) *fasthttp.Server {
 	return &fasthttp.Server{
 		// Request bodies are reserved from --max-buffered-bytes as their
-		// head arrives (budget.go).
-		Handler:            p.guard.bodies.handler(h),
-		HeaderReceived:     p.guard.bodies.headerReceived,
+		// head arrives (guard.BodyHolds).
+		Handler:            p.guard.Bodies().Handler(h),
+		HeaderReceived:     p.guard.Bodies().HeaderReceived,
 		Name:               serverName,
 		MaxRequestBodySize: p.cfg.MaxRequestBodyBytes,
 		ReadTimeout:        p.cfg.Guard.ReadTimeout,

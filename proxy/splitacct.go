@@ -38,7 +38,7 @@ func (r *request) splitStart(bodyErr error) (start split.Start, tk *circuit.Tick
 		start.NoPrefill = bodyErr
 		return start, nil
 	}
-	tk, err := r.allowPrefill()
+	tk, err := p.guard.AllowPrefill(r.prefiller)
 	start.NoPrefill = err
 	return start, tk
 }
@@ -48,7 +48,7 @@ func (r *request) splitStart(bodyErr error) (start split.Start, tk *circuit.Tick
 func (r *request) account(a split.Action, tk **circuit.Ticket) {
 	switch a.Op {
 	case split.BreakerDone:
-		r.breakerDone(*tk, a.Err)
+		r.p.guard.BreakerDone(r.prefiller, *tk, a.Err)
 		*tk = nil
 	case split.Retrying:
 		r.retrying(a.Attempt, a.Err)

@@ -2,7 +2,6 @@ package proxy
 
 import (
 	"crypto/tls"
-	"net"
 	"time"
 
 	"github.com/pd-sidecar/pd-sidecar/proxy/tlsconf"
@@ -21,12 +20,4 @@ const (
 // IPs), valid for the given duration (tlsconf.SelfSignedCert).
 func SelfSignedCert(hosts []string, valid time.Duration) (tls.Certificate, error) {
 	return tlsconf.SelfSignedCert(hosts, valid)
-}
-
-// wrapListener serves ln over TLS when --secure-proxy is on.
-func (g *guard) wrapListener(ln net.Listener) net.Listener {
-	if g.tls == nil {
-		return ln
-	}
-	return tls.NewListener(ln, g.tls.Config())
 }

@@ -1,4 +1,4 @@
-package proxy
+package guard
 
 import (
 	"testing"
@@ -37,7 +37,7 @@ func TestBodyHoldsHeaderReceived(t *testing.T) {
 			b := upstream.NewBudget(tc.free, nil)
 			h := newBodyHolds(b, maxBody, time.Minute)
 			hdr := head(tc.cl)
-			rc := h.headerReceived(hdr)
+			rc := h.HeaderReceived(hdr)
 			assert.Equal(t, tc.maxBytes, rc.MaxRequestBodySize)
 			assert.Equal(t, tc.held, b.Used())
 			n, refused := h.claim(hdr)
@@ -55,18 +55,18 @@ func TestBodyHoldsGiveBackUnclaimed(t *testing.T) {
 	h := newBodyHolds(b, 1<<20, 0)
 	first, second := &fasthttp.RequestHeader{}, &fasthttp.RequestHeader{}
 	first.SetContentLength(200 << 10)
-	h.headerReceived(first)
+	h.HeaderReceived(first)
 	assert.Equal(t, int64(200<<10), b.Used())
 	// The same context reads its next head: the last hold was never claimed.
 	first.SetContentLength(100 << 10)
-	h.headerReceived(first)
+	h.HeaderReceived(first)
 	assert.Equal(t, int64(100<<10), b.Used())
 
 	// A hold older than the read timeout is reclaimed when the budget runs
 	// short (stale is the read timeout plus a second).
 	h.stale = 0
 	second.SetContentLength(250 << 10)
-	assert.Zero(t, h.headerReceived(second).MaxRequestBodySize, "the stale hold made room")
+	assert.Zero(t, h.HeaderReceived(second).MaxRequestBodySize, "the stale hold made room")
 	assert.Equal(t, int64(250<<10), b.Used())
 	n, _ := h.claim(first)
 	assert.Zero(t, n)
@@ -77,10 +77,10 @@ func TestBodyHoldsHandlerTrimsAndReleases(t *testing.T) {
 	h := newBodyHolds(b, 1<<20, time.Minute)
 	rc := &fasthttp.RequestCtx{}
 	rc.Request.Header.SetContentLength(-1)
-	h.headerReceived(&rc.Request.Header)
+	h.HeaderReceived(&rc.Request.Header)
 	rc.Request.SetBody(make([]byte, 64<<10))
 	var during int64
-	h.handler(func(*fasthttp.RequestCtx) { during = b.Used() })(rc)
+	h.Handler(func(*fasthttp.RequestCtx) { during = b.Used() })(rc)
 	assert.Equal(t, int64(64<<10), during, "a chunked body's hold is trimmed to its size")
 	assert.Zero(t, b.Used(), "released when the handler returns")
 }

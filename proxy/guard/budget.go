@@ -1,18 +1,16 @@
-package proxy
+package guard
 
 import (
-	"fmt"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/valyala/fasthttp"
 
-	"github.com/pd-sidecar/pd-sidecar/metrics"
 	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"
 )
 
-// bodyHolds wires the budget into fasthttp's reading of request bodies.
+// BodyHolds wires the budget into fasthttp's reading of request bodies.
 // fasthttp reads a body whole before the handler runs, and calls
 // Server.HeaderReceived in between, when the head is read; so the body is
 // reserved there, by its declared Content-Length (a chunked body, whose
@@ -30,7 +28,7 @@ import (
 // the same RequestCtx reads its next head, or, when the budget runs short,
 // once it is older than --read-timeout, by which time fasthttp has either
 // read the body or failed it.
-type bodyHolds struct {
+type BodyHolds struct {
 	b       *upstream.Budget
 	maxBody int64
 	stale   time.Duration
@@ -48,13 +46,15 @@ type bodyHold struct {
 	refused bool // the body did not fit: answered 503
 }
 
-func newBodyHolds(b *upstream.Budget, maxBody int, readTimeout time.Duration) *bodyHolds {
-	return &bodyHolds{b: b, maxBody: int64(maxBody), stale: readTimeout + time.Second,
+// newBodyHolds returns the holds on b of request bodies of at most maxBody
+// bytes, read within readTimeout.
+func newBodyHolds(b *upstream.Budget, maxBody int, readTimeout time.Duration) *BodyHolds {
+	return &BodyHolds{b: b, maxBody: int64(maxBody), stale: readTimeout + time.Second,
 		held: map[*fasthttp.RequestHeader]bodyHold{}}
 }
 
-// headerReceived implements fasthttp.Server.HeaderReceived.
-func (h *bodyHolds) headerReceived(hdr *fasthttp.RequestHeader) fasthttp.RequestConfig {
+// HeaderReceived implements fasthttp.Server.HeaderReceived.
+func (h *BodyHolds) HeaderReceived(hdr *fasthttp.RequestHeader) fasthttp.RequestConfig {
 	n := int64(hdr.ContentLength())
 	if n == -1 { // chunked
 		n = h.maxBody
@@ -86,20 +86,20 @@ func (h *bodyHolds) headerReceived(hdr *fasthttp.RequestHeader) fasthttp.Request
 }
 
 // put and drop add and remove a hold; h.mu is held.
-func (h *bodyHolds) put(hdr *fasthttp.RequestHeader, v bodyHold) {
+func (h *BodyHolds) put(hdr *fasthttp.RequestHeader, v bodyHold) {
 	if _, ok := h.held[hdr]; !ok {
 		h.holds.Add(1)
 	}
 	h.held[hdr] = v
 }
 
-func (h *bodyHolds) drop(hdr *fasthttp.RequestHeader) {
+func (h *BodyHolds) drop(hdr *fasthttp.RequestHeader) {
 	delete(h.held, hdr)
 	h.holds.Add(-1)
 }
 
 // reclaim releases the holds older than the read timeout; h.mu is held.
-func (h *bodyHolds) reclaim() (n int64) {
+func (h *BodyHolds) reclaim() (n int64) {
 	now := time.Now()
 	for k, v := range h.held {
 		if !v.refused && now.Sub(v.at) > h.stale {
@@ -114,9 +114,9 @@ func (h *bodyHolds) reclaim() (n int64) {
 // claim takes the hold of the request whose header is hdr: the bytes
 // reserved for its body (to release when the body is let go), and whether
 // the body was refused.
-func (h *bodyHolds) claim(hdr *fasthttp.RequestHeader) (n int64, refused bool) {
+func (h *BodyHolds) claim(hdr *fasthttp.RequestHeader) (n int64, refused bool) {
 	if h.holds.Load() == 0 {
-		return 0, false // headerReceived, on this goroutine, put none
+		return 0, false // HeaderReceived, on this goroutine, put none
 	}
 	h.mu.Lock()
 	v, ok := h.held[hdr]
@@ -127,10 +127,10 @@ func (h *bodyHolds) claim(hdr *fasthttp.RequestHeader) (n int64, refused bool) {
 	return v.n, v.refused
 }
 
-// handler wraps a server's handler: it claims the request's hold, trims a
+// Handler wraps a server's handler: it claims the request's hold, trims a
 // chunked body's to the body read, and releases it when the handler
 // returns (a request's body is not used past it).
-func (h *bodyHolds) handler(next fasthttp.RequestHandler) fasthttp.RequestHandler {
+func (h *BodyHolds) Handler(next fasthttp.RequestHandler) fasthttp.RequestHandler {
 	return func(rc *fasthttp.RequestCtx) {
 		n, _ := h.claim(&rc.Request.Header)
 		if n == 0 {
@@ -146,18 +146,10 @@ func (h *bodyHolds) handler(next fasthttp.RequestHandler) fasthttp.RequestHandle
 	}
 }
 
-// errorClaim releases the hold of a request fasthttp failed to read and
+// ErrorClaim releases the hold of a request fasthttp failed to read and
 // reports whether its body was refused by the budget (answered 503).
-func (h *bodyHolds) errorClaim(rc *fasthttp.RequestCtx) (refused bool) {
+func (h *BodyHolds) ErrorClaim(rc *fasthttp.RequestCtx) (refused bool) {
 	n, refused := h.claim(&rc.Request.Header)
 	h.b.Release(n)
 	return refused
-}
-
-// bufferFull answers a request whose body the budget refused: 503, with
-// Retry-After, counted as buffered_bytes.
-func (p *Proxy) bufferFull(rc *fasthttp.RequestCtx) {
-	p.reject(rc, metrics.RejectBufferedBytes, fasthttp.StatusServiceUnavailable,
-		fmt.Errorf("%w (--max-buffered-bytes %d)", upstream.ErrBufferBudget, p.guard.cfg.MaxBufferedBytes))
-	rc.Response.Header.Set("Retry-After", "1")
 }

@@ -1,0 +1,81 @@
+package guard
+
+import (
+	"fmt"
+
+	"github.com/pd-sidecar/pd-sidecar/circuit"
+	"github.com/pd-sidecar/pd-sidecar/metrics"
+	"github.com/pd-sidecar/pd-sidecar/proxy/circuitprobe"
+)
+
+// AllowPrefill asks prefiller hp's circuit breaker for a prefill: its
+// ticket, whose outcome BreakerDone reports, or ErrCircuitOpen (a reason
+// to fall back) while the circuit is open. Every choreography asks here.
+func (g *Guard) AllowPrefill(hp string) (*circuit.Ticket, error) {
+	tk, ok := g.breakers.Allow(hp)
+	if !ok {
+		return nil, fmt.Errorf("%w: %s skipped for up to %v", ErrCircuitOpen, logValue(hp), g.cfg.Breaker.Cooldown)
+	}
+	return tk, nil
+}
+
+// BreakerDone reports the outcome err of a prefill to prefiller hp that tk
+// allowed (nil: none was taken) to its circuit breaker, judged by
+// Deps.BreakerResult, and keeps the open-circuits gauge current.
+func (g *Guard) BreakerDone(hp string, tk *circuit.Ticket, err error) {
+	if tk == nil {
+		return
+	}
+	tk.Done(g.result(err))
+	g.trackCircuit(hp)
+}
+
+// CircuitInfo is what is known of prefiller hp's circuit.
+func (g *Guard) CircuitInfo(hp string) circuit.Info { return g.breakers.Info(hp) }
+
+// trackCircuit keeps the open-circuits gauge current for hp.
+func (g *Guard) trackCircuit(hp string) {
+	open := g.breakers.State(hp) != circuit.Closed
+	g.openMu.Lock()
+	defer g.openMu.Unlock()
+	_, was := g.open[hp]
+	switch {
+	case open && !was:
+		g.open[hp] = struct{}{}
+	case !open && was:
+		delete(g.open, hp)
+	}
+	g.m.CircuitOpen.Set(float64(len(g.open)))
+}
+
+// ProbeList lists the open circuits a connect probe may end
+// (circuitprobe.Targets).
+func (g *Guard) ProbeList(limit int) []string { return g.breakers.Probes(limit) }
+
+// Probed records a probe's result on hp's breaker, counts it, and keeps
+// the open-circuits gauge current (circuitprobe.Targets). A probe that
+// found hp up leaves the circuit open with its cool-down ended, rather
+// than closing it: the next request to hp is the half-open trial and is
+// split at once, as it would be on a closed circuit, while a prefiller
+// that accepts connections but cannot serve costs one failed trial, not
+// --circuit-breaker-failures of them.
+func (g *Guard) Probed(hp string, up bool) {
+	g.breakers.Probed(hp, up)
+	result := metrics.ProbeDown
+	if up {
+		result = metrics.ProbeUp
+	}
+	g.m.CircuitProbes.WithLabelValues(result).Inc()
+	g.trackCircuit(hp)
+}
+
+// logValue shortens a client-controlled value (a prefiller address from a
+// header) for an error, as the proxy's own log lines do.
+func logValue(s string) string {
+	if len(s) > 256 {
+		return s[:256] + "..."
+	}
+	return s
+}
+
+var _ circuitprobe.Targets = (*Guard)(nil)
