@@ -1,6 +1,7 @@
 // Package split decides a P/D split: which leg goes out next, when a
-// prefill is tried again, given up on or raced by a local prefill, and what
-// a failure degrades to. It does no I/O. A choreography is a state machine
+// prefill is tried again, given up on or raced by a local prefill, what
+// a failure degrades to, and whether a request the decode engine is asked
+// first is served by it. It does no I/O. A choreography is a state machine
 // fed events (a prefill answered or failed, a timer fired, a leg became
 // ready, the client left) that returns the actions to take (send a leg,
 // cancel one, arm a timer, relay, answer, count); the serving paths that
