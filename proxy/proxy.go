@@ -31,6 +31,7 @@ import (
 	"github.com/pd-sidecar/pd-sidecar/proxy/kvrelease"
 	"github.com/pd-sidecar/pd-sidecar/proxy/observe"
 	"github.com/pd-sidecar/pd-sidecar/proxy/passpolicy"
+	"github.com/pd-sidecar/pd-sidecar/proxy/prefillstrip"
 	"github.com/pd-sidecar/pd-sidecar/proxy/prewarm"
 	"github.com/pd-sidecar/pd-sidecar/proxy/sse"
 	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"
@@ -126,7 +127,7 @@ func New(cfg Config, conn connectors.Connector, m *metrics.Metrics, gatherer pro
 	if err != nil {
 		return nil, err
 	}
-	p.pass, p.strip = pass, stripNames(cfg.PrefillStripHeaders)
+	p.pass, p.strip = pass, prefillstrip.Names(cfg.PrefillStripHeaders)
 	p.prefillStrip = p.strip
 	p.rewriter, _ = conn.(connectors.AnswerRewriter)
 	g, err := newGuard(cfg.Guard, cfg.MaxRequestBodyBytes, m.Guards, log)
