@@ -6,6 +6,7 @@ import (
 	"runtime"
 	"time"
 
+	"github.com/pd-sidecar/pd-sidecar/proxy/prefillstrip"
 	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"
 )
 
@@ -225,7 +226,7 @@ func (c Config) Validate() error {
 	if err := c.Passthrough.Validate(); err != nil {
 		return err
 	}
-	if err := validStripHeaders(c.PrefillStripHeaders); err != nil {
+	if err := prefillstrip.Validate(c.PrefillStripHeaders); err != nil {
 		return err
 	}
 	return c.Guard.Validate()

@@ -10,6 +10,7 @@ import (
 	"github.com/pd-sidecar/pd-sidecar/connectors"
 	"github.com/pd-sidecar/pd-sidecar/kvtransfer"
 	"github.com/pd-sidecar/pd-sidecar/proxy/bootstrap"
+	"github.com/pd-sidecar/pd-sidecar/proxy/dprank"
 	"github.com/pd-sidecar/pd-sidecar/proxy/failure"
 	"github.com/pd-sidecar/pd-sidecar/proxy/guard"
 	"github.com/pd-sidecar/pd-sidecar/proxy/split"
@@ -52,7 +53,7 @@ var (
 	ErrKVLoadFailed error = failure.New("decode engine failed to load remote KV", failure.Outcome{Status: http.StatusInternalServerError, Reason: ReasonKVLoadFailed})
 	// ErrUnknownRank: x-data-parallel-host-port names no data-parallel rank
 	// of this pod, or is not host:port.
-	ErrUnknownRank error = failure.New("x-data-parallel-host-port names no data-parallel rank of this pod", failure.Outcome{Status: http.StatusBadRequest})
+	ErrUnknownRank = dprank.ErrUnknown
 	// ErrBadRequest: the client body is not a JSON object.
 	ErrBadRequest error = failure.New("request body is not a JSON object", failure.Outcome{Status: http.StatusBadRequest})
 )
@@ -148,7 +149,7 @@ func foreignOutcome(err error) (failure.Outcome, bool) {
 		return failure.Outcome{Status: http.StatusBadGateway, Reason: ReasonInvalidParams}, true
 	case connectors.ErrBadPrefillAnswer:
 		return failure.Outcome{Status: http.StatusBadGateway, Reason: ReasonBadAnswer}, true
-	case connectors.ErrBadBody, connectors.ErrUnsupportedRequest:
+	case connectors.ErrBadBody, connectors.ErrUnsupportedRequest, dprank.ErrUnknown:
 		return failure.Outcome{Status: http.StatusBadRequest}, true
 	case connectors.ErrBadBootstrap, bootstrap.ErrFailed:
 		return failure.Outcome{Status: http.StatusBadGateway, Reason: ReasonBootstrapFailed}, true

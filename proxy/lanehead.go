@@ -5,6 +5,8 @@ import (
 	"strconv"
 
 	"github.com/valyala/fasthttp"
+
+	"github.com/pd-sidecar/pd-sidecar/proxy/prefillstrip"
 )
 
 // The lane's heads are parsed by fasthttp with key normalizing off and
@@ -112,7 +114,7 @@ func appendLegStart(dst []byte, h *fasthttp.RequestHeader) []byte {
 
 // appendLegStartStrip appends a leg's head start as appendLegStart does,
 // less the headers named in strip (lower case): a prefill leg's under
-// --prefill-strip-headers (prefillheaders.go).
+// --prefill-strip-headers (proxy/prefillstrip).
 func appendLegStartStrip(dst []byte, h *fasthttp.RequestHeader, strip []string) []byte {
 	return appendLegStartAt(dst, h, h.RequestURI(), strip)
 }
@@ -135,7 +137,7 @@ func appendLegStartAt(dst []byte, h *fasthttp.RequestHeader, target []byte, stri
 			len(k) == len(HeaderEncoders) && equalFold(k, HeaderEncoders),
 			len(k) == len(HeaderDataParallel) && equalFold(k, HeaderDataParallel),
 			len(k) == len(HeaderKVCacheSource) && equalFold(k, HeaderKVCacheSource),
-			len(strip) > 0 && stripped(k, strip):
+			len(strip) > 0 && prefillstrip.Stripped(k, strip):
 			continue
 		}
 		dst = appendHeaderLine(dst, k, v)

@@ -119,7 +119,7 @@ func (r *request) prefillStarted(start time.Time) func(error) {
 		d := time.Since(start)
 		r.p.m.PrefillDuration.WithLabelValues(r.label).Observe(d.Seconds())
 		if err == nil {
-			r.p.hedge.observe(r.label, d) // the auto hedge point's sample
+			r.p.hedge.Observe(r.label, d) // the auto hedge point's sample
 		}
 		r.obs.PrefillDur = d
 		r.p.trace.EndPrefill(span, err)

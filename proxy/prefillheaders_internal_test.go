@@ -9,10 +9,12 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"github.com/valyala/fasthttp"
+
+	"github.com/pd-sidecar/pd-sidecar/proxy/prefillstrip"
 )
 
 // TestPrefillStripBothBuilders: the lane's leg head (appendLegStartStrip)
-// and fasthttp's (stripPrefillHeaders on a leg upstreamHeader built) drop
+// and fasthttp's (prefillstrip.Strip on a leg upstreamHeader built) drop
 // the same headers, every copy and in any letter case, and keep the rest.
 func TestPrefillStripBothBuilders(t *testing.T) {
 	const head = "POST /v1/completions HTTP/1.1\r\nHost: sidecar:8000\r\nContent-Type: application/json\r\n" +
@@ -30,7 +32,7 @@ func TestPrefillStripBothBuilders(t *testing.T) {
 		{"absent name", []string{"X-Not-Sent"}, nil, []string{"Authorization", "Cookie", "X-Api-Key", "X-Custom"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			strip := stripNames(tc.strip)
+			strip := prefillstrip.Names(tc.strip)
 			// The lane's: the head parsed with key normalizing off.
 			lane := parseRequestHead(t, head)
 			laneGot := appendLegEnd(appendLegStartStrip(nil, lane, strip), "127.0.0.1:8100", "rid", 2)
@@ -41,7 +43,7 @@ func TestPrefillStripBothBuilders(t *testing.T) {
 			require.NoError(t, src.Read(bufio.NewReader(strings.NewReader(head))))
 			var leg fasthttp.RequestHeader
 			src.CopyTo(&leg)
-			stripPrefillHeaders(&leg, strip)
+			prefillstrip.Strip(&leg, strip)
 			leg.SetContentLength(2)
 			fastReq, err := http.ReadRequest(bufio.NewReader(strings.NewReader(string(leg.Header()) + "{}")))
 			require.NoError(t, err, "%s", leg.Header())
@@ -56,29 +58,5 @@ func TestPrefillStripBothBuilders(t *testing.T) {
 			assert.ElementsMatch(t, laneReq.Header.Values("X-Api-Key"), fastReq.Header.Values("X-Api-Key"))
 			assert.Equal(t, len(laneReq.Cookies()), len(fastReq.Cookies()), "cookies")
 		})
-	}
-}
-
-func TestValidStripHeaders(t *testing.T) {
-	for _, tc := range []struct {
-		names []string
-		err   string
-	}{
-		{nil, ""},
-		{[]string{"Authorization", "Cookie", "X-Api-Key", "traceparent"}, ""},
-		{[]string{"X Bad"}, "is not a header name"},
-		{[]string{""}, "is not a header name"},
-		{[]string{"host"}, "every leg needs it"},
-		{[]string{"Content-Type"}, "every leg needs it"},
-		{[]string{"X-REQUEST-ID"}, "every leg needs it"},
-		{[]string{"content-length"}, "every leg needs it"},
-	} {
-		err := validStripHeaders(tc.names)
-		if tc.err == "" {
-			assert.NoError(t, err, "%q", tc.names)
-			continue
-		}
-		require.Error(t, err, "%q", tc.names)
-		assert.Contains(t, err.Error(), tc.err)
 	}
 }

@@ -26,10 +26,12 @@ import (
 	"github.com/pd-sidecar/pd-sidecar/proxy/clientconn"
 	"github.com/pd-sidecar/pd-sidecar/proxy/encoder"
 	"github.com/pd-sidecar/pd-sidecar/proxy/guard"
+	"github.com/pd-sidecar/pd-sidecar/proxy/hedge"
 	"github.com/pd-sidecar/pd-sidecar/proxy/kvpull"
 	"github.com/pd-sidecar/pd-sidecar/proxy/kvrelease"
 	"github.com/pd-sidecar/pd-sidecar/proxy/observe"
 	"github.com/pd-sidecar/pd-sidecar/proxy/passpolicy"
+	"github.com/pd-sidecar/pd-sidecar/proxy/prefillstrip"
 	"github.com/pd-sidecar/pd-sidecar/proxy/prewarm"
 	"github.com/pd-sidecar/pd-sidecar/proxy/sse"
 	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"
@@ -63,9 +65,10 @@ type Proxy struct {
 	metricsH fasthttp.RequestHandler
 	draining atomic.Bool
 	ext      Extras   // optional collaborators (see SetExtras)
-	hedge    *hedger  // hedged prefill (hedger); nil: off
 	strip    []string // --prefill-strip-headers, lower case
 	bufs     sse.Bufs // per-stream buffers for reuse
+	// hedge is hedged prefill's policy; nil: off.
+	hedge *hedge.Policy
 	// pass is what passes through to the engine.
 	pass *passpolicy.Policy
 	// guard holds the limits, SSRF protection, circuit breakers and TLS.
@@ -124,7 +127,7 @@ func New(cfg Config, conn connectors.Connector, m *metrics.Metrics, gatherer pro
 	if err != nil {
 		return nil, err
 	}
-	p.pass, p.strip = pass, stripNames(cfg.PrefillStripHeaders)
+	p.pass, p.strip = pass, prefillstrip.Names(cfg.PrefillStripHeaders)
 	p.prefillStrip = p.strip
 	p.rewriter, _ = conn.(connectors.AnswerRewriter)
 	g, err := newGuard(cfg.Guard, cfg.MaxRequestBodyBytes, m.Guards, log)
@@ -153,7 +156,7 @@ func New(cfg Config, conn connectors.Connector, m *metrics.Metrics, gatherer pro
 	if cfg.P2P.Enabled {
 		p.features = append(p.features, kvCacheSource{})
 	}
-	p.hedge = newHedger(cfg.Hedge, m.Hedge)
+	p.hedge = hedge.New(cfg.Hedge, m.Hedge)
 	if cfg.Hedge.On() && p.choreo == connectors.ChoreographyConcurrent {
 		log.Warn().Str("connector", conn.Name()).Msg("--prefill-hedge-after has no effect: this connector sends the decode leg while the prefill runs, so there is no wait to hedge")
 	}

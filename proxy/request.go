@@ -18,6 +18,7 @@ import (
 	"github.com/pd-sidecar/pd-sidecar/metrics"
 	"github.com/pd-sidecar/pd-sidecar/proxy/clientconn"
 	"github.com/pd-sidecar/pd-sidecar/proxy/observe"
+	"github.com/pd-sidecar/pd-sidecar/proxy/prefillstrip"
 	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"
 )
 
@@ -149,11 +150,11 @@ func (r *request) upstream(addr string, body []byte) *fasthttp.Request {
 }
 
 // legRequest builds a leg as upstream does, less the headers named in strip
-// (lower case; prefillheaders.go).
+// (lower case; proxy/prefillstrip).
 func (r *request) legRequest(addr string, body []byte, strip []string) *fasthttp.Request {
 	req := fasthttp.AcquireRequest()
 	r.upstreamHeader(&req.Header, &r.rc.Request.Header, addr)
-	stripPrefillHeaders(&req.Header, strip)
+	prefillstrip.Strip(&req.Header, strip)
 	if t := clientconn.OriginForm(r.rc); t != nil {
 		req.Header.SetRequestURIBytes(t) // the path routed on
 	}

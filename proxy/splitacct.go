@@ -31,8 +31,8 @@ func (r *request) namePrefiller(hv []byte) error {
 func (r *request) splitStart(bodyErr error) (start split.Start, tk *circuit.Ticket) {
 	p := r.p
 	// Every split refills the hedge budget, hedged or not.
-	if after, ok := p.hedge.split(r.label); ok && p.hedgeable() {
-		start.HedgeAfter, start.TakeHedge = after, p.hedge.take
+	if after, ok := p.hedge.Split(r.label); ok && p.hedgeable() {
+		start.HedgeAfter, start.TakeHedge = after, p.hedge.Take
 	}
 	if bodyErr != nil {
 		start.NoPrefill = bodyErr

@@ -1,4 +1,4 @@
-package proxy
+package hedge
 
 import (
 	"testing"
@@ -20,18 +20,18 @@ func TestHedgeBudget(t *testing.T) {
 		want   int // hedges the budget lets through, one tried after each split
 	}{
 		{"zero never hedges", 0, 100, 0},
-		{"a tenth: the burst, then one in ten", 0.1, 100, hedgeBurst + 10},
+		{"a tenth: the burst, then one in ten", 0.1, 100, burst + 10},
 		{"all", 1, 100, 100},
 		{"half", 0.5, 40, 10 + 20},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			m := metrics.NewHedge(prometheus.NewRegistry())
-			h := newHedger(HedgeConfig{After: time.Second, Budget: tc.budget}, m)
+			h := New(Config{After: time.Second, Budget: tc.budget}, m)
 			got := 0
 			for range tc.splits {
-				_, ok := h.split("p")
+				_, ok := h.Split("p")
 				require.True(t, ok)
-				if h.take() {
+				if h.Take() {
 					got++
 				}
 			}
@@ -57,18 +57,18 @@ func TestHedgePointAuto(t *testing.T) {
 		{name: "the prefiller's 95th percentile", samples: map[string][]time.Duration{"a": spread(100, 200, 100)}, label: "a", want: ms(195), ok: true},
 		{name: "a prefiller with few samples: every prefiller's", samples: map[string][]time.Duration{
 			"a": spread(100, 200, 100), "b": {ms(900)}}, label: "b", want: ms(196), ok: true},
-		{name: "fast prefills: the floor", samples: map[string][]time.Duration{"a": spread(1, 10, 50)}, label: "a", want: HedgeAutoFloor, ok: true},
+		{name: "fast prefills: the floor", samples: map[string][]time.Duration{"a": spread(1, 10, 50)}, label: "a", want: AutoFloor, ok: true},
 		{name: "a given floor above the percentile", after: ms(300), samples: map[string][]time.Duration{"a": spread(100, 200, 100)}, label: "a", want: ms(300), ok: true},
-		{name: "only the recent window counts", samples: map[string][]time.Duration{"a": append(spread(1000, 1000, 200), spread(100, 200, hedgeWindow)...)}, label: "a", want: ms(195), ok: true},
+		{name: "only the recent window counts", samples: map[string][]time.Duration{"a": append(spread(1000, 1000, 200), spread(100, 200, window)...)}, label: "a", want: ms(195), ok: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			h := newHedger(HedgeConfig{Auto: true, After: tc.after, Budget: 0.1}, metrics.NewHedge(prometheus.NewRegistry()))
+			h := New(Config{Auto: true, After: tc.after, Budget: 0.1}, metrics.NewHedge(prometheus.NewRegistry()))
 			for label, ds := range tc.samples {
 				for _, d := range ds {
-					h.observe(label, d)
+					h.Observe(label, d)
 				}
 			}
-			got, ok := h.split(tc.label)
+			got, ok := h.Split(tc.label)
 			require.Equal(t, tc.ok, ok)
 			if ok {
 				assert.InDelta(t, tc.want, got, float64(2*time.Millisecond), "hedge point %v", got)
@@ -92,19 +92,19 @@ func spread(lo, hi, n int) []time.Duration {
 
 func TestHedgeConfig(t *testing.T) {
 	for _, tc := range []struct {
-		c   HedgeConfig
+		c   Config
 		on  bool
 		err bool
 	}{
-		{c: HedgeConfig{}, on: false},
-		{c: HedgeConfig{After: time.Second, Budget: 0.1}, on: true},
-		{c: HedgeConfig{Auto: true}, on: true},
-		{c: HedgeConfig{After: -time.Second}, err: true},
-		{c: HedgeConfig{After: time.Second, Budget: 1.5}, on: true, err: true},
-		{c: HedgeConfig{After: time.Second, Budget: -0.1}, on: true, err: true},
+		{c: Config{}, on: false},
+		{c: Config{After: time.Second, Budget: 0.1}, on: true},
+		{c: Config{Auto: true}, on: true},
+		{c: Config{After: -time.Second}, err: true},
+		{c: Config{After: time.Second, Budget: 1.5}, on: true, err: true},
+		{c: Config{After: time.Second, Budget: -0.1}, on: true, err: true},
 	} {
 		assert.Equal(t, tc.on, tc.c.On(), "%+v", tc.c)
 		assert.Equal(t, tc.err, tc.c.Validate() != nil, "%+v", tc.c)
 	}
-	assert.Nil(t, newHedger(HedgeConfig{}, nil), "off: no hedger")
+	assert.Nil(t, New(Config{}, nil), "off: no policy")
 }
