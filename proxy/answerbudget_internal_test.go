@@ -35,9 +35,9 @@ var answerBudgetCases = []struct {
 	{name: "declared length refused before it is read", answer: withLength(100 << 10), budget: 1 << 20, used: 1<<20 - 64<<10,
 		err: upstream.ErrBufferBudget},
 	{name: "small answer needs no room", answer: withLength(1 << 10), budget: 1 << 20, used: 1 << 20, size: 1 << 10},
-	{name: "chunked answer growing within the budget", answer: chunked(300<<10, 10<<10), budget: 1 << 20, size: 300 << 10},
-	{name: "chunked answer growing past the budget", answer: chunked(300<<10, 10<<10), budget: 200 << 10, err: upstream.ErrBufferBudget},
-	{name: "chunked answer past what others left", answer: chunked(300<<10, 10<<10), budget: 1 << 20, used: 900 << 10,
+	{name: "chunked answer growing within the budget", answer: chunkedAnswer(300<<10, 10<<10), budget: 1 << 20, size: 300 << 10},
+	{name: "chunked answer growing past the budget", answer: chunkedAnswer(300<<10, 10<<10), budget: 200 << 10, err: upstream.ErrBufferBudget},
+	{name: "chunked answer past what others left", answer: chunkedAnswer(300<<10, 10<<10), budget: 1 << 20, used: 900 << 10,
 		err: upstream.ErrBufferBudget},
 	{name: "close-delimited answer that fits", answer: untilClose(100 << 10), budget: 1 << 20, size: 100 << 10},
 	{name: "close-delimited answer past the budget", answer: untilClose(400 << 10), budget: 256 << 10, err: upstream.ErrBufferBudget},
@@ -47,7 +47,7 @@ func withLength(n int) string {
 	return fmt.Sprintf("HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", n, strings.Repeat("x", n))
 }
 
-func chunked(n, chunk int) string {
+func chunkedAnswer(n, chunk int) string {
 	var b strings.Builder
 	b.WriteString("HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n")
 	for n > 0 {

@@ -12,11 +12,11 @@ import (
 	"github.com/pd-sidecar/pd-sidecar/connectors/nixlv2"
 	"github.com/pd-sidecar/pd-sidecar/metrics"
 	// chunkdec: the package's tests declare a chunked (an HTTP chunked body).
-	chunkdec "github.com/pd-sidecar/pd-sidecar/proxy/chunked"
+	"github.com/pd-sidecar/pd-sidecar/proxy/chunked"
 	"github.com/pd-sidecar/pd-sidecar/proxy/clientconn"
 )
 
-// Chunked decode (--decode-chunk-size N; chunkdec.Run): the decode of a
+// Chunked decode (--decode-chunk-size N; chunked.Run): the decode of a
 // chat request runs as a series of non-streamed requests of at most N
 // tokens to the local engine, stitched into one answer. It applies, as in
 // llm-d, to /v1/chat/completions requests decoded here: decoder-only ones
@@ -37,34 +37,34 @@ func (r *request) decode(body []byte, remote bool) error {
 }
 
 // chunkPlanFor reports whether the decode of body is chunked, and how: a
-// request chunked decode applies to, whose body chunkdec.PlanFor cuts.
-func (r *request) chunkPlanFor(body []byte, remote bool) (chunkdec.Plan, bool) {
+// request chunked decode applies to, whose body chunked.PlanFor cuts.
+func (r *request) chunkPlanFor(body []byte, remote bool) (chunked.Plan, bool) {
 	n := r.p.cfg.DecodeChunkSize
 	if n <= 0 || r.api != connectors.APIChat || r.rc == nil ||
 		(remote && r.p.conn.Name() != nixlv2.Name) ||
 		len(r.rc.Request.Header.Peek(HeaderDataParallel)) > 0 {
-		return chunkdec.Plan{}, false
+		return chunked.Plan{}, false
 	}
-	return chunkdec.PlanFor(body, n)
+	return chunked.PlanFor(body, n)
 }
 
-// decodeChunked runs a chunked decode (chunkdec.Run, whose contract it
+// decodeChunked runs a chunked decode (chunked.Run, whose contract it
 // has).
-func (r *request) decodeChunked(body []byte, remote bool, plan chunkdec.Plan) error {
+func (r *request) decodeChunked(body []byte, remote bool, plan chunked.Plan) error {
 	phase := metrics.PhaseLocal
 	if remote {
 		phase = metrics.PhaseDecode
 	}
 	g := r.p.m.Inflight.WithLabelValues(phase)
 	r.decodeStarted(remote)
-	return chunkdec.Run(chunkdec.Deps{
+	return chunked.Run(chunked.Deps{
 		Metrics:      r.p.m.Chunked,
 		BadRequest:   ErrBadRequest,
 		DecodeFailed: ErrDecodeFailed,
 		ClientGone:   ErrClientGone,
 		KVLoadFailed: ErrKVLoadFailed,
 		ErrorBody:    chunkErrorBody,
-	}, chunkRequest{r}, chunkdec.Job{
+	}, chunkRequest{r}, chunked.Job{
 		Plan: plan, Body: body, Stream: r.stream, Usage: r.usage, Remote: remote, Inflight: g,
 	})
 }
@@ -72,7 +72,7 @@ func (r *request) decodeChunked(body []byte, remote bool, plan chunkdec.Plan) er
 // chunkErrorBody is the sidecar's error object answering err: a failed
 // chunk's with its status, another with the status classify gives it.
 func chunkErrorBody(err error) []byte {
-	var cf *chunkdec.Failed
+	var cf *chunked.Failed
 	if errors.As(err, &cf) {
 		return errorBody(cf.Status, err)
 	}
@@ -82,9 +82,9 @@ func chunkErrorBody(err error) []byte {
 // chunkRequest is a request's part in its chunked decode.
 type chunkRequest struct{ r *request }
 
-// Send implements chunkdec.Request: the chunk's leg to the local engine,
+// Send implements chunked.Request: the chunk's leg to the local engine,
 // its answer read whole.
-func (c chunkRequest) Send(body []byte, handoff bool) (chunkdec.Answer, error) {
+func (c chunkRequest) Send(body []byte, handoff bool) (chunked.Answer, error) {
 	r := c.r
 	req := r.upstream(r.local, body)
 	resp := fasthttp.AcquireResponse()
@@ -93,27 +93,27 @@ func (c chunkRequest) Send(body []byte, handoff bool) (chunkdec.Answer, error) {
 	hold, err := r.p.tr.Do(r.ctx, r.local, req, resp)
 	fasthttp.ReleaseRequest(req)
 	if err != nil {
-		return chunkdec.Answer{}, decodeTransportErr(err)
+		return chunked.Answer{}, decodeTransportErr(err)
 	}
 	defer hold.Release()
 	st := resp.StatusCode()
 	if handoff {
 		r.kvHandoffDone(sent, st == fasthttp.StatusOK)
 		if st == fasthttp.StatusInternalServerError && r.kvLoadFailed() {
-			return chunkdec.Answer{}, ErrKVLoadFailed
+			return chunked.Answer{}, ErrKVLoadFailed
 		}
 	}
 	buf := resp.Body()
 	if st == fasthttp.StatusOK && handoff && r.p.rewriter != nil {
 		buf = r.p.rewriter.RewriteAnswer(r.api, buf, *r.handoff)
 	}
-	return chunkdec.Answer{Status: st, ContentType: string(resp.Header.ContentType()), Body: append([]byte(nil), buf...)}, nil
+	return chunked.Answer{Status: st, ContentType: string(resp.Header.ContentType()), Body: append([]byte(nil), buf...)}, nil
 }
 
-// Gone implements chunkdec.Request.
+// Gone implements chunked.Request.
 func (c chunkRequest) Gone() bool { return c.r.gone() }
 
-// Answer implements chunkdec.Request.
+// Answer implements chunked.Request.
 func (c chunkRequest) Answer(status int, contentType string, body []byte) {
 	r := c.r
 	if contentType == "text/event-stream" {
@@ -122,7 +122,7 @@ func (c chunkRequest) Answer(status int, contentType string, body []byte) {
 	r.answer(r.mode, status, contentType, body)
 }
 
-// Stream implements chunkdec.Request: it answers 200 and hands body to
+// Stream implements chunked.Request: it answers 200 and hands body to
 // fasthttp, whose server goroutine reads it.
 func (c chunkRequest) Stream(body io.ReadCloser) bool {
 	r := c.r
@@ -142,7 +142,7 @@ func (c chunkRequest) Stream(body io.ReadCloser) bool {
 	return true
 }
 
-// Watch implements chunkdec.Request.
+// Watch implements chunked.Request.
 func (c chunkRequest) Watch() func() bool {
 	r := c.r
 	release := clientconn.Hold(r.rc) // the handler returned: the watch's read is no request boundary
@@ -154,10 +154,10 @@ func (c chunkRequest) Watch() func() bool {
 	}
 }
 
-// Left implements chunkdec.Request.
+// Left implements chunked.Request.
 func (c chunkRequest) Left() { c.r.left() }
 
-// Finish implements chunkdec.Request.
+// Finish implements chunked.Request.
 func (c chunkRequest) Finish(pipelined bool) {
 	r := c.r
 	if pipelined {
@@ -168,10 +168,10 @@ func (c chunkRequest) Finish(pipelined bool) {
 	r.finish()
 }
 
-// Report implements chunkdec.Request.
+// Report implements chunked.Request.
 func (c chunkRequest) Report(chunks int) { c.r.obs.Chunks = chunks }
 
-// Log implements chunkdec.Request.
+// Log implements chunked.Request.
 func (c chunkRequest) Log(l zerolog.Level) *zerolog.Event { return c.r.logAt(l) }
 
-var _ chunkdec.Request = chunkRequest{}
+var _ chunked.Request = chunkRequest{}

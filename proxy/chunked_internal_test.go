@@ -21,7 +21,7 @@ func chunkTestRequest(n int, api connectors.API, header ...string) *request {
 }
 
 // TestChunkPlan: which requests a chunked decode applies to; how their
-// bodies are cut is chunkdec.PlanFor's (its own tests).
+// bodies are cut is chunked.PlanFor's (its own tests).
 func TestChunkPlan(t *testing.T) {
 	msgs := `"messages":[{"role":"user","content":"hi"}]`
 	tests := []struct {
