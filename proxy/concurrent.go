@@ -21,7 +21,7 @@ import (
 // when the request is not tried on the decode engine first or was declined).
 func (r *request) choreograph() bool {
 	if m := r.p.mori; m != nil && m.cfg.ParallelDispatch {
-		r.serveMoriParallel() // MoRI-IO parallel dispatch (moriio.go)
+		r.serveMoriParallel() // MoRI-IO parallel dispatch
 		return true
 	}
 	switch r.p.choreo {

@@ -36,9 +36,9 @@ type Config struct {
 	// PodIP is this pod's IP (POD_IP), the host by which a request's
 	// x-data-parallel-host-port names one of its ranks (PodIP:Port+r). When
 	// empty the ranks are named by Host, or by a loopback address when Host
-	// is empty or unspecified (dataparallel.go).
+	// is empty or unspecified (dprank.Pod).
 	PodIP string
-	// P2P is llm-d's P2P KV tier (p2p.go).
+	// P2P is llm-d's P2P KV tier (proxy/kvsource).
 	P2P P2PConfig
 	// PrefillerSampling picks a random entry of a comma-separated
 	// x-prefiller-host-port instead of the first.
@@ -66,13 +66,13 @@ type Config struct {
 	// ReleaseKVOnCancel frees the prefiller's KV of a split whose decode
 	// leg never read it (the client left first): a one-token decode leg
 	// with the handoff is sent to the local engine in the background
-	// (kvrelease.go). Only for connectors whose decoder pulls (nixlv2).
+	// (proxy/kvrelease). Only for connectors whose decoder pulls (nixlv2).
 	ReleaseKVOnCancel bool
 	// DecodeTPSize is the local engine's tensor-parallel size; a prefill
 	// answer with a larger tp_size degrades to local prefill. 0 disables
 	// the check.
 	DecodeTPSize int
-	// MinRemotePrefillTokens is the short-prompt guard (shortprompt.go): a
+	// MinRemotePrefillTokens is the short-prompt guard (shortPrompt): a
 	// request that names a prefiller but whose prompt is estimated under
 	// this many tokens (connectors.EstimatePromptTokens) is served locally,
 	// with no prefill leg. 0 disables the guard.
@@ -84,7 +84,7 @@ type Config struct {
 	// answer): past it a prefill fails (bad_answer) and a decode is a 502.
 	MaxUpstreamAnswerBytes int64
 	// MaxSSEEventBytes bounds one SSE event of an upstream stream, on every
-	// stream reader of both serving paths (eventbound.go): past it the
+	// stream reader of both serving paths (sse.Bound): past it the
 	// stream is refused, a 502 before any output, else an error event.
 	MaxSSEEventBytes int
 	// ShutdownGrace bounds the drain of in-flight requests on shutdown.
@@ -97,35 +97,35 @@ type Config struct {
 	// MaxPrefillers bounds distinct prefiller metric labels and pools.
 	MaxPrefillers int
 	// StreamLoops is the number of event loops that serve local inference
-	// requests from first byte to last and hold idle connections (lane.go),
+	// requests from first byte to last and hold idle connections (the lane),
 	// and carry the other open streams once their answer has begun
-	// (loopstream.go): an idle connection or an open stream then holds no
+	// (loopStream): an idle connection or an open stream then holds no
 	// goroutine and no buffer. 0 keeps fasthttp's goroutine per connection
 	// for everything.
 	StreamLoops int
 	// DecodeChunkSize > 0 runs the decode of a /v1/chat/completions request
 	// (decoder-only, or the decode leg of a nixlv2 split) as a series of
 	// requests of at most this many tokens, stitched into one answer
-	// (chunked.go); 0: off.
+	// (proxy/chunked); 0: off.
 	DecodeChunkSize int
 	// PrefillPrewarm sends each newly seen prefiller a warm-up split in
 	// the background, so that the local engine's KV connection to it is made
-	// before a client request needs it (prewarm.go).
+	// before a client request needs it (proxy/prewarm).
 	PrefillPrewarm bool
 	// Guard holds the limits, SSRF protection, circuit breaker and TLS
-	// (guard.go, tls.go).
+	// (proxy/guard, proxy/tlsconf).
 	Guard GuardConfig
-	// Encoder is llm-d's encoder stage (encode.go); off by default.
+	// Encoder is llm-d's encoder stage (proxy/encoder); off by default.
 	Encoder EncoderConfig
-	// MoriIO is MoRI-IO write mode on nixlv2 (moriio.go).
+	// MoriIO is MoRI-IO write mode on nixlv2 (moriState).
 	MoriIO MoriIOConfig
-	// Hedge is hedged prefill (hedge.go); off by default.
+	// Hedge is hedged prefill (proxy/hedge); off by default.
 	Hedge HedgeConfig
 	// Passthrough says which other requests pass through to the local
 	// engine (proxy/passpolicy).
 	Passthrough PassthroughConfig
 	// PrefillStripHeaders are client headers removed from every leg sent
-	// to a prefiller (prefillheaders.go); never from the local engine's.
+	// to a prefiller (proxy/prefillstrip); never from the local engine's.
 	PrefillStripHeaders []string
 }
 

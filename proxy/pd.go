@@ -72,7 +72,7 @@ func (r *request) serveLocal() {
 		r.fail(fmt.Errorf("%w: %w", ErrBadRequest, err))
 		return
 	}
-	r.fail(r.decode(body, false)) // chunked.go
+	r.fail(r.decode(body, false)) // chunked when --decode-chunk-tokens says so
 }
 
 // tpGuard refuses a handoff from a prefiller of a larger tensor-parallel
@@ -92,7 +92,7 @@ func (r *request) fallback(cause error) {
 		r.fail(cause)
 		return
 	}
-	r.fail(r.decode(r.body, false)) // chunked.go
+	r.fail(r.decode(r.body, false)) // chunked when --decode-chunk-tokens says so
 }
 
 // degrade reports whether cause is a reason to degrade to a local prefill
@@ -273,12 +273,12 @@ func (r *request) prefillAnswered(status int, contentType, body []byte) (prefill
 	}
 	h, err := r.p.seq.ParsePrefill(r.api, body)
 	if err == nil {
-		err = r.p.checkHandoff(r.prefiller, h) // answeraddrs.go
+		err = r.p.checkHandoff(r.prefiller, h) // its addresses against the allowlist
 	}
 	if err != nil {
 		h = connectors.Handoff{} // nothing of a refused answer goes on
 	}
-	r.awaitKVRead(h, err) // kvrelease.go: only a checked handoff is released
+	r.awaitKVRead(h, err) // only a checked handoff is released
 	return prefillResult{handoff: h, body: body}, err
 }
 

@@ -54,8 +54,8 @@ type Proxy struct {
 	conn     connectors.Connector
 	rewriter connectors.AnswerRewriter // nil when conn has no such ability
 	seq      connectors.Sequential     // nil for a Concurrent connector
-	mori     *moriState                // MoRI-IO write mode (moriio.go); nil when off
-	choreo   connectors.Choreography   // what conn declares (choreography.go)
+	mori     *moriState                // MoRI-IO write mode; nil when off
+	choreo   connectors.Choreography   // what conn declares (connectors.Choreography)
 	boot     *bootstrap.Cache          // Bootstrapper answers per prefiller
 	tr       *upstream.Transport
 	encTr    *upstream.Transport // the encoder legs'; nil: stage off
@@ -97,7 +97,7 @@ type Proxy struct {
 	// prefillStrip those it leaves out of a prefill leg (--prefill-strip-
 	// headers too); lower case.
 	legStrip, prefillStrip []string
-	// loops carry open streams (loopstream.go); nil: each stream keeps its
+	// loops carry open streams (loopStream); nil: each stream keeps its
 	// goroutine. servers are the servers of the local engines' ports, by
 	// engine address, which take a connection back after its stream. Both
 	// are set by Run before it serves.
@@ -161,7 +161,7 @@ func New(cfg Config, conn connectors.Connector, m *metrics.Metrics, gatherer pro
 		log.Warn().Str("connector", conn.Name()).Msg("--prefill-hedge-after has no effect: this connector sends the decode leg while the prefill runs, so there is no wait to hedge")
 	}
 	if cfg.MoriIO.WriteMode && p.seq != nil && conn.Name() == "nixlv2" {
-		p.mori = newMoriState(cfg.MoriIO, m.MoriIO, log) // MoRI-IO (moriio.go)
+		p.mori = newMoriState(cfg.MoriIO, m.MoriIO, log) // MoRI-IO write mode
 		p.seq = moriio.ReadHandoffs(p.seq)               // its prefill answers are MoRI-IO's
 	}
 	if cfg.PrefillPrewarm {
@@ -197,10 +197,10 @@ func (p *Proxy) Handler(rank int) fasthttp.RequestHandler {
 	return func(rc *fasthttp.RequestCtx) {
 		clientconn.DropTrailers(&rc.Request.Header) // before anything reads the head
 		defer clientconn.Counted(rc)()
-		if p.refuseHead(rc) || p.refuseVersion(rc) || p.refuseTarget(rc) { // reqhead.go, conformance.go
+		if p.refuseHead(rc) || p.refuseVersion(rc) || p.refuseTarget(rc) { // head, version and target checks
 			return
 		}
-		if p.serveOwn(rc, local) { // /health, /ready, /metrics, /debug/pd (exposure.go)
+		if p.serveOwn(rc, local) { // /health, /ready, /metrics, /debug/pd
 			return
 		}
 		path := rc.Path()

@@ -119,7 +119,7 @@ func (r *request) copyHead(resp *fasthttp.Response) {
 func copyResponseHead(rc *fasthttp.RequestCtx, resp *fasthttp.Response) {
 	resp.Header.CopyTo(&rc.Response.Header)
 	// The status line is the sidecar's, HTTP/1.1 as in every answer it
-	// makes (an HTTP/1.0 client gets framing it reads: conformance.go),
+	// makes (an HTTP/1.0 client gets framing it reads: setStream),
 	// never the upstream's version.
 	rc.Response.Header.SetProtocol(nil)
 	for _, h := range hopHeaders {
@@ -203,5 +203,5 @@ func (r *request) streamBody(b *sseBody) {
 		r.rc.SetConnectionClose()
 	}
 	r.detached = true
-	setStream(r.rc, b) // conformance.go
+	setStream(r.rc, b) // the framing the client reads
 }

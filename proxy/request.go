@@ -47,7 +47,7 @@ type request struct {
 
 	prefiller string // host:port chosen from the header ("" = none)
 	named     bool   // the request carried x-prefiller-host-port
-	// uses are the request features' parts in the request (features.go).
+	// uses are the request features' parts in the request (requestFeature).
 	uses     []featureUse
 	label    string // bounded metric label of prefiller
 	mode     string
@@ -58,7 +58,7 @@ type request struct {
 	// no return.
 	onOutput func()
 	// mori is the request's MoRI-IO leg state (rank, transfer id) and
-	// moriRank its legs' x-data-parallel-rank ("" = none) (moriio.go).
+	// moriRank its legs' x-data-parallel-rank ("" = none) (moriState).
 	mori     moriio.Leg
 	moriRank string
 	obs      observe.Request // report and spans
@@ -67,7 +67,7 @@ type request struct {
 	held upstream.AnswerHold
 	// kvPending is the prefill's handoff while the decode engine has not
 	// read its KV: set when the prefill answer is parsed, cleared by the
-	// decode leg's first output or KV load failure (kvrelease.go).
+	// decode leg's first output or KV load failure (awaitKVRead).
 	kvPending *connectors.Handoff
 }
 
@@ -87,7 +87,7 @@ func (p *Proxy) newRequest(rc *fasthttp.RequestCtx, local string, api connectors
 
 // startRequest begins the state of a request with head h (its
 // X-Request-Id: id) and body, as the fasthttp path (newRequest) and the
-// lane (lane.go) share it.
+// lane share it.
 func (p *Proxy) startRequest(id []byte, h *fasthttp.RequestHeader, body []byte, local string, api connectors.API) *request {
 	ctx, cancel := context.WithCancelCause(context.Background())
 	r := &request{
@@ -126,7 +126,7 @@ func (r *request) logger() *zerolog.Logger {
 
 // finish ends the request's bookkeeping; the last owner calls it.
 func (r *request) finish() {
-	r.releaseKV(nil) // kvrelease.go
+	r.releaseKV(nil) // --release-kv-on-cancel
 	r.held.Release()
 	r.report()
 	r.p.guard.Release()
@@ -183,7 +183,7 @@ func (r *request) upstreamHeader(dst, src *fasthttp.RequestHeader, addr string) 
 	}
 	r.obs.Inject(dst)
 	dst.SetHost(addr)
-	dst.SetProtocolBytes(strHTTP11) // whatever the client's (conformance.go)
+	dst.SetProtocolBytes(strHTTP11) // whatever the client's (setStream)
 }
 
 // pickPrefiller chooses one entry of the header value: the first, or a

@@ -96,7 +96,7 @@ func (p *Proxy) Run(ctx context.Context) error {
 		p.log.Info().Int("rank", rank).Int("port", p.cfg.Port+rank).Str("engine", p.localAddr(rank)).Msg("listening")
 	}
 	if p.cfg.MetricsPort != 0 {
-		if err := listen(p.cfg.MetricsPort, p.metricsPortHandler()); err != nil { // exposure.go
+		if err := listen(p.cfg.MetricsPort, p.metricsPortHandler()); err != nil { // metricsPortHandler
 			return err
 		}
 	}
@@ -170,7 +170,7 @@ func (p *Proxy) newServer(h fasthttp.RequestHandler) *fasthttp.Server {
 		// Each open stream holds this writer; answers are headers and SSE
 		// chunks, flushed one by one, and longer writes bypass it.
 		WriteBufferSize: 2 << 10,
-		ErrorHandler:    p.serverError, // JSON 413/431/408/400 (guard.go)
+		ErrorHandler:    p.serverError, // JSON 413/431/408/400 (reject)
 		CloseOnShutdown: true,
 		// An open stream then holds no read buffer (its request was read
 		// whole), and an idle keep-alive connection holds no request

@@ -31,7 +31,7 @@ const maxChunk = 32 << 10
 // one write, and no event ever waits for a later one. Close, which fasthttp
 // calls when the body is done or the client write failed, ends the
 // upstream leg and the request — unless the stream was handed to an event
-// loop after loopAfter (loopstream.go), which then owns both.
+// loop after loopAfter (loopStream), which then owns both.
 type sseBody struct {
 	r       *request
 	er      *sse.Reader
@@ -46,7 +46,7 @@ type sseBody struct {
 	ended   bool // the stream is complete (or ended with an error event)
 	release func()
 
-	// Hand-over to an event loop (loopstream.go): cc is set when the stream
+	// Hand-over to an event loop (loopStream): cc is set when the stream
 	// may go, once it has streamed loopAfter; handedOver once it went.
 	cc         *clientconn.Conn
 	keepAlive  bool
