@@ -133,7 +133,7 @@ func (p *Proxy) passthrough(rc *fasthttp.RequestCtx, local string) {
 	if w.Stop() {
 		rc.SetConnectionClose()
 	}
-	setStream(rc, &passthroughBody{leg: leg, done: func() { // the framing the client reads (setStream)
+	setStream(rc, &passthroughBody{leg: leg, done: func() { // in a framing the client reads
 		leg.Close()
 		done()
 	}})
