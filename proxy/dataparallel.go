@@ -18,8 +18,8 @@ import (
 // whose x-data-parallel-host-port names one of this pod's ranks
 // (PodIP:Port+r) is decoded by rank r's engine, whichever rank's port it
 // arrived on; the prefill leg, if any, is unchanged. The header never
-// reaches an engine (upstreamHeader, appendLegStart, passthrough), and the
-// lane leaves a request carrying it to fasthttp (scanRequest).
+// reaches an engine (upstreamHeader, rawhttp.AppendLegStart, passthrough), and the
+// lane leaves a request carrying it to fasthttp (rawhttp.ScanRequest).
 
 // rankFor returns the local engine that x-data-parallel-host-port value v
 // names: the engine of rank r when v is one of this pod's hosts with port

@@ -21,6 +21,7 @@ import (
 	"github.com/pd-sidecar/pd-sidecar/metrics"
 	"github.com/pd-sidecar/pd-sidecar/netloop"
 	"github.com/pd-sidecar/pd-sidecar/proxy/clientconn"
+	"github.com/pd-sidecar/pd-sidecar/proxy/rawhttp"
 	"github.com/pd-sidecar/pd-sidecar/proxy/sse"
 	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"
 )
@@ -66,7 +67,7 @@ type laneLoop struct {
 	mu   sync.Mutex
 	idle map[string][]*upConn // pooled upstream connections by address
 
-	req  fasthttp.RequestHeader  // key normalizing off (lanehead.go)
+	req  fasthttp.RequestHeader  // key normalizing off (as rawhttp reads heads)
 	resp fasthttp.ResponseHeader // likewise
 	uri  fasthttp.URI            // the Host, parsed as fasthttp's path parses it
 	rd   bytes.Reader
@@ -353,15 +354,15 @@ func (lc *laneConn) readRequest(ev netloop.Events) {
 
 // serve serves the request b, whole and parsed into the loop's header
 // (parseHead), unless the guard refuses it (then fasthttp answers it).
-func (lc *laneConn) serve(b []byte, api connectors.API, headLen int, lr laneRequest) {
+func (lc *laneConn) serve(b []byte, api connectors.API, headLen int, lr rawhttp.Request) {
 	ll := lc.ll
 	p := ll.ln.p
 	if !p.guard.Acquire() {
 		lc.toServer(b, time.Now()) // whole: nothing is left to read
 		return
 	}
-	r := p.startRequest(lr.id, &ll.req, b[headLen:], ll.ln.local, api)
-	lc.r, lc.keepAlive = r, lr.keepAlive
+	r := p.startRequest(lr.ID, &ll.req, b[headLen:], ll.ln.local, api)
+	lc.r, lc.keepAlive = r, lr.KeepAlive
 	p.loopRequests.Add(1)
 	// Counted as the lane takes it, before any answer byte: a client that
 	// has its answer finds it counted.
@@ -370,8 +371,8 @@ func (lc *laneConn) serve(b []byte, api connectors.API, headLen int, lr laneRequ
 		lc.failWith(err)
 		return
 	}
-	if len(lr.prefiller) > 0 {
-		lc.split(lr.prefiller) // copies the body
+	if len(lr.Prefiller) > 0 {
+		lc.split(lr.Prefiller) // copies the body
 		return
 	}
 	r.beginFeatures(&ll.req)
@@ -395,7 +396,7 @@ func (lc *laneConn) decodeLeg(body []byte, bodyp *[]byte, remote bool) {
 	if lc.pd != nil {
 		lc.sent = append(lc.sent, lc.pd.start...)
 	} else {
-		lc.sent = appendLegStartStrip(lc.sent, &ll.req, p.legStrip)
+		lc.sent = rawhttp.AppendLegStartStrip(lc.sent, &ll.req, p.legStrip)
 	}
 	if r.stream && p.cfg.DecodeFirstByteTimeout > 0 {
 		lc.startTimer(p.cfg.DecodeFirstByteTimeout, lc.firstByteTimeout)
@@ -412,7 +413,7 @@ func (lc *laneConn) decodeLeg(body []byte, bodyp *[]byte, remote bool) {
 // bodyp, a buffer of the body pool the leg now holds until putSent.
 func (lc *laneConn) legTo(addr string, body []byte, bodyp *[]byte) {
 	bufs := &lc.ll.ln.p.bufs
-	lc.sent = appendLegEnd(lc.r.obs.AppendTrace(lc.sent), addr, lc.r.id, len(body))
+	lc.sent = rawhttp.AppendLegEnd(lc.r.obs.AppendTrace(lc.sent), addr, lc.r.id, len(body))
 	if len(body) > sse.MaxPooledChunk {
 		lc.sentBody, lc.sentBodyp = body, bodyp
 	} else {
@@ -444,7 +445,7 @@ func (lc *laneConn) setGauge(g prometheus.Gauge) {
 
 // parse parses b as one whole request the lane may serve, and returns its
 // API, body (a sub-slice of b) and what the lane needs of its headers.
-func (ll *laneLoop) parse(b []byte) (api connectors.API, body []byte, lr laneRequest, ok bool) {
+func (ll *laneLoop) parse(b []byte) (api connectors.API, body []byte, lr rawhttp.Request, ok bool) {
 	api, headLen, want, lr, ok := ll.parseHead(b)
 	if !ok || want != len(b) {
 		return 0, nil, lr, false
@@ -459,7 +460,7 @@ func (ll *laneLoop) parse(b []byte) (api connectors.API, body []byte, lr laneReq
 // past the request (a pipelined one) make it fasthttp's. With a tracer,
 // the trace context is read from the loop's parsed head and each leg's
 // own is written into its head (observe.Request.AppendTrace).
-func (ll *laneLoop) parseHead(b []byte) (api connectors.API, headLen, want int, lr laneRequest, ok bool) {
+func (ll *laneLoop) parseHead(b []byte) (api connectors.API, headLen, want int, lr rawhttp.Request, ok bool) {
 	p := ll.ln.p
 	if p.draining.Load() {
 		return 0, 0, 0, lr, false
@@ -476,10 +477,10 @@ func (ll *laneLoop) parseHead(b []byte) (api connectors.API, headLen, want int, 
 	if !h.IsPost() || !h.IsHTTP11() || cl < 0 || headLen+cl < len(b) || cl > p.cfg.MaxRequestBodyBytes {
 		return 0, 0, 0, lr, false
 	}
-	if lr = scanRequest(h); lr.refused || lr.encoders && p.cfg.Encoder.Connector != "" {
+	if lr = rawhttp.ScanRequest(h); lr.Refused || lr.Encoders && p.cfg.Encoder.Connector != "" {
 		return 0, 0, 0, lr, false
 	}
-	if len(lr.prefiller) > 0 && !p.laneSplits() {
+	if len(lr.Prefiller) > 0 && !p.laneSplits() {
 		return 0, 0, 0, lr, false
 	}
 	// A Host fasthttp's parser refuses (400) is its to refuse; the target
@@ -850,7 +851,7 @@ func (lc *laneConn) appendHead(out []byte, h *fasthttp.ResponseHeader, contentLe
 	if lc.ll.ln.p.draining.Load() {
 		lc.keepAlive = false
 	}
-	return appendAnswerHead(out, h, lc.r.id, contentLength, lc.keepAlive)
+	return rawhttp.AppendAnswerHead(out, h, lc.r.id, contentLength, lc.keepAlive)
 }
 
 // rawAnswer is a non-streamed answer, read whole before it is written.

@@ -7,6 +7,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/pd-sidecar/pd-sidecar/proxy/passpolicy"
+	"github.com/pd-sidecar/pd-sidecar/proxy/rawhttp"
 )
 
 // Client headers on prefill legs. Every leg carries the client's
@@ -39,7 +40,7 @@ func validStripHeaders(names []string) error {
 	return nil
 }
 
-// stripNames returns names in lower case, for stripped.
+// stripNames returns names in lower case, for rawhttp.AppendLegStartStrip.
 func stripNames(names []string) []string {
 	out := make([]string, 0, len(names))
 	for _, n := range names {
@@ -52,18 +53,7 @@ func stripNames(names []string) []string {
 // case.
 func containsFold(list []string, s string) bool {
 	for _, l := range list {
-		if equalFold([]byte(s), l) {
-			return true
-		}
-	}
-	return false
-}
-
-// stripped reports whether the header named k is one of strip (lower
-// case), in any letter case.
-func stripped(k []byte, strip []string) bool {
-	for _, s := range strip {
-		if equalFold(k, s) {
+		if rawhttp.EqualFold([]byte(s), l) {
 			return true
 		}
 	}

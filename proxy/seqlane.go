@@ -11,6 +11,7 @@ import (
 	"github.com/pd-sidecar/pd-sidecar/circuit"
 	"github.com/pd-sidecar/pd-sidecar/connectors"
 	"github.com/pd-sidecar/pd-sidecar/metrics"
+	"github.com/pd-sidecar/pd-sidecar/proxy/rawhttp"
 	"github.com/pd-sidecar/pd-sidecar/proxy/split"
 	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"
 )
@@ -48,7 +49,7 @@ var errHedgeAbandoned = errors.New("hedge's local leg abandoned")
 type lanePD struct {
 	bufp  *[]byte
 	buf   []byte // start, then the client's body
-	start []byte // the legs' shared head start (appendLegStart)
+	start []byte // the legs' shared head start (rawhttp.AppendLegStart)
 
 	m       *split.Sequential
 	queue   []split.Event // events that arose while actions ran
@@ -75,7 +76,7 @@ func (lc *laneConn) split(hv []byte) {
 	ll, r, p := lc.ll, lc.r, lc.ll.ln.p
 	pd := &lanePD{}
 	pd.bufp, pd.buf = p.bufs.GetChunk()
-	pd.buf = appendLegStartStrip(pd.buf, &ll.req, p.legStrip)
+	pd.buf = rawhttp.AppendLegStartStrip(pd.buf, &ll.req, p.legStrip)
 	n := len(pd.buf)
 	if lc.reqBody == nil { // the body is in the loop's buffer, which the next read overwrites: copied
 		pd.bufp, pd.buf = p.bufs.GrowChunk(pd.bufp, pd.buf, len(r.body))
@@ -238,7 +239,7 @@ func (lc *laneConn) sendPrefill(pd *lanePD, attempt int) {
 	lc.prefill = true
 	lc.sentp, lc.sent = p.bufs.GetChunk()
 	if len(p.prefillStrip) > 0 { // --prefill-strip-headers: the prefill leg's own head
-		lc.sent = appendLegStartStrip(lc.sent, &lc.ll.req, p.prefillStrip)
+		lc.sent = rawhttp.AppendLegStartStrip(lc.sent, &lc.ll.req, p.prefillStrip)
 	} else {
 		lc.sent = append(lc.sent, pd.start...)
 	}
