@@ -10,6 +10,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/pd-sidecar/pd-sidecar/httpbody"
+	"github.com/pd-sidecar/pd-sidecar/proxy/rawhttp"
 	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"
 )
 
@@ -49,7 +50,7 @@ func answerByLane(data []byte, cut int) upstreamVerdict {
 	var rd bytes.Reader
 	br := bufio.NewReaderSize(nil, fuzzAnswerHead)
 	var head []byte
-	var a *rawAnswer
+	var a *rawhttp.Answer
 	interim := 0
 	for _, in := range reads {
 		if len(in) == 0 {
@@ -61,7 +62,7 @@ func answerByLane(data []byte, cut int) upstreamVerdict {
 				head = append(head, in...)
 				b = head
 			}
-			rest, whole, err := parseAnswerHead(&h, &rd, br, b, fuzzAnswerHead, &interim)
+			rest, whole, err := rawhttp.ParseAnswerHead(&h, &rd, br, b, fuzzAnswerHead, &interim)
 			if err != nil {
 				return upstreamVerdict{err: err}
 			}
@@ -69,30 +70,30 @@ func answerByLane(data []byte, cut int) upstreamVerdict {
 				head = append(head[:0], rest...)
 				continue
 			}
-			a = &rawAnswer{body: upstream.HeadDecoder(&h), status: h.StatusCode(), max: fuzzAnswerBody}
-			h.CopyTo(&a.head)
-			if err := a.begin(&h); err != nil {
+			a = &rawhttp.Answer{Body: upstream.HeadDecoder(&h), Status: h.StatusCode(), Max: fuzzAnswerBody}
+			h.CopyTo(&a.Head)
+			if err := a.Begin(&h); err != nil {
 				return upstreamVerdict{err: err}
 			}
 			in = rest
 		}
-		if err := a.feed(in); err != nil {
+		if err := a.Feed(in); err != nil {
 			return upstreamVerdict{err: err}
 		}
 	}
 	switch {
 	case a == nil:
 		return upstreamVerdict{err: upstream.ErrUpClosed}
-	case !a.body.Done() && a.body.Mode() != httpbody.UntilClose:
+	case !a.Body.Done() && a.Body.Mode() != httpbody.UntilClose:
 		return upstreamVerdict{err: errors.New("connection closed mid-body")}
 	}
-	return upstreamVerdict{status: a.status, body: a.buf, clean: a.body.Done() && !a.excess && !a.head.ConnectionClose()}
+	return upstreamVerdict{status: a.Status, body: a.Buf, clean: a.Body.Done() && !a.Excess && !a.Head.ConnectionClose()}
 }
 
 // FuzzUpstreamAnswer: an upstream's answer, whatever its bytes, never
 // panics either path's parser, is held to the body bound, and is taken or
 // refused alike by the fasthttp path (upstream.ReadAnswer) and the lane
-// (parseAnswerHead, rawAnswer), however it is cut into reads: the same
+// (rawhttp.ParseAnswerHead, rawhttp.Answer), however it is cut into reads: the same
 // status and body, the same malformed-answer verdict, the same verdict on
 // pooling the connection; and neither's error quotes the answer.
 func FuzzUpstreamAnswer(f *testing.F) {

@@ -16,11 +16,12 @@ import (
 	"github.com/stretchr/testify/require"
 	"github.com/valyala/fasthttp"
 
+	"github.com/pd-sidecar/pd-sidecar/proxy/rawhttp"
 	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"
 )
 
 // answerBudgetCases are answers read whole against a buffer budget: the
-// lane's reader of a whole answer (rawAnswer), as the transport's readers
+// lane's reader of a whole answer (rawhttp.Answer), as the transport's readers
 // (whose tests have the same cases), must reserve before it keeps bytes,
 // refuse with upstream.ErrBufferBudget what does not fit, and give everything back.
 var answerBudgetCases = []struct {
@@ -91,16 +92,16 @@ func TestLaneRawAnswerReservesFromTheBudget(t *testing.T) {
 			br := bufio.NewReader(strings.NewReader(tc.answer))
 			var resp fasthttp.Response
 			require.NoError(t, upstream.ReadAnswer(br, &resp, true, 8<<20, nil))
-			a := &rawAnswer{body: upstream.HeadDecoder(&resp.Header), max: 8 << 20, hold: upstream.NewAnswerHold(b)}
-			err := a.begin(&resp.Header)
+			a := &rawhttp.Answer{Body: upstream.HeadDecoder(&resp.Header), Max: 8 << 20, Hold: upstream.NewAnswerHold(b)}
+			err := a.Begin(&resp.Header)
 			rest, rerr := io.ReadAll(br)
 			require.NoError(t, rerr)
 			for err == nil && len(rest) > 0 {
 				n := min(len(rest), 16<<10) // as reads from the upstream come
-				err = a.feed(rest[:n])
+				err = a.Feed(rest[:n])
 				rest = rest[n:]
 			}
-			checkHeld(t, b, tc.budget, tc.used, &a.hold, a.buf, err, tc.size, tc.err)
+			checkHeld(t, b, tc.budget, tc.used, &a.Hold, a.Buf, err, tc.size, tc.err)
 		})
 	}
 }

@@ -12,8 +12,8 @@ import (
 // request whose x-data-parallel-host-port names one of this pod's ranks
 // is decoded by that rank's engine; the prefill leg, if any, is
 // unchanged. The header never reaches an engine (upstreamHeader,
-// appendLegStart, passthrough), and the lane leaves a request carrying it
-// to fasthttp (scanRequest).
+// rawhttp.AppendLegStart, passthrough), and the lane leaves a request carrying it
+// to fasthttp (rawhttp.ScanRequest).
 
 // dpPod is this pod's data-parallel ranks.
 func (p *Proxy) dpPod() dprank.Pod {

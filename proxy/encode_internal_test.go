@@ -3,7 +3,6 @@ package proxy
 import (
 	"context"
 	"fmt"
-	"strings"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -17,30 +16,6 @@ import (
 	"github.com/pd-sidecar/pd-sidecar/connectors/nixlv2"
 	"github.com/pd-sidecar/pd-sidecar/metrics"
 )
-
-// TestScanRequestEncoders: x-encoder-hosts-ports (as long as
-// x-prefiller-host-port) is seen in any letter case, without taking the
-// prefiller's place, and a leg's head never carries it.
-func TestScanRequestEncoders(t *testing.T) {
-	for _, tc := range []struct {
-		name, headers string
-		encoders      bool
-		prefiller     string
-	}{
-		{"none", "Content-Type: application/json\r\n", false, ""},
-		{"encoders, any case", "X-Encoder-HOSTS-Ports: 10.0.0.1:8000\r\n", true, ""},
-		{"encoders and prefiller", "x-encoder-hosts-ports: e:1\r\nx-prefiller-host-port: p:2\r\n", true, "p:2"},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			h := parseRequestHead(t, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"+tc.headers+"Content-Length: 2\r\n\r\n")
-			lr := scanRequest(h)
-			assert.Equal(t, tc.encoders, lr.encoders)
-			assert.False(t, lr.refused, "refused only while the stage is on (the caller's check)")
-			assert.Equal(t, tc.prefiller, string(lr.prefiller))
-			assert.NotContains(t, strings.ToLower(string(appendLegHead(nil, h, "127.0.0.1:1", "rid", 2))), HeaderEncoders)
-		})
-	}
-}
 
 // TestEncoderErrorsClassified: every encoder-stage failure is answered
 // 502, but one wrapping a client body no leg can be built of (400).

@@ -16,6 +16,7 @@ import (
 	"github.com/pd-sidecar/pd-sidecar/connectors/nixlv2"
 	"github.com/pd-sidecar/pd-sidecar/httpbody"
 	"github.com/pd-sidecar/pd-sidecar/metrics"
+	"github.com/pd-sidecar/pd-sidecar/proxy/rawhttp"
 	"github.com/pd-sidecar/pd-sidecar/proxy/sse"
 )
 
@@ -158,8 +159,8 @@ func BenchmarkLaneHeads(b *testing.B) {
 		if !ok {
 			b.Fatal("not served by the lane")
 		}
-		r := p.startRequest(lr.id, &ll.req, reqBody, ll.ln.local, api)
-		sent = append(appendLegHead(sent[:0], &ll.req, r.local, r.id, len(reqBody)), reqBody...)
+		r := p.startRequest(lr.ID, &ll.req, reqBody, ll.ln.local, api)
+		sent = append(rawhttp.AppendLegHead(sent[:0], &ll.req, r.local, r.id, len(reqBody)), reqBody...)
 		ll.resp.Reset()
 		ll.rd.Reset(answer)
 		ll.br.Reset(&ll.rd)

@@ -4,6 +4,7 @@ import (
 	"github.com/pd-sidecar/pd-sidecar/connectors"
 	"github.com/pd-sidecar/pd-sidecar/proxy/clientconn"
 	"github.com/pd-sidecar/pd-sidecar/proxy/kvrelease"
+	"github.com/pd-sidecar/pd-sidecar/proxy/rawhttp"
 )
 
 // Freeing the prefiller's KV when the client leaves (--release-kv-on-cancel).
@@ -48,7 +49,7 @@ func (r *request) awaitKVRead(h connectors.Handoff, err error) {
 
 // releaseKV sends the release leg of a request that ends with its handoff
 // still pending a read (see awaitKVRead), once. start is the start of the
-// request's legs' head (appendLegStart; nil: built from the client's head
+// request's legs' head (rawhttp.AppendLegStart; nil: built from the client's head
 // on fasthttp's path). The leg's request is built here, as a copy, before
 // the request's buffers are given back; only its sending is left to the
 // background.
@@ -69,7 +70,7 @@ func (r *request) releaseKV(start []byte) {
 		if target == nil {
 			target = r.rc.Request.Header.RequestURI()
 		}
-		start = appendLegStartAt(nil, &r.rc.Request.Header, target, nil)
+		start = rawhttp.AppendLegStartAt(nil, &r.rc.Request.Header, target, nil)
 	} else {
 		start = append([]byte(nil), start...)
 	}
@@ -79,7 +80,7 @@ func (r *request) releaseKV(start []byte) {
 		if err != nil {
 			return nil, err
 		}
-		raw := appendLegEnd(start, r.local, r.id+kvReleaseIDSuffix, len(body))
+		raw := rawhttp.AppendLegEnd(start, r.local, r.id+kvReleaseIDSuffix, len(body))
 		return append(raw, body...), nil
 	})
 }

@@ -21,6 +21,7 @@ import (
 	"github.com/pd-sidecar/pd-sidecar/metrics"
 	"github.com/pd-sidecar/pd-sidecar/netloop"
 	"github.com/pd-sidecar/pd-sidecar/proxy/clientconn"
+	"github.com/pd-sidecar/pd-sidecar/proxy/rawhttp"
 	"github.com/pd-sidecar/pd-sidecar/proxy/sse"
 	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"
 )
@@ -66,7 +67,7 @@ type laneLoop struct {
 	mu   sync.Mutex
 	idle map[string][]*upConn // pooled upstream connections by address
 
-	req  fasthttp.RequestHeader  // key normalizing off (lanehead.go)
+	req  fasthttp.RequestHeader  // key normalizing off (as rawhttp reads heads)
 	resp fasthttp.ResponseHeader // likewise
 	uri  fasthttp.URI            // the Host, parsed as fasthttp's path parses it
 	rd   bytes.Reader
@@ -233,10 +234,10 @@ type laneConn struct {
 	timer     *time.Timer // the decode leg's head timeout, or the prefill's backoff
 	timerGen  uint64      // startTimer's, so that a timer stopped on its way to the loop does nothing
 	ls        *loopStream
-	streamed  bool       // the answer is a stream (counted in LoopStreams)
-	raw       *rawAnswer // a non-streamed answer being read
-	body      *laneBody  // a request's body being read (laneReading)
-	reqBody   *laneBody  // the body of the request being served, read on the lane: its legs send from it (lanebody.go)
+	streamed  bool            // the answer is a stream (counted in LoopStreams)
+	raw       *rawhttp.Answer // a non-streamed answer being read
+	body      *laneBody       // a request's body being read (laneReading)
+	reqBody   *laneBody       // the body of the request being served, read on the lane: its legs send from it (lanebody.go)
 	// shadowOf, on a hedge's local leg, is the client
 	// connection whose request it runs for: the shadow has that client's
 	// request and descriptor but never writes to it, closes it or ends the
@@ -353,15 +354,15 @@ func (lc *laneConn) readRequest(ev netloop.Events) {
 
 // serve serves the request b, whole and parsed into the loop's header
 // (parseHead), unless the guard refuses it (then fasthttp answers it).
-func (lc *laneConn) serve(b []byte, api connectors.API, headLen int, lr laneRequest) {
+func (lc *laneConn) serve(b []byte, api connectors.API, headLen int, lr rawhttp.Request) {
 	ll := lc.ll
 	p := ll.ln.p
 	if !p.guard.Acquire() {
 		lc.toServer(b, time.Now()) // whole: nothing is left to read
 		return
 	}
-	r := p.startRequest(lr.id, &ll.req, b[headLen:], ll.ln.local, api)
-	lc.r, lc.keepAlive = r, lr.keepAlive
+	r := p.startRequest(lr.ID, &ll.req, b[headLen:], ll.ln.local, api)
+	lc.r, lc.keepAlive = r, lr.KeepAlive
 	p.loopRequests.Add(1)
 	// Counted as the lane takes it, before any answer byte: a client that
 	// has its answer finds it counted.
@@ -370,8 +371,8 @@ func (lc *laneConn) serve(b []byte, api connectors.API, headLen int, lr laneRequ
 		lc.failWith(err)
 		return
 	}
-	if len(lr.prefiller) > 0 {
-		lc.split(lr.prefiller) // copies the body
+	if len(lr.Prefiller) > 0 {
+		lc.split(lr.Prefiller) // copies the body
 		return
 	}
 	r.beginFeatures(&ll.req)
@@ -395,7 +396,7 @@ func (lc *laneConn) decodeLeg(body []byte, bodyp *[]byte, remote bool) {
 	if lc.pd != nil {
 		lc.sent = append(lc.sent, lc.pd.start...)
 	} else {
-		lc.sent = appendLegStartStrip(lc.sent, &ll.req, p.legStrip)
+		lc.sent = rawhttp.AppendLegStartStrip(lc.sent, &ll.req, p.legStrip)
 	}
 	if r.stream && p.cfg.DecodeFirstByteTimeout > 0 {
 		lc.startTimer(p.cfg.DecodeFirstByteTimeout, lc.firstByteTimeout)
@@ -412,7 +413,7 @@ func (lc *laneConn) decodeLeg(body []byte, bodyp *[]byte, remote bool) {
 // bodyp, a buffer of the body pool the leg now holds until putSent.
 func (lc *laneConn) legTo(addr string, body []byte, bodyp *[]byte) {
 	bufs := &lc.ll.ln.p.bufs
-	lc.sent = appendLegEnd(lc.r.obs.AppendTrace(lc.sent), addr, lc.r.id, len(body))
+	lc.sent = rawhttp.AppendLegEnd(lc.r.obs.AppendTrace(lc.sent), addr, lc.r.id, len(body))
 	if len(body) > sse.MaxPooledChunk {
 		lc.sentBody, lc.sentBodyp = body, bodyp
 	} else {
@@ -444,7 +445,7 @@ func (lc *laneConn) setGauge(g prometheus.Gauge) {
 
 // parse parses b as one whole request the lane may serve, and returns its
 // API, body (a sub-slice of b) and what the lane needs of its headers.
-func (ll *laneLoop) parse(b []byte) (api connectors.API, body []byte, lr laneRequest, ok bool) {
+func (ll *laneLoop) parse(b []byte) (api connectors.API, body []byte, lr rawhttp.Request, ok bool) {
 	api, headLen, want, lr, ok := ll.parseHead(b)
 	if !ok || want != len(b) {
 		return 0, nil, lr, false
@@ -459,7 +460,7 @@ func (ll *laneLoop) parse(b []byte) (api connectors.API, body []byte, lr laneReq
 // past the request (a pipelined one) make it fasthttp's. With a tracer,
 // the trace context is read from the loop's parsed head and each leg's
 // own is written into its head (observe.Request.AppendTrace).
-func (ll *laneLoop) parseHead(b []byte) (api connectors.API, headLen, want int, lr laneRequest, ok bool) {
+func (ll *laneLoop) parseHead(b []byte) (api connectors.API, headLen, want int, lr rawhttp.Request, ok bool) {
 	p := ll.ln.p
 	if p.draining.Load() {
 		return 0, 0, 0, lr, false
@@ -476,10 +477,10 @@ func (ll *laneLoop) parseHead(b []byte) (api connectors.API, headLen, want int, 
 	if !h.IsPost() || !h.IsHTTP11() || cl < 0 || headLen+cl < len(b) || cl > p.cfg.MaxRequestBodyBytes {
 		return 0, 0, 0, lr, false
 	}
-	if lr = scanRequest(h); lr.refused || lr.encoders && p.cfg.Encoder.Connector != "" {
+	if lr = rawhttp.ScanRequest(h); lr.Refused || lr.Encoders && p.cfg.Encoder.Connector != "" {
 		return 0, 0, 0, lr, false
 	}
-	if len(lr.prefiller) > 0 && !p.laneSplits() {
+	if len(lr.Prefiller) > 0 && !p.laneSplits() {
 		return 0, 0, 0, lr, false
 	}
 	// A Host fasthttp's parser refuses (400) is its to refuse; the target
@@ -723,7 +724,7 @@ func (lc *laneConn) readHead() {
 		lc.head = append(lc.head, b...)
 		b = lc.head
 	}
-	rest, whole, err := parseAnswerHead(&ll.resp, &ll.rd, ll.br, b, ll.ln.p.cfg.Guard.MaxHeaderBytes, &lc.interim)
+	rest, whole, err := rawhttp.ParseAnswerHead(&ll.resp, &ll.rd, ll.br, b, ll.ln.p.cfg.Guard.MaxHeaderBytes, &lc.interim)
 	switch {
 	case err != nil:
 		lc.upFailed(&upstream.LegError{Addr: lc.addr, Op: "read", Err: err})
@@ -739,41 +740,6 @@ func (lc *laneConn) readHead() {
 		return
 	}
 	lc.answer(b)
-}
-
-// parseAnswerHead parses the head of an upstream answer at the front of b
-// into h (through rd and br, the loop's parser buffers, br maxHead bytes
-// long), exactly as the fasthttp path's upstream.ReadAnswer does from the same
-// bytes: an interim 100 Continue is skipped (up to upstream.MaxInterim, counted in
-// *interim), any other status below 200 is refused, and so is a head longer
-// than maxHead or one that does not parse, as soon as what came shows it
-// (all upstream.ErrBadUpstreamAnswer). whole reports an answer's head found: rest is
-// then what follows it; otherwise rest is what is left of b once interim
-// answers are skipped, to be read on with more bytes.
-func parseAnswerHead(h *fasthttp.ResponseHeader, rd *bytes.Reader, br *bufio.Reader, b []byte, maxHead int, interim *int) (rest []byte, whole bool, err error) {
-	for {
-		h.Reset()
-		rd.Reset(b)
-		br.Reset(rd)
-		if err := h.Read(br); err != nil {
-			if !errors.Is(err, io.EOF) {
-				return nil, false, upstream.AnswerHeadErr(err)
-			}
-			if len(b) >= maxHead {
-				return nil, false, upstream.BadAnswer("answer head longer than the read buffer", nil)
-			}
-			return b, false, nil // not whole yet
-		}
-		b = b[len(b)-rd.Len()-br.Buffered():]
-		st := h.StatusCode()
-		if st >= 200 {
-			return b, true, nil
-		}
-		if st != fasthttp.StatusContinue || *interim >= upstream.MaxInterim {
-			return nil, false, upstream.BadAnswer(fmt.Sprintf("status %d", st), nil)
-		}
-		*interim++
-	}
 }
 
 // answer begins the answer: its head, read into ll.resp, and rest, the
@@ -819,13 +785,13 @@ func (lc *laneConn) answer(rest []byte) {
 // dec from rest on) before anything of it is written.
 func (lc *laneConn) readWhole(dec httpbody.Decoder, rest []byte) {
 	p := lc.ll.ln.p
-	lc.raw = &rawAnswer{body: dec, status: lc.ll.resp.StatusCode(), max: p.cfg.MaxUpstreamAnswerBytes,
-		hold: upstream.NewAnswerHold(p.guard.Budget())}
-	if err := lc.raw.begin(&lc.ll.resp); err != nil {
+	lc.raw = &rawhttp.Answer{Body: dec, Status: lc.ll.resp.StatusCode(), Max: p.cfg.MaxUpstreamAnswerBytes,
+		Hold: upstream.NewAnswerHold(p.guard.Budget())}
+	if err := lc.raw.Begin(&lc.ll.resp); err != nil {
 		lc.rawBroke(err)
 		return
 	}
-	lc.ll.resp.CopyTo(&lc.raw.head)
+	lc.ll.resp.CopyTo(&lc.raw.Head)
 	lc.feedRaw(rest)
 }
 
@@ -850,58 +816,7 @@ func (lc *laneConn) appendHead(out []byte, h *fasthttp.ResponseHeader, contentLe
 	if lc.ll.ln.p.draining.Load() {
 		lc.keepAlive = false
 	}
-	return appendAnswerHead(out, h, lc.r.id, contentLength, lc.keepAlive)
-}
-
-// rawAnswer is a non-streamed answer, read whole before it is written.
-type rawAnswer struct {
-	head   fasthttp.ResponseHeader
-	body   httpbody.Decoder
-	status int
-	buf    []byte
-	max    int64 // --max-upstream-answer-bytes
-	excess bool  // bytes came after the body: the connection is not pooled
-	// hold is buf's share of --max-buffered-bytes, reserved before bytes
-	// are kept (as upstream.ReadAnswer does) and released once the answer is
-	// written or dropped (rawDone, dropRaw).
-	hold upstream.AnswerHold
-}
-
-// begin refuses an answer whose head h declares a body longer than a.max,
-// or one the buffer budget has no room for, before any of it is read.
-func (a *rawAnswer) begin(h *fasthttp.ResponseHeader) error {
-	if cl := h.ContentLength(); !a.body.Done() && cl > 0 {
-		if int64(cl) > a.max {
-			return fmt.Errorf("%w (Content-Length %d)", upstream.ErrAnswerTooLarge, cl)
-		}
-		return a.hold.Cover(int64(cl), int64(cl))
-	}
-	return nil
-}
-
-// feed decodes body bytes b (framing included), refusing a body longer than
-// a.max, or one the buffer budget has no room for, before it is kept;
-// bytes after the body's end mark it excess.
-func (a *rawAnswer) feed(b []byte) error {
-	for len(b) > 0 && !a.body.Done() {
-		data, n, err := a.body.Next(b, len(b))
-		if err != nil {
-			return upstream.BadAnswer("malformed answer body", err)
-		}
-		size := int64(len(a.buf) + len(data))
-		if size > a.max {
-			return upstream.ErrAnswerTooLarge
-		}
-		if err := a.hold.Cover(size, a.max); err != nil {
-			return err
-		}
-		a.buf = append(a.buf, data...)
-		b = b[n:]
-	}
-	if len(b) > 0 {
-		a.excess = true
-	}
-	return nil
+	return rawhttp.AppendAnswerHead(out, h, lc.r.id, contentLength, lc.keepAlive)
 }
 
 func (lc *laneConn) readRaw() {
@@ -913,7 +828,7 @@ func (lc *laneConn) readRaw() {
 	case err != nil:
 		lc.rawBroke(err)
 		return
-	case n == 0 && lc.raw.body.Mode() == httpbody.UntilClose:
+	case n == 0 && lc.raw.Body.Mode() == httpbody.UntilClose:
 		lc.rawDone()
 		return
 	case n == 0:
@@ -927,11 +842,11 @@ func (lc *laneConn) readRaw() {
 // written once whole.
 func (lc *laneConn) feedRaw(b []byte) {
 	a := lc.raw
-	if err := a.feed(b); err != nil {
+	if err := a.Feed(b); err != nil {
 		lc.rawBroke(err)
 		return
 	}
-	if a.body.Done() {
+	if a.Body.Done() {
 		lc.rawDone()
 	}
 }
@@ -941,10 +856,10 @@ func (lc *laneConn) feedRaw(b []byte) {
 func (lc *laneConn) rawDone() {
 	r, a := lc.r, lc.raw
 	lc.raw = nil
-	// What is kept of a.buf past here is a copy (written out, or the next
+	// What is kept of a.Buf past here is a copy (written out, or the next
 	// leg's body).
-	defer a.hold.Release()
-	lc.endUp(a.body.Done() && !a.excess)
+	defer a.Hold.Release()
+	lc.endUp(a.Body.Done() && !a.Excess)
 	switch {
 	case lc.shadowOf != nil:
 		lc.shadowOf.hedgeWhole(lc, a)
@@ -953,8 +868,8 @@ func (lc *laneConn) rawDone() {
 	case r.handoff != nil:
 		lc.remoteAnswered(a)
 	default:
-		r.jsonAnswered(a.status)
-		lc.writeWhole(&a.head, a.buf)
+		r.jsonAnswered(a.Status)
+		lc.writeWhole(&a.Head, a.Buf)
 	}
 }
 
@@ -978,7 +893,7 @@ func (lc *laneConn) rawBroke(err error) {
 // reservation.
 func (lc *laneConn) dropRaw() {
 	if lc.raw != nil {
-		lc.raw.hold.Release()
+		lc.raw.Hold.Release()
 		lc.raw = nil
 	}
 }

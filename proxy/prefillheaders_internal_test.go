@@ -11,6 +11,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/pd-sidecar/pd-sidecar/proxy/prefillstrip"
+	"github.com/pd-sidecar/pd-sidecar/proxy/rawhttp"
 )
 
 // TestPrefillStripBothBuilders: the lane's leg head (appendLegStartStrip)
@@ -35,7 +36,7 @@ func TestPrefillStripBothBuilders(t *testing.T) {
 			strip := prefillstrip.Names(tc.strip)
 			// The lane's: the head parsed with key normalizing off.
 			lane := parseRequestHead(t, head)
-			laneGot := appendLegEnd(appendLegStartStrip(nil, lane, strip), "127.0.0.1:8100", "rid", 2)
+			laneGot := rawhttp.AppendLegEnd(rawhttp.AppendLegStartStrip(nil, lane, strip), "127.0.0.1:8100", "rid", 2)
 			laneReq, err := http.ReadRequest(bufio.NewReader(strings.NewReader(string(laneGot) + "{}")))
 			require.NoError(t, err, "%s", laneGot)
 			// fasthttp's: the server's parsed head, copied to a leg.

@@ -11,6 +11,7 @@ import (
 	"github.com/pd-sidecar/pd-sidecar/circuit"
 	"github.com/pd-sidecar/pd-sidecar/connectors"
 	"github.com/pd-sidecar/pd-sidecar/metrics"
+	"github.com/pd-sidecar/pd-sidecar/proxy/rawhttp"
 	"github.com/pd-sidecar/pd-sidecar/proxy/split"
 	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"
 )
@@ -48,7 +49,7 @@ var errHedgeAbandoned = errors.New("hedge's local leg abandoned")
 type lanePD struct {
 	bufp  *[]byte
 	buf   []byte // start, then the client's body
-	start []byte // the legs' shared head start (appendLegStart)
+	start []byte // the legs' shared head start (rawhttp.AppendLegStart)
 
 	m       *split.Sequential
 	queue   []split.Event // events that arose while actions ran
@@ -67,7 +68,7 @@ type lanePD struct {
 	// ready is the shadow's answer while it is handed to the primary: its
 	// stream's held bytes, or its JSON answer read whole.
 	readyHeld []byte
-	readyRaw  *rawAnswer
+	readyRaw  *rawhttp.Answer
 }
 
 // split begins the P/D split of the request, its prefiller named by hv.
@@ -75,7 +76,7 @@ func (lc *laneConn) split(hv []byte) {
 	ll, r, p := lc.ll, lc.r, lc.ll.ln.p
 	pd := &lanePD{}
 	pd.bufp, pd.buf = p.bufs.GetChunk()
-	pd.buf = appendLegStartStrip(pd.buf, &ll.req, p.legStrip)
+	pd.buf = rawhttp.AppendLegStartStrip(pd.buf, &ll.req, p.legStrip)
 	n := len(pd.buf)
 	if lc.reqBody == nil { // the body is in the loop's buffer, which the next read overwrites: copied
 		pd.bufp, pd.buf = p.bufs.GrowChunk(pd.bufp, pd.buf, len(r.body))
@@ -238,7 +239,7 @@ func (lc *laneConn) sendPrefill(pd *lanePD, attempt int) {
 	lc.prefill = true
 	lc.sentp, lc.sent = p.bufs.GetChunk()
 	if len(p.prefillStrip) > 0 { // --prefill-strip-headers: the prefill leg's own head
-		lc.sent = appendLegStartStrip(lc.sent, &lc.ll.req, p.prefillStrip)
+		lc.sent = rawhttp.AppendLegStartStrip(lc.sent, &lc.ll.req, p.prefillStrip)
 	} else {
 		lc.sent = append(lc.sent, pd.start...)
 	}
@@ -275,8 +276,8 @@ func (lc *laneConn) prefillHead(rest []byte) {
 }
 
 // prefillAnswered takes the prefill's answer, read whole.
-func (lc *laneConn) prefillAnswered(a *rawAnswer) {
-	res, err := lc.r.prefillAnswered(a.status, a.head.ContentType(), a.buf)
+func (lc *laneConn) prefillAnswered(a *rawhttp.Answer) {
+	res, err := lc.r.prefillAnswered(a.Status, a.Head.ContentType(), a.Buf)
 	if err != nil {
 		lc.prefillFailed(err)
 		return
@@ -314,20 +315,20 @@ func (lc *laneConn) fallback(cause error) {
 
 // remoteAnswered writes the decode leg's non-streamed answer, read whole,
 // as relayJSON does: a KV load failure goes to the split.
-func (lc *laneConn) remoteAnswered(a *rawAnswer) {
+func (lc *laneConn) remoteAnswered(a *rawhttp.Answer) {
 	r, p := lc.r, lc.ll.ln.p
-	r.kvHandoffDone(lc.pd.sent, a.status == fasthttp.StatusOK)
-	if a.status == fasthttp.StatusInternalServerError && r.kvLoadFailed() {
+	r.kvHandoffDone(lc.pd.sent, a.Status == fasthttp.StatusOK)
+	if a.Status == fasthttp.StatusInternalServerError && r.kvLoadFailed() {
 		r.handoff = nil
 		lc.feedSplit(split.Event{Kind: split.LegFailed, Err: ErrKVLoadFailed, Recoverable: true})
 		return
 	}
-	buf := a.buf
-	if a.status == fasthttp.StatusOK && p.rewriter != nil {
+	buf := a.Buf
+	if a.Status == fasthttp.StatusOK && p.rewriter != nil {
 		buf = p.rewriter.RewriteAnswer(r.api, buf, *r.handoff)
 	}
-	r.jsonAnswered(a.status)
-	lc.writeWhole(&a.head, buf)
+	r.jsonAnswered(a.Status)
+	lc.writeWhole(&a.Head, buf)
 }
 
 // gateStream holds the decode leg's stream back until its first output,
@@ -452,11 +453,11 @@ func (lc *laneConn) hedgeGated(g gateState, held []byte) {
 
 // hedgeWhole takes the shadow's JSON answer, read whole: the hedge is
 // ready.
-func (lc *laneConn) hedgeWhole(h *laneConn, a *rawAnswer) { lc.hedgeReady(h, nil, a) }
+func (lc *laneConn) hedgeWhole(h *laneConn, a *rawhttp.Answer) { lc.hedgeReady(h, nil, a) }
 
 // hedgeReady reports the hedge's local leg h ready: its stream's held
 // bytes, or its JSON answer a, wait in the split for the machine's word.
-func (lc *laneConn) hedgeReady(h *laneConn, held []byte, a *rawAnswer) {
+func (lc *laneConn) hedgeReady(h *laneConn, held []byte, a *rawhttp.Answer) {
 	pd := lc.pd
 	if pd == nil || pd.hedge != h {
 		return
@@ -486,8 +487,8 @@ func (lc *laneConn) adoptHedge(pd *lanePD) {
 	h.stopTimer()
 	h.r, h.state = nil, laneGone
 	if a := pd.readyRaw; a != nil {
-		r.jsonAnswered(a.status)
-		lc.writeWhole(&a.head, a.buf)
+		r.jsonAnswered(a.Status)
+		lc.writeWhole(&a.Head, a.Buf)
 		return
 	}
 	ls := h.ls

@@ -12,7 +12,7 @@ import (
 // (prefillTransportErr, decodeTransportErr, the bootstrap query, an
 // encoder leg, a KV engine call), wrapped by the sentinel classify maps
 // (ErrDecodeFailed, ErrPrefillUnreachable...); a parser's error is already
-// fixed words (upstream.BadAnswer, and the lane's rawAnswer). The text of
+// fixed words (upstream.BadAnswer, and the lane's rawhttp.Answer). The text of
 // the chain is then fixed words all the way down, and clientMessage, which
 // every error answer's message comes from, says it.
 
