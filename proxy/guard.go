@@ -142,14 +142,6 @@ func (p *Proxy) prefillerLabel(hp string, err error) string {
 	return p.m.Prefillers.Label(hp)
 }
 
-// logValue shortens a client-controlled value for a log line.
-func logValue(s string) string {
-	if len(s) > 256 {
-		return s[:256] + "..."
-	}
-	return s
-}
-
 // breakerResult is what a prefill outcome says about the prefiller's
 // health (guard.Deps.BreakerResult): refused or reset (unreachable), timed
 // out or 5xx is a failure; a client leaving says nothing; any answer shows

@@ -11,6 +11,7 @@ import (
 	"github.com/pd-sidecar/pd-sidecar/connectors"
 	"github.com/pd-sidecar/pd-sidecar/metrics"
 	"github.com/pd-sidecar/pd-sidecar/proxy/kvsource"
+	"github.com/pd-sidecar/pd-sidecar/proxy/logvalue"
 )
 
 // llm-d's P2P KV tier (vLLM's OffloadingConnector P2P tier): every engine
@@ -71,7 +72,7 @@ func (r *request) kvSource(h *fasthttp.RequestHeader) *connectors.P2PPeer {
 	})
 	p.m.KVSources.WithLabelValues(o).Inc()
 	if o != metrics.KVSourceUsed {
-		r.logAt(zerolog.DebugLevel).Str("kv_cache_source", logValue(string(v))).Str("outcome", o).Msg("kv cache source not named")
+		r.logAt(zerolog.DebugLevel).Str("kv_cache_source", logvalue.Cut(string(v))).Str("outcome", o).Msg("kv cache source not named")
 		return nil
 	}
 	peer := &connectors.P2PPeer{RequestID: newUUID(), Host: src.Host, Port: p.p2pPort(src.Port)}

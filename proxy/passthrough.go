@@ -14,6 +14,7 @@ import (
 	"github.com/pd-sidecar/pd-sidecar/connectors"
 	"github.com/pd-sidecar/pd-sidecar/metrics"
 	"github.com/pd-sidecar/pd-sidecar/proxy/clientconn"
+	"github.com/pd-sidecar/pd-sidecar/proxy/logvalue"
 	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"
 )
 
@@ -59,7 +60,7 @@ func (p *Proxy) passthrough(rc *fasthttp.RequestCtx, local string) {
 		}
 		cancel(context.Canceled)
 		st := classify(err).status
-		p.log.Warn().Err(err).Str("path", string(rc.Path())).Str("request_id", logValue(string(rc.Request.Header.Peek(HeaderRequestID)))).
+		p.log.Warn().Err(err).Str("path", string(rc.Path())).Str("request_id", logvalue.Cut(string(rc.Request.Header.Peek(HeaderRequestID)))).
 			Int("status", st).Msg("passthrough refused")
 		rc.SetStatusCode(st)
 		rc.SetContentType("application/json")
@@ -146,7 +147,7 @@ func (p *Proxy) passthrough(rc *fasthttp.RequestCtx, local string) {
 // closes.
 func (p *Proxy) dropPassthrough(rc *fasthttp.RequestCtx, id string) {
 	p.m.ClientDisconnects.WithLabelValues(metrics.PhasePassthrough).Inc()
-	p.log.Info().Str("path", string(rc.Path())).Str("request_id", logValue(id)).Msg("client left; passthrough answer dropped")
+	p.log.Info().Str("path", string(rc.Path())).Str("request_id", logvalue.Cut(id)).Msg("client left; passthrough answer dropped")
 	rc.HijackSetNoResponse(true)
 	rc.Hijack(func(net.Conn) {})
 }
@@ -182,7 +183,7 @@ func (p *Proxy) passthroughBody(rc *fasthttp.RequestCtx) ([]byte, error) {
 	}
 	api, _ := connectors.APIForPath(string(rc.Path()))
 	body, _, err := p.cleanBody(api, body, func() *zerolog.Event {
-		return p.log.Debug().Str("path", string(rc.Path())).Str("request_id", logValue(string(rc.Request.Header.Peek(HeaderRequestID))))
+		return p.log.Debug().Str("path", string(rc.Path())).Str("request_id", logvalue.Cut(string(rc.Request.Header.Peek(HeaderRequestID))))
 	})
 	return body, err
 }

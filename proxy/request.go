@@ -17,6 +17,7 @@ import (
 	"github.com/pd-sidecar/pd-sidecar/connectors/moriio"
 	"github.com/pd-sidecar/pd-sidecar/metrics"
 	"github.com/pd-sidecar/pd-sidecar/proxy/clientconn"
+	"github.com/pd-sidecar/pd-sidecar/proxy/logvalue"
 	"github.com/pd-sidecar/pd-sidecar/proxy/observe"
 	"github.com/pd-sidecar/pd-sidecar/proxy/prefillstrip"
 	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"
@@ -116,7 +117,7 @@ func (r *request) logger() *zerolog.Logger {
 	if !r.logReady {
 		c := r.p.log.With().Str("request_id", r.id).Str("path", r.api.String())
 		if r.prefiller != "" {
-			c = c.Str("prefiller", logValue(r.prefiller))
+			c = c.Str("prefiller", logvalue.Cut(r.prefiller))
 		}
 		r.log = c.Logger()
 		r.logReady = true

@@ -14,6 +14,8 @@ import (
 	"net/netip"
 	"strconv"
 	"strings"
+
+	"github.com/pd-sidecar/pd-sidecar/proxy/logvalue"
 )
 
 // ErrUnknown: x-data-parallel-host-port names no data-parallel rank of
@@ -40,12 +42,12 @@ func (p Pod) Rank(v []byte) (int, error) {
 	hp := string(bytes.TrimSpace(v))
 	host, port, err := net.SplitHostPort(hp)
 	if err != nil {
-		return 0, fmt.Errorf("%w: %q is not host:port", ErrUnknown, logValue(hp))
+		return 0, fmt.Errorf("%w: %q is not host:port", ErrUnknown, logvalue.Cut(hp))
 	}
 	n, err := strconv.Atoi(port)
 	rank := n - p.Port
 	if err != nil || rank < 0 || rank >= p.Size || !p.OwnHost(host) {
-		return 0, fmt.Errorf("%w: %q (ranks are %s)", ErrUnknown, logValue(hp), p.rankRange())
+		return 0, fmt.Errorf("%w: %q (ranks are %s)", ErrUnknown, logvalue.Cut(hp), p.rankRange())
 	}
 	return rank, nil
 }
@@ -87,12 +89,4 @@ func (p Pod) rankRange() string {
 		return net.JoinHostPort(host, strconv.Itoa(last))
 	}
 	return net.JoinHostPort(host, strconv.Itoa(p.Port)) + " to port " + strconv.Itoa(last)
-}
-
-// logValue caps a client-supplied value quoted in an error.
-func logValue(s string) string {
-	if len(s) > 256 {
-		return s[:256] + "..."
-	}
-	return s
 }

@@ -15,6 +15,7 @@ import (
 
 	"github.com/pd-sidecar/pd-sidecar/connectors"
 	"github.com/pd-sidecar/pd-sidecar/metrics"
+	"github.com/pd-sidecar/pd-sidecar/proxy/logvalue"
 	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"
 )
 
@@ -130,7 +131,7 @@ func (rn *run) encodeItem(ctx context.Context, idx int, item connectors.MMItem, 
 				m.Failures.WithLabelValues(reason).Inc()
 			}
 			if !errors.Is(err, errCancelledByFailure) && !errors.Is(err, errGone) {
-				rn.logAt(zerolog.WarnLevel).Err(err).Int("item", idx).Str("encoder", logValue(addr)).Msg("encoder leg failed")
+				rn.logAt(zerolog.WarnLevel).Err(err).Int("item", idx).Str("encoder", logvalue.Cut(addr)).Msg("encoder leg failed")
 			}
 		}
 		m.Duration.WithLabelValues(outcome).Observe(time.Since(start).Seconds())
@@ -222,13 +223,4 @@ func legError(addr string, err error) error {
 		reason = "timed out"
 	}
 	return &upstream.UpstreamError{Role: upstream.RoleEncoder, Reason: reason, Addr: addr, Err: err}
-}
-
-// logValue shortens a client-controlled value for a log line, as the
-// sidecar's other log lines do.
-func logValue(s string) string {
-	if len(s) > 256 {
-		return s[:256] + "..."
-	}
-	return s
 }

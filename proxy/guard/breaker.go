@@ -6,6 +6,7 @@ import (
 	"github.com/pd-sidecar/pd-sidecar/circuit"
 	"github.com/pd-sidecar/pd-sidecar/metrics"
 	"github.com/pd-sidecar/pd-sidecar/proxy/circuitprobe"
+	"github.com/pd-sidecar/pd-sidecar/proxy/logvalue"
 )
 
 // AllowPrefill asks prefiller hp's circuit breaker for a prefill: its
@@ -14,7 +15,7 @@ import (
 func (g *Guard) AllowPrefill(hp string) (*circuit.Ticket, error) {
 	tk, ok := g.breakers.Allow(hp)
 	if !ok {
-		return nil, fmt.Errorf("%w: %s skipped for up to %v", ErrCircuitOpen, logValue(hp), g.cfg.Breaker.Cooldown)
+		return nil, fmt.Errorf("%w: %s skipped for up to %v", ErrCircuitOpen, logvalue.Cut(hp), g.cfg.Breaker.Cooldown)
 	}
 	return tk, nil
 }
@@ -67,15 +68,6 @@ func (g *Guard) Probed(hp string, up bool) {
 	}
 	g.m.CircuitProbes.WithLabelValues(result).Inc()
 	g.trackCircuit(hp)
-}
-
-// logValue shortens a client-controlled value (a prefiller address from a
-// header) for an error, as the proxy's own log lines do.
-func logValue(s string) string {
-	if len(s) > 256 {
-		return s[:256] + "..."
-	}
-	return s
 }
 
 var _ circuitprobe.Targets = (*Guard)(nil)

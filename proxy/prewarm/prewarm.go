@@ -36,6 +36,7 @@ import (
 
 	"github.com/pd-sidecar/pd-sidecar/connectors"
 	"github.com/pd-sidecar/pd-sidecar/metrics"
+	"github.com/pd-sidecar/pd-sidecar/proxy/logvalue"
 	"github.com/pd-sidecar/pd-sidecar/proxy/split"
 	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"
 )
@@ -228,7 +229,7 @@ func (w *Warmer) Saw(hp string, fresh bool) Sighting {
 
 func (w *Warmer) skipped(hp, why string) {
 	w.d.Count.WithLabelValues(metrics.PrewarmSkipped).Inc()
-	w.log.Info().Str("prefiller", logValue(hp)).Str("result", metrics.PrewarmSkipped).Str("reason", why).Msg("prefiller warm-up skipped")
+	w.log.Info().Str("prefiller", logvalue.Cut(hp)).Str("result", metrics.PrewarmSkipped).Str("reason", why).Msg("prefiller warm-up skipped")
 }
 
 // Run runs the warm-ups, a few at a time, until ctx is done, and returns
@@ -267,7 +268,7 @@ func (w *Warmer) worker(ctx context.Context) {
 			result, level = metrics.PrewarmFailed, zerolog.WarnLevel
 		}
 		w.d.Count.WithLabelValues(result).Inc()
-		w.log.WithLevel(level).Err(err).Str("prefiller", logValue(hp)).Str("result", result).
+		w.log.WithLevel(level).Err(err).Str("prefiller", logvalue.Cut(hp)).Str("result", result).
 			Dur("duration", time.Since(start)).Msg("prefiller warm-up")
 	}
 }
@@ -302,17 +303,17 @@ func (w *Warmer) splitTo(ctx context.Context, hp, local, model string) error {
 	status, answer, err := w.exchange(pctx, hp, id, body)
 	cancel()
 	if err != nil {
-		return fmt.Errorf("warm-up prefill on %s: %w", logValue(hp), err)
+		return fmt.Errorf("warm-up prefill on %s: %w", logvalue.Cut(hp), err)
 	}
 	if status != fasthttp.StatusOK {
-		return fmt.Errorf("%w: prefill on %s: status %d", ErrStatus, logValue(hp), status)
+		return fmt.Errorf("%w: prefill on %s: status %d", ErrStatus, logvalue.Cut(hp), status)
 	}
 	h, err := d.Seq.ParsePrefill(connectors.APICompletions, answer)
 	if err == nil {
 		err = d.CheckHandoff(hp, h)
 	}
 	if err != nil {
-		return fmt.Errorf("warm-up prefill on %s: %w", logValue(hp), err)
+		return fmt.Errorf("warm-up prefill on %s: %w", logvalue.Cut(hp), err)
 	}
 	if h.Done {
 		return ErrNoKV
@@ -446,13 +447,4 @@ func randomHex() string {
 	var b [8]byte
 	binary.LittleEndian.PutUint64(b[:], rand.Uint64())
 	return hex.EncodeToString(b[:])
-}
-
-// logValue shortens a client-controlled value (a prefiller address from a
-// header) for a log line or an error, as the proxy's own log lines do.
-func logValue(s string) string {
-	if len(s) > 256 {
-		return s[:256] + "..."
-	}
-	return s
 }
