@@ -274,8 +274,10 @@ FUZZTIME ?= 20000x
 fuzz-short:
 	@set -e; for t in FuzzConnectorLegs FuzzEditObject FuzzClassifyEvent FuzzStripClientFields FuzzValidObject FuzzScanBody FuzzEditObjectScan FuzzPrefillAnswerHandoff; do \
 		$(GO) test -run '^$$' -fuzz "^$$t\$$" -fuzztime $(FUZZTIME) ./connectors/; done
-	@set -e; for t in FuzzPickPrefiller FuzzSSEErrorEvent FuzzLoopStreamSplits FuzzHandOverAnywhere FuzzLaneRequestHead FuzzUpstreamAnswer; do \
+	@set -e; for t in FuzzPickPrefiller FuzzSSEErrorEvent FuzzLaneRequestHead FuzzUpstreamAnswer; do \
 		$(GO) test -run '^$$' -fuzz "^$$t\$$" -fuzztime $(FUZZTIME) ./proxy/; done
 	@set -e; for t in FuzzSSEScanRewrite FuzzEventReaderSplits; do \
 		$(GO) test -run '^$$' -fuzz "^$$t\$$" -fuzztime $(FUZZTIME) ./proxy/sse/; done
+	@set -e; for t in FuzzLoopStreamSplits FuzzHandOverAnywhere; do \
+		$(GO) test -run '^$$' -fuzz "^$$t\$$" -fuzztime $(FUZZTIME) ./proxy/sserelay/; done
 	$(GO) test -run '^$$' -fuzz '^FuzzDecoderChunked$$' -fuzztime $(FUZZTIME) ./httpbody/

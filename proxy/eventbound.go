@@ -8,7 +8,7 @@ import (
 
 // The bound on one SSE event of an upstream stream (--max-sse-event-bytes,
 // sse.Bound), the same for every stream reader: fasthttp's goroutine reader
-// (sse.Reader) and the event loops' (loopStream.feed), whatever the
+// (sse.Reader) and the event loops' (sserelay.Stream), whatever the
 // connector or choreography that opened the stream. An event past it is
 // refused (ErrEventTooLong), its upstream connection closed, and the client
 // gets a 502 when nothing reached it yet, else an error event and [DONE].

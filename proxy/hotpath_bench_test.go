@@ -18,6 +18,7 @@ import (
 	"github.com/pd-sidecar/pd-sidecar/metrics"
 	"github.com/pd-sidecar/pd-sidecar/proxy/rawhttp"
 	"github.com/pd-sidecar/pd-sidecar/proxy/sse"
+	"github.com/pd-sidecar/pd-sidecar/proxy/sserelay"
 )
 
 // sseStream is a chat stream of n token events, a usage chunk and [DONE].
@@ -124,16 +125,16 @@ func BenchmarkLoopStreamRelay(b *testing.B) {
 	b.SetBytes(int64(len(stream)))
 	b.ReportAllocs()
 	for b.Loop() {
-		ls := loopStream{body: httpbody.New(httpbody.Chunked, 0)}
+		ls := loopStream{Stream: sserelay.Stream{Body: httpbody.New(httpbody.Chunked, 0)}}
 		for rest := framed; len(rest) > 0; {
 			n := min(len(rest), 4<<10)
 			var err error
-			if out, err = ls.feedRaw(out[:0], rest[:n]); err != nil {
+			if out, err = ls.FeedRaw(out[:0], rest[:n]); err != nil {
 				b.Fatal(err)
 			}
 			rest = rest[n:]
 		}
-		if !ls.body.Done() {
+		if !ls.Body.Done() {
 			b.Fatal("body not done")
 		}
 	}

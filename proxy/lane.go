@@ -23,6 +23,7 @@ import (
 	"github.com/pd-sidecar/pd-sidecar/proxy/clientconn"
 	"github.com/pd-sidecar/pd-sidecar/proxy/rawhttp"
 	"github.com/pd-sidecar/pd-sidecar/proxy/sse"
+	"github.com/pd-sidecar/pd-sidecar/proxy/sserelay"
 	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"
 )
 
@@ -268,7 +269,7 @@ func (lc *laneConn) Ready(fd int, ev netloop.Events) {
 			lc.setInterest(lc.interest &^ netloop.Readable)
 			return
 		}
-		if ev&netloop.HangUp != 0 && lc.ls.gate.shut() {
+		if ev&netloop.HangUp != 0 && lc.ls.Gate.Shut() {
 			// The client left before its answer began (the stream is
 			// still held back): counted as the fasthttp path counts it.
 			lc.dropStream()
@@ -767,11 +768,11 @@ func (lc *laneConn) answer(rest []byte) {
 	switch {
 	case lc.shadowOf != nil:
 		// A hedge's local leg: held until its first output.
-		ls.gate, ls.gated = gateHolding, lc.hedgeGated
+		ls.Gate, ls.gated = sserelay.GateHolding, lc.hedgeGated
 	case r.handoff != nil:
 		lc.gateStream(ls)
 	default:
-		ls.gate, ls.gated = gateFirstEvent, lc.began
+		ls.Gate, ls.gated = sserelay.GateFirstEvent, lc.began
 	}
 	lc.streamed = true
 	r.p.m.LoopStreams.Inc()
@@ -799,8 +800,8 @@ func (lc *laneConn) readWhole(dec httpbody.Decoder, rest []byte) {
 // handed over by fasthttp is.
 func (lc *laneConn) newStream(dec httpbody.Decoder) *loopStream {
 	ll, r := lc.ll, lc.r
-	ls := &loopStream{r: r, loop: ll.loop, body: dec, keepAlive: lc.keepAlive, cfd: lc.fd, ufd: -1,
-		maxEvent: r.p.cfg.MaxSSEEventBytes}
+	ls := &loopStream{r: r, loop: ll.loop, keepAlive: lc.keepAlive, cfd: lc.fd, ufd: -1,
+		Stream: sserelay.Stream{Body: dec, API: r.api, MaxEvent: r.p.cfg.MaxSSEEventBytes}}
 	if lc.up != nil {
 		ls.ufd = lc.up.fd
 	}
@@ -902,7 +903,8 @@ func (lc *laneConn) dropRaw() {
 // that has nothing more to read.
 func (lc *laneConn) writeWhole(h *fasthttp.ResponseHeader, body []byte) {
 	ls := lc.newStream(httpbody.New(httpbody.Length, 0))
-	ls.ended, ls.upEnded, ls.ttftSeen = true, true, true
+	ls.ended, ls.upEnded = true, true
+	ls.MarkOutput()
 	_, out := lc.ll.loop.Buffers()
 	out = lc.appendHead(out, h, len(body))
 	out = append(out, body...)
@@ -982,7 +984,7 @@ func (lc *laneConn) firstByteTimeout() {
 	switch {
 	case lc.state == laneWaiting || lc.state == laneSending:
 		lc.endUp(false)
-	case lc.state == laneAnswer && lc.ls != nil && lc.ls.gate.shut():
+	case lc.state == laneAnswer && lc.ls != nil && lc.ls.Gate.Shut():
 		lc.dropStream()
 	default:
 		return
@@ -992,16 +994,16 @@ func (lc *laneConn) firstByteTimeout() {
 
 // began relays a local stream once its first event came: the answer
 // begins.
-func (lc *laneConn) began(g gateState, held []byte) {
+func (lc *laneConn) began(g sserelay.Gate, held []byte) {
 	r, ls := lc.r, lc.ls
 	lc.stopTimer()
-	if g != gateOutput { // ended with no event
+	if g != sserelay.GateOutput { // ended with no event
 		lc.dropStream()
 		lc.failWith(decodeTransportErr(endedEarly(lc.r.local, "any event", ls.cut)))
 		return
 	}
 	r.p.m.Requests.WithLabelValues(r.mode, statusLabel(r.obs.Status)).Inc()
-	ls.ttftSeen = true
+	ls.MarkOutput()
 	lc.firstOutput()
 	ls.write(held)
 }

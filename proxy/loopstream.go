@@ -1,7 +1,6 @@
 package proxy
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
 	"net"
@@ -10,11 +9,10 @@ import (
 
 	"github.com/rs/zerolog"
 
-	"github.com/pd-sidecar/pd-sidecar/connectors"
 	"github.com/pd-sidecar/pd-sidecar/httpbody"
 	"github.com/pd-sidecar/pd-sidecar/netloop"
 	"github.com/pd-sidecar/pd-sidecar/proxy/clientconn"
-	"github.com/pd-sidecar/pd-sidecar/proxy/sse"
+	"github.com/pd-sidecar/pd-sidecar/proxy/sserelay"
 	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"
 )
 
@@ -37,53 +35,32 @@ type loopStream struct {
 	mu   sync.Mutex // Ready and begin: one at a time
 	r    *request
 	loop *netloop.Loop
-	body httpbody.Decoder
-	fn   func([]byte) []byte // per-payload rewrite (nil: none)
+	// The answer's body, cut into events and rewritten (Body: its
+	// decoder; Rewrite: the per-payload rewrite; MaxEvent:
+	// --max-sse-event-bytes), and its gate.
+	sserelay.Stream
 
 	ufd, cfd  int
 	keepAlive bool
 	first     []byte // the first chunk, written by begin
 	firstp    *[]byte
 
-	done     bool   // [DONE] seen
-	maxEvent int    // --max-sse-event-bytes (0: the default; sse.Bound)
 	cut      error  // ErrEventTooLong, once the stream was refused for it
-	partial  []byte // the start of an event not yet whole
-	scanned  int    // partial's bytes up to its last line's start
 	pending  []byte // bytes the client has not taken yet
 	ended    bool   // the upstream is done: pending holds the last bytes
 	finished bool
 	release  func() // frees the leg and finishes the request, once
 
-	conns    streamConns // the two connections
-	upEnded  bool        // conns.legEnd was called
-	excess   bool        // the upstream sent bytes after the body: its connection is not pooled
-	ttftSeen bool        // conns.firstOutput was called
+	conns   streamConns // the two connections
+	upEnded bool        // conns.legEnd was called
 
-	// A lane stream is held back, as relaySSE holds it, until its first
-	// event (gateFirstEvent), or for a decode leg carrying remote KV its
-	// first output (gateHolding): an error event before any output is a KV
-	// load failure, which the client must not see. gated decides what
-	// becomes of the held bytes (head included) once the gate opened, or
-	// the stream ended while it was shut.
-	gate  gateState
+	// A lane stream is held back, as relaySSE holds it, while its gate
+	// (sserelay.Stream.Gate) is shut; held is what came meanwhile (head
+	// included), up to maxHeld. gated decides what becomes of the held
+	// bytes once the gate opened, or the stream ended while it was shut.
 	held  []byte
-	gated func(g gateState, held []byte)
+	gated func(g sserelay.Gate, held []byte)
 }
-
-// gateState is where a held stream is (see loopStream.gate).
-type gateState uint8
-
-const (
-	gateOff        gateState = iota // nothing held: every byte goes to the client
-	gateHolding                     // no event with output yet
-	gateFirstEvent                  // no event yet
-	gateOutput                      // the first output (or event) came, or maxHeld bytes of preamble
-	gateError                       // an error event came before any output
-)
-
-// shut reports whether g holds the stream back.
-func (g gateState) shut() bool { return g == gateHolding || g == gateFirstEvent }
 
 // streamConns is what a loopStream does with its two connections, which
 // a stream handed over by fasthttp (legConns) and one the lane served from
@@ -141,8 +118,11 @@ func (b *sseBody) handOver() bool {
 	}
 	loop := r.p.loops.Pick()
 	release := b.release
-	ls := &loopStream{r: r, loop: loop, body: leg.Body(), fn: b.fn, done: b.done,
-		keepAlive: b.keepAlive, cfd: cfd, ufd: ufd, maxEvent: r.p.cfg.MaxSSEEventBytes}
+	ls := &loopStream{r: r, loop: loop, keepAlive: b.keepAlive, cfd: cfd, ufd: ufd,
+		Stream: sserelay.Stream{Body: leg.Body(), Rewrite: b.fn, API: r.api, MaxEvent: r.p.cfg.MaxSSEEventBytes}}
+	if b.done {
+		ls.MarkDone()
+	}
 	ls.release = func() {
 		release()
 		r.p.loopRequests.Add(-1)
@@ -156,17 +136,18 @@ func (b *sseBody) handOver() bool {
 	var err error
 	for _, ev := range b.er.Unread() {
 		if err == nil {
-			out, err = ls.feed(out, ev)
+			out, err = ls.Feed(out, ev)
 		}
 	}
 	b.er.Release()
 	if err == nil {
-		out, err = ls.feedRaw(out, leg.Ahead())
+		out, err = ls.FeedRaw(out, leg.Ahead())
 	}
 	leg.DropReader()
+	ls.noteFirstOutput()
 	if err != nil {
 		out = ls.endUpstream(out, err)
-	} else if ls.body.Done() {
+	} else if ls.Body.Done() {
 		out = ls.endUpstream(out, nil)
 	}
 	out = httpbody.EndChunk(out, mark)
@@ -269,7 +250,7 @@ func (ls *loopStream) readUpstream() {
 
 // deliver writes out to the client, or holds it while the gate is shut.
 func (ls *loopStream) deliver(out []byte) {
-	if ls.gate == gateOff {
+	if ls.Gate == sserelay.GateOff {
 		ls.write(out)
 		return
 	}
@@ -278,17 +259,17 @@ func (ls *loopStream) deliver(out []byte) {
 		ls.held = append(ls.held, out...)
 		held = ls.held
 	}
-	if ls.gate.shut() && len(held) < maxHeld && !ls.ended {
+	if ls.Gate.Shut() && len(held) < maxHeld && !ls.ended {
 		if len(ls.held) == 0 {
 			ls.held = append([]byte(nil), out...)
 		}
 		return
 	}
-	g := ls.gate
-	if g.shut() && !ls.ended {
-		g = gateOutput // preamble enough: relayed as relaySSE does
+	g := ls.Gate
+	if g.Shut() && !ls.ended {
+		g = sserelay.GateOutput // preamble enough: relayed as relaySSE does
 	}
-	ls.gate, ls.held = gateOff, nil
+	ls.Gate, ls.held = sserelay.GateOff, nil
 	ls.gated(g, held)
 }
 
@@ -300,16 +281,17 @@ func (ls *loopStream) relayed(out, in []byte, eof bool, rerr error) []byte {
 	out, mark := httpbody.BeginChunk(out)
 	var ferr error
 	if len(in) > 0 {
-		out, ferr = ls.feedRaw(out, in)
+		out, ferr = ls.FeedRaw(out, in)
+		ls.noteFirstOutput()
 	}
 	switch {
 	case ferr != nil:
 		out = ls.endUpstream(out, ferr)
-	case ls.body.Done():
+	case ls.Body.Done():
 		out = ls.endUpstream(out, nil)
 	case rerr != nil:
 		out = ls.endUpstream(out, fmt.Errorf("read %s: %w", ls.r.local, rerr))
-	case eof && ls.body.Mode() == httpbody.UntilClose:
+	case eof && ls.Body.Mode() == httpbody.UntilClose:
 		out = ls.endUpstream(out, nil)
 	case eof:
 		out = ls.endUpstream(out, fmt.Errorf("read %s: connection closed mid-body", ls.r.local))
@@ -321,108 +303,12 @@ func (ls *loopStream) relayed(out, in []byte, eof bool, rerr error) []byte {
 	return out
 }
 
-// feedRaw decodes raw body bytes (framing included) and appends their
-// events to out.
-func (ls *loopStream) feedRaw(out, raw []byte) ([]byte, error) {
-	for len(raw) > 0 && !ls.body.Done() {
-		data, n, err := ls.body.Next(raw, len(raw))
-		if err != nil {
-			return out, err
-		}
-		raw = raw[n:]
-		if out, err = ls.feed(out, data); err != nil {
-			return out, err
-		}
-	}
-	if len(raw) > 0 {
-		ls.excess = true // bytes after the body: no answer to anything sent
-	}
-	return out, nil
-}
-
-// feed cuts body bytes into events (as sse.Reader does: each up to its
-// blank line, stray blank lines dropped) and appends them to out, keeping
-// an incomplete last event for the next call. An event longer than the
-// bound (sse.Bound) ends the stream: ErrEventTooLong, the events
-// before it appended.
-func (ls *loopStream) feed(out, data []byte) ([]byte, error) {
-	if len(data) == 0 {
-		return out, nil
-	}
-	limit := sse.Bound(ls.maxEvent)
-	start, pos := 0, 0
-	if len(ls.partial) > 0 {
-		ls.partial = append(ls.partial, data...)
-		data = ls.partial
-		pos = ls.scanned // its whole lines were looked at already
-	}
-	for {
-		i := bytes.IndexByte(data[pos:], '\n')
-		if i < 0 {
-			break
-		}
-		end := pos + i + 1
-		if sse.IsBlank(data[pos:end]) {
-			if end-start > limit {
-				ls.partial, ls.scanned = nil, 0
-				return out, ErrEventTooLong
-			}
-			if len(bytes.TrimSpace(data[start:pos])) > 0 {
-				out = ls.emit(out, data[start:end])
-			}
-			start = end
-		}
-		pos = end
-	}
-	rest := data[start:]
-	ls.scanned = pos - start
-	switch {
-	case len(rest) > limit:
-		ls.partial, ls.scanned = nil, 0
-		return out, ErrEventTooLong
-	case len(rest) == 0:
-		ls.partial = nil
-	case len(ls.partial) > 0:
-		ls.partial = ls.partial[:copy(ls.partial, rest)]
-	default:
-		ls.partial = append([]byte(nil), rest...)
-	}
-	return out, nil
-}
-
-func (ls *loopStream) emit(out, ev []byte) []byte {
-	d := sse.FirstData(ev)
-	switch {
-	case ls.gate == gateFirstEvent:
-		ls.gate = gateOutput
-	case ls.gate == gateHolding:
-		if d != nil {
-			switch connectors.ClassifyEvent(ls.r.api, d) {
-			case connectors.EventPreamble:
-			case connectors.EventError:
-				ls.gate = gateError
-			default:
-				ls.gate = gateOutput
-			}
-		}
-	case !ls.ttftSeen && ls.conns != nil && ls.gate == gateOff:
-		ls.ttftSeen = true
+// noteFirstOutput tells the connections of the stream's first output,
+// once an event of it went to the client.
+func (ls *loopStream) noteFirstOutput() {
+	if ls.TakeFirstOutput() {
 		ls.conns.firstOutput()
 	}
-	if d != nil && connectors.IsDone(d) {
-		ls.done = true
-	}
-	return sse.Rewrite(out, ev, ls.fn)
-}
-
-// flushPartial appends the final event that lacked its blank line (as
-// sse.Reader returns it, blank line added), if any.
-func (ls *loopStream) flushPartial(out []byte) []byte {
-	if len(bytes.TrimSpace(ls.partial)) > 0 {
-		out = ls.emit(out, append(ls.partial, "\n\n"...))
-	}
-	ls.partial, ls.scanned = nil, 0
-	return out
 }
 
 // endUpstream ends the upstream leg (err nil: its body ended cleanly) and
@@ -435,10 +321,11 @@ func (ls *loopStream) endUpstream(out []byte, err error) []byte {
 	}
 	clean := err == nil
 	if clean {
-		out = ls.flushPartial(out)
+		out = ls.FlushPartial(out)
+		ls.noteFirstOutput()
 	}
-	ls.partial = nil
-	out = ls.r.endStream(out, ls.done, err)
+	ls.Discard()
+	out = ls.r.endStream(out, ls.SawDone(), err)
 	ls.ended = true
 	ls.closeLeg(clean)
 	return out
@@ -460,7 +347,7 @@ func (ls *loopStream) closeLeg(clean bool) {
 		return
 	}
 	ls.upEnded = true
-	ls.conns.legEnd(clean && ls.body.Done() && !ls.excess)
+	ls.conns.legEnd(clean && ls.Body.Done() && !ls.Excess())
 }
 
 // write sends b to the client; what does not fit waits for the client to
@@ -555,7 +442,8 @@ func (ls *loopStream) finish() {
 	}
 	ls.finished = true
 	ls.closeLeg(false)
-	ls.pending, ls.partial = nil, nil
+	ls.pending = nil
+	ls.Discard()
 	ls.release()
 }
 

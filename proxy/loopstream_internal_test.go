@@ -25,6 +25,7 @@ import (
 	"github.com/pd-sidecar/pd-sidecar/httpbody"
 	"github.com/pd-sidecar/pd-sidecar/metrics"
 	"github.com/pd-sidecar/pd-sidecar/netloop"
+	"github.com/pd-sidecar/pd-sidecar/proxy/sserelay"
 	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"
 )
 
@@ -99,7 +100,7 @@ func TestLoopStreamBackpressure(t *testing.T) {
 
 	server, client := tcpPair(t)
 	var released atomic.Bool
-	ls := &loopStream{r: r, loop: g.Pick(), body: leg.Body(), release: func() { released.Store(true) }}
+	ls := &loopStream{r: r, loop: g.Pick(), Stream: sserelay.Stream{Body: leg.Body()}, release: func() { released.Store(true) }}
 	ls.ufd, _ = netloop.FD(leg.Conn())
 	ls.cfd, _ = netloop.FD(server)
 	ls.conns = &legConns{ls: ls, leg: leg, done: func(bool) { _ = server.Close() }}

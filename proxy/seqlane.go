@@ -13,6 +13,7 @@ import (
 	"github.com/pd-sidecar/pd-sidecar/metrics"
 	"github.com/pd-sidecar/pd-sidecar/proxy/rawhttp"
 	"github.com/pd-sidecar/pd-sidecar/proxy/split"
+	"github.com/pd-sidecar/pd-sidecar/proxy/sserelay"
 	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"
 )
 
@@ -29,7 +30,7 @@ import (
 // The hedge's local leg runs on a shadow laneConn: the request's, on the
 // same loop, with the client's descriptor but never writing to it, sharing
 // its primary's lock (laneConn.lock). It is the plain local leg
-// (decodeLeg), its stream held until its first output (gateHolding), a
+// (decodeLeg), its stream held until its first output (sserelay.GateHolding), a
 // JSON answer read whole. Dropping it closes its connection, so the engine
 // aborts it; relaying it makes the primary adopt its stream, connection
 // and gauge, and relay from the held bytes on, as a local stream that
@@ -337,24 +338,24 @@ func (lc *laneConn) gateStream(ls *loopStream) {
 	r := lc.r
 	if rw := r.p.rewriter; rw != nil {
 		h := *r.handoff
-		ls.fn = func(d []byte) []byte { return rw.RewriteAnswer(r.api, d, h) }
+		ls.Rewrite = func(d []byte) []byte { return rw.RewriteAnswer(r.api, d, h) }
 	}
-	ls.gate = gateHolding
+	ls.Gate = sserelay.GateHolding
 	ls.gated = lc.gateDone
 }
 
 // gateDone decides on a held stream: relayed once its first output came;
 // a KV load failure goes to the split; a stream that ended with no output
 // is answered with the error.
-func (lc *laneConn) gateDone(g gateState, held []byte) {
+func (lc *laneConn) gateDone(g sserelay.Gate, held []byte) {
 	r, ls := lc.r, lc.ls
 	lc.stopTimer()
 	switch {
-	case g == gateHolding: // ended with no output
+	case g == sserelay.GateHolding: // ended with no output
 		lc.dropStream()
 		lc.feedSplit(split.Event{Kind: split.LegFailed, Err: decodeTransportErr(endedEarly(lc.r.local, "any output", ls.cut))})
 		return
-	case g == gateError:
+	case g == sserelay.GateError:
 		r.kvHandoffDone(lc.pd.sent, false)
 		if r.kvLoadFailed() {
 			lc.dropStream()
@@ -366,7 +367,7 @@ func (lc *laneConn) gateDone(g gateState, held []byte) {
 		r.kvHandoffDone(lc.pd.sent, true)
 	}
 	r.p.m.Requests.WithLabelValues(r.mode, statusLabel(r.obs.Status)).Inc()
-	ls.ttftSeen = true
+	ls.MarkOutput()
 	lc.firstOutput()
 	ls.write(held)
 }
@@ -442,9 +443,9 @@ func (lc *laneConn) hedgeFailed(h *laneConn, err error) {
 
 // hedgeGated decides on the shadow's held stream: its first output came
 // (the hedge is ready), or it ended or erred without one (it failed).
-func (lc *laneConn) hedgeGated(g gateState, held []byte) {
+func (lc *laneConn) hedgeGated(g sserelay.Gate, held []byte) {
 	lc.stopTimer()
-	if g != gateOutput {
+	if g != sserelay.GateOutput {
 		lc.shadowOf.hedgeFailed(lc, fmt.Errorf("%w: %w", ErrDecodeFailed, lc.ls.endedBefore("the local stream ended or erred before any output")))
 		return
 	}
@@ -503,7 +504,7 @@ func (lc *laneConn) adoptHedge(pd *lanePD) {
 	lc.streamed, h.streamed = h.streamed, false
 	lc.ls, ls.conns, ls.release = ls, lc, lc.finish
 	r.p.m.Requests.WithLabelValues(r.mode, statusLabel(r.obs.Status)).Inc()
-	ls.ttftSeen = true
+	ls.MarkOutput()
 	lc.firstOutput()
 	ls.write(pd.readyHeld)
 }

@@ -72,8 +72,8 @@ func FuzzSSEScanRewrite(f *testing.F) {
 }
 
 // splitEventsReference is the SSE event split the Reader must agree with
-// (the proxy's event-loop splitter is held to a copy of it), written the
-// plain way: lines up to and including their '\n'; an event
+// (the event loop's splitter, sserelay.Stream, is held to a copy of it),
+// written the plain way: lines up to and including their '\n'; an event
 // ends at a blank line; blank-only events are skipped; a final event
 // without its blank line gets one. An event (or blank-only run) longer than
 // limit bytes ends the split: the events before it, and refused.

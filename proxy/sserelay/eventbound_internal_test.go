@@ -1,4 +1,4 @@
-package proxy
+package sserelay
 
 import (
 	"io"
@@ -25,26 +25,26 @@ func readAllEvents(er *sse.Reader) ([]string, error) {
 	}
 }
 
-// loopEvents feeds in to a loop stream bounded at limit, framed chunked
-// and in pieces of piece bytes, and returns what it relayed and the error
-// that ended it (nil: the body's end).
+// loopEvents feeds in to a Stream bounded at limit, framed chunked and in
+// pieces of piece bytes, and returns what it relayed and the error that
+// ended it (nil: the body's end).
 func loopEvents(in string, limit, piece int) (string, error) {
 	framed := append(httpbody.AppendChunk(nil, []byte(in)), httpbody.LastChunk...)
-	ls := &loopStream{body: httpbody.New(httpbody.Chunked, 0), maxEvent: limit}
+	s := &Stream{Body: httpbody.New(httpbody.Chunked, 0), MaxEvent: limit}
 	var out []byte
 	for rest := framed; len(rest) > 0; {
 		n := min(len(rest), piece)
 		var err error
-		if out, err = ls.feedRaw(out, rest[:n]); err != nil {
+		if out, err = s.FeedRaw(out, rest[:n]); err != nil {
 			return string(out), err
 		}
 		rest = rest[n:]
 	}
-	return string(ls.flushPartial(out)), nil
+	return string(s.FlushPartial(out)), nil
 }
 
-// TestEventBoundBothReaders: the goroutine path's reader and the event
-// loop's cut the same events and refuse the same event, at the same bound
+// TestEventBoundBothReaders: the goroutine path's reader (sse.Reader) and
+// the event loop's (Stream) cut the same events and refuse the same event, at the same bound
 // (FuzzEventReaderSplits and FuzzLoopStreamSplits hold them to the
 // reference on arbitrary input).
 func TestEventBoundBothReaders(t *testing.T) {
@@ -80,10 +80,10 @@ func TestEventBoundBothReaders(t *testing.T) {
 				evs, err := readAllEvents(er)
 				assert.Equal(t, tc.events, evs, "the reader's events (%s)", how)
 				if tc.refused {
-					assert.ErrorIs(t, err, ErrEventTooLong, how)
+					assert.ErrorIs(t, err, sse.ErrEventTooLong, how)
 					assert.Equal(t, 1, refusals, how)
 					_, again := er.Next()
-					assert.ErrorIs(t, again, ErrEventTooLong, "sticky (%s)", how)
+					assert.ErrorIs(t, again, sse.ErrEventTooLong, "sticky (%s)", how)
 					assert.Equal(t, 1, refusals, "counted once (%s)", how)
 				} else {
 					assert.ErrorIs(t, err, io.EOF, how)
@@ -94,7 +94,7 @@ func TestEventBoundBothReaders(t *testing.T) {
 				out, err := loopEvents(tc.in, limit, piece)
 				assert.Equal(t, strings.Join(tc.events, ""), out, "the loop's events (pieces of %d)", piece)
 				if tc.refused {
-					assert.ErrorIs(t, err, ErrEventTooLong, "pieces of %d", piece)
+					assert.ErrorIs(t, err, sse.ErrEventTooLong, "pieces of %d", piece)
 				} else {
 					assert.NoError(t, err, "pieces of %d", piece)
 				}
@@ -132,18 +132,18 @@ func newEndless() *endless {
 // nothing of the event is kept once it is refused (sse.Reader's own test,
 // TestReaderEndlessLine, holds the goroutine path's reader to the same).
 func TestEventBoundEndlessLine(t *testing.T) {
-	const limit = DefaultMaxSSEEventBytes
+	const limit = sse.DefaultMaxEventBytes
 	src := newEndless()
-	ls := &loopStream{body: httpbody.New(httpbody.UntilClose, 0)}
+	s := &Stream{Body: httpbody.New(httpbody.UntilClose, 0)}
 	piece := make([]byte, 16<<10)
 	var out []byte
 	var err error
 	for err == nil && src.read < 64*limit {
 		n, _ := src.Read(piece)
-		out, err = ls.feedRaw(out, piece[:n])
+		out, err = s.FeedRaw(out, piece[:n])
 	}
-	require.ErrorIs(t, err, ErrEventTooLong)
+	require.ErrorIs(t, err, sse.ErrEventTooLong)
 	assert.Equal(t, "data: {\"choices\":[{\"text\":\"x\"}]}\n\n", string(out))
 	assert.LessOrEqual(t, src.read, limit+len(piece), "fed up to the bound, not further")
-	assert.Nil(t, ls.partial, "the refused event's bytes let go")
+	assert.Nil(t, s.partial, "the refused event's bytes let go")
 }
