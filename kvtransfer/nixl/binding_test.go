@@ -392,9 +392,11 @@ func TestStuckTransferIsReleasedAfterTheDrainTime(t *testing.T) {
 	t.Setenv("FAKE_NIXL_STUCK", "1")
 	_, b, _, _, sd, dd := twoAgents(t, buildFake(t), 4096)
 	nixl.SetDrainTimeout(b, 50*time.Millisecond)
+	// Timed from before the deadline's clock starts: both 20 ms and 50 ms
+	// are lower bounds counted from events after start, on any machine.
+	start := time.Now()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
 	defer cancel()
-	start := time.Now()
 	err := b.Read(ctx, nixl.MemDRAM, nixl.MemDRAM, []nixl.Desc{dd}, []nixl.Desc{sd}, "src")
 	took := time.Since(start)
 	require.ErrorIs(t, err, context.DeadlineExceeded)
