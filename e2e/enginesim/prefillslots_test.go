@@ -1,8 +1,8 @@
 package enginesim
 
 import (
+	"context"
 	"fmt"
-	"io"
 	"net/http"
 	"strings"
 	"sync"
@@ -96,19 +96,45 @@ func TestPrefillSlots(t *testing.T) {
 func TestPrefillSlotsCancelledWhileWaiting(t *testing.T) {
 	s := startSim(t, RoleBoth, func(c *Config) {
 		c.PrefillSlots = 1
-		c.PrefillPerToken = 50 * time.Millisecond
+		c.PrefillPerToken = 500 * time.Millisecond
 	})
-	// 3 s of prefill: the second request comes and leaves while it holds
-	// the slot, on any machine.
-	long := fmt.Sprintf(`{"model":"sim-model","prompt":%q,"max_tokens":1}`, "a "+longPrompt(59))
-	go func() { _, _ = httpPostTimeout(s.url+"/v1/completions", long, 30*time.Second) }()
-	require.Eventually(t, func() bool { return s.metric(t, "vllm:num_requests_running") == 1 }, 30*time.Second, 2*time.Millisecond)
-	// The second one waits behind it and gives up after 50ms.
-	_, err := httpPostTimeout(s.url+"/v1/completions", fmt.Sprintf(`{"model":"sim-model","prompt":%q,"max_tokens":1}`, "b "+longPrompt(59)), 50*time.Millisecond)
-	require.Error(t, err)
-	require.Eventually(t, func() bool { return s.metric(t, "vllm:num_requests_waiting") == 0 }, 30*time.Second, 2*time.Millisecond)
+	// 30 s of prefill: the second request comes and leaves while the first
+	// holds the slot, on any machine; the first's client leaves then too.
+	post := func(ctx context.Context, prompt string, done chan<- error) {
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, s.url+"/v1/completions",
+			strings.NewReader(fmt.Sprintf(`{"model":"sim-model","prompt":%q,"max_tokens":1}`, prompt+" "+longPrompt(59))))
+		if err == nil {
+			var resp *http.Response
+			if resp, err = http.DefaultClient.Do(req); err == nil {
+				resp.Body.Close()
+			}
+		}
+		done <- err
+	}
+	firstCtx, cancelFirst := context.WithCancel(context.Background())
+	defer cancelFirst()
+	first := make(chan error, 1)
+	go post(firstCtx, "a", first)
+	// The first one holds the slot once it computes (running alone is
+	// counted before the slot is taken).
+	require.Eventually(t, func() bool { return s.metric(t, "sim_prefills_computed_total") == 1 }, 30*time.Second, 2*time.Millisecond)
+	// The second one waits behind it, and its client leaves once the engine
+	// counts it waiting.
+	secondCtx, cancelSecond := context.WithCancel(context.Background())
+	defer cancelSecond()
+	second := make(chan error, 1)
+	go post(secondCtx, "b", second)
+	require.Eventually(t, func() bool { return s.metric(t, "vllm:num_requests_waiting") == 1 }, 30*time.Second, 2*time.Millisecond)
+	cancelSecond()
+	require.Error(t, <-second)
+	require.Eventually(t, func() bool {
+		return s.metric(t, "vllm:num_requests_waiting") == 0 && s.kindMetric(t, "sim_requests_cancelled_total", "local") == 1
+	}, 30*time.Second, 2*time.Millisecond)
+	assert.Equal(t, 1.0, s.metric(t, "vllm:num_requests_running"), "the first one still computes")
+	cancelFirst()
+	require.Error(t, <-first)
 	require.Eventually(t, func() bool { return s.metric(t, "vllm:num_requests_running") == 0 }, 30*time.Second, 5*time.Millisecond)
-	assert.Equal(t, 1.0, s.kindMetric(t, "sim_requests_cancelled_total", "local"))
+	assert.Equal(t, 2.0, s.kindMetric(t, "sim_requests_cancelled_total", "local"))
 	assert.Equal(t, 1.0, s.metric(t, "sim_prefills_computed_total"), "the cancelled one never computed")
 }
 
@@ -116,16 +142,4 @@ func TestPrefillSlotsValidated(t *testing.T) {
 	c := DefaultConfig()
 	c.PrefillSlots = -1
 	require.ErrorIs(t, c.Validate(), ErrInvalidConfig)
-}
-
-// httpPostTimeout posts body with a client that gives up after timeout.
-func httpPostTimeout(url, body string, timeout time.Duration) (int, error) {
-	c := &http.Client{Timeout: timeout}
-	resp, err := c.Post(url, "application/json", strings.NewReader(body))
-	if err != nil {
-		return 0, err
-	}
-	defer resp.Body.Close()
-	_, err = io.Copy(io.Discard, resp.Body)
-	return resp.StatusCode, err
 }
