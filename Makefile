@@ -24,12 +24,12 @@ test: lint deploy-check test-ucx fuzz-short
 ## core, as `stress-ng --cpu $$(nproc)`) compete for every core, then once with
 ## GOMAXPROCS=$(STRESS_GOMAXPROCS) and no hog. With libucx-dev, -tags ucx adds the ucx transport's
 ## tests. STRESS_FLAGS adds go test flags (e.g. -race; -run 'TestLane'). Not part of make test:
-## about 20 minutes on 2 cores (the loaded pass about 15).
+## 20-30 minutes on 2 cores, most of it the loaded pass.
 STRESS_HOGS       ?= $(shell nproc 2>/dev/null || echo 2)
 STRESS_COUNT      ?= 3
 STRESS_GOMAXPROCS ?= 16
 STRESS_FLAGS      ?=
-STRESS_PKGS       := ./e2e/ ./kvtransfer/...
+STRESS_PKGS       := ./e2e/... ./kvtransfer/...
 .PHONY: test-stress
 test-stress:
 	@tags=""; if pkg-config --exists ucx 2>/dev/null; then tags="-tags ucx"; else \
