@@ -1,246 +1,164 @@
-// Package proxy is the decode-pod sidecar: a fasthttp server in front of the
-// local engine that splits inference requests naming a prefiller into a
-// remote prefill and a local decode (the choreography is written once here,
-// parameterised by a connectors.Connector), degrades to local prefill when
-// the prefiller fails, and passes every other request through unchanged.
+// Package proxy is the decode-pod sidecar's public face: its configuration
+// (Config and the types it is made of), New, and the Proxy that serves the
+// sidecar's routes (Run, Handler). A request's state and the choreographies
+// that serve it live in proxy/inference and the packages beside it; this
+// package names what a caller of the sidecar needs, and nothing else.
 package proxy
 
 import (
-	"fmt"
-	"net"
-	"strconv"
-	"sync/atomic"
+	"context"
+	"crypto/tls"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/rs/zerolog"
-	"github.com/valyala/fasthttp"
-	"github.com/valyala/fasthttp/fasthttpadaptor"
 
 	"github.com/pd-sidecar/pd-sidecar/connectors"
-	"github.com/pd-sidecar/pd-sidecar/connectors/moriio"
 	"github.com/pd-sidecar/pd-sidecar/metrics"
-	"github.com/pd-sidecar/pd-sidecar/netloop"
-	"github.com/pd-sidecar/pd-sidecar/proxy/bootstrap"
-	"github.com/pd-sidecar/pd-sidecar/proxy/clientconn"
-	"github.com/pd-sidecar/pd-sidecar/proxy/encoder"
-	"github.com/pd-sidecar/pd-sidecar/proxy/guard"
-	"github.com/pd-sidecar/pd-sidecar/proxy/hedge"
-	"github.com/pd-sidecar/pd-sidecar/proxy/kvpull"
-	"github.com/pd-sidecar/pd-sidecar/proxy/kvrelease"
-	"github.com/pd-sidecar/pd-sidecar/proxy/observe"
-	"github.com/pd-sidecar/pd-sidecar/proxy/passpolicy"
-	"github.com/pd-sidecar/pd-sidecar/proxy/prefillstrip"
-	"github.com/pd-sidecar/pd-sidecar/proxy/prewarm"
-	"github.com/pd-sidecar/pd-sidecar/proxy/sse"
-	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"
+	"github.com/pd-sidecar/pd-sidecar/proxy/inference"
 )
 
-// Header names the proxy reads or sets.
+// The sidecar's types, as proxy/inference declares them.
+type (
+	Config            = inference.Config
+	EncoderConfig     = inference.EncoderConfig
+	Extras            = inference.Extras
+	GuardConfig       = inference.GuardConfig
+	HedgeConfig       = inference.HedgeConfig
+	KVPullConfig      = inference.KVPullConfig
+	LookupFunc        = inference.LookupFunc
+	MoriIOConfig      = inference.MoriIOConfig
+	Observer          = inference.Observer
+	P2PConfig         = inference.P2PConfig
+	PassthroughConfig = inference.PassthroughConfig
+	Proxy             = inference.Proxy
+	RequestReport     = inference.RequestReport
+	TLSConfig         = inference.TLSConfig
+)
+
+// The header names, reasons, outcomes and defaults the sidecar reads, sets and reports.
 const (
-	// HeaderPrefiller names the prefill engine(s) (host:port, comma
-	// separated). Client controllable: stripped before forwarding.
-	HeaderPrefiller = "x-prefiller-host-port"
-	// HeaderDataParallel is llm-d's deprecated rank selector; stripped.
-	HeaderDataParallel = "x-data-parallel-host-port"
-	// HeaderRequestID is set (never added twice) on every leg.
-	HeaderRequestID = "X-Request-Id"
+	AttrDecision            = inference.AttrDecision
+	AttrPrefiller           = inference.AttrPrefiller
+	AttrReason              = inference.AttrReason
+	AttrRemoteKV            = inference.AttrRemoteKV
+	AttrRequestID           = inference.AttrRequestID
+	CertFile                = inference.CertFile
+	DecodeFirstDeclined     = inference.DecodeFirstDeclined
+	DecodeFirstServed       = inference.DecodeFirstServed
+	DefaultMaxBufferedBytes = inference.DefaultMaxBufferedBytes
+	DefaultMaxSSEEventBytes = inference.DefaultMaxSSEEventBytes
+	DefaultP2PPort          = inference.DefaultP2PPort
+	EncoderFailError        = inference.EncoderFailError
+	EncoderFailLocal        = inference.EncoderFailLocal
+	HeaderDataParallel      = inference.HeaderDataParallel
+	HeaderEncoders          = inference.HeaderEncoders
+	HeaderKVCacheSource     = inference.HeaderKVCacheSource
+	HeaderPrefiller         = inference.HeaderPrefiller
+	HeaderRequestID         = inference.HeaderRequestID
+	HedgeAutoFloor          = inference.HedgeAutoFloor
+	KVFailError             = inference.KVFailError
+	KVFailLocalPrefill      = inference.KVFailLocalPrefill
+	KeyFile                 = inference.KeyFile
+	MinMaxSSEEventBytes     = inference.MinMaxSSEEventBytes
+	PassthroughAll          = inference.PassthroughAll
+	PassthroughNone         = inference.PassthroughNone
+	PassthroughServing      = inference.PassthroughServing
+	ReasonBadAnswer         = inference.ReasonBadAnswer
+	ReasonBadPrefiller      = inference.ReasonBadPrefiller
+	ReasonBootstrapFailed   = inference.ReasonBootstrapFailed
+	ReasonBufferBudget      = inference.ReasonBufferBudget
+	ReasonCircuitOpen       = inference.ReasonCircuitOpen
+	ReasonEOSUnsupported    = inference.ReasonEOSUnsupported
+	ReasonInvalidParams     = inference.ReasonInvalidParams
+	ReasonKVLoadFailed      = inference.ReasonKVLoadFailed
+	ReasonKVSourceGone      = inference.ReasonKVSourceGone
+	ReasonKVWaitTimeout     = inference.ReasonKVWaitTimeout
+	ReasonNoKVParams        = inference.ReasonNoKVParams
+	ReasonOverloaded        = inference.ReasonOverloaded
+	ReasonServerError       = inference.ReasonServerError
+	ReasonSlowPrefill       = inference.ReasonSlowPrefill
+	ReasonTPMismatch        = inference.ReasonTPMismatch
+	ReasonTimeout           = inference.ReasonTimeout
+	ReasonUnreachable       = inference.ReasonUnreachable
+	SpanDecode              = inference.SpanDecode
+	SpanEncode              = inference.SpanEncode
+	SpanKVHandoff           = inference.SpanKVHandoff
+	SpanPrefill             = inference.SpanPrefill
+	SpanRequest             = inference.SpanRequest
 )
 
-// Proxy serves the sidecar's routes. Create it with New.
-type Proxy struct {
-	cfg      Config
-	conn     connectors.Connector
-	rewriter connectors.AnswerRewriter // nil when conn has no such ability
-	seq      connectors.Sequential     // nil for a Concurrent connector
-	mori     *moriState                // MoRI-IO write mode; nil when off
-	choreo   connectors.Choreography   // what conn declares (connectors.Choreography)
-	boot     *bootstrap.Cache          // Bootstrapper answers per prefiller
-	tr       *upstream.Transport
-	encTr    *upstream.Transport // the encoder legs'; nil: stage off
-	enc      *encoder.Stage      // the encoder stage (llm-d's E/PD); nil: off
-	m        *metrics.Metrics
-	log      zerolog.Logger
-	metricsH fasthttp.RequestHandler
-	draining atomic.Bool
-	ext      Extras   // optional collaborators (see SetExtras)
-	strip    []string // --prefill-strip-headers, lower case
-	bufs     sse.Bufs // per-stream buffers for reuse
-	// hedge is hedged prefill's policy; nil: off.
-	hedge *hedge.Policy
-	// pass is what passes through to the engine.
-	pass *passpolicy.Policy
-	// guard holds the limits, SSRF protection, circuit breakers and TLS.
-	guard *guard.Guard
-	// warm warms up new prefillers (--prefill-prewarm); nil: off.
-	warm *prewarm.Warmer
-	// kvr frees a prefiller's KV nobody read (--release-kv-on-cancel);
-	// nil: off.
-	kvr *kvrelease.Releaser
-	// armer arms the client connections' watches (clientconn.Watch).
-	armer *clientconn.Armer
-	// kv is the sidecar-driven KV pull (see EnableKVPull); nil: off.
-	kv *kvpull.Puller
-	// trace starts the requests' spans and writes the legs' trace
-	// context (SetExtras); nil: no tracer.
-	trace *observe.Tracing
-	// background is the work Run runs beside serving: MoRI-IO's host
-	// revalidations, warm-ups, circuit probes, KV release legs, of those
-	// that are on, in start order.
-	background []backgroundWork
-	// features are the request features that are on, in the order they
-	// take part in a request: one line each in New.
-	features []requestFeature
-	// legStrip are the client's headers the lane leaves out of every leg
-	// it writes (the trace context's, which each leg carries anew), and
-	// prefillStrip those it leaves out of a prefill leg (--prefill-strip-
-	// headers too); lower case.
-	legStrip, prefillStrip []string
-	// loops carry open streams (loopStream); nil: each stream keeps its
-	// goroutine. servers are the servers of the local engines' ports, by
-	// engine address, which take a connection back after its stream. Both
-	// are set by Run before it serves.
-	loops        *netloop.Group
-	servers      map[string]*fasthttp.Server
-	loopRequests atomic.Int64 // requests on the loops: streams handed over, and the lane's
-}
+// The errors the sidecar's requests end with, matched with errors.Is.
+var (
+	ErrBadHeaderName      = inference.ErrBadHeaderName
+	ErrBadPrefiller       = inference.ErrBadPrefiller
+	ErrBadRequest         = inference.ErrBadRequest
+	ErrBodyTooLarge       = inference.ErrBodyTooLarge
+	ErrBootstrapFailed    = inference.ErrBootstrapFailed
+	ErrCircuitOpen        = inference.ErrCircuitOpen
+	ErrClientGone         = inference.ErrClientGone
+	ErrDecodeFailed       = inference.ErrDecodeFailed
+	ErrDecodeTimeout      = inference.ErrDecodeTimeout
+	ErrDecodeUnavailable  = inference.ErrDecodeUnavailable
+	ErrDrainTimeout       = inference.ErrDrainTimeout
+	ErrEOSStream          = inference.ErrEOSStream
+	ErrEncoderFailed      = inference.ErrEncoderFailed
+	ErrEncoderTimeout     = inference.ErrEncoderTimeout
+	ErrEventTooLong       = inference.ErrEventTooLong
+	ErrHTTPVersion        = inference.ErrHTTPVersion
+	ErrHeadersTooLarge    = inference.ErrHeadersTooLarge
+	ErrKVAddressDenied    = inference.ErrKVAddressDenied
+	ErrKVLoadFailed       = inference.ErrKVLoadFailed
+	ErrKVWaitTimeout      = inference.ErrKVWaitTimeout
+	ErrMalformed          = inference.ErrMalformed
+	ErrNoAddress          = inference.ErrNoAddress
+	ErrNoEncoder          = inference.ErrNoEncoder
+	ErrNoModel            = inference.ErrNoModel
+	ErrNotOnMetricsPort   = inference.ErrNotOnMetricsPort
+	ErrOverloaded         = inference.ErrOverloaded
+	ErrPassthroughMethod  = inference.ErrPassthroughMethod
+	ErrPassthroughPath    = inference.ErrPassthroughPath
+	ErrPathNotNormal      = inference.ErrPathNotNormal
+	ErrPrefillOverloaded  = inference.ErrPrefillOverloaded
+	ErrPrefillRejected    = inference.ErrPrefillRejected
+	ErrPrefillServerError = inference.ErrPrefillServerError
+	ErrPrefillTimeout     = inference.ErrPrefillTimeout
+	ErrPrefillUnreachable = inference.ErrPrefillUnreachable
+	ErrPrefillerDenied    = inference.ErrPrefillerDenied
+	ErrPrewarmNoKV        = inference.ErrPrewarmNoKV
+	ErrPrewarmStatus      = inference.ErrPrewarmStatus
+	ErrReadTimeout        = inference.ErrReadTimeout
+	ErrTPMismatch         = inference.ErrTPMismatch
+	ErrUnknownRank        = inference.ErrUnknownRank
+)
 
 // New returns a Proxy. cfg must be valid (see Config.Validate); m holds the
 // collectors, gatherer is what /metrics exports, log receives JSON logs.
 func New(cfg Config, conn connectors.Connector, m *metrics.Metrics, gatherer prometheus.Gatherer, log zerolog.Logger) (*Proxy, error) {
-	if err := cfg.Validate(); err != nil {
-		return nil, err
-	}
-	p := &Proxy{
-		cfg:  cfg,
-		conn: conn,
-		tr:   upstream.NewTransport(cfg.ConnectTimeout, cfg.MaxConnsPerHost, cfg.MaxPrefillers+cfg.DataParallelSize),
-		m:    m,
-		log:  log,
-		metricsH: fasthttpadaptor.NewFastHTTPHandler(
-			promhttp.HandlerFor(gatherer, promhttp.HandlerOpts{})),
-	}
-	p.tr.SetAnswerLimits(cfg.MaxUpstreamAnswerBytes, cfg.Guard.MaxHeaderBytes)
-	p.armer = clientconn.NewArmer(clientconn.WatchDelay, ErrClientGone)
-	pass, err := passpolicy.New(cfg.Passthrough)
-	if err != nil {
-		return nil, err
-	}
-	p.pass, p.strip = pass, prefillstrip.Names(cfg.PrefillStripHeaders)
-	p.prefillStrip = p.strip
-	p.rewriter, _ = conn.(connectors.AnswerRewriter)
-	g, err := newGuard(cfg.Guard, cfg.MaxRequestBodyBytes, m.Guards, log)
-	if err != nil {
-		return nil, err
-	}
-	p.guard = g
-	p.tr.SetAnswerBudget(g.Budget()) // answers read whole draw from --max-buffered-bytes
-	upTLS, err := cfg.Guard.TLS.Upstream(p.localAddrs())
-	if err != nil {
-		return nil, err
-	}
-	p.tr.UseTLS(upTLS)
-	if p.encTr, err = newEncoderTransport(cfg); err != nil {
-		return nil, err
-	}
-	p.enc = newEncoderStage(p)
-	p.seq, _ = conn.(connectors.Sequential)
-	if p.choreo = connectors.ChoreographyOf(conn); p.choreo == 0 {
-		return nil, fmt.Errorf("connector %q is neither sequential nor concurrent", conn.Name())
-	}
-	p.boot = bootstrap.New(cfg.MaxPrefillers, bootstrapTransportErr)
-	if cfg.MinRemotePrefillTokens > 0 {
-		p.features = append(p.features, shortPrompt{limit: cfg.MinRemotePrefillTokens})
-	}
-	if cfg.P2P.Enabled {
-		p.features = append(p.features, kvCacheSource{})
-	}
-	p.hedge = hedge.New(cfg.Hedge, m.Hedge)
-	if cfg.Hedge.On() && p.choreo == connectors.ChoreographyConcurrent {
-		log.Warn().Str("connector", conn.Name()).Msg("--prefill-hedge-after has no effect: this connector sends the decode leg while the prefill runs, so there is no wait to hedge")
-	}
-	if cfg.MoriIO.WriteMode && p.seq != nil && conn.Name() == "nixlv2" {
-		p.mori = newMoriState(cfg.MoriIO, m.MoriIO, log) // MoRI-IO write mode
-		p.seq = moriio.ReadHandoffs(p.seq)               // its prefill answers are MoRI-IO's
-	}
-	if cfg.PrefillPrewarm {
-		p.warm = newPrewarmer(p)
-	}
-	p.kvr = newKVReleaser(p)
-	// The background work of what is on, in the order Run starts it
-	// (and stops it in reverse).
-	if p.mori != nil {
-		p.background = append(p.background, backgroundWork{background: p.mori.dns, throughDrain: true})
-	}
-	if p.warm != nil {
-		p.background = append(p.background, backgroundWork{background: p.warm})
-	}
-	if pr := newCircuitProber(p.guard, cfg.ConnectTimeout); pr != nil {
-		p.background = append(p.background, backgroundWork{background: pr})
-	}
-	if p.kvr != nil {
-		p.background = append(p.background, backgroundWork{background: p.kvr, throughDrain: true})
-	}
-	return p, nil
+	return inference.New(cfg, conn, m, gatherer, log)
 }
 
-// localAddr is the local engine of data-parallel rank r.
-func (p *Proxy) localAddr(rank int) string {
-	return net.JoinHostPort(p.cfg.ModelServerHost, strconv.Itoa(p.cfg.ModelServerPort+rank))
+// DefaultConfig returns the defaults, drop-in compatible with llm-d's
+// pd-sidecar where the flags overlap.
+func DefaultConfig() Config { return inference.DefaultConfig() }
+
+// DefaultEncoderConfig returns the encoder stage's defaults.
+func DefaultEncoderConfig() EncoderConfig { return inference.DefaultEncoderConfig() }
+
+// DefaultGuardConfig returns the guard's defaults.
+func DefaultGuardConfig() GuardConfig { return inference.DefaultGuardConfig() }
+
+// DefaultPassthroughConfig returns the passthrough policy's defaults.
+func DefaultPassthroughConfig() PassthroughConfig { return inference.DefaultPassthroughConfig() }
+
+// PickIP is the address of a host spec: the spec itself when it is a
+// literal IP, else the first IPv4 address lookup gives, else its first.
+func PickIP(ctx context.Context, lookup LookupFunc, spec string) (string, error) {
+	return inference.PickIP(ctx, lookup, spec)
 }
 
-// Handler returns the request handler of data-parallel rank r: the same
-// proxy, with rank r's local engine as decoder and passthrough target.
-func (p *Proxy) Handler(rank int) fasthttp.RequestHandler {
-	local := p.localAddr(rank)
-	return func(rc *fasthttp.RequestCtx) {
-		clientconn.DropTrailers(&rc.Request.Header) // before anything reads the head
-		defer clientconn.Counted(rc)()
-		if p.refuseHead(rc) || p.refuseVersion(rc) || p.refuseTarget(rc) { // head, version and target checks
-			return
-		}
-		if p.serveOwn(rc, local) { // /health, /ready, /metrics, /debug/pd
-			return
-		}
-		path := rc.Path()
-		if api, ok := connectors.APIForPath(string(path)); ok && rc.IsPost() {
-			p.serveInference(rc, local, api)
-			return
-		}
-		// Before anything is forwarded: the passthrough policy.
-		if v := p.pass.Decide(string(rc.Method()), string(path)); !v.Pass() {
-			p.refusePassthrough(rc, v)
-			return
-		}
-		p.passthrough(rc, local)
-	}
-}
-
-// ready answers 200 when the local engine's /health answers 200 and the
-// proxy is not draining.
-func (p *Proxy) ready(rc *fasthttp.RequestCtx, local string) {
-	rc.SetContentType("application/json")
-	if p.draining.Load() {
-		rc.SetStatusCode(fasthttp.StatusServiceUnavailable)
-		rc.SetBodyString(`{"status":"draining"}`)
-		return
-	}
-	req := fasthttp.AcquireRequest()
-	resp := fasthttp.AcquireResponse()
-	defer fasthttp.ReleaseRequest(req)
-	defer fasthttp.ReleaseResponse(resp)
-	req.Header.SetMethod(fasthttp.MethodGet)
-	req.Header.SetRequestURI("/health")
-	req.Header.SetHost(local)
-	ctx, cancel := contextWithTimeout(p.cfg.ConnectTimeout + time.Second)
-	defer cancel()
-	hold, err := p.tr.Do(ctx, local, req, resp)
-	defer hold.Release()
-	if err != nil || resp.StatusCode() != fasthttp.StatusOK {
-		rc.SetStatusCode(fasthttp.StatusServiceUnavailable)
-		rc.SetBodyString(`{"status":"engine not ready"}`)
-		return
-	}
-	rc.SetBodyString(`{"status":"ready"}`)
+// SelfSignedCert makes an ECDSA P-256 certificate for hosts (DNS names or
+// IPs), valid for the given duration.
+func SelfSignedCert(hosts []string, valid time.Duration) (tls.Certificate, error) {
+	return inference.SelfSignedCert(hosts, valid)
 }

@@ -1,0 +1,96 @@
+package inference
+
+import (
+	crand "crypto/rand"
+	"encoding/binary"
+	"fmt"
+	"net"
+	"strconv"
+
+	"github.com/rs/zerolog"
+
+	"github.com/pd-sidecar/pd-sidecar/connectors"
+	"github.com/pd-sidecar/pd-sidecar/metrics"
+	"github.com/pd-sidecar/pd-sidecar/proxy/split"
+)
+
+// choreograph runs the request under the choreography its connector
+// declares, when that is not the plain sequential handoff of serveInference.
+// It reports whether the request was served; false lets the sequential
+// handoff run (always for Sequential connectors, and for DecodeFirst ones
+// when the request is not tried on the decode engine first or was declined).
+func (r *request) choreograph() bool {
+	if m := r.p.mori; m != nil && m.cfg.ParallelDispatch {
+		r.serveMoriParallel() // MoRI-IO parallel dispatch
+		return true
+	}
+	switch r.p.choreo {
+	case connectors.ChoreographyConcurrent:
+		r.serveConcurrent(r.p.conn.(connectors.Concurrent))
+		return true
+	case connectors.ChoreographyDecodeFirst:
+		return r.serveDecodeFirst(r.p.conn.(connectors.DecodeFirst))
+	}
+	return false
+}
+
+// serveConcurrent runs both legs at once (SGLang, Mooncake, the
+// offloading connector): the prefill leg in the background, the decode leg
+// relayed to the client, as split.Paired decides. The prefiller's circuit
+// breaker is asked first, as on the sequential path; its bootstrap server
+// (Mooncake's) is asked next; a failure of either, or legs that cannot be
+// built, decides the request before any leg is sent.
+func (r *request) serveConcurrent(cc connectors.Concurrent) {
+	p := r.p
+	d := r.newPaired(split.PairedConfig{})
+	var start split.PairedStart
+	var pre, dec []byte
+	host, portStr, _ := net.SplitHostPort(r.prefiller)
+	forget := func() {}
+	tk, err := p.guard.AllowPrefill(r.prefiller)
+	start.NoLegs = err
+	if err == nil {
+		d.tk = tk
+		pr := connectors.Pairing{PrefillHost: host, Room: randomRoom(), TransferID: transferID()}
+		if p.cfg.P2P.Enabled {
+			port, _ := strconv.Atoi(portStr)
+			pr.KVRequestID, pr.PrefillP2PPort, pr.Source = newUUID(), p.p2pPort(port), r.kvSourcePeer()
+		}
+		if bs, ok := cc.(connectors.Bootstrapper); ok {
+			forget = func() { p.boot.Forget(bs.BootstrapAddr(host)) }
+			b, err := p.boot.Get(r.ctx, p.tr, bs, host, p.cfg.PrefillTimeout)
+			pr.Bootstrap = b
+			if err != nil {
+				start.NoLegs, start.NoLegsReport = err, err
+			}
+		}
+		if start.NoLegs == nil {
+			if pre, dec, err = cc.Legs(r.api, r.body, pr); err != nil {
+				start.NoLegs, start.NoLegsReport = err, ErrBadRequest
+			} else {
+				r.mode = metrics.ModeDisaggregated
+				r.logAt(zerolog.DebugLevel).Uint64("bootstrap_room", pr.Room).Str("transfer_id", pr.TransferID).Msg("concurrent prefill and decode legs")
+			}
+		}
+	}
+	d.run(start, pre, dec, forget)
+}
+
+// randomRoom returns a random number in [0, 2^63).
+func randomRoom() uint64 {
+	var b [8]byte
+	_, _ = crand.Read(b[:])
+	return binary.LittleEndian.Uint64(b[:]) >> 1
+}
+
+// transferID returns "xfer-" and a random UUID (version 4).
+func transferID() string { return "xfer-" + newUUID() }
+
+// newUUID returns a random (version 4) UUID.
+func newUUID() string {
+	var b [16]byte
+	_, _ = crand.Read(b[:])
+	b[6] = b[6]&0x0f | 0x40
+	b[8] = b[8]&0x3f | 0x80
+	return fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:16])
+}

@@ -1,0 +1,122 @@
+package inference
+
+import (
+	"context"
+
+	"github.com/valyala/fasthttp"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/pd-sidecar/pd-sidecar/proxy/encoder"
+	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"
+)
+
+// SpanEncode is the span of one encoder leg (a child of the request's).
+const SpanEncode = "encode"
+
+// HeaderEncoders names the encoder engines of llm-d's encoder stage
+// (host:port, comma separated, or several header values). Client
+// controllable: stripped from every leg.
+const HeaderEncoders = "x-encoder-hosts-ports"
+
+// What to do when an encoder leg fails (--on-encoder-failure): encoder's.
+const (
+	// EncoderFailError answers the request 502 (as llm-d).
+	EncoderFailError = encoder.FailError
+	// EncoderFailLocal sends the request on without the failed items'
+	// encoder output: the prefill/decode engine encodes them itself.
+	EncoderFailLocal = encoder.FailLocal
+)
+
+// EncoderConfig is the encoder stage (llm-d's E/PD and E/P/D;
+// encoder.Config).
+type EncoderConfig = encoder.Config
+
+// DefaultEncoderConfig returns the stage's defaults (off).
+func DefaultEncoderConfig() EncoderConfig { return encoder.DefaultConfig() }
+
+// Encoder-stage errors (encoder's). A failed stage's error wraps
+// ErrEncoderFailed, answered 502 under --on-encoder-failure error: it
+// carries no outcome of its own, so that what it wraps decides (a client
+// body no leg can be built of is ErrBadRequest, 400).
+var (
+	// ErrEncoderFailed: an encoder leg failed, or no encoder was allowed.
+	ErrEncoderFailed = encoder.ErrFailed
+	// ErrEncoderTimeout: the fan-out ran past --encoder-timeout (the
+	// stage's error wraps it in ErrEncoderFailed).
+	ErrEncoderTimeout = encoder.ErrTimeout
+	// ErrNoEncoder: every encoder named was refused (not host:port, or
+	// not on the SSRF allowlist).
+	ErrNoEncoder = encoder.ErrNoneAllowed
+)
+
+// newEncoderTransport is the encoder legs' transport, with TLS when the
+// stage asks for it; nil when the stage is off.
+func newEncoderTransport(cfg Config) (*upstream.Transport, error) {
+	e := cfg.Encoder
+	if e.Connector == "" {
+		return nil, nil
+	}
+	t := upstream.NewTransport(cfg.ConnectTimeout, cfg.MaxConnsPerHost, e.MaxEncoders)
+	t.SetAnswerLimits(cfg.MaxUpstreamAnswerBytes, cfg.Guard.MaxHeaderBytes)
+	if e.TLS {
+		// Every encoder address gets the "prefiller" config of this one.
+		tc := TLSConfig{Prefiller: true, InsecureSkipVerifyPrefiller: e.InsecureSkipVerify, CAFile: cfg.Guard.TLS.CAFile}
+		f, err := tc.Upstream(nil)
+		if err != nil {
+			return nil, err
+		}
+		t.UseTLS(f)
+	}
+	return t, nil
+}
+
+// newEncoderStage returns the encoder stage of p, through its encoder
+// transport, with its SSRF checks; nil when the stage is off.
+func newEncoderStage(p *Proxy) *encoder.Stage {
+	if p.encTr == nil {
+		return nil
+	}
+	return encoder.New(encoder.Deps{
+		Config:      p.cfg.Encoder,
+		Transport:   p.encTr,
+		Allowlist:   p.cfg.Guard.Allowlist,
+		RefusedAddr: p.refusedAddr,
+		Inject: func(ctx context.Context, h *fasthttp.RequestHeader) {
+			p.trace.Inject(ctx, h) // set by SetExtras, after New
+		},
+		BadRequest: ErrBadRequest,
+		Metrics:    p.m.Encoder,
+	})
+}
+
+// encode runs the encoder stage (encoder.Stage) of a request naming
+// encoders: r.body continues as the stage leaves it, and the request's
+// report says the stage's outcome. A failure is the request's error under
+// --on-encoder-failure error; under local the request continues.
+func (r *request) encode() error {
+	if r.p.enc == nil {
+		return nil
+	}
+	vs := r.rc.Request.Header.PeekAll(HeaderEncoders)
+	if len(vs) == 0 {
+		return nil
+	}
+	body, outcome, err := r.p.enc.Run(r.ctx, encoder.Request{
+		ID: r.id, Body: r.body, Encoders: vs,
+		Log: r.logAt, Logger: r.logger, Span: r.encoderSpan,
+	})
+	if outcome != "" {
+		r.obs.Encoder = outcome // the status view's
+	}
+	if err != nil {
+		return err
+	}
+	r.body = body
+	return nil
+}
+
+// encoderSpan starts the span of one of r's encoder legs (nil, nil
+// without a tracer).
+func (r *request) encoderSpan() (context.Context, trace.Span) {
+	return r.obs.Child(SpanEncode, trace.SpanKindClient)
+}

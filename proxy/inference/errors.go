@@ -1,0 +1,212 @@
+package inference
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"syscall"
+
+	"github.com/pd-sidecar/pd-sidecar/connectors"
+	"github.com/pd-sidecar/pd-sidecar/kvtransfer"
+	"github.com/pd-sidecar/pd-sidecar/proxy/bootstrap"
+	"github.com/pd-sidecar/pd-sidecar/proxy/dprank"
+	"github.com/pd-sidecar/pd-sidecar/proxy/failure"
+	"github.com/pd-sidecar/pd-sidecar/proxy/guard"
+	"github.com/pd-sidecar/pd-sidecar/proxy/split"
+	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"
+)
+
+// Sentinel errors of the request path. Every failure is wrapped around one
+// of these and mapped to a status, a fallback reason and a log message by
+// classify, the one place that decides.
+var (
+	// ErrClientGone: the client closed its connection; upstream legs are
+	// cancelled.
+	ErrClientGone error = failure.New("client disconnected", failure.Outcome{Status: 499, Precedence: precedenceClientGone})
+	// ErrBadPrefiller: the x-prefiller-host-port value is not host:port.
+	ErrBadPrefiller error = failure.New("invalid x-prefiller-host-port", failure.Outcome{Status: http.StatusBadRequest, Reason: ReasonBadPrefiller})
+	// ErrPrefillUnreachable: the prefiller refused, reset or closed the
+	// connection before answering.
+	ErrPrefillUnreachable error = failure.New("prefiller unreachable", failure.Outcome{Status: http.StatusBadGateway, Reason: ReasonUnreachable, Retry: true})
+	// ErrPrefillTimeout: the prefill leg did not answer within
+	// --prefill-timeout (all attempts included).
+	ErrPrefillTimeout = split.ErrPrefillTimeout
+	// ErrPrefillOverloaded: the prefiller answered 429.
+	ErrPrefillOverloaded error = failure.New("prefiller overloaded (429)", failure.Outcome{Status: http.StatusTooManyRequests, Reason: ReasonOverloaded, Retry: true})
+	// ErrPrefillServerError: the prefiller answered 5xx.
+	ErrPrefillServerError error = failure.New("prefiller server error (5xx)", failure.Outcome{Status: http.StatusBadGateway, Reason: ReasonServerError, Retry: true})
+	// ErrPrefillRejected: the prefiller answered another 4xx; the request
+	// itself is bad, and the answer goes back to the client verbatim.
+	ErrPrefillRejected error = failure.New("prefiller rejected the request (4xx)", failure.Outcome{Status: http.StatusBadRequest})
+	// ErrTPMismatch: the prefiller's tp_size exceeds --decode-tp-size.
+	ErrTPMismatch = split.ErrTPMismatch
+	// ErrDecodeUnavailable: the local engine refused the connection.
+	ErrDecodeUnavailable error = failure.New("decode engine unavailable", failure.Outcome{Status: http.StatusServiceUnavailable})
+	// ErrDecodeTimeout: the local engine did not start a streamed answer
+	// within --decode-first-byte-timeout.
+	ErrDecodeTimeout error = failure.New("decode engine did not start answering within --decode-first-byte-timeout", failure.Outcome{Status: http.StatusGatewayTimeout})
+	// ErrDecodeFailed: another transport failure talking to the local engine.
+	ErrDecodeFailed = errors.New("decode engine failed")
+	// ErrKVLoadFailed: the decode engine reported that loading the remote
+	// KV failed before any token reached the client.
+	ErrKVLoadFailed error = failure.New("decode engine failed to load remote KV", failure.Outcome{Status: http.StatusInternalServerError, Reason: ReasonKVLoadFailed})
+	// ErrUnknownRank: x-data-parallel-host-port names no data-parallel rank
+	// of this pod, or is not host:port.
+	ErrUnknownRank = dprank.ErrUnknown
+	// ErrBadRequest: the client body is not a JSON object.
+	ErrBadRequest error = failure.New("request body is not a JSON object", failure.Outcome{Status: http.StatusBadRequest})
+)
+
+// Fallback reasons, the closed set of pd_sidecar_fallbacks_total{reason}.
+const (
+	// ReasonUnreachable: refused, reset or closed before answering.
+	ReasonUnreachable = "unreachable"
+	// ReasonTimeout: no answer within --prefill-timeout.
+	ReasonTimeout = "timeout"
+	// ReasonServerError: the prefiller answered 5xx.
+	ReasonServerError = "server_error"
+	// ReasonOverloaded: the prefiller answered 429.
+	ReasonOverloaded = "overloaded"
+	// ReasonNoKVParams: the prefill hit its cap but carried no params.
+	ReasonNoKVParams = "no_kv_params"
+	// ReasonInvalidParams: the params lack what the decode engine needs.
+	ReasonInvalidParams = "invalid_kv_params"
+	// ReasonBadAnswer: the prefill answer is not a JSON object, or not an
+	// answer the sidecar takes (upstream.ErrBadUpstreamAnswer: a status below 200, a
+	// malformed head or body, a body past --max-upstream-answer-bytes).
+	ReasonBadAnswer = "bad_answer"
+	// ReasonTPMismatch: prefill tp_size above --decode-tp-size.
+	ReasonTPMismatch = "tp_mismatch"
+	// ReasonBadPrefiller: the header is not host:port.
+	ReasonBadPrefiller = "invalid_prefiller"
+	// ReasonKVLoadFailed: the decode engine failed to load the remote KV,
+	// or the sidecar's own pull failed (checksum, size, deadline, lease).
+	ReasonKVLoadFailed = "kv_load_failed"
+	// ReasonKVSourceGone: the sidecar's pull found the prefiller's KV agent
+	// gone (unreachable, or it broke off mid-pull).
+	ReasonKVSourceGone = "kv_source_gone"
+	// ReasonEOSUnsupported: EOS on the first token, streamed on an API
+	// whose stream cannot be synthesised from the prefill answer.
+	ReasonEOSUnsupported = "eos_stream_unsupported"
+	// ReasonBootstrapFailed: the prefiller's bootstrap server (Mooncake
+	// GET /query) gave no usable answer.
+	ReasonBootstrapFailed = "bootstrap_failed"
+	// ReasonBufferBudget: the prefill's answer (or the bootstrap's, or a
+	// KV engine call's) did not fit in --max-buffered-bytes.
+	ReasonBufferBudget = "buffered_bytes"
+)
+
+// outcome is what the proxy does about an error.
+type outcome struct {
+	// status is the HTTP status to answer with when not falling back.
+	status int
+	// reason is the fallback reason label ("" when the error is no reason
+	// to fall back to local prefill).
+	reason string
+	// retry marks prefill errors worth another attempt.
+	retry bool
+	// retryAfter: the answer says Retry-After (a refusal for want of
+	// buffer room; set by request.failure).
+	retryAfter bool
+}
+
+// Precedences of the outcomes that win wherever they stand in an error
+// (failure.Outcome.Precedence): a client that left, then the sidecar's own
+// refusals. Every other outcome is the outermost one an error carries.
+const (
+	precedenceBufferBudget = 10 + iota*10
+	precedenceCircuitOpen
+	precedenceDenied
+	precedenceClientGone
+)
+
+// classify maps every request-path error to what happens next: the
+// outcome its errors carry (failure.Of), those of the packages below the
+// proxy named by foreignOutcome.
+func classify(err error) outcome {
+	o := failure.Of(err, foreignOutcome)
+	return outcome{status: o.Status, reason: o.Reason, retry: o.Retry}
+}
+
+// foreignOutcome is the outcome of a sentinel of a package the proxy
+// builds on (connectors, kvtransfer, the split, the guard, upstream I/O),
+// whose errors say what failed and not what the sidecar answers.
+func foreignOutcome(err error) (failure.Outcome, bool) {
+	switch err {
+	case upstream.ErrBufferBudget:
+		// An answer the budget had no room for; the upstream may be fine.
+		return failure.Outcome{Status: http.StatusServiceUnavailable, Reason: ReasonBufferBudget, Precedence: precedenceBufferBudget}, true
+	case split.ErrPrefillTimeout:
+		return failure.Outcome{Status: http.StatusGatewayTimeout, Reason: ReasonTimeout}, true
+	case split.ErrKVWaitTimeout:
+		return failure.Outcome{Status: http.StatusGatewayTimeout, Reason: ReasonKVWaitTimeout}, true
+	case split.ErrTPMismatch:
+		return failure.Outcome{Status: http.StatusBadGateway, Reason: ReasonTPMismatch}, true
+	case connectors.ErrNoKVParams:
+		return failure.Outcome{Status: http.StatusBadGateway, Reason: ReasonNoKVParams}, true
+	case connectors.ErrInvalidKVParams:
+		return failure.Outcome{Status: http.StatusBadGateway, Reason: ReasonInvalidParams}, true
+	case connectors.ErrBadPrefillAnswer:
+		return failure.Outcome{Status: http.StatusBadGateway, Reason: ReasonBadAnswer}, true
+	case connectors.ErrBadBody, connectors.ErrUnsupportedRequest, dprank.ErrUnknown:
+		return failure.Outcome{Status: http.StatusBadRequest}, true
+	case connectors.ErrBadBootstrap, bootstrap.ErrFailed:
+		return failure.Outcome{Status: http.StatusBadGateway, Reason: ReasonBootstrapFailed}, true
+	case kvtransfer.ErrKVSourceGone:
+		return failure.Outcome{Status: http.StatusBadGateway, Reason: ReasonKVSourceGone}, true
+	case guard.ErrPrefillerDenied:
+		return failure.Outcome{Status: http.StatusForbidden, Precedence: precedenceDenied}, true
+	case guard.ErrCircuitOpen:
+		return failure.Outcome{Status: http.StatusServiceUnavailable, Reason: ReasonCircuitOpen, Precedence: precedenceCircuitOpen}, true
+	}
+	return failure.Outcome{}, false
+}
+
+// prefillTransportErr names a failed prefill exchange: the sentinel
+// classify maps (the fallback reason) around an upstream.UpstreamError of the
+// prefiller (or of the role err names already: its bootstrap server). An
+// error named so already is returned as it is.
+func prefillTransportErr(err error) error {
+	var ue *upstream.UpstreamError
+	named := errors.As(err, &ue)
+	switch {
+	case errors.Is(err, ErrClientGone):
+		return err
+	case named && (errors.Is(err, ErrPrefillTimeout) || errors.Is(err, ErrPrefillUnreachable) ||
+		errors.Is(err, connectors.ErrBadPrefillAnswer) || errors.Is(err, upstream.ErrBufferBudget)):
+		return err
+	}
+	u := upstreamErr(upstream.RolePrefiller, "", err)
+	switch {
+	case errors.Is(err, upstream.ErrBufferBudget): // no fault of the prefiller's
+		return u
+	case errors.Is(err, upstream.ErrBadUpstreamAnswer):
+		return fmt.Errorf("%w: %w", connectors.ErrBadPrefillAnswer, u)
+	case errors.Is(err, ErrPrefillTimeout), errors.Is(err, context.DeadlineExceeded) || upstream.IsTimeout(err):
+		return fmt.Errorf("%w: %w", ErrPrefillTimeout, u)
+	}
+	return fmt.Errorf("%w: %w", ErrPrefillUnreachable, u)
+}
+
+// decodeTransportErr names a failed exchange with the local engine: the
+// sentinel classify maps (the status) around an upstream.UpstreamError of the local
+// engine. An error named so already is returned as it is.
+func decodeTransportErr(err error) error {
+	var ue *upstream.UpstreamError
+	named := errors.As(err, &ue)
+	switch {
+	case errors.Is(err, ErrClientGone):
+		return err
+	case named && (errors.Is(err, ErrDecodeFailed) || errors.Is(err, ErrDecodeTimeout) || errors.Is(err, ErrDecodeUnavailable)):
+		return err
+	}
+	u := upstreamErr(upstream.RoleEngine, "", err)
+	switch {
+	case errors.Is(err, ErrDecodeTimeout), errors.Is(err, upstream.ErrFirstByteTimeout):
+		return fmt.Errorf("%w: %w", ErrDecodeTimeout, u)
+	case errors.Is(err, syscall.ECONNREFUSED):
+		return fmt.Errorf("%w: %w", ErrDecodeUnavailable, u)
+	}
+	return fmt.Errorf("%w: %w", ErrDecodeFailed, u)
+}

@@ -1,0 +1,50 @@
+package inference
+
+import (
+	"github.com/pd-sidecar/pd-sidecar/metrics"
+	"github.com/pd-sidecar/pd-sidecar/proxy/sse"
+	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"
+)
+
+// The bound on one SSE event of an upstream stream (--max-sse-event-bytes,
+// sse.Bound), the same for every stream reader: fasthttp's goroutine reader
+// (sse.Reader) and the event loops' (sserelay.Stream), whatever the
+// connector or choreography that opened the stream. An event past it is
+// refused (ErrEventTooLong), its upstream connection closed, and the client
+// gets a 502 when nothing reached it yet, else an error event and [DONE].
+
+// DefaultMaxSSEEventBytes is --max-sse-event-bytes' default
+// (sse.DefaultMaxEventBytes): far more than any engine's event (a token's
+// chunk, with logprobs, is a few KiB), small enough that a stream that
+// never ends its event holds little.
+const DefaultMaxSSEEventBytes = sse.DefaultMaxEventBytes
+
+// MinMaxSSEEventBytes is the smallest --max-sse-event-bytes accepted: the
+// events of a real stream (top logprobs, a usage chunk) must pass.
+const MinMaxSSEEventBytes = 16 << 10
+
+// ErrEventTooLong: an upstream SSE event ran past --max-sse-event-bytes
+// (sse.ErrEventTooLong).
+var ErrEventTooLong = sse.ErrEventTooLong
+
+// eventRefused counts and logs a stream of the local engine refused for an
+// event past the bound. It may run on any goroutine (a hedge's local leg
+// is read beside the request's), so it logs with the request id, not
+// through the request's own logger.
+func (r *request) eventRefused() {
+	r.p.m.Upstream.Refused.WithLabelValues(metrics.UpstreamEngine, metrics.RefusedEventTooLong).Inc()
+	r.p.log.Error().Str("request_id", r.id).Str("upstream", metrics.UpstreamEngine).Str("reason", metrics.RefusedEventTooLong).
+		Int("max_sse_event_bytes", sse.Bound(r.p.cfg.MaxSSEEventBytes)).
+		Msg("upstream SSE event longer than --max-sse-event-bytes: stream refused, upstream connection closed")
+}
+
+// eventReader reads the local engine's stream on leg, bounded by
+// --max-sse-event-bytes, a refusal counted.
+func (r *request) eventReader(leg *upstream.Leg) *sse.Reader {
+	er := sse.NewReader(leg, &r.p.bufs, r.p.cfg.MaxSSEEventBytes)
+	er.Refused = r.eventRefused
+	return er
+}
+
+// An upstream leg shows what it received ahead, for sse.Reader.Pending.
+var _ sse.Lookahead = (*upstream.Leg)(nil)

@@ -1,0 +1,21 @@
+package inference
+
+import (
+	"fmt"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+
+	"github.com/pd-sidecar/pd-sidecar/circuit"
+)
+
+func TestClassifyGuards(t *testing.T) {
+	assert.Equal(t, outcome{status: 403}, classify(fmt.Errorf("%w: x", ErrPrefillerDenied)))
+	assert.Equal(t, outcome{status: 503, reason: ReasonCircuitOpen}, classify(fmt.Errorf("%w: x", ErrCircuitOpen)))
+	assert.Equal(t, circuit.Failure, breakerResult(fmt.Errorf("%w: x", ErrPrefillTimeout)))
+	assert.Equal(t, circuit.Unreachable, breakerResult(fmt.Errorf("%w: x", ErrPrefillUnreachable)))
+	assert.Equal(t, circuit.Failure, breakerResult(fmt.Errorf("%w: x", ErrPrefillServerError)))
+	assert.Equal(t, circuit.Neutral, breakerResult(ErrClientGone))
+	assert.Equal(t, circuit.Success, breakerResult(ErrPrefillOverloaded))
+	assert.Equal(t, circuit.Success, breakerResult(nil))
+}

@@ -1,0 +1,175 @@
+package inference
+
+import (
+	"bufio"
+	"bytes"
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/rs/zerolog"
+
+	"github.com/pd-sidecar/pd-sidecar/connectors"
+	"github.com/pd-sidecar/pd-sidecar/connectors/nixlv2"
+	"github.com/pd-sidecar/pd-sidecar/httpbody"
+	"github.com/pd-sidecar/pd-sidecar/metrics"
+	"github.com/pd-sidecar/pd-sidecar/proxy/rawhttp"
+	"github.com/pd-sidecar/pd-sidecar/proxy/sse"
+	"github.com/pd-sidecar/pd-sidecar/proxy/sserelay"
+)
+
+// sseStream is a chat stream of n token events, a usage chunk and [DONE].
+func sseStream(n int) []byte {
+	var b bytes.Buffer
+	b.WriteString("data: {\"id\":\"chatcmpl-1\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"m\",\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"\"},\"logprobs\":null,\"finish_reason\":null}]}\n\n")
+	for i := range n {
+		fmt.Fprintf(&b, "data: {\"id\":\"chatcmpl-1\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"m\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\" tok%d\"},\"logprobs\":null,\"finish_reason\":null}]}\n\n", i)
+	}
+	b.WriteString("data: {\"id\":\"chatcmpl-1\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"m\",\"choices\":[],\"usage\":{\"prompt_tokens\":128,\"completion_tokens\":16,\"total_tokens\":144,\"prompt_tokens_details\":{\"cached_tokens\":128}}}\n\n")
+	b.WriteString("data: [DONE]\n\n")
+	return b.Bytes()
+}
+
+// benchEvents runs each event of a 16-token stream through perEvent, the
+// stream re-read from memory on every iteration.
+func benchEvents(b *testing.B, perEvent func(ev []byte)) {
+	stream := sseStream(16)
+	rd := bytes.NewReader(stream)
+	b.SetBytes(int64(len(stream)))
+	b.ReportAllocs()
+	for b.Loop() {
+		rd.Reset(stream)
+		er := sse.NewReader(rd, nil, 0)
+		for {
+			ev, err := er.Next()
+			if err == io.EOF {
+				break
+			}
+			if err != nil {
+				b.Fatal(err)
+			}
+			perEvent(ev)
+		}
+	}
+}
+
+// BenchmarkSSEScan splits a 16-token stream into events and classifies
+// each, as the decode relay does.
+func BenchmarkSSEScan(b *testing.B) {
+	benchEvents(b, func(ev []byte) {
+		if d := sse.FirstData(ev); d != nil {
+			_ = connectors.ClassifyEvent(connectors.APIChat, d)
+		}
+	})
+}
+
+// BenchmarkSSERewrite is the per-event relay work of a disaggregated
+// stream: scan, and rewrite cached_tokens in each data payload.
+func BenchmarkSSERewrite(b *testing.B) {
+	rw, ok := connectors.Connector(nixlv2.New()).(connectors.AnswerRewriter)
+	if !ok {
+		b.Fatal("nixlv2 rewrites answers")
+	}
+	h := connectors.Handoff{CachedTokens: 16}
+	fn := func(d []byte) []byte { return rw.RewriteAnswer(connectors.APIChat, d, h) }
+	var out []byte
+	benchEvents(b, func(ev []byte) { out = sse.Rewrite(out[:0], ev, fn) })
+}
+
+// BenchmarkHeaderParsing is the per-request header work: the prefiller
+// pick (first and sampled) and the request id check.
+func BenchmarkHeaderParsing(b *testing.B) {
+	cases := []struct {
+		name     string
+		v        []byte
+		sampling bool
+	}{
+		{"prefiller-single", []byte("10.0.0.12:8000"), false},
+		{"prefiller-list-sampled", []byte("10.0.0.12:8000, 10.0.0.13:8000, 10.0.0.14:8000"), true},
+	}
+	for _, c := range cases {
+		b.Run(c.name, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, err := pickPrefiller(c.v, c.sampling); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+	b.Run("request-id-kept", func(b *testing.B) {
+		id := []byte("4f0c2a9e-5d1b-4b6a-9a3f-0e1d2c3b4a59")
+		b.ReportAllocs()
+		for b.Loop() {
+			_ = requestID(id)
+		}
+	})
+}
+
+// BenchmarkLoopStreamRelay is an event loop's work on a 16-token stream as
+// it comes off the engine connection: chunked framing decoded, events cut
+// and appended to the client's chunk, one read of 4 KiB at a time (an event split across two reads costs a copy).
+func BenchmarkLoopStreamRelay(b *testing.B) {
+	stream := sseStream(16)
+	var framed []byte
+	for rest := stream; len(rest) > 0; {
+		i := bytes.Index(rest, []byte("\n\n")) + 2
+		framed = httpbody.AppendChunk(framed, rest[:i])
+		rest = rest[i:]
+	}
+	framed = append(framed, httpbody.LastChunk...)
+	out := make([]byte, 0, 64<<10)
+	b.SetBytes(int64(len(stream)))
+	b.ReportAllocs()
+	for b.Loop() {
+		ls := loopStream{Stream: sserelay.Stream{Body: httpbody.New(httpbody.Chunked, 0)}}
+		for rest := framed; len(rest) > 0; {
+			n := min(len(rest), 4<<10)
+			var err error
+			if out, err = ls.FeedRaw(out[:0], rest[:n]); err != nil {
+				b.Fatal(err)
+			}
+			rest = rest[n:]
+		}
+		if !ls.Body.Done() {
+			b.Fatal("body not done")
+		}
+	}
+}
+
+// BenchmarkLaneHeads is the lane's head work for one request: the client's
+// request parsed and checked, the request's state begun and its upstream
+// head built; the engine's answer head parsed and the client's written.
+func BenchmarkLaneHeads(b *testing.B) {
+	p := &Proxy{cfg: DefaultConfig(), m: metrics.New(prometheus.NewRegistry(), 0), log: zerolog.Nop()}
+	ll := &laneLoop{ln: &lane{p: p, local: "127.0.0.1:8000"}, br: bufio.NewReaderSize(nil, p.cfg.Guard.MaxHeaderBytes)}
+	ll.req.DisableNormalizing()
+	ll.resp.DisableNormalizing()
+	body := `{"model":"m","messages":[{"role":"user","content":"` + strings.Repeat("word ", 128) + `"}],"max_tokens":16,"stream":true}`
+	req := []byte("POST /v1/chat/completions HTTP/1.1\r\nHost: sidecar:8000\r\nUser-Agent: pd-bench\r\nContent-Type: application/json\r\n" +
+		"Accept: */*\r\nX-Request-Id: 0123456789abcdef\r\nContent-Length: " + strconv.Itoa(len(body)) + "\r\n\r\n" + body)
+	answer := []byte("HTTP/1.1 200 OK\r\ndate: Mon, 30 Nov 2026 00:00:00 GMT\r\nserver: uvicorn\r\ncontent-type: text/event-stream; charset=utf-8\r\n" +
+		"cache-control: no-cache\r\nx-request-id: 0123456789abcdef\r\ntransfer-encoding: chunked\r\n\r\n")
+	var sent, out []byte
+	b.ReportAllocs()
+	for b.Loop() {
+		api, reqBody, lr, ok := ll.parse(req)
+		if !ok {
+			b.Fatal("not served by the lane")
+		}
+		r := p.startRequest(lr.ID, &ll.req, reqBody, ll.ln.local, api)
+		sent = append(rawhttp.AppendLegHead(sent[:0], &ll.req, r.local, r.id, len(reqBody)), reqBody...)
+		ll.resp.Reset()
+		ll.rd.Reset(answer)
+		ll.br.Reset(&ll.rd)
+		if err := ll.resp.Read(ll.br); err != nil {
+			b.Fatal(err)
+		}
+		lc := &laneConn{ll: ll, r: r, keepAlive: true}
+		out = lc.appendHead(out[:0], &ll.resp, -1)
+		r.cancel(nil)
+	}
+}

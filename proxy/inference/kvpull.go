@@ -1,0 +1,109 @@
+package inference
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/pd-sidecar/pd-sidecar/connectors"
+	"github.com/pd-sidecar/pd-sidecar/kvtransfer"
+	"github.com/pd-sidecar/pd-sidecar/metrics"
+	"github.com/pd-sidecar/pd-sidecar/proxy/kvpull"
+	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"
+)
+
+// The sidecar-driven KV pull (--kv-connector sidecar) is kvpull.Puller's:
+// between the prefill answer and the decode leg, the proxy borrows blocks
+// of the local engine, pulls the prefiller's KV into them and names them
+// in the decode leg. What is bound to a request stays here: the check of
+// the addresses its handoff names, its calls to its local engine, and what
+// a failed pull becomes for it.
+
+// KVPullConfig configures the sidecar-driven KV pull.
+type KVPullConfig = kvpull.Config
+
+// EnableKVPull makes the proxy pull the KV itself between prefill and
+// decode. The connector must have the sidecar-pull ability. Call it before
+// Run.
+func (p *Proxy) EnableKVPull(cfg KVPullConfig, puller *kvtransfer.Puller, m *metrics.KVPull) error {
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
+	src, ok := p.conn.(kvpull.Sourcer)
+	if !ok {
+		return fmt.Errorf("connector %q cannot hand off a kv source for the sidecar to pull", p.conn.Name())
+	}
+	p.kv = kvpull.New(cfg, kvpull.Deps{Conn: src, Puller: puller, Metrics: m,
+		FreeTimeout: p.cfg.ConnectTimeout + time.Second})
+	return nil
+}
+
+// pullKV pulls the handoff's KV into blocks borrowed from the local engine
+// and returns the decode leg's handoff naming them (kvpull.Puller.Pull).
+func (r *request) pullKV(h connectors.Handoff) (connectors.Handoff, error) {
+	// The agent is dialed by the pull: its address is checked here too,
+	// whatever read the handoff (request.prefillAnswered did already).
+	if err := r.p.checkHandoff(r.prefiller, h); err != nil {
+		return h, err
+	}
+	return r.p.kv.Pull(r.ctx, kvpull.Request{
+		ID: r.id, Label: r.label, Local: r.local,
+		Call:    r.engineCall,
+		CallErr: func(err error) error { return upstreamErr(upstream.RoleEngine, r.local, err) },
+		Log:     r.logAt,
+	}, h)
+}
+
+// engineCall POSTs a JSON body to the local engine.
+func (r *request) engineCall(ctx context.Context, path string, body []byte) ([]byte, int, error) {
+	req := fasthttp.AcquireRequest()
+	resp := fasthttp.AcquireResponse()
+	defer fasthttp.ReleaseRequest(req)
+	defer fasthttp.ReleaseResponse(resp)
+	req.Header.SetMethod(fasthttp.MethodPost)
+	req.Header.SetRequestURI(path)
+	req.Header.SetHost(r.local)
+	req.Header.SetContentType("application/json")
+	req.Header.Set(HeaderRequestID, r.id)
+	req.SetBodyRaw(body)
+	hold, err := r.p.tr.Do(ctx, r.local, req, resp)
+	defer hold.Release() // resp is let go on return; the copy returned is small JSON
+	if err != nil {
+		return nil, 0, err
+	}
+	return append([]byte(nil), resp.Body()...), resp.StatusCode(), nil
+}
+
+// kvPullFailure says what a failed pull becomes, and whether a local
+// prefill may serve the request instead: a client that left is only that;
+// a KV agent that is gone, or a descriptor that is refused, is the
+// prefiller's fault and degrades; any other failure is a KV load failure,
+// re-run locally as --on-kv-load-failure says.
+func (r *request) kvPullFailure(err error) (error, bool) {
+	var ue *upstream.UpstreamError
+	if !errors.As(err, &ue) && !errors.Is(err, connectors.ErrInvalidKVParams) {
+		// The agent's errors may quote its descriptor: said in fixed words.
+		err = &upstream.UpstreamError{Role: upstream.RoleKVAgent, Reason: "KV pull failed (" + kvpull.FailureReason(err) + ")", Err: err}
+	}
+	switch {
+	case r.gone():
+		return fmt.Errorf("%w: %w", ErrClientGone, err), false
+	case errors.Is(err, kvtransfer.ErrKVSourceGone), errors.Is(err, connectors.ErrInvalidKVParams):
+		return err, true
+	}
+	err = fmt.Errorf("%w: sidecar pull: %w", ErrKVLoadFailed, err)
+	return err, r.kvLoadFailed()
+}
+
+// RunKVProbes probes the KV agents of recently used prefillers every
+// interval (a bare round trip over the pull's own connection) into
+// pd_sidecar_kv_probe_latency_seconds, until ctx ends
+// (kvpull.Puller.RunProbes). A no-op unless EnableKVPull was called.
+func (p *Proxy) RunKVProbes(ctx context.Context, every time.Duration) {
+	if p.kv != nil {
+		p.kv.RunProbes(ctx, every, p.log)
+	}
+}

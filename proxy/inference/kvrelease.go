@@ -1,0 +1,97 @@
+package inference
+
+import (
+	"github.com/pd-sidecar/pd-sidecar/connectors"
+	"github.com/pd-sidecar/pd-sidecar/proxy/clientconn"
+	"github.com/pd-sidecar/pd-sidecar/proxy/kvrelease"
+	"github.com/pd-sidecar/pd-sidecar/proxy/rawhttp"
+)
+
+// Freeing the prefiller's KV when the client leaves (--release-kv-on-cancel).
+//
+// After a successful nixlv2 prefill the prefill engine holds the prompt's
+// blocks until a decoder reads them; vLLM frees them otherwise only after
+// VLLM_NIXL_ABORT_REQUEST_TIMEOUT (480 s). A client that leaves between the
+// prefill answer and the decode leg's first output (or before the decode
+// leg is sent) would pin them that long. So a request remembers the handoff
+// from the moment its prefill answer is parsed (awaitKVRead) until its
+// decode leg's first output or KV load failure (kvHandoffDone); a request
+// that ends with it still pending has a minimal decode leg sent for it in
+// the background (kvrelease.Releaser): the decode body capped at one token,
+// not streamed, its answer read and discarded. The decode engine reads the
+// blocks and the prefill engine frees them at once.
+
+// kvReleaseIDSuffix marks the release leg's X-Request-Id: the client's own
+// decode leg may still be aborting on the engine under its id.
+const kvReleaseIDSuffix = "-kv-release"
+
+// newKVReleaser returns the releaser of p, or nil when releases are off or
+// its connector's prefiller pins nothing for a decoder that never comes
+// (only a KVReleaser's decoder pulls; MoRI-IO write mode pushes the KV
+// into the decoder from the prefiller).
+func newKVReleaser(p *Proxy) *kvrelease.Releaser {
+	c, ok := p.conn.(connectors.KVReleaser)
+	if !p.cfg.ReleaseKVOnCancel || !ok || p.seq == nil || p.mori != nil {
+		return nil
+	}
+	return kvrelease.New(c, p.tr, p.m.KVReleases)
+}
+
+// awaitKVRead records the handoff of a parsed prefill answer as pending a
+// read by the decode engine (nothing when releases are off, or the answer
+// has nothing to read: an error, or generation ended on the first token).
+func (r *request) awaitKVRead(h connectors.Handoff, err error) {
+	if r.p.kvr == nil || err != nil || h.Done || h.Params == nil {
+		return
+	}
+	r.kvPending = &h
+}
+
+// releaseKV sends the release leg of a request that ends with its handoff
+// still pending a read (see awaitKVRead), once. start is the start of the
+// request's legs' head (rawhttp.AppendLegStart; nil: built from the client's head
+// on fasthttp's path). The leg's request is built here, as a copy, before
+// the request's buffers are given back; only its sending is left to the
+// background.
+func (r *request) releaseKV(start []byte) {
+	h, kr := r.kvPending, r.p.kvr
+	r.kvPending = nil
+	if h == nil || kr == nil {
+		return
+	}
+	if r.p.tpGuard(*h) != nil {
+		return // a handoff the decode engine is not to read
+	}
+	if start == nil {
+		if r.rc == nil {
+			return
+		}
+		target := clientconn.OriginForm(r.rc) // the path routed on
+		if target == nil {
+			target = r.rc.Request.Header.RequestURI()
+		}
+		start = rawhttp.AppendLegStartAt(nil, &r.rc.Request.Header, target, nil)
+	} else {
+		start = append([]byte(nil), start...)
+	}
+	lg := r.logger().With().Str("kv_release", "decode_leg").Logger()
+	kr.Release(r.local, lg, func(conn connectors.KVReleaser) ([]byte, error) {
+		body, err := conn.ReleaseBody(nil, r.api, r.body, *h)
+		if err != nil {
+			return nil, err
+		}
+		raw := rawhttp.AppendLegEnd(start, r.local, r.id+kvReleaseIDSuffix, len(body))
+		return append(raw, body...), nil
+	})
+}
+
+// releaseKV is request.releaseKV for the lane's request, whose legs' head
+// start is the split's (the loop's parsed head is another request's by
+// now).
+func (lc *laneConn) releaseKV() {
+	if r := lc.r; r != nil && r.kvPending != nil && lc.pd != nil {
+		r.releaseKV(lc.pd.start)
+	}
+}
+
+var _ background = (*kvrelease.Releaser)(nil)

@@ -1,0 +1,1226 @@
+package inference
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/rs/zerolog"
+	"github.com/valyala/fasthttp"
+
+	"github.com/pd-sidecar/pd-sidecar/connectors"
+	"github.com/pd-sidecar/pd-sidecar/httpbody"
+	"github.com/pd-sidecar/pd-sidecar/metrics"
+	"github.com/pd-sidecar/pd-sidecar/netloop"
+	"github.com/pd-sidecar/pd-sidecar/proxy/clientconn"
+	"github.com/pd-sidecar/pd-sidecar/proxy/rawhttp"
+	"github.com/pd-sidecar/pd-sidecar/proxy/sse"
+	"github.com/pd-sidecar/pd-sidecar/proxy/sserelay"
+	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"
+)
+
+// The lane serves the common request on the event loops from its first
+// byte to its last: an inference request whose head came whole in the
+// loop's first read (its body read on the loop as it comes: lanebody.go), with no
+// prefiller named (a local prefill and decode) or one (the sequential P/D
+// split, run by the split machine). Such a request then has no goroutine of its own and
+// is handed between none: the loop that saw the client's bytes writes the
+// legs to pooled upstream connections it also watches, and relays the
+// answer (a stream through a loopStream, as a stream handed over by
+// fasthttp is relayed). Between requests the client connection waits on
+// the loop too, holding nothing but its handler.
+//
+// Every other request (a head split across reads, a request
+// the guards refuse, GET /v1/models, /metrics, TLS, a connector whose split
+// is not sequential, the sidecar's own KV pull...) is given to fasthttp
+// with the bytes the lane read (clientconn.Conn.Replay), and comes back to the
+// lane once fasthttp reads for the next one. The lane's failures (an
+// upstream unreachable, no answer head in time, the client leaving, a
+// prefill to retry or to fall back from) are answered as the fasthttp path
+// answers them, with the same accounting.
+type lane struct {
+	p     *Proxy
+	local string // the engine's address
+	srv   *fasthttp.Server
+	loops []*laneLoop
+	next  atomic.Uint32
+
+	mu    sync.Mutex
+	conns map[*laneConn]struct{} // every client connection on the lane
+	stop  chan struct{}          // closed by shutdown
+	once  sync.Once
+}
+
+// laneLoop is a lane's state on one loop: its engine connections and the
+// parsers, used only on the loop's goroutine.
+type laneLoop struct {
+	ln   *lane
+	loop *netloop.Loop
+
+	mu   sync.Mutex
+	idle map[string][]*upConn // pooled upstream connections by address
+
+	req  fasthttp.RequestHeader  // key normalizing off (as rawhttp reads heads)
+	resp fasthttp.ResponseHeader // likewise
+	uri  fasthttp.URI            // the Host, parsed as fasthttp's path parses it
+	rd   bytes.Reader
+	br   *bufio.Reader
+
+	// the in-flight gauges of the phases
+	local, prefill, decode prometheus.Gauge
+}
+
+func (p *Proxy) newLane(local string, srv *fasthttp.Server, loops []*netloop.Loop) *lane {
+	ln := &lane{p: p, local: local, srv: srv, conns: map[*laneConn]struct{}{}, stop: make(chan struct{})}
+	for _, l := range loops {
+		ll := &laneLoop{ln: ln, loop: l, br: bufio.NewReaderSize(nil, p.cfg.Guard.MaxHeaderBytes),
+			idle:    map[string][]*upConn{},
+			local:   p.m.Inflight.WithLabelValues(metrics.PhaseLocal),
+			prefill: p.m.Inflight.WithLabelValues(metrics.PhasePrefill),
+			decode:  p.m.Inflight.WithLabelValues(metrics.PhaseDecode)}
+		ll.req.DisableNormalizing()
+		ll.resp.DisableNormalizing()
+		ln.loops = append(ln.loops, ll)
+	}
+	go ln.sweep()
+	return ln
+}
+
+// slash is the target a Host is parsed with.
+var slash = []byte("/")
+
+// laneIdleMax is how long a pooled upstream connection may stay unused (as
+// the fasthttp pool's MaxIdleConnDuration).
+const laneIdleMax = 4 * time.Second
+
+// Adopt implements clientconn.Adopter: it takes c, which waits for its
+// next request, onto a loop.
+func (ln *lane) Adopt(c *clientconn.Conn) {
+	fd, ok := netloop.FD(c.TCPConn)
+	if !ok || ln.p.draining.Load() {
+		_ = c.TCPConn.Close()
+		return
+	}
+	ll := ln.loops[int(ln.next.Add(1))%len(ln.loops)]
+	lc := &laneConn{ll: ll, cc: c, fd: fd, interest: netloop.Readable, since: time.Now()}
+	ln.mu.Lock()
+	select {
+	case <-ln.stop:
+		ln.mu.Unlock()
+		_ = c.TCPConn.Close()
+		return
+	default:
+	}
+	ln.conns[lc] = struct{}{}
+	ln.mu.Unlock()
+	lc.mu.Lock()
+	defer lc.mu.Unlock()
+	if err := ll.loop.Add(fd, netloop.Readable, lc); err != nil {
+		lc.close()
+	}
+}
+
+// Declines implements clientconn.Adopter: a P/D split is fasthttp's while
+// the lane does not serve P/D requests (laneSplits).
+func (ln *lane) Declines(h *fasthttp.RequestHeader) bool {
+	return !ln.p.laneSplits() && len(h.Peek(HeaderPrefiller)) > 0
+}
+
+// sweep closes client connections idle longer than --idle-timeout, and
+// pooled upstream connections unused for laneIdleMax, until shutdown.
+func (ln *lane) sweep() {
+	idle := ln.p.cfg.Guard.IdleTimeout
+	t := time.NewTicker(min(max(idle/4, 10*time.Millisecond), time.Second))
+	defer t.Stop()
+	for {
+		select {
+		case <-ln.stop:
+			return
+		case now := <-t.C:
+			for _, ll := range ln.loops {
+				ll.evict(now)
+			}
+			for _, lc := range ln.snapshot() {
+				lc.mu.Lock()
+				if lc.state == laneIdle && now.Sub(lc.since) >= idle {
+					lc.close()
+				}
+				lc.mu.Unlock()
+			}
+		}
+	}
+}
+
+func (ln *lane) snapshot() []*laneConn {
+	ln.mu.Lock()
+	defer ln.mu.Unlock()
+	s := make([]*laneConn, 0, len(ln.conns))
+	for lc := range ln.conns {
+		s = append(s, lc)
+	}
+	return s
+}
+
+// shutdown closes the idle connections and makes the others close after
+// their answer (as fasthttp's Shutdown does with its own).
+func (ln *lane) shutdown() {
+	ln.once.Do(func() { close(ln.stop) })
+	for _, lc := range ln.snapshot() {
+		lc.mu.Lock()
+		if lc.state == laneIdle {
+			lc.close()
+		} else {
+			lc.keepAlive = false
+		}
+		lc.mu.Unlock()
+	}
+}
+
+func (ln *lane) forget(lc *laneConn) {
+	ln.mu.Lock()
+	delete(ln.conns, lc)
+	ln.mu.Unlock()
+}
+
+// The states of a client connection on the lane.
+const (
+	laneIdle    = iota // waiting for a request
+	laneSending        // connecting to the leg's upstream (off the loop)
+	laneWaiting        // the leg is sent; waiting for the answer's head
+	laneAnswer         // the answer is read (raw) or relayed (ls)
+	laneBackoff        // waiting to send the prefill leg again
+	laneReading        // reading the rest of a request's body (lanebody.go)
+	laneGone           // given to fasthttp, or closed
+)
+
+// laneConn is one client connection on the lane: the loop's handler of its
+// descriptor. Its requests move only on the loop's goroutine (a dial that
+// ended and a timer that fired come back to it through Loop.Post, since
+// the loop's buffers and parsers are shared by its connections); mu orders
+// that with the sweeper and the drain, which close idle connections.
+type laneConn struct {
+	mu       sync.Mutex
+	ll       *laneLoop
+	cc       *clientconn.Conn
+	fd       int
+	interest netloop.Events // what fd is watched for
+	state    int
+	since    time.Time // idle since
+
+	keepAlive bool
+	r         *request
+	pd        *lanePD          // the P/D split's state (nil: a local request)
+	gauge     prometheus.Gauge // the in-flight gauge of the request's phase
+	addr      string           // the current leg's upstream
+	prefill   bool             // the current leg is the prefill
+	up        *upConn
+	dials     uint64 // dials begun, so that a late one is told from the current
+	sent      []byte // the leg as sent upstream (its head, and its body when short), kept for a retry until the answer's head arrives
+	sentp     *[]byte
+	sentBody  []byte  // a long leg body, sent after sent from where it lies (legTo), kept as sent is
+	sentBodyp *[]byte // the body pool's buffer holding sentBody, given back with sent (nil: none of its own)
+	unsent    []byte  // what the upstream has not taken of sent yet
+	unsentBdy []byte  // and of sentBody
+	retried   bool
+	head      []byte      // an answer head that came in more than one read
+	interim   int         // interim 100 Continue answers skipped on the leg
+	timer     *time.Timer // the decode leg's head timeout, or the prefill's backoff
+	timerGen  uint64      // startTimer's, so that a timer stopped on its way to the loop does nothing
+	ls        *loopStream
+	streamed  bool            // the answer is a stream (counted in LoopStreams)
+	raw       *rawhttp.Answer // a non-streamed answer being read
+	body      *laneBody       // a request's body being read (laneReading)
+	reqBody   *laneBody       // the body of the request being served, read on the lane: its legs send from it (lanebody.go)
+	// shadowOf, on a hedge's local leg, is the client
+	// connection whose request it runs for: the shadow has that client's
+	// request and descriptor but never writes to it, closes it or ends the
+	// request; its primary adopts its answer, or drops it.
+	shadowOf *laneConn
+}
+
+// Ready implements netloop.Handler.
+func (lc *laneConn) Ready(fd int, ev netloop.Events) {
+	lc.mu.Lock()
+	defer lc.mu.Unlock()
+	switch {
+	case lc.state == laneGone:
+	case ev&netloop.Shutdown != 0:
+		if lc.state == laneIdle {
+			lc.close()
+			return
+		}
+		lc.abandon(ErrDrainTimeout)
+	case lc.state == laneIdle:
+		lc.readRequest(ev)
+	case lc.state == laneReading:
+		lc.readBody()
+	case lc.state == laneAnswer && lc.ls != nil:
+		if ev&(netloop.HangUp|netloop.Writable) == 0 {
+			// A pipelined request: it waits in the socket until this answer
+			// is written.
+			lc.setInterest(lc.interest &^ netloop.Readable)
+			return
+		}
+		if ev&netloop.HangUp != 0 && lc.ls.Gate.Shut() {
+			// The client left before its answer began (the stream is
+			// still held back): counted as the fasthttp path counts it.
+			lc.dropStream()
+			lc.clientLeft()
+			return
+		}
+		lc.ls.handle(fd, ev)
+	case ev&netloop.HangUp != 0:
+		lc.clientLeft()
+	default:
+		lc.setInterest(lc.interest &^ netloop.Readable)
+	}
+}
+
+// setInterest sets the events fd is watched for.
+func (lc *laneConn) setInterest(ev netloop.Events) error {
+	if ev == lc.interest {
+		return nil
+	}
+	lc.interest = ev
+	return lc.ll.loop.Modify(lc.fd, ev)
+}
+
+// close closes the client connection.
+func (lc *laneConn) close() {
+	if lc.state == laneGone || lc.shadowOf != nil {
+		return
+	}
+	lc.state = laneGone
+	_ = lc.ll.loop.Remove(lc.fd)
+	_ = lc.cc.TCPConn.Close()
+	lc.ll.ln.forget(lc)
+	if lc.r == nil { // else the request's finish gives it back
+		lc.dropReqBody()
+	}
+	if lc.body != nil {
+		lc.stopTimer()
+		lc.dropBody(lc.body)
+		lc.body = nil
+	}
+}
+
+// toServer gives the connection to fasthttp, which reads in (the bytes
+// read of the next request, which began to arrive at since) first, and the
+// rest of the request by --read-timeout from since: fasthttp's own read
+// timeout would count from now (clientconn.Conn.Replay).
+func (lc *laneConn) toServer(in []byte, since time.Time) {
+	lc.state = laneGone
+	_ = lc.ll.loop.Remove(lc.fd)
+	lc.ll.ln.forget(lc)
+	lc.cc.Replay(in, since.Add(lc.ll.ln.p.cfg.Guard.ReadTimeout))
+	srv := lc.ll.ln.srv
+	go func() { _ = srv.ServeConn(lc.cc) }()
+}
+
+// readRequest reads the next request; the lane serves it when it is a
+// local inference request that came whole, else fasthttp does.
+func (lc *laneConn) readRequest(ev netloop.Events) {
+	ll := lc.ll
+	in, _ := ll.loop.Buffers()
+	n, err := netloop.Read(lc.fd, in)
+	switch {
+	case errors.Is(err, netloop.ErrWouldBlock):
+		if ev&netloop.HangUp != 0 {
+			lc.close()
+		}
+		return
+	case err != nil || n == 0:
+		lc.close() // the client closed its idle connection
+		return
+	}
+	b := in[:n]
+	api, headLen, want, lr, ok := ll.parseHead(b)
+	switch {
+	case !ok:
+		lc.toServer(b, time.Now())
+	case want > len(b):
+		lc.beginBody(b, headLen, want) // the rest of the body is still to come: lanebody.go
+	default:
+		lc.serve(b, api, headLen, lr)
+	}
+}
+
+// serve serves the request b, whole and parsed into the loop's header
+// (parseHead), unless the guard refuses it (then fasthttp answers it).
+func (lc *laneConn) serve(b []byte, api connectors.API, headLen int, lr rawhttp.Request) {
+	ll := lc.ll
+	p := ll.ln.p
+	if !p.guard.Acquire() {
+		lc.toServer(b, time.Now()) // whole: nothing is left to read
+		return
+	}
+	r := p.startRequest(lr.ID, &ll.req, b[headLen:], ll.ln.local, api)
+	lc.r, lc.keepAlive = r, lr.KeepAlive
+	p.loopRequests.Add(1)
+	// Counted as the lane takes it, before any answer byte: a client that
+	// has its answer finds it counted.
+	p.m.LoopRequests.Inc()
+	if err := r.sanitize(); err != nil {
+		lc.failWith(err)
+		return
+	}
+	if len(lr.Prefiller) > 0 {
+		lc.split(lr.Prefiller) // copies the body
+		return
+	}
+	r.beginFeatures(&ll.req)
+	lc.serveLocal()
+	r.body = nil // maybe in the loop's buffer, which the next read overwrites
+}
+
+// decodeLeg sends body (held in bodyp, or nil: see legTo) to the local
+// engine: the decode leg carrying the remote KV (remote), or a local
+// prefill and decode.
+func (lc *laneConn) decodeLeg(body []byte, bodyp *[]byte, remote bool) {
+	ll, r, p := lc.ll, lc.r, lc.ll.ln.p
+	if remote {
+		lc.setGauge(ll.decode)
+		lc.pd.sent = time.Now()
+	} else {
+		lc.setGauge(ll.local)
+	}
+	r.decodeStarted(remote)
+	lc.sentp, lc.sent = p.bufs.GetChunk()
+	if lc.pd != nil {
+		lc.sent = append(lc.sent, lc.pd.start...)
+	} else {
+		lc.sent = rawhttp.AppendLegStartStrip(lc.sent, &ll.req, p.legStrip)
+	}
+	if r.stream && p.cfg.DecodeFirstByteTimeout > 0 {
+		lc.startTimer(p.cfg.DecodeFirstByteTimeout, lc.firstByteTimeout)
+	}
+	lc.prefill = false
+	lc.legTo(r.local, body, bodyp)
+}
+
+// legTo ends the leg's head in lc.sent (its start is there) for addr, and
+// sends it with body. A short body is appended to the head; a long one
+// (past sse.MaxPooledChunk: a long prompt) is sent from where it lies, after
+// the head in the same writev, and never copied: it is the request's
+// body (held by reqBody, or the sanitized copy), or an edit of it built in
+// bodyp, a buffer of the body pool the leg now holds until putSent.
+func (lc *laneConn) legTo(addr string, body []byte, bodyp *[]byte) {
+	bufs := &lc.ll.ln.p.bufs
+	lc.sent = rawhttp.AppendLegEnd(lc.r.obs.AppendTrace(lc.sent), addr, lc.r.id, len(body))
+	if len(body) > sse.MaxPooledChunk {
+		lc.sentBody, lc.sentBodyp = body, bodyp
+	} else {
+		lc.sent = append(lc.sent, body...)
+		bufs.PutScratch(bodyp)
+	}
+	lc.addr, lc.retried = addr, false
+	lc.connect()
+}
+
+// connect sends lc.sent on a pooled connection to lc.addr, or on a new one.
+func (lc *laneConn) connect() {
+	if u := lc.ll.pop(lc.addr); u != nil {
+		lc.send(u)
+		return
+	}
+	lc.dial()
+}
+
+// setGauge moves the request to in-flight gauge g (nil: none).
+func (lc *laneConn) setGauge(g prometheus.Gauge) {
+	if lc.gauge != nil {
+		lc.gauge.Dec()
+	}
+	if lc.gauge = g; g != nil {
+		g.Inc()
+	}
+}
+
+// parse parses b as one whole request the lane may serve, and returns its
+// API, body (a sub-slice of b) and what the lane needs of its headers.
+func (ll *laneLoop) parse(b []byte) (api connectors.API, body []byte, lr rawhttp.Request, ok bool) {
+	api, headLen, want, lr, ok := ll.parseHead(b)
+	if !ok || want != len(b) {
+		return 0, nil, lr, false
+	}
+	return api, b[headLen:], lr, true
+}
+
+// parseHead parses the head at the start of b, of a request the lane may
+// serve, and returns its API, the head's length, the bytes the whole
+// request takes (want: head and Content-Length; more than len(b) when its
+// body is still to come) and what the lane needs of its headers. Bytes in b
+// past the request (a pipelined one) make it fasthttp's. With a tracer,
+// the trace context is read from the loop's parsed head and each leg's
+// own is written into its head (observe.Request.AppendTrace).
+func (ll *laneLoop) parseHead(b []byte) (api connectors.API, headLen, want int, lr rawhttp.Request, ok bool) {
+	p := ll.ln.p
+	if p.draining.Load() {
+		return 0, 0, 0, lr, false
+	}
+	h := &ll.req
+	h.Reset()
+	ll.rd.Reset(b)
+	ll.br.Reset(&ll.rd)
+	if err := h.Read(ll.br); err != nil {
+		return 0, 0, 0, lr, false // not whole, or malformed: fasthttp answers it
+	}
+	headLen = len(b) - ll.rd.Len() - ll.br.Buffered()
+	cl := h.ContentLength()
+	if !h.IsPost() || !h.IsHTTP11() || cl < 0 || headLen+cl < len(b) || cl > p.cfg.MaxRequestBodyBytes {
+		return 0, 0, 0, lr, false
+	}
+	if lr = rawhttp.ScanRequest(h); lr.Refused || lr.Encoders && p.cfg.Encoder.Connector != "" {
+		return 0, 0, 0, lr, false
+	}
+	if len(lr.Prefiller) > 0 && !p.laneSplits() {
+		return 0, 0, 0, lr, false
+	}
+	// A Host fasthttp's parser refuses (400) is its to refuse; the target
+	// is an inference path exactly, or fasthttp's (conformance.go). A Host
+	// seen last is not parsed again (URI.Parse keeps it).
+	if ll.uri.Parse(h.Host(), slash) != nil {
+		return 0, 0, 0, lr, false
+	}
+	api, ok = connectors.APIForPath(string(h.RequestURI()))
+	if api == connectors.APIChat && p.cfg.DecodeChunkSize > 0 {
+		return 0, 0, 0, lr, false // a chunked decode is fasthttp's (chunked.go)
+	}
+	return api, headLen, headLen + cl, lr, ok
+}
+
+// pop takes a pooled connection to addr, nil when none is fit.
+func (ll *laneLoop) pop(addr string) *upConn {
+	ll.mu.Lock()
+	defer ll.mu.Unlock()
+	now := time.Now()
+	idle := ll.idle[addr]
+	for len(idle) > 0 {
+		u := idle[len(idle)-1]
+		idle = idle[:len(idle)-1]
+		ll.idle[addr] = idle
+		// The loop drops a pooled connection on its first event, but one
+		// may be waiting in this round of events: a connection the upstream
+		// sent something on while no request was outstanding (an answer to
+		// a request never sent), or closed, is not used.
+		if now.Sub(u.since) < laneIdleMax && upstream.FdQuiet(u.fd) {
+			return u
+		}
+		u.close()
+	}
+	return nil
+}
+
+// put pools u once its answer was read whole: up to MaxConnsPerHost
+// connections to an address (over all loops), for as many addresses as
+// the transport keeps pools for (forged prefiller addresses cannot grow
+// the pool), plus the local engine.
+func (ll *laneLoop) put(u *upConn) {
+	ll.mu.Lock()
+	u.owner, u.since = nil, time.Now()
+	idle, known := ll.idle[u.addr]
+	if (known || len(ll.idle) <= ll.ln.p.tr.MaxHosts()) && len(idle) < max(ll.ln.p.cfg.MaxConnsPerHost/len(ll.ln.loops), 1) {
+		ll.idle[u.addr] = append(idle, u)
+		ll.mu.Unlock()
+		return
+	}
+	ll.mu.Unlock()
+	u.close()
+}
+
+// evict closes the pooled connections unused for laneIdleMax, and forgets
+// the addresses left with none.
+func (ll *laneLoop) evict(now time.Time) {
+	ll.mu.Lock()
+	defer ll.mu.Unlock()
+	for addr, idle := range ll.idle {
+		kept := idle[:0]
+		for _, u := range idle {
+			if now.Sub(u.since) < laneIdleMax {
+				kept = append(kept, u)
+			} else {
+				u.close()
+			}
+		}
+		clear(idle[len(kept):])
+		if len(kept) == 0 && addr != ll.ln.local {
+			delete(ll.idle, addr)
+			continue
+		}
+		ll.idle[addr] = kept
+	}
+}
+
+// unpool removes u from the pool (under ll.mu), reporting whether it was
+// there.
+func (ll *laneLoop) unpool(u *upConn) bool {
+	idle := ll.idle[u.addr]
+	for i, x := range idle {
+		if x == u {
+			ll.idle[u.addr] = append(idle[:i], idle[i+1:]...)
+			return true
+		}
+	}
+	return false
+}
+
+// dial connects to lc.addr off the loop, then sends the leg on the loop.
+func (lc *laneConn) dial() {
+	lc.state = laneSending
+	lc.dials++
+	ll, r, addr, n := lc.ll, lc.r, lc.addr, lc.dials
+	go func() {
+		conn, err := ll.ln.p.tr.Dial(addr)
+		var fd int
+		if err == nil {
+			var ok bool
+			if fd, ok = netloop.FD(conn); !ok {
+				_ = conn.Close()
+				err = errors.New("not a plain TCP connection")
+			}
+		}
+		if !ll.loop.Post(func() { lc.dialed(r, n, addr, conn, fd, err) }) && err == nil {
+			_ = conn.Close()
+		}
+	}()
+}
+
+// onLoop runs f, for request r, on the loop (for an event off the loop: a
+// timer that fired), unless the connection has gone on to another
+// request by then.
+func (lc *laneConn) onLoop(r *request, f func()) {
+	lc.ll.loop.Post(func() {
+		mu := lc.lock()
+		mu.Lock()
+		defer mu.Unlock()
+		if lc.r == r {
+			f()
+		}
+	})
+}
+
+// startTimer runs f on the loop after d, unless stopTimer (or another
+// startTimer) comes first.
+func (lc *laneConn) startTimer(d time.Duration, f func()) {
+	lc.stopTimer()
+	gen, r := lc.timerGen, lc.r
+	lc.timer = time.AfterFunc(d, func() {
+		lc.onLoop(r, func() {
+			if lc.timerGen == gen { // not stopped while f was on its way to the loop
+				lc.timer = nil
+				f()
+			}
+		})
+	})
+}
+
+// dialed goes on from dial number n of request r, on the loop: the leg is
+// sent on conn, or failed with err.
+func (lc *laneConn) dialed(r *request, n uint64, addr string, conn net.Conn, fd int, err error) {
+	ll := lc.ll
+	mu := lc.lock()
+	mu.Lock()
+	defer mu.Unlock()
+	if lc.state != laneSending || lc.r != r || lc.dials != n {
+		if err == nil {
+			_ = conn.Close()
+		}
+		return
+	}
+	if err != nil {
+		lc.legFailed(&upstream.LegError{Addr: addr, Op: "dial", Err: err})
+		return
+	}
+	u := &upConn{ll: ll, addr: addr, conn: conn, fd: fd, fresh: true}
+	if err := ll.loop.Add(fd, netloop.Readable, u); err != nil {
+		_ = conn.Close()
+		lc.legFailed(&upstream.LegError{Addr: addr, Op: "dial", Err: err})
+		return
+	}
+	u.watched = true
+	lc.send(u)
+}
+
+// send writes the request to u and waits for the answer.
+func (lc *laneConn) send(u *upConn) {
+	ll := lc.ll
+	ll.mu.Lock()
+	u.owner = lc
+	ll.mu.Unlock()
+	u.keep = true
+	lc.up, lc.state, lc.head, lc.unsent, lc.unsentBdy, lc.interim = u, laneWaiting, lc.head[:0], lc.sent, lc.sentBody, 0
+	lc.writeUp()
+}
+
+// writeUp writes what the engine has not taken of the request yet; when
+// its socket is full, the rest waits for it to be writable.
+func (lc *laneConn) writeUp() {
+	u := lc.up
+	na, nb, err := netloop.Write2(u.fd, lc.unsent, lc.unsentBdy)
+	lc.unsent, lc.unsentBdy = lc.unsent[na:], lc.unsentBdy[nb:]
+	switch {
+	case err == nil && u.writing:
+		u.writing = false
+		err = lc.ll.loop.Modify(u.fd, netloop.Readable)
+	case errors.Is(err, netloop.ErrWouldBlock) && !u.writing:
+		u.writing = true
+		err = lc.ll.loop.Modify(u.fd, netloop.Readable|netloop.Writable)
+	case errors.Is(err, netloop.ErrWouldBlock):
+		err = nil
+	}
+	if err != nil {
+		lc.upFailed(&upstream.LegError{Addr: lc.addr, Op: "write", Err: err})
+	}
+}
+
+// upReady handles an event of the engine connection.
+func (lc *laneConn) upReady(u *upConn, ev netloop.Events) {
+	mu := lc.lock()
+	mu.Lock()
+	defer mu.Unlock()
+	if lc.up != u {
+		return
+	}
+	switch lc.state {
+	case laneWaiting:
+		if len(lc.unsent)+len(lc.unsentBdy) > 0 && ev&netloop.Writable != 0 {
+			lc.writeUp()
+			return
+		}
+		lc.readHead()
+	case laneAnswer:
+		if lc.ls != nil {
+			lc.ls.handle(u.fd, ev)
+		} else if lc.raw != nil {
+			lc.readRaw()
+		}
+	}
+}
+
+// readHead reads the answer's head (and what came with it of the body).
+func (lc *laneConn) readHead() {
+	ll := lc.ll
+	in, _ := ll.loop.Buffers()
+	n, err := netloop.Read(lc.up.fd, in)
+	switch {
+	case errors.Is(err, netloop.ErrWouldBlock):
+		return
+	case err != nil:
+		lc.upFailed(&upstream.LegError{Addr: lc.addr, Op: "read", Err: err})
+		return
+	case n == 0:
+		lc.upFailed(&upstream.LegError{Addr: lc.addr, Op: "read", Err: upstream.ErrUpClosed})
+		return
+	}
+	b := in[:n]
+	if len(lc.head) > 0 {
+		lc.head = append(lc.head, b...)
+		b = lc.head
+	}
+	rest, whole, err := rawhttp.ParseAnswerHead(&ll.resp, &ll.rd, ll.br, b, ll.ln.p.cfg.Guard.MaxHeaderBytes, &lc.interim)
+	switch {
+	case err != nil:
+		lc.upFailed(&upstream.LegError{Addr: lc.addr, Op: "read", Err: err})
+		return
+	case !whole:
+		// Interim answers skipped are dropped; the rest waits for more.
+		lc.head = append(lc.head[:0], rest...)
+		return
+	}
+	b = rest
+	if lc.prefill {
+		lc.prefillHead(b)
+		return
+	}
+	lc.answer(b)
+}
+
+// answer begins the answer: its head, read into ll.resp, and rest, the
+// body bytes that came with it.
+func (lc *laneConn) answer(rest []byte) {
+	ll, r := lc.ll, lc.r
+	lc.up.fresh = false
+	lc.putSent()
+	lc.head = nil
+	r.obs.Status = ll.resp.StatusCode()
+	lc.state = laneAnswer
+	if ll.resp.ConnectionClose() {
+		lc.up.keep = false
+	}
+	dec := upstream.HeadDecoder(&ll.resp)
+	if !bytes.HasPrefix(ll.resp.ContentType(), eventStream) || upstream.Bodiless(r.obs.Status) {
+		lc.stopTimer()
+		lc.readWhole(dec, rest)
+		return
+	}
+	// The head waits for the stream's first event (its first output for a
+	// decode on remote KV), as relaySSE's does; so does the first-byte
+	// timer, when there is one.
+	ls := lc.newStream(dec)
+	switch {
+	case lc.shadowOf != nil:
+		// A hedge's local leg: held until its first output.
+		ls.Gate, ls.gated = sserelay.GateHolding, lc.hedgeGated
+	case r.handoff != nil:
+		lc.gateStream(ls)
+	default:
+		ls.Gate, ls.gated = sserelay.GateFirstEvent, lc.began
+	}
+	lc.streamed = true
+	r.p.m.LoopStreams.Inc()
+	_, out := ll.loop.Buffers()
+	out = lc.appendHead(out, &ll.resp, -1)
+	out = ls.relayed(out, rest, false, nil)
+	ls.deliver(out)
+}
+
+// readWhole reads an answer whole (head in ll.resp, its body decoded by
+// dec from rest on) before anything of it is written.
+func (lc *laneConn) readWhole(dec httpbody.Decoder, rest []byte) {
+	p := lc.ll.ln.p
+	lc.raw = &rawhttp.Answer{Body: dec, Status: lc.ll.resp.StatusCode(), Max: p.cfg.MaxUpstreamAnswerBytes,
+		Hold: upstream.NewAnswerHold(p.guard.Budget())}
+	if err := lc.raw.Begin(&lc.ll.resp); err != nil {
+		lc.rawBroke(err)
+		return
+	}
+	lc.ll.resp.CopyTo(&lc.raw.Head)
+	lc.feedRaw(rest)
+}
+
+// newStream relays the answer's body on the loop from here, as a stream
+// handed over by fasthttp is.
+func (lc *laneConn) newStream(dec httpbody.Decoder) *loopStream {
+	ll, r := lc.ll, lc.r
+	ls := &loopStream{r: r, loop: ll.loop, keepAlive: lc.keepAlive, cfd: lc.fd, ufd: -1,
+		Stream: sserelay.Stream{Body: dec, API: r.api, MaxEvent: r.p.cfg.MaxSSEEventBytes}}
+	if lc.up != nil {
+		ls.ufd = lc.up.fd
+	}
+	ls.release = lc.finish
+	ls.conns = lc
+	lc.ls = ls
+	return ls
+}
+
+// appendHead appends the client's answer head: h's status and end-to-end
+// headers, our request id, the body framed by contentLength (-1: chunked).
+func (lc *laneConn) appendHead(out []byte, h *fasthttp.ResponseHeader, contentLength int) []byte {
+	if lc.ll.ln.p.draining.Load() {
+		lc.keepAlive = false
+	}
+	return rawhttp.AppendAnswerHead(out, h, lc.r.id, contentLength, lc.keepAlive)
+}
+
+func (lc *laneConn) readRaw() {
+	in, _ := lc.ll.loop.Buffers()
+	n, err := netloop.Read(lc.up.fd, in)
+	switch {
+	case errors.Is(err, netloop.ErrWouldBlock):
+		return
+	case err != nil:
+		lc.rawBroke(err)
+		return
+	case n == 0 && lc.raw.Body.Mode() == httpbody.UntilClose:
+		lc.rawDone()
+		return
+	case n == 0:
+		lc.rawBroke(io.ErrUnexpectedEOF)
+		return
+	}
+	lc.feedRaw(in[:n])
+}
+
+// feedRaw decodes body bytes of a non-streamed answer; the answer is
+// written once whole.
+func (lc *laneConn) feedRaw(b []byte) {
+	a := lc.raw
+	if err := a.Feed(b); err != nil {
+		lc.rawBroke(err)
+		return
+	}
+	if a.Body.Done() {
+		lc.rawDone()
+	}
+}
+
+// rawDone ends an answer read whole: the prefill's is the split's next
+// step; a decode leg's is written.
+func (lc *laneConn) rawDone() {
+	r, a := lc.r, lc.raw
+	lc.raw = nil
+	// What is kept of a.Buf past here is a copy (written out, or the next
+	// leg's body).
+	defer a.Hold.Release()
+	lc.endUp(a.Body.Done() && !a.Excess)
+	switch {
+	case lc.shadowOf != nil:
+		lc.shadowOf.hedgeWhole(lc, a)
+	case lc.prefill:
+		lc.prefillAnswered(a)
+	case r.handoff != nil:
+		lc.remoteAnswered(a)
+	default:
+		r.jsonAnswered(a.Status)
+		lc.writeWhole(&a.Head, a.Buf)
+	}
+}
+
+// rawBroke ends a non-streamed answer that broke off before it was whole:
+// the client has seen nothing, so it gets the error answer (or, for the
+// prefill's, the split goes on as after any failed prefill).
+func (lc *laneConn) rawBroke(err error) {
+	if le := (*upstream.LegError)(nil); !errors.As(err, &le) {
+		err = &upstream.LegError{Addr: lc.addr, Op: "read", Err: err}
+	}
+	lc.dropRaw()
+	lc.endUp(false)
+	if lc.prefill {
+		lc.prefillFailed(prefillTransportErr(err))
+		return
+	}
+	lc.failWith(decodeTransportErr(err))
+}
+
+// dropRaw lets go of the answer being read whole, if any, and of its
+// reservation.
+func (lc *laneConn) dropRaw() {
+	if lc.raw != nil {
+		lc.raw.Hold.Release()
+		lc.raw = nil
+	}
+}
+
+// writeWhole writes a complete answer (head h, body) through a loopStream
+// that has nothing more to read.
+func (lc *laneConn) writeWhole(h *fasthttp.ResponseHeader, body []byte) {
+	ls := lc.newStream(httpbody.New(httpbody.Length, 0))
+	ls.ended, ls.upEnded = true, true
+	ls.MarkOutput()
+	_, out := lc.ll.loop.Buffers()
+	out = lc.appendHead(out, h, len(body))
+	out = append(out, body...)
+	lc.state = laneAnswer
+	ls.write(out)
+}
+
+// failWith answers err as the fasthttp path's fail does: the client has
+// seen nothing yet.
+func (lc *laneConn) failWith(err error) {
+	if lc.shadowOf != nil {
+		lc.shadowOf.hedgeFailed(lc, err)
+		return
+	}
+	lc.stopTimer()
+	lc.putSent()
+	o := lc.r.failure(err)
+	lc.r.answerCounted(lc.r.mode, o.status)
+	h := lc.ownHead(o.status, "application/json")
+	if o.retryAfter {
+		h.Set("Retry-After", "1")
+	}
+	lc.writeWhole(h, errorBody(o.status, err))
+}
+
+// answerWhole writes a complete answer the sidecar made, as the fasthttp
+// path's answer does.
+func (lc *laneConn) answerWhole(mode string, status int, contentType string, body []byte) {
+	lc.r.answerCounted(mode, status)
+	lc.writeWhole(lc.ownHead(status, contentType), body)
+}
+
+// ownHead returns the loop's answer head, reset to one the sidecar makes.
+func (lc *laneConn) ownHead(status int, contentType string) *fasthttp.ResponseHeader {
+	h := &lc.ll.resp
+	h.Reset()
+	h.SetStatusCode(status)
+	h.SetContentType(contentType)
+	return h
+}
+
+// upFailed handles an engine connection that failed before the answer's
+// head: a pooled one the engine had closed while idle is no verdict on the
+// engine, so the request is sent once more on a fresh connection;
+// otherwise the client gets the error answer.
+func (lc *laneConn) upFailed(err error) {
+	fresh := lc.up == nil || lc.up.fresh
+	lc.endUp(false)
+	if !fresh && !lc.retried && len(lc.head) == 0 &&
+		(upstream.IsReset(err) || errors.Is(err, upstream.ErrUpClosed) || errors.Is(err, io.EOF)) {
+		lc.retried = true
+		lc.dial()
+		return
+	}
+	lc.legFailed(err)
+}
+
+// legFailed handles a leg that got no answer head: a failed prefill
+// attempt, or a decode leg answered with the error.
+func (lc *laneConn) legFailed(err error) {
+	if lc.prefill {
+		lc.head = lc.head[:0]
+		lc.prefillFailed(prefillTransportErr(err))
+		return
+	}
+	lc.failed(err)
+}
+
+// failed answers a request whose decode leg got no answer head.
+func (lc *laneConn) failed(err error) {
+	lc.failWith(decodeTransportErr(err))
+}
+
+// firstByteTimeout fails a streamed request whose answer did not begin
+// (no head, or a stream still held back) within --decode-first-byte-timeout.
+func (lc *laneConn) firstByteTimeout() {
+	switch {
+	case lc.state == laneWaiting || lc.state == laneSending:
+		lc.endUp(false)
+	case lc.state == laneAnswer && lc.ls != nil && lc.ls.Gate.Shut():
+		lc.dropStream()
+	default:
+		return
+	}
+	lc.failed(fmt.Errorf("%w: %w after %v", ErrDecodeTimeout, upstream.ErrFirstByteTimeout, lc.ll.ln.p.cfg.DecodeFirstByteTimeout))
+}
+
+// began relays a local stream once its first event came: the answer
+// begins.
+func (lc *laneConn) began(g sserelay.Gate, held []byte) {
+	r, ls := lc.r, lc.ls
+	lc.stopTimer()
+	if g != sserelay.GateOutput { // ended with no event
+		lc.dropStream()
+		lc.failWith(decodeTransportErr(endedEarly(lc.r.local, "any event", ls.cut)))
+		return
+	}
+	r.p.m.Requests.WithLabelValues(r.mode, statusLabel(r.obs.Status)).Inc()
+	ls.MarkOutput()
+	lc.firstOutput()
+	ls.write(held)
+}
+
+// clientLeft ends a request whose client hung up before its answer began:
+// the engine connection is closed, so the engine drops the request.
+func (lc *laneConn) clientLeft() {
+	if r := lc.r; r != nil {
+		r.leftBeforeAnswer(ErrClientGone)
+		lc.drop(ErrClientGone)
+	}
+	lc.close()
+}
+
+// abandon ends a request the lane cannot carry on (the loop shutting down).
+func (lc *laneConn) abandon(err error) {
+	if lc.shadowOf != nil {
+		lc.shadowOf.hedgeFailed(lc, err)
+		return
+	}
+	if lc.ls != nil {
+		lc.ls.fail(err)
+		return
+	}
+	if r := lc.r; r != nil {
+		r.logAt(zerolog.ErrorLevel).Err(err).Msg("request ended by the sidecar; connections closed")
+		lc.drop(err)
+	}
+	lc.close()
+}
+
+// drop ends a request before its answer began: the upstream connection
+// is closed, so the upstream drops it too.
+func (lc *laneConn) drop(cause error) {
+	lc.r.cancel(cause)
+	lc.endSplitEarly(cause)
+	lc.stopTimer()
+	lc.putSent()
+	lc.endUp(false)
+	lc.dropRaw()
+	lc.finish()
+}
+
+// endUp lets go of the engine connection: pooled when its answer was read
+// whole, else closed.
+func (lc *laneConn) endUp(clean bool) {
+	u := lc.up
+	if u == nil {
+		return
+	}
+	lc.up = nil
+	if clean && u.keep && u.watched && !u.writing {
+		lc.ll.put(u)
+		return
+	}
+	u.close()
+}
+
+func (lc *laneConn) stopTimer() {
+	lc.timerGen++
+	if lc.timer != nil {
+		lc.timer.Stop()
+		lc.timer = nil
+	}
+}
+
+func (lc *laneConn) putSent() {
+	bufs := &lc.ll.ln.p.bufs
+	lc.unsent, lc.unsentBdy = nil, nil
+	if lc.sentp != nil {
+		bufs.PutChunk(lc.sentp, lc.sent)
+		lc.sentp, lc.sent = nil, nil
+	}
+	bufs.PutScratch(lc.sentBodyp)
+	lc.sentBody, lc.sentBodyp = nil, nil
+}
+
+// finish ends the request's bookkeeping (the lane's version of
+// request.finish), once.
+func (lc *laneConn) finish() {
+	r := lc.r
+	if r == nil {
+		return
+	}
+	if lc.shadowOf != nil {
+		lc.shadowOf.hedgeFailed(lc, errHedgeAbandoned)
+		return
+	}
+	lc.dropHedge()
+	lc.releaseKV() // kvrelease.go: before the split's buffers are given back
+	lc.r, lc.prefill = nil, false
+	lc.putSent()
+	lc.dropReqBody()
+	lc.dropRaw()
+	lc.endSplit()
+	lc.setGauge(nil)
+	r.report()
+	r.p.guard.Release()
+	r.cancel(context.Canceled)
+	if lc.streamed {
+		lc.streamed = false
+		r.p.m.LoopStreams.Dec()
+	}
+	r.p.loopRequests.Add(-1)
+}
+
+// done is the end of an answer: the connection waits for its next request
+// (keep), or is closed.
+func (lc *laneConn) done(keep bool) {
+	if lc.shadowOf != nil {
+		return // the client is the primary's
+	}
+	lc.ls = nil
+	if !keep || lc.state == laneGone {
+		lc.close()
+		return
+	}
+	lc.state, lc.since = laneIdle, time.Now()
+	if err := lc.setInterest(netloop.Readable); err != nil {
+		lc.close()
+	}
+}
+
+// The laneConn is its loopStream's streamConns.
+
+func (lc *laneConn) legEnd(clean bool)                   { lc.endUp(clean) }
+func (lc *laneConn) legPause() error                     { return lc.up.unwatch() }
+func (lc *laneConn) legResume() error                    { return lc.up.watch() }
+func (lc *laneConn) clientWatch(ev netloop.Events) error { return lc.setInterest(ev) }
+func (lc *laneConn) clientDone(keep bool)                { lc.done(keep) }
+func (lc *laneConn) firstOutput() {
+	r := lc.r
+	r.p.m.TTFT.WithLabelValues(r.mode).Observe(time.Since(r.start).Seconds())
+}
+
+// upConn is a pooled upstream connection of the lane (to the local engine
+// or a prefiller), watched by its loop for as long as it lives: while idle
+// in the pool, any event means the upstream closed it (or sent what nobody
+// asked for), and it is dropped.
+type upConn struct {
+	ll      *laneLoop
+	addr    string
+	conn    net.Conn
+	fd      int
+	owner   *laneConn // nil while pooled (under ll.mu)
+	since   time.Time // pooled since
+	fresh   bool      // dialled for the request it carries
+	keep    bool      // the engine did not say Connection: close
+	watched bool
+	writing bool // watched for Writable too: a request waits to be written
+}
+
+// Ready implements netloop.Handler.
+func (u *upConn) Ready(fd int, ev netloop.Events) {
+	u.ll.mu.Lock()
+	lc := u.owner
+	if lc == nil {
+		// Pooled: the upstream closed it. (Closed under ll.mu, as pop and
+		// evict close theirs: each pooled connection once.)
+		if u.ll.unpool(u) {
+			u.close()
+		}
+		u.ll.mu.Unlock()
+		return
+	}
+	u.ll.mu.Unlock()
+	if ev&netloop.Shutdown != 0 {
+		mu := lc.lock()
+		mu.Lock()
+		if lc.up == u {
+			lc.abandon(ErrDrainTimeout)
+		}
+		mu.Unlock()
+		return
+	}
+	lc.upReady(u, ev)
+}
+
+func (u *upConn) watch() error {
+	if u.watched {
+		return nil
+	}
+	if err := u.ll.loop.Add(u.fd, netloop.Readable, u); err != nil {
+		return err
+	}
+	u.watched = true
+	return nil
+}
+
+func (u *upConn) unwatch() error {
+	if !u.watched {
+		return nil
+	}
+	u.watched = false
+	return u.ll.loop.Remove(u.fd)
+}
+
+func (u *upConn) close() {
+	_ = u.unwatch()
+	_ = u.conn.Close()
+}
+
+var (
+	_ netloop.Handler = (*laneConn)(nil)
+	_ netloop.Handler = (*upConn)(nil)
+	_ streamConns     = (*laneConn)(nil)
+	_ streamConns     = (*legConns)(nil)
+)
+
+// lock returns the mutex that orders the connection's callbacks: a hedge's
+// shadow shares its primary's, so that the two legs of one request move
+// one at a time.
+func (lc *laneConn) lock() *sync.Mutex {
+	if lc.shadowOf != nil {
+		return &lc.shadowOf.mu
+	}
+	return &lc.mu
+}
+
+var _ clientconn.Adopter = (*lane)(nil)

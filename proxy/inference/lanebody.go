@@ -1,0 +1,162 @@
+package inference
+
+import (
+	"errors"
+	"time"
+
+	"github.com/pd-sidecar/pd-sidecar/netloop"
+	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"
+)
+
+// A request whose body is not whole in the loop's first read — a long
+// prompt (the loop reads 16 KiB at a time), or a body the client wrote
+// after its head (Go's HTTP client writes through a 4 KiB buffer, a proxy
+// may send head and body apart) — is read on the lane too, straight from
+// the socket into one buffer of the whole request's size (upstream.BodyPool), and
+// served there as a request read whole is — the request keeps the buffer
+// until it finishes, and its legs send the body from it, behind their
+// heads in one writev (legTo), not from copies —: not handed to fasthttp, which
+// would take a goroutine, read the bytes again through its own buffers and
+// grow its body buffer by doubling. Its body is reserved from
+// --max-buffered-bytes before it is read, as fasthttp's path reserves it
+// (guard.BodyHolds); a body the budget refuses is handed to fasthttp, which
+// refuses it (503) as it refuses its own. A body not read whole within half
+// of --read-timeout is handed to fasthttp with the bytes read so far, and
+// fasthttp reads the rest by --read-timeout from the request's first bytes
+// (clientconn.Conn.Replay; 408 past it, as on fasthttp's path alone): a slow or
+// stalled client holds the lane's buffer for a bounded time, and is
+// answered as fasthttp answers it. A head that is not whole in the first
+// read is fasthttp's, by the same deadline.
+
+// laneBody is a request being read whole on the lane.
+type laneBody struct {
+	bufp *[]byte
+	buf  []byte // the request so far: head and body read
+	want int    // the whole request's length
+	held int64  // reserved from --max-buffered-bytes
+	// start is when the request's first bytes were read: it is read whole
+	// by --read-timeout from then, here or on fasthttp's path.
+	start time.Time
+	// lowat is the client socket's SO_RCVLOWAT while the rest is awaited
+	// (0: the default): the loop is woken once the rest is there, not for
+	// every segment of it.
+	lowat int
+}
+
+// beginBody begins reading the rest of request b, whose head is headLen
+// bytes and which takes want bytes in all.
+func (lc *laneConn) beginBody(b []byte, headLen, want int) {
+	p := lc.ll.ln.p
+	var held int64
+	if n := int64(want - headLen); n > upstream.UnreservedBody {
+		if !p.guard.Budget().TryReserve(n) {
+			lc.toServer(b, time.Now()) // refused there, as fasthttp refuses its own
+			return
+		}
+		held = n
+	}
+	lb := &laneBody{bufp: p.bufs.Bodies.Get(want), want: want, held: held, start: time.Now()}
+	lb.buf = append(*lb.bufp, b...)
+	lc.body, lc.state = lb, laneReading
+	lc.startTimer(p.cfg.Guard.ReadTimeout/2, lc.bodyStalled)
+	lc.readBody()
+}
+
+// readBody reads what the client sent of the body, and serves the request
+// once it is whole.
+func (lc *laneConn) readBody() {
+	lb := lc.body
+	for len(lb.buf) < lb.want {
+		n, err := netloop.Read(lc.fd, lb.buf[len(lb.buf):lb.want])
+		switch {
+		case errors.Is(err, netloop.ErrWouldBlock):
+			lc.awaitBody(lb)
+			return
+		case err != nil || n == 0:
+			lc.close() // the client left mid-body
+			return
+		}
+		lb.buf = lb.buf[:len(lb.buf)+n]
+	}
+	lc.stopTimer()
+	if lc.lowWaterBack(lb); lc.state == laneGone {
+		return // closed, lb given back
+	}
+	lc.body, lc.state = nil, laneIdle
+	// The loop's header was another connection's meanwhile: parsed again.
+	api, headLen, want, lr, ok := lc.ll.parseHead(lb.buf)
+	if !ok || want != len(lb.buf) {
+		lc.toServer(lb.buf, lb.start) // draining since, say
+		lc.dropBody(lb)
+		return
+	}
+	// The request keeps its body until it finishes (finish): its legs
+	// send from it.
+	lc.reqBody = lb
+	lc.serve(lb.buf, api, headLen, lr)
+	if lc.r == nil { // not served (fasthttp's), or over already
+		lc.dropReqBody()
+	}
+}
+
+// dropReqBody gives back the body of the request that was being served.
+func (lc *laneConn) dropReqBody() {
+	if lb := lc.reqBody; lb != nil {
+		lc.reqBody = nil
+		lc.dropBody(lb)
+	}
+}
+
+// awaitBody asks to be woken when the rest of lb is there: its socket's
+// low-water mark set to what is missing (the kernel caps it, and wakes the
+// loop early when its buffer fills; past the cap, each wake-up sets the
+// mark again).
+func (lc *laneConn) awaitBody(lb *laneBody) {
+	rest := lb.want - len(lb.buf)
+	if rest == lb.lowat || rest <= 1 {
+		return
+	}
+	if netloop.SetReadLowWater(lc.fd, rest) == nil {
+		lb.lowat = rest
+	}
+}
+
+// lowWaterBack sets the client socket's low-water mark back to the
+// default once lb is read or given up: the next request's head, or
+// fasthttp's reads, must wake on any byte.
+func (lc *laneConn) lowWaterBack(lb *laneBody) {
+	if lb.lowat == 0 {
+		return
+	}
+	lb.lowat = 0
+	if err := netloop.SetReadLowWater(lc.fd, 1); err != nil {
+		lc.close() // a connection that could hang unseen is not kept; lb is given back
+	}
+}
+
+// bodyStalled hands a body not read whole in time to fasthttp.
+func (lc *laneConn) bodyStalled() {
+	lb := lc.body
+	if lc.state != laneReading || lb == nil {
+		return
+	}
+	if lc.lowWaterBack(lb); lc.state == laneGone {
+		return // closed, lb given back
+	}
+	lc.body = nil
+	lc.toServer(lb.buf, lb.start) // copies what was read
+	lc.dropBody(lb)
+}
+
+// dropBody gives back a body's reservation and buffer.
+func (lc *laneConn) dropBody(lb *laneBody) {
+	if lb == nil {
+		return
+	}
+	p := lc.ll.ln.p
+	p.guard.Budget().Release(lb.held)
+	lb.held = 0
+	*lb.bufp = lb.buf
+	p.bufs.Bodies.Put(lb.bufp)
+	lb.bufp = nil
+}

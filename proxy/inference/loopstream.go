@@ -1,0 +1,450 @@
+package inference
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/pd-sidecar/pd-sidecar/httpbody"
+	"github.com/pd-sidecar/pd-sidecar/netloop"
+	"github.com/pd-sidecar/pd-sidecar/proxy/clientconn"
+	"github.com/pd-sidecar/pd-sidecar/proxy/sserelay"
+	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"
+)
+
+// loopStream carries a streamed answer on an event loop (netloop). The
+// answer begins as every answer does, written by fasthttp's server
+// goroutine from an sseBody; once it has streamed for loopAfter and would
+// wait on its engine, the sseBody hands it over: fasthttp lets go of the
+// connection (clientconn.Conn), and from then on the upstream connection's
+// readiness wakes the loop, which reads what came into the loop's buffer,
+// cuts it into events (rewritten as sseBody does) and writes them to the
+// client as one chunk. An open stream so holds no goroutine, no stack and
+// no buffer: only this struct, an event not yet whole, or a chunk the
+// client has not taken yet. At its end the client connection goes back to
+// the fasthttp server for its next request.
+//
+// Only streams between plain TCP connections, from an HTTP/1.1 client
+// with nothing read ahead (no pipelined request), are handed over; the
+// rest stream on their goroutine to the end.
+type loopStream struct {
+	mu   sync.Mutex // Ready and begin: one at a time
+	r    *request
+	loop *netloop.Loop
+	// The answer's body, cut into events and rewritten (Body: its
+	// decoder; Rewrite: the per-payload rewrite; MaxEvent:
+	// --max-sse-event-bytes), and its gate.
+	sserelay.Stream
+
+	ufd, cfd  int
+	keepAlive bool
+	first     []byte // the first chunk, written by begin
+	firstp    *[]byte
+
+	cut      error  // ErrEventTooLong, once the stream was refused for it
+	pending  []byte // bytes the client has not taken yet
+	ended    bool   // the upstream is done: pending holds the last bytes
+	finished bool
+	release  func() // frees the leg and finishes the request, once
+
+	conns   streamConns // the two connections
+	upEnded bool        // conns.legEnd was called
+
+	// A lane stream is held back, as relaySSE holds it, while its gate
+	// (sserelay.Stream.Gate) is shut; held is what came meanwhile (head
+	// included), up to maxHeld. gated decides what becomes of the held
+	// bytes once the gate opened, or the stream ended while it was shut.
+	held  []byte
+	gated func(g sserelay.Gate, held []byte)
+}
+
+// streamConns is what a loopStream does with its two connections, which
+// a stream handed over by fasthttp (legConns) and one the lane served from
+// its start (laneConn) keep differently. Called on the loop's goroutine,
+// with the stream's lock held.
+type streamConns interface {
+	legEnd(clean bool)                   // ends the upstream leg, its body read whole when clean (the connection is then pooled); once
+	legPause() error                     // stops watching the upstream while the client catches up
+	legResume() error                    // watches it again
+	clientWatch(ev netloop.Events) error // sets the events the client connection is watched for
+	clientDone(keep bool)                // the answer is over: the connection goes on to its next request (keep), or is closed
+	firstOutput()                        // the first event is being relayed
+}
+
+// loopAfter is how long a stream is relayed by its server goroutine, from
+// its first write, before it may go to an event loop. A stream that ends
+// sooner (a short answer, a fast engine) never pays for the hand-over; a
+// long one (an LLM stream lasts seconds, at 10-50 ms per token) spends
+// nearly all its life on the loop.
+const loopAfter = 50 * time.Millisecond
+
+// errHandedOver ends fasthttp's writing of an answer handed to an event
+// loop; fasthttp then closes the connection, which clientconn.Conn turns
+// into the loop taking it.
+var errHandedOver = errors.New("stream handed to an event loop")
+
+// loopable reports whether b's stream may be handed to a loop later.
+func (b *sseBody) loopable() bool {
+	r := b.r
+	if r.p.loops == nil || r.p.servers[r.home] == nil || !r.rc.Request.Header.IsHTTP11() {
+		return false
+	}
+	cc, ok := r.rc.Conn().(*clientconn.Conn)
+	if _, plain := b.leg.Conn().(*net.TCPConn); !ok || !plain {
+		return false // TLS on either side, or no socket to watch
+	}
+	b.cc = cc
+	b.keepAlive = !r.rc.Request.Header.ConnectionClose() && !r.rc.Response.ConnectionClose()
+	return true
+}
+
+// handOver prepares the hand-over of b's stream, which has nothing to
+// read from its engine right now: the events already read (b.out from
+// b.off, the event reader's buffer, the upstream's unread bytes) become
+// the loop's first chunk. It reports false when the stream must stay
+// (fasthttp read ahead: a pipelined request; or the leg is being
+// cancelled). Then the handler calls clientconn.Conn.Close: see begin.
+func (b *sseBody) handOver() bool {
+	r, leg := b.r, b.leg
+	cc := b.cc
+	cfd, ok1 := netloop.FD(cc.TCPConn)
+	ufd, ok2 := netloop.FD(leg.Conn())
+	if !ok1 || !ok2 || !cc.Synced() || !leg.Disarm() {
+		return false
+	}
+	loop := r.p.loops.Pick()
+	release := b.release
+	ls := &loopStream{r: r, loop: loop, keepAlive: b.keepAlive, cfd: cfd, ufd: ufd,
+		Stream: sserelay.Stream{Body: leg.Body(), Rewrite: b.fn, API: r.api, MaxEvent: r.p.cfg.MaxSSEEventBytes}}
+	if b.done {
+		ls.MarkDone()
+	}
+	ls.release = func() {
+		release()
+		r.p.loopRequests.Add(-1)
+		r.p.m.LoopStreams.Dec()
+	}
+	ls.conns = &legConns{ls: ls, leg: leg, done: func(keep bool) { r.p.connDone(cc, r.home, keep) }}
+	var out []byte
+	ls.firstp, out = r.p.bufs.GetChunk()
+	out, mark := httpbody.BeginChunk(out)
+	out = append(out, b.out[b.off:]...)
+	var err error
+	for _, ev := range b.er.Unread() {
+		if err == nil {
+			out, err = ls.Feed(out, ev)
+		}
+	}
+	b.er.Release()
+	if err == nil {
+		out, err = ls.FeedRaw(out, leg.Ahead())
+	}
+	leg.DropReader()
+	ls.noteFirstOutput()
+	if err != nil {
+		out = ls.endUpstream(out, err)
+	} else if ls.Body.Done() {
+		out = ls.endUpstream(out, nil)
+	}
+	out = httpbody.EndChunk(out, mark)
+	if ls.ended {
+		out = append(out, httpbody.LastChunk...)
+	}
+	ls.first = out
+	b.release = nil // the loop's now
+	b.handedOver = true
+	cc.HandOff(ls.begin)
+	// Counted before fasthttp lets go of the connection, so that a drain
+	// never sees the stream in neither the server's count nor the loops'.
+	r.p.loopRequests.Add(1)
+	r.p.m.LoopStreams.Inc()
+	r.p.m.LoopHandoffs.Inc()
+	return true
+}
+
+// legConns are the connections of a stream handed over by fasthttp, whose
+// handler ls is for both: leg is the upstream, and done takes the client
+// connection once the answer is over.
+type legConns struct {
+	ls   *loopStream
+	leg  *upstream.Leg
+	done func(keep bool)
+}
+
+func (c *legConns) legEnd(clean bool) {
+	_ = c.ls.loop.Remove(c.ls.ufd)
+	c.leg.MarkEnded(clean)
+	c.leg.Close()
+}
+func (c *legConns) legPause() error  { return c.ls.loop.Remove(c.ls.ufd) }
+func (c *legConns) legResume() error { return c.ls.loop.Add(c.ls.ufd, netloop.Readable, c.ls) }
+func (c *legConns) clientWatch(ev netloop.Events) error {
+	return c.ls.loop.Modify(c.ls.cfd, ev)
+}
+func (c *legConns) clientDone(keep bool) {
+	_ = c.ls.loop.Remove(c.ls.cfd)
+	c.done(keep)
+}
+func (c *legConns) firstOutput() {} // the answer's first write recorded the TTFT
+
+// begin runs on fasthttp's server goroutine when it lets go of the
+// connection (clientconn.Conn.Close): it watches both connections on the loop
+// and writes the first chunk.
+func (ls *loopStream) begin() {
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	r := ls.r
+	first := ls.first
+	defer r.p.bufs.PutChunk(ls.firstp, first)
+	ls.first, ls.firstp = nil, nil
+	if ls.ended {
+		ls.write(first)
+		return
+	}
+	if err := ls.loop.Add(ls.cfd, 0, ls); err != nil {
+		ls.fail(err)
+		return
+	}
+	if err := ls.loop.Add(ls.ufd, netloop.Readable, ls); err != nil {
+		ls.fail(err)
+		return
+	}
+	ls.write(first)
+}
+
+// Ready implements netloop.Handler.
+func (ls *loopStream) Ready(fd int, ev netloop.Events) {
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	ls.handle(fd, ev)
+}
+
+// handle reacts to an event of either connection.
+func (ls *loopStream) handle(fd int, ev netloop.Events) {
+	switch {
+	case ls.finished:
+	case ev&netloop.Shutdown != 0:
+		ls.fail(ErrDrainTimeout)
+	case fd == ls.cfd && ev&netloop.Writable != 0:
+		ls.flush()
+	case fd == ls.cfd: // hung up
+		ls.abort(ErrClientGone)
+	case fd == ls.ufd && len(ls.pending) == 0:
+		ls.readUpstream()
+	}
+}
+
+// readUpstream relays what the upstream sent, on the loop.
+func (ls *loopStream) readUpstream() {
+	in, out := ls.loop.Buffers()
+	n, err := netloop.Read(ls.ufd, in)
+	if errors.Is(err, netloop.ErrWouldBlock) {
+		return
+	}
+	ls.deliver(ls.relayed(out, in[:n], n == 0 && err == nil, err))
+}
+
+// deliver writes out to the client, or holds it while the gate is shut.
+func (ls *loopStream) deliver(out []byte) {
+	if ls.Gate == sserelay.GateOff {
+		ls.write(out)
+		return
+	}
+	held := out // the loop's buffer: copied only when it must wait
+	if len(ls.held) > 0 {
+		ls.held = append(ls.held, out...)
+		held = ls.held
+	}
+	if ls.Gate.Shut() && len(held) < maxHeld && !ls.ended {
+		if len(ls.held) == 0 {
+			ls.held = append([]byte(nil), out...)
+		}
+		return
+	}
+	g := ls.Gate
+	if g.Shut() && !ls.ended {
+		g = sserelay.GateOutput // preamble enough: relayed as relaySSE does
+	}
+	ls.Gate, ls.held = sserelay.GateOff, nil
+	ls.gated(g, held)
+}
+
+// relayed appends to out the client's next bytes from what one read of
+// the upstream gave: in (the bytes read), eof (the connection closed) or
+// rerr (the read failed). They end the stream when the upstream's answer
+// ended (ls.ended is then set).
+func (ls *loopStream) relayed(out, in []byte, eof bool, rerr error) []byte {
+	out, mark := httpbody.BeginChunk(out)
+	var ferr error
+	if len(in) > 0 {
+		out, ferr = ls.FeedRaw(out, in)
+		ls.noteFirstOutput()
+	}
+	switch {
+	case ferr != nil:
+		out = ls.endUpstream(out, ferr)
+	case ls.Body.Done():
+		out = ls.endUpstream(out, nil)
+	case rerr != nil:
+		out = ls.endUpstream(out, fmt.Errorf("read %s: %w", ls.r.local, rerr))
+	case eof && ls.Body.Mode() == httpbody.UntilClose:
+		out = ls.endUpstream(out, nil)
+	case eof:
+		out = ls.endUpstream(out, fmt.Errorf("read %s: connection closed mid-body", ls.r.local))
+	}
+	out = httpbody.EndChunk(out, mark)
+	if ls.ended {
+		out = append(out, httpbody.LastChunk...)
+	}
+	return out
+}
+
+// noteFirstOutput tells the connections of the stream's first output,
+// once an event of it went to the client.
+func (ls *loopStream) noteFirstOutput() {
+	if ls.TakeFirstOutput() {
+		ls.conns.firstOutput()
+	}
+}
+
+// endUpstream ends the upstream leg (err nil: its body ended cleanly) and
+// appends the stream's last events to out: a final event that lacked its
+// blank line, and an error event when the stream broke off.
+func (ls *loopStream) endUpstream(out []byte, err error) []byte {
+	if errors.Is(err, ErrEventTooLong) && ls.cut == nil {
+		ls.cut = err
+		ls.r.eventRefused()
+	}
+	clean := err == nil
+	if clean {
+		out = ls.FlushPartial(out)
+		ls.noteFirstOutput()
+	}
+	ls.Discard()
+	out = ls.r.endStream(out, ls.SawDone(), err)
+	ls.ended = true
+	ls.closeLeg(clean)
+	return out
+}
+
+// endedBefore is the error of a stream that ended before anything of it
+// reached the client: what says so, and the bound that cut it, if one did.
+func (ls *loopStream) endedBefore(what string) error {
+	if ls.cut != nil {
+		return fmt.Errorf("%s: %w", what, ls.cut)
+	}
+	return errors.New(what)
+}
+
+// closeLeg stops watching the upstream and closes the leg: its connection
+// goes back to the pool when clean.
+func (ls *loopStream) closeLeg(clean bool) {
+	if ls.upEnded {
+		return
+	}
+	ls.upEnded = true
+	ls.conns.legEnd(clean && ls.Body.Done() && !ls.Excess())
+}
+
+// write sends b to the client; what does not fit waits for the client to
+// take it, with the upstream paused meanwhile.
+func (ls *loopStream) write(b []byte) {
+	if len(b) == 0 {
+		return
+	}
+	n, err := netloop.Write(ls.cfd, b)
+	switch {
+	case err == nil:
+		if ls.ended {
+			ls.complete()
+		}
+	case errors.Is(err, netloop.ErrWouldBlock):
+		// The client is slower than its engine: the upstream is not watched
+		// until the client took what is pending (so nothing overtakes it, and
+		// a hang-up of the engine meanwhile is seen when watching again).
+		ls.pending = append(ls.pending[:0], b[n:]...)
+		ls.r.logAt(zerolog.DebugLevel).Int("pending", len(ls.pending)).Msg("client slower than its engine: upstream paused")
+		if !ls.ended {
+			if err := ls.conns.legPause(); err != nil {
+				ls.fail(err)
+				return
+			}
+		}
+		if err := ls.conns.clientWatch(netloop.Writable); err != nil {
+			ls.fail(err)
+		}
+	default:
+		ls.abort(ErrClientGone)
+	}
+}
+
+// flush sends pending bytes once the client can take them.
+func (ls *loopStream) flush() {
+	n, err := netloop.Write(ls.cfd, ls.pending)
+	switch {
+	case err == nil:
+		ls.pending = nil
+		if ls.ended {
+			ls.complete()
+			return
+		}
+		if err := ls.conns.clientWatch(0); err != nil {
+			ls.fail(err)
+			return
+		}
+		if err := ls.conns.legResume(); err != nil {
+			ls.fail(err)
+		}
+	case errors.Is(err, netloop.ErrWouldBlock):
+		ls.pending = ls.pending[:copy(ls.pending, ls.pending[n:])]
+	default:
+		ls.abort(ErrClientGone)
+	}
+}
+
+// complete ends a stream written whole: the client connection goes on to
+// its next request.
+func (ls *loopStream) complete() {
+	ls.finish()
+	ls.conns.clientDone(ls.keepAlive && !ls.r.p.draining.Load())
+}
+
+// abort ends a stream whose client left: the upstream leg is cancelled.
+func (ls *loopStream) abort(cause error) {
+	r := ls.r
+	r.cancel(cause)
+	r.left()
+	ls.teardown()
+}
+
+// fail ends a stream the loop cannot carry on (a watch that failed, or
+// the loop shutting down): both connections are closed.
+func (ls *loopStream) fail(err error) {
+	ls.r.logAt(zerolog.ErrorLevel).Err(err).Msg("stream ended by the sidecar; connections closed")
+	ls.r.cancel(err)
+	ls.teardown()
+}
+
+func (ls *loopStream) teardown() {
+	ls.closeLeg(false)
+	ls.finish()
+	ls.conns.clientDone(false)
+}
+
+// finish ends the request's bookkeeping, once.
+func (ls *loopStream) finish() {
+	if ls.finished {
+		return
+	}
+	ls.finished = true
+	ls.closeLeg(false)
+	ls.pending = nil
+	ls.Discard()
+	ls.release()
+}
+
+var _ netloop.Handler = (*loopStream)(nil)

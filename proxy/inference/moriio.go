@@ -1,0 +1,176 @@
+package inference
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"strconv"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/pd-sidecar/pd-sidecar/connectors/moriio"
+	"github.com/pd-sidecar/pd-sidecar/metrics"
+	"github.com/pd-sidecar/pd-sidecar/proxy/hostdns"
+	"github.com/pd-sidecar/pd-sidecar/proxy/split"
+)
+
+// MoriIOConfig is MoRI-IO write mode on the nixlv2 connector (AMD's KV
+// transfer engine: the prefill engine writes the prompt's KV into the
+// decode engine). Off unless WriteMode; ignored by other connectors.
+type MoriIOConfig struct {
+	// WriteMode turns MoRI-IO write mode on: serial (prefill, then decode)
+	// unless ParallelDispatch.
+	WriteMode bool
+	// ParallelDispatch sends both legs at once; the decode leg's output is
+	// held until the prefill leg answered, within WaitTimeout.
+	ParallelDispatch bool
+	// Ports are the notify and handshake ports and the TP/DP sizes.
+	Ports moriio.Ports
+	// PodIP is this (decode) pod's host spec: an IP, or a name resolved.
+	PodIP string
+	// RemoteHosts and DecodeHosts are the wide-EP prefill and decode host
+	// specs (empty: a single host each).
+	RemoteHosts, DecodeHosts []string
+	// WaitTimeout bounds, in parallel dispatch, the wait for the prefill
+	// leg's outcome before the decode leg produced output; past it the
+	// request degrades to a local prefill (reason kv_wait_timeout).
+	WaitTimeout time.Duration
+	// DNSTTL is how long a resolved host spec is fresh; DNSTimeout bounds
+	// each lookup.
+	DNSTTL, DNSTimeout time.Duration
+	// Seed holds the addresses of the host specs resolved at startup.
+	Seed map[string]string
+	// Lookup resolves names (nil: net.DefaultResolver.LookupHost).
+	Lookup LookupFunc
+}
+
+// Validate reports the first invalid MoRI-IO setting.
+func (c MoriIOConfig) Validate() error {
+	if !c.WriteMode {
+		if c.ParallelDispatch {
+			return errors.New("--moriio-parallel-dispatch needs --moriio-write-mode")
+		}
+		return nil
+	}
+	switch {
+	case c.PodIP == "":
+		return errors.New("--moriio-write-mode needs --moriio-local-pod-ip or POD_IP")
+	case c.Ports.DPSize < 1 || c.Ports.TPSize < 1 || c.Ports.DPSizeLocal < 0:
+		return fmt.Errorf("MoRI-IO sizes tp %d, dp %d, dp-local %d are invalid", c.Ports.TPSize, c.Ports.DPSize, c.Ports.DPSizeLocal)
+	case c.WaitTimeout <= 0:
+		return fmt.Errorf("--moriio-parallel-decode-wait-timeout %v must be > 0", c.WaitTimeout)
+	case c.DNSTTL <= 0 || c.DNSTimeout <= 0:
+		return fmt.Errorf("MoRI-IO DNS ttl %v and timeout %v must be > 0", c.DNSTTL, c.DNSTimeout)
+	}
+	return nil
+}
+
+// ErrKVWaitTimeout: in MoRI-IO parallel dispatch, the prefill leg gave no
+// outcome, and the decode leg no output, within
+// --moriio-parallel-decode-wait-timeout.
+var ErrKVWaitTimeout = split.ErrKVWaitTimeout
+
+// ReasonKVWaitTimeout is the fallback reason of ErrKVWaitTimeout.
+const ReasonKVWaitTimeout = "kv_wait_timeout"
+
+// moriState is MoRI-IO's per-proxy state.
+type moriState struct {
+	cfg MoriIOConfig
+	dns *hostdns.Resolver
+}
+
+func newMoriState(cfg MoriIOConfig, m *metrics.MoriIO, log zerolog.Logger) *moriState {
+	lookup := cfg.Lookup
+	if lookup == nil {
+		lookup = net.DefaultResolver.LookupHost
+	}
+	return &moriState{cfg: cfg, dns: hostdns.New(lookup, cfg.DNSTTL, cfg.DNSTimeout, cfg.Seed, m, log)}
+}
+
+// hosts resolves specs (nil for none).
+func (s *moriState) hosts(ctx context.Context, specs []string) []string {
+	if len(specs) == 0 {
+		return nil
+	}
+	out := make([]string, len(specs))
+	for i, h := range specs {
+		out[i] = s.dns.Resolve(ctx, h)
+	}
+	return out
+}
+
+// moriLeg starts the request's MoRI-IO legs: its rank, transfer id and
+// x-data-parallel-rank header.
+func (r *request) moriLeg() moriio.Leg {
+	l := moriio.Leg{Rank: moriio.PickRank(r.id, r.p.mori.cfg.Ports.DPSize), TransferID: moriio.TransferID(r.id)}
+	r.setMoriRank(l.Rank)
+	return l
+}
+
+// setMoriRank sets the x-data-parallel-rank of the legs sent from now on
+// (none when the data-parallel size is 1).
+func (r *request) setMoriRank(rank int) {
+	if r.p.mori.cfg.Ports.DPSize > 1 {
+		r.moriRank = strconv.Itoa(rank)
+	}
+}
+
+// moriPrefillBody gives the serial prefill leg's body (nixlv2's) MoRI-IO's
+// write-mode kv_transfer_params.
+func (r *request) moriPrefillBody(body []byte) ([]byte, error) {
+	s := r.p.mori
+	r.mori = r.moriLeg()
+	params := moriio.PrefillParams(s.cfg.Ports, s.dns.Resolve(r.ctx, s.cfg.PodIP), r.mori, s.hosts(r.ctx, s.cfg.DecodeHosts))
+	return moriio.WithParams(body, params)
+}
+
+// moriDecodeParams are the serial decode leg's kv_transfer_params: the
+// prefill answer's with the rank (the one it returned, else the request
+// id's) written back and MoRI-IO's fields backfilled.
+func (r *request) moriDecodeParams(returned []byte) ([]byte, error) {
+	s := r.p.mori
+	l := r.mori
+	l.Rank = moriio.DecodeRank(returned, s.cfg.Ports.DPSize, l.Rank)
+	r.setMoriRank(l.Rank)
+	return moriio.SerialDecodeParams(returned, s.cfg.Ports, l, s.hosts(r.ctx, s.cfg.RemoteHosts))
+}
+
+// serveMoriParallel runs MoRI-IO's parallel dispatch: both legs at once,
+// the decode leg (its kv_transfer_params written up front) waiting in the
+// decode engine for the prefill engine to write the KV. The decode leg's
+// output is held until the prefill leg answered. Better than llm-d: a
+// prefill leg that fails before the decode produced output degrades to a
+// local prefill (llm-d answers the prefill's error), and no prefill outcome
+// within --moriio-parallel-decode-wait-timeout is a counted fallback
+// (kv_wait_timeout), not a bare 504.
+func (r *request) serveMoriParallel() {
+	s := r.p.mori
+	d := r.newPaired(split.PairedConfig{KVWait: s.cfg.WaitTimeout, HoldOutput: true})
+	var start split.PairedStart
+	var pre, dec []byte
+	tk, err := r.p.guard.AllowPrefill(r.prefiller)
+	start.NoLegs = err
+	if err == nil {
+		d.tk = tk
+		// The prefiller's host goes as the header named it: only the
+		// configured host specs are resolved (and cached), never a name a
+		// request brings.
+		host, _, _ := net.SplitHostPort(r.prefiller)
+		l := r.moriLeg()
+		pre, err = moriio.ParallelPrefillBody(r.body,
+			moriio.PrefillParams(s.cfg.Ports, s.dns.Resolve(r.ctx, s.cfg.PodIP), l, s.hosts(r.ctx, s.cfg.DecodeHosts)))
+		if err == nil {
+			dec, err = moriio.WithParams(r.body,
+				moriio.ParallelDecodeParams(s.cfg.Ports, host, l, s.hosts(r.ctx, s.cfg.RemoteHosts)))
+		}
+		if err != nil {
+			start.NoLegs, start.NoLegsReport = fmt.Errorf("%w: %w", ErrBadRequest, err), ErrBadRequest
+		} else {
+			r.mode = metrics.ModeDisaggregated
+			r.logAt(zerolog.DebugLevel).Int("dp_rank", l.Rank).Str("transfer_id", l.TransferID).Msg("MoRI-IO parallel dispatch")
+		}
+	}
+	d.run(start, pre, dec, nil)
+}

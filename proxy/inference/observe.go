@@ -1,0 +1,201 @@
+package inference
+
+import (
+	"time"
+
+	"github.com/rs/zerolog"
+	"github.com/valyala/fasthttp"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/pd-sidecar/pd-sidecar/metrics"
+	"github.com/pd-sidecar/pd-sidecar/proxy/observe"
+)
+
+// RequestReport is how one inference request ended, as told to an Observer.
+type RequestReport struct {
+	// ID is the request id (X-Request-Id).
+	ID string
+	// Mode is metrics.ModeDisaggregated, ModeLocal or ModeFallback.
+	Mode string
+	// Reason is the fallback reason ("" when the request did not degrade).
+	Reason string
+	// Prefiller is the bounded metric label of the named prefiller ("" when
+	// the request named none, or none that could be used).
+	Prefiller string
+	// Declined is why the sidecar served a request that named a prefiller
+	// locally by choice, with no prefill leg (metrics.DeclineShortPrompt);
+	// "" when it did not decline. Such a request is in Mode local, and no
+	// fallback.
+	Declined string
+	// NamedPrefiller is true when the request carried
+	// x-prefiller-host-port, whatever its value (one that names no usable
+	// prefiller included).
+	NamedPrefiller bool
+	// Status is the HTTP status answered (499: the client left first).
+	Status int
+	// Start is when the request arrived; Duration how long it lived.
+	Start    time.Time
+	Duration time.Duration
+	// PrefillDuration is the whole prefill phase (0: no prefill ran).
+	PrefillDuration time.Duration
+	// KVHandoffDuration is the decode leg's send to first output when it
+	// carried remote KV (0: no handoff reached that point).
+	KVHandoffDuration time.Duration
+	// KVTransferred is true when the decode engine produced output from the
+	// remote KV: KV really moved.
+	KVTransferred bool
+	// DecodeChunks is the number of chunk requests of a chunked decode (0:
+	// the decode was not chunked).
+	DecodeChunks int
+	// Encoder is the encoder stage's outcome (metrics.StageEncoded, ...;
+	// "" when the request went through no encoder stage).
+	Encoder string
+}
+
+// Observer learns how every inference request ended. ObserveRequest is
+// called exactly once per inference request, on the goroutine that ends it;
+// it must be safe for concurrent use and must not block.
+type Observer interface {
+	ObserveRequest(RequestReport)
+}
+
+// Extras are the optional collaborators of a Proxy; the zero value has none.
+type Extras struct {
+	// Observer is told how each inference request ended (nil: nobody).
+	Observer Observer
+	// Debug serves GET /debug/pd (nil: the path goes to the local engine).
+	Debug fasthttp.RequestHandler
+	// Tracer starts the request, prefill, kv_handoff and decode spans (nil:
+	// no spans, and an incoming traceparent is passed on untouched).
+	Tracer trace.Tracer
+	// Propagator reads the incoming trace context and writes it on both
+	// legs (nil: W3C trace context).
+	Propagator propagation.TextMapPropagator
+}
+
+// SetExtras installs optional collaborators. Call it before Run.
+func (p *Proxy) SetExtras(e Extras) {
+	p.ext = e
+	p.trace = observe.NewTracing(observe.Config{Tracer: e.Tracer, Propagator: e.Propagator,
+		Reason: failureReason, KVLoadFailed: ReasonKVLoadFailed})
+	p.legStrip, p.prefillStrip = p.trace.Strip(p.strip)
+}
+
+// failureReason is the fallback reason of err, which a failed prefill
+// leg's span carries.
+func failureReason(err error) string { return classify(err).reason }
+
+// Span and attribute names of the sidecar's traces.
+const (
+	SpanRequest   = observe.SpanRequest
+	SpanPrefill   = observe.SpanPrefill
+	SpanKVHandoff = observe.SpanKVHandoff
+	SpanDecode    = observe.SpanDecode
+	// AttrDecision is the request's mode (disaggregated, local, fallback).
+	AttrDecision = observe.AttrDecision
+	// AttrReason is the fallback reason.
+	AttrReason = observe.AttrReason
+	// AttrPrefiller is the bounded prefiller label.
+	AttrPrefiller = observe.AttrPrefiller
+	// AttrRemoteKV marks a decode leg carrying remote KV.
+	AttrRemoteKV = observe.AttrRemoteKV
+	// AttrRequestID is the request id.
+	AttrRequestID = observe.AttrRequestID
+)
+
+// traceStart opens the request span, child of the client's trace context.
+func (r *request) traceStart(h *fasthttp.RequestHeader) {
+	if r.p.trace != nil {
+		r.obs.Start(r.p.trace, h, r.start, r.id, r.api.String())
+	}
+}
+
+// prefillStarted opens the prefill span; the returned func records the
+// prefill's duration and outcome.
+func (r *request) prefillStarted(start time.Time) func(error) {
+	span := r.obs.StartPrefill(r.label)
+	return func(err error) {
+		d := time.Since(start)
+		r.p.m.PrefillDuration.WithLabelValues(r.label).Observe(d.Seconds())
+		if err == nil {
+			r.p.hedge.Observe(r.label, d) // the auto hedge point's sample
+		}
+		r.obs.PrefillDur = d
+		r.p.trace.EndPrefill(span, err)
+	}
+}
+
+// decodeStarted opens the decode span (and, for a leg carrying remote KV,
+// the kv_handoff span) before the leg to the local engine is sent.
+func (r *request) decodeStarted(remote bool) { r.obs.StartDecode(remote, r.label) }
+
+// kvHandoffDone records the end of the engine-pull handoff: the decode leg
+// sent at sent produced its first output (ok) or a KV load failure.
+func (r *request) kvHandoffDone(sent time.Time, ok bool) {
+	d := time.Since(sent)
+	r.kvPending = nil // the engine read the KV, or tried (awaitKVRead)
+	r.p.m.KVTransferDuration.WithLabelValues(r.label).Observe(d.Seconds())
+	r.obs.KVDur, r.obs.KVOK = d, ok
+	if ok && r.onOutput != nil {
+		r.onOutput()
+	}
+	r.obs.EndKVHandoff(ok)
+}
+
+// report ends the request's spans and tells the Observer how it ended.
+func (r *request) report() {
+	mode := r.mode
+	if mode == metrics.ModeDisaggregated && r.prefiller == "" {
+		mode = metrics.ModeLocal
+	}
+	r.obs.End(mode, r.label)
+	if o := r.p.ext.Observer; o != nil {
+		o.ObserveRequest(RequestReport{
+			ID: r.id, Mode: mode, Reason: r.obs.Reason, Declined: r.obs.Declined, Prefiller: r.label, NamedPrefiller: r.named,
+			Status: r.obs.Status, Start: r.start, Duration: time.Since(r.start),
+			PrefillDuration: r.obs.PrefillDur, KVHandoffDuration: r.obs.KVDur,
+			KVTransferred: r.obs.KVOK && mode == metrics.ModeDisaggregated,
+			DecodeChunks:  r.obs.Chunks,
+			Encoder:       r.obs.Encoder,
+		})
+	}
+}
+
+// logsLegs reports whether legs are logged (trace level).
+func (p *Proxy) logsLegs() bool { return observe.LogsLegs(p.log.GetLevel()) }
+
+// traceLeg logs the leg req to addr at trace level.
+func (r *request) traceLeg(addr string, req *fasthttp.Request) {
+	observe.LogLeg(r.logAt(zerolog.TraceLevel), addr, req)
+}
+
+// CircuitState reports the circuit-breaker state of prefiller (host:port):
+// "closed", "open" or "half_open"; with --circuit-probe-interval, an open
+// circuit being probed reads "open (probing)", and one a probe found back,
+// whose next request is the half-open trial, "open (probe up)". "" when no
+// breaker is configured. It lets /debug/pd show per-prefiller circuits
+// (status.CircuitStates).
+func (p *Proxy) CircuitState(prefiller string) string {
+	if p.guard == nil || p.cfg.Guard.Breaker.Failures == 0 {
+		return ""
+	}
+	in := p.guard.CircuitInfo(prefiller)
+	switch {
+	case p.cfg.Guard.Breaker.ProbeInterval <= 0:
+	case in.ProbeUp:
+		return in.State.String() + " (probe up)"
+	case in.Probing:
+		return in.State.String() + " (probing)"
+	}
+	return in.State.String()
+}
+
+// CircuitLastProbe is when prefiller's open circuit was last probed (zero:
+// not since it opened, or no breaker); status.CircuitStates.
+func (p *Proxy) CircuitLastProbe(prefiller string) time.Time {
+	if p.guard == nil || p.cfg.Guard.Breaker.Failures == 0 {
+		return time.Time{}
+	}
+	return p.guard.CircuitInfo(prefiller).LastProbe
+}

@@ -1,0 +1,258 @@
+package inference
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/rs/zerolog"
+	"github.com/valyala/fasthttp"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/pd-sidecar/pd-sidecar/circuit"
+	"github.com/pd-sidecar/pd-sidecar/connectors"
+	"github.com/pd-sidecar/pd-sidecar/metrics"
+	"github.com/pd-sidecar/pd-sidecar/proxy/split"
+	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"
+)
+
+// The goroutine driver of a paired split (split.Paired): both legs at once
+// on fasthttp's path. The decode leg is relayed on the request's goroutine
+// (forward), the prefill leg runs on a goroutine of its own, and a timer
+// may fire on a third: each feeds the machine under mu. What an event
+// decides that touches only the legs (cancel the decode, abandon the
+// prefill, let a held output through, tell the breaker, count) is done at
+// once, under mu, so that a prefill failing as the decode's first output
+// comes cannot cancel a decode already past its point of no return; what
+// touches the request (a relay, an answer, a fallback) comes only from the
+// request's own events and is done on its goroutine, after mu.
+
+// goPaired is one request's paired split on fasthttp's path.
+type goPaired struct {
+	r   *request
+	log zerolog.Logger // the request's, for the prefill leg's goroutine
+
+	mu sync.Mutex
+	m  *split.Paired
+	tk *circuit.Ticket // the breaker's, until its outcome is reported
+
+	parent       context.Context // the request's
+	dctx         context.Context // the decode leg's: cancelled by CancelDecode
+	cancelDecode context.CancelCauseFunc
+	pctx         context.Context    // the prefill leg's: --prefill-timeout
+	cancelPre    context.CancelFunc // the prefill leg's
+	released     chan struct{}      // closed by ReleaseOutput
+	kvWait       *time.Timer
+}
+
+// newPaired returns the driver of a paired split of r under cfg (Judge
+// and Fallback are the proxy's).
+func (r *request) newPaired(cfg split.PairedConfig) *goPaired {
+	cfg.Fallback, cfg.Judge = r.p.cfg.PrefillFallback, splitJudge
+	return &goPaired{r: r, log: *r.logger(), m: split.NewPaired(cfg), parent: r.ctx, released: make(chan struct{})}
+}
+
+// run runs the split begun by start: its prefill leg carrying pre and its
+// decode leg carrying dec (unless start skips them). onKVLoadFailed, when
+// set, is told of a decode that failed to load the KV before the request
+// degrades.
+func (d *goPaired) run(start split.PairedStart, pre, dec []byte, onKVLoadFailed func()) {
+	r := d.r
+	d.mu.Lock()
+	// The legs' contexts are made before anything (a timer, the prefill
+	// leg) may cancel them. The prefill leg's ends with the leg, which may
+	// outlive this goroutine, or with the request.
+	d.dctx, d.cancelDecode = context.WithCancelCause(d.parent)
+	d.pctx, d.cancelPre = context.WithTimeoutCause(d.parent, r.p.cfg.PrefillTimeout, ErrPrefillTimeout)
+	acts := d.exec(d.m.Start(start))
+	d.mu.Unlock()
+	next := d.act(acts, pre, dec)
+	if next == nil {
+		return
+	}
+	if r.gone() {
+		d.feed(split.Event{Kind: split.ClientGone, Err: context.Cause(d.parent)})
+	}
+	if next.Recoverable && onKVLoadFailed != nil {
+		onKVLoadFailed()
+	}
+	d.act(d.feed(*next), nil, nil)
+}
+
+// feed gives the machine ev under mu, does what touches only the legs at
+// once, and returns what is the request's goroutine's to do.
+func (d *goPaired) feed(ev split.Event) []split.Action {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.exec(d.m.On(ev))
+}
+
+// exec does the actions that touch only the legs (mu held) and returns the
+// others, in order.
+func (d *goPaired) exec(acts []split.Action) []split.Action {
+	var rest []split.Action
+	for _, a := range acts {
+		switch a.Op {
+		case split.CancelDecode:
+			d.cancelDecode(a.Err)
+		case split.AbandonPrefill:
+			d.cancelPre()
+		case split.ReleaseOutput:
+			close(d.released)
+		case split.Arm:
+			d.kvWait = time.AfterFunc(a.After, func() {
+				d.feed(split.Event{Kind: split.TimerFired, Timer: a.Timer})
+			})
+		case split.Disarm:
+			if d.kvWait != nil {
+				d.kvWait.Stop()
+			}
+		case split.BreakerDone:
+			if errors.Is(a.Err, split.ErrAbandoned) {
+				d.log.Debug().Msg("prefill leg cancelled with the request")
+			}
+			d.r.p.guard.BreakerDone(d.r.prefiller, d.tk, a.Err)
+			d.tk = nil
+		case split.PrefillLegFailed:
+			d.r.p.m.PrefillLegFailures.WithLabelValues(a.Reason).Inc()
+			if a.Attempt == 1 {
+				d.log.Warn().Err(a.Err).Str("reason", a.Reason).Msg("prefill leg failed after the decode started")
+			} else {
+				d.log.Warn().Err(a.Err).Str("reason", a.Reason).Msg("prefill leg failed; cancelling the decode leg")
+			}
+		case split.OutputAtKVWait:
+			d.log.Warn().Msg("MoRI-IO decode produced output before the prefill leg answered; relayed at the KV-wait timeout")
+		default:
+			rest = append(rest, a)
+		}
+	}
+	return rest
+}
+
+// act does the request's actions on its goroutine: it sends the legs
+// (pre, dec), relays, answers. It returns the decode leg's failure as the
+// machine's event (nil: none, or the request is answered).
+func (d *goPaired) act(acts []split.Action, pre, dec []byte) *split.Event {
+	r := d.r
+	var next *split.Event
+	for _, a := range acts {
+		switch a.Op {
+		case split.SendPrefill:
+			d.sendPrefill(pre)
+		case split.SendDecode:
+			if err := d.decode(dec); err != nil {
+				next = &split.Event{Kind: split.DecodeEnded, Err: err, Recoverable: errors.Is(err, ErrKVLoadFailed)}
+			} else {
+				d.feed(split.Event{Kind: split.DecodeEnded})
+			}
+		case split.SendLocal:
+			r.handoff = nil
+			r.fail(r.decode(r.body, false))
+		case split.PassOn:
+			r.handoff = nil
+			r.passOn(a.Err)
+		case split.Fail:
+			r.fail(a.Err)
+		case split.Degraded:
+			r.degraded(a.Reason, a.Err)
+		}
+	}
+	return next
+}
+
+// decode relays the decode leg carrying dec, under a context the machine
+// may cancel until its first output, which it is told of (and, for a
+// held output, waits for the word to let it through).
+func (d *goPaired) decode(dec []byte) error {
+	r := d.r
+	r.handoff = &connectors.Handoff{} // the decode leg carries remote KV
+	r.ctx = d.dctx
+	r.onOutput = func() {
+		d.feed(split.Event{Kind: split.FirstOutput})
+		d.mu.Lock()
+		holding := d.m.Holding()
+		d.mu.Unlock()
+		if holding {
+			select {
+			case <-d.released:
+			case <-d.parent.Done():
+			}
+		}
+	}
+	err := r.forward(dec, true)
+	r.onOutput = nil
+	r.ctx = d.parent
+	return err
+}
+
+// sendPrefill sends the prefill leg carrying pre on a goroutine of its own,
+// bounded by --prefill-timeout.
+func (d *goPaired) sendPrefill(pre []byte) {
+	r, p := d.r, d.r.p
+	pctx, cancel := d.pctx, d.cancelPre
+	// The prefill span is opened here, so the leg's traceparent names it,
+	// and ended by the leg (spans are safe to end from another goroutine).
+	span := r.obs.StartPrefill(r.label)
+	req := r.prefillRequest(pre)
+	leg := pairedPrefill{p: p, log: d.log, label: r.label, addr: r.prefiller, span: span}
+	go func() {
+		defer cancel()
+		err := leg.run(pctx, req)
+		if d.parent.Err() != nil {
+			d.feed(split.Event{Kind: split.ClientGone, Err: context.Cause(d.parent)})
+		}
+		if err == nil {
+			d.feed(split.Event{Kind: split.PrefillAnswered})
+			return
+		}
+		d.feed(split.Event{Kind: split.PrefillFailed, Err: err})
+	}()
+}
+
+// pairedPrefill is the prefill leg of a paired split, run on a goroutine
+// of its own. It reads nothing of the request but what it was given, so it
+// may outlive the handler.
+type pairedPrefill struct {
+	p           *Proxy
+	log         zerolog.Logger
+	label, addr string
+	span        trace.Span // the prefill span (nil without a tracer)
+}
+
+// run sends the prefill leg and waits for its answer, which is discarded
+// (the KV goes from engine to engine), and returns what it was: nil, or
+// why it failed.
+func (l pairedPrefill) run(ctx context.Context, req *fasthttp.Request) error {
+	g := l.p.m.Inflight.WithLabelValues(metrics.PhasePrefill)
+	g.Inc()
+	defer g.Dec()
+	resp := fasthttp.AcquireResponse()
+	defer fasthttp.ReleaseResponse(resp)
+	start := time.Now()
+	hold, err := l.p.tr.Do(ctx, l.addr, req, resp)
+	defer hold.Release() // resp is let go when run returns
+	fasthttp.ReleaseRequest(req)
+	l.p.m.PrefillDuration.WithLabelValues(l.label).Observe(time.Since(start).Seconds())
+	if err != nil {
+		err = prefillTransportErr(upstream.CtxErr(ctx, err))
+	} else {
+		switch st := resp.StatusCode(); {
+		case st == fasthttp.StatusTooManyRequests:
+			err = ErrPrefillOverloaded
+		case st >= 500:
+			err = fmt.Errorf("%w: status %d", ErrPrefillServerError, st)
+		case st != fasthttp.StatusOK && st < 400:
+			err = fmt.Errorf("%w: %w: status %d", connectors.ErrBadPrefillAnswer, upstream.ErrBadUpstreamAnswer, st)
+		case st != fasthttp.StatusOK:
+			err = &rejected{status: st, contentType: string(resp.Header.ContentType()),
+				body: append([]byte(nil), resp.Body()...)}
+		}
+	}
+	l.p.trace.EndPrefill(l.span, err)
+	if err == nil {
+		l.log.Debug().Dur("took_ms", time.Since(start)).Msg("prefill leg answered")
+	}
+	return err
+}

@@ -1,0 +1,207 @@
+package inference
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/rs/zerolog"
+	"github.com/valyala/fasthttp"
+
+	"github.com/pd-sidecar/pd-sidecar/connectors"
+	"github.com/pd-sidecar/pd-sidecar/metrics"
+	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"
+)
+
+// maxHeld bounds the preamble events held back while waiting for the first
+// output of a decode leg.
+const maxHeld = 64 << 10
+
+var eventStream = []byte("text/event-stream")
+
+// forward sends body to the local engine and relays its answer. remote
+// marks the decode leg carrying r.handoff: its answer gets the cached-token
+// rewrite, and a KV load failure reported before any output is returned as
+// ErrKVLoadFailed. forward returns nil once the answer is written or
+// streaming; an error only while the client has seen nothing.
+func (r *request) forward(body []byte, remote bool) error {
+	phase := metrics.PhaseLocal
+	if remote {
+		phase = metrics.PhaseDecode
+	}
+	g := r.p.m.Inflight.WithLabelValues(phase)
+	g.Inc()
+	r.decodeStarted(remote)
+	req := r.upstream(r.local, body)
+	resp := fasthttp.AcquireResponse()
+	sent := time.Now()
+	var leg *upstream.Leg
+	var err error
+	if r.stream && r.p.cfg.DecodeFirstByteTimeout > 0 {
+		// Bound the wait for the beginning of a streamed answer (relaySSE
+		// ends it); the stream itself, once begun, has no total timeout.
+		leg, err = r.p.tr.StreamFirstByteTimeout(r.ctx, r.local, req, resp, r.p.cfg.DecodeFirstByteTimeout)
+		if errors.Is(err, upstream.ErrFirstByteTimeout) {
+			err = fmt.Errorf("%w: %w", ErrDecodeTimeout, err)
+		}
+	} else {
+		leg, err = r.p.tr.Stream(r.ctx, r.local, req, resp)
+	}
+	fasthttp.ReleaseRequest(req)
+	if err != nil {
+		g.Dec()
+		fasthttp.ReleaseResponse(resp)
+		return decodeTransportErr(err)
+	}
+	if bytes.HasPrefix(resp.Header.ContentType(), eventStream) && !upstream.Bodiless(resp.StatusCode()) {
+		return r.relaySSE(leg, resp, g, remote, sent)
+	}
+	defer g.Dec()
+	defer fasthttp.ReleaseResponse(resp)
+	return r.relayJSON(leg, resp, remote, sent)
+}
+
+func (r *request) relayJSON(leg *upstream.Leg, resp *fasthttp.Response, remote bool, sent time.Time) error {
+	buf, hold, err := leg.ReadAll(r.p.cfg.MaxUpstreamAnswerBytes)
+	// buf is let go on return: what the client is written is rc's copy.
+	defer hold.Release()
+	leg.Close()
+	if err != nil {
+		return decodeTransportErr(err)
+	}
+	st := resp.StatusCode()
+	if remote {
+		r.kvHandoffDone(sent, st == fasthttp.StatusOK)
+		if st == fasthttp.StatusInternalServerError && r.kvLoadFailed() {
+			return ErrKVLoadFailed
+		}
+		if st == fasthttp.StatusOK && r.p.rewriter != nil {
+			buf = r.p.rewriter.RewriteAnswer(r.api, buf, *r.handoff)
+		}
+	}
+	if r.leftNow() {
+		return ErrClientGone
+	}
+	r.copyHead(resp)
+	r.rc.SetBody(buf)
+	r.jsonAnswered(st)
+	return nil
+}
+
+// jsonAnswered records a JSON answer of status st relayed whole, as both
+// the fasthttp path and the lane relay one.
+func (r *request) jsonAnswered(st int) {
+	r.p.m.TTFT.WithLabelValues(r.mode).Observe(time.Since(r.start).Seconds())
+	r.p.m.Requests.WithLabelValues(r.mode, statusLabel(st)).Inc()
+	r.obs.Status = st
+	r.logAt(zerolog.InfoLevel).Str("mode", r.mode).Int("status", st).Msg("answered")
+}
+
+// kvLoadFailed counts a KV load failure of the decode leg and reports
+// whether the request is to be re-run with a local prefill.
+func (r *request) kvLoadFailed() bool {
+	r.p.m.KVLoadFailures.WithLabelValues(r.label).Inc()
+	if r.p.cfg.OnKVLoadFailure == KVFailError {
+		r.logAt(zerolog.ErrorLevel).Msg("decode engine failed to load the remote KV; error passed on (--on-kv-load-failure error)")
+		return false
+	}
+	return true
+}
+
+// copyHead copies the upstream status and end-to-end headers to the client.
+func (r *request) copyHead(resp *fasthttp.Response) {
+	copyResponseHead(r.rc, resp)
+	r.rc.Response.Header.Set(HeaderRequestID, r.id)
+}
+
+func copyResponseHead(rc *fasthttp.RequestCtx, resp *fasthttp.Response) {
+	resp.Header.CopyTo(&rc.Response.Header)
+	// The status line is the sidecar's, HTTP/1.1 as in every answer it
+	// makes (an HTTP/1.0 client gets framing it reads: setStream),
+	// never the upstream's version.
+	rc.Response.Header.SetProtocol(nil)
+	for _, h := range hopHeaders {
+		rc.Response.Header.Del(h)
+	}
+}
+
+// relaySSE streams an SSE answer event by event. On the decode leg the
+// events that carry no output yet (the role chunk) are held back until the
+// first output or error: an error there is a KV load failure, recoverable
+// because the client has seen nothing.
+func (r *request) relaySSE(leg *upstream.Leg, resp *fasthttp.Response, g prometheus.Gauge, remote bool, sent time.Time) error {
+	er := r.eventReader(leg)
+	var held []byte
+	abort := func(err error) error {
+		er.Release()
+		leg.Close()
+		fasthttp.ReleaseResponse(resp)
+		g.Dec()
+		return err
+	}
+	// The answer's head waits for the stream's first event (for a decode
+	// on remote KV, its first output): the client then sees an error status,
+	// not a 200 and an error event, when the engine sends its head and
+	// nothing more (within --decode-first-byte-timeout) or breaks off.
+	if !remote {
+		ev, err := er.Next()
+		if err != nil {
+			return abort(beforeOutputErr(endedEarly(r.local, "any event", err)))
+		}
+		held = append(held, ev...)
+	} else {
+		var kvFail bool
+		var err error
+		// The role chunk and the first output, usually.
+		if held, kvFail, err = readToOutput(er, r.api, make([]byte, 0, 2<<10)); err != nil {
+			return abort(beforeOutputErr(endedEarly(r.local, "any output", err)))
+		}
+		r.kvHandoffDone(sent, !kvFail)
+		if kvFail && r.kvLoadFailed() {
+			return abort(ErrKVLoadFailed)
+		}
+	}
+	if r.leftNow() {
+		return abort(ErrClientGone)
+	}
+	leg.Began()
+	r.copyHead(resp)
+	r.p.m.Requests.WithLabelValues(r.mode, statusLabel(resp.StatusCode())).Inc()
+	r.obs.Status = resp.StatusCode()
+	r.streamBody(r.newSSEBody(er, leg, held, remote, func() {
+		er.Release()
+		leg.Close()
+		fasthttp.ReleaseResponse(resp)
+		g.Dec()
+		r.finish()
+	}))
+	return nil
+}
+
+// beforeOutputErr is the error of a stream that ended, or was cut by
+// --decode-first-byte-timeout, before it had anything to relay.
+func beforeOutputErr(err error) error { return decodeTransportErr(err) }
+
+// needsDone reports whether api's streams end with data: [DONE].
+func needsDone(api connectors.API) bool {
+	return api == connectors.APIChat || api == connectors.APICompletions
+}
+
+// left records a client that went away mid-stream.
+func (r *request) left() {
+	r.logAt(zerolog.InfoLevel).Msg("client left mid-stream; upstream leg cancelled")
+	r.p.m.ClientDisconnects.WithLabelValues(r.phase()).Inc()
+}
+
+// streamBody hands b to fasthttp as the answer's body. From here a client
+// that leaves fails the next write, so no watcher is kept for the life of
+// the stream.
+func (r *request) streamBody(b *sseBody) {
+	if r.watch.Stop() {
+		r.rc.SetConnectionClose()
+	}
+	r.detached = true
+	setStream(r.rc, b) // the framing the client reads
+}

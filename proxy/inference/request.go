@@ -1,0 +1,240 @@
+package inference
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"encoding/hex"
+	"math/rand/v2"
+	"net"
+	"strconv"
+	"time"
+
+	"github.com/rs/zerolog"
+	"github.com/valyala/fasthttp"
+
+	"github.com/pd-sidecar/pd-sidecar/connectors"
+	"github.com/pd-sidecar/pd-sidecar/connectors/moriio"
+	"github.com/pd-sidecar/pd-sidecar/metrics"
+	"github.com/pd-sidecar/pd-sidecar/proxy/clientconn"
+	"github.com/pd-sidecar/pd-sidecar/proxy/logvalue"
+	"github.com/pd-sidecar/pd-sidecar/proxy/observe"
+	"github.com/pd-sidecar/pd-sidecar/proxy/prefillstrip"
+	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"
+)
+
+// request is the state of one inference request. It is owned by the
+// handler goroutine and, once the answer is streamed, by the body writer.
+type request struct {
+	p      *Proxy
+	rc     *fasthttp.RequestCtx
+	ctx    context.Context
+	cancel context.CancelCauseFunc
+	watch  *clientconn.Watch // the client connection's watch
+	id     string
+	// log is the request's logger (request_id, path, prefiller fields),
+	// built on first use: see logAt.
+	log      zerolog.Logger
+	logReady bool
+	start    time.Time
+	api      connectors.API
+	// local is the engine of the decode legs: the rank's whose port the
+	// request arrived on (home), or the one x-data-parallel-host-port names.
+	local  string
+	home   string
+	body   []byte
+	stream bool
+	usage  bool // stream_options.include_usage
+
+	prefiller string // host:port chosen from the header ("" = none)
+	named     bool   // the request carried x-prefiller-host-port
+	// uses are the request features' parts in the request (requestFeature).
+	uses     []featureUse
+	label    string // bounded metric label of prefiller
+	mode     string
+	handoff  *connectors.Handoff // set once the decode leg carries remote KV
+	detached bool                // the body writer owns the request now
+	// onOutput, when set, is told the moment the decode leg's first output
+	// is seen (before it is relayed): the concurrent choreography's point of
+	// no return.
+	onOutput func()
+	// mori is the request's MoRI-IO leg state (rank, transfer id) and
+	// moriRank its legs' x-data-parallel-rank ("" = none) (moriState).
+	mori     moriio.Leg
+	moriRank string
+	obs      observe.Request // report and spans
+	// held is the buffer budget's share of the answers read whole that
+	// the request keeps until it finishes (a prefill answer's copy).
+	held upstream.AnswerHold
+	// kvPending is the prefill's handoff while the decode engine has not
+	// read its KV: set when the prefill answer is parsed, cleared by the
+	// decode leg's first output or KV load failure (awaitKVRead).
+	kvPending *connectors.Handoff
+}
+
+// hopHeaders are connection-scoped and never forwarded.
+var hopHeaders = []string{
+	"Connection", "Proxy-Connection", "Keep-Alive", "Proxy-Authenticate",
+	"Proxy-Authorization", "Te", "Trailer", "Transfer-Encoding", "Upgrade",
+}
+
+func (p *Proxy) newRequest(rc *fasthttp.RequestCtx, local string, api connectors.API) *request {
+	r := p.startRequest(rc.Request.Header.Peek(HeaderRequestID), &rc.Request.Header, rc.PostBody(), local, api)
+	r.rc = rc
+	rc.Response.Header.Set(HeaderRequestID, r.id)
+	r.watch = p.armer.Watch(rc.Conn(), r.cancel, r.start)
+	return r
+}
+
+// startRequest begins the state of a request with head h (its
+// X-Request-Id: id) and body, as the fasthttp path (newRequest) and the
+// lane share it.
+func (p *Proxy) startRequest(id []byte, h *fasthttp.RequestHeader, body []byte, local string, api connectors.API) *request {
+	ctx, cancel := context.WithCancelCause(context.Background())
+	r := &request{
+		p: p, ctx: ctx, cancel: cancel, start: time.Now(),
+		api: api, local: local, home: local, body: body, mode: metrics.ModeLocal,
+	}
+	r.id = requestID(id)
+	// r.stream and r.usage: read by sanitize, in its pass over the body.
+	r.traceStart(h)
+	return r
+}
+
+// logAt returns an event of level l on the request's logger, or nil (a
+// no-op event) when l is not logged; the logger, with the request's fields,
+// is built only for the first event logged, so a request that logs nothing
+// allocates nothing for it.
+func (r *request) logAt(l zerolog.Level) *zerolog.Event {
+	if l < r.p.log.GetLevel() || l < zerolog.GlobalLevel() {
+		return nil
+	}
+	return r.logger().WithLevel(l)
+}
+
+// logger returns the request's logger, building it when needed.
+func (r *request) logger() *zerolog.Logger {
+	if !r.logReady {
+		c := r.p.log.With().Str("request_id", r.id).Str("path", r.api.String())
+		if r.prefiller != "" {
+			c = c.Str("prefiller", logvalue.Cut(r.prefiller))
+		}
+		r.log = c.Logger()
+		r.logReady = true
+	}
+	return &r.log
+}
+
+// finish ends the request's bookkeeping; the last owner calls it.
+func (r *request) finish() {
+	r.releaseKV(nil) // --release-kv-on-cancel
+	r.held.Release()
+	r.report()
+	r.p.guard.Release()
+	if r.watch.Stop() && !r.detached {
+		r.rc.SetConnectionClose()
+	}
+	r.cancel(context.Canceled)
+}
+
+// keep moves h's reservation to the request, released when it finishes.
+func (r *request) keep(h *upstream.AnswerHold) { r.held.Add(h.Take()) }
+
+// gone reports whether the client left.
+func (r *request) gone() bool { return context.Cause(r.ctx) == ErrClientGone }
+
+// upstream builds a leg to addr carrying body: the client's headers minus
+// hop-by-hop and sidecar headers, with our X-Request-Id set once. Compressed
+// answers are refused on P/D legs, whose answers the proxy reads.
+func (r *request) upstream(addr string, body []byte) *fasthttp.Request {
+	return r.legRequest(addr, body, nil)
+}
+
+// legRequest builds a leg as upstream does, less the headers named in strip
+// (lower case; proxy/prefillstrip).
+func (r *request) legRequest(addr string, body []byte, strip []string) *fasthttp.Request {
+	req := fasthttp.AcquireRequest()
+	r.upstreamHeader(&req.Header, &r.rc.Request.Header, addr)
+	prefillstrip.Strip(&req.Header, strip)
+	if t := clientconn.OriginForm(r.rc); t != nil {
+		req.Header.SetRequestURIBytes(t) // the path routed on
+	}
+	req.SetBodyRaw(body)
+	r.traceLeg(addr, req)
+	return req
+}
+
+// upstreamHeader sets dst to the head of a leg to addr: the client's head
+// src minus hop-by-hop and sidecar headers, with our X-Request-Id.
+func (r *request) upstreamHeader(dst, src *fasthttp.RequestHeader, addr string) {
+	src.CopyTo(dst)
+	for _, h := range hopHeaders {
+		dst.Del(h)
+	}
+	dst.Del(HeaderPrefiller)
+	dst.Del(HeaderDataParallel)
+	dst.Del(HeaderKVCacheSource)
+	dst.Del(HeaderEncoders)
+	dst.Del("Accept-Encoding")
+	dst.Del("Expect")
+	dst.Del(HeaderRequestID) // every copy: Set replaces only the first
+	dst.Set(HeaderRequestID, r.id)
+	if r.moriRank != "" {
+		dst.Set(moriio.HeaderRank, r.moriRank)
+	}
+	r.obs.Inject(dst)
+	dst.SetHost(addr)
+	dst.SetProtocolBytes(strHTTP11) // whatever the client's (setStream)
+}
+
+// pickPrefiller chooses one entry of the header value: the first, or a
+// random one with --enable-prefiller-sampling.
+func pickPrefiller(v []byte, sampling bool) (string, error) {
+	n := bytes.Count(v, []byte{','}) + 1
+	i := 0
+	if sampling && n > 1 {
+		i = rand.IntN(n)
+	}
+	for k := 0; k < i; k++ {
+		v = v[bytes.IndexByte(v, ',')+1:]
+	}
+	if j := bytes.IndexByte(v, ','); j >= 0 {
+		v = v[:j]
+	}
+	hp := string(bytes.TrimSpace(v))
+	host, port, err := net.SplitHostPort(hp)
+	if err != nil || host == "" {
+		return hp, ErrBadPrefiller
+	}
+	if n, err := strconv.Atoi(port); err != nil || n <= 0 || n > 65535 {
+		return hp, ErrBadPrefiller
+	}
+	return hp, nil
+}
+
+// requestID keeps a valid incoming id, else makes one.
+func requestID(in []byte) string {
+	if validID(in) {
+		return string(in)
+	}
+	// 128 random bits from the runtime's per-thread ChaCha8 generator: unique
+	// enough for a request id, and no getrandom syscall per request.
+	var b [16]byte
+	binary.LittleEndian.PutUint64(b[:8], rand.Uint64())
+	binary.LittleEndian.PutUint64(b[8:], rand.Uint64())
+	return hex.EncodeToString(b[:])
+}
+
+func validID(b []byte) bool {
+	if len(b) == 0 || len(b) > 128 {
+		return false
+	}
+	for _, c := range b {
+		ok := c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' ||
+			c == '-' || c == '_' || c == '.' || c == ':'
+		if !ok {
+			return false
+		}
+	}
+	return true
+}

@@ -1,0 +1,525 @@
+package inference
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/rs/zerolog"
+	"github.com/valyala/fasthttp"
+
+	"github.com/pd-sidecar/pd-sidecar/circuit"
+	"github.com/pd-sidecar/pd-sidecar/connectors"
+	"github.com/pd-sidecar/pd-sidecar/metrics"
+	"github.com/pd-sidecar/pd-sidecar/proxy/split"
+	"github.com/pd-sidecar/pd-sidecar/proxy/sse"
+	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"
+)
+
+// The goroutine driver of the sequential split (split.Sequential) on
+// fasthttp's path. The request's goroutine owns the machine and the
+// request's state: it feeds the machine the events that reach it on
+// channels (a prefill attempt's end, a timer, the hedge's local leg, the
+// client leaving) and executes the actions the machine returns. A prefill
+// attempt and the hedge's local leg run on goroutines of their own, which
+// do their exchange and touch nothing of the request but its immutable
+// fields; what their answers mean is worked out back on the request's
+// goroutine. Cancelling either waits for its goroutine, so nothing of a
+// leg outlives the decision to drop it.
+
+// splitJudge is what a failure means to a split: the proxy's one
+// classifier (classify), and whether it is a prefiller's rejection.
+func splitJudge(err error) split.Verdict {
+	o := classify(err)
+	var rej *rejected
+	return split.Verdict{Reason: o.reason, Retry: o.retry, Rejected: errors.As(err, &rej)}
+}
+
+// splitConfig is the sequential split's configuration.
+func (p *Proxy) splitConfig() split.Config {
+	return split.Config{
+		PrefillTimeout: p.cfg.PrefillTimeout,
+		MaxRetries:     p.cfg.PrefillMaxRetries,
+		RetryBackoff:   p.cfg.PrefillRetryBackoff,
+		Fallback:       p.cfg.PrefillFallback,
+		DecodeTPSize:   p.cfg.DecodeTPSize,
+		Judge:          splitJudge,
+	}
+}
+
+// attemptOut is what a prefill attempt's goroutine ends with: the answer
+// as received (its body a copy, its budget share in hold), or the
+// exchange's failure.
+type attemptOut struct {
+	status      int
+	contentType []byte
+	body        []byte
+	hold        upstream.AnswerHold
+	err         error
+}
+
+// goSplit is one request's sequential split on fasthttp's path.
+type goSplit struct {
+	r *request
+	m *split.Sequential
+
+	body []byte          // the prefill leg's body
+	tk   *circuit.Ticket // the breaker's, while the prefill runs
+
+	pctx       context.Context // the prefill's: --prefill-timeout
+	pcancel    context.CancelFunc
+	prefillEnd func(error) // prefillStarted's
+	gauge      prometheus.Gauge
+
+	attempt  context.CancelCauseFunc // the attempt in flight (nil: none)
+	attempts chan attemptOut
+	res      prefillResult // the prefill's answer
+
+	timers [splitTimers]*time.Timer
+	fired  chan split.Timer
+
+	hedgeCancel context.CancelCauseFunc // the hedge's local leg (nil: none runs)
+	hedges      chan localOutcome
+	hedgeOut    *localOutcome // its end, once received
+
+	goneFed  bool // the machine was told the client left
+	answered bool // the request's answer is written or streaming
+}
+
+// runSequential runs the request's sequential split (its prefiller
+// chosen and allowed).
+func (r *request) runSequential() {
+	p := r.p
+	d := &goSplit{
+		r: r, m: split.NewSequential(p.splitConfig()),
+		attempts: make(chan attemptOut, 1),
+		fired:    make(chan split.Timer, splitTimers),
+		hedges:   make(chan localOutcome, 1),
+	}
+	d.run()
+}
+
+// splitTimers is the number of a split's timers (a slot each).
+const splitTimers = int(split.TimerHedge) + 1
+
+func (d *goSplit) run() {
+	r := d.r
+	body, err := r.prefillBody()
+	start, tk := r.splitStart(err)
+	if tk != nil {
+		d.body, d.tk = body, tk
+	}
+	d.exec(d.m.Start(start))
+	gone := r.ctx.Done()
+	for !d.answered && !d.m.Done() {
+		select {
+		case o := <-d.attempts:
+			d.attempt = nil
+			d.attemptEnded(o)
+		case t := <-d.fired:
+			d.feed(split.Event{Kind: split.TimerFired, Timer: t})
+		case o := <-d.hedges:
+			d.hedgeOut = &o
+			if o.err != nil {
+				d.feed(split.Event{Kind: split.HedgeFailed, Err: o.err})
+			} else {
+				d.feed(split.Event{Kind: split.HedgeReady})
+			}
+		case <-gone:
+			gone = nil
+			d.feed(split.Event{Kind: split.ClientGone, Err: context.Cause(r.ctx)})
+		}
+	}
+	for _, t := range d.timers {
+		if t != nil {
+			t.Stop()
+		}
+	}
+}
+
+// prefillBody is the prefill leg's body: the connector's, with MoRI-IO's
+// fields when they apply, as the request features edit it.
+func (r *request) prefillBody() ([]byte, error) {
+	p := r.p
+	body, err := p.seq.PrefillBody(nil, r.api, r.body)
+	if err == nil && p.mori != nil {
+		body, err = r.moriPrefillBody(body) // MoRI-IO write mode
+	}
+	if err == nil {
+		body, err = r.editPrefill(body)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrBadRequest, err)
+	}
+	return body, nil
+}
+
+// feed gives the machine ev, and the events its actions lead to. A client
+// that left is told first: nothing is decided for a client that is gone.
+func (d *goSplit) feed(ev split.Event) {
+	if !d.goneFed && ev.Kind != split.ClientGone && d.r.gone() {
+		d.goneFed = true
+		d.exec(d.m.On(split.Event{Kind: split.ClientGone, Err: context.Cause(d.r.ctx)}))
+	}
+	if ev.Kind == split.ClientGone {
+		if d.goneFed {
+			return
+		}
+		d.goneFed = true
+	}
+	for next := &ev; next != nil; {
+		next = d.exec(d.m.On(*next))
+	}
+}
+
+// exec executes acts in order; it returns the event a leg that was to
+// answer ended with (nil: none).
+func (d *goSplit) exec(acts []split.Action) *split.Event {
+	r, p := d.r, d.r.p
+	var next *split.Event
+	for _, a := range acts {
+		switch a.Op {
+		case split.SendPrefill:
+			d.sendPrefill()
+		case split.CancelPrefill:
+			d.cancelPrefill(a.Err)
+		case split.Arm:
+			t := a.Timer
+			if old := d.timers[t]; old != nil {
+				old.Stop()
+			}
+			d.timers[t] = time.AfterFunc(a.After, func() {
+				select {
+				case d.fired <- t:
+				default: // the machine ignores a fire it no longer waits for
+				}
+			})
+		case split.Disarm:
+			if t := d.timers[a.Timer]; t != nil {
+				t.Stop()
+			}
+		case split.SendHedge:
+			d.sendHedge()
+		case split.DropHedge:
+			d.dropHedge()
+		case split.RelayHedge:
+			o := d.hedgeOut
+			d.hedgeOut = nil
+			d.answered = true
+			r.commitLocal(o.a, d.hedgeCancel)
+		case split.SendDecode:
+			next = d.decode(a.Handoff)
+		case split.SendLocal:
+			r.handoff = nil
+			if err := r.decode(r.body, false); err != nil {
+				next = &split.Event{Kind: split.LegFailed, Err: err}
+			} else {
+				d.answered = true
+			}
+		case split.AnswerPrefill:
+			ct, ans, err := r.prefillAnswer(d.res)
+			if err != nil {
+				next = &split.Event{Kind: split.LegFailed, Err: err, Recoverable: true}
+				continue
+			}
+			d.answered = true
+			r.answer(metrics.ModeDisaggregated, fasthttp.StatusOK, ct, ans)
+		case split.PassOn:
+			d.answered = true
+			r.passOn(a.Err)
+		case split.Fail:
+			d.answered = true
+			r.fail(a.Err)
+
+		case split.PrefillBegan:
+			r.mode = metrics.ModeDisaggregated
+			d.gauge = p.m.Inflight.WithLabelValues(metrics.PhasePrefill)
+			d.gauge.Inc()
+			d.prefillEnd = r.prefillStarted(time.Now())
+			d.pctx, d.pcancel = context.WithTimeoutCause(r.ctx, p.cfg.PrefillTimeout, ErrPrefillTimeout)
+		case split.PrefillEnded:
+			d.pcancel()
+			d.gauge.Dec()
+			d.prefillEnd(a.Err)
+		default:
+			r.account(a, &d.tk)
+		}
+	}
+	return next
+}
+
+// sendPrefill sends an attempt of the prefill leg on a goroutine of its
+// own, within the prefill's context.
+func (d *goSplit) sendPrefill() {
+	r := d.r
+	ctx, cancel := context.WithCancelCause(d.pctx)
+	d.attempt = cancel
+	req := r.prefillRequest(d.body)
+	go func() {
+		defer cancel(nil)
+		d.attempts <- r.prefillExchange(ctx, req)
+	}()
+}
+
+// prefillExchange sends req to the prefiller within ctx and returns its
+// answer. It runs beside the request's goroutine: it touches nothing of
+// the request but its immutable fields.
+func (r *request) prefillExchange(ctx context.Context, req *fasthttp.Request) attemptOut {
+	resp := fasthttp.AcquireResponse()
+	defer fasthttp.ReleaseRequest(req)
+	defer fasthttp.ReleaseResponse(resp)
+	hold, err := r.p.tr.Do(ctx, r.prefiller, req, resp)
+	if err != nil {
+		return attemptOut{err: prefillTransportErr(err)}
+	}
+	return attemptOut{
+		status:      resp.StatusCode(),
+		contentType: append([]byte(nil), resp.Header.ContentType()...),
+		body:        append([]byte(nil), resp.Body()...),
+		hold:        hold,
+	}
+}
+
+// attemptEnded feeds the machine what an attempt's answer says.
+func (d *goSplit) attemptEnded(o attemptOut) {
+	res, err := d.r.attemptAnswer(o)
+	if err != nil {
+		d.feed(split.Event{Kind: split.PrefillFailed, Err: err})
+		return
+	}
+	d.res = res
+	d.feed(split.Event{Kind: split.PrefillAnswered, Handoff: res.handoff})
+}
+
+// attemptAnswer is what an attempt's answer says (prefillAnswered), its
+// copy's budget share kept by the request while the answer is used.
+func (r *request) attemptAnswer(o attemptOut) (prefillResult, error) {
+	if o.err != nil {
+		return prefillResult{}, o.err
+	}
+	res, err := r.prefillAnswered(o.status, o.contentType, o.body)
+	var rej *rejected
+	if err == nil || errors.As(err, &rej) {
+		// The copy of the body is kept (the handoff's, or the rejection
+		// passed on) while the request runs: so is its reservation.
+		r.keep(&o.hold)
+	}
+	o.hold.Release()
+	return res, err
+}
+
+// cancelPrefill abandons the attempt in flight, if any, and waits for its
+// goroutine: an answer that came all the same is read (its KV is then
+// released as a read never made), and otherwise let go.
+func (d *goSplit) cancelPrefill(cause error) {
+	if d.attempt == nil {
+		return
+	}
+	d.attempt(cause)
+	d.attempt = nil
+	o := <-d.attempts
+	if _, err := d.r.attemptAnswer(o); err == nil && errors.Is(cause, split.ErrHedgeLost) {
+		d.r.logAt(zerolog.WarnLevel).Msg("hedge: the prefill answered as it was cancelled; its KV is left to the prefiller's lease")
+	}
+}
+
+// sendHedge sends the client's own body to the local engine on a
+// goroutine of its own, its answer held until it is ready (openLocal).
+func (d *goSplit) sendHedge() {
+	r := d.r
+	req := r.upstream(r.local, r.body)
+	ctx, cancel := context.WithCancelCause(r.ctx)
+	d.hedgeCancel = cancel
+	go func() {
+		a, err := r.openLocal(ctx, req)
+		d.hedges <- localOutcome{a, err}
+	}()
+}
+
+// dropHedge abandons the hedge's local leg before anything of it was
+// relayed, waiting for its goroutine when it still runs.
+func (d *goSplit) dropHedge() {
+	if d.hedgeCancel == nil {
+		return
+	}
+	o := d.hedgeOut
+	if o == nil {
+		d.hedgeCancel(split.ErrHedgeLost)
+		got := <-d.hedges
+		o = &got
+	}
+	d.hedgeCancel(nil)
+	d.hedgeCancel, d.hedgeOut = nil, nil
+	if o.a != nil {
+		o.a.discard()
+	}
+}
+
+// decode takes the prefill's handoff to the decode leg: the sidecar's own
+// KV pull and MoRI-IO's decode fields when they apply, the connector's
+// decode body, the leg relayed. A failure before anything reached the
+// client is returned as the machine's event.
+func (d *goSplit) decode(h connectors.Handoff) *split.Event {
+	r, p := d.r, d.r.p
+	var err error
+	if p.kv != nil {
+		if h, err = r.pullKV(h); err != nil {
+			err, recoverable := r.kvPullFailure(err)
+			return &split.Event{Kind: split.LegFailed, Err: err, Recoverable: recoverable}
+		}
+	}
+	if p.mori != nil {
+		// MoRI-IO write mode: the rank and fields of the decode leg.
+		if h.Params, err = r.moriDecodeParams(h.Params); err != nil {
+			return &split.Event{Kind: split.LegFailed, Err: err, Recoverable: true}
+		}
+	}
+	body, err := p.seq.DecodeBody(nil, r.api, r.body, h)
+	if err != nil {
+		return &split.Event{Kind: split.LegFailed, Err: err}
+	}
+	r.mode, r.handoff = metrics.ModeDisaggregated, &h
+	if err := r.decode(body, true); err != nil {
+		kvLoad := errors.Is(err, ErrKVLoadFailed)
+		if kvLoad {
+			r.handoff = nil // the decode engine read none of it
+		}
+		return &split.Event{Kind: split.LegFailed, Err: err, Recoverable: kvLoad}
+	}
+	d.answered = true
+	return nil
+}
+
+// heldAnswer is a local leg's answer on fasthttp's path, read up to the
+// point where it is ready to be relayed (a stream's first output, a JSON
+// answer whole) and held: nothing of it has reached the client. A hedge's
+// local leg is read so off the request's goroutine, then relayed
+// (commitLocal) or dropped (discard).
+type heldAnswer struct {
+	leg  *upstream.Leg
+	resp *fasthttp.Response
+	sent time.Time
+
+	er   *sse.Reader // a stream's reader (nil: a JSON answer)
+	held []byte      // a stream's events up to its first output
+
+	buf  []byte // a JSON answer's body
+	hold upstream.AnswerHold
+}
+
+// openLocal sends req, the client's body to the local engine, and reads its
+// answer up to its first output (a stream) or whole (JSON). It uses only
+// the request's immutable fields: it runs beside the prefill goroutine.
+func (r *request) openLocal(ctx context.Context, req *fasthttp.Request) (*heldAnswer, error) {
+	resp := fasthttp.AcquireResponse()
+	a := &heldAnswer{resp: resp, sent: time.Now()}
+	var err error
+	if r.stream && r.p.cfg.DecodeFirstByteTimeout > 0 {
+		a.leg, err = r.p.tr.StreamFirstByteTimeout(ctx, r.local, req, resp, r.p.cfg.DecodeFirstByteTimeout)
+	} else {
+		a.leg, err = r.p.tr.Stream(ctx, r.local, req, resp)
+	}
+	fasthttp.ReleaseRequest(req)
+	if err != nil {
+		fasthttp.ReleaseResponse(resp)
+		return nil, beforeOutputErr(err)
+	}
+	if !bytes.HasPrefix(resp.Header.ContentType(), eventStream) || upstream.Bodiless(resp.StatusCode()) {
+		a.buf, a.hold, err = a.leg.ReadAll(r.p.cfg.MaxUpstreamAnswerBytes)
+		a.leg.Close()
+		a.leg = nil
+		if err != nil {
+			a.discard()
+			return nil, decodeTransportErr(err)
+		}
+		return a, nil
+	}
+	a.er = r.eventReader(a.leg)
+	var errEvent bool
+	a.held, errEvent, err = readToOutput(a.er, r.api, nil)
+	switch {
+	case err != nil:
+		a.discard()
+		return nil, beforeOutputErr(endedEarly(r.local, "any output", err))
+	case errEvent:
+		a.discard()
+		return nil, fmt.Errorf("%w: the local stream began with an error event", ErrDecodeFailed)
+	}
+	return a, nil
+}
+
+// readToOutput reads a stream's events, appended to held, up to its first
+// output or error event (error reports the latter), or maxHeld bytes of
+// preamble.
+func readToOutput(er *sse.Reader, api connectors.API, held []byte) ([]byte, bool, error) {
+	for {
+		ev, err := er.Next()
+		if err != nil {
+			return held, false, err
+		}
+		held = append(held, ev...)
+		kind := connectors.EventPreamble
+		if d := sse.FirstData(ev); d != nil {
+			kind = connectors.ClassifyEvent(api, d)
+		}
+		if kind == connectors.EventPreamble && len(held) < maxHeld {
+			continue
+		}
+		return held, kind == connectors.EventError, nil
+	}
+}
+
+// discard drops a held answer the client never saw: its connection is
+// closed, so the engine aborts the request.
+func (a *heldAnswer) discard() {
+	if a.er != nil {
+		a.er.Release()
+		a.er = nil
+	}
+	if a.leg != nil {
+		a.leg.Close()
+		a.leg = nil
+	}
+	a.hold.Release()
+	fasthttp.ReleaseResponse(a.resp)
+}
+
+// commitLocal relays a held local answer as the request's answer, as
+// forward does: a stream from its held events on, a JSON answer whole.
+// cancel ends the leg's context once the answer is over.
+func (r *request) commitLocal(a *heldAnswer, cancel context.CancelCauseFunc) {
+	g := r.p.m.Inflight.WithLabelValues(metrics.PhaseLocal)
+	g.Inc()
+	r.decodeStarted(false)
+	if r.leftNow() {
+		g.Dec()
+		cancel(nil)
+		a.discard()
+		r.leftBeforeAnswer(ErrClientGone)
+		return
+	}
+	if a.er == nil {
+		defer g.Dec()
+		defer cancel(nil)
+		defer a.discard()
+		r.copyHead(a.resp)
+		r.rc.SetBody(a.buf)
+		r.jsonAnswered(a.resp.StatusCode())
+		return
+	}
+	a.leg.Began()
+	r.copyHead(a.resp)
+	r.p.m.Requests.WithLabelValues(r.mode, statusLabel(a.resp.StatusCode())).Inc()
+	r.obs.Status = a.resp.StatusCode()
+	r.streamBody(r.newSSEBody(a.er, a.leg, a.held, false, func() {
+		a.er.Release()
+		a.leg.Close()
+		fasthttp.ReleaseResponse(a.resp)
+		g.Dec()
+		cancel(nil)
+		r.finish()
+	}))
+}

@@ -1,0 +1,521 @@
+package inference
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/rs/zerolog"
+	"github.com/valyala/fasthttp"
+
+	"github.com/pd-sidecar/pd-sidecar/circuit"
+	"github.com/pd-sidecar/pd-sidecar/connectors"
+	"github.com/pd-sidecar/pd-sidecar/metrics"
+	"github.com/pd-sidecar/pd-sidecar/proxy/rawhttp"
+	"github.com/pd-sidecar/pd-sidecar/proxy/split"
+	"github.com/pd-sidecar/pd-sidecar/proxy/sserelay"
+	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"
+)
+
+// The lane's driver of the sequential split (split.Sequential), on the
+// event loop. The prefill leg goes out on a pooled connection to the
+// prefiller and its answer is read whole; the decode leg goes to the local
+// engine, its stream held until its first output so that a KV load
+// failure is recovered before the client saw anything. Timers and dials
+// come back to the loop (onLoop), and every event goes to the machine; the
+// driver only executes what it returns. Events that arise while actions
+// run (a send that fails at once) are queued and fed once they are done,
+// so the machine never sees an event in the middle of its own output.
+//
+// The hedge's local leg runs on a shadow laneConn: the request's, on the
+// same loop, with the client's descriptor but never writing to it, sharing
+// its primary's lock (laneConn.lock). It is the plain local leg
+// (decodeLeg), its stream held until its first output (sserelay.GateHolding), a
+// JSON answer read whole. Dropping it closes its connection, so the engine
+// aborts it; relaying it makes the primary adopt its stream, connection
+// and gauge, and relay from the held bytes on, as a local stream that
+// began.
+
+// laneSplits reports whether the lane serves P/D requests.
+func (p *Proxy) laneSplits() bool {
+	return p.seq != nil && p.choreo == connectors.ChoreographySequential && p.kv == nil && !p.cfg.Guard.TLS.Prefiller &&
+		p.mori == nil // MoRI-IO's legs are fasthttp's
+}
+
+// errHedgeAbandoned: a hedge's local leg ended by the sidecar (the loop
+// shutting down).
+var errHedgeAbandoned = errors.New("hedge's local leg abandoned")
+
+// lanePD is a split's state on the lane.
+type lanePD struct {
+	bufp  *[]byte
+	buf   []byte // start, then the client's body
+	start []byte // the legs' shared head start (rawhttp.AppendLegStart)
+
+	m       *split.Sequential
+	queue   []split.Event // events that arose while actions ran
+	feeding bool
+
+	body     []byte // the prefill leg's body, in scratch
+	scratch  *[]byte
+	tk       *circuit.Ticket // the prefiller's breaker, while the prefill runs
+	done     func(error)     // records the prefill's end (prefillStarted)
+	res      prefillResult   // the prefill's answer
+	timeout  *time.Timer     // --prefill-timeout
+	hedgeDue *time.Timer     // the hedge point
+	sent     time.Time       // the decode leg's start, for the KV handoff's duration
+
+	hedge *laneConn // the hedge's local leg's shadow, while it runs
+	// ready is the shadow's answer while it is handed to the primary: its
+	// stream's held bytes, or its JSON answer read whole.
+	readyHeld []byte
+	readyRaw  *rawhttp.Answer
+}
+
+// split begins the P/D split of the request, its prefiller named by hv.
+func (lc *laneConn) split(hv []byte) {
+	ll, r, p := lc.ll, lc.r, lc.ll.ln.p
+	pd := &lanePD{}
+	pd.bufp, pd.buf = p.bufs.GetChunk()
+	pd.buf = rawhttp.AppendLegStartStrip(pd.buf, &ll.req, p.legStrip)
+	n := len(pd.buf)
+	if lc.reqBody == nil { // the body is in the loop's buffer, which the next read overwrites: copied
+		pd.bufp, pd.buf = p.bufs.GrowChunk(pd.bufp, pd.buf, len(r.body))
+		pd.buf = append(pd.buf, r.body...)
+		r.body = pd.buf[n:]
+	}
+	pd.start = pd.buf[:n:n]
+	lc.pd = pd
+	if err := r.namePrefiller(hv); err != nil {
+		lc.fallback(err)
+		return
+	}
+	r.beginFeatures(&ll.req)
+	if r.splitDeclined() {
+		lc.serveLocal()
+		return
+	}
+	scratch, dst := p.bufs.EditScratch(len(r.body))
+	body, err := p.seq.PrefillBody(dst, r.api, r.body)
+	if err == nil {
+		body, err = r.editPrefill(body)
+	}
+	if err != nil {
+		err = fmt.Errorf("%w: %w", ErrBadRequest, err)
+	}
+	start, tk := r.splitStart(err)
+	if tk != nil {
+		pd.tk, pd.body, pd.scratch = tk, body, scratch
+	} else {
+		p.bufs.PutScratch(scratch)
+	}
+	pd.m = split.NewSequential(p.splitConfig())
+	pd.feeding = true
+	lc.execSplit(pd, pd.m.Start(start))
+	lc.drainSplit(pd)
+}
+
+// feedSplit gives the split's machine ev, unless actions are running (then
+// it is queued for when they are done).
+func (lc *laneConn) feedSplit(ev split.Event) {
+	pd := lc.pd
+	if pd == nil || pd.m == nil {
+		return
+	}
+	pd.queue = append(pd.queue, ev)
+	if pd.feeding {
+		return
+	}
+	pd.feeding = true
+	lc.drainSplit(pd)
+}
+
+// drainSplit feeds the queued events while the request is pd's.
+func (lc *laneConn) drainSplit(pd *lanePD) {
+	for lc.pd == pd && len(pd.queue) > 0 {
+		ev := pd.queue[0]
+		pd.queue = pd.queue[1:]
+		lc.execSplit(pd, pd.m.On(ev))
+	}
+	pd.feeding = false
+}
+
+// execSplit executes the machine's actions for the split pd.
+func (lc *laneConn) execSplit(pd *lanePD, acts []split.Action) {
+	ll, r, p := lc.ll, lc.r, lc.ll.ln.p
+	for _, a := range acts {
+		if lc.pd != pd {
+			return // the request ended meanwhile
+		}
+		switch a.Op {
+		case split.SendPrefill:
+			lc.sendPrefill(pd, a.Attempt)
+		case split.CancelPrefill:
+			if lc.prefill {
+				// Its connection closed, so the prefiller drops the
+				// request; a dial on its way is let go.
+				lc.dials++
+				lc.stopTimer()
+				lc.endUp(false)
+				lc.dropRaw()
+				lc.putSent()
+			}
+		case split.Arm:
+			lc.armSplit(pd, a.Timer, a.After)
+		case split.Disarm:
+			switch a.Timer {
+			case split.TimerPrefill:
+				pd.timeout.Stop()
+			case split.TimerHedge:
+				pd.hedgeDue.Stop()
+			case split.TimerBackoff:
+				lc.stopTimer()
+			}
+		case split.SendHedge:
+			h := &laneConn{ll: ll, cc: lc.cc, fd: lc.fd, keepAlive: lc.keepAlive, r: r, pd: pd, shadowOf: lc}
+			pd.hedge = h
+			h.decodeLeg(r.body, nil, false)
+		case split.DropHedge:
+			lc.dropHedge()
+		case split.RelayHedge:
+			lc.adoptHedge(pd)
+		case split.SendDecode:
+			scratch, dst := p.bufs.EditScratch(len(r.body))
+			body, err := p.seq.DecodeBody(dst, r.api, r.body, a.Handoff)
+			if err != nil {
+				p.bufs.PutScratch(scratch)
+				lc.feedSplit(split.Event{Kind: split.LegFailed, Err: err})
+				continue
+			}
+			pd.res.handoff = a.Handoff
+			r.mode, r.handoff = metrics.ModeDisaggregated, &pd.res.handoff
+			lc.decodeLeg(body, scratch, true)
+		case split.SendLocal:
+			r.handoff = nil
+			lc.decodeLeg(r.body, nil, false)
+		case split.AnswerPrefill:
+			ct, ans, err := r.prefillAnswer(pd.res)
+			if err != nil {
+				lc.feedSplit(split.Event{Kind: split.LegFailed, Err: err, Recoverable: true})
+				continue
+			}
+			lc.answerWhole(metrics.ModeDisaggregated, fasthttp.StatusOK, ct, ans)
+		case split.PassOn:
+			if rej := r.passingOn(a.Err); rej != nil {
+				lc.answerWhole(metrics.ModeDisaggregated, rej.status, rej.contentType, rej.body)
+				continue
+			}
+			lc.failWith(a.Err)
+		case split.Fail:
+			if r.ctx.Err() == nil { // not dropped: the client waits for it
+				lc.failWith(a.Err)
+			}
+
+		case split.PrefillBegan:
+			r.mode = metrics.ModeDisaggregated
+			lc.setGauge(ll.prefill)
+			pd.done = r.prefillStarted(time.Now())
+		case split.PrefillEnded:
+			lc.prefill = false
+			lc.putSent()
+			pd.done(a.Err)
+			lc.setGauge(nil)
+			p.bufs.PutScratch(pd.scratch)
+			pd.scratch, pd.body = nil, nil
+		default:
+			r.account(a, &pd.tk)
+		}
+	}
+}
+
+// sendPrefill sends the prefill leg: built the first time, sent again as
+// it was on a retry.
+func (lc *laneConn) sendPrefill(pd *lanePD, attempt int) {
+	if attempt > 0 {
+		lc.retried = false
+		lc.connect()
+		return
+	}
+	p := lc.ll.ln.p
+	lc.prefill = true
+	lc.sentp, lc.sent = p.bufs.GetChunk()
+	if len(p.prefillStrip) > 0 { // --prefill-strip-headers: the prefill leg's own head
+		lc.sent = rawhttp.AppendLegStartStrip(lc.sent, &lc.ll.req, p.prefillStrip)
+	} else {
+		lc.sent = append(lc.sent, pd.start...)
+	}
+	body, scratch := pd.body, pd.scratch
+	pd.scratch = nil // the leg holds it now (legTo)
+	lc.legTo(lc.r.prefiller, body, scratch)
+}
+
+// armSplit arms the split's timer t; it fires on the loop.
+func (lc *laneConn) armSplit(pd *lanePD, t split.Timer, d time.Duration) {
+	r := lc.r
+	fire := func() { lc.feedSplit(split.Event{Kind: split.TimerFired, Timer: t}) }
+	switch t {
+	case split.TimerPrefill:
+		pd.timeout = time.AfterFunc(d, func() { lc.onLoop(r, fire) })
+	case split.TimerHedge:
+		pd.hedgeDue = time.AfterFunc(d, func() { lc.onLoop(r, fire) })
+	case split.TimerBackoff:
+		lc.state = laneBackoff
+		lc.startTimer(d, fire)
+	}
+}
+
+// prefillHead begins reading the prefill's answer, whose head is in
+// ll.resp, rest the body bytes that came with it.
+func (lc *laneConn) prefillHead(rest []byte) {
+	lc.up.fresh = false
+	lc.head = nil
+	lc.state = laneAnswer
+	if lc.ll.resp.ConnectionClose() {
+		lc.up.keep = false
+	}
+	lc.readWhole(upstream.HeadDecoder(&lc.ll.resp), rest)
+}
+
+// prefillAnswered takes the prefill's answer, read whole.
+func (lc *laneConn) prefillAnswered(a *rawhttp.Answer) {
+	res, err := lc.r.prefillAnswered(a.Status, a.Head.ContentType(), a.Buf)
+	if err != nil {
+		lc.prefillFailed(err)
+		return
+	}
+	lc.pd.res = res
+	lc.feedSplit(split.Event{Kind: split.PrefillAnswered, Handoff: res.handoff})
+}
+
+// prefillFailed reports a failed prefill attempt.
+func (lc *laneConn) prefillFailed(err error) {
+	lc.head = lc.head[:0]
+	lc.feedSplit(split.Event{Kind: split.PrefillFailed, Err: err})
+}
+
+// serveLocal sends the request to the local engine, none prefilling it
+// remotely, its body as the request features edit it.
+func (lc *laneConn) serveLocal() {
+	body, err := lc.r.editLocal(lc.r.body)
+	if err != nil {
+		lc.failWith(fmt.Errorf("%w: %w", ErrBadRequest, err))
+		return
+	}
+	lc.decodeLeg(body, nil, false)
+}
+
+// fallback degrades the request to a local prefill with the client's
+// body, or answers the error: a split whose prefill did not begin.
+func (lc *laneConn) fallback(cause error) {
+	if !lc.r.degrade(cause) {
+		lc.failWith(cause)
+		return
+	}
+	lc.decodeLeg(lc.r.body, nil, false)
+}
+
+// remoteAnswered writes the decode leg's non-streamed answer, read whole,
+// as relayJSON does: a KV load failure goes to the split.
+func (lc *laneConn) remoteAnswered(a *rawhttp.Answer) {
+	r, p := lc.r, lc.ll.ln.p
+	r.kvHandoffDone(lc.pd.sent, a.Status == fasthttp.StatusOK)
+	if a.Status == fasthttp.StatusInternalServerError && r.kvLoadFailed() {
+		r.handoff = nil
+		lc.feedSplit(split.Event{Kind: split.LegFailed, Err: ErrKVLoadFailed, Recoverable: true})
+		return
+	}
+	buf := a.Buf
+	if a.Status == fasthttp.StatusOK && p.rewriter != nil {
+		buf = p.rewriter.RewriteAnswer(r.api, buf, *r.handoff)
+	}
+	r.jsonAnswered(a.Status)
+	lc.writeWhole(&a.Head, buf)
+}
+
+// gateStream holds the decode leg's stream back until its first output,
+// and gives it the cached_tokens rewrite.
+func (lc *laneConn) gateStream(ls *loopStream) {
+	r := lc.r
+	if rw := r.p.rewriter; rw != nil {
+		h := *r.handoff
+		ls.Rewrite = func(d []byte) []byte { return rw.RewriteAnswer(r.api, d, h) }
+	}
+	ls.Gate = sserelay.GateHolding
+	ls.gated = lc.gateDone
+}
+
+// gateDone decides on a held stream: relayed once its first output came;
+// a KV load failure goes to the split; a stream that ended with no output
+// is answered with the error.
+func (lc *laneConn) gateDone(g sserelay.Gate, held []byte) {
+	r, ls := lc.r, lc.ls
+	lc.stopTimer()
+	switch {
+	case g == sserelay.GateHolding: // ended with no output
+		lc.dropStream()
+		lc.feedSplit(split.Event{Kind: split.LegFailed, Err: decodeTransportErr(endedEarly(lc.r.local, "any output", ls.cut))})
+		return
+	case g == sserelay.GateError:
+		r.kvHandoffDone(lc.pd.sent, false)
+		if r.kvLoadFailed() {
+			lc.dropStream()
+			r.handoff = nil
+			lc.feedSplit(split.Event{Kind: split.LegFailed, Err: ErrKVLoadFailed, Recoverable: true})
+			return
+		}
+	default:
+		r.kvHandoffDone(lc.pd.sent, true)
+	}
+	r.p.m.Requests.WithLabelValues(r.mode, statusLabel(r.obs.Status)).Inc()
+	ls.MarkOutput()
+	lc.firstOutput()
+	ls.write(held)
+}
+
+// dropStream ends a held stream the client never saw: its leg is closed,
+// and the request goes on.
+func (lc *laneConn) dropStream() {
+	ls := lc.ls
+	ls.finished = true
+	ls.closeLeg(false)
+	lc.ls = nil
+	lc.state = laneSending
+	if lc.streamed {
+		lc.streamed = false
+		lc.r.p.m.LoopStreams.Dec()
+	}
+}
+
+// endSplit frees the split's state once the request is over.
+func (lc *laneConn) endSplit() {
+	pd := lc.pd
+	if pd == nil {
+		return
+	}
+	lc.pd = nil
+	if pd.timeout != nil {
+		pd.timeout.Stop()
+	}
+	if pd.hedgeDue != nil {
+		pd.hedgeDue.Stop()
+	}
+	bufs := &lc.ll.ln.p.bufs
+	bufs.PutScratch(pd.scratch)
+	bufs.PutChunk(pd.bufp, pd.buf)
+}
+
+// endSplitEarly tells the split that the request ends before its answer
+// began (the client left, the loop shuts down): the prefill's bookkeeping
+// ends with cause, and the hedge is dropped.
+func (lc *laneConn) endSplitEarly(cause error) {
+	if pd := lc.pd; pd != nil && pd.m != nil {
+		lc.execSplit(pd, pd.m.On(split.Event{Kind: split.ClientGone, Err: cause}))
+	}
+	lc.dropHedge()
+}
+
+// dropHedge ends the hedge's local leg, if any, before anything of it
+// reached the client: its connection is closed.
+func (lc *laneConn) dropHedge() {
+	pd := lc.pd
+	if pd == nil || pd.hedge == nil {
+		return
+	}
+	h := pd.hedge
+	pd.hedge = nil
+	h.stopTimer()
+	if h.ls != nil {
+		h.dropStream()
+	}
+	h.dropRaw()
+	h.endUp(false)
+	h.putSent()
+	h.setGauge(nil)
+	h.r, h.state = nil, laneGone
+}
+
+// hedgeFailed reports the hedge's local leg h failing before it was ready.
+func (lc *laneConn) hedgeFailed(h *laneConn, err error) {
+	if pd := lc.pd; pd != nil && pd.hedge == h {
+		lc.feedSplit(split.Event{Kind: split.HedgeFailed, Err: err})
+	}
+}
+
+// hedgeGated decides on the shadow's held stream: its first output came
+// (the hedge is ready), or it ended or erred without one (it failed).
+func (lc *laneConn) hedgeGated(g sserelay.Gate, held []byte) {
+	lc.stopTimer()
+	if g != sserelay.GateOutput {
+		lc.shadowOf.hedgeFailed(lc, fmt.Errorf("%w: %w", ErrDecodeFailed, lc.ls.endedBefore("the local stream ended or erred before any output")))
+		return
+	}
+	lc.shadowOf.hedgeReady(lc, held, nil)
+}
+
+// hedgeWhole takes the shadow's JSON answer, read whole: the hedge is
+// ready.
+func (lc *laneConn) hedgeWhole(h *laneConn, a *rawhttp.Answer) { lc.hedgeReady(h, nil, a) }
+
+// hedgeReady reports the hedge's local leg h ready: its stream's held
+// bytes, or its JSON answer a, wait in the split for the machine's word.
+func (lc *laneConn) hedgeReady(h *laneConn, held []byte, a *rawhttp.Answer) {
+	pd := lc.pd
+	if pd == nil || pd.hedge != h {
+		return
+	}
+	// Its bytes are the caller's only until it returns: the machine's
+	// word on them comes now (a shadow's answer never arrives while the
+	// primary's actions run).
+	pd.readyHeld, pd.readyRaw = held, a
+	lc.feedSplit(split.Event{Kind: split.HedgeReady})
+	pd.readyHeld, pd.readyRaw = nil, nil
+	if lc.pd == pd && pd.hedge == h { // not relayed: let go
+		lc.dropHedge()
+	}
+}
+
+// adoptHedge makes the hedge's local leg the request's answer: the
+// primary takes over the shadow's leg, gauge and stream (held bytes on),
+// or writes its JSON answer.
+func (lc *laneConn) adoptHedge(pd *lanePD) {
+	r, h := lc.r, pd.hedge
+	if h == nil {
+		return
+	}
+	pd.hedge = nil
+	lc.setGauge(nil)
+	lc.gauge, h.gauge = h.gauge, nil
+	h.stopTimer()
+	h.r, h.state = nil, laneGone
+	if a := pd.readyRaw; a != nil {
+		r.jsonAnswered(a.Status)
+		lc.writeWhole(&a.Head, a.Buf)
+		return
+	}
+	ls := h.ls
+	h.ls = nil
+	lc.up, h.up = h.up, nil
+	if u := lc.up; u != nil {
+		lc.ll.mu.Lock()
+		u.owner = lc
+		lc.ll.mu.Unlock()
+	}
+	lc.addr, lc.state = h.addr, laneAnswer
+	lc.streamed, h.streamed = h.streamed, false
+	lc.ls, ls.conns, ls.release = ls, lc, lc.finish
+	r.p.m.Requests.WithLabelValues(r.mode, statusLabel(r.obs.Status)).Inc()
+	ls.MarkOutput()
+	lc.firstOutput()
+	ls.write(pd.readyHeld)
+}
+
+// passingOn logs a prefiller's rejection passed on to the client, err (a
+// *rejected), and returns it (nil: err is none).
+func (r *request) passingOn(err error) *rejected {
+	var rej *rejected
+	if !errors.As(err, &rej) {
+		return nil
+	}
+	r.logAt(zerolog.InfoLevel).Int("status", rej.status).Msg("prefiller rejected the request; answer passed on")
+	return rej
+}

@@ -1,0 +1,220 @@
+package inference
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/pd-sidecar/pd-sidecar/netloop"
+	"github.com/pd-sidecar/pd-sidecar/proxy/clientconn"
+)
+
+// ErrDrainTimeout: requests were still in flight when --shutdown-grace ran
+// out.
+var ErrDrainTimeout = errors.New("shutdown grace ran out with requests in flight")
+
+// Run listens on every data-parallel rank's port (and the metrics port) and
+// serves until ctx is done; then it stops accepting, reports not ready, and
+// drains in-flight requests for up to ShutdownGrace. It returns an error
+// when a port cannot be bound, a server fails, or the drain timed out.
+func (p *Proxy) Run(ctx context.Context) error {
+	// The background work, until the shutdown begins or, for what the
+	// requests in flight use, until they have drained; stopped here as
+	// well when serving fails to start.
+	var bg workers
+	defer bg.stop()
+	for _, w := range p.background {
+		wctx := ctx
+		if w.throughDrain {
+			wctx = context.WithoutCancel(ctx)
+		}
+		bg.start(wctx, w)
+	}
+	var servers []*fasthttp.Server
+	var lns []net.Listener
+	closeAll := func() {
+		for _, ln := range lns {
+			_ = ln.Close()
+		}
+	}
+	listen := func(port int, h fasthttp.RequestHandler) error {
+		addr := net.JoinHostPort(p.cfg.Host, strconv.Itoa(port))
+		ln, err := net.Listen("tcp", addr)
+		if err != nil {
+			closeAll()
+			return err // "listen tcp <addr>: ...": it names the step and the address
+		}
+		lns = append(lns, ln)
+		servers = append(servers, p.newServer(h))
+		return nil
+	}
+	if p.cfg.StreamLoops > 0 {
+		g, err := netloop.NewGroup(p.cfg.StreamLoops)
+		switch {
+		case errors.Is(err, netloop.ErrUnsupported):
+			p.log.Info().Msg("no event loops on this platform: each open stream keeps its goroutine")
+		case err != nil:
+			return err
+		default:
+			p.loops = g
+			defer g.Close()
+		}
+	}
+	p.servers = make(map[string]*fasthttp.Server, p.cfg.DataParallelSize)
+	var lanes []*lane
+	defer func() {
+		for _, ln := range lanes {
+			ln.shutdown()
+		}
+	}()
+	var tails *clientconn.TailPool // the byte counts matter where connections move to the loops
+	if p.loops != nil {
+		tails = clientconn.NewTailPool(p.cfg.Guard.MaxHeaderBytes) // fasthttp's read buffer
+	}
+	for rank := range p.cfg.DataParallelSize {
+		if err := listen(p.cfg.Port+rank, p.Handler(rank)); err != nil {
+			return err
+		}
+		srv := servers[len(servers)-1]
+		p.servers[p.localAddr(rank)] = srv
+		// clientconn.Conns (streams and idle connections move to the event
+		// loops), under TLS with --secure-proxy (where they do not). No
+		// lane at trace level either: every leg is logged (observe.LogLeg).
+		var adopter clientconn.Adopter
+		if p.loops != nil && !p.guard.Secure() && !p.tr.UsesTLS(p.localAddr(rank)) && !p.logsLegs() {
+			ln := p.newLane(p.localAddr(rank), srv, p.loops.Loops())
+			lanes = append(lanes, ln)
+			adopter = ln
+		}
+		lns[len(lns)-1] = p.guard.WrapListener(clientconn.Listener{Listener: lns[len(lns)-1], Adopter: adopter, Tails: tails})
+		p.log.Info().Int("rank", rank).Int("port", p.cfg.Port+rank).Str("engine", p.localAddr(rank)).Msg("listening")
+	}
+	if p.cfg.MetricsPort != 0 {
+		if err := listen(p.cfg.MetricsPort, p.metricsPortHandler()); err != nil { // metricsPortHandler
+			return err
+		}
+	}
+	errc := make(chan error, len(servers))
+	for i, s := range servers {
+		go func() { errc <- s.Serve(lns[i]) }()
+	}
+	var err error
+	select {
+	case <-ctx.Done():
+	case err = <-errc:
+		err = fmt.Errorf("serve: %w", err)
+	}
+	p.draining.Store(true)
+	p.log.Info().Str("grace", p.cfg.ShutdownGrace.String()).Msg("shutting down: draining in-flight requests")
+	for _, ln := range lanes {
+		ln.shutdown()
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), p.cfg.ShutdownGrace)
+	defer cancel()
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	for _, s := range servers {
+		wg.Go(func() {
+			if e := s.ShutdownWithContext(sctx); e != nil && errors.Is(e, context.DeadlineExceeded) {
+				mu.Lock()
+				err = errors.Join(err, ErrDrainTimeout)
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	// The requests carried by the event loops are the servers' no more.
+	for p.loopRequests.Load() > 0 && sctx.Err() == nil {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if n := p.loopRequests.Load(); n > 0 {
+		p.log.Warn().Int64("requests", n).Msg("shutdown grace ran out: closing the requests on the event loops")
+		if !errors.Is(err, ErrDrainTimeout) {
+			err = errors.Join(err, ErrDrainTimeout)
+		}
+	}
+	if p.loops != nil {
+		p.loops.Close() // ends what is left
+	}
+	// The release legs still in flight, the probes, the warm-ups and the
+	// MoRI-IO revalidations, in that order, before the transports close.
+	bg.stop()
+	p.tr.Close()
+	if p.encTr != nil {
+		p.encTr.Close()
+	}
+	p.log.Info().Err(err).Msg("stopped")
+	return err
+}
+
+// serverName is the Server header of every answer.
+const serverName = "pd-sidecar"
+
+func (p *Proxy) newServer(h fasthttp.RequestHandler) *fasthttp.Server {
+	return &fasthttp.Server{
+		// Request bodies are reserved from --max-buffered-bytes as their
+		// head arrives (guard.BodyHolds).
+		Handler:            p.guard.Bodies().Handler(h),
+		HeaderReceived:     p.guard.Bodies().HeaderReceived,
+		Name:               serverName,
+		MaxRequestBodySize: p.cfg.MaxRequestBodyBytes,
+		ReadTimeout:        p.cfg.Guard.ReadTimeout,
+		IdleTimeout:        p.cfg.Guard.IdleTimeout,
+		ReadBufferSize:     p.cfg.Guard.MaxHeaderBytes,
+		// Each open stream holds this writer; answers are headers and SSE
+		// chunks, flushed one by one, and longer writes bypass it.
+		WriteBufferSize: 2 << 10,
+		ErrorHandler:    p.serverError, // JSON 413/431/408/400 (reject)
+		CloseOnShutdown: true,
+		// An open stream then holds no read buffer (its request was read
+		// whole), and an idle keep-alive connection holds no request
+		// context either.
+		ReduceMemoryUsage:     true,
+		NoDefaultServerHeader: true,
+		// fasthttp's errors then quote less of a request; fasthttpLogger
+		// and serverError quote none of it.
+		SecureErrorLogMessage: true,
+		Logger:                fasthttpLogger{p},
+	}
+}
+
+// fasthttpLogger routes fasthttp's own messages to zerolog.
+type fasthttpLogger struct{ p *Proxy }
+
+// Printf implements fasthttp.Logger. The end of fasthttp's part in a
+// stream handed to an event loop is no error; an error is logged as
+// clientconn.LogSafe says it (never with the request's bytes).
+func (l fasthttpLogger) Printf(format string, args ...any) {
+	for i, a := range args {
+		if err, ok := a.(error); ok {
+			if errors.Is(err, errHandedOver) {
+				return
+			}
+			args[i] = clientconn.LogSafe(err)
+		}
+	}
+	l.p.log.Warn().Msgf(format, args...)
+}
+
+// connDone passes on a client connection whose answer an event loop
+// finished: to its next request (keep), on the lane or else (no lane, or
+// the answer was a P/D one the lane does not serve: Conn.NextAdopter)
+// fasthttp's server of engine local; or closed.
+func (p *Proxy) connDone(cc *clientconn.Conn, local string, keep bool) {
+	a := cc.NextAdopter()
+	switch {
+	case !keep:
+		_ = cc.TCPConn.Close()
+	case a != nil:
+		a.Adopt(cc)
+	default:
+		srv := p.servers[local]
+		go func() { _ = srv.ServeConn(cc) }()
+	}
+}

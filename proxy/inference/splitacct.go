@@ -1,0 +1,64 @@
+package inference
+
+import (
+	"github.com/rs/zerolog"
+
+	"github.com/pd-sidecar/pd-sidecar/circuit"
+	"github.com/pd-sidecar/pd-sidecar/proxy/split"
+)
+
+// What both drivers of a split share: how a request names its prefiller,
+// how a split begins (the hedge point, the breaker's verdict), and the
+// accounting actions of split.Sequential (counters, log lines, the
+// breaker's ticket), done the same way whichever path serves the request.
+
+// namePrefiller takes the prefiller that x-prefiller-host-port value hv
+// names, checked against the allowlist; an error is the reason to fall
+// back (the request names one all the same).
+func (r *request) namePrefiller(hv []byte) error {
+	p := r.p
+	r.named = true
+	hp, err := p.pickAllowed(hv)
+	r.prefiller, r.label = hp, p.prefillerLabel(hp, err)
+	r.logReady = false // the request's logger gets the prefiller field
+	return err
+}
+
+// splitStart is how the request's sequential split begins: its hedge
+// point, when it may be hedged, and the prefiller's circuit breaker asked
+// for the prefill, unless bodyErr says its body could not be built. tk is
+// the breaker's ticket (nil: no prefill is sent, start.NoPrefill says why).
+func (r *request) splitStart(bodyErr error) (start split.Start, tk *circuit.Ticket) {
+	p := r.p
+	// Every split refills the hedge budget, hedged or not.
+	if after, ok := p.hedge.Split(r.label); ok && p.hedgeable() {
+		start.HedgeAfter, start.TakeHedge = after, p.hedge.Take
+	}
+	if bodyErr != nil {
+		start.NoPrefill = bodyErr
+		return start, nil
+	}
+	tk, err := p.guard.AllowPrefill(r.prefiller)
+	start.NoPrefill = err
+	return start, tk
+}
+
+// account does an accounting action of the split; tk is the breaker's
+// ticket the split holds, cleared once its outcome is reported.
+func (r *request) account(a split.Action, tk **circuit.Ticket) {
+	switch a.Op {
+	case split.BreakerDone:
+		r.p.guard.BreakerDone(r.prefiller, *tk, a.Err)
+		*tk = nil
+	case split.Retrying:
+		r.retrying(a.Attempt, a.Err)
+	case split.Degraded:
+		r.degraded(a.Reason, a.Err)
+	case split.HedgeWon:
+		r.hedgeWon(a.Winner, a.After)
+	case split.HedgeLocalFailed:
+		if !r.gone() {
+			r.logAt(zerolog.WarnLevel).Err(a.Err).Msg("hedge: local prefill failed; waiting for the prefill")
+		}
+	}
+}
