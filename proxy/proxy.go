@@ -12,10 +12,13 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
+	"github.com/valyala/fasthttp"
 
 	"github.com/pd-sidecar/pd-sidecar/connectors"
+	"github.com/pd-sidecar/pd-sidecar/kvtransfer"
 	"github.com/pd-sidecar/pd-sidecar/metrics"
 	"github.com/pd-sidecar/pd-sidecar/proxy/inference"
+	"github.com/pd-sidecar/pd-sidecar/proxy/lane"
 )
 
 // The sidecar's types, as proxy/inference declares them.
@@ -31,7 +34,6 @@ type (
 	Observer          = inference.Observer
 	P2PConfig         = inference.P2PConfig
 	PassthroughConfig = inference.PassthroughConfig
-	Proxy             = inference.Proxy
 	RequestReport     = inference.RequestReport
 	TLSConfig         = inference.TLSConfig
 )
@@ -135,8 +137,57 @@ var (
 // New returns a Proxy. cfg must be valid (see Config.Validate); m holds the
 // collectors, gatherer is what /metrics exports, log receives JSON logs.
 func New(cfg Config, conn connectors.Connector, m *metrics.Metrics, gatherer prometheus.Gatherer, log zerolog.Logger) (*Proxy, error) {
-	return inference.New(cfg, conn, m, gatherer, log)
+	p, err := inference.New(cfg, conn, m, gatherer, log)
+	if err != nil {
+		return nil, err
+	}
+	p.UseLanes(lane.New)
+	return &Proxy{p: p}, nil
 }
+
+// Proxy serves the sidecar's routes: fasthttp's goroutine driver and, where
+// the event loops run, the lane. Create it with New.
+type Proxy struct{ p *inference.Proxy }
+
+// Run listens on every data-parallel rank's port (and the metrics port) and
+// serves until ctx is done; then it stops accepting, reports not ready, and
+// drains in-flight requests for up to ShutdownGrace. It returns an error
+// when a port cannot be bound, a server fails, or the drain timed out.
+func (p *Proxy) Run(ctx context.Context) error { return p.p.Run(ctx) }
+
+// Handler returns the request handler of data-parallel rank r: the same
+// proxy, with rank r's local engine as decoder and passthrough target.
+func (p *Proxy) Handler(rank int) fasthttp.RequestHandler { return p.p.Handler(rank) }
+
+// SetExtras installs optional collaborators. Call it before Run.
+func (p *Proxy) SetExtras(e Extras) { p.p.SetExtras(e) }
+
+// EnableKVPull makes the proxy pull the KV itself between prefill and
+// decode. The connector must have the sidecar-pull ability. Call it before
+// Run.
+func (p *Proxy) EnableKVPull(cfg KVPullConfig, puller *kvtransfer.Puller, m *metrics.KVPull) error {
+	return p.p.EnableKVPull(cfg, puller, m)
+}
+
+// RunKVProbes probes the KV agents of recently used prefillers every
+// interval into pd_sidecar_kv_probe_latency_seconds, until ctx ends. A
+// no-op unless EnableKVPull was called.
+func (p *Proxy) RunKVProbes(ctx context.Context, every time.Duration) { p.p.RunKVProbes(ctx, every) }
+
+// CircuitState reports the circuit-breaker state of prefiller (host:port):
+// "closed", "open" or "half_open"; with --circuit-probe-interval, an open
+// circuit being probed reads "open (probing)", and one a probe found back
+// "open (probe up)". "" when no breaker is configured (status.CircuitStates).
+func (p *Proxy) CircuitState(prefiller string) string { return p.p.CircuitState(prefiller) }
+
+// CircuitLastProbe is when prefiller's open circuit was last probed (zero:
+// not since it opened, or no breaker); status.CircuitStates.
+func (p *Proxy) CircuitLastProbe(prefiller string) time.Time { return p.p.CircuitLastProbe(prefiller) }
+
+// NotePrefiller tells the proxy that hostport (host:port) is a prefiller
+// now (the InferencePool watcher's new Ready pod): with --prefill-prewarm
+// it is warmed up, even when seen before. It never blocks.
+func (p *Proxy) NotePrefiller(hostport string) { p.p.NotePrefiller(hostport) }
 
 // DefaultConfig returns the defaults, drop-in compatible with llm-d's
 // pd-sidecar where the flags overlap.

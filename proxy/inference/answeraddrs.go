@@ -29,7 +29,7 @@ import (
 // upstream peer (host:port), that SSRF protection refuses; ok is true when
 // none is refused, or SSRF protection is off.
 func (p *Proxy) refusedAddr(peer string, addrs []connectors.Addr) (refused connectors.Addr, ok bool) {
-	al := p.cfg.Guard.Allowlist
+	al := p.Cfg.Guard.Allowlist
 	if al == nil || len(addrs) == 0 {
 		return connectors.Addr{}, true
 	}

@@ -77,18 +77,18 @@ func TestCheckHandoffAddrs(t *testing.T) {
 // nothing of it for a release leg.
 func TestPrefillAnsweredChecksAddrs(t *testing.T) {
 	p := allowlistProxy(t, "10.0.0.9:8000")
-	r := &request{p: p, prefiller: "10.0.0.9:8000", api: connectors.APICompletions}
+	r := &Request{P: p, Prefiller: "10.0.0.9:8000", Api: connectors.APICompletions}
 	answer := func(host string) []byte {
 		return []byte(`{"choices":[{"text":"a","finish_reason":"length"}],"kv_transfer_params":{"do_remote_prefill":true,` +
 			`"remote_block_ids":[[1]],"remote_engine_id":"e","remote_request_id":"r","remote_host":"` + host + `","remote_port":5600}}`)
 	}
-	res, err := r.prefillAnswered(200, []byte("application/json"), answer("10.0.0.9"))
+	res, err := r.PrefillAnswered(200, []byte("application/json"), answer("10.0.0.9"))
 	require.NoError(t, err)
-	assert.Equal(t, []connectors.Addr{{Field: "kv_transfer_params.remote_host", Host: "10.0.0.9", Port: 5600}}, res.handoff.Addrs)
+	assert.Equal(t, []connectors.Addr{{Field: "kv_transfer_params.remote_host", Host: "10.0.0.9", Port: 5600}}, res.Handoff.Addrs)
 
-	r.kvPending = nil
-	res, err = r.prefillAnswered(200, []byte("application/json"), answer("10.0.0.66"))
+	r.KvPending = nil
+	res, err = r.PrefillAnswered(200, []byte("application/json"), answer("10.0.0.66"))
 	require.ErrorIs(t, err, connectors.ErrInvalidKVParams)
-	assert.Nil(t, res.handoff.Params)
-	assert.Nil(t, r.kvPending, "no release leg for a refused handoff")
+	assert.Nil(t, res.Handoff.Params)
+	assert.Nil(t, r.KvPending, "no release leg for a refused handoff")
 }

@@ -21,5 +21,5 @@ func bootstrapTransportErr(addr string, err error) error {
 	if errors.Is(err, upstream.ErrBadUpstreamAnswer) {
 		return fmt.Errorf("%w: %w", ErrBootstrapFailed, ue)
 	}
-	return prefillTransportErr(ue) // unreachable, timed out: as the prefiller
+	return PrefillTransportErr(ue) // unreachable, timed out: as the prefiller
 }

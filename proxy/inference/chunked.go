@@ -11,6 +11,7 @@ import (
 	"github.com/pd-sidecar/pd-sidecar/connectors"
 	"github.com/pd-sidecar/pd-sidecar/connectors/nixlv2"
 	"github.com/pd-sidecar/pd-sidecar/metrics"
+
 	// chunkdec: the package's tests declare a chunked (an HTTP chunked body).
 	"github.com/pd-sidecar/pd-sidecar/proxy/chunked"
 	"github.com/pd-sidecar/pd-sidecar/proxy/clientconn"
@@ -28,7 +29,7 @@ import (
 // decode runs the decode of body on the local engine: chunked when
 // chunkPlanFor says so, else one request relayed as it comes (forward,
 // whose contract it has).
-func (r *request) decode(body []byte, remote bool) error {
+func (r *Request) decode(body []byte, remote bool) error {
 	plan, ok := r.chunkPlanFor(body, remote)
 	if !ok {
 		return r.forward(body, remote)
@@ -38,10 +39,10 @@ func (r *request) decode(body []byte, remote bool) error {
 
 // chunkPlanFor reports whether the decode of body is chunked, and how: a
 // request chunked decode applies to, whose body chunked.PlanFor cuts.
-func (r *request) chunkPlanFor(body []byte, remote bool) (chunked.Plan, bool) {
-	n := r.p.cfg.DecodeChunkSize
-	if n <= 0 || r.api != connectors.APIChat || r.rc == nil ||
-		(remote && r.p.conn.Name() != nixlv2.Name) ||
+func (r *Request) chunkPlanFor(body []byte, remote bool) (chunked.Plan, bool) {
+	n := r.P.Cfg.DecodeChunkSize
+	if n <= 0 || r.Api != connectors.APIChat || r.rc == nil ||
+		(remote && r.P.conn.Name() != nixlv2.Name) ||
 		len(r.rc.Request.Header.Peek(HeaderDataParallel)) > 0 {
 		return chunked.Plan{}, false
 	}
@@ -50,22 +51,22 @@ func (r *request) chunkPlanFor(body []byte, remote bool) (chunked.Plan, bool) {
 
 // decodeChunked runs a chunked decode (chunked.Run, whose contract it
 // has).
-func (r *request) decodeChunked(body []byte, remote bool, plan chunked.Plan) error {
+func (r *Request) decodeChunked(body []byte, remote bool, plan chunked.Plan) error {
 	phase := metrics.PhaseLocal
 	if remote {
 		phase = metrics.PhaseDecode
 	}
-	g := r.p.m.Inflight.WithLabelValues(phase)
-	r.decodeStarted(remote)
+	g := r.P.M.Inflight.WithLabelValues(phase)
+	r.DecodeStarted(remote)
 	return chunked.Run(chunked.Deps{
-		Metrics:      r.p.m.Chunked,
+		Metrics:      r.P.M.Chunked,
 		BadRequest:   ErrBadRequest,
 		DecodeFailed: ErrDecodeFailed,
 		ClientGone:   ErrClientGone,
 		KVLoadFailed: ErrKVLoadFailed,
 		ErrorBody:    chunkErrorBody,
 	}, chunkRequest{r}, chunked.Job{
-		Plan: plan, Body: body, Stream: r.stream, Usage: r.usage, Remote: remote, Inflight: g,
+		Plan: plan, Body: body, Stream: r.Stream, Usage: r.usage, Remote: remote, Inflight: g,
 	})
 }
 
@@ -74,38 +75,38 @@ func (r *request) decodeChunked(body []byte, remote bool, plan chunked.Plan) err
 func chunkErrorBody(err error) []byte {
 	var cf *chunked.Failed
 	if errors.As(err, &cf) {
-		return errorBody(cf.Status, err)
+		return ErrorBody(cf.Status, err)
 	}
-	return errorBody(classify(err).status, err)
+	return ErrorBody(classify(err).Status, err)
 }
 
 // chunkRequest is a request's part in its chunked decode.
-type chunkRequest struct{ r *request }
+type chunkRequest struct{ r *Request }
 
 // Send implements chunked.Request: the chunk's leg to the local engine,
 // its answer read whole.
 func (c chunkRequest) Send(body []byte, handoff bool) (chunked.Answer, error) {
 	r := c.r
-	req := r.upstream(r.local, body)
+	req := r.upstream(r.Local, body)
 	resp := fasthttp.AcquireResponse()
 	defer fasthttp.ReleaseResponse(resp)
 	sent := time.Now()
-	hold, err := r.p.tr.Do(r.ctx, r.local, req, resp)
+	hold, err := r.P.Tr.Do(r.Ctx, r.Local, req, resp)
 	fasthttp.ReleaseRequest(req)
 	if err != nil {
-		return chunked.Answer{}, decodeTransportErr(err)
+		return chunked.Answer{}, DecodeTransportErr(err)
 	}
 	defer hold.Release()
 	st := resp.StatusCode()
 	if handoff {
-		r.kvHandoffDone(sent, st == fasthttp.StatusOK)
-		if st == fasthttp.StatusInternalServerError && r.kvLoadFailed() {
+		r.KvHandoffDone(sent, st == fasthttp.StatusOK)
+		if st == fasthttp.StatusInternalServerError && r.KvLoadFailed() {
 			return chunked.Answer{}, ErrKVLoadFailed
 		}
 	}
 	buf := resp.Body()
-	if st == fasthttp.StatusOK && handoff && r.p.rewriter != nil {
-		buf = r.p.rewriter.RewriteAnswer(r.api, buf, *r.handoff)
+	if st == fasthttp.StatusOK && handoff && r.P.Rewriter != nil {
+		buf = r.P.Rewriter.RewriteAnswer(r.Api, buf, *r.Handoff)
 	}
 	return chunked.Answer{Status: st, ContentType: string(resp.Header.ContentType()), Body: append([]byte(nil), buf...)}, nil
 }
@@ -119,7 +120,7 @@ func (c chunkRequest) Answer(status int, contentType string, body []byte) {
 	if contentType == "text/event-stream" {
 		r.rc.Response.Header.Set("Cache-Control", "no-cache")
 	}
-	r.answer(r.mode, status, contentType, body)
+	r.answer(r.Mode, status, contentType, body)
 }
 
 // Stream implements chunked.Request: it answers 200 and hands body to
@@ -133,7 +134,7 @@ func (c chunkRequest) Stream(body io.ReadCloser) bool {
 	rc.SetStatusCode(fasthttp.StatusOK)
 	rc.SetContentType("text/event-stream")
 	rc.Response.Header.Set("Cache-Control", "no-cache")
-	r.answerCounted(r.mode, fasthttp.StatusOK)
+	r.AnswerCounted(r.Mode, fasthttp.StatusOK)
 	if r.watch.Stop() {
 		rc.SetConnectionClose()
 	}
@@ -146,7 +147,7 @@ func (c chunkRequest) Stream(body io.ReadCloser) bool {
 func (c chunkRequest) Watch() func() bool {
 	r := c.r
 	release := clientconn.Hold(r.rc) // the handler returned: the watch's read is no request boundary
-	w := r.p.armer.Watch(r.rc.Conn(), r.cancel, time.Now())
+	w := r.P.armer.Watch(r.rc.Conn(), r.Cancel, time.Now())
 	return func() bool {
 		pipelined := w.Stop()
 		release()
@@ -169,9 +170,9 @@ func (c chunkRequest) Finish(pipelined bool) {
 }
 
 // Report implements chunked.Request.
-func (c chunkRequest) Report(chunks int) { c.r.obs.Chunks = chunks }
+func (c chunkRequest) Report(chunks int) { c.r.Obs.Chunks = chunks }
 
 // Log implements chunked.Request.
-func (c chunkRequest) Log(l zerolog.Level) *zerolog.Event { return c.r.logAt(l) }
+func (c chunkRequest) Log(l zerolog.Level) *zerolog.Event { return c.r.LogAt(l) }
 
 var _ chunked.Request = chunkRequest{}

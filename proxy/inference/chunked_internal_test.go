@@ -10,14 +10,14 @@ import (
 	"github.com/pd-sidecar/pd-sidecar/connectors"
 )
 
-func chunkTestRequest(n int, api connectors.API, header ...string) *request {
+func chunkTestRequest(n int, api connectors.API, header ...string) *Request {
 	cfg := DefaultConfig()
 	cfg.DecodeChunkSize = n
 	rc := &fasthttp.RequestCtx{}
 	for i := 0; i+1 < len(header); i += 2 {
 		rc.Request.Header.Set(header[i], header[i+1])
 	}
-	return &request{p: &Proxy{cfg: cfg}, rc: rc, api: api}
+	return &Request{P: &Proxy{Cfg: cfg}, rc: rc, Api: api}
 }
 
 // TestChunkPlan: which requests a chunked decode applies to; how their

@@ -58,7 +58,7 @@ func TestCircuitProberOverGuard(t *testing.T) {
 	for range 2 {
 		tk, err := g.AllowPrefill(hp)
 		require.NoError(t, err)
-		g.BreakerDone(hp, tk, prefillTransportErr(errors.New("connect: connection refused")))
+		g.BreakerDone(hp, tk, PrefillTransportErr(errors.New("connect: connection refused")))
 	}
 	require.Equal(t, circuit.Open, g.CircuitInfo(hp).State)
 	require.Equal(t, 1.0, testutil.ToFloat64(m.CircuitOpen))

@@ -19,17 +19,17 @@ import (
 // It reports whether the request was served; false lets the sequential
 // handoff run (always for Sequential connectors, and for DecodeFirst ones
 // when the request is not tried on the decode engine first or was declined).
-func (r *request) choreograph() bool {
-	if m := r.p.mori; m != nil && m.cfg.ParallelDispatch {
+func (r *Request) choreograph() bool {
+	if m := r.P.Mori; m != nil && m.cfg.ParallelDispatch {
 		r.serveMoriParallel() // MoRI-IO parallel dispatch
 		return true
 	}
-	switch r.p.choreo {
+	switch r.P.Choreo {
 	case connectors.ChoreographyConcurrent:
-		r.serveConcurrent(r.p.conn.(connectors.Concurrent))
+		r.serveConcurrent(r.P.conn.(connectors.Concurrent))
 		return true
 	case connectors.ChoreographyDecodeFirst:
-		return r.serveDecodeFirst(r.p.conn.(connectors.DecodeFirst))
+		return r.serveDecodeFirst(r.P.conn.(connectors.DecodeFirst))
 	}
 	return false
 }
@@ -40,36 +40,36 @@ func (r *request) choreograph() bool {
 // breaker is asked first, as on the sequential path; its bootstrap server
 // (Mooncake's) is asked next; a failure of either, or legs that cannot be
 // built, decides the request before any leg is sent.
-func (r *request) serveConcurrent(cc connectors.Concurrent) {
-	p := r.p
+func (r *Request) serveConcurrent(cc connectors.Concurrent) {
+	p := r.P
 	d := r.newPaired(split.PairedConfig{})
 	var start split.PairedStart
 	var pre, dec []byte
-	host, portStr, _ := net.SplitHostPort(r.prefiller)
+	host, portStr, _ := net.SplitHostPort(r.Prefiller)
 	forget := func() {}
-	tk, err := p.guard.AllowPrefill(r.prefiller)
+	tk, err := p.Guard.AllowPrefill(r.Prefiller)
 	start.NoLegs = err
 	if err == nil {
 		d.tk = tk
 		pr := connectors.Pairing{PrefillHost: host, Room: randomRoom(), TransferID: transferID()}
-		if p.cfg.P2P.Enabled {
+		if p.Cfg.P2P.Enabled {
 			port, _ := strconv.Atoi(portStr)
 			pr.KVRequestID, pr.PrefillP2PPort, pr.Source = newUUID(), p.p2pPort(port), r.kvSourcePeer()
 		}
 		if bs, ok := cc.(connectors.Bootstrapper); ok {
 			forget = func() { p.boot.Forget(bs.BootstrapAddr(host)) }
-			b, err := p.boot.Get(r.ctx, p.tr, bs, host, p.cfg.PrefillTimeout)
+			b, err := p.boot.Get(r.Ctx, p.Tr, bs, host, p.Cfg.PrefillTimeout)
 			pr.Bootstrap = b
 			if err != nil {
 				start.NoLegs, start.NoLegsReport = err, err
 			}
 		}
 		if start.NoLegs == nil {
-			if pre, dec, err = cc.Legs(r.api, r.body, pr); err != nil {
+			if pre, dec, err = cc.Legs(r.Api, r.Body, pr); err != nil {
 				start.NoLegs, start.NoLegsReport = err, ErrBadRequest
 			} else {
-				r.mode = metrics.ModeDisaggregated
-				r.logAt(zerolog.DebugLevel).Uint64("bootstrap_room", pr.Room).Str("transfer_id", pr.TransferID).Msg("concurrent prefill and decode legs")
+				r.Mode = metrics.ModeDisaggregated
+				r.LogAt(zerolog.DebugLevel).Uint64("bootstrap_room", pr.Room).Str("transfer_id", pr.TransferID).Msg("concurrent prefill and decode legs")
 			}
 		}
 	}

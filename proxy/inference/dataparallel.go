@@ -17,7 +17,7 @@ import (
 
 // dpPod is this pod's data-parallel ranks.
 func (p *Proxy) dpPod() dprank.Pod {
-	return dprank.Pod{Port: p.cfg.Port, Size: p.cfg.DataParallelSize, PodIP: p.cfg.PodIP, Host: p.cfg.Host}
+	return dprank.Pod{Port: p.Cfg.Port, Size: p.Cfg.DataParallelSize, PodIP: p.Cfg.PodIP, Host: p.Cfg.Host}
 }
 
 // ownHost reports whether host names this pod (dprank.Pod.OwnHost).
@@ -26,20 +26,20 @@ func (p *Proxy) ownHost(host string) bool { return p.dpPod().OwnHost(host) }
 // pickRank points r's decode legs at the rank its x-data-parallel-host-port
 // names (none: r's own rank). An unknown value is counted and refused
 // before any leg.
-func (r *request) pickRank(h *fasthttp.RequestHeader) error {
+func (r *Request) pickRank(h *fasthttp.RequestHeader) error {
 	v := h.Peek(HeaderDataParallel)
 	if v == nil {
 		return nil
 	}
-	rank, err := r.p.dpPod().Rank(v)
+	rank, err := r.P.dpPod().Rank(v)
 	if err != nil {
-		r.p.m.Guards.Rejected.WithLabelValues(metrics.RejectUnknownRank).Inc()
+		r.P.M.Guards.Rejected.WithLabelValues(metrics.RejectUnknownRank).Inc()
 		return err
 	}
-	local := r.p.localAddr(rank)
-	if local != r.local {
-		r.logAt(zerolog.DebugLevel).Str("engine", local).Msg("x-data-parallel-host-port: decoded by another rank's engine")
+	local := r.P.localAddr(rank)
+	if local != r.Local {
+		r.LogAt(zerolog.DebugLevel).Str("engine", local).Msg("x-data-parallel-host-port: decoded by another rank's engine")
 	}
-	r.local = local
+	r.Local = local
 	return nil
 }

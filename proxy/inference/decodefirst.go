@@ -36,7 +36,7 @@ const (
 
 // goDecodeFirst is one request's decode-first attempt on fasthttp's path.
 type goDecodeFirst struct {
-	r  *request
+	r  *Request
 	df connectors.DecodeFirst
 	m  *split.DecodeFirst
 
@@ -64,9 +64,9 @@ type firstAnswer struct {
 // means it was not tried, or was declined, and the sequential handoff runs
 // with r.body replaced by the connector's AfterDecline body (so a local
 // fallback cannot be declined again).
-func (r *request) serveDecodeFirst(df connectors.DecodeFirst) bool {
+func (r *Request) serveDecodeFirst(df connectors.DecodeFirst) bool {
 	d := &goDecodeFirst{r: r, df: df, m: split.NewDecodeFirst()}
-	for next := d.exec(d.m.Start(df.TryDecodeFirst(r.api, r.body))); next != nil; {
+	for next := d.exec(d.m.Start(df.TryDecodeFirst(r.Api, r.Body))); next != nil; {
 		next = d.exec(d.on(*next))
 	}
 	return d.answered
@@ -101,22 +101,22 @@ func (d *goDecodeFirst) exec(acts []split.Action) *split.Event {
 			d.answered = true
 			d.relay()
 		case split.BuildAfterDecline:
-			body, err := d.df.AfterDecline(nil, r.api, r.body)
+			body, err := d.df.AfterDecline(nil, r.Api, r.Body)
 			if err != nil {
 				next = &split.Event{Kind: split.AfterDeclineFailed, Err: err}
 				continue
 			}
-			r.body = body
+			r.Body = body
 			next = &split.Event{Kind: split.AfterDeclineBuilt}
 		case split.RunSplit:
 			if a.Reason == split.DecodeFirstDeclined {
-				r.logAt(zerolog.InfoLevel).Msg("decode engine declined (cache_threshold): prefill on the prefiller, then decode")
+				r.LogAt(zerolog.InfoLevel).Msg("decode engine declined (cache_threshold): prefill on the prefiller, then decode")
 			}
 		case split.Fail:
 			d.answered = true
-			r.fail(a.Err)
+			r.Fail(a.Err)
 		case split.DecodeFirstCounted:
-			r.p.m.DecodeFirst.WithLabelValues(a.Reason).Inc()
+			r.P.M.DecodeFirst.WithLabelValues(a.Reason).Inc()
 		}
 	}
 	return next
@@ -128,16 +128,16 @@ func (d *goDecodeFirst) exec(acts []split.Action) *split.Event {
 // a failed leg is let go.
 func (d *goDecodeFirst) send() split.Event {
 	r := d.r
-	g := r.p.m.Inflight.WithLabelValues(metrics.PhaseLocal)
+	g := r.P.M.Inflight.WithLabelValues(metrics.PhaseLocal)
 	g.Inc()
-	req := r.upstream(r.local, r.body)
+	req := r.upstream(r.Local, r.Body)
 	resp := fasthttp.AcquireResponse()
 	var leg *upstream.Leg
 	var err error
-	if r.stream && r.p.cfg.DecodeFirstByteTimeout > 0 {
-		leg, err = r.p.tr.StreamFirstByteTimeout(r.ctx, r.local, req, resp, r.p.cfg.DecodeFirstByteTimeout)
+	if r.Stream && r.P.Cfg.DecodeFirstByteTimeout > 0 {
+		leg, err = r.P.Tr.StreamFirstByteTimeout(r.Ctx, r.Local, req, resp, r.P.Cfg.DecodeFirstByteTimeout)
 	} else {
-		leg, err = r.p.tr.Stream(r.ctx, r.local, req, resp)
+		leg, err = r.P.Tr.Stream(r.Ctx, r.Local, req, resp)
 	}
 	fasthttp.ReleaseRequest(req)
 	if err != nil {
@@ -146,16 +146,16 @@ func (d *goDecodeFirst) send() split.Event {
 		return split.Event{Kind: split.FirstLegFailed, Err: beforeOutputErr(err)}
 	}
 	a := &firstAnswer{leg: leg, resp: resp, g: g}
-	if !bytes.HasPrefix(resp.Header.ContentType(), eventStream) {
-		a.buf, a.hold, err = leg.ReadAll(r.p.cfg.MaxUpstreamAnswerBytes)
+	if !bytes.HasPrefix(resp.Header.ContentType(), EventStream) {
+		a.buf, a.hold, err = leg.ReadAll(r.P.Cfg.MaxUpstreamAnswerBytes)
 		leg.Close()
 		a.leg = nil
 		if err != nil {
 			a.drop()
-			return split.Event{Kind: split.FirstLegFailed, Err: decodeTransportErr(err)}
+			return split.Event{Kind: split.FirstLegFailed, Err: DecodeTransportErr(err)}
 		}
 		d.a = a
-		if resp.StatusCode() == fasthttp.StatusOK && d.df.Declined(r.api, a.buf) {
+		if resp.StatusCode() == fasthttp.StatusOK && d.df.Declined(r.Api, a.buf) {
 			return split.Event{Kind: split.FirstAnswerDeclined}
 		}
 		return split.Event{Kind: split.FirstAnswerReady}
@@ -179,11 +179,11 @@ func (d *goDecodeFirst) readSSE(a *firstAnswer) split.Event {
 		}
 		a.held = append(a.held, ev...)
 		data := sse.FirstData(ev)
-		if data != nil && d.df.Declined(r.api, data) {
+		if data != nil && d.df.Declined(r.Api, data) {
 			d.a = a
 			return split.Event{Kind: split.FirstAnswerDeclined}
 		}
-		if (data == nil || connectors.ClassifyEvent(r.api, data) == connectors.EventPreamble) && len(a.held) < maxHeld {
+		if (data == nil || connectors.ClassifyEvent(r.Api, data) == connectors.EventPreamble) && len(a.held) < maxHeld {
 			continue
 		}
 		break
@@ -216,17 +216,17 @@ func (d *goDecodeFirst) relay() {
 		st := a.resp.StatusCode()
 		r.copyHead(a.resp)
 		r.rc.SetBody(a.buf)
-		r.p.m.TTFT.WithLabelValues(r.mode).Observe(time.Since(r.start).Seconds())
-		r.p.m.Requests.WithLabelValues(r.mode, statusLabel(st)).Inc()
-		r.obs.Status = st
-		r.logAt(zerolog.InfoLevel).Str("mode", r.mode).Int("status", st).Msg("answered by the decode engine first")
+		r.P.M.TTFT.WithLabelValues(r.Mode).Observe(time.Since(r.Start).Seconds())
+		r.P.M.Requests.WithLabelValues(r.Mode, StatusLabel(st)).Inc()
+		r.Obs.Status = st
+		r.LogAt(zerolog.InfoLevel).Str("mode", r.Mode).Int("status", st).Msg("answered by the decode engine first")
 		return
 	}
 	a.leg.Began()
 	r.copyHead(a.resp)
-	r.p.m.Requests.WithLabelValues(r.mode, statusLabel(a.resp.StatusCode())).Inc()
-	r.obs.Status = a.resp.StatusCode()
-	r.logAt(zerolog.InfoLevel).Str("mode", r.mode).Msg("streaming the decode engine's first answer")
+	r.P.M.Requests.WithLabelValues(r.Mode, StatusLabel(a.resp.StatusCode())).Inc()
+	r.Obs.Status = a.resp.StatusCode()
+	r.LogAt(zerolog.InfoLevel).Str("mode", r.Mode).Msg("streaming the decode engine's first answer")
 	r.streamBody(r.newSSEBody(a.er, a.leg, a.held, false, func() {
 		a.er.Release()
 		a.leg.Close()

@@ -77,15 +77,15 @@ func newEncoderStage(p *Proxy) *encoder.Stage {
 		return nil
 	}
 	return encoder.New(encoder.Deps{
-		Config:      p.cfg.Encoder,
+		Config:      p.Cfg.Encoder,
 		Transport:   p.encTr,
-		Allowlist:   p.cfg.Guard.Allowlist,
+		Allowlist:   p.Cfg.Guard.Allowlist,
 		RefusedAddr: p.refusedAddr,
 		Inject: func(ctx context.Context, h *fasthttp.RequestHeader) {
 			p.trace.Inject(ctx, h) // set by SetExtras, after New
 		},
 		BadRequest: ErrBadRequest,
-		Metrics:    p.m.Encoder,
+		Metrics:    p.M.Encoder,
 	})
 }
 
@@ -93,30 +93,30 @@ func newEncoderStage(p *Proxy) *encoder.Stage {
 // encoders: r.body continues as the stage leaves it, and the request's
 // report says the stage's outcome. A failure is the request's error under
 // --on-encoder-failure error; under local the request continues.
-func (r *request) encode() error {
-	if r.p.enc == nil {
+func (r *Request) encode() error {
+	if r.P.enc == nil {
 		return nil
 	}
 	vs := r.rc.Request.Header.PeekAll(HeaderEncoders)
 	if len(vs) == 0 {
 		return nil
 	}
-	body, outcome, err := r.p.enc.Run(r.ctx, encoder.Request{
-		ID: r.id, Body: r.body, Encoders: vs,
-		Log: r.logAt, Logger: r.logger, Span: r.encoderSpan,
+	body, outcome, err := r.P.enc.Run(r.Ctx, encoder.Request{
+		ID: r.Id, Body: r.Body, Encoders: vs,
+		Log: r.LogAt, Logger: r.logger, Span: r.encoderSpan,
 	})
 	if outcome != "" {
-		r.obs.Encoder = outcome // the status view's
+		r.Obs.Encoder = outcome // the status view's
 	}
 	if err != nil {
 		return err
 	}
-	r.body = body
+	r.Body = body
 	return nil
 }
 
 // encoderSpan starts the span of one of r's encoder legs (nil, nil
 // without a tracer).
-func (r *request) encoderSpan() (context.Context, trace.Span) {
-	return r.obs.Child(SpanEncode, trace.SpanKindClient)
+func (r *Request) encoderSpan() (context.Context, trace.Span) {
+	return r.Obs.Child(SpanEncode, trace.SpanKindClient)
 }

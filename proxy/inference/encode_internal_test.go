@@ -28,7 +28,7 @@ func TestEncoderErrorsClassified(t *testing.T) {
 		{fmt.Errorf("%w for item 1: %w", ErrEncoderFailed, ErrEncoderTimeout), 502},
 		{fmt.Errorf("%w for item 0: %w", ErrEncoderFailed, fmt.Errorf("%w: %w", ErrBadRequest, connectors.ErrBadBody)), 400},
 	} {
-		assert.Equal(t, tc.status, classify(tc.err).status, "%v", tc.err)
+		assert.Equal(t, tc.status, classify(tc.err).Status, "%v", tc.err)
 	}
 }
 
@@ -69,11 +69,11 @@ func TestEncodeRequest(t *testing.T) {
 			if tc.encoders != "" {
 				rc.Request.Header.Set(HeaderEncoders, tc.encoders)
 			}
-			r := p.startRequest([]byte("rid"), &rc.Request.Header, []byte(tc.body), "127.0.0.1:1", connectors.APIChat)
+			r := p.StartRequest([]byte("rid"), &rc.Request.Header, []byte(tc.body), "127.0.0.1:1", connectors.APIChat)
 			r.rc = &rc
-			defer r.cancel(context.Canceled)
+			defer r.Cancel(context.Canceled)
 			if tc.gone {
-				r.cancel(ErrClientGone)
+				r.Cancel(ErrClientGone)
 			}
 			err := r.encode()
 			if tc.err != nil {
@@ -81,8 +81,8 @@ func TestEncodeRequest(t *testing.T) {
 			} else {
 				require.NoError(t, err)
 			}
-			assert.Equal(t, tc.outcome, r.obs.Encoder)
-			assert.Equal(t, tc.threshold, gjson.GetBytes(r.body, "cache_hit_threshold").Raw == "0", "%s", r.body)
+			assert.Equal(t, tc.outcome, r.Obs.Encoder)
+			assert.Equal(t, tc.threshold, gjson.GetBytes(r.Body, "cache_hit_threshold").Raw == "0", "%s", r.Body)
 		})
 	}
 }

@@ -100,7 +100,7 @@ const (
 // outcome is what the proxy does about an error.
 type outcome struct {
 	// status is the HTTP status to answer with when not falling back.
-	status int
+	Status int
 	// reason is the fallback reason label ("" when the error is no reason
 	// to fall back to local prefill).
 	reason string
@@ -108,7 +108,7 @@ type outcome struct {
 	retry bool
 	// retryAfter: the answer says Retry-After (a refusal for want of
 	// buffer room; set by request.failure).
-	retryAfter bool
+	RetryAfter bool
 }
 
 // Precedences of the outcomes that win wherever they stand in an error
@@ -126,7 +126,7 @@ const (
 // proxy named by foreignOutcome.
 func classify(err error) outcome {
 	o := failure.Of(err, foreignOutcome)
-	return outcome{status: o.Status, reason: o.Reason, retry: o.Retry}
+	return outcome{Status: o.Status, reason: o.Reason, retry: o.Retry}
 }
 
 // foreignOutcome is the outcome of a sentinel of a package the proxy
@@ -167,7 +167,7 @@ func foreignOutcome(err error) (failure.Outcome, bool) {
 // classify maps (the fallback reason) around an upstream.UpstreamError of the
 // prefiller (or of the role err names already: its bootstrap server). An
 // error named so already is returned as it is.
-func prefillTransportErr(err error) error {
+func PrefillTransportErr(err error) error {
 	var ue *upstream.UpstreamError
 	named := errors.As(err, &ue)
 	switch {
@@ -192,7 +192,7 @@ func prefillTransportErr(err error) error {
 // decodeTransportErr names a failed exchange with the local engine: the
 // sentinel classify maps (the status) around an upstream.UpstreamError of the local
 // engine. An error named so already is returned as it is.
-func decodeTransportErr(err error) error {
+func DecodeTransportErr(err error) error {
 	var ue *upstream.UpstreamError
 	named := errors.As(err, &ue)
 	switch {

@@ -31,17 +31,17 @@ var ErrEventTooLong = sse.ErrEventTooLong
 // event past the bound. It may run on any goroutine (a hedge's local leg
 // is read beside the request's), so it logs with the request id, not
 // through the request's own logger.
-func (r *request) eventRefused() {
-	r.p.m.Upstream.Refused.WithLabelValues(metrics.UpstreamEngine, metrics.RefusedEventTooLong).Inc()
-	r.p.log.Error().Str("request_id", r.id).Str("upstream", metrics.UpstreamEngine).Str("reason", metrics.RefusedEventTooLong).
-		Int("max_sse_event_bytes", sse.Bound(r.p.cfg.MaxSSEEventBytes)).
+func (r *Request) eventRefused() {
+	r.P.M.Upstream.Refused.WithLabelValues(metrics.UpstreamEngine, metrics.RefusedEventTooLong).Inc()
+	r.P.Log.Error().Str("request_id", r.Id).Str("upstream", metrics.UpstreamEngine).Str("reason", metrics.RefusedEventTooLong).
+		Int("max_sse_event_bytes", sse.Bound(r.P.Cfg.MaxSSEEventBytes)).
 		Msg("upstream SSE event longer than --max-sse-event-bytes: stream refused, upstream connection closed")
 }
 
 // eventReader reads the local engine's stream on leg, bounded by
 // --max-sse-event-bytes, a refusal counted.
-func (r *request) eventReader(leg *upstream.Leg) *sse.Reader {
-	er := sse.NewReader(leg, &r.p.bufs, r.p.cfg.MaxSSEEventBytes)
+func (r *Request) eventReader(leg *upstream.Leg) *sse.Reader {
+	er := sse.NewReader(leg, &r.P.Bufs, r.P.Cfg.MaxSSEEventBytes)
 	er.Refused = r.eventRefused
 	return er
 }

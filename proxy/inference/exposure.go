@@ -53,11 +53,11 @@ func (p *Proxy) serveOwn(rc *fasthttp.RequestCtx, local string) bool {
 	switch string(path) {
 	case "/health", "/ready":
 	case "/metrics":
-		if p.cfg.MetricsPort != 0 {
+		if p.Cfg.MetricsPort != 0 {
 			return false
 		}
 	case debugPath:
-		if p.cfg.MetricsPort != 0 || p.ext.Debug == nil {
+		if p.Cfg.MetricsPort != 0 || p.ext.Debug == nil {
 			return false
 		}
 	default:
@@ -100,7 +100,7 @@ func (p *Proxy) metricsPortHandler() fasthttp.RequestHandler {
 		if h == nil {
 			rc.SetStatusCode(fasthttp.StatusNotFound)
 			rc.SetContentType("application/json")
-			rc.SetBody(errorBody(fasthttp.StatusNotFound, ErrNotOnMetricsPort))
+			rc.SetBody(ErrorBody(fasthttp.StatusNotFound, ErrNotOnMetricsPort))
 			return
 		}
 		if v := p.pass.Own(string(rc.Method())); !v.Pass() {
@@ -121,15 +121,15 @@ func (p *Proxy) refusePassthrough(rc *fasthttp.RequestCtx, v passpolicy.Verdict)
 		reason = metrics.RejectMethodNotAllowed
 		rc.Response.Header.Set(fasthttp.HeaderAllow, v.Allow)
 	}
-	p.m.Guards.Rejected.WithLabelValues(reason).Inc()
+	p.M.Guards.Rejected.WithLabelValues(reason).Inc()
 	id := requestID(rc.Request.Header.Peek(HeaderRequestID))
 	rc.Response.Header.Set(HeaderRequestID, id)
-	p.log.Warn().Err(v.Err).Str("request_id", id).Str("reason", reason).Int("status", v.Status).
+	p.Log.Warn().Err(v.Err).Str("request_id", id).Str("reason", reason).Int("status", v.Status).
 		Str("method", logPath(rc.Method())).Str("path", logPath(rc.Path())).
 		Str("remote", rc.RemoteAddr().String()).Msg("request rejected")
 	rc.SetStatusCode(v.Status)
 	rc.SetContentType("application/json")
-	rc.SetBody(errorBody(v.Status, v.Err))
+	rc.SetBody(ErrorBody(v.Status, v.Err))
 }
 
 // maxLoggedPath bounds a path quoted in a log line.

@@ -18,7 +18,7 @@ type requestFeature interface {
 	// begin returns the feature's part in request r, whose head is h
 	// (nil: nothing to do for it). It may count and log; it must not
 	// keep h, which the lane reuses for the next request.
-	begin(r *request, h *fasthttp.RequestHeader) featureUse
+	begin(r *Request, h *fasthttp.RequestHeader) featureUse
 }
 
 // featureUse is a feature's part in one request. Its abilities:
@@ -32,7 +32,7 @@ type splitDecliner interface{ declinesSplit() bool }
 // prefillEditor edits the body of the prefill leg (after the connector
 // built it); an error fails the request as a bad request.
 type prefillEditor interface {
-	editPrefill(body []byte) ([]byte, error)
+	EditPrefill(body []byte) ([]byte, error)
 }
 
 // localEditor edits the body of a request the local engine prefills
@@ -40,12 +40,12 @@ type prefillEditor interface {
 // error fails the request as a bad request. A fallback's local leg is
 // the client's own body, unedited.
 type localEditor interface {
-	editLocal(body []byte) ([]byte, error)
+	EditLocal(body []byte) ([]byte, error)
 }
 
 // beginFeatures asks every feature for its part in r, whose head is h.
-func (r *request) beginFeatures(h *fasthttp.RequestHeader) {
-	for _, f := range r.p.features {
+func (r *Request) BeginFeatures(h *fasthttp.RequestHeader) {
+	for _, f := range r.P.features {
 		if u := f.begin(r, h); u != nil {
 			r.uses = append(r.uses, u)
 		}
@@ -54,7 +54,7 @@ func (r *request) beginFeatures(h *fasthttp.RequestHeader) {
 
 // splitDeclined reports whether a feature serves r locally instead of
 // splitting it.
-func (r *request) splitDeclined() bool {
+func (r *Request) SplitDeclined() bool {
 	for _, u := range r.uses {
 		if d, ok := u.(splitDecliner); ok && d.declinesSplit() {
 			return true
@@ -64,11 +64,11 @@ func (r *request) splitDeclined() bool {
 }
 
 // editPrefill gives the prefill leg's body to every feature that edits it.
-func (r *request) editPrefill(body []byte) ([]byte, error) {
+func (r *Request) EditPrefill(body []byte) ([]byte, error) {
 	for _, u := range r.uses {
 		if e, ok := u.(prefillEditor); ok {
 			var err error
-			if body, err = e.editPrefill(body); err != nil {
+			if body, err = e.EditPrefill(body); err != nil {
 				return nil, err
 			}
 		}
@@ -78,11 +78,11 @@ func (r *request) editPrefill(body []byte) ([]byte, error) {
 
 // editLocal gives the body of a request served locally to every feature
 // that edits it.
-func (r *request) editLocal(body []byte) ([]byte, error) {
+func (r *Request) EditLocal(body []byte) ([]byte, error) {
 	for _, u := range r.uses {
 		if e, ok := u.(localEditor); ok {
 			var err error
-			if body, err = e.editLocal(body); err != nil {
+			if body, err = e.EditLocal(body); err != nil {
 				return nil, err
 			}
 		}

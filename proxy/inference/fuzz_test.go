@@ -49,7 +49,7 @@ func FuzzSSEErrorEvent(f *testing.F) {
 	f.Add("stream broke off", 502)
 	f.Add("\"quoted\" \x00 \u2028 \xff", 500)
 	f.Fuzz(func(t *testing.T, msg string, status int) {
-		ev := sse.ErrorEvent(errorBody(status, errors.New(msg)))
+		ev := sse.ErrorEvent(ErrorBody(status, errors.New(msg)))
 		d := sse.FirstData(ev)
 		if !json.Valid(d) {
 			t.Fatalf("invalid error event %q", ev)

@@ -63,7 +63,7 @@ func newGuard(cfg GuardConfig, maxBody int, m *metrics.Guards, log zerolog.Logge
 // overloaded answers 503 when --max-concurrent-requests are in flight.
 func (p *Proxy) overloaded(rc *fasthttp.RequestCtx) {
 	p.reject(rc, metrics.RejectOverloaded, fasthttp.StatusServiceUnavailable,
-		fmt.Errorf("%w (--max-concurrent-requests %d)", ErrOverloaded, p.cfg.Guard.MaxConcurrentRequests))
+		fmt.Errorf("%w (--max-concurrent-requests %d)", ErrOverloaded, p.Cfg.Guard.MaxConcurrentRequests))
 	rc.Response.Header.Set("Retry-After", "1")
 }
 
@@ -71,7 +71,7 @@ func (p *Proxy) overloaded(rc *fasthttp.RequestCtx) {
 // Retry-After, counted as buffered_bytes.
 func (p *Proxy) bufferFull(rc *fasthttp.RequestCtx) {
 	p.reject(rc, metrics.RejectBufferedBytes, fasthttp.StatusServiceUnavailable,
-		fmt.Errorf("%w (--max-buffered-bytes %d)", upstream.ErrBufferBudget, p.cfg.Guard.MaxBufferedBytes))
+		fmt.Errorf("%w (--max-buffered-bytes %d)", upstream.ErrBufferBudget, p.Cfg.Guard.MaxBufferedBytes))
 	rc.Response.Header.Set("Retry-After", "1")
 }
 
@@ -80,14 +80,14 @@ func (p *Proxy) bufferFull(rc *fasthttp.RequestCtx) {
 // the head was read and it is valid, else a new one; the answer carries
 // it too.
 func (p *Proxy) reject(rc *fasthttp.RequestCtx, reason string, status int, err error) {
-	p.m.Guards.Rejected.WithLabelValues(reason).Inc()
+	p.M.Guards.Rejected.WithLabelValues(reason).Inc()
 	id := requestID(rc.Request.Header.Peek(HeaderRequestID))
 	rc.Response.Header.Set(HeaderRequestID, id)
-	p.log.Warn().Err(err).Str("request_id", id).Str("reason", reason).Int("status", status).
+	p.Log.Warn().Err(err).Str("request_id", id).Str("reason", reason).Int("status", status).
 		Str("remote", rc.RemoteAddr().String()).Msg("request rejected")
 	rc.SetStatusCode(status)
 	rc.SetContentType("application/json")
-	rc.SetBody(errorBody(status, err))
+	rc.SetBody(ErrorBody(status, err))
 }
 
 // serverError answers what fasthttp could not read or parse, as JSON
@@ -96,7 +96,7 @@ func (p *Proxy) serverError(rc *fasthttp.RequestCtx, err error) {
 	if c, ok := rc.Conn().(*clientconn.Conn); ok {
 		c.Linger() // the request may not have been read whole
 	}
-	if p.guard.Bodies().ErrorClaim(rc) {
+	if p.Guard.Bodies().ErrorClaim(rc) {
 		p.bufferFull(rc)
 		return
 	}
@@ -105,13 +105,13 @@ func (p *Proxy) serverError(rc *fasthttp.RequestCtx, err error) {
 	switch {
 	case errors.Is(err, fasthttp.ErrBodyTooLarge):
 		p.reject(rc, metrics.RejectBodyTooLarge, fasthttp.StatusRequestEntityTooLarge,
-			fmt.Errorf("%w (--max-request-body-bytes %d)", ErrBodyTooLarge, p.cfg.MaxRequestBodyBytes))
+			fmt.Errorf("%w (--max-request-body-bytes %d)", ErrBodyTooLarge, p.Cfg.MaxRequestBodyBytes))
 	case errors.As(err, &small):
 		p.reject(rc, metrics.RejectHeadersTooLarge, fasthttp.StatusRequestHeaderFieldsTooLarge,
-			fmt.Errorf("%w (--max-header-bytes %d)", ErrHeadersTooLarge, p.cfg.Guard.MaxHeaderBytes))
+			fmt.Errorf("%w (--max-header-bytes %d)", ErrHeadersTooLarge, p.Cfg.Guard.MaxHeaderBytes))
 	case errors.Is(err, os.ErrDeadlineExceeded) || errors.As(err, &ne) && ne.Timeout():
 		p.reject(rc, metrics.RejectReadTimeout, fasthttp.StatusRequestTimeout,
-			fmt.Errorf("%w (--read-timeout %v)", ErrReadTimeout, p.cfg.Guard.ReadTimeout))
+			fmt.Errorf("%w (--read-timeout %v)", ErrReadTimeout, p.Cfg.Guard.ReadTimeout))
 	default:
 		// Never the parser's own message: it quotes the request (clientconn.SafeParseError).
 		p.reject(rc, metrics.RejectMalformed, fasthttp.StatusBadRequest, fmt.Errorf("%w: %w", ErrMalformed, clientconn.SafeParseError(err)))
@@ -122,11 +122,11 @@ func (p *Proxy) serverError(rc *fasthttp.RequestCtx, err error) {
 // protection on, checks it against the allowlist (guard.AdmitPrefiller); a
 // denied one is counted and answered 403 by the caller (classify).
 func (p *Proxy) pickAllowed(hv []byte) (string, error) {
-	hp, err := pickPrefiller(hv, p.cfg.PrefillerSampling)
+	hp, err := pickPrefiller(hv, p.Cfg.PrefillerSampling)
 	if err != nil {
 		return hp, err
 	}
-	if err := p.guard.AdmitPrefiller(hp); err != nil {
+	if err := p.Guard.AdmitPrefiller(hp); err != nil {
 		return hp, err
 	}
 	p.warm.Saw(hp, false) // a new prefiller is warmed up (prewarm.Warmer)
@@ -139,7 +139,7 @@ func (p *Proxy) prefillerLabel(hp string, err error) string {
 	if err != nil {
 		return ""
 	}
-	return p.m.Prefillers.Label(hp)
+	return p.M.Prefillers.Label(hp)
 }
 
 // breakerResult is what a prefill outcome says about the prefiller's
@@ -162,7 +162,7 @@ func breakerResult(err error) circuit.Result {
 
 // localAddrs are the local engine addresses of every data-parallel rank.
 func (p *Proxy) localAddrs() []string {
-	out := make([]string, p.cfg.DataParallelSize)
+	out := make([]string, p.Cfg.DataParallelSize)
 	for r := range out {
 		out[r] = p.localAddr(r)
 	}

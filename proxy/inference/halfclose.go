@@ -15,14 +15,14 @@ import "github.com/pd-sidecar/pd-sidecar/proxy/clientconn"
 // the connection since (clientconn.PeerClosed), in which case the request
 // is cancelled as the watch would have. The caller answers nothing then
 // (the request ends as leftBeforeAnswer ends it).
-func (r *request) leftNow() bool {
+func (r *Request) leftNow() bool {
 	switch {
 	case r.gone():
 		return true
 	case r.rc == nil || r.detached:
 		return false
 	case clientconn.PeerClosed(r.rc.Conn()):
-		r.cancel(ErrClientGone)
+		r.Cancel(ErrClientGone)
 		return true
 	}
 	return false

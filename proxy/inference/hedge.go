@@ -30,7 +30,7 @@ var errHedgeLost = split.ErrHedgeLost
 // sidecar's own KV pull follow the prefill, and the local leg would have
 // to undo them).
 func (p *Proxy) hedgeable() bool {
-	return p.hedge != nil && p.mori == nil && p.kv == nil
+	return p.hedge != nil && p.Mori == nil && p.Kv == nil
 }
 
 // localOutcome is what the local leg of a hedged request ends with.
@@ -41,11 +41,11 @@ type localOutcome struct {
 
 // hedgeWon counts a hedge's winner and the time its loser ran, and logs a
 // prefill that answered first.
-func (r *request) hedgeWon(winner string, loserRan time.Duration) {
+func (r *Request) hedgeWon(winner string, loserRan time.Duration) {
 	if winner == split.WinnerLocal {
-		r.p.hedge.Won(metrics.HedgeLocal, loserRan)
+		r.P.hedge.Won(metrics.HedgeLocal, loserRan)
 		return
 	}
-	r.p.hedge.Won(metrics.HedgeRemote, loserRan)
-	r.logAt(zerolog.InfoLevel).Msg("hedge: the prefill answered first; local prefill cancelled")
+	r.P.hedge.Won(metrics.HedgeRemote, loserRan)
+	r.LogAt(zerolog.InfoLevel).Msg("hedge: the prefill answered first; local prefill cancelled")
 }

@@ -1,22 +1,14 @@
 package inference
 
 import (
-	"bufio"
 	"bytes"
 	"fmt"
 	"io"
-	"strconv"
-	"strings"
 	"testing"
-
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/rs/zerolog"
 
 	"github.com/pd-sidecar/pd-sidecar/connectors"
 	"github.com/pd-sidecar/pd-sidecar/connectors/nixlv2"
 	"github.com/pd-sidecar/pd-sidecar/httpbody"
-	"github.com/pd-sidecar/pd-sidecar/metrics"
-	"github.com/pd-sidecar/pd-sidecar/proxy/rawhttp"
 	"github.com/pd-sidecar/pd-sidecar/proxy/sse"
 	"github.com/pd-sidecar/pd-sidecar/proxy/sserelay"
 )
@@ -125,7 +117,7 @@ func BenchmarkLoopStreamRelay(b *testing.B) {
 	b.SetBytes(int64(len(stream)))
 	b.ReportAllocs()
 	for b.Loop() {
-		ls := loopStream{Stream: sserelay.Stream{Body: httpbody.New(httpbody.Chunked, 0)}}
+		ls := LoopStream{Stream: sserelay.Stream{Body: httpbody.New(httpbody.Chunked, 0)}}
 		for rest := framed; len(rest) > 0; {
 			n := min(len(rest), 4<<10)
 			var err error
@@ -137,39 +129,5 @@ func BenchmarkLoopStreamRelay(b *testing.B) {
 		if !ls.Body.Done() {
 			b.Fatal("body not done")
 		}
-	}
-}
-
-// BenchmarkLaneHeads is the lane's head work for one request: the client's
-// request parsed and checked, the request's state begun and its upstream
-// head built; the engine's answer head parsed and the client's written.
-func BenchmarkLaneHeads(b *testing.B) {
-	p := &Proxy{cfg: DefaultConfig(), m: metrics.New(prometheus.NewRegistry(), 0), log: zerolog.Nop()}
-	ll := &laneLoop{ln: &lane{p: p, local: "127.0.0.1:8000"}, br: bufio.NewReaderSize(nil, p.cfg.Guard.MaxHeaderBytes)}
-	ll.req.DisableNormalizing()
-	ll.resp.DisableNormalizing()
-	body := `{"model":"m","messages":[{"role":"user","content":"` + strings.Repeat("word ", 128) + `"}],"max_tokens":16,"stream":true}`
-	req := []byte("POST /v1/chat/completions HTTP/1.1\r\nHost: sidecar:8000\r\nUser-Agent: pd-bench\r\nContent-Type: application/json\r\n" +
-		"Accept: */*\r\nX-Request-Id: 0123456789abcdef\r\nContent-Length: " + strconv.Itoa(len(body)) + "\r\n\r\n" + body)
-	answer := []byte("HTTP/1.1 200 OK\r\ndate: Mon, 30 Nov 2026 00:00:00 GMT\r\nserver: uvicorn\r\ncontent-type: text/event-stream; charset=utf-8\r\n" +
-		"cache-control: no-cache\r\nx-request-id: 0123456789abcdef\r\ntransfer-encoding: chunked\r\n\r\n")
-	var sent, out []byte
-	b.ReportAllocs()
-	for b.Loop() {
-		api, reqBody, lr, ok := ll.parse(req)
-		if !ok {
-			b.Fatal("not served by the lane")
-		}
-		r := p.startRequest(lr.ID, &ll.req, reqBody, ll.ln.local, api)
-		sent = append(rawhttp.AppendLegHead(sent[:0], &ll.req, r.local, r.id, len(reqBody)), reqBody...)
-		ll.resp.Reset()
-		ll.rd.Reset(answer)
-		ll.br.Reset(&ll.rd)
-		if err := ll.resp.Read(ll.br); err != nil {
-			b.Fatal(err)
-		}
-		lc := &laneConn{ll: ll, r: r, keepAlive: true}
-		out = lc.appendHead(out[:0], &ll.resp, -1)
-		r.cancel(nil)
 	}
 }

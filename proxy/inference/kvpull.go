@@ -36,40 +36,40 @@ func (p *Proxy) EnableKVPull(cfg KVPullConfig, puller *kvtransfer.Puller, m *met
 	if !ok {
 		return fmt.Errorf("connector %q cannot hand off a kv source for the sidecar to pull", p.conn.Name())
 	}
-	p.kv = kvpull.New(cfg, kvpull.Deps{Conn: src, Puller: puller, Metrics: m,
-		FreeTimeout: p.cfg.ConnectTimeout + time.Second})
+	p.Kv = kvpull.New(cfg, kvpull.Deps{Conn: src, Puller: puller, Metrics: m,
+		FreeTimeout: p.Cfg.ConnectTimeout + time.Second})
 	return nil
 }
 
 // pullKV pulls the handoff's KV into blocks borrowed from the local engine
 // and returns the decode leg's handoff naming them (kvpull.Puller.Pull).
-func (r *request) pullKV(h connectors.Handoff) (connectors.Handoff, error) {
+func (r *Request) pullKV(h connectors.Handoff) (connectors.Handoff, error) {
 	// The agent is dialed by the pull: its address is checked here too,
 	// whatever read the handoff (request.prefillAnswered did already).
-	if err := r.p.checkHandoff(r.prefiller, h); err != nil {
+	if err := r.P.checkHandoff(r.Prefiller, h); err != nil {
 		return h, err
 	}
-	return r.p.kv.Pull(r.ctx, kvpull.Request{
-		ID: r.id, Label: r.label, Local: r.local,
+	return r.P.Kv.Pull(r.Ctx, kvpull.Request{
+		ID: r.Id, Label: r.label, Local: r.Local,
 		Call:    r.engineCall,
-		CallErr: func(err error) error { return upstreamErr(upstream.RoleEngine, r.local, err) },
-		Log:     r.logAt,
+		CallErr: func(err error) error { return upstreamErr(upstream.RoleEngine, r.Local, err) },
+		Log:     r.LogAt,
 	}, h)
 }
 
 // engineCall POSTs a JSON body to the local engine.
-func (r *request) engineCall(ctx context.Context, path string, body []byte) ([]byte, int, error) {
+func (r *Request) engineCall(ctx context.Context, path string, body []byte) ([]byte, int, error) {
 	req := fasthttp.AcquireRequest()
 	resp := fasthttp.AcquireResponse()
 	defer fasthttp.ReleaseRequest(req)
 	defer fasthttp.ReleaseResponse(resp)
 	req.Header.SetMethod(fasthttp.MethodPost)
 	req.Header.SetRequestURI(path)
-	req.Header.SetHost(r.local)
+	req.Header.SetHost(r.Local)
 	req.Header.SetContentType("application/json")
-	req.Header.Set(HeaderRequestID, r.id)
+	req.Header.Set(HeaderRequestID, r.Id)
 	req.SetBodyRaw(body)
-	hold, err := r.p.tr.Do(ctx, r.local, req, resp)
+	hold, err := r.P.Tr.Do(ctx, r.Local, req, resp)
 	defer hold.Release() // resp is let go on return; the copy returned is small JSON
 	if err != nil {
 		return nil, 0, err
@@ -82,7 +82,7 @@ func (r *request) engineCall(ctx context.Context, path string, body []byte) ([]b
 // a KV agent that is gone, or a descriptor that is refused, is the
 // prefiller's fault and degrades; any other failure is a KV load failure,
 // re-run locally as --on-kv-load-failure says.
-func (r *request) kvPullFailure(err error) (error, bool) {
+func (r *Request) kvPullFailure(err error) (error, bool) {
 	var ue *upstream.UpstreamError
 	if !errors.As(err, &ue) && !errors.Is(err, connectors.ErrInvalidKVParams) {
 		// The agent's errors may quote its descriptor: said in fixed words.
@@ -95,7 +95,7 @@ func (r *request) kvPullFailure(err error) (error, bool) {
 		return err, true
 	}
 	err = fmt.Errorf("%w: sidecar pull: %w", ErrKVLoadFailed, err)
-	return err, r.kvLoadFailed()
+	return err, r.KvLoadFailed()
 }
 
 // RunKVProbes probes the KV agents of recently used prefillers every
@@ -103,7 +103,7 @@ func (r *request) kvPullFailure(err error) (error, bool) {
 // pd_sidecar_kv_probe_latency_seconds, until ctx ends
 // (kvpull.Puller.RunProbes). A no-op unless EnableKVPull was called.
 func (p *Proxy) RunKVProbes(ctx context.Context, every time.Duration) {
-	if p.kv != nil {
-		p.kv.RunProbes(ctx, every, p.log)
+	if p.Kv != nil {
+		p.Kv.RunProbes(ctx, every, p.Log)
 	}
 }

@@ -31,20 +31,20 @@ const kvReleaseIDSuffix = "-kv-release"
 // into the decoder from the prefiller).
 func newKVReleaser(p *Proxy) *kvrelease.Releaser {
 	c, ok := p.conn.(connectors.KVReleaser)
-	if !p.cfg.ReleaseKVOnCancel || !ok || p.seq == nil || p.mori != nil {
+	if !p.Cfg.ReleaseKVOnCancel || !ok || p.Seq == nil || p.Mori != nil {
 		return nil
 	}
-	return kvrelease.New(c, p.tr, p.m.KVReleases)
+	return kvrelease.New(c, p.Tr, p.M.KVReleases)
 }
 
 // awaitKVRead records the handoff of a parsed prefill answer as pending a
 // read by the decode engine (nothing when releases are off, or the answer
 // has nothing to read: an error, or generation ended on the first token).
-func (r *request) awaitKVRead(h connectors.Handoff, err error) {
-	if r.p.kvr == nil || err != nil || h.Done || h.Params == nil {
+func (r *Request) awaitKVRead(h connectors.Handoff, err error) {
+	if r.P.kvr == nil || err != nil || h.Done || h.Params == nil {
 		return
 	}
-	r.kvPending = &h
+	r.KvPending = &h
 }
 
 // releaseKV sends the release leg of a request that ends with its handoff
@@ -53,13 +53,13 @@ func (r *request) awaitKVRead(h connectors.Handoff, err error) {
 // on fasthttp's path). The leg's request is built here, as a copy, before
 // the request's buffers are given back; only its sending is left to the
 // background.
-func (r *request) releaseKV(start []byte) {
-	h, kr := r.kvPending, r.p.kvr
-	r.kvPending = nil
+func (r *Request) ReleaseKV(start []byte) {
+	h, kr := r.KvPending, r.P.kvr
+	r.KvPending = nil
 	if h == nil || kr == nil {
 		return
 	}
-	if r.p.tpGuard(*h) != nil {
+	if r.P.tpGuard(*h) != nil {
 		return // a handoff the decode engine is not to read
 	}
 	if start == nil {
@@ -75,23 +75,14 @@ func (r *request) releaseKV(start []byte) {
 		start = append([]byte(nil), start...)
 	}
 	lg := r.logger().With().Str("kv_release", "decode_leg").Logger()
-	kr.Release(r.local, lg, func(conn connectors.KVReleaser) ([]byte, error) {
-		body, err := conn.ReleaseBody(nil, r.api, r.body, *h)
+	kr.Release(r.Local, lg, func(conn connectors.KVReleaser) ([]byte, error) {
+		body, err := conn.ReleaseBody(nil, r.Api, r.Body, *h)
 		if err != nil {
 			return nil, err
 		}
-		raw := rawhttp.AppendLegEnd(start, r.local, r.id+kvReleaseIDSuffix, len(body))
+		raw := rawhttp.AppendLegEnd(start, r.Local, r.Id+kvReleaseIDSuffix, len(body))
 		return append(raw, body...), nil
 	})
-}
-
-// releaseKV is request.releaseKV for the lane's request, whose legs' head
-// start is the split's (the loop's parsed head is another request's by
-// now).
-func (lc *laneConn) releaseKV() {
-	if r := lc.r; r != nil && r.kvPending != nil && lc.pd != nil {
-		r.releaseKV(lc.pd.start)
-	}
 }
 
 var _ background = (*kvrelease.Releaser)(nil)

@@ -80,7 +80,7 @@ func releaseProxy(t *testing.T, conn connectors.Connector, on bool) (p *Proxy, m
 
 // pendingRequest is a fasthttp-path request to local whose prefill
 // answered with a handoff the decode engine has not read.
-func pendingRequest(p *Proxy, local string) *request {
+func pendingRequest(p *Proxy, local string) *Request {
 	var rc fasthttp.RequestCtx
 	rc.Request.Header.SetMethod(fasthttp.MethodPost)
 	rc.Request.SetRequestURI("/v1/completions")
@@ -88,7 +88,7 @@ func pendingRequest(p *Proxy, local string) *request {
 	rc.Request.Header.Set("Authorization", "Bearer k")
 	rc.Request.Header.Set(HeaderPrefiller, "10.0.0.9:8000")
 	body := []byte(`{"model":"m","prompt":"hi","max_tokens":9,"stream":true}`)
-	r := p.startRequest([]byte("rid"), &rc.Request.Header, body, local, connectors.APICompletions)
+	r := p.StartRequest([]byte("rid"), &rc.Request.Header, body, local, connectors.APICompletions)
 	r.rc = &rc
 	r.awaitKVRead(connectors.Handoff{Params: []byte(releaseParams)}, nil)
 	return r
@@ -106,8 +106,8 @@ func TestReleaseKVSendsOneTokenDecode(t *testing.T) {
 	local := f.serve(t)
 	p, m, _ := releaseProxy(t, nixlv2.New(), true)
 	r := pendingRequest(p, local)
-	r.releaseKV(nil)
-	r.releaseKV(nil) // once
+	r.ReleaseKV(nil)
+	r.ReleaseKV(nil) // once
 	require.Eventually(t, func() bool { return releases(m, metrics.KVReleaseDecodeLeg) == 1 }, 30*time.Second, 5*time.Millisecond)
 	require.Equal(t, 1, f.got())
 	b := f.bodies[0]
@@ -115,14 +115,14 @@ func TestReleaseKVSendsOneTokenDecode(t *testing.T) {
 	assert.Equal(t, "false", gjson.Get(b, "stream").Raw)
 	assert.JSONEq(t, releaseParams, gjson.Get(b, "kv_transfer_params").Raw)
 	assert.Equal(t, "rid"+kvReleaseIDSuffix, f.ids[0])
-	assert.Nil(t, r.kvPending)
+	assert.Nil(t, r.KvPending)
 
 	// The engine's failure is counted as one.
 	f.mu.Lock()
 	f.status = 500
 	f.mu.Unlock()
 	r = pendingRequest(p, local)
-	r.releaseKV(nil)
+	r.ReleaseKV(nil)
 	require.Eventually(t, func() bool { return releases(m, metrics.KVReleaseFailed) == 1 }, 30*time.Second, 5*time.Millisecond)
 }
 
@@ -135,20 +135,20 @@ func TestReleaseKVNotPending(t *testing.T) {
 	local := f.serve(t)
 	p, m, stop := releaseProxy(t, nixlv2.New(), true)
 	r := pendingRequest(p, local)
-	r.kvHandoffDone(time.Now(), false)
-	r.releaseKV(nil)
+	r.KvHandoffDone(time.Now(), false)
+	r.ReleaseKV(nil)
 	r = pendingRequest(p, local)
-	r.kvPending = nil
+	r.KvPending = nil
 	r.awaitKVRead(connectors.Handoff{Done: true}, nil)
 	r.awaitKVRead(connectors.Handoff{Params: []byte(releaseParams)}, connectors.ErrInvalidKVParams)
-	r.releaseKV(nil)
-	assert.Nil(t, r.kvPending)
+	r.ReleaseKV(nil)
+	assert.Nil(t, r.KvPending)
 
 	off, _, _ := releaseProxy(t, nixlv2.New(), false)
 	assert.Nil(t, off.kvr)
 	r = pendingRequest(off, local)
-	assert.Nil(t, r.kvPending)
-	r.releaseKV(nil)
+	assert.Nil(t, r.KvPending)
+	r.ReleaseKV(nil)
 	push, _, _ := releaseProxy(t, sglang.New(8998), true)
 	assert.Nil(t, push.kvr, "sglang's prefiller pushes the KV")
 

@@ -31,48 +31,48 @@ import (
 // Only streams between plain TCP connections, from an HTTP/1.1 client
 // with nothing read ahead (no pipelined request), are handed over; the
 // rest stream on their goroutine to the end.
-type loopStream struct {
+type LoopStream struct {
 	mu   sync.Mutex // Ready and begin: one at a time
-	r    *request
-	loop *netloop.Loop
+	R    *Request
+	Loop *netloop.Loop
 	// The answer's body, cut into events and rewritten (Body: its
 	// decoder; Rewrite: the per-payload rewrite; MaxEvent:
 	// --max-sse-event-bytes), and its gate.
 	sserelay.Stream
 
-	ufd, cfd  int
-	keepAlive bool
+	Ufd, Cfd  int
+	KeepAlive bool
 	first     []byte // the first chunk, written by begin
 	firstp    *[]byte
 
-	cut      error  // ErrEventTooLong, once the stream was refused for it
+	Cut      error  // ErrEventTooLong, once the stream was refused for it
 	pending  []byte // bytes the client has not taken yet
-	ended    bool   // the upstream is done: pending holds the last bytes
-	finished bool
-	release  func() // frees the leg and finishes the request, once
+	Ended    bool   // the upstream is done: pending holds the last bytes
+	Finished bool
+	Release  func() // frees the leg and finishes the request, once
 
-	conns   streamConns // the two connections
-	upEnded bool        // conns.legEnd was called
+	Conns   StreamConns // the two connections
+	UpEnded bool        // conns.LegEnd was called
 
 	// A lane stream is held back, as relaySSE holds it, while its gate
 	// (sserelay.Stream.Gate) is shut; held is what came meanwhile (head
 	// included), up to maxHeld. gated decides what becomes of the held
 	// bytes once the gate opened, or the stream ended while it was shut.
 	held  []byte
-	gated func(g sserelay.Gate, held []byte)
+	Gated func(g sserelay.Gate, held []byte)
 }
 
 // streamConns is what a loopStream does with its two connections, which
 // a stream handed over by fasthttp (legConns) and one the lane served from
 // its start (laneConn) keep differently. Called on the loop's goroutine,
 // with the stream's lock held.
-type streamConns interface {
-	legEnd(clean bool)                   // ends the upstream leg, its body read whole when clean (the connection is then pooled); once
-	legPause() error                     // stops watching the upstream while the client catches up
-	legResume() error                    // watches it again
-	clientWatch(ev netloop.Events) error // sets the events the client connection is watched for
-	clientDone(keep bool)                // the answer is over: the connection goes on to its next request (keep), or is closed
-	firstOutput()                        // the first event is being relayed
+type StreamConns interface {
+	LegEnd(clean bool)                   // ends the upstream leg, its body read whole when clean (the connection is then pooled); once
+	LegPause() error                     // stops watching the upstream while the client catches up
+	LegResume() error                    // watches it again
+	ClientWatch(ev netloop.Events) error // sets the events the client connection is watched for
+	ClientDone(keep bool)                // the answer is over: the connection goes on to its next request (keep), or is closed
+	FirstOutput()                        // the first event is being relayed
 }
 
 // loopAfter is how long a stream is relayed by its server goroutine, from
@@ -90,7 +90,7 @@ var errHandedOver = errors.New("stream handed to an event loop")
 // loopable reports whether b's stream may be handed to a loop later.
 func (b *sseBody) loopable() bool {
 	r := b.r
-	if r.p.loops == nil || r.p.servers[r.home] == nil || !r.rc.Request.Header.IsHTTP11() {
+	if r.P.loops == nil || r.P.servers[r.home] == nil || !r.rc.Request.Header.IsHTTP11() {
 		return false
 	}
 	cc, ok := r.rc.Conn().(*clientconn.Conn)
@@ -116,21 +116,21 @@ func (b *sseBody) handOver() bool {
 	if !ok1 || !ok2 || !cc.Synced() || !leg.Disarm() {
 		return false
 	}
-	loop := r.p.loops.Pick()
+	loop := r.P.loops.Pick()
 	release := b.release
-	ls := &loopStream{r: r, loop: loop, keepAlive: b.keepAlive, cfd: cfd, ufd: ufd,
-		Stream: sserelay.Stream{Body: leg.Body(), Rewrite: b.fn, API: r.api, MaxEvent: r.p.cfg.MaxSSEEventBytes}}
+	ls := &LoopStream{R: r, Loop: loop, KeepAlive: b.keepAlive, Cfd: cfd, Ufd: ufd,
+		Stream: sserelay.Stream{Body: leg.Body(), Rewrite: b.fn, API: r.Api, MaxEvent: r.P.Cfg.MaxSSEEventBytes}}
 	if b.done {
 		ls.MarkDone()
 	}
-	ls.release = func() {
+	ls.Release = func() {
 		release()
-		r.p.loopRequests.Add(-1)
-		r.p.m.LoopStreams.Dec()
+		r.P.LoopRequests.Add(-1)
+		r.P.M.LoopStreams.Dec()
 	}
-	ls.conns = &legConns{ls: ls, leg: leg, done: func(keep bool) { r.p.connDone(cc, r.home, keep) }}
+	ls.Conns = &LegConns{ls: ls, leg: leg, done: func(keep bool) { r.P.connDone(cc, r.home, keep) }}
 	var out []byte
-	ls.firstp, out = r.p.bufs.GetChunk()
+	ls.firstp, out = r.P.Bufs.GetChunk()
 	out, mark := httpbody.BeginChunk(out)
 	out = append(out, b.out[b.off:]...)
 	var err error
@@ -151,7 +151,7 @@ func (b *sseBody) handOver() bool {
 		out = ls.endUpstream(out, nil)
 	}
 	out = httpbody.EndChunk(out, mark)
-	if ls.ended {
+	if ls.Ended {
 		out = append(out, httpbody.LastChunk...)
 	}
 	ls.first = out
@@ -160,98 +160,98 @@ func (b *sseBody) handOver() bool {
 	cc.HandOff(ls.begin)
 	// Counted before fasthttp lets go of the connection, so that a drain
 	// never sees the stream in neither the server's count nor the loops'.
-	r.p.loopRequests.Add(1)
-	r.p.m.LoopStreams.Inc()
-	r.p.m.LoopHandoffs.Inc()
+	r.P.LoopRequests.Add(1)
+	r.P.M.LoopStreams.Inc()
+	r.P.M.LoopHandoffs.Inc()
 	return true
 }
 
 // legConns are the connections of a stream handed over by fasthttp, whose
 // handler ls is for both: leg is the upstream, and done takes the client
 // connection once the answer is over.
-type legConns struct {
-	ls   *loopStream
+type LegConns struct {
+	ls   *LoopStream
 	leg  *upstream.Leg
 	done func(keep bool)
 }
 
-func (c *legConns) legEnd(clean bool) {
-	_ = c.ls.loop.Remove(c.ls.ufd)
+func (c *LegConns) LegEnd(clean bool) {
+	_ = c.ls.Loop.Remove(c.ls.Ufd)
 	c.leg.MarkEnded(clean)
 	c.leg.Close()
 }
-func (c *legConns) legPause() error  { return c.ls.loop.Remove(c.ls.ufd) }
-func (c *legConns) legResume() error { return c.ls.loop.Add(c.ls.ufd, netloop.Readable, c.ls) }
-func (c *legConns) clientWatch(ev netloop.Events) error {
-	return c.ls.loop.Modify(c.ls.cfd, ev)
+func (c *LegConns) LegPause() error  { return c.ls.Loop.Remove(c.ls.Ufd) }
+func (c *LegConns) LegResume() error { return c.ls.Loop.Add(c.ls.Ufd, netloop.Readable, c.ls) }
+func (c *LegConns) ClientWatch(ev netloop.Events) error {
+	return c.ls.Loop.Modify(c.ls.Cfd, ev)
 }
-func (c *legConns) clientDone(keep bool) {
-	_ = c.ls.loop.Remove(c.ls.cfd)
+func (c *LegConns) ClientDone(keep bool) {
+	_ = c.ls.Loop.Remove(c.ls.Cfd)
 	c.done(keep)
 }
-func (c *legConns) firstOutput() {} // the answer's first write recorded the TTFT
+func (c *LegConns) FirstOutput() {} // the answer's first write recorded the TTFT
 
 // begin runs on fasthttp's server goroutine when it lets go of the
 // connection (clientconn.Conn.Close): it watches both connections on the loop
 // and writes the first chunk.
-func (ls *loopStream) begin() {
+func (ls *LoopStream) begin() {
 	ls.mu.Lock()
 	defer ls.mu.Unlock()
-	r := ls.r
+	r := ls.R
 	first := ls.first
-	defer r.p.bufs.PutChunk(ls.firstp, first)
+	defer r.P.Bufs.PutChunk(ls.firstp, first)
 	ls.first, ls.firstp = nil, nil
-	if ls.ended {
-		ls.write(first)
+	if ls.Ended {
+		ls.Write(first)
 		return
 	}
-	if err := ls.loop.Add(ls.cfd, 0, ls); err != nil {
-		ls.fail(err)
+	if err := ls.Loop.Add(ls.Cfd, 0, ls); err != nil {
+		ls.Fail(err)
 		return
 	}
-	if err := ls.loop.Add(ls.ufd, netloop.Readable, ls); err != nil {
-		ls.fail(err)
+	if err := ls.Loop.Add(ls.Ufd, netloop.Readable, ls); err != nil {
+		ls.Fail(err)
 		return
 	}
-	ls.write(first)
+	ls.Write(first)
 }
 
 // Ready implements netloop.Handler.
-func (ls *loopStream) Ready(fd int, ev netloop.Events) {
+func (ls *LoopStream) Ready(fd int, ev netloop.Events) {
 	ls.mu.Lock()
 	defer ls.mu.Unlock()
-	ls.handle(fd, ev)
+	ls.Handle(fd, ev)
 }
 
 // handle reacts to an event of either connection.
-func (ls *loopStream) handle(fd int, ev netloop.Events) {
+func (ls *LoopStream) Handle(fd int, ev netloop.Events) {
 	switch {
-	case ls.finished:
+	case ls.Finished:
 	case ev&netloop.Shutdown != 0:
-		ls.fail(ErrDrainTimeout)
-	case fd == ls.cfd && ev&netloop.Writable != 0:
+		ls.Fail(ErrDrainTimeout)
+	case fd == ls.Cfd && ev&netloop.Writable != 0:
 		ls.flush()
-	case fd == ls.cfd: // hung up
+	case fd == ls.Cfd: // hung up
 		ls.abort(ErrClientGone)
-	case fd == ls.ufd && len(ls.pending) == 0:
+	case fd == ls.Ufd && len(ls.pending) == 0:
 		ls.readUpstream()
 	}
 }
 
 // readUpstream relays what the upstream sent, on the loop.
-func (ls *loopStream) readUpstream() {
-	in, out := ls.loop.Buffers()
-	n, err := netloop.Read(ls.ufd, in)
+func (ls *LoopStream) readUpstream() {
+	in, out := ls.Loop.Buffers()
+	n, err := netloop.Read(ls.Ufd, in)
 	if errors.Is(err, netloop.ErrWouldBlock) {
 		return
 	}
-	ls.deliver(ls.relayed(out, in[:n], n == 0 && err == nil, err))
+	ls.Deliver(ls.Relayed(out, in[:n], n == 0 && err == nil, err))
 }
 
 // deliver writes out to the client, or holds it while the gate is shut.
-func (ls *loopStream) deliver(out []byte) {
+func (ls *LoopStream) Deliver(out []byte) {
 	if ls.Gate == sserelay.GateOff {
-		ls.write(out)
+		ls.Write(out)
 		return
 	}
 	held := out // the loop's buffer: copied only when it must wait
@@ -259,25 +259,25 @@ func (ls *loopStream) deliver(out []byte) {
 		ls.held = append(ls.held, out...)
 		held = ls.held
 	}
-	if ls.Gate.Shut() && len(held) < maxHeld && !ls.ended {
+	if ls.Gate.Shut() && len(held) < maxHeld && !ls.Ended {
 		if len(ls.held) == 0 {
 			ls.held = append([]byte(nil), out...)
 		}
 		return
 	}
 	g := ls.Gate
-	if g.Shut() && !ls.ended {
+	if g.Shut() && !ls.Ended {
 		g = sserelay.GateOutput // preamble enough: relayed as relaySSE does
 	}
 	ls.Gate, ls.held = sserelay.GateOff, nil
-	ls.gated(g, held)
+	ls.Gated(g, held)
 }
 
 // relayed appends to out the client's next bytes from what one read of
 // the upstream gave: in (the bytes read), eof (the connection closed) or
 // rerr (the read failed). They end the stream when the upstream's answer
 // ended (ls.ended is then set).
-func (ls *loopStream) relayed(out, in []byte, eof bool, rerr error) []byte {
+func (ls *LoopStream) Relayed(out, in []byte, eof bool, rerr error) []byte {
 	out, mark := httpbody.BeginChunk(out)
 	var ferr error
 	if len(in) > 0 {
@@ -290,14 +290,14 @@ func (ls *loopStream) relayed(out, in []byte, eof bool, rerr error) []byte {
 	case ls.Body.Done():
 		out = ls.endUpstream(out, nil)
 	case rerr != nil:
-		out = ls.endUpstream(out, fmt.Errorf("read %s: %w", ls.r.local, rerr))
+		out = ls.endUpstream(out, fmt.Errorf("read %s: %w", ls.R.Local, rerr))
 	case eof && ls.Body.Mode() == httpbody.UntilClose:
 		out = ls.endUpstream(out, nil)
 	case eof:
-		out = ls.endUpstream(out, fmt.Errorf("read %s: connection closed mid-body", ls.r.local))
+		out = ls.endUpstream(out, fmt.Errorf("read %s: connection closed mid-body", ls.R.Local))
 	}
 	out = httpbody.EndChunk(out, mark)
-	if ls.ended {
+	if ls.Ended {
 		out = append(out, httpbody.LastChunk...)
 	}
 	return out
@@ -305,19 +305,19 @@ func (ls *loopStream) relayed(out, in []byte, eof bool, rerr error) []byte {
 
 // noteFirstOutput tells the connections of the stream's first output,
 // once an event of it went to the client.
-func (ls *loopStream) noteFirstOutput() {
+func (ls *LoopStream) noteFirstOutput() {
 	if ls.TakeFirstOutput() {
-		ls.conns.firstOutput()
+		ls.Conns.FirstOutput()
 	}
 }
 
 // endUpstream ends the upstream leg (err nil: its body ended cleanly) and
 // appends the stream's last events to out: a final event that lacked its
 // blank line, and an error event when the stream broke off.
-func (ls *loopStream) endUpstream(out []byte, err error) []byte {
-	if errors.Is(err, ErrEventTooLong) && ls.cut == nil {
-		ls.cut = err
-		ls.r.eventRefused()
+func (ls *LoopStream) endUpstream(out []byte, err error) []byte {
+	if errors.Is(err, ErrEventTooLong) && ls.Cut == nil {
+		ls.Cut = err
+		ls.R.eventRefused()
 	}
 	clean := err == nil
 	if clean {
@@ -325,41 +325,41 @@ func (ls *loopStream) endUpstream(out []byte, err error) []byte {
 		ls.noteFirstOutput()
 	}
 	ls.Discard()
-	out = ls.r.endStream(out, ls.SawDone(), err)
-	ls.ended = true
-	ls.closeLeg(clean)
+	out = ls.R.endStream(out, ls.SawDone(), err)
+	ls.Ended = true
+	ls.CloseLeg(clean)
 	return out
 }
 
 // endedBefore is the error of a stream that ended before anything of it
 // reached the client: what says so, and the bound that cut it, if one did.
-func (ls *loopStream) endedBefore(what string) error {
-	if ls.cut != nil {
-		return fmt.Errorf("%s: %w", what, ls.cut)
+func (ls *LoopStream) EndedBefore(what string) error {
+	if ls.Cut != nil {
+		return fmt.Errorf("%s: %w", what, ls.Cut)
 	}
 	return errors.New(what)
 }
 
 // closeLeg stops watching the upstream and closes the leg: its connection
 // goes back to the pool when clean.
-func (ls *loopStream) closeLeg(clean bool) {
-	if ls.upEnded {
+func (ls *LoopStream) CloseLeg(clean bool) {
+	if ls.UpEnded {
 		return
 	}
-	ls.upEnded = true
-	ls.conns.legEnd(clean && ls.Body.Done() && !ls.Excess())
+	ls.UpEnded = true
+	ls.Conns.LegEnd(clean && ls.Body.Done() && !ls.Excess())
 }
 
 // write sends b to the client; what does not fit waits for the client to
 // take it, with the upstream paused meanwhile.
-func (ls *loopStream) write(b []byte) {
+func (ls *LoopStream) Write(b []byte) {
 	if len(b) == 0 {
 		return
 	}
-	n, err := netloop.Write(ls.cfd, b)
+	n, err := netloop.Write(ls.Cfd, b)
 	switch {
 	case err == nil:
-		if ls.ended {
+		if ls.Ended {
 			ls.complete()
 		}
 	case errors.Is(err, netloop.ErrWouldBlock):
@@ -367,15 +367,15 @@ func (ls *loopStream) write(b []byte) {
 		// until the client took what is pending (so nothing overtakes it, and
 		// a hang-up of the engine meanwhile is seen when watching again).
 		ls.pending = append(ls.pending[:0], b[n:]...)
-		ls.r.logAt(zerolog.DebugLevel).Int("pending", len(ls.pending)).Msg("client slower than its engine: upstream paused")
-		if !ls.ended {
-			if err := ls.conns.legPause(); err != nil {
-				ls.fail(err)
+		ls.R.LogAt(zerolog.DebugLevel).Int("pending", len(ls.pending)).Msg("client slower than its engine: upstream paused")
+		if !ls.Ended {
+			if err := ls.Conns.LegPause(); err != nil {
+				ls.Fail(err)
 				return
 			}
 		}
-		if err := ls.conns.clientWatch(netloop.Writable); err != nil {
-			ls.fail(err)
+		if err := ls.Conns.ClientWatch(netloop.Writable); err != nil {
+			ls.Fail(err)
 		}
 	default:
 		ls.abort(ErrClientGone)
@@ -383,21 +383,21 @@ func (ls *loopStream) write(b []byte) {
 }
 
 // flush sends pending bytes once the client can take them.
-func (ls *loopStream) flush() {
-	n, err := netloop.Write(ls.cfd, ls.pending)
+func (ls *LoopStream) flush() {
+	n, err := netloop.Write(ls.Cfd, ls.pending)
 	switch {
 	case err == nil:
 		ls.pending = nil
-		if ls.ended {
+		if ls.Ended {
 			ls.complete()
 			return
 		}
-		if err := ls.conns.clientWatch(0); err != nil {
-			ls.fail(err)
+		if err := ls.Conns.ClientWatch(0); err != nil {
+			ls.Fail(err)
 			return
 		}
-		if err := ls.conns.legResume(); err != nil {
-			ls.fail(err)
+		if err := ls.Conns.LegResume(); err != nil {
+			ls.Fail(err)
 		}
 	case errors.Is(err, netloop.ErrWouldBlock):
 		ls.pending = ls.pending[:copy(ls.pending, ls.pending[n:])]
@@ -408,43 +408,43 @@ func (ls *loopStream) flush() {
 
 // complete ends a stream written whole: the client connection goes on to
 // its next request.
-func (ls *loopStream) complete() {
+func (ls *LoopStream) complete() {
 	ls.finish()
-	ls.conns.clientDone(ls.keepAlive && !ls.r.p.draining.Load())
+	ls.Conns.ClientDone(ls.KeepAlive && !ls.R.P.Draining.Load())
 }
 
 // abort ends a stream whose client left: the upstream leg is cancelled.
-func (ls *loopStream) abort(cause error) {
-	r := ls.r
-	r.cancel(cause)
+func (ls *LoopStream) abort(cause error) {
+	r := ls.R
+	r.Cancel(cause)
 	r.left()
 	ls.teardown()
 }
 
 // fail ends a stream the loop cannot carry on (a watch that failed, or
 // the loop shutting down): both connections are closed.
-func (ls *loopStream) fail(err error) {
-	ls.r.logAt(zerolog.ErrorLevel).Err(err).Msg("stream ended by the sidecar; connections closed")
-	ls.r.cancel(err)
+func (ls *LoopStream) Fail(err error) {
+	ls.R.LogAt(zerolog.ErrorLevel).Err(err).Msg("stream ended by the sidecar; connections closed")
+	ls.R.Cancel(err)
 	ls.teardown()
 }
 
-func (ls *loopStream) teardown() {
-	ls.closeLeg(false)
+func (ls *LoopStream) teardown() {
+	ls.CloseLeg(false)
 	ls.finish()
-	ls.conns.clientDone(false)
+	ls.Conns.ClientDone(false)
 }
 
 // finish ends the request's bookkeeping, once.
-func (ls *loopStream) finish() {
-	if ls.finished {
+func (ls *LoopStream) finish() {
+	if ls.Finished {
 		return
 	}
-	ls.finished = true
-	ls.closeLeg(false)
+	ls.Finished = true
+	ls.CloseLeg(false)
 	ls.pending = nil
 	ls.Discard()
-	ls.release()
+	ls.Release()
 }
 
-var _ netloop.Handler = (*loopStream)(nil)
+var _ netloop.Handler = (*LoopStream)(nil)

@@ -37,9 +37,9 @@ func TestLoopStreamBackpressure(t *testing.T) {
 	g, err := netloop.NewGroup(1)
 	require.NoError(t, err)
 	defer g.Close()
-	p := &Proxy{m: metrics.New(prometheus.NewRegistry(), 0), log: zerolog.Nop()}
+	p := &Proxy{M: metrics.New(prometheus.NewRegistry(), 0), Log: zerolog.Nop()}
 	ctx, cancel := context.WithCancelCause(context.Background())
-	r := &request{p: p, ctx: ctx, cancel: cancel, api: connectors.APICompletions, mode: metrics.ModeLocal}
+	r := &Request{P: p, Ctx: ctx, Cancel: cancel, Api: connectors.APICompletions, Mode: metrics.ModeLocal}
 
 	// The engine answers a stream's head, and its events once the loop has
 	// taken the leg over; then, on the same connection, a second request.
@@ -100,10 +100,10 @@ func TestLoopStreamBackpressure(t *testing.T) {
 
 	server, client := tcpPair(t)
 	var released atomic.Bool
-	ls := &loopStream{r: r, loop: g.Pick(), Stream: sserelay.Stream{Body: leg.Body()}, release: func() { released.Store(true) }}
-	ls.ufd, _ = netloop.FD(leg.Conn())
-	ls.cfd, _ = netloop.FD(server)
-	ls.conns = &legConns{ls: ls, leg: leg, done: func(bool) { _ = server.Close() }}
+	ls := &LoopStream{R: r, Loop: g.Pick(), Stream: sserelay.Stream{Body: leg.Body()}, Release: func() { released.Store(true) }}
+	ls.Ufd, _ = netloop.FD(leg.Conn())
+	ls.Cfd, _ = netloop.FD(server)
+	ls.Conns = &LegConns{ls: ls, leg: leg, done: func(bool) { _ = server.Close() }}
 	ls.begin()
 	close(taken)
 	require.Eventually(t, func() bool {
@@ -111,7 +111,7 @@ func TestLoopStreamBackpressure(t *testing.T) {
 		defer ls.mu.Unlock()
 		return len(ls.pending) > 0
 	}, 30*time.Second, 5*time.Millisecond, "the client's socket fills and the loop holds the rest")
-	assert.Equal(t, 1, ls.loop.Len(), "the engine is not watched while the client is behind")
+	assert.Equal(t, 1, ls.Loop.Len(), "the engine is not watched while the client is behind")
 
 	body, err := io.ReadAll(httputil.NewChunkedReader(client))
 	require.NoError(t, err, "a well-formed chunked body, ended")
@@ -122,7 +122,7 @@ func TestLoopStreamBackpressure(t *testing.T) {
 	}
 	assert.Equal(t, "data: [DONE]", got[events])
 	assert.Eventually(t, released.Load, 30*time.Second, 5*time.Millisecond, "the request finished")
-	assert.Zero(t, ls.loop.Len())
+	assert.Zero(t, ls.Loop.Len())
 	again := fasthttp.AcquireResponse()
 	defer fasthttp.ReleaseResponse(again)
 	doCtx, cancelDo := context.WithTimeout(context.Background(), 30*time.Second)

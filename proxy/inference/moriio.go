@@ -103,38 +103,38 @@ func (s *moriState) hosts(ctx context.Context, specs []string) []string {
 
 // moriLeg starts the request's MoRI-IO legs: its rank, transfer id and
 // x-data-parallel-rank header.
-func (r *request) moriLeg() moriio.Leg {
-	l := moriio.Leg{Rank: moriio.PickRank(r.id, r.p.mori.cfg.Ports.DPSize), TransferID: moriio.TransferID(r.id)}
+func (r *Request) moriLeg() moriio.Leg {
+	l := moriio.Leg{Rank: moriio.PickRank(r.Id, r.P.Mori.cfg.Ports.DPSize), TransferID: moriio.TransferID(r.Id)}
 	r.setMoriRank(l.Rank)
 	return l
 }
 
 // setMoriRank sets the x-data-parallel-rank of the legs sent from now on
 // (none when the data-parallel size is 1).
-func (r *request) setMoriRank(rank int) {
-	if r.p.mori.cfg.Ports.DPSize > 1 {
+func (r *Request) setMoriRank(rank int) {
+	if r.P.Mori.cfg.Ports.DPSize > 1 {
 		r.moriRank = strconv.Itoa(rank)
 	}
 }
 
 // moriPrefillBody gives the serial prefill leg's body (nixlv2's) MoRI-IO's
 // write-mode kv_transfer_params.
-func (r *request) moriPrefillBody(body []byte) ([]byte, error) {
-	s := r.p.mori
+func (r *Request) moriPrefillBody(body []byte) ([]byte, error) {
+	s := r.P.Mori
 	r.mori = r.moriLeg()
-	params := moriio.PrefillParams(s.cfg.Ports, s.dns.Resolve(r.ctx, s.cfg.PodIP), r.mori, s.hosts(r.ctx, s.cfg.DecodeHosts))
+	params := moriio.PrefillParams(s.cfg.Ports, s.dns.Resolve(r.Ctx, s.cfg.PodIP), r.mori, s.hosts(r.Ctx, s.cfg.DecodeHosts))
 	return moriio.WithParams(body, params)
 }
 
 // moriDecodeParams are the serial decode leg's kv_transfer_params: the
 // prefill answer's with the rank (the one it returned, else the request
 // id's) written back and MoRI-IO's fields backfilled.
-func (r *request) moriDecodeParams(returned []byte) ([]byte, error) {
-	s := r.p.mori
+func (r *Request) moriDecodeParams(returned []byte) ([]byte, error) {
+	s := r.P.Mori
 	l := r.mori
 	l.Rank = moriio.DecodeRank(returned, s.cfg.Ports.DPSize, l.Rank)
 	r.setMoriRank(l.Rank)
-	return moriio.SerialDecodeParams(returned, s.cfg.Ports, l, s.hosts(r.ctx, s.cfg.RemoteHosts))
+	return moriio.SerialDecodeParams(returned, s.cfg.Ports, l, s.hosts(r.Ctx, s.cfg.RemoteHosts))
 }
 
 // serveMoriParallel runs MoRI-IO's parallel dispatch: both legs at once,
@@ -145,31 +145,31 @@ func (r *request) moriDecodeParams(returned []byte) ([]byte, error) {
 // local prefill (llm-d answers the prefill's error), and no prefill outcome
 // within --moriio-parallel-decode-wait-timeout is a counted fallback
 // (kv_wait_timeout), not a bare 504.
-func (r *request) serveMoriParallel() {
-	s := r.p.mori
+func (r *Request) serveMoriParallel() {
+	s := r.P.Mori
 	d := r.newPaired(split.PairedConfig{KVWait: s.cfg.WaitTimeout, HoldOutput: true})
 	var start split.PairedStart
 	var pre, dec []byte
-	tk, err := r.p.guard.AllowPrefill(r.prefiller)
+	tk, err := r.P.Guard.AllowPrefill(r.Prefiller)
 	start.NoLegs = err
 	if err == nil {
 		d.tk = tk
 		// The prefiller's host goes as the header named it: only the
 		// configured host specs are resolved (and cached), never a name a
 		// request brings.
-		host, _, _ := net.SplitHostPort(r.prefiller)
+		host, _, _ := net.SplitHostPort(r.Prefiller)
 		l := r.moriLeg()
-		pre, err = moriio.ParallelPrefillBody(r.body,
-			moriio.PrefillParams(s.cfg.Ports, s.dns.Resolve(r.ctx, s.cfg.PodIP), l, s.hosts(r.ctx, s.cfg.DecodeHosts)))
+		pre, err = moriio.ParallelPrefillBody(r.Body,
+			moriio.PrefillParams(s.cfg.Ports, s.dns.Resolve(r.Ctx, s.cfg.PodIP), l, s.hosts(r.Ctx, s.cfg.DecodeHosts)))
 		if err == nil {
-			dec, err = moriio.WithParams(r.body,
-				moriio.ParallelDecodeParams(s.cfg.Ports, host, l, s.hosts(r.ctx, s.cfg.RemoteHosts)))
+			dec, err = moriio.WithParams(r.Body,
+				moriio.ParallelDecodeParams(s.cfg.Ports, host, l, s.hosts(r.Ctx, s.cfg.RemoteHosts)))
 		}
 		if err != nil {
 			start.NoLegs, start.NoLegsReport = fmt.Errorf("%w: %w", ErrBadRequest, err), ErrBadRequest
 		} else {
-			r.mode = metrics.ModeDisaggregated
-			r.logAt(zerolog.DebugLevel).Int("dp_rank", l.Rank).Str("transfer_id", l.TransferID).Msg("MoRI-IO parallel dispatch")
+			r.Mode = metrics.ModeDisaggregated
+			r.LogAt(zerolog.DebugLevel).Int("dp_rank", l.Rank).Str("transfer_id", l.TransferID).Msg("MoRI-IO parallel dispatch")
 		}
 	}
 	d.run(start, pre, dec, nil)

@@ -79,7 +79,7 @@ func (p *Proxy) SetExtras(e Extras) {
 	p.ext = e
 	p.trace = observe.NewTracing(observe.Config{Tracer: e.Tracer, Propagator: e.Propagator,
 		Reason: failureReason, KVLoadFailed: ReasonKVLoadFailed})
-	p.legStrip, p.prefillStrip = p.trace.Strip(p.strip)
+	p.LegStrip, p.PrefillStrip = p.trace.Strip(p.strip)
 }
 
 // failureReason is the fallback reason of err, which a failed prefill
@@ -105,69 +105,69 @@ const (
 )
 
 // traceStart opens the request span, child of the client's trace context.
-func (r *request) traceStart(h *fasthttp.RequestHeader) {
-	if r.p.trace != nil {
-		r.obs.Start(r.p.trace, h, r.start, r.id, r.api.String())
+func (r *Request) traceStart(h *fasthttp.RequestHeader) {
+	if r.P.trace != nil {
+		r.Obs.Start(r.P.trace, h, r.Start, r.Id, r.Api.String())
 	}
 }
 
 // prefillStarted opens the prefill span; the returned func records the
 // prefill's duration and outcome.
-func (r *request) prefillStarted(start time.Time) func(error) {
-	span := r.obs.StartPrefill(r.label)
+func (r *Request) PrefillStarted(start time.Time) func(error) {
+	span := r.Obs.StartPrefill(r.label)
 	return func(err error) {
 		d := time.Since(start)
-		r.p.m.PrefillDuration.WithLabelValues(r.label).Observe(d.Seconds())
+		r.P.M.PrefillDuration.WithLabelValues(r.label).Observe(d.Seconds())
 		if err == nil {
-			r.p.hedge.Observe(r.label, d) // the auto hedge point's sample
+			r.P.hedge.Observe(r.label, d) // the auto hedge point's sample
 		}
-		r.obs.PrefillDur = d
-		r.p.trace.EndPrefill(span, err)
+		r.Obs.PrefillDur = d
+		r.P.trace.EndPrefill(span, err)
 	}
 }
 
 // decodeStarted opens the decode span (and, for a leg carrying remote KV,
 // the kv_handoff span) before the leg to the local engine is sent.
-func (r *request) decodeStarted(remote bool) { r.obs.StartDecode(remote, r.label) }
+func (r *Request) DecodeStarted(remote bool) { r.Obs.StartDecode(remote, r.label) }
 
 // kvHandoffDone records the end of the engine-pull handoff: the decode leg
 // sent at sent produced its first output (ok) or a KV load failure.
-func (r *request) kvHandoffDone(sent time.Time, ok bool) {
+func (r *Request) KvHandoffDone(sent time.Time, ok bool) {
 	d := time.Since(sent)
-	r.kvPending = nil // the engine read the KV, or tried (awaitKVRead)
-	r.p.m.KVTransferDuration.WithLabelValues(r.label).Observe(d.Seconds())
-	r.obs.KVDur, r.obs.KVOK = d, ok
+	r.KvPending = nil // the engine read the KV, or tried (awaitKVRead)
+	r.P.M.KVTransferDuration.WithLabelValues(r.label).Observe(d.Seconds())
+	r.Obs.KVDur, r.Obs.KVOK = d, ok
 	if ok && r.onOutput != nil {
 		r.onOutput()
 	}
-	r.obs.EndKVHandoff(ok)
+	r.Obs.EndKVHandoff(ok)
 }
 
 // report ends the request's spans and tells the Observer how it ended.
-func (r *request) report() {
-	mode := r.mode
-	if mode == metrics.ModeDisaggregated && r.prefiller == "" {
+func (r *Request) Report() {
+	mode := r.Mode
+	if mode == metrics.ModeDisaggregated && r.Prefiller == "" {
 		mode = metrics.ModeLocal
 	}
-	r.obs.End(mode, r.label)
-	if o := r.p.ext.Observer; o != nil {
+	r.Obs.End(mode, r.label)
+	if o := r.P.ext.Observer; o != nil {
 		o.ObserveRequest(RequestReport{
-			ID: r.id, Mode: mode, Reason: r.obs.Reason, Declined: r.obs.Declined, Prefiller: r.label, NamedPrefiller: r.named,
-			Status: r.obs.Status, Start: r.start, Duration: time.Since(r.start),
-			PrefillDuration: r.obs.PrefillDur, KVHandoffDuration: r.obs.KVDur,
-			KVTransferred: r.obs.KVOK && mode == metrics.ModeDisaggregated,
-			DecodeChunks:  r.obs.Chunks,
-			Encoder:       r.obs.Encoder,
+			ID: r.Id, Mode: mode, Reason: r.Obs.Reason, Declined: r.Obs.Declined, Prefiller: r.label, NamedPrefiller: r.named,
+			Status: r.Obs.Status, Start: r.Start, Duration: time.Since(r.Start),
+			PrefillDuration: r.Obs.PrefillDur, KVHandoffDuration: r.Obs.KVDur,
+			KVTransferred: r.Obs.KVOK && mode == metrics.ModeDisaggregated,
+			DecodeChunks:  r.Obs.Chunks,
+			Encoder:       r.Obs.Encoder,
 		})
 	}
 }
 
 // logsLegs reports whether legs are logged (trace level).
-func (p *Proxy) logsLegs() bool { return observe.LogsLegs(p.log.GetLevel()) }
+func (p *Proxy) logsLegs() bool { return observe.LogsLegs(p.Log.GetLevel()) }
 
 // traceLeg logs the leg req to addr at trace level.
-func (r *request) traceLeg(addr string, req *fasthttp.Request) {
-	observe.LogLeg(r.logAt(zerolog.TraceLevel), addr, req)
+func (r *Request) traceLeg(addr string, req *fasthttp.Request) {
+	observe.LogLeg(r.LogAt(zerolog.TraceLevel), addr, req)
 }
 
 // CircuitState reports the circuit-breaker state of prefiller (host:port):
@@ -177,12 +177,12 @@ func (r *request) traceLeg(addr string, req *fasthttp.Request) {
 // breaker is configured. It lets /debug/pd show per-prefiller circuits
 // (status.CircuitStates).
 func (p *Proxy) CircuitState(prefiller string) string {
-	if p.guard == nil || p.cfg.Guard.Breaker.Failures == 0 {
+	if p.Guard == nil || p.Cfg.Guard.Breaker.Failures == 0 {
 		return ""
 	}
-	in := p.guard.CircuitInfo(prefiller)
+	in := p.Guard.CircuitInfo(prefiller)
 	switch {
-	case p.cfg.Guard.Breaker.ProbeInterval <= 0:
+	case p.Cfg.Guard.Breaker.ProbeInterval <= 0:
 	case in.ProbeUp:
 		return in.State.String() + " (probe up)"
 	case in.Probing:
@@ -194,8 +194,8 @@ func (p *Proxy) CircuitState(prefiller string) string {
 // CircuitLastProbe is when prefiller's open circuit was last probed (zero:
 // not since it opened, or no breaker); status.CircuitStates.
 func (p *Proxy) CircuitLastProbe(prefiller string) time.Time {
-	if p.guard == nil || p.cfg.Guard.Breaker.Failures == 0 {
+	if p.Guard == nil || p.Cfg.Guard.Breaker.Failures == 0 {
 		return time.Time{}
 	}
-	return p.guard.CircuitInfo(prefiller).LastProbe
+	return p.Guard.CircuitInfo(prefiller).LastProbe
 }

@@ -32,7 +32,7 @@ func BenchmarkRequestObservation(b *testing.B) {
 	}
 	for _, tc := range tracers {
 		b.Run(tc.name, func(b *testing.B) {
-			p := &Proxy{cfg: DefaultConfig(), m: metrics.New(prometheus.NewRegistry(), 0), log: zerolog.Nop()}
+			p := &Proxy{Cfg: DefaultConfig(), M: metrics.New(prometheus.NewRegistry(), 0), Log: zerolog.Nop()}
 			p.SetExtras(Extras{Tracer: tc.tracer, Observer: nopObserver{}})
 			var in, leg fasthttp.RequestHeader
 			in.Set("traceparent", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
@@ -41,22 +41,22 @@ func BenchmarkRequestObservation(b *testing.B) {
 			fail := errors.New("refused")
 			b.ReportAllocs()
 			for i := 0; b.Loop(); i++ {
-				r := p.startRequest(id, &in, nil, "127.0.0.1:8000", connectors.APICompletions)
-				r.label, r.prefiller, r.mode = "p:1", "p:1", metrics.ModeDisaggregated
-				end := r.prefillStarted(time.Now())
+				r := p.StartRequest(id, &in, nil, "127.0.0.1:8000", connectors.APICompletions)
+				r.label, r.Prefiller, r.Mode = "p:1", "p:1", metrics.ModeDisaggregated
+				end := r.PrefillStarted(time.Now())
 				leg.Reset()
-				r.obs.Inject(&leg)
+				r.Obs.Inject(&leg)
 				if i%8 == 0 {
 					end(fail)
 				} else {
 					end(nil)
 				}
-				r.decodeStarted(true)
-				head = r.obs.AppendTrace(head[:0])
-				r.kvHandoffDone(time.Now(), true)
-				r.obs.Status = fasthttp.StatusOK
-				r.report()
-				r.cancel(nil)
+				r.DecodeStarted(true)
+				head = r.Obs.AppendTrace(head[:0])
+				r.KvHandoffDone(time.Now(), true)
+				r.Obs.Status = fasthttp.StatusOK
+				r.Report()
+				r.Cancel(nil)
 			}
 		})
 	}

@@ -50,7 +50,7 @@ type P2PConfig struct {
 // data-parallel ranks, rank r's (port = --port + r), else rank 0's, as
 // llm-d derives it.
 func (p *Proxy) p2pPort(port int) int {
-	return kvsource.Ports{HTTP: p.cfg.Port, Ranks: p.cfg.DataParallelSize, P2P: p.cfg.P2P.Port}.P2PPort(port)
+	return kvsource.Ports{HTTP: p.Cfg.Port, Ranks: p.Cfg.DataParallelSize, P2P: p.Cfg.P2P.Port}.P2PPort(port)
 }
 
 // kvSource reads r's x-kv-cache-source-host-port (the first) when the P2P
@@ -58,9 +58,9 @@ func (p *Proxy) p2pPort(port int) int {
 // source equal to the prefiller, or, without one, to the rank serving r,
 // an unusable value and one the allowlist refuses give nil; every outcome
 // but "no header" is counted.
-func (r *request) kvSource(h *fasthttp.RequestHeader) *connectors.P2PPeer {
-	p := r.p
-	if !p.cfg.P2P.Enabled {
+func (r *Request) kvSource(h *fasthttp.RequestHeader) *connectors.P2PPeer {
+	p := r.P
+	if !p.Cfg.P2P.Enabled {
 		return nil
 	}
 	v := h.Peek(HeaderKVCacheSource)
@@ -68,23 +68,23 @@ func (r *request) kvSource(h *fasthttp.RequestHeader) *connectors.P2PPeer {
 		return nil
 	}
 	src, o := kvsource.Decide(string(v), kvsource.Request{
-		Prefiller: r.prefiller, Port: p.cfg.Port + r.rank(), OwnHost: p.ownHost, Allowlist: p.cfg.Guard.Allowlist,
+		Prefiller: r.Prefiller, Port: p.Cfg.Port + r.rank(), OwnHost: p.ownHost, Allowlist: p.Cfg.Guard.Allowlist,
 	})
-	p.m.KVSources.WithLabelValues(o).Inc()
+	p.M.KVSources.WithLabelValues(o).Inc()
 	if o != metrics.KVSourceUsed {
-		r.logAt(zerolog.DebugLevel).Str("kv_cache_source", logvalue.Cut(string(v))).Str("outcome", o).Msg("kv cache source not named")
+		r.LogAt(zerolog.DebugLevel).Str("kv_cache_source", logvalue.Cut(string(v))).Str("outcome", o).Msg("kv cache source not named")
 		return nil
 	}
 	peer := &connectors.P2PPeer{RequestID: newUUID(), Host: src.Host, Port: p.p2pPort(src.Port)}
-	r.logAt(zerolog.DebugLevel).Str("kv_cache_source", net.JoinHostPort(peer.Host, strconv.Itoa(peer.Port))).Msg("kv cache source named: remote_kv_source")
+	r.LogAt(zerolog.DebugLevel).Str("kv_cache_source", net.JoinHostPort(peer.Host, strconv.Itoa(peer.Port))).Msg("kv cache source named: remote_kv_source")
 	return peer
 }
 
 // rank is the data-parallel rank r arrived on (its home engine's).
-func (r *request) rank() int {
+func (r *Request) rank() int {
 	_, port, _ := net.SplitHostPort(r.home)
 	n, _ := strconv.Atoi(port)
-	return n - r.p.cfg.ModelServerPort
+	return n - r.P.Cfg.ModelServerPort
 }
 
 // kvCacheSource is the KV cache source, a request feature: registered while
@@ -94,7 +94,7 @@ type kvCacheSource struct{}
 // begin reads the request's x-kv-cache-source-host-port (kvSource): the
 // prefill leg's engine, or the local engine of a request none prefills
 // remotely, is told to pull the prompt's prefix from there first.
-func (kvCacheSource) begin(r *request, h *fasthttp.RequestHeader) featureUse {
+func (kvCacheSource) begin(r *Request, h *fasthttp.RequestHeader) featureUse {
 	if peer := r.kvSource(h); peer != nil {
 		return &kvSourceUse{peer: peer}
 	}
@@ -105,19 +105,19 @@ func (kvCacheSource) begin(r *request, h *fasthttp.RequestHeader) featureUse {
 type kvSourceUse struct{ peer *connectors.P2PPeer }
 
 // editPrefill names the source in the prefill leg (remote_kv_source).
-func (u *kvSourceUse) editPrefill(body []byte) ([]byte, error) {
+func (u *kvSourceUse) EditPrefill(body []byte) ([]byte, error) {
 	return connectors.WithKVSource(nil, body, *u.peer)
 }
 
 // editLocal replaces the local request's kv_transfer_params with the
 // source alone.
-func (u *kvSourceUse) editLocal(body []byte) ([]byte, error) {
+func (u *kvSourceUse) EditLocal(body []byte) ([]byte, error) {
 	return connectors.OnlyKVSource(nil, body, *u.peer)
 }
 
 // kvSourcePeer is the request's KV cache source (nil: none), for a
 // choreography whose legs name it themselves (the offloading connector's).
-func (r *request) kvSourcePeer() *connectors.P2PPeer {
+func (r *Request) kvSourcePeer() *connectors.P2PPeer {
 	for _, u := range r.uses {
 		if s, ok := u.(*kvSourceUse); ok {
 			return s.peer

@@ -31,7 +31,7 @@ import (
 
 // goPaired is one request's paired split on fasthttp's path.
 type goPaired struct {
-	r   *request
+	r   *Request
 	log zerolog.Logger // the request's, for the prefill leg's goroutine
 
 	mu sync.Mutex
@@ -49,9 +49,9 @@ type goPaired struct {
 
 // newPaired returns the driver of a paired split of r under cfg (Judge
 // and Fallback are the proxy's).
-func (r *request) newPaired(cfg split.PairedConfig) *goPaired {
-	cfg.Fallback, cfg.Judge = r.p.cfg.PrefillFallback, splitJudge
-	return &goPaired{r: r, log: *r.logger(), m: split.NewPaired(cfg), parent: r.ctx, released: make(chan struct{})}
+func (r *Request) newPaired(cfg split.PairedConfig) *goPaired {
+	cfg.Fallback, cfg.Judge = r.P.Cfg.PrefillFallback, splitJudge
+	return &goPaired{r: r, log: *r.logger(), m: split.NewPaired(cfg), parent: r.Ctx, released: make(chan struct{})}
 }
 
 // run runs the split begun by start: its prefill leg carrying pre and its
@@ -65,7 +65,7 @@ func (d *goPaired) run(start split.PairedStart, pre, dec []byte, onKVLoadFailed 
 	// leg) may cancel them. The prefill leg's ends with the leg, which may
 	// outlive this goroutine, or with the request.
 	d.dctx, d.cancelDecode = context.WithCancelCause(d.parent)
-	d.pctx, d.cancelPre = context.WithTimeoutCause(d.parent, r.p.cfg.PrefillTimeout, ErrPrefillTimeout)
+	d.pctx, d.cancelPre = context.WithTimeoutCause(d.parent, r.P.Cfg.PrefillTimeout, ErrPrefillTimeout)
 	acts := d.exec(d.m.Start(start))
 	d.mu.Unlock()
 	next := d.act(acts, pre, dec)
@@ -113,10 +113,10 @@ func (d *goPaired) exec(acts []split.Action) []split.Action {
 			if errors.Is(a.Err, split.ErrAbandoned) {
 				d.log.Debug().Msg("prefill leg cancelled with the request")
 			}
-			d.r.p.guard.BreakerDone(d.r.prefiller, d.tk, a.Err)
+			d.r.P.Guard.BreakerDone(d.r.Prefiller, d.tk, a.Err)
 			d.tk = nil
 		case split.PrefillLegFailed:
-			d.r.p.m.PrefillLegFailures.WithLabelValues(a.Reason).Inc()
+			d.r.P.M.PrefillLegFailures.WithLabelValues(a.Reason).Inc()
 			if a.Attempt == 1 {
 				d.log.Warn().Err(a.Err).Str("reason", a.Reason).Msg("prefill leg failed after the decode started")
 			} else {
@@ -148,13 +148,13 @@ func (d *goPaired) act(acts []split.Action, pre, dec []byte) *split.Event {
 				d.feed(split.Event{Kind: split.DecodeEnded})
 			}
 		case split.SendLocal:
-			r.handoff = nil
-			r.fail(r.decode(r.body, false))
+			r.Handoff = nil
+			r.Fail(r.decode(r.Body, false))
 		case split.PassOn:
-			r.handoff = nil
+			r.Handoff = nil
 			r.passOn(a.Err)
 		case split.Fail:
-			r.fail(a.Err)
+			r.Fail(a.Err)
 		case split.Degraded:
 			r.degraded(a.Reason, a.Err)
 		}
@@ -167,8 +167,8 @@ func (d *goPaired) act(acts []split.Action, pre, dec []byte) *split.Event {
 // held output, waits for the word to let it through).
 func (d *goPaired) decode(dec []byte) error {
 	r := d.r
-	r.handoff = &connectors.Handoff{} // the decode leg carries remote KV
-	r.ctx = d.dctx
+	r.Handoff = &connectors.Handoff{} // the decode leg carries remote KV
+	r.Ctx = d.dctx
 	r.onOutput = func() {
 		d.feed(split.Event{Kind: split.FirstOutput})
 		d.mu.Lock()
@@ -183,20 +183,20 @@ func (d *goPaired) decode(dec []byte) error {
 	}
 	err := r.forward(dec, true)
 	r.onOutput = nil
-	r.ctx = d.parent
+	r.Ctx = d.parent
 	return err
 }
 
 // sendPrefill sends the prefill leg carrying pre on a goroutine of its own,
 // bounded by --prefill-timeout.
 func (d *goPaired) sendPrefill(pre []byte) {
-	r, p := d.r, d.r.p
+	r, p := d.r, d.r.P
 	pctx, cancel := d.pctx, d.cancelPre
 	// The prefill span is opened here, so the leg's traceparent names it,
 	// and ended by the leg (spans are safe to end from another goroutine).
-	span := r.obs.StartPrefill(r.label)
+	span := r.Obs.StartPrefill(r.label)
 	req := r.prefillRequest(pre)
-	leg := pairedPrefill{p: p, log: d.log, label: r.label, addr: r.prefiller, span: span}
+	leg := pairedPrefill{p: p, log: d.log, label: r.label, addr: r.Prefiller, span: span}
 	go func() {
 		defer cancel()
 		err := leg.run(pctx, req)
@@ -225,18 +225,18 @@ type pairedPrefill struct {
 // (the KV goes from engine to engine), and returns what it was: nil, or
 // why it failed.
 func (l pairedPrefill) run(ctx context.Context, req *fasthttp.Request) error {
-	g := l.p.m.Inflight.WithLabelValues(metrics.PhasePrefill)
+	g := l.p.M.Inflight.WithLabelValues(metrics.PhasePrefill)
 	g.Inc()
 	defer g.Dec()
 	resp := fasthttp.AcquireResponse()
 	defer fasthttp.ReleaseResponse(resp)
 	start := time.Now()
-	hold, err := l.p.tr.Do(ctx, l.addr, req, resp)
+	hold, err := l.p.Tr.Do(ctx, l.addr, req, resp)
 	defer hold.Release() // resp is let go when run returns
 	fasthttp.ReleaseRequest(req)
-	l.p.m.PrefillDuration.WithLabelValues(l.label).Observe(time.Since(start).Seconds())
+	l.p.M.PrefillDuration.WithLabelValues(l.label).Observe(time.Since(start).Seconds())
 	if err != nil {
-		err = prefillTransportErr(upstream.CtxErr(ctx, err))
+		err = PrefillTransportErr(upstream.CtxErr(ctx, err))
 	} else {
 		switch st := resp.StatusCode(); {
 		case st == fasthttp.StatusTooManyRequests:
@@ -246,8 +246,8 @@ func (l pairedPrefill) run(ctx context.Context, req *fasthttp.Request) error {
 		case st != fasthttp.StatusOK && st < 400:
 			err = fmt.Errorf("%w: %w: status %d", connectors.ErrBadPrefillAnswer, upstream.ErrBadUpstreamAnswer, st)
 		case st != fasthttp.StatusOK:
-			err = &rejected{status: st, contentType: string(resp.Header.ContentType()),
-				body: append([]byte(nil), resp.Body()...)}
+			err = &Rejected{Status: st, ContentType: string(resp.Header.ContentType()),
+				Body: append([]byte(nil), resp.Body()...)}
 		}
 	}
 	l.p.trace.EndPrefill(l.span, err)

@@ -27,7 +27,7 @@ const maxBuffered = 1 << 20
 // X-Request-Id, body) and streams the answer back, flushing as bytes
 // arrive.
 func (p *Proxy) passthrough(rc *fasthttp.RequestCtx, local string) {
-	g := p.m.Inflight.WithLabelValues(metrics.PhasePassthrough)
+	g := p.M.Inflight.WithLabelValues(metrics.PhasePassthrough)
 	g.Inc()
 	ctx, cancel := context.WithCancelCause(context.Background())
 	w := p.armer.Watch(rc.Conn(), cancel, time.Now())
@@ -59,18 +59,18 @@ func (p *Proxy) passthrough(rc *fasthttp.RequestCtx, local string) {
 			rc.SetConnectionClose()
 		}
 		cancel(context.Canceled)
-		st := classify(err).status
-		p.log.Warn().Err(err).Str("path", string(rc.Path())).Str("request_id", logvalue.Cut(string(rc.Request.Header.Peek(HeaderRequestID)))).
+		st := classify(err).Status
+		p.Log.Warn().Err(err).Str("path", string(rc.Path())).Str("request_id", logvalue.Cut(string(rc.Request.Header.Peek(HeaderRequestID)))).
 			Int("status", st).Msg("passthrough refused")
 		rc.SetStatusCode(st)
 		rc.SetContentType("application/json")
-		rc.SetBody(errorBody(st, err))
+		rc.SetBody(ErrorBody(st, err))
 		return
 	}
 	req.SetBodyRaw(body)
 	resp := fasthttp.AcquireResponse()
 	resp.SkipBody = rc.IsHead()
-	leg, err := p.tr.Stream(ctx, local, req, resp)
+	leg, err := p.Tr.Stream(ctx, local, req, resp)
 	fasthttp.ReleaseRequest(req)
 	done := func() {
 		fasthttp.ReleaseResponse(resp)
@@ -90,12 +90,12 @@ func (p *Proxy) passthrough(rc *fasthttp.RequestCtx, local string) {
 			p.dropPassthrough(rc, id)
 			return
 		}
-		err = decodeTransportErr(err)
-		st := classify(err).status
-		upstream.WithUpstream(p.log.Error().Err(err), err).Str("path", string(rc.Path())).Msg("passthrough failed")
+		err = DecodeTransportErr(err)
+		st := classify(err).Status
+		upstream.WithUpstream(p.Log.Error().Err(err), err).Str("path", string(rc.Path())).Msg("passthrough failed")
 		rc.SetStatusCode(st)
 		rc.SetContentType("application/json")
-		rc.SetBody(errorBody(st, err))
+		rc.SetBody(ErrorBody(st, err))
 		return
 	}
 	if clientconn.PeerClosed(rc.Conn()) {
@@ -106,7 +106,7 @@ func (p *Proxy) passthrough(rc *fasthttp.RequestCtx, local string) {
 	}
 	copyResponseHead(rc, resp)
 	cl := resp.Header.ContentLength()
-	if cl >= 0 && cl <= maxBuffered && !bytes.HasPrefix(resp.Header.ContentType(), eventStream) {
+	if cl >= 0 && cl <= maxBuffered && !bytes.HasPrefix(resp.Header.ContentType(), EventStream) {
 		body, err := io.ReadAll(leg)
 		leg.Close()
 		done()
@@ -116,13 +116,13 @@ func (p *Proxy) passthrough(rc *fasthttp.RequestCtx, local string) {
 			return
 		}
 		if err != nil {
-			err = decodeTransportErr(&upstream.LegError{Addr: local, Op: "read", Err: err})
-			st := classify(err).status
-			upstream.WithUpstream(p.log.Error().Err(err), err).Str("path", string(rc.Path())).Msg("passthrough failed")
+			err = DecodeTransportErr(&upstream.LegError{Addr: local, Op: "read", Err: err})
+			st := classify(err).Status
+			upstream.WithUpstream(p.Log.Error().Err(err), err).Str("path", string(rc.Path())).Msg("passthrough failed")
 			rc.Response.Reset()
 			rc.SetStatusCode(st)
 			rc.SetContentType("application/json")
-			rc.SetBody(errorBody(st, err))
+			rc.SetBody(ErrorBody(st, err))
 			return
 		}
 		rc.SetBody(body)
@@ -146,8 +146,8 @@ func (p *Proxy) passthrough(rc *fasthttp.RequestCtx, local string) {
 // an inference request's client (request.leftNow), and the connection
 // closes.
 func (p *Proxy) dropPassthrough(rc *fasthttp.RequestCtx, id string) {
-	p.m.ClientDisconnects.WithLabelValues(metrics.PhasePassthrough).Inc()
-	p.log.Info().Str("path", string(rc.Path())).Str("request_id", logvalue.Cut(id)).Msg("client left; passthrough answer dropped")
+	p.M.ClientDisconnects.WithLabelValues(metrics.PhasePassthrough).Inc()
+	p.Log.Info().Str("path", string(rc.Path())).Str("request_id", logvalue.Cut(id)).Msg("client left; passthrough answer dropped")
 	rc.HijackSetNoResponse(true)
 	rc.Hijack(func(net.Conn) {})
 }
@@ -183,7 +183,7 @@ func (p *Proxy) passthroughBody(rc *fasthttp.RequestCtx) ([]byte, error) {
 	}
 	api, _ := connectors.APIForPath(string(rc.Path()))
 	body, _, err := p.cleanBody(api, body, func() *zerolog.Event {
-		return p.log.Debug().Str("path", string(rc.Path())).Str("request_id", logvalue.Cut(string(rc.Request.Header.Peek(HeaderRequestID))))
+		return p.Log.Debug().Str("path", string(rc.Path())).Str("request_id", logvalue.Cut(string(rc.Request.Header.Peek(HeaderRequestID))))
 	})
 	return body, err
 }

@@ -22,22 +22,22 @@ var (
 // (--prefill-prewarm): its split, through its transport, to each of its
 // local engines, with its checks of a handoff.
 func newPrewarmer(p *Proxy) *prewarm.Warmer {
-	locals := make([]string, p.cfg.DataParallelSize)
+	locals := make([]string, p.Cfg.DataParallelSize)
 	for rank := range locals {
 		locals[rank] = p.localAddr(rank)
 	}
 	return prewarm.New(prewarm.Deps{
 		Covered:        p.prewarmCovered,
 		Own:            p.ownAddr,
-		Seq:            p.seq,
+		Seq:            p.Seq,
 		CheckHandoff:   p.checkHandoff,
 		TPGuard:        p.tpGuard,
-		Transport:      p.tr,
+		Transport:      p.Tr,
 		Locals:         locals,
-		PrefillTimeout: p.cfg.PrefillTimeout,
-		ConnectTimeout: p.cfg.ConnectTimeout,
-		Count:          p.m.Prewarms,
-		Log:            p.log,
+		PrefillTimeout: p.Cfg.PrefillTimeout,
+		ConnectTimeout: p.Cfg.ConnectTimeout,
+		Count:          p.M.Prewarms,
+		Log:            p.Log,
 	})
 }
 
@@ -51,11 +51,11 @@ func newPrewarmer(p *Proxy) *prewarm.Warmer {
 // mode's prefiller writes into the decoder with per-request fields.
 func (p *Proxy) prewarmCovered() string {
 	switch {
-	case p.seq == nil || p.choreo != connectors.ChoreographySequential:
+	case p.Seq == nil || p.Choreo != connectors.ChoreographySequential:
 		return "the connector's split is not a prefill then a decode" // a constant: asked on every request
-	case p.kv != nil:
+	case p.Kv != nil:
 		return "the sidecar pulls the KV itself"
-	case p.mori != nil:
+	case p.Mori != nil:
 		return "MoRI-IO write mode"
 	}
 	return ""
@@ -77,10 +77,10 @@ func (p *Proxy) ownAddr(hp string) bool {
 		return false
 	}
 	n, err := strconv.Atoi(port)
-	if err != nil || n < p.cfg.Port || n >= p.cfg.Port+p.cfg.DataParallelSize {
+	if err != nil || n < p.Cfg.Port || n >= p.Cfg.Port+p.Cfg.DataParallelSize {
 		return false
 	}
-	if host == p.cfg.PodIP || host == p.cfg.Host || host == "localhost" {
+	if host == p.Cfg.PodIP || host == p.Cfg.Host || host == "localhost" {
 		return true
 	}
 	ip := net.ParseIP(host)

@@ -30,7 +30,7 @@ func prewarmProxy(t *testing.T, conn connectors.Connector, on bool) *Proxy {
 }
 
 func prewarms(p *Proxy, result string) float64 {
-	return testutil.ToFloat64(p.m.Prewarms.WithLabelValues(result))
+	return testutil.ToFloat64(p.M.Prewarms.WithLabelValues(result))
 }
 
 // TestPrewarmSightings: the proxy's warm-ups skip its own ports (each

@@ -50,29 +50,29 @@ const (
 
 // Proxy serves the sidecar's routes. Create it with New.
 type Proxy struct {
-	cfg      Config
+	Cfg      Config
 	conn     connectors.Connector
-	rewriter connectors.AnswerRewriter // nil when conn has no such ability
-	seq      connectors.Sequential     // nil for a Concurrent connector
-	mori     *moriState                // MoRI-IO write mode; nil when off
-	choreo   connectors.Choreography   // what conn declares (connectors.Choreography)
+	Rewriter connectors.AnswerRewriter // nil when conn has no such ability
+	Seq      connectors.Sequential     // nil for a Concurrent connector
+	Mori     *moriState                // MoRI-IO write mode; nil when off
+	Choreo   connectors.Choreography   // what conn declares (connectors.Choreography)
 	boot     *bootstrap.Cache          // Bootstrapper answers per prefiller
-	tr       *upstream.Transport
+	Tr       *upstream.Transport
 	encTr    *upstream.Transport // the encoder legs'; nil: stage off
 	enc      *encoder.Stage      // the encoder stage (llm-d's E/PD); nil: off
-	m        *metrics.Metrics
-	log      zerolog.Logger
+	M        *metrics.Metrics
+	Log      zerolog.Logger
 	metricsH fasthttp.RequestHandler
-	draining atomic.Bool
+	Draining atomic.Bool
 	ext      Extras   // optional collaborators (see SetExtras)
 	strip    []string // --prefill-strip-headers, lower case
-	bufs     sse.Bufs // per-stream buffers for reuse
+	Bufs     sse.Bufs // per-stream buffers for reuse
 	// hedge is hedged prefill's policy; nil: off.
 	hedge *hedge.Policy
 	// pass is what passes through to the engine.
 	pass *passpolicy.Policy
 	// guard holds the limits, SSRF protection, circuit breakers and TLS.
-	guard *guard.Guard
+	Guard *guard.Guard
 	// warm warms up new prefillers (--prefill-prewarm); nil: off.
 	warm *prewarm.Warmer
 	// kvr frees a prefiller's KV nobody read (--release-kv-on-cancel);
@@ -81,7 +81,7 @@ type Proxy struct {
 	// armer arms the client connections' watches (clientconn.Watch).
 	armer *clientconn.Armer
 	// kv is the sidecar-driven KV pull (see EnableKVPull); nil: off.
-	kv *kvpull.Puller
+	Kv *kvpull.Puller
 	// trace starts the requests' spans and writes the legs' trace
 	// context (SetExtras); nil: no tracer.
 	trace *observe.Tracing
@@ -96,15 +96,36 @@ type Proxy struct {
 	// it writes (the trace context's, which each leg carries anew), and
 	// prefillStrip those it leaves out of a prefill leg (--prefill-strip-
 	// headers too); lower case.
-	legStrip, prefillStrip []string
+	LegStrip, PrefillStrip []string
 	// loops carry open streams (loopStream); nil: each stream keeps its
 	// goroutine. servers are the servers of the local engines' ports, by
 	// engine address, which take a connection back after its stream. Both
 	// are set by Run before it serves.
 	loops        *netloop.Group
 	servers      map[string]*fasthttp.Server
-	loopRequests atomic.Int64 // requests on the loops: streams handed over, and the lane's
+	LoopRequests atomic.Int64 // requests on the loops: streams handed over, and the lane's
+	// lanes starts the lane of a local engine's port (UseLanes); nil:
+	// fasthttp serves every request.
+	lanes LaneFunc
 }
+
+// Lane is the event-loop driver of one local engine's port (proxy/lane):
+// it adopts the client connections the listener hands over between
+// requests and serves what it can of their requests on the loops.
+type Lane interface {
+	clientconn.Adopter
+	// Shutdown closes the idle connections and makes the others close
+	// after their answer.
+	Shutdown()
+}
+
+// LaneFunc starts the lane of the local engine at local, whose fasthttp
+// server srv takes back the connections the lane does not serve.
+type LaneFunc func(p *Proxy, local string, srv *fasthttp.Server, loops []*netloop.Loop) Lane
+
+// UseLanes makes Run start a lane with f on every local engine's port
+// where the event loops run (--stream-loops) and the connection is plain.
+func (p *Proxy) UseLanes(f LaneFunc) { p.lanes = f }
 
 // New returns a Proxy. cfg must be valid (see Config.Validate); m holds the
 // collectors, gatherer is what /metrics exports, log receives JSON logs.
@@ -113,40 +134,40 @@ func New(cfg Config, conn connectors.Connector, m *metrics.Metrics, gatherer pro
 		return nil, err
 	}
 	p := &Proxy{
-		cfg:  cfg,
+		Cfg:  cfg,
 		conn: conn,
-		tr:   upstream.NewTransport(cfg.ConnectTimeout, cfg.MaxConnsPerHost, cfg.MaxPrefillers+cfg.DataParallelSize),
-		m:    m,
-		log:  log,
+		Tr:   upstream.NewTransport(cfg.ConnectTimeout, cfg.MaxConnsPerHost, cfg.MaxPrefillers+cfg.DataParallelSize),
+		M:    m,
+		Log:  log,
 		metricsH: fasthttpadaptor.NewFastHTTPHandler(
 			promhttp.HandlerFor(gatherer, promhttp.HandlerOpts{})),
 	}
-	p.tr.SetAnswerLimits(cfg.MaxUpstreamAnswerBytes, cfg.Guard.MaxHeaderBytes)
+	p.Tr.SetAnswerLimits(cfg.MaxUpstreamAnswerBytes, cfg.Guard.MaxHeaderBytes)
 	p.armer = clientconn.NewArmer(clientconn.WatchDelay, ErrClientGone)
 	pass, err := passpolicy.New(cfg.Passthrough)
 	if err != nil {
 		return nil, err
 	}
 	p.pass, p.strip = pass, prefillstrip.Names(cfg.PrefillStripHeaders)
-	p.prefillStrip = p.strip
-	p.rewriter, _ = conn.(connectors.AnswerRewriter)
+	p.PrefillStrip = p.strip
+	p.Rewriter, _ = conn.(connectors.AnswerRewriter)
 	g, err := newGuard(cfg.Guard, cfg.MaxRequestBodyBytes, m.Guards, log)
 	if err != nil {
 		return nil, err
 	}
-	p.guard = g
-	p.tr.SetAnswerBudget(g.Budget()) // answers read whole draw from --max-buffered-bytes
+	p.Guard = g
+	p.Tr.SetAnswerBudget(g.Budget()) // answers read whole draw from --max-buffered-bytes
 	upTLS, err := cfg.Guard.TLS.Upstream(p.localAddrs())
 	if err != nil {
 		return nil, err
 	}
-	p.tr.UseTLS(upTLS)
+	p.Tr.UseTLS(upTLS)
 	if p.encTr, err = newEncoderTransport(cfg); err != nil {
 		return nil, err
 	}
 	p.enc = newEncoderStage(p)
-	p.seq, _ = conn.(connectors.Sequential)
-	if p.choreo = connectors.ChoreographyOf(conn); p.choreo == 0 {
+	p.Seq, _ = conn.(connectors.Sequential)
+	if p.Choreo = connectors.ChoreographyOf(conn); p.Choreo == 0 {
 		return nil, fmt.Errorf("connector %q is neither sequential nor concurrent", conn.Name())
 	}
 	p.boot = bootstrap.New(cfg.MaxPrefillers, bootstrapTransportErr)
@@ -157,12 +178,12 @@ func New(cfg Config, conn connectors.Connector, m *metrics.Metrics, gatherer pro
 		p.features = append(p.features, kvCacheSource{})
 	}
 	p.hedge = hedge.New(cfg.Hedge, m.Hedge)
-	if cfg.Hedge.On() && p.choreo == connectors.ChoreographyConcurrent {
+	if cfg.Hedge.On() && p.Choreo == connectors.ChoreographyConcurrent {
 		log.Warn().Str("connector", conn.Name()).Msg("--prefill-hedge-after has no effect: this connector sends the decode leg while the prefill runs, so there is no wait to hedge")
 	}
-	if cfg.MoriIO.WriteMode && p.seq != nil && conn.Name() == "nixlv2" {
-		p.mori = newMoriState(cfg.MoriIO, m.MoriIO, log) // MoRI-IO write mode
-		p.seq = moriio.ReadHandoffs(p.seq)               // its prefill answers are MoRI-IO's
+	if cfg.MoriIO.WriteMode && p.Seq != nil && conn.Name() == "nixlv2" {
+		p.Mori = newMoriState(cfg.MoriIO, m.MoriIO, log) // MoRI-IO write mode
+		p.Seq = moriio.ReadHandoffs(p.Seq)               // its prefill answers are MoRI-IO's
 	}
 	if cfg.PrefillPrewarm {
 		p.warm = newPrewarmer(p)
@@ -170,13 +191,13 @@ func New(cfg Config, conn connectors.Connector, m *metrics.Metrics, gatherer pro
 	p.kvr = newKVReleaser(p)
 	// The background work of what is on, in the order Run starts it
 	// (and stops it in reverse).
-	if p.mori != nil {
-		p.background = append(p.background, backgroundWork{background: p.mori.dns, throughDrain: true})
+	if p.Mori != nil {
+		p.background = append(p.background, backgroundWork{background: p.Mori.dns, throughDrain: true})
 	}
 	if p.warm != nil {
 		p.background = append(p.background, backgroundWork{background: p.warm})
 	}
-	if pr := newCircuitProber(p.guard, cfg.ConnectTimeout); pr != nil {
+	if pr := newCircuitProber(p.Guard, cfg.ConnectTimeout); pr != nil {
 		p.background = append(p.background, backgroundWork{background: pr})
 	}
 	if p.kvr != nil {
@@ -187,7 +208,7 @@ func New(cfg Config, conn connectors.Connector, m *metrics.Metrics, gatherer pro
 
 // localAddr is the local engine of data-parallel rank r.
 func (p *Proxy) localAddr(rank int) string {
-	return net.JoinHostPort(p.cfg.ModelServerHost, strconv.Itoa(p.cfg.ModelServerPort+rank))
+	return net.JoinHostPort(p.Cfg.ModelServerHost, strconv.Itoa(p.Cfg.ModelServerPort+rank))
 }
 
 // Handler returns the request handler of data-parallel rank r: the same
@@ -221,7 +242,7 @@ func (p *Proxy) Handler(rank int) fasthttp.RequestHandler {
 // proxy is not draining.
 func (p *Proxy) ready(rc *fasthttp.RequestCtx, local string) {
 	rc.SetContentType("application/json")
-	if p.draining.Load() {
+	if p.Draining.Load() {
 		rc.SetStatusCode(fasthttp.StatusServiceUnavailable)
 		rc.SetBodyString(`{"status":"draining"}`)
 		return
@@ -233,9 +254,9 @@ func (p *Proxy) ready(rc *fasthttp.RequestCtx, local string) {
 	req.Header.SetMethod(fasthttp.MethodGet)
 	req.Header.SetRequestURI("/health")
 	req.Header.SetHost(local)
-	ctx, cancel := contextWithTimeout(p.cfg.ConnectTimeout + time.Second)
+	ctx, cancel := contextWithTimeout(p.Cfg.ConnectTimeout + time.Second)
 	defer cancel()
-	hold, err := p.tr.Do(ctx, local, req, resp)
+	hold, err := p.Tr.Do(ctx, local, req, resp)
 	defer hold.Release()
 	if err != nil || resp.StatusCode() != fasthttp.StatusOK {
 		rc.SetStatusCode(fasthttp.StatusServiceUnavailable)

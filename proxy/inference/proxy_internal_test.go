@@ -30,7 +30,7 @@ func TestClassify(t *testing.T) {
 		{fmt.Errorf("%w: x", ErrPrefillTimeout), 504, ReasonTimeout, false},
 		{ErrPrefillOverloaded, 429, ReasonOverloaded, true},
 		{fmt.Errorf("%w: status 503", ErrPrefillServerError), 502, ReasonServerError, true},
-		{&rejected{status: 404}, 400, "", false},
+		{&Rejected{Status: 404}, 400, "", false},
 		{connectors.ErrNoKVParams, 502, ReasonNoKVParams, false},
 		{connectors.ErrInvalidKVParams, 502, ReasonInvalidParams, false},
 		{connectors.ErrBadPrefillAnswer, 502, ReasonBadAnswer, false},
@@ -62,7 +62,7 @@ func TestClassify(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.err.Error(), func(t *testing.T) {
 			o := classify(tt.err)
-			assert.Equal(t, tt.status, o.status)
+			assert.Equal(t, tt.status, o.Status)
 			assert.Equal(t, tt.reason, o.reason)
 			assert.Equal(t, tt.retry, o.retry)
 		})
@@ -141,7 +141,7 @@ func TestRequestID(t *testing.T) {
 }
 
 func TestErrorBody(t *testing.T) {
-	b := errorBody(http.StatusServiceUnavailable, fmt.Errorf("%w: \"quoted\"", ErrDecodeUnavailable))
+	b := ErrorBody(http.StatusServiceUnavailable, fmt.Errorf("%w: \"quoted\"", ErrDecodeUnavailable))
 	assert.JSONEq(t, `{"error":{"message":"decode engine unavailable: \"quoted\"","type":"ServiceUnavailableError","param":null,"code":503}}`, string(b))
-	assert.Contains(t, string(sse.ErrorEvent(errorBody(502, ErrDecodeFailed))), "data: [DONE]\n\n")
+	assert.Contains(t, string(sse.ErrorEvent(ErrorBody(502, ErrDecodeFailed))), "data: [DONE]\n\n")
 }

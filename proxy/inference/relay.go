@@ -19,43 +19,43 @@ import (
 // output of a decode leg.
 const maxHeld = 64 << 10
 
-var eventStream = []byte("text/event-stream")
+var EventStream = []byte("text/event-stream")
 
 // forward sends body to the local engine and relays its answer. remote
 // marks the decode leg carrying r.handoff: its answer gets the cached-token
 // rewrite, and a KV load failure reported before any output is returned as
 // ErrKVLoadFailed. forward returns nil once the answer is written or
 // streaming; an error only while the client has seen nothing.
-func (r *request) forward(body []byte, remote bool) error {
+func (r *Request) forward(body []byte, remote bool) error {
 	phase := metrics.PhaseLocal
 	if remote {
 		phase = metrics.PhaseDecode
 	}
-	g := r.p.m.Inflight.WithLabelValues(phase)
+	g := r.P.M.Inflight.WithLabelValues(phase)
 	g.Inc()
-	r.decodeStarted(remote)
-	req := r.upstream(r.local, body)
+	r.DecodeStarted(remote)
+	req := r.upstream(r.Local, body)
 	resp := fasthttp.AcquireResponse()
 	sent := time.Now()
 	var leg *upstream.Leg
 	var err error
-	if r.stream && r.p.cfg.DecodeFirstByteTimeout > 0 {
+	if r.Stream && r.P.Cfg.DecodeFirstByteTimeout > 0 {
 		// Bound the wait for the beginning of a streamed answer (relaySSE
 		// ends it); the stream itself, once begun, has no total timeout.
-		leg, err = r.p.tr.StreamFirstByteTimeout(r.ctx, r.local, req, resp, r.p.cfg.DecodeFirstByteTimeout)
+		leg, err = r.P.Tr.StreamFirstByteTimeout(r.Ctx, r.Local, req, resp, r.P.Cfg.DecodeFirstByteTimeout)
 		if errors.Is(err, upstream.ErrFirstByteTimeout) {
 			err = fmt.Errorf("%w: %w", ErrDecodeTimeout, err)
 		}
 	} else {
-		leg, err = r.p.tr.Stream(r.ctx, r.local, req, resp)
+		leg, err = r.P.Tr.Stream(r.Ctx, r.Local, req, resp)
 	}
 	fasthttp.ReleaseRequest(req)
 	if err != nil {
 		g.Dec()
 		fasthttp.ReleaseResponse(resp)
-		return decodeTransportErr(err)
+		return DecodeTransportErr(err)
 	}
-	if bytes.HasPrefix(resp.Header.ContentType(), eventStream) && !upstream.Bodiless(resp.StatusCode()) {
+	if bytes.HasPrefix(resp.Header.ContentType(), EventStream) && !upstream.Bodiless(resp.StatusCode()) {
 		return r.relaySSE(leg, resp, g, remote, sent)
 	}
 	defer g.Dec()
@@ -63,22 +63,22 @@ func (r *request) forward(body []byte, remote bool) error {
 	return r.relayJSON(leg, resp, remote, sent)
 }
 
-func (r *request) relayJSON(leg *upstream.Leg, resp *fasthttp.Response, remote bool, sent time.Time) error {
-	buf, hold, err := leg.ReadAll(r.p.cfg.MaxUpstreamAnswerBytes)
+func (r *Request) relayJSON(leg *upstream.Leg, resp *fasthttp.Response, remote bool, sent time.Time) error {
+	buf, hold, err := leg.ReadAll(r.P.Cfg.MaxUpstreamAnswerBytes)
 	// buf is let go on return: what the client is written is rc's copy.
 	defer hold.Release()
 	leg.Close()
 	if err != nil {
-		return decodeTransportErr(err)
+		return DecodeTransportErr(err)
 	}
 	st := resp.StatusCode()
 	if remote {
-		r.kvHandoffDone(sent, st == fasthttp.StatusOK)
-		if st == fasthttp.StatusInternalServerError && r.kvLoadFailed() {
+		r.KvHandoffDone(sent, st == fasthttp.StatusOK)
+		if st == fasthttp.StatusInternalServerError && r.KvLoadFailed() {
 			return ErrKVLoadFailed
 		}
-		if st == fasthttp.StatusOK && r.p.rewriter != nil {
-			buf = r.p.rewriter.RewriteAnswer(r.api, buf, *r.handoff)
+		if st == fasthttp.StatusOK && r.P.Rewriter != nil {
+			buf = r.P.Rewriter.RewriteAnswer(r.Api, buf, *r.Handoff)
 		}
 	}
 	if r.leftNow() {
@@ -86,34 +86,34 @@ func (r *request) relayJSON(leg *upstream.Leg, resp *fasthttp.Response, remote b
 	}
 	r.copyHead(resp)
 	r.rc.SetBody(buf)
-	r.jsonAnswered(st)
+	r.JsonAnswered(st)
 	return nil
 }
 
 // jsonAnswered records a JSON answer of status st relayed whole, as both
 // the fasthttp path and the lane relay one.
-func (r *request) jsonAnswered(st int) {
-	r.p.m.TTFT.WithLabelValues(r.mode).Observe(time.Since(r.start).Seconds())
-	r.p.m.Requests.WithLabelValues(r.mode, statusLabel(st)).Inc()
-	r.obs.Status = st
-	r.logAt(zerolog.InfoLevel).Str("mode", r.mode).Int("status", st).Msg("answered")
+func (r *Request) JsonAnswered(st int) {
+	r.P.M.TTFT.WithLabelValues(r.Mode).Observe(time.Since(r.Start).Seconds())
+	r.P.M.Requests.WithLabelValues(r.Mode, StatusLabel(st)).Inc()
+	r.Obs.Status = st
+	r.LogAt(zerolog.InfoLevel).Str("mode", r.Mode).Int("status", st).Msg("answered")
 }
 
 // kvLoadFailed counts a KV load failure of the decode leg and reports
 // whether the request is to be re-run with a local prefill.
-func (r *request) kvLoadFailed() bool {
-	r.p.m.KVLoadFailures.WithLabelValues(r.label).Inc()
-	if r.p.cfg.OnKVLoadFailure == KVFailError {
-		r.logAt(zerolog.ErrorLevel).Msg("decode engine failed to load the remote KV; error passed on (--on-kv-load-failure error)")
+func (r *Request) KvLoadFailed() bool {
+	r.P.M.KVLoadFailures.WithLabelValues(r.label).Inc()
+	if r.P.Cfg.OnKVLoadFailure == KVFailError {
+		r.LogAt(zerolog.ErrorLevel).Msg("decode engine failed to load the remote KV; error passed on (--on-kv-load-failure error)")
 		return false
 	}
 	return true
 }
 
 // copyHead copies the upstream status and end-to-end headers to the client.
-func (r *request) copyHead(resp *fasthttp.Response) {
+func (r *Request) copyHead(resp *fasthttp.Response) {
 	copyResponseHead(r.rc, resp)
-	r.rc.Response.Header.Set(HeaderRequestID, r.id)
+	r.rc.Response.Header.Set(HeaderRequestID, r.Id)
 }
 
 func copyResponseHead(rc *fasthttp.RequestCtx, resp *fasthttp.Response) {
@@ -131,7 +131,7 @@ func copyResponseHead(rc *fasthttp.RequestCtx, resp *fasthttp.Response) {
 // events that carry no output yet (the role chunk) are held back until the
 // first output or error: an error there is a KV load failure, recoverable
 // because the client has seen nothing.
-func (r *request) relaySSE(leg *upstream.Leg, resp *fasthttp.Response, g prometheus.Gauge, remote bool, sent time.Time) error {
+func (r *Request) relaySSE(leg *upstream.Leg, resp *fasthttp.Response, g prometheus.Gauge, remote bool, sent time.Time) error {
 	er := r.eventReader(leg)
 	var held []byte
 	abort := func(err error) error {
@@ -148,18 +148,18 @@ func (r *request) relaySSE(leg *upstream.Leg, resp *fasthttp.Response, g prometh
 	if !remote {
 		ev, err := er.Next()
 		if err != nil {
-			return abort(beforeOutputErr(endedEarly(r.local, "any event", err)))
+			return abort(beforeOutputErr(EndedEarly(r.Local, "any event", err)))
 		}
 		held = append(held, ev...)
 	} else {
 		var kvFail bool
 		var err error
 		// The role chunk and the first output, usually.
-		if held, kvFail, err = readToOutput(er, r.api, make([]byte, 0, 2<<10)); err != nil {
-			return abort(beforeOutputErr(endedEarly(r.local, "any output", err)))
+		if held, kvFail, err = readToOutput(er, r.Api, make([]byte, 0, 2<<10)); err != nil {
+			return abort(beforeOutputErr(EndedEarly(r.Local, "any output", err)))
 		}
-		r.kvHandoffDone(sent, !kvFail)
-		if kvFail && r.kvLoadFailed() {
+		r.KvHandoffDone(sent, !kvFail)
+		if kvFail && r.KvLoadFailed() {
 			return abort(ErrKVLoadFailed)
 		}
 	}
@@ -168,8 +168,8 @@ func (r *request) relaySSE(leg *upstream.Leg, resp *fasthttp.Response, g prometh
 	}
 	leg.Began()
 	r.copyHead(resp)
-	r.p.m.Requests.WithLabelValues(r.mode, statusLabel(resp.StatusCode())).Inc()
-	r.obs.Status = resp.StatusCode()
+	r.P.M.Requests.WithLabelValues(r.Mode, StatusLabel(resp.StatusCode())).Inc()
+	r.Obs.Status = resp.StatusCode()
 	r.streamBody(r.newSSEBody(er, leg, held, remote, func() {
 		er.Release()
 		leg.Close()
@@ -182,7 +182,7 @@ func (r *request) relaySSE(leg *upstream.Leg, resp *fasthttp.Response, g prometh
 
 // beforeOutputErr is the error of a stream that ended, or was cut by
 // --decode-first-byte-timeout, before it had anything to relay.
-func beforeOutputErr(err error) error { return decodeTransportErr(err) }
+func beforeOutputErr(err error) error { return DecodeTransportErr(err) }
 
 // needsDone reports whether api's streams end with data: [DONE].
 func needsDone(api connectors.API) bool {
@@ -190,15 +190,15 @@ func needsDone(api connectors.API) bool {
 }
 
 // left records a client that went away mid-stream.
-func (r *request) left() {
-	r.logAt(zerolog.InfoLevel).Msg("client left mid-stream; upstream leg cancelled")
-	r.p.m.ClientDisconnects.WithLabelValues(r.phase()).Inc()
+func (r *Request) left() {
+	r.LogAt(zerolog.InfoLevel).Msg("client left mid-stream; upstream leg cancelled")
+	r.P.M.ClientDisconnects.WithLabelValues(r.phase()).Inc()
 }
 
 // streamBody hands b to fasthttp as the answer's body. From here a client
 // that leaves fails the next write, so no watcher is kept for the life of
 // the stream.
-func (r *request) streamBody(b *sseBody) {
+func (r *Request) streamBody(b *sseBody) {
 	if r.watch.Stop() {
 		r.rc.SetConnectionClose()
 	}

@@ -41,7 +41,7 @@ func TestTrailersReachNoLeg(t *testing.T) {
 			clientconn.DropTrailers(h)
 			assert.Equal(t, tc.prefiller, string(h.Peek(HeaderPrefiller)))
 			assert.Empty(t, h.Peek(HeaderRequestID))
-			r := &request{id: "rid"}
+			r := &Request{Id: "rid"}
 			var leg fasthttp.Request
 			r.upstreamHeader(&leg.Header, h, "127.0.0.1:1")
 			leg.SetBodyRaw([]byte("{}"))

@@ -25,34 +25,34 @@ import (
 
 // request is the state of one inference request. It is owned by the
 // handler goroutine and, once the answer is streamed, by the body writer.
-type request struct {
-	p      *Proxy
+type Request struct {
+	P      *Proxy
 	rc     *fasthttp.RequestCtx
-	ctx    context.Context
-	cancel context.CancelCauseFunc
+	Ctx    context.Context
+	Cancel context.CancelCauseFunc
 	watch  *clientconn.Watch // the client connection's watch
-	id     string
+	Id     string
 	// log is the request's logger (request_id, path, prefiller fields),
 	// built on first use: see logAt.
 	log      zerolog.Logger
 	logReady bool
-	start    time.Time
-	api      connectors.API
+	Start    time.Time
+	Api      connectors.API
 	// local is the engine of the decode legs: the rank's whose port the
 	// request arrived on (home), or the one x-data-parallel-host-port names.
-	local  string
+	Local  string
 	home   string
-	body   []byte
-	stream bool
+	Body   []byte
+	Stream bool
 	usage  bool // stream_options.include_usage
 
-	prefiller string // host:port chosen from the header ("" = none)
+	Prefiller string // host:port chosen from the header ("" = none)
 	named     bool   // the request carried x-prefiller-host-port
 	// uses are the request features' parts in the request (requestFeature).
 	uses     []featureUse
 	label    string // bounded metric label of prefiller
-	mode     string
-	handoff  *connectors.Handoff // set once the decode leg carries remote KV
+	Mode     string
+	Handoff  *connectors.Handoff // set once the decode leg carries remote KV
 	detached bool                // the body writer owns the request now
 	// onOutput, when set, is told the moment the decode leg's first output
 	// is seen (before it is relayed): the concurrent choreography's point of
@@ -62,14 +62,14 @@ type request struct {
 	// moriRank its legs' x-data-parallel-rank ("" = none) (moriState).
 	mori     moriio.Leg
 	moriRank string
-	obs      observe.Request // report and spans
+	Obs      observe.Request // report and spans
 	// held is the buffer budget's share of the answers read whole that
 	// the request keeps until it finishes (a prefill answer's copy).
 	held upstream.AnswerHold
 	// kvPending is the prefill's handoff while the decode engine has not
 	// read its KV: set when the prefill answer is parsed, cleared by the
 	// decode leg's first output or KV load failure (awaitKVRead).
-	kvPending *connectors.Handoff
+	KvPending *connectors.Handoff
 }
 
 // hopHeaders are connection-scoped and never forwarded.
@@ -78,24 +78,24 @@ var hopHeaders = []string{
 	"Proxy-Authorization", "Te", "Trailer", "Transfer-Encoding", "Upgrade",
 }
 
-func (p *Proxy) newRequest(rc *fasthttp.RequestCtx, local string, api connectors.API) *request {
-	r := p.startRequest(rc.Request.Header.Peek(HeaderRequestID), &rc.Request.Header, rc.PostBody(), local, api)
+func (p *Proxy) newRequest(rc *fasthttp.RequestCtx, local string, api connectors.API) *Request {
+	r := p.StartRequest(rc.Request.Header.Peek(HeaderRequestID), &rc.Request.Header, rc.PostBody(), local, api)
 	r.rc = rc
-	rc.Response.Header.Set(HeaderRequestID, r.id)
-	r.watch = p.armer.Watch(rc.Conn(), r.cancel, r.start)
+	rc.Response.Header.Set(HeaderRequestID, r.Id)
+	r.watch = p.armer.Watch(rc.Conn(), r.Cancel, r.Start)
 	return r
 }
 
 // startRequest begins the state of a request with head h (its
 // X-Request-Id: id) and body, as the fasthttp path (newRequest) and the
 // lane share it.
-func (p *Proxy) startRequest(id []byte, h *fasthttp.RequestHeader, body []byte, local string, api connectors.API) *request {
+func (p *Proxy) StartRequest(id []byte, h *fasthttp.RequestHeader, body []byte, local string, api connectors.API) *Request {
 	ctx, cancel := context.WithCancelCause(context.Background())
-	r := &request{
-		p: p, ctx: ctx, cancel: cancel, start: time.Now(),
-		api: api, local: local, home: local, body: body, mode: metrics.ModeLocal,
+	r := &Request{
+		P: p, Ctx: ctx, Cancel: cancel, Start: time.Now(),
+		Api: api, Local: local, home: local, Body: body, Mode: metrics.ModeLocal,
 	}
-	r.id = requestID(id)
+	r.Id = requestID(id)
 	// r.stream and r.usage: read by sanitize, in its pass over the body.
 	r.traceStart(h)
 	return r
@@ -105,19 +105,19 @@ func (p *Proxy) startRequest(id []byte, h *fasthttp.RequestHeader, body []byte, 
 // no-op event) when l is not logged; the logger, with the request's fields,
 // is built only for the first event logged, so a request that logs nothing
 // allocates nothing for it.
-func (r *request) logAt(l zerolog.Level) *zerolog.Event {
-	if l < r.p.log.GetLevel() || l < zerolog.GlobalLevel() {
+func (r *Request) LogAt(l zerolog.Level) *zerolog.Event {
+	if l < r.P.Log.GetLevel() || l < zerolog.GlobalLevel() {
 		return nil
 	}
 	return r.logger().WithLevel(l)
 }
 
 // logger returns the request's logger, building it when needed.
-func (r *request) logger() *zerolog.Logger {
+func (r *Request) logger() *zerolog.Logger {
 	if !r.logReady {
-		c := r.p.log.With().Str("request_id", r.id).Str("path", r.api.String())
-		if r.prefiller != "" {
-			c = c.Str("prefiller", logvalue.Cut(r.prefiller))
+		c := r.P.Log.With().Str("request_id", r.Id).Str("path", r.Api.String())
+		if r.Prefiller != "" {
+			c = c.Str("prefiller", logvalue.Cut(r.Prefiller))
 		}
 		r.log = c.Logger()
 		r.logReady = true
@@ -126,33 +126,33 @@ func (r *request) logger() *zerolog.Logger {
 }
 
 // finish ends the request's bookkeeping; the last owner calls it.
-func (r *request) finish() {
-	r.releaseKV(nil) // --release-kv-on-cancel
+func (r *Request) finish() {
+	r.ReleaseKV(nil) // --release-kv-on-cancel
 	r.held.Release()
-	r.report()
-	r.p.guard.Release()
+	r.Report()
+	r.P.Guard.Release()
 	if r.watch.Stop() && !r.detached {
 		r.rc.SetConnectionClose()
 	}
-	r.cancel(context.Canceled)
+	r.Cancel(context.Canceled)
 }
 
 // keep moves h's reservation to the request, released when it finishes.
-func (r *request) keep(h *upstream.AnswerHold) { r.held.Add(h.Take()) }
+func (r *Request) keep(h *upstream.AnswerHold) { r.held.Add(h.Take()) }
 
 // gone reports whether the client left.
-func (r *request) gone() bool { return context.Cause(r.ctx) == ErrClientGone }
+func (r *Request) gone() bool { return context.Cause(r.Ctx) == ErrClientGone }
 
 // upstream builds a leg to addr carrying body: the client's headers minus
 // hop-by-hop and sidecar headers, with our X-Request-Id set once. Compressed
 // answers are refused on P/D legs, whose answers the proxy reads.
-func (r *request) upstream(addr string, body []byte) *fasthttp.Request {
+func (r *Request) upstream(addr string, body []byte) *fasthttp.Request {
 	return r.legRequest(addr, body, nil)
 }
 
 // legRequest builds a leg as upstream does, less the headers named in strip
 // (lower case; proxy/prefillstrip).
-func (r *request) legRequest(addr string, body []byte, strip []string) *fasthttp.Request {
+func (r *Request) legRequest(addr string, body []byte, strip []string) *fasthttp.Request {
 	req := fasthttp.AcquireRequest()
 	r.upstreamHeader(&req.Header, &r.rc.Request.Header, addr)
 	prefillstrip.Strip(&req.Header, strip)
@@ -166,7 +166,7 @@ func (r *request) legRequest(addr string, body []byte, strip []string) *fasthttp
 
 // upstreamHeader sets dst to the head of a leg to addr: the client's head
 // src minus hop-by-hop and sidecar headers, with our X-Request-Id.
-func (r *request) upstreamHeader(dst, src *fasthttp.RequestHeader, addr string) {
+func (r *Request) upstreamHeader(dst, src *fasthttp.RequestHeader, addr string) {
 	src.CopyTo(dst)
 	for _, h := range hopHeaders {
 		dst.Del(h)
@@ -178,11 +178,11 @@ func (r *request) upstreamHeader(dst, src *fasthttp.RequestHeader, addr string) 
 	dst.Del("Accept-Encoding")
 	dst.Del("Expect")
 	dst.Del(HeaderRequestID) // every copy: Set replaces only the first
-	dst.Set(HeaderRequestID, r.id)
+	dst.Set(HeaderRequestID, r.Id)
 	if r.moriRank != "" {
 		dst.Set(moriio.HeaderRank, r.moriRank)
 	}
-	r.obs.Inject(dst)
+	r.Obs.Inject(dst)
 	dst.SetHost(addr)
 	dst.SetProtocolBytes(strHTTP11) // whatever the client's (setStream)
 }

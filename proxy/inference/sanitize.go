@@ -30,7 +30,7 @@ var ErrKVAddressDenied error = failure.New("a kv transfer address in the request
 // remove fields that are there, or to check their addresses. log gets the
 // debug line of a removal (nil: none).
 func (p *Proxy) cleanBody(api connectors.API, body []byte, log func() *zerolog.Event) ([]byte, connectors.BodyTop, error) {
-	m, g := p.m.Guards, &p.cfg.Guard
+	m, g := p.M.Guards, &p.Cfg.Guard
 	top, err := connectors.ScanBody(api, body)
 	if err != nil {
 		m.Rejected.WithLabelValues(metrics.RejectMalformed).Inc()
@@ -77,12 +77,12 @@ func (p *Proxy) cleanBody(api connectors.API, body []byte, log func() *zerolog.E
 // sanitize makes r.body what may reach an engine (cleanBody): every leg,
 // local or split, and every fallback starts from it; and reads the
 // request's stream flags, in the same pass over the body.
-func (r *request) sanitize() error {
-	body, top, err := r.p.cleanBody(r.api, r.body, func() *zerolog.Event { return r.logAt(zerolog.DebugLevel) })
+func (r *Request) Sanitize() error {
+	body, top, err := r.P.cleanBody(r.Api, r.Body, func() *zerolog.Event { return r.LogAt(zerolog.DebugLevel) })
 	if err != nil {
 		return err
 	}
-	r.body = body
-	r.stream, r.usage = top.Stream, top.Usage
+	r.Body = body
+	r.Stream, r.usage = top.Stream, top.Usage
 	return nil
 }

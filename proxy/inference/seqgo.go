@@ -34,18 +34,18 @@ import (
 // classifier (classify), and whether it is a prefiller's rejection.
 func splitJudge(err error) split.Verdict {
 	o := classify(err)
-	var rej *rejected
+	var rej *Rejected
 	return split.Verdict{Reason: o.reason, Retry: o.retry, Rejected: errors.As(err, &rej)}
 }
 
 // splitConfig is the sequential split's configuration.
-func (p *Proxy) splitConfig() split.Config {
+func (p *Proxy) SplitConfig() split.Config {
 	return split.Config{
-		PrefillTimeout: p.cfg.PrefillTimeout,
-		MaxRetries:     p.cfg.PrefillMaxRetries,
-		RetryBackoff:   p.cfg.PrefillRetryBackoff,
-		Fallback:       p.cfg.PrefillFallback,
-		DecodeTPSize:   p.cfg.DecodeTPSize,
+		PrefillTimeout: p.Cfg.PrefillTimeout,
+		MaxRetries:     p.Cfg.PrefillMaxRetries,
+		RetryBackoff:   p.Cfg.PrefillRetryBackoff,
+		Fallback:       p.Cfg.PrefillFallback,
+		DecodeTPSize:   p.Cfg.DecodeTPSize,
 		Judge:          splitJudge,
 	}
 }
@@ -63,7 +63,7 @@ type attemptOut struct {
 
 // goSplit is one request's sequential split on fasthttp's path.
 type goSplit struct {
-	r *request
+	r *Request
 	m *split.Sequential
 
 	body []byte          // the prefill leg's body
@@ -76,7 +76,7 @@ type goSplit struct {
 
 	attempt  context.CancelCauseFunc // the attempt in flight (nil: none)
 	attempts chan attemptOut
-	res      prefillResult // the prefill's answer
+	res      PrefillResult // the prefill's answer
 
 	timers [splitTimers]*time.Timer
 	fired  chan split.Timer
@@ -91,10 +91,10 @@ type goSplit struct {
 
 // runSequential runs the request's sequential split (its prefiller
 // chosen and allowed).
-func (r *request) runSequential() {
-	p := r.p
+func (r *Request) runSequential() {
+	p := r.P
 	d := &goSplit{
-		r: r, m: split.NewSequential(p.splitConfig()),
+		r: r, m: split.NewSequential(p.SplitConfig()),
 		attempts: make(chan attemptOut, 1),
 		fired:    make(chan split.Timer, splitTimers),
 		hedges:   make(chan localOutcome, 1),
@@ -108,12 +108,12 @@ const splitTimers = int(split.TimerHedge) + 1
 func (d *goSplit) run() {
 	r := d.r
 	body, err := r.prefillBody()
-	start, tk := r.splitStart(err)
+	start, tk := r.SplitStart(err)
 	if tk != nil {
 		d.body, d.tk = body, tk
 	}
 	d.exec(d.m.Start(start))
-	gone := r.ctx.Done()
+	gone := r.Ctx.Done()
 	for !d.answered && !d.m.Done() {
 		select {
 		case o := <-d.attempts:
@@ -130,7 +130,7 @@ func (d *goSplit) run() {
 			}
 		case <-gone:
 			gone = nil
-			d.feed(split.Event{Kind: split.ClientGone, Err: context.Cause(r.ctx)})
+			d.feed(split.Event{Kind: split.ClientGone, Err: context.Cause(r.Ctx)})
 		}
 	}
 	for _, t := range d.timers {
@@ -142,14 +142,14 @@ func (d *goSplit) run() {
 
 // prefillBody is the prefill leg's body: the connector's, with MoRI-IO's
 // fields when they apply, as the request features edit it.
-func (r *request) prefillBody() ([]byte, error) {
-	p := r.p
-	body, err := p.seq.PrefillBody(nil, r.api, r.body)
-	if err == nil && p.mori != nil {
+func (r *Request) prefillBody() ([]byte, error) {
+	p := r.P
+	body, err := p.Seq.PrefillBody(nil, r.Api, r.Body)
+	if err == nil && p.Mori != nil {
 		body, err = r.moriPrefillBody(body) // MoRI-IO write mode
 	}
 	if err == nil {
-		body, err = r.editPrefill(body)
+		body, err = r.EditPrefill(body)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrBadRequest, err)
@@ -162,7 +162,7 @@ func (r *request) prefillBody() ([]byte, error) {
 func (d *goSplit) feed(ev split.Event) {
 	if !d.goneFed && ev.Kind != split.ClientGone && d.r.gone() {
 		d.goneFed = true
-		d.exec(d.m.On(split.Event{Kind: split.ClientGone, Err: context.Cause(d.r.ctx)}))
+		d.exec(d.m.On(split.Event{Kind: split.ClientGone, Err: context.Cause(d.r.Ctx)}))
 	}
 	if ev.Kind == split.ClientGone {
 		if d.goneFed {
@@ -178,7 +178,7 @@ func (d *goSplit) feed(ev split.Event) {
 // exec executes acts in order; it returns the event a leg that was to
 // answer ended with (nil: none).
 func (d *goSplit) exec(acts []split.Action) *split.Event {
-	r, p := d.r, d.r.p
+	r, p := d.r, d.r.P
 	var next *split.Event
 	for _, a := range acts {
 		switch a.Op {
@@ -213,14 +213,14 @@ func (d *goSplit) exec(acts []split.Action) *split.Event {
 		case split.SendDecode:
 			next = d.decode(a.Handoff)
 		case split.SendLocal:
-			r.handoff = nil
-			if err := r.decode(r.body, false); err != nil {
+			r.Handoff = nil
+			if err := r.decode(r.Body, false); err != nil {
 				next = &split.Event{Kind: split.LegFailed, Err: err}
 			} else {
 				d.answered = true
 			}
 		case split.AnswerPrefill:
-			ct, ans, err := r.prefillAnswer(d.res)
+			ct, ans, err := r.PrefillAnswer(d.res)
 			if err != nil {
 				next = &split.Event{Kind: split.LegFailed, Err: err, Recoverable: true}
 				continue
@@ -232,20 +232,20 @@ func (d *goSplit) exec(acts []split.Action) *split.Event {
 			r.passOn(a.Err)
 		case split.Fail:
 			d.answered = true
-			r.fail(a.Err)
+			r.Fail(a.Err)
 
 		case split.PrefillBegan:
-			r.mode = metrics.ModeDisaggregated
-			d.gauge = p.m.Inflight.WithLabelValues(metrics.PhasePrefill)
+			r.Mode = metrics.ModeDisaggregated
+			d.gauge = p.M.Inflight.WithLabelValues(metrics.PhasePrefill)
 			d.gauge.Inc()
-			d.prefillEnd = r.prefillStarted(time.Now())
-			d.pctx, d.pcancel = context.WithTimeoutCause(r.ctx, p.cfg.PrefillTimeout, ErrPrefillTimeout)
+			d.prefillEnd = r.PrefillStarted(time.Now())
+			d.pctx, d.pcancel = context.WithTimeoutCause(r.Ctx, p.Cfg.PrefillTimeout, ErrPrefillTimeout)
 		case split.PrefillEnded:
 			d.pcancel()
 			d.gauge.Dec()
 			d.prefillEnd(a.Err)
 		default:
-			r.account(a, &d.tk)
+			r.Account(a, &d.tk)
 		}
 	}
 	return next
@@ -267,13 +267,13 @@ func (d *goSplit) sendPrefill() {
 // prefillExchange sends req to the prefiller within ctx and returns its
 // answer. It runs beside the request's goroutine: it touches nothing of
 // the request but its immutable fields.
-func (r *request) prefillExchange(ctx context.Context, req *fasthttp.Request) attemptOut {
+func (r *Request) prefillExchange(ctx context.Context, req *fasthttp.Request) attemptOut {
 	resp := fasthttp.AcquireResponse()
 	defer fasthttp.ReleaseRequest(req)
 	defer fasthttp.ReleaseResponse(resp)
-	hold, err := r.p.tr.Do(ctx, r.prefiller, req, resp)
+	hold, err := r.P.Tr.Do(ctx, r.Prefiller, req, resp)
 	if err != nil {
-		return attemptOut{err: prefillTransportErr(err)}
+		return attemptOut{err: PrefillTransportErr(err)}
 	}
 	return attemptOut{
 		status:      resp.StatusCode(),
@@ -291,17 +291,17 @@ func (d *goSplit) attemptEnded(o attemptOut) {
 		return
 	}
 	d.res = res
-	d.feed(split.Event{Kind: split.PrefillAnswered, Handoff: res.handoff})
+	d.feed(split.Event{Kind: split.PrefillAnswered, Handoff: res.Handoff})
 }
 
 // attemptAnswer is what an attempt's answer says (prefillAnswered), its
 // copy's budget share kept by the request while the answer is used.
-func (r *request) attemptAnswer(o attemptOut) (prefillResult, error) {
+func (r *Request) attemptAnswer(o attemptOut) (PrefillResult, error) {
 	if o.err != nil {
-		return prefillResult{}, o.err
+		return PrefillResult{}, o.err
 	}
-	res, err := r.prefillAnswered(o.status, o.contentType, o.body)
-	var rej *rejected
+	res, err := r.PrefillAnswered(o.status, o.contentType, o.body)
+	var rej *Rejected
 	if err == nil || errors.As(err, &rej) {
 		// The copy of the body is kept (the handoff's, or the rejection
 		// passed on) while the request runs: so is its reservation.
@@ -322,7 +322,7 @@ func (d *goSplit) cancelPrefill(cause error) {
 	d.attempt = nil
 	o := <-d.attempts
 	if _, err := d.r.attemptAnswer(o); err == nil && errors.Is(cause, split.ErrHedgeLost) {
-		d.r.logAt(zerolog.WarnLevel).Msg("hedge: the prefill answered as it was cancelled; its KV is left to the prefiller's lease")
+		d.r.LogAt(zerolog.WarnLevel).Msg("hedge: the prefill answered as it was cancelled; its KV is left to the prefiller's lease")
 	}
 }
 
@@ -330,8 +330,8 @@ func (d *goSplit) cancelPrefill(cause error) {
 // goroutine of its own, its answer held until it is ready (openLocal).
 func (d *goSplit) sendHedge() {
 	r := d.r
-	req := r.upstream(r.local, r.body)
-	ctx, cancel := context.WithCancelCause(r.ctx)
+	req := r.upstream(r.Local, r.Body)
+	ctx, cancel := context.WithCancelCause(r.Ctx)
 	d.hedgeCancel = cancel
 	go func() {
 		a, err := r.openLocal(ctx, req)
@@ -363,29 +363,29 @@ func (d *goSplit) dropHedge() {
 // decode body, the leg relayed. A failure before anything reached the
 // client is returned as the machine's event.
 func (d *goSplit) decode(h connectors.Handoff) *split.Event {
-	r, p := d.r, d.r.p
+	r, p := d.r, d.r.P
 	var err error
-	if p.kv != nil {
+	if p.Kv != nil {
 		if h, err = r.pullKV(h); err != nil {
 			err, recoverable := r.kvPullFailure(err)
 			return &split.Event{Kind: split.LegFailed, Err: err, Recoverable: recoverable}
 		}
 	}
-	if p.mori != nil {
+	if p.Mori != nil {
 		// MoRI-IO write mode: the rank and fields of the decode leg.
 		if h.Params, err = r.moriDecodeParams(h.Params); err != nil {
 			return &split.Event{Kind: split.LegFailed, Err: err, Recoverable: true}
 		}
 	}
-	body, err := p.seq.DecodeBody(nil, r.api, r.body, h)
+	body, err := p.Seq.DecodeBody(nil, r.Api, r.Body, h)
 	if err != nil {
 		return &split.Event{Kind: split.LegFailed, Err: err}
 	}
-	r.mode, r.handoff = metrics.ModeDisaggregated, &h
+	r.Mode, r.Handoff = metrics.ModeDisaggregated, &h
 	if err := r.decode(body, true); err != nil {
 		kvLoad := errors.Is(err, ErrKVLoadFailed)
 		if kvLoad {
-			r.handoff = nil // the decode engine read none of it
+			r.Handoff = nil // the decode engine read none of it
 		}
 		return &split.Event{Kind: split.LegFailed, Err: err, Recoverable: kvLoad}
 	}
@@ -413,37 +413,37 @@ type heldAnswer struct {
 // openLocal sends req, the client's body to the local engine, and reads its
 // answer up to its first output (a stream) or whole (JSON). It uses only
 // the request's immutable fields: it runs beside the prefill goroutine.
-func (r *request) openLocal(ctx context.Context, req *fasthttp.Request) (*heldAnswer, error) {
+func (r *Request) openLocal(ctx context.Context, req *fasthttp.Request) (*heldAnswer, error) {
 	resp := fasthttp.AcquireResponse()
 	a := &heldAnswer{resp: resp, sent: time.Now()}
 	var err error
-	if r.stream && r.p.cfg.DecodeFirstByteTimeout > 0 {
-		a.leg, err = r.p.tr.StreamFirstByteTimeout(ctx, r.local, req, resp, r.p.cfg.DecodeFirstByteTimeout)
+	if r.Stream && r.P.Cfg.DecodeFirstByteTimeout > 0 {
+		a.leg, err = r.P.Tr.StreamFirstByteTimeout(ctx, r.Local, req, resp, r.P.Cfg.DecodeFirstByteTimeout)
 	} else {
-		a.leg, err = r.p.tr.Stream(ctx, r.local, req, resp)
+		a.leg, err = r.P.Tr.Stream(ctx, r.Local, req, resp)
 	}
 	fasthttp.ReleaseRequest(req)
 	if err != nil {
 		fasthttp.ReleaseResponse(resp)
 		return nil, beforeOutputErr(err)
 	}
-	if !bytes.HasPrefix(resp.Header.ContentType(), eventStream) || upstream.Bodiless(resp.StatusCode()) {
-		a.buf, a.hold, err = a.leg.ReadAll(r.p.cfg.MaxUpstreamAnswerBytes)
+	if !bytes.HasPrefix(resp.Header.ContentType(), EventStream) || upstream.Bodiless(resp.StatusCode()) {
+		a.buf, a.hold, err = a.leg.ReadAll(r.P.Cfg.MaxUpstreamAnswerBytes)
 		a.leg.Close()
 		a.leg = nil
 		if err != nil {
 			a.discard()
-			return nil, decodeTransportErr(err)
+			return nil, DecodeTransportErr(err)
 		}
 		return a, nil
 	}
 	a.er = r.eventReader(a.leg)
 	var errEvent bool
-	a.held, errEvent, err = readToOutput(a.er, r.api, nil)
+	a.held, errEvent, err = readToOutput(a.er, r.Api, nil)
 	switch {
 	case err != nil:
 		a.discard()
-		return nil, beforeOutputErr(endedEarly(r.local, "any output", err))
+		return nil, beforeOutputErr(EndedEarly(r.Local, "any output", err))
 	case errEvent:
 		a.discard()
 		return nil, fmt.Errorf("%w: the local stream began with an error event", ErrDecodeFailed)
@@ -490,15 +490,15 @@ func (a *heldAnswer) discard() {
 // commitLocal relays a held local answer as the request's answer, as
 // forward does: a stream from its held events on, a JSON answer whole.
 // cancel ends the leg's context once the answer is over.
-func (r *request) commitLocal(a *heldAnswer, cancel context.CancelCauseFunc) {
-	g := r.p.m.Inflight.WithLabelValues(metrics.PhaseLocal)
+func (r *Request) commitLocal(a *heldAnswer, cancel context.CancelCauseFunc) {
+	g := r.P.M.Inflight.WithLabelValues(metrics.PhaseLocal)
 	g.Inc()
-	r.decodeStarted(false)
+	r.DecodeStarted(false)
 	if r.leftNow() {
 		g.Dec()
 		cancel(nil)
 		a.discard()
-		r.leftBeforeAnswer(ErrClientGone)
+		r.LeftBeforeAnswer(ErrClientGone)
 		return
 	}
 	if a.er == nil {
@@ -507,13 +507,13 @@ func (r *request) commitLocal(a *heldAnswer, cancel context.CancelCauseFunc) {
 		defer a.discard()
 		r.copyHead(a.resp)
 		r.rc.SetBody(a.buf)
-		r.jsonAnswered(a.resp.StatusCode())
+		r.JsonAnswered(a.resp.StatusCode())
 		return
 	}
 	a.leg.Began()
 	r.copyHead(a.resp)
-	r.p.m.Requests.WithLabelValues(r.mode, statusLabel(a.resp.StatusCode())).Inc()
-	r.obs.Status = a.resp.StatusCode()
+	r.P.M.Requests.WithLabelValues(r.Mode, StatusLabel(a.resp.StatusCode())).Inc()
+	r.Obs.Status = a.resp.StatusCode()
 	r.streamBody(r.newSSEBody(a.er, a.leg, a.held, false, func() {
 		a.er.Release()
 		a.leg.Close()

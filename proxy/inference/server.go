@@ -44,7 +44,7 @@ func (p *Proxy) Run(ctx context.Context) error {
 		}
 	}
 	listen := func(port int, h fasthttp.RequestHandler) error {
-		addr := net.JoinHostPort(p.cfg.Host, strconv.Itoa(port))
+		addr := net.JoinHostPort(p.Cfg.Host, strconv.Itoa(port))
 		ln, err := net.Listen("tcp", addr)
 		if err != nil {
 			closeAll()
@@ -54,11 +54,11 @@ func (p *Proxy) Run(ctx context.Context) error {
 		servers = append(servers, p.newServer(h))
 		return nil
 	}
-	if p.cfg.StreamLoops > 0 {
-		g, err := netloop.NewGroup(p.cfg.StreamLoops)
+	if p.Cfg.StreamLoops > 0 {
+		g, err := netloop.NewGroup(p.Cfg.StreamLoops)
 		switch {
 		case errors.Is(err, netloop.ErrUnsupported):
-			p.log.Info().Msg("no event loops on this platform: each open stream keeps its goroutine")
+			p.Log.Info().Msg("no event loops on this platform: each open stream keeps its goroutine")
 		case err != nil:
 			return err
 		default:
@@ -66,19 +66,19 @@ func (p *Proxy) Run(ctx context.Context) error {
 			defer g.Close()
 		}
 	}
-	p.servers = make(map[string]*fasthttp.Server, p.cfg.DataParallelSize)
-	var lanes []*lane
+	p.servers = make(map[string]*fasthttp.Server, p.Cfg.DataParallelSize)
+	var lanes []Lane
 	defer func() {
 		for _, ln := range lanes {
-			ln.shutdown()
+			ln.Shutdown()
 		}
 	}()
 	var tails *clientconn.TailPool // the byte counts matter where connections move to the loops
 	if p.loops != nil {
-		tails = clientconn.NewTailPool(p.cfg.Guard.MaxHeaderBytes) // fasthttp's read buffer
+		tails = clientconn.NewTailPool(p.Cfg.Guard.MaxHeaderBytes) // fasthttp's read buffer
 	}
-	for rank := range p.cfg.DataParallelSize {
-		if err := listen(p.cfg.Port+rank, p.Handler(rank)); err != nil {
+	for rank := range p.Cfg.DataParallelSize {
+		if err := listen(p.Cfg.Port+rank, p.Handler(rank)); err != nil {
 			return err
 		}
 		srv := servers[len(servers)-1]
@@ -87,16 +87,16 @@ func (p *Proxy) Run(ctx context.Context) error {
 		// loops), under TLS with --secure-proxy (where they do not). No
 		// lane at trace level either: every leg is logged (observe.LogLeg).
 		var adopter clientconn.Adopter
-		if p.loops != nil && !p.guard.Secure() && !p.tr.UsesTLS(p.localAddr(rank)) && !p.logsLegs() {
-			ln := p.newLane(p.localAddr(rank), srv, p.loops.Loops())
+		if p.lanes != nil && p.loops != nil && !p.Guard.Secure() && !p.Tr.UsesTLS(p.localAddr(rank)) && !p.logsLegs() {
+			ln := p.lanes(p, p.localAddr(rank), srv, p.loops.Loops())
 			lanes = append(lanes, ln)
 			adopter = ln
 		}
-		lns[len(lns)-1] = p.guard.WrapListener(clientconn.Listener{Listener: lns[len(lns)-1], Adopter: adopter, Tails: tails})
-		p.log.Info().Int("rank", rank).Int("port", p.cfg.Port+rank).Str("engine", p.localAddr(rank)).Msg("listening")
+		lns[len(lns)-1] = p.Guard.WrapListener(clientconn.Listener{Listener: lns[len(lns)-1], Adopter: adopter, Tails: tails})
+		p.Log.Info().Int("rank", rank).Int("port", p.Cfg.Port+rank).Str("engine", p.localAddr(rank)).Msg("listening")
 	}
-	if p.cfg.MetricsPort != 0 {
-		if err := listen(p.cfg.MetricsPort, p.metricsPortHandler()); err != nil { // metricsPortHandler
+	if p.Cfg.MetricsPort != 0 {
+		if err := listen(p.Cfg.MetricsPort, p.metricsPortHandler()); err != nil { // metricsPortHandler
 			return err
 		}
 	}
@@ -110,12 +110,12 @@ func (p *Proxy) Run(ctx context.Context) error {
 	case err = <-errc:
 		err = fmt.Errorf("serve: %w", err)
 	}
-	p.draining.Store(true)
-	p.log.Info().Str("grace", p.cfg.ShutdownGrace.String()).Msg("shutting down: draining in-flight requests")
+	p.Draining.Store(true)
+	p.Log.Info().Str("grace", p.Cfg.ShutdownGrace.String()).Msg("shutting down: draining in-flight requests")
 	for _, ln := range lanes {
-		ln.shutdown()
+		ln.Shutdown()
 	}
-	sctx, cancel := context.WithTimeout(context.Background(), p.cfg.ShutdownGrace)
+	sctx, cancel := context.WithTimeout(context.Background(), p.Cfg.ShutdownGrace)
 	defer cancel()
 	var wg sync.WaitGroup
 	var mu sync.Mutex
@@ -130,11 +130,11 @@ func (p *Proxy) Run(ctx context.Context) error {
 	}
 	wg.Wait()
 	// The requests carried by the event loops are the servers' no more.
-	for p.loopRequests.Load() > 0 && sctx.Err() == nil {
+	for p.LoopRequests.Load() > 0 && sctx.Err() == nil {
 		time.Sleep(10 * time.Millisecond)
 	}
-	if n := p.loopRequests.Load(); n > 0 {
-		p.log.Warn().Int64("requests", n).Msg("shutdown grace ran out: closing the requests on the event loops")
+	if n := p.LoopRequests.Load(); n > 0 {
+		p.Log.Warn().Int64("requests", n).Msg("shutdown grace ran out: closing the requests on the event loops")
 		if !errors.Is(err, ErrDrainTimeout) {
 			err = errors.Join(err, ErrDrainTimeout)
 		}
@@ -145,11 +145,11 @@ func (p *Proxy) Run(ctx context.Context) error {
 	// The release legs still in flight, the probes, the warm-ups and the
 	// MoRI-IO revalidations, in that order, before the transports close.
 	bg.stop()
-	p.tr.Close()
+	p.Tr.Close()
 	if p.encTr != nil {
 		p.encTr.Close()
 	}
-	p.log.Info().Err(err).Msg("stopped")
+	p.Log.Info().Err(err).Msg("stopped")
 	return err
 }
 
@@ -160,13 +160,13 @@ func (p *Proxy) newServer(h fasthttp.RequestHandler) *fasthttp.Server {
 	return &fasthttp.Server{
 		// Request bodies are reserved from --max-buffered-bytes as their
 		// head arrives (guard.BodyHolds).
-		Handler:            p.guard.Bodies().Handler(h),
-		HeaderReceived:     p.guard.Bodies().HeaderReceived,
+		Handler:            p.Guard.Bodies().Handler(h),
+		HeaderReceived:     p.Guard.Bodies().HeaderReceived,
 		Name:               serverName,
-		MaxRequestBodySize: p.cfg.MaxRequestBodyBytes,
-		ReadTimeout:        p.cfg.Guard.ReadTimeout,
-		IdleTimeout:        p.cfg.Guard.IdleTimeout,
-		ReadBufferSize:     p.cfg.Guard.MaxHeaderBytes,
+		MaxRequestBodySize: p.Cfg.MaxRequestBodyBytes,
+		ReadTimeout:        p.Cfg.Guard.ReadTimeout,
+		IdleTimeout:        p.Cfg.Guard.IdleTimeout,
+		ReadBufferSize:     p.Cfg.Guard.MaxHeaderBytes,
 		// Each open stream holds this writer; answers are headers and SSE
 		// chunks, flushed one by one, and longer writes bypass it.
 		WriteBufferSize: 2 << 10,
@@ -199,7 +199,7 @@ func (l fasthttpLogger) Printf(format string, args ...any) {
 			args[i] = clientconn.LogSafe(err)
 		}
 	}
-	l.p.log.Warn().Msgf(format, args...)
+	l.p.Log.Warn().Msgf(format, args...)
 }
 
 // connDone passes on a client connection whose answer an event loop

@@ -26,18 +26,18 @@ type shortPrompt struct{ limit int }
 // then served locally. It costs one pass over the body's top level
 // (connectors.EstimatePromptTokens); a prompt the estimate cannot read is
 // not declined.
-func (s shortPrompt) begin(r *request, _ *fasthttp.RequestHeader) featureUse {
-	if r.prefiller == "" {
+func (s shortPrompt) begin(r *Request, _ *fasthttp.RequestHeader) featureUse {
+	if r.Prefiller == "" {
 		return nil
 	}
-	n, ok := connectors.EstimatePromptTokens(r.api, r.body)
+	n, ok := connectors.EstimatePromptTokens(r.Api, r.Body)
 	if !ok || n >= s.limit {
 		return nil
 	}
-	r.p.m.SplitDeclined.WithLabelValues(metrics.DeclineShortPrompt).Inc()
-	r.obs.Declined = metrics.DeclineShortPrompt
-	r.mode = metrics.ModeLocal
-	r.logAt(zerolog.DebugLevel).Int("prompt_tokens_estimate", n).Int("min_remote_prefill_tokens", s.limit).
+	r.P.M.SplitDeclined.WithLabelValues(metrics.DeclineShortPrompt).Inc()
+	r.Obs.Declined = metrics.DeclineShortPrompt
+	r.Mode = metrics.ModeLocal
+	r.LogAt(zerolog.DebugLevel).Int("prompt_tokens_estimate", n).Int("min_remote_prefill_tokens", s.limit).
 		Msg("short prompt: split declined, served locally")
 	return declinedShort{}
 }

@@ -15,11 +15,11 @@ import (
 // namePrefiller takes the prefiller that x-prefiller-host-port value hv
 // names, checked against the allowlist; an error is the reason to fall
 // back (the request names one all the same).
-func (r *request) namePrefiller(hv []byte) error {
-	p := r.p
+func (r *Request) NamePrefiller(hv []byte) error {
+	p := r.P
 	r.named = true
 	hp, err := p.pickAllowed(hv)
-	r.prefiller, r.label = hp, p.prefillerLabel(hp, err)
+	r.Prefiller, r.label = hp, p.prefillerLabel(hp, err)
 	r.logReady = false // the request's logger gets the prefiller field
 	return err
 }
@@ -28,8 +28,8 @@ func (r *request) namePrefiller(hv []byte) error {
 // point, when it may be hedged, and the prefiller's circuit breaker asked
 // for the prefill, unless bodyErr says its body could not be built. tk is
 // the breaker's ticket (nil: no prefill is sent, start.NoPrefill says why).
-func (r *request) splitStart(bodyErr error) (start split.Start, tk *circuit.Ticket) {
-	p := r.p
+func (r *Request) SplitStart(bodyErr error) (start split.Start, tk *circuit.Ticket) {
+	p := r.P
 	// Every split refills the hedge budget, hedged or not.
 	if after, ok := p.hedge.Split(r.label); ok && p.hedgeable() {
 		start.HedgeAfter, start.TakeHedge = after, p.hedge.Take
@@ -38,17 +38,17 @@ func (r *request) splitStart(bodyErr error) (start split.Start, tk *circuit.Tick
 		start.NoPrefill = bodyErr
 		return start, nil
 	}
-	tk, err := p.guard.AllowPrefill(r.prefiller)
+	tk, err := p.Guard.AllowPrefill(r.Prefiller)
 	start.NoPrefill = err
 	return start, tk
 }
 
 // account does an accounting action of the split; tk is the breaker's
 // ticket the split holds, cleared once its outcome is reported.
-func (r *request) account(a split.Action, tk **circuit.Ticket) {
+func (r *Request) Account(a split.Action, tk **circuit.Ticket) {
 	switch a.Op {
 	case split.BreakerDone:
-		r.p.guard.BreakerDone(r.prefiller, *tk, a.Err)
+		r.P.Guard.BreakerDone(r.Prefiller, *tk, a.Err)
 		*tk = nil
 	case split.Retrying:
 		r.retrying(a.Attempt, a.Err)
@@ -58,7 +58,7 @@ func (r *request) account(a split.Action, tk **circuit.Ticket) {
 		r.hedgeWon(a.Winner, a.After)
 	case split.HedgeLocalFailed:
 		if !r.gone() {
-			r.logAt(zerolog.WarnLevel).Err(a.Err).Msg("hedge: local prefill failed; waiting for the prefill")
+			r.LogAt(zerolog.WarnLevel).Err(a.Err).Msg("hedge: local prefill failed; waiting for the prefill")
 		}
 	}
 }

@@ -33,7 +33,7 @@ const maxChunk = 32 << 10
 // upstream leg and the request — unless the stream was handed to an event
 // loop after loopAfter (loopStream), which then owns both.
 type sseBody struct {
-	r       *request
+	r       *Request
 	er      *sse.Reader
 	leg     *upstream.Leg
 	fn      func([]byte) []byte // per-payload rewrite (nil: none)
@@ -58,12 +58,12 @@ type sseBody struct {
 
 // newSSEBody streams er's events after held; release frees the leg and
 // finishes the request, once.
-func (r *request) newSSEBody(er *sse.Reader, leg *upstream.Leg, held []byte, remote bool, release func()) *sseBody {
+func (r *Request) newSSEBody(er *sse.Reader, leg *upstream.Leg, held []byte, remote bool, release func()) *sseBody {
 	b := &sseBody{r: r, er: er, leg: leg, held: held, first: true, release: release,
 		done: bytes.Contains(held, doneEvent)}
-	if remote && r.p.rewriter != nil {
-		h := *r.handoff
-		b.fn = func(d []byte) []byte { return r.p.rewriter.RewriteAnswer(r.api, d, h) }
+	if remote && r.P.Rewriter != nil {
+		h := *r.Handoff
+		b.fn = func(d []byte) []byte { return r.P.Rewriter.RewriteAnswer(r.Api, d, h) }
 	}
 	if !b.loopable() {
 		b.cc = nil
@@ -82,7 +82,7 @@ func (r *request) newSSEBody(er *sse.Reader, leg *upstream.Leg, held []byte, rem
 func (b *sseBody) watchClient() (stop func()) {
 	r := b.r
 	release := clientconn.Hold(r.rc)
-	w := r.p.armer.Watch(r.rc.Conn(), r.cancel, time.Now())
+	w := r.P.armer.Watch(r.rc.Conn(), r.Cancel, time.Now())
 	return func() {
 		if w.Stop() {
 			b.pipelined, b.cc = true, nil // the connection cannot move now
@@ -98,7 +98,7 @@ func (b *sseBody) watchClient() (stop func()) {
 // buffer until then.)
 func (b *sseBody) firstWritten() {
 	b.first = false
-	b.r.p.m.TTFT.WithLabelValues(b.r.mode).Observe(time.Since(b.r.start).Seconds())
+	b.r.P.M.TTFT.WithLabelValues(b.r.Mode).Observe(time.Since(b.r.Start).Seconds())
 	if b.cc != nil && b.leg.Conn().SetReadDeadline(time.Now().Add(loopAfter)) != nil {
 		b.cc = nil
 	}
@@ -204,13 +204,13 @@ func (b *sseBody) fill() error {
 }
 
 func (b *sseBody) getOut() {
-	b.outp, b.out = b.r.p.bufs.GetChunk()
+	b.outp, b.out = b.r.P.Bufs.GetChunk()
 	b.off = 0
 }
 
 func (b *sseBody) putOut() {
 	if b.outp != nil {
-		b.r.p.bufs.PutChunk(b.outp, b.out)
+		b.r.P.Bufs.PutChunk(b.outp, b.out)
 	}
 	b.outp, b.out, b.off = nil, nil, 0
 }
@@ -239,20 +239,20 @@ func (b *sseBody) end(err error) error {
 // endStream records how an upstream stream ended (err nil: its body ended
 // cleanly; done: [DONE] was seen) and appends to out what the client's
 // stream still needs: nothing when it is complete, else an error event.
-func (r *request) endStream(out []byte, done bool, err error) []byte {
-	if err == nil && (done || !needsDone(r.api)) {
-		r.logAt(zerolog.InfoLevel).Str("mode", r.mode).Msg("stream complete")
+func (r *Request) endStream(out []byte, done bool, err error) []byte {
+	if err == nil && (done || !needsDone(r.Api)) {
+		r.LogAt(zerolog.InfoLevel).Str("mode", r.Mode).Msg("stream complete")
 		return out
 	}
 	if err == nil {
 		err = errors.New("stream ended without [DONE]")
 	}
-	r.logAt(zerolog.ErrorLevel).Err(err).Msg("upstream stream broke off; ending the client stream with an error event")
+	r.LogAt(zerolog.ErrorLevel).Err(err).Msg("upstream stream broke off; ending the client stream with an error event")
 	cause := fmt.Errorf("%w: stream broke off", ErrDecodeFailed)
 	if errors.Is(err, ErrEventTooLong) {
 		cause = fmt.Errorf("%w: %w", ErrDecodeFailed, ErrEventTooLong)
 	}
-	return append(out, sse.ErrorEvent(errorBody(fasthttp.StatusBadGateway, cause))...)
+	return append(out, sse.ErrorEvent(ErrorBody(fasthttp.StatusBadGateway, cause))...)
 }
 
 // Close implements io.Closer: fasthttp calls it when the body is written or
@@ -263,7 +263,7 @@ func (b *sseBody) Close() error {
 		return nil
 	}
 	if !b.ended || b.off < len(b.out) {
-		b.r.cancel(ErrClientGone)
+		b.r.Cancel(ErrClientGone)
 		b.r.left()
 	}
 	b.putOut()

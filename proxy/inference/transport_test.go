@@ -44,7 +44,7 @@ func TestTransportDeadline(t *testing.T) {
 	ctx, cancel := context.WithTimeoutCause(context.Background(), 100*time.Millisecond, ErrPrefillTimeout)
 	defer cancel()
 	_, err := upstream.NewTransport(time.Second, 8, 8).Do(ctx, addr, newReq(addr, "/"), fasthttp.AcquireResponse())
-	assert.ErrorIs(t, prefillTransportErr(err), ErrPrefillTimeout)
+	assert.ErrorIs(t, PrefillTransportErr(err), ErrPrefillTimeout)
 }
 
 // TestTransportRefusedIsDecodeUnavailable: a refused dial is an upstream.LegError of
@@ -57,8 +57,8 @@ func TestTransportRefusedIsDecodeUnavailable(t *testing.T) {
 	_, err = upstream.NewTransport(time.Second, 8, 8).Do(context.Background(), addr, newReq(addr, "/"), fasthttp.AcquireResponse())
 	require.Error(t, err)
 	assert.True(t, errors.Is(err, syscall.ECONNREFUSED), "%v", err)
-	assert.ErrorIs(t, decodeTransportErr(err), ErrDecodeUnavailable)
-	assert.ErrorIs(t, prefillTransportErr(err), ErrPrefillUnreachable)
+	assert.ErrorIs(t, DecodeTransportErr(err), ErrDecodeUnavailable)
+	assert.ErrorIs(t, PrefillTransportErr(err), ErrPrefillUnreachable)
 	var le *upstream.LegError
 	require.ErrorAs(t, err, &le)
 	assert.Equal(t, "dial", le.Op)

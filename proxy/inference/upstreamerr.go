@@ -52,7 +52,7 @@ func reasonOf(err error) string {
 // endedEarly is the local engine's stream at addr that ended before what
 // (its first event, its first output) for the reason err (io.EOF or nil:
 // it ended cleanly, too soon).
-func endedEarly(addr, what string, err error) error {
+func EndedEarly(addr, what string, err error) error {
 	why := "stream ended before " + what
 	if err != nil && !errors.Is(err, io.EOF) {
 		why += " (" + reasonOf(err) + ")"

@@ -54,16 +54,16 @@ func TestUpstreamErrorsSayNoBytes(t *testing.T) {
 					status int
 					reason string
 				}{
-					{decodeTransportErr(leg), upstream.RoleEngine, 502, ""},
-					{prefillTransportErr(leg), upstream.RolePrefiller, 502, ReasonBadAnswer},
+					{DecodeTransportErr(leg), upstream.RoleEngine, 502, ""},
+					{PrefillTransportErr(leg), upstream.RolePrefiller, 502, ReasonBadAnswer},
 				} {
-					body := string(errorBody(classify(e.err).status, e.err))
+					body := string(ErrorBody(classify(e.err).Status, e.err))
 					assert.NotContains(t, body, "SECRET")
 					assert.NotContains(t, body, "10.9.9.9", "the upstream's address")
 					assert.Contains(t, body, string(e.role)+": answer refused: ", body)
 					assert.NotContains(t, e.err.Error(), "SECRET", "the log line's text")
 					assert.Equal(t, addr, upstream.UpstreamAddr(e.err), "the log line's upstream field")
-					assert.Equal(t, e.status, classify(e.err).status)
+					assert.Equal(t, e.status, classify(e.err).Status)
 					assert.Equal(t, e.reason, classify(e.err).reason)
 				}
 			})
@@ -91,14 +91,14 @@ func TestReasonOf(t *testing.T) {
 	} {
 		assert.Equal(t, tc.want, reasonOf(tc.err), "%v", tc.err)
 	}
-	assert.ErrorIs(t, decodeTransportErr(&upstream.LegError{Addr: "a:1", Op: "dial", Err: syscall.ECONNREFUSED}), ErrDecodeUnavailable)
-	assert.ErrorIs(t, prefillTransportErr(&upstream.LegError{Addr: "a:1", Op: "dial", Err: syscall.ECONNREFUSED}), ErrPrefillUnreachable)
-	timedOut := prefillTransportErr(fmt.Errorf("%w (after %w)", ErrPrefillTimeout,
-		prefillTransportErr(&upstream.LegError{Addr: "a:1", Op: "dial", Err: syscall.ECONNREFUSED})))
+	assert.ErrorIs(t, DecodeTransportErr(&upstream.LegError{Addr: "a:1", Op: "dial", Err: syscall.ECONNREFUSED}), ErrDecodeUnavailable)
+	assert.ErrorIs(t, PrefillTransportErr(&upstream.LegError{Addr: "a:1", Op: "dial", Err: syscall.ECONNREFUSED}), ErrPrefillUnreachable)
+	timedOut := PrefillTransportErr(fmt.Errorf("%w (after %w)", ErrPrefillTimeout,
+		PrefillTransportErr(&upstream.LegError{Addr: "a:1", Op: "dial", Err: syscall.ECONNREFUSED})))
 	assert.ErrorIs(t, timedOut, ErrPrefillTimeout)
 	assert.Equal(t, "prefill timed out (after prefiller unreachable: prefiller: connection refused)", timedOut.Error(),
 		"named once")
-	tooLong := prefillTransportErr(&upstream.LegError{Addr: "a:1", Op: "read", Err: upstream.ErrAnswerTooLarge})
+	tooLong := PrefillTransportErr(&upstream.LegError{Addr: "a:1", Op: "read", Err: upstream.ErrAnswerTooLarge})
 	assert.ErrorIs(t, tooLong, connectors.ErrBadPrefillAnswer)
 	assert.Equal(t, ReasonBadAnswer, classify(tooLong).reason)
 }

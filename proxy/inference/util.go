@@ -17,4 +17,4 @@ func appendJSONString(dst []byte, s string) []byte {
 	return append(dst, b...)
 }
 
-func statusLabel(code int) string { return strconv.Itoa(code) }
+func StatusLabel(code int) string { return strconv.Itoa(code) }

@@ -1,4 +1,4 @@
-package inference
+package lane
 
 import (
 	"errors"
@@ -49,16 +49,16 @@ func (lc *laneConn) beginBody(b []byte, headLen, want int) {
 	p := lc.ll.ln.p
 	var held int64
 	if n := int64(want - headLen); n > upstream.UnreservedBody {
-		if !p.guard.Budget().TryReserve(n) {
+		if !p.Guard.Budget().TryReserve(n) {
 			lc.toServer(b, time.Now()) // refused there, as fasthttp refuses its own
 			return
 		}
 		held = n
 	}
-	lb := &laneBody{bufp: p.bufs.Bodies.Get(want), want: want, held: held, start: time.Now()}
+	lb := &laneBody{bufp: p.Bufs.Bodies.Get(want), want: want, held: held, start: time.Now()}
 	lb.buf = append(*lb.bufp, b...)
 	lc.body, lc.state = lb, laneReading
-	lc.startTimer(p.cfg.Guard.ReadTimeout/2, lc.bodyStalled)
+	lc.startTimer(p.Cfg.Guard.ReadTimeout/2, lc.bodyStalled)
 	lc.readBody()
 }
 
@@ -154,9 +154,9 @@ func (lc *laneConn) dropBody(lb *laneBody) {
 		return
 	}
 	p := lc.ll.ln.p
-	p.guard.Budget().Release(lb.held)
+	p.Guard.Budget().Release(lb.held)
 	lb.held = 0
 	*lb.bufp = lb.buf
-	p.bufs.Bodies.Put(lb.bufp)
+	p.Bufs.Bodies.Put(lb.bufp)
 	lb.bufp = nil
 }

@@ -1,4 +1,4 @@
-package inference
+package lane
 
 import (
 	"bufio"
@@ -6,6 +6,8 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+
+	"github.com/pd-sidecar/pd-sidecar/proxy/inference"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -29,10 +31,10 @@ func parseRequestHead(t *testing.T, head string) *fasthttp.RequestHeader {
 // names rawhttp holds, which are the ones the fasthttp path strips.
 func TestLaneHeaderNames(t *testing.T) {
 	for _, tc := range []struct{ lane, proxy string }{
-		{rawhttp.HeaderPrefiller, HeaderPrefiller},
-		{rawhttp.HeaderEncoders, HeaderEncoders},
-		{rawhttp.HeaderDataParallel, HeaderDataParallel},
-		{rawhttp.HeaderKVCacheSource, HeaderKVCacheSource},
+		{rawhttp.HeaderPrefiller, inference.HeaderPrefiller},
+		{rawhttp.HeaderEncoders, inference.HeaderEncoders},
+		{rawhttp.HeaderDataParallel, inference.HeaderDataParallel},
+		{rawhttp.HeaderKVCacheSource, inference.HeaderKVCacheSource},
 	} {
 		assert.Equal(t, tc.proxy, tc.lane)
 	}
@@ -60,17 +62,17 @@ func FuzzLaneRequestHead(f *testing.F) {
 	} {
 		f.Add([]byte(s))
 	}
-	p := &Proxy{cfg: DefaultConfig()}
+	p := &inference.Proxy{Cfg: inference.DefaultConfig()}
 	f.Fuzz(func(t *testing.T, in []byte) {
 		var norm fasthttp.RequestHeader
-		ll := &laneLoop{ln: &lane{p: p, local: "127.0.0.1:8001"}, br: bufio.NewReaderSize(nil, p.cfg.Guard.MaxHeaderBytes)}
+		ll := &laneLoop{ln: &lane{p: p, local: "127.0.0.1:8001"}, br: bufio.NewReaderSize(nil, p.Cfg.Guard.MaxHeaderBytes)}
 		ll.req.DisableNormalizing()
 		_, body, lr, ok := ll.parse(in)
 		if !ok {
 			return // fasthttp's to serve
 		}
-		require.NoError(t, norm.Read(bufio.NewReaderSize(strings.NewReader(string(in)), p.cfg.Guard.MaxHeaderBytes)), "%q", in)
-		require.Equal(t, string(norm.Peek(HeaderPrefiller)), string(lr.Prefiller), "prefiller of %q", in)
+		require.NoError(t, norm.Read(bufio.NewReaderSize(strings.NewReader(string(in)), p.Cfg.Guard.MaxHeaderBytes)), "%q", in)
+		require.Equal(t, string(norm.Peek(inference.HeaderPrefiller)), string(lr.Prefiller), "prefiller of %q", in)
 		require.False(t, clientconn.BadHeaderName(&norm), "a name that is not a token taken by the lane: %q", in)
 		leg := rawhttp.AppendLegHead(nil, &ll.req, "127.0.0.1:8001", "rid", len(body))
 		req, err := http.ReadRequest(bufio.NewReader(strings.NewReader(string(leg) + string(body))))
@@ -79,7 +81,7 @@ func FuzzLaneRequestHead(f *testing.F) {
 		require.Equal(t, int64(len(body)), req.ContentLength)
 		require.Empty(t, req.TransferEncoding)
 		require.Equal(t, []string{"rid"}, req.Header.Values("X-Request-Id"))
-		for _, k := range []string{HeaderPrefiller, HeaderDataParallel, "Connection", "Keep-Alive", "Te", "Trailer",
+		for _, k := range []string{inference.HeaderPrefiller, inference.HeaderDataParallel, "Connection", "Keep-Alive", "Te", "Trailer",
 			"Upgrade", "Proxy-Authorization", "Proxy-Connection", "Expect", "Accept-Encoding"} {
 			require.Empty(t, req.Header.Values(k), "%s forwarded: %q", k, leg)
 		}

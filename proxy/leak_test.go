@@ -1,4 +1,4 @@
-package inference_test
+package proxy_test
 
 import (
 	"bufio"
@@ -22,7 +22,7 @@ import (
 	"github.com/pd-sidecar/pd-sidecar/e2e/harness"
 	"github.com/pd-sidecar/pd-sidecar/loadgen"
 	"github.com/pd-sidecar/pd-sidecar/metrics"
-	"github.com/pd-sidecar/pd-sidecar/proxy/inference"
+	"github.com/pd-sidecar/pd-sidecar/proxy"
 )
 
 // TestNoGoroutineLeakAfterLoad drives an in-process proxy with a short
@@ -46,14 +46,14 @@ func TestNoGoroutineLeakAfterLoad(t *testing.T) {
 	decode, decodeDone := startSim(t, ctx, enginesim.RoleDecode)
 	prefill, prefillDone := startSim(t, ctx, enginesim.RolePrefill)
 
-	cfg := inference.DefaultConfig()
+	cfg := proxy.DefaultConfig()
 	cfg.Host = "127.0.0.1"
 	cfg.Port = freePort(t)
 	cfg.ModelServerPort = decode
 	cfg.ShutdownGrace = 5 * time.Second
 	reg := prometheus.NewRegistry()
 	m := metrics.New(reg, cfg.MaxPrefillers)
-	p, err := inference.New(cfg, nixlv2.New(), m, reg, zerolog.Nop())
+	p, err := proxy.New(cfg, nixlv2.New(), m, reg, zerolog.Nop())
 	require.NoError(t, err)
 	pctx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
@@ -108,7 +108,7 @@ func TestNoGoroutineLeakAfterLoad(t *testing.T) {
 			require.NoError(t, err)
 			harness.WaitPeerRead(t, conn, 30*time.Second) // the loop read the request line alone
 			_, err = io.WriteString(conn, "Host: x\r\nContent-Type: application/json\r\n"+
-				inference.HeaderPrefiller+": 127.0.0.1:"+strconv.Itoa(prefill)+"\r\nContent-Length: "+strconv.Itoa(len(body))+"\r\n\r\n"+body)
+				proxy.HeaderPrefiller+": 127.0.0.1:"+strconv.Itoa(prefill)+"\r\nContent-Length: "+strconv.Itoa(len(body))+"\r\n\r\n"+body)
 			require.NoError(t, err)
 			resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
 			require.NoError(t, err)
@@ -121,7 +121,7 @@ func TestNoGoroutineLeakAfterLoad(t *testing.T) {
 		req, err := http.NewRequest(http.MethodPost, base+"/v1/chat/completions", strings.NewReader(body))
 		require.NoError(t, err)
 		if pd {
-			req.Header.Set(inference.HeaderPrefiller, "127.0.0.1:"+strconv.Itoa(prefill))
+			req.Header.Set(proxy.HeaderPrefiller, "127.0.0.1:"+strconv.Itoa(prefill))
 		}
 		resp, err := http.DefaultClient.Do(req)
 		require.NoError(t, err)

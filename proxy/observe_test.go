@@ -1,4 +1,4 @@
-package inference_test
+package proxy_test
 
 import (
 	"context"
@@ -23,7 +23,7 @@ import (
 
 	"github.com/pd-sidecar/pd-sidecar/connectors/nixlv2"
 	"github.com/pd-sidecar/pd-sidecar/metrics"
-	"github.com/pd-sidecar/pd-sidecar/proxy/inference"
+	"github.com/pd-sidecar/pd-sidecar/proxy"
 )
 
 // fakeEngine answers one fixed body and keeps the traceparent of each
@@ -64,19 +64,19 @@ func (e *fakeEngine) traceparents() []string {
 // reports collects the Observer's reports.
 type reports struct {
 	mu sync.Mutex
-	r  []inference.RequestReport
+	r  []proxy.RequestReport
 }
 
-func (o *reports) ObserveRequest(r inference.RequestReport) {
+func (o *reports) ObserveRequest(r proxy.RequestReport) {
 	o.mu.Lock()
 	o.r = append(o.r, r)
 	o.mu.Unlock()
 }
 
-func (o *reports) all() []inference.RequestReport {
+func (o *reports) all() []proxy.RequestReport {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	return append([]inference.RequestReport(nil), o.r...)
+	return append([]proxy.RequestReport(nil), o.r...)
 }
 
 const (
@@ -90,7 +90,7 @@ const (
 )
 
 // startProxy runs a proxy in front of decode with the given extras.
-func startProxy(t *testing.T, decode string, ext inference.Extras) string {
+func startProxy(t *testing.T, decode string, ext proxy.Extras) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
@@ -98,12 +98,12 @@ func startProxy(t *testing.T, decode string, ext inference.Extras) string {
 	require.NoError(t, ln.Close())
 	host, dport, err := net.SplitHostPort(decode)
 	require.NoError(t, err)
-	cfg := inference.DefaultConfig()
+	cfg := proxy.DefaultConfig()
 	cfg.Host, cfg.Port, cfg.ModelServerHost = "127.0.0.1", port, host
 	cfg.ModelServerPort, _ = strconv.Atoi(dport)
 	cfg.PrefillTimeout, cfg.ShutdownGrace = 2*time.Second, time.Second
 	reg := prometheus.NewRegistry()
-	p, err := inference.New(cfg, nixlv2.New(), metrics.New(reg, 8), reg, zerolog.Nop())
+	p, err := proxy.New(cfg, nixlv2.New(), metrics.New(reg, 8), reg, zerolog.Nop())
 	require.NoError(t, err)
 	p.SetExtras(ext)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -132,7 +132,7 @@ func post(t *testing.T, url, prefiller string) int {
 	require.NoError(t, err)
 	req.Header.Set("traceparent", clientParent)
 	if prefiller != "" {
-		req.Header.Set(inference.HeaderPrefiller, prefiller)
+		req.Header.Set(proxy.HeaderPrefiller, prefiller)
 	}
 	resp, err := http.DefaultClient.Do(req)
 	require.NoError(t, err)
@@ -177,11 +177,11 @@ func TestTracingAndReports(t *testing.T) {
 		kvMoved       bool
 	}{
 		{"split", http.StatusOK, true, metrics.ModeDisaggregated, "",
-			[]string{inference.SpanRequest, inference.SpanPrefill, inference.SpanKVHandoff, inference.SpanDecode}, true},
-		{"prefiller 5xx falls back", http.StatusServiceUnavailable, true, metrics.ModeFallback, inference.ReasonServerError,
-			[]string{inference.SpanRequest, inference.SpanPrefill, inference.SpanDecode}, false},
+			[]string{proxy.SpanRequest, proxy.SpanPrefill, proxy.SpanKVHandoff, proxy.SpanDecode}, true},
+		{"prefiller 5xx falls back", http.StatusServiceUnavailable, true, metrics.ModeFallback, proxy.ReasonServerError,
+			[]string{proxy.SpanRequest, proxy.SpanPrefill, proxy.SpanDecode}, false},
 		{"no prefiller", http.StatusOK, false, metrics.ModeLocal, "",
-			[]string{inference.SpanRequest, inference.SpanDecode}, false},
+			[]string{proxy.SpanRequest, proxy.SpanDecode}, false},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -190,7 +190,7 @@ func TestTracingAndReports(t *testing.T) {
 			rec := tracetest.NewSpanRecorder()
 			tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
 			obs := &reports{}
-			url := startProxy(t, dec.addr(), inference.Extras{Tracer: tp.Tracer("test"), Observer: obs})
+			url := startProxy(t, dec.addr(), proxy.Extras{Tracer: tp.Tracer("test"), Observer: obs})
 			named := ""
 			if tc.prefiller {
 				named = pre.addr()
@@ -211,13 +211,13 @@ func TestTracingAndReports(t *testing.T) {
 				names = append(names, n)
 			}
 			assert.ElementsMatch(t, tc.spans, names)
-			root := spans[inference.SpanRequest]
+			root := spans[proxy.SpanRequest]
 			require.NotNil(t, root)
 			assert.Equal(t, clientTrace, root.SpanContext().TraceID().String(), "the client's trace continues")
 			assert.Equal(t, "00f067aa0ba902b7", root.Parent().SpanID().String())
 			assert.Equal(t, trace.SpanKindServer, root.SpanKind())
-			assert.Equal(t, tc.decision, attr(root, inference.AttrDecision))
-			assert.Equal(t, tc.reason, attr(root, inference.AttrReason))
+			assert.Equal(t, tc.decision, attr(root, proxy.AttrDecision))
+			assert.Equal(t, tc.reason, attr(root, proxy.AttrReason))
 			for _, s := range rec.Ended() {
 				assert.Equal(t, clientTrace, s.SpanContext().TraceID().String(), s.Name())
 			}
@@ -227,14 +227,14 @@ func TestTracingAndReports(t *testing.T) {
 			require.Len(t, decTP, 1)
 			tid, sid := parentOf(t, decTP[0])
 			assert.Equal(t, clientTrace, tid)
-			assert.Equal(t, spans[inference.SpanDecode].SpanContext().SpanID().String(), sid)
+			assert.Equal(t, spans[proxy.SpanDecode].SpanContext().SpanID().String(), sid)
 			if tc.prefiller {
 				preTP := pre.traceparents()
 				require.NotEmpty(t, preTP)
 				tid, sid := parentOf(t, preTP[0])
 				assert.Equal(t, clientTrace, tid)
-				assert.Equal(t, spans[inference.SpanPrefill].SpanContext().SpanID().String(), sid)
-				assert.Equal(t, tc.reason, attr(spans[inference.SpanPrefill], inference.AttrReason))
+				assert.Equal(t, spans[proxy.SpanPrefill].SpanContext().SpanID().String(), sid)
+				assert.Equal(t, tc.reason, attr(spans[proxy.SpanPrefill], proxy.AttrReason))
 			}
 		})
 	}
@@ -244,7 +244,7 @@ func TestNoTracerPassesTraceparentThrough(t *testing.T) {
 	pre := newFakeEngine(t, http.StatusOK, prefillAnswer)
 	dec := newFakeEngine(t, http.StatusOK, decodeAnswer)
 	obs := &reports{}
-	url := startProxy(t, dec.addr(), inference.Extras{Observer: obs})
+	url := startProxy(t, dec.addr(), proxy.Extras{Observer: obs})
 	require.Equal(t, http.StatusOK, post(t, url, pre.addr()))
 	assert.Equal(t, []string{clientParent}, pre.traceparents())
 	assert.Equal(t, []string{clientParent}, dec.traceparents())

@@ -1,9 +1,11 @@
-package inference
+package lane
 
 import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/pd-sidecar/pd-sidecar/proxy/inference"
 
 	"github.com/rs/zerolog"
 	"github.com/valyala/fasthttp"
@@ -37,9 +39,9 @@ import (
 // began.
 
 // laneSplits reports whether the lane serves P/D requests.
-func (p *Proxy) laneSplits() bool {
-	return p.seq != nil && p.choreo == connectors.ChoreographySequential && p.kv == nil && !p.cfg.Guard.TLS.Prefiller &&
-		p.mori == nil // MoRI-IO's legs are fasthttp's
+func laneSplits(p *inference.Proxy) bool {
+	return p.Seq != nil && p.Choreo == connectors.ChoreographySequential && p.Kv == nil && !p.Cfg.Guard.TLS.Prefiller &&
+		p.Mori == nil // MoRI-IO's legs are fasthttp's
 }
 
 // errHedgeAbandoned: a hedge's local leg ended by the sidecar (the loop
@@ -58,12 +60,12 @@ type lanePD struct {
 
 	body     []byte // the prefill leg's body, in scratch
 	scratch  *[]byte
-	tk       *circuit.Ticket // the prefiller's breaker, while the prefill runs
-	done     func(error)     // records the prefill's end (prefillStarted)
-	res      prefillResult   // the prefill's answer
-	timeout  *time.Timer     // --prefill-timeout
-	hedgeDue *time.Timer     // the hedge point
-	sent     time.Time       // the decode leg's start, for the KV handoff's duration
+	tk       *circuit.Ticket         // the prefiller's breaker, while the prefill runs
+	done     func(error)             // records the prefill's end (prefillStarted)
+	res      inference.PrefillResult // the prefill's answer
+	timeout  *time.Timer             // --prefill-timeout
+	hedgeDue *time.Timer             // the hedge point
+	sent     time.Time               // the decode leg's start, for the KV handoff's duration
 
 	hedge *laneConn // the hedge's local leg's shadow, while it runs
 	// ready is the shadow's answer while it is handed to the primary: its
@@ -76,40 +78,40 @@ type lanePD struct {
 func (lc *laneConn) split(hv []byte) {
 	ll, r, p := lc.ll, lc.r, lc.ll.ln.p
 	pd := &lanePD{}
-	pd.bufp, pd.buf = p.bufs.GetChunk()
-	pd.buf = rawhttp.AppendLegStartStrip(pd.buf, &ll.req, p.legStrip)
+	pd.bufp, pd.buf = p.Bufs.GetChunk()
+	pd.buf = rawhttp.AppendLegStartStrip(pd.buf, &ll.req, p.LegStrip)
 	n := len(pd.buf)
 	if lc.reqBody == nil { // the body is in the loop's buffer, which the next read overwrites: copied
-		pd.bufp, pd.buf = p.bufs.GrowChunk(pd.bufp, pd.buf, len(r.body))
-		pd.buf = append(pd.buf, r.body...)
-		r.body = pd.buf[n:]
+		pd.bufp, pd.buf = p.Bufs.GrowChunk(pd.bufp, pd.buf, len(r.Body))
+		pd.buf = append(pd.buf, r.Body...)
+		r.Body = pd.buf[n:]
 	}
 	pd.start = pd.buf[:n:n]
 	lc.pd = pd
-	if err := r.namePrefiller(hv); err != nil {
+	if err := r.NamePrefiller(hv); err != nil {
 		lc.fallback(err)
 		return
 	}
-	r.beginFeatures(&ll.req)
-	if r.splitDeclined() {
+	r.BeginFeatures(&ll.req)
+	if r.SplitDeclined() {
 		lc.serveLocal()
 		return
 	}
-	scratch, dst := p.bufs.EditScratch(len(r.body))
-	body, err := p.seq.PrefillBody(dst, r.api, r.body)
+	scratch, dst := p.Bufs.EditScratch(len(r.Body))
+	body, err := p.Seq.PrefillBody(dst, r.Api, r.Body)
 	if err == nil {
-		body, err = r.editPrefill(body)
+		body, err = r.EditPrefill(body)
 	}
 	if err != nil {
-		err = fmt.Errorf("%w: %w", ErrBadRequest, err)
+		err = fmt.Errorf("%w: %w", inference.ErrBadRequest, err)
 	}
-	start, tk := r.splitStart(err)
+	start, tk := r.SplitStart(err)
 	if tk != nil {
 		pd.tk, pd.body, pd.scratch = tk, body, scratch
 	} else {
-		p.bufs.PutScratch(scratch)
+		p.Bufs.PutScratch(scratch)
 	}
-	pd.m = split.NewSequential(p.splitConfig())
+	pd.m = split.NewSequential(p.SplitConfig())
 	pd.feeding = true
 	lc.execSplit(pd, pd.m.Start(start))
 	lc.drainSplit(pd)
@@ -174,56 +176,56 @@ func (lc *laneConn) execSplit(pd *lanePD, acts []split.Action) {
 		case split.SendHedge:
 			h := &laneConn{ll: ll, cc: lc.cc, fd: lc.fd, keepAlive: lc.keepAlive, r: r, pd: pd, shadowOf: lc}
 			pd.hedge = h
-			h.decodeLeg(r.body, nil, false)
+			h.decodeLeg(r.Body, nil, false)
 		case split.DropHedge:
 			lc.dropHedge()
 		case split.RelayHedge:
 			lc.adoptHedge(pd)
 		case split.SendDecode:
-			scratch, dst := p.bufs.EditScratch(len(r.body))
-			body, err := p.seq.DecodeBody(dst, r.api, r.body, a.Handoff)
+			scratch, dst := p.Bufs.EditScratch(len(r.Body))
+			body, err := p.Seq.DecodeBody(dst, r.Api, r.Body, a.Handoff)
 			if err != nil {
-				p.bufs.PutScratch(scratch)
+				p.Bufs.PutScratch(scratch)
 				lc.feedSplit(split.Event{Kind: split.LegFailed, Err: err})
 				continue
 			}
-			pd.res.handoff = a.Handoff
-			r.mode, r.handoff = metrics.ModeDisaggregated, &pd.res.handoff
+			pd.res.Handoff = a.Handoff
+			r.Mode, r.Handoff = metrics.ModeDisaggregated, &pd.res.Handoff
 			lc.decodeLeg(body, scratch, true)
 		case split.SendLocal:
-			r.handoff = nil
-			lc.decodeLeg(r.body, nil, false)
+			r.Handoff = nil
+			lc.decodeLeg(r.Body, nil, false)
 		case split.AnswerPrefill:
-			ct, ans, err := r.prefillAnswer(pd.res)
+			ct, ans, err := r.PrefillAnswer(pd.res)
 			if err != nil {
 				lc.feedSplit(split.Event{Kind: split.LegFailed, Err: err, Recoverable: true})
 				continue
 			}
 			lc.answerWhole(metrics.ModeDisaggregated, fasthttp.StatusOK, ct, ans)
 		case split.PassOn:
-			if rej := r.passingOn(a.Err); rej != nil {
-				lc.answerWhole(metrics.ModeDisaggregated, rej.status, rej.contentType, rej.body)
+			if rej := passingOn(r, a.Err); rej != nil {
+				lc.answerWhole(metrics.ModeDisaggregated, rej.Status, rej.ContentType, rej.Body)
 				continue
 			}
 			lc.failWith(a.Err)
 		case split.Fail:
-			if r.ctx.Err() == nil { // not dropped: the client waits for it
+			if r.Ctx.Err() == nil { // not dropped: the client waits for it
 				lc.failWith(a.Err)
 			}
 
 		case split.PrefillBegan:
-			r.mode = metrics.ModeDisaggregated
+			r.Mode = metrics.ModeDisaggregated
 			lc.setGauge(ll.prefill)
-			pd.done = r.prefillStarted(time.Now())
+			pd.done = r.PrefillStarted(time.Now())
 		case split.PrefillEnded:
 			lc.prefill = false
 			lc.putSent()
 			pd.done(a.Err)
 			lc.setGauge(nil)
-			p.bufs.PutScratch(pd.scratch)
+			p.Bufs.PutScratch(pd.scratch)
 			pd.scratch, pd.body = nil, nil
 		default:
-			r.account(a, &pd.tk)
+			r.Account(a, &pd.tk)
 		}
 	}
 }
@@ -238,15 +240,15 @@ func (lc *laneConn) sendPrefill(pd *lanePD, attempt int) {
 	}
 	p := lc.ll.ln.p
 	lc.prefill = true
-	lc.sentp, lc.sent = p.bufs.GetChunk()
-	if len(p.prefillStrip) > 0 { // --prefill-strip-headers: the prefill leg's own head
-		lc.sent = rawhttp.AppendLegStartStrip(lc.sent, &lc.ll.req, p.prefillStrip)
+	lc.sentp, lc.sent = p.Bufs.GetChunk()
+	if len(p.PrefillStrip) > 0 { // --prefill-strip-headers: the prefill leg's own head
+		lc.sent = rawhttp.AppendLegStartStrip(lc.sent, &lc.ll.req, p.PrefillStrip)
 	} else {
 		lc.sent = append(lc.sent, pd.start...)
 	}
 	body, scratch := pd.body, pd.scratch
 	pd.scratch = nil // the leg holds it now (legTo)
-	lc.legTo(lc.r.prefiller, body, scratch)
+	lc.legTo(lc.r.Prefiller, body, scratch)
 }
 
 // armSplit arms the split's timer t; it fires on the loop.
@@ -277,14 +279,14 @@ func (lc *laneConn) prefillHead(rest []byte) {
 }
 
 // prefillAnswered takes the prefill's answer, read whole.
-func (lc *laneConn) prefillAnswered(a *rawhttp.Answer) {
-	res, err := lc.r.prefillAnswered(a.Status, a.Head.ContentType(), a.Buf)
+func (lc *laneConn) PrefillAnswered(a *rawhttp.Answer) {
+	res, err := lc.r.PrefillAnswered(a.Status, a.Head.ContentType(), a.Buf)
 	if err != nil {
 		lc.prefillFailed(err)
 		return
 	}
 	lc.pd.res = res
-	lc.feedSplit(split.Event{Kind: split.PrefillAnswered, Handoff: res.handoff})
+	lc.feedSplit(split.Event{Kind: split.PrefillAnswered, Handoff: res.Handoff})
 }
 
 // prefillFailed reports a failed prefill attempt.
@@ -296,9 +298,9 @@ func (lc *laneConn) prefillFailed(err error) {
 // serveLocal sends the request to the local engine, none prefilling it
 // remotely, its body as the request features edit it.
 func (lc *laneConn) serveLocal() {
-	body, err := lc.r.editLocal(lc.r.body)
+	body, err := lc.r.EditLocal(lc.r.Body)
 	if err != nil {
-		lc.failWith(fmt.Errorf("%w: %w", ErrBadRequest, err))
+		lc.failWith(fmt.Errorf("%w: %w", inference.ErrBadRequest, err))
 		return
 	}
 	lc.decodeLeg(body, nil, false)
@@ -307,41 +309,41 @@ func (lc *laneConn) serveLocal() {
 // fallback degrades the request to a local prefill with the client's
 // body, or answers the error: a split whose prefill did not begin.
 func (lc *laneConn) fallback(cause error) {
-	if !lc.r.degrade(cause) {
+	if !lc.r.Degrade(cause) {
 		lc.failWith(cause)
 		return
 	}
-	lc.decodeLeg(lc.r.body, nil, false)
+	lc.decodeLeg(lc.r.Body, nil, false)
 }
 
 // remoteAnswered writes the decode leg's non-streamed answer, read whole,
 // as relayJSON does: a KV load failure goes to the split.
 func (lc *laneConn) remoteAnswered(a *rawhttp.Answer) {
 	r, p := lc.r, lc.ll.ln.p
-	r.kvHandoffDone(lc.pd.sent, a.Status == fasthttp.StatusOK)
-	if a.Status == fasthttp.StatusInternalServerError && r.kvLoadFailed() {
-		r.handoff = nil
-		lc.feedSplit(split.Event{Kind: split.LegFailed, Err: ErrKVLoadFailed, Recoverable: true})
+	r.KvHandoffDone(lc.pd.sent, a.Status == fasthttp.StatusOK)
+	if a.Status == fasthttp.StatusInternalServerError && r.KvLoadFailed() {
+		r.Handoff = nil
+		lc.feedSplit(split.Event{Kind: split.LegFailed, Err: inference.ErrKVLoadFailed, Recoverable: true})
 		return
 	}
 	buf := a.Buf
-	if a.Status == fasthttp.StatusOK && p.rewriter != nil {
-		buf = p.rewriter.RewriteAnswer(r.api, buf, *r.handoff)
+	if a.Status == fasthttp.StatusOK && p.Rewriter != nil {
+		buf = p.Rewriter.RewriteAnswer(r.Api, buf, *r.Handoff)
 	}
-	r.jsonAnswered(a.Status)
+	r.JsonAnswered(a.Status)
 	lc.writeWhole(&a.Head, buf)
 }
 
 // gateStream holds the decode leg's stream back until its first output,
 // and gives it the cached_tokens rewrite.
-func (lc *laneConn) gateStream(ls *loopStream) {
+func (lc *laneConn) gateStream(ls *inference.LoopStream) {
 	r := lc.r
-	if rw := r.p.rewriter; rw != nil {
-		h := *r.handoff
-		ls.Rewrite = func(d []byte) []byte { return rw.RewriteAnswer(r.api, d, h) }
+	if rw := r.P.Rewriter; rw != nil {
+		h := *r.Handoff
+		ls.Rewrite = func(d []byte) []byte { return rw.RewriteAnswer(r.Api, d, h) }
 	}
 	ls.Gate = sserelay.GateHolding
-	ls.gated = lc.gateDone
+	ls.Gated = lc.gateDone
 }
 
 // gateDone decides on a held stream: relayed once its first output came;
@@ -353,36 +355,36 @@ func (lc *laneConn) gateDone(g sserelay.Gate, held []byte) {
 	switch {
 	case g == sserelay.GateHolding: // ended with no output
 		lc.dropStream()
-		lc.feedSplit(split.Event{Kind: split.LegFailed, Err: decodeTransportErr(endedEarly(lc.r.local, "any output", ls.cut))})
+		lc.feedSplit(split.Event{Kind: split.LegFailed, Err: inference.DecodeTransportErr(inference.EndedEarly(lc.r.Local, "any output", ls.Cut))})
 		return
 	case g == sserelay.GateError:
-		r.kvHandoffDone(lc.pd.sent, false)
-		if r.kvLoadFailed() {
+		r.KvHandoffDone(lc.pd.sent, false)
+		if r.KvLoadFailed() {
 			lc.dropStream()
-			r.handoff = nil
-			lc.feedSplit(split.Event{Kind: split.LegFailed, Err: ErrKVLoadFailed, Recoverable: true})
+			r.Handoff = nil
+			lc.feedSplit(split.Event{Kind: split.LegFailed, Err: inference.ErrKVLoadFailed, Recoverable: true})
 			return
 		}
 	default:
-		r.kvHandoffDone(lc.pd.sent, true)
+		r.KvHandoffDone(lc.pd.sent, true)
 	}
-	r.p.m.Requests.WithLabelValues(r.mode, statusLabel(r.obs.Status)).Inc()
+	r.P.M.Requests.WithLabelValues(r.Mode, inference.StatusLabel(r.Obs.Status)).Inc()
 	ls.MarkOutput()
-	lc.firstOutput()
-	ls.write(held)
+	lc.FirstOutput()
+	ls.Write(held)
 }
 
 // dropStream ends a held stream the client never saw: its leg is closed,
 // and the request goes on.
 func (lc *laneConn) dropStream() {
 	ls := lc.ls
-	ls.finished = true
-	ls.closeLeg(false)
+	ls.Finished = true
+	ls.CloseLeg(false)
 	lc.ls = nil
 	lc.state = laneSending
 	if lc.streamed {
 		lc.streamed = false
-		lc.r.p.m.LoopStreams.Dec()
+		lc.r.P.M.LoopStreams.Dec()
 	}
 }
 
@@ -399,7 +401,7 @@ func (lc *laneConn) endSplit() {
 	if pd.hedgeDue != nil {
 		pd.hedgeDue.Stop()
 	}
-	bufs := &lc.ll.ln.p.bufs
+	bufs := &lc.ll.ln.p.Bufs
 	bufs.PutScratch(pd.scratch)
 	bufs.PutChunk(pd.bufp, pd.buf)
 }
@@ -446,7 +448,7 @@ func (lc *laneConn) hedgeFailed(h *laneConn, err error) {
 func (lc *laneConn) hedgeGated(g sserelay.Gate, held []byte) {
 	lc.stopTimer()
 	if g != sserelay.GateOutput {
-		lc.shadowOf.hedgeFailed(lc, fmt.Errorf("%w: %w", ErrDecodeFailed, lc.ls.endedBefore("the local stream ended or erred before any output")))
+		lc.shadowOf.hedgeFailed(lc, fmt.Errorf("%w: %w", inference.ErrDecodeFailed, lc.ls.EndedBefore("the local stream ended or erred before any output")))
 		return
 	}
 	lc.shadowOf.hedgeReady(lc, held, nil)
@@ -488,7 +490,7 @@ func (lc *laneConn) adoptHedge(pd *lanePD) {
 	h.stopTimer()
 	h.r, h.state = nil, laneGone
 	if a := pd.readyRaw; a != nil {
-		r.jsonAnswered(a.Status)
+		r.JsonAnswered(a.Status)
 		lc.writeWhole(&a.Head, a.Buf)
 		return
 	}
@@ -502,20 +504,20 @@ func (lc *laneConn) adoptHedge(pd *lanePD) {
 	}
 	lc.addr, lc.state = h.addr, laneAnswer
 	lc.streamed, h.streamed = h.streamed, false
-	lc.ls, ls.conns, ls.release = ls, lc, lc.finish
-	r.p.m.Requests.WithLabelValues(r.mode, statusLabel(r.obs.Status)).Inc()
+	lc.ls, ls.Conns, ls.Release = ls, lc, lc.finish
+	r.P.M.Requests.WithLabelValues(r.Mode, inference.StatusLabel(r.Obs.Status)).Inc()
 	ls.MarkOutput()
-	lc.firstOutput()
-	ls.write(pd.readyHeld)
+	lc.FirstOutput()
+	ls.Write(pd.readyHeld)
 }
 
 // passingOn logs a prefiller's rejection passed on to the client, err (a
 // *rejected), and returns it (nil: err is none).
-func (r *request) passingOn(err error) *rejected {
-	var rej *rejected
+func passingOn(r *inference.Request, err error) *inference.Rejected {
+	var rej *inference.Rejected
 	if !errors.As(err, &rej) {
 		return nil
 	}
-	r.logAt(zerolog.InfoLevel).Int("status", rej.status).Msg("prefiller rejected the request; answer passed on")
+	r.LogAt(zerolog.InfoLevel).Int("status", rej.Status).Msg("prefiller rejected the request; answer passed on")
 	return rej
 }

@@ -1,4 +1,10 @@
-package inference
+// Package lane is the sidecar's event-loop driver: it serves an inference
+// request whose head came whole in one read (local, or the sequential P/D
+// split) on the loops from its first byte to its last, with no goroutine of
+// its own, and gives every other request to fasthttp. It decides nothing a
+// request's outcome depends on: the split machine (proxy/split) and the
+// request's state (proxy/inference) do; the lane does their I/O.
+package lane
 
 import (
 	"bufio"
@@ -11,6 +17,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/pd-sidecar/pd-sidecar/proxy/inference"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
@@ -47,7 +55,7 @@ import (
 // prefill to retry or to fall back from) are answered as the fasthttp path
 // answers them, with the same accounting.
 type lane struct {
-	p     *Proxy
+	p     *inference.Proxy
 	local string // the engine's address
 	srv   *fasthttp.Server
 	loops []*laneLoop
@@ -78,14 +86,21 @@ type laneLoop struct {
 	local, prefill, decode prometheus.Gauge
 }
 
-func (p *Proxy) newLane(local string, srv *fasthttp.Server, loops []*netloop.Loop) *lane {
+// New starts the lane of the local engine at local on loops; srv, the
+// engine port's fasthttp server, takes back the connections the lane
+// does not serve (an inference.LaneFunc).
+func New(p *inference.Proxy, local string, srv *fasthttp.Server, loops []*netloop.Loop) inference.Lane {
+	return newLane(p, local, srv, loops)
+}
+
+func newLane(p *inference.Proxy, local string, srv *fasthttp.Server, loops []*netloop.Loop) *lane {
 	ln := &lane{p: p, local: local, srv: srv, conns: map[*laneConn]struct{}{}, stop: make(chan struct{})}
 	for _, l := range loops {
-		ll := &laneLoop{ln: ln, loop: l, br: bufio.NewReaderSize(nil, p.cfg.Guard.MaxHeaderBytes),
+		ll := &laneLoop{ln: ln, loop: l, br: bufio.NewReaderSize(nil, p.Cfg.Guard.MaxHeaderBytes),
 			idle:    map[string][]*upConn{},
-			local:   p.m.Inflight.WithLabelValues(metrics.PhaseLocal),
-			prefill: p.m.Inflight.WithLabelValues(metrics.PhasePrefill),
-			decode:  p.m.Inflight.WithLabelValues(metrics.PhaseDecode)}
+			local:   p.M.Inflight.WithLabelValues(metrics.PhaseLocal),
+			prefill: p.M.Inflight.WithLabelValues(metrics.PhasePrefill),
+			decode:  p.M.Inflight.WithLabelValues(metrics.PhaseDecode)}
 		ll.req.DisableNormalizing()
 		ll.resp.DisableNormalizing()
 		ln.loops = append(ln.loops, ll)
@@ -105,7 +120,7 @@ const laneIdleMax = 4 * time.Second
 // next request, onto a loop.
 func (ln *lane) Adopt(c *clientconn.Conn) {
 	fd, ok := netloop.FD(c.TCPConn)
-	if !ok || ln.p.draining.Load() {
+	if !ok || ln.p.Draining.Load() {
 		_ = c.TCPConn.Close()
 		return
 	}
@@ -131,13 +146,13 @@ func (ln *lane) Adopt(c *clientconn.Conn) {
 // Declines implements clientconn.Adopter: a P/D split is fasthttp's while
 // the lane does not serve P/D requests (laneSplits).
 func (ln *lane) Declines(h *fasthttp.RequestHeader) bool {
-	return !ln.p.laneSplits() && len(h.Peek(HeaderPrefiller)) > 0
+	return !laneSplits(ln.p) && len(h.Peek(inference.HeaderPrefiller)) > 0
 }
 
 // sweep closes client connections idle longer than --idle-timeout, and
 // pooled upstream connections unused for laneIdleMax, until shutdown.
 func (ln *lane) sweep() {
-	idle := ln.p.cfg.Guard.IdleTimeout
+	idle := ln.p.Cfg.Guard.IdleTimeout
 	t := time.NewTicker(min(max(idle/4, 10*time.Millisecond), time.Second))
 	defer t.Stop()
 	for {
@@ -169,9 +184,9 @@ func (ln *lane) snapshot() []*laneConn {
 	return s
 }
 
-// shutdown closes the idle connections and makes the others close after
+// Shutdown closes the idle connections and makes the others close after
 // their answer (as fasthttp's Shutdown does with its own).
-func (ln *lane) shutdown() {
+func (ln *lane) Shutdown() {
 	ln.once.Do(func() { close(ln.stop) })
 	for _, lc := range ln.snapshot() {
 		lc.mu.Lock()
@@ -216,7 +231,7 @@ type laneConn struct {
 	since    time.Time // idle since
 
 	keepAlive bool
-	r         *request
+	r         *inference.Request
 	pd        *lanePD          // the P/D split's state (nil: a local request)
 	gauge     prometheus.Gauge // the in-flight gauge of the request's phase
 	addr      string           // the current leg's upstream
@@ -234,7 +249,7 @@ type laneConn struct {
 	interim   int         // interim 100 Continue answers skipped on the leg
 	timer     *time.Timer // the decode leg's head timeout, or the prefill's backoff
 	timerGen  uint64      // startTimer's, so that a timer stopped on its way to the loop does nothing
-	ls        *loopStream
+	ls        *inference.LoopStream
 	streamed  bool            // the answer is a stream (counted in LoopStreams)
 	raw       *rawhttp.Answer // a non-streamed answer being read
 	body      *laneBody       // a request's body being read (laneReading)
@@ -257,7 +272,7 @@ func (lc *laneConn) Ready(fd int, ev netloop.Events) {
 			lc.close()
 			return
 		}
-		lc.abandon(ErrDrainTimeout)
+		lc.abandon(inference.ErrDrainTimeout)
 	case lc.state == laneIdle:
 		lc.readRequest(ev)
 	case lc.state == laneReading:
@@ -276,7 +291,7 @@ func (lc *laneConn) Ready(fd int, ev netloop.Events) {
 			lc.clientLeft()
 			return
 		}
-		lc.ls.handle(fd, ev)
+		lc.ls.Handle(fd, ev)
 	case ev&netloop.HangUp != 0:
 		lc.clientLeft()
 	default:
@@ -320,7 +335,7 @@ func (lc *laneConn) toServer(in []byte, since time.Time) {
 	lc.state = laneGone
 	_ = lc.ll.loop.Remove(lc.fd)
 	lc.ll.ln.forget(lc)
-	lc.cc.Replay(in, since.Add(lc.ll.ln.p.cfg.Guard.ReadTimeout))
+	lc.cc.Replay(in, since.Add(lc.ll.ln.p.Cfg.Guard.ReadTimeout))
 	srv := lc.ll.ln.srv
 	go func() { _ = srv.ServeConn(lc.cc) }()
 }
@@ -358,17 +373,17 @@ func (lc *laneConn) readRequest(ev netloop.Events) {
 func (lc *laneConn) serve(b []byte, api connectors.API, headLen int, lr rawhttp.Request) {
 	ll := lc.ll
 	p := ll.ln.p
-	if !p.guard.Acquire() {
+	if !p.Guard.Acquire() {
 		lc.toServer(b, time.Now()) // whole: nothing is left to read
 		return
 	}
-	r := p.startRequest(lr.ID, &ll.req, b[headLen:], ll.ln.local, api)
+	r := p.StartRequest(lr.ID, &ll.req, b[headLen:], ll.ln.local, api)
 	lc.r, lc.keepAlive = r, lr.KeepAlive
-	p.loopRequests.Add(1)
+	p.LoopRequests.Add(1)
 	// Counted as the lane takes it, before any answer byte: a client that
 	// has its answer finds it counted.
-	p.m.LoopRequests.Inc()
-	if err := r.sanitize(); err != nil {
+	p.M.LoopRequests.Inc()
+	if err := r.Sanitize(); err != nil {
 		lc.failWith(err)
 		return
 	}
@@ -376,9 +391,9 @@ func (lc *laneConn) serve(b []byte, api connectors.API, headLen int, lr rawhttp.
 		lc.split(lr.Prefiller) // copies the body
 		return
 	}
-	r.beginFeatures(&ll.req)
+	r.BeginFeatures(&ll.req)
 	lc.serveLocal()
-	r.body = nil // maybe in the loop's buffer, which the next read overwrites
+	r.Body = nil // maybe in the loop's buffer, which the next read overwrites
 }
 
 // decodeLeg sends body (held in bodyp, or nil: see legTo) to the local
@@ -392,18 +407,18 @@ func (lc *laneConn) decodeLeg(body []byte, bodyp *[]byte, remote bool) {
 	} else {
 		lc.setGauge(ll.local)
 	}
-	r.decodeStarted(remote)
-	lc.sentp, lc.sent = p.bufs.GetChunk()
+	r.DecodeStarted(remote)
+	lc.sentp, lc.sent = p.Bufs.GetChunk()
 	if lc.pd != nil {
 		lc.sent = append(lc.sent, lc.pd.start...)
 	} else {
-		lc.sent = rawhttp.AppendLegStartStrip(lc.sent, &ll.req, p.legStrip)
+		lc.sent = rawhttp.AppendLegStartStrip(lc.sent, &ll.req, p.LegStrip)
 	}
-	if r.stream && p.cfg.DecodeFirstByteTimeout > 0 {
-		lc.startTimer(p.cfg.DecodeFirstByteTimeout, lc.firstByteTimeout)
+	if r.Stream && p.Cfg.DecodeFirstByteTimeout > 0 {
+		lc.startTimer(p.Cfg.DecodeFirstByteTimeout, lc.firstByteTimeout)
 	}
 	lc.prefill = false
-	lc.legTo(r.local, body, bodyp)
+	lc.legTo(r.Local, body, bodyp)
 }
 
 // legTo ends the leg's head in lc.sent (its start is there) for addr, and
@@ -413,8 +428,8 @@ func (lc *laneConn) decodeLeg(body []byte, bodyp *[]byte, remote bool) {
 // body (held by reqBody, or the sanitized copy), or an edit of it built in
 // bodyp, a buffer of the body pool the leg now holds until putSent.
 func (lc *laneConn) legTo(addr string, body []byte, bodyp *[]byte) {
-	bufs := &lc.ll.ln.p.bufs
-	lc.sent = rawhttp.AppendLegEnd(lc.r.obs.AppendTrace(lc.sent), addr, lc.r.id, len(body))
+	bufs := &lc.ll.ln.p.Bufs
+	lc.sent = rawhttp.AppendLegEnd(lc.r.Obs.AppendTrace(lc.sent), addr, lc.r.Id, len(body))
 	if len(body) > sse.MaxPooledChunk {
 		lc.sentBody, lc.sentBodyp = body, bodyp
 	} else {
@@ -463,7 +478,7 @@ func (ll *laneLoop) parse(b []byte) (api connectors.API, body []byte, lr rawhttp
 // own is written into its head (observe.Request.AppendTrace).
 func (ll *laneLoop) parseHead(b []byte) (api connectors.API, headLen, want int, lr rawhttp.Request, ok bool) {
 	p := ll.ln.p
-	if p.draining.Load() {
+	if p.Draining.Load() {
 		return 0, 0, 0, lr, false
 	}
 	h := &ll.req
@@ -475,13 +490,13 @@ func (ll *laneLoop) parseHead(b []byte) (api connectors.API, headLen, want int, 
 	}
 	headLen = len(b) - ll.rd.Len() - ll.br.Buffered()
 	cl := h.ContentLength()
-	if !h.IsPost() || !h.IsHTTP11() || cl < 0 || headLen+cl < len(b) || cl > p.cfg.MaxRequestBodyBytes {
+	if !h.IsPost() || !h.IsHTTP11() || cl < 0 || headLen+cl < len(b) || cl > p.Cfg.MaxRequestBodyBytes {
 		return 0, 0, 0, lr, false
 	}
-	if lr = rawhttp.ScanRequest(h); lr.Refused || lr.Encoders && p.cfg.Encoder.Connector != "" {
+	if lr = rawhttp.ScanRequest(h); lr.Refused || lr.Encoders && p.Cfg.Encoder.Connector != "" {
 		return 0, 0, 0, lr, false
 	}
-	if len(lr.Prefiller) > 0 && !p.laneSplits() {
+	if len(lr.Prefiller) > 0 && !laneSplits(p) {
 		return 0, 0, 0, lr, false
 	}
 	// A Host fasthttp's parser refuses (400) is its to refuse; the target
@@ -491,7 +506,7 @@ func (ll *laneLoop) parseHead(b []byte) (api connectors.API, headLen, want int, 
 		return 0, 0, 0, lr, false
 	}
 	api, ok = connectors.APIForPath(string(h.RequestURI()))
-	if api == connectors.APIChat && p.cfg.DecodeChunkSize > 0 {
+	if api == connectors.APIChat && p.Cfg.DecodeChunkSize > 0 {
 		return 0, 0, 0, lr, false // a chunked decode is fasthttp's (chunked.go)
 	}
 	return api, headLen, headLen + cl, lr, ok
@@ -527,7 +542,7 @@ func (ll *laneLoop) put(u *upConn) {
 	ll.mu.Lock()
 	u.owner, u.since = nil, time.Now()
 	idle, known := ll.idle[u.addr]
-	if (known || len(ll.idle) <= ll.ln.p.tr.MaxHosts()) && len(idle) < max(ll.ln.p.cfg.MaxConnsPerHost/len(ll.ln.loops), 1) {
+	if (known || len(ll.idle) <= ll.ln.p.Tr.MaxHosts()) && len(idle) < max(ll.ln.p.Cfg.MaxConnsPerHost/len(ll.ln.loops), 1) {
 		ll.idle[u.addr] = append(idle, u)
 		ll.mu.Unlock()
 		return
@@ -578,7 +593,7 @@ func (lc *laneConn) dial() {
 	lc.dials++
 	ll, r, addr, n := lc.ll, lc.r, lc.addr, lc.dials
 	go func() {
-		conn, err := ll.ln.p.tr.Dial(addr)
+		conn, err := ll.ln.p.Tr.Dial(addr)
 		var fd int
 		if err == nil {
 			var ok bool
@@ -596,7 +611,7 @@ func (lc *laneConn) dial() {
 // onLoop runs f, for request r, on the loop (for an event off the loop: a
 // timer that fired), unless the connection has gone on to another
 // request by then.
-func (lc *laneConn) onLoop(r *request, f func()) {
+func (lc *laneConn) onLoop(r *inference.Request, f func()) {
 	lc.ll.loop.Post(func() {
 		mu := lc.lock()
 		mu.Lock()
@@ -624,7 +639,7 @@ func (lc *laneConn) startTimer(d time.Duration, f func()) {
 
 // dialed goes on from dial number n of request r, on the loop: the leg is
 // sent on conn, or failed with err.
-func (lc *laneConn) dialed(r *request, n uint64, addr string, conn net.Conn, fd int, err error) {
+func (lc *laneConn) dialed(r *inference.Request, n uint64, addr string, conn net.Conn, fd int, err error) {
 	ll := lc.ll
 	mu := lc.lock()
 	mu.Lock()
@@ -698,7 +713,7 @@ func (lc *laneConn) upReady(u *upConn, ev netloop.Events) {
 		lc.readHead()
 	case laneAnswer:
 		if lc.ls != nil {
-			lc.ls.handle(u.fd, ev)
+			lc.ls.Handle(u.fd, ev)
 		} else if lc.raw != nil {
 			lc.readRaw()
 		}
@@ -725,7 +740,7 @@ func (lc *laneConn) readHead() {
 		lc.head = append(lc.head, b...)
 		b = lc.head
 	}
-	rest, whole, err := rawhttp.ParseAnswerHead(&ll.resp, &ll.rd, ll.br, b, ll.ln.p.cfg.Guard.MaxHeaderBytes, &lc.interim)
+	rest, whole, err := rawhttp.ParseAnswerHead(&ll.resp, &ll.rd, ll.br, b, ll.ln.p.Cfg.Guard.MaxHeaderBytes, &lc.interim)
 	switch {
 	case err != nil:
 		lc.upFailed(&upstream.LegError{Addr: lc.addr, Op: "read", Err: err})
@@ -750,13 +765,13 @@ func (lc *laneConn) answer(rest []byte) {
 	lc.up.fresh = false
 	lc.putSent()
 	lc.head = nil
-	r.obs.Status = ll.resp.StatusCode()
+	r.Obs.Status = ll.resp.StatusCode()
 	lc.state = laneAnswer
 	if ll.resp.ConnectionClose() {
 		lc.up.keep = false
 	}
 	dec := upstream.HeadDecoder(&ll.resp)
-	if !bytes.HasPrefix(ll.resp.ContentType(), eventStream) || upstream.Bodiless(r.obs.Status) {
+	if !bytes.HasPrefix(ll.resp.ContentType(), inference.EventStream) || upstream.Bodiless(r.Obs.Status) {
 		lc.stopTimer()
 		lc.readWhole(dec, rest)
 		return
@@ -768,26 +783,26 @@ func (lc *laneConn) answer(rest []byte) {
 	switch {
 	case lc.shadowOf != nil:
 		// A hedge's local leg: held until its first output.
-		ls.Gate, ls.gated = sserelay.GateHolding, lc.hedgeGated
-	case r.handoff != nil:
+		ls.Gate, ls.Gated = sserelay.GateHolding, lc.hedgeGated
+	case r.Handoff != nil:
 		lc.gateStream(ls)
 	default:
-		ls.Gate, ls.gated = sserelay.GateFirstEvent, lc.began
+		ls.Gate, ls.Gated = sserelay.GateFirstEvent, lc.began
 	}
 	lc.streamed = true
-	r.p.m.LoopStreams.Inc()
+	r.P.M.LoopStreams.Inc()
 	_, out := ll.loop.Buffers()
 	out = lc.appendHead(out, &ll.resp, -1)
-	out = ls.relayed(out, rest, false, nil)
-	ls.deliver(out)
+	out = ls.Relayed(out, rest, false, nil)
+	ls.Deliver(out)
 }
 
 // readWhole reads an answer whole (head in ll.resp, its body decoded by
 // dec from rest on) before anything of it is written.
 func (lc *laneConn) readWhole(dec httpbody.Decoder, rest []byte) {
 	p := lc.ll.ln.p
-	lc.raw = &rawhttp.Answer{Body: dec, Status: lc.ll.resp.StatusCode(), Max: p.cfg.MaxUpstreamAnswerBytes,
-		Hold: upstream.NewAnswerHold(p.guard.Budget())}
+	lc.raw = &rawhttp.Answer{Body: dec, Status: lc.ll.resp.StatusCode(), Max: p.Cfg.MaxUpstreamAnswerBytes,
+		Hold: upstream.NewAnswerHold(p.Guard.Budget())}
 	if err := lc.raw.Begin(&lc.ll.resp); err != nil {
 		lc.rawBroke(err)
 		return
@@ -798,15 +813,15 @@ func (lc *laneConn) readWhole(dec httpbody.Decoder, rest []byte) {
 
 // newStream relays the answer's body on the loop from here, as a stream
 // handed over by fasthttp is.
-func (lc *laneConn) newStream(dec httpbody.Decoder) *loopStream {
+func (lc *laneConn) newStream(dec httpbody.Decoder) *inference.LoopStream {
 	ll, r := lc.ll, lc.r
-	ls := &loopStream{r: r, loop: ll.loop, keepAlive: lc.keepAlive, cfd: lc.fd, ufd: -1,
-		Stream: sserelay.Stream{Body: dec, API: r.api, MaxEvent: r.p.cfg.MaxSSEEventBytes}}
+	ls := &inference.LoopStream{R: r, Loop: ll.loop, KeepAlive: lc.keepAlive, Cfd: lc.fd, Ufd: -1,
+		Stream: sserelay.Stream{Body: dec, API: r.Api, MaxEvent: r.P.Cfg.MaxSSEEventBytes}}
 	if lc.up != nil {
-		ls.ufd = lc.up.fd
+		ls.Ufd = lc.up.fd
 	}
-	ls.release = lc.finish
-	ls.conns = lc
+	ls.Release = lc.finish
+	ls.Conns = lc
 	lc.ls = ls
 	return ls
 }
@@ -814,10 +829,10 @@ func (lc *laneConn) newStream(dec httpbody.Decoder) *loopStream {
 // appendHead appends the client's answer head: h's status and end-to-end
 // headers, our request id, the body framed by contentLength (-1: chunked).
 func (lc *laneConn) appendHead(out []byte, h *fasthttp.ResponseHeader, contentLength int) []byte {
-	if lc.ll.ln.p.draining.Load() {
+	if lc.ll.ln.p.Draining.Load() {
 		lc.keepAlive = false
 	}
-	return rawhttp.AppendAnswerHead(out, h, lc.r.id, contentLength, lc.keepAlive)
+	return rawhttp.AppendAnswerHead(out, h, lc.r.Id, contentLength, lc.keepAlive)
 }
 
 func (lc *laneConn) readRaw() {
@@ -865,11 +880,11 @@ func (lc *laneConn) rawDone() {
 	case lc.shadowOf != nil:
 		lc.shadowOf.hedgeWhole(lc, a)
 	case lc.prefill:
-		lc.prefillAnswered(a)
-	case r.handoff != nil:
+		lc.PrefillAnswered(a)
+	case r.Handoff != nil:
 		lc.remoteAnswered(a)
 	default:
-		r.jsonAnswered(a.Status)
+		r.JsonAnswered(a.Status)
 		lc.writeWhole(&a.Head, a.Buf)
 	}
 }
@@ -884,10 +899,10 @@ func (lc *laneConn) rawBroke(err error) {
 	lc.dropRaw()
 	lc.endUp(false)
 	if lc.prefill {
-		lc.prefillFailed(prefillTransportErr(err))
+		lc.prefillFailed(inference.PrefillTransportErr(err))
 		return
 	}
-	lc.failWith(decodeTransportErr(err))
+	lc.failWith(inference.DecodeTransportErr(err))
 }
 
 // dropRaw lets go of the answer being read whole, if any, and of its
@@ -903,13 +918,13 @@ func (lc *laneConn) dropRaw() {
 // that has nothing more to read.
 func (lc *laneConn) writeWhole(h *fasthttp.ResponseHeader, body []byte) {
 	ls := lc.newStream(httpbody.New(httpbody.Length, 0))
-	ls.ended, ls.upEnded = true, true
+	ls.Ended, ls.UpEnded = true, true
 	ls.MarkOutput()
 	_, out := lc.ll.loop.Buffers()
 	out = lc.appendHead(out, h, len(body))
 	out = append(out, body...)
 	lc.state = laneAnswer
-	ls.write(out)
+	ls.Write(out)
 }
 
 // failWith answers err as the fasthttp path's fail does: the client has
@@ -921,19 +936,19 @@ func (lc *laneConn) failWith(err error) {
 	}
 	lc.stopTimer()
 	lc.putSent()
-	o := lc.r.failure(err)
-	lc.r.answerCounted(lc.r.mode, o.status)
-	h := lc.ownHead(o.status, "application/json")
-	if o.retryAfter {
+	o := lc.r.Failure(err)
+	lc.r.AnswerCounted(lc.r.Mode, o.Status)
+	h := lc.ownHead(o.Status, "application/json")
+	if o.RetryAfter {
 		h.Set("Retry-After", "1")
 	}
-	lc.writeWhole(h, errorBody(o.status, err))
+	lc.writeWhole(h, inference.ErrorBody(o.Status, err))
 }
 
 // answerWhole writes a complete answer the sidecar made, as the fasthttp
 // path's answer does.
 func (lc *laneConn) answerWhole(mode string, status int, contentType string, body []byte) {
-	lc.r.answerCounted(mode, status)
+	lc.r.AnswerCounted(mode, status)
 	lc.writeWhole(lc.ownHead(status, contentType), body)
 }
 
@@ -967,7 +982,7 @@ func (lc *laneConn) upFailed(err error) {
 func (lc *laneConn) legFailed(err error) {
 	if lc.prefill {
 		lc.head = lc.head[:0]
-		lc.prefillFailed(prefillTransportErr(err))
+		lc.prefillFailed(inference.PrefillTransportErr(err))
 		return
 	}
 	lc.failed(err)
@@ -975,7 +990,7 @@ func (lc *laneConn) legFailed(err error) {
 
 // failed answers a request whose decode leg got no answer head.
 func (lc *laneConn) failed(err error) {
-	lc.failWith(decodeTransportErr(err))
+	lc.failWith(inference.DecodeTransportErr(err))
 }
 
 // firstByteTimeout fails a streamed request whose answer did not begin
@@ -989,7 +1004,7 @@ func (lc *laneConn) firstByteTimeout() {
 	default:
 		return
 	}
-	lc.failed(fmt.Errorf("%w: %w after %v", ErrDecodeTimeout, upstream.ErrFirstByteTimeout, lc.ll.ln.p.cfg.DecodeFirstByteTimeout))
+	lc.failed(fmt.Errorf("%w: %w after %v", inference.ErrDecodeTimeout, upstream.ErrFirstByteTimeout, lc.ll.ln.p.Cfg.DecodeFirstByteTimeout))
 }
 
 // began relays a local stream once its first event came: the answer
@@ -999,21 +1014,21 @@ func (lc *laneConn) began(g sserelay.Gate, held []byte) {
 	lc.stopTimer()
 	if g != sserelay.GateOutput { // ended with no event
 		lc.dropStream()
-		lc.failWith(decodeTransportErr(endedEarly(lc.r.local, "any event", ls.cut)))
+		lc.failWith(inference.DecodeTransportErr(inference.EndedEarly(lc.r.Local, "any event", ls.Cut)))
 		return
 	}
-	r.p.m.Requests.WithLabelValues(r.mode, statusLabel(r.obs.Status)).Inc()
+	r.P.M.Requests.WithLabelValues(r.Mode, inference.StatusLabel(r.Obs.Status)).Inc()
 	ls.MarkOutput()
-	lc.firstOutput()
-	ls.write(held)
+	lc.FirstOutput()
+	ls.Write(held)
 }
 
 // clientLeft ends a request whose client hung up before its answer began:
 // the engine connection is closed, so the engine drops the request.
 func (lc *laneConn) clientLeft() {
 	if r := lc.r; r != nil {
-		r.leftBeforeAnswer(ErrClientGone)
-		lc.drop(ErrClientGone)
+		r.LeftBeforeAnswer(inference.ErrClientGone)
+		lc.drop(inference.ErrClientGone)
 	}
 	lc.close()
 }
@@ -1025,11 +1040,11 @@ func (lc *laneConn) abandon(err error) {
 		return
 	}
 	if lc.ls != nil {
-		lc.ls.fail(err)
+		lc.ls.Fail(err)
 		return
 	}
 	if r := lc.r; r != nil {
-		r.logAt(zerolog.ErrorLevel).Err(err).Msg("request ended by the sidecar; connections closed")
+		r.LogAt(zerolog.ErrorLevel).Err(err).Msg("request ended by the sidecar; connections closed")
 		lc.drop(err)
 	}
 	lc.close()
@@ -1038,7 +1053,7 @@ func (lc *laneConn) abandon(err error) {
 // drop ends a request before its answer began: the upstream connection
 // is closed, so the upstream drops it too.
 func (lc *laneConn) drop(cause error) {
-	lc.r.cancel(cause)
+	lc.r.Cancel(cause)
 	lc.endSplitEarly(cause)
 	lc.stopTimer()
 	lc.putSent()
@@ -1071,7 +1086,7 @@ func (lc *laneConn) stopTimer() {
 }
 
 func (lc *laneConn) putSent() {
-	bufs := &lc.ll.ln.p.bufs
+	bufs := &lc.ll.ln.p.Bufs
 	lc.unsent, lc.unsentBdy = nil, nil
 	if lc.sentp != nil {
 		bufs.PutChunk(lc.sentp, lc.sent)
@@ -1093,21 +1108,21 @@ func (lc *laneConn) finish() {
 		return
 	}
 	lc.dropHedge()
-	lc.releaseKV() // kvrelease.go: before the split's buffers are given back
+	lc.ReleaseKV() // kvrelease.go: before the split's buffers are given back
 	lc.r, lc.prefill = nil, false
 	lc.putSent()
 	lc.dropReqBody()
 	lc.dropRaw()
 	lc.endSplit()
 	lc.setGauge(nil)
-	r.report()
-	r.p.guard.Release()
-	r.cancel(context.Canceled)
+	r.Report()
+	r.P.Guard.Release()
+	r.Cancel(context.Canceled)
 	if lc.streamed {
 		lc.streamed = false
-		r.p.m.LoopStreams.Dec()
+		r.P.M.LoopStreams.Dec()
 	}
-	r.p.loopRequests.Add(-1)
+	r.P.LoopRequests.Add(-1)
 }
 
 // done is the end of an answer: the connection waits for its next request
@@ -1129,14 +1144,23 @@ func (lc *laneConn) done(keep bool) {
 
 // The laneConn is its loopStream's streamConns.
 
-func (lc *laneConn) legEnd(clean bool)                   { lc.endUp(clean) }
-func (lc *laneConn) legPause() error                     { return lc.up.unwatch() }
-func (lc *laneConn) legResume() error                    { return lc.up.watch() }
-func (lc *laneConn) clientWatch(ev netloop.Events) error { return lc.setInterest(ev) }
-func (lc *laneConn) clientDone(keep bool)                { lc.done(keep) }
-func (lc *laneConn) firstOutput() {
+func (lc *laneConn) LegEnd(clean bool)                   { lc.endUp(clean) }
+func (lc *laneConn) LegPause() error                     { return lc.up.unwatch() }
+func (lc *laneConn) LegResume() error                    { return lc.up.watch() }
+func (lc *laneConn) ClientWatch(ev netloop.Events) error { return lc.setInterest(ev) }
+func (lc *laneConn) ClientDone(keep bool)                { lc.done(keep) }
+func (lc *laneConn) FirstOutput() {
 	r := lc.r
-	r.p.m.TTFT.WithLabelValues(r.mode).Observe(time.Since(r.start).Seconds())
+	r.P.M.TTFT.WithLabelValues(r.Mode).Observe(time.Since(r.Start).Seconds())
+}
+
+// releaseKV is request.releaseKV for the lane's request, whose legs' head
+// start is the split's (the loop's parsed head is another request's by
+// now).
+func (lc *laneConn) ReleaseKV() {
+	if r := lc.r; r != nil && r.KvPending != nil && lc.pd != nil {
+		r.ReleaseKV(lc.pd.start)
+	}
 }
 
 // upConn is a pooled upstream connection of the lane (to the local engine
@@ -1174,7 +1198,7 @@ func (u *upConn) Ready(fd int, ev netloop.Events) {
 		mu := lc.lock()
 		mu.Lock()
 		if lc.up == u {
-			lc.abandon(ErrDrainTimeout)
+			lc.abandon(inference.ErrDrainTimeout)
 		}
 		mu.Unlock()
 		return
@@ -1207,10 +1231,10 @@ func (u *upConn) close() {
 }
 
 var (
-	_ netloop.Handler = (*laneConn)(nil)
-	_ netloop.Handler = (*upConn)(nil)
-	_ streamConns     = (*laneConn)(nil)
-	_ streamConns     = (*legConns)(nil)
+	_ netloop.Handler       = (*laneConn)(nil)
+	_ netloop.Handler       = (*upConn)(nil)
+	_ inference.StreamConns = (*laneConn)(nil)
+	_ inference.StreamConns = (*inference.LegConns)(nil)
 )
 
 // lock returns the mutex that orders the connection's callbacks: a hedge's

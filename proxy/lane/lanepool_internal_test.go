@@ -1,4 +1,4 @@
-package inference
+package lane
 
 import (
 	"errors"
@@ -6,6 +6,8 @@ import (
 	"net"
 	"testing"
 	"time"
+
+	"github.com/pd-sidecar/pd-sidecar/proxy/inference"
 
 	"github.com/stretchr/testify/assert"
 
@@ -18,8 +20,8 @@ import (
 // forged prefiller addresses cannot grow it); the sweeper's evict closes
 // those unused for laneIdleMax and forgets the prefillers left with none.
 func TestLanePoolBounds(t *testing.T) {
-	p := &Proxy{cfg: DefaultConfig(), tr: upstream.NewTransport(time.Second, 2, 2)}
-	p.cfg.MaxConnsPerHost = 2
+	p := &inference.Proxy{Cfg: inference.DefaultConfig(), Tr: upstream.NewTransport(time.Second, 2, 2)}
+	p.Cfg.MaxConnsPerHost = 2
 	ln := &lane{p: p, local: "127.0.0.1:8200"}
 	ll := &laneLoop{ln: ln, idle: map[string][]*upConn{}}
 	ln.loops = []*laneLoop{ll}
