@@ -17,6 +17,7 @@ import (
 	"github.com/pd-sidecar/pd-sidecar/connectors"
 	"github.com/pd-sidecar/pd-sidecar/kvtransfer"
 	"github.com/pd-sidecar/pd-sidecar/metrics"
+	"github.com/pd-sidecar/pd-sidecar/proxy/godriver"
 	"github.com/pd-sidecar/pd-sidecar/proxy/inference"
 	"github.com/pd-sidecar/pd-sidecar/proxy/lane"
 )
@@ -46,8 +47,8 @@ const (
 	AttrRemoteKV            = inference.AttrRemoteKV
 	AttrRequestID           = inference.AttrRequestID
 	CertFile                = inference.CertFile
-	DecodeFirstDeclined     = inference.DecodeFirstDeclined
-	DecodeFirstServed       = inference.DecodeFirstServed
+	DecodeFirstDeclined     = godriver.DecodeFirstDeclined
+	DecodeFirstServed       = godriver.DecodeFirstServed
 	DefaultMaxBufferedBytes = inference.DefaultMaxBufferedBytes
 	DefaultMaxSSEEventBytes = inference.DefaultMaxSSEEventBytes
 	DefaultP2PPort          = inference.DefaultP2PPort
@@ -142,6 +143,7 @@ func New(cfg Config, conn connectors.Connector, m *metrics.Metrics, gatherer pro
 		return nil, err
 	}
 	p.UseLanes(lane.New)
+	p.UseSplitter(godriver.Split)
 	return &Proxy{p: p}, nil
 }
 

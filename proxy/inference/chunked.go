@@ -29,10 +29,10 @@ import (
 // decode runs the decode of body on the local engine: chunked when
 // chunkPlanFor says so, else one request relayed as it comes (forward,
 // whose contract it has).
-func (r *Request) decode(body []byte, remote bool) error {
+func (r *Request) Decode(body []byte, remote bool) error {
 	plan, ok := r.chunkPlanFor(body, remote)
 	if !ok {
-		return r.forward(body, remote)
+		return r.Forward(body, remote)
 	}
 	return r.decodeChunked(body, remote, plan)
 }
@@ -41,9 +41,9 @@ func (r *Request) decode(body []byte, remote bool) error {
 // request chunked decode applies to, whose body chunked.PlanFor cuts.
 func (r *Request) chunkPlanFor(body []byte, remote bool) (chunked.Plan, bool) {
 	n := r.P.Cfg.DecodeChunkSize
-	if n <= 0 || r.Api != connectors.APIChat || r.rc == nil ||
-		(remote && r.P.conn.Name() != nixlv2.Name) ||
-		len(r.rc.Request.Header.Peek(HeaderDataParallel)) > 0 {
+	if n <= 0 || r.Api != connectors.APIChat || r.Rc == nil ||
+		(remote && r.P.Conn.Name() != nixlv2.Name) ||
+		len(r.Rc.Request.Header.Peek(HeaderDataParallel)) > 0 {
 		return chunked.Plan{}, false
 	}
 	return chunked.PlanFor(body, n)
@@ -87,7 +87,7 @@ type chunkRequest struct{ r *Request }
 // its answer read whole.
 func (c chunkRequest) Send(body []byte, handoff bool) (chunked.Answer, error) {
 	r := c.r
-	req := r.upstream(r.Local, body)
+	req := r.Upstream(r.Local, body)
 	resp := fasthttp.AcquireResponse()
 	defer fasthttp.ReleaseResponse(resp)
 	sent := time.Now()
@@ -112,25 +112,25 @@ func (c chunkRequest) Send(body []byte, handoff bool) (chunked.Answer, error) {
 }
 
 // Gone implements chunked.Request.
-func (c chunkRequest) Gone() bool { return c.r.gone() }
+func (c chunkRequest) Gone() bool { return c.r.Gone() }
 
 // Answer implements chunked.Request.
 func (c chunkRequest) Answer(status int, contentType string, body []byte) {
 	r := c.r
 	if contentType == "text/event-stream" {
-		r.rc.Response.Header.Set("Cache-Control", "no-cache")
+		r.Rc.Response.Header.Set("Cache-Control", "no-cache")
 	}
-	r.answer(r.Mode, status, contentType, body)
+	r.Answer(r.Mode, status, contentType, body)
 }
 
 // Stream implements chunked.Request: it answers 200 and hands body to
 // fasthttp, whose server goroutine reads it.
 func (c chunkRequest) Stream(body io.ReadCloser) bool {
 	r := c.r
-	if r.leftNow() {
+	if r.LeftNow() {
 		return false
 	}
-	rc := r.rc
+	rc := r.Rc
 	rc.SetStatusCode(fasthttp.StatusOK)
 	rc.SetContentType("text/event-stream")
 	rc.Response.Header.Set("Cache-Control", "no-cache")
@@ -146,8 +146,8 @@ func (c chunkRequest) Stream(body io.ReadCloser) bool {
 // Watch implements chunked.Request.
 func (c chunkRequest) Watch() func() bool {
 	r := c.r
-	release := clientconn.Hold(r.rc) // the handler returned: the watch's read is no request boundary
-	w := r.P.armer.Watch(r.rc.Conn(), r.Cancel, time.Now())
+	release := clientconn.Hold(r.Rc) // the handler returned: the watch's read is no request boundary
+	w := r.P.armer.Watch(r.Rc.Conn(), r.Cancel, time.Now())
 	return func() bool {
 		pipelined := w.Stop()
 		release()
@@ -164,9 +164,9 @@ func (c chunkRequest) Finish(pipelined bool) {
 	if pipelined {
 		// A watch took the first byte of the client's next request: the
 		// connection cannot serve it; the client sends it again.
-		_ = r.rc.Conn().Close()
+		_ = r.Rc.Conn().Close()
 	}
-	r.finish()
+	r.Finish()
 }
 
 // Report implements chunked.Request.

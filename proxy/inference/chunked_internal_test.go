@@ -17,7 +17,7 @@ func chunkTestRequest(n int, api connectors.API, header ...string) *Request {
 	for i := 0; i+1 < len(header); i += 2 {
 		rc.Request.Header.Set(header[i], header[i+1])
 	}
-	return &Request{P: &Proxy{Cfg: cfg}, rc: rc, Api: api}
+	return &Request{P: &Proxy{Cfg: cfg}, Rc: rc, Api: api}
 }
 
 // TestChunkPlan: which requests a chunked decode applies to; how their

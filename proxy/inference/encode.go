@@ -82,7 +82,7 @@ func newEncoderStage(p *Proxy) *encoder.Stage {
 		Allowlist:   p.Cfg.Guard.Allowlist,
 		RefusedAddr: p.refusedAddr,
 		Inject: func(ctx context.Context, h *fasthttp.RequestHeader) {
-			p.trace.Inject(ctx, h) // set by SetExtras, after New
+			p.Trace.Inject(ctx, h) // set by SetExtras, after New
 		},
 		BadRequest: ErrBadRequest,
 		Metrics:    p.M.Encoder,
@@ -97,13 +97,13 @@ func (r *Request) encode() error {
 	if r.P.enc == nil {
 		return nil
 	}
-	vs := r.rc.Request.Header.PeekAll(HeaderEncoders)
+	vs := r.Rc.Request.Header.PeekAll(HeaderEncoders)
 	if len(vs) == 0 {
 		return nil
 	}
 	body, outcome, err := r.P.enc.Run(r.Ctx, encoder.Request{
 		ID: r.Id, Body: r.Body, Encoders: vs,
-		Log: r.LogAt, Logger: r.logger, Span: r.encoderSpan,
+		Log: r.LogAt, Logger: r.Logger, Span: r.encoderSpan,
 	})
 	if outcome != "" {
 		r.Obs.Encoder = outcome // the status view's

@@ -40,7 +40,7 @@ func (r *Request) eventRefused() {
 
 // eventReader reads the local engine's stream on leg, bounded by
 // --max-sse-event-bytes, a refusal counted.
-func (r *Request) eventReader(leg *upstream.Leg) *sse.Reader {
+func (r *Request) EventReader(leg *upstream.Leg) *sse.Reader {
 	er := sse.NewReader(leg, &r.P.Bufs, r.P.Cfg.MaxSSEEventBytes)
 	er.Refused = r.eventRefused
 	return er

@@ -15,13 +15,13 @@ import "github.com/pd-sidecar/pd-sidecar/proxy/clientconn"
 // the connection since (clientconn.PeerClosed), in which case the request
 // is cancelled as the watch would have. The caller answers nothing then
 // (the request ends as leftBeforeAnswer ends it).
-func (r *Request) leftNow() bool {
+func (r *Request) LeftNow() bool {
 	switch {
-	case r.gone():
+	case r.Gone():
 		return true
-	case r.rc == nil || r.detached:
+	case r.Rc == nil || r.detached:
 		return false
-	case clientconn.PeerClosed(r.rc.Conn()):
+	case clientconn.PeerClosed(r.Rc.Conn()):
 		r.Cancel(ErrClientGone)
 		return true
 	}

@@ -33,12 +33,6 @@ func (p *Proxy) hedgeable() bool {
 	return p.hedge != nil && p.Mori == nil && p.Kv == nil
 }
 
-// localOutcome is what the local leg of a hedged request ends with.
-type localOutcome struct {
-	a   *heldAnswer
-	err error
-}
-
 // hedgeWon counts a hedge's winner and the time its loser ran, and logs a
 // prefill that answered first.
 func (r *Request) hedgeWon(winner string, loserRan time.Duration) {

@@ -32,9 +32,9 @@ func (p *Proxy) EnableKVPull(cfg KVPullConfig, puller *kvtransfer.Puller, m *met
 	if err := cfg.Validate(); err != nil {
 		return err
 	}
-	src, ok := p.conn.(kvpull.Sourcer)
+	src, ok := p.Conn.(kvpull.Sourcer)
 	if !ok {
-		return fmt.Errorf("connector %q cannot hand off a kv source for the sidecar to pull", p.conn.Name())
+		return fmt.Errorf("connector %q cannot hand off a kv source for the sidecar to pull", p.Conn.Name())
 	}
 	p.Kv = kvpull.New(cfg, kvpull.Deps{Conn: src, Puller: puller, Metrics: m,
 		FreeTimeout: p.Cfg.ConnectTimeout + time.Second})
@@ -43,14 +43,14 @@ func (p *Proxy) EnableKVPull(cfg KVPullConfig, puller *kvtransfer.Puller, m *met
 
 // pullKV pulls the handoff's KV into blocks borrowed from the local engine
 // and returns the decode leg's handoff naming them (kvpull.Puller.Pull).
-func (r *Request) pullKV(h connectors.Handoff) (connectors.Handoff, error) {
+func (r *Request) PullKV(h connectors.Handoff) (connectors.Handoff, error) {
 	// The agent is dialed by the pull: its address is checked here too,
 	// whatever read the handoff (request.prefillAnswered did already).
 	if err := r.P.checkHandoff(r.Prefiller, h); err != nil {
 		return h, err
 	}
 	return r.P.Kv.Pull(r.Ctx, kvpull.Request{
-		ID: r.Id, Label: r.label, Local: r.Local,
+		ID: r.Id, Label: r.Label, Local: r.Local,
 		Call:    r.engineCall,
 		CallErr: func(err error) error { return upstreamErr(upstream.RoleEngine, r.Local, err) },
 		Log:     r.LogAt,
@@ -82,14 +82,14 @@ func (r *Request) engineCall(ctx context.Context, path string, body []byte) ([]b
 // a KV agent that is gone, or a descriptor that is refused, is the
 // prefiller's fault and degrades; any other failure is a KV load failure,
 // re-run locally as --on-kv-load-failure says.
-func (r *Request) kvPullFailure(err error) (error, bool) {
+func (r *Request) KvPullFailure(err error) (error, bool) {
 	var ue *upstream.UpstreamError
 	if !errors.As(err, &ue) && !errors.Is(err, connectors.ErrInvalidKVParams) {
 		// The agent's errors may quote its descriptor: said in fixed words.
 		err = &upstream.UpstreamError{Role: upstream.RoleKVAgent, Reason: "KV pull failed (" + kvpull.FailureReason(err) + ")", Err: err}
 	}
 	switch {
-	case r.gone():
+	case r.Gone():
 		return fmt.Errorf("%w: %w", ErrClientGone, err), false
 	case errors.Is(err, kvtransfer.ErrKVSourceGone), errors.Is(err, connectors.ErrInvalidKVParams):
 		return err, true

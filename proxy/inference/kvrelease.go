@@ -30,7 +30,7 @@ const kvReleaseIDSuffix = "-kv-release"
 // (only a KVReleaser's decoder pulls; MoRI-IO write mode pushes the KV
 // into the decoder from the prefiller).
 func newKVReleaser(p *Proxy) *kvrelease.Releaser {
-	c, ok := p.conn.(connectors.KVReleaser)
+	c, ok := p.Conn.(connectors.KVReleaser)
 	if !p.Cfg.ReleaseKVOnCancel || !ok || p.Seq == nil || p.Mori != nil {
 		return nil
 	}
@@ -63,18 +63,18 @@ func (r *Request) ReleaseKV(start []byte) {
 		return // a handoff the decode engine is not to read
 	}
 	if start == nil {
-		if r.rc == nil {
+		if r.Rc == nil {
 			return
 		}
-		target := clientconn.OriginForm(r.rc) // the path routed on
+		target := clientconn.OriginForm(r.Rc) // the path routed on
 		if target == nil {
-			target = r.rc.Request.Header.RequestURI()
+			target = r.Rc.Request.Header.RequestURI()
 		}
-		start = rawhttp.AppendLegStartAt(nil, &r.rc.Request.Header, target, nil)
+		start = rawhttp.AppendLegStartAt(nil, &r.Rc.Request.Header, target, nil)
 	} else {
 		start = append([]byte(nil), start...)
 	}
-	lg := r.logger().With().Str("kv_release", "decode_leg").Logger()
+	lg := r.Logger().With().Str("kv_release", "decode_leg").Logger()
 	kr.Release(r.Local, lg, func(conn connectors.KVReleaser) ([]byte, error) {
 		body, err := conn.ReleaseBody(nil, r.Api, r.Body, *h)
 		if err != nil {

@@ -89,7 +89,7 @@ func pendingRequest(p *Proxy, local string) *Request {
 	rc.Request.Header.Set(HeaderPrefiller, "10.0.0.9:8000")
 	body := []byte(`{"model":"m","prompt":"hi","max_tokens":9,"stream":true}`)
 	r := p.StartRequest([]byte("rid"), &rc.Request.Header, body, local, connectors.APICompletions)
-	r.rc = &rc
+	r.Rc = &rc
 	r.awaitKVRead(connectors.Handoff{Params: []byte(releaseParams)}, nil)
 	return r
 }

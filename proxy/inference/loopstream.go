@@ -90,15 +90,15 @@ var errHandedOver = errors.New("stream handed to an event loop")
 // loopable reports whether b's stream may be handed to a loop later.
 func (b *sseBody) loopable() bool {
 	r := b.r
-	if r.P.loops == nil || r.P.servers[r.home] == nil || !r.rc.Request.Header.IsHTTP11() {
+	if r.P.loops == nil || r.P.servers[r.home] == nil || !r.Rc.Request.Header.IsHTTP11() {
 		return false
 	}
-	cc, ok := r.rc.Conn().(*clientconn.Conn)
+	cc, ok := r.Rc.Conn().(*clientconn.Conn)
 	if _, plain := b.leg.Conn().(*net.TCPConn); !ok || !plain {
 		return false // TLS on either side, or no socket to watch
 	}
 	b.cc = cc
-	b.keepAlive = !r.rc.Request.Header.ConnectionClose() && !r.rc.Response.ConnectionClose()
+	b.keepAlive = !r.Rc.Request.Header.ConnectionClose() && !r.Rc.Response.ConnectionClose()
 	return true
 }
 
@@ -259,7 +259,7 @@ func (ls *LoopStream) Deliver(out []byte) {
 		ls.held = append(ls.held, out...)
 		held = ls.held
 	}
-	if ls.Gate.Shut() && len(held) < maxHeld && !ls.Ended {
+	if ls.Gate.Shut() && len(held) < MaxHeld && !ls.Ended {
 		if len(ls.held) == 0 {
 			ls.held = append([]byte(nil), out...)
 		}
@@ -409,7 +409,7 @@ func (ls *LoopStream) flush() {
 // complete ends a stream written whole: the client connection goes on to
 // its next request.
 func (ls *LoopStream) complete() {
-	ls.finish()
+	ls.Finish()
 	ls.Conns.ClientDone(ls.KeepAlive && !ls.R.P.Draining.Load())
 }
 
@@ -431,12 +431,12 @@ func (ls *LoopStream) Fail(err error) {
 
 func (ls *LoopStream) teardown() {
 	ls.CloseLeg(false)
-	ls.finish()
+	ls.Finish()
 	ls.Conns.ClientDone(false)
 }
 
 // finish ends the request's bookkeeping, once.
-func (ls *LoopStream) finish() {
+func (ls *LoopStream) Finish() {
 	if ls.Finished {
 		return
 	}

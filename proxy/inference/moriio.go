@@ -77,8 +77,8 @@ const ReasonKVWaitTimeout = "kv_wait_timeout"
 
 // moriState is MoRI-IO's per-proxy state.
 type moriState struct {
-	cfg MoriIOConfig
-	dns *hostdns.Resolver
+	Cfg MoriIOConfig
+	Dns *hostdns.Resolver
 }
 
 func newMoriState(cfg MoriIOConfig, m *metrics.MoriIO, log zerolog.Logger) *moriState {
@@ -86,25 +86,25 @@ func newMoriState(cfg MoriIOConfig, m *metrics.MoriIO, log zerolog.Logger) *mori
 	if lookup == nil {
 		lookup = net.DefaultResolver.LookupHost
 	}
-	return &moriState{cfg: cfg, dns: hostdns.New(lookup, cfg.DNSTTL, cfg.DNSTimeout, cfg.Seed, m, log)}
+	return &moriState{Cfg: cfg, Dns: hostdns.New(lookup, cfg.DNSTTL, cfg.DNSTimeout, cfg.Seed, m, log)}
 }
 
 // hosts resolves specs (nil for none).
-func (s *moriState) hosts(ctx context.Context, specs []string) []string {
+func (s *moriState) Hosts(ctx context.Context, specs []string) []string {
 	if len(specs) == 0 {
 		return nil
 	}
 	out := make([]string, len(specs))
 	for i, h := range specs {
-		out[i] = s.dns.Resolve(ctx, h)
+		out[i] = s.Dns.Resolve(ctx, h)
 	}
 	return out
 }
 
 // moriLeg starts the request's MoRI-IO legs: its rank, transfer id and
 // x-data-parallel-rank header.
-func (r *Request) moriLeg() moriio.Leg {
-	l := moriio.Leg{Rank: moriio.PickRank(r.Id, r.P.Mori.cfg.Ports.DPSize), TransferID: moriio.TransferID(r.Id)}
+func (r *Request) MoriLeg() moriio.Leg {
+	l := moriio.Leg{Rank: moriio.PickRank(r.Id, r.P.Mori.Cfg.Ports.DPSize), TransferID: moriio.TransferID(r.Id)}
 	r.setMoriRank(l.Rank)
 	return l
 }
@@ -112,65 +112,27 @@ func (r *Request) moriLeg() moriio.Leg {
 // setMoriRank sets the x-data-parallel-rank of the legs sent from now on
 // (none when the data-parallel size is 1).
 func (r *Request) setMoriRank(rank int) {
-	if r.P.Mori.cfg.Ports.DPSize > 1 {
+	if r.P.Mori.Cfg.Ports.DPSize > 1 {
 		r.moriRank = strconv.Itoa(rank)
 	}
 }
 
 // moriPrefillBody gives the serial prefill leg's body (nixlv2's) MoRI-IO's
 // write-mode kv_transfer_params.
-func (r *Request) moriPrefillBody(body []byte) ([]byte, error) {
+func (r *Request) MoriPrefillBody(body []byte) ([]byte, error) {
 	s := r.P.Mori
-	r.mori = r.moriLeg()
-	params := moriio.PrefillParams(s.cfg.Ports, s.dns.Resolve(r.Ctx, s.cfg.PodIP), r.mori, s.hosts(r.Ctx, s.cfg.DecodeHosts))
+	r.mori = r.MoriLeg()
+	params := moriio.PrefillParams(s.Cfg.Ports, s.Dns.Resolve(r.Ctx, s.Cfg.PodIP), r.mori, s.Hosts(r.Ctx, s.Cfg.DecodeHosts))
 	return moriio.WithParams(body, params)
 }
 
 // moriDecodeParams are the serial decode leg's kv_transfer_params: the
 // prefill answer's with the rank (the one it returned, else the request
 // id's) written back and MoRI-IO's fields backfilled.
-func (r *Request) moriDecodeParams(returned []byte) ([]byte, error) {
+func (r *Request) MoriDecodeParams(returned []byte) ([]byte, error) {
 	s := r.P.Mori
 	l := r.mori
-	l.Rank = moriio.DecodeRank(returned, s.cfg.Ports.DPSize, l.Rank)
+	l.Rank = moriio.DecodeRank(returned, s.Cfg.Ports.DPSize, l.Rank)
 	r.setMoriRank(l.Rank)
-	return moriio.SerialDecodeParams(returned, s.cfg.Ports, l, s.hosts(r.Ctx, s.cfg.RemoteHosts))
-}
-
-// serveMoriParallel runs MoRI-IO's parallel dispatch: both legs at once,
-// the decode leg (its kv_transfer_params written up front) waiting in the
-// decode engine for the prefill engine to write the KV. The decode leg's
-// output is held until the prefill leg answered. Better than llm-d: a
-// prefill leg that fails before the decode produced output degrades to a
-// local prefill (llm-d answers the prefill's error), and no prefill outcome
-// within --moriio-parallel-decode-wait-timeout is a counted fallback
-// (kv_wait_timeout), not a bare 504.
-func (r *Request) serveMoriParallel() {
-	s := r.P.Mori
-	d := r.newPaired(split.PairedConfig{KVWait: s.cfg.WaitTimeout, HoldOutput: true})
-	var start split.PairedStart
-	var pre, dec []byte
-	tk, err := r.P.Guard.AllowPrefill(r.Prefiller)
-	start.NoLegs = err
-	if err == nil {
-		d.tk = tk
-		// The prefiller's host goes as the header named it: only the
-		// configured host specs are resolved (and cached), never a name a
-		// request brings.
-		host, _, _ := net.SplitHostPort(r.Prefiller)
-		l := r.moriLeg()
-		pre, err = moriio.ParallelPrefillBody(r.Body,
-			moriio.PrefillParams(s.cfg.Ports, s.dns.Resolve(r.Ctx, s.cfg.PodIP), l, s.hosts(r.Ctx, s.cfg.DecodeHosts)))
-		if err == nil {
-			dec, err = moriio.WithParams(r.Body,
-				moriio.ParallelDecodeParams(s.cfg.Ports, host, l, s.hosts(r.Ctx, s.cfg.RemoteHosts)))
-		}
-		if err != nil {
-			start.NoLegs, start.NoLegsReport = fmt.Errorf("%w: %w", ErrBadRequest, err), ErrBadRequest
-		} else {
-			r.Mode = metrics.ModeDisaggregated
-			r.LogAt(zerolog.DebugLevel).Int("dp_rank", l.Rank).Str("transfer_id", l.TransferID).Msg("MoRI-IO parallel dispatch")
-		}
-	}
-	d.run(start, pre, dec, nil)
+	return moriio.SerialDecodeParams(returned, s.Cfg.Ports, l, s.Hosts(r.Ctx, s.Cfg.RemoteHosts))
 }

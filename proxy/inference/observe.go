@@ -77,9 +77,9 @@ type Extras struct {
 // SetExtras installs optional collaborators. Call it before Run.
 func (p *Proxy) SetExtras(e Extras) {
 	p.ext = e
-	p.trace = observe.NewTracing(observe.Config{Tracer: e.Tracer, Propagator: e.Propagator,
+	p.Trace = observe.NewTracing(observe.Config{Tracer: e.Tracer, Propagator: e.Propagator,
 		Reason: failureReason, KVLoadFailed: ReasonKVLoadFailed})
-	p.LegStrip, p.PrefillStrip = p.trace.Strip(p.strip)
+	p.LegStrip, p.PrefillStrip = p.Trace.Strip(p.strip)
 }
 
 // failureReason is the fallback reason of err, which a failed prefill
@@ -106,39 +106,39 @@ const (
 
 // traceStart opens the request span, child of the client's trace context.
 func (r *Request) traceStart(h *fasthttp.RequestHeader) {
-	if r.P.trace != nil {
-		r.Obs.Start(r.P.trace, h, r.Start, r.Id, r.Api.String())
+	if r.P.Trace != nil {
+		r.Obs.Start(r.P.Trace, h, r.Start, r.Id, r.Api.String())
 	}
 }
 
 // prefillStarted opens the prefill span; the returned func records the
 // prefill's duration and outcome.
 func (r *Request) PrefillStarted(start time.Time) func(error) {
-	span := r.Obs.StartPrefill(r.label)
+	span := r.Obs.StartPrefill(r.Label)
 	return func(err error) {
 		d := time.Since(start)
-		r.P.M.PrefillDuration.WithLabelValues(r.label).Observe(d.Seconds())
+		r.P.M.PrefillDuration.WithLabelValues(r.Label).Observe(d.Seconds())
 		if err == nil {
-			r.P.hedge.Observe(r.label, d) // the auto hedge point's sample
+			r.P.hedge.Observe(r.Label, d) // the auto hedge point's sample
 		}
 		r.Obs.PrefillDur = d
-		r.P.trace.EndPrefill(span, err)
+		r.P.Trace.EndPrefill(span, err)
 	}
 }
 
 // decodeStarted opens the decode span (and, for a leg carrying remote KV,
 // the kv_handoff span) before the leg to the local engine is sent.
-func (r *Request) DecodeStarted(remote bool) { r.Obs.StartDecode(remote, r.label) }
+func (r *Request) DecodeStarted(remote bool) { r.Obs.StartDecode(remote, r.Label) }
 
 // kvHandoffDone records the end of the engine-pull handoff: the decode leg
 // sent at sent produced its first output (ok) or a KV load failure.
 func (r *Request) KvHandoffDone(sent time.Time, ok bool) {
 	d := time.Since(sent)
 	r.KvPending = nil // the engine read the KV, or tried (awaitKVRead)
-	r.P.M.KVTransferDuration.WithLabelValues(r.label).Observe(d.Seconds())
+	r.P.M.KVTransferDuration.WithLabelValues(r.Label).Observe(d.Seconds())
 	r.Obs.KVDur, r.Obs.KVOK = d, ok
-	if ok && r.onOutput != nil {
-		r.onOutput()
+	if ok && r.OnOutput != nil {
+		r.OnOutput()
 	}
 	r.Obs.EndKVHandoff(ok)
 }
@@ -149,10 +149,10 @@ func (r *Request) Report() {
 	if mode == metrics.ModeDisaggregated && r.Prefiller == "" {
 		mode = metrics.ModeLocal
 	}
-	r.Obs.End(mode, r.label)
+	r.Obs.End(mode, r.Label)
 	if o := r.P.ext.Observer; o != nil {
 		o.ObserveRequest(RequestReport{
-			ID: r.Id, Mode: mode, Reason: r.Obs.Reason, Declined: r.Obs.Declined, Prefiller: r.label, NamedPrefiller: r.named,
+			ID: r.Id, Mode: mode, Reason: r.Obs.Reason, Declined: r.Obs.Declined, Prefiller: r.Label, NamedPrefiller: r.named,
 			Status: r.Obs.Status, Start: r.Start, Duration: time.Since(r.Start),
 			PrefillDuration: r.Obs.PrefillDur, KVHandoffDuration: r.Obs.KVDur,
 			KVTransferred: r.Obs.KVOK && mode == metrics.ModeDisaggregated,

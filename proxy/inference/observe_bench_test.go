@@ -42,7 +42,7 @@ func BenchmarkRequestObservation(b *testing.B) {
 			b.ReportAllocs()
 			for i := 0; b.Loop(); i++ {
 				r := p.StartRequest(id, &in, nil, "127.0.0.1:8000", connectors.APICompletions)
-				r.label, r.Prefiller, r.Mode = "p:1", "p:1", metrics.ModeDisaggregated
+				r.Label, r.Prefiller, r.Mode = "p:1", "p:1", metrics.ModeDisaggregated
 				end := r.PrefillStarted(time.Now())
 				leg.Reset()
 				r.Obs.Inject(&leg)

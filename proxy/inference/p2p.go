@@ -49,7 +49,7 @@ type P2PConfig struct {
 // p2pPort is the P2P port of the engine whose HTTP port is port: with
 // data-parallel ranks, rank r's (port = --port + r), else rank 0's, as
 // llm-d derives it.
-func (p *Proxy) p2pPort(port int) int {
+func (p *Proxy) P2pPort(port int) int {
 	return kvsource.Ports{HTTP: p.Cfg.Port, Ranks: p.Cfg.DataParallelSize, P2P: p.Cfg.P2P.Port}.P2PPort(port)
 }
 
@@ -75,7 +75,7 @@ func (r *Request) kvSource(h *fasthttp.RequestHeader) *connectors.P2PPeer {
 		r.LogAt(zerolog.DebugLevel).Str("kv_cache_source", logvalue.Cut(string(v))).Str("outcome", o).Msg("kv cache source not named")
 		return nil
 	}
-	peer := &connectors.P2PPeer{RequestID: newUUID(), Host: src.Host, Port: p.p2pPort(src.Port)}
+	peer := &connectors.P2PPeer{RequestID: NewUUID(), Host: src.Host, Port: p.P2pPort(src.Port)}
 	r.LogAt(zerolog.DebugLevel).Str("kv_cache_source", net.JoinHostPort(peer.Host, strconv.Itoa(peer.Port))).Msg("kv cache source named: remote_kv_source")
 	return peer
 }
@@ -117,7 +117,7 @@ func (u *kvSourceUse) EditLocal(body []byte) ([]byte, error) {
 
 // kvSourcePeer is the request's KV cache source (nil: none), for a
 // choreography whose legs name it themselves (the offloading connector's).
-func (r *Request) kvSourcePeer() *connectors.P2PPeer {
+func (r *Request) KvSourcePeer() *connectors.P2PPeer {
 	for _, u := range r.uses {
 		if s, ok := u.(*kvSourceUse); ok {
 			return s.peer

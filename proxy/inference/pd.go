@@ -26,7 +26,7 @@ func (p *Proxy) serveInference(rc *fasthttp.RequestCtx, local string, api connec
 	r := p.newRequest(rc, local, api)
 	defer func() {
 		if !r.detached {
-			r.finish()
+			r.Finish()
 		}
 	}()
 	if err := r.pickRank(&rc.Request.Header); err != nil {
@@ -57,10 +57,7 @@ func (p *Proxy) serveInference(rc *fasthttp.RequestCtx, local string, api connec
 		r.serveLocal()
 		return
 	}
-	if r.choreograph() {
-		return
-	}
-	r.runSequential()
+	r.P.splitter(r)
 }
 
 // serveLocal runs a request that no prefiller prefills (none named, or
@@ -72,7 +69,7 @@ func (r *Request) serveLocal() {
 		r.Fail(fmt.Errorf("%w: %w", ErrBadRequest, err))
 		return
 	}
-	r.Fail(r.decode(body, false)) // chunked when --decode-chunk-tokens says so
+	r.Fail(r.Decode(body, false)) // chunked when --decode-chunk-tokens says so
 }
 
 // tpGuard refuses a handoff from a prefiller of a larger tensor-parallel
@@ -88,11 +85,11 @@ func (p *Proxy) tpGuard(h connectors.Handoff) error {
 // counted and logged with its reason; or, with --prefill-fallback=false (or
 // a reason that is no degradation), answers the error.
 func (r *Request) fallback(cause error) {
-	if r.gone() || !r.Degrade(cause) {
+	if r.Gone() || !r.Degrade(cause) {
 		r.Fail(cause)
 		return
 	}
-	r.Fail(r.decode(r.Body, false)) // chunked when --decode-chunk-tokens says so
+	r.Fail(r.Decode(r.Body, false)) // chunked when --decode-chunk-tokens says so
 }
 
 // degrade reports whether cause is a reason to degrade to a local prefill
@@ -103,13 +100,13 @@ func (r *Request) Degrade(cause error) bool {
 	if o.reason == "" || !r.P.Cfg.PrefillFallback {
 		return false
 	}
-	r.degraded(o.reason, cause)
+	r.Degraded(o.reason, cause)
 	return true
 }
 
 // degraded counts and logs a request degraded to a local prefill for
 // reason (cause: why): the request is a fallback from here.
-func (r *Request) degraded(reason string, cause error) {
+func (r *Request) Degraded(reason string, cause error) {
 	r.P.M.Fallbacks.WithLabelValues(reason).Inc()
 	r.Obs.Reason = reason
 	r.Mode = metrics.ModeFallback
@@ -123,20 +120,20 @@ func (r *Request) degraded(reason string, cause error) {
 
 // passOn answers with the prefiller's rejection of the request, err (a
 // *rejected), as it came.
-func (r *Request) passOn(err error) {
+func (r *Request) PassOn(err error) {
 	var rej *Rejected
 	if !errors.As(err, &rej) {
 		r.Fail(err)
 		return
 	}
 	r.LogAt(zerolog.InfoLevel).Int("status", rej.Status).Msg("prefiller rejected the request; answer passed on")
-	r.answer(metrics.ModeDisaggregated, rej.Status, rej.ContentType, rej.Body)
+	r.Answer(metrics.ModeDisaggregated, rej.Status, rej.ContentType, rej.Body)
 }
 
 // retrying counts and logs a prefill attempt that failed with err and is
 // tried again.
 func (r *Request) retrying(attempt int, err error) {
-	r.P.M.PrefillRetries.WithLabelValues(r.label).Inc()
+	r.P.M.PrefillRetries.WithLabelValues(r.Label).Inc()
 	r.LogAt(zerolog.WarnLevel).Err(err).Int("attempt", attempt).Msg("prefill failed; retrying")
 }
 
@@ -146,14 +143,14 @@ func (r *Request) Fail(err error) {
 	if err == nil {
 		return
 	}
-	if errors.Is(err, ErrClientGone) || r.leftNow() {
+	if errors.Is(err, ErrClientGone) || r.LeftNow() {
 		r.LeftBeforeAnswer(err)
 		return
 	}
 	o := r.Failure(err)
-	r.answer(r.Mode, o.Status, "application/json", ErrorBody(o.Status, err))
+	r.Answer(r.Mode, o.Status, "application/json", ErrorBody(o.Status, err))
 	if o.RetryAfter {
-		r.rc.Response.Header.Set("Retry-After", "1")
+		r.Rc.Response.Header.Set("Retry-After", "1")
 	}
 }
 
@@ -165,9 +162,9 @@ func (r *Request) LeftBeforeAnswer(err error) {
 	r.P.M.ClientDisconnects.WithLabelValues(r.phase()).Inc()
 	r.P.M.Requests.WithLabelValues(r.Mode, "499").Inc()
 	r.Obs.Status = 499
-	if r.rc != nil && !r.detached {
-		r.rc.HijackSetNoResponse(true)
-		r.rc.Hijack(func(net.Conn) {}) // fasthttp closes the connection after it
+	if r.Rc != nil && !r.detached {
+		r.Rc.HijackSetNoResponse(true)
+		r.Rc.Hijack(func(net.Conn) {}) // fasthttp closes the connection after it
 	}
 }
 
@@ -195,12 +192,12 @@ func (r *Request) phase() string {
 }
 
 // answer writes a complete, non-streamed answer, unless the client left.
-func (r *Request) answer(mode string, status int, contentType string, body []byte) {
-	if r.leftNow() {
+func (r *Request) Answer(mode string, status int, contentType string, body []byte) {
+	if r.LeftNow() {
 		r.LeftBeforeAnswer(ErrClientGone)
 		return
 	}
-	rc := r.rc
+	rc := r.Rc
 	rc.SetStatusCode(status)
 	rc.SetContentType(contentType)
 	rc.SetBody(body)

@@ -4,6 +4,6 @@ import "github.com/valyala/fasthttp"
 
 // prefillRequest builds a leg to the prefiller carrying body: as upstream
 // builds every leg, less --prefill-strip-headers (proxy/prefillstrip).
-func (r *Request) prefillRequest(body []byte) *fasthttp.Request {
+func (r *Request) PrefillRequest(body []byte) *fasthttp.Request {
 	return r.legRequest(r.Prefiller, body, r.P.strip)
 }

@@ -51,12 +51,12 @@ const (
 // Proxy serves the sidecar's routes. Create it with New.
 type Proxy struct {
 	Cfg      Config
-	conn     connectors.Connector
+	Conn     connectors.Connector
 	Rewriter connectors.AnswerRewriter // nil when conn has no such ability
 	Seq      connectors.Sequential     // nil for a Concurrent connector
 	Mori     *moriState                // MoRI-IO write mode; nil when off
 	Choreo   connectors.Choreography   // what conn declares (connectors.Choreography)
-	boot     *bootstrap.Cache          // Bootstrapper answers per prefiller
+	Boot     *bootstrap.Cache          // Bootstrapper answers per prefiller
 	Tr       *upstream.Transport
 	encTr    *upstream.Transport // the encoder legs'; nil: stage off
 	enc      *encoder.Stage      // the encoder stage (llm-d's E/PD); nil: off
@@ -84,7 +84,7 @@ type Proxy struct {
 	Kv *kvpull.Puller
 	// trace starts the requests' spans and writes the legs' trace
 	// context (SetExtras); nil: no tracer.
-	trace *observe.Tracing
+	Trace *observe.Tracing
 	// background is the work Run runs beside serving: MoRI-IO's host
 	// revalidations, warm-ups, circuit probes, KV release legs, of those
 	// that are on, in start order.
@@ -107,7 +107,19 @@ type Proxy struct {
 	// lanes starts the lane of a local engine's port (UseLanes); nil:
 	// fasthttp serves every request.
 	lanes LaneFunc
+	// splitter runs the split of a request fasthttp's handler goroutine
+	// serves (UseSplitter).
+	splitter Splitter
 }
+
+// Splitter runs the split of request r on fasthttp's handler goroutine
+// (proxy/godriver), once r's prefiller is named and allowed and no
+// request feature declined the split; it answers the client.
+type Splitter func(r *Request)
+
+// UseSplitter makes f run the splits fasthttp's handler serves. New's
+// caller must call it before Run.
+func (p *Proxy) UseSplitter(f Splitter) { p.splitter = f }
 
 // Lane is the event-loop driver of one local engine's port (proxy/lane):
 // it adopts the client connections the listener hands over between
@@ -135,7 +147,7 @@ func New(cfg Config, conn connectors.Connector, m *metrics.Metrics, gatherer pro
 	}
 	p := &Proxy{
 		Cfg:  cfg,
-		conn: conn,
+		Conn: conn,
 		Tr:   upstream.NewTransport(cfg.ConnectTimeout, cfg.MaxConnsPerHost, cfg.MaxPrefillers+cfg.DataParallelSize),
 		M:    m,
 		Log:  log,
@@ -170,7 +182,7 @@ func New(cfg Config, conn connectors.Connector, m *metrics.Metrics, gatherer pro
 	if p.Choreo = connectors.ChoreographyOf(conn); p.Choreo == 0 {
 		return nil, fmt.Errorf("connector %q is neither sequential nor concurrent", conn.Name())
 	}
-	p.boot = bootstrap.New(cfg.MaxPrefillers, bootstrapTransportErr)
+	p.Boot = bootstrap.New(cfg.MaxPrefillers, bootstrapTransportErr)
 	if cfg.MinRemotePrefillTokens > 0 {
 		p.features = append(p.features, shortPrompt{limit: cfg.MinRemotePrefillTokens})
 	}
@@ -192,7 +204,7 @@ func New(cfg Config, conn connectors.Connector, m *metrics.Metrics, gatherer pro
 	// The background work of what is on, in the order Run starts it
 	// (and stops it in reverse).
 	if p.Mori != nil {
-		p.background = append(p.background, backgroundWork{background: p.Mori.dns, throughDrain: true})
+		p.background = append(p.background, backgroundWork{background: p.Mori.Dns, throughDrain: true})
 	}
 	if p.warm != nil {
 		p.background = append(p.background, backgroundWork{background: p.warm})

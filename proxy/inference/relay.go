@@ -12,12 +12,13 @@ import (
 
 	"github.com/pd-sidecar/pd-sidecar/connectors"
 	"github.com/pd-sidecar/pd-sidecar/metrics"
+	"github.com/pd-sidecar/pd-sidecar/proxy/sse"
 	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"
 )
 
 // maxHeld bounds the preamble events held back while waiting for the first
 // output of a decode leg.
-const maxHeld = 64 << 10
+const MaxHeld = 64 << 10
 
 var EventStream = []byte("text/event-stream")
 
@@ -26,7 +27,7 @@ var EventStream = []byte("text/event-stream")
 // rewrite, and a KV load failure reported before any output is returned as
 // ErrKVLoadFailed. forward returns nil once the answer is written or
 // streaming; an error only while the client has seen nothing.
-func (r *Request) forward(body []byte, remote bool) error {
+func (r *Request) Forward(body []byte, remote bool) error {
 	phase := metrics.PhaseLocal
 	if remote {
 		phase = metrics.PhaseDecode
@@ -34,7 +35,7 @@ func (r *Request) forward(body []byte, remote bool) error {
 	g := r.P.M.Inflight.WithLabelValues(phase)
 	g.Inc()
 	r.DecodeStarted(remote)
-	req := r.upstream(r.Local, body)
+	req := r.Upstream(r.Local, body)
 	resp := fasthttp.AcquireResponse()
 	sent := time.Now()
 	var leg *upstream.Leg
@@ -81,11 +82,11 @@ func (r *Request) relayJSON(leg *upstream.Leg, resp *fasthttp.Response, remote b
 			buf = r.P.Rewriter.RewriteAnswer(r.Api, buf, *r.Handoff)
 		}
 	}
-	if r.leftNow() {
+	if r.LeftNow() {
 		return ErrClientGone
 	}
-	r.copyHead(resp)
-	r.rc.SetBody(buf)
+	r.CopyHead(resp)
+	r.Rc.SetBody(buf)
 	r.JsonAnswered(st)
 	return nil
 }
@@ -102,7 +103,7 @@ func (r *Request) JsonAnswered(st int) {
 // kvLoadFailed counts a KV load failure of the decode leg and reports
 // whether the request is to be re-run with a local prefill.
 func (r *Request) KvLoadFailed() bool {
-	r.P.M.KVLoadFailures.WithLabelValues(r.label).Inc()
+	r.P.M.KVLoadFailures.WithLabelValues(r.Label).Inc()
 	if r.P.Cfg.OnKVLoadFailure == KVFailError {
 		r.LogAt(zerolog.ErrorLevel).Msg("decode engine failed to load the remote KV; error passed on (--on-kv-load-failure error)")
 		return false
@@ -111,9 +112,9 @@ func (r *Request) KvLoadFailed() bool {
 }
 
 // copyHead copies the upstream status and end-to-end headers to the client.
-func (r *Request) copyHead(resp *fasthttp.Response) {
-	copyResponseHead(r.rc, resp)
-	r.rc.Response.Header.Set(HeaderRequestID, r.Id)
+func (r *Request) CopyHead(resp *fasthttp.Response) {
+	copyResponseHead(r.Rc, resp)
+	r.Rc.Response.Header.Set(HeaderRequestID, r.Id)
 }
 
 func copyResponseHead(rc *fasthttp.RequestCtx, resp *fasthttp.Response) {
@@ -132,7 +133,7 @@ func copyResponseHead(rc *fasthttp.RequestCtx, resp *fasthttp.Response) {
 // first output or error: an error there is a KV load failure, recoverable
 // because the client has seen nothing.
 func (r *Request) relaySSE(leg *upstream.Leg, resp *fasthttp.Response, g prometheus.Gauge, remote bool, sent time.Time) error {
-	er := r.eventReader(leg)
+	er := r.EventReader(leg)
 	var held []byte
 	abort := func(err error) error {
 		er.Release()
@@ -148,41 +149,41 @@ func (r *Request) relaySSE(leg *upstream.Leg, resp *fasthttp.Response, g prometh
 	if !remote {
 		ev, err := er.Next()
 		if err != nil {
-			return abort(beforeOutputErr(EndedEarly(r.Local, "any event", err)))
+			return abort(BeforeOutputErr(EndedEarly(r.Local, "any event", err)))
 		}
 		held = append(held, ev...)
 	} else {
 		var kvFail bool
 		var err error
 		// The role chunk and the first output, usually.
-		if held, kvFail, err = readToOutput(er, r.Api, make([]byte, 0, 2<<10)); err != nil {
-			return abort(beforeOutputErr(EndedEarly(r.Local, "any output", err)))
+		if held, kvFail, err = ReadToOutput(er, r.Api, make([]byte, 0, 2<<10)); err != nil {
+			return abort(BeforeOutputErr(EndedEarly(r.Local, "any output", err)))
 		}
 		r.KvHandoffDone(sent, !kvFail)
 		if kvFail && r.KvLoadFailed() {
 			return abort(ErrKVLoadFailed)
 		}
 	}
-	if r.leftNow() {
+	if r.LeftNow() {
 		return abort(ErrClientGone)
 	}
 	leg.Began()
-	r.copyHead(resp)
+	r.CopyHead(resp)
 	r.P.M.Requests.WithLabelValues(r.Mode, StatusLabel(resp.StatusCode())).Inc()
 	r.Obs.Status = resp.StatusCode()
-	r.streamBody(r.newSSEBody(er, leg, held, remote, func() {
+	r.StreamBody(r.NewSSEBody(er, leg, held, remote, func() {
 		er.Release()
 		leg.Close()
 		fasthttp.ReleaseResponse(resp)
 		g.Dec()
-		r.finish()
+		r.Finish()
 	}))
 	return nil
 }
 
 // beforeOutputErr is the error of a stream that ended, or was cut by
 // --decode-first-byte-timeout, before it had anything to relay.
-func beforeOutputErr(err error) error { return DecodeTransportErr(err) }
+func BeforeOutputErr(err error) error { return DecodeTransportErr(err) }
 
 // needsDone reports whether api's streams end with data: [DONE].
 func needsDone(api connectors.API) bool {
@@ -198,10 +199,31 @@ func (r *Request) left() {
 // streamBody hands b to fasthttp as the answer's body. From here a client
 // that leaves fails the next write, so no watcher is kept for the life of
 // the stream.
-func (r *Request) streamBody(b *sseBody) {
+func (r *Request) StreamBody(b *sseBody) {
 	if r.watch.Stop() {
-		r.rc.SetConnectionClose()
+		r.Rc.SetConnectionClose()
 	}
 	r.detached = true
-	setStream(r.rc, b) // the framing the client reads
+	setStream(r.Rc, b) // the framing the client reads
+}
+
+// readToOutput reads a stream's events, appended to held, up to its first
+// output or error event (error reports the latter), or maxHeld bytes of
+// preamble.
+func ReadToOutput(er *sse.Reader, api connectors.API, held []byte) ([]byte, bool, error) {
+	for {
+		ev, err := er.Next()
+		if err != nil {
+			return held, false, err
+		}
+		held = append(held, ev...)
+		kind := connectors.EventPreamble
+		if d := sse.FirstData(ev); d != nil {
+			kind = connectors.ClassifyEvent(api, d)
+		}
+		if kind == connectors.EventPreamble && len(held) < MaxHeld {
+			continue
+		}
+		return held, kind == connectors.EventError, nil
+	}
 }

@@ -27,7 +27,7 @@ import (
 // handler goroutine and, once the answer is streamed, by the body writer.
 type Request struct {
 	P      *Proxy
-	rc     *fasthttp.RequestCtx
+	Rc     *fasthttp.RequestCtx
 	Ctx    context.Context
 	Cancel context.CancelCauseFunc
 	watch  *clientconn.Watch // the client connection's watch
@@ -50,14 +50,14 @@ type Request struct {
 	named     bool   // the request carried x-prefiller-host-port
 	// uses are the request features' parts in the request (requestFeature).
 	uses     []featureUse
-	label    string // bounded metric label of prefiller
+	Label    string // bounded metric label of prefiller
 	Mode     string
 	Handoff  *connectors.Handoff // set once the decode leg carries remote KV
 	detached bool                // the body writer owns the request now
 	// onOutput, when set, is told the moment the decode leg's first output
 	// is seen (before it is relayed): the concurrent choreography's point of
 	// no return.
-	onOutput func()
+	OnOutput func()
 	// mori is the request's MoRI-IO leg state (rank, transfer id) and
 	// moriRank its legs' x-data-parallel-rank ("" = none) (moriState).
 	mori     moriio.Leg
@@ -80,7 +80,7 @@ var hopHeaders = []string{
 
 func (p *Proxy) newRequest(rc *fasthttp.RequestCtx, local string, api connectors.API) *Request {
 	r := p.StartRequest(rc.Request.Header.Peek(HeaderRequestID), &rc.Request.Header, rc.PostBody(), local, api)
-	r.rc = rc
+	r.Rc = rc
 	rc.Response.Header.Set(HeaderRequestID, r.Id)
 	r.watch = p.armer.Watch(rc.Conn(), r.Cancel, r.Start)
 	return r
@@ -109,11 +109,11 @@ func (r *Request) LogAt(l zerolog.Level) *zerolog.Event {
 	if l < r.P.Log.GetLevel() || l < zerolog.GlobalLevel() {
 		return nil
 	}
-	return r.logger().WithLevel(l)
+	return r.Logger().WithLevel(l)
 }
 
 // logger returns the request's logger, building it when needed.
-func (r *Request) logger() *zerolog.Logger {
+func (r *Request) Logger() *zerolog.Logger {
 	if !r.logReady {
 		c := r.P.Log.With().Str("request_id", r.Id).Str("path", r.Api.String())
 		if r.Prefiller != "" {
@@ -126,27 +126,27 @@ func (r *Request) logger() *zerolog.Logger {
 }
 
 // finish ends the request's bookkeeping; the last owner calls it.
-func (r *Request) finish() {
+func (r *Request) Finish() {
 	r.ReleaseKV(nil) // --release-kv-on-cancel
 	r.held.Release()
 	r.Report()
 	r.P.Guard.Release()
 	if r.watch.Stop() && !r.detached {
-		r.rc.SetConnectionClose()
+		r.Rc.SetConnectionClose()
 	}
 	r.Cancel(context.Canceled)
 }
 
 // keep moves h's reservation to the request, released when it finishes.
-func (r *Request) keep(h *upstream.AnswerHold) { r.held.Add(h.Take()) }
+func (r *Request) Keep(h *upstream.AnswerHold) { r.held.Add(h.Take()) }
 
 // gone reports whether the client left.
-func (r *Request) gone() bool { return context.Cause(r.Ctx) == ErrClientGone }
+func (r *Request) Gone() bool { return context.Cause(r.Ctx) == ErrClientGone }
 
 // upstream builds a leg to addr carrying body: the client's headers minus
 // hop-by-hop and sidecar headers, with our X-Request-Id set once. Compressed
 // answers are refused on P/D legs, whose answers the proxy reads.
-func (r *Request) upstream(addr string, body []byte) *fasthttp.Request {
+func (r *Request) Upstream(addr string, body []byte) *fasthttp.Request {
 	return r.legRequest(addr, body, nil)
 }
 
@@ -154,9 +154,9 @@ func (r *Request) upstream(addr string, body []byte) *fasthttp.Request {
 // (lower case; proxy/prefillstrip).
 func (r *Request) legRequest(addr string, body []byte, strip []string) *fasthttp.Request {
 	req := fasthttp.AcquireRequest()
-	r.upstreamHeader(&req.Header, &r.rc.Request.Header, addr)
+	r.upstreamHeader(&req.Header, &r.Rc.Request.Header, addr)
 	prefillstrip.Strip(&req.Header, strip)
-	if t := clientconn.OriginForm(r.rc); t != nil {
+	if t := clientconn.OriginForm(r.Rc); t != nil {
 		req.Header.SetRequestURIBytes(t) // the path routed on
 	}
 	req.SetBodyRaw(body)

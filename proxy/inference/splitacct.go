@@ -1,6 +1,8 @@
 package inference
 
 import (
+	"errors"
+
 	"github.com/rs/zerolog"
 
 	"github.com/pd-sidecar/pd-sidecar/circuit"
@@ -19,7 +21,7 @@ func (r *Request) NamePrefiller(hv []byte) error {
 	p := r.P
 	r.named = true
 	hp, err := p.pickAllowed(hv)
-	r.Prefiller, r.label = hp, p.prefillerLabel(hp, err)
+	r.Prefiller, r.Label = hp, p.prefillerLabel(hp, err)
 	r.logReady = false // the request's logger gets the prefiller field
 	return err
 }
@@ -31,7 +33,7 @@ func (r *Request) NamePrefiller(hv []byte) error {
 func (r *Request) SplitStart(bodyErr error) (start split.Start, tk *circuit.Ticket) {
 	p := r.P
 	// Every split refills the hedge budget, hedged or not.
-	if after, ok := p.hedge.Split(r.label); ok && p.hedgeable() {
+	if after, ok := p.hedge.Split(r.Label); ok && p.hedgeable() {
 		start.HedgeAfter, start.TakeHedge = after, p.hedge.Take
 	}
 	if bodyErr != nil {
@@ -53,12 +55,32 @@ func (r *Request) Account(a split.Action, tk **circuit.Ticket) {
 	case split.Retrying:
 		r.retrying(a.Attempt, a.Err)
 	case split.Degraded:
-		r.degraded(a.Reason, a.Err)
+		r.Degraded(a.Reason, a.Err)
 	case split.HedgeWon:
 		r.hedgeWon(a.Winner, a.After)
 	case split.HedgeLocalFailed:
-		if !r.gone() {
+		if !r.Gone() {
 			r.LogAt(zerolog.WarnLevel).Err(a.Err).Msg("hedge: local prefill failed; waiting for the prefill")
 		}
 	}
+}
+
+// splitConfig is the sequential split's configuration.
+func (p *Proxy) SplitConfig() split.Config {
+	return split.Config{
+		PrefillTimeout: p.Cfg.PrefillTimeout,
+		MaxRetries:     p.Cfg.PrefillMaxRetries,
+		RetryBackoff:   p.Cfg.PrefillRetryBackoff,
+		Fallback:       p.Cfg.PrefillFallback,
+		DecodeTPSize:   p.Cfg.DecodeTPSize,
+		Judge:          SplitJudge,
+	}
+}
+
+// splitJudge is what a failure means to a split: the proxy's one
+// classifier (classify), and whether it is a prefiller's rejection.
+func SplitJudge(err error) split.Verdict {
+	o := classify(err)
+	var rej *Rejected
+	return split.Verdict{Reason: o.reason, Retry: o.retry, Rejected: errors.As(err, &rej)}
 }

@@ -58,7 +58,7 @@ type sseBody struct {
 
 // newSSEBody streams er's events after held; release frees the leg and
 // finishes the request, once.
-func (r *Request) newSSEBody(er *sse.Reader, leg *upstream.Leg, held []byte, remote bool, release func()) *sseBody {
+func (r *Request) NewSSEBody(er *sse.Reader, leg *upstream.Leg, held []byte, remote bool, release func()) *sseBody {
 	b := &sseBody{r: r, er: er, leg: leg, held: held, first: true, release: release,
 		done: bytes.Contains(held, doneEvent)}
 	if remote && r.P.Rewriter != nil {
@@ -81,8 +81,8 @@ func (r *Request) newSSEBody(er *sse.Reader, leg *upstream.Leg, held []byte, rem
 // arrives whole costs no goroutine.
 func (b *sseBody) watchClient() (stop func()) {
 	r := b.r
-	release := clientconn.Hold(r.rc)
-	w := r.P.armer.Watch(r.rc.Conn(), r.Cancel, time.Now())
+	release := clientconn.Hold(r.Rc)
+	w := r.P.armer.Watch(r.Rc.Conn(), r.Cancel, time.Now())
 	return func() {
 		if w.Stop() {
 			b.pipelined, b.cc = true, nil // the connection cannot move now
@@ -226,7 +226,7 @@ func (b *sseBody) end(err error) error {
 		b.leg.Close()
 	}
 	switch {
-	case r.gone():
+	case r.Gone():
 		r.left()
 		return ErrClientGone
 	case errors.Is(err, io.EOF):
@@ -270,7 +270,7 @@ func (b *sseBody) Close() error {
 	if b.pipelined {
 		// The watch took the first byte of the client's next request: the
 		// connection cannot serve it; the client sends it again.
-		_ = b.r.rc.Conn().Close()
+		_ = b.r.Rc.Conn().Close()
 	}
 	if b.release != nil {
 		b.release()

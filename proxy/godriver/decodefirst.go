@@ -1,10 +1,12 @@
-package inference
+package godriver
 
 import (
 	"bytes"
 	"errors"
 	"io"
 	"time"
+
+	"github.com/pd-sidecar/pd-sidecar/proxy/inference"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
@@ -36,7 +38,7 @@ const (
 
 // goDecodeFirst is one request's decode-first attempt on fasthttp's path.
 type goDecodeFirst struct {
-	r  *Request
+	r  *inference.Request
 	df connectors.DecodeFirst
 	m  *split.DecodeFirst
 
@@ -64,7 +66,7 @@ type firstAnswer struct {
 // means it was not tried, or was declined, and the sequential handoff runs
 // with r.body replaced by the connector's AfterDecline body (so a local
 // fallback cannot be declined again).
-func (r *Request) serveDecodeFirst(df connectors.DecodeFirst) bool {
+func serveDecodeFirst(r *inference.Request, df connectors.DecodeFirst) bool {
 	d := &goDecodeFirst{r: r, df: df, m: split.NewDecodeFirst()}
 	for next := d.exec(d.m.Start(df.TryDecodeFirst(r.Api, r.Body))); next != nil; {
 		next = d.exec(d.on(*next))
@@ -75,8 +77,8 @@ func (r *Request) serveDecodeFirst(df connectors.DecodeFirst) bool {
 // on gives the machine ev. An answer ready to be relayed to a client that
 // left is told after its leaving.
 func (d *goDecodeFirst) on(ev split.Event) []split.Action {
-	if ev.Kind == split.FirstAnswerReady && d.r.leftNow() {
-		acts := d.m.On(split.Event{Kind: split.ClientGone, Err: ErrClientGone})
+	if ev.Kind == split.FirstAnswerReady && d.r.LeftNow() {
+		acts := d.m.On(split.Event{Kind: split.ClientGone, Err: inference.ErrClientGone})
 		return append(acts, d.m.On(ev)...)
 	}
 	return d.m.On(ev)
@@ -130,7 +132,7 @@ func (d *goDecodeFirst) send() split.Event {
 	r := d.r
 	g := r.P.M.Inflight.WithLabelValues(metrics.PhaseLocal)
 	g.Inc()
-	req := r.upstream(r.Local, r.Body)
+	req := r.Upstream(r.Local, r.Body)
 	resp := fasthttp.AcquireResponse()
 	var leg *upstream.Leg
 	var err error
@@ -143,16 +145,16 @@ func (d *goDecodeFirst) send() split.Event {
 	if err != nil {
 		g.Dec()
 		fasthttp.ReleaseResponse(resp)
-		return split.Event{Kind: split.FirstLegFailed, Err: beforeOutputErr(err)}
+		return split.Event{Kind: split.FirstLegFailed, Err: inference.BeforeOutputErr(err)}
 	}
 	a := &firstAnswer{leg: leg, resp: resp, g: g}
-	if !bytes.HasPrefix(resp.Header.ContentType(), EventStream) {
+	if !bytes.HasPrefix(resp.Header.ContentType(), inference.EventStream) {
 		a.buf, a.hold, err = leg.ReadAll(r.P.Cfg.MaxUpstreamAnswerBytes)
 		leg.Close()
 		a.leg = nil
 		if err != nil {
 			a.drop()
-			return split.Event{Kind: split.FirstLegFailed, Err: DecodeTransportErr(err)}
+			return split.Event{Kind: split.FirstLegFailed, Err: inference.DecodeTransportErr(err)}
 		}
 		d.a = a
 		if resp.StatusCode() == fasthttp.StatusOK && d.df.Declined(r.Api, a.buf) {
@@ -167,7 +169,7 @@ func (d *goDecodeFirst) send() split.Event {
 // decline), holding them from the stream's first event on.
 func (d *goDecodeFirst) readSSE(a *firstAnswer) split.Event {
 	r := d.r
-	a.er = r.eventReader(a.leg)
+	a.er = r.EventReader(a.leg)
 	for {
 		ev, err := a.er.Next()
 		if errors.Is(err, io.EOF) && len(a.held) > 0 {
@@ -175,7 +177,7 @@ func (d *goDecodeFirst) readSSE(a *firstAnswer) split.Event {
 		}
 		if err != nil {
 			a.drop()
-			return split.Event{Kind: split.FirstLegFailed, Err: beforeOutputErr(err)}
+			return split.Event{Kind: split.FirstLegFailed, Err: inference.BeforeOutputErr(err)}
 		}
 		a.held = append(a.held, ev...)
 		data := sse.FirstData(ev)
@@ -183,7 +185,7 @@ func (d *goDecodeFirst) readSSE(a *firstAnswer) split.Event {
 			d.a = a
 			return split.Event{Kind: split.FirstAnswerDeclined}
 		}
-		if (data == nil || connectors.ClassifyEvent(r.Api, data) == connectors.EventPreamble) && len(a.held) < maxHeld {
+		if (data == nil || connectors.ClassifyEvent(r.Api, data) == connectors.EventPreamble) && len(a.held) < inference.MaxHeld {
 			continue
 		}
 		break
@@ -214,24 +216,24 @@ func (d *goDecodeFirst) relay() {
 	if a.er == nil {
 		defer a.drop() // buf is let go on return (rc keeps a copy)
 		st := a.resp.StatusCode()
-		r.copyHead(a.resp)
-		r.rc.SetBody(a.buf)
+		r.CopyHead(a.resp)
+		r.Rc.SetBody(a.buf)
 		r.P.M.TTFT.WithLabelValues(r.Mode).Observe(time.Since(r.Start).Seconds())
-		r.P.M.Requests.WithLabelValues(r.Mode, StatusLabel(st)).Inc()
+		r.P.M.Requests.WithLabelValues(r.Mode, inference.StatusLabel(st)).Inc()
 		r.Obs.Status = st
 		r.LogAt(zerolog.InfoLevel).Str("mode", r.Mode).Int("status", st).Msg("answered by the decode engine first")
 		return
 	}
 	a.leg.Began()
-	r.copyHead(a.resp)
-	r.P.M.Requests.WithLabelValues(r.Mode, StatusLabel(a.resp.StatusCode())).Inc()
+	r.CopyHead(a.resp)
+	r.P.M.Requests.WithLabelValues(r.Mode, inference.StatusLabel(a.resp.StatusCode())).Inc()
 	r.Obs.Status = a.resp.StatusCode()
 	r.LogAt(zerolog.InfoLevel).Str("mode", r.Mode).Msg("streaming the decode engine's first answer")
-	r.streamBody(r.newSSEBody(a.er, a.leg, a.held, false, func() {
+	r.StreamBody(r.NewSSEBody(a.er, a.leg, a.held, false, func() {
 		a.er.Release()
 		a.leg.Close()
 		fasthttp.ReleaseResponse(a.resp)
 		a.g.Dec()
-		r.finish()
+		r.Finish()
 	}))
 }

@@ -1,4 +1,4 @@
-package inference
+package godriver
 
 import (
 	"bytes"
@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/pd-sidecar/pd-sidecar/proxy/inference"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
@@ -30,26 +32,6 @@ import (
 // goroutine. Cancelling either waits for its goroutine, so nothing of a
 // leg outlives the decision to drop it.
 
-// splitJudge is what a failure means to a split: the proxy's one
-// classifier (classify), and whether it is a prefiller's rejection.
-func splitJudge(err error) split.Verdict {
-	o := classify(err)
-	var rej *Rejected
-	return split.Verdict{Reason: o.reason, Retry: o.retry, Rejected: errors.As(err, &rej)}
-}
-
-// splitConfig is the sequential split's configuration.
-func (p *Proxy) SplitConfig() split.Config {
-	return split.Config{
-		PrefillTimeout: p.Cfg.PrefillTimeout,
-		MaxRetries:     p.Cfg.PrefillMaxRetries,
-		RetryBackoff:   p.Cfg.PrefillRetryBackoff,
-		Fallback:       p.Cfg.PrefillFallback,
-		DecodeTPSize:   p.Cfg.DecodeTPSize,
-		Judge:          splitJudge,
-	}
-}
-
 // attemptOut is what a prefill attempt's goroutine ends with: the answer
 // as received (its body a copy, its budget share in hold), or the
 // exchange's failure.
@@ -63,7 +45,7 @@ type attemptOut struct {
 
 // goSplit is one request's sequential split on fasthttp's path.
 type goSplit struct {
-	r *Request
+	r *inference.Request
 	m *split.Sequential
 
 	body []byte          // the prefill leg's body
@@ -76,7 +58,7 @@ type goSplit struct {
 
 	attempt  context.CancelCauseFunc // the attempt in flight (nil: none)
 	attempts chan attemptOut
-	res      PrefillResult // the prefill's answer
+	res      inference.PrefillResult // the prefill's answer
 
 	timers [splitTimers]*time.Timer
 	fired  chan split.Timer
@@ -91,7 +73,7 @@ type goSplit struct {
 
 // runSequential runs the request's sequential split (its prefiller
 // chosen and allowed).
-func (r *Request) runSequential() {
+func runSequential(r *inference.Request) {
 	p := r.P
 	d := &goSplit{
 		r: r, m: split.NewSequential(p.SplitConfig()),
@@ -107,7 +89,7 @@ const splitTimers = int(split.TimerHedge) + 1
 
 func (d *goSplit) run() {
 	r := d.r
-	body, err := r.prefillBody()
+	body, err := prefillBody(r)
 	start, tk := r.SplitStart(err)
 	if tk != nil {
 		d.body, d.tk = body, tk
@@ -142,17 +124,17 @@ func (d *goSplit) run() {
 
 // prefillBody is the prefill leg's body: the connector's, with MoRI-IO's
 // fields when they apply, as the request features edit it.
-func (r *Request) prefillBody() ([]byte, error) {
+func prefillBody(r *inference.Request) ([]byte, error) {
 	p := r.P
 	body, err := p.Seq.PrefillBody(nil, r.Api, r.Body)
 	if err == nil && p.Mori != nil {
-		body, err = r.moriPrefillBody(body) // MoRI-IO write mode
+		body, err = r.MoriPrefillBody(body) // MoRI-IO write mode
 	}
 	if err == nil {
 		body, err = r.EditPrefill(body)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrBadRequest, err)
+		return nil, fmt.Errorf("%w: %w", inference.ErrBadRequest, err)
 	}
 	return body, nil
 }
@@ -160,7 +142,7 @@ func (r *Request) prefillBody() ([]byte, error) {
 // feed gives the machine ev, and the events its actions lead to. A client
 // that left is told first: nothing is decided for a client that is gone.
 func (d *goSplit) feed(ev split.Event) {
-	if !d.goneFed && ev.Kind != split.ClientGone && d.r.gone() {
+	if !d.goneFed && ev.Kind != split.ClientGone && d.r.Gone() {
 		d.goneFed = true
 		d.exec(d.m.On(split.Event{Kind: split.ClientGone, Err: context.Cause(d.r.Ctx)}))
 	}
@@ -209,12 +191,12 @@ func (d *goSplit) exec(acts []split.Action) *split.Event {
 			o := d.hedgeOut
 			d.hedgeOut = nil
 			d.answered = true
-			r.commitLocal(o.a, d.hedgeCancel)
+			commitLocal(r, o.a, d.hedgeCancel)
 		case split.SendDecode:
-			next = d.decode(a.Handoff)
+			next = d.Decode(a.Handoff)
 		case split.SendLocal:
 			r.Handoff = nil
-			if err := r.decode(r.Body, false); err != nil {
+			if err := r.Decode(r.Body, false); err != nil {
 				next = &split.Event{Kind: split.LegFailed, Err: err}
 			} else {
 				d.answered = true
@@ -226,10 +208,10 @@ func (d *goSplit) exec(acts []split.Action) *split.Event {
 				continue
 			}
 			d.answered = true
-			r.answer(metrics.ModeDisaggregated, fasthttp.StatusOK, ct, ans)
+			r.Answer(metrics.ModeDisaggregated, fasthttp.StatusOK, ct, ans)
 		case split.PassOn:
 			d.answered = true
-			r.passOn(a.Err)
+			r.PassOn(a.Err)
 		case split.Fail:
 			d.answered = true
 			r.Fail(a.Err)
@@ -239,7 +221,7 @@ func (d *goSplit) exec(acts []split.Action) *split.Event {
 			d.gauge = p.M.Inflight.WithLabelValues(metrics.PhasePrefill)
 			d.gauge.Inc()
 			d.prefillEnd = r.PrefillStarted(time.Now())
-			d.pctx, d.pcancel = context.WithTimeoutCause(r.Ctx, p.Cfg.PrefillTimeout, ErrPrefillTimeout)
+			d.pctx, d.pcancel = context.WithTimeoutCause(r.Ctx, p.Cfg.PrefillTimeout, inference.ErrPrefillTimeout)
 		case split.PrefillEnded:
 			d.pcancel()
 			d.gauge.Dec()
@@ -257,23 +239,23 @@ func (d *goSplit) sendPrefill() {
 	r := d.r
 	ctx, cancel := context.WithCancelCause(d.pctx)
 	d.attempt = cancel
-	req := r.prefillRequest(d.body)
+	req := r.PrefillRequest(d.body)
 	go func() {
 		defer cancel(nil)
-		d.attempts <- r.prefillExchange(ctx, req)
+		d.attempts <- prefillExchange(r, ctx, req)
 	}()
 }
 
 // prefillExchange sends req to the prefiller within ctx and returns its
 // answer. It runs beside the request's goroutine: it touches nothing of
 // the request but its immutable fields.
-func (r *Request) prefillExchange(ctx context.Context, req *fasthttp.Request) attemptOut {
+func prefillExchange(r *inference.Request, ctx context.Context, req *fasthttp.Request) attemptOut {
 	resp := fasthttp.AcquireResponse()
 	defer fasthttp.ReleaseRequest(req)
 	defer fasthttp.ReleaseResponse(resp)
 	hold, err := r.P.Tr.Do(ctx, r.Prefiller, req, resp)
 	if err != nil {
-		return attemptOut{err: PrefillTransportErr(err)}
+		return attemptOut{err: inference.PrefillTransportErr(err)}
 	}
 	return attemptOut{
 		status:      resp.StatusCode(),
@@ -285,7 +267,7 @@ func (r *Request) prefillExchange(ctx context.Context, req *fasthttp.Request) at
 
 // attemptEnded feeds the machine what an attempt's answer says.
 func (d *goSplit) attemptEnded(o attemptOut) {
-	res, err := d.r.attemptAnswer(o)
+	res, err := attemptAnswer(d.r, o)
 	if err != nil {
 		d.feed(split.Event{Kind: split.PrefillFailed, Err: err})
 		return
@@ -296,16 +278,16 @@ func (d *goSplit) attemptEnded(o attemptOut) {
 
 // attemptAnswer is what an attempt's answer says (prefillAnswered), its
 // copy's budget share kept by the request while the answer is used.
-func (r *Request) attemptAnswer(o attemptOut) (PrefillResult, error) {
+func attemptAnswer(r *inference.Request, o attemptOut) (inference.PrefillResult, error) {
 	if o.err != nil {
-		return PrefillResult{}, o.err
+		return inference.PrefillResult{}, o.err
 	}
 	res, err := r.PrefillAnswered(o.status, o.contentType, o.body)
-	var rej *Rejected
+	var rej *inference.Rejected
 	if err == nil || errors.As(err, &rej) {
 		// The copy of the body is kept (the handoff's, or the rejection
 		// passed on) while the request runs: so is its reservation.
-		r.keep(&o.hold)
+		r.Keep(&o.hold)
 	}
 	o.hold.Release()
 	return res, err
@@ -321,7 +303,7 @@ func (d *goSplit) cancelPrefill(cause error) {
 	d.attempt(cause)
 	d.attempt = nil
 	o := <-d.attempts
-	if _, err := d.r.attemptAnswer(o); err == nil && errors.Is(cause, split.ErrHedgeLost) {
+	if _, err := attemptAnswer(d.r, o); err == nil && errors.Is(cause, split.ErrHedgeLost) {
 		d.r.LogAt(zerolog.WarnLevel).Msg("hedge: the prefill answered as it was cancelled; its KV is left to the prefiller's lease")
 	}
 }
@@ -330,11 +312,11 @@ func (d *goSplit) cancelPrefill(cause error) {
 // goroutine of its own, its answer held until it is ready (openLocal).
 func (d *goSplit) sendHedge() {
 	r := d.r
-	req := r.upstream(r.Local, r.Body)
+	req := r.Upstream(r.Local, r.Body)
 	ctx, cancel := context.WithCancelCause(r.Ctx)
 	d.hedgeCancel = cancel
 	go func() {
-		a, err := r.openLocal(ctx, req)
+		a, err := openLocal(r, ctx, req)
 		d.hedges <- localOutcome{a, err}
 	}()
 }
@@ -362,18 +344,18 @@ func (d *goSplit) dropHedge() {
 // KV pull and MoRI-IO's decode fields when they apply, the connector's
 // decode body, the leg relayed. A failure before anything reached the
 // client is returned as the machine's event.
-func (d *goSplit) decode(h connectors.Handoff) *split.Event {
+func (d *goSplit) Decode(h connectors.Handoff) *split.Event {
 	r, p := d.r, d.r.P
 	var err error
 	if p.Kv != nil {
-		if h, err = r.pullKV(h); err != nil {
-			err, recoverable := r.kvPullFailure(err)
+		if h, err = r.PullKV(h); err != nil {
+			err, recoverable := r.KvPullFailure(err)
 			return &split.Event{Kind: split.LegFailed, Err: err, Recoverable: recoverable}
 		}
 	}
 	if p.Mori != nil {
 		// MoRI-IO write mode: the rank and fields of the decode leg.
-		if h.Params, err = r.moriDecodeParams(h.Params); err != nil {
+		if h.Params, err = r.MoriDecodeParams(h.Params); err != nil {
 			return &split.Event{Kind: split.LegFailed, Err: err, Recoverable: true}
 		}
 	}
@@ -382,8 +364,8 @@ func (d *goSplit) decode(h connectors.Handoff) *split.Event {
 		return &split.Event{Kind: split.LegFailed, Err: err}
 	}
 	r.Mode, r.Handoff = metrics.ModeDisaggregated, &h
-	if err := r.decode(body, true); err != nil {
-		kvLoad := errors.Is(err, ErrKVLoadFailed)
+	if err := r.Decode(body, true); err != nil {
+		kvLoad := errors.Is(err, inference.ErrKVLoadFailed)
 		if kvLoad {
 			r.Handoff = nil // the decode engine read none of it
 		}
@@ -413,7 +395,7 @@ type heldAnswer struct {
 // openLocal sends req, the client's body to the local engine, and reads its
 // answer up to its first output (a stream) or whole (JSON). It uses only
 // the request's immutable fields: it runs beside the prefill goroutine.
-func (r *Request) openLocal(ctx context.Context, req *fasthttp.Request) (*heldAnswer, error) {
+func openLocal(r *inference.Request, ctx context.Context, req *fasthttp.Request) (*heldAnswer, error) {
 	resp := fasthttp.AcquireResponse()
 	a := &heldAnswer{resp: resp, sent: time.Now()}
 	var err error
@@ -425,51 +407,30 @@ func (r *Request) openLocal(ctx context.Context, req *fasthttp.Request) (*heldAn
 	fasthttp.ReleaseRequest(req)
 	if err != nil {
 		fasthttp.ReleaseResponse(resp)
-		return nil, beforeOutputErr(err)
+		return nil, inference.BeforeOutputErr(err)
 	}
-	if !bytes.HasPrefix(resp.Header.ContentType(), EventStream) || upstream.Bodiless(resp.StatusCode()) {
+	if !bytes.HasPrefix(resp.Header.ContentType(), inference.EventStream) || upstream.Bodiless(resp.StatusCode()) {
 		a.buf, a.hold, err = a.leg.ReadAll(r.P.Cfg.MaxUpstreamAnswerBytes)
 		a.leg.Close()
 		a.leg = nil
 		if err != nil {
 			a.discard()
-			return nil, DecodeTransportErr(err)
+			return nil, inference.DecodeTransportErr(err)
 		}
 		return a, nil
 	}
-	a.er = r.eventReader(a.leg)
+	a.er = r.EventReader(a.leg)
 	var errEvent bool
-	a.held, errEvent, err = readToOutput(a.er, r.Api, nil)
+	a.held, errEvent, err = inference.ReadToOutput(a.er, r.Api, nil)
 	switch {
 	case err != nil:
 		a.discard()
-		return nil, beforeOutputErr(EndedEarly(r.Local, "any output", err))
+		return nil, inference.BeforeOutputErr(inference.EndedEarly(r.Local, "any output", err))
 	case errEvent:
 		a.discard()
-		return nil, fmt.Errorf("%w: the local stream began with an error event", ErrDecodeFailed)
+		return nil, fmt.Errorf("%w: the local stream began with an error event", inference.ErrDecodeFailed)
 	}
 	return a, nil
-}
-
-// readToOutput reads a stream's events, appended to held, up to its first
-// output or error event (error reports the latter), or maxHeld bytes of
-// preamble.
-func readToOutput(er *sse.Reader, api connectors.API, held []byte) ([]byte, bool, error) {
-	for {
-		ev, err := er.Next()
-		if err != nil {
-			return held, false, err
-		}
-		held = append(held, ev...)
-		kind := connectors.EventPreamble
-		if d := sse.FirstData(ev); d != nil {
-			kind = connectors.ClassifyEvent(api, d)
-		}
-		if kind == connectors.EventPreamble && len(held) < maxHeld {
-			continue
-		}
-		return held, kind == connectors.EventError, nil
-	}
 }
 
 // discard drops a held answer the client never saw: its connection is
@@ -490,36 +451,42 @@ func (a *heldAnswer) discard() {
 // commitLocal relays a held local answer as the request's answer, as
 // forward does: a stream from its held events on, a JSON answer whole.
 // cancel ends the leg's context once the answer is over.
-func (r *Request) commitLocal(a *heldAnswer, cancel context.CancelCauseFunc) {
+func commitLocal(r *inference.Request, a *heldAnswer, cancel context.CancelCauseFunc) {
 	g := r.P.M.Inflight.WithLabelValues(metrics.PhaseLocal)
 	g.Inc()
 	r.DecodeStarted(false)
-	if r.leftNow() {
+	if r.LeftNow() {
 		g.Dec()
 		cancel(nil)
 		a.discard()
-		r.LeftBeforeAnswer(ErrClientGone)
+		r.LeftBeforeAnswer(inference.ErrClientGone)
 		return
 	}
 	if a.er == nil {
 		defer g.Dec()
 		defer cancel(nil)
 		defer a.discard()
-		r.copyHead(a.resp)
-		r.rc.SetBody(a.buf)
+		r.CopyHead(a.resp)
+		r.Rc.SetBody(a.buf)
 		r.JsonAnswered(a.resp.StatusCode())
 		return
 	}
 	a.leg.Began()
-	r.copyHead(a.resp)
-	r.P.M.Requests.WithLabelValues(r.Mode, StatusLabel(a.resp.StatusCode())).Inc()
+	r.CopyHead(a.resp)
+	r.P.M.Requests.WithLabelValues(r.Mode, inference.StatusLabel(a.resp.StatusCode())).Inc()
 	r.Obs.Status = a.resp.StatusCode()
-	r.streamBody(r.newSSEBody(a.er, a.leg, a.held, false, func() {
+	r.StreamBody(r.NewSSEBody(a.er, a.leg, a.held, false, func() {
 		a.er.Release()
 		a.leg.Close()
 		fasthttp.ReleaseResponse(a.resp)
 		g.Dec()
 		cancel(nil)
-		r.finish()
+		r.Finish()
 	}))
+}
+
+// localOutcome is what the local leg of a hedged request ends with.
+type localOutcome struct {
+	a   *heldAnswer
+	err error
 }

@@ -1,4 +1,4 @@
-package inference
+package godriver
 
 import (
 	"context"
@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"sync"
 	"time"
+
+	"github.com/pd-sidecar/pd-sidecar/proxy/inference"
 
 	"github.com/rs/zerolog"
 	"github.com/valyala/fasthttp"
@@ -31,7 +33,7 @@ import (
 
 // goPaired is one request's paired split on fasthttp's path.
 type goPaired struct {
-	r   *Request
+	r   *inference.Request
 	log zerolog.Logger // the request's, for the prefill leg's goroutine
 
 	mu sync.Mutex
@@ -49,9 +51,9 @@ type goPaired struct {
 
 // newPaired returns the driver of a paired split of r under cfg (Judge
 // and Fallback are the proxy's).
-func (r *Request) newPaired(cfg split.PairedConfig) *goPaired {
-	cfg.Fallback, cfg.Judge = r.P.Cfg.PrefillFallback, splitJudge
-	return &goPaired{r: r, log: *r.logger(), m: split.NewPaired(cfg), parent: r.Ctx, released: make(chan struct{})}
+func newPaired(r *inference.Request, cfg split.PairedConfig) *goPaired {
+	cfg.Fallback, cfg.Judge = r.P.Cfg.PrefillFallback, inference.SplitJudge
+	return &goPaired{r: r, log: *r.Logger(), m: split.NewPaired(cfg), parent: r.Ctx, released: make(chan struct{})}
 }
 
 // run runs the split begun by start: its prefill leg carrying pre and its
@@ -65,14 +67,14 @@ func (d *goPaired) run(start split.PairedStart, pre, dec []byte, onKVLoadFailed 
 	// leg) may cancel them. The prefill leg's ends with the leg, which may
 	// outlive this goroutine, or with the request.
 	d.dctx, d.cancelDecode = context.WithCancelCause(d.parent)
-	d.pctx, d.cancelPre = context.WithTimeoutCause(d.parent, r.P.Cfg.PrefillTimeout, ErrPrefillTimeout)
+	d.pctx, d.cancelPre = context.WithTimeoutCause(d.parent, r.P.Cfg.PrefillTimeout, inference.ErrPrefillTimeout)
 	acts := d.exec(d.m.Start(start))
 	d.mu.Unlock()
 	next := d.act(acts, pre, dec)
 	if next == nil {
 		return
 	}
-	if r.gone() {
+	if r.Gone() {
 		d.feed(split.Event{Kind: split.ClientGone, Err: context.Cause(d.parent)})
 	}
 	if next.Recoverable && onKVLoadFailed != nil {
@@ -142,21 +144,21 @@ func (d *goPaired) act(acts []split.Action, pre, dec []byte) *split.Event {
 		case split.SendPrefill:
 			d.sendPrefill(pre)
 		case split.SendDecode:
-			if err := d.decode(dec); err != nil {
-				next = &split.Event{Kind: split.DecodeEnded, Err: err, Recoverable: errors.Is(err, ErrKVLoadFailed)}
+			if err := d.Decode(dec); err != nil {
+				next = &split.Event{Kind: split.DecodeEnded, Err: err, Recoverable: errors.Is(err, inference.ErrKVLoadFailed)}
 			} else {
 				d.feed(split.Event{Kind: split.DecodeEnded})
 			}
 		case split.SendLocal:
 			r.Handoff = nil
-			r.Fail(r.decode(r.Body, false))
+			r.Fail(r.Decode(r.Body, false))
 		case split.PassOn:
 			r.Handoff = nil
-			r.passOn(a.Err)
+			r.PassOn(a.Err)
 		case split.Fail:
 			r.Fail(a.Err)
 		case split.Degraded:
-			r.degraded(a.Reason, a.Err)
+			r.Degraded(a.Reason, a.Err)
 		}
 	}
 	return next
@@ -165,11 +167,11 @@ func (d *goPaired) act(acts []split.Action, pre, dec []byte) *split.Event {
 // decode relays the decode leg carrying dec, under a context the machine
 // may cancel until its first output, which it is told of (and, for a
 // held output, waits for the word to let it through).
-func (d *goPaired) decode(dec []byte) error {
+func (d *goPaired) Decode(dec []byte) error {
 	r := d.r
 	r.Handoff = &connectors.Handoff{} // the decode leg carries remote KV
 	r.Ctx = d.dctx
-	r.onOutput = func() {
+	r.OnOutput = func() {
 		d.feed(split.Event{Kind: split.FirstOutput})
 		d.mu.Lock()
 		holding := d.m.Holding()
@@ -181,8 +183,8 @@ func (d *goPaired) decode(dec []byte) error {
 			}
 		}
 	}
-	err := r.forward(dec, true)
-	r.onOutput = nil
+	err := r.Forward(dec, true)
+	r.OnOutput = nil
 	r.Ctx = d.parent
 	return err
 }
@@ -194,9 +196,9 @@ func (d *goPaired) sendPrefill(pre []byte) {
 	pctx, cancel := d.pctx, d.cancelPre
 	// The prefill span is opened here, so the leg's traceparent names it,
 	// and ended by the leg (spans are safe to end from another goroutine).
-	span := r.Obs.StartPrefill(r.label)
-	req := r.prefillRequest(pre)
-	leg := pairedPrefill{p: p, log: d.log, label: r.label, addr: r.Prefiller, span: span}
+	span := r.Obs.StartPrefill(r.Label)
+	req := r.PrefillRequest(pre)
+	leg := pairedPrefill{p: p, log: d.log, label: r.Label, addr: r.Prefiller, span: span}
 	go func() {
 		defer cancel()
 		err := leg.run(pctx, req)
@@ -215,7 +217,7 @@ func (d *goPaired) sendPrefill(pre []byte) {
 // of its own. It reads nothing of the request but what it was given, so it
 // may outlive the handler.
 type pairedPrefill struct {
-	p           *Proxy
+	p           *inference.Proxy
 	log         zerolog.Logger
 	label, addr string
 	span        trace.Span // the prefill span (nil without a tracer)
@@ -236,21 +238,21 @@ func (l pairedPrefill) run(ctx context.Context, req *fasthttp.Request) error {
 	fasthttp.ReleaseRequest(req)
 	l.p.M.PrefillDuration.WithLabelValues(l.label).Observe(time.Since(start).Seconds())
 	if err != nil {
-		err = PrefillTransportErr(upstream.CtxErr(ctx, err))
+		err = inference.PrefillTransportErr(upstream.CtxErr(ctx, err))
 	} else {
 		switch st := resp.StatusCode(); {
 		case st == fasthttp.StatusTooManyRequests:
-			err = ErrPrefillOverloaded
+			err = inference.ErrPrefillOverloaded
 		case st >= 500:
-			err = fmt.Errorf("%w: status %d", ErrPrefillServerError, st)
+			err = fmt.Errorf("%w: status %d", inference.ErrPrefillServerError, st)
 		case st != fasthttp.StatusOK && st < 400:
 			err = fmt.Errorf("%w: %w: status %d", connectors.ErrBadPrefillAnswer, upstream.ErrBadUpstreamAnswer, st)
 		case st != fasthttp.StatusOK:
-			err = &Rejected{Status: st, ContentType: string(resp.Header.ContentType()),
+			err = &inference.Rejected{Status: st, ContentType: string(resp.Header.ContentType()),
 				Body: append([]byte(nil), resp.Body()...)}
 		}
 	}
-	l.p.trace.EndPrefill(l.span, err)
+	l.p.Trace.EndPrefill(l.span, err)
 	if err == nil {
 		l.log.Debug().Dur("took_ms", time.Since(start)).Msg("prefill leg answered")
 	}

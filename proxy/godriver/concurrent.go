@@ -1,11 +1,12 @@
-package inference
+package godriver
 
 import (
 	crand "crypto/rand"
 	"encoding/binary"
-	"fmt"
 	"net"
 	"strconv"
+
+	"github.com/pd-sidecar/pd-sidecar/proxy/inference"
 
 	"github.com/rs/zerolog"
 
@@ -19,17 +20,17 @@ import (
 // It reports whether the request was served; false lets the sequential
 // handoff run (always for Sequential connectors, and for DecodeFirst ones
 // when the request is not tried on the decode engine first or was declined).
-func (r *Request) choreograph() bool {
-	if m := r.P.Mori; m != nil && m.cfg.ParallelDispatch {
-		r.serveMoriParallel() // MoRI-IO parallel dispatch
+func choreograph(r *inference.Request) bool {
+	if m := r.P.Mori; m != nil && m.Cfg.ParallelDispatch {
+		serveMoriParallel(r) // MoRI-IO parallel dispatch
 		return true
 	}
 	switch r.P.Choreo {
 	case connectors.ChoreographyConcurrent:
-		r.serveConcurrent(r.P.conn.(connectors.Concurrent))
+		serveConcurrent(r, r.P.Conn.(connectors.Concurrent))
 		return true
 	case connectors.ChoreographyDecodeFirst:
-		return r.serveDecodeFirst(r.P.conn.(connectors.DecodeFirst))
+		return serveDecodeFirst(r, r.P.Conn.(connectors.DecodeFirst))
 	}
 	return false
 }
@@ -40,9 +41,9 @@ func (r *Request) choreograph() bool {
 // breaker is asked first, as on the sequential path; its bootstrap server
 // (Mooncake's) is asked next; a failure of either, or legs that cannot be
 // built, decides the request before any leg is sent.
-func (r *Request) serveConcurrent(cc connectors.Concurrent) {
+func serveConcurrent(r *inference.Request, cc connectors.Concurrent) {
 	p := r.P
-	d := r.newPaired(split.PairedConfig{})
+	d := newPaired(r, split.PairedConfig{})
 	var start split.PairedStart
 	var pre, dec []byte
 	host, portStr, _ := net.SplitHostPort(r.Prefiller)
@@ -54,11 +55,11 @@ func (r *Request) serveConcurrent(cc connectors.Concurrent) {
 		pr := connectors.Pairing{PrefillHost: host, Room: randomRoom(), TransferID: transferID()}
 		if p.Cfg.P2P.Enabled {
 			port, _ := strconv.Atoi(portStr)
-			pr.KVRequestID, pr.PrefillP2PPort, pr.Source = newUUID(), p.p2pPort(port), r.kvSourcePeer()
+			pr.KVRequestID, pr.PrefillP2PPort, pr.Source = inference.NewUUID(), p.P2pPort(port), r.KvSourcePeer()
 		}
 		if bs, ok := cc.(connectors.Bootstrapper); ok {
-			forget = func() { p.boot.Forget(bs.BootstrapAddr(host)) }
-			b, err := p.boot.Get(r.Ctx, p.Tr, bs, host, p.Cfg.PrefillTimeout)
+			forget = func() { p.Boot.Forget(bs.BootstrapAddr(host)) }
+			b, err := p.Boot.Get(r.Ctx, p.Tr, bs, host, p.Cfg.PrefillTimeout)
 			pr.Bootstrap = b
 			if err != nil {
 				start.NoLegs, start.NoLegsReport = err, err
@@ -66,7 +67,7 @@ func (r *Request) serveConcurrent(cc connectors.Concurrent) {
 		}
 		if start.NoLegs == nil {
 			if pre, dec, err = cc.Legs(r.Api, r.Body, pr); err != nil {
-				start.NoLegs, start.NoLegsReport = err, ErrBadRequest
+				start.NoLegs, start.NoLegsReport = err, inference.ErrBadRequest
 			} else {
 				r.Mode = metrics.ModeDisaggregated
 				r.LogAt(zerolog.DebugLevel).Uint64("bootstrap_room", pr.Room).Str("transfer_id", pr.TransferID).Msg("concurrent prefill and decode legs")
@@ -84,13 +85,4 @@ func randomRoom() uint64 {
 }
 
 // transferID returns "xfer-" and a random UUID (version 4).
-func transferID() string { return "xfer-" + newUUID() }
-
-// newUUID returns a random (version 4) UUID.
-func newUUID() string {
-	var b [16]byte
-	_, _ = crand.Read(b[:])
-	b[6] = b[6]&0x0f | 0x40
-	b[8] = b[8]&0x3f | 0x80
-	return fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:16])
-}
+func transferID() string { return "xfer-" + inference.NewUUID() }

@@ -1,4 +1,4 @@
-package inference
+package godriver
 
 import (
 	"io"
@@ -10,6 +10,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/pd-sidecar/pd-sidecar/proxy/inference"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -129,12 +131,13 @@ func TestDecodeFirstDriver(t *testing.T) {
 			es := httptest.NewServer(eng)
 			defer es.Close()
 			host, port, _ := net.SplitHostPort(es.Listener.Addr().String())
-			cfg := DefaultConfig()
+			cfg := inference.DefaultConfig()
 			cfg.ModelServerHost = host
 			cfg.ModelServerPort, _ = strconv.Atoi(port)
 			m := metrics.New(prometheus.NewRegistry(), 0)
-			p, err := New(cfg, sharedstorage.New(), m, prometheus.NewRegistry(), zerolog.Nop())
+			p, err := inference.New(cfg, sharedstorage.New(), m, prometheus.NewRegistry(), zerolog.Nop())
 			require.NoError(t, err)
+			p.UseSplitter(Split)
 			ln, err := net.Listen("tcp", "127.0.0.1:0")
 			require.NoError(t, err)
 			srv := &fasthttp.Server{Handler: p.Handler(0)}
@@ -144,7 +147,7 @@ func TestDecodeFirstDriver(t *testing.T) {
 			req, err := http.NewRequest(http.MethodPost, "http://"+ln.Addr().String()+"/v1/completions", strings.NewReader(tc.body))
 			require.NoError(t, err)
 			req.Header.Set("Content-Type", "application/json")
-			req.Header.Set(HeaderPrefiller, es.Listener.Addr().String())
+			req.Header.Set(inference.HeaderPrefiller, es.Listener.Addr().String())
 			resp, err := http.DefaultClient.Do(req)
 			require.NoError(t, err)
 			b, _ := io.ReadAll(resp.Body)
