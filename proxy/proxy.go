@@ -20,6 +20,7 @@ import (
 	"github.com/pd-sidecar/pd-sidecar/proxy/godriver"
 	"github.com/pd-sidecar/pd-sidecar/proxy/inference"
 	"github.com/pd-sidecar/pd-sidecar/proxy/lane"
+	"github.com/pd-sidecar/pd-sidecar/proxy/relay"
 )
 
 // The sidecar's types, as proxy/inference declares them.
@@ -144,6 +145,7 @@ func New(cfg Config, conn connectors.Connector, m *metrics.Metrics, gatherer pro
 	}
 	p.UseLanes(lane.New)
 	p.UseSplitter(godriver.Split)
+	p.UseDecoder(relay.Decode)
 	return &Proxy{p: p}, nil
 }
 

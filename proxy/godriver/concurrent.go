@@ -6,12 +6,11 @@ import (
 	"net"
 	"strconv"
 
-	"github.com/pd-sidecar/pd-sidecar/proxy/inference"
-
 	"github.com/rs/zerolog"
 
 	"github.com/pd-sidecar/pd-sidecar/connectors"
 	"github.com/pd-sidecar/pd-sidecar/metrics"
+	"github.com/pd-sidecar/pd-sidecar/proxy/inference"
 	"github.com/pd-sidecar/pd-sidecar/proxy/split"
 )
 
@@ -55,7 +54,7 @@ func serveConcurrent(r *inference.Request, cc connectors.Concurrent) {
 		pr := connectors.Pairing{PrefillHost: host, Room: randomRoom(), TransferID: transferID()}
 		if p.Cfg.P2P.Enabled {
 			port, _ := strconv.Atoi(portStr)
-			pr.KVRequestID, pr.PrefillP2PPort, pr.Source = inference.NewUUID(), p.P2pPort(port), r.KvSourcePeer()
+			pr.KVRequestID, pr.PrefillP2PPort, pr.Source = inference.NewUUID(), p.P2PPort(port), r.KVSourcePeer()
 		}
 		if bs, ok := cc.(connectors.Bootstrapper); ok {
 			forget = func() { p.Boot.Forget(bs.BootstrapAddr(host)) }
@@ -66,7 +65,7 @@ func serveConcurrent(r *inference.Request, cc connectors.Concurrent) {
 			}
 		}
 		if start.NoLegs == nil {
-			if pre, dec, err = cc.Legs(r.Api, r.Body, pr); err != nil {
+			if pre, dec, err = cc.Legs(r.API, r.Body, pr); err != nil {
 				start.NoLegs, start.NoLegsReport = err, inference.ErrBadRequest
 			} else {
 				r.Mode = metrics.ModeDisaggregated

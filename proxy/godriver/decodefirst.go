@@ -6,14 +6,14 @@ import (
 	"io"
 	"time"
 
-	"github.com/pd-sidecar/pd-sidecar/proxy/inference"
-
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 	"github.com/valyala/fasthttp"
 
 	"github.com/pd-sidecar/pd-sidecar/connectors"
 	"github.com/pd-sidecar/pd-sidecar/metrics"
+	"github.com/pd-sidecar/pd-sidecar/proxy/inference"
+	"github.com/pd-sidecar/pd-sidecar/proxy/relay"
 	"github.com/pd-sidecar/pd-sidecar/proxy/split"
 	"github.com/pd-sidecar/pd-sidecar/proxy/sse"
 	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"
@@ -68,7 +68,7 @@ type firstAnswer struct {
 // fallback cannot be declined again).
 func serveDecodeFirst(r *inference.Request, df connectors.DecodeFirst) bool {
 	d := &goDecodeFirst{r: r, df: df, m: split.NewDecodeFirst()}
-	for next := d.exec(d.m.Start(df.TryDecodeFirst(r.Api, r.Body))); next != nil; {
+	for next := d.exec(d.m.Start(df.TryDecodeFirst(r.API, r.Body))); next != nil; {
 		next = d.exec(d.on(*next))
 	}
 	return d.answered
@@ -103,7 +103,7 @@ func (d *goDecodeFirst) exec(acts []split.Action) *split.Event {
 			d.answered = true
 			d.relay()
 		case split.BuildAfterDecline:
-			body, err := d.df.AfterDecline(nil, r.Api, r.Body)
+			body, err := d.df.AfterDecline(nil, r.API, r.Body)
 			if err != nil {
 				next = &split.Event{Kind: split.AfterDeclineFailed, Err: err}
 				continue
@@ -157,7 +157,7 @@ func (d *goDecodeFirst) send() split.Event {
 			return split.Event{Kind: split.FirstLegFailed, Err: inference.DecodeTransportErr(err)}
 		}
 		d.a = a
-		if resp.StatusCode() == fasthttp.StatusOK && d.df.Declined(r.Api, a.buf) {
+		if resp.StatusCode() == fasthttp.StatusOK && d.df.Declined(r.API, a.buf) {
 			return split.Event{Kind: split.FirstAnswerDeclined}
 		}
 		return split.Event{Kind: split.FirstAnswerReady}
@@ -181,11 +181,11 @@ func (d *goDecodeFirst) readSSE(a *firstAnswer) split.Event {
 		}
 		a.held = append(a.held, ev...)
 		data := sse.FirstData(ev)
-		if data != nil && d.df.Declined(r.Api, data) {
+		if data != nil && d.df.Declined(r.API, data) {
 			d.a = a
 			return split.Event{Kind: split.FirstAnswerDeclined}
 		}
-		if (data == nil || connectors.ClassifyEvent(r.Api, data) == connectors.EventPreamble) && len(a.held) < inference.MaxHeld {
+		if (data == nil || connectors.ClassifyEvent(r.API, data) == connectors.EventPreamble) && len(a.held) < inference.MaxHeld {
 			continue
 		}
 		break
@@ -217,7 +217,7 @@ func (d *goDecodeFirst) relay() {
 		defer a.drop() // buf is let go on return (rc keeps a copy)
 		st := a.resp.StatusCode()
 		r.CopyHead(a.resp)
-		r.Rc.SetBody(a.buf)
+		r.RC.SetBody(a.buf)
 		r.P.M.TTFT.WithLabelValues(r.Mode).Observe(time.Since(r.Start).Seconds())
 		r.P.M.Requests.WithLabelValues(r.Mode, inference.StatusLabel(st)).Inc()
 		r.Obs.Status = st
@@ -229,7 +229,7 @@ func (d *goDecodeFirst) relay() {
 	r.P.M.Requests.WithLabelValues(r.Mode, inference.StatusLabel(a.resp.StatusCode())).Inc()
 	r.Obs.Status = a.resp.StatusCode()
 	r.LogAt(zerolog.InfoLevel).Str("mode", r.Mode).Msg("streaming the decode engine's first answer")
-	r.StreamBody(r.NewSSEBody(a.er, a.leg, a.held, false, func() {
+	relay.StreamBody(r, relay.NewSSEBody(r, a.er, a.leg, a.held, false, func() {
 		a.er.Release()
 		a.leg.Close()
 		fasthttp.ReleaseResponse(a.resp)

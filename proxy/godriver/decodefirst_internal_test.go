@@ -11,8 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pd-sidecar/pd-sidecar/proxy/inference"
-
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/rs/zerolog"
@@ -23,6 +21,8 @@ import (
 
 	"github.com/pd-sidecar/pd-sidecar/connectors/sharedstorage"
 	"github.com/pd-sidecar/pd-sidecar/metrics"
+	"github.com/pd-sidecar/pd-sidecar/proxy/inference"
+	"github.com/pd-sidecar/pd-sidecar/proxy/relay"
 )
 
 // firstEngine is an engine that serves as decoder and prefiller of the
@@ -138,6 +138,7 @@ func TestDecodeFirstDriver(t *testing.T) {
 			p, err := inference.New(cfg, sharedstorage.New(), m, prometheus.NewRegistry(), zerolog.Nop())
 			require.NoError(t, err)
 			p.UseSplitter(Split)
+			p.UseDecoder(relay.Decode)
 			ln, err := net.Listen("tcp", "127.0.0.1:0")
 			require.NoError(t, err)
 			srv := &fasthttp.Server{Handler: p.Handler(0)}

@@ -4,12 +4,12 @@ import (
 	"fmt"
 	"net"
 
-	"github.com/pd-sidecar/pd-sidecar/proxy/inference"
+	"github.com/rs/zerolog"
 
 	"github.com/pd-sidecar/pd-sidecar/connectors/moriio"
 	"github.com/pd-sidecar/pd-sidecar/metrics"
+	"github.com/pd-sidecar/pd-sidecar/proxy/inference"
 	"github.com/pd-sidecar/pd-sidecar/proxy/split"
-	"github.com/rs/zerolog"
 )
 
 // serveMoriParallel runs MoRI-IO's parallel dispatch: both legs at once,

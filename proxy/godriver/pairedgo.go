@@ -7,8 +7,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/pd-sidecar/pd-sidecar/proxy/inference"
-
 	"github.com/rs/zerolog"
 	"github.com/valyala/fasthttp"
 	"go.opentelemetry.io/otel/trace"
@@ -16,6 +14,8 @@ import (
 	"github.com/pd-sidecar/pd-sidecar/circuit"
 	"github.com/pd-sidecar/pd-sidecar/connectors"
 	"github.com/pd-sidecar/pd-sidecar/metrics"
+	"github.com/pd-sidecar/pd-sidecar/proxy/inference"
+	"github.com/pd-sidecar/pd-sidecar/proxy/relay"
 	"github.com/pd-sidecar/pd-sidecar/proxy/split"
 	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"
 )
@@ -151,7 +151,7 @@ func (d *goPaired) act(acts []split.Action, pre, dec []byte) *split.Event {
 			}
 		case split.SendLocal:
 			r.Handoff = nil
-			r.Fail(r.Decode(r.Body, false))
+			r.Fail(relay.Decode(r, r.Body, false))
 		case split.PassOn:
 			r.Handoff = nil
 			r.PassOn(a.Err)
@@ -164,7 +164,7 @@ func (d *goPaired) act(acts []split.Action, pre, dec []byte) *split.Event {
 	return next
 }
 
-// decode relays the decode leg carrying dec, under a context the machine
+// Decode relays the decode leg carrying dec, under a context the machine
 // may cancel until its first output, which it is told of (and, for a
 // held output, waits for the word to let it through).
 func (d *goPaired) Decode(dec []byte) error {
@@ -183,7 +183,7 @@ func (d *goPaired) Decode(dec []byte) error {
 			}
 		}
 	}
-	err := r.Forward(dec, true)
+	err := relay.Forward(r, dec, true)
 	r.OnOutput = nil
 	r.Ctx = d.parent
 	return err

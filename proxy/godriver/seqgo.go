@@ -7,8 +7,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/pd-sidecar/pd-sidecar/proxy/inference"
-
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 	"github.com/valyala/fasthttp"
@@ -16,6 +14,8 @@ import (
 	"github.com/pd-sidecar/pd-sidecar/circuit"
 	"github.com/pd-sidecar/pd-sidecar/connectors"
 	"github.com/pd-sidecar/pd-sidecar/metrics"
+	"github.com/pd-sidecar/pd-sidecar/proxy/inference"
+	"github.com/pd-sidecar/pd-sidecar/proxy/relay"
 	"github.com/pd-sidecar/pd-sidecar/proxy/split"
 	"github.com/pd-sidecar/pd-sidecar/proxy/sse"
 	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"
@@ -126,7 +126,7 @@ func (d *goSplit) run() {
 // fields when they apply, as the request features edit it.
 func prefillBody(r *inference.Request) ([]byte, error) {
 	p := r.P
-	body, err := p.Seq.PrefillBody(nil, r.Api, r.Body)
+	body, err := p.Seq.PrefillBody(nil, r.API, r.Body)
 	if err == nil && p.Mori != nil {
 		body, err = r.MoriPrefillBody(body) // MoRI-IO write mode
 	}
@@ -196,7 +196,7 @@ func (d *goSplit) exec(acts []split.Action) *split.Event {
 			next = d.Decode(a.Handoff)
 		case split.SendLocal:
 			r.Handoff = nil
-			if err := r.Decode(r.Body, false); err != nil {
+			if err := relay.Decode(r, r.Body, false); err != nil {
 				next = &split.Event{Kind: split.LegFailed, Err: err}
 			} else {
 				d.answered = true
@@ -340,16 +340,16 @@ func (d *goSplit) dropHedge() {
 	}
 }
 
-// decode takes the prefill's handoff to the decode leg: the sidecar's own
+// Decode takes the prefill's handoff to the decode leg: the sidecar's own
 // KV pull and MoRI-IO's decode fields when they apply, the connector's
 // decode body, the leg relayed. A failure before anything reached the
 // client is returned as the machine's event.
 func (d *goSplit) Decode(h connectors.Handoff) *split.Event {
 	r, p := d.r, d.r.P
 	var err error
-	if p.Kv != nil {
+	if p.KV != nil {
 		if h, err = r.PullKV(h); err != nil {
-			err, recoverable := r.KvPullFailure(err)
+			err, recoverable := r.KVPullFailure(err)
 			return &split.Event{Kind: split.LegFailed, Err: err, Recoverable: recoverable}
 		}
 	}
@@ -359,12 +359,12 @@ func (d *goSplit) Decode(h connectors.Handoff) *split.Event {
 			return &split.Event{Kind: split.LegFailed, Err: err, Recoverable: true}
 		}
 	}
-	body, err := p.Seq.DecodeBody(nil, r.Api, r.Body, h)
+	body, err := p.Seq.DecodeBody(nil, r.API, r.Body, h)
 	if err != nil {
 		return &split.Event{Kind: split.LegFailed, Err: err}
 	}
 	r.Mode, r.Handoff = metrics.ModeDisaggregated, &h
-	if err := r.Decode(body, true); err != nil {
+	if err := relay.Decode(r, body, true); err != nil {
 		kvLoad := errors.Is(err, inference.ErrKVLoadFailed)
 		if kvLoad {
 			r.Handoff = nil // the decode engine read none of it
@@ -421,7 +421,7 @@ func openLocal(r *inference.Request, ctx context.Context, req *fasthttp.Request)
 	}
 	a.er = r.EventReader(a.leg)
 	var errEvent bool
-	a.held, errEvent, err = inference.ReadToOutput(a.er, r.Api, nil)
+	a.held, errEvent, err = inference.ReadToOutput(a.er, r.API, nil)
 	switch {
 	case err != nil:
 		a.discard()
@@ -467,15 +467,15 @@ func commitLocal(r *inference.Request, a *heldAnswer, cancel context.CancelCause
 		defer cancel(nil)
 		defer a.discard()
 		r.CopyHead(a.resp)
-		r.Rc.SetBody(a.buf)
-		r.JsonAnswered(a.resp.StatusCode())
+		r.RC.SetBody(a.buf)
+		r.JSONAnswered(a.resp.StatusCode())
 		return
 	}
 	a.leg.Began()
 	r.CopyHead(a.resp)
 	r.P.M.Requests.WithLabelValues(r.Mode, inference.StatusLabel(a.resp.StatusCode())).Inc()
 	r.Obs.Status = a.resp.StatusCode()
-	r.StreamBody(r.NewSSEBody(a.er, a.leg, a.held, false, func() {
+	relay.StreamBody(r, relay.NewSSEBody(r, a.er, a.leg, a.held, false, func() {
 		a.er.Release()
 		a.leg.Close()
 		fasthttp.ReleaseResponse(a.resp)

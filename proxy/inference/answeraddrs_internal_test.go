@@ -66,7 +66,7 @@ func TestCheckHandoffAddrs(t *testing.T) {
 				return
 			}
 			require.ErrorIs(t, err, connectors.ErrInvalidKVParams)
-			assert.Equal(t, ReasonInvalidParams, classify(err).reason, "a local fallback")
+			assert.Equal(t, ReasonInvalidParams, Classify(err).reason, "a local fallback")
 			assert.NotContains(t, err.Error(), tc.addrs[len(tc.addrs)-1].Host, "the address is not quoted")
 		})
 	}
@@ -77,7 +77,7 @@ func TestCheckHandoffAddrs(t *testing.T) {
 // nothing of it for a release leg.
 func TestPrefillAnsweredChecksAddrs(t *testing.T) {
 	p := allowlistProxy(t, "10.0.0.9:8000")
-	r := &Request{P: p, Prefiller: "10.0.0.9:8000", Api: connectors.APICompletions}
+	r := &Request{P: p, Prefiller: "10.0.0.9:8000", API: connectors.APICompletions}
 	answer := func(host string) []byte {
 		return []byte(`{"choices":[{"text":"a","finish_reason":"length"}],"kv_transfer_params":{"do_remote_prefill":true,` +
 			`"remote_block_ids":[[1]],"remote_engine_id":"e","remote_request_id":"r","remote_host":"` + host + `","remote_port":5600}}`)
@@ -86,9 +86,9 @@ func TestPrefillAnsweredChecksAddrs(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, []connectors.Addr{{Field: "kv_transfer_params.remote_host", Host: "10.0.0.9", Port: 5600}}, res.Handoff.Addrs)
 
-	r.KvPending = nil
+	r.KVPending = nil
 	res, err = r.PrefillAnswered(200, []byte("application/json"), answer("10.0.0.66"))
 	require.ErrorIs(t, err, connectors.ErrInvalidKVParams)
 	assert.Nil(t, res.Handoff.Params)
-	assert.Nil(t, r.KvPending, "no release leg for a refused handoff")
+	assert.Nil(t, r.KVPending, "no release leg for a refused handoff")
 }

@@ -77,14 +77,14 @@ func (p *Proxy) refuseTarget(rc *fasthttp.RequestCtx) bool {
 	return true
 }
 
-// setStream makes body the answer of rc, streamed: chunked to an HTTP/1.1
+// SetStream makes body the answer of rc, streamed: chunked to an HTTP/1.1
 // client (fasthttp writes each Read as a flushed chunk); to an HTTP/1.0
 // client, which cannot read chunked framing, close-delimited — no
 // Content-Length, no Transfer-Encoding, Connection: close — written on the
 // hijacked connection (each Read, or each write of body's WriteTo, goes
 // out as it comes), which closes after it. body is closed once written, or
 // once the client is gone, as fasthttp closes a body stream.
-func setStream(rc *fasthttp.RequestCtx, body io.Reader) {
+func SetStream(rc *fasthttp.RequestCtx, body io.Reader) {
 	if rc.Request.Header.IsHTTP11() {
 		rc.SetBodyStream(body, -1)
 		return

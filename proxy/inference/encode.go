@@ -97,12 +97,12 @@ func (r *Request) encode() error {
 	if r.P.enc == nil {
 		return nil
 	}
-	vs := r.Rc.Request.Header.PeekAll(HeaderEncoders)
+	vs := r.RC.Request.Header.PeekAll(HeaderEncoders)
 	if len(vs) == 0 {
 		return nil
 	}
 	body, outcome, err := r.P.enc.Run(r.Ctx, encoder.Request{
-		ID: r.Id, Body: r.Body, Encoders: vs,
+		ID: r.ID, Body: r.Body, Encoders: vs,
 		Log: r.LogAt, Logger: r.Logger, Span: r.encoderSpan,
 	})
 	if outcome != "" {

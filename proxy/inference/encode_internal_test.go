@@ -28,7 +28,7 @@ func TestEncoderErrorsClassified(t *testing.T) {
 		{fmt.Errorf("%w for item 1: %w", ErrEncoderFailed, ErrEncoderTimeout), 502},
 		{fmt.Errorf("%w for item 0: %w", ErrEncoderFailed, fmt.Errorf("%w: %w", ErrBadRequest, connectors.ErrBadBody)), 400},
 	} {
-		assert.Equal(t, tc.status, classify(tc.err).Status, "%v", tc.err)
+		assert.Equal(t, tc.status, Classify(tc.err).Status, "%v", tc.err)
 	}
 }
 
@@ -70,7 +70,7 @@ func TestEncodeRequest(t *testing.T) {
 				rc.Request.Header.Set(HeaderEncoders, tc.encoders)
 			}
 			r := p.StartRequest([]byte("rid"), &rc.Request.Header, []byte(tc.body), "127.0.0.1:1", connectors.APIChat)
-			r.Rc = &rc
+			r.RC = &rc
 			defer r.Cancel(context.Canceled)
 			if tc.gone {
 				r.Cancel(ErrClientGone)

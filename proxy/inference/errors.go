@@ -99,14 +99,14 @@ const (
 
 // outcome is what the proxy does about an error.
 type outcome struct {
-	// status is the HTTP status to answer with when not falling back.
+	// Status is the HTTP status to answer with when not falling back.
 	Status int
 	// reason is the fallback reason label ("" when the error is no reason
 	// to fall back to local prefill).
 	reason string
 	// retry marks prefill errors worth another attempt.
 	retry bool
-	// retryAfter: the answer says Retry-After (a refusal for want of
+	// RetryAfter: the answer says Retry-After (a refusal for want of
 	// buffer room; set by request.failure).
 	RetryAfter bool
 }
@@ -121,10 +121,10 @@ const (
 	precedenceClientGone
 )
 
-// classify maps every request-path error to what happens next: the
+// Classify maps every request-path error to what happens next: the
 // outcome its errors carry (failure.Of), those of the packages below the
 // proxy named by foreignOutcome.
-func classify(err error) outcome {
+func Classify(err error) outcome {
 	o := failure.Of(err, foreignOutcome)
 	return outcome{Status: o.Status, reason: o.Reason, retry: o.Retry}
 }
@@ -163,7 +163,7 @@ func foreignOutcome(err error) (failure.Outcome, bool) {
 	return failure.Outcome{}, false
 }
 
-// prefillTransportErr names a failed prefill exchange: the sentinel
+// PrefillTransportErr names a failed prefill exchange: the sentinel
 // classify maps (the fallback reason) around an upstream.UpstreamError of the
 // prefiller (or of the role err names already: its bootstrap server). An
 // error named so already is returned as it is.
@@ -189,7 +189,7 @@ func PrefillTransportErr(err error) error {
 	return fmt.Errorf("%w: %w", ErrPrefillUnreachable, u)
 }
 
-// decodeTransportErr names a failed exchange with the local engine: the
+// DecodeTransportErr names a failed exchange with the local engine: the
 // sentinel classify maps (the status) around an upstream.UpstreamError of the local
 // engine. An error named so already is returned as it is.
 func DecodeTransportErr(err error) error {

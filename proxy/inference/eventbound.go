@@ -27,22 +27,22 @@ const MinMaxSSEEventBytes = 16 << 10
 // (sse.ErrEventTooLong).
 var ErrEventTooLong = sse.ErrEventTooLong
 
-// eventRefused counts and logs a stream of the local engine refused for an
+// EventRefused counts and logs a stream of the local engine refused for an
 // event past the bound. It may run on any goroutine (a hedge's local leg
 // is read beside the request's), so it logs with the request id, not
 // through the request's own logger.
-func (r *Request) eventRefused() {
+func (r *Request) EventRefused() {
 	r.P.M.Upstream.Refused.WithLabelValues(metrics.UpstreamEngine, metrics.RefusedEventTooLong).Inc()
-	r.P.Log.Error().Str("request_id", r.Id).Str("upstream", metrics.UpstreamEngine).Str("reason", metrics.RefusedEventTooLong).
+	r.P.Log.Error().Str("request_id", r.ID).Str("upstream", metrics.UpstreamEngine).Str("reason", metrics.RefusedEventTooLong).
 		Int("max_sse_event_bytes", sse.Bound(r.P.Cfg.MaxSSEEventBytes)).
 		Msg("upstream SSE event longer than --max-sse-event-bytes: stream refused, upstream connection closed")
 }
 
-// eventReader reads the local engine's stream on leg, bounded by
+// EventReader reads the local engine's stream on leg, bounded by
 // --max-sse-event-bytes, a refusal counted.
 func (r *Request) EventReader(leg *upstream.Leg) *sse.Reader {
 	er := sse.NewReader(leg, &r.P.Bufs, r.P.Cfg.MaxSSEEventBytes)
-	er.Refused = r.eventRefused
+	er.Refused = r.EventRefused
 	return er
 }
 

@@ -43,7 +43,7 @@ type localEditor interface {
 	EditLocal(body []byte) ([]byte, error)
 }
 
-// beginFeatures asks every feature for its part in r, whose head is h.
+// BeginFeatures asks every feature for its part in r, whose head is h.
 func (r *Request) BeginFeatures(h *fasthttp.RequestHeader) {
 	for _, f := range r.P.features {
 		if u := f.begin(r, h); u != nil {
@@ -52,7 +52,7 @@ func (r *Request) BeginFeatures(h *fasthttp.RequestHeader) {
 	}
 }
 
-// splitDeclined reports whether a feature serves r locally instead of
+// SplitDeclined reports whether a feature serves r locally instead of
 // splitting it.
 func (r *Request) SplitDeclined() bool {
 	for _, u := range r.uses {
@@ -63,7 +63,7 @@ func (r *Request) SplitDeclined() bool {
 	return false
 }
 
-// editPrefill gives the prefill leg's body to every feature that edits it.
+// EditPrefill gives the prefill leg's body to every feature that edits it.
 func (r *Request) EditPrefill(body []byte) ([]byte, error) {
 	for _, u := range r.uses {
 		if e, ok := u.(prefillEditor); ok {
@@ -76,7 +76,7 @@ func (r *Request) EditPrefill(body []byte) ([]byte, error) {
 	return body, nil
 }
 
-// editLocal gives the body of a request served locally to every feature
+// EditLocal gives the body of a request served locally to every feature
 // that edits it.
 func (r *Request) EditLocal(body []byte) ([]byte, error) {
 	for _, u := range r.uses {

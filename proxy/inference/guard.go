@@ -76,7 +76,7 @@ func (p *Proxy) bufferFull(rc *fasthttp.RequestCtx) {
 }
 
 // reject answers a request refused before any upstream leg, counted by
-// reason and logged with its request id: the client's X-Request-Id when
+// reason and logged with its request id: the client's X-Request-ID when
 // the head was read and it is valid, else a new one; the answer carries
 // it too.
 func (p *Proxy) reject(rc *fasthttp.RequestCtx, reason string, status int, err error) {

@@ -10,8 +10,8 @@ import (
 )
 
 func TestClassifyGuards(t *testing.T) {
-	assert.Equal(t, outcome{Status: 403}, classify(fmt.Errorf("%w: x", ErrPrefillerDenied)))
-	assert.Equal(t, outcome{Status: 503, reason: ReasonCircuitOpen}, classify(fmt.Errorf("%w: x", ErrCircuitOpen)))
+	assert.Equal(t, outcome{Status: 403}, Classify(fmt.Errorf("%w: x", ErrPrefillerDenied)))
+	assert.Equal(t, outcome{Status: 503, reason: ReasonCircuitOpen}, Classify(fmt.Errorf("%w: x", ErrCircuitOpen)))
 	assert.Equal(t, circuit.Failure, breakerResult(fmt.Errorf("%w: x", ErrPrefillTimeout)))
 	assert.Equal(t, circuit.Unreachable, breakerResult(fmt.Errorf("%w: x", ErrPrefillUnreachable)))
 	assert.Equal(t, circuit.Failure, breakerResult(fmt.Errorf("%w: x", ErrPrefillServerError)))

@@ -10,7 +10,7 @@ import "github.com/pd-sidecar/pd-sidecar/proxy/clientconn"
 // that comes sooner is checked for the FIN before it is written
 // (request.leftNow).
 
-// leftNow reports whether the client of a request on fasthttp's path left
+// LeftNow reports whether the client of a request on fasthttp's path left
 // before its answer began: the watch saw it, or it half-closed (or reset)
 // the connection since (clientconn.PeerClosed), in which case the request
 // is cancelled as the watch would have. The caller answers nothing then
@@ -19,9 +19,9 @@ func (r *Request) LeftNow() bool {
 	switch {
 	case r.Gone():
 		return true
-	case r.Rc == nil || r.detached:
+	case r.RC == nil || r.Detached:
 		return false
-	case clientconn.PeerClosed(r.Rc.Conn()):
+	case clientconn.PeerClosed(r.RC.Conn()):
 		r.Cancel(ErrClientGone)
 		return true
 	}

@@ -30,7 +30,7 @@ var errHedgeLost = split.ErrHedgeLost
 // sidecar's own KV pull follow the prefill, and the local leg would have
 // to undo them).
 func (p *Proxy) hedgeable() bool {
-	return p.hedge != nil && p.Mori == nil && p.Kv == nil
+	return p.hedge != nil && p.Mori == nil && p.KV == nil
 }
 
 // hedgeWon counts a hedge's winner and the time its loser ran, and logs a

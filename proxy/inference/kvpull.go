@@ -36,12 +36,12 @@ func (p *Proxy) EnableKVPull(cfg KVPullConfig, puller *kvtransfer.Puller, m *met
 	if !ok {
 		return fmt.Errorf("connector %q cannot hand off a kv source for the sidecar to pull", p.Conn.Name())
 	}
-	p.Kv = kvpull.New(cfg, kvpull.Deps{Conn: src, Puller: puller, Metrics: m,
+	p.KV = kvpull.New(cfg, kvpull.Deps{Conn: src, Puller: puller, Metrics: m,
 		FreeTimeout: p.Cfg.ConnectTimeout + time.Second})
 	return nil
 }
 
-// pullKV pulls the handoff's KV into blocks borrowed from the local engine
+// PullKV pulls the handoff's KV into blocks borrowed from the local engine
 // and returns the decode leg's handoff naming them (kvpull.Puller.Pull).
 func (r *Request) PullKV(h connectors.Handoff) (connectors.Handoff, error) {
 	// The agent is dialed by the pull: its address is checked here too,
@@ -49,8 +49,8 @@ func (r *Request) PullKV(h connectors.Handoff) (connectors.Handoff, error) {
 	if err := r.P.checkHandoff(r.Prefiller, h); err != nil {
 		return h, err
 	}
-	return r.P.Kv.Pull(r.Ctx, kvpull.Request{
-		ID: r.Id, Label: r.Label, Local: r.Local,
+	return r.P.KV.Pull(r.Ctx, kvpull.Request{
+		ID: r.ID, Label: r.Label, Local: r.Local,
 		Call:    r.engineCall,
 		CallErr: func(err error) error { return upstreamErr(upstream.RoleEngine, r.Local, err) },
 		Log:     r.LogAt,
@@ -67,7 +67,7 @@ func (r *Request) engineCall(ctx context.Context, path string, body []byte) ([]b
 	req.Header.SetRequestURI(path)
 	req.Header.SetHost(r.Local)
 	req.Header.SetContentType("application/json")
-	req.Header.Set(HeaderRequestID, r.Id)
+	req.Header.Set(HeaderRequestID, r.ID)
 	req.SetBodyRaw(body)
 	hold, err := r.P.Tr.Do(ctx, r.Local, req, resp)
 	defer hold.Release() // resp is let go on return; the copy returned is small JSON
@@ -77,12 +77,12 @@ func (r *Request) engineCall(ctx context.Context, path string, body []byte) ([]b
 	return append([]byte(nil), resp.Body()...), resp.StatusCode(), nil
 }
 
-// kvPullFailure says what a failed pull becomes, and whether a local
+// KVPullFailure says what a failed pull becomes, and whether a local
 // prefill may serve the request instead: a client that left is only that;
 // a KV agent that is gone, or a descriptor that is refused, is the
 // prefiller's fault and degrades; any other failure is a KV load failure,
 // re-run locally as --on-kv-load-failure says.
-func (r *Request) KvPullFailure(err error) (error, bool) {
+func (r *Request) KVPullFailure(err error) (error, bool) {
 	var ue *upstream.UpstreamError
 	if !errors.As(err, &ue) && !errors.Is(err, connectors.ErrInvalidKVParams) {
 		// The agent's errors may quote its descriptor: said in fixed words.
@@ -95,7 +95,7 @@ func (r *Request) KvPullFailure(err error) (error, bool) {
 		return err, true
 	}
 	err = fmt.Errorf("%w: sidecar pull: %w", ErrKVLoadFailed, err)
-	return err, r.KvLoadFailed()
+	return err, r.KVLoadFailed()
 }
 
 // RunKVProbes probes the KV agents of recently used prefillers every
@@ -103,7 +103,7 @@ func (r *Request) KvPullFailure(err error) (error, bool) {
 // pd_sidecar_kv_probe_latency_seconds, until ctx ends
 // (kvpull.Puller.RunProbes). A no-op unless EnableKVPull was called.
 func (p *Proxy) RunKVProbes(ctx context.Context, every time.Duration) {
-	if p.Kv != nil {
-		p.Kv.RunProbes(ctx, every, p.Log)
+	if p.KV != nil {
+		p.KV.RunProbes(ctx, every, p.Log)
 	}
 }

@@ -21,7 +21,7 @@ import (
 // not streamed, its answer read and discarded. The decode engine reads the
 // blocks and the prefill engine frees them at once.
 
-// kvReleaseIDSuffix marks the release leg's X-Request-Id: the client's own
+// kvReleaseIDSuffix marks the release leg's X-Request-ID: the client's own
 // decode leg may still be aborting on the engine under its id.
 const kvReleaseIDSuffix = "-kv-release"
 
@@ -44,18 +44,18 @@ func (r *Request) awaitKVRead(h connectors.Handoff, err error) {
 	if r.P.kvr == nil || err != nil || h.Done || h.Params == nil {
 		return
 	}
-	r.KvPending = &h
+	r.KVPending = &h
 }
 
-// releaseKV sends the release leg of a request that ends with its handoff
+// ReleaseKV sends the release leg of a request that ends with its handoff
 // still pending a read (see awaitKVRead), once. start is the start of the
 // request's legs' head (rawhttp.AppendLegStart; nil: built from the client's head
 // on fasthttp's path). The leg's request is built here, as a copy, before
 // the request's buffers are given back; only its sending is left to the
 // background.
 func (r *Request) ReleaseKV(start []byte) {
-	h, kr := r.KvPending, r.P.kvr
-	r.KvPending = nil
+	h, kr := r.KVPending, r.P.kvr
+	r.KVPending = nil
 	if h == nil || kr == nil {
 		return
 	}
@@ -63,24 +63,24 @@ func (r *Request) ReleaseKV(start []byte) {
 		return // a handoff the decode engine is not to read
 	}
 	if start == nil {
-		if r.Rc == nil {
+		if r.RC == nil {
 			return
 		}
-		target := clientconn.OriginForm(r.Rc) // the path routed on
+		target := clientconn.OriginForm(r.RC) // the path routed on
 		if target == nil {
-			target = r.Rc.Request.Header.RequestURI()
+			target = r.RC.Request.Header.RequestURI()
 		}
-		start = rawhttp.AppendLegStartAt(nil, &r.Rc.Request.Header, target, nil)
+		start = rawhttp.AppendLegStartAt(nil, &r.RC.Request.Header, target, nil)
 	} else {
 		start = append([]byte(nil), start...)
 	}
 	lg := r.Logger().With().Str("kv_release", "decode_leg").Logger()
 	kr.Release(r.Local, lg, func(conn connectors.KVReleaser) ([]byte, error) {
-		body, err := conn.ReleaseBody(nil, r.Api, r.Body, *h)
+		body, err := conn.ReleaseBody(nil, r.API, r.Body, *h)
 		if err != nil {
 			return nil, err
 		}
-		raw := rawhttp.AppendLegEnd(start, r.Local, r.Id+kvReleaseIDSuffix, len(body))
+		raw := rawhttp.AppendLegEnd(start, r.Local, r.ID+kvReleaseIDSuffix, len(body))
 		return append(raw, body...), nil
 	})
 }

@@ -89,7 +89,7 @@ func pendingRequest(p *Proxy, local string) *Request {
 	rc.Request.Header.Set(HeaderPrefiller, "10.0.0.9:8000")
 	body := []byte(`{"model":"m","prompt":"hi","max_tokens":9,"stream":true}`)
 	r := p.StartRequest([]byte("rid"), &rc.Request.Header, body, local, connectors.APICompletions)
-	r.Rc = &rc
+	r.RC = &rc
 	r.awaitKVRead(connectors.Handoff{Params: []byte(releaseParams)}, nil)
 	return r
 }
@@ -115,7 +115,7 @@ func TestReleaseKVSendsOneTokenDecode(t *testing.T) {
 	assert.Equal(t, "false", gjson.Get(b, "stream").Raw)
 	assert.JSONEq(t, releaseParams, gjson.Get(b, "kv_transfer_params").Raw)
 	assert.Equal(t, "rid"+kvReleaseIDSuffix, f.ids[0])
-	assert.Nil(t, r.KvPending)
+	assert.Nil(t, r.KVPending)
 
 	// The engine's failure is counted as one.
 	f.mu.Lock()
@@ -135,19 +135,19 @@ func TestReleaseKVNotPending(t *testing.T) {
 	local := f.serve(t)
 	p, m, stop := releaseProxy(t, nixlv2.New(), true)
 	r := pendingRequest(p, local)
-	r.KvHandoffDone(time.Now(), false)
+	r.KVHandoffDone(time.Now(), false)
 	r.ReleaseKV(nil)
 	r = pendingRequest(p, local)
-	r.KvPending = nil
+	r.KVPending = nil
 	r.awaitKVRead(connectors.Handoff{Done: true}, nil)
 	r.awaitKVRead(connectors.Handoff{Params: []byte(releaseParams)}, connectors.ErrInvalidKVParams)
 	r.ReleaseKV(nil)
-	assert.Nil(t, r.KvPending)
+	assert.Nil(t, r.KVPending)
 
 	off, _, _ := releaseProxy(t, nixlv2.New(), false)
 	assert.Nil(t, off.kvr)
 	r = pendingRequest(off, local)
-	assert.Nil(t, r.KvPending)
+	assert.Nil(t, r.KVPending)
 	r.ReleaseKV(nil)
 	push, _, _ := releaseProxy(t, sglang.New(8998), true)
 	assert.Nil(t, push.kvr, "sglang's prefiller pushes the KV")

@@ -89,7 +89,7 @@ func newMoriState(cfg MoriIOConfig, m *metrics.MoriIO, log zerolog.Logger) *mori
 	return &moriState{Cfg: cfg, Dns: hostdns.New(lookup, cfg.DNSTTL, cfg.DNSTimeout, cfg.Seed, m, log)}
 }
 
-// hosts resolves specs (nil for none).
+// Hosts resolves specs (nil for none).
 func (s *moriState) Hosts(ctx context.Context, specs []string) []string {
 	if len(specs) == 0 {
 		return nil
@@ -101,10 +101,10 @@ func (s *moriState) Hosts(ctx context.Context, specs []string) []string {
 	return out
 }
 
-// moriLeg starts the request's MoRI-IO legs: its rank, transfer id and
+// MoriLeg starts the request's MoRI-IO legs: its rank, transfer id and
 // x-data-parallel-rank header.
 func (r *Request) MoriLeg() moriio.Leg {
-	l := moriio.Leg{Rank: moriio.PickRank(r.Id, r.P.Mori.Cfg.Ports.DPSize), TransferID: moriio.TransferID(r.Id)}
+	l := moriio.Leg{Rank: moriio.PickRank(r.ID, r.P.Mori.Cfg.Ports.DPSize), TransferID: moriio.TransferID(r.ID)}
 	r.setMoriRank(l.Rank)
 	return l
 }
@@ -117,7 +117,7 @@ func (r *Request) setMoriRank(rank int) {
 	}
 }
 
-// moriPrefillBody gives the serial prefill leg's body (nixlv2's) MoRI-IO's
+// MoriPrefillBody gives the serial prefill leg's body (nixlv2's) MoRI-IO's
 // write-mode kv_transfer_params.
 func (r *Request) MoriPrefillBody(body []byte) ([]byte, error) {
 	s := r.P.Mori
@@ -126,7 +126,7 @@ func (r *Request) MoriPrefillBody(body []byte) ([]byte, error) {
 	return moriio.WithParams(body, params)
 }
 
-// moriDecodeParams are the serial decode leg's kv_transfer_params: the
+// MoriDecodeParams are the serial decode leg's kv_transfer_params: the
 // prefill answer's with the rank (the one it returned, else the request
 // id's) written back and MoRI-IO's fields backfilled.
 func (r *Request) MoriDecodeParams(returned []byte) ([]byte, error) {

@@ -14,7 +14,7 @@ import (
 
 // RequestReport is how one inference request ended, as told to an Observer.
 type RequestReport struct {
-	// ID is the request id (X-Request-Id).
+	// ID is the request id (X-Request-ID).
 	ID string
 	// Mode is metrics.ModeDisaggregated, ModeLocal or ModeFallback.
 	Mode string
@@ -84,7 +84,7 @@ func (p *Proxy) SetExtras(e Extras) {
 
 // failureReason is the fallback reason of err, which a failed prefill
 // leg's span carries.
-func failureReason(err error) string { return classify(err).reason }
+func failureReason(err error) string { return Classify(err).reason }
 
 // Span and attribute names of the sidecar's traces.
 const (
@@ -107,11 +107,11 @@ const (
 // traceStart opens the request span, child of the client's trace context.
 func (r *Request) traceStart(h *fasthttp.RequestHeader) {
 	if r.P.Trace != nil {
-		r.Obs.Start(r.P.Trace, h, r.Start, r.Id, r.Api.String())
+		r.Obs.Start(r.P.Trace, h, r.Start, r.ID, r.API.String())
 	}
 }
 
-// prefillStarted opens the prefill span; the returned func records the
+// PrefillStarted opens the prefill span; the returned func records the
 // prefill's duration and outcome.
 func (r *Request) PrefillStarted(start time.Time) func(error) {
 	span := r.Obs.StartPrefill(r.Label)
@@ -126,15 +126,15 @@ func (r *Request) PrefillStarted(start time.Time) func(error) {
 	}
 }
 
-// decodeStarted opens the decode span (and, for a leg carrying remote KV,
+// DecodeStarted opens the decode span (and, for a leg carrying remote KV,
 // the kv_handoff span) before the leg to the local engine is sent.
 func (r *Request) DecodeStarted(remote bool) { r.Obs.StartDecode(remote, r.Label) }
 
-// kvHandoffDone records the end of the engine-pull handoff: the decode leg
+// KVHandoffDone records the end of the engine-pull handoff: the decode leg
 // sent at sent produced its first output (ok) or a KV load failure.
-func (r *Request) KvHandoffDone(sent time.Time, ok bool) {
+func (r *Request) KVHandoffDone(sent time.Time, ok bool) {
 	d := time.Since(sent)
-	r.KvPending = nil // the engine read the KV, or tried (awaitKVRead)
+	r.KVPending = nil // the engine read the KV, or tried (awaitKVRead)
 	r.P.M.KVTransferDuration.WithLabelValues(r.Label).Observe(d.Seconds())
 	r.Obs.KVDur, r.Obs.KVOK = d, ok
 	if ok && r.OnOutput != nil {
@@ -143,7 +143,7 @@ func (r *Request) KvHandoffDone(sent time.Time, ok bool) {
 	r.Obs.EndKVHandoff(ok)
 }
 
-// report ends the request's spans and tells the Observer how it ended.
+// Report ends the request's spans and tells the Observer how it ended.
 func (r *Request) Report() {
 	mode := r.Mode
 	if mode == metrics.ModeDisaggregated && r.Prefiller == "" {
@@ -152,7 +152,7 @@ func (r *Request) Report() {
 	r.Obs.End(mode, r.Label)
 	if o := r.P.ext.Observer; o != nil {
 		o.ObserveRequest(RequestReport{
-			ID: r.Id, Mode: mode, Reason: r.Obs.Reason, Declined: r.Obs.Declined, Prefiller: r.Label, NamedPrefiller: r.named,
+			ID: r.ID, Mode: mode, Reason: r.Obs.Reason, Declined: r.Obs.Declined, Prefiller: r.Label, NamedPrefiller: r.named,
 			Status: r.Obs.Status, Start: r.Start, Duration: time.Since(r.Start),
 			PrefillDuration: r.Obs.PrefillDur, KVHandoffDuration: r.Obs.KVDur,
 			KVTransferred: r.Obs.KVOK && mode == metrics.ModeDisaggregated,

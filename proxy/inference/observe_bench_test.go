@@ -53,7 +53,7 @@ func BenchmarkRequestObservation(b *testing.B) {
 				}
 				r.DecodeStarted(true)
 				head = r.Obs.AppendTrace(head[:0])
-				r.KvHandoffDone(time.Now(), true)
+				r.KVHandoffDone(time.Now(), true)
 				r.Obs.Status = fasthttp.StatusOK
 				r.Report()
 				r.Cancel(nil)

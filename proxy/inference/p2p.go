@@ -46,10 +46,10 @@ type P2PConfig struct {
 	Port int
 }
 
-// p2pPort is the P2P port of the engine whose HTTP port is port: with
+// P2PPort is the P2P port of the engine whose HTTP port is port: with
 // data-parallel ranks, rank r's (port = --port + r), else rank 0's, as
 // llm-d derives it.
-func (p *Proxy) P2pPort(port int) int {
+func (p *Proxy) P2PPort(port int) int {
 	return kvsource.Ports{HTTP: p.Cfg.Port, Ranks: p.Cfg.DataParallelSize, P2P: p.Cfg.P2P.Port}.P2PPort(port)
 }
 
@@ -75,14 +75,14 @@ func (r *Request) kvSource(h *fasthttp.RequestHeader) *connectors.P2PPeer {
 		r.LogAt(zerolog.DebugLevel).Str("kv_cache_source", logvalue.Cut(string(v))).Str("outcome", o).Msg("kv cache source not named")
 		return nil
 	}
-	peer := &connectors.P2PPeer{RequestID: NewUUID(), Host: src.Host, Port: p.P2pPort(src.Port)}
+	peer := &connectors.P2PPeer{RequestID: NewUUID(), Host: src.Host, Port: p.P2PPort(src.Port)}
 	r.LogAt(zerolog.DebugLevel).Str("kv_cache_source", net.JoinHostPort(peer.Host, strconv.Itoa(peer.Port))).Msg("kv cache source named: remote_kv_source")
 	return peer
 }
 
 // rank is the data-parallel rank r arrived on (its home engine's).
 func (r *Request) rank() int {
-	_, port, _ := net.SplitHostPort(r.home)
+	_, port, _ := net.SplitHostPort(r.Home)
 	n, _ := strconv.Atoi(port)
 	return n - r.P.Cfg.ModelServerPort
 }
@@ -104,20 +104,20 @@ func (kvCacheSource) begin(r *Request, h *fasthttp.RequestHeader) featureUse {
 // kvSourceUse is a request's KV cache source.
 type kvSourceUse struct{ peer *connectors.P2PPeer }
 
-// editPrefill names the source in the prefill leg (remote_kv_source).
+// EditPrefill names the source in the prefill leg (remote_kv_source).
 func (u *kvSourceUse) EditPrefill(body []byte) ([]byte, error) {
 	return connectors.WithKVSource(nil, body, *u.peer)
 }
 
-// editLocal replaces the local request's kv_transfer_params with the
+// EditLocal replaces the local request's kv_transfer_params with the
 // source alone.
 func (u *kvSourceUse) EditLocal(body []byte) ([]byte, error) {
 	return connectors.OnlyKVSource(nil, body, *u.peer)
 }
 
-// kvSourcePeer is the request's KV cache source (nil: none), for a
+// KVSourcePeer is the request's KV cache source (nil: none), for a
 // choreography whose legs name it themselves (the offloading connector's).
-func (r *Request) KvSourcePeer() *connectors.P2PPeer {
+func (r *Request) KVSourcePeer() *connectors.P2PPeer {
 	for _, u := range r.uses {
 		if s, ok := u.(*kvSourceUse); ok {
 			return s.peer

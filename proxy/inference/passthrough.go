@@ -24,13 +24,13 @@ const maxBuffered = 1 << 20
 
 // passthrough forwards any non-inference request to the local engine
 // unchanged (method, path, query, headers but the sidecar's own and one
-// X-Request-Id, body) and streams the answer back, flushing as bytes
+// X-Request-ID, body) and streams the answer back, flushing as bytes
 // arrive.
 func (p *Proxy) passthrough(rc *fasthttp.RequestCtx, local string) {
 	g := p.M.Inflight.WithLabelValues(metrics.PhasePassthrough)
 	g.Inc()
 	ctx, cancel := context.WithCancelCause(context.Background())
-	w := p.armer.Watch(rc.Conn(), cancel, time.Now())
+	w := p.Armer.Watch(rc.Conn(), cancel, time.Now())
 	req := fasthttp.AcquireRequest()
 	rc.Request.Header.CopyTo(&req.Header)
 	for _, h := range hopHeaders {
@@ -41,7 +41,7 @@ func (p *Proxy) passthrough(rc *fasthttp.RequestCtx, local string) {
 	req.Header.Del(HeaderKVCacheSource)
 	req.Header.Del(HeaderEncoders)
 	req.Header.Del("Expect")
-	// One X-Request-Id, as on every leg: the client's first (when valid),
+	// One X-Request-ID, as on every leg: the client's first (when valid),
 	// never a second copy (Set replaces only the first).
 	id := requestID(rc.Request.Header.Peek(HeaderRequestID))
 	req.Header.Del(HeaderRequestID)
@@ -59,7 +59,7 @@ func (p *Proxy) passthrough(rc *fasthttp.RequestCtx, local string) {
 			rc.SetConnectionClose()
 		}
 		cancel(context.Canceled)
-		st := classify(err).Status
+		st := Classify(err).Status
 		p.Log.Warn().Err(err).Str("path", string(rc.Path())).Str("request_id", logvalue.Cut(string(rc.Request.Header.Peek(HeaderRequestID)))).
 			Int("status", st).Msg("passthrough refused")
 		rc.SetStatusCode(st)
@@ -91,7 +91,7 @@ func (p *Proxy) passthrough(rc *fasthttp.RequestCtx, local string) {
 			return
 		}
 		err = DecodeTransportErr(err)
-		st := classify(err).Status
+		st := Classify(err).Status
 		upstream.WithUpstream(p.Log.Error().Err(err), err).Str("path", string(rc.Path())).Msg("passthrough failed")
 		rc.SetStatusCode(st)
 		rc.SetContentType("application/json")
@@ -117,7 +117,7 @@ func (p *Proxy) passthrough(rc *fasthttp.RequestCtx, local string) {
 		}
 		if err != nil {
 			err = DecodeTransportErr(&upstream.LegError{Addr: local, Op: "read", Err: err})
-			st := classify(err).Status
+			st := Classify(err).Status
 			upstream.WithUpstream(p.Log.Error().Err(err), err).Str("path", string(rc.Path())).Msg("passthrough failed")
 			rc.Response.Reset()
 			rc.SetStatusCode(st)
@@ -134,7 +134,7 @@ func (p *Proxy) passthrough(rc *fasthttp.RequestCtx, local string) {
 	if w.Stop() {
 		rc.SetConnectionClose()
 	}
-	setStream(rc, &passthroughBody{leg: leg, done: func() { // in a framing the client reads
+	SetStream(rc, &passthroughBody{leg: leg, done: func() { // in a framing the client reads
 		leg.Close()
 		done()
 	}})

@@ -25,7 +25,7 @@ func (p *Proxy) serveInference(rc *fasthttp.RequestCtx, local string, api connec
 	}
 	r := p.newRequest(rc, local, api)
 	defer func() {
-		if !r.detached {
+		if !r.Detached {
 			r.Finish()
 		}
 	}()
@@ -69,7 +69,7 @@ func (r *Request) serveLocal() {
 		r.Fail(fmt.Errorf("%w: %w", ErrBadRequest, err))
 		return
 	}
-	r.Fail(r.Decode(body, false)) // chunked when --decode-chunk-tokens says so
+	r.Fail(r.P.decoder(r, body, false)) // chunked when --decode-chunk-tokens says so
 }
 
 // tpGuard refuses a handoff from a prefiller of a larger tensor-parallel
@@ -89,14 +89,14 @@ func (r *Request) fallback(cause error) {
 		r.Fail(cause)
 		return
 	}
-	r.Fail(r.Decode(r.Body, false)) // chunked when --decode-chunk-tokens says so
+	r.Fail(r.P.decoder(r, r.Body, false)) // chunked when --decode-chunk-tokens says so
 }
 
-// degrade reports whether cause is a reason to degrade to a local prefill
+// Degrade reports whether cause is a reason to degrade to a local prefill
 // (that --prefill-fallback allows), and then counts and logs it: the
 // request is a fallback from here.
 func (r *Request) Degrade(cause error) bool {
-	o := classify(cause)
+	o := Classify(cause)
 	if o.reason == "" || !r.P.Cfg.PrefillFallback {
 		return false
 	}
@@ -104,7 +104,7 @@ func (r *Request) Degrade(cause error) bool {
 	return true
 }
 
-// degraded counts and logs a request degraded to a local prefill for
+// Degraded counts and logs a request degraded to a local prefill for
 // reason (cause: why): the request is a fallback from here.
 func (r *Request) Degraded(reason string, cause error) {
 	r.P.M.Fallbacks.WithLabelValues(reason).Inc()
@@ -118,7 +118,7 @@ func (r *Request) Degraded(reason string, cause error) {
 	upstream.WithUpstream(r.LogAt(zerolog.WarnLevel).Err(cause), cause).Str("reason", reason).Msg("degrading to local prefill")
 }
 
-// passOn answers with the prefiller's rejection of the request, err (a
+// PassOn answers with the prefiller's rejection of the request, err (a
 // *rejected), as it came.
 func (r *Request) PassOn(err error) {
 	var rej *Rejected
@@ -137,7 +137,7 @@ func (r *Request) retrying(attempt int, err error) {
 	r.LogAt(zerolog.WarnLevel).Err(err).Int("attempt", attempt).Msg("prefill failed; retrying")
 }
 
-// fail answers a request that could not be served, unless the answer has
+// Fail answers a request that could not be served, unless the answer has
 // already started (err nil) or the client left.
 func (r *Request) Fail(err error) {
 	if err == nil {
@@ -150,27 +150,27 @@ func (r *Request) Fail(err error) {
 	o := r.Failure(err)
 	r.Answer(r.Mode, o.Status, "application/json", ErrorBody(o.Status, err))
 	if o.RetryAfter {
-		r.Rc.Response.Header.Set("Retry-After", "1")
+		r.RC.Response.Header.Set("Retry-After", "1")
 	}
 }
 
-// leftBeforeAnswer records a client that left before its answer began. On
+// LeftBeforeAnswer records a client that left before its answer began. On
 // fasthttp's path its connection is closed with nothing written: fasthttp
 // would otherwise write the untouched response, an empty 200.
 func (r *Request) LeftBeforeAnswer(err error) {
 	r.LogAt(zerolog.InfoLevel).Err(err).Msg("client left; upstream legs cancelled")
-	r.P.M.ClientDisconnects.WithLabelValues(r.phase()).Inc()
+	r.P.M.ClientDisconnects.WithLabelValues(r.Phase()).Inc()
 	r.P.M.Requests.WithLabelValues(r.Mode, "499").Inc()
 	r.Obs.Status = 499
-	if r.Rc != nil && !r.detached {
-		r.Rc.HijackSetNoResponse(true)
-		r.Rc.Hijack(func(net.Conn) {}) // fasthttp closes the connection after it
+	if r.RC != nil && !r.Detached {
+		r.RC.HijackSetNoResponse(true)
+		r.RC.Hijack(func(net.Conn) {}) // fasthttp closes the connection after it
 	}
 }
 
-// failure classifies and logs err, which the client is answered with.
+// Failure classifies and logs err, which the client is answered with.
 func (r *Request) Failure(err error) outcome {
-	o := classify(err)
+	o := Classify(err)
 	upstream.WithUpstream(r.LogAt(zerolog.ErrorLevel).Err(err), err).Int("status", o.Status).Msg("request failed")
 	if errors.Is(err, upstream.ErrBufferBudget) {
 		// Refused for want of buffer room, as a request body is: counted
@@ -181,7 +181,7 @@ func (r *Request) Failure(err error) outcome {
 	return o
 }
 
-func (r *Request) phase() string {
+func (r *Request) Phase() string {
 	switch {
 	case r.Handoff != nil:
 		return metrics.PhaseDecode
@@ -191,20 +191,20 @@ func (r *Request) phase() string {
 	return metrics.PhaseLocal
 }
 
-// answer writes a complete, non-streamed answer, unless the client left.
+// Answer writes a complete, non-streamed answer, unless the client left.
 func (r *Request) Answer(mode string, status int, contentType string, body []byte) {
 	if r.LeftNow() {
 		r.LeftBeforeAnswer(ErrClientGone)
 		return
 	}
-	rc := r.Rc
+	rc := r.RC
 	rc.SetStatusCode(status)
 	rc.SetContentType(contentType)
 	rc.SetBody(body)
 	r.AnswerCounted(mode, status)
 }
 
-// answerCounted records a complete answer of status written now: its TTFT
+// AnswerCounted records a complete answer of status written now: its TTFT
 // when it is no error, the request counter, the report's status.
 func (r *Request) AnswerCounted(mode string, status int) {
 	if status < 400 {
@@ -214,7 +214,7 @@ func (r *Request) AnswerCounted(mode string, status int) {
 	r.Obs.Status = status
 }
 
-// prefillAnswer is the whole answer of a request whose generation ended on
+// PrefillAnswer is the whole answer of a request whose generation ended on
 // the prefill's first token: the prefill's answer without its
 // kv_transfer_params, as a stream when the client streams (ErrEOSStream
 // for an API whose stream cannot be synthesised).
@@ -227,7 +227,7 @@ func (r *Request) PrefillAnswer(res PrefillResult) (contentType string, body []b
 	if !r.Stream {
 		return "application/json", ans, nil
 	}
-	sse, ok := connectors.AnswerAsSSE(nil, r.Api, ans, r.usage)
+	sse, ok := connectors.AnswerAsSSE(nil, r.API, ans, r.Usage)
 	if !ok {
 		return "", nil, ErrEOSStream
 	}
@@ -238,13 +238,13 @@ func (r *Request) PrefillAnswer(res PrefillResult) (contentType string, body []b
 // client streamed an API whose stream the proxy cannot synthesise.
 var ErrEOSStream error = failure.New("first-token EOS on an API whose stream cannot be synthesised", failure.Outcome{Status: http.StatusBadGateway, Reason: ReasonEOSUnsupported})
 
-// prefillResult is a successful prefill exchange.
+// PrefillResult is a successful prefill exchange.
 type PrefillResult struct {
 	Handoff connectors.Handoff
 	body    []byte
 }
 
-// rejected is a prefill 4xx, answered to the client verbatim.
+// Rejected is a prefill 4xx, answered to the client verbatim.
 type Rejected struct {
 	Status      int
 	ContentType string
@@ -254,7 +254,7 @@ type Rejected struct {
 func (e *Rejected) Error() string { return fmt.Sprintf("prefiller answered %d", e.Status) }
 func (e *Rejected) Unwrap() error { return ErrPrefillRejected }
 
-// prefillAnswered is what a prefill answer of status, contentType and body
+// PrefillAnswered is what a prefill answer of status, contentType and body
 // (the caller's to give) says: the handoff, or why there is none.
 func (r *Request) PrefillAnswered(status int, contentType, body []byte) (PrefillResult, error) {
 	switch {
@@ -268,7 +268,7 @@ func (r *Request) PrefillAnswered(status int, contentType, body []byte) (Prefill
 	case status != fasthttp.StatusOK:
 		return PrefillResult{}, &Rejected{Status: status, ContentType: string(contentType), Body: body}
 	}
-	h, err := r.P.Seq.ParsePrefill(r.Api, body)
+	h, err := r.P.Seq.ParsePrefill(r.API, body)
 	if err == nil {
 		err = r.P.checkHandoff(r.Prefiller, h) // its addresses against the allowlist
 	}
@@ -326,7 +326,7 @@ func errorType(status int) string {
 	return "BadRequestError"
 }
 
-// errorBody is an OpenAI-style error object, saying clientMessage(err).
+// ErrorBody is an OpenAI-style error object, saying clientMessage(err).
 func ErrorBody(status int, err error) []byte {
 	b := []byte(`{"error":{"message":`)
 	b = appendJSONString(b, clientMessage(err))

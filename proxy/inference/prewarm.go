@@ -53,7 +53,7 @@ func (p *Proxy) prewarmCovered() string {
 	switch {
 	case p.Seq == nil || p.Choreo != connectors.ChoreographySequential:
 		return "the connector's split is not a prefill then a decode" // a constant: asked on every request
-	case p.Kv != nil:
+	case p.KV != nil:
 		return "the sidecar pulls the KV itself"
 	case p.Mori != nil:
 		return "MoRI-IO write mode"

@@ -45,7 +45,7 @@ const (
 	// HeaderDataParallel is llm-d's deprecated rank selector; stripped.
 	HeaderDataParallel = "x-data-parallel-host-port"
 	// HeaderRequestID is set (never added twice) on every leg.
-	HeaderRequestID = "X-Request-Id"
+	HeaderRequestID = "X-Request-ID"
 )
 
 // Proxy serves the sidecar's routes. Create it with New.
@@ -71,18 +71,18 @@ type Proxy struct {
 	hedge *hedge.Policy
 	// pass is what passes through to the engine.
 	pass *passpolicy.Policy
-	// guard holds the limits, SSRF protection, circuit breakers and TLS.
+	// Guard holds the limits, SSRF protection, circuit breakers and TLS.
 	Guard *guard.Guard
 	// warm warms up new prefillers (--prefill-prewarm); nil: off.
 	warm *prewarm.Warmer
 	// kvr frees a prefiller's KV nobody read (--release-kv-on-cancel);
 	// nil: off.
 	kvr *kvrelease.Releaser
-	// armer arms the client connections' watches (clientconn.Watch).
-	armer *clientconn.Armer
-	// kv is the sidecar-driven KV pull (see EnableKVPull); nil: off.
-	Kv *kvpull.Puller
-	// trace starts the requests' spans and writes the legs' trace
+	// Armer arms the client connections' watches (clientconn.Watch).
+	Armer *clientconn.Armer
+	// KV is the sidecar-driven KV pull (see EnableKVPull); nil: off.
+	KV *kvpull.Puller
+	// Trace starts the requests' spans and writes the legs' trace
 	// context (SetExtras); nil: no tracer.
 	Trace *observe.Tracing
 	// background is the work Run runs beside serving: MoRI-IO's host
@@ -92,17 +92,17 @@ type Proxy struct {
 	// features are the request features that are on, in the order they
 	// take part in a request: one line each in New.
 	features []requestFeature
-	// legStrip are the client's headers the lane leaves out of every leg
+	// LegStrip are the client's headers the lane leaves out of every leg
 	// it writes (the trace context's, which each leg carries anew), and
 	// prefillStrip those it leaves out of a prefill leg (--prefill-strip-
 	// headers too); lower case.
 	LegStrip, PrefillStrip []string
-	// loops carry open streams (loopStream); nil: each stream keeps its
+	// Loops carry open streams (loopStream); nil: each stream keeps its
 	// goroutine. servers are the servers of the local engines' ports, by
 	// engine address, which take a connection back after its stream. Both
 	// are set by Run before it serves.
-	loops        *netloop.Group
-	servers      map[string]*fasthttp.Server
+	Loops        *netloop.Group
+	Servers      map[string]*fasthttp.Server
 	LoopRequests atomic.Int64 // requests on the loops: streams handed over, and the lane's
 	// lanes starts the lane of a local engine's port (UseLanes); nil:
 	// fasthttp serves every request.
@@ -110,7 +110,19 @@ type Proxy struct {
 	// splitter runs the split of a request fasthttp's handler goroutine
 	// serves (UseSplitter).
 	splitter Splitter
+	// decoder runs a request's decode leg and relays its answer
+	// (UseDecoder).
+	decoder Decoder
 }
+
+// Decoder runs r's decode leg to the local engine with body (remote: it
+// carries the prefill's KV) and relays the answer to the client
+// (proxy/relay).
+type Decoder func(r *Request, body []byte, remote bool) error
+
+// UseDecoder makes f run the decode legs of the requests fasthttp's
+// handler serves locally. New's caller must call it before Run.
+func (p *Proxy) UseDecoder(f Decoder) { p.decoder = f }
 
 // Splitter runs the split of request r on fasthttp's handler goroutine
 // (proxy/godriver), once r's prefiller is named and allowed and no
@@ -155,7 +167,7 @@ func New(cfg Config, conn connectors.Connector, m *metrics.Metrics, gatherer pro
 			promhttp.HandlerFor(gatherer, promhttp.HandlerOpts{})),
 	}
 	p.Tr.SetAnswerLimits(cfg.MaxUpstreamAnswerBytes, cfg.Guard.MaxHeaderBytes)
-	p.armer = clientconn.NewArmer(clientconn.WatchDelay, ErrClientGone)
+	p.Armer = clientconn.NewArmer(clientconn.WatchDelay, ErrClientGone)
 	pass, err := passpolicy.New(cfg.Passthrough)
 	if err != nil {
 		return nil, err

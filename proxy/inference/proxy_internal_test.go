@@ -61,7 +61,7 @@ func TestClassify(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.err.Error(), func(t *testing.T) {
-			o := classify(tt.err)
+			o := Classify(tt.err)
 			assert.Equal(t, tt.status, o.Status)
 			assert.Equal(t, tt.reason, o.reason)
 			assert.Equal(t, tt.retry, o.retry)

@@ -28,7 +28,7 @@ func TestTrailersReachNoLeg(t *testing.T) {
 		name, head, trailer string
 		prefiller, custom   string // what the head says
 	}{
-		{"trailer only", "", "X-PREFILLER-host-port: evil:1\r\nX-Custom: t\r\nX-Request-Id: trailer\r\n", "", ""},
+		{"trailer only", "", "X-PREFILLER-host-port: evil:1\r\nX-Custom: t\r\nX-Request-ID: trailer\r\n", "", ""},
 		{"head and trailer", "x-prefiller-host-port: good:1\r\nX-Custom: h\r\nTrailer: x-prefiller-host-port, X-Custom\r\n",
 			"x-prefiller-host-port: evil:1\r\nX-Custom: t\r\n", "good:1", "h"},
 		{"declared only", "Trailer: X-Custom\r\n", "", "", ""},
@@ -41,7 +41,7 @@ func TestTrailersReachNoLeg(t *testing.T) {
 			clientconn.DropTrailers(h)
 			assert.Equal(t, tc.prefiller, string(h.Peek(HeaderPrefiller)))
 			assert.Empty(t, h.Peek(HeaderRequestID))
-			r := &Request{Id: "rid"}
+			r := &Request{ID: "rid"}
 			var leg fasthttp.Request
 			r.upstreamHeader(&leg.Header, h, "127.0.0.1:1")
 			leg.SetBodyRaw([]byte("{}"))

@@ -23,28 +23,28 @@ import (
 	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"
 )
 
-// request is the state of one inference request. It is owned by the
+// Request is the state of one inference request. It is owned by the
 // handler goroutine and, once the answer is streamed, by the body writer.
 type Request struct {
 	P      *Proxy
-	Rc     *fasthttp.RequestCtx
+	RC     *fasthttp.RequestCtx
 	Ctx    context.Context
 	Cancel context.CancelCauseFunc
-	watch  *clientconn.Watch // the client connection's watch
-	Id     string
+	Watch  *clientconn.Watch // the client connection's watch
+	ID     string
 	// log is the request's logger (request_id, path, prefiller fields),
 	// built on first use: see logAt.
 	log      zerolog.Logger
 	logReady bool
 	Start    time.Time
-	Api      connectors.API
-	// local is the engine of the decode legs: the rank's whose port the
+	API      connectors.API
+	// Local is the engine of the decode legs: the rank's whose port the
 	// request arrived on (home), or the one x-data-parallel-host-port names.
 	Local  string
-	home   string
+	Home   string
 	Body   []byte
 	Stream bool
-	usage  bool // stream_options.include_usage
+	Usage  bool // stream_options.include_usage
 
 	Prefiller string // host:port chosen from the header ("" = none)
 	named     bool   // the request carried x-prefiller-host-port
@@ -53,8 +53,8 @@ type Request struct {
 	Label    string // bounded metric label of prefiller
 	Mode     string
 	Handoff  *connectors.Handoff // set once the decode leg carries remote KV
-	detached bool                // the body writer owns the request now
-	// onOutput, when set, is told the moment the decode leg's first output
+	Detached bool                // the body writer owns the request now
+	// OnOutput, when set, is told the moment the decode leg's first output
 	// is seen (before it is relayed): the concurrent choreography's point of
 	// no return.
 	OnOutput func()
@@ -66,10 +66,10 @@ type Request struct {
 	// held is the buffer budget's share of the answers read whole that
 	// the request keeps until it finishes (a prefill answer's copy).
 	held upstream.AnswerHold
-	// kvPending is the prefill's handoff while the decode engine has not
+	// KVPending is the prefill's handoff while the decode engine has not
 	// read its KV: set when the prefill answer is parsed, cleared by the
 	// decode leg's first output or KV load failure (awaitKVRead).
-	KvPending *connectors.Handoff
+	KVPending *connectors.Handoff
 }
 
 // hopHeaders are connection-scoped and never forwarded.
@@ -80,28 +80,28 @@ var hopHeaders = []string{
 
 func (p *Proxy) newRequest(rc *fasthttp.RequestCtx, local string, api connectors.API) *Request {
 	r := p.StartRequest(rc.Request.Header.Peek(HeaderRequestID), &rc.Request.Header, rc.PostBody(), local, api)
-	r.Rc = rc
-	rc.Response.Header.Set(HeaderRequestID, r.Id)
-	r.watch = p.armer.Watch(rc.Conn(), r.Cancel, r.Start)
+	r.RC = rc
+	rc.Response.Header.Set(HeaderRequestID, r.ID)
+	r.Watch = p.Armer.Watch(rc.Conn(), r.Cancel, r.Start)
 	return r
 }
 
-// startRequest begins the state of a request with head h (its
-// X-Request-Id: id) and body, as the fasthttp path (newRequest) and the
+// StartRequest begins the state of a request with head h (its
+// X-Request-ID: id) and body, as the fasthttp path (newRequest) and the
 // lane share it.
 func (p *Proxy) StartRequest(id []byte, h *fasthttp.RequestHeader, body []byte, local string, api connectors.API) *Request {
 	ctx, cancel := context.WithCancelCause(context.Background())
 	r := &Request{
 		P: p, Ctx: ctx, Cancel: cancel, Start: time.Now(),
-		Api: api, Local: local, home: local, Body: body, Mode: metrics.ModeLocal,
+		API: api, Local: local, Home: local, Body: body, Mode: metrics.ModeLocal,
 	}
-	r.Id = requestID(id)
+	r.ID = requestID(id)
 	// r.stream and r.usage: read by sanitize, in its pass over the body.
 	r.traceStart(h)
 	return r
 }
 
-// logAt returns an event of level l on the request's logger, or nil (a
+// LogAt returns an event of level l on the request's logger, or nil (a
 // no-op event) when l is not logged; the logger, with the request's fields,
 // is built only for the first event logged, so a request that logs nothing
 // allocates nothing for it.
@@ -112,10 +112,10 @@ func (r *Request) LogAt(l zerolog.Level) *zerolog.Event {
 	return r.Logger().WithLevel(l)
 }
 
-// logger returns the request's logger, building it when needed.
+// Logger returns the request's logger, building it when needed.
 func (r *Request) Logger() *zerolog.Logger {
 	if !r.logReady {
-		c := r.P.Log.With().Str("request_id", r.Id).Str("path", r.Api.String())
+		c := r.P.Log.With().Str("request_id", r.ID).Str("path", r.API.String())
 		if r.Prefiller != "" {
 			c = c.Str("prefiller", logvalue.Cut(r.Prefiller))
 		}
@@ -125,26 +125,26 @@ func (r *Request) Logger() *zerolog.Logger {
 	return &r.log
 }
 
-// finish ends the request's bookkeeping; the last owner calls it.
+// Finish ends the request's bookkeeping; the last owner calls it.
 func (r *Request) Finish() {
 	r.ReleaseKV(nil) // --release-kv-on-cancel
 	r.held.Release()
 	r.Report()
 	r.P.Guard.Release()
-	if r.watch.Stop() && !r.detached {
-		r.Rc.SetConnectionClose()
+	if r.Watch.Stop() && !r.Detached {
+		r.RC.SetConnectionClose()
 	}
 	r.Cancel(context.Canceled)
 }
 
-// keep moves h's reservation to the request, released when it finishes.
+// Keep moves h's reservation to the request, released when it finishes.
 func (r *Request) Keep(h *upstream.AnswerHold) { r.held.Add(h.Take()) }
 
-// gone reports whether the client left.
+// Gone reports whether the client left.
 func (r *Request) Gone() bool { return context.Cause(r.Ctx) == ErrClientGone }
 
-// upstream builds a leg to addr carrying body: the client's headers minus
-// hop-by-hop and sidecar headers, with our X-Request-Id set once. Compressed
+// Upstream builds a leg to addr carrying body: the client's headers minus
+// hop-by-hop and sidecar headers, with our X-Request-ID set once. Compressed
 // answers are refused on P/D legs, whose answers the proxy reads.
 func (r *Request) Upstream(addr string, body []byte) *fasthttp.Request {
 	return r.legRequest(addr, body, nil)
@@ -154,9 +154,9 @@ func (r *Request) Upstream(addr string, body []byte) *fasthttp.Request {
 // (lower case; proxy/prefillstrip).
 func (r *Request) legRequest(addr string, body []byte, strip []string) *fasthttp.Request {
 	req := fasthttp.AcquireRequest()
-	r.upstreamHeader(&req.Header, &r.Rc.Request.Header, addr)
+	r.upstreamHeader(&req.Header, &r.RC.Request.Header, addr)
 	prefillstrip.Strip(&req.Header, strip)
-	if t := clientconn.OriginForm(r.Rc); t != nil {
+	if t := clientconn.OriginForm(r.RC); t != nil {
 		req.Header.SetRequestURIBytes(t) // the path routed on
 	}
 	req.SetBodyRaw(body)
@@ -165,7 +165,7 @@ func (r *Request) legRequest(addr string, body []byte, strip []string) *fasthttp
 }
 
 // upstreamHeader sets dst to the head of a leg to addr: the client's head
-// src minus hop-by-hop and sidecar headers, with our X-Request-Id.
+// src minus hop-by-hop and sidecar headers, with our X-Request-ID.
 func (r *Request) upstreamHeader(dst, src *fasthttp.RequestHeader, addr string) {
 	src.CopyTo(dst)
 	for _, h := range hopHeaders {
@@ -178,7 +178,7 @@ func (r *Request) upstreamHeader(dst, src *fasthttp.RequestHeader, addr string) 
 	dst.Del("Accept-Encoding")
 	dst.Del("Expect")
 	dst.Del(HeaderRequestID) // every copy: Set replaces only the first
-	dst.Set(HeaderRequestID, r.Id)
+	dst.Set(HeaderRequestID, r.ID)
 	if r.moriRank != "" {
 		dst.Set(moriio.HeaderRank, r.moriRank)
 	}

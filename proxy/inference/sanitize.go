@@ -74,15 +74,15 @@ func (p *Proxy) cleanBody(api connectors.API, body []byte, log func() *zerolog.E
 	return out, top, nil
 }
 
-// sanitize makes r.body what may reach an engine (cleanBody): every leg,
+// Sanitize makes r.body what may reach an engine (cleanBody): every leg,
 // local or split, and every fallback starts from it; and reads the
 // request's stream flags, in the same pass over the body.
 func (r *Request) Sanitize() error {
-	body, top, err := r.P.cleanBody(r.Api, r.Body, func() *zerolog.Event { return r.LogAt(zerolog.DebugLevel) })
+	body, top, err := r.P.cleanBody(r.API, r.Body, func() *zerolog.Event { return r.LogAt(zerolog.DebugLevel) })
 	if err != nil {
 		return err
 	}
 	r.Body = body
-	r.Stream, r.usage = top.Stream, top.Usage
+	r.Stream, r.Usage = top.Stream, top.Usage
 	return nil
 }

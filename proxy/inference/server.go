@@ -62,11 +62,11 @@ func (p *Proxy) Run(ctx context.Context) error {
 		case err != nil:
 			return err
 		default:
-			p.loops = g
+			p.Loops = g
 			defer g.Close()
 		}
 	}
-	p.servers = make(map[string]*fasthttp.Server, p.Cfg.DataParallelSize)
+	p.Servers = make(map[string]*fasthttp.Server, p.Cfg.DataParallelSize)
 	var lanes []Lane
 	defer func() {
 		for _, ln := range lanes {
@@ -74,7 +74,7 @@ func (p *Proxy) Run(ctx context.Context) error {
 		}
 	}()
 	var tails *clientconn.TailPool // the byte counts matter where connections move to the loops
-	if p.loops != nil {
+	if p.Loops != nil {
 		tails = clientconn.NewTailPool(p.Cfg.Guard.MaxHeaderBytes) // fasthttp's read buffer
 	}
 	for rank := range p.Cfg.DataParallelSize {
@@ -82,13 +82,13 @@ func (p *Proxy) Run(ctx context.Context) error {
 			return err
 		}
 		srv := servers[len(servers)-1]
-		p.servers[p.localAddr(rank)] = srv
+		p.Servers[p.localAddr(rank)] = srv
 		// clientconn.Conns (streams and idle connections move to the event
 		// loops), under TLS with --secure-proxy (where they do not). No
 		// lane at trace level either: every leg is logged (observe.LogLeg).
 		var adopter clientconn.Adopter
-		if p.lanes != nil && p.loops != nil && !p.Guard.Secure() && !p.Tr.UsesTLS(p.localAddr(rank)) && !p.logsLegs() {
-			ln := p.lanes(p, p.localAddr(rank), srv, p.loops.Loops())
+		if p.lanes != nil && p.Loops != nil && !p.Guard.Secure() && !p.Tr.UsesTLS(p.localAddr(rank)) && !p.logsLegs() {
+			ln := p.lanes(p, p.localAddr(rank), srv, p.Loops.Loops())
 			lanes = append(lanes, ln)
 			adopter = ln
 		}
@@ -139,8 +139,8 @@ func (p *Proxy) Run(ctx context.Context) error {
 			err = errors.Join(err, ErrDrainTimeout)
 		}
 	}
-	if p.loops != nil {
-		p.loops.Close() // ends what is left
+	if p.Loops != nil {
+		p.Loops.Close() // ends what is left
 	}
 	// The release legs still in flight, the probes, the warm-ups and the
 	// MoRI-IO revalidations, in that order, before the transports close.
@@ -193,7 +193,7 @@ type fasthttpLogger struct{ p *Proxy }
 func (l fasthttpLogger) Printf(format string, args ...any) {
 	for i, a := range args {
 		if err, ok := a.(error); ok {
-			if errors.Is(err, errHandedOver) {
+			if errors.Is(err, ErrHandedOver) {
 				return
 			}
 			args[i] = clientconn.LogSafe(err)
@@ -202,11 +202,11 @@ func (l fasthttpLogger) Printf(format string, args ...any) {
 	l.p.Log.Warn().Msgf(format, args...)
 }
 
-// connDone passes on a client connection whose answer an event loop
+// ConnDone passes on a client connection whose answer an event loop
 // finished: to its next request (keep), on the lane or else (no lane, or
 // the answer was a P/D one the lane does not serve: Conn.NextAdopter)
 // fasthttp's server of engine local; or closed.
-func (p *Proxy) connDone(cc *clientconn.Conn, local string, keep bool) {
+func (p *Proxy) ConnDone(cc *clientconn.Conn, local string, keep bool) {
 	a := cc.NextAdopter()
 	switch {
 	case !keep:
@@ -214,7 +214,7 @@ func (p *Proxy) connDone(cc *clientconn.Conn, local string, keep bool) {
 	case a != nil:
 		a.Adopt(cc)
 	default:
-		srv := p.servers[local]
+		srv := p.Servers[local]
 		go func() { _ = srv.ServeConn(cc) }()
 	}
 }

@@ -30,7 +30,7 @@ func (s shortPrompt) begin(r *Request, _ *fasthttp.RequestHeader) featureUse {
 	if r.Prefiller == "" {
 		return nil
 	}
-	n, ok := connectors.EstimatePromptTokens(r.Api, r.Body)
+	n, ok := connectors.EstimatePromptTokens(r.API, r.Body)
 	if !ok || n >= s.limit {
 		return nil
 	}

@@ -14,7 +14,7 @@ import (
 // accounting actions of split.Sequential (counters, log lines, the
 // breaker's ticket), done the same way whichever path serves the request.
 
-// namePrefiller takes the prefiller that x-prefiller-host-port value hv
+// NamePrefiller takes the prefiller that x-prefiller-host-port value hv
 // names, checked against the allowlist; an error is the reason to fall
 // back (the request names one all the same).
 func (r *Request) NamePrefiller(hv []byte) error {
@@ -26,7 +26,7 @@ func (r *Request) NamePrefiller(hv []byte) error {
 	return err
 }
 
-// splitStart is how the request's sequential split begins: its hedge
+// SplitStart is how the request's sequential split begins: its hedge
 // point, when it may be hedged, and the prefiller's circuit breaker asked
 // for the prefill, unless bodyErr says its body could not be built. tk is
 // the breaker's ticket (nil: no prefill is sent, start.NoPrefill says why).
@@ -45,7 +45,7 @@ func (r *Request) SplitStart(bodyErr error) (start split.Start, tk *circuit.Tick
 	return start, tk
 }
 
-// account does an accounting action of the split; tk is the breaker's
+// Account does an accounting action of the split; tk is the breaker's
 // ticket the split holds, cleared once its outcome is reported.
 func (r *Request) Account(a split.Action, tk **circuit.Ticket) {
 	switch a.Op {
@@ -65,7 +65,7 @@ func (r *Request) Account(a split.Action, tk **circuit.Ticket) {
 	}
 }
 
-// splitConfig is the sequential split's configuration.
+// SplitConfig is the sequential split's configuration.
 func (p *Proxy) SplitConfig() split.Config {
 	return split.Config{
 		PrefillTimeout: p.Cfg.PrefillTimeout,
@@ -77,10 +77,10 @@ func (p *Proxy) SplitConfig() split.Config {
 	}
 }
 
-// splitJudge is what a failure means to a split: the proxy's one
+// SplitJudge is what a failure means to a split: the proxy's one
 // classifier (classify), and whether it is a prefiller's rejection.
 func SplitJudge(err error) split.Verdict {
-	o := classify(err)
+	o := Classify(err)
 	var rej *Rejected
 	return split.Verdict{Reason: o.reason, Retry: o.retry, Rejected: errors.As(err, &rej)}
 }

@@ -49,7 +49,7 @@ func reasonOf(err error) string {
 	return upstream.ReasonOf(err)
 }
 
-// endedEarly is the local engine's stream at addr that ended before what
+// EndedEarly is the local engine's stream at addr that ended before what
 // (its first event, its first output) for the reason err (io.EOF or nil:
 // it ended cleanly, too soon).
 func EndedEarly(addr, what string, err error) error {

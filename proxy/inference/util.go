@@ -21,7 +21,7 @@ func appendJSONString(dst []byte, s string) []byte {
 
 func StatusLabel(code int) string { return strconv.Itoa(code) }
 
-// newUUID returns a random (version 4) UUID.
+// NewUUID returns a random (version 4) UUID.
 func NewUUID() string {
 	var b [16]byte
 	_, _ = crand.Read(b[:])

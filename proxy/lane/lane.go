@@ -18,8 +18,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/pd-sidecar/pd-sidecar/proxy/inference"
-
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 	"github.com/valyala/fasthttp"
@@ -29,7 +27,9 @@ import (
 	"github.com/pd-sidecar/pd-sidecar/metrics"
 	"github.com/pd-sidecar/pd-sidecar/netloop"
 	"github.com/pd-sidecar/pd-sidecar/proxy/clientconn"
+	"github.com/pd-sidecar/pd-sidecar/proxy/inference"
 	"github.com/pd-sidecar/pd-sidecar/proxy/rawhttp"
+	"github.com/pd-sidecar/pd-sidecar/proxy/relay"
 	"github.com/pd-sidecar/pd-sidecar/proxy/sse"
 	"github.com/pd-sidecar/pd-sidecar/proxy/sserelay"
 	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"
@@ -249,7 +249,7 @@ type laneConn struct {
 	interim   int         // interim 100 Continue answers skipped on the leg
 	timer     *time.Timer // the decode leg's head timeout, or the prefill's backoff
 	timerGen  uint64      // startTimer's, so that a timer stopped on its way to the loop does nothing
-	ls        *inference.LoopStream
+	ls        *relay.LoopStream
 	streamed  bool            // the answer is a stream (counted in LoopStreams)
 	raw       *rawhttp.Answer // a non-streamed answer being read
 	body      *laneBody       // a request's body being read (laneReading)
@@ -429,7 +429,7 @@ func (lc *laneConn) decodeLeg(body []byte, bodyp *[]byte, remote bool) {
 // bodyp, a buffer of the body pool the leg now holds until putSent.
 func (lc *laneConn) legTo(addr string, body []byte, bodyp *[]byte) {
 	bufs := &lc.ll.ln.p.Bufs
-	lc.sent = rawhttp.AppendLegEnd(lc.r.Obs.AppendTrace(lc.sent), addr, lc.r.Id, len(body))
+	lc.sent = rawhttp.AppendLegEnd(lc.r.Obs.AppendTrace(lc.sent), addr, lc.r.ID, len(body))
 	if len(body) > sse.MaxPooledChunk {
 		lc.sentBody, lc.sentBodyp = body, bodyp
 	} else {
@@ -813,12 +813,12 @@ func (lc *laneConn) readWhole(dec httpbody.Decoder, rest []byte) {
 
 // newStream relays the answer's body on the loop from here, as a stream
 // handed over by fasthttp is.
-func (lc *laneConn) newStream(dec httpbody.Decoder) *inference.LoopStream {
+func (lc *laneConn) newStream(dec httpbody.Decoder) *relay.LoopStream {
 	ll, r := lc.ll, lc.r
-	ls := &inference.LoopStream{R: r, Loop: ll.loop, KeepAlive: lc.keepAlive, Cfd: lc.fd, Ufd: -1,
-		Stream: sserelay.Stream{Body: dec, API: r.Api, MaxEvent: r.P.Cfg.MaxSSEEventBytes}}
+	ls := &relay.LoopStream{R: r, Loop: ll.loop, KeepAlive: lc.keepAlive, CFD: lc.fd, UFD: -1,
+		Stream: sserelay.Stream{Body: dec, API: r.API, MaxEvent: r.P.Cfg.MaxSSEEventBytes}}
 	if lc.up != nil {
-		ls.Ufd = lc.up.fd
+		ls.UFD = lc.up.fd
 	}
 	ls.Release = lc.finish
 	ls.Conns = lc
@@ -832,7 +832,7 @@ func (lc *laneConn) appendHead(out []byte, h *fasthttp.ResponseHeader, contentLe
 	if lc.ll.ln.p.Draining.Load() {
 		lc.keepAlive = false
 	}
-	return rawhttp.AppendAnswerHead(out, h, lc.r.Id, contentLength, lc.keepAlive)
+	return rawhttp.AppendAnswerHead(out, h, lc.r.ID, contentLength, lc.keepAlive)
 }
 
 func (lc *laneConn) readRaw() {
@@ -884,7 +884,7 @@ func (lc *laneConn) rawDone() {
 	case r.Handoff != nil:
 		lc.remoteAnswered(a)
 	default:
-		r.JsonAnswered(a.Status)
+		r.JSONAnswered(a.Status)
 		lc.writeWhole(&a.Head, a.Buf)
 	}
 }
@@ -1154,11 +1154,11 @@ func (lc *laneConn) FirstOutput() {
 	r.P.M.TTFT.WithLabelValues(r.Mode).Observe(time.Since(r.Start).Seconds())
 }
 
-// releaseKV is request.releaseKV for the lane's request, whose legs' head
+// ReleaseKV is request.releaseKV for the lane's request, whose legs' head
 // start is the split's (the loop's parsed head is another request's by
 // now).
 func (lc *laneConn) ReleaseKV() {
-	if r := lc.r; r != nil && r.KvPending != nil && lc.pd != nil {
+	if r := lc.r; r != nil && r.KVPending != nil && lc.pd != nil {
 		r.ReleaseKV(lc.pd.start)
 	}
 }
@@ -1231,10 +1231,10 @@ func (u *upConn) close() {
 }
 
 var (
-	_ netloop.Handler       = (*laneConn)(nil)
-	_ netloop.Handler       = (*upConn)(nil)
-	_ inference.StreamConns = (*laneConn)(nil)
-	_ inference.StreamConns = (*inference.LegConns)(nil)
+	_ netloop.Handler   = (*laneConn)(nil)
+	_ netloop.Handler   = (*upConn)(nil)
+	_ relay.StreamConns = (*laneConn)(nil)
+	_ relay.StreamConns = (*relay.LegConns)(nil)
 )
 
 // lock returns the mutex that orders the connection's callbacks: a hedge's

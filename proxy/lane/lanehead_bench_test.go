@@ -6,12 +6,11 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/pd-sidecar/pd-sidecar/proxy/inference"
-
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
 	"github.com/pd-sidecar/pd-sidecar/metrics"
+	"github.com/pd-sidecar/pd-sidecar/proxy/inference"
 	"github.com/pd-sidecar/pd-sidecar/proxy/rawhttp"
 )
 
@@ -25,7 +24,7 @@ func BenchmarkLaneHeads(b *testing.B) {
 	ll.resp.DisableNormalizing()
 	body := `{"model":"m","messages":[{"role":"user","content":"` + strings.Repeat("word ", 128) + `"}],"max_tokens":16,"stream":true}`
 	req := []byte("POST /v1/chat/completions HTTP/1.1\r\nHost: sidecar:8000\r\nUser-Agent: pd-bench\r\nContent-Type: application/json\r\n" +
-		"Accept: */*\r\nX-Request-Id: 0123456789abcdef\r\nContent-Length: " + strconv.Itoa(len(body)) + "\r\n\r\n" + body)
+		"Accept: */*\r\nX-Request-ID: 0123456789abcdef\r\nContent-Length: " + strconv.Itoa(len(body)) + "\r\n\r\n" + body)
 	answer := []byte("HTTP/1.1 200 OK\r\ndate: Mon, 30 Nov 2026 00:00:00 GMT\r\nserver: uvicorn\r\ncontent-type: text/event-stream; charset=utf-8\r\n" +
 		"cache-control: no-cache\r\nx-request-id: 0123456789abcdef\r\ntransfer-encoding: chunked\r\n\r\n")
 	var sent, out []byte
@@ -36,7 +35,7 @@ func BenchmarkLaneHeads(b *testing.B) {
 			b.Fatal("not served by the lane")
 		}
 		r := p.StartRequest(lr.ID, &ll.req, reqBody, ll.ln.local, api)
-		sent = append(rawhttp.AppendLegHead(sent[:0], &ll.req, r.Local, r.Id, len(reqBody)), reqBody...)
+		sent = append(rawhttp.AppendLegHead(sent[:0], &ll.req, r.Local, r.ID, len(reqBody)), reqBody...)
 		ll.resp.Reset()
 		ll.rd.Reset(answer)
 		ll.br.Reset(&ll.rd)

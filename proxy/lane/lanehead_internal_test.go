@@ -7,13 +7,12 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/pd-sidecar/pd-sidecar/proxy/inference"
-
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"github.com/valyala/fasthttp"
 
 	"github.com/pd-sidecar/pd-sidecar/proxy/clientconn"
+	"github.com/pd-sidecar/pd-sidecar/proxy/inference"
 	"github.com/pd-sidecar/pd-sidecar/proxy/rawhttp"
 )
 
@@ -54,7 +53,7 @@ func FuzzLaneRequestHead(f *testing.F) {
 		"POST /v1/completions HTTP/1.1\r\nHost: x\r\nX-PREFILLER-HOST-PORT: a:1\r\nConnection: keep-alive, Te\r\nTe: trailers\r\nContent-Length: 2\r\n\r\n{}",
 		"POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nContent-Length: 2\r\n\r\n2\r\n{}\r\n0\r\n\r\n",
 		"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\n{}",
-		"POST /v1/completions HTTP/1.1\r\nHost: x\r\nX-Request-Id: a\r\nx-request-id: b\r\nProxy-Authorization: z\r\nContent-Length: 0\r\n\r\n",
+		"POST /v1/completions HTTP/1.1\r\nHost: x\r\nX-Request-ID: a\r\nx-request-id: b\r\nProxy-Authorization: z\r\nContent-Length: 0\r\n\r\n",
 		"POST /v1/completions HTTP/1.1\nHost: x\nContent-Length: 2\r\n\r\n{}",
 		"\r\n\nPOST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}",
 		"POST /v1/completions HTTP/1.1\r\nHost: x\r\nX Foo: bar\r\nContent-Length: 2\r\n\r\n{}",
@@ -80,7 +79,7 @@ func FuzzLaneRequestHead(f *testing.F) {
 		require.Equal(t, "127.0.0.1:8001", req.Host)
 		require.Equal(t, int64(len(body)), req.ContentLength)
 		require.Empty(t, req.TransferEncoding)
-		require.Equal(t, []string{"rid"}, req.Header.Values("X-Request-Id"))
+		require.Equal(t, []string{"rid"}, req.Header.Values("X-Request-ID"))
 		for _, k := range []string{inference.HeaderPrefiller, inference.HeaderDataParallel, "Connection", "Keep-Alive", "Te", "Trailer",
 			"Upgrade", "Proxy-Authorization", "Proxy-Connection", "Expect", "Accept-Encoding"} {
 			require.Empty(t, req.Header.Values(k), "%s forwarded: %q", k, leg)

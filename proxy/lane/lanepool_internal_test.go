@@ -7,10 +7,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pd-sidecar/pd-sidecar/proxy/inference"
-
 	"github.com/stretchr/testify/assert"
 
+	"github.com/pd-sidecar/pd-sidecar/proxy/inference"
 	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"
 )
 

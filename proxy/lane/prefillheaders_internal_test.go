@@ -19,7 +19,7 @@ import (
 // the same headers, every copy and in any letter case, and keep the rest.
 func TestPrefillStripBothBuilders(t *testing.T) {
 	const head = "POST /v1/completions HTTP/1.1\r\nHost: sidecar:8000\r\nContent-Type: application/json\r\n" +
-		"authorization: Bearer secret\r\nCOOKIE: a=1\r\nCookie: b=2\r\nX-Api-Key: k1\r\nx-api-key: k2\r\n" +
+		"authorization: Bearer secret\r\nCOOKIE: a=1\r\nCookie: b=2\r\nX-API-Key: k1\r\nx-api-key: k2\r\n" +
 		"X-Custom: kept\r\nContent-Length: 2\r\n\r\n"
 	for _, tc := range []struct {
 		name  string
@@ -27,10 +27,10 @@ func TestPrefillStripBothBuilders(t *testing.T) {
 		gone  []string
 		kept  []string
 	}{
-		{"none", nil, nil, []string{"Authorization", "Cookie", "X-Api-Key", "X-Custom"}},
-		{"credentials", []string{"Authorization", "Cookie", "X-Api-Key"}, []string{"Authorization", "Cookie", "X-Api-Key"}, []string{"X-Custom", "Content-Type"}},
-		{"any case", []string{"AUTHORIZATION", "x-API-key"}, []string{"Authorization", "X-Api-Key"}, []string{"Cookie", "X-Custom"}},
-		{"absent name", []string{"X-Not-Sent"}, nil, []string{"Authorization", "Cookie", "X-Api-Key", "X-Custom"}},
+		{"none", nil, nil, []string{"Authorization", "Cookie", "X-API-Key", "X-Custom"}},
+		{"credentials", []string{"Authorization", "Cookie", "X-API-Key"}, []string{"Authorization", "Cookie", "X-API-Key"}, []string{"X-Custom", "Content-Type"}},
+		{"any case", []string{"AUTHORIZATION", "x-API-key"}, []string{"Authorization", "X-API-Key"}, []string{"Cookie", "X-Custom"}},
+		{"absent name", []string{"X-Not-Sent"}, nil, []string{"Authorization", "Cookie", "X-API-Key", "X-Custom"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			strip := prefillstrip.Names(tc.strip)
@@ -56,7 +56,7 @@ func TestPrefillStripBothBuilders(t *testing.T) {
 					assert.NotEmpty(t, got.Header.Values(k), k)
 				}
 			}
-			assert.ElementsMatch(t, laneReq.Header.Values("X-Api-Key"), fastReq.Header.Values("X-Api-Key"))
+			assert.ElementsMatch(t, laneReq.Header.Values("X-API-Key"), fastReq.Header.Values("X-API-Key"))
 			assert.Equal(t, len(laneReq.Cookies()), len(fastReq.Cookies()), "cookies")
 		})
 	}

@@ -5,15 +5,15 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/pd-sidecar/pd-sidecar/proxy/inference"
-
 	"github.com/rs/zerolog"
 	"github.com/valyala/fasthttp"
 
 	"github.com/pd-sidecar/pd-sidecar/circuit"
 	"github.com/pd-sidecar/pd-sidecar/connectors"
 	"github.com/pd-sidecar/pd-sidecar/metrics"
+	"github.com/pd-sidecar/pd-sidecar/proxy/inference"
 	"github.com/pd-sidecar/pd-sidecar/proxy/rawhttp"
+	"github.com/pd-sidecar/pd-sidecar/proxy/relay"
 	"github.com/pd-sidecar/pd-sidecar/proxy/split"
 	"github.com/pd-sidecar/pd-sidecar/proxy/sserelay"
 	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"
@@ -40,7 +40,7 @@ import (
 
 // laneSplits reports whether the lane serves P/D requests.
 func laneSplits(p *inference.Proxy) bool {
-	return p.Seq != nil && p.Choreo == connectors.ChoreographySequential && p.Kv == nil && !p.Cfg.Guard.TLS.Prefiller &&
+	return p.Seq != nil && p.Choreo == connectors.ChoreographySequential && p.KV == nil && !p.Cfg.Guard.TLS.Prefiller &&
 		p.Mori == nil // MoRI-IO's legs are fasthttp's
 }
 
@@ -98,7 +98,7 @@ func (lc *laneConn) split(hv []byte) {
 		return
 	}
 	scratch, dst := p.Bufs.EditScratch(len(r.Body))
-	body, err := p.Seq.PrefillBody(dst, r.Api, r.Body)
+	body, err := p.Seq.PrefillBody(dst, r.API, r.Body)
 	if err == nil {
 		body, err = r.EditPrefill(body)
 	}
@@ -183,7 +183,7 @@ func (lc *laneConn) execSplit(pd *lanePD, acts []split.Action) {
 			lc.adoptHedge(pd)
 		case split.SendDecode:
 			scratch, dst := p.Bufs.EditScratch(len(r.Body))
-			body, err := p.Seq.DecodeBody(dst, r.Api, r.Body, a.Handoff)
+			body, err := p.Seq.DecodeBody(dst, r.API, r.Body, a.Handoff)
 			if err != nil {
 				p.Bufs.PutScratch(scratch)
 				lc.feedSplit(split.Event{Kind: split.LegFailed, Err: err})
@@ -278,7 +278,7 @@ func (lc *laneConn) prefillHead(rest []byte) {
 	lc.readWhole(upstream.HeadDecoder(&lc.ll.resp), rest)
 }
 
-// prefillAnswered takes the prefill's answer, read whole.
+// PrefillAnswered takes the prefill's answer, read whole.
 func (lc *laneConn) PrefillAnswered(a *rawhttp.Answer) {
 	res, err := lc.r.PrefillAnswered(a.Status, a.Head.ContentType(), a.Buf)
 	if err != nil {
@@ -320,27 +320,27 @@ func (lc *laneConn) fallback(cause error) {
 // as relayJSON does: a KV load failure goes to the split.
 func (lc *laneConn) remoteAnswered(a *rawhttp.Answer) {
 	r, p := lc.r, lc.ll.ln.p
-	r.KvHandoffDone(lc.pd.sent, a.Status == fasthttp.StatusOK)
-	if a.Status == fasthttp.StatusInternalServerError && r.KvLoadFailed() {
+	r.KVHandoffDone(lc.pd.sent, a.Status == fasthttp.StatusOK)
+	if a.Status == fasthttp.StatusInternalServerError && r.KVLoadFailed() {
 		r.Handoff = nil
 		lc.feedSplit(split.Event{Kind: split.LegFailed, Err: inference.ErrKVLoadFailed, Recoverable: true})
 		return
 	}
 	buf := a.Buf
 	if a.Status == fasthttp.StatusOK && p.Rewriter != nil {
-		buf = p.Rewriter.RewriteAnswer(r.Api, buf, *r.Handoff)
+		buf = p.Rewriter.RewriteAnswer(r.API, buf, *r.Handoff)
 	}
-	r.JsonAnswered(a.Status)
+	r.JSONAnswered(a.Status)
 	lc.writeWhole(&a.Head, buf)
 }
 
 // gateStream holds the decode leg's stream back until its first output,
 // and gives it the cached_tokens rewrite.
-func (lc *laneConn) gateStream(ls *inference.LoopStream) {
+func (lc *laneConn) gateStream(ls *relay.LoopStream) {
 	r := lc.r
 	if rw := r.P.Rewriter; rw != nil {
 		h := *r.Handoff
-		ls.Rewrite = func(d []byte) []byte { return rw.RewriteAnswer(r.Api, d, h) }
+		ls.Rewrite = func(d []byte) []byte { return rw.RewriteAnswer(r.API, d, h) }
 	}
 	ls.Gate = sserelay.GateHolding
 	ls.Gated = lc.gateDone
@@ -358,15 +358,15 @@ func (lc *laneConn) gateDone(g sserelay.Gate, held []byte) {
 		lc.feedSplit(split.Event{Kind: split.LegFailed, Err: inference.DecodeTransportErr(inference.EndedEarly(lc.r.Local, "any output", ls.Cut))})
 		return
 	case g == sserelay.GateError:
-		r.KvHandoffDone(lc.pd.sent, false)
-		if r.KvLoadFailed() {
+		r.KVHandoffDone(lc.pd.sent, false)
+		if r.KVLoadFailed() {
 			lc.dropStream()
 			r.Handoff = nil
 			lc.feedSplit(split.Event{Kind: split.LegFailed, Err: inference.ErrKVLoadFailed, Recoverable: true})
 			return
 		}
 	default:
-		r.KvHandoffDone(lc.pd.sent, true)
+		r.KVHandoffDone(lc.pd.sent, true)
 	}
 	r.P.M.Requests.WithLabelValues(r.Mode, inference.StatusLabel(r.Obs.Status)).Inc()
 	ls.MarkOutput()
@@ -490,7 +490,7 @@ func (lc *laneConn) adoptHedge(pd *lanePD) {
 	h.stopTimer()
 	h.r, h.state = nil, laneGone
 	if a := pd.readyRaw; a != nil {
-		r.JsonAnswered(a.Status)
+		r.JSONAnswered(a.Status)
 		lc.writeWhole(&a.Head, a.Buf)
 		return
 	}

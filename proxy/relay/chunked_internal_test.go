@@ -1,4 +1,4 @@
-package inference
+package relay
 
 import (
 	"testing"
@@ -8,16 +8,17 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/pd-sidecar/pd-sidecar/connectors"
+	"github.com/pd-sidecar/pd-sidecar/proxy/inference"
 )
 
-func chunkTestRequest(n int, api connectors.API, header ...string) *Request {
-	cfg := DefaultConfig()
+func chunkTestRequest(n int, api connectors.API, header ...string) *inference.Request {
+	cfg := inference.DefaultConfig()
 	cfg.DecodeChunkSize = n
 	rc := &fasthttp.RequestCtx{}
 	for i := 0; i+1 < len(header); i += 2 {
 		rc.Request.Header.Set(header[i], header[i+1])
 	}
-	return &Request{P: &Proxy{Cfg: cfg}, Rc: rc, Api: api}
+	return &inference.Request{P: &inference.Proxy{Cfg: cfg}, RC: rc, API: api}
 }
 
 // TestChunkPlan: which requests a chunked decode applies to; how their
@@ -38,7 +39,7 @@ func TestChunkPlan(t *testing.T) {
 		{name: "not chat", n: 4, api: connectors.APICompletions, body: `{"prompt":"x","max_tokens":100}`},
 		{name: "budget fits one chunk", n: 4, body: `{` + msgs + `,"max_tokens":4}`},
 		{name: "max_tokens budget", n: 4, body: `{` + msgs + `,"max_tokens":10}`, chunk: true, size: 4, budget: 10},
-		{name: "data-parallel routed", n: 4, body: `{` + msgs + `,"max_tokens":10}`, header: []string{HeaderDataParallel, "10.0.0.1:8001"}},
+		{name: "data-parallel routed", n: 4, body: `{` + msgs + `,"max_tokens":10}`, header: []string{inference.HeaderDataParallel, "10.0.0.1:8001"}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -46,7 +47,7 @@ func TestChunkPlan(t *testing.T) {
 			if api == 0 {
 				api = connectors.APIChat
 			}
-			plan, ok := chunkTestRequest(tc.n, api, tc.header...).chunkPlanFor([]byte(tc.body), false)
+			plan, ok := chunkPlanFor(chunkTestRequest(tc.n, api, tc.header...), []byte(tc.body), false)
 			require.Equal(t, tc.chunk, ok)
 			if ok {
 				assert.Equal(t, tc.size, plan.Size())

@@ -1,4 +1,4 @@
-package inference
+package relay
 
 import (
 	"bytes"
@@ -13,6 +13,7 @@ import (
 
 	"github.com/pd-sidecar/pd-sidecar/connectors"
 	"github.com/pd-sidecar/pd-sidecar/proxy/clientconn"
+	"github.com/pd-sidecar/pd-sidecar/proxy/inference"
 	"github.com/pd-sidecar/pd-sidecar/proxy/sse"
 	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"
 )
@@ -33,7 +34,7 @@ const maxChunk = 32 << 10
 // upstream leg and the request — unless the stream was handed to an event
 // loop after loopAfter (loopStream), which then owns both.
 type sseBody struct {
-	r       *Request
+	r       *inference.Request
 	er      *sse.Reader
 	leg     *upstream.Leg
 	fn      func([]byte) []byte // per-payload rewrite (nil: none)
@@ -56,14 +57,14 @@ type sseBody struct {
 	pipelined bool
 }
 
-// newSSEBody streams er's events after held; release frees the leg and
+// NewSSEBody streams er's events after held; release frees the leg and
 // finishes the request, once.
-func (r *Request) NewSSEBody(er *sse.Reader, leg *upstream.Leg, held []byte, remote bool, release func()) *sseBody {
+func NewSSEBody(r *inference.Request, er *sse.Reader, leg *upstream.Leg, held []byte, remote bool, release func()) *sseBody {
 	b := &sseBody{r: r, er: er, leg: leg, held: held, first: true, release: release,
 		done: bytes.Contains(held, doneEvent)}
 	if remote && r.P.Rewriter != nil {
 		h := *r.Handoff
-		b.fn = func(d []byte) []byte { return r.P.Rewriter.RewriteAnswer(r.Api, d, h) }
+		b.fn = func(d []byte) []byte { return r.P.Rewriter.RewriteAnswer(r.API, d, h) }
 	}
 	if !b.loopable() {
 		b.cc = nil
@@ -81,8 +82,8 @@ func (r *Request) NewSSEBody(er *sse.Reader, leg *upstream.Leg, held []byte, rem
 // arrives whole costs no goroutine.
 func (b *sseBody) watchClient() (stop func()) {
 	r := b.r
-	release := clientconn.Hold(r.Rc)
-	w := r.P.armer.Watch(r.Rc.Conn(), r.Cancel, time.Now())
+	release := clientconn.Hold(r.RC)
+	w := r.P.Armer.Watch(r.RC.Conn(), r.Cancel, time.Now())
 	return func() {
 		if w.Stop() {
 			b.pipelined, b.cc = true, nil // the connection cannot move now
@@ -177,7 +178,7 @@ func (b *sseBody) fill() error {
 		if err != nil && b.cc != nil && errors.Is(err, os.ErrDeadlineExceeded) {
 			// loopAfter has passed and the engine has nothing for now.
 			if b.handOver() {
-				return errHandedOver
+				return inference.ErrHandedOver
 			}
 			b.cc = nil
 			if err := b.leg.Conn().SetReadDeadline(time.Time{}); err == nil {
@@ -227,20 +228,20 @@ func (b *sseBody) end(err error) error {
 	}
 	switch {
 	case r.Gone():
-		r.left()
-		return ErrClientGone
+		left(r)
+		return inference.ErrClientGone
 	case errors.Is(err, io.EOF):
 		err = nil
 	}
-	b.out = r.endStream(b.out, b.done, err)
+	b.out = endStream(r, b.out, b.done, err)
 	return nil
 }
 
 // endStream records how an upstream stream ended (err nil: its body ended
 // cleanly; done: [DONE] was seen) and appends to out what the client's
 // stream still needs: nothing when it is complete, else an error event.
-func (r *Request) endStream(out []byte, done bool, err error) []byte {
-	if err == nil && (done || !needsDone(r.Api)) {
+func endStream(r *inference.Request, out []byte, done bool, err error) []byte {
+	if err == nil && (done || !needsDone(r.API)) {
 		r.LogAt(zerolog.InfoLevel).Str("mode", r.Mode).Msg("stream complete")
 		return out
 	}
@@ -248,11 +249,11 @@ func (r *Request) endStream(out []byte, done bool, err error) []byte {
 		err = errors.New("stream ended without [DONE]")
 	}
 	r.LogAt(zerolog.ErrorLevel).Err(err).Msg("upstream stream broke off; ending the client stream with an error event")
-	cause := fmt.Errorf("%w: stream broke off", ErrDecodeFailed)
-	if errors.Is(err, ErrEventTooLong) {
-		cause = fmt.Errorf("%w: %w", ErrDecodeFailed, ErrEventTooLong)
+	cause := fmt.Errorf("%w: stream broke off", inference.ErrDecodeFailed)
+	if errors.Is(err, inference.ErrEventTooLong) {
+		cause = fmt.Errorf("%w: %w", inference.ErrDecodeFailed, inference.ErrEventTooLong)
 	}
-	return append(out, sse.ErrorEvent(ErrorBody(fasthttp.StatusBadGateway, cause))...)
+	return append(out, sse.ErrorEvent(inference.ErrorBody(fasthttp.StatusBadGateway, cause))...)
 }
 
 // Close implements io.Closer: fasthttp calls it when the body is written or
@@ -263,14 +264,14 @@ func (b *sseBody) Close() error {
 		return nil
 	}
 	if !b.ended || b.off < len(b.out) {
-		b.r.Cancel(ErrClientGone)
-		b.r.left()
+		b.r.Cancel(inference.ErrClientGone)
+		left(b.r)
 	}
 	b.putOut()
 	if b.pipelined {
 		// The watch took the first byte of the client's next request: the
 		// connection cannot serve it; the client sends it again.
-		_ = b.r.Rc.Conn().Close()
+		_ = b.r.RC.Conn().Close()
 	}
 	if b.release != nil {
 		b.release()

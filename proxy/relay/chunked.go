@@ -1,4 +1,4 @@
-package inference
+package relay
 
 import (
 	"errors"
@@ -8,13 +8,14 @@ import (
 	"github.com/rs/zerolog"
 	"github.com/valyala/fasthttp"
 
+	// chunkdec: the package's tests declare a chunked (an HTTP chunked body).
+
 	"github.com/pd-sidecar/pd-sidecar/connectors"
 	"github.com/pd-sidecar/pd-sidecar/connectors/nixlv2"
 	"github.com/pd-sidecar/pd-sidecar/metrics"
-
-	// chunkdec: the package's tests declare a chunked (an HTTP chunked body).
 	"github.com/pd-sidecar/pd-sidecar/proxy/chunked"
 	"github.com/pd-sidecar/pd-sidecar/proxy/clientconn"
+	"github.com/pd-sidecar/pd-sidecar/proxy/inference"
 )
 
 // Chunked decode (--decode-chunk-size N; chunked.Run): the decode of a
@@ -26,24 +27,24 @@ import (
 // local-prefill fallback; not to requests routed by
 // x-data-parallel-host-port nor to the decode legs of other connectors.
 
-// decode runs the decode of body on the local engine: chunked when
+// Decode runs the decode of body on the local engine: chunked when
 // chunkPlanFor says so, else one request relayed as it comes (forward,
 // whose contract it has).
-func (r *Request) Decode(body []byte, remote bool) error {
-	plan, ok := r.chunkPlanFor(body, remote)
+func Decode(r *inference.Request, body []byte, remote bool) error {
+	plan, ok := chunkPlanFor(r, body, remote)
 	if !ok {
-		return r.Forward(body, remote)
+		return Forward(r, body, remote)
 	}
-	return r.decodeChunked(body, remote, plan)
+	return decodeChunked(r, body, remote, plan)
 }
 
 // chunkPlanFor reports whether the decode of body is chunked, and how: a
 // request chunked decode applies to, whose body chunked.PlanFor cuts.
-func (r *Request) chunkPlanFor(body []byte, remote bool) (chunked.Plan, bool) {
+func chunkPlanFor(r *inference.Request, body []byte, remote bool) (chunked.Plan, bool) {
 	n := r.P.Cfg.DecodeChunkSize
-	if n <= 0 || r.Api != connectors.APIChat || r.Rc == nil ||
+	if n <= 0 || r.API != connectors.APIChat || r.RC == nil ||
 		(remote && r.P.Conn.Name() != nixlv2.Name) ||
-		len(r.Rc.Request.Header.Peek(HeaderDataParallel)) > 0 {
+		len(r.RC.Request.Header.Peek(inference.HeaderDataParallel)) > 0 {
 		return chunked.Plan{}, false
 	}
 	return chunked.PlanFor(body, n)
@@ -51,7 +52,7 @@ func (r *Request) chunkPlanFor(body []byte, remote bool) (chunked.Plan, bool) {
 
 // decodeChunked runs a chunked decode (chunked.Run, whose contract it
 // has).
-func (r *Request) decodeChunked(body []byte, remote bool, plan chunked.Plan) error {
+func decodeChunked(r *inference.Request, body []byte, remote bool, plan chunked.Plan) error {
 	phase := metrics.PhaseLocal
 	if remote {
 		phase = metrics.PhaseDecode
@@ -60,13 +61,13 @@ func (r *Request) decodeChunked(body []byte, remote bool, plan chunked.Plan) err
 	r.DecodeStarted(remote)
 	return chunked.Run(chunked.Deps{
 		Metrics:      r.P.M.Chunked,
-		BadRequest:   ErrBadRequest,
-		DecodeFailed: ErrDecodeFailed,
-		ClientGone:   ErrClientGone,
-		KVLoadFailed: ErrKVLoadFailed,
+		BadRequest:   inference.ErrBadRequest,
+		DecodeFailed: inference.ErrDecodeFailed,
+		ClientGone:   inference.ErrClientGone,
+		KVLoadFailed: inference.ErrKVLoadFailed,
 		ErrorBody:    chunkErrorBody,
 	}, chunkRequest{r}, chunked.Job{
-		Plan: plan, Body: body, Stream: r.Stream, Usage: r.usage, Remote: remote, Inflight: g,
+		Plan: plan, Body: body, Stream: r.Stream, Usage: r.Usage, Remote: remote, Inflight: g,
 	})
 }
 
@@ -75,13 +76,13 @@ func (r *Request) decodeChunked(body []byte, remote bool, plan chunked.Plan) err
 func chunkErrorBody(err error) []byte {
 	var cf *chunked.Failed
 	if errors.As(err, &cf) {
-		return ErrorBody(cf.Status, err)
+		return inference.ErrorBody(cf.Status, err)
 	}
-	return ErrorBody(classify(err).Status, err)
+	return inference.ErrorBody(inference.Classify(err).Status, err)
 }
 
 // chunkRequest is a request's part in its chunked decode.
-type chunkRequest struct{ r *Request }
+type chunkRequest struct{ r *inference.Request }
 
 // Send implements chunked.Request: the chunk's leg to the local engine,
 // its answer read whole.
@@ -94,19 +95,19 @@ func (c chunkRequest) Send(body []byte, handoff bool) (chunked.Answer, error) {
 	hold, err := r.P.Tr.Do(r.Ctx, r.Local, req, resp)
 	fasthttp.ReleaseRequest(req)
 	if err != nil {
-		return chunked.Answer{}, DecodeTransportErr(err)
+		return chunked.Answer{}, inference.DecodeTransportErr(err)
 	}
 	defer hold.Release()
 	st := resp.StatusCode()
 	if handoff {
-		r.KvHandoffDone(sent, st == fasthttp.StatusOK)
-		if st == fasthttp.StatusInternalServerError && r.KvLoadFailed() {
-			return chunked.Answer{}, ErrKVLoadFailed
+		r.KVHandoffDone(sent, st == fasthttp.StatusOK)
+		if st == fasthttp.StatusInternalServerError && r.KVLoadFailed() {
+			return chunked.Answer{}, inference.ErrKVLoadFailed
 		}
 	}
 	buf := resp.Body()
 	if st == fasthttp.StatusOK && handoff && r.P.Rewriter != nil {
-		buf = r.P.Rewriter.RewriteAnswer(r.Api, buf, *r.Handoff)
+		buf = r.P.Rewriter.RewriteAnswer(r.API, buf, *r.Handoff)
 	}
 	return chunked.Answer{Status: st, ContentType: string(resp.Header.ContentType()), Body: append([]byte(nil), buf...)}, nil
 }
@@ -118,7 +119,7 @@ func (c chunkRequest) Gone() bool { return c.r.Gone() }
 func (c chunkRequest) Answer(status int, contentType string, body []byte) {
 	r := c.r
 	if contentType == "text/event-stream" {
-		r.Rc.Response.Header.Set("Cache-Control", "no-cache")
+		r.RC.Response.Header.Set("Cache-Control", "no-cache")
 	}
 	r.Answer(r.Mode, status, contentType, body)
 }
@@ -130,24 +131,24 @@ func (c chunkRequest) Stream(body io.ReadCloser) bool {
 	if r.LeftNow() {
 		return false
 	}
-	rc := r.Rc
+	rc := r.RC
 	rc.SetStatusCode(fasthttp.StatusOK)
 	rc.SetContentType("text/event-stream")
 	rc.Response.Header.Set("Cache-Control", "no-cache")
 	r.AnswerCounted(r.Mode, fasthttp.StatusOK)
-	if r.watch.Stop() {
+	if r.Watch.Stop() {
 		rc.SetConnectionClose()
 	}
-	r.detached = true
-	setStream(rc, body)
+	r.Detached = true
+	inference.SetStream(rc, body)
 	return true
 }
 
 // Watch implements chunked.Request.
 func (c chunkRequest) Watch() func() bool {
 	r := c.r
-	release := clientconn.Hold(r.Rc) // the handler returned: the watch's read is no request boundary
-	w := r.P.armer.Watch(r.Rc.Conn(), r.Cancel, time.Now())
+	release := clientconn.Hold(r.RC) // the handler returned: the watch's read is no request boundary
+	w := r.P.Armer.Watch(r.RC.Conn(), r.Cancel, time.Now())
 	return func() bool {
 		pipelined := w.Stop()
 		release()
@@ -156,7 +157,7 @@ func (c chunkRequest) Watch() func() bool {
 }
 
 // Left implements chunked.Request.
-func (c chunkRequest) Left() { c.r.left() }
+func (c chunkRequest) Left() { left(c.r) }
 
 // Finish implements chunked.Request.
 func (c chunkRequest) Finish(pipelined bool) {
@@ -164,7 +165,7 @@ func (c chunkRequest) Finish(pipelined bool) {
 	if pipelined {
 		// A watch took the first byte of the client's next request: the
 		// connection cannot serve it; the client sends it again.
-		_ = r.Rc.Conn().Close()
+		_ = r.RC.Conn().Close()
 	}
 	r.Finish()
 }

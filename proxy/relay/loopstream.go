@@ -1,4 +1,4 @@
-package inference
+package relay
 
 import (
 	"errors"
@@ -12,11 +12,12 @@ import (
 	"github.com/pd-sidecar/pd-sidecar/httpbody"
 	"github.com/pd-sidecar/pd-sidecar/netloop"
 	"github.com/pd-sidecar/pd-sidecar/proxy/clientconn"
+	"github.com/pd-sidecar/pd-sidecar/proxy/inference"
 	"github.com/pd-sidecar/pd-sidecar/proxy/sserelay"
 	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"
 )
 
-// loopStream carries a streamed answer on an event loop (netloop). The
+// LoopStream carries a streamed answer on an event loop (netloop). The
 // answer begins as every answer does, written by fasthttp's server
 // goroutine from an sseBody; once it has streamed for loopAfter and would
 // wait on its engine, the sseBody hands it over: fasthttp lets go of the
@@ -33,14 +34,14 @@ import (
 // rest stream on their goroutine to the end.
 type LoopStream struct {
 	mu   sync.Mutex // Ready and begin: one at a time
-	R    *Request
+	R    *inference.Request
 	Loop *netloop.Loop
 	// The answer's body, cut into events and rewritten (Body: its
 	// decoder; Rewrite: the per-payload rewrite; MaxEvent:
 	// --max-sse-event-bytes), and its gate.
 	sserelay.Stream
 
-	Ufd, Cfd  int
+	UFD, CFD  int
 	KeepAlive bool
 	first     []byte // the first chunk, written by begin
 	firstp    *[]byte
@@ -62,7 +63,7 @@ type LoopStream struct {
 	Gated func(g sserelay.Gate, held []byte)
 }
 
-// streamConns is what a loopStream does with its two connections, which
+// StreamConns is what a loopStream does with its two connections, which
 // a stream handed over by fasthttp (legConns) and one the lane served from
 // its start (laneConn) keep differently. Called on the loop's goroutine,
 // with the stream's lock held.
@@ -82,23 +83,18 @@ type StreamConns interface {
 // nearly all its life on the loop.
 const loopAfter = 50 * time.Millisecond
 
-// errHandedOver ends fasthttp's writing of an answer handed to an event
-// loop; fasthttp then closes the connection, which clientconn.Conn turns
-// into the loop taking it.
-var errHandedOver = errors.New("stream handed to an event loop")
-
 // loopable reports whether b's stream may be handed to a loop later.
 func (b *sseBody) loopable() bool {
 	r := b.r
-	if r.P.loops == nil || r.P.servers[r.home] == nil || !r.Rc.Request.Header.IsHTTP11() {
+	if r.P.Loops == nil || r.P.Servers[r.Home] == nil || !r.RC.Request.Header.IsHTTP11() {
 		return false
 	}
-	cc, ok := r.Rc.Conn().(*clientconn.Conn)
+	cc, ok := r.RC.Conn().(*clientconn.Conn)
 	if _, plain := b.leg.Conn().(*net.TCPConn); !ok || !plain {
 		return false // TLS on either side, or no socket to watch
 	}
 	b.cc = cc
-	b.keepAlive = !r.Rc.Request.Header.ConnectionClose() && !r.Rc.Response.ConnectionClose()
+	b.keepAlive = !r.RC.Request.Header.ConnectionClose() && !r.RC.Response.ConnectionClose()
 	return true
 }
 
@@ -116,10 +112,10 @@ func (b *sseBody) handOver() bool {
 	if !ok1 || !ok2 || !cc.Synced() || !leg.Disarm() {
 		return false
 	}
-	loop := r.P.loops.Pick()
+	loop := r.P.Loops.Pick()
 	release := b.release
-	ls := &LoopStream{R: r, Loop: loop, KeepAlive: b.keepAlive, Cfd: cfd, Ufd: ufd,
-		Stream: sserelay.Stream{Body: leg.Body(), Rewrite: b.fn, API: r.Api, MaxEvent: r.P.Cfg.MaxSSEEventBytes}}
+	ls := &LoopStream{R: r, Loop: loop, KeepAlive: b.keepAlive, CFD: cfd, UFD: ufd,
+		Stream: sserelay.Stream{Body: leg.Body(), Rewrite: b.fn, API: r.API, MaxEvent: r.P.Cfg.MaxSSEEventBytes}}
 	if b.done {
 		ls.MarkDone()
 	}
@@ -128,7 +124,7 @@ func (b *sseBody) handOver() bool {
 		r.P.LoopRequests.Add(-1)
 		r.P.M.LoopStreams.Dec()
 	}
-	ls.Conns = &LegConns{ls: ls, leg: leg, done: func(keep bool) { r.P.connDone(cc, r.home, keep) }}
+	ls.Conns = &LegConns{ls: ls, leg: leg, done: func(keep bool) { r.P.ConnDone(cc, r.Home, keep) }}
 	var out []byte
 	ls.firstp, out = r.P.Bufs.GetChunk()
 	out, mark := httpbody.BeginChunk(out)
@@ -166,7 +162,7 @@ func (b *sseBody) handOver() bool {
 	return true
 }
 
-// legConns are the connections of a stream handed over by fasthttp, whose
+// LegConns are the connections of a stream handed over by fasthttp, whose
 // handler ls is for both: leg is the upstream, and done takes the client
 // connection once the answer is over.
 type LegConns struct {
@@ -176,17 +172,17 @@ type LegConns struct {
 }
 
 func (c *LegConns) LegEnd(clean bool) {
-	_ = c.ls.Loop.Remove(c.ls.Ufd)
+	_ = c.ls.Loop.Remove(c.ls.UFD)
 	c.leg.MarkEnded(clean)
 	c.leg.Close()
 }
-func (c *LegConns) LegPause() error  { return c.ls.Loop.Remove(c.ls.Ufd) }
-func (c *LegConns) LegResume() error { return c.ls.Loop.Add(c.ls.Ufd, netloop.Readable, c.ls) }
+func (c *LegConns) LegPause() error  { return c.ls.Loop.Remove(c.ls.UFD) }
+func (c *LegConns) LegResume() error { return c.ls.Loop.Add(c.ls.UFD, netloop.Readable, c.ls) }
 func (c *LegConns) ClientWatch(ev netloop.Events) error {
-	return c.ls.Loop.Modify(c.ls.Cfd, ev)
+	return c.ls.Loop.Modify(c.ls.CFD, ev)
 }
 func (c *LegConns) ClientDone(keep bool) {
-	_ = c.ls.Loop.Remove(c.ls.Cfd)
+	_ = c.ls.Loop.Remove(c.ls.CFD)
 	c.done(keep)
 }
 func (c *LegConns) FirstOutput() {} // the answer's first write recorded the TTFT
@@ -205,11 +201,11 @@ func (ls *LoopStream) begin() {
 		ls.Write(first)
 		return
 	}
-	if err := ls.Loop.Add(ls.Cfd, 0, ls); err != nil {
+	if err := ls.Loop.Add(ls.CFD, 0, ls); err != nil {
 		ls.Fail(err)
 		return
 	}
-	if err := ls.Loop.Add(ls.Ufd, netloop.Readable, ls); err != nil {
+	if err := ls.Loop.Add(ls.UFD, netloop.Readable, ls); err != nil {
 		ls.Fail(err)
 		return
 	}
@@ -223,17 +219,17 @@ func (ls *LoopStream) Ready(fd int, ev netloop.Events) {
 	ls.Handle(fd, ev)
 }
 
-// handle reacts to an event of either connection.
+// Handle reacts to an event of either connection.
 func (ls *LoopStream) Handle(fd int, ev netloop.Events) {
 	switch {
 	case ls.Finished:
 	case ev&netloop.Shutdown != 0:
-		ls.Fail(ErrDrainTimeout)
-	case fd == ls.Cfd && ev&netloop.Writable != 0:
+		ls.Fail(inference.ErrDrainTimeout)
+	case fd == ls.CFD && ev&netloop.Writable != 0:
 		ls.flush()
-	case fd == ls.Cfd: // hung up
-		ls.abort(ErrClientGone)
-	case fd == ls.Ufd && len(ls.pending) == 0:
+	case fd == ls.CFD: // hung up
+		ls.abort(inference.ErrClientGone)
+	case fd == ls.UFD && len(ls.pending) == 0:
 		ls.readUpstream()
 	}
 }
@@ -241,14 +237,14 @@ func (ls *LoopStream) Handle(fd int, ev netloop.Events) {
 // readUpstream relays what the upstream sent, on the loop.
 func (ls *LoopStream) readUpstream() {
 	in, out := ls.Loop.Buffers()
-	n, err := netloop.Read(ls.Ufd, in)
+	n, err := netloop.Read(ls.UFD, in)
 	if errors.Is(err, netloop.ErrWouldBlock) {
 		return
 	}
 	ls.Deliver(ls.Relayed(out, in[:n], n == 0 && err == nil, err))
 }
 
-// deliver writes out to the client, or holds it while the gate is shut.
+// Deliver writes out to the client, or holds it while the gate is shut.
 func (ls *LoopStream) Deliver(out []byte) {
 	if ls.Gate == sserelay.GateOff {
 		ls.Write(out)
@@ -259,7 +255,7 @@ func (ls *LoopStream) Deliver(out []byte) {
 		ls.held = append(ls.held, out...)
 		held = ls.held
 	}
-	if ls.Gate.Shut() && len(held) < MaxHeld && !ls.Ended {
+	if ls.Gate.Shut() && len(held) < inference.MaxHeld && !ls.Ended {
 		if len(ls.held) == 0 {
 			ls.held = append([]byte(nil), out...)
 		}
@@ -273,7 +269,7 @@ func (ls *LoopStream) Deliver(out []byte) {
 	ls.Gated(g, held)
 }
 
-// relayed appends to out the client's next bytes from what one read of
+// Relayed appends to out the client's next bytes from what one read of
 // the upstream gave: in (the bytes read), eof (the connection closed) or
 // rerr (the read failed). They end the stream when the upstream's answer
 // ended (ls.ended is then set).
@@ -315,9 +311,9 @@ func (ls *LoopStream) noteFirstOutput() {
 // appends the stream's last events to out: a final event that lacked its
 // blank line, and an error event when the stream broke off.
 func (ls *LoopStream) endUpstream(out []byte, err error) []byte {
-	if errors.Is(err, ErrEventTooLong) && ls.Cut == nil {
+	if errors.Is(err, inference.ErrEventTooLong) && ls.Cut == nil {
 		ls.Cut = err
-		ls.R.eventRefused()
+		ls.R.EventRefused()
 	}
 	clean := err == nil
 	if clean {
@@ -325,13 +321,13 @@ func (ls *LoopStream) endUpstream(out []byte, err error) []byte {
 		ls.noteFirstOutput()
 	}
 	ls.Discard()
-	out = ls.R.endStream(out, ls.SawDone(), err)
+	out = endStream(ls.R, out, ls.SawDone(), err)
 	ls.Ended = true
 	ls.CloseLeg(clean)
 	return out
 }
 
-// endedBefore is the error of a stream that ended before anything of it
+// EndedBefore is the error of a stream that ended before anything of it
 // reached the client: what says so, and the bound that cut it, if one did.
 func (ls *LoopStream) EndedBefore(what string) error {
 	if ls.Cut != nil {
@@ -340,7 +336,7 @@ func (ls *LoopStream) EndedBefore(what string) error {
 	return errors.New(what)
 }
 
-// closeLeg stops watching the upstream and closes the leg: its connection
+// CloseLeg stops watching the upstream and closes the leg: its connection
 // goes back to the pool when clean.
 func (ls *LoopStream) CloseLeg(clean bool) {
 	if ls.UpEnded {
@@ -350,13 +346,13 @@ func (ls *LoopStream) CloseLeg(clean bool) {
 	ls.Conns.LegEnd(clean && ls.Body.Done() && !ls.Excess())
 }
 
-// write sends b to the client; what does not fit waits for the client to
+// Write sends b to the client; what does not fit waits for the client to
 // take it, with the upstream paused meanwhile.
 func (ls *LoopStream) Write(b []byte) {
 	if len(b) == 0 {
 		return
 	}
-	n, err := netloop.Write(ls.Cfd, b)
+	n, err := netloop.Write(ls.CFD, b)
 	switch {
 	case err == nil:
 		if ls.Ended {
@@ -378,13 +374,13 @@ func (ls *LoopStream) Write(b []byte) {
 			ls.Fail(err)
 		}
 	default:
-		ls.abort(ErrClientGone)
+		ls.abort(inference.ErrClientGone)
 	}
 }
 
 // flush sends pending bytes once the client can take them.
 func (ls *LoopStream) flush() {
-	n, err := netloop.Write(ls.Cfd, ls.pending)
+	n, err := netloop.Write(ls.CFD, ls.pending)
 	switch {
 	case err == nil:
 		ls.pending = nil
@@ -402,7 +398,7 @@ func (ls *LoopStream) flush() {
 	case errors.Is(err, netloop.ErrWouldBlock):
 		ls.pending = ls.pending[:copy(ls.pending, ls.pending[n:])]
 	default:
-		ls.abort(ErrClientGone)
+		ls.abort(inference.ErrClientGone)
 	}
 }
 
@@ -417,11 +413,11 @@ func (ls *LoopStream) complete() {
 func (ls *LoopStream) abort(cause error) {
 	r := ls.R
 	r.Cancel(cause)
-	r.left()
+	left(r)
 	ls.teardown()
 }
 
-// fail ends a stream the loop cannot carry on (a watch that failed, or
+// Fail ends a stream the loop cannot carry on (a watch that failed, or
 // the loop shutting down): both connections are closed.
 func (ls *LoopStream) Fail(err error) {
 	ls.R.LogAt(zerolog.ErrorLevel).Err(err).Msg("stream ended by the sidecar; connections closed")
@@ -435,7 +431,7 @@ func (ls *LoopStream) teardown() {
 	ls.Conns.ClientDone(false)
 }
 
-// finish ends the request's bookkeeping, once.
+// Finish ends the request's bookkeeping, once.
 func (ls *LoopStream) Finish() {
 	if ls.Finished {
 		return

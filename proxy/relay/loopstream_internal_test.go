@@ -1,6 +1,6 @@
 //go:build linux
 
-package inference
+package relay
 
 import (
 	"bufio"
@@ -25,6 +25,7 @@ import (
 	"github.com/pd-sidecar/pd-sidecar/httpbody"
 	"github.com/pd-sidecar/pd-sidecar/metrics"
 	"github.com/pd-sidecar/pd-sidecar/netloop"
+	"github.com/pd-sidecar/pd-sidecar/proxy/inference"
 	"github.com/pd-sidecar/pd-sidecar/proxy/sserelay"
 	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"
 )
@@ -37,9 +38,9 @@ func TestLoopStreamBackpressure(t *testing.T) {
 	g, err := netloop.NewGroup(1)
 	require.NoError(t, err)
 	defer g.Close()
-	p := &Proxy{M: metrics.New(prometheus.NewRegistry(), 0), Log: zerolog.Nop()}
+	p := &inference.Proxy{M: metrics.New(prometheus.NewRegistry(), 0), Log: zerolog.Nop()}
 	ctx, cancel := context.WithCancelCause(context.Background())
-	r := &Request{P: p, Ctx: ctx, Cancel: cancel, Api: connectors.APICompletions, Mode: metrics.ModeLocal}
+	r := &inference.Request{P: p, Ctx: ctx, Cancel: cancel, API: connectors.APICompletions, Mode: metrics.ModeLocal}
 
 	// The engine answers a stream's head, and its events once the loop has
 	// taken the leg over; then, on the same connection, a second request.
@@ -92,7 +93,7 @@ func TestLoopStreamBackpressure(t *testing.T) {
 		}
 		_, _ = engine.Write([]byte("HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"))
 	}()
-	leg, err := tr.Stream(context.Background(), addr, newReq(addr, "/v1/completions"), resp)
+	leg, err := tr.Stream(context.Background(), addr, postReq(addr, "/v1/completions"), resp)
 	require.NoError(t, err)
 	require.True(t, leg.Disarm())
 	require.Empty(t, leg.Ahead(), "the events come once the loop has the leg")
@@ -101,8 +102,8 @@ func TestLoopStreamBackpressure(t *testing.T) {
 	server, client := tcpPair(t)
 	var released atomic.Bool
 	ls := &LoopStream{R: r, Loop: g.Pick(), Stream: sserelay.Stream{Body: leg.Body()}, Release: func() { released.Store(true) }}
-	ls.Ufd, _ = netloop.FD(leg.Conn())
-	ls.Cfd, _ = netloop.FD(server)
+	ls.UFD, _ = netloop.FD(leg.Conn())
+	ls.CFD, _ = netloop.FD(server)
 	ls.Conns = &LegConns{ls: ls, leg: leg, done: func(bool) { _ = server.Close() }}
 	ls.begin()
 	close(taken)
@@ -127,7 +128,7 @@ func TestLoopStreamBackpressure(t *testing.T) {
 	defer fasthttp.ReleaseResponse(again)
 	doCtx, cancelDo := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancelDo()
-	hold, err := tr.Do(doCtx, addr, newReq(addr, "/v1/completions"), again)
+	hold, err := tr.Do(doCtx, addr, postReq(addr, "/v1/completions"), again)
 	require.NoError(t, err)
 	hold.Release()
 	assert.Equal(t, "ok", string(again.Body()))
@@ -156,4 +157,14 @@ func tcpPair(t *testing.T) (server, client net.Conn) {
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = server.Close(); _ = client.Close() })
 	return server, client
+}
+
+// postReq is a POST of {} to path on addr.
+func postReq(addr, path string) *fasthttp.Request {
+	req := fasthttp.AcquireRequest()
+	req.Header.SetMethod(fasthttp.MethodPost)
+	req.Header.SetRequestURI(path)
+	req.Header.SetHost(addr)
+	req.SetBodyString(`{}`)
+	return req
 }

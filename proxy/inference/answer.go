@@ -1,0 +1,85 @@
+package inference
+
+import (
+	"errors"
+	"time"
+
+	"github.com/rs/zerolog"
+	"github.com/valyala/fasthttp"
+
+	"github.com/pd-sidecar/pd-sidecar/connectors"
+	"github.com/pd-sidecar/pd-sidecar/proxy/sse"
+)
+
+// JSONAnswered records a JSON answer of status st relayed whole, as both
+// the fasthttp path and the lane relay one.
+func (r *Request) JSONAnswered(st int) {
+	r.P.M.TTFT.WithLabelValues(r.Mode).Observe(time.Since(r.Start).Seconds())
+	r.P.M.Requests.WithLabelValues(r.Mode, StatusLabel(st)).Inc()
+	r.Obs.Status = st
+	r.LogAt(zerolog.InfoLevel).Str("mode", r.Mode).Int("status", st).Msg("answered")
+}
+
+// KVLoadFailed counts a KV load failure of the decode leg and reports
+// whether the request is to be re-run with a local prefill.
+func (r *Request) KVLoadFailed() bool {
+	r.P.M.KVLoadFailures.WithLabelValues(r.Label).Inc()
+	if r.P.Cfg.OnKVLoadFailure == KVFailError {
+		r.LogAt(zerolog.ErrorLevel).Msg("decode engine failed to load the remote KV; error passed on (--on-kv-load-failure error)")
+		return false
+	}
+	return true
+}
+
+// CopyHead copies the upstream status and end-to-end headers to the client.
+func (r *Request) CopyHead(resp *fasthttp.Response) {
+	copyResponseHead(r.RC, resp)
+	r.RC.Response.Header.Set(HeaderRequestID, r.ID)
+}
+
+func copyResponseHead(rc *fasthttp.RequestCtx, resp *fasthttp.Response) {
+	resp.Header.CopyTo(&rc.Response.Header)
+	// The status line is the sidecar's, HTTP/1.1 as in every answer it
+	// makes (an HTTP/1.0 client gets framing it reads: setStream),
+	// never the upstream's version.
+	rc.Response.Header.SetProtocol(nil)
+	for _, h := range hopHeaders {
+		rc.Response.Header.Del(h)
+	}
+}
+
+var EventStream = []byte("text/event-stream")
+
+// BeforeOutputErr is the error of a stream that ended, or was cut by
+// --decode-first-byte-timeout, before it had anything to relay.
+func BeforeOutputErr(err error) error { return DecodeTransportErr(err) }
+
+// ReadToOutput reads a stream's events, appended to held, up to its first
+// output or error event (error reports the latter), or maxHeld bytes of
+// preamble.
+func ReadToOutput(er *sse.Reader, api connectors.API, held []byte) ([]byte, bool, error) {
+	for {
+		ev, err := er.Next()
+		if err != nil {
+			return held, false, err
+		}
+		held = append(held, ev...)
+		kind := connectors.EventPreamble
+		if d := sse.FirstData(ev); d != nil {
+			kind = connectors.ClassifyEvent(api, d)
+		}
+		if kind == connectors.EventPreamble && len(held) < MaxHeld {
+			continue
+		}
+		return held, kind == connectors.EventError, nil
+	}
+}
+
+// ErrHandedOver ends fasthttp's writing of an answer handed to an event
+// loop; fasthttp then closes the connection, which clientconn.Conn turns
+// into the loop taking it.
+var ErrHandedOver = errors.New("stream handed to an event loop")
+
+// MaxHeld bounds the preamble events held back while waiting for the first
+// output of a decode leg.
+const MaxHeld = 64 << 10

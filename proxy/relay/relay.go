@@ -1,0 +1,168 @@
+// Package relay writes an engine's answer to the client: a JSON answer
+// whole, an SSE stream event by event (the decode leg's events held back
+// until its first output, so that a KV load failure can still be re-run),
+// chunked decode's legs as one answer, and an open stream handed to an
+// event loop (LoopStream), which the lane's own streams use too. Both
+// drivers relay through it, so a stream's bounds and its end are the same
+// on either path.
+package relay
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/rs/zerolog"
+	"github.com/valyala/fasthttp"
+
+	"github.com/pd-sidecar/pd-sidecar/connectors"
+	"github.com/pd-sidecar/pd-sidecar/metrics"
+	"github.com/pd-sidecar/pd-sidecar/proxy/inference"
+	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"
+)
+
+// Forward sends body to the local engine and relays its answer. remote
+// marks the decode leg carrying r.handoff: its answer gets the cached-token
+// rewrite, and a KV load failure reported before any output is returned as
+// ErrKVLoadFailed. forward returns nil once the answer is written or
+// streaming; an error only while the client has seen nothing.
+func Forward(r *inference.Request, body []byte, remote bool) error {
+	phase := metrics.PhaseLocal
+	if remote {
+		phase = metrics.PhaseDecode
+	}
+	g := r.P.M.Inflight.WithLabelValues(phase)
+	g.Inc()
+	r.DecodeStarted(remote)
+	req := r.Upstream(r.Local, body)
+	resp := fasthttp.AcquireResponse()
+	sent := time.Now()
+	var leg *upstream.Leg
+	var err error
+	if r.Stream && r.P.Cfg.DecodeFirstByteTimeout > 0 {
+		// Bound the wait for the beginning of a streamed answer (relaySSE
+		// ends it); the stream itself, once begun, has no total timeout.
+		leg, err = r.P.Tr.StreamFirstByteTimeout(r.Ctx, r.Local, req, resp, r.P.Cfg.DecodeFirstByteTimeout)
+		if errors.Is(err, upstream.ErrFirstByteTimeout) {
+			err = fmt.Errorf("%w: %w", inference.ErrDecodeTimeout, err)
+		}
+	} else {
+		leg, err = r.P.Tr.Stream(r.Ctx, r.Local, req, resp)
+	}
+	fasthttp.ReleaseRequest(req)
+	if err != nil {
+		g.Dec()
+		fasthttp.ReleaseResponse(resp)
+		return inference.DecodeTransportErr(err)
+	}
+	if bytes.HasPrefix(resp.Header.ContentType(), inference.EventStream) && !upstream.Bodiless(resp.StatusCode()) {
+		return relaySSE(r, leg, resp, g, remote, sent)
+	}
+	defer g.Dec()
+	defer fasthttp.ReleaseResponse(resp)
+	return relayJSON(r, leg, resp, remote, sent)
+}
+
+func relayJSON(r *inference.Request, leg *upstream.Leg, resp *fasthttp.Response, remote bool, sent time.Time) error {
+	buf, hold, err := leg.ReadAll(r.P.Cfg.MaxUpstreamAnswerBytes)
+	// buf is let go on return: what the client is written is rc's copy.
+	defer hold.Release()
+	leg.Close()
+	if err != nil {
+		return inference.DecodeTransportErr(err)
+	}
+	st := resp.StatusCode()
+	if remote {
+		r.KVHandoffDone(sent, st == fasthttp.StatusOK)
+		if st == fasthttp.StatusInternalServerError && r.KVLoadFailed() {
+			return inference.ErrKVLoadFailed
+		}
+		if st == fasthttp.StatusOK && r.P.Rewriter != nil {
+			buf = r.P.Rewriter.RewriteAnswer(r.API, buf, *r.Handoff)
+		}
+	}
+	if r.LeftNow() {
+		return inference.ErrClientGone
+	}
+	r.CopyHead(resp)
+	r.RC.SetBody(buf)
+	r.JSONAnswered(st)
+	return nil
+}
+
+// relaySSE streams an SSE answer event by event. On the decode leg the
+// events that carry no output yet (the role chunk) are held back until the
+// first output or error: an error there is a KV load failure, recoverable
+// because the client has seen nothing.
+func relaySSE(r *inference.Request, leg *upstream.Leg, resp *fasthttp.Response, g prometheus.Gauge, remote bool, sent time.Time) error {
+	er := r.EventReader(leg)
+	var held []byte
+	abort := func(err error) error {
+		er.Release()
+		leg.Close()
+		fasthttp.ReleaseResponse(resp)
+		g.Dec()
+		return err
+	}
+	// The answer's head waits for the stream's first event (for a decode
+	// on remote KV, its first output): the client then sees an error status,
+	// not a 200 and an error event, when the engine sends its head and
+	// nothing more (within --decode-first-byte-timeout) or breaks off.
+	if !remote {
+		ev, err := er.Next()
+		if err != nil {
+			return abort(inference.BeforeOutputErr(inference.EndedEarly(r.Local, "any event", err)))
+		}
+		held = append(held, ev...)
+	} else {
+		var kvFail bool
+		var err error
+		// The role chunk and the first output, usually.
+		if held, kvFail, err = inference.ReadToOutput(er, r.API, make([]byte, 0, 2<<10)); err != nil {
+			return abort(inference.BeforeOutputErr(inference.EndedEarly(r.Local, "any output", err)))
+		}
+		r.KVHandoffDone(sent, !kvFail)
+		if kvFail && r.KVLoadFailed() {
+			return abort(inference.ErrKVLoadFailed)
+		}
+	}
+	if r.LeftNow() {
+		return abort(inference.ErrClientGone)
+	}
+	leg.Began()
+	r.CopyHead(resp)
+	r.P.M.Requests.WithLabelValues(r.Mode, inference.StatusLabel(resp.StatusCode())).Inc()
+	r.Obs.Status = resp.StatusCode()
+	StreamBody(r, NewSSEBody(r, er, leg, held, remote, func() {
+		er.Release()
+		leg.Close()
+		fasthttp.ReleaseResponse(resp)
+		g.Dec()
+		r.Finish()
+	}))
+	return nil
+}
+
+// needsDone reports whether api's streams end with data: [DONE].
+func needsDone(api connectors.API) bool {
+	return api == connectors.APIChat || api == connectors.APICompletions
+}
+
+// left records a client that went away mid-stream.
+func left(r *inference.Request) {
+	r.LogAt(zerolog.InfoLevel).Msg("client left mid-stream; upstream leg cancelled")
+	r.P.M.ClientDisconnects.WithLabelValues(r.Phase()).Inc()
+}
+
+// StreamBody hands b to fasthttp as the answer's body. From here a client
+// that leaves fails the next write, so no watcher is kept for the life of
+// the stream.
+func StreamBody(r *inference.Request, b *sseBody) {
+	if r.Watch.Stop() {
+		r.RC.SetConnectionClose()
+	}
+	r.Detached = true
+	inference.SetStream(r.RC, b) // the framing the client reads
+}
