@@ -1,72 +1,55 @@
 package inference
 
-import "github.com/valyala/fasthttp"
+import (
+	"net"
+	"strconv"
 
-// Request features take part in every inference request at the points
-// both serving paths (fasthttp's goroutine driver and the lane) pass
-// through, in the order of the one list New registers them in
-// (Proxy.features). A feature is a unit of its own: its files, its
-// configuration, one registration line. It is asked once per inference
-// request, when the request's prefiller is named and allowed (or none is
-// named), with the request's head; what it does for that request is its
-// featureUse, whose abilities are found by type assertion. A feature that
-// needs a new point in the request adds an ability here, which both
-// drivers consult; no driver knows a feature's name.
+	"github.com/valyala/fasthttp"
 
-// requestFeature is a feature of inference requests.
-type requestFeature interface {
-	// begin returns the feature's part in request r, whose head is h
-	// (nil: nothing to do for it). It may count and log; it must not
-	// keep h, which the lane reuses for the next request.
-	begin(r *Request, h *fasthttp.RequestHeader) featureUse
-}
+	"github.com/pd-sidecar/pd-sidecar/connectors"
+	"github.com/pd-sidecar/pd-sidecar/metrics"
+	"github.com/pd-sidecar/pd-sidecar/proxy/feature"
+)
 
-// featureUse is a feature's part in one request. Its abilities:
-// splitDecliner, prefillEditor, localEditor.
-type featureUse any
+// The request features (proxy/feature) take part in a request at the
+// points both drivers pass through: BeginFeatures once the prefiller is
+// named and allowed (or none is), then SplitDeclined, EditPrefill or
+// EditLocal, and KVSourcePeer for a choreography whose legs name the
+// source. They are asked in the order of the one list New registers them
+// in (Proxy.features).
 
-// splitDecliner serves a request that names a prefiller locally instead of
-// splitting it (declinesSplit true); the feature counted and logged why.
-type splitDecliner interface{ declinesSplit() bool }
-
-// prefillEditor edits the body of the prefill leg (after the connector
-// built it); an error fails the request as a bad request.
-type prefillEditor interface {
-	EditPrefill(body []byte) ([]byte, error)
-}
-
-// localEditor edits the body of a request the local engine prefills
-// because none was split (no prefiller named, or the split declined); an
-// error fails the request as a bad request. A fallback's local leg is
-// the client's own body, unedited.
-type localEditor interface {
-	EditLocal(body []byte) ([]byte, error)
-}
-
-// BeginFeatures asks every feature for its part in r, whose head is h.
+// BeginFeatures asks every feature for its part in r, whose head is h. A
+// feature that declines the split is counted and reported here, and the
+// request is then served in mode local.
 func (r *Request) BeginFeatures(h *fasthttp.RequestHeader) {
+	if len(r.P.features) == 0 {
+		return
+	}
+	fr := feature.Request{API: r.API, Body: r.Body, Prefiller: r.Prefiller, Port: r.P.Cfg.Port + r.rank(), Log: r}
 	for _, f := range r.P.features {
-		if u := f.begin(r, h); u != nil {
-			r.uses = append(r.uses, u)
+		u := f.Begin(fr, h)
+		if u == nil {
+			continue
+		}
+		r.uses = append(r.uses, u)
+		if d, ok := u.(feature.SplitDecliner); ok && !r.declined {
+			reason := d.DeclinedSplit()
+			r.P.M.SplitDeclined.WithLabelValues(reason).Inc()
+			r.Obs.Declined = reason
+			r.Mode = metrics.ModeLocal
+			r.declined = true
 		}
 	}
 }
 
 // SplitDeclined reports whether a feature serves r locally instead of
 // splitting it.
-func (r *Request) SplitDeclined() bool {
-	for _, u := range r.uses {
-		if d, ok := u.(splitDecliner); ok && d.declinesSplit() {
-			return true
-		}
-	}
-	return false
-}
+func (r *Request) SplitDeclined() bool { return r.declined }
 
 // EditPrefill gives the prefill leg's body to every feature that edits it.
 func (r *Request) EditPrefill(body []byte) ([]byte, error) {
 	for _, u := range r.uses {
-		if e, ok := u.(prefillEditor); ok {
+		if e, ok := u.(feature.PrefillEditor); ok {
 			var err error
 			if body, err = e.EditPrefill(body); err != nil {
 				return nil, err
@@ -80,7 +63,7 @@ func (r *Request) EditPrefill(body []byte) ([]byte, error) {
 // that edits it.
 func (r *Request) EditLocal(body []byte) ([]byte, error) {
 	for _, u := range r.uses {
-		if e, ok := u.(localEditor); ok {
+		if e, ok := u.(feature.LocalEditor); ok {
 			var err error
 			if body, err = e.EditLocal(body); err != nil {
 				return nil, err
@@ -88,4 +71,24 @@ func (r *Request) EditLocal(body []byte) ([]byte, error) {
 		}
 	}
 	return body, nil
+}
+
+// KVSourcePeer is the request's KV cache source (nil: none), for a
+// choreography whose legs name it themselves (the offloading connector's).
+func (r *Request) KVSourcePeer() *connectors.P2PPeer {
+	for _, u := range r.uses {
+		if s, ok := u.(feature.KVSourceNamer); ok {
+			if peer := s.KVSource(); peer != nil {
+				return peer
+			}
+		}
+	}
+	return nil
+}
+
+// rank is the data-parallel rank r arrived on (its home engine's).
+func (r *Request) rank() int {
+	_, port, _ := net.SplitHostPort(r.Home)
+	n, _ := strconv.Atoi(port)
+	return n - r.P.Cfg.ModelServerPort
 }

@@ -5,11 +5,13 @@ import (
 	"net"
 	"strconv"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 	"github.com/valyala/fasthttp"
 
 	"github.com/pd-sidecar/pd-sidecar/connectors"
 	"github.com/pd-sidecar/pd-sidecar/metrics"
+	"github.com/pd-sidecar/pd-sidecar/proxy/feature"
 	"github.com/pd-sidecar/pd-sidecar/proxy/kvsource"
 	"github.com/pd-sidecar/pd-sidecar/proxy/logvalue"
 )
@@ -49,56 +51,46 @@ type P2PConfig struct {
 // P2PPort is the P2P port of the engine whose HTTP port is port: with
 // data-parallel ranks, rank r's (port = --port + r), else rank 0's, as
 // llm-d derives it.
-func (p *Proxy) P2PPort(port int) int {
-	return kvsource.Ports{HTTP: p.Cfg.Port, Ranks: p.Cfg.DataParallelSize, P2P: p.Cfg.P2P.Port}.P2PPort(port)
+func (p *Proxy) P2PPort(port int) int { return p.p2pPorts().P2PPort(port) }
+
+// p2pPorts are the pod's engines' HTTP and P2P ports.
+func (p *Proxy) p2pPorts() kvsource.Ports {
+	return kvsource.Ports{HTTP: p.Cfg.Port, Ranks: p.Cfg.DataParallelSize, P2P: p.Cfg.P2P.Port}
 }
 
-// kvSource reads r's x-kv-cache-source-host-port (the first) when the P2P
-// tier is in use: the engine to pull the prompt's prefix from, or nil. A
-// source equal to the prefiller, or, without one, to the rank serving r,
-// an unusable value and one the allowlist refuses give nil; every outcome
-// but "no header" is counted.
-func (r *Request) kvSource(h *fasthttp.RequestHeader) *connectors.P2PPeer {
-	p := r.P
-	if !p.Cfg.P2P.Enabled {
-		return nil
-	}
+// kvCacheSource is the KV cache source, a request feature: registered while
+// the P2P tier is in use. It reads the request's x-kv-cache-source-host-port
+// (the first): the engine to pull the prompt's prefix from. A source equal
+// to the prefiller, or, without one, to the rank serving the request, an
+// unusable value and one the allowlist refuses are not named; every
+// outcome but "no header" is counted. The prefill leg's engine, or the
+// local engine of a request none prefills remotely, is told to pull the
+// prefix from the source first.
+type kvCacheSource struct {
+	ports     kvsource.Ports
+	allowlist kvsource.Allowlist
+	ownHost   func(host string) bool
+	outcomes  *prometheus.CounterVec // pd_sidecar_kv_sources_total
+	newID     func() string          // the P2P transfer's request id
+}
+
+// Begin names the request's source, when one is usable.
+func (s kvCacheSource) Begin(r feature.Request, h *fasthttp.RequestHeader) feature.Use {
 	v := h.Peek(HeaderKVCacheSource)
 	if len(bytes.TrimSpace(v)) == 0 {
 		return nil
 	}
 	src, o := kvsource.Decide(string(v), kvsource.Request{
-		Prefiller: r.Prefiller, Port: p.Cfg.Port + r.rank(), OwnHost: p.ownHost, Allowlist: p.Cfg.Guard.Allowlist,
+		Prefiller: r.Prefiller, Port: r.Port, OwnHost: s.ownHost, Allowlist: s.allowlist,
 	})
-	p.M.KVSources.WithLabelValues(o).Inc()
+	s.outcomes.WithLabelValues(o).Inc()
 	if o != metrics.KVSourceUsed {
-		r.LogAt(zerolog.DebugLevel).Str("kv_cache_source", logvalue.Cut(string(v))).Str("outcome", o).Msg("kv cache source not named")
+		r.Log.LogAt(zerolog.DebugLevel).Str("kv_cache_source", logvalue.Cut(string(v))).Str("outcome", o).Msg("kv cache source not named")
 		return nil
 	}
-	peer := &connectors.P2PPeer{RequestID: NewUUID(), Host: src.Host, Port: p.P2PPort(src.Port)}
-	r.LogAt(zerolog.DebugLevel).Str("kv_cache_source", net.JoinHostPort(peer.Host, strconv.Itoa(peer.Port))).Msg("kv cache source named: remote_kv_source")
-	return peer
-}
-
-// rank is the data-parallel rank r arrived on (its home engine's).
-func (r *Request) rank() int {
-	_, port, _ := net.SplitHostPort(r.Home)
-	n, _ := strconv.Atoi(port)
-	return n - r.P.Cfg.ModelServerPort
-}
-
-// kvCacheSource is the KV cache source, a request feature: registered while
-// the P2P tier is in use.
-type kvCacheSource struct{}
-
-// begin reads the request's x-kv-cache-source-host-port (kvSource): the
-// prefill leg's engine, or the local engine of a request none prefills
-// remotely, is told to pull the prompt's prefix from there first.
-func (kvCacheSource) begin(r *Request, h *fasthttp.RequestHeader) featureUse {
-	if peer := r.kvSource(h); peer != nil {
-		return &kvSourceUse{peer: peer}
-	}
-	return nil
+	peer := &connectors.P2PPeer{RequestID: s.newID(), Host: src.Host, Port: s.ports.P2PPort(src.Port)}
+	r.Log.LogAt(zerolog.DebugLevel).Str("kv_cache_source", net.JoinHostPort(peer.Host, strconv.Itoa(peer.Port))).Msg("kv cache source named: remote_kv_source")
+	return &kvSourceUse{peer: peer}
 }
 
 // kvSourceUse is a request's KV cache source.
@@ -115,19 +107,12 @@ func (u *kvSourceUse) EditLocal(body []byte) ([]byte, error) {
 	return connectors.OnlyKVSource(nil, body, *u.peer)
 }
 
-// KVSourcePeer is the request's KV cache source (nil: none), for a
-// choreography whose legs name it themselves (the offloading connector's).
-func (r *Request) KVSourcePeer() *connectors.P2PPeer {
-	for _, u := range r.uses {
-		if s, ok := u.(*kvSourceUse); ok {
-			return s.peer
-		}
-	}
-	return nil
-}
+// KVSource is the source named.
+func (u *kvSourceUse) KVSource() *connectors.P2PPeer { return u.peer }
 
 var (
-	_ requestFeature = kvCacheSource{}
-	_ prefillEditor  = (*kvSourceUse)(nil)
-	_ localEditor    = (*kvSourceUse)(nil)
+	_ feature.Feature       = kvCacheSource{}
+	_ feature.PrefillEditor = (*kvSourceUse)(nil)
+	_ feature.LocalEditor   = (*kvSourceUse)(nil)
+	_ feature.KVSourceNamer = (*kvSourceUse)(nil)
 )

@@ -25,6 +25,7 @@ import (
 	"github.com/pd-sidecar/pd-sidecar/proxy/bootstrap"
 	"github.com/pd-sidecar/pd-sidecar/proxy/clientconn"
 	"github.com/pd-sidecar/pd-sidecar/proxy/encoder"
+	"github.com/pd-sidecar/pd-sidecar/proxy/feature"
 	"github.com/pd-sidecar/pd-sidecar/proxy/guard"
 	"github.com/pd-sidecar/pd-sidecar/proxy/hedge"
 	"github.com/pd-sidecar/pd-sidecar/proxy/kvpull"
@@ -91,7 +92,7 @@ type Proxy struct {
 	background []backgroundWork
 	// features are the request features that are on, in the order they
 	// take part in a request: one line each in New.
-	features []requestFeature
+	features []feature.Feature
 	// LegStrip are the client's headers the lane leaves out of every leg
 	// it writes (the trace context's, which each leg carries anew), and
 	// prefillStrip those it leaves out of a prefill leg (--prefill-strip-
@@ -199,7 +200,7 @@ func New(cfg Config, conn connectors.Connector, m *metrics.Metrics, gatherer pro
 		p.features = append(p.features, shortPrompt{limit: cfg.MinRemotePrefillTokens})
 	}
 	if cfg.P2P.Enabled {
-		p.features = append(p.features, kvCacheSource{})
+		p.features = append(p.features, kvCacheSource{ports: p.p2pPorts(), allowlist: cfg.Guard.Allowlist, ownHost: p.ownHost, outcomes: m.KVSources, newID: NewUUID})
 	}
 	p.hedge = hedge.New(cfg.Hedge, m.Hedge)
 	if cfg.Hedge.On() && p.Choreo == connectors.ChoreographyConcurrent {

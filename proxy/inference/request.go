@@ -17,6 +17,7 @@ import (
 	"github.com/pd-sidecar/pd-sidecar/connectors/moriio"
 	"github.com/pd-sidecar/pd-sidecar/metrics"
 	"github.com/pd-sidecar/pd-sidecar/proxy/clientconn"
+	"github.com/pd-sidecar/pd-sidecar/proxy/feature"
 	"github.com/pd-sidecar/pd-sidecar/proxy/logvalue"
 	"github.com/pd-sidecar/pd-sidecar/proxy/observe"
 	"github.com/pd-sidecar/pd-sidecar/proxy/prefillstrip"
@@ -48,8 +49,10 @@ type Request struct {
 
 	Prefiller string // host:port chosen from the header ("" = none)
 	named     bool   // the request carried x-prefiller-host-port
-	// uses are the request features' parts in the request (requestFeature).
-	uses     []featureUse
+	// uses are the request features' parts in the request (proxy/feature),
+	// and declined whether one of them declined the split.
+	uses     []feature.Use
+	declined bool
 	Label    string // bounded metric label of prefiller
 	Mode     string
 	Handoff  *connectors.Handoff // set once the decode leg carries remote KV

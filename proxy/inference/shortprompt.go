@@ -6,6 +6,7 @@ import (
 
 	"github.com/pd-sidecar/pd-sidecar/connectors"
 	"github.com/pd-sidecar/pd-sidecar/metrics"
+	"github.com/pd-sidecar/pd-sidecar/proxy/feature"
 )
 
 // The short-prompt guard (--min-remote-prefill-tokens): a request that
@@ -14,19 +15,19 @@ import (
 // short prompt's KV costs more than the prefill it saves. It is decided
 // once the header was parsed and allowed (a refused or malformed value is
 // answered as it would be with any prompt) and before the prefiller's
-// circuit breaker and any leg, on both serving paths. A declined request is no fallback: it is counted in
-// mode local and in split_declined_total, and reported as declined.
+// circuit breaker and any leg, on both serving paths. A declined request
+// is no fallback: it is counted in mode local and in split_declined_total,
+// and reported as declined.
 
 // shortPrompt is the short-prompt guard, a request feature: registered
 // when --min-remote-prefill-tokens is above 0.
 type shortPrompt struct{ limit int }
 
-// begin declines the split of a request that names a prefiller and whose
-// prompt is shorter than the limit, and counts and logs it; the request is
-// then served locally. It costs one pass over the body's top level
-// (connectors.EstimatePromptTokens); a prompt the estimate cannot read is
-// not declined.
-func (s shortPrompt) begin(r *Request, _ *fasthttp.RequestHeader) featureUse {
+// Begin declines the split of a request that names a prefiller and whose
+// prompt is shorter than the limit, and logs it. It costs one pass over
+// the body's top level (connectors.EstimatePromptTokens); a prompt the
+// estimate cannot read is not declined.
+func (s shortPrompt) Begin(r feature.Request, _ *fasthttp.RequestHeader) feature.Use {
 	if r.Prefiller == "" {
 		return nil
 	}
@@ -34,10 +35,7 @@ func (s shortPrompt) begin(r *Request, _ *fasthttp.RequestHeader) featureUse {
 	if !ok || n >= s.limit {
 		return nil
 	}
-	r.P.M.SplitDeclined.WithLabelValues(metrics.DeclineShortPrompt).Inc()
-	r.Obs.Declined = metrics.DeclineShortPrompt
-	r.Mode = metrics.ModeLocal
-	r.LogAt(zerolog.DebugLevel).Int("prompt_tokens_estimate", n).Int("min_remote_prefill_tokens", s.limit).
+	r.Log.LogAt(zerolog.DebugLevel).Int("prompt_tokens_estimate", n).Int("min_remote_prefill_tokens", s.limit).
 		Msg("short prompt: split declined, served locally")
 	return declinedShort{}
 }
@@ -45,6 +43,9 @@ func (s shortPrompt) begin(r *Request, _ *fasthttp.RequestHeader) featureUse {
 // declinedShort is a split the short-prompt guard declined.
 type declinedShort struct{}
 
-func (declinedShort) declinesSplit() bool { return true }
+func (declinedShort) DeclinedSplit() string { return metrics.DeclineShortPrompt }
 
-var _ requestFeature = shortPrompt{}
+var (
+	_ feature.Feature       = shortPrompt{}
+	_ feature.SplitDecliner = declinedShort{}
+)

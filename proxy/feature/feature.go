@@ -1,0 +1,77 @@
+// Package feature declares what a request feature is and what it may do:
+// a unit of its own (its package, its configuration, one registration line
+// in proxy/inference's New) that takes part in every inference request at
+// the points both serving drivers (fasthttp's goroutine driver and the lane)
+// pass through. A feature is asked once per inference request, when the
+// request's prefiller is named and allowed (or none is named), with the
+// request's head; what it does for that request is its Use, whose abilities
+// (SplitDecliner, PrefillEditor, LocalEditor, KVSourceNamer) the request
+// finds by type assertion. A feature that needs a new point in the request
+// adds an ability here, which both drivers consult; no driver knows a
+// feature's name.
+package feature
+
+import (
+	"github.com/rs/zerolog"
+	"github.com/valyala/fasthttp"
+
+	"github.com/pd-sidecar/pd-sidecar/connectors"
+)
+
+// Feature is a feature of inference requests.
+type Feature interface {
+	// Begin returns the feature's part in request r, whose head is h
+	// (nil: nothing to do for it). It may count and log; it must not keep
+	// h, which the lane reuses for the next request, nor r's body.
+	Begin(r Request, h *fasthttp.RequestHeader) Use
+}
+
+// Request is what a feature is told of the request it takes part in.
+type Request struct {
+	API  connectors.API
+	Body []byte
+	// Prefiller is the prefiller the request names, allowed ("": none).
+	Prefiller string
+	// Port is the sidecar port the request arrived on (its data-parallel
+	// rank's).
+	Port int
+	// Log logs on the request's logger (request_id, path, prefiller).
+	Log Logger
+}
+
+// Logger returns an event of level l on a request's logger, or nil (a
+// no-op event) when l is not logged.
+type Logger interface {
+	LogAt(l zerolog.Level) *zerolog.Event
+}
+
+// Use is a feature's part in one request. Its abilities: SplitDecliner,
+// PrefillEditor, LocalEditor, KVSourceNamer.
+type Use any
+
+// SplitDecliner serves a request that names a prefiller locally instead of
+// splitting it. DeclinedSplit is why (a bounded label of
+// pd_sidecar_split_declined_total); the request counts it, reports it and
+// is served in mode local. The feature logged what it saw.
+type SplitDecliner interface{ DeclinedSplit() (reason string) }
+
+// PrefillEditor edits the body of the prefill leg (after the connector
+// built it); an error fails the request as a bad request.
+type PrefillEditor interface {
+	EditPrefill(body []byte) ([]byte, error)
+}
+
+// LocalEditor edits the body of a request the local engine prefills
+// because none was split (no prefiller named, or the split declined); an
+// error fails the request as a bad request. A fallback's local leg is the
+// client's own body, unedited.
+type LocalEditor interface {
+	EditLocal(body []byte) ([]byte, error)
+}
+
+// KVSourceNamer names the engine whose P2P tier holds the prompt's prefix,
+// for a choreography whose legs name it themselves (the offloading
+// connector's concurrent legs).
+type KVSourceNamer interface {
+	KVSource() *connectors.P2PPeer
+}
