@@ -34,6 +34,7 @@ import (
 	"github.com/pd-sidecar/pd-sidecar/proxy/passpolicy"
 	"github.com/pd-sidecar/pd-sidecar/proxy/prefillstrip"
 	"github.com/pd-sidecar/pd-sidecar/proxy/prewarm"
+	"github.com/pd-sidecar/pd-sidecar/proxy/shortprompt"
 	"github.com/pd-sidecar/pd-sidecar/proxy/sse"
 	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"
 )
@@ -197,7 +198,7 @@ func New(cfg Config, conn connectors.Connector, m *metrics.Metrics, gatherer pro
 	}
 	p.Boot = bootstrap.New(cfg.MaxPrefillers, bootstrapTransportErr)
 	if cfg.MinRemotePrefillTokens > 0 {
-		p.features = append(p.features, shortPrompt{limit: cfg.MinRemotePrefillTokens})
+		p.features = append(p.features, shortprompt.Guard{Limit: cfg.MinRemotePrefillTokens})
 	}
 	if cfg.P2P.Enabled {
 		p.features = append(p.features, kvCacheSource{ports: p.p2pPorts(), allowlist: cfg.Guard.Allowlist, ownHost: p.ownHost, outcomes: m.KVSources, newID: NewUUID})
