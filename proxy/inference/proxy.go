@@ -30,6 +30,7 @@ import (
 	"github.com/pd-sidecar/pd-sidecar/proxy/hedge"
 	"github.com/pd-sidecar/pd-sidecar/proxy/kvpull"
 	"github.com/pd-sidecar/pd-sidecar/proxy/kvrelease"
+	"github.com/pd-sidecar/pd-sidecar/proxy/kvsource"
 	"github.com/pd-sidecar/pd-sidecar/proxy/observe"
 	"github.com/pd-sidecar/pd-sidecar/proxy/passpolicy"
 	"github.com/pd-sidecar/pd-sidecar/proxy/prefillstrip"
@@ -201,7 +202,7 @@ func New(cfg Config, conn connectors.Connector, m *metrics.Metrics, gatherer pro
 		p.features = append(p.features, shortprompt.Guard{Limit: cfg.MinRemotePrefillTokens})
 	}
 	if cfg.P2P.Enabled {
-		p.features = append(p.features, kvCacheSource{ports: p.p2pPorts(), allowlist: cfg.Guard.Allowlist, ownHost: p.ownHost, outcomes: m.KVSources, newID: NewUUID})
+		p.features = append(p.features, kvsource.Feature{Ports: p.p2pPorts(), Allowlist: cfg.Guard.Allowlist, OwnHost: p.ownHost, Outcomes: m.KVSources, NewID: NewUUID})
 	}
 	p.hedge = hedge.New(cfg.Hedge, m.Hedge)
 	if cfg.Hedge.On() && p.Choreo == connectors.ChoreographyConcurrent {
