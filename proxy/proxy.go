@@ -17,6 +17,7 @@ import (
 	"github.com/pd-sidecar/pd-sidecar/connectors"
 	"github.com/pd-sidecar/pd-sidecar/kvtransfer"
 	"github.com/pd-sidecar/pd-sidecar/metrics"
+	"github.com/pd-sidecar/pd-sidecar/proxy/front"
 	"github.com/pd-sidecar/pd-sidecar/proxy/godriver"
 	"github.com/pd-sidecar/pd-sidecar/proxy/inference"
 	"github.com/pd-sidecar/pd-sidecar/proxy/lane"
@@ -94,7 +95,7 @@ const (
 
 // The errors the sidecar's requests end with, matched with errors.Is.
 var (
-	ErrBadHeaderName      = inference.ErrBadHeaderName
+	ErrBadHeaderName      = front.ErrBadHeaderName
 	ErrBadPrefiller       = inference.ErrBadPrefiller
 	ErrBadRequest         = inference.ErrBadRequest
 	ErrBodyTooLarge       = inference.ErrBodyTooLarge
@@ -109,7 +110,7 @@ var (
 	ErrEncoderFailed      = inference.ErrEncoderFailed
 	ErrEncoderTimeout     = inference.ErrEncoderTimeout
 	ErrEventTooLong       = inference.ErrEventTooLong
-	ErrHTTPVersion        = inference.ErrHTTPVersion
+	ErrHTTPVersion        = front.ErrHTTPVersion
 	ErrHeadersTooLarge    = inference.ErrHeadersTooLarge
 	ErrKVAddressDenied    = inference.ErrKVAddressDenied
 	ErrKVLoadFailed       = inference.ErrKVLoadFailed
@@ -118,11 +119,11 @@ var (
 	ErrNoAddress          = inference.ErrNoAddress
 	ErrNoEncoder          = inference.ErrNoEncoder
 	ErrNoModel            = inference.ErrNoModel
-	ErrNotOnMetricsPort   = inference.ErrNotOnMetricsPort
+	ErrNotOnMetricsPort   = front.ErrNotOnMetricsPort
 	ErrOverloaded         = inference.ErrOverloaded
 	ErrPassthroughMethod  = inference.ErrPassthroughMethod
 	ErrPassthroughPath    = inference.ErrPassthroughPath
-	ErrPathNotNormal      = inference.ErrPathNotNormal
+	ErrPathNotNormal      = front.ErrPathNotNormal
 	ErrPrefillOverloaded  = inference.ErrPrefillOverloaded
 	ErrPrefillRejected    = inference.ErrPrefillRejected
 	ErrPrefillServerError = inference.ErrPrefillServerError
@@ -157,11 +158,11 @@ type Proxy struct{ p *inference.Proxy }
 // serves until ctx is done; then it stops accepting, reports not ready, and
 // drains in-flight requests for up to ShutdownGrace. It returns an error
 // when a port cannot be bound, a server fails, or the drain timed out.
-func (p *Proxy) Run(ctx context.Context) error { return p.p.Run(ctx) }
+func (p *Proxy) Run(ctx context.Context) error { return front.Run(ctx, p.p) }
 
 // Handler returns the request handler of data-parallel rank r: the same
 // proxy, with rank r's local engine as decoder and passthrough target.
-func (p *Proxy) Handler(rank int) fasthttp.RequestHandler { return p.p.Handler(rank) }
+func (p *Proxy) Handler(rank int) fasthttp.RequestHandler { return front.Handler(p.p, rank) }
 
 // SetExtras installs optional collaborators. Call it before Run.
 func (p *Proxy) SetExtras(e Extras) { p.p.SetExtras(e) }

@@ -21,6 +21,7 @@ import (
 
 	"github.com/pd-sidecar/pd-sidecar/connectors/sharedstorage"
 	"github.com/pd-sidecar/pd-sidecar/metrics"
+	"github.com/pd-sidecar/pd-sidecar/proxy/front"
 	"github.com/pd-sidecar/pd-sidecar/proxy/inference"
 	"github.com/pd-sidecar/pd-sidecar/proxy/relay"
 )
@@ -141,7 +142,7 @@ func TestDecodeFirstDriver(t *testing.T) {
 			p.UseDecoder(relay.Decode)
 			ln, err := net.Listen("tcp", "127.0.0.1:0")
 			require.NoError(t, err)
-			srv := &fasthttp.Server{Handler: p.Handler(0)}
+			srv := &fasthttp.Server{Handler: front.Handler(p, 0)}
 			go func() { _ = srv.Serve(ln) }()
 			defer func() { _ = srv.Shutdown() }()
 

@@ -33,17 +33,17 @@ func (r *Request) KVLoadFailed() bool {
 
 // CopyHead copies the upstream status and end-to-end headers to the client.
 func (r *Request) CopyHead(resp *fasthttp.Response) {
-	copyResponseHead(r.RC, resp)
+	CopyResponseHead(r.RC, resp)
 	r.RC.Response.Header.Set(HeaderRequestID, r.ID)
 }
 
-func copyResponseHead(rc *fasthttp.RequestCtx, resp *fasthttp.Response) {
+func CopyResponseHead(rc *fasthttp.RequestCtx, resp *fasthttp.Response) {
 	resp.Header.CopyTo(&rc.Response.Header)
 	// The status line is the sidecar's, HTTP/1.1 as in every answer it
 	// makes (an HTTP/1.0 client gets framing it reads: setStream),
 	// never the upstream's version.
 	rc.Response.Header.SetProtocol(nil)
-	for _, h := range hopHeaders {
+	for _, h := range HopHeaders {
 		rc.Response.Header.Del(h)
 	}
 }

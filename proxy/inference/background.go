@@ -20,13 +20,13 @@ type backgroundWork struct {
 	// legs, to resolve hosts), so the end of Run's ctx, which begins the
 	// shutdown, does not end it; it stops once they have drained. Without
 	// it the work stops when the shutdown begins.
-	throughDrain bool
+	ThroughDrain bool
 }
 
 // workers runs background work, each in a goroutine of its own, and stops
 // it. It belongs to one goroutine (Run's): start and stop are not safe for
 // concurrent use.
-type workers struct {
+type Workers struct {
 	running []runningWorker
 }
 
@@ -37,7 +37,7 @@ type runningWorker struct {
 
 // start runs w.Run in a goroutine of its own, with a context of its own
 // under ctx: it ends when ctx does, or at stop.
-func (ws *workers) start(ctx context.Context, w background) {
+func (ws *Workers) Start(ctx context.Context, w background) {
 	ctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
 	go func() {
@@ -51,7 +51,7 @@ func (ws *workers) start(ctx context.Context, w background) {
 // run: it cancels each one's context and waits for its Run to return
 // before it cancels the next. A worker that has returned already is not
 // waited for. Once stopped, stop does nothing.
-func (ws *workers) stop() {
+func (ws *Workers) Stop() {
 	for i := len(ws.running) - 1; i >= 0; i-- {
 		w := ws.running[i]
 		w.cancel()

@@ -14,10 +14,10 @@ import (
 // the end of t) cancels it and waits for it.
 func runBackground(t *testing.T, w background) (stop func()) {
 	t.Helper()
-	var ws workers
-	ws.start(context.Background(), w)
-	t.Cleanup(ws.stop)
-	return ws.stop
+	var ws Workers
+	ws.Start(context.Background(), w)
+	t.Cleanup(ws.Stop)
+	return ws.Stop
 }
 
 // fakeWork is background work that records in a log, shared with
@@ -80,10 +80,10 @@ func TestWorkers(t *testing.T) {
 			log := &eventLog{}
 			parent, cancel := context.WithCancel(context.Background())
 			defer cancel()
-			var ws workers
+			var ws Workers
 			for _, name := range tc.work {
 				f := &fakeWork{name: name, early: tc.early[name], log: log, done: make(chan struct{})}
-				ws.start(parent, f)
+				ws.Start(parent, f)
 				if f.early {
 					<-f.done // so that those returning early end in start order
 				}
@@ -100,7 +100,7 @@ func TestWorkers(t *testing.T) {
 			done := make(chan struct{})
 			go func() {
 				defer close(done)
-				ws.stop()
+				ws.Stop()
 			}()
 			select {
 			case <-done:
@@ -108,7 +108,7 @@ func TestWorkers(t *testing.T) {
 				t.Fatal("stop did not return")
 			}
 			assert.Equal(t, tc.want, log.ended(), "each ended before stop returned, in this order")
-			ws.stop() // a second stop does nothing
+			ws.Stop() // a second stop does nothing
 			assert.Equal(t, tc.want, log.ended())
 		})
 	}

@@ -6,6 +6,7 @@ import (
 	"runtime"
 	"time"
 
+	"github.com/pd-sidecar/pd-sidecar/proxy/passpolicy"
 	"github.com/pd-sidecar/pd-sidecar/proxy/prefillstrip"
 	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"
 )
@@ -231,3 +232,23 @@ func (c Config) Validate() error {
 	}
 	return c.Guard.Validate()
 }
+
+// PassthroughConfig says which requests pass through to the local engine
+// (passpolicy.Config).
+type PassthroughConfig = passpolicy.Config
+
+// Passthrough policies (--passthrough-policy): passpolicy's.
+const (
+	PassthroughServing = passpolicy.Serving
+	PassthroughNone    = passpolicy.None
+	PassthroughAll     = passpolicy.All
+)
+
+// Errors of refused passthrough requests: passpolicy's.
+var (
+	ErrPassthroughMethod = passpolicy.ErrMethod
+	ErrPassthroughPath   = passpolicy.ErrPath
+)
+
+// DefaultPassthroughConfig is the serving policy.
+func DefaultPassthroughConfig() PassthroughConfig { return passpolicy.DefaultConfig() }

@@ -36,7 +36,7 @@ func (r *Request) pickRank(h *fasthttp.RequestHeader) error {
 		r.P.M.Guards.Rejected.WithLabelValues(metrics.RejectUnknownRank).Inc()
 		return err
 	}
-	local := r.P.localAddr(rank)
+	local := r.P.LocalAddr(rank)
 	if local != r.Local {
 		r.LogAt(zerolog.DebugLevel).Str("engine", local).Msg("x-data-parallel-host-port: decoded by another rank's engine")
 	}

@@ -73,12 +73,12 @@ func newEncoderTransport(cfg Config) (*upstream.Transport, error) {
 // newEncoderStage returns the encoder stage of p, through its encoder
 // transport, with its SSRF checks; nil when the stage is off.
 func newEncoderStage(p *Proxy) *encoder.Stage {
-	if p.encTr == nil {
+	if p.EncTr == nil {
 		return nil
 	}
 	return encoder.New(encoder.Deps{
 		Config:      p.Cfg.Encoder,
-		Transport:   p.encTr,
+		Transport:   p.EncTr,
 		Allowlist:   p.Cfg.Guard.Allowlist,
 		RefusedAddr: p.refusedAddr,
 		Inject: func(ctx context.Context, h *fasthttp.RequestHeader) {

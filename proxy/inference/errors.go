@@ -210,3 +210,10 @@ func DecodeTransportErr(err error) error {
 	}
 	return fmt.Errorf("%w: %w", ErrDecodeFailed, u)
 }
+
+// ErrDrainTimeout: requests were still in flight when --shutdown-grace ran
+// out.
+var ErrDrainTimeout = errors.New("shutdown grace ran out with requests in flight")
+
+// ServerName is the Server header of every answer.
+const ServerName = "pd-sidecar"

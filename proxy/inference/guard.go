@@ -62,7 +62,7 @@ func newGuard(cfg GuardConfig, maxBody int, m *metrics.Guards, log zerolog.Logge
 
 // overloaded answers 503 when --max-concurrent-requests are in flight.
 func (p *Proxy) overloaded(rc *fasthttp.RequestCtx) {
-	p.reject(rc, metrics.RejectOverloaded, fasthttp.StatusServiceUnavailable,
+	p.Reject(rc, metrics.RejectOverloaded, fasthttp.StatusServiceUnavailable,
 		fmt.Errorf("%w (--max-concurrent-requests %d)", ErrOverloaded, p.Cfg.Guard.MaxConcurrentRequests))
 	rc.Response.Header.Set("Retry-After", "1")
 }
@@ -70,7 +70,7 @@ func (p *Proxy) overloaded(rc *fasthttp.RequestCtx) {
 // bufferFull answers a request whose body the budget refused: 503, with
 // Retry-After, counted as buffered_bytes.
 func (p *Proxy) bufferFull(rc *fasthttp.RequestCtx) {
-	p.reject(rc, metrics.RejectBufferedBytes, fasthttp.StatusServiceUnavailable,
+	p.Reject(rc, metrics.RejectBufferedBytes, fasthttp.StatusServiceUnavailable,
 		fmt.Errorf("%w (--max-buffered-bytes %d)", upstream.ErrBufferBudget, p.Cfg.Guard.MaxBufferedBytes))
 	rc.Response.Header.Set("Retry-After", "1")
 }
@@ -79,9 +79,9 @@ func (p *Proxy) bufferFull(rc *fasthttp.RequestCtx) {
 // reason and logged with its request id: the client's X-Request-ID when
 // the head was read and it is valid, else a new one; the answer carries
 // it too.
-func (p *Proxy) reject(rc *fasthttp.RequestCtx, reason string, status int, err error) {
+func (p *Proxy) Reject(rc *fasthttp.RequestCtx, reason string, status int, err error) {
 	p.M.Guards.Rejected.WithLabelValues(reason).Inc()
-	id := requestID(rc.Request.Header.Peek(HeaderRequestID))
+	id := RequestID(rc.Request.Header.Peek(HeaderRequestID))
 	rc.Response.Header.Set(HeaderRequestID, id)
 	p.Log.Warn().Err(err).Str("request_id", id).Str("reason", reason).Int("status", status).
 		Str("remote", rc.RemoteAddr().String()).Msg("request rejected")
@@ -92,7 +92,7 @@ func (p *Proxy) reject(rc *fasthttp.RequestCtx, reason string, status int, err e
 
 // serverError answers what fasthttp could not read or parse, as JSON
 // (fasthttp's Server.ErrorHandler).
-func (p *Proxy) serverError(rc *fasthttp.RequestCtx, err error) {
+func (p *Proxy) ServerError(rc *fasthttp.RequestCtx, err error) {
 	if c, ok := rc.Conn().(*clientconn.Conn); ok {
 		c.Linger() // the request may not have been read whole
 	}
@@ -104,17 +104,17 @@ func (p *Proxy) serverError(rc *fasthttp.RequestCtx, err error) {
 	var ne net.Error
 	switch {
 	case errors.Is(err, fasthttp.ErrBodyTooLarge):
-		p.reject(rc, metrics.RejectBodyTooLarge, fasthttp.StatusRequestEntityTooLarge,
+		p.Reject(rc, metrics.RejectBodyTooLarge, fasthttp.StatusRequestEntityTooLarge,
 			fmt.Errorf("%w (--max-request-body-bytes %d)", ErrBodyTooLarge, p.Cfg.MaxRequestBodyBytes))
 	case errors.As(err, &small):
-		p.reject(rc, metrics.RejectHeadersTooLarge, fasthttp.StatusRequestHeaderFieldsTooLarge,
+		p.Reject(rc, metrics.RejectHeadersTooLarge, fasthttp.StatusRequestHeaderFieldsTooLarge,
 			fmt.Errorf("%w (--max-header-bytes %d)", ErrHeadersTooLarge, p.Cfg.Guard.MaxHeaderBytes))
 	case errors.Is(err, os.ErrDeadlineExceeded) || errors.As(err, &ne) && ne.Timeout():
-		p.reject(rc, metrics.RejectReadTimeout, fasthttp.StatusRequestTimeout,
+		p.Reject(rc, metrics.RejectReadTimeout, fasthttp.StatusRequestTimeout,
 			fmt.Errorf("%w (--read-timeout %v)", ErrReadTimeout, p.Cfg.Guard.ReadTimeout))
 	default:
 		// Never the parser's own message: it quotes the request (clientconn.SafeParseError).
-		p.reject(rc, metrics.RejectMalformed, fasthttp.StatusBadRequest, fmt.Errorf("%w: %w", ErrMalformed, clientconn.SafeParseError(err)))
+		p.Reject(rc, metrics.RejectMalformed, fasthttp.StatusBadRequest, fmt.Errorf("%w: %w", ErrMalformed, clientconn.SafeParseError(err)))
 	}
 }
 
@@ -164,7 +164,7 @@ func breakerResult(err error) circuit.Result {
 func (p *Proxy) localAddrs() []string {
 	out := make([]string, p.Cfg.DataParallelSize)
 	for r := range out {
-		out[r] = p.localAddr(r)
+		out[r] = p.LocalAddr(r)
 	}
 	return out
 }

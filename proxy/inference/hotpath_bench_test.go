@@ -96,7 +96,7 @@ func BenchmarkHeaderParsing(b *testing.B) {
 		id := []byte("4f0c2a9e-5d1b-4b6a-9a3f-0e1d2c3b4a59")
 		b.ReportAllocs()
 		for b.Loop() {
-			_ = requestID(id)
+			_ = RequestID(id)
 		}
 	})
 }

@@ -76,7 +76,7 @@ type Extras struct {
 
 // SetExtras installs optional collaborators. Call it before Run.
 func (p *Proxy) SetExtras(e Extras) {
-	p.ext = e
+	p.Ext = e
 	p.Trace = observe.NewTracing(observe.Config{Tracer: e.Tracer, Propagator: e.Propagator,
 		Reason: failureReason, KVLoadFailed: ReasonKVLoadFailed})
 	p.LegStrip, p.PrefillStrip = p.Trace.Strip(p.strip)
@@ -150,7 +150,7 @@ func (r *Request) Report() {
 		mode = metrics.ModeLocal
 	}
 	r.Obs.End(mode, r.Label)
-	if o := r.P.ext.Observer; o != nil {
+	if o := r.P.Ext.Observer; o != nil {
 		o.ObserveRequest(RequestReport{
 			ID: r.ID, Mode: mode, Reason: r.Obs.Reason, Declined: r.Obs.Declined, Prefiller: r.Label, NamedPrefiller: r.named,
 			Status: r.Obs.Status, Start: r.Start, Duration: time.Since(r.Start),
@@ -163,7 +163,7 @@ func (r *Request) Report() {
 }
 
 // logsLegs reports whether legs are logged (trace level).
-func (p *Proxy) logsLegs() bool { return observe.LogsLegs(p.Log.GetLevel()) }
+func (p *Proxy) LogsLegs() bool { return observe.LogsLegs(p.Log.GetLevel()) }
 
 // traceLeg logs the leg req to addr at trace level.
 func (r *Request) traceLeg(addr string, req *fasthttp.Request) {

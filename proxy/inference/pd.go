@@ -18,7 +18,7 @@ import (
 
 // serveInference runs one inference request: local when no prefiller is
 // named, else the sequential prefill→decode handoff with its degradations.
-func (p *Proxy) serveInference(rc *fasthttp.RequestCtx, local string, api connectors.API) {
+func (p *Proxy) ServeInference(rc *fasthttp.RequestCtx, local string, api connectors.API) {
 	if !p.Guard.Acquire() {
 		p.overloaded(rc)
 		return

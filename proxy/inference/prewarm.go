@@ -24,7 +24,7 @@ var (
 func newPrewarmer(p *Proxy) *prewarm.Warmer {
 	locals := make([]string, p.Cfg.DataParallelSize)
 	for rank := range locals {
-		locals[rank] = p.localAddr(rank)
+		locals[rank] = p.LocalAddr(rank)
 	}
 	return prewarm.New(prewarm.Deps{
 		Covered:        p.prewarmCovered,

@@ -1,8 +1,13 @@
-// Package inference is the decode-pod sidecar: a fasthttp server in front of the
-// local engine that splits inference requests naming a prefiller into a
-// remote prefill and a local decode (the choreography is written once here,
-// parameterised by a connectors.Connector), degrades to local prefill when
-// the prefiller fails, and passes every other request through unchanged.
+// Package inference is what both serving drivers share about an inference
+// request: the Proxy (configuration, transports, guards, breakers, metrics
+// and the registered request features and background work), a request's
+// state (Request), and the steps of a request every path takes: naming and
+// allowing the prefiller, the features' parts, reading the prefill answer,
+// degrading to a local prefill, accounting, and the request's report and
+// spans. It does no I/O of its own choosing: proxy/front hands it requests,
+// and the goroutine driver (proxy/godriver), the lane (proxy/lane) and the
+// relay (proxy/relay) serve them through the Splitter, LaneFunc and Decoder
+// they register.
 package inference
 
 import (
@@ -10,7 +15,6 @@ import (
 	"net"
 	"strconv"
 	"sync/atomic"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -61,19 +65,19 @@ type Proxy struct {
 	Choreo   connectors.Choreography   // what conn declares (connectors.Choreography)
 	Boot     *bootstrap.Cache          // Bootstrapper answers per prefiller
 	Tr       *upstream.Transport
-	encTr    *upstream.Transport // the encoder legs'; nil: stage off
+	EncTr    *upstream.Transport // the encoder legs'; nil: stage off
 	enc      *encoder.Stage      // the encoder stage (llm-d's E/PD); nil: off
 	M        *metrics.Metrics
 	Log      zerolog.Logger
-	metricsH fasthttp.RequestHandler
+	MetricsH fasthttp.RequestHandler
 	Draining atomic.Bool
-	ext      Extras   // optional collaborators (see SetExtras)
+	Ext      Extras   // optional collaborators (see SetExtras)
 	strip    []string // --prefill-strip-headers, lower case
 	Bufs     sse.Bufs // per-stream buffers for reuse
 	// hedge is hedged prefill's policy; nil: off.
 	hedge *hedge.Policy
 	// pass is what passes through to the engine.
-	pass *passpolicy.Policy
+	Pass *passpolicy.Policy
 	// Guard holds the limits, SSRF protection, circuit breakers and TLS.
 	Guard *guard.Guard
 	// warm warms up new prefillers (--prefill-prewarm); nil: off.
@@ -91,7 +95,7 @@ type Proxy struct {
 	// background is the work Run runs beside serving: MoRI-IO's host
 	// revalidations, warm-ups, circuit probes, KV release legs, of those
 	// that are on, in start order.
-	background []backgroundWork
+	Background []backgroundWork
 	// features are the request features that are on, in the order they
 	// take part in a request: one line each in New.
 	features []feature.Feature
@@ -109,7 +113,7 @@ type Proxy struct {
 	LoopRequests atomic.Int64 // requests on the loops: streams handed over, and the lane's
 	// lanes starts the lane of a local engine's port (UseLanes); nil:
 	// fasthttp serves every request.
-	lanes LaneFunc
+	Lanes LaneFunc
 	// splitter runs the split of a request fasthttp's handler goroutine
 	// serves (UseSplitter).
 	splitter Splitter
@@ -152,7 +156,7 @@ type LaneFunc func(p *Proxy, local string, srv *fasthttp.Server, loops []*netloo
 
 // UseLanes makes Run start a lane with f on every local engine's port
 // where the event loops run (--stream-loops) and the connection is plain.
-func (p *Proxy) UseLanes(f LaneFunc) { p.lanes = f }
+func (p *Proxy) UseLanes(f LaneFunc) { p.Lanes = f }
 
 // New returns a Proxy. cfg must be valid (see Config.Validate); m holds the
 // collectors, gatherer is what /metrics exports, log receives JSON logs.
@@ -166,7 +170,7 @@ func New(cfg Config, conn connectors.Connector, m *metrics.Metrics, gatherer pro
 		Tr:   upstream.NewTransport(cfg.ConnectTimeout, cfg.MaxConnsPerHost, cfg.MaxPrefillers+cfg.DataParallelSize),
 		M:    m,
 		Log:  log,
-		metricsH: fasthttpadaptor.NewFastHTTPHandler(
+		MetricsH: fasthttpadaptor.NewFastHTTPHandler(
 			promhttp.HandlerFor(gatherer, promhttp.HandlerOpts{})),
 	}
 	p.Tr.SetAnswerLimits(cfg.MaxUpstreamAnswerBytes, cfg.Guard.MaxHeaderBytes)
@@ -175,7 +179,7 @@ func New(cfg Config, conn connectors.Connector, m *metrics.Metrics, gatherer pro
 	if err != nil {
 		return nil, err
 	}
-	p.pass, p.strip = pass, prefillstrip.Names(cfg.PrefillStripHeaders)
+	p.Pass, p.strip = pass, prefillstrip.Names(cfg.PrefillStripHeaders)
 	p.PrefillStrip = p.strip
 	p.Rewriter, _ = conn.(connectors.AnswerRewriter)
 	g, err := newGuard(cfg.Guard, cfg.MaxRequestBodyBytes, m.Guards, log)
@@ -189,7 +193,7 @@ func New(cfg Config, conn connectors.Connector, m *metrics.Metrics, gatherer pro
 		return nil, err
 	}
 	p.Tr.UseTLS(upTLS)
-	if p.encTr, err = newEncoderTransport(cfg); err != nil {
+	if p.EncTr, err = newEncoderTransport(cfg); err != nil {
 		return nil, err
 	}
 	p.enc = newEncoderStage(p)
@@ -219,76 +223,38 @@ func New(cfg Config, conn connectors.Connector, m *metrics.Metrics, gatherer pro
 	// The background work of what is on, in the order Run starts it
 	// (and stops it in reverse).
 	if p.Mori != nil {
-		p.background = append(p.background, backgroundWork{background: p.Mori.Dns, throughDrain: true})
+		p.Background = append(p.Background, backgroundWork{background: p.Mori.Dns, ThroughDrain: true})
 	}
 	if p.warm != nil {
-		p.background = append(p.background, backgroundWork{background: p.warm})
+		p.Background = append(p.Background, backgroundWork{background: p.warm})
 	}
 	if pr := newCircuitProber(p.Guard, cfg.ConnectTimeout); pr != nil {
-		p.background = append(p.background, backgroundWork{background: pr})
+		p.Background = append(p.Background, backgroundWork{background: pr})
 	}
 	if p.kvr != nil {
-		p.background = append(p.background, backgroundWork{background: p.kvr, throughDrain: true})
+		p.Background = append(p.Background, backgroundWork{background: p.kvr, ThroughDrain: true})
 	}
 	return p, nil
 }
 
 // localAddr is the local engine of data-parallel rank r.
-func (p *Proxy) localAddr(rank int) string {
+func (p *Proxy) LocalAddr(rank int) string {
 	return net.JoinHostPort(p.Cfg.ModelServerHost, strconv.Itoa(p.Cfg.ModelServerPort+rank))
 }
 
-// Handler returns the request handler of data-parallel rank r: the same
-// proxy, with rank r's local engine as decoder and passthrough target.
-func (p *Proxy) Handler(rank int) fasthttp.RequestHandler {
-	local := p.localAddr(rank)
-	return func(rc *fasthttp.RequestCtx) {
-		clientconn.DropTrailers(&rc.Request.Header) // before anything reads the head
-		defer clientconn.Counted(rc)()
-		if p.refuseHead(rc) || p.refuseVersion(rc) || p.refuseTarget(rc) { // head, version and target checks
-			return
-		}
-		if p.serveOwn(rc, local) { // /health, /ready, /metrics, /debug/pd
-			return
-		}
-		path := rc.Path()
-		if api, ok := connectors.APIForPath(string(path)); ok && rc.IsPost() {
-			p.serveInference(rc, local, api)
-			return
-		}
-		// Before anything is forwarded: the passthrough policy.
-		if v := p.pass.Decide(string(rc.Method()), string(path)); !v.Pass() {
-			p.refusePassthrough(rc, v)
-			return
-		}
-		p.passthrough(rc, local)
+// ConnDone passes on a client connection whose answer an event loop
+// finished: to its next request (keep), on the lane or else (no lane, or
+// the answer was a P/D one the lane does not serve: Conn.NextAdopter)
+// fasthttp's server of engine local; or closed.
+func (p *Proxy) ConnDone(cc *clientconn.Conn, local string, keep bool) {
+	a := cc.NextAdopter()
+	switch {
+	case !keep:
+		_ = cc.TCPConn.Close()
+	case a != nil:
+		a.Adopt(cc)
+	default:
+		srv := p.Servers[local]
+		go func() { _ = srv.ServeConn(cc) }()
 	}
-}
-
-// ready answers 200 when the local engine's /health answers 200 and the
-// proxy is not draining.
-func (p *Proxy) ready(rc *fasthttp.RequestCtx, local string) {
-	rc.SetContentType("application/json")
-	if p.Draining.Load() {
-		rc.SetStatusCode(fasthttp.StatusServiceUnavailable)
-		rc.SetBodyString(`{"status":"draining"}`)
-		return
-	}
-	req := fasthttp.AcquireRequest()
-	resp := fasthttp.AcquireResponse()
-	defer fasthttp.ReleaseRequest(req)
-	defer fasthttp.ReleaseResponse(resp)
-	req.Header.SetMethod(fasthttp.MethodGet)
-	req.Header.SetRequestURI("/health")
-	req.Header.SetHost(local)
-	ctx, cancel := contextWithTimeout(p.Cfg.ConnectTimeout + time.Second)
-	defer cancel()
-	hold, err := p.Tr.Do(ctx, local, req, resp)
-	defer hold.Release()
-	if err != nil || resp.StatusCode() != fasthttp.StatusOK {
-		rc.SetStatusCode(fasthttp.StatusServiceUnavailable)
-		rc.SetBodyString(`{"status":"engine not ready"}`)
-		return
-	}
-	rc.SetBodyString(`{"status":"ready"}`)
 }

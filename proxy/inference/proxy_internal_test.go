@@ -131,13 +131,13 @@ func TestPickPrefiller(t *testing.T) {
 }
 
 func TestRequestID(t *testing.T) {
-	assert.Equal(t, "abc-123_x.y:z", requestID([]byte("abc-123_x.y:z")))
+	assert.Equal(t, "abc-123_x.y:z", RequestID([]byte("abc-123_x.y:z")))
 	for _, bad := range []string{"", "has space", "a,b", strings.Repeat("x", 129), "new\nline"} {
-		id := requestID([]byte(bad))
+		id := RequestID([]byte(bad))
 		assert.Len(t, id, 32, bad)
 		assert.NotEqual(t, bad, id)
 	}
-	assert.NotEqual(t, requestID(nil), requestID(nil))
+	assert.NotEqual(t, RequestID(nil), RequestID(nil))
 }
 
 func TestErrorBody(t *testing.T) {

@@ -76,7 +76,7 @@ type Request struct {
 }
 
 // hopHeaders are connection-scoped and never forwarded.
-var hopHeaders = []string{
+var HopHeaders = []string{
 	"Connection", "Proxy-Connection", "Keep-Alive", "Proxy-Authenticate",
 	"Proxy-Authorization", "Te", "Trailer", "Transfer-Encoding", "Upgrade",
 }
@@ -98,7 +98,7 @@ func (p *Proxy) StartRequest(id []byte, h *fasthttp.RequestHeader, body []byte, 
 		P: p, Ctx: ctx, Cancel: cancel, Start: time.Now(),
 		API: api, Local: local, Home: local, Body: body, Mode: metrics.ModeLocal,
 	}
-	r.ID = requestID(id)
+	r.ID = RequestID(id)
 	// r.stream and r.usage: read by sanitize, in its pass over the body.
 	r.traceStart(h)
 	return r
@@ -157,7 +157,7 @@ func (r *Request) Upstream(addr string, body []byte) *fasthttp.Request {
 // (lower case; proxy/prefillstrip).
 func (r *Request) legRequest(addr string, body []byte, strip []string) *fasthttp.Request {
 	req := fasthttp.AcquireRequest()
-	r.upstreamHeader(&req.Header, &r.RC.Request.Header, addr)
+	r.UpstreamHeader(&req.Header, &r.RC.Request.Header, addr)
 	prefillstrip.Strip(&req.Header, strip)
 	if t := clientconn.OriginForm(r.RC); t != nil {
 		req.Header.SetRequestURIBytes(t) // the path routed on
@@ -169,9 +169,9 @@ func (r *Request) legRequest(addr string, body []byte, strip []string) *fasthttp
 
 // upstreamHeader sets dst to the head of a leg to addr: the client's head
 // src minus hop-by-hop and sidecar headers, with our X-Request-ID.
-func (r *Request) upstreamHeader(dst, src *fasthttp.RequestHeader, addr string) {
+func (r *Request) UpstreamHeader(dst, src *fasthttp.RequestHeader, addr string) {
 	src.CopyTo(dst)
-	for _, h := range hopHeaders {
+	for _, h := range HopHeaders {
 		dst.Del(h)
 	}
 	dst.Del(HeaderPrefiller)
@@ -187,7 +187,7 @@ func (r *Request) upstreamHeader(dst, src *fasthttp.RequestHeader, addr string) 
 	}
 	r.Obs.Inject(dst)
 	dst.SetHost(addr)
-	dst.SetProtocolBytes(strHTTP11) // whatever the client's (setStream)
+	dst.SetProtocolBytes(StrHTTP11) // whatever the client's (setStream)
 }
 
 // pickPrefiller chooses one entry of the header value: the first, or a
@@ -216,7 +216,7 @@ func pickPrefiller(v []byte, sampling bool) (string, error) {
 }
 
 // requestID keeps a valid incoming id, else makes one.
-func requestID(in []byte) string {
+func RequestID(in []byte) string {
 	if validID(in) {
 		return string(in)
 	}
@@ -241,3 +241,6 @@ func validID(b []byte) bool {
 	}
 	return true
 }
+
+// strHTTP11 is every leg's version, whatever the client's.
+var StrHTTP11 = []byte("HTTP/1.1")

@@ -29,7 +29,7 @@ var ErrKVAddressDenied error = failure.New("a kv transfer address in the request
 // read, in one pass (connectors.ScanBody); a second is taken only to
 // remove fields that are there, or to check their addresses. log gets the
 // debug line of a removal (nil: none).
-func (p *Proxy) cleanBody(api connectors.API, body []byte, log func() *zerolog.Event) ([]byte, connectors.BodyTop, error) {
+func (p *Proxy) CleanBody(api connectors.API, body []byte, log func() *zerolog.Event) ([]byte, connectors.BodyTop, error) {
 	m, g := p.M.Guards, &p.Cfg.Guard
 	top, err := connectors.ScanBody(api, body)
 	if err != nil {
@@ -78,7 +78,7 @@ func (p *Proxy) cleanBody(api connectors.API, body []byte, log func() *zerolog.E
 // local or split, and every fallback starts from it; and reads the
 // request's stream flags, in the same pass over the body.
 func (r *Request) Sanitize() error {
-	body, top, err := r.P.cleanBody(r.API, r.Body, func() *zerolog.Event { return r.LogAt(zerolog.DebugLevel) })
+	body, top, err := r.P.CleanBody(r.API, r.Body, func() *zerolog.Event { return r.LogAt(zerolog.DebugLevel) })
 	if err != nil {
 		return err
 	}

@@ -9,7 +9,7 @@ import (
 	"time"
 )
 
-func contextWithTimeout(d time.Duration) (context.Context, context.CancelFunc) {
+func ContextWithTimeout(d time.Duration) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(context.Background(), d)
 }
 

@@ -140,7 +140,7 @@ func (c chunkRequest) Stream(body io.ReadCloser) bool {
 		rc.SetConnectionClose()
 	}
 	r.Detached = true
-	inference.SetStream(rc, body)
+	SetStream(rc, body)
 	return true
 }
 

@@ -11,6 +11,8 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"io"
+	"net"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -164,5 +166,36 @@ func StreamBody(r *inference.Request, b *sseBody) {
 		r.RC.SetConnectionClose()
 	}
 	r.Detached = true
-	inference.SetStream(r.RC, b) // the framing the client reads
+	SetStream(r.RC, b) // the framing the client reads
+}
+
+// SetStream makes body the answer of rc, streamed: chunked to an HTTP/1.1
+// client (fasthttp writes each Read as a flushed chunk); to an HTTP/1.0
+// client, which cannot read chunked framing, close-delimited — no
+// Content-Length, no Transfer-Encoding, Connection: close — written on the
+// hijacked connection (each Read, or each write of body's WriteTo, goes
+// out as it comes), which closes after it. body is closed once written, or
+// once the client is gone, as fasthttp closes a body stream.
+func SetStream(rc *fasthttp.RequestCtx, body io.Reader) {
+	if rc.Request.Header.IsHTTP11() {
+		rc.SetBodyStream(body, -1)
+		return
+	}
+	h := &rc.Response.Header
+	h.SetServer(inference.ServerName)
+	h.SetConnectionClose()
+	h.SetContentLength(-1)                 // no Content-Length ...
+	h.Del(fasthttp.HeaderTransferEncoding) // ... and no Transfer-Encoding
+	head := h.AppendBytes(nil)
+	headOnly := rc.IsHead()
+	rc.HijackSetNoResponse(true)
+	rc.Hijack(func(c net.Conn) {
+		if c, ok := body.(io.Closer); ok {
+			defer c.Close()
+		}
+		if _, err := c.Write(head); err != nil || headOnly {
+			return
+		}
+		_, _ = io.Copy(c, body)
+	})
 }

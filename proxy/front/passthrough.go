@@ -1,4 +1,4 @@
-package inference
+package front
 
 import (
 	"bytes"
@@ -14,7 +14,9 @@ import (
 	"github.com/pd-sidecar/pd-sidecar/connectors"
 	"github.com/pd-sidecar/pd-sidecar/metrics"
 	"github.com/pd-sidecar/pd-sidecar/proxy/clientconn"
+	"github.com/pd-sidecar/pd-sidecar/proxy/inference"
 	"github.com/pd-sidecar/pd-sidecar/proxy/logvalue"
+	"github.com/pd-sidecar/pd-sidecar/proxy/relay"
 	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"
 )
 
@@ -26,32 +28,32 @@ const maxBuffered = 1 << 20
 // unchanged (method, path, query, headers but the sidecar's own and one
 // X-Request-ID, body) and streams the answer back, flushing as bytes
 // arrive.
-func (p *Proxy) passthrough(rc *fasthttp.RequestCtx, local string) {
+func passthrough(p *inference.Proxy, rc *fasthttp.RequestCtx, local string) {
 	g := p.M.Inflight.WithLabelValues(metrics.PhasePassthrough)
 	g.Inc()
 	ctx, cancel := context.WithCancelCause(context.Background())
 	w := p.Armer.Watch(rc.Conn(), cancel, time.Now())
 	req := fasthttp.AcquireRequest()
 	rc.Request.Header.CopyTo(&req.Header)
-	for _, h := range hopHeaders {
+	for _, h := range inference.HopHeaders {
 		req.Header.Del(h)
 	}
-	req.Header.Del(HeaderPrefiller)
-	req.Header.Del(HeaderDataParallel)
-	req.Header.Del(HeaderKVCacheSource)
-	req.Header.Del(HeaderEncoders)
+	req.Header.Del(inference.HeaderPrefiller)
+	req.Header.Del(inference.HeaderDataParallel)
+	req.Header.Del(inference.HeaderKVCacheSource)
+	req.Header.Del(inference.HeaderEncoders)
 	req.Header.Del("Expect")
 	// One X-Request-ID, as on every leg: the client's first (when valid),
 	// never a second copy (Set replaces only the first).
-	id := requestID(rc.Request.Header.Peek(HeaderRequestID))
-	req.Header.Del(HeaderRequestID)
-	req.Header.Set(HeaderRequestID, id)
+	id := inference.RequestID(rc.Request.Header.Peek(inference.HeaderRequestID))
+	req.Header.Del(inference.HeaderRequestID)
+	req.Header.Set(inference.HeaderRequestID, id)
 	req.Header.SetHost(local)
 	if t := clientconn.OriginForm(rc); t != nil {
 		req.Header.SetRequestURIBytes(t) // the path routed on
 	}
-	req.Header.SetProtocolBytes(strHTTP11)
-	body, err := p.passthroughBody(rc)
+	req.Header.SetProtocolBytes(inference.StrHTTP11)
+	body, err := readPassthroughBody(p, rc)
 	if err != nil {
 		fasthttp.ReleaseRequest(req)
 		g.Dec()
@@ -59,12 +61,12 @@ func (p *Proxy) passthrough(rc *fasthttp.RequestCtx, local string) {
 			rc.SetConnectionClose()
 		}
 		cancel(context.Canceled)
-		st := Classify(err).Status
-		p.Log.Warn().Err(err).Str("path", string(rc.Path())).Str("request_id", logvalue.Cut(string(rc.Request.Header.Peek(HeaderRequestID)))).
+		st := inference.Classify(err).Status
+		p.Log.Warn().Err(err).Str("path", string(rc.Path())).Str("request_id", logvalue.Cut(string(rc.Request.Header.Peek(inference.HeaderRequestID)))).
 			Int("status", st).Msg("passthrough refused")
 		rc.SetStatusCode(st)
 		rc.SetContentType("application/json")
-		rc.SetBody(ErrorBody(st, err))
+		rc.SetBody(inference.ErrorBody(st, err))
 		return
 	}
 	req.SetBodyRaw(body)
@@ -82,47 +84,47 @@ func (p *Proxy) passthrough(rc *fasthttp.RequestCtx, local string) {
 	}
 	left := func() bool {
 		// After done: the watch has stopped, so the cause is final.
-		return errors.Is(context.Cause(ctx), ErrClientGone) || clientconn.PeerClosed(rc.Conn())
+		return errors.Is(context.Cause(ctx), inference.ErrClientGone) || clientconn.PeerClosed(rc.Conn())
 	}
 	if err != nil {
 		done()
 		if left() {
-			p.dropPassthrough(rc, id)
+			dropPassthrough(p, rc, id)
 			return
 		}
-		err = DecodeTransportErr(err)
-		st := Classify(err).Status
+		err = inference.DecodeTransportErr(err)
+		st := inference.Classify(err).Status
 		upstream.WithUpstream(p.Log.Error().Err(err), err).Str("path", string(rc.Path())).Msg("passthrough failed")
 		rc.SetStatusCode(st)
 		rc.SetContentType("application/json")
-		rc.SetBody(ErrorBody(st, err))
+		rc.SetBody(inference.ErrorBody(st, err))
 		return
 	}
 	if clientconn.PeerClosed(rc.Conn()) {
 		leg.Close()
 		done()
-		p.dropPassthrough(rc, id)
+		dropPassthrough(p, rc, id)
 		return
 	}
-	copyResponseHead(rc, resp)
+	inference.CopyResponseHead(rc, resp)
 	cl := resp.Header.ContentLength()
-	if cl >= 0 && cl <= maxBuffered && !bytes.HasPrefix(resp.Header.ContentType(), EventStream) {
+	if cl >= 0 && cl <= maxBuffered && !bytes.HasPrefix(resp.Header.ContentType(), inference.EventStream) {
 		body, err := io.ReadAll(leg)
 		leg.Close()
 		done()
 		if err != nil && left() {
 			rc.Response.Reset()
-			p.dropPassthrough(rc, id)
+			dropPassthrough(p, rc, id)
 			return
 		}
 		if err != nil {
-			err = DecodeTransportErr(&upstream.LegError{Addr: local, Op: "read", Err: err})
-			st := Classify(err).Status
+			err = inference.DecodeTransportErr(&upstream.LegError{Addr: local, Op: "read", Err: err})
+			st := inference.Classify(err).Status
 			upstream.WithUpstream(p.Log.Error().Err(err), err).Str("path", string(rc.Path())).Msg("passthrough failed")
 			rc.Response.Reset()
 			rc.SetStatusCode(st)
 			rc.SetContentType("application/json")
-			rc.SetBody(ErrorBody(st, err))
+			rc.SetBody(inference.ErrorBody(st, err))
 			return
 		}
 		rc.SetBody(body)
@@ -134,7 +136,7 @@ func (p *Proxy) passthrough(rc *fasthttp.RequestCtx, local string) {
 	if w.Stop() {
 		rc.SetConnectionClose()
 	}
-	SetStream(rc, &passthroughBody{leg: leg, done: func() { // in a framing the client reads
+	relay.SetStream(rc, &passthroughBody{leg: leg, done: func() { // in a framing the client reads
 		leg.Close()
 		done()
 	}})
@@ -145,7 +147,7 @@ func (p *Proxy) passthrough(rc *fasthttp.RequestCtx, local string) {
 // by clientconn.PeerClosed): nothing is written, not even an error, as to
 // an inference request's client (request.leftNow), and the connection
 // closes.
-func (p *Proxy) dropPassthrough(rc *fasthttp.RequestCtx, id string) {
+func dropPassthrough(p *inference.Proxy, rc *fasthttp.RequestCtx, id string) {
 	p.M.ClientDisconnects.WithLabelValues(metrics.PhasePassthrough).Inc()
 	p.Log.Info().Str("path", string(rc.Path())).Str("request_id", logvalue.Cut(id)).Msg("client left; passthrough answer dropped")
 	rc.HijackSetNoResponse(true)
@@ -176,14 +178,14 @@ func (b *passthroughBody) Close() error {
 // (cleanBody) on every path, for engines read them on more paths than the
 // sidecar splits (SGLang's /generate, vLLM's other APIs); any other body
 // (none, multipart, text) is forwarded as is.
-func (p *Proxy) passthroughBody(rc *fasthttp.RequestCtx) ([]byte, error) {
+func readPassthroughBody(p *inference.Proxy, rc *fasthttp.RequestCtx) ([]byte, error) {
 	body := rc.PostBody()
 	if !connectors.IsObject(body) {
 		return body, nil
 	}
 	api, _ := connectors.APIForPath(string(rc.Path()))
-	body, _, err := p.cleanBody(api, body, func() *zerolog.Event {
-		return p.Log.Debug().Str("path", string(rc.Path())).Str("request_id", logvalue.Cut(string(rc.Request.Header.Peek(HeaderRequestID))))
+	body, _, err := p.CleanBody(api, body, func() *zerolog.Event {
+		return p.Log.Debug().Str("path", string(rc.Path())).Str("request_id", logvalue.Cut(string(rc.Request.Header.Peek(inference.HeaderRequestID))))
 	})
 	return body, err
 }

@@ -1,14 +1,13 @@
-package inference
+package front
 
 import (
 	"errors"
-	"io"
-	"net"
 
 	"github.com/valyala/fasthttp"
 
 	"github.com/pd-sidecar/pd-sidecar/metrics"
 	"github.com/pd-sidecar/pd-sidecar/proxy/clientconn"
+	"github.com/pd-sidecar/pd-sidecar/proxy/inference"
 )
 
 // HTTP conformance of what a client sends, the same on both paths (the
@@ -47,17 +46,14 @@ var (
 	ErrPathNotNormal = errors.New("request target not in normal form: no dot segments, empty segments, percent-encoded bytes in the path, or fragment")
 )
 
-// strHTTP11 is every leg's version, whatever the client's.
-var strHTTP11 = []byte("HTTP/1.1")
-
 // refuseVersion answers 505 JSON, counted, to a request of an HTTP version
 // the sidecar does not serve, and closes the connection after it. It
 // reports whether it answered.
-func (p *Proxy) refuseVersion(rc *fasthttp.RequestCtx) bool {
+func refuseVersion(p *inference.Proxy, rc *fasthttp.RequestCtx) bool {
 	if clientconn.ServedVersion(rc.Request.Header.Protocol()) {
 		return false
 	}
-	p.reject(rc, metrics.RejectHTTPVersion, fasthttp.StatusHTTPVersionNotSupported, ErrHTTPVersion)
+	p.Reject(rc, metrics.RejectHTTPVersion, fasthttp.StatusHTTPVersionNotSupported, ErrHTTPVersion)
 	rc.SetConnectionClose()
 	return true
 }
@@ -66,44 +62,13 @@ func (p *Proxy) refuseVersion(rc *fasthttp.RequestCtx) bool {
 // in normal form (clientconn.NormalTarget), and closes the connection after
 // it. It reports whether it answered. A CONNECT is left to the passthrough
 // policy.
-func (p *Proxy) refuseTarget(rc *fasthttp.RequestCtx) bool {
+func refuseTarget(p *inference.Proxy, rc *fasthttp.RequestCtx) bool {
 	// CONNECT's target is an authority, not a path: the passthrough
 	// policy judges it (a 405 unless --passthrough-policy all).
 	if rc.IsConnect() || clientconn.NormalTarget(rc.Request.Header.RequestURI(), rc.URI()) {
 		return false
 	}
-	p.reject(rc, metrics.RejectPathNotNormal, fasthttp.StatusBadRequest, ErrPathNotNormal)
+	p.Reject(rc, metrics.RejectPathNotNormal, fasthttp.StatusBadRequest, ErrPathNotNormal)
 	rc.SetConnectionClose()
 	return true
-}
-
-// SetStream makes body the answer of rc, streamed: chunked to an HTTP/1.1
-// client (fasthttp writes each Read as a flushed chunk); to an HTTP/1.0
-// client, which cannot read chunked framing, close-delimited — no
-// Content-Length, no Transfer-Encoding, Connection: close — written on the
-// hijacked connection (each Read, or each write of body's WriteTo, goes
-// out as it comes), which closes after it. body is closed once written, or
-// once the client is gone, as fasthttp closes a body stream.
-func SetStream(rc *fasthttp.RequestCtx, body io.Reader) {
-	if rc.Request.Header.IsHTTP11() {
-		rc.SetBodyStream(body, -1)
-		return
-	}
-	h := &rc.Response.Header
-	h.SetServer(serverName)
-	h.SetConnectionClose()
-	h.SetContentLength(-1)                 // no Content-Length ...
-	h.Del(fasthttp.HeaderTransferEncoding) // ... and no Transfer-Encoding
-	head := h.AppendBytes(nil)
-	headOnly := rc.IsHead()
-	rc.HijackSetNoResponse(true)
-	rc.Hijack(func(c net.Conn) {
-		if c, ok := body.(io.Closer); ok {
-			defer c.Close()
-		}
-		if _, err := c.Write(head); err != nil || headOnly {
-			return
-		}
-		_, _ = io.Copy(c, body)
-	})
 }

@@ -1,4 +1,4 @@
-package inference
+package front
 
 import (
 	"errors"
@@ -8,6 +8,7 @@ import (
 
 	"github.com/pd-sidecar/pd-sidecar/metrics"
 	"github.com/pd-sidecar/pd-sidecar/proxy/clientconn"
+	"github.com/pd-sidecar/pd-sidecar/proxy/inference"
 )
 
 // What the sidecar takes from a client request's head, on both paths, is
@@ -25,11 +26,11 @@ var ErrBadHeaderName = errors.New("header field name is not a token")
 // head has a field name that is not a token, and closes the connection
 // after it (what a front proxy made of such a head is unknown). It reports
 // whether it answered.
-func (p *Proxy) refuseHead(rc *fasthttp.RequestCtx) bool {
+func refuseHead(p *inference.Proxy, rc *fasthttp.RequestCtx) bool {
 	if !clientconn.BadHeaderName(&rc.Request.Header) {
 		return false
 	}
-	p.reject(rc, metrics.RejectMalformed, fasthttp.StatusBadRequest, fmt.Errorf("%w: %w", ErrMalformed, ErrBadHeaderName))
+	p.Reject(rc, metrics.RejectMalformed, fasthttp.StatusBadRequest, fmt.Errorf("%w: %w", inference.ErrMalformed, ErrBadHeaderName))
 	rc.SetConnectionClose()
 	return true
 }

@@ -1,4 +1,4 @@
-package inference
+package front
 
 import (
 	"bufio"
@@ -10,6 +10,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/pd-sidecar/pd-sidecar/proxy/clientconn"
+	"github.com/pd-sidecar/pd-sidecar/proxy/inference"
 )
 
 // readRequest reads a whole request as fasthttp's server does.
@@ -39,11 +40,11 @@ func TestTrailersReachNoLeg(t *testing.T) {
 				"Transfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n"+tc.trailer+"\r\n")
 			h := &req.Header
 			clientconn.DropTrailers(h)
-			assert.Equal(t, tc.prefiller, string(h.Peek(HeaderPrefiller)))
-			assert.Empty(t, h.Peek(HeaderRequestID))
-			r := &Request{ID: "rid"}
+			assert.Equal(t, tc.prefiller, string(h.Peek(inference.HeaderPrefiller)))
+			assert.Empty(t, h.Peek(inference.HeaderRequestID))
+			r := &inference.Request{ID: "rid"}
 			var leg fasthttp.Request
-			r.upstreamHeader(&leg.Header, h, "127.0.0.1:1")
+			r.UpstreamHeader(&leg.Header, h, "127.0.0.1:1")
 			leg.SetBodyRaw([]byte("{}"))
 			wire := leg.String()
 			assert.NotContains(t, wire, "evil")

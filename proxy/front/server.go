@@ -1,4 +1,11 @@
-package inference
+// Package front is the sidecar's HTTP front: the listeners and fasthttp
+// servers of every data-parallel rank's port and of the metrics port, the
+// checks every request's head, version and target pass before anything
+// else reads it, the sidecar's own routes (/health, /metrics, /debug/pd),
+// passthrough to the local engine, and the drain on shutdown. An inference
+// request it hands to proxy/inference, which serves it through the
+// drivers; an idle connection it hands to the lane where one runs.
+package front
 
 import (
 	"context"
@@ -11,30 +18,28 @@ import (
 
 	"github.com/valyala/fasthttp"
 
+	"github.com/pd-sidecar/pd-sidecar/connectors"
 	"github.com/pd-sidecar/pd-sidecar/netloop"
 	"github.com/pd-sidecar/pd-sidecar/proxy/clientconn"
+	"github.com/pd-sidecar/pd-sidecar/proxy/inference"
 )
-
-// ErrDrainTimeout: requests were still in flight when --shutdown-grace ran
-// out.
-var ErrDrainTimeout = errors.New("shutdown grace ran out with requests in flight")
 
 // Run listens on every data-parallel rank's port (and the metrics port) and
 // serves until ctx is done; then it stops accepting, reports not ready, and
 // drains in-flight requests for up to ShutdownGrace. It returns an error
 // when a port cannot be bound, a server fails, or the drain timed out.
-func (p *Proxy) Run(ctx context.Context) error {
+func Run(ctx context.Context, p *inference.Proxy) error {
 	// The background work, until the shutdown begins or, for what the
 	// requests in flight use, until they have drained; stopped here as
 	// well when serving fails to start.
-	var bg workers
-	defer bg.stop()
-	for _, w := range p.background {
+	var bg inference.Workers
+	defer bg.Stop()
+	for _, w := range p.Background {
 		wctx := ctx
-		if w.throughDrain {
+		if w.ThroughDrain {
 			wctx = context.WithoutCancel(ctx)
 		}
-		bg.start(wctx, w)
+		bg.Start(wctx, w)
 	}
 	var servers []*fasthttp.Server
 	var lns []net.Listener
@@ -51,7 +56,7 @@ func (p *Proxy) Run(ctx context.Context) error {
 			return err // "listen tcp <addr>: ...": it names the step and the address
 		}
 		lns = append(lns, ln)
-		servers = append(servers, p.newServer(h))
+		servers = append(servers, newServer(p, h))
 		return nil
 	}
 	if p.Cfg.StreamLoops > 0 {
@@ -67,7 +72,7 @@ func (p *Proxy) Run(ctx context.Context) error {
 		}
 	}
 	p.Servers = make(map[string]*fasthttp.Server, p.Cfg.DataParallelSize)
-	var lanes []Lane
+	var lanes []inference.Lane
 	defer func() {
 		for _, ln := range lanes {
 			ln.Shutdown()
@@ -78,25 +83,25 @@ func (p *Proxy) Run(ctx context.Context) error {
 		tails = clientconn.NewTailPool(p.Cfg.Guard.MaxHeaderBytes) // fasthttp's read buffer
 	}
 	for rank := range p.Cfg.DataParallelSize {
-		if err := listen(p.Cfg.Port+rank, p.Handler(rank)); err != nil {
+		if err := listen(p.Cfg.Port+rank, Handler(p, rank)); err != nil {
 			return err
 		}
 		srv := servers[len(servers)-1]
-		p.Servers[p.localAddr(rank)] = srv
+		p.Servers[p.LocalAddr(rank)] = srv
 		// clientconn.Conns (streams and idle connections move to the event
 		// loops), under TLS with --secure-proxy (where they do not). No
 		// lane at trace level either: every leg is logged (observe.LogLeg).
 		var adopter clientconn.Adopter
-		if p.lanes != nil && p.Loops != nil && !p.Guard.Secure() && !p.Tr.UsesTLS(p.localAddr(rank)) && !p.logsLegs() {
-			ln := p.lanes(p, p.localAddr(rank), srv, p.Loops.Loops())
+		if p.Lanes != nil && p.Loops != nil && !p.Guard.Secure() && !p.Tr.UsesTLS(p.LocalAddr(rank)) && !p.LogsLegs() {
+			ln := p.Lanes(p, p.LocalAddr(rank), srv, p.Loops.Loops())
 			lanes = append(lanes, ln)
 			adopter = ln
 		}
 		lns[len(lns)-1] = p.Guard.WrapListener(clientconn.Listener{Listener: lns[len(lns)-1], Adopter: adopter, Tails: tails})
-		p.Log.Info().Int("rank", rank).Int("port", p.Cfg.Port+rank).Str("engine", p.localAddr(rank)).Msg("listening")
+		p.Log.Info().Int("rank", rank).Int("port", p.Cfg.Port+rank).Str("engine", p.LocalAddr(rank)).Msg("listening")
 	}
 	if p.Cfg.MetricsPort != 0 {
-		if err := listen(p.Cfg.MetricsPort, p.metricsPortHandler()); err != nil { // metricsPortHandler
+		if err := listen(p.Cfg.MetricsPort, metricsPortHandler(p)); err != nil { // metricsPortHandler
 			return err
 		}
 	}
@@ -123,7 +128,7 @@ func (p *Proxy) Run(ctx context.Context) error {
 		wg.Go(func() {
 			if e := s.ShutdownWithContext(sctx); e != nil && errors.Is(e, context.DeadlineExceeded) {
 				mu.Lock()
-				err = errors.Join(err, ErrDrainTimeout)
+				err = errors.Join(err, inference.ErrDrainTimeout)
 				mu.Unlock()
 			}
 		})
@@ -135,8 +140,8 @@ func (p *Proxy) Run(ctx context.Context) error {
 	}
 	if n := p.LoopRequests.Load(); n > 0 {
 		p.Log.Warn().Int64("requests", n).Msg("shutdown grace ran out: closing the requests on the event loops")
-		if !errors.Is(err, ErrDrainTimeout) {
-			err = errors.Join(err, ErrDrainTimeout)
+		if !errors.Is(err, inference.ErrDrainTimeout) {
+			err = errors.Join(err, inference.ErrDrainTimeout)
 		}
 	}
 	if p.Loops != nil {
@@ -144,25 +149,22 @@ func (p *Proxy) Run(ctx context.Context) error {
 	}
 	// The release legs still in flight, the probes, the warm-ups and the
 	// MoRI-IO revalidations, in that order, before the transports close.
-	bg.stop()
+	bg.Stop()
 	p.Tr.Close()
-	if p.encTr != nil {
-		p.encTr.Close()
+	if p.EncTr != nil {
+		p.EncTr.Close()
 	}
 	p.Log.Info().Err(err).Msg("stopped")
 	return err
 }
 
-// serverName is the Server header of every answer.
-const serverName = "pd-sidecar"
-
-func (p *Proxy) newServer(h fasthttp.RequestHandler) *fasthttp.Server {
+func newServer(p *inference.Proxy, h fasthttp.RequestHandler) *fasthttp.Server {
 	return &fasthttp.Server{
 		// Request bodies are reserved from --max-buffered-bytes as their
 		// head arrives (guard.BodyHolds).
 		Handler:            p.Guard.Bodies().Handler(h),
 		HeaderReceived:     p.Guard.Bodies().HeaderReceived,
-		Name:               serverName,
+		Name:               inference.ServerName,
 		MaxRequestBodySize: p.Cfg.MaxRequestBodyBytes,
 		ReadTimeout:        p.Cfg.Guard.ReadTimeout,
 		IdleTimeout:        p.Cfg.Guard.IdleTimeout,
@@ -170,7 +172,7 @@ func (p *Proxy) newServer(h fasthttp.RequestHandler) *fasthttp.Server {
 		// Each open stream holds this writer; answers are headers and SSE
 		// chunks, flushed one by one, and longer writes bypass it.
 		WriteBufferSize: 2 << 10,
-		ErrorHandler:    p.serverError, // JSON 413/431/408/400 (reject)
+		ErrorHandler:    p.ServerError, // JSON 413/431/408/400 (reject)
 		CloseOnShutdown: true,
 		// An open stream then holds no read buffer (its request was read
 		// whole), and an idle keep-alive connection holds no request
@@ -185,7 +187,7 @@ func (p *Proxy) newServer(h fasthttp.RequestHandler) *fasthttp.Server {
 }
 
 // fasthttpLogger routes fasthttp's own messages to zerolog.
-type fasthttpLogger struct{ p *Proxy }
+type fasthttpLogger struct{ p *inference.Proxy }
 
 // Printf implements fasthttp.Logger. The end of fasthttp's part in a
 // stream handed to an event loop is no error; an error is logged as
@@ -193,7 +195,7 @@ type fasthttpLogger struct{ p *Proxy }
 func (l fasthttpLogger) Printf(format string, args ...any) {
 	for i, a := range args {
 		if err, ok := a.(error); ok {
-			if errors.Is(err, ErrHandedOver) {
+			if errors.Is(err, inference.ErrHandedOver) {
 				return
 			}
 			args[i] = clientconn.LogSafe(err)
@@ -202,19 +204,57 @@ func (l fasthttpLogger) Printf(format string, args ...any) {
 	l.p.Log.Warn().Msgf(format, args...)
 }
 
-// ConnDone passes on a client connection whose answer an event loop
-// finished: to its next request (keep), on the lane or else (no lane, or
-// the answer was a P/D one the lane does not serve: Conn.NextAdopter)
-// fasthttp's server of engine local; or closed.
-func (p *Proxy) ConnDone(cc *clientconn.Conn, local string, keep bool) {
-	a := cc.NextAdopter()
-	switch {
-	case !keep:
-		_ = cc.TCPConn.Close()
-	case a != nil:
-		a.Adopt(cc)
-	default:
-		srv := p.Servers[local]
-		go func() { _ = srv.ServeConn(cc) }()
+// Handler returns the request handler of data-parallel rank r: the same
+// proxy, with rank r's local engine as decoder and passthrough target.
+func Handler(p *inference.Proxy, rank int) fasthttp.RequestHandler {
+	local := p.LocalAddr(rank)
+	return func(rc *fasthttp.RequestCtx) {
+		clientconn.DropTrailers(&rc.Request.Header) // before anything reads the head
+		defer clientconn.Counted(rc)()
+		if refuseHead(p, rc) || refuseVersion(p, rc) || refuseTarget(p, rc) { // head, version and target checks
+			return
+		}
+		if serveOwn(p, rc, local) { // /health, /ready, /metrics, /debug/pd
+			return
+		}
+		path := rc.Path()
+		if api, ok := connectors.APIForPath(string(path)); ok && rc.IsPost() {
+			p.ServeInference(rc, local, api)
+			return
+		}
+		// Before anything is forwarded: the passthrough policy.
+		if v := p.Pass.Decide(string(rc.Method()), string(path)); !v.Pass() {
+			refusePassthrough(p, rc, v)
+			return
+		}
+		passthrough(p, rc, local)
 	}
+}
+
+// ready answers 200 when the local engine's /health answers 200 and the
+// proxy is not draining.
+func ready(p *inference.Proxy, rc *fasthttp.RequestCtx, local string) {
+	rc.SetContentType("application/json")
+	if p.Draining.Load() {
+		rc.SetStatusCode(fasthttp.StatusServiceUnavailable)
+		rc.SetBodyString(`{"status":"draining"}`)
+		return
+	}
+	req := fasthttp.AcquireRequest()
+	resp := fasthttp.AcquireResponse()
+	defer fasthttp.ReleaseRequest(req)
+	defer fasthttp.ReleaseResponse(resp)
+	req.Header.SetMethod(fasthttp.MethodGet)
+	req.Header.SetRequestURI("/health")
+	req.Header.SetHost(local)
+	ctx, cancel := inference.ContextWithTimeout(p.Cfg.ConnectTimeout + time.Second)
+	defer cancel()
+	hold, err := p.Tr.Do(ctx, local, req, resp)
+	defer hold.Release()
+	if err != nil || resp.StatusCode() != fasthttp.StatusOK {
+		rc.SetStatusCode(fasthttp.StatusServiceUnavailable)
+		rc.SetBodyString(`{"status":"engine not ready"}`)
+		return
+	}
+	rc.SetBodyString(`{"status":"ready"}`)
 }

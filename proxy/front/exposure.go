@@ -1,4 +1,4 @@
-package inference
+package front
 
 import (
 	"errors"
@@ -7,6 +7,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/pd-sidecar/pd-sidecar/metrics"
+	"github.com/pd-sidecar/pd-sidecar/proxy/inference"
 	"github.com/pd-sidecar/pd-sidecar/proxy/passpolicy"
 )
 
@@ -16,26 +17,6 @@ import (
 // counts, last failures) on the serving ports, or on --metrics-port alone
 // when it is set. The requests the passthrough policy refuses are answered
 // here too.
-
-// PassthroughConfig says which requests pass through to the local engine
-// (passpolicy.Config).
-type PassthroughConfig = passpolicy.Config
-
-// Passthrough policies (--passthrough-policy): passpolicy's.
-const (
-	PassthroughServing = passpolicy.Serving
-	PassthroughNone    = passpolicy.None
-	PassthroughAll     = passpolicy.All
-)
-
-// Errors of refused passthrough requests: passpolicy's.
-var (
-	ErrPassthroughMethod = passpolicy.ErrMethod
-	ErrPassthroughPath   = passpolicy.ErrPath
-)
-
-// DefaultPassthroughConfig is the serving policy.
-func DefaultPassthroughConfig() PassthroughConfig { return passpolicy.DefaultConfig() }
 
 // ErrNotOnMetricsPort: a path --metrics-port does not serve (404).
 var ErrNotOnMetricsPort = errors.New("the metrics port serves /metrics and /debug/pd only")
@@ -48,7 +29,7 @@ const debugPath = "/debug/pd"
 // not the serving port's when --metrics-port is set: then they are judged
 // by the passthrough policy like any other path (the engine's /metrics
 // passes, /debug/pd is refused).
-func (p *Proxy) serveOwn(rc *fasthttp.RequestCtx, local string) bool {
+func serveOwn(p *inference.Proxy, rc *fasthttp.RequestCtx, local string) bool {
 	path := rc.Path()
 	switch string(path) {
 	case "/health", "/ready":
@@ -57,25 +38,25 @@ func (p *Proxy) serveOwn(rc *fasthttp.RequestCtx, local string) bool {
 			return false
 		}
 	case debugPath:
-		if p.Cfg.MetricsPort != 0 || p.ext.Debug == nil {
+		if p.Cfg.MetricsPort != 0 || p.Ext.Debug == nil {
 			return false
 		}
 	default:
 		return false
 	}
-	if v := p.pass.Own(string(rc.Method())); !v.Pass() {
-		p.refusePassthrough(rc, v)
+	if v := p.Pass.Own(string(rc.Method())); !v.Pass() {
+		refusePassthrough(p, rc, v)
 		return true
 	}
 	switch string(path) {
 	case "/health":
 		health(rc)
 	case "/ready":
-		p.ready(rc, local)
+		ready(p, rc, local)
 	case "/metrics":
-		p.metricsH(rc)
+		p.MetricsH(rc)
 	default:
-		p.ext.Debug(rc)
+		p.Ext.Debug(rc)
 	}
 	return true
 }
@@ -88,23 +69,23 @@ func health(rc *fasthttp.RequestCtx) {
 
 // metricsPortHandler serves --metrics-port: /metrics and /debug/pd, GET and
 // HEAD; any other path is a 404.
-func (p *Proxy) metricsPortHandler() fasthttp.RequestHandler {
+func metricsPortHandler(p *inference.Proxy) fasthttp.RequestHandler {
 	return func(rc *fasthttp.RequestCtx) {
 		var h fasthttp.RequestHandler
 		switch string(rc.Path()) {
 		case "/metrics":
-			h = p.metricsH
+			h = p.MetricsH
 		case debugPath:
-			h = p.ext.Debug // nil: no status view wired
+			h = p.Ext.Debug // nil: no status view wired
 		}
 		if h == nil {
 			rc.SetStatusCode(fasthttp.StatusNotFound)
 			rc.SetContentType("application/json")
-			rc.SetBody(ErrorBody(fasthttp.StatusNotFound, ErrNotOnMetricsPort))
+			rc.SetBody(inference.ErrorBody(fasthttp.StatusNotFound, ErrNotOnMetricsPort))
 			return
 		}
-		if v := p.pass.Own(string(rc.Method())); !v.Pass() {
-			p.refusePassthrough(rc, v)
+		if v := p.Pass.Own(string(rc.Method())); !v.Pass() {
+			refusePassthrough(p, rc, v)
 			return
 		}
 		h(rc)
@@ -115,21 +96,21 @@ func (p *Proxy) metricsPortHandler() fasthttp.RequestHandler {
 // anything is forwarded: an OpenAI-style JSON error (405 with its Allow
 // header, or 403) in fixed words, counted in requests_rejected_total,
 // logged with the request id, the method and the path (logPath's).
-func (p *Proxy) refusePassthrough(rc *fasthttp.RequestCtx, v passpolicy.Verdict) {
+func refusePassthrough(p *inference.Proxy, rc *fasthttp.RequestCtx, v passpolicy.Verdict) {
 	reason := metrics.RejectPathNotAllowed
 	if v.Status == fasthttp.StatusMethodNotAllowed {
 		reason = metrics.RejectMethodNotAllowed
 		rc.Response.Header.Set(fasthttp.HeaderAllow, v.Allow)
 	}
 	p.M.Guards.Rejected.WithLabelValues(reason).Inc()
-	id := requestID(rc.Request.Header.Peek(HeaderRequestID))
-	rc.Response.Header.Set(HeaderRequestID, id)
+	id := inference.RequestID(rc.Request.Header.Peek(inference.HeaderRequestID))
+	rc.Response.Header.Set(inference.HeaderRequestID, id)
 	p.Log.Warn().Err(v.Err).Str("request_id", id).Str("reason", reason).Int("status", v.Status).
 		Str("method", logPath(rc.Method())).Str("path", logPath(rc.Path())).
 		Str("remote", rc.RemoteAddr().String()).Msg("request rejected")
 	rc.SetStatusCode(v.Status)
 	rc.SetContentType("application/json")
-	rc.SetBody(ErrorBody(v.Status, v.Err))
+	rc.SetBody(inference.ErrorBody(v.Status, v.Err))
 }
 
 // maxLoggedPath bounds a path quoted in a log line.
