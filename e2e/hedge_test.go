@@ -14,7 +14,7 @@ import (
 	"github.com/pd-sidecar/pd-sidecar/e2e/harness"
 )
 
-// Hedged prefill (--prefill-hedge-after, proxy/hedge.go): a prefill that
+// Hedged prefill (--prefill-hedge-after, proxy/hedge): a prefill that
 // has not answered by the hedge point is raced by a local prefill; the
 // first ready wins and the other is cancelled. Every case runs on both
 // serving paths (the lane: the request sent whole; fasthttp: its head cut

@@ -21,7 +21,7 @@ import (
 	"github.com/pd-sidecar/pd-sidecar/e2e/harness"
 )
 
-// The lane (proxy/lane.go) serves local inference requests on the event
+// The lane (proxy/lane) serves local inference requests on the event
 // loops from their first byte, and gives every other request to fasthttp
 // and takes the connection back after. These tests count its requests on
 // pd_sidecar_loop_requests_total, which only the lane moves.

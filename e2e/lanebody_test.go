@@ -28,7 +28,7 @@ func longPrompt(words int, extra string) string {
 
 // TestLaneLongBodies: a request whose body is longer than the loop's one
 // read (a long prompt, sent in one write) is read and served whole on the
-// lane (proxy/lanebody.go), local and P/D, with the answer the engine gives
+// lane (proxy/lane), local and P/D, with the answer the engine gives
 // directly and every prompt token reaching it; its buffered bytes are
 // given back after it. So is a short body the client writes after its head
 // (as Go's HTTP client writes a body past its 4 KiB buffer). A client that

@@ -21,9 +21,9 @@ import (
 )
 
 // Streams run on the sidecar's event loops: a request the lane takes
-// (proxy/lane.go: local or P/D, its head whole in one read) from its first byte,
+// (proxy/lane: local or P/D, its head whole in one read) from its first byte,
 // any other once it has streamed 50 ms on its fasthttp goroutine
-// (proxy/loopstream.go; these tests send such a request with its head in two writes:
+// (relay.LoopStream; these tests send such a request with its head in two writes:
 // postSplit). These tests run streams long enough to be seen there and check,
 // on the loop_requests, loop_handoffs and loop_streams metrics, that they
 // were; then that nothing about the answer changed.

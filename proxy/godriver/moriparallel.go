@@ -33,7 +33,7 @@ func serveMoriParallel(r *inference.Request) {
 		// configured host specs are resolved (and cached), never a name a
 		// request brings.
 		host, _, _ := net.SplitHostPort(r.Prefiller)
-		l := r.MoriLeg()
+		l := inference.MoriLeg(r)
 		pre, err = moriio.ParallelPrefillBody(r.Body,
 			moriio.PrefillParams(s.Cfg.Ports, s.Dns.Resolve(r.Ctx, s.Cfg.PodIP), l, s.Hosts(r.Ctx, s.Cfg.DecodeHosts)))
 		if err == nil {

@@ -128,7 +128,7 @@ func prefillBody(r *inference.Request) ([]byte, error) {
 	p := r.P
 	body, err := p.Seq.PrefillBody(nil, r.API, r.Body)
 	if err == nil && p.Mori != nil {
-		body, err = r.MoriPrefillBody(body) // MoRI-IO write mode
+		body, err = inference.MoriPrefillBody(r, body) // MoRI-IO write mode
 	}
 	if err == nil {
 		body, err = r.EditPrefill(body)
@@ -348,14 +348,14 @@ func (d *goSplit) Decode(h connectors.Handoff) *split.Event {
 	r, p := d.r, d.r.P
 	var err error
 	if p.KV != nil {
-		if h, err = r.PullKV(h); err != nil {
-			err, recoverable := r.KVPullFailure(err)
+		if h, err = inference.PullKV(r, h); err != nil {
+			err, recoverable := inference.KVPullFailure(r, err)
 			return &split.Event{Kind: split.LegFailed, Err: err, Recoverable: recoverable}
 		}
 	}
 	if p.Mori != nil {
 		// MoRI-IO write mode: the rank and fields of the decode leg.
-		if h.Params, err = r.MoriDecodeParams(h.Params); err != nil {
+		if h.Params, err = inference.MoriDecodeParams(r, h.Params); err != nil {
 			return &split.Event{Kind: split.LegFailed, Err: err, Recoverable: true}
 		}
 	}

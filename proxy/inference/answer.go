@@ -2,40 +2,12 @@ package inference
 
 import (
 	"errors"
-	"time"
 
-	"github.com/rs/zerolog"
 	"github.com/valyala/fasthttp"
 
 	"github.com/pd-sidecar/pd-sidecar/connectors"
 	"github.com/pd-sidecar/pd-sidecar/proxy/sse"
 )
-
-// JSONAnswered records a JSON answer of status st relayed whole, as both
-// the fasthttp path and the lane relay one.
-func (r *Request) JSONAnswered(st int) {
-	r.P.M.TTFT.WithLabelValues(r.Mode).Observe(time.Since(r.Start).Seconds())
-	r.P.M.Requests.WithLabelValues(r.Mode, StatusLabel(st)).Inc()
-	r.Obs.Status = st
-	r.LogAt(zerolog.InfoLevel).Str("mode", r.Mode).Int("status", st).Msg("answered")
-}
-
-// KVLoadFailed counts a KV load failure of the decode leg and reports
-// whether the request is to be re-run with a local prefill.
-func (r *Request) KVLoadFailed() bool {
-	r.P.M.KVLoadFailures.WithLabelValues(r.Label).Inc()
-	if r.P.Cfg.OnKVLoadFailure == KVFailError {
-		r.LogAt(zerolog.ErrorLevel).Msg("decode engine failed to load the remote KV; error passed on (--on-kv-load-failure error)")
-		return false
-	}
-	return true
-}
-
-// CopyHead copies the upstream status and end-to-end headers to the client.
-func (r *Request) CopyHead(resp *fasthttp.Response) {
-	CopyResponseHead(r.RC, resp)
-	r.RC.Response.Header.Set(HeaderRequestID, r.ID)
-}
 
 func CopyResponseHead(rc *fasthttp.RequestCtx, resp *fasthttp.Response) {
 	resp.Header.CopyTo(&rc.Response.Header)

@@ -93,7 +93,7 @@ func newEncoderStage(p *Proxy) *encoder.Stage {
 // encoders: r.body continues as the stage leaves it, and the request's
 // report says the stage's outcome. A failure is the request's error under
 // --on-encoder-failure error; under local the request continues.
-func (r *Request) encode() error {
+func encode(r *Request) error {
 	if r.P.enc == nil {
 		return nil
 	}
@@ -103,7 +103,7 @@ func (r *Request) encode() error {
 	}
 	body, outcome, err := r.P.enc.Run(r.Ctx, encoder.Request{
 		ID: r.ID, Body: r.Body, Encoders: vs,
-		Log: r.LogAt, Logger: r.Logger, Span: r.encoderSpan,
+		Log: r.LogAt, Logger: r.Logger, Span: func() (context.Context, trace.Span) { return encoderSpan(r) },
 	})
 	if outcome != "" {
 		r.Obs.Encoder = outcome // the status view's
@@ -117,6 +117,6 @@ func (r *Request) encode() error {
 
 // encoderSpan starts the span of one of r's encoder legs (nil, nil
 // without a tracer).
-func (r *Request) encoderSpan() (context.Context, trace.Span) {
+func encoderSpan(r *Request) (context.Context, trace.Span) {
 	return r.Obs.Child(SpanEncode, trace.SpanKindClient)
 }

@@ -75,7 +75,7 @@ func TestEncodeRequest(t *testing.T) {
 			if tc.gone {
 				r.Cancel(ErrClientGone)
 			}
-			err := r.encode()
+			err := encode(r)
 			if tc.err != nil {
 				require.ErrorIs(t, err, tc.err)
 			} else {

@@ -4,13 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"time"
 
 	"github.com/valyala/fasthttp"
 
 	"github.com/pd-sidecar/pd-sidecar/connectors"
 	"github.com/pd-sidecar/pd-sidecar/kvtransfer"
-	"github.com/pd-sidecar/pd-sidecar/metrics"
 	"github.com/pd-sidecar/pd-sidecar/proxy/kvpull"
 	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"
 )
@@ -25,25 +23,9 @@ import (
 // KVPullConfig configures the sidecar-driven KV pull.
 type KVPullConfig = kvpull.Config
 
-// EnableKVPull makes the proxy pull the KV itself between prefill and
-// decode. The connector must have the sidecar-pull ability. Call it before
-// Run.
-func (p *Proxy) EnableKVPull(cfg KVPullConfig, puller *kvtransfer.Puller, m *metrics.KVPull) error {
-	if err := cfg.Validate(); err != nil {
-		return err
-	}
-	src, ok := p.Conn.(kvpull.Sourcer)
-	if !ok {
-		return fmt.Errorf("connector %q cannot hand off a kv source for the sidecar to pull", p.Conn.Name())
-	}
-	p.KV = kvpull.New(cfg, kvpull.Deps{Conn: src, Puller: puller, Metrics: m,
-		FreeTimeout: p.Cfg.ConnectTimeout + time.Second})
-	return nil
-}
-
 // PullKV pulls the handoff's KV into blocks borrowed from the local engine
 // and returns the decode leg's handoff naming them (kvpull.Puller.Pull).
-func (r *Request) PullKV(h connectors.Handoff) (connectors.Handoff, error) {
+func PullKV(r *Request, h connectors.Handoff) (connectors.Handoff, error) {
 	// The agent is dialed by the pull: its address is checked here too,
 	// whatever read the handoff (request.prefillAnswered did already).
 	if err := r.P.checkHandoff(r.Prefiller, h); err != nil {
@@ -51,14 +33,16 @@ func (r *Request) PullKV(h connectors.Handoff) (connectors.Handoff, error) {
 	}
 	return r.P.KV.Pull(r.Ctx, kvpull.Request{
 		ID: r.ID, Label: r.Label, Local: r.Local,
-		Call:    r.engineCall,
+		Call: func(ctx context.Context, path string, body []byte) ([]byte, int, error) {
+			return engineCall(ctx, r, path, body)
+		},
 		CallErr: func(err error) error { return upstreamErr(upstream.RoleEngine, r.Local, err) },
 		Log:     r.LogAt,
 	}, h)
 }
 
 // engineCall POSTs a JSON body to the local engine.
-func (r *Request) engineCall(ctx context.Context, path string, body []byte) ([]byte, int, error) {
+func engineCall(ctx context.Context, r *Request, path string, body []byte) ([]byte, int, error) {
 	req := fasthttp.AcquireRequest()
 	resp := fasthttp.AcquireResponse()
 	defer fasthttp.ReleaseRequest(req)
@@ -82,7 +66,7 @@ func (r *Request) engineCall(ctx context.Context, path string, body []byte) ([]b
 // a KV agent that is gone, or a descriptor that is refused, is the
 // prefiller's fault and degrades; any other failure is a KV load failure,
 // re-run locally as --on-kv-load-failure says.
-func (r *Request) KVPullFailure(err error) (error, bool) {
+func KVPullFailure(r *Request, err error) (error, bool) {
 	var ue *upstream.UpstreamError
 	if !errors.As(err, &ue) && !errors.Is(err, connectors.ErrInvalidKVParams) {
 		// The agent's errors may quote its descriptor: said in fixed words.
@@ -96,14 +80,4 @@ func (r *Request) KVPullFailure(err error) (error, bool) {
 	}
 	err = fmt.Errorf("%w: sidecar pull: %w", ErrKVLoadFailed, err)
 	return err, r.KVLoadFailed()
-}
-
-// RunKVProbes probes the KV agents of recently used prefillers every
-// interval (a bare round trip over the pull's own connection) into
-// pd_sidecar_kv_probe_latency_seconds, until ctx ends
-// (kvpull.Puller.RunProbes). A no-op unless EnableKVPull was called.
-func (p *Proxy) RunKVProbes(ctx context.Context, every time.Duration) {
-	if p.KV != nil {
-		p.KV.RunProbes(ctx, every, p.Log)
-	}
 }

@@ -40,7 +40,7 @@ func newKVReleaser(p *Proxy) *kvrelease.Releaser {
 // awaitKVRead records the handoff of a parsed prefill answer as pending a
 // read by the decode engine (nothing when releases are off, or the answer
 // has nothing to read: an error, or generation ended on the first token).
-func (r *Request) awaitKVRead(h connectors.Handoff, err error) {
+func awaitKVRead(r *Request, h connectors.Handoff, err error) {
 	if r.P.kvr == nil || err != nil || h.Done || h.Params == nil {
 		return
 	}
@@ -53,7 +53,7 @@ func (r *Request) awaitKVRead(h connectors.Handoff, err error) {
 // on fasthttp's path). The leg's request is built here, as a copy, before
 // the request's buffers are given back; only its sending is left to the
 // background.
-func (r *Request) ReleaseKV(start []byte) {
+func ReleaseKV(r *Request, start []byte) {
 	h, kr := r.KVPending, r.P.kvr
 	r.KVPending = nil
 	if h == nil || kr == nil {

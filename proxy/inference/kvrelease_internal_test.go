@@ -90,7 +90,7 @@ func pendingRequest(p *Proxy, local string) *Request {
 	body := []byte(`{"model":"m","prompt":"hi","max_tokens":9,"stream":true}`)
 	r := p.StartRequest([]byte("rid"), &rc.Request.Header, body, local, connectors.APICompletions)
 	r.RC = &rc
-	r.awaitKVRead(connectors.Handoff{Params: []byte(releaseParams)}, nil)
+	awaitKVRead(r, connectors.Handoff{Params: []byte(releaseParams)}, nil)
 	return r
 }
 
@@ -106,8 +106,8 @@ func TestReleaseKVSendsOneTokenDecode(t *testing.T) {
 	local := f.serve(t)
 	p, m, _ := releaseProxy(t, nixlv2.New(), true)
 	r := pendingRequest(p, local)
-	r.ReleaseKV(nil)
-	r.ReleaseKV(nil) // once
+	ReleaseKV(r, nil)
+	ReleaseKV(r, nil) // once
 	require.Eventually(t, func() bool { return releases(m, metrics.KVReleaseDecodeLeg) == 1 }, 30*time.Second, 5*time.Millisecond)
 	require.Equal(t, 1, f.got())
 	b := f.bodies[0]
@@ -122,7 +122,7 @@ func TestReleaseKVSendsOneTokenDecode(t *testing.T) {
 	f.status = 500
 	f.mu.Unlock()
 	r = pendingRequest(p, local)
-	r.ReleaseKV(nil)
+	ReleaseKV(r, nil)
 	require.Eventually(t, func() bool { return releases(m, metrics.KVReleaseFailed) == 1 }, 30*time.Second, 5*time.Millisecond)
 }
 
@@ -136,19 +136,19 @@ func TestReleaseKVNotPending(t *testing.T) {
 	p, m, stop := releaseProxy(t, nixlv2.New(), true)
 	r := pendingRequest(p, local)
 	r.KVHandoffDone(time.Now(), false)
-	r.ReleaseKV(nil)
+	ReleaseKV(r, nil)
 	r = pendingRequest(p, local)
 	r.KVPending = nil
-	r.awaitKVRead(connectors.Handoff{Done: true}, nil)
-	r.awaitKVRead(connectors.Handoff{Params: []byte(releaseParams)}, connectors.ErrInvalidKVParams)
-	r.ReleaseKV(nil)
+	awaitKVRead(r, connectors.Handoff{Done: true}, nil)
+	awaitKVRead(r, connectors.Handoff{Params: []byte(releaseParams)}, connectors.ErrInvalidKVParams)
+	ReleaseKV(r, nil)
 	assert.Nil(t, r.KVPending)
 
 	off, _, _ := releaseProxy(t, nixlv2.New(), false)
 	assert.Nil(t, off.kvr)
 	r = pendingRequest(off, local)
 	assert.Nil(t, r.KVPending)
-	r.ReleaseKV(nil)
+	ReleaseKV(r, nil)
 	push, _, _ := releaseProxy(t, sglang.New(8998), true)
 	assert.Nil(t, push.kvr, "sglang's prefiller pushes the KV")
 

@@ -103,15 +103,15 @@ func (s *moriState) Hosts(ctx context.Context, specs []string) []string {
 
 // MoriLeg starts the request's MoRI-IO legs: its rank, transfer id and
 // x-data-parallel-rank header.
-func (r *Request) MoriLeg() moriio.Leg {
+func MoriLeg(r *Request) moriio.Leg {
 	l := moriio.Leg{Rank: moriio.PickRank(r.ID, r.P.Mori.Cfg.Ports.DPSize), TransferID: moriio.TransferID(r.ID)}
-	r.setMoriRank(l.Rank)
+	setMoriRank(r, l.Rank)
 	return l
 }
 
 // setMoriRank sets the x-data-parallel-rank of the legs sent from now on
 // (none when the data-parallel size is 1).
-func (r *Request) setMoriRank(rank int) {
+func setMoriRank(r *Request, rank int) {
 	if r.P.Mori.Cfg.Ports.DPSize > 1 {
 		r.moriRank = strconv.Itoa(rank)
 	}
@@ -119,9 +119,9 @@ func (r *Request) setMoriRank(rank int) {
 
 // MoriPrefillBody gives the serial prefill leg's body (nixlv2's) MoRI-IO's
 // write-mode kv_transfer_params.
-func (r *Request) MoriPrefillBody(body []byte) ([]byte, error) {
+func MoriPrefillBody(r *Request, body []byte) ([]byte, error) {
 	s := r.P.Mori
-	r.mori = r.MoriLeg()
+	r.mori = MoriLeg(r)
 	params := moriio.PrefillParams(s.Cfg.Ports, s.Dns.Resolve(r.Ctx, s.Cfg.PodIP), r.mori, s.Hosts(r.Ctx, s.Cfg.DecodeHosts))
 	return moriio.WithParams(body, params)
 }
@@ -129,10 +129,10 @@ func (r *Request) MoriPrefillBody(body []byte) ([]byte, error) {
 // MoriDecodeParams are the serial decode leg's kv_transfer_params: the
 // prefill answer's with the rank (the one it returned, else the request
 // id's) written back and MoRI-IO's fields backfilled.
-func (r *Request) MoriDecodeParams(returned []byte) ([]byte, error) {
+func MoriDecodeParams(r *Request, returned []byte) ([]byte, error) {
 	s := r.P.Mori
 	l := r.mori
 	l.Rank = moriio.DecodeRank(returned, s.Cfg.Ports.DPSize, l.Rank)
-	r.setMoriRank(l.Rank)
+	setMoriRank(r, l.Rank)
 	return moriio.SerialDecodeParams(returned, s.Cfg.Ports, l, s.Hosts(r.Ctx, s.Cfg.RemoteHosts))
 }

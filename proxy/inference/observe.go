@@ -74,14 +74,6 @@ type Extras struct {
 	Propagator propagation.TextMapPropagator
 }
 
-// SetExtras installs optional collaborators. Call it before Run.
-func (p *Proxy) SetExtras(e Extras) {
-	p.Ext = e
-	p.Trace = observe.NewTracing(observe.Config{Tracer: e.Tracer, Propagator: e.Propagator,
-		Reason: failureReason, KVLoadFailed: ReasonKVLoadFailed})
-	p.LegStrip, p.PrefillStrip = p.Trace.Strip(p.strip)
-}
-
 // failureReason is the fallback reason of err, which a failed prefill
 // leg's span carries.
 func failureReason(err error) string { return Classify(err).reason }
@@ -162,40 +154,7 @@ func (r *Request) Report() {
 	}
 }
 
-// logsLegs reports whether legs are logged (trace level).
-func (p *Proxy) LogsLegs() bool { return observe.LogsLegs(p.Log.GetLevel()) }
-
 // traceLeg logs the leg req to addr at trace level.
 func (r *Request) traceLeg(addr string, req *fasthttp.Request) {
 	observe.LogLeg(r.LogAt(zerolog.TraceLevel), addr, req)
-}
-
-// CircuitState reports the circuit-breaker state of prefiller (host:port):
-// "closed", "open" or "half_open"; with --circuit-probe-interval, an open
-// circuit being probed reads "open (probing)", and one a probe found back,
-// whose next request is the half-open trial, "open (probe up)". "" when no
-// breaker is configured. It lets /debug/pd show per-prefiller circuits
-// (status.CircuitStates).
-func (p *Proxy) CircuitState(prefiller string) string {
-	if p.Guard == nil || p.Cfg.Guard.Breaker.Failures == 0 {
-		return ""
-	}
-	in := p.Guard.CircuitInfo(prefiller)
-	switch {
-	case p.Cfg.Guard.Breaker.ProbeInterval <= 0:
-	case in.ProbeUp:
-		return in.State.String() + " (probe up)"
-	case in.Probing:
-		return in.State.String() + " (probing)"
-	}
-	return in.State.String()
-}
-
-// CircuitLastProbe is when prefiller's open circuit was last probed (zero:
-// not since it opened, or no breaker); status.CircuitStates.
-func (p *Proxy) CircuitLastProbe(prefiller string) time.Time {
-	if p.Guard == nil || p.Cfg.Guard.Breaker.Failures == 0 {
-		return time.Time{}
-	}
-	return p.Guard.CircuitInfo(prefiller).LastProbe
 }

@@ -35,13 +35,3 @@ type P2PConfig struct {
 	// (--p2p-connector-port); rank r's is Port+r.
 	Port int
 }
-
-// P2PPort is the P2P port of the engine whose HTTP port is port: with
-// data-parallel ranks, rank r's (port = --port + r), else rank 0's, as
-// llm-d derives it.
-func (p *Proxy) P2PPort(port int) int { return p.p2pPorts().P2PPort(port) }
-
-// p2pPorts are the pod's engines' HTTP and P2P ports.
-func (p *Proxy) p2pPorts() kvsource.Ports {
-	return kvsource.Ports{HTTP: p.Cfg.Port, Ranks: p.Cfg.DataParallelSize, P2P: p.Cfg.P2P.Port}
-}

@@ -5,15 +5,21 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"os"
+	"strconv"
 	"time"
 
 	"github.com/rs/zerolog"
 	"github.com/valyala/fasthttp"
 
+	"github.com/pd-sidecar/pd-sidecar/circuit"
 	"github.com/pd-sidecar/pd-sidecar/connectors"
 	"github.com/pd-sidecar/pd-sidecar/metrics"
+	"github.com/pd-sidecar/pd-sidecar/proxy/clientconn"
 	"github.com/pd-sidecar/pd-sidecar/proxy/failure"
+	"github.com/pd-sidecar/pd-sidecar/proxy/split"
 	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"
+	"github.com/pd-sidecar/pd-sidecar/ssrf"
 )
 
 // serveInference runs one inference request: local when no prefiller is
@@ -29,15 +35,15 @@ func (p *Proxy) ServeInference(rc *fasthttp.RequestCtx, local string, api connec
 			r.Finish()
 		}
 	}()
-	if err := r.pickRank(&rc.Request.Header); err != nil {
+	if err := pickRank(r, &rc.Request.Header); err != nil {
 		r.Fail(err)
 		return
 	}
-	if err := r.Sanitize(); err != nil {
+	if err := Sanitize(r); err != nil {
 		r.Fail(err)
 		return
 	}
-	if err := r.encode(); err != nil { // llm-d's encoder stage (encoder.Stage)
+	if err := encode(r); err != nil { // llm-d's encoder stage (encoder.Stage)
 		r.Fail(err)
 		return
 	}
@@ -275,7 +281,7 @@ func (r *Request) PrefillAnswered(status int, contentType, body []byte) (Prefill
 	if err != nil {
 		h = connectors.Handoff{} // nothing of a refused answer goes on
 	}
-	r.awaitKVRead(h, err) // only a checked handoff is released
+	awaitKVRead(r, h, err) // only a checked handoff is released
 	return PrefillResult{Handoff: h, body: body}, err
 }
 
@@ -335,4 +341,291 @@ func ErrorBody(status int, err error) []byte {
 	b = append(b, `,"param":null,"code":`...)
 	b = fmt.Appendf(b, "%d}}", status)
 	return b
+}
+
+// JSONAnswered records a JSON answer of status st relayed whole, as both
+// the fasthttp path and the lane relay one.
+func (r *Request) JSONAnswered(st int) {
+	r.P.M.TTFT.WithLabelValues(r.Mode).Observe(time.Since(r.Start).Seconds())
+	r.P.M.Requests.WithLabelValues(r.Mode, StatusLabel(st)).Inc()
+	r.Obs.Status = st
+	r.LogAt(zerolog.InfoLevel).Str("mode", r.Mode).Int("status", st).Msg("answered")
+}
+
+// KVLoadFailed counts a KV load failure of the decode leg and reports
+// whether the request is to be re-run with a local prefill.
+func (r *Request) KVLoadFailed() bool {
+	r.P.M.KVLoadFailures.WithLabelValues(r.Label).Inc()
+	if r.P.Cfg.OnKVLoadFailure == KVFailError {
+		r.LogAt(zerolog.ErrorLevel).Msg("decode engine failed to load the remote KV; error passed on (--on-kv-load-failure error)")
+		return false
+	}
+	return true
+}
+
+// CopyHead copies the upstream status and end-to-end headers to the client.
+func (r *Request) CopyHead(resp *fasthttp.Response) {
+	CopyResponseHead(r.RC, resp)
+	r.RC.Response.Header.Set(HeaderRequestID, r.ID)
+}
+
+// NamePrefiller takes the prefiller that x-prefiller-host-port value hv
+// names, checked against the allowlist; an error is the reason to fall
+// back (the request names one all the same).
+func (r *Request) NamePrefiller(hv []byte) error {
+	p := r.P
+	r.named = true
+	hp, err := p.pickAllowed(hv)
+	r.Prefiller, r.Label = hp, p.prefillerLabel(hp, err)
+	r.logReady = false // the request's logger gets the prefiller field
+	return err
+}
+
+// SplitStart is how the request's sequential split begins: its hedge
+// point, when it may be hedged, and the prefiller's circuit breaker asked
+// for the prefill, unless bodyErr says its body could not be built. tk is
+// the breaker's ticket (nil: no prefill is sent, start.NoPrefill says why).
+func (r *Request) SplitStart(bodyErr error) (start split.Start, tk *circuit.Ticket) {
+	p := r.P
+	// Every split refills the hedge budget, hedged or not.
+	if after, ok := p.hedge.Split(r.Label); ok && p.hedgeable() {
+		start.HedgeAfter, start.TakeHedge = after, p.hedge.Take
+	}
+	if bodyErr != nil {
+		start.NoPrefill = bodyErr
+		return start, nil
+	}
+	tk, err := p.Guard.AllowPrefill(r.Prefiller)
+	start.NoPrefill = err
+	return start, tk
+}
+
+// Account does an accounting action of the split; tk is the breaker's
+// ticket the split holds, cleared once its outcome is reported.
+func (r *Request) Account(a split.Action, tk **circuit.Ticket) {
+	switch a.Op {
+	case split.BreakerDone:
+		r.P.Guard.BreakerDone(r.Prefiller, *tk, a.Err)
+		*tk = nil
+	case split.Retrying:
+		r.retrying(a.Attempt, a.Err)
+	case split.Degraded:
+		r.Degraded(a.Reason, a.Err)
+	case split.HedgeWon:
+		r.hedgeWon(a.Winner, a.After)
+	case split.HedgeLocalFailed:
+		if !r.Gone() {
+			r.LogAt(zerolog.WarnLevel).Err(a.Err).Msg("hedge: local prefill failed; waiting for the prefill")
+		}
+	}
+}
+
+// hedgeWon counts a hedge's winner and the time its loser ran, and logs a
+// prefill that answered first.
+func (r *Request) hedgeWon(winner string, loserRan time.Duration) {
+	if winner == split.WinnerLocal {
+		r.P.hedge.Won(metrics.HedgeLocal, loserRan)
+		return
+	}
+	r.P.hedge.Won(metrics.HedgeRemote, loserRan)
+	r.LogAt(zerolog.InfoLevel).Msg("hedge: the prefill answered first; local prefill cancelled")
+}
+
+// What both drivers of a split share: how a request names its prefiller,
+// how a split begins (the hedge point, the breaker's verdict), and the
+// accounting actions of split.Sequential (counters, log lines, the
+// breaker's ticket), done the same way whichever path serves the request.
+
+// SplitConfig is the sequential split's configuration.
+func (p *Proxy) SplitConfig() split.Config {
+	return split.Config{
+		PrefillTimeout: p.Cfg.PrefillTimeout,
+		MaxRetries:     p.Cfg.PrefillMaxRetries,
+		RetryBackoff:   p.Cfg.PrefillRetryBackoff,
+		Fallback:       p.Cfg.PrefillFallback,
+		DecodeTPSize:   p.Cfg.DecodeTPSize,
+		Judge:          SplitJudge,
+	}
+}
+
+// SplitJudge is what a failure means to a split: the proxy's one
+// classifier (classify), and whether it is a prefiller's rejection.
+func SplitJudge(err error) split.Verdict {
+	o := Classify(err)
+	var rej *Rejected
+	return split.Verdict{Reason: o.reason, Retry: o.retry, Rejected: errors.As(err, &rej)}
+}
+
+// overloaded answers 503 when --max-concurrent-requests are in flight.
+func (p *Proxy) overloaded(rc *fasthttp.RequestCtx) {
+	p.Reject(rc, metrics.RejectOverloaded, fasthttp.StatusServiceUnavailable,
+		fmt.Errorf("%w (--max-concurrent-requests %d)", ErrOverloaded, p.Cfg.Guard.MaxConcurrentRequests))
+	rc.Response.Header.Set("Retry-After", "1")
+}
+
+// bufferFull answers a request whose body the budget refused: 503, with
+// Retry-After, counted as buffered_bytes.
+func (p *Proxy) bufferFull(rc *fasthttp.RequestCtx) {
+	p.Reject(rc, metrics.RejectBufferedBytes, fasthttp.StatusServiceUnavailable,
+		fmt.Errorf("%w (--max-buffered-bytes %d)", upstream.ErrBufferBudget, p.Cfg.Guard.MaxBufferedBytes))
+	rc.Response.Header.Set("Retry-After", "1")
+}
+
+// reject answers a request refused before any upstream leg, counted by
+// reason and logged with its request id: the client's X-Request-ID when
+// the head was read and it is valid, else a new one; the answer carries
+// it too.
+func (p *Proxy) Reject(rc *fasthttp.RequestCtx, reason string, status int, err error) {
+	p.M.Guards.Rejected.WithLabelValues(reason).Inc()
+	id := RequestID(rc.Request.Header.Peek(HeaderRequestID))
+	rc.Response.Header.Set(HeaderRequestID, id)
+	p.Log.Warn().Err(err).Str("request_id", id).Str("reason", reason).Int("status", status).
+		Str("remote", rc.RemoteAddr().String()).Msg("request rejected")
+	rc.SetStatusCode(status)
+	rc.SetContentType("application/json")
+	rc.SetBody(ErrorBody(status, err))
+}
+
+// serverError answers what fasthttp could not read or parse, as JSON
+// (fasthttp's Server.ErrorHandler).
+func (p *Proxy) ServerError(rc *fasthttp.RequestCtx, err error) {
+	if c, ok := rc.Conn().(*clientconn.Conn); ok {
+		c.Linger() // the request may not have been read whole
+	}
+	if p.Guard.Bodies().ErrorClaim(rc) {
+		p.bufferFull(rc)
+		return
+	}
+	var small *fasthttp.ErrSmallBuffer
+	var ne net.Error
+	switch {
+	case errors.Is(err, fasthttp.ErrBodyTooLarge):
+		p.Reject(rc, metrics.RejectBodyTooLarge, fasthttp.StatusRequestEntityTooLarge,
+			fmt.Errorf("%w (--max-request-body-bytes %d)", ErrBodyTooLarge, p.Cfg.MaxRequestBodyBytes))
+	case errors.As(err, &small):
+		p.Reject(rc, metrics.RejectHeadersTooLarge, fasthttp.StatusRequestHeaderFieldsTooLarge,
+			fmt.Errorf("%w (--max-header-bytes %d)", ErrHeadersTooLarge, p.Cfg.Guard.MaxHeaderBytes))
+	case errors.Is(err, os.ErrDeadlineExceeded) || errors.As(err, &ne) && ne.Timeout():
+		p.Reject(rc, metrics.RejectReadTimeout, fasthttp.StatusRequestTimeout,
+			fmt.Errorf("%w (--read-timeout %v)", ErrReadTimeout, p.Cfg.Guard.ReadTimeout))
+	default:
+		// Never the parser's own message: it quotes the request (clientconn.SafeParseError).
+		p.Reject(rc, metrics.RejectMalformed, fasthttp.StatusBadRequest, fmt.Errorf("%w: %w", ErrMalformed, clientconn.SafeParseError(err)))
+	}
+}
+
+// pickAllowed chooses the prefiller from the header value and, with SSRF
+// protection on, checks it against the allowlist (guard.AdmitPrefiller); a
+// denied one is counted and answered 403 by the caller (classify).
+func (p *Proxy) pickAllowed(hv []byte) (string, error) {
+	hp, err := pickPrefiller(hv, p.Cfg.PrefillerSampling)
+	if err != nil {
+		return hp, err
+	}
+	if err := p.Guard.AdmitPrefiller(hp); err != nil {
+		return hp, err
+	}
+	p.warm.Saw(hp, false) // a new prefiller is warmed up (prewarm.Warmer)
+	return hp, nil
+}
+
+// prefillerLabel is the bounded metric label of an admitted prefiller; a
+// refused one gets none, so it never takes a label slot.
+func (p *Proxy) prefillerLabel(hp string, err error) string {
+	if err != nil {
+		return ""
+	}
+	return p.M.Prefillers.Label(hp)
+}
+
+// refusedAddr returns the first of addrs, named by the answer of the
+// upstream peer (host:port), that SSRF protection refuses; ok is true when
+// none is refused, or SSRF protection is off.
+func (p *Proxy) refusedAddr(peer string, addrs []connectors.Addr) (refused connectors.Addr, ok bool) {
+	al := p.Cfg.Guard.Allowlist
+	if al == nil || len(addrs) == 0 {
+		return connectors.Addr{}, true
+	}
+	own, _, err := net.SplitHostPort(peer)
+	if err != nil {
+		own = peer
+	}
+	for _, a := range addrs {
+		if sameHost(a.Host, own) {
+			continue
+		}
+		if a.Port > 0 && al.Allowed(net.JoinHostPort(a.Host, strconv.Itoa(a.Port))) {
+			continue
+		}
+		return a, false
+	}
+	return connectors.Addr{}, true
+}
+
+// checkHandoff refuses a handoff whose addresses refusedAddr refuses for
+// prefiller: ErrInvalidKVParams naming the member, never the address
+// (an upstream's bytes).
+func (p *Proxy) checkHandoff(prefiller string, h connectors.Handoff) error {
+	if a, ok := p.refusedAddr(prefiller, h.Addrs); !ok {
+		return fmt.Errorf("%w: %s names an address that is neither the prefiller's host nor on the allowlist",
+			connectors.ErrInvalidKVParams, a.Field)
+	}
+	return nil
+}
+
+// cleanBody is body as it may reach an engine (api: the inference API its
+// path serves, 0 for another path): without the client's own connector
+// fields (counted by field), or, with --trust-client-kv-params, body itself
+// once the addresses those fields name passed the SSRF allowlist; and what
+// its top level says (connectors.BodyTop: the stream flags). A body that
+// is not a well-formed JSON object is refused (ErrBadRequest, counted as
+// malformed; connectors.ValidObject): what an engine would read in it
+// cannot be told, and an edited copy would make the engine's error quote
+// bytes the client never sent. The body is validated, and its top level
+// read, in one pass (connectors.ScanBody); a second is taken only to
+// remove fields that are there, or to check their addresses. log gets the
+// debug line of a removal (nil: none).
+func (p *Proxy) CleanBody(api connectors.API, body []byte, log func() *zerolog.Event) ([]byte, connectors.BodyTop, error) {
+	m, g := p.M.Guards, &p.Cfg.Guard
+	top, err := connectors.ScanBody(api, body)
+	if err != nil {
+		m.Rejected.WithLabelValues(metrics.RejectMalformed).Inc()
+		return nil, top, fmt.Errorf("%w: %w", ErrBadRequest, err)
+	}
+	if g.TrustClientKVParams {
+		if g.Allowlist == nil {
+			return body, top, nil
+		}
+		field, err := connectors.ClientAddrs(api, body, g.Allowlist.Allowed)
+		switch {
+		case err != nil:
+			m.Rejected.WithLabelValues(metrics.RejectMalformed).Inc()
+			return nil, top, fmt.Errorf("%w: %w", ErrBadRequest, err)
+		case field != "":
+			m.Rejected.WithLabelValues(metrics.RejectSSRF).Inc()
+			return nil, top, fmt.Errorf("%w: %s: %w", ErrKVAddressDenied, field, ssrf.ErrDenied)
+		}
+		return body, top, nil
+	}
+	if top.Fields == 0 {
+		return body, top, nil
+	}
+	out, removed, err := connectors.StripClientFields(nil, api, body)
+	if err != nil {
+		m.Rejected.WithLabelValues(metrics.RejectMalformed).Inc()
+		return nil, top, fmt.Errorf("%w: %w", ErrBadRequest, err)
+	}
+	if removed == 0 {
+		return body, top, nil
+	}
+	names := removed.Names()
+	for _, f := range names {
+		m.Sanitized.WithLabelValues(f).Inc()
+	}
+	if log != nil {
+		if e := log(); e != nil {
+			e.Strs("fields", names).Msg("client connector fields removed from the body")
+		}
+	}
+	return out, top, nil
 }

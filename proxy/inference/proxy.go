@@ -11,10 +11,12 @@
 package inference
 
 import (
+	"context"
 	"fmt"
 	"net"
 	"strconv"
 	"sync/atomic"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -24,10 +26,12 @@ import (
 
 	"github.com/pd-sidecar/pd-sidecar/connectors"
 	"github.com/pd-sidecar/pd-sidecar/connectors/moriio"
+	"github.com/pd-sidecar/pd-sidecar/kvtransfer"
 	"github.com/pd-sidecar/pd-sidecar/metrics"
 	"github.com/pd-sidecar/pd-sidecar/netloop"
 	"github.com/pd-sidecar/pd-sidecar/proxy/bootstrap"
 	"github.com/pd-sidecar/pd-sidecar/proxy/clientconn"
+	"github.com/pd-sidecar/pd-sidecar/proxy/dprank"
 	"github.com/pd-sidecar/pd-sidecar/proxy/encoder"
 	"github.com/pd-sidecar/pd-sidecar/proxy/feature"
 	"github.com/pd-sidecar/pd-sidecar/proxy/guard"
@@ -257,4 +261,152 @@ func (p *Proxy) ConnDone(cc *clientconn.Conn, local string, keep bool) {
 		srv := p.Servers[local]
 		go func() { _ = srv.ServeConn(cc) }()
 	}
+}
+
+// SetExtras installs optional collaborators. Call it before Run.
+func (p *Proxy) SetExtras(e Extras) {
+	p.Ext = e
+	p.Trace = observe.NewTracing(observe.Config{Tracer: e.Tracer, Propagator: e.Propagator,
+		Reason: failureReason, KVLoadFailed: ReasonKVLoadFailed})
+	p.LegStrip, p.PrefillStrip = p.Trace.Strip(p.strip)
+}
+
+// CircuitState reports the circuit-breaker state of prefiller (host:port):
+// "closed", "open" or "half_open"; with --circuit-probe-interval, an open
+// circuit being probed reads "open (probing)", and one a probe found back,
+// whose next request is the half-open trial, "open (probe up)". "" when no
+// breaker is configured. It lets /debug/pd show per-prefiller circuits
+// (status.CircuitStates).
+func (p *Proxy) CircuitState(prefiller string) string {
+	if p.Guard == nil || p.Cfg.Guard.Breaker.Failures == 0 {
+		return ""
+	}
+	in := p.Guard.CircuitInfo(prefiller)
+	switch {
+	case p.Cfg.Guard.Breaker.ProbeInterval <= 0:
+	case in.ProbeUp:
+		return in.State.String() + " (probe up)"
+	case in.Probing:
+		return in.State.String() + " (probing)"
+	}
+	return in.State.String()
+}
+
+// CircuitLastProbe is when prefiller's open circuit was last probed (zero:
+// not since it opened, or no breaker); status.CircuitStates.
+func (p *Proxy) CircuitLastProbe(prefiller string) time.Time {
+	if p.Guard == nil || p.Cfg.Guard.Breaker.Failures == 0 {
+		return time.Time{}
+	}
+	return p.Guard.CircuitInfo(prefiller).LastProbe
+}
+
+// logsLegs reports whether legs are logged (trace level).
+func (p *Proxy) LogsLegs() bool { return observe.LogsLegs(p.Log.GetLevel()) }
+
+// EnableKVPull makes the proxy pull the KV itself between prefill and
+// decode. The connector must have the sidecar-pull ability. Call it before
+// Run.
+func (p *Proxy) EnableKVPull(cfg KVPullConfig, puller *kvtransfer.Puller, m *metrics.KVPull) error {
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
+	src, ok := p.Conn.(kvpull.Sourcer)
+	if !ok {
+		return fmt.Errorf("connector %q cannot hand off a kv source for the sidecar to pull", p.Conn.Name())
+	}
+	p.KV = kvpull.New(cfg, kvpull.Deps{Conn: src, Puller: puller, Metrics: m,
+		FreeTimeout: p.Cfg.ConnectTimeout + time.Second})
+	return nil
+}
+
+// RunKVProbes probes the KV agents of recently used prefillers every
+// interval (a bare round trip over the pull's own connection) into
+// pd_sidecar_kv_probe_latency_seconds, until ctx ends
+// (kvpull.Puller.RunProbes). A no-op unless EnableKVPull was called.
+func (p *Proxy) RunKVProbes(ctx context.Context, every time.Duration) {
+	if p.KV != nil {
+		p.KV.RunProbes(ctx, every, p.Log)
+	}
+}
+
+// NotePrefiller tells the proxy that hostport (host:port) is a prefiller
+// now (the InferencePool watcher's new Ready pod): with --prefill-prewarm
+// it is warmed up, even when seen before (a pod that came back is a new
+// engine, with no connection to the local one). It never blocks.
+func (p *Proxy) NotePrefiller(hostport string) {
+	p.warm.Saw(hostport, true)
+}
+
+// prewarmCovered reports why the connector's split cannot be warmed up,
+// or "" when it can: only a sequential split whose decode leg hands the
+// local engine the prefill's kv_transfer_params and lets it pull the KV
+// (nixlv2) has an engine-to-engine handshake to pay ahead. The concurrent
+// connectors (sglang, mooncake, offloading) are not built for it, the
+// decode-first one (shared-storage) moves KV through storage, the sidecar's
+// own pull (--kv-connector sidecar) is not the engine's, and MoRI-IO write
+// mode's prefiller writes into the decoder with per-request fields.
+func (p *Proxy) prewarmCovered() string {
+	switch {
+	case p.Seq == nil || p.Choreo != connectors.ChoreographySequential:
+		return "the connector's split is not a prefill then a decode" // a constant: asked on every request
+	case p.KV != nil:
+		return "the sidecar pulls the KV itself"
+	case p.Mori != nil:
+		return "MoRI-IO write mode"
+	}
+	return ""
+}
+
+// ownAddr reports whether hp is one of the sidecar's own ports: warming
+// it would send the sidecar requests of its own.
+func (p *Proxy) ownAddr(hp string) bool {
+	host, port, err := net.SplitHostPort(hp)
+	if err != nil {
+		return false
+	}
+	n, err := strconv.Atoi(port)
+	if err != nil || n < p.Cfg.Port || n >= p.Cfg.Port+p.Cfg.DataParallelSize {
+		return false
+	}
+	if host == p.Cfg.PodIP || host == p.Cfg.Host || host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && (ip.IsLoopback() || ip.IsUnspecified())
+}
+
+// P2PPort is the P2P port of the engine whose HTTP port is port: with
+// data-parallel ranks, rank r's (port = --port + r), else rank 0's, as
+// llm-d derives it.
+func (p *Proxy) P2PPort(port int) int { return p.p2pPorts().P2PPort(port) }
+
+// p2pPorts are the pod's engines' HTTP and P2P ports.
+func (p *Proxy) p2pPorts() kvsource.Ports {
+	return kvsource.Ports{HTTP: p.Cfg.Port, Ranks: p.Cfg.DataParallelSize, P2P: p.Cfg.P2P.Port}
+}
+
+// dpPod is this pod's data-parallel ranks.
+func (p *Proxy) dpPod() dprank.Pod {
+	return dprank.Pod{Port: p.Cfg.Port, Size: p.Cfg.DataParallelSize, PodIP: p.Cfg.PodIP, Host: p.Cfg.Host}
+}
+
+// ownHost reports whether host names this pod (dprank.Pod.OwnHost).
+func (p *Proxy) ownHost(host string) bool { return p.dpPod().OwnHost(host) }
+
+// hedgeable reports whether the request's prefill may be hedged: hedging
+// is on and the split is the plain sequential one (a MoRI-IO write or the
+// sidecar's own KV pull follow the prefill, and the local leg would have
+// to undo them).
+func (p *Proxy) hedgeable() bool {
+	return p.hedge != nil && p.Mori == nil && p.KV == nil
+}
+
+// localAddrs are the local engine addresses of every data-parallel rank.
+func (p *Proxy) localAddrs() []string {
+	out := make([]string, p.Cfg.DataParallelSize)
+	for r := range out {
+		out[r] = p.LocalAddr(r)
+	}
+	return out
 }

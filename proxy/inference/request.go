@@ -21,6 +21,7 @@ import (
 	"github.com/pd-sidecar/pd-sidecar/proxy/logvalue"
 	"github.com/pd-sidecar/pd-sidecar/proxy/observe"
 	"github.com/pd-sidecar/pd-sidecar/proxy/prefillstrip"
+	"github.com/pd-sidecar/pd-sidecar/proxy/sse"
 	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"
 )
 
@@ -130,7 +131,7 @@ func (r *Request) Logger() *zerolog.Logger {
 
 // Finish ends the request's bookkeeping; the last owner calls it.
 func (r *Request) Finish() {
-	r.ReleaseKV(nil) // --release-kv-on-cancel
+	ReleaseKV(r, nil) // --release-kv-on-cancel
 	r.held.Release()
 	r.Report()
 	r.P.Guard.Release()
@@ -244,3 +245,136 @@ func validID(b []byte) bool {
 
 // strHTTP11 is every leg's version, whatever the client's.
 var StrHTTP11 = []byte("HTTP/1.1")
+
+// The request features (proxy/feature) take part in a request at the
+// points both drivers pass through: BeginFeatures once the prefiller is
+// named and allowed (or none is), then SplitDeclined, EditPrefill or
+// EditLocal, and KVSourcePeer for a choreography whose legs name the
+// source. They are asked in the order of the one list New registers them
+// in (Proxy.features).
+
+// BeginFeatures asks every feature for its part in r, whose head is h. A
+// feature that declines the split is counted and reported here, and the
+// request is then served in mode local.
+func (r *Request) BeginFeatures(h *fasthttp.RequestHeader) {
+	if len(r.P.features) == 0 {
+		return
+	}
+	fr := feature.Request{API: r.API, Body: r.Body, Prefiller: r.Prefiller, Port: r.P.Cfg.Port + r.rank(), Log: r}
+	for _, f := range r.P.features {
+		u := f.Begin(fr, h)
+		if u == nil {
+			continue
+		}
+		r.uses = append(r.uses, u)
+		if d, ok := u.(feature.SplitDecliner); ok && !r.declined {
+			reason := d.DeclinedSplit()
+			r.P.M.SplitDeclined.WithLabelValues(reason).Inc()
+			r.Obs.Declined = reason
+			r.Mode = metrics.ModeLocal
+			r.declined = true
+		}
+	}
+}
+
+// SplitDeclined reports whether a feature serves r locally instead of
+// splitting it.
+func (r *Request) SplitDeclined() bool { return r.declined }
+
+// EditPrefill gives the prefill leg's body to every feature that edits it.
+func (r *Request) EditPrefill(body []byte) ([]byte, error) {
+	for _, u := range r.uses {
+		if e, ok := u.(feature.PrefillEditor); ok {
+			var err error
+			if body, err = e.EditPrefill(body); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return body, nil
+}
+
+// EditLocal gives the body of a request served locally to every feature
+// that edits it.
+func (r *Request) EditLocal(body []byte) ([]byte, error) {
+	for _, u := range r.uses {
+		if e, ok := u.(feature.LocalEditor); ok {
+			var err error
+			if body, err = e.EditLocal(body); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return body, nil
+}
+
+// KVSourcePeer is the request's KV cache source (nil: none), for a
+// choreography whose legs name it themselves (the offloading connector's).
+func (r *Request) KVSourcePeer() *connectors.P2PPeer {
+	for _, u := range r.uses {
+		if s, ok := u.(feature.KVSourceNamer); ok {
+			if peer := s.KVSource(); peer != nil {
+				return peer
+			}
+		}
+	}
+	return nil
+}
+
+// rank is the data-parallel rank r arrived on (its home engine's).
+func (r *Request) rank() int {
+	_, port, _ := net.SplitHostPort(r.Home)
+	n, _ := strconv.Atoi(port)
+	return n - r.P.Cfg.ModelServerPort
+}
+
+// EventRefused counts and logs a stream of the local engine refused for an
+// event past the bound. It may run on any goroutine (a hedge's local leg
+// is read beside the request's), so it logs with the request id, not
+// through the request's own logger.
+func (r *Request) EventRefused() {
+	r.P.M.Upstream.Refused.WithLabelValues(metrics.UpstreamEngine, metrics.RefusedEventTooLong).Inc()
+	r.P.Log.Error().Str("request_id", r.ID).Str("upstream", metrics.UpstreamEngine).Str("reason", metrics.RefusedEventTooLong).
+		Int("max_sse_event_bytes", sse.Bound(r.P.Cfg.MaxSSEEventBytes)).
+		Msg("upstream SSE event longer than --max-sse-event-bytes: stream refused, upstream connection closed")
+}
+
+// EventReader reads the local engine's stream on leg, bounded by
+// --max-sse-event-bytes, a refusal counted.
+func (r *Request) EventReader(leg *upstream.Leg) *sse.Reader {
+	er := sse.NewReader(leg, &r.P.Bufs, r.P.Cfg.MaxSSEEventBytes)
+	er.Refused = r.EventRefused
+	return er
+}
+
+// A client that shuts its side of the connection before its answer is
+// taken as gone, on both paths (docs/security.md, "Half-closed clients"):
+// nothing is written, the request counts 499. The lane's event loop sees
+// the FIN (a hang-up) while the request waits; fasthttp's path has its
+// clientconn.Watch, armed only after clientconn.WatchDelay, so an answer
+// that comes sooner is checked for the FIN before it is written
+// (LeftNow).
+
+// LeftNow reports whether the client of a request on fasthttp's path left
+// before its answer began: the watch saw it, or it half-closed (or reset)
+// the connection since (clientconn.PeerClosed), in which case the request
+// is cancelled as the watch would have. The caller answers nothing then
+// (the request ends as leftBeforeAnswer ends it).
+func (r *Request) LeftNow() bool {
+	switch {
+	case r.Gone():
+		return true
+	case r.RC == nil || r.Detached:
+		return false
+	case clientconn.PeerClosed(r.RC.Conn()):
+		r.Cancel(ErrClientGone)
+		return true
+	}
+	return false
+}
+
+// PrefillRequest builds a leg to the prefiller carrying body: as upstream
+// builds every leg, less --prefill-strip-headers (proxy/prefillstrip).
+func (r *Request) PrefillRequest(body []byte) *fasthttp.Request {
+	return r.legRequest(r.Prefiller, body, r.P.strip)
+}

@@ -37,7 +37,7 @@ import (
 
 // The lane serves the common request on the event loops from its first
 // byte to its last: an inference request whose head came whole in the
-// loop's first read (its body read on the loop as it comes: lanebody.go), with no
+// loop's first read (its body read on the loop as it comes: laneBody), with no
 // prefiller named (a local prefill and decode) or one (the sequential P/D
 // split, run by the split machine). Such a request then has no goroutine of its own and
 // is handed between none: the loop that saw the client's bytes writes the
@@ -212,7 +212,7 @@ const (
 	laneWaiting        // the leg is sent; waiting for the answer's head
 	laneAnswer         // the answer is read (raw) or relayed (ls)
 	laneBackoff        // waiting to send the prefill leg again
-	laneReading        // reading the rest of a request's body (lanebody.go)
+	laneReading        // reading the rest of a request's body (laneBody)
 	laneGone           // given to fasthttp, or closed
 )
 
@@ -253,7 +253,7 @@ type laneConn struct {
 	streamed  bool            // the answer is a stream (counted in LoopStreams)
 	raw       *rawhttp.Answer // a non-streamed answer being read
 	body      *laneBody       // a request's body being read (laneReading)
-	reqBody   *laneBody       // the body of the request being served, read on the lane: its legs send from it (lanebody.go)
+	reqBody   *laneBody       // the body of the request being served, read on the lane: its legs send from it
 	// shadowOf, on a hedge's local leg, is the client
 	// connection whose request it runs for: the shadow has that client's
 	// request and descriptor but never writes to it, closes it or ends the
@@ -362,7 +362,7 @@ func (lc *laneConn) readRequest(ev netloop.Events) {
 	case !ok:
 		lc.toServer(b, time.Now())
 	case want > len(b):
-		lc.beginBody(b, headLen, want) // the rest of the body is still to come: lanebody.go
+		lc.beginBody(b, headLen, want) // the rest of the body is still to come: laneBody reads it
 	default:
 		lc.serve(b, api, headLen, lr)
 	}
@@ -383,7 +383,7 @@ func (lc *laneConn) serve(b []byte, api connectors.API, headLen int, lr rawhttp.
 	// Counted as the lane takes it, before any answer byte: a client that
 	// has its answer finds it counted.
 	p.M.LoopRequests.Inc()
-	if err := r.Sanitize(); err != nil {
+	if err := inference.Sanitize(r); err != nil {
 		lc.failWith(err)
 		return
 	}
@@ -500,14 +500,14 @@ func (ll *laneLoop) parseHead(b []byte) (api connectors.API, headLen, want int, 
 		return 0, 0, 0, lr, false
 	}
 	// A Host fasthttp's parser refuses (400) is its to refuse; the target
-	// is an inference path exactly, or fasthttp's (conformance.go). A Host
+	// is an inference path exactly, or fasthttp's (proxy/front's checks). A Host
 	// seen last is not parsed again (URI.Parse keeps it).
 	if ll.uri.Parse(h.Host(), slash) != nil {
 		return 0, 0, 0, lr, false
 	}
 	api, ok = connectors.APIForPath(string(h.RequestURI()))
 	if api == connectors.APIChat && p.Cfg.DecodeChunkSize > 0 {
-		return 0, 0, 0, lr, false // a chunked decode is fasthttp's (chunked.go)
+		return 0, 0, 0, lr, false // a chunked decode is fasthttp's (relay.Decode)
 	}
 	return api, headLen, headLen + cl, lr, ok
 }
@@ -1108,7 +1108,7 @@ func (lc *laneConn) finish() {
 		return
 	}
 	lc.dropHedge()
-	lc.ReleaseKV() // kvrelease.go: before the split's buffers are given back
+	lc.ReleaseKV() // --release-kv-on-cancel: before the split's buffers are given back
 	lc.r, lc.prefill = nil, false
 	lc.putSent()
 	lc.dropReqBody()
@@ -1159,7 +1159,7 @@ func (lc *laneConn) FirstOutput() {
 // now).
 func (lc *laneConn) ReleaseKV() {
 	if r := lc.r; r != nil && r.KVPending != nil && lc.pd != nil {
-		r.ReleaseKV(lc.pd.start)
+		inference.ReleaseKV(r, lc.pd.start)
 	}
 }
 
