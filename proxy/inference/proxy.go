@@ -118,6 +118,9 @@ type Proxy struct {
 	// lanes starts the lane of a local engine's port (UseLanes); nil:
 	// fasthttp serves every request.
 	Lanes LaneFunc
+	// offLane are the parts that keep some requests off the lane
+	// (keepOffLane).
+	offLane []offLane
 	// splitter runs the split of a request fasthttp's handler goroutine
 	// serves (UseSplitter).
 	splitter Splitter
@@ -201,9 +204,21 @@ func New(cfg Config, conn connectors.Connector, m *metrics.Metrics, gatherer pro
 		return nil, err
 	}
 	p.enc = newEncoderStage(p)
+	if cfg.Encoder.Connector != "" {
+		p.keepOffLane("the encoder stage", func(h LaneHead) bool { return h.Encoders })
+	}
+	if cfg.DecodeChunkSize > 0 {
+		p.keepOffLane("chunked decode", func(h LaneHead) bool { return h.API == connectors.APIChat })
+	}
+	if cfg.Guard.TLS.Prefiller {
+		p.keepOffLane("TLS to prefillers", splitHead)
+	}
 	p.Seq, _ = conn.(connectors.Sequential)
 	if p.Choreo = connectors.ChoreographyOf(conn); p.Choreo == 0 {
 		return nil, fmt.Errorf("connector %q is neither sequential nor concurrent", conn.Name())
+	}
+	if p.Choreo != connectors.ChoreographySequential {
+		p.keepOffLane("the "+conn.Name()+" connector's choreography", splitHead)
 	}
 	p.Boot = bootstrap.New(cfg.MaxPrefillers, bootstrapTransportErr)
 	if cfg.MinRemotePrefillTokens > 0 {
@@ -219,6 +234,7 @@ func New(cfg Config, conn connectors.Connector, m *metrics.Metrics, gatherer pro
 	if cfg.MoriIO.WriteMode && p.Seq != nil && conn.Name() == "nixlv2" {
 		p.Mori = newMoriState(cfg.MoriIO, m.MoriIO, log) // MoRI-IO write mode
 		p.Seq = moriio.ReadHandoffs(p.Seq)               // its prefill answers are MoRI-IO's
+		p.keepOffLane("MoRI-IO", splitHead)
 	}
 	if cfg.PrefillPrewarm {
 		p.warm = newPrewarmer(p)
@@ -317,7 +333,56 @@ func (p *Proxy) EnableKVPull(cfg KVPullConfig, puller *kvtransfer.Puller, m *met
 	}
 	p.KV = kvpull.New(cfg, kvpull.Deps{Conn: src, Puller: puller, Metrics: m,
 		FreeTimeout: p.Cfg.ConnectTimeout + time.Second})
+	p.keepOffLane("the sidecar's KV pull", splitHead)
 	return nil
+}
+
+// LaneHead is what the lane knows of a request when it decides whether to
+// serve it: its API (0: not known yet), whether it names a prefiller, and
+// whether it carries x-encoder-hosts-ports.
+type LaneHead struct {
+	API      connectors.API
+	Split    bool
+	Encoders bool
+}
+
+// offLane is a part of the sidecar the lane cannot carry yet, and which
+// requests it keeps off the lane for that: those go to fasthttp's driver,
+// which carries every part.
+type offLane struct {
+	name  string
+	keeps func(h LaneHead) bool
+}
+
+// keepOffLane registers a part that keeps the requests keeps says off the
+// lane; each part registers itself where it is turned on, so the lane
+// holds no list of its own.
+func (p *Proxy) keepOffLane(name string, keeps func(h LaneHead) bool) {
+	p.offLane = append(p.offLane, offLane{name: name, keeps: keeps})
+}
+
+// splitHead is the off-lane rule of a part that every P/D split needs.
+func splitHead(h LaneHead) bool { return h.Split }
+
+// KeepsOffLane reports whether a part of the sidecar keeps a request with
+// head h off the lane (to fasthttp's driver).
+func (p *Proxy) KeepsOffLane(h LaneHead) bool {
+	for _, o := range p.offLane {
+		if o.keeps(h) {
+			return true
+		}
+	}
+	return false
+}
+
+// OffLane names the parts that keep some requests off the lane, in the
+// order they were turned on (logged when the lanes start).
+func (p *Proxy) OffLane() []string {
+	names := make([]string, len(p.offLane))
+	for i, o := range p.offLane {
+		names[i] = o.name
+	}
+	return names
 }
 
 // RunKVProbes probes the KV agents of recently used prefillers every

@@ -144,9 +144,9 @@ func (ln *lane) Adopt(c *clientconn.Conn) {
 }
 
 // Declines implements clientconn.Adopter: a P/D split is fasthttp's while
-// the lane does not serve P/D requests (laneSplits).
+// a part of the sidecar keeps every split off the lane.
 func (ln *lane) Declines(h *fasthttp.RequestHeader) bool {
-	return !laneSplits(ln.p) && len(h.Peek(inference.HeaderPrefiller)) > 0
+	return len(h.Peek(inference.HeaderPrefiller)) > 0 && ln.p.KeepsOffLane(inference.LaneHead{Split: true})
 }
 
 // sweep closes client connections idle longer than --idle-timeout, and
@@ -493,10 +493,7 @@ func (ll *laneLoop) parseHead(b []byte) (api connectors.API, headLen, want int, 
 	if !h.IsPost() || !h.IsHTTP11() || cl < 0 || headLen+cl < len(b) || cl > p.Cfg.MaxRequestBodyBytes {
 		return 0, 0, 0, lr, false
 	}
-	if lr = rawhttp.ScanRequest(h); lr.Refused || lr.Encoders && p.Cfg.Encoder.Connector != "" {
-		return 0, 0, 0, lr, false
-	}
-	if len(lr.Prefiller) > 0 && !laneSplits(p) {
+	if lr = rawhttp.ScanRequest(h); lr.Refused {
 		return 0, 0, 0, lr, false
 	}
 	// A Host fasthttp's parser refuses (400) is its to refuse; the target
@@ -506,8 +503,8 @@ func (ll *laneLoop) parseHead(b []byte) (api connectors.API, headLen, want int, 
 		return 0, 0, 0, lr, false
 	}
 	api, ok = connectors.APIForPath(string(h.RequestURI()))
-	if api == connectors.APIChat && p.Cfg.DecodeChunkSize > 0 {
-		return 0, 0, 0, lr, false // a chunked decode is fasthttp's (relay.Decode)
+	if p.KeepsOffLane(inference.LaneHead{API: api, Split: len(lr.Prefiller) > 0, Encoders: lr.Encoders}) {
+		return 0, 0, 0, lr, false // a part of the sidecar the lane cannot carry yet
 	}
 	return api, headLen, headLen + cl, lr, ok
 }

@@ -9,7 +9,6 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/pd-sidecar/pd-sidecar/circuit"
-	"github.com/pd-sidecar/pd-sidecar/connectors"
 	"github.com/pd-sidecar/pd-sidecar/metrics"
 	"github.com/pd-sidecar/pd-sidecar/proxy/inference"
 	"github.com/pd-sidecar/pd-sidecar/proxy/rawhttp"
@@ -37,12 +36,6 @@ import (
 // aborts it; relaying it makes the primary adopt its stream, connection
 // and gauge, and relay from the held bytes on, as a local stream that
 // began.
-
-// laneSplits reports whether the lane serves P/D requests.
-func laneSplits(p *inference.Proxy) bool {
-	return p.Seq != nil && p.Choreo == connectors.ChoreographySequential && p.KV == nil && !p.Cfg.Guard.TLS.Prefiller &&
-		p.Mori == nil // MoRI-IO's legs are fasthttp's
-}
 
 // errHedgeAbandoned: a hedge's local leg ended by the sidecar (the loop
 // shutting down).
