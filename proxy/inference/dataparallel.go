@@ -11,13 +11,13 @@ import (
 // request whose x-data-parallel-host-port names one of this pod's ranks
 // is decoded by that rank's engine; the prefill leg, if any, is
 // unchanged. The header never reaches an engine (upstreamHeader,
-// rawhttp.AppendLegStart, passthrough), and the lane leaves a request carrying it
-// to fasthttp (rawhttp.ScanRequest).
+// rawhttp.AppendLegStart, passthrough). Both drivers pick the rank before
+// anything else reads the request.
 
-// pickRank points r's decode legs at the rank its x-data-parallel-host-port
+// PickRank points r's decode legs at the rank its x-data-parallel-host-port
 // names (none: r's own rank). An unknown value is counted and refused
 // before any leg.
-func pickRank(r *Request, h *fasthttp.RequestHeader) error {
+func PickRank(r *Request, h *fasthttp.RequestHeader) error {
 	v := h.Peek(HeaderDataParallel)
 	if v == nil {
 		return nil

@@ -35,7 +35,7 @@ func (p *Proxy) ServeInference(rc *fasthttp.RequestCtx, local string, api connec
 			r.Finish()
 		}
 	}()
-	if err := pickRank(r, &rc.Request.Header); err != nil {
+	if err := PickRank(r, &rc.Request.Header); err != nil {
 		r.Fail(err)
 		return
 	}

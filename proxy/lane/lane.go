@@ -383,6 +383,10 @@ func (lc *laneConn) serve(b []byte, api connectors.API, headLen int, lr rawhttp.
 	// Counted as the lane takes it, before any answer byte: a client that
 	// has its answer finds it counted.
 	p.M.LoopRequests.Inc()
+	if err := inference.PickRank(r, &ll.req); err != nil {
+		lc.failWith(err)
+		return
+	}
 	if err := inference.Sanitize(r); err != nil {
 		lc.failWith(err)
 		return

@@ -76,10 +76,9 @@ type Request struct {
 }
 
 // ScanRequest looks at h's headers: Expect and Upgrade are fasthttp's to
-// serve, and so are a field name that is not a token (the fasthttp path
-// refuses it) and x-data-parallel-host-port (its rank's engine or its
-// 400); so is x-encoder-hosts-ports while the encoder stage is on (the
-// caller checks Encoders); a named prefiller makes a P/D request.
+// serve, and so is a field name that is not a token (the fasthttp path
+// refuses it); so is x-encoder-hosts-ports while the encoder stage is on
+// (the caller checks Encoders); a named prefiller makes a P/D request.
 func ScanRequest(h *fasthttp.RequestHeader) Request {
 	lr := Request{KeepAlive: !h.ConnectionClose()}
 	for k, v := range h.All() {
@@ -100,8 +99,6 @@ func ScanRequest(h *fasthttp.RequestHeader) Request {
 				lr.Prefiller = v
 			}
 			lr.Encoders = lr.Encoders || EqualFold(k, HeaderEncoders)
-		case len(HeaderDataParallel):
-			lr.Refused = lr.Refused || EqualFold(k, HeaderDataParallel)
 		}
 	}
 	return lr
