@@ -145,7 +145,7 @@ func passthrough(p *inference.Proxy, rc *fasthttp.RequestCtx, local string) {
 // dropPassthrough ends a passthrough request whose client left before its
 // answer (a FIN or a reset while the engine answered, seen by the watch or
 // by clientconn.PeerClosed): nothing is written, not even an error, as to
-// an inference request's client (request.leftNow), and the connection
+// an inference request's client (Request.LeftNow), and the connection
 // closes.
 func dropPassthrough(p *inference.Proxy, rc *fasthttp.RequestCtx, id string) {
 	p.M.ClientDisconnects.WithLabelValues(metrics.PhasePassthrough).Inc()

@@ -15,7 +15,7 @@ import (
 )
 
 // choreograph runs the request under the choreography its connector
-// declares, when that is not the plain sequential handoff of serveInference.
+// declares, when that is not the plain sequential handoff of ServeInference.
 // It reports whether the request was served; false lets the sequential
 // handoff run (always for Sequential connectors, and for DecodeFirst ones
 // when the request is not tried on the decode engine first or was declined).

@@ -64,7 +64,7 @@ type firstAnswer struct {
 // serveDecodeFirst tries the request on the decode engine first when the
 // connector selects it. It reports whether the request was answered; false
 // means it was not tried, or was declined, and the sequential handoff runs
-// with r.body replaced by the connector's AfterDecline body (so a local
+// with r.Body replaced by the connector's AfterDecline body (so a local
 // fallback cannot be declined again).
 func serveDecodeFirst(r *inference.Request, df connectors.DecodeFirst) bool {
 	d := &goDecodeFirst{r: r, df: df, m: split.NewDecodeFirst()}

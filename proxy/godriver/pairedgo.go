@@ -22,7 +22,7 @@ import (
 
 // The goroutine driver of a paired split (split.Paired): both legs at once
 // on fasthttp's path. The decode leg is relayed on the request's goroutine
-// (forward), the prefill leg runs on a goroutine of its own, and a timer
+// (relay.Forward), the prefill leg runs on a goroutine of its own, and a timer
 // may fire on a third: each feeds the machine under mu. What an event
 // decides that touches only the legs (cancel the decode, abandon the
 // prefill, let a held output through, tell the breaker, count) is done at

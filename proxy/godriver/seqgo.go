@@ -53,7 +53,7 @@ type goSplit struct {
 
 	pctx       context.Context // the prefill's: --prefill-timeout
 	pcancel    context.CancelFunc
-	prefillEnd func(error) // prefillStarted's
+	prefillEnd func(error) // PrefillStarted's
 	gauge      prometheus.Gauge
 
 	attempt  context.CancelCauseFunc // the attempt in flight (nil: none)
@@ -276,7 +276,7 @@ func (d *goSplit) attemptEnded(o attemptOut) {
 	d.feed(split.Event{Kind: split.PrefillAnswered, Handoff: res.Handoff})
 }
 
-// attemptAnswer is what an attempt's answer says (prefillAnswered), its
+// attemptAnswer is what an attempt's answer says (PrefillAnswered), its
 // copy's budget share kept by the request while the answer is used.
 func attemptAnswer(r *inference.Request, o attemptOut) (inference.PrefillResult, error) {
 	if o.err != nil {
@@ -449,7 +449,7 @@ func (a *heldAnswer) discard() {
 }
 
 // commitLocal relays a held local answer as the request's answer, as
-// forward does: a stream from its held events on, a JSON answer whole.
+// relay.Forward does: a stream from its held events on, a JSON answer whole.
 // cancel ends the leg's context once the answer is over.
 func commitLocal(r *inference.Request, a *heldAnswer, cancel context.CancelCauseFunc) {
 	g := r.P.M.Inflight.WithLabelValues(metrics.PhaseLocal)

@@ -90,7 +90,7 @@ func newEncoderStage(p *Proxy) *encoder.Stage {
 }
 
 // encode runs the encoder stage (encoder.Stage) of a request naming
-// encoders: r.body continues as the stage leaves it, and the request's
+// encoders: r.Body continues as the stage leaves it, and the request's
 // report says the stage's outcome. A failure is the request's error under
 // --on-encoder-failure error; under local the request continues.
 func encode(r *Request) error {

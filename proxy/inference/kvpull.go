@@ -27,7 +27,7 @@ type KVPullConfig = kvpull.Config
 // and returns the decode leg's handoff naming them (kvpull.Puller.Pull).
 func PullKV(r *Request, h connectors.Handoff) (connectors.Handoff, error) {
 	// The agent is dialed by the pull: its address is checked here too,
-	// whatever read the handoff (request.prefillAnswered did already).
+	// whatever read the handoff (PrefillAnswered did already).
 	if err := r.P.checkHandoff(r.Prefiller, h); err != nil {
 		return h, err
 	}

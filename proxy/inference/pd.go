@@ -22,7 +22,7 @@ import (
 	"github.com/pd-sidecar/pd-sidecar/ssrf"
 )
 
-// serveInference runs one inference request: local when no prefiller is
+// ServeInference runs one inference request: local when no prefiller is
 // named, else the sequential prefill→decode handoff with its degradations.
 func (p *Proxy) ServeInference(rc *fasthttp.RequestCtx, local string, api connectors.API) {
 	if !p.Guard.Acquire() {

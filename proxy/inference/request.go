@@ -35,7 +35,7 @@ type Request struct {
 	Watch  *clientconn.Watch // the client connection's watch
 	ID     string
 	// log is the request's logger (request_id, path, prefiller fields),
-	// built on first use: see logAt.
+	// built on first use: see LogAt.
 	log      zerolog.Logger
 	logReady bool
 	Start    time.Time
@@ -100,7 +100,7 @@ func (p *Proxy) StartRequest(id []byte, h *fasthttp.RequestHeader, body []byte, 
 		API: api, Local: local, Home: local, Body: body, Mode: metrics.ModeLocal,
 	}
 	r.ID = RequestID(id)
-	// r.stream and r.usage: read by sanitize, in its pass over the body.
+	// r.Stream and r.Usage: read by Sanitize, in its pass over the body.
 	r.traceStart(h)
 	return r
 }

@@ -928,7 +928,7 @@ func (lc *laneConn) writeWhole(h *fasthttp.ResponseHeader, body []byte) {
 	ls.Write(out)
 }
 
-// failWith answers err as the fasthttp path's fail does: the client has
+// failWith answers err as the fasthttp path's Fail does: the client has
 // seen nothing yet.
 func (lc *laneConn) failWith(err error) {
 	if lc.shadowOf != nil {
@@ -1155,7 +1155,7 @@ func (lc *laneConn) FirstOutput() {
 	r.P.M.TTFT.WithLabelValues(r.Mode).Observe(time.Since(r.Start).Seconds())
 }
 
-// ReleaseKV is request.releaseKV for the lane's request, whose legs' head
+// ReleaseKV is inference.ReleaseKV for the lane's request, whose legs' head
 // start is the split's (the loop's parsed head is another request's by
 // now).
 func (lc *laneConn) ReleaseKV() {

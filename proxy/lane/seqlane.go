@@ -54,7 +54,7 @@ type lanePD struct {
 	body     []byte // the prefill leg's body, in scratch
 	scratch  *[]byte
 	tk       *circuit.Ticket         // the prefiller's breaker, while the prefill runs
-	done     func(error)             // records the prefill's end (prefillStarted)
+	done     func(error)             // records the prefill's end (PrefillStarted)
 	res      inference.PrefillResult // the prefill's answer
 	timeout  *time.Timer             // --prefill-timeout
 	hedgeDue *time.Timer             // the hedge point

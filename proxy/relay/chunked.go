@@ -28,7 +28,7 @@ import (
 // x-data-parallel-host-port nor to the decode legs of other connectors.
 
 // Decode runs the decode of body on the local engine: chunked when
-// chunkPlanFor says so, else one request relayed as it comes (forward,
+// chunkPlanFor says so, else one request relayed as it comes (Forward,
 // whose contract it has).
 func Decode(r *inference.Request, body []byte, remote bool) error {
 	plan, ok := chunkPlanFor(r, body, remote)

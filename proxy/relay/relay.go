@@ -26,9 +26,9 @@ import (
 )
 
 // Forward sends body to the local engine and relays its answer. remote
-// marks the decode leg carrying r.handoff: its answer gets the cached-token
+// marks the decode leg carrying r.Handoff: its answer gets the cached-token
 // rewrite, and a KV load failure reported before any output is returned as
-// ErrKVLoadFailed. forward returns nil once the answer is written or
+// ErrKVLoadFailed. Forward returns nil once the answer is written or
 // streaming; an error only while the client has seen nothing.
 func Forward(r *inference.Request, body []byte, remote bool) error {
 	phase := metrics.PhaseLocal
