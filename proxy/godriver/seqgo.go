@@ -89,7 +89,7 @@ const splitTimers = int(split.TimerHedge) + 1
 
 func (d *goSplit) run() {
 	r := d.r
-	body, err := prefillBody(r)
+	body, err := r.PrefillBody(nil)
 	start, tk := r.SplitStart(err)
 	if tk != nil {
 		d.body, d.tk = body, tk
@@ -120,23 +120,6 @@ func (d *goSplit) run() {
 			t.Stop()
 		}
 	}
-}
-
-// prefillBody is the prefill leg's body: the connector's, with MoRI-IO's
-// fields when they apply, as the request features edit it.
-func prefillBody(r *inference.Request) ([]byte, error) {
-	p := r.P
-	body, err := p.Seq.PrefillBody(nil, r.API, r.Body)
-	if err == nil && p.Mori != nil {
-		body, err = inference.MoriPrefillBody(r, body) // MoRI-IO write mode
-	}
-	if err == nil {
-		body, err = r.EditPrefill(body)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("%w: %w", inference.ErrBadRequest, err)
-	}
-	return body, nil
 }
 
 // feed gives the machine ev, and the events its actions lead to. A client
@@ -353,15 +336,9 @@ func (d *goSplit) Decode(h connectors.Handoff) *split.Event {
 			return &split.Event{Kind: split.LegFailed, Err: err, Recoverable: recoverable}
 		}
 	}
-	if p.Mori != nil {
-		// MoRI-IO write mode: the rank and fields of the decode leg.
-		if h.Params, err = inference.MoriDecodeParams(r, h.Params); err != nil {
-			return &split.Event{Kind: split.LegFailed, Err: err, Recoverable: true}
-		}
-	}
-	body, err := p.Seq.DecodeBody(nil, r.API, r.Body, h)
+	body, recoverable, err := r.DecodeBody(nil, h)
 	if err != nil {
-		return &split.Event{Kind: split.LegFailed, Err: err}
+		return &split.Event{Kind: split.LegFailed, Err: err, Recoverable: recoverable}
 	}
 	r.Mode, r.Handoff = metrics.ModeDisaggregated, &h
 	if err := relay.Decode(r, body, true); err != nil {

@@ -150,6 +150,25 @@ func (r *Resolver) Resolve(ctx context.Context, spec string) string {
 	return e.ip
 }
 
+// Ready reports whether each of specs resolves without waiting: it is
+// empty, a literal IP, or has an address (fresh or stale; a stale one is
+// served while it is revalidated). An address, once had, is kept through
+// failed lookups, so a spec that is ready stays ready. The event loops
+// serve only requests whose specs are ready: they may not wait on DNS.
+func (r *Resolver) Ready(specs ...string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, spec := range specs {
+		if spec == "" || net.ParseIP(spec) != nil {
+			continue
+		}
+		if e := r.byHost[spec]; e == nil || e.ip == "" {
+			return false
+		}
+	}
+	return true
+}
+
 // refresh looks spec up and records the outcome in e, whose inflight
 // channel it closes.
 func (r *Resolver) refresh(ctx context.Context, spec string, e *dnsEntry) {

@@ -212,3 +212,36 @@ func TestResolver(t *testing.T) {
 		assert.Equal(t, [3]float64{1, 0, 1}, counts(m))
 	})
 }
+
+func TestResolverReady(t *testing.T) {
+	f := &fakeDNS{answers: map[string][]string{"svc": {"10.0.0.5"}, "other": {"10.0.0.6"}}}
+	f.failing(true)
+	r, _, now := testResolver(f, map[string]string{"seeded": "10.0.0.1"})
+	defer run(t, r)()
+	for _, c := range []struct {
+		name  string
+		specs []string
+		want  bool
+	}{
+		{"nothing to resolve", nil, true},
+		{"empty and literal specs", []string{"", "10.0.0.2", "fd00::1"}, true},
+		{"seeded", []string{"seeded", "10.0.0.2"}, true},
+		{"never looked up", []string{"seeded", "svc"}, false},
+	} {
+		assert.Equal(t, c.want, r.Ready(c.specs...), c.name)
+	}
+	assert.Zero(t, f.calls.Load(), "Ready looks nothing up")
+
+	assert.Equal(t, "svc", r.Resolve(context.Background(), "svc"), "a failed cold lookup: the raw spec")
+	assert.False(t, r.Ready("svc"), "a spec whose lookup failed has no address yet")
+	f.failing(false)
+	*now = now.Add(time.Second)
+	assert.Equal(t, "10.0.0.5", r.Resolve(context.Background(), "svc"))
+	assert.True(t, r.Ready("svc", "seeded"), "resolved")
+	f.failing(true)
+	*now = now.Add(time.Minute) // stale, and its revalidation fails
+	assert.Equal(t, "10.0.0.5", r.Resolve(context.Background(), "svc"))
+	require.Eventually(t, func() bool { return f.calls.Load() == 3 }, 30*time.Second, time.Millisecond)
+	assert.True(t, r.Ready("svc"), "an address once had stays through failed lookups")
+	assert.False(t, r.Ready("other"))
+}

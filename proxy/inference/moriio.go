@@ -89,6 +89,13 @@ func newMoriState(cfg MoriIOConfig, m *metrics.MoriIO, log zerolog.Logger) *mori
 	return &moriState{Cfg: cfg, Dns: hostdns.New(lookup, cfg.DNSTTL, cfg.DNSTimeout, cfg.Seed, m, log)}
 }
 
+// Ready reports whether every host spec a split's legs name resolves
+// without waiting on DNS (hostdns.Resolver.Ready): the event loops serve
+// a MoRI-IO split only then.
+func (s *moriState) Ready() bool {
+	return s.Dns.Ready(s.Cfg.PodIP) && s.Dns.Ready(s.Cfg.RemoteHosts...) && s.Dns.Ready(s.Cfg.DecodeHosts...)
+}
+
 // Hosts resolves specs (nil for none).
 func (s *moriState) Hosts(ctx context.Context, specs []string) []string {
 	if len(specs) == 0 {

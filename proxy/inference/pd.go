@@ -381,6 +381,40 @@ func (r *Request) NamePrefiller(hv []byte) error {
 	return err
 }
 
+// PrefillBody builds the sequential prefill leg's body, appended to dst:
+// the connector's, with MoRI-IO's fields when they apply, as the request
+// features edit it. An error is the client's (ErrBadRequest).
+func (r *Request) PrefillBody(dst []byte) ([]byte, error) {
+	p := r.P
+	body, err := p.Seq.PrefillBody(dst, r.API, r.Body)
+	if err == nil && p.Mori != nil {
+		body, err = MoriPrefillBody(r, body) // MoRI-IO write mode
+	}
+	if err == nil {
+		body, err = r.EditPrefill(body)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrBadRequest, err)
+	}
+	return body, nil
+}
+
+// DecodeBody builds the sequential decode leg's body from the prefill's
+// handoff h, appended to dst: MoRI-IO's rank and fields when they apply,
+// then the connector's. recoverable says the request may still be served
+// by a local prefill (MoRI-IO's fields could not be written).
+func (r *Request) DecodeBody(dst []byte, h connectors.Handoff) (body []byte, recoverable bool, err error) {
+	p := r.P
+	if p.Mori != nil {
+		// MoRI-IO write mode: the rank and fields of the decode leg.
+		if h.Params, err = MoriDecodeParams(r, h.Params); err != nil {
+			return nil, true, err
+		}
+	}
+	body, err = p.Seq.DecodeBody(dst, r.API, r.Body, h)
+	return body, false, err
+}
+
 // SplitStart is how the request's sequential split begins: its hedge
 // point, when it may be hedged, and the prefiller's circuit breaker asked
 // for the prefill, unless bodyErr says its body could not be built. tk is

@@ -14,6 +14,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"slices"
 	"strconv"
 	"sync/atomic"
 	"time"
@@ -104,10 +105,11 @@ type Proxy struct {
 	// take part in a request: one line each in New.
 	features []feature.Feature
 	// LegStrip are the client's headers the lane leaves out of every leg
-	// it writes (the trace context's, which each leg carries anew), and
-	// prefillStrip those it leaves out of a prefill leg (--prefill-strip-
-	// headers too); lower case.
-	LegStrip, PrefillStrip []string
+	// it writes (the trace context's, which each leg carries anew),
+	// SplitStrip those it leaves out of a split's legs (MoRI-IO's rank
+	// header too, which it sets), and PrefillStrip those it leaves out of
+	// a prefill leg (--prefill-strip-headers too); lower case (setStrips).
+	LegStrip, SplitStrip, PrefillStrip []string
 	// Loops carry open streams (loopStream); nil: each stream keeps its
 	// goroutine. servers are the servers of the local engines' ports, by
 	// engine address, which take a connection back after its stream. Both
@@ -187,7 +189,6 @@ func New(cfg Config, conn connectors.Connector, m *metrics.Metrics, gatherer pro
 		return nil, err
 	}
 	p.Pass, p.strip = pass, prefillstrip.Names(cfg.PrefillStripHeaders)
-	p.PrefillStrip = p.strip
 	p.Rewriter, _ = conn.(connectors.AnswerRewriter)
 	g, err := newGuard(cfg.Guard, cfg.MaxRequestBodyBytes, m.Guards, log)
 	if err != nil {
@@ -234,8 +235,15 @@ func New(cfg Config, conn connectors.Connector, m *metrics.Metrics, gatherer pro
 	if cfg.MoriIO.WriteMode && p.Seq != nil && conn.Name() == "nixlv2" {
 		p.Mori = newMoriState(cfg.MoriIO, m.MoriIO, log) // MoRI-IO write mode
 		p.Seq = moriio.ReadHandoffs(p.Seq)               // its prefill answers are MoRI-IO's
-		p.keepOffLane("MoRI-IO", splitHead)
+		if cfg.MoriIO.ParallelDispatch {
+			p.keepOffLane("MoRI-IO parallel dispatch", splitHead)
+		} else {
+			// The lane may not wait on DNS: a split goes to fasthttp's
+			// driver while a host spec it names has no address yet.
+			p.keepOffLane("MoRI-IO host specs not resolved yet", func(h LaneHead) bool { return h.Split && !p.Mori.Ready() })
+		}
 	}
+	p.setStrips()
 	if cfg.PrefillPrewarm {
 		p.warm = newPrewarmer(p)
 	}
@@ -284,7 +292,17 @@ func (p *Proxy) SetExtras(e Extras) {
 	p.Ext = e
 	p.Trace = observe.NewTracing(observe.Config{Tracer: e.Tracer, Propagator: e.Propagator,
 		Reason: failureReason, KVLoadFailed: ReasonKVLoadFailed})
+	p.setStrips()
+}
+
+// setStrips sets the headers the lane leaves out of legs (LegStrip).
+func (p *Proxy) setStrips() {
 	p.LegStrip, p.PrefillStrip = p.Trace.Strip(p.strip)
+	p.SplitStrip = p.LegStrip
+	if p.Mori != nil && p.Mori.Cfg.Ports.DPSize > 1 {
+		p.SplitStrip = append(slices.Clone(p.LegStrip), moriio.HeaderRank)
+		p.PrefillStrip = append(slices.Clone(p.PrefillStrip), moriio.HeaderRank)
+	}
 }
 
 // CircuitState reports the circuit-breaker state of prefiller (host:port):

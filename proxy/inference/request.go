@@ -183,12 +183,31 @@ func (r *Request) UpstreamHeader(dst, src *fasthttp.RequestHeader, addr string) 
 	dst.Del("Expect")
 	dst.Del(HeaderRequestID) // every copy: Set replaces only the first
 	dst.Set(HeaderRequestID, r.ID)
+	if r.named && r.P.Mori != nil && r.P.Mori.Cfg.Ports.DPSize > 1 {
+		// MoRI-IO pins a split's legs to its rank: the client's never
+		// reaches them (Proxy.SplitStrip on the lane).
+		dst.Del(moriio.HeaderRank)
+	}
 	if r.moriRank != "" {
 		dst.Set(moriio.HeaderRank, r.moriRank)
 	}
 	r.Obs.Inject(dst)
 	dst.SetHost(addr)
 	dst.SetProtocolBytes(StrHTTP11) // whatever the client's (setStream)
+}
+
+// AppendLegHeaders appends to a leg's head, which the lane writes, what
+// the request adds to each of its legs beyond the client's headers, as
+// UpstreamHeader does on fasthttp's: MoRI-IO's x-data-parallel-rank (the
+// client's own is left out of a split's legs: Proxy.SplitStrip) and the
+// leg's trace context.
+func (r *Request) AppendLegHeaders(dst []byte) []byte {
+	if r.moriRank != "" {
+		dst = append(dst, "X-Data-Parallel-Rank: "...)
+		dst = append(dst, r.moriRank...)
+		dst = append(dst, "\r\n"...)
+	}
+	return r.Obs.AppendTrace(dst)
 }
 
 // pickPrefiller chooses one entry of the header value: the first, or a

@@ -72,7 +72,7 @@ func (lc *laneConn) split(hv []byte) {
 	ll, r, p := lc.ll, lc.r, lc.ll.ln.p
 	pd := &lanePD{}
 	pd.bufp, pd.buf = p.Bufs.GetChunk()
-	pd.buf = rawhttp.AppendLegStartStrip(pd.buf, &ll.req, p.LegStrip)
+	pd.buf = rawhttp.AppendLegStartStrip(pd.buf, &ll.req, p.SplitStrip)
 	n := len(pd.buf)
 	if lc.reqBody == nil { // the body is in the loop's buffer, which the next read overwrites: copied
 		pd.bufp, pd.buf = p.Bufs.GrowChunk(pd.bufp, pd.buf, len(r.Body))
@@ -91,13 +91,7 @@ func (lc *laneConn) split(hv []byte) {
 		return
 	}
 	scratch, dst := p.Bufs.EditScratch(len(r.Body))
-	body, err := p.Seq.PrefillBody(dst, r.API, r.Body)
-	if err == nil {
-		body, err = r.EditPrefill(body)
-	}
-	if err != nil {
-		err = fmt.Errorf("%w: %w", inference.ErrBadRequest, err)
-	}
+	body, err := r.PrefillBody(dst)
 	start, tk := r.SplitStart(err)
 	if tk != nil {
 		pd.tk, pd.body, pd.scratch = tk, body, scratch
@@ -176,10 +170,10 @@ func (lc *laneConn) execSplit(pd *lanePD, acts []split.Action) {
 			lc.adoptHedge(pd)
 		case split.SendDecode:
 			scratch, dst := p.Bufs.EditScratch(len(r.Body))
-			body, err := p.Seq.DecodeBody(dst, r.API, r.Body, a.Handoff)
+			body, recoverable, err := r.DecodeBody(dst, a.Handoff)
 			if err != nil {
 				p.Bufs.PutScratch(scratch)
-				lc.feedSplit(split.Event{Kind: split.LegFailed, Err: err})
+				lc.feedSplit(split.Event{Kind: split.LegFailed, Err: err, Recoverable: recoverable})
 				continue
 			}
 			pd.res.Handoff = a.Handoff
