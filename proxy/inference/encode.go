@@ -93,11 +93,11 @@ func newEncoderStage(p *Proxy) *encoder.Stage {
 // encoders: r.Body continues as the stage leaves it, and the request's
 // report says the stage's outcome. A failure is the request's error under
 // --on-encoder-failure error; under local the request continues.
-func encode(r *Request) error {
+func encode(r *Request, h *fasthttp.RequestHeader) error {
 	if r.P.enc == nil {
 		return nil
 	}
-	vs := r.RC.Request.Header.PeekAll(HeaderEncoders)
+	vs := h.PeekAll(HeaderEncoders)
 	if len(vs) == 0 {
 		return nil
 	}

@@ -75,7 +75,7 @@ func TestEncodeRequest(t *testing.T) {
 			if tc.gone {
 				r.Cancel(ErrClientGone)
 			}
-			err := encode(r)
+			err := encode(r, &rc.Request.Header)
 			if tc.err != nil {
 				require.ErrorIs(t, err, tc.err)
 			} else {

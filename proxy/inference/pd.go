@@ -35,35 +35,64 @@ func (p *Proxy) ServeInference(rc *fasthttp.RequestCtx, local string, api connec
 			r.Finish()
 		}
 	}()
-	if err := PickRank(r, &rc.Request.Header); err != nil {
+	switch route, err := r.Admit(&rc.Request.Header); route {
+	case RouteFail:
 		r.Fail(err)
-		return
+	case RouteFallback:
+		r.fallback(err)
+	case RouteLocal:
+		r.serveLocal()
+	default:
+		r.P.splitter(r)
+	}
+}
+
+// Route is where Admit sends a request.
+type Route int
+
+const (
+	// RouteFail: the request is refused; the error is its answer.
+	RouteFail Route = iota
+	// RouteLocal: served on the local engine, no prefiller prefilling
+	// it (none named, or a request feature declined the split).
+	RouteLocal
+	// RouteSplit: split with the prefiller it names (Request.Prefiller).
+	RouteSplit
+	// RouteFallback: the prefiller it names is refused (not allowed, or
+	// malformed); the error is the reason to fall back (Request.Degrade).
+	RouteFallback
+)
+
+// Admit runs what comes before a request's first leg, in this order on
+// both drivers: the data-parallel rank its head h picks, the body
+// sanitized, the encoder stage (only fasthttp's driver serves a request
+// with encoders), the prefiller h names checked against the allowlist,
+// the request features begun, a split one of them declines. It says
+// where the request goes from there.
+func (r *Request) Admit(h *fasthttp.RequestHeader) (Route, error) {
+	if err := PickRank(r, h); err != nil {
+		return RouteFail, err
 	}
 	if err := Sanitize(r); err != nil {
-		r.Fail(err)
-		return
+		return RouteFail, err
 	}
-	if err := encode(r); err != nil { // llm-d's encoder stage (encoder.Stage)
-		r.Fail(err)
-		return
+	if err := encode(r, h); err != nil { // llm-d's encoder stage (encoder.Stage)
+		return RouteFail, err
 	}
-	hv := rc.Request.Header.Peek(HeaderPrefiller)
+	hv := h.Peek(HeaderPrefiller)
 	if len(hv) == 0 {
 		r.LogAt(zerolog.DebugLevel).Msg("no prefiller named: local")
-		r.BeginFeatures(&rc.Request.Header)
-		r.serveLocal()
-		return
+		r.BeginFeatures(h)
+		return RouteLocal, nil
 	}
 	if err := r.NamePrefiller(hv); err != nil {
-		r.fallback(err)
-		return
+		return RouteFallback, err
 	}
-	r.BeginFeatures(&rc.Request.Header)
+	r.BeginFeatures(h)
 	if r.SplitDeclined() {
-		r.serveLocal()
-		return
+		return RouteLocal, nil
 	}
-	r.P.splitter(r)
+	return RouteSplit, nil
 }
 
 // serveLocal runs a request that no prefiller prefills (none named, or

@@ -295,11 +295,16 @@ func (p *Proxy) SetExtras(e Extras) {
 	p.setStrips()
 }
 
+// pinsSplitRank reports whether the sidecar sets x-data-parallel-rank on
+// the legs of a request that names a prefiller (MoRI-IO write mode with
+// more than one data-parallel rank): the client's own never reaches them.
+func (p *Proxy) pinsSplitRank() bool { return p.Mori != nil && p.Mori.Cfg.Ports.DPSize > 1 }
+
 // setStrips sets the headers the lane leaves out of legs (LegStrip).
 func (p *Proxy) setStrips() {
 	p.LegStrip, p.PrefillStrip = p.Trace.Strip(p.strip)
 	p.SplitStrip = p.LegStrip
-	if p.Mori != nil && p.Mori.Cfg.Ports.DPSize > 1 {
+	if p.pinsSplitRank() {
 		p.SplitStrip = append(slices.Clone(p.LegStrip), moriio.HeaderRank)
 		p.PrefillStrip = append(slices.Clone(p.PrefillStrip), moriio.HeaderRank)
 	}

@@ -183,7 +183,7 @@ func (r *Request) UpstreamHeader(dst, src *fasthttp.RequestHeader, addr string) 
 	dst.Del("Expect")
 	dst.Del(HeaderRequestID) // every copy: Set replaces only the first
 	dst.Set(HeaderRequestID, r.ID)
-	if r.named && r.P.Mori != nil && r.P.Mori.Cfg.Ports.DPSize > 1 {
+	if r.named && r.P.pinsSplitRank() {
 		// MoRI-IO pins a split's legs to its rank: the client's never
 		// reaches them (Proxy.SplitStrip on the lane).
 		dst.Del(moriio.HeaderRank)
@@ -266,8 +266,8 @@ func validID(b []byte) bool {
 var StrHTTP11 = []byte("HTTP/1.1")
 
 // The request features (proxy/feature) take part in a request at the
-// points both drivers pass through: BeginFeatures once the prefiller is
-// named and allowed (or none is), then SplitDeclined, EditPrefill or
+// points both drivers pass through: BeginFeatures (in Admit) once the
+// prefiller is named and allowed (or none is), then SplitDeclined, EditPrefill or
 // EditLocal, and KVSourcePeer for a choreography whose legs name the
 // source. They are asked in the order of the one list New registers them
 // in (Proxy.features).

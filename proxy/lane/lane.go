@@ -383,21 +383,23 @@ func (lc *laneConn) serve(b []byte, api connectors.API, headLen int, lr rawhttp.
 	// Counted as the lane takes it, before any answer byte: a client that
 	// has its answer finds it counted.
 	p.M.LoopRequests.Inc()
-	if err := inference.PickRank(r, &ll.req); err != nil {
+	named := len(ll.req.Peek(inference.HeaderPrefiller)) > 0 // as Admit reads it
+	if named {
+		lc.beginSplit() // copies the body
+	}
+	switch route, err := r.Admit(&ll.req); route {
+	case inference.RouteFail:
 		lc.failWith(err)
-		return
+	case inference.RouteFallback:
+		lc.fallback(err)
+	case inference.RouteLocal:
+		lc.serveLocal()
+	default:
+		lc.split()
 	}
-	if err := inference.Sanitize(r); err != nil {
-		lc.failWith(err)
-		return
+	if !named {
+		r.Body = nil // maybe in the loop's buffer, which the next read overwrites
 	}
-	if len(lr.Prefiller) > 0 {
-		lc.split(lr.Prefiller) // copies the body
-		return
-	}
-	r.BeginFeatures(&ll.req)
-	lc.serveLocal()
-	r.Body = nil // maybe in the loop's buffer, which the next read overwrites
 }
 
 // decodeLeg sends body (held in bodyp, or nil: see legTo) to the local

@@ -67,29 +67,29 @@ type lanePD struct {
 	readyRaw  *rawhttp.Answer
 }
 
-// split begins the P/D split of the request, its prefiller named by hv.
-func (lc *laneConn) split(hv []byte) {
+// beginSplit readies the split of a request that names a prefiller,
+// before anything reads its body: the legs' head start, and the body
+// copied out of the loop's buffer (which the next read overwrites), for
+// the legs sent after this event.
+func (lc *laneConn) beginSplit() {
 	ll, r, p := lc.ll, lc.r, lc.ll.ln.p
 	pd := &lanePD{}
 	pd.bufp, pd.buf = p.Bufs.GetChunk()
 	pd.buf = rawhttp.AppendLegStartStrip(pd.buf, &ll.req, p.SplitStrip)
 	n := len(pd.buf)
-	if lc.reqBody == nil { // the body is in the loop's buffer, which the next read overwrites: copied
+	if lc.reqBody == nil {
 		pd.bufp, pd.buf = p.Bufs.GrowChunk(pd.bufp, pd.buf, len(r.Body))
 		pd.buf = append(pd.buf, r.Body...)
 		r.Body = pd.buf[n:]
 	}
 	pd.start = pd.buf[:n:n]
 	lc.pd = pd
-	if err := r.NamePrefiller(hv); err != nil {
-		lc.fallback(err)
-		return
-	}
-	r.BeginFeatures(&ll.req)
-	if r.SplitDeclined() {
-		lc.serveLocal()
-		return
-	}
+}
+
+// split runs the P/D split of the request (beginSplit readied it) with
+// the prefiller Admit named.
+func (lc *laneConn) split() {
+	r, p, pd := lc.r, lc.ll.ln.p, lc.pd
 	scratch, dst := p.Bufs.EditScratch(len(r.Body))
 	body, err := r.PrefillBody(dst)
 	start, tk := r.SplitStart(err)
