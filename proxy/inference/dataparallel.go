@@ -14,10 +14,10 @@ import (
 // rawhttp.AppendLegStart, passthrough). Both drivers pick the rank before
 // anything else reads the request.
 
-// PickRank points r's decode legs at the rank its x-data-parallel-host-port
+// pickRank points r's decode legs at the rank its x-data-parallel-host-port
 // names (none: r's own rank). An unknown value is counted and refused
 // before any leg.
-func PickRank(r *Request, h *fasthttp.RequestHeader) error {
+func pickRank(r *Request, h *fasthttp.RequestHeader) error {
 	v := h.Peek(HeaderDataParallel)
 	if v == nil {
 		return nil

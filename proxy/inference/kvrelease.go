@@ -31,7 +31,7 @@ const kvReleaseIDSuffix = "-kv-release"
 // into the decoder from the prefiller).
 func newKVReleaser(p *Proxy) *kvrelease.Releaser {
 	c, ok := p.Conn.(connectors.KVReleaser)
-	if !p.Cfg.ReleaseKVOnCancel || !ok || p.Seq == nil || p.Mori != nil {
+	if !p.Cfg.ReleaseKVOnCancel || !ok || p.seq == nil || p.Mori != nil {
 		return nil
 	}
 	return kvrelease.New(c, p.Tr, p.M.KVReleases)

@@ -124,19 +124,19 @@ func setMoriRank(r *Request, rank int) {
 	}
 }
 
-// MoriPrefillBody gives the serial prefill leg's body (nixlv2's) MoRI-IO's
+// moriPrefillBody gives the serial prefill leg's body (nixlv2's) MoRI-IO's
 // write-mode kv_transfer_params.
-func MoriPrefillBody(r *Request, body []byte) ([]byte, error) {
+func moriPrefillBody(r *Request, body []byte) ([]byte, error) {
 	s := r.P.Mori
 	r.mori = MoriLeg(r)
 	params := moriio.PrefillParams(s.Cfg.Ports, s.Dns.Resolve(r.Ctx, s.Cfg.PodIP), r.mori, s.Hosts(r.Ctx, s.Cfg.DecodeHosts))
 	return moriio.WithParams(body, params)
 }
 
-// MoriDecodeParams are the serial decode leg's kv_transfer_params: the
+// moriDecodeParams are the serial decode leg's kv_transfer_params: the
 // prefill answer's with the rank (the one it returned, else the request
 // id's) written back and MoRI-IO's fields backfilled.
-func MoriDecodeParams(r *Request, returned []byte) ([]byte, error) {
+func moriDecodeParams(r *Request, returned []byte) ([]byte, error) {
 	s := r.P.Mori
 	l := r.mori
 	l.Rank = moriio.DecodeRank(returned, s.Cfg.Ports.DPSize, l.Rank)

@@ -70,10 +70,10 @@ const (
 // the request features begun, a split one of them declines. It says
 // where the request goes from there.
 func (r *Request) Admit(h *fasthttp.RequestHeader) (Route, error) {
-	if err := PickRank(r, h); err != nil {
+	if err := pickRank(r, h); err != nil {
 		return RouteFail, err
 	}
-	if err := Sanitize(r); err != nil {
+	if err := sanitize(r); err != nil {
 		return RouteFail, err
 	}
 	if err := encode(r, h); err != nil { // llm-d's encoder stage (encoder.Stage)
@@ -82,14 +82,14 @@ func (r *Request) Admit(h *fasthttp.RequestHeader) (Route, error) {
 	hv := h.Peek(HeaderPrefiller)
 	if len(hv) == 0 {
 		r.LogAt(zerolog.DebugLevel).Msg("no prefiller named: local")
-		r.BeginFeatures(h)
+		r.beginFeatures(h)
 		return RouteLocal, nil
 	}
-	if err := r.NamePrefiller(hv); err != nil {
+	if err := r.namePrefiller(hv); err != nil {
 		return RouteFallback, err
 	}
-	r.BeginFeatures(h)
-	if r.SplitDeclined() {
+	r.beginFeatures(h)
+	if r.splitDeclined() {
 		return RouteLocal, nil
 	}
 	return RouteSplit, nil
@@ -303,7 +303,7 @@ func (r *Request) PrefillAnswered(status int, contentType, body []byte) (Prefill
 	case status != fasthttp.StatusOK:
 		return PrefillResult{}, &Rejected{Status: status, ContentType: string(contentType), Body: body}
 	}
-	h, err := r.P.Seq.ParsePrefill(r.API, body)
+	h, err := r.P.seq.ParsePrefill(r.API, body)
 	if err == nil {
 		err = r.P.checkHandoff(r.Prefiller, h) // its addresses against the allowlist
 	}
@@ -398,10 +398,10 @@ func (r *Request) CopyHead(resp *fasthttp.Response) {
 	r.RC.Response.Header.Set(HeaderRequestID, r.ID)
 }
 
-// NamePrefiller takes the prefiller that x-prefiller-host-port value hv
+// namePrefiller takes the prefiller that x-prefiller-host-port value hv
 // names, checked against the allowlist; an error is the reason to fall
 // back (the request names one all the same).
-func (r *Request) NamePrefiller(hv []byte) error {
+func (r *Request) namePrefiller(hv []byte) error {
 	p := r.P
 	r.named = true
 	hp, err := p.pickAllowed(hv)
@@ -415,12 +415,12 @@ func (r *Request) NamePrefiller(hv []byte) error {
 // features edit it. An error is the client's (ErrBadRequest).
 func (r *Request) PrefillBody(dst []byte) ([]byte, error) {
 	p := r.P
-	body, err := p.Seq.PrefillBody(dst, r.API, r.Body)
+	body, err := p.seq.PrefillBody(dst, r.API, r.Body)
 	if err == nil && p.Mori != nil {
-		body, err = MoriPrefillBody(r, body) // MoRI-IO write mode
+		body, err = moriPrefillBody(r, body) // MoRI-IO write mode
 	}
 	if err == nil {
-		body, err = r.EditPrefill(body)
+		body, err = r.editPrefill(body)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrBadRequest, err)
@@ -436,11 +436,11 @@ func (r *Request) DecodeBody(dst []byte, h connectors.Handoff) (body []byte, rec
 	p := r.P
 	if p.Mori != nil {
 		// MoRI-IO write mode: the rank and fields of the decode leg.
-		if h.Params, err = MoriDecodeParams(r, h.Params); err != nil {
+		if h.Params, err = moriDecodeParams(r, h.Params); err != nil {
 			return nil, true, err
 		}
 	}
-	body, err = p.Seq.DecodeBody(dst, r.API, r.Body, h)
+	body, err = p.seq.DecodeBody(dst, r.API, r.Body, h)
 	return body, false, err
 }
 

@@ -25,7 +25,7 @@ func newPrewarmer(p *Proxy) *prewarm.Warmer {
 	return prewarm.New(prewarm.Deps{
 		Covered:        p.prewarmCovered,
 		Own:            p.ownAddr,
-		Seq:            p.Seq,
+		Seq:            p.seq,
 		CheckHandoff:   p.checkHandoff,
 		TPGuard:        p.tpGuard,
 		Transport:      p.Tr,

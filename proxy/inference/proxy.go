@@ -65,7 +65,7 @@ type Proxy struct {
 	Cfg      Config
 	Conn     connectors.Connector
 	Rewriter connectors.AnswerRewriter // nil when conn has no such ability
-	Seq      connectors.Sequential     // nil for a Concurrent connector
+	seq      connectors.Sequential     // nil for a Concurrent connector
 	Mori     *moriState                // MoRI-IO write mode; nil when off
 	Choreo   connectors.Choreography   // what conn declares (connectors.Choreography)
 	Boot     *bootstrap.Cache          // Bootstrapper answers per prefiller
@@ -214,7 +214,7 @@ func New(cfg Config, conn connectors.Connector, m *metrics.Metrics, gatherer pro
 	if cfg.Guard.TLS.Prefiller {
 		p.keepOffLane("TLS to prefillers", splitHead)
 	}
-	p.Seq, _ = conn.(connectors.Sequential)
+	p.seq, _ = conn.(connectors.Sequential)
 	if p.Choreo = connectors.ChoreographyOf(conn); p.Choreo == 0 {
 		return nil, fmt.Errorf("connector %q is neither sequential nor concurrent", conn.Name())
 	}
@@ -232,9 +232,9 @@ func New(cfg Config, conn connectors.Connector, m *metrics.Metrics, gatherer pro
 	if cfg.Hedge.On() && p.Choreo == connectors.ChoreographyConcurrent {
 		log.Warn().Str("connector", conn.Name()).Msg("--prefill-hedge-after has no effect: this connector sends the decode leg while the prefill runs, so there is no wait to hedge")
 	}
-	if cfg.MoriIO.WriteMode && p.Seq != nil && conn.Name() == "nixlv2" {
+	if cfg.MoriIO.WriteMode && p.seq != nil && conn.Name() == "nixlv2" {
 		p.Mori = newMoriState(cfg.MoriIO, m.MoriIO, log) // MoRI-IO write mode
-		p.Seq = moriio.ReadHandoffs(p.Seq)               // its prefill answers are MoRI-IO's
+		p.seq = moriio.ReadHandoffs(p.seq)               // its prefill answers are MoRI-IO's
 		if cfg.MoriIO.ParallelDispatch {
 			p.keepOffLane("MoRI-IO parallel dispatch", splitHead)
 		} else {
@@ -436,7 +436,7 @@ func (p *Proxy) NotePrefiller(hostport string) {
 // mode's prefiller writes into the decoder with per-request fields.
 func (p *Proxy) prewarmCovered() string {
 	switch {
-	case p.Seq == nil || p.Choreo != connectors.ChoreographySequential:
+	case p.seq == nil || p.Choreo != connectors.ChoreographySequential:
 		return "the connector's split is not a prefill then a decode" // a constant: asked on every request
 	case p.KV != nil:
 		return "the sidecar pulls the KV itself"

@@ -100,7 +100,7 @@ func (p *Proxy) StartRequest(id []byte, h *fasthttp.RequestHeader, body []byte, 
 		API: api, Local: local, Home: local, Body: body, Mode: metrics.ModeLocal,
 	}
 	r.ID = RequestID(id)
-	// r.Stream and r.Usage: read by Sanitize, in its pass over the body.
+	// r.Stream and r.Usage: read by sanitize, in its pass over the body.
 	r.traceStart(h)
 	return r
 }
@@ -266,16 +266,16 @@ func validID(b []byte) bool {
 var StrHTTP11 = []byte("HTTP/1.1")
 
 // The request features (proxy/feature) take part in a request at the
-// points both drivers pass through: BeginFeatures (in Admit) once the
-// prefiller is named and allowed (or none is), then SplitDeclined, EditPrefill or
+// points both drivers pass through: beginFeatures (in Admit) once the
+// prefiller is named and allowed (or none is), then splitDeclined, editPrefill or
 // EditLocal, and KVSourcePeer for a choreography whose legs name the
 // source. They are asked in the order of the one list New registers them
 // in (Proxy.features).
 
-// BeginFeatures asks every feature for its part in r, whose head is h. A
+// beginFeatures asks every feature for its part in r, whose head is h. A
 // feature that declines the split is counted and reported here, and the
 // request is then served in mode local.
-func (r *Request) BeginFeatures(h *fasthttp.RequestHeader) {
+func (r *Request) beginFeatures(h *fasthttp.RequestHeader) {
 	if len(r.P.features) == 0 {
 		return
 	}
@@ -296,12 +296,12 @@ func (r *Request) BeginFeatures(h *fasthttp.RequestHeader) {
 	}
 }
 
-// SplitDeclined reports whether a feature serves r locally instead of
+// splitDeclined reports whether a feature serves r locally instead of
 // splitting it.
-func (r *Request) SplitDeclined() bool { return r.declined }
+func (r *Request) splitDeclined() bool { return r.declined }
 
-// EditPrefill gives the prefill leg's body to every feature that edits it.
-func (r *Request) EditPrefill(body []byte) ([]byte, error) {
+// editPrefill gives the prefill leg's body to every feature that edits it.
+func (r *Request) editPrefill(body []byte) ([]byte, error) {
 	for _, u := range r.uses {
 		if e, ok := u.(feature.PrefillEditor); ok {
 			var err error

@@ -13,10 +13,10 @@ import (
 // the allowlist (403, as a denied prefiller header).
 var ErrKVAddressDenied error = failure.New("a kv transfer address in the request body is not an allowed prefiller", failure.Outcome{Status: http.StatusForbidden, Precedence: precedenceDenied})
 
-// Sanitize makes r.Body what may reach an engine (CleanBody): every leg,
+// sanitize makes r.Body what may reach an engine (CleanBody): every leg,
 // local or split, and every fallback starts from it; and reads the
 // request's stream flags, in the same pass over the body.
-func Sanitize(r *Request) error {
+func sanitize(r *Request) error {
 	body, top, err := r.P.CleanBody(r.API, r.Body, func() *zerolog.Event { return r.LogAt(zerolog.DebugLevel) })
 	if err != nil {
 		return err
