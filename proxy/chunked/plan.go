@@ -7,11 +7,12 @@
 //
 // The package decides whether and how a decode is cut (PlanFor), builds
 // each chunk's body, reads and checks each chunk's answer, stitches them
-// (Decode, without I/O), and runs the decode to its end (Run): when the
-// answer begins, what a failed chunk does, how the decode ended. What
-// ties it to a request — sending a chunk to the engine, writing the
-// answer, the client's connection, its log and report — is the caller's,
-// behind Request.
+// (Decode), and decides the decode's course (Machine): which chunk goes
+// next, when the answer or the stream begins, what a failed chunk or a
+// client that left does, how the decode ended and is counted. Both are
+// without I/O. A driver executes the machine's actions: Run on the
+// request's goroutine (behind Request: sending a chunk to the engine,
+// writing the answer, the client's connection), or an event loop.
 package chunked
 
 import (
