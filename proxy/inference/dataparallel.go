@@ -31,6 +31,6 @@ func pickRank(r *Request, h *fasthttp.RequestHeader) error {
 	if local != r.Local {
 		r.LogAt(zerolog.DebugLevel).Str("engine", local).Msg("x-data-parallel-host-port: decoded by another rank's engine")
 	}
-	r.Local = local
+	r.Local, r.dpRouted = local, true
 	return nil
 }

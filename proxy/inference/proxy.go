@@ -12,6 +12,7 @@ package inference
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"slices"
@@ -31,6 +32,7 @@ import (
 	"github.com/pd-sidecar/pd-sidecar/metrics"
 	"github.com/pd-sidecar/pd-sidecar/netloop"
 	"github.com/pd-sidecar/pd-sidecar/proxy/bootstrap"
+	"github.com/pd-sidecar/pd-sidecar/proxy/chunked"
 	"github.com/pd-sidecar/pd-sidecar/proxy/clientconn"
 	"github.com/pd-sidecar/pd-sidecar/proxy/dprank"
 	"github.com/pd-sidecar/pd-sidecar/proxy/encoder"
@@ -293,6 +295,22 @@ func (p *Proxy) SetExtras(e Extras) {
 	p.Trace = observe.NewTracing(observe.Config{Tracer: e.Tracer, Propagator: e.Propagator,
 		Reason: failureReason, KVLoadFailed: ReasonKVLoadFailed})
 	p.setStrips()
+}
+
+// ChunkDeps is what a chunked decode (proxy/chunked) needs of the sidecar.
+func (p *Proxy) ChunkDeps() chunked.Deps {
+	return chunked.Deps{Metrics: p.M.Chunked, BadRequest: ErrBadRequest, DecodeFailed: ErrDecodeFailed,
+		ClientGone: ErrClientGone, KVLoadFailed: ErrKVLoadFailed, ErrorBody: chunkErrorBody}
+}
+
+// chunkErrorBody is the sidecar's error object answering err: a failed
+// chunk's with its status, another with the status Classify gives it.
+func chunkErrorBody(err error) []byte {
+	var cf *chunked.Failed
+	if errors.As(err, &cf) {
+		return ErrorBody(cf.Status, err)
+	}
+	return ErrorBody(Classify(err).Status, err)
 }
 
 // pinsSplitRank reports whether the sidecar sets x-data-parallel-rank on

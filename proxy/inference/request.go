@@ -15,7 +15,9 @@ import (
 
 	"github.com/pd-sidecar/pd-sidecar/connectors"
 	"github.com/pd-sidecar/pd-sidecar/connectors/moriio"
+	"github.com/pd-sidecar/pd-sidecar/connectors/nixlv2"
 	"github.com/pd-sidecar/pd-sidecar/metrics"
+	"github.com/pd-sidecar/pd-sidecar/proxy/chunked"
 	"github.com/pd-sidecar/pd-sidecar/proxy/clientconn"
 	"github.com/pd-sidecar/pd-sidecar/proxy/feature"
 	"github.com/pd-sidecar/pd-sidecar/proxy/logvalue"
@@ -66,6 +68,8 @@ type Request struct {
 	// moriRank its legs' x-data-parallel-rank ("" = none) (moriState).
 	mori     moriio.Leg
 	moriRank string
+	// dpRouted: x-data-parallel-host-port picked the rank (pickRank).
+	dpRouted bool
 	Obs      observe.Request // report and spans
 	// held is the buffer budget's share of the answers read whole that
 	// the request keeps until it finishes (a prefill answer's copy).
@@ -208,6 +212,32 @@ func (r *Request) AppendLegHeaders(dst []byte) []byte {
 		dst = append(dst, "\r\n"...)
 	}
 	return r.Obs.AppendTrace(dst)
+}
+
+// ChunkPlan reports whether the decode of body on the local engine
+// (remote: a split's, on the prefill's KV) is chunked, and how: it applies,
+// as in llm-d, to /v1/chat/completions requests decoded here (decoder-only,
+// with or without a KV cache source; the decode leg of a nixlv2 split,
+// whose first chunk alone carries the handoff; a local-prefill fallback),
+// not to requests routed by x-data-parallel-host-port nor to the decode
+// legs of other connectors; and to a body chunked.PlanFor cuts.
+func (r *Request) ChunkPlan(body []byte, remote bool) (chunked.Plan, bool) {
+	n := r.P.Cfg.DecodeChunkSize
+	if n <= 0 || r.API != connectors.APIChat || r.dpRouted || (remote && r.P.Conn.Name() != nixlv2.Name) {
+		return chunked.Plan{}, false
+	}
+	return chunked.PlanFor(body, n)
+}
+
+// ChunkJob is the chunked decode of body by plan (ChunkPlan), its gauge
+// the in-flight decodes of its phase.
+func (r *Request) ChunkJob(plan chunked.Plan, body []byte, remote bool) chunked.Job {
+	phase := metrics.PhaseLocal
+	if remote {
+		phase = metrics.PhaseDecode
+	}
+	return chunked.Job{Plan: plan, Body: body, Stream: r.Stream, Usage: r.Usage, Remote: remote,
+		Inflight: r.P.M.Inflight.WithLabelValues(phase)}
 }
 
 // pickPrefiller chooses one entry of the header value: the first, or a

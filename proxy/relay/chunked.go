@@ -1,7 +1,6 @@
 package relay
 
 import (
-	"errors"
 	"io"
 	"time"
 
@@ -10,75 +9,28 @@ import (
 
 	// chunkdec: the package's tests declare a chunked (an HTTP chunked body).
 
-	"github.com/pd-sidecar/pd-sidecar/connectors"
-	"github.com/pd-sidecar/pd-sidecar/connectors/nixlv2"
-	"github.com/pd-sidecar/pd-sidecar/metrics"
 	"github.com/pd-sidecar/pd-sidecar/proxy/chunked"
 	"github.com/pd-sidecar/pd-sidecar/proxy/clientconn"
 	"github.com/pd-sidecar/pd-sidecar/proxy/inference"
 )
 
-// Chunked decode (--decode-chunk-size N; chunked.Run): the decode of a
+// Chunked decode (--decode-chunk-size N; proxy/chunked): the decode of a
 // chat request runs as a series of non-streamed requests of at most N
-// tokens to the local engine, stitched into one answer. It applies, as in
-// llm-d, to /v1/chat/completions requests decoded here: decoder-only ones
-// (with or without a KV cache source), the decode leg of a nixlv2 split
-// (only the first chunk carries the handoff's kv_transfer_params) and a
-// local-prefill fallback; not to requests routed by
-// x-data-parallel-host-port nor to the decode legs of other connectors.
+// tokens to the local engine, stitched into one answer; where it applies
+// is Request.ChunkPlan's. On fasthttp's handler goroutine chunked.Run
+// executes the decode's machine through chunkRequest.
 
 // Decode runs the decode of body on the local engine: chunked when
-// chunkPlanFor says so, else one request relayed as it comes (Forward,
-// whose contract it has).
+// Request.ChunkPlan says so, else one request relayed as it comes
+// (Forward, whose contract it has).
 func Decode(r *inference.Request, body []byte, remote bool) error {
-	plan, ok := chunkPlanFor(r, body, remote)
-	if !ok {
+	plan, ok := r.ChunkPlan(body, remote)
+	if !ok || r.RC == nil {
 		return Forward(r, body, remote)
 	}
-	return decodeChunked(r, body, remote, plan)
-}
-
-// chunkPlanFor reports whether the decode of body is chunked, and how: a
-// request chunked decode applies to, whose body chunked.PlanFor cuts.
-func chunkPlanFor(r *inference.Request, body []byte, remote bool) (chunked.Plan, bool) {
-	n := r.P.Cfg.DecodeChunkSize
-	if n <= 0 || r.API != connectors.APIChat || r.RC == nil ||
-		(remote && r.P.Conn.Name() != nixlv2.Name) ||
-		len(r.RC.Request.Header.Peek(inference.HeaderDataParallel)) > 0 {
-		return chunked.Plan{}, false
-	}
-	return chunked.PlanFor(body, n)
-}
-
-// decodeChunked runs a chunked decode (chunked.Run, whose contract it
-// has).
-func decodeChunked(r *inference.Request, body []byte, remote bool, plan chunked.Plan) error {
-	phase := metrics.PhaseLocal
-	if remote {
-		phase = metrics.PhaseDecode
-	}
-	g := r.P.M.Inflight.WithLabelValues(phase)
 	r.DecodeStarted(remote)
-	return chunked.Run(chunked.Deps{
-		Metrics:      r.P.M.Chunked,
-		BadRequest:   inference.ErrBadRequest,
-		DecodeFailed: inference.ErrDecodeFailed,
-		ClientGone:   inference.ErrClientGone,
-		KVLoadFailed: inference.ErrKVLoadFailed,
-		ErrorBody:    chunkErrorBody,
-	}, chunkRequest{r}, chunked.Job{
-		Plan: plan, Body: body, Stream: r.Stream, Usage: r.Usage, Remote: remote, Inflight: g,
-	})
-}
-
-// chunkErrorBody is the sidecar's error object answering err: a failed
-// chunk's with its status, another with the status classify gives it.
-func chunkErrorBody(err error) []byte {
-	var cf *chunked.Failed
-	if errors.As(err, &cf) {
-		return inference.ErrorBody(cf.Status, err)
-	}
-	return inference.ErrorBody(inference.Classify(err).Status, err)
+	// chunked.Run has the contract of Forward.
+	return chunked.Run(r.P.ChunkDeps(), chunkRequest{r}, r.ChunkJob(plan, body, remote))
 }
 
 // chunkRequest is a request's part in its chunked decode.
