@@ -218,6 +218,20 @@ func (m *Machine) Closed(written bool) {
 	m.end(m.outcome)
 }
 
+// Abandon: the request ended while the decode ran (the client left
+// before its answer began, or the sidecar stopped it); counted as a
+// client that left, and one that left mid-stream recorded.
+func (m *Machine) Abandon() {
+	if m.streaming {
+		m.Closed(false)
+		return
+	}
+	m.end(metrics.ChunkedClientLeft)
+}
+
+// Over reports whether the decode ended (counted and logged).
+func (m *Machine) Over() bool { return m.over }
+
 // end counts and logs the decode's outcome, once.
 func (m *Machine) end(outcome string) {
 	if m.over {

@@ -210,9 +210,6 @@ func New(cfg Config, conn connectors.Connector, m *metrics.Metrics, gatherer pro
 	if cfg.Encoder.Connector != "" {
 		p.keepOffLane("the encoder stage", func(h LaneHead) bool { return h.Encoders })
 	}
-	if cfg.DecodeChunkSize > 0 {
-		p.keepOffLane("chunked decode", func(h LaneHead) bool { return h.API == connectors.APIChat })
-	}
 	if cfg.Guard.TLS.Prefiller {
 		p.keepOffLane("TLS to prefillers", splitHead)
 	}

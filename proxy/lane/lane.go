@@ -2,8 +2,9 @@
 // request whose head came whole in one read (local, or the sequential P/D
 // split) on the loops from its first byte to its last, with no goroutine of
 // its own, and gives every other request to fasthttp. It decides nothing a
-// request's outcome depends on: the split machine (proxy/split) and the
-// request's state (proxy/inference) do; the lane does their I/O.
+// request's outcome depends on: the split machine (proxy/split), a chunked
+// decode's machine (proxy/chunked) and the request's state
+// (proxy/inference) do; the lane does their I/O.
 package lane
 
 import (
@@ -254,6 +255,7 @@ type laneConn struct {
 	raw       *rawhttp.Answer // a non-streamed answer being read
 	body      *laneBody       // a request's body being read (laneReading)
 	reqBody   *laneBody       // the body of the request being served, read on the lane: its legs send from it
+	chunk     *laneChunk      // the request's chunked decode, while it runs
 	// shadowOf, on a hedge's local leg, is the client
 	// connection whose request it runs for: the shadow has that client's
 	// request and descriptor but never writes to it, closes it or ends the
@@ -273,6 +275,8 @@ func (lc *laneConn) Ready(fd int, ev netloop.Events) {
 			return
 		}
 		lc.abandon(inference.ErrDrainTimeout)
+	case lc.chunk != nil && lc.chunk.streaming:
+		lc.chunk.ready(ev)
 	case lc.state == laneIdle:
 		lc.readRequest(ev)
 	case lc.state == laneReading:
@@ -407,6 +411,10 @@ func (lc *laneConn) serve(b []byte, api connectors.API, headLen int, lr rawhttp.
 // prefill and decode.
 func (lc *laneConn) decodeLeg(body []byte, bodyp *[]byte, remote bool) {
 	ll, r, p := lc.ll, lc.r, lc.ll.ln.p
+	if _, ok := r.ChunkPlan(body, remote); ok && lc.shadowOf == nil {
+		startChunked(lc, body, bodyp, remote) // --decode-chunk-size
+		return
+	}
 	if remote {
 		lc.setGauge(ll.decode)
 		lc.pd.sent = time.Now()
@@ -754,6 +762,10 @@ func (lc *laneConn) readHead() {
 		return
 	}
 	b = rest
+	if c := lc.chunk; c != nil && c.leg {
+		c.head(b)
+		return
+	}
 	if lc.prefill {
 		lc.prefillHead(b)
 		return
@@ -882,6 +894,8 @@ func (lc *laneConn) rawDone() {
 	switch {
 	case lc.shadowOf != nil:
 		lc.shadowOf.hedgeWhole(lc, a)
+	case lc.chunk != nil && lc.chunk.leg:
+		lc.chunk.answered(a)
 	case lc.prefill:
 		lc.PrefillAnswered(a)
 	case r.Handoff != nil:
@@ -903,6 +917,10 @@ func (lc *laneConn) rawBroke(err error) {
 	lc.endUp(false)
 	if lc.prefill {
 		lc.prefillFailed(inference.PrefillTransportErr(err))
+		return
+	}
+	if c := lc.chunk; c != nil && c.leg {
+		c.failed(err)
 		return
 	}
 	lc.failWith(inference.DecodeTransportErr(err))
@@ -993,6 +1011,10 @@ func (lc *laneConn) legFailed(err error) {
 
 // failed answers a request whose decode leg got no answer head.
 func (lc *laneConn) failed(err error) {
+	if c := lc.chunk; c != nil && c.leg {
+		c.failed(err)
+		return
+	}
 	lc.failWith(inference.DecodeTransportErr(err))
 }
 
@@ -1109,6 +1131,9 @@ func (lc *laneConn) finish() {
 	if lc.shadowOf != nil {
 		lc.shadowOf.hedgeFailed(lc, errHedgeAbandoned)
 		return
+	}
+	if lc.chunk != nil {
+		lc.chunk.release()
 	}
 	lc.dropHedge()
 	lc.ReleaseKV() // --release-kv-on-cancel: before the split's buffers are given back

@@ -109,7 +109,7 @@ func (c chunkRequest) Watch() func() bool {
 }
 
 // Left implements chunked.Request.
-func (c chunkRequest) Left() { left(c.r) }
+func (c chunkRequest) Left() { Left(c.r) }
 
 // Finish implements chunked.Request.
 func (c chunkRequest) Finish(pipelined bool) {

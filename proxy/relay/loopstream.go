@@ -413,7 +413,7 @@ func (ls *LoopStream) complete() {
 func (ls *LoopStream) abort(cause error) {
 	r := ls.R
 	r.Cancel(cause)
-	left(r)
+	Left(r)
 	ls.teardown()
 }
 

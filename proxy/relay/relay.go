@@ -152,8 +152,8 @@ func needsDone(api connectors.API) bool {
 	return api == connectors.APIChat || api == connectors.APICompletions
 }
 
-// left records a client that went away mid-stream.
-func left(r *inference.Request) {
+// Left records a client that went away mid-stream.
+func Left(r *inference.Request) {
 	r.LogAt(zerolog.InfoLevel).Msg("client left mid-stream; upstream leg cancelled")
 	r.P.M.ClientDisconnects.WithLabelValues(r.Phase()).Inc()
 }

@@ -228,7 +228,7 @@ func (b *sseBody) end(err error) error {
 	}
 	switch {
 	case r.Gone():
-		left(r)
+		Left(r)
 		return inference.ErrClientGone
 	case errors.Is(err, io.EOF):
 		err = nil
@@ -265,7 +265,7 @@ func (b *sseBody) Close() error {
 	}
 	if !b.ended || b.off < len(b.out) {
 		b.r.Cancel(inference.ErrClientGone)
-		left(b.r)
+		Left(b.r)
 	}
 	b.putOut()
 	if b.pipelined {
