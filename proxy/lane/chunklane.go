@@ -224,6 +224,7 @@ func (c *laneChunk) put(b []byte) {
 		c.taken()
 	case errors.Is(err, netloop.ErrWouldBlock):
 		c.pending = append(c.pending[:0], b[n:]...)
+		lc.r.LogAt(zerolog.DebugLevel).Int("pending", len(c.pending)).Msg("client slower than its chunked decode: next chunk held")
 		if err := lc.setInterest(netloop.Writable); err != nil {
 			c.clientGone()
 		}
