@@ -298,15 +298,28 @@ func fine(t *testing.T, resp *http.Response, what string) {
 // connection and the answer, its head read.
 func (r *streamRig) send(t *testing.T) (net.Conn, *http.Response) {
 	t.Helper()
+	conn := r.write(t)
+	return conn, readHead(t, conn)
+}
+
+// write sends a streamed completion on a new connection, its answer not
+// read yet.
+func (r *streamRig) write(t *testing.T) net.Conn {
+	t.Helper()
 	conn, err := net.Dial("tcp", harness.HostPort(r.sc.Port))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = conn.Close() })
 	writeRequest(t, conn, "/v1/completions", completionBody(`,"max_tokens":4,"stream":true`), r.hdr, r.whole)
+	return conn
+}
+
+// readHead reads the head of the answer on conn (within 60 s).
+func readHead(t *testing.T, conn net.Conn) *http.Response {
+	t.Helper()
 	require.NoError(t, conn.SetReadDeadline(time.Now().Add(60*time.Second)))
-	br := bufio.NewReader(conn)
-	resp, err := http.ReadResponse(br, &http.Request{Method: http.MethodPost})
+	resp, err := http.ReadResponse(bufio.NewReader(conn), &http.Request{Method: http.MethodPost})
 	require.NoError(t, err, "an answer head")
-	return conn, resp
+	return resp
 }
 
 // refused is pd_sidecar_upstream_refused_total for an engine's event past
@@ -391,14 +404,17 @@ func TestHostileStreamHedgedLocalLeg(t *testing.T) {
 			name = "lane"
 		}
 		t.Run(name, func(t *testing.T) {
-			r := newStreamRig(t, []string{"--prefill-hedge-after", "50ms", "--prefill-hedge-budget", "1"}, true, whole)
-			setFault(t, r.prefill, `{"latency_ms":1500,"only":"prefill"}`)
+			r := newStreamRig(t, []string{"--prefill-hedge-after", "50ms", "--prefill-hedge-budget", "1", "--prefill-timeout", "60s"}, true, whole)
+			// The prefill answers once the local leg was refused, however
+			// long reading it up to the bound takes on this machine.
+			setFault(t, r.prefill, `{"hold_until_set":true,"only":"prefill"}`)
 			before := r.refused(t)
 			r.engine.arm(endlessScript{chunked: true, piece: 64 << 10})
-			_, resp := r.send(t)
+			conn := r.write(t)    // its head waits for the decode's first output
 			a := r.engine.next(t) // the local leg, at the hedge point
-			fine(t, resp, "the decode of the prefill that was raced")
 			r.refusedAndBounded(t, a, before, "the hedge's local leg")
+			setFault(t, r.prefill, `{}`) // the prefill answers now
+			fine(t, readHead(t, conn), "the decode of the prefill that was raced")
 			assert.Equal(t, 1.0, r.sc.Metric(t, "pd_sidecar_requests_total", map[string]string{"mode": "disaggregated", "code": "200"}))
 		})
 	}

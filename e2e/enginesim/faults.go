@@ -24,6 +24,11 @@ type Faults struct {
 	DieAfterChunks int `json:"die_after_chunks,omitempty"`
 	// LatencyMS is added before each inference request is served.
 	LatencyMS int `json:"latency_ms,omitempty"`
+	// HoldUntilSet holds each inference request until the plan is set
+	// again or cleared (or its client leaves), then serves it under the
+	// plan it arrived with: a delay a test ends when it has seen what it
+	// waits for, instead of guessing a latency.
+	HoldUntilSet bool `json:"hold_until_set,omitempty"`
 	// AfterHeadMS holds a streamed answer this long after its head was
 	// sent (counted as waiting), before it loads KV or makes a token (a
 	// slow queue or first step).
@@ -126,12 +131,16 @@ type applied struct {
 	// drawn delay.
 	slowed bool
 	slow   time.Duration
+	// held, with HoldUntilSet, is closed when the plan is set again.
+	held <-chan struct{}
 }
 
 // faultBox holds the current plan; safe for concurrent use.
 type faultBox struct {
 	mu sync.Mutex
 	f  Faults
+	// changed is closed, and replaced, each time the plan is set.
+	changed chan struct{}
 	// rng draws the slow-prefill picks and jitter; reseeded by set.
 	rng *rand.Rand
 }
@@ -140,6 +149,10 @@ func (b *faultBox) set(f Faults) {
 	b.mu.Lock()
 	b.f = f
 	b.rng = newSlowRand(f.SlowSeed)
+	if b.changed != nil {
+		close(b.changed)
+	}
+	b.changed = make(chan struct{})
 	b.mu.Unlock()
 }
 
@@ -205,5 +218,8 @@ func (b *faultBox) take(k legKind) applied {
 		}
 	}
 	a.Faults = f
+	if f.HoldUntilSet {
+		a.held = b.changed
+	}
 	return a
 }

@@ -78,6 +78,26 @@ func TestFaultLatency(t *testing.T) {
 	assert.GreaterOrEqual(t, time.Since(start), 60*time.Millisecond)
 }
 
+// TestFaultHoldUntilSet: a held request is answered once the plan is set
+// again, under the plan it came with; not before.
+func TestFaultHoldUntilSet(t *testing.T) {
+	s := startSim(t, RoleBoth, nil)
+	setFaults(t, s, `{"hold_until_set":true,"eos_first_token":true}`)
+	done := make(chan answer, 1)
+	go func() { done <- post(t, s.url+"/v1/completions", smallCompletion) }()
+	require.Eventually(t, func() bool { return s.kindMetric(t, "sim_faults_injected_total", "hold") == 1 }, 30*time.Second, time.Millisecond)
+	select {
+	case a := <-done:
+		t.Fatalf("answered while held: %d %s", a.status, a.body)
+	default:
+	}
+	setFaults(t, s, `{}`)
+	a := <-done
+	assert.Equal(t, 200, a.status)
+	assert.Equal(t, "stop", get(a.json, "choices", 0, "finish_reason"), "served under the plan it came with")
+	assert.Equal(t, 200, post(t, s.url+"/v1/completions", smallCompletion).status, "the next is not held")
+}
+
 func TestFaultEOSFirstToken(t *testing.T) {
 	s := startSim(t, RoleBoth, nil)
 	setFaults(t, s, `{"eos_first_token":true}`)

@@ -116,6 +116,14 @@ func (s *Sim) inference(a api) http.HandlerFunc {
 		o := &output{api: a, requestID: rid, model: s.cfg.Model, created: time.Now().Unix()}
 		defer s.countCancelled(ctx, leg, o)
 		f := s.faults.take(leg)
+		if f.held != nil {
+			s.m.faultsInjected.WithLabelValues("hold").Inc()
+			select {
+			case <-f.held:
+			case <-ctx.Done():
+				return
+			}
+		}
 		if !s.injectFaults(w, r, f.Faults, o) {
 			return
 		}

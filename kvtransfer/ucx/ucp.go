@@ -223,6 +223,30 @@ static void px_close_ep(ucp_worker_h w, ucp_ep_h ep) {
 	}
 }
 
+// px_flush starts flushing every endpoint of w, wire-up messages still
+// pending on them included; it returns 1 and the request in *req while the
+// flush is under way, 0 when it is over already (done or failed).
+static int px_flush(ucp_worker_h w, void **req) {
+	ucp_request_param_t p;
+	memset(&p, 0, sizeof p);
+	ucs_status_ptr_t r = ucp_worker_flush_nbx(w, &p);
+	if (r == NULL || UCS_PTR_IS_ERR(r)) { *req = NULL; return 0; }
+	*req = r;
+	return 1;
+}
+
+// px_busy progresses w at most spins times while r is in progress; it
+// returns 1 while r still is.
+static int px_busy(ucp_worker_h w, void *r, int spins) {
+	for (int i = 0; i < spins; i++) {
+		if (ucp_request_check_status(r) != UCS_INPROGRESS) return 0;
+		ucp_worker_progress(w);
+	}
+	return ucp_request_check_status(r) == UCS_INPROGRESS;
+}
+
+static void px_request_free(void *r) { ucp_request_free(r); }
+
 // px_ep_info is ucp_ep_print_info's text, in C memory the caller frees.
 static char *px_ep_info(ucp_ep_h ep) {
 	char *buf = NULL;
@@ -352,6 +376,19 @@ func (wk *worker) progressLoop() {
 	}
 }
 
+// closeFlush bounds how long closing a worker waits for its endpoints'
+// pending messages.
+const closeFlush = 2 * time.Second
+
+// close stops the progress loop, flushes the worker and destroys it.
+//
+// The flush comes first because UCX 1.13 asserts, aborting the process, when
+// ucp_worker_destroy purges an endpoint that still has a wire-up reply
+// pending (a puller's endpoint whose wire-up the agent answered just before
+// it closed: "got REP message" in ucp_request_send_state_ff). Progressing
+// the worker until the flush completes sends those messages. A flush still
+// under way after closeFlush (a peer that neither answers nor fails) leaves
+// the worker undestroyed: its memory is lost, the process is not.
 func (wk *worker) close() {
 	close(wk.stop)
 	wk.mu.Lock()
@@ -360,8 +397,32 @@ func (wk *worker) close() {
 	<-wk.done
 	wk.mu.Lock()
 	defer wk.mu.Unlock()
+	if !wk.flushLocked(closeFlush) {
+		return
+	}
+	C.px_drain(wk.w)
 	C.ucp_worker_destroy(wk.w)
 	C.ucp_cleanup(wk.ctx)
+}
+
+// flushLocked flushes the worker, progressing it, for at most bound; it
+// reports whether the flush is over. Call under mu.
+func (wk *worker) flushLocked(bound time.Duration) bool {
+	var req unsafe.Pointer
+	if C.px_flush(wk.w, &req) == 0 {
+		return true
+	}
+	deadline := time.Now().Add(bound)
+	for C.px_busy(wk.w, req, pumpSpins) != 0 {
+		if time.Now().After(deadline) {
+			// Freed now, UCX releases it when it completes.
+			C.px_request_free(req)
+			return false
+		}
+		runtime.Gosched()
+	}
+	C.px_request_free(req)
+	return true
 }
 
 // memReg is one registered region.
