@@ -66,13 +66,10 @@ func New(max int, named TransportErr) *Cache {
 // split.ErrPrefillTimeout. A transport failure is what the cache's
 // TransportErr names it; a bad answer is ErrFailed.
 func (c *Cache) Get(ctx context.Context, tr *upstream.Transport, bs connectors.Bootstrapper, prefillHost string, limit time.Duration) (connectors.Bootstrap, error) {
-	addr := bs.BootstrapAddr(prefillHost)
-	c.mu.Lock()
-	e, ok := c.m[addr]
-	c.mu.Unlock()
-	if ok && c.now().Before(e.expires) {
-		return e.b, nil
+	if b, ok := c.Cached(bs, prefillHost); ok {
+		return b, nil
 	}
+	addr := bs.BootstrapAddr(prefillHost)
 	b, err := c.query(ctx, tr, bs, addr, min(limit, timeout))
 	if err != nil {
 		return b, err
@@ -87,6 +84,19 @@ func (c *Cache) Get(ctx context.Context, tr *upstream.Transport, bs connectors.B
 	}
 	c.m[addr] = entry{b: b, expires: c.now().Add(ttl)}
 	return b, nil
+}
+
+// Cached returns prefillHost's bootstrap answer when the cache holds one
+// still fresh (ok), without asking its server: what an event loop, which
+// may not wait on the query, asks first.
+func (c *Cache) Cached(bs connectors.Bootstrapper, prefillHost string) (b connectors.Bootstrap, ok bool) {
+	c.mu.Lock()
+	e, ok := c.m[bs.BootstrapAddr(prefillHost)]
+	c.mu.Unlock()
+	if !ok || !c.now().Before(e.expires) {
+		return connectors.Bootstrap{}, false
+	}
+	return e.b, true
 }
 
 // Forget drops the answer cached for a bootstrap address.

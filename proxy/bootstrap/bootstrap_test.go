@@ -92,6 +92,33 @@ func TestCacheGet(t *testing.T) {
 	assert.Equal(t, int32(3), f.queries.Load(), "asked again once forgotten")
 }
 
+// Cached answers from the cache alone: never a query, nothing once the
+// answer expired or was forgotten.
+func TestCacheCached(t *testing.T) {
+	f := &fakeServer{}
+	bs := fakeBootstrapper{addr: f.serve(t)}
+	tr := upstream.NewTransport(time.Second, 4, 4)
+	c, now := testCache(4)
+
+	_, ok := c.Cached(bs, "p")
+	assert.False(t, ok, "nothing cached yet")
+	assert.Zero(t, f.queries.Load(), "Cached never asks")
+	_, err := c.Get(context.Background(), tr, bs, "p", time.Minute)
+	require.NoError(t, err)
+	b, ok := c.Cached(bs, "p")
+	require.True(t, ok)
+	assert.Equal(t, "e", b.EngineID)
+
+	*now = now.Add(ttl)
+	_, ok = c.Cached(bs, "p")
+	assert.False(t, ok, "expired")
+	*now = now.Add(-ttl)
+	c.Forget(bs.addr)
+	_, ok = c.Cached(bs, "p")
+	assert.False(t, ok, "forgotten")
+	assert.Equal(t, int32(1), f.queries.Load())
+}
+
 func TestCacheFailures(t *testing.T) {
 	tests := []struct {
 		name    string

@@ -3,17 +3,14 @@ package godriver
 import (
 	"context"
 	"errors"
-	"fmt"
 	"sync"
 	"time"
 
 	"github.com/rs/zerolog"
 	"github.com/valyala/fasthttp"
-	"go.opentelemetry.io/otel/trace"
 
 	"github.com/pd-sidecar/pd-sidecar/circuit"
 	"github.com/pd-sidecar/pd-sidecar/connectors"
-	"github.com/pd-sidecar/pd-sidecar/metrics"
 	"github.com/pd-sidecar/pd-sidecar/proxy/inference"
 	"github.com/pd-sidecar/pd-sidecar/proxy/relay"
 	"github.com/pd-sidecar/pd-sidecar/proxy/split"
@@ -49,11 +46,9 @@ type goPaired struct {
 	kvWait       *time.Timer
 }
 
-// newPaired returns the driver of a paired split of r under cfg (Judge
-// and Fallback are the proxy's).
-func newPaired(r *inference.Request, cfg split.PairedConfig) *goPaired {
-	cfg.Fallback, cfg.Judge = r.P.Cfg.PrefillFallback, inference.SplitJudge
-	return &goPaired{r: r, log: *r.Logger(), m: split.NewPaired(cfg), parent: r.Ctx, released: make(chan struct{})}
+// newPaired returns the driver of the paired split s of r.
+func newPaired(r *inference.Request, s *inference.Paired) *goPaired {
+	return &goPaired{r: r, log: *r.Logger(), m: split.NewPaired(s.Config), tk: s.Ticket, parent: r.Ctx, released: make(chan struct{})}
 }
 
 // run runs the split begun by start: its prefill leg carrying pre and its
@@ -111,23 +106,10 @@ func (d *goPaired) exec(acts []split.Action) []split.Action {
 			if d.kvWait != nil {
 				d.kvWait.Stop()
 			}
-		case split.BreakerDone:
-			if errors.Is(a.Err, split.ErrAbandoned) {
-				d.log.Debug().Msg("prefill leg cancelled with the request")
-			}
-			d.r.P.Guard.BreakerDone(d.r.Prefiller, d.tk, a.Err)
-			d.tk = nil
-		case split.PrefillLegFailed:
-			d.r.P.M.PrefillLegFailures.WithLabelValues(a.Reason).Inc()
-			if a.Attempt == 1 {
-				d.log.Warn().Err(a.Err).Str("reason", a.Reason).Msg("prefill leg failed after the decode started")
-			} else {
-				d.log.Warn().Err(a.Err).Str("reason", a.Reason).Msg("prefill leg failed; cancelling the decode leg")
-			}
-		case split.OutputAtKVWait:
-			d.log.Warn().Msg("MoRI-IO decode produced output before the prefill leg answered; relayed at the KV-wait timeout")
 		default:
-			rest = append(rest, a)
+			if !d.r.P.AccountPaired(a, d.r.Prefiller, &d.tk, &d.log) {
+				rest = append(rest, a)
+			}
 		}
 	}
 	return rest
@@ -190,18 +172,24 @@ func (d *goPaired) Decode(dec []byte) error {
 }
 
 // sendPrefill sends the prefill leg carrying pre on a goroutine of its own,
-// bounded by --prefill-timeout.
+// bounded by --prefill-timeout. The leg's answer is read and discarded.
 func (d *goPaired) sendPrefill(pre []byte) {
 	r, p := d.r, d.r.P
 	pctx, cancel := d.pctx, d.cancelPre
-	// The prefill span is opened here, so the leg's traceparent names it,
-	// and ended by the leg (spans are safe to end from another goroutine).
-	span := r.Obs.StartPrefill(r.Label)
+	leg := r.StartPairedPrefill() // before the head, which names its span
 	req := r.PrefillRequest(pre)
-	leg := pairedPrefill{p: p, log: d.log, label: r.Label, addr: r.Prefiller, span: span}
+	addr := r.Prefiller
 	go func() {
 		defer cancel()
-		err := leg.run(pctx, req)
+		resp := fasthttp.AcquireResponse()
+		hold, err := p.Tr.Do(pctx, addr, req, resp)
+		fasthttp.ReleaseRequest(req)
+		if err != nil {
+			err = inference.PrefillTransportErr(upstream.CtxErr(pctx, err))
+		}
+		err = leg.End(resp.StatusCode(), resp.Header.ContentType(), resp.Body(), err)
+		hold.Release()
+		fasthttp.ReleaseResponse(resp)
 		if d.parent.Err() != nil {
 			d.feed(split.Event{Kind: split.ClientGone, Err: context.Cause(d.parent)})
 		}
@@ -211,50 +199,4 @@ func (d *goPaired) sendPrefill(pre []byte) {
 		}
 		d.feed(split.Event{Kind: split.PrefillFailed, Err: err})
 	}()
-}
-
-// pairedPrefill is the prefill leg of a paired split, run on a goroutine
-// of its own. It reads nothing of the request but what it was given, so it
-// may outlive the handler.
-type pairedPrefill struct {
-	p           *inference.Proxy
-	log         zerolog.Logger
-	label, addr string
-	span        trace.Span // the prefill span (nil without a tracer)
-}
-
-// run sends the prefill leg and waits for its answer, which is discarded
-// (the KV goes from engine to engine), and returns what it was: nil, or
-// why it failed.
-func (l pairedPrefill) run(ctx context.Context, req *fasthttp.Request) error {
-	g := l.p.M.Inflight.WithLabelValues(metrics.PhasePrefill)
-	g.Inc()
-	defer g.Dec()
-	resp := fasthttp.AcquireResponse()
-	defer fasthttp.ReleaseResponse(resp)
-	start := time.Now()
-	hold, err := l.p.Tr.Do(ctx, l.addr, req, resp)
-	defer hold.Release() // resp is let go when run returns
-	fasthttp.ReleaseRequest(req)
-	l.p.M.PrefillDuration.WithLabelValues(l.label).Observe(time.Since(start).Seconds())
-	if err != nil {
-		err = inference.PrefillTransportErr(upstream.CtxErr(ctx, err))
-	} else {
-		switch st := resp.StatusCode(); {
-		case st == fasthttp.StatusTooManyRequests:
-			err = inference.ErrPrefillOverloaded
-		case st >= 500:
-			err = fmt.Errorf("%w: status %d", inference.ErrPrefillServerError, st)
-		case st != fasthttp.StatusOK && st < 400:
-			err = fmt.Errorf("%w: %w: status %d", connectors.ErrBadPrefillAnswer, upstream.ErrBadUpstreamAnswer, st)
-		case st != fasthttp.StatusOK:
-			err = &inference.Rejected{Status: st, ContentType: string(resp.Header.ContentType()),
-				Body: append([]byte(nil), resp.Body()...)}
-		}
-	}
-	l.p.Trace.EndPrefill(l.span, err)
-	if err == nil {
-		l.log.Debug().Dur("took_ms", time.Since(start)).Msg("prefill leg answered")
-	}
-	return err
 }

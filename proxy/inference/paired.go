@@ -1,0 +1,237 @@
+package inference
+
+import (
+	crand "crypto/rand"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net"
+	"strconv"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/rs/zerolog"
+	"github.com/valyala/fasthttp"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/pd-sidecar/pd-sidecar/circuit"
+	"github.com/pd-sidecar/pd-sidecar/connectors"
+	"github.com/pd-sidecar/pd-sidecar/connectors/moriio"
+	"github.com/pd-sidecar/pd-sidecar/metrics"
+	"github.com/pd-sidecar/pd-sidecar/proxy/split"
+	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"
+)
+
+// What both drivers of a paired split (split.Paired: the concurrent
+// connectors, MoRI-IO's parallel dispatch) share: how its legs are built,
+// the prefill leg's bookkeeping and what its answer means, and the
+// accounting actions of the machine. A driver only sends and reads.
+
+// PairedSplit reports whether the proxy's splits run both legs at once
+// (split.Paired): a concurrent connector, or MoRI-IO's parallel dispatch.
+func (p *Proxy) PairedSplit() bool {
+	return p.Choreo == connectors.ChoreographyConcurrent || (p.Mori != nil && p.Mori.Cfg.ParallelDispatch)
+}
+
+// Paired is a paired split being set up: the machine's configuration and
+// start, the legs' bodies and the breaker's ticket.
+type Paired struct {
+	Config split.PairedConfig
+	Start  split.PairedStart
+	// Pre and Dec are the prefill and decode legs' bodies (when
+	// Start.NoLegs is nil).
+	Pre, Dec []byte
+	// Ticket is the breaker's, until its outcome is reported.
+	Ticket *circuit.Ticket
+	// Forget, when set, is called before a request degrades from a KV
+	// load failure: the prefiller's cached bootstrap answer is forgotten
+	// (it may have restarted with a new id).
+	Forget func()
+
+	cc      connectors.Concurrent
+	pairing connectors.Pairing
+	boot    connectors.Bootstrapper // nil: the legs need no bootstrap answer
+	host    string                  // the prefiller's host
+}
+
+// BeginPaired begins r's paired split: the breaker is asked for the
+// prefiller and, for MoRI-IO's parallel dispatch, the legs are built.
+// A concurrent connector's legs are built by PairedLegs, once the
+// prefiller's bootstrap answer is in hand when its connector has one
+// (Bootstrap).
+func (r *Request) BeginPaired() *Paired {
+	p := r.P
+	s := &Paired{Forget: func() {}}
+	s.Config.Fallback, s.Config.Judge = p.Cfg.PrefillFallback, SplitJudge
+	if m := p.Mori; m != nil && m.Cfg.ParallelDispatch {
+		s.Config.KVWait, s.Config.HoldOutput = m.Cfg.WaitTimeout, true
+	}
+	tk, err := p.Guard.AllowPrefill(r.Prefiller)
+	if s.Start.NoLegs = err; err != nil {
+		return s
+	}
+	s.Ticket = tk
+	host, portStr, _ := net.SplitHostPort(r.Prefiller)
+	s.host = host
+	if p.Mori != nil && p.Mori.Cfg.ParallelDispatch {
+		r.moriParallelLegs(s, host)
+		return s
+	}
+	s.cc = p.Conn.(connectors.Concurrent)
+	s.pairing = connectors.Pairing{PrefillHost: host, Room: randomRoom(), TransferID: transferID()}
+	if p.Cfg.P2P.Enabled {
+		port, _ := strconv.Atoi(portStr)
+		s.pairing.KVRequestID, s.pairing.PrefillP2PPort, s.pairing.Source = NewUUID(), p.P2PPort(port), r.KVSourcePeer()
+	}
+	if bs, ok := s.cc.(connectors.Bootstrapper); ok {
+		s.boot = bs
+		s.Forget = func() { p.Boot.Forget(bs.BootstrapAddr(host)) }
+	}
+	return s
+}
+
+// Bootstrap returns the bootstrap server whose answer the legs need and
+// the prefiller's host to ask it of (ok false: none is needed).
+func (s *Paired) Bootstrap() (bs connectors.Bootstrapper, host string, ok bool) {
+	return s.boot, s.host, s.boot != nil && s.Start.NoLegs == nil
+}
+
+// PairedLegs builds the legs of a concurrent connector's split begun by
+// BeginPaired, with the prefiller's bootstrap answer b (or why there is
+// none, berr). It does nothing for a split already decided or built.
+func (r *Request) PairedLegs(s *Paired, b connectors.Bootstrap, berr error) {
+	if s.Start.NoLegs != nil || s.cc == nil || s.Pre != nil {
+		return
+	}
+	if berr != nil {
+		s.Start.NoLegs, s.Start.NoLegsReport = berr, berr
+		return
+	}
+	s.pairing.Bootstrap = b
+	pre, dec, err := s.cc.Legs(r.API, r.Body, s.pairing)
+	if err != nil {
+		s.Start.NoLegs, s.Start.NoLegsReport = err, ErrBadRequest
+		return
+	}
+	s.Pre, s.Dec = pre, dec
+	r.Mode = metrics.ModeDisaggregated
+	r.LogAt(zerolog.DebugLevel).Uint64("bootstrap_room", s.pairing.Room).Str("transfer_id", s.pairing.TransferID).Msg("concurrent prefill and decode legs")
+}
+
+// moriParallelLegs builds MoRI-IO's parallel-dispatch legs: the decode
+// leg's kv_transfer_params are written up front, and it waits in the
+// decode engine for the prefill engine to write the KV. The prefiller's
+// host goes as the header named it: only the configured host specs are
+// resolved (and cached), never a name a request brings.
+func (r *Request) moriParallelLegs(s *Paired, host string) {
+	m := r.P.Mori
+	l := MoriLeg(r)
+	pre, err := moriio.ParallelPrefillBody(r.Body,
+		moriio.PrefillParams(m.Cfg.Ports, m.Dns.Resolve(r.Ctx, m.Cfg.PodIP), l, m.Hosts(r.Ctx, m.Cfg.DecodeHosts)))
+	var dec []byte
+	if err == nil {
+		dec, err = moriio.WithParams(r.Body, moriio.ParallelDecodeParams(m.Cfg.Ports, host, l, m.Hosts(r.Ctx, m.Cfg.RemoteHosts)))
+	}
+	if err != nil {
+		s.Start.NoLegs, s.Start.NoLegsReport = fmt.Errorf("%w: %w", ErrBadRequest, err), ErrBadRequest
+		return
+	}
+	s.Pre, s.Dec = pre, dec
+	r.Mode = metrics.ModeDisaggregated
+	r.LogAt(zerolog.DebugLevel).Int("dp_rank", l.Rank).Str("transfer_id", l.TransferID).Msg("MoRI-IO parallel dispatch")
+}
+
+// PairedPrefillLeg is the bookkeeping of a paired split's prefill leg,
+// whose answer is discarded (the KV goes from engine to engine): its
+// span, its in-flight gauge and its duration. It reads nothing of the
+// request after StartPairedPrefill, so it may end on another goroutine.
+type PairedPrefillLeg struct {
+	p     *Proxy
+	log   zerolog.Logger
+	label string
+	span  trace.Span // nil without a tracer
+	gauge prometheus.Gauge
+	start time.Time
+}
+
+// StartPairedPrefill opens the prefill leg's span (before the leg's head
+// is built, so that its trace context names it) and counts it in flight.
+func (r *Request) StartPairedPrefill() *PairedPrefillLeg {
+	l := &PairedPrefillLeg{p: r.P, log: *r.Logger(), label: r.Label, span: r.Obs.StartPrefill(r.Label),
+		gauge: r.P.M.Inflight.WithLabelValues(metrics.PhasePrefill), start: time.Now()}
+	l.gauge.Inc()
+	return l
+}
+
+// End ends the leg: its answer (status, contentType, body: read whole,
+// with the bounds of an upstream answer) or the exchange's failure err
+// (a transport failure, PrefillTransportErr's). It returns what the
+// answer means to the split: nil, or why the prefill failed. A
+// prefiller's 4xx is a Rejected holding a copy of its body.
+func (l *PairedPrefillLeg) End(status int, contentType, body []byte, err error) error {
+	l.gauge.Dec()
+	d := time.Since(l.start)
+	l.p.M.PrefillDuration.WithLabelValues(l.label).Observe(d.Seconds())
+	if err == nil {
+		err = PairedPrefillAnswer(status, contentType, body)
+	}
+	l.p.Trace.EndPrefill(l.span, err)
+	if err == nil {
+		l.log.Debug().Dur("took_ms", d).Msg("prefill leg answered")
+	}
+	return err
+}
+
+// PairedPrefillAnswer is what a paired split's prefill answer means: nil
+// for a 200, else why it failed.
+func PairedPrefillAnswer(status int, contentType, body []byte) error {
+	switch {
+	case status == fasthttp.StatusOK:
+		return nil
+	case status == fasthttp.StatusTooManyRequests:
+		return ErrPrefillOverloaded
+	case status >= 500:
+		return fmt.Errorf("%w: status %d", ErrPrefillServerError, status)
+	case status < 400:
+		return fmt.Errorf("%w: %w: status %d", connectors.ErrBadPrefillAnswer, upstream.ErrBadUpstreamAnswer, status)
+	}
+	return &Rejected{Status: status, ContentType: string(contentType), Body: append([]byte(nil), body...)}
+}
+
+// AccountPaired does the accounting actions of a paired split that touch
+// only the legs (the breaker's ticket, the prefill leg's failure, a held
+// output let through at the KV-wait bound) and reports whether a was one;
+// log is the request's logger (a copy, for a driver that calls this off
+// the request's goroutine).
+func (p *Proxy) AccountPaired(a split.Action, prefiller string, tk **circuit.Ticket, log *zerolog.Logger) bool {
+	switch a.Op {
+	case split.BreakerDone:
+		if errors.Is(a.Err, split.ErrAbandoned) {
+			log.Debug().Msg("prefill leg cancelled with the request")
+		}
+		p.Guard.BreakerDone(prefiller, *tk, a.Err)
+		*tk = nil
+	case split.PrefillLegFailed:
+		p.M.PrefillLegFailures.WithLabelValues(a.Reason).Inc()
+		if a.Attempt == 1 {
+			log.Warn().Err(a.Err).Str("reason", a.Reason).Msg("prefill leg failed after the decode started")
+		} else {
+			log.Warn().Err(a.Err).Str("reason", a.Reason).Msg("prefill leg failed; cancelling the decode leg")
+		}
+	case split.OutputAtKVWait:
+		log.Warn().Msg("MoRI-IO decode produced output before the prefill leg answered; relayed at the KV-wait timeout")
+	default:
+		return false
+	}
+	return true
+}
+
+// randomRoom returns a random number in [0, 2^63).
+func randomRoom() uint64 {
+	var b [8]byte
+	_, _ = crand.Read(b[:])
+	return binary.LittleEndian.Uint64(b[:]) >> 1
+}
+
+// transferID returns "xfer-" and a random UUID (version 4).
+func transferID() string { return "xfer-" + NewUUID() }
