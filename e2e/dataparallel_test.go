@@ -104,10 +104,10 @@ func TestDataParallelHeaderPicksRank(t *testing.T) {
 
 // The connection a routed request came on stays rank 0's: after a stream
 // decoded by rank 1 (long enough to move to an event loop), the next
-// request without the header on the same connection goes to rank 0. With
-// nixlv2 the lane serves the routed split whose head came whole and takes
-// the connection back after the other; with sglang (a split the lane does
-// not serve) rank 0's fasthttp server does.
+// request without the header on the same connection goes to rank 0. The
+// lane serves the routed split whose head came whole (nixlv2's sequential
+// split and sglang's paired one alike) and takes the connection back after
+// the other.
 func TestDataParallelHeaderKeepsConnectionRank(t *testing.T) {
 	for _, connector := range []string{"nixlv2", "sglang"} {
 		t.Run(connector, func(t *testing.T) {
@@ -132,11 +132,9 @@ func TestDataParallelHeaderKeepsConnectionRank(t *testing.T) {
 				require.Equal(t, http.StatusOK, resp.StatusCode, "%s", b)
 				assert.Equal(t, [3]int{before[0] + 1, before[1] + 1, before[2] + 1}, g.counts(t), "whole=%v: rank 1, then rank 0", whole)
 			}
-			handedOver := 2.0 // both streams fasthttp's, moved to an event loop
-			if connector == "nixlv2" {
-				handedOver = 1 // the whole head's stream is the lane's from its first byte
-			}
-			assert.Equal(t, handedOver, g.sc.Metric(t, "pd_sidecar_loop_handoffs_total", nil), "the streams moved to an event loop")
+			// The whole head's stream is the lane's from its first byte; the
+			// other is fasthttp's, moved to an event loop.
+			assert.Equal(t, 1.0, g.sc.Metric(t, "pd_sidecar_loop_handoffs_total", nil), "the streams moved to an event loop")
 		})
 	}
 }

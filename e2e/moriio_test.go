@@ -118,13 +118,8 @@ func assertMoriSplits(t *testing.T, r *moriRig, parallel bool) {
 			assert.Equal(t, int64(r.notify), dkv.Get("remote_notify_port").Int(), "%s: decode notify port backfilled", c.path)
 		}
 	}
-	// Serial write mode is the lane's (its host specs are literal IPs);
-	// parallel dispatch, a choreography the lane does not run, fasthttp's.
-	onLoops := float64(len(pathCases()))
-	if parallel {
-		onLoops = 0
-	}
-	assert.Equal(t, onLoops, r.scMetric(t, "pd_sidecar_loop_requests_total", nil), "splits served on the event loops")
+	// Both modes are the lane's (their host specs are literal IPs).
+	assert.Equal(t, float64(len(pathCases())), r.scMetric(t, "pd_sidecar_loop_requests_total", nil), "splits served on the event loops")
 	st, text, events := scStream(t, r.sc.URL()+"/v1/chat/completions", chatBody(`,"max_tokens":9,"stream":true`), r.headerFor("mori-stream"))
 	require.Equal(t, http.StatusOK, st)
 	_, want, _ := scStream(t, r.ref.URL()+"/v1/chat/completions", chatBody(`,"max_tokens":9,"stream":true`), nil)
@@ -151,6 +146,7 @@ func TestMoriIOSerialSplit(t *testing.T) {
 func TestMoriIOParallelSplit(t *testing.T) {
 	r := newMoriRig(t, "--moriio-parallel-dispatch=true")
 	assertMoriSplits(t, r, true)
+	assert.Equal(t, float64(len(pathCases())+1), r.scMetric(t, "pd_sidecar_loop_requests_total", nil), "the stream too")
 }
 
 // A prefill leg failing in parallel dispatch before the decode produced

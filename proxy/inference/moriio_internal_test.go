@@ -29,10 +29,10 @@ func moriProxy(t *testing.T, parallel bool, dp int, seed map[string]string, look
 	return p
 }
 
-// TestMoriIOLaneRule: a MoRI-IO serial split is the lane's once every host
-// spec it names has an address (the loop may not wait on DNS); parallel
-// dispatch, a choreography the lane does not run, is fasthttp's; requests
-// without a prefiller are never kept off for MoRI-IO.
+// TestMoriIOLaneRule: a MoRI-IO split, serial or parallel dispatch, is the
+// lane's once every host spec it names has an address (the loop may not
+// wait on DNS); requests without a prefiller are never kept off for
+// MoRI-IO.
 func TestMoriIOLaneRule(t *testing.T) {
 	resolves := func(context.Context, string) ([]string, error) { return []string{"10.9.0.1"}, nil }
 	fails := func(context.Context, string) ([]string, error) { return nil, errors.New("no such host") }
@@ -52,8 +52,10 @@ func TestMoriIOLaneRule(t *testing.T) {
 			[]string{"MoRI-IO host specs not resolved yet"}},
 		{"serial, a spec that does not resolve", false, map[string]string{"decode.svc": "10.0.0.2"}, fails, true, true,
 			[]string{"MoRI-IO host specs not resolved yet"}},
-		{"parallel dispatch", true, map[string]string{"decode.svc": "10.0.0.2", "prefill.svc": "10.0.0.3"}, resolves, true, true,
-			[]string{"MoRI-IO parallel dispatch"}},
+		{"parallel dispatch, every spec seeded", true, map[string]string{"decode.svc": "10.0.0.2", "prefill.svc": "10.0.0.3"}, resolves, false, false,
+			[]string{"MoRI-IO host specs not resolved yet"}},
+		{"parallel dispatch, a spec not resolved yet", true, map[string]string{"decode.svc": "10.0.0.2"}, resolves, true, false,
+			[]string{"MoRI-IO host specs not resolved yet"}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			p := moriProxy(t, c.parallel, 1, c.seed, c.lookup)

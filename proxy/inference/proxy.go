@@ -217,8 +217,8 @@ func New(cfg Config, conn connectors.Connector, m *metrics.Metrics, gatherer pro
 	if p.Choreo = connectors.ChoreographyOf(conn); p.Choreo == 0 {
 		return nil, fmt.Errorf("connector %q is neither sequential nor concurrent", conn.Name())
 	}
-	if p.Choreo != connectors.ChoreographySequential {
-		p.keepOffLane("the "+conn.Name()+" connector's choreography", splitHead)
+	if p.Choreo == connectors.ChoreographyDecodeFirst {
+		p.keepOffLane("the "+conn.Name()+" connector's decode-first choreography", splitHead)
 	}
 	p.Boot = bootstrap.New(cfg.MaxPrefillers, bootstrapTransportErr)
 	if cfg.MinRemotePrefillTokens > 0 {
@@ -234,13 +234,9 @@ func New(cfg Config, conn connectors.Connector, m *metrics.Metrics, gatherer pro
 	if cfg.MoriIO.WriteMode && p.seq != nil && conn.Name() == "nixlv2" {
 		p.Mori = newMoriState(cfg.MoriIO, m.MoriIO, log) // MoRI-IO write mode
 		p.seq = moriio.ReadHandoffs(p.seq)               // its prefill answers are MoRI-IO's
-		if cfg.MoriIO.ParallelDispatch {
-			p.keepOffLane("MoRI-IO parallel dispatch", splitHead)
-		} else {
-			// The lane may not wait on DNS: a split goes to fasthttp's
-			// driver while a host spec it names has no address yet.
-			p.keepOffLane("MoRI-IO host specs not resolved yet", func(h LaneHead) bool { return h.Split && !p.Mori.Ready() })
-		}
+		// The lane may not wait on DNS: a split goes to fasthttp's
+		// driver while a host spec it names has no address yet.
+		p.keepOffLane("MoRI-IO host specs not resolved yet", func(h LaneHead) bool { return h.Split && !p.Mori.Ready() })
 	}
 	p.setStrips()
 	if cfg.PrefillPrewarm {

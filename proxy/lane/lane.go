@@ -1,8 +1,8 @@
 // Package lane is the sidecar's event-loop driver: it serves an inference
-// request whose head came whole in one read (local, or the sequential P/D
-// split) on the loops from its first byte to its last, with no goroutine of
+// request whose head came whole in one read (local, or a P/D split run
+// sequentially or with both legs at once) on the loops from its first byte to its last, with no goroutine of
 // its own, and gives every other request to fasthttp. It decides nothing a
-// request's outcome depends on: the split machine (proxy/split), a chunked
+// request's outcome depends on: the split machines (proxy/split), a chunked
 // decode's machine (proxy/chunked) and the request's state
 // (proxy/inference) do; the lane does their I/O.
 package lane
@@ -39,8 +39,8 @@ import (
 // The lane serves the common request on the event loops from its first
 // byte to its last: an inference request whose head came whole in the
 // loop's first read (its body read on the loop as it comes: laneBody), with no
-// prefiller named (a local prefill and decode) or one (the sequential P/D
-// split, run by the split machine). Such a request then has no goroutine of its own and
+// prefiller named (a local prefill and decode) or one (the P/D split, run
+// by the split machines: sequential, or paired with both legs at once). Such a request then has no goroutine of its own and
 // is handed between none: the loop that saw the client's bytes writes the
 // legs to pooled upstream connections it also watches, and relays the
 // answer (a stream through a loopStream, as a stream handed over by
@@ -48,8 +48,8 @@ import (
 // the loop too, holding nothing but its handler.
 //
 // Every other request (a head split across reads, a request
-// the guards refuse, GET /v1/models, /metrics, TLS, a connector whose split
-// is not sequential, the sidecar's own KV pull...) is given to fasthttp
+// the guards refuse, GET /v1/models, /metrics, TLS, a decode-first
+// connector, the sidecar's own KV pull...) is given to fasthttp
 // with the bytes the lane read (clientconn.Conn.Replay), and comes back to the
 // lane once fasthttp reads for the next one. The lane's failures (an
 // upstream unreachable, no answer head in time, the client leaving, a
@@ -411,7 +411,7 @@ func (lc *laneConn) serve(b []byte, api connectors.API, headLen int, lr rawhttp.
 // prefill and decode.
 func (lc *laneConn) decodeLeg(body []byte, bodyp *[]byte, remote bool) {
 	ll, r, p := lc.ll, lc.r, lc.ll.ln.p
-	if _, ok := r.ChunkPlan(body, remote); ok && lc.shadowOf == nil {
+	if _, ok := r.ChunkPlan(body, remote); ok && lc.shadowOf == nil && !(remote && lc.pd.paired != nil) {
 		startChunked(lc, body, bodyp, remote) // --decode-chunk-size
 		return
 	}
@@ -893,7 +893,7 @@ func (lc *laneConn) rawDone() {
 	lc.endUp(a.Body.Done() && !a.Excess)
 	switch {
 	case lc.shadowOf != nil:
-		lc.shadowOf.hedgeWhole(lc, a)
+		lc.shadowOf.shadowWhole(lc, a)
 	case lc.chunk != nil && lc.chunk.leg:
 		lc.chunk.answered(a)
 	case lc.prefill:
@@ -921,6 +921,9 @@ func (lc *laneConn) rawBroke(err error) {
 	}
 	if c := lc.chunk; c != nil && c.leg {
 		c.failed(err)
+		return
+	}
+	if lc.decodeEnded(inference.DecodeTransportErr(err), false) {
 		return
 	}
 	lc.failWith(inference.DecodeTransportErr(err))
@@ -952,7 +955,7 @@ func (lc *laneConn) writeWhole(h *fasthttp.ResponseHeader, body []byte) {
 // seen nothing yet.
 func (lc *laneConn) failWith(err error) {
 	if lc.shadowOf != nil {
-		lc.shadowOf.hedgeFailed(lc, err)
+		lc.shadowOf.shadowFailed(lc, err)
 		return
 	}
 	lc.stopTimer()
@@ -1015,6 +1018,9 @@ func (lc *laneConn) failed(err error) {
 		c.failed(err)
 		return
 	}
+	if lc.decodeEnded(inference.DecodeTransportErr(err), false) {
+		return
+	}
 	lc.failWith(inference.DecodeTransportErr(err))
 }
 
@@ -1061,7 +1067,7 @@ func (lc *laneConn) clientLeft() {
 // abandon ends a request the lane cannot carry on (the loop shutting down).
 func (lc *laneConn) abandon(err error) {
 	if lc.shadowOf != nil {
-		lc.shadowOf.hedgeFailed(lc, err)
+		lc.shadowOf.shadowFailed(lc, err)
 		return
 	}
 	if lc.ls != nil {
@@ -1129,13 +1135,14 @@ func (lc *laneConn) finish() {
 		return
 	}
 	if lc.shadowOf != nil {
-		lc.shadowOf.hedgeFailed(lc, errHedgeAbandoned)
+		lc.shadowOf.shadowFailed(lc, errHedgeAbandoned)
 		return
 	}
 	if lc.chunk != nil {
 		lc.chunk.release()
 	}
 	lc.dropHedge()
+	lc.endPaired()
 	lc.ReleaseKV() // --release-kv-on-cancel: before the split's buffers are given back
 	lc.r, lc.prefill = nil, false
 	lc.putSent()

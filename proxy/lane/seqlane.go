@@ -65,6 +65,8 @@ type lanePD struct {
 	// stream's held bytes, or its JSON answer read whole.
 	readyHeld []byte
 	readyRaw  *rawhttp.Answer
+
+	paired *pairedState // a paired split's (nil: the sequential split's, m)
 }
 
 // beginSplit readies the split of a request that names a prefiller,
@@ -90,6 +92,10 @@ func (lc *laneConn) beginSplit() {
 // the prefiller Admit named.
 func (lc *laneConn) split() {
 	r, p, pd := lc.r, lc.ll.ln.p, lc.pd
+	if p.PairedSplit() {
+		lc.splitPaired()
+		return
+	}
 	scratch, dst := p.Bufs.EditScratch(len(r.Body))
 	body, err := r.PrefillBody(dst)
 	start, tk := r.SplitStart(err)
@@ -108,7 +114,7 @@ func (lc *laneConn) split() {
 // it is queued for when they are done).
 func (lc *laneConn) feedSplit(ev split.Event) {
 	pd := lc.pd
-	if pd == nil || pd.m == nil {
+	if pd == nil || (pd.m == nil && pd.paired == nil) {
 		return
 	}
 	pd.queue = append(pd.queue, ev)
@@ -124,6 +130,10 @@ func (lc *laneConn) drainSplit(pd *lanePD) {
 	for lc.pd == pd && len(pd.queue) > 0 {
 		ev := pd.queue[0]
 		pd.queue = pd.queue[1:]
+		if pd.paired != nil {
+			lc.execPaired(pd, pd.paired.pm.On(ev))
+			continue
+		}
 		lc.execSplit(pd, pd.m.On(ev))
 	}
 	pd.feeding = false
@@ -279,6 +289,10 @@ func (lc *laneConn) PrefillAnswered(a *rawhttp.Answer) {
 // prefillFailed reports a failed prefill attempt.
 func (lc *laneConn) prefillFailed(err error) {
 	lc.head = lc.head[:0]
+	if lc.shadowOf != nil {
+		lc.shadowOf.shadowFailed(lc, err)
+		return
+	}
 	lc.feedSplit(split.Event{Kind: split.PrefillFailed, Err: err})
 }
 
@@ -307,6 +321,10 @@ func (lc *laneConn) fallback(cause error) {
 // as relayJSON does: a KV load failure goes to the split.
 func (lc *laneConn) remoteAnswered(a *rawhttp.Answer) {
 	r, p := lc.r, lc.ll.ln.p
+	if lc.pd.paired != nil {
+		lc.pairedAnswered(a)
+		return
+	}
 	r.KVHandoffDone(lc.pd.sent, a.Status == fasthttp.StatusOK)
 	if a.Status == fasthttp.StatusInternalServerError && r.KVLoadFailed() {
 		r.Handoff = nil
@@ -331,6 +349,9 @@ func (lc *laneConn) gateStream(ls *relay.LoopStream) {
 	}
 	ls.Gate = sserelay.GateHolding
 	ls.Gated = lc.gateDone
+	if lc.pd.paired != nil {
+		ls.Gated = lc.pairedGated
+	}
 }
 
 // gateDone decides on a held stream: relayed once its first output came;
@@ -397,7 +418,10 @@ func (lc *laneConn) endSplit() {
 // began (the client left, the loop shuts down): the prefill's bookkeeping
 // ends with cause, and the hedge is dropped.
 func (lc *laneConn) endSplitEarly(cause error) {
-	if pd := lc.pd; pd != nil && pd.m != nil {
+	switch pd := lc.pd; {
+	case pd != nil && pd.paired != nil:
+		lc.execPaired(pd, pd.paired.pm.On(split.Event{Kind: split.ClientGone, Err: cause}))
+	case pd != nil && pd.m != nil:
 		lc.execSplit(pd, pd.m.On(split.Event{Kind: split.ClientGone, Err: cause}))
 	}
 	lc.dropHedge()

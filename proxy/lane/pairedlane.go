@@ -1,0 +1,408 @@
+package lane
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/pd-sidecar/pd-sidecar/connectors"
+	"github.com/pd-sidecar/pd-sidecar/metrics"
+	"github.com/pd-sidecar/pd-sidecar/proxy/inference"
+	"github.com/pd-sidecar/pd-sidecar/proxy/rawhttp"
+	"github.com/pd-sidecar/pd-sidecar/proxy/split"
+	"github.com/pd-sidecar/pd-sidecar/proxy/sserelay"
+)
+
+// The lane's driver of a paired split (split.Paired: SGLang, Mooncake, the
+// offloading connector, MoRI-IO's parallel dispatch), on the event loop.
+// Both legs go out at once: the decode leg on the request's own laneConn,
+// its stream held until its first output as a sequential split's is; the
+// prefill leg on a shadow laneConn of the same loop (as the hedge's local
+// leg is: the request's, sharing its lock, never writing to the client),
+// its answer read whole and then discarded, the KV going from engine to
+// engine. The legs are built, the prefill answer judged and the machine's
+// accounting done by proxy/inference, as fasthttp's driver has them done;
+// the lane only sends, reads and feeds the machine what happened. A
+// prefiller's bootstrap answer (Mooncake's) not in the cache is asked for
+// off the loop, as a dial is, and the split goes on on the loop.
+
+// pairedState is a paired split's part of lanePD.
+type pairedState struct {
+	pm      *split.Paired
+	pp      *inference.Paired
+	pre     *laneConn                   // the prefill leg's shadow, while it runs
+	preLeg  *inference.PairedPrefillLeg // its bookkeeping
+	preHead []byte                      // its own head start (--prefill-strip-headers), nil: the split's
+	preBufp *[]byte
+	// decoding: the decode leg is out and the machine has not been told
+	// of its end.
+	decoding bool
+	kvWait   *time.Timer
+	// ending: the request is ending; only the legs' actions are done.
+	ending bool
+	// The decode's first output while the machine holds it (HoldOutput):
+	// a stream's held bytes (its upstream unwatched meanwhile), or a JSON
+	// answer read whole.
+	heldOut   []byte
+	heldWhole *heldAnswer
+}
+
+// heldAnswer is a decode leg's JSON answer, kept until the machine lets
+// it through.
+type heldAnswer struct {
+	head fasthttp.ResponseHeader
+	body []byte
+}
+
+// splitPaired runs the paired split of the request (beginSplit readied it)
+// with the prefiller Admit named.
+func (lc *laneConn) splitPaired() {
+	ll, r, p, pd := lc.ll, lc.r, lc.ll.ln.p, lc.pd
+	s := r.BeginPaired()
+	ps := &pairedState{pp: s, pm: split.NewPaired(s.Config)}
+	pd.paired, pd.tk = ps, s.Ticket
+	if len(p.PrefillStrip) > 0 { // the loop's head is another request's by the time a bootstrap answer comes
+		ps.preBufp, ps.preHead = p.Bufs.GetChunk()
+		ps.preHead = rawhttp.AppendLegStartStrip(ps.preHead, &ll.req, p.PrefillStrip)
+	}
+	bs, host, ok := s.Bootstrap()
+	if !ok {
+		r.PairedLegs(s, connectors.Bootstrap{}, nil)
+		lc.startPaired(pd)
+		return
+	}
+	if b, ok := p.Boot.Cached(bs, host); ok {
+		r.PairedLegs(s, b, nil)
+		lc.startPaired(pd)
+		return
+	}
+	// Asked off the loop, as a dial is; a client leaving meanwhile cancels
+	// the query with the request.
+	lc.state = laneSending
+	ctx := r.Ctx
+	go func() {
+		b, err := p.Boot.Get(ctx, p.Tr, bs, host, p.Cfg.PrefillTimeout)
+		lc.onLoop(r, func() {
+			if lc.pd == pd && lc.state == laneSending {
+				r.PairedLegs(s, b, err)
+				lc.startPaired(pd)
+			}
+		})
+	}()
+}
+
+// startPaired starts the machine of the paired split pd.
+func (lc *laneConn) startPaired(pd *lanePD) {
+	pd.feeding = true
+	lc.execPaired(pd, pd.paired.pm.Start(pd.paired.pp.Start))
+	lc.drainSplit(pd)
+}
+
+// execPaired executes the paired machine's actions for the split pd.
+func (lc *laneConn) execPaired(pd *lanePD, acts []split.Action) {
+	r, ps := lc.r, pd.paired
+	for _, a := range acts {
+		if lc.pd != pd {
+			return // the request ended meanwhile
+		}
+		if r.P.AccountPaired(a, r.Prefiller, &pd.tk, r.Logger()) {
+			continue
+		}
+		switch a.Op {
+		case split.SendPrefill:
+			lc.sendPairedPrefill(pd)
+			continue
+		case split.AbandonPrefill:
+			if h := ps.pre; h != nil {
+				cause := a.Err
+				if cause == nil {
+					cause = context.Canceled
+				}
+				lc.pairedPrefillEnded(h, nil, inference.PrefillTransportErr(fmt.Errorf("%w (%w)", cause, context.Canceled)))
+			}
+			continue
+		case split.Arm:
+			ps.kvWait = time.AfterFunc(a.After, func() {
+				lc.onLoop(r, func() { lc.feedSplit(split.Event{Kind: split.TimerFired, Timer: a.Timer}) })
+			})
+			continue
+		case split.Disarm:
+			if ps.kvWait != nil {
+				ps.kvWait.Stop()
+			}
+			continue
+		case split.CancelDecode:
+			lc.cancelDecode(a.Err)
+			continue
+		}
+		if ps.ending {
+			continue // the request is over: nothing more reaches the client
+		}
+		switch a.Op {
+		case split.SendDecode:
+			ps.decoding = true
+			r.Handoff = &pd.res.Handoff // none: the engines pair by themselves
+			lc.decodeLeg(ps.pp.Dec, nil, true)
+		case split.ReleaseOutput:
+			lc.releaseHeld(pd)
+		case split.SendLocal:
+			r.Handoff = nil
+			lc.decodeLeg(r.Body, nil, false)
+		case split.PassOn:
+			if rej := passingOn(r, a.Err); rej != nil {
+				lc.answerWhole(metrics.ModeDisaggregated, rej.Status, rej.ContentType, rej.Body)
+				continue
+			}
+			lc.failWith(a.Err)
+		case split.Fail:
+			if r.Ctx.Err() == nil { // not dropped: the client waits for it
+				lc.failWith(a.Err)
+			}
+		case split.Degraded:
+			r.Degraded(a.Reason, a.Err)
+		}
+	}
+}
+
+// sendPairedPrefill sends the prefill leg on a shadow of the request's
+// connection, bounded by --prefill-timeout.
+func (lc *laneConn) sendPairedPrefill(pd *lanePD) {
+	ll, r, p, ps := lc.ll, lc.r, lc.ll.ln.p, pd.paired
+	h := &laneConn{ll: ll, cc: lc.cc, fd: lc.fd, keepAlive: lc.keepAlive, r: r, pd: pd, shadowOf: lc, prefill: true}
+	ps.pre = h
+	ps.preLeg = r.StartPairedPrefill() // before the head, which names its span
+	h.sentp, h.sent = p.Bufs.GetChunk()
+	if ps.preHead != nil {
+		h.sent = append(h.sent, ps.preHead...)
+	} else {
+		h.sent = append(h.sent, pd.start...)
+	}
+	h.startTimer(p.Cfg.PrefillTimeout, func() {
+		lc.pairedPrefillEnded(h, nil, inference.PrefillTransportErr(fmt.Errorf("%w (%w)", inference.ErrPrefillTimeout, context.DeadlineExceeded)))
+	})
+	h.legTo(r.Prefiller, ps.pp.Pre, nil)
+}
+
+// pairedPrefillEnded ends the prefill leg h with its answer a (read
+// whole), or the failure err, and tells the machine what it meant.
+func (lc *laneConn) pairedPrefillEnded(h *laneConn, a *rawhttp.Answer, err error) {
+	pd := lc.pd
+	if pd == nil || pd.paired == nil || pd.paired.pre != h {
+		return
+	}
+	ps := pd.paired
+	ps.pre = nil
+	h.dials++ // a dial on its way is let go
+	h.stopTimer()
+	h.dropRaw()
+	h.endUp(false)
+	h.putSent()
+	h.r, h.state = nil, laneGone
+	var status int
+	var ct, body []byte
+	if a != nil {
+		status, ct, body = a.Status, a.Head.ContentType(), a.Buf
+	}
+	if err = ps.preLeg.End(status, ct, body, err); err != nil {
+		lc.feedSplit(split.Event{Kind: split.PrefillFailed, Err: err})
+		return
+	}
+	lc.feedSplit(split.Event{Kind: split.PrefillAnswered})
+}
+
+// shadowWhole takes a shadow's answer, read whole: a paired split's
+// prefill leg's, or the hedge's local leg's.
+func (lc *laneConn) shadowWhole(h *laneConn, a *rawhttp.Answer) {
+	if pd := lc.pd; pd != nil && pd.paired != nil && pd.paired.pre == h {
+		lc.pairedPrefillEnded(h, a, nil)
+		return
+	}
+	lc.hedgeWhole(h, a)
+}
+
+// shadowFailed takes a shadow's failure: a paired split's prefill leg's,
+// or the hedge's local leg's.
+func (lc *laneConn) shadowFailed(h *laneConn, err error) {
+	if pd := lc.pd; pd != nil && pd.paired != nil && pd.paired.pre == h {
+		lc.pairedPrefillEnded(h, nil, err)
+		return
+	}
+	lc.hedgeFailed(h, err)
+}
+
+// decodeEnded tells a paired split's machine that its decode leg ended:
+// err nil once its answer is written or streaming, else its failure
+// before any output reached the client. It reports false when the request
+// has no paired decode leg out (the failure is then the caller's).
+func (lc *laneConn) decodeEnded(err error, recoverable bool) bool {
+	pd := lc.pd
+	if pd == nil || pd.paired == nil || !pd.paired.decoding {
+		return false
+	}
+	pd.paired.decoding = false
+	lc.feedSplit(split.Event{Kind: split.DecodeEnded, Err: err, Recoverable: recoverable})
+	return true
+}
+
+// cancelDecode closes the decode leg, which has produced no output, and
+// tells the machine it ended with cause.
+func (lc *laneConn) cancelDecode(cause error) {
+	if pd := lc.pd; pd == nil || pd.paired == nil || !pd.paired.decoding {
+		return
+	}
+	lc.dials++ // a dial on its way is let go
+	lc.stopTimer()
+	if lc.ls != nil {
+		lc.dropStream()
+	}
+	lc.dropRaw()
+	lc.endUp(false)
+	lc.putSent()
+	lc.state = laneSending
+	lc.decodeEnded(cause, false)
+}
+
+// pairedGated decides on a paired split's held decode stream: its first
+// output came (relayed, or held while the machine says so); a KV load
+// failure, or a stream that ended with none, goes to the machine.
+func (lc *laneConn) pairedGated(g sserelay.Gate, held []byte) {
+	r, ls, pd := lc.r, lc.ls, lc.pd
+	lc.stopTimer()
+	switch g {
+	case sserelay.GateHolding: // ended with no output
+		lc.dropStream()
+		lc.decodeEnded(inference.DecodeTransportErr(inference.EndedEarly(r.Local, "any output", ls.Cut)), false)
+		return
+	case sserelay.GateError:
+		r.KVHandoffDone(pd.sent, false)
+		if r.KVLoadFailed() {
+			lc.dropStream()
+			r.Handoff = nil
+			pd.paired.pp.Forget()
+			lc.decodeEnded(inference.ErrKVLoadFailed, true)
+			return
+		}
+	default:
+		r.KVHandoffDone(pd.sent, true)
+		lc.feedSplit(split.Event{Kind: split.FirstOutput})
+		if lc.pd != pd {
+			return
+		}
+		if pd.paired.pm.Holding() {
+			pd.paired.heldOut = append(pd.paired.heldOut[:0], held...)
+			if !ls.Ended {
+				if err := lc.LegPause(); err != nil {
+					ls.Fail(err)
+				}
+			}
+			return
+		}
+	}
+	lc.relayPaired(held)
+}
+
+// relayPaired relays a paired split's decode stream from its held bytes
+// on: its answer begins.
+func (lc *laneConn) relayPaired(held []byte) {
+	r, ls := lc.r, lc.ls
+	r.P.M.Requests.WithLabelValues(r.Mode, inference.StatusLabel(r.Obs.Status)).Inc()
+	lc.decodeEnded(nil, false) // before the write, which may end the request
+	ls.MarkOutput()
+	lc.FirstOutput()
+	ls.Write(held)
+}
+
+// pairedAnswered takes a paired split's decode answer, read whole: a KV
+// load failure goes to the machine; a 200 is its first output (held while
+// the machine says so); any answer is then written.
+func (lc *laneConn) pairedAnswered(a *rawhttp.Answer) {
+	r, p, pd := lc.r, lc.ll.ln.p, lc.pd
+	r.KVHandoffDone(pd.sent, a.Status == fasthttp.StatusOK)
+	if a.Status == fasthttp.StatusInternalServerError && r.KVLoadFailed() {
+		r.Handoff = nil
+		pd.paired.pp.Forget()
+		lc.decodeEnded(inference.ErrKVLoadFailed, true)
+		return
+	}
+	buf := a.Buf
+	if a.Status == fasthttp.StatusOK {
+		if p.Rewriter != nil {
+			buf = p.Rewriter.RewriteAnswer(r.API, buf, *r.Handoff)
+		}
+		lc.feedSplit(split.Event{Kind: split.FirstOutput})
+		if lc.pd != pd {
+			return
+		}
+		if pd.paired.pm.Holding() {
+			w := &heldAnswer{body: append([]byte(nil), buf...)}
+			a.Head.CopyTo(&w.head)
+			pd.paired.heldWhole = w
+			return
+		}
+	}
+	lc.writePaired(&a.Head, a.Status, buf)
+}
+
+// writePaired writes a paired split's decode answer, read whole.
+func (lc *laneConn) writePaired(h *fasthttp.ResponseHeader, status int, body []byte) {
+	lc.decodeEnded(nil, false) // before the write, which may end the request
+	lc.r.JSONAnswered(status)
+	lc.writeWhole(h, body)
+}
+
+// releaseHeld lets the decode's held first output through.
+func (lc *laneConn) releaseHeld(pd *lanePD) {
+	ps := pd.paired
+	if w := ps.heldWhole; w != nil {
+		ps.heldWhole = nil
+		lc.writePaired(&w.head, w.head.StatusCode(), w.body)
+		return
+	}
+	ls := lc.ls
+	if ls == nil || ps.heldOut == nil {
+		return
+	}
+	held := ps.heldOut
+	ps.heldOut = nil
+	if !ls.Ended {
+		if err := lc.LegResume(); err != nil {
+			ls.Fail(err)
+			return
+		}
+	}
+	lc.relayPaired(held)
+}
+
+// endPaired ends a paired split with its request: a prefill leg still
+// out is abandoned (its end says nothing of the prefiller), as fasthttp's
+// driver's is when the request's context ends.
+func (lc *laneConn) endPaired() {
+	pd := lc.pd
+	if pd == nil || pd.paired == nil || pd.paired.ending {
+		return
+	}
+	ps := pd.paired
+	ps.ending, pd.feeding = true, true
+	if ps.kvWait != nil {
+		ps.kvWait.Stop()
+	}
+	// Fed now, whatever is under way: the request ends here.
+	pd.queue = append(pd.queue, split.Event{Kind: split.ClientGone, Err: context.Canceled})
+	for lc.pd == pd && len(pd.queue) > 0 {
+		ev := pd.queue[0]
+		pd.queue = pd.queue[1:]
+		lc.execPaired(pd, ps.pm.On(ev))
+	}
+	if h := ps.pre; h != nil { // not abandoned by the machine: it had its outcome
+		lc.pairedPrefillEnded(h, nil, inference.PrefillTransportErr(context.Canceled))
+	}
+	pd.queue, pd.feeding = nil, false
+	if pd.tk != nil { // the legs were never sent (a bootstrap query under way)
+		lc.r.P.Guard.BreakerDone(lc.r.Prefiller, pd.tk, split.ErrAbandoned)
+		pd.tk = nil
+	}
+	lc.ll.ln.p.Bufs.PutChunk(ps.preBufp, ps.preHead)
+	ps.preBufp, ps.preHead = nil, nil
+}
