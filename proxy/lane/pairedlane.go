@@ -8,7 +8,6 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/pd-sidecar/pd-sidecar/connectors"
-	"github.com/pd-sidecar/pd-sidecar/metrics"
 	"github.com/pd-sidecar/pd-sidecar/proxy/inference"
 	"github.com/pd-sidecar/pd-sidecar/proxy/rawhttp"
 	"github.com/pd-sidecar/pd-sidecar/proxy/split"
@@ -150,16 +149,8 @@ func (lc *laneConn) execPaired(pd *lanePD, acts []split.Action) {
 		case split.SendLocal:
 			r.Handoff = nil
 			lc.decodeLeg(r.Body, nil, false)
-		case split.PassOn:
-			if rej := passingOn(r, a.Err); rej != nil {
-				lc.answerWhole(metrics.ModeDisaggregated, rej.Status, rej.ContentType, rej.Body)
-				continue
-			}
-			lc.failWith(a.Err)
-		case split.Fail:
-			if r.Ctx.Err() == nil { // not dropped: the client waits for it
-				lc.failWith(a.Err)
-			}
+		case split.PassOn, split.Fail:
+			lc.splitAnswers(a)
 		case split.Degraded:
 			r.Degraded(a.Reason, a.Err)
 		}

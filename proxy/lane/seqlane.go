@@ -199,16 +199,8 @@ func (lc *laneConn) execSplit(pd *lanePD, acts []split.Action) {
 				continue
 			}
 			lc.answerWhole(metrics.ModeDisaggregated, fasthttp.StatusOK, ct, ans)
-		case split.PassOn:
-			if rej := passingOn(r, a.Err); rej != nil {
-				lc.answerWhole(metrics.ModeDisaggregated, rej.Status, rej.ContentType, rej.Body)
-				continue
-			}
-			lc.failWith(a.Err)
-		case split.Fail:
-			if r.Ctx.Err() == nil { // not dropped: the client waits for it
-				lc.failWith(a.Err)
-			}
+		case split.PassOn, split.Fail:
+			lc.splitAnswers(a)
 
 		case split.PrefillBegan:
 			r.Mode = metrics.ModeDisaggregated
@@ -520,6 +512,25 @@ func (lc *laneConn) adoptHedge(pd *lanePD) {
 	ls.MarkOutput()
 	lc.FirstOutput()
 	ls.Write(pd.readyHeld)
+}
+
+// splitAnswers does a split machine's PassOn (a prefiller's rejection
+// passed on, or the error answered) or Fail (the error answered, unless
+// the request was dropped: nobody waits for it).
+func (lc *laneConn) splitAnswers(a split.Action) {
+	r := lc.r
+	switch a.Op {
+	case split.PassOn:
+		if rej := passingOn(r, a.Err); rej != nil {
+			lc.answerWhole(metrics.ModeDisaggregated, rej.Status, rej.ContentType, rej.Body)
+			return
+		}
+		lc.failWith(a.Err)
+	case split.Fail:
+		if r.Ctx.Err() == nil {
+			lc.failWith(a.Err)
+		}
+	}
 }
 
 // passingOn logs a prefiller's rejection passed on to the client, err (a
