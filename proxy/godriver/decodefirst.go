@@ -4,10 +4,8 @@ import (
 	"bytes"
 	"errors"
 	"io"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/rs/zerolog"
 	"github.com/valyala/fasthttp"
 
 	"github.com/pd-sidecar/pd-sidecar/connectors"
@@ -110,15 +108,11 @@ func (d *goDecodeFirst) exec(acts []split.Action) *split.Event {
 			}
 			r.Body = body
 			next = &split.Event{Kind: split.AfterDeclineBuilt}
-		case split.RunSplit:
-			if a.Reason == split.DecodeFirstDeclined {
-				r.LogAt(zerolog.InfoLevel).Msg("decode engine declined (cache_threshold): prefill on the prefiller, then decode")
-			}
+		case split.RunSplit, split.DecodeFirstCounted:
+			r.AccountDecodeFirst(a)
 		case split.Fail:
 			d.answered = true
 			r.Fail(a.Err)
-		case split.DecodeFirstCounted:
-			r.P.M.DecodeFirst.WithLabelValues(a.Reason).Inc()
 		}
 	}
 	return next
@@ -215,20 +209,14 @@ func (d *goDecodeFirst) relay() {
 	d.a = nil
 	if a.er == nil {
 		defer a.drop() // buf is let go on return (rc keeps a copy)
-		st := a.resp.StatusCode()
 		r.CopyHead(a.resp)
 		r.RC.SetBody(a.buf)
-		r.P.M.TTFT.WithLabelValues(r.Mode).Observe(time.Since(r.Start).Seconds())
-		r.P.M.Requests.WithLabelValues(r.Mode, inference.StatusLabel(st)).Inc()
-		r.Obs.Status = st
-		r.LogAt(zerolog.InfoLevel).Str("mode", r.Mode).Int("status", st).Msg("answered by the decode engine first")
+		r.DecodeFirstAnswered(a.resp.StatusCode(), false)
 		return
 	}
 	a.leg.Began()
 	r.CopyHead(a.resp)
-	r.P.M.Requests.WithLabelValues(r.Mode, inference.StatusLabel(a.resp.StatusCode())).Inc()
-	r.Obs.Status = a.resp.StatusCode()
-	r.LogAt(zerolog.InfoLevel).Str("mode", r.Mode).Msg("streaming the decode engine's first answer")
+	r.DecodeFirstAnswered(a.resp.StatusCode(), true)
 	relay.StreamBody(r, relay.NewSSEBody(r, a.er, a.leg, a.held, false, func() {
 		a.er.Release()
 		a.leg.Close()

@@ -47,6 +47,7 @@ type LoopStream struct {
 	firstp    *[]byte
 
 	Cut      error  // ErrEventTooLong, once the stream was refused for it
+	UpErr    error  // why the upstream's answer broke off (nil: it ended cleanly, or has not ended)
 	pending  []byte // bytes the client has not taken yet
 	Ended    bool   // the upstream is done: pending holds the last bytes
 	Finished bool
@@ -316,6 +317,7 @@ func (ls *LoopStream) endUpstream(out []byte, err error) []byte {
 		ls.R.EventRefused()
 	}
 	clean := err == nil
+	ls.UpErr = err
 	if clean {
 		out = ls.FlushPartial(out)
 		ls.noteFirstOutput()

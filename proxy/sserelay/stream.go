@@ -37,10 +37,16 @@ type Stream struct {
 	// goroutine path's relay holds it, until its first event
 	// (GateFirstEvent), or for a decode leg carrying remote KV its first
 	// output (GateHolding): an error event before any output is a KV load
-	// failure, which the client must not see. The events fed move it on;
-	// what becomes of the bytes held meanwhile is the caller's.
+	// failure, which the client must not see; or, for a decode-first
+	// leg, until it says whether the engine serves the request
+	// (GateDeciding, with Declines). The events fed move it on; what
+	// becomes of the bytes held meanwhile is the caller's.
 	Gate Gate
+	// Declines, for a gate at GateDeciding, reports whether an event's
+	// data declines the request (connectors.DecodeFirst.Declined).
+	Declines func(data []byte) bool
 
+	events  bool   // an event was emitted
 	done    bool   // [DONE] seen
 	excess  bool   // bytes came after the body
 	output  bool   // the first output was told (TakeFirstOutput) or recorded (MarkOutput)
@@ -58,10 +64,12 @@ const (
 	GateFirstEvent             // no event yet
 	GateOutput                 // the first output (or event) came, or enough preamble was held
 	GateError                  // an error event came before any output
+	GateDeciding               // a decode-first leg's: no event that serves or declines yet
+	GateDeclined               // a decode-first leg's: an event declined the request
 )
 
 // Shut reports whether g holds the stream back.
-func (g Gate) Shut() bool { return g == GateHolding || g == GateFirstEvent }
+func (g Gate) Shut() bool { return g == GateHolding || g == GateFirstEvent || g == GateDeciding }
 
 // FeedRaw decodes raw body bytes (framing included) and appends their
 // events to out. Bytes after the body's end are not events: Excess then
@@ -135,7 +143,20 @@ func (s *Stream) Feed(out, data []byte) ([]byte, error) {
 
 func (s *Stream) emit(out, ev []byte) []byte {
 	d := sse.FirstData(ev)
+	s.events = true
 	switch {
+	case s.Gate == GateDeciding:
+		// As the goroutine path reads a decode-first answer: the first
+		// event with data that declines, or is more than preamble (an
+		// error event included), decides.
+		if d != nil {
+			switch {
+			case s.Declines(d):
+				s.Gate = GateDeclined
+			case connectors.ClassifyEvent(s.API, d) != connectors.EventPreamble:
+				s.Gate = GateOutput
+			}
+		}
 	case s.Gate == GateFirstEvent:
 		s.Gate = GateOutput
 	case s.Gate == GateHolding:
@@ -184,6 +205,9 @@ func (s *Stream) TakeFirstOutput() bool {
 // caller relayed it, or the answer has no events): TakeFirstOutput then
 // never reports one.
 func (s *Stream) MarkOutput() { s.output, s.first = true, false }
+
+// SawEvents reports whether an event of the stream was fed.
+func (s *Stream) SawEvents() bool { return s.events }
 
 // SawDone reports whether the stream's [DONE] came (MarkDone included).
 func (s *Stream) SawDone() bool { return s.done }
