@@ -217,9 +217,6 @@ func New(cfg Config, conn connectors.Connector, m *metrics.Metrics, gatherer pro
 	if p.Choreo = connectors.ChoreographyOf(conn); p.Choreo == 0 {
 		return nil, fmt.Errorf("connector %q is neither sequential nor concurrent", conn.Name())
 	}
-	if p.Choreo == connectors.ChoreographyDecodeFirst {
-		p.keepOffLane("the "+conn.Name()+" connector's decode-first choreography", splitHead)
-	}
 	p.Boot = bootstrap.New(cfg.MaxPrefillers, bootstrapTransportErr)
 	if cfg.MinRemotePrefillTokens > 0 {
 		p.features = append(p.features, shortprompt.Guard{Limit: cfg.MinRemotePrefillTokens})

@@ -1,6 +1,7 @@
 // Package lane is the sidecar's event-loop driver: it serves an inference
-// request whose head came whole in one read (local, or a P/D split run
-// sequentially or with both legs at once) on the loops from its first byte to its last, with no goroutine of
+// request whose head came whole in one read (local, or a P/D split:
+// sequential, both legs at once, or tried on the decode engine first) on
+// the loops from its first byte to its last, with no goroutine of
 // its own, and gives every other request to fasthttp. It decides nothing a
 // request's outcome depends on: the split machines (proxy/split), a chunked
 // decode's machine (proxy/chunked) and the request's state
@@ -48,8 +49,8 @@ import (
 // the loop too, holding nothing but its handler.
 //
 // Every other request (a head split across reads, a request
-// the guards refuse, GET /v1/models, /metrics, TLS, a decode-first
-// connector, the sidecar's own KV pull...) is given to fasthttp
+// the guards refuse, GET /v1/models, /metrics, TLS, the encoder stage, the
+// sidecar's own KV pull...) is given to fasthttp
 // with the bytes the lane read (clientconn.Conn.Replay), and comes back to the
 // lane once fasthttp reads for the next one. The lane's failures (an
 // upstream unreachable, no answer head in time, the client leaving, a
@@ -799,6 +800,8 @@ func (lc *laneConn) answer(rest []byte) {
 	case lc.shadowOf != nil:
 		// A hedge's local leg: held until its first output.
 		ls.Gate, ls.Gated = sserelay.GateHolding, lc.hedgeGated
+	case lc.firstOut():
+		lc.gateFirst(ls)
 	case r.Handoff != nil:
 		lc.gateStream(ls)
 	default:
@@ -898,6 +901,8 @@ func (lc *laneConn) rawDone() {
 		lc.chunk.answered(a)
 	case lc.prefill:
 		lc.PrefillAnswered(a)
+	case lc.firstOut():
+		lc.firstAnswered(a)
 	case r.Handoff != nil:
 		lc.remoteAnswered(a)
 	default:
@@ -923,7 +928,7 @@ func (lc *laneConn) rawBroke(err error) {
 		c.failed(err)
 		return
 	}
-	if lc.decodeEnded(inference.DecodeTransportErr(err), false) {
+	if lc.decodeEnded(inference.DecodeTransportErr(err), false) || lc.firstFailed(err) {
 		return
 	}
 	lc.failWith(inference.DecodeTransportErr(err))
@@ -1018,7 +1023,7 @@ func (lc *laneConn) failed(err error) {
 		c.failed(err)
 		return
 	}
-	if lc.decodeEnded(inference.DecodeTransportErr(err), false) {
+	if lc.decodeEnded(inference.DecodeTransportErr(err), false) || lc.firstFailed(err) {
 		return
 	}
 	lc.failWith(inference.DecodeTransportErr(err))

@@ -9,6 +9,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/pd-sidecar/pd-sidecar/circuit"
+	"github.com/pd-sidecar/pd-sidecar/connectors"
 	"github.com/pd-sidecar/pd-sidecar/metrics"
 	"github.com/pd-sidecar/pd-sidecar/proxy/inference"
 	"github.com/pd-sidecar/pd-sidecar/proxy/rawhttp"
@@ -67,6 +68,10 @@ type lanePD struct {
 	readyRaw  *rawhttp.Answer
 
 	paired *pairedState // a paired split's (nil: the sequential split's, m)
+	// first is a decode-first attempt's while it runs; triedFirst: the
+	// request had its attempt (the usual split runs from here).
+	first      *firstState
+	triedFirst bool
 }
 
 // beginSplit readies the split of a request that names a prefiller,
@@ -92,8 +97,12 @@ func (lc *laneConn) beginSplit() {
 // the prefiller Admit named.
 func (lc *laneConn) split() {
 	r, p, pd := lc.r, lc.ll.ln.p, lc.pd
-	if p.PairedSplit() {
+	switch {
+	case p.PairedSplit():
 		lc.splitPaired()
+		return
+	case p.Choreo == connectors.ChoreographyDecodeFirst && !pd.triedFirst:
+		lc.splitDecodeFirst()
 		return
 	}
 	scratch, dst := p.Bufs.EditScratch(len(r.Body))
@@ -114,7 +123,7 @@ func (lc *laneConn) split() {
 // it is queued for when they are done).
 func (lc *laneConn) feedSplit(ev split.Event) {
 	pd := lc.pd
-	if pd == nil || (pd.m == nil && pd.paired == nil) {
+	if pd == nil || (pd.m == nil && pd.paired == nil && pd.first == nil) {
 		return
 	}
 	pd.queue = append(pd.queue, ev)
@@ -130,11 +139,14 @@ func (lc *laneConn) drainSplit(pd *lanePD) {
 	for lc.pd == pd && len(pd.queue) > 0 {
 		ev := pd.queue[0]
 		pd.queue = pd.queue[1:]
-		if pd.paired != nil {
+		switch {
+		case pd.paired != nil:
 			lc.execPaired(pd, pd.paired.pm.On(ev))
-			continue
+		case pd.first != nil:
+			lc.execFirst(pd, pd.first.m.On(ev))
+		case pd.m != nil:
+			lc.execSplit(pd, pd.m.On(ev))
 		}
-		lc.execSplit(pd, pd.m.On(ev))
 	}
 	pd.feeding = false
 }
@@ -411,6 +423,8 @@ func (lc *laneConn) endSplit() {
 // ends with cause, and the hedge is dropped.
 func (lc *laneConn) endSplitEarly(cause error) {
 	switch pd := lc.pd; {
+	case pd != nil && pd.first != nil:
+		lc.execFirst(pd, pd.first.m.On(split.Event{Kind: split.ClientGone, Err: cause}))
 	case pd != nil && pd.paired != nil:
 		lc.execPaired(pd, pd.paired.pm.On(split.Event{Kind: split.ClientGone, Err: cause}))
 	case pd != nil && pd.m != nil:
