@@ -364,7 +364,6 @@ func (p *Proxy) EnableKVPull(cfg KVPullConfig, puller *kvtransfer.Puller, m *met
 	}
 	p.KV = kvpull.New(cfg, kvpull.Deps{Conn: src, Puller: puller, Metrics: m,
 		FreeTimeout: p.Cfg.ConnectTimeout + time.Second})
-	p.keepOffLane("the sidecar's KV pull", splitHead)
 	return nil
 }
 

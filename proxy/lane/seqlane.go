@@ -191,16 +191,11 @@ func (lc *laneConn) execSplit(pd *lanePD, acts []split.Action) {
 		case split.RelayHedge:
 			lc.adoptHedge(pd)
 		case split.SendDecode:
-			scratch, dst := p.Bufs.EditScratch(len(r.Body))
-			body, recoverable, err := r.DecodeBody(dst, a.Handoff)
-			if err != nil {
-				p.Bufs.PutScratch(scratch)
-				lc.feedSplit(split.Event{Kind: split.LegFailed, Err: err, Recoverable: recoverable})
+			if p.KV != nil {
+				lc.pullKV(pd, a.Handoff) // --kv-connector sidecar
 				continue
 			}
-			pd.res.Handoff = a.Handoff
-			r.Mode, r.Handoff = metrics.ModeDisaggregated, &pd.res.Handoff
-			lc.decodeLeg(body, scratch, true)
+			lc.sendDecode(pd, a.Handoff)
 		case split.SendLocal:
 			r.Handoff = nil
 			lc.decodeLeg(r.Body, nil, false)
@@ -229,6 +224,46 @@ func (lc *laneConn) execSplit(pd *lanePD, acts []split.Action) {
 			r.Account(a, &pd.tk)
 		}
 	}
+}
+
+// sendDecode sends the decode leg carrying the handoff h.
+func (lc *laneConn) sendDecode(pd *lanePD, h connectors.Handoff) {
+	r, p := lc.r, lc.ll.ln.p
+	scratch, dst := p.Bufs.EditScratch(len(r.Body))
+	body, recoverable, err := r.DecodeBody(dst, h)
+	if err != nil {
+		p.Bufs.PutScratch(scratch)
+		lc.feedSplit(split.Event{Kind: split.LegFailed, Err: err, Recoverable: recoverable})
+		return
+	}
+	pd.res.Handoff = h
+	r.Mode, r.Handoff = metrics.ModeDisaggregated, &pd.res.Handoff
+	lc.decodeLeg(body, scratch, true)
+}
+
+// pullKV pulls the KV the handoff h names into blocks of the local engine
+// (the sidecar's own pull, inference.PullKV), then sends the decode leg
+// naming them. The pull's transports block, so it runs off the loop, as a
+// dial does; the split goes on on the loop with its outcome. A client
+// that leaves meanwhile cancels the pull with the request.
+func (lc *laneConn) pullKV(pd *lanePD, h connectors.Handoff) {
+	r := lc.r
+	lc.state = laneSending
+	r.Logger() // built here: the pull logs with it
+	go func() {
+		pulled, err := inference.PullKV(r, h)
+		lc.onLoop(r, func() {
+			if lc.pd != pd || lc.state != laneSending {
+				return
+			}
+			if err != nil {
+				err, recoverable := inference.KVPullFailure(r, err)
+				lc.feedSplit(split.Event{Kind: split.LegFailed, Err: err, Recoverable: recoverable})
+				return
+			}
+			lc.sendDecode(pd, pulled)
+		})
+	}()
 }
 
 // sendPrefill sends the prefill leg: built the first time, sent again as
