@@ -210,9 +210,6 @@ func New(cfg Config, conn connectors.Connector, m *metrics.Metrics, gatherer pro
 	if cfg.Encoder.Connector != "" {
 		p.keepOffLane("the encoder stage", func(h LaneHead) bool { return h.Encoders })
 	}
-	if cfg.Guard.TLS.Prefiller {
-		p.keepOffLane("TLS to prefillers", splitHead)
-	}
 	p.seq, _ = conn.(connectors.Sequential)
 	if p.Choreo = connectors.ChoreographyOf(conn); p.Choreo == 0 {
 		return nil, fmt.Errorf("connector %q is neither sequential nor concurrent", conn.Name())
@@ -390,9 +387,6 @@ type offLane struct {
 func (p *Proxy) keepOffLane(name string, keeps func(h LaneHead) bool) {
 	p.offLane = append(p.offLane, offLane{name: name, keeps: keeps})
 }
-
-// splitHead is the off-lane rule of a part that every P/D split needs.
-func splitHead(h LaneHead) bool { return h.Split }
 
 // KeepsOffLane reports whether a part of the sidecar keeps a request with
 // head h off the lane (to fasthttp's driver).

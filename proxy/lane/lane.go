@@ -252,11 +252,12 @@ type laneConn struct {
 	timer     *time.Timer // the decode leg's head timeout, or the prefill's backoff
 	timerGen  uint64      // startTimer's, so that a timer stopped on its way to the loop does nothing
 	ls        *relay.LoopStream
-	streamed  bool            // the answer is a stream (counted in LoopStreams)
-	raw       *rawhttp.Answer // a non-streamed answer being read
-	body      *laneBody       // a request's body being read (laneReading)
-	reqBody   *laneBody       // the body of the request being served, read on the lane: its legs send from it
-	chunk     *laneChunk      // the request's chunked decode, while it runs
+	streamed  bool               // the answer is a stream (counted in LoopStreams)
+	raw       *rawhttp.Answer    // a non-streamed answer being read
+	body      *laneBody          // a request's body being read (laneReading)
+	reqBody   *laneBody          // the body of the request being served, read on the lane: its legs send from it
+	chunk     *laneChunk         // the request's chunked decode, while it runs
+	offCancel context.CancelFunc // cancels the leg sent off the loop (exchange), while it runs
 	// shadowOf, on a hedge's local leg, is the client
 	// connection whose request it runs for: the shadow has that client's
 	// request and descriptor but never writes to it, closes it or ends the
@@ -457,6 +458,10 @@ func (lc *laneConn) legTo(addr string, body []byte, bodyp *[]byte) {
 
 // connect sends lc.sent on a pooled connection to lc.addr, or on a new one.
 func (lc *laneConn) connect() {
+	if lc.offLoop() {
+		lc.exchange() // TLS to the prefiller
+		return
+	}
 	if u := lc.ll.pop(lc.addr); u != nil {
 		lc.send(u)
 		return

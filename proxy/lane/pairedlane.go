@@ -186,6 +186,7 @@ func (lc *laneConn) pairedPrefillEnded(h *laneConn, a *rawhttp.Answer, err error
 	ps := pd.paired
 	ps.pre = nil
 	h.dials++ // a dial on its way is let go
+	h.cancelOff()
 	h.stopTimer()
 	h.dropRaw()
 	h.endUp(false)

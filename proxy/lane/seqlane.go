@@ -166,6 +166,7 @@ func (lc *laneConn) execSplit(pd *lanePD, acts []split.Action) {
 				// Its connection closed, so the prefiller drops the
 				// request; a dial on its way is let go.
 				lc.dials++
+				lc.cancelOff()
 				lc.stopTimer()
 				lc.endUp(false)
 				lc.dropRaw()

@@ -1,0 +1,91 @@
+package lane
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/pd-sidecar/pd-sidecar/proxy/inference"
+	"github.com/pd-sidecar/pd-sidecar/proxy/rawhttp"
+	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"
+)
+
+// A prefill leg over TLS (--enable-tls with prefiller) is one the lane's
+// raw, non-blocking connections cannot carry: crypto/tls works on a
+// blocking net.Conn. Such a leg is sent by the proxy's transport off the
+// loop, as a dial is, with the transport's TLS, pools and bounds on the
+// answer (read whole, as every prefill answer is); the answer comes back
+// to the loop, where the split goes on as after a raw answer. Everything
+// else of the request (its admission, the split's decisions, the decode
+// leg and the stream to the client) stays on the loop.
+
+// offLoop reports whether lc's leg is sent off the loop.
+func (lc *laneConn) offLoop() bool {
+	return lc.prefill && lc.ll.ln.p.Cfg.Guard.TLS.Prefiller
+}
+
+// exchange sends the leg in lc.sent (and lc.sentBody) to lc.addr through
+// the proxy's transport, off the loop.
+func (lc *laneConn) exchange() {
+	ll, r, p, addr := lc.ll, lc.r, lc.ll.ln.p, lc.addr
+	lc.state = laneSending
+	lc.dials++
+	n := lc.dials
+	req := fasthttp.AcquireRequest()
+	raw := make([]byte, 0, len(lc.sent)+len(lc.sentBody))
+	raw = append(append(raw, lc.sent...), lc.sentBody...)
+	if err := req.Read(bufio.NewReader(bytes.NewReader(raw))); err != nil {
+		fasthttp.ReleaseRequest(req)
+		lc.legFailed(&upstream.LegError{Addr: addr, Op: "write", Err: err})
+		return
+	}
+	ctx, cancel := context.WithCancel(r.Ctx)
+	lc.offCancel = cancel
+	go func() {
+		resp := fasthttp.AcquireResponse()
+		hold, err := p.Tr.Do(ctx, addr, req, resp)
+		fasthttp.ReleaseRequest(req)
+		done := func() {
+			hold.Release() // what the split keeps of the answer is a copy
+			fasthttp.ReleaseResponse(resp)
+			cancel()
+		}
+		if !ll.loop.Post(func() { lc.exchanged(r, n, resp, err); done() }) {
+			done()
+		}
+	}()
+}
+
+// exchanged goes on from exchange number n of request r, on the loop: its
+// answer resp, or its failure err.
+func (lc *laneConn) exchanged(r *inference.Request, n uint64, resp *fasthttp.Response, err error) {
+	mu := lc.lock()
+	mu.Lock()
+	defer mu.Unlock()
+	if lc.state != laneSending || lc.r != r || lc.dials != n {
+		return // cancelled meanwhile
+	}
+	lc.offCancel = nil
+	if err != nil {
+		lc.legFailed(err)
+		return
+	}
+	lc.state = laneAnswer
+	a := &rawhttp.Answer{Status: resp.StatusCode(), Buf: resp.Body()}
+	resp.Header.CopyTo(&a.Head)
+	if lc.shadowOf != nil {
+		lc.shadowOf.shadowWhole(lc, a)
+		return
+	}
+	lc.PrefillAnswered(a)
+}
+
+// cancelOff cancels a leg sent off the loop, if any.
+func (lc *laneConn) cancelOff() {
+	if lc.offCancel != nil {
+		lc.offCancel()
+		lc.offCancel = nil
+	}
+}
