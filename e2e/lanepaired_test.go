@@ -50,6 +50,10 @@ func TestLanePairedSplitAnswersAsTheServer(t *testing.T) {
 		split          bool // the decode engine decoded on the prefiller's KV
 		fallbackReason string
 		leave          time.Duration // the client hangs up after this long (no answer: status 0)
+		// prefillRaces: the prefill leg is abandoned at once, so whether it
+		// reached its engine first is timing, not the driver: the
+		// prefiller's counts are not compared.
+		prefillRaces bool
 	}
 	var cases []pairedCase
 	for _, c := range []string{"sglang", "mooncake"} {
@@ -65,10 +69,10 @@ func TestLanePairedSplitAnswersAsTheServer(t *testing.T) {
 				path: "/v1/completions", body: completion, status: 200, fallbackReason: "timeout"},
 			pairedCase{name: "fallback off answers the error", flags: []string{"--prefill-fallback=false"}, prefillFault: `{"status":500}`,
 				path: "/v1/completions", body: completion, status: 502},
-			// The prefill is slow to begin, so that it is abandoned before
-			// its engine computed anything, whichever leg connects first.
+			// The prefill is slow to begin, so that it never holds KV
+			// nobody pulls, whether or not it reached its engine.
 			pairedCase{name: "decode engine resets", prefillFault: `{"latency_ms":5000}`, decodeFault: `{"refuse":true}`,
-				path: "/v1/completions", body: completion, status: 502},
+				path: "/v1/completions", body: completion, status: 502, prefillRaces: true},
 			pairedCase{name: "client leaves while the decode waits", decodeFault: `{"latency_ms":3000}`, path: "/v1/chat/completions",
 				body: stream, leave: 300 * time.Millisecond},
 		)
@@ -140,7 +144,9 @@ func TestLanePairedSplitAnswersAsTheServer(t *testing.T) {
 			assert.Equal(t, server.status, lane.status, "status")
 			assert.Equal(t, server.answer, lane.answer, "answer")
 			assert.Equal(t, server.sidecar, lane.sidecar, "the sidecar's counts")
-			assert.Equal(t, server.prefill, lane.prefill, "the prefiller's counts")
+			if !tc.prefillRaces {
+				assert.Equal(t, server.prefill, lane.prefill, "the prefiller's counts")
+			}
 			assert.Equal(t, server.decode, lane.decode, "the decode engine's counts")
 		})
 	}

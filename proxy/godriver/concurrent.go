@@ -29,12 +29,12 @@ func choreograph(r *inference.Request) bool {
 // failure of either, or legs that cannot be built, decides the request
 // before any leg is sent.
 func servePaired(r *inference.Request) {
-	s := r.BeginPaired()
+	s := inference.BeginPaired(r)
 	if bs, host, ok := s.Bootstrap(); ok {
 		b, err := r.P.Boot.Get(r.Ctx, r.P.Tr, bs, host, r.P.Cfg.PrefillTimeout)
-		r.PairedLegs(s, b, err)
+		s.Legs(r, b, err)
 	} else {
-		r.PairedLegs(s, connectors.Bootstrap{}, nil)
+		s.Legs(r, connectors.Bootstrap{}, nil)
 	}
 	newPaired(r, s).run(s.Start, s.Pre, s.Dec, s.Forget)
 }

@@ -9,7 +9,6 @@ import (
 	"github.com/rs/zerolog"
 	"github.com/valyala/fasthttp"
 
-	"github.com/pd-sidecar/pd-sidecar/circuit"
 	"github.com/pd-sidecar/pd-sidecar/connectors"
 	"github.com/pd-sidecar/pd-sidecar/proxy/inference"
 	"github.com/pd-sidecar/pd-sidecar/proxy/relay"
@@ -35,7 +34,7 @@ type goPaired struct {
 
 	mu sync.Mutex
 	m  *split.Paired
-	tk *circuit.Ticket // the breaker's, until its outcome is reported
+	s  *inference.Paired // its legs and accounting
 
 	parent       context.Context // the request's
 	dctx         context.Context // the decode leg's: cancelled by CancelDecode
@@ -48,7 +47,7 @@ type goPaired struct {
 
 // newPaired returns the driver of the paired split s of r.
 func newPaired(r *inference.Request, s *inference.Paired) *goPaired {
-	return &goPaired{r: r, log: *r.Logger(), m: split.NewPaired(s.Config), tk: s.Ticket, parent: r.Ctx, released: make(chan struct{})}
+	return &goPaired{r: r, log: *r.Logger(), m: split.NewPaired(s.Config), s: s, parent: r.Ctx, released: make(chan struct{})}
 }
 
 // run runs the split begun by start: its prefill leg carrying pre and its
@@ -107,7 +106,7 @@ func (d *goPaired) exec(acts []split.Action) []split.Action {
 				d.kvWait.Stop()
 			}
 		default:
-			if !d.r.P.AccountPaired(a, d.r.Prefiller, &d.tk, &d.log) {
+			if !d.s.Account(a, &d.log) {
 				rest = append(rest, a)
 			}
 		}
@@ -176,7 +175,7 @@ func (d *goPaired) Decode(dec []byte) error {
 func (d *goPaired) sendPrefill(pre []byte) {
 	r, p := d.r, d.r.P
 	pctx, cancel := d.pctx, d.cancelPre
-	leg := r.StartPairedPrefill() // before the head, which names its span
+	leg := d.s.StartPrefill(r) // before the head, which names its span
 	req := r.PrefillRequest(pre)
 	addr := r.Prefiller
 	go func() {

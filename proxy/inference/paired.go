@@ -27,12 +27,6 @@ import (
 // the prefill leg's bookkeeping and what its answer means, and the
 // accounting actions of the machine. A driver only sends and reads.
 
-// PairedSplit reports whether the proxy's splits run both legs at once
-// (split.Paired): a concurrent connector, or MoRI-IO's parallel dispatch.
-func (p *Proxy) PairedSplit() bool {
-	return p.Choreo == connectors.ChoreographyConcurrent || (p.Mori != nil && p.Mori.Cfg.ParallelDispatch)
-}
-
 // Paired is a paired split being set up: the machine's configuration and
 // start, the legs' bodies and the breaker's ticket.
 type Paired struct {
@@ -41,27 +35,28 @@ type Paired struct {
 	// Pre and Dec are the prefill and decode legs' bodies (when
 	// Start.NoLegs is nil).
 	Pre, Dec []byte
-	// Ticket is the breaker's, until its outcome is reported.
+	// Ticket is the breaker's, until its outcome is reported (Account).
 	Ticket *circuit.Ticket
 	// Forget, when set, is called before a request degrades from a KV
 	// load failure: the prefiller's cached bootstrap answer is forgotten
 	// (it may have restarted with a new id).
 	Forget func()
 
-	cc      connectors.Concurrent
-	pairing connectors.Pairing
-	boot    connectors.Bootstrapper // nil: the legs need no bootstrap answer
-	host    string                  // the prefiller's host
+	p         *Proxy
+	prefiller string
+	cc        connectors.Concurrent
+	pairing   connectors.Pairing
+	boot      connectors.Bootstrapper // nil: the legs need no bootstrap answer
+	host      string                  // the prefiller's host
 }
 
 // BeginPaired begins r's paired split: the breaker is asked for the
 // prefiller and, for MoRI-IO's parallel dispatch, the legs are built.
-// A concurrent connector's legs are built by PairedLegs, once the
-// prefiller's bootstrap answer is in hand when its connector has one
-// (Bootstrap).
-func (r *Request) BeginPaired() *Paired {
+// A concurrent connector's legs are built by Legs, once the prefiller's
+// bootstrap answer is in hand when its connector has one (Bootstrap).
+func BeginPaired(r *Request) *Paired {
 	p := r.P
-	s := &Paired{Forget: func() {}}
+	s := &Paired{p: p, prefiller: r.Prefiller, Forget: func() {}}
 	s.Config.Fallback, s.Config.Judge = p.Cfg.PrefillFallback, SplitJudge
 	if m := p.Mori; m != nil && m.Cfg.ParallelDispatch {
 		s.Config.KVWait, s.Config.HoldOutput = m.Cfg.WaitTimeout, true
@@ -74,7 +69,7 @@ func (r *Request) BeginPaired() *Paired {
 	host, portStr, _ := net.SplitHostPort(r.Prefiller)
 	s.host = host
 	if p.Mori != nil && p.Mori.Cfg.ParallelDispatch {
-		r.moriParallelLegs(s, host)
+		s.moriLegs(r, host)
 		return s
 	}
 	s.cc = p.Conn.(connectors.Concurrent)
@@ -96,10 +91,10 @@ func (s *Paired) Bootstrap() (bs connectors.Bootstrapper, host string, ok bool) 
 	return s.boot, s.host, s.boot != nil && s.Start.NoLegs == nil
 }
 
-// PairedLegs builds the legs of a concurrent connector's split begun by
+// Legs builds the legs of r's concurrent connector's split begun by
 // BeginPaired, with the prefiller's bootstrap answer b (or why there is
 // none, berr). It does nothing for a split already decided or built.
-func (r *Request) PairedLegs(s *Paired, b connectors.Bootstrap, berr error) {
+func (s *Paired) Legs(r *Request, b connectors.Bootstrap, berr error) {
 	if s.Start.NoLegs != nil || s.cc == nil || s.Pre != nil {
 		return
 	}
@@ -118,12 +113,12 @@ func (r *Request) PairedLegs(s *Paired, b connectors.Bootstrap, berr error) {
 	r.LogAt(zerolog.DebugLevel).Uint64("bootstrap_room", s.pairing.Room).Str("transfer_id", s.pairing.TransferID).Msg("concurrent prefill and decode legs")
 }
 
-// moriParallelLegs builds MoRI-IO's parallel-dispatch legs: the decode
+// moriLegs builds r's MoRI-IO parallel-dispatch legs: the decode
 // leg's kv_transfer_params are written up front, and it waits in the
 // decode engine for the prefill engine to write the KV. The prefiller's
 // host goes as the header named it: only the configured host specs are
 // resolved (and cached), never a name a request brings.
-func (r *Request) moriParallelLegs(s *Paired, host string) {
+func (s *Paired) moriLegs(r *Request, host string) {
 	m := r.P.Mori
 	l := MoriLeg(r)
 	pre, err := moriio.ParallelPrefillBody(r.Body,
@@ -154,9 +149,9 @@ type PairedPrefillLeg struct {
 	start time.Time
 }
 
-// StartPairedPrefill opens the prefill leg's span (before the leg's head
-// is built, so that its trace context names it) and counts it in flight.
-func (r *Request) StartPairedPrefill() *PairedPrefillLeg {
+// StartPrefill opens r's prefill leg's span (before the leg's head is
+// built, so that its trace context names it) and counts it in flight.
+func (s *Paired) StartPrefill(r *Request) *PairedPrefillLeg {
 	l := &PairedPrefillLeg{p: r.P, log: *r.Logger(), label: r.Label, span: r.Obs.StartPrefill(r.Label),
 		gauge: r.P.M.Inflight.WithLabelValues(metrics.PhasePrefill), start: time.Now()}
 	l.gauge.Inc()
@@ -198,19 +193,20 @@ func PairedPrefillAnswer(status int, contentType, body []byte) error {
 	return &Rejected{Status: status, ContentType: string(contentType), Body: append([]byte(nil), body...)}
 }
 
-// AccountPaired does the accounting actions of a paired split that touch
-// only the legs (the breaker's ticket, the prefill leg's failure, a held
-// output let through at the KV-wait bound) and reports whether a was one;
-// log is the request's logger (a copy, for a driver that calls this off
-// the request's goroutine).
-func (p *Proxy) AccountPaired(a split.Action, prefiller string, tk **circuit.Ticket, log *zerolog.Logger) bool {
+// Account does the split's accounting actions, which touch only the
+// legs (the breaker's ticket, the prefill leg's failure, a held output let
+// through at the KV-wait bound), and reports whether a was one; log is the
+// request's logger (a copy, for a driver that calls this off the
+// request's goroutine).
+func (s *Paired) Account(a split.Action, log *zerolog.Logger) bool {
+	p := s.p
 	switch a.Op {
 	case split.BreakerDone:
 		if errors.Is(a.Err, split.ErrAbandoned) {
 			log.Debug().Msg("prefill leg cancelled with the request")
 		}
-		p.Guard.BreakerDone(prefiller, *tk, a.Err)
-		*tk = nil
+		p.Guard.BreakerDone(s.prefiller, s.Ticket, a.Err)
+		s.Ticket = nil
 	case split.PrefillLegFailed:
 		p.M.PrefillLegFailures.WithLabelValues(a.Reason).Inc()
 		if a.Attempt == 1 {

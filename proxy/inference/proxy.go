@@ -427,6 +427,12 @@ func (p *Proxy) NotePrefiller(hostport string) {
 	p.warm.Saw(hostport, true)
 }
 
+// PairedSplit reports whether the proxy's splits run both legs at once
+// (split.Paired): a concurrent connector, or MoRI-IO's parallel dispatch.
+func (p *Proxy) PairedSplit() bool {
+	return p.Choreo == connectors.ChoreographyConcurrent || (p.Mori != nil && p.Mori.Cfg.ParallelDispatch)
+}
+
 // prewarmCovered reports why the connector's split cannot be warmed up,
 // or "" when it can: only a sequential split whose decode leg hands the
 // local engine the prefill's kv_transfer_params and lets it pull the KV

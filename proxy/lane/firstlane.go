@@ -19,8 +19,11 @@ import (
 // rewrites after a decline. The counts and logs are proxy/inference's, as
 // fasthttp's driver has them done.
 
-// firstState is a decode-first attempt's part of lanePD.
-type firstState struct {
+// laneFirst is the lane's driver of one request's decode-first attempt:
+// lanePD's part while it runs.
+type laneFirst struct {
+	lc *laneConn
+	pd *lanePD
 	m  *split.DecodeFirst
 	df connectors.DecodeFirst
 	// leg: the decode-first leg is out, or its answer is held.
@@ -31,22 +34,23 @@ type firstState struct {
 	whole *rawhttp.Answer
 }
 
-// splitDecodeFirst tries the request (beginSplit readied it) on the decode
+// runDecodeFirst tries lc's request (beginSplit readied it) on the decode
 // engine first, when the connector selects it; the usual split runs
 // otherwise, or after a decline.
-func (lc *laneConn) splitDecodeFirst() {
+func runDecodeFirst(lc *laneConn) {
 	r, p, pd := lc.r, lc.ll.ln.p, lc.pd
 	df := p.Conn.(connectors.DecodeFirst)
-	fs := &firstState{m: split.NewDecodeFirst(), df: df}
+	fs := &laneFirst{lc: lc, pd: pd, m: split.NewDecodeFirst(), df: df}
 	pd.first, pd.triedFirst = fs, true
 	pd.feeding = true
-	lc.execFirst(pd, fs.m.Start(df.TryDecodeFirst(r.API, r.Body)))
+	fs.exec(fs.m.Start(df.TryDecodeFirst(r.API, r.Body)))
 	lc.drainSplit(pd)
 }
 
-// execFirst executes the decode-first machine's actions for the split pd.
-func (lc *laneConn) execFirst(pd *lanePD, acts []split.Action) {
-	r, fs := lc.r, pd.first
+// exec executes the machine's actions.
+func (fs *laneFirst) exec(acts []split.Action) {
+	lc, pd := fs.lc, fs.pd
+	r := lc.r
 	for _, a := range acts {
 		if a.Op == split.DecodeFirstCounted {
 			r.AccountDecodeFirst(a) // counted even when the relay before it ended the request
@@ -58,11 +62,11 @@ func (lc *laneConn) execFirst(pd *lanePD, acts []split.Action) {
 		switch a.Op {
 		case split.SendDecodeFirst:
 			fs.leg = true
-			lc.firstLeg()
+			fs.send()
 		case split.DropDecodeFirst:
-			lc.dropFirst(fs)
+			fs.drop()
 		case split.RelayDecodeFirst:
-			lc.relayFirst(fs)
+			fs.relay()
 		case split.BuildAfterDecline:
 			body, err := fs.df.AfterDecline(nil, r.API, r.Body)
 			if err != nil {
@@ -81,9 +85,10 @@ func (lc *laneConn) execFirst(pd *lanePD, acts []split.Action) {
 	}
 }
 
-// firstLeg sends the client's body to the local engine: the decode-first
-// leg, its answer read up to where it serves or declines the request.
-func (lc *laneConn) firstLeg() {
+// send sends the client's body to the local engine: the decode-first leg,
+// its answer read up to where it serves or declines the request.
+func (fs *laneFirst) send() {
+	lc := fs.lc
 	ll, r, p := lc.ll, lc.r, lc.ll.ln.p
 	lc.setGauge(ll.local)
 	lc.sentp, lc.sent = p.Bufs.GetChunk()
@@ -95,37 +100,30 @@ func (lc *laneConn) firstLeg() {
 	lc.legTo(r.Local, r.Body, nil)
 }
 
-// firstOut reports whether the request's decode-first leg is out, or its
-// answer held.
-func (lc *laneConn) firstOut() bool {
-	return lc.pd != nil && lc.pd.first != nil && lc.pd.first.leg
-}
-
-// gateFirst holds the decode-first leg's stream until an event serves or
+// gate holds the decode-first leg's stream until an event serves or
 // declines the request.
-func (lc *laneConn) gateFirst(ls *relay.LoopStream) {
-	r, fs := lc.r, lc.pd.first
-	ls.Gate, ls.Gated = sserelay.GateDeciding, lc.firstGated
+func (fs *laneFirst) gate(ls *relay.LoopStream) {
+	r := fs.lc.r
+	ls.Gate, ls.Gated = sserelay.GateDeciding, fs.gated
 	ls.Declines = func(d []byte) bool { return fs.df.Declined(r.API, d) }
 }
 
-// firstGated decides on the decode-first leg's held stream: an event
-// served the request (or it ended cleanly after some events: what came is
+// gated decides on the decode-first leg's held stream: an event served
+// the request (or it ended cleanly after some events: what came is
 // relayed), declined it, or it ended or broke with none.
-func (lc *laneConn) firstGated(g sserelay.Gate, held []byte) {
-	r, ls, pd := lc.r, lc.ls, lc.pd
+func (fs *laneFirst) gated(g sserelay.Gate, held []byte) {
+	lc := fs.lc
+	r, ls := lc.r, lc.ls
 	lc.stopTimer()
 	switch {
 	case g == sserelay.GateDeclined:
 		lc.feedSplit(split.Event{Kind: split.FirstAnswerDeclined})
 	case g == sserelay.GateOutput || (g == sserelay.GateDeciding && ls.SawEvents() && ls.UpErr == nil):
-		pd.first.held = held
+		fs.held = held
 		lc.feedSplit(split.Event{Kind: split.FirstAnswerReady})
-		if lc.pd == pd && pd.first != nil {
-			pd.first.held = nil
-		}
+		fs.held = nil
 	default:
-		lc.dropFirst(pd.first)
+		fs.drop()
 		cause := ls.UpErr
 		if cause == nil {
 			cause = inference.EndedEarly(r.Local, "any event", ls.Cut)
@@ -134,10 +132,10 @@ func (lc *laneConn) firstGated(g sserelay.Gate, held []byte) {
 	}
 }
 
-// firstAnswered takes the decode-first leg's JSON answer, read whole.
-func (lc *laneConn) firstAnswered(a *rawhttp.Answer) {
-	r, pd := lc.r, lc.pd
-	fs := pd.first
+// answered takes the decode-first leg's JSON answer, read whole.
+func (fs *laneFirst) answered(a *rawhttp.Answer) {
+	lc := fs.lc
+	r := lc.r
 	if a.Status == 200 && fs.df.Declined(r.API, a.Buf) {
 		fs.leg = false
 		lc.feedSplit(split.Event{Kind: split.FirstAnswerDeclined})
@@ -145,25 +143,24 @@ func (lc *laneConn) firstAnswered(a *rawhttp.Answer) {
 	}
 	fs.whole = a
 	lc.feedSplit(split.Event{Kind: split.FirstAnswerReady})
-	if lc.pd == pd && pd.first != nil {
-		pd.first.whole = nil
-	}
+	fs.whole = nil
 }
 
-// firstFailed reports the decode-first leg failing before any output
-// (false: the request has no decode-first leg out).
-func (lc *laneConn) firstFailed(err error) bool {
-	if !lc.firstOut() {
+// failed reports the decode-first leg failing before any output (false:
+// no decode-first leg is out, fs nil included).
+func (fs *laneFirst) failed(err error) bool {
+	if fs == nil || !fs.leg {
 		return false
 	}
-	lc.pd.first.leg = false
-	lc.feedSplit(split.Event{Kind: split.FirstLegFailed, Err: inference.BeforeOutputErr(err)})
+	fs.leg = false
+	fs.lc.feedSplit(split.Event{Kind: split.FirstLegFailed, Err: inference.BeforeOutputErr(err)})
 	return true
 }
 
-// dropFirst lets go of the decode-first leg, or its held answer, which the
+// drop lets go of the decode-first leg, or its held answer, which the
 // client never saw: its connection is closed, so the engine aborts it.
-func (lc *laneConn) dropFirst(fs *firstState) {
+func (fs *laneFirst) drop() {
+	lc := fs.lc
 	if !fs.leg {
 		return
 	}
@@ -180,8 +177,9 @@ func (lc *laneConn) dropFirst(fs *firstState) {
 	lc.state = laneSending
 }
 
-// relayFirst makes the decode engine's held answer the request's.
-func (lc *laneConn) relayFirst(fs *firstState) {
+// relay makes the decode engine's held answer the request's.
+func (fs *laneFirst) relay() {
+	lc := fs.lc
 	r := lc.r
 	fs.leg = false
 	if a := fs.whole; a != nil {

@@ -252,12 +252,12 @@ type laneConn struct {
 	timer     *time.Timer // the decode leg's head timeout, or the prefill's backoff
 	timerGen  uint64      // startTimer's, so that a timer stopped on its way to the loop does nothing
 	ls        *relay.LoopStream
-	streamed  bool               // the answer is a stream (counted in LoopStreams)
-	raw       *rawhttp.Answer    // a non-streamed answer being read
-	body      *laneBody          // a request's body being read (laneReading)
-	reqBody   *laneBody          // the body of the request being served, read on the lane: its legs send from it
-	chunk     *laneChunk         // the request's chunked decode, while it runs
-	offCancel context.CancelFunc // cancels the leg sent off the loop (exchange), while it runs
+	streamed  bool            // the answer is a stream (counted in LoopStreams)
+	raw       *rawhttp.Answer // a non-streamed answer being read
+	body      *laneBody       // a request's body being read (laneReading)
+	reqBody   *laneBody       // the body of the request being served, read on the lane: its legs send from it
+	chunk     *laneChunk      // the request's chunked decode, while it runs
+	off       offLoopLeg      // the leg sent off the loop, while it runs (TLS to the prefiller)
 	// shadowOf, on a hedge's local leg, is the client
 	// connection whose request it runs for: the shadow has that client's
 	// request and descriptor but never writes to it, closes it or ends the
@@ -458,8 +458,8 @@ func (lc *laneConn) legTo(addr string, body []byte, bodyp *[]byte) {
 
 // connect sends lc.sent on a pooled connection to lc.addr, or on a new one.
 func (lc *laneConn) connect() {
-	if lc.offLoop() {
-		lc.exchange() // TLS to the prefiller
+	if offLoop(lc) {
+		lc.off.send(lc) // TLS to the prefiller
 		return
 	}
 	if u := lc.ll.pop(lc.addr); u != nil {
@@ -805,8 +805,8 @@ func (lc *laneConn) answer(rest []byte) {
 	case lc.shadowOf != nil:
 		// A hedge's local leg: held until its first output.
 		ls.Gate, ls.Gated = sserelay.GateHolding, lc.hedgeGated
-	case lc.firstOut():
-		lc.gateFirst(ls)
+	case lc.decodeFirst() != nil:
+		lc.decodeFirst().gate(ls)
 	case r.Handoff != nil:
 		lc.gateStream(ls)
 	default:
@@ -906,8 +906,8 @@ func (lc *laneConn) rawDone() {
 		lc.chunk.answered(a)
 	case lc.prefill:
 		lc.PrefillAnswered(a)
-	case lc.firstOut():
-		lc.firstAnswered(a)
+	case lc.decodeFirst() != nil:
+		lc.decodeFirst().answered(a)
 	case r.Handoff != nil:
 		lc.remoteAnswered(a)
 	default:
@@ -933,7 +933,7 @@ func (lc *laneConn) rawBroke(err error) {
 		c.failed(err)
 		return
 	}
-	if lc.decodeEnded(inference.DecodeTransportErr(err), false) || lc.firstFailed(err) {
+	if lc.pairedSplit().decodeEnded(inference.DecodeTransportErr(err), false) || lc.decodeFirst().failed(err) {
 		return
 	}
 	lc.failWith(inference.DecodeTransportErr(err))
@@ -1028,7 +1028,7 @@ func (lc *laneConn) failed(err error) {
 		c.failed(err)
 		return
 	}
-	if lc.decodeEnded(inference.DecodeTransportErr(err), false) || lc.firstFailed(err) {
+	if lc.pairedSplit().decodeEnded(inference.DecodeTransportErr(err), false) || lc.decodeFirst().failed(err) {
 		return
 	}
 	lc.failWith(inference.DecodeTransportErr(err))
@@ -1152,7 +1152,9 @@ func (lc *laneConn) finish() {
 		lc.chunk.release()
 	}
 	lc.dropHedge()
-	lc.endPaired()
+	if ps := lc.pairedSplit(); ps != nil {
+		ps.end()
+	}
 	lc.ReleaseKV() // --release-kv-on-cancel: before the split's buffers are given back
 	lc.r, lc.prefill = nil, false
 	lc.putSent()

@@ -21,14 +21,19 @@ import (
 // else of the request (its admission, the split's decisions, the decode
 // leg and the stream to the client) stays on the loop.
 
+// offLoopLeg is a connection's leg sent off the loop, while it runs.
+type offLoopLeg struct {
+	cancel context.CancelFunc
+}
+
 // offLoop reports whether lc's leg is sent off the loop.
-func (lc *laneConn) offLoop() bool {
+func offLoop(lc *laneConn) bool {
 	return lc.prefill && lc.ll.ln.p.Cfg.Guard.TLS.Prefiller
 }
 
-// exchange sends the leg in lc.sent (and lc.sentBody) to lc.addr through
-// the proxy's transport, off the loop.
-func (lc *laneConn) exchange() {
+// send sends the leg in lc.sent (and lc.sentBody) to lc.addr through the
+// proxy's transport, off the loop.
+func (o *offLoopLeg) send(lc *laneConn) {
 	ll, r, p, addr := lc.ll, lc.r, lc.ll.ln.p, lc.addr
 	lc.state = laneSending
 	lc.dials++
@@ -42,7 +47,7 @@ func (lc *laneConn) exchange() {
 		return
 	}
 	ctx, cancel := context.WithCancel(r.Ctx)
-	lc.offCancel = cancel
+	o.cancel = cancel
 	go func() {
 		resp := fasthttp.AcquireResponse()
 		hold, err := p.Tr.Do(ctx, addr, req, resp)
@@ -52,22 +57,22 @@ func (lc *laneConn) exchange() {
 			fasthttp.ReleaseResponse(resp)
 			cancel()
 		}
-		if !ll.loop.Post(func() { lc.exchanged(r, n, resp, err); done() }) {
+		if !ll.loop.Post(func() { o.done(lc, r, n, resp, err); done() }) {
 			done()
 		}
 	}()
 }
 
-// exchanged goes on from exchange number n of request r, on the loop: its
+// done goes on from lc's leg number n of request r, on the loop: its
 // answer resp, or its failure err.
-func (lc *laneConn) exchanged(r *inference.Request, n uint64, resp *fasthttp.Response, err error) {
+func (o *offLoopLeg) done(lc *laneConn, r *inference.Request, n uint64, resp *fasthttp.Response, err error) {
 	mu := lc.lock()
 	mu.Lock()
 	defer mu.Unlock()
 	if lc.state != laneSending || lc.r != r || lc.dials != n {
 		return // cancelled meanwhile
 	}
-	lc.offCancel = nil
+	o.cancel = nil
 	if err != nil {
 		lc.legFailed(err)
 		return
@@ -82,10 +87,10 @@ func (lc *laneConn) exchanged(r *inference.Request, n uint64, resp *fasthttp.Res
 	lc.PrefillAnswered(a)
 }
 
-// cancelOff cancels a leg sent off the loop, if any.
-func (lc *laneConn) cancelOff() {
-	if lc.offCancel != nil {
-		lc.offCancel()
-		lc.offCancel = nil
+// stop cancels the leg, if one runs.
+func (o *offLoopLeg) stop() {
+	if o.cancel != nil {
+		o.cancel()
+		o.cancel = nil
 	}
 }

@@ -27,8 +27,11 @@ import (
 // prefiller's bootstrap answer (Mooncake's) not in the cache is asked for
 // off the loop, as a dial is, and the split goes on on the loop.
 
-// pairedState is a paired split's part of lanePD.
-type pairedState struct {
+// lanePaired is the lane's driver of one request's paired split: lanePD's
+// part while it runs.
+type lanePaired struct {
+	lc      *laneConn // the request's (the decode leg's)
+	pd      *lanePD
 	pm      *split.Paired
 	pp      *inference.Paired
 	pre     *laneConn                   // the prefill leg's shadow, while it runs
@@ -55,26 +58,26 @@ type heldAnswer struct {
 	body []byte
 }
 
-// splitPaired runs the paired split of the request (beginSplit readied it)
+// runPaired runs the paired split of lc's request (beginSplit readied it)
 // with the prefiller Admit named.
-func (lc *laneConn) splitPaired() {
+func runPaired(lc *laneConn) {
 	ll, r, p, pd := lc.ll, lc.r, lc.ll.ln.p, lc.pd
-	s := r.BeginPaired()
-	ps := &pairedState{pp: s, pm: split.NewPaired(s.Config)}
-	pd.paired, pd.tk = ps, s.Ticket
+	s := inference.BeginPaired(r)
+	ps := &lanePaired{lc: lc, pd: pd, pp: s, pm: split.NewPaired(s.Config)}
+	pd.paired = ps
 	if len(p.PrefillStrip) > 0 { // the loop's head is another request's by the time a bootstrap answer comes
 		ps.preBufp, ps.preHead = p.Bufs.GetChunk()
 		ps.preHead = rawhttp.AppendLegStartStrip(ps.preHead, &ll.req, p.PrefillStrip)
 	}
 	bs, host, ok := s.Bootstrap()
 	if !ok {
-		r.PairedLegs(s, connectors.Bootstrap{}, nil)
-		lc.startPaired(pd)
+		s.Legs(r, connectors.Bootstrap{}, nil)
+		ps.start()
 		return
 	}
 	if b, ok := p.Boot.Cached(bs, host); ok {
-		r.PairedLegs(s, b, nil)
-		lc.startPaired(pd)
+		s.Legs(r, b, nil)
+		ps.start()
 		return
 	}
 	// Asked off the loop, as a dial is; a client leaving meanwhile cancels
@@ -85,33 +88,34 @@ func (lc *laneConn) splitPaired() {
 		b, err := p.Boot.Get(ctx, p.Tr, bs, host, p.Cfg.PrefillTimeout)
 		lc.onLoop(r, func() {
 			if lc.pd == pd && lc.state == laneSending {
-				r.PairedLegs(s, b, err)
-				lc.startPaired(pd)
+				s.Legs(r, b, err)
+				ps.start()
 			}
 		})
 	}()
 }
 
-// startPaired starts the machine of the paired split pd.
-func (lc *laneConn) startPaired(pd *lanePD) {
-	pd.feeding = true
-	lc.execPaired(pd, pd.paired.pm.Start(pd.paired.pp.Start))
-	lc.drainSplit(pd)
+// start starts the machine.
+func (ps *lanePaired) start() {
+	ps.pd.feeding = true
+	ps.exec(ps.pm.Start(ps.pp.Start))
+	ps.lc.drainSplit(ps.pd)
 }
 
-// execPaired executes the paired machine's actions for the split pd.
-func (lc *laneConn) execPaired(pd *lanePD, acts []split.Action) {
-	r, ps := lc.r, pd.paired
+// exec executes the machine's actions.
+func (ps *lanePaired) exec(acts []split.Action) {
+	lc, pd := ps.lc, ps.pd
+	r := lc.r
 	for _, a := range acts {
 		if lc.pd != pd {
 			return // the request ended meanwhile
 		}
-		if r.P.AccountPaired(a, r.Prefiller, &pd.tk, r.Logger()) {
+		if ps.pp.Account(a, r.Logger()) {
 			continue
 		}
 		switch a.Op {
 		case split.SendPrefill:
-			lc.sendPairedPrefill(pd)
+			ps.sendPrefill()
 			continue
 		case split.AbandonPrefill:
 			if h := ps.pre; h != nil {
@@ -119,7 +123,7 @@ func (lc *laneConn) execPaired(pd *lanePD, acts []split.Action) {
 				if cause == nil {
 					cause = context.Canceled
 				}
-				lc.pairedPrefillEnded(h, nil, inference.PrefillTransportErr(fmt.Errorf("%w (%w)", cause, context.Canceled)))
+				ps.prefillEnded(h, nil, inference.PrefillTransportErr(fmt.Errorf("%w (%w)", cause, context.Canceled)))
 			}
 			continue
 		case split.Arm:
@@ -133,7 +137,7 @@ func (lc *laneConn) execPaired(pd *lanePD, acts []split.Action) {
 			}
 			continue
 		case split.CancelDecode:
-			lc.cancelDecode(a.Err)
+			ps.cancelDecode(a.Err)
 			continue
 		}
 		if ps.ending {
@@ -145,7 +149,7 @@ func (lc *laneConn) execPaired(pd *lanePD, acts []split.Action) {
 			r.Handoff = &pd.res.Handoff // none: the engines pair by themselves
 			lc.decodeLeg(ps.pp.Dec, nil, true)
 		case split.ReleaseOutput:
-			lc.releaseHeld(pd)
+			ps.releaseHeld()
 		case split.SendLocal:
 			r.Handoff = nil
 			lc.decodeLeg(r.Body, nil, false)
@@ -157,13 +161,14 @@ func (lc *laneConn) execPaired(pd *lanePD, acts []split.Action) {
 	}
 }
 
-// sendPairedPrefill sends the prefill leg on a shadow of the request's
+// sendPrefill sends the prefill leg on a shadow of the request's
 // connection, bounded by --prefill-timeout.
-func (lc *laneConn) sendPairedPrefill(pd *lanePD) {
-	ll, r, p, ps := lc.ll, lc.r, lc.ll.ln.p, pd.paired
+func (ps *lanePaired) sendPrefill() {
+	lc, pd := ps.lc, ps.pd
+	ll, r, p := lc.ll, lc.r, lc.ll.ln.p
 	h := &laneConn{ll: ll, cc: lc.cc, fd: lc.fd, keepAlive: lc.keepAlive, r: r, pd: pd, shadowOf: lc, prefill: true}
 	ps.pre = h
-	ps.preLeg = r.StartPairedPrefill() // before the head, which names its span
+	ps.preLeg = ps.pp.StartPrefill(r) // before the head, which names its span
 	h.sentp, h.sent = p.Bufs.GetChunk()
 	if ps.preHead != nil {
 		h.sent = append(h.sent, ps.preHead...)
@@ -171,22 +176,21 @@ func (lc *laneConn) sendPairedPrefill(pd *lanePD) {
 		h.sent = append(h.sent, pd.start...)
 	}
 	h.startTimer(p.Cfg.PrefillTimeout, func() {
-		lc.pairedPrefillEnded(h, nil, inference.PrefillTransportErr(fmt.Errorf("%w (%w)", inference.ErrPrefillTimeout, context.DeadlineExceeded)))
+		ps.prefillEnded(h, nil, inference.PrefillTransportErr(fmt.Errorf("%w (%w)", inference.ErrPrefillTimeout, context.DeadlineExceeded)))
 	})
 	h.legTo(r.Prefiller, ps.pp.Pre, nil)
 }
 
-// pairedPrefillEnded ends the prefill leg h with its answer a (read
-// whole), or the failure err, and tells the machine what it meant.
-func (lc *laneConn) pairedPrefillEnded(h *laneConn, a *rawhttp.Answer, err error) {
-	pd := lc.pd
-	if pd == nil || pd.paired == nil || pd.paired.pre != h {
+// prefillEnded ends the prefill leg h with its answer a (read whole), or
+// the failure err, and tells the machine what it meant.
+func (ps *lanePaired) prefillEnded(h *laneConn, a *rawhttp.Answer, err error) {
+	lc := ps.lc
+	if lc.pd != ps.pd || ps.pre != h {
 		return
 	}
-	ps := pd.paired
 	ps.pre = nil
 	h.dials++ // a dial on its way is let go
-	h.cancelOff()
+	h.off.stop()
 	h.stopTimer()
 	h.dropRaw()
 	h.endUp(false)
@@ -204,44 +208,24 @@ func (lc *laneConn) pairedPrefillEnded(h *laneConn, a *rawhttp.Answer, err error
 	lc.feedSplit(split.Event{Kind: split.PrefillAnswered})
 }
 
-// shadowWhole takes a shadow's answer, read whole: a paired split's
-// prefill leg's, or the hedge's local leg's.
-func (lc *laneConn) shadowWhole(h *laneConn, a *rawhttp.Answer) {
-	if pd := lc.pd; pd != nil && pd.paired != nil && pd.paired.pre == h {
-		lc.pairedPrefillEnded(h, a, nil)
-		return
-	}
-	lc.hedgeWhole(h, a)
-}
-
-// shadowFailed takes a shadow's failure: a paired split's prefill leg's,
-// or the hedge's local leg's.
-func (lc *laneConn) shadowFailed(h *laneConn, err error) {
-	if pd := lc.pd; pd != nil && pd.paired != nil && pd.paired.pre == h {
-		lc.pairedPrefillEnded(h, nil, err)
-		return
-	}
-	lc.hedgeFailed(h, err)
-}
-
-// decodeEnded tells a paired split's machine that its decode leg ended:
-// err nil once its answer is written or streaming, else its failure
-// before any output reached the client. It reports false when the request
-// has no paired decode leg out (the failure is then the caller's).
-func (lc *laneConn) decodeEnded(err error, recoverable bool) bool {
-	pd := lc.pd
-	if pd == nil || pd.paired == nil || !pd.paired.decoding {
+// decodeEnded tells the machine that the decode leg ended: err nil once
+// its answer is written or streaming, else its failure before any output
+// reached the client. It reports false when no decode leg of the split is
+// out (ps nil included: the failure is then the caller's).
+func (ps *lanePaired) decodeEnded(err error, recoverable bool) bool {
+	if ps == nil || !ps.decoding || ps.lc.pd != ps.pd {
 		return false
 	}
-	pd.paired.decoding = false
-	lc.feedSplit(split.Event{Kind: split.DecodeEnded, Err: err, Recoverable: recoverable})
+	ps.decoding = false
+	ps.lc.feedSplit(split.Event{Kind: split.DecodeEnded, Err: err, Recoverable: recoverable})
 	return true
 }
 
 // cancelDecode closes the decode leg, which has produced no output, and
 // tells the machine it ended with cause.
-func (lc *laneConn) cancelDecode(cause error) {
-	if pd := lc.pd; pd == nil || pd.paired == nil || !pd.paired.decoding {
+func (ps *lanePaired) cancelDecode(cause error) {
+	lc := ps.lc
+	if !ps.decoding {
 		return
 	}
 	lc.dials++ // a dial on its way is let go
@@ -253,27 +237,28 @@ func (lc *laneConn) cancelDecode(cause error) {
 	lc.endUp(false)
 	lc.putSent()
 	lc.state = laneSending
-	lc.decodeEnded(cause, false)
+	ps.decodeEnded(cause, false)
 }
 
-// pairedGated decides on a paired split's held decode stream: its first
-// output came (relayed, or held while the machine says so); a KV load
-// failure, or a stream that ended with none, goes to the machine.
-func (lc *laneConn) pairedGated(g sserelay.Gate, held []byte) {
-	r, ls, pd := lc.r, lc.ls, lc.pd
+// gated decides on the held decode stream: its first output came
+// (relayed, or held while the machine says so); a KV load failure, or a
+// stream that ended with none, goes to the machine.
+func (ps *lanePaired) gated(g sserelay.Gate, held []byte) {
+	lc, pd := ps.lc, ps.pd
+	r, ls := lc.r, lc.ls
 	lc.stopTimer()
 	switch g {
 	case sserelay.GateHolding: // ended with no output
 		lc.dropStream()
-		lc.decodeEnded(inference.DecodeTransportErr(inference.EndedEarly(r.Local, "any output", ls.Cut)), false)
+		ps.decodeEnded(inference.DecodeTransportErr(inference.EndedEarly(r.Local, "any output", ls.Cut)), false)
 		return
 	case sserelay.GateError:
 		r.KVHandoffDone(pd.sent, false)
 		if r.KVLoadFailed() {
 			lc.dropStream()
 			r.Handoff = nil
-			pd.paired.pp.Forget()
-			lc.decodeEnded(inference.ErrKVLoadFailed, true)
+			ps.pp.Forget()
+			ps.decodeEnded(inference.ErrKVLoadFailed, true)
 			return
 		}
 	default:
@@ -282,8 +267,8 @@ func (lc *laneConn) pairedGated(g sserelay.Gate, held []byte) {
 		if lc.pd != pd {
 			return
 		}
-		if pd.paired.pm.Holding() {
-			pd.paired.heldOut = append(pd.paired.heldOut[:0], held...)
+		if ps.pm.Holding() {
+			ps.heldOut = append(ps.heldOut[:0], held...)
 			if !ls.Ended {
 				if err := lc.LegPause(); err != nil {
 					ls.Fail(err)
@@ -292,30 +277,32 @@ func (lc *laneConn) pairedGated(g sserelay.Gate, held []byte) {
 			return
 		}
 	}
-	lc.relayPaired(held)
+	ps.relay(held)
 }
 
-// relayPaired relays a paired split's decode stream from its held bytes
-// on: its answer begins.
-func (lc *laneConn) relayPaired(held []byte) {
+// relay relays the decode stream from its held bytes on: its answer
+// begins.
+func (ps *lanePaired) relay(held []byte) {
+	lc := ps.lc
 	r, ls := lc.r, lc.ls
 	r.P.M.Requests.WithLabelValues(r.Mode, inference.StatusLabel(r.Obs.Status)).Inc()
-	lc.decodeEnded(nil, false) // before the write, which may end the request
+	ps.decodeEnded(nil, false) // before the write, which may end the request
 	ls.MarkOutput()
 	lc.FirstOutput()
 	ls.Write(held)
 }
 
-// pairedAnswered takes a paired split's decode answer, read whole: a KV
-// load failure goes to the machine; a 200 is its first output (held while
-// the machine says so); any answer is then written.
-func (lc *laneConn) pairedAnswered(a *rawhttp.Answer) {
-	r, p, pd := lc.r, lc.ll.ln.p, lc.pd
+// answered takes the decode answer, read whole: a KV load failure goes to
+// the machine; a 200 is its first output (held while the machine says
+// so); any answer is then written.
+func (ps *lanePaired) answered(a *rawhttp.Answer) {
+	lc, pd := ps.lc, ps.pd
+	r, p := lc.r, lc.ll.ln.p
 	r.KVHandoffDone(pd.sent, a.Status == fasthttp.StatusOK)
 	if a.Status == fasthttp.StatusInternalServerError && r.KVLoadFailed() {
 		r.Handoff = nil
-		pd.paired.pp.Forget()
-		lc.decodeEnded(inference.ErrKVLoadFailed, true)
+		ps.pp.Forget()
+		ps.decodeEnded(inference.ErrKVLoadFailed, true)
 		return
 	}
 	buf := a.Buf
@@ -327,29 +314,29 @@ func (lc *laneConn) pairedAnswered(a *rawhttp.Answer) {
 		if lc.pd != pd {
 			return
 		}
-		if pd.paired.pm.Holding() {
+		if ps.pm.Holding() {
 			w := &heldAnswer{body: append([]byte(nil), buf...)}
 			a.Head.CopyTo(&w.head)
-			pd.paired.heldWhole = w
+			ps.heldWhole = w
 			return
 		}
 	}
-	lc.writePaired(&a.Head, a.Status, buf)
+	ps.write(&a.Head, a.Status, buf)
 }
 
-// writePaired writes a paired split's decode answer, read whole.
-func (lc *laneConn) writePaired(h *fasthttp.ResponseHeader, status int, body []byte) {
-	lc.decodeEnded(nil, false) // before the write, which may end the request
-	lc.r.JSONAnswered(status)
-	lc.writeWhole(h, body)
+// write writes the decode answer, read whole.
+func (ps *lanePaired) write(h *fasthttp.ResponseHeader, status int, body []byte) {
+	ps.decodeEnded(nil, false) // before the write, which may end the request
+	ps.lc.r.JSONAnswered(status)
+	ps.lc.writeWhole(h, body)
 }
 
 // releaseHeld lets the decode's held first output through.
-func (lc *laneConn) releaseHeld(pd *lanePD) {
-	ps := pd.paired
+func (ps *lanePaired) releaseHeld() {
+	lc := ps.lc
 	if w := ps.heldWhole; w != nil {
 		ps.heldWhole = nil
-		lc.writePaired(&w.head, w.head.StatusCode(), w.body)
+		ps.write(&w.head, w.head.StatusCode(), w.body)
 		return
 	}
 	ls := lc.ls
@@ -364,18 +351,17 @@ func (lc *laneConn) releaseHeld(pd *lanePD) {
 			return
 		}
 	}
-	lc.relayPaired(held)
+	ps.relay(held)
 }
 
-// endPaired ends a paired split with its request: a prefill leg still
-// out is abandoned (its end says nothing of the prefiller), as fasthttp's
+// end ends the split with its request: a prefill leg still out is
+// abandoned (its end says nothing of the prefiller), as fasthttp's
 // driver's is when the request's context ends.
-func (lc *laneConn) endPaired() {
-	pd := lc.pd
-	if pd == nil || pd.paired == nil || pd.paired.ending {
+func (ps *lanePaired) end() {
+	lc, pd := ps.lc, ps.pd
+	if ps.ending || lc.pd != pd {
 		return
 	}
-	ps := pd.paired
 	ps.ending, pd.feeding = true, true
 	if ps.kvWait != nil {
 		ps.kvWait.Stop()
@@ -385,15 +371,14 @@ func (lc *laneConn) endPaired() {
 	for lc.pd == pd && len(pd.queue) > 0 {
 		ev := pd.queue[0]
 		pd.queue = pd.queue[1:]
-		lc.execPaired(pd, ps.pm.On(ev))
+		ps.exec(ps.pm.On(ev))
 	}
 	if h := ps.pre; h != nil { // not abandoned by the machine: it had its outcome
-		lc.pairedPrefillEnded(h, nil, inference.PrefillTransportErr(context.Canceled))
+		ps.prefillEnded(h, nil, inference.PrefillTransportErr(context.Canceled))
 	}
 	pd.queue, pd.feeding = nil, false
-	if pd.tk != nil { // the legs were never sent (a bootstrap query under way)
-		lc.r.P.Guard.BreakerDone(lc.r.Prefiller, pd.tk, split.ErrAbandoned)
-		pd.tk = nil
+	if ps.pp.Ticket != nil { // the legs were never sent (a bootstrap query under way)
+		ps.pp.Account(split.Action{Op: split.BreakerDone, Err: split.ErrAbandoned}, lc.r.Logger())
 	}
 	lc.ll.ln.p.Bufs.PutChunk(ps.preBufp, ps.preHead)
 	ps.preBufp, ps.preHead = nil, nil

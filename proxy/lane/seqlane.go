@@ -67,10 +67,10 @@ type lanePD struct {
 	readyHeld []byte
 	readyRaw  *rawhttp.Answer
 
-	paired *pairedState // a paired split's (nil: the sequential split's, m)
+	paired *lanePaired // a paired split's driver (nil: the sequential split's, m)
 	// first is a decode-first attempt's while it runs; triedFirst: the
 	// request had its attempt (the usual split runs from here).
-	first      *firstState
+	first      *laneFirst
 	triedFirst bool
 }
 
@@ -99,10 +99,10 @@ func (lc *laneConn) split() {
 	r, p, pd := lc.r, lc.ll.ln.p, lc.pd
 	switch {
 	case p.PairedSplit():
-		lc.splitPaired()
+		runPaired(lc)
 		return
 	case p.Choreo == connectors.ChoreographyDecodeFirst && !pd.triedFirst:
-		lc.splitDecodeFirst()
+		runDecodeFirst(lc)
 		return
 	}
 	scratch, dst := p.Bufs.EditScratch(len(r.Body))
@@ -141,9 +141,9 @@ func (lc *laneConn) drainSplit(pd *lanePD) {
 		pd.queue = pd.queue[1:]
 		switch {
 		case pd.paired != nil:
-			lc.execPaired(pd, pd.paired.pm.On(ev))
+			pd.paired.exec(pd.paired.pm.On(ev))
 		case pd.first != nil:
-			lc.execFirst(pd, pd.first.m.On(ev))
+			pd.first.exec(pd.first.m.On(ev))
 		case pd.m != nil:
 			lc.execSplit(pd, pd.m.On(ev))
 		}
@@ -166,7 +166,7 @@ func (lc *laneConn) execSplit(pd *lanePD, acts []split.Action) {
 				// Its connection closed, so the prefiller drops the
 				// request; a dial on its way is let go.
 				lc.dials++
-				lc.cancelOff()
+				lc.off.stop()
 				lc.stopTimer()
 				lc.endUp(false)
 				lc.dropRaw()
@@ -361,8 +361,8 @@ func (lc *laneConn) fallback(cause error) {
 // as relayJSON does: a KV load failure goes to the split.
 func (lc *laneConn) remoteAnswered(a *rawhttp.Answer) {
 	r, p := lc.r, lc.ll.ln.p
-	if lc.pd.paired != nil {
-		lc.pairedAnswered(a)
+	if ps := lc.pd.paired; ps != nil {
+		ps.answered(a)
 		return
 	}
 	r.KVHandoffDone(lc.pd.sent, a.Status == fasthttp.StatusOK)
@@ -389,8 +389,8 @@ func (lc *laneConn) gateStream(ls *relay.LoopStream) {
 	}
 	ls.Gate = sserelay.GateHolding
 	ls.Gated = lc.gateDone
-	if lc.pd.paired != nil {
-		ls.Gated = lc.pairedGated
+	if ps := lc.pd.paired; ps != nil {
+		ls.Gated = ps.gated
 	}
 }
 
@@ -460,9 +460,9 @@ func (lc *laneConn) endSplit() {
 func (lc *laneConn) endSplitEarly(cause error) {
 	switch pd := lc.pd; {
 	case pd != nil && pd.first != nil:
-		lc.execFirst(pd, pd.first.m.On(split.Event{Kind: split.ClientGone, Err: cause}))
+		pd.first.exec(pd.first.m.On(split.Event{Kind: split.ClientGone, Err: cause}))
 	case pd != nil && pd.paired != nil:
-		lc.execPaired(pd, pd.paired.pm.On(split.Event{Kind: split.ClientGone, Err: cause}))
+		pd.paired.exec(pd.paired.pm.On(split.Event{Kind: split.ClientGone, Err: cause}))
 	case pd != nil && pd.m != nil:
 		lc.execSplit(pd, pd.m.On(split.Event{Kind: split.ClientGone, Err: cause}))
 	}
@@ -487,6 +487,43 @@ func (lc *laneConn) dropHedge() {
 	h.putSent()
 	h.setGauge(nil)
 	h.r, h.state = nil, laneGone
+}
+
+// decodeFirst returns the driver of the request's decode-first attempt
+// while its leg is out or its answer held (nil: none).
+func (lc *laneConn) decodeFirst() *laneFirst {
+	if lc.pd == nil || lc.pd.first == nil || !lc.pd.first.leg {
+		return nil
+	}
+	return lc.pd.first
+}
+
+// pairedSplit returns the request's paired split's driver (nil: none).
+func (lc *laneConn) pairedSplit() *lanePaired {
+	if lc.pd == nil {
+		return nil
+	}
+	return lc.pd.paired
+}
+
+// shadowWhole takes a shadow's answer, read whole: a paired split's
+// prefill leg's, or the hedge's local leg's.
+func (lc *laneConn) shadowWhole(h *laneConn, a *rawhttp.Answer) {
+	if ps := lc.pairedSplit(); ps != nil && ps.pre == h {
+		ps.prefillEnded(h, a, nil)
+		return
+	}
+	lc.hedgeWhole(h, a)
+}
+
+// shadowFailed takes a shadow's failure: a paired split's prefill leg's,
+// or the hedge's local leg's.
+func (lc *laneConn) shadowFailed(h *laneConn, err error) {
+	if ps := lc.pairedSplit(); ps != nil && ps.pre == h {
+		ps.prefillEnded(h, nil, err)
+		return
+	}
+	lc.hedgeFailed(h, err)
 }
 
 // hedgeFailed reports the hedge's local leg h failing before it was ready.
