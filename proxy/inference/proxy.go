@@ -207,9 +207,6 @@ func New(cfg Config, conn connectors.Connector, m *metrics.Metrics, gatherer pro
 		return nil, err
 	}
 	p.enc = newEncoderStage(p)
-	if cfg.Encoder.Connector != "" {
-		p.keepOffLane("the encoder stage", func(h LaneHead) bool { return h.Encoders })
-	}
 	p.seq, _ = conn.(connectors.Sequential)
 	if p.Choreo = connectors.ChoreographyOf(conn); p.Choreo == 0 {
 		return nil, fmt.Errorf("connector %q is neither sequential nor concurrent", conn.Name())
@@ -387,6 +384,11 @@ type offLane struct {
 func (p *Proxy) keepOffLane(name string, keeps func(h LaneHead) bool) {
 	p.offLane = append(p.offLane, offLane{name: name, keeps: keeps})
 }
+
+// AdmitWaits reports whether Admit of a request with head h waits on
+// upstream I/O (the encoder stage's fan-out, for a request naming
+// encoders): the lane runs such an admission off its loop.
+func (p *Proxy) AdmitWaits(h LaneHead) bool { return p.enc != nil && h.Encoders }
 
 // KeepsOffLane reports whether a part of the sidecar keeps a request with
 // head h off the lane (to fasthttp's driver).

@@ -209,13 +209,14 @@ func (ln *lane) forget(lc *laneConn) {
 
 // The states of a client connection on the lane.
 const (
-	laneIdle    = iota // waiting for a request
-	laneSending        // connecting to the leg's upstream (off the loop)
-	laneWaiting        // the leg is sent; waiting for the answer's head
-	laneAnswer         // the answer is read (raw) or relayed (ls)
-	laneBackoff        // waiting to send the prefill leg again
-	laneReading        // reading the rest of a request's body (laneBody)
-	laneGone           // given to fasthttp, or closed
+	laneIdle      = iota // waiting for a request
+	laneSending          // connecting to the leg's upstream (off the loop)
+	laneWaiting          // the leg is sent; waiting for the answer's head
+	laneAnswer           // the answer is read (raw) or relayed (ls)
+	laneBackoff          // waiting to send the prefill leg again
+	laneReading          // reading the rest of a request's body (laneBody)
+	laneAdmitting        // the request's admission runs off the loop (admitOffLoop)
+	laneGone             // given to fasthttp, or closed
 )
 
 // laneConn is one client connection on the lane: the loop's handler of its
@@ -263,6 +264,10 @@ type laneConn struct {
 	// request and descriptor but never writes to it, closes it or ends the
 	// request; its primary adopts its answer, or drops it.
 	shadowOf *laneConn
+	// admitGone is why a request whose admission runs off the loop ends
+	// (its client left, the loop shuts down): it was cancelled, and ends
+	// when the admission comes back.
+	admitGone error
 }
 
 // Ready implements netloop.Handler.
@@ -271,6 +276,23 @@ func (lc *laneConn) Ready(fd int, ev netloop.Events) {
 	defer lc.mu.Unlock()
 	switch {
 	case lc.state == laneGone:
+	case lc.state == laneAdmitting:
+		// The request is its admission's until it comes back: it is only
+		// cancelled now.
+		var cause error
+		switch {
+		case ev&netloop.Shutdown != 0:
+			cause = inference.ErrDrainTimeout
+		case ev&netloop.HangUp != 0:
+			cause = inference.ErrClientGone
+		default:
+			lc.setInterest(lc.interest &^ netloop.Readable)
+			return
+		}
+		if lc.admitGone == nil {
+			lc.admitGone = cause
+			lc.r.Cancel(cause)
+		}
 	case ev&netloop.Shutdown != 0:
 		if lc.state == laneIdle {
 			lc.close()
@@ -390,10 +412,23 @@ func (lc *laneConn) serve(b []byte, api connectors.API, headLen int, lr rawhttp.
 	// has its answer finds it counted.
 	p.M.LoopRequests.Inc()
 	named := len(ll.req.Peek(inference.HeaderPrefiller)) > 0 // as Admit reads it
-	if named {
-		lc.beginSplit() // copies the body
+	waits := p.AdmitWaits(inference.LaneHead{API: api, Split: named, Encoders: lr.Encoders})
+	if named || waits {
+		lc.beginSplit(named) // copies the body
 	}
-	switch route, err := r.Admit(&ll.req); route {
+	if waits {
+		lc.admitOffLoop()
+		return
+	}
+	lc.route(r.Admit(&ll.req))
+	if !named {
+		r.Body = nil // maybe in the loop's buffer, which the next read overwrites
+	}
+}
+
+// route sends the request where Admit said.
+func (lc *laneConn) route(route inference.Route, err error) {
+	switch route {
 	case inference.RouteFail:
 		lc.failWith(err)
 	case inference.RouteFallback:
@@ -403,9 +438,38 @@ func (lc *laneConn) serve(b []byte, api connectors.API, headLen int, lr rawhttp.
 	default:
 		lc.split()
 	}
-	if !named {
-		r.Body = nil // maybe in the loop's buffer, which the next read overwrites
-	}
+}
+
+// admitOffLoop runs the request's admission off the loop: one that waits
+// on upstream I/O (the encoder stage's fan-out), as a dial is. It reads a
+// copy of the head (the loop's parser goes on to other requests); the
+// request is the admission's alone until it comes back to the loop, where
+// a client that left meanwhile (it was only cancelled then) is counted and
+// the request goes where Admit said.
+func (lc *laneConn) admitOffLoop() {
+	ll, r := lc.ll, lc.r
+	h := &fasthttp.RequestHeader{}
+	h.DisableNormalizing()
+	ll.req.CopyTo(h)
+	lc.state, lc.admitGone = laneAdmitting, nil
+	r.Logger() // built here: the admission logs with it
+	go func() {
+		route, err := r.Admit(h)
+		lc.onLoop(r, func() {
+			if lc.state != laneAdmitting {
+				return
+			}
+			lc.state = laneSending
+			switch cause := lc.admitGone; {
+			case errors.Is(cause, inference.ErrClientGone):
+				lc.clientLeft()
+			case cause != nil:
+				lc.abandon(cause)
+			default:
+				lc.route(route, err)
+			}
+		})
+	}()
 }
 
 // decodeLeg sends body (held in bodyp, or nil: see legTo) to the local

@@ -74,15 +74,20 @@ type lanePD struct {
 	triedFirst bool
 }
 
-// beginSplit readies the split of a request that names a prefiller,
-// before anything reads its body: the legs' head start, and the body
-// copied out of the loop's buffer (which the next read overwrites), for
-// the legs sent after this event.
-func (lc *laneConn) beginSplit() {
+// beginSplit readies the split of a request that names a prefiller (or
+// one whose admission runs off the loop), before anything reads its body:
+// the legs' head start (a split's, or a local leg's), and the body copied
+// out of the loop's buffer (which the next read overwrites), for the legs
+// sent after this event.
+func (lc *laneConn) beginSplit(named bool) {
 	ll, r, p := lc.ll, lc.r, lc.ll.ln.p
 	pd := &lanePD{}
+	strip := p.LegStrip
+	if named {
+		strip = p.SplitStrip
+	}
 	pd.bufp, pd.buf = p.Bufs.GetChunk()
-	pd.buf = rawhttp.AppendLegStartStrip(pd.buf, &ll.req, p.SplitStrip)
+	pd.buf = rawhttp.AppendLegStartStrip(pd.buf, &ll.req, strip)
 	n := len(pd.buf)
 	if lc.reqBody == nil {
 		pd.bufp, pd.buf = p.Bufs.GrowChunk(pd.bufp, pd.buf, len(r.Body))
