@@ -48,9 +48,14 @@ import (
 // fasthttp is relayed). Between requests the client connection waits on
 // the loop too, holding nothing but its handler.
 //
-// Every other request (a head split across reads, a request
-// the guards refuse, GET /v1/models, /metrics, TLS, the encoder stage, the
-// sidecar's own KV pull...) is given to fasthttp
+// A blocking call a request needs (a dial, the sidecar's KV pull, a
+// prefill leg over TLS, an encoder stage's fan-out, a bootstrap query)
+// runs on a goroutine that does only that call, and the request goes on on
+// the loop with its outcome.
+//
+// Every other request (a head split across reads, a request the guards
+// refuse, GET /v1/models, /metrics, TLS from the client, a MoRI-IO split
+// whose host specs have no address yet...) is given to fasthttp
 // with the bytes the lane read (clientconn.Conn.Replay), and comes back to the
 // lane once fasthttp reads for the next one. The lane's failures (an
 // upstream unreachable, no answer head in time, the client leaving, a
