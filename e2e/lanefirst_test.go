@@ -85,12 +85,7 @@ func TestLaneDecodeFirstAnswersAsTheServer(t *testing.T) {
 				return o
 			}
 			lane, server := run(true), run(false)
-			require.Equal(t, tc.status, server.status, "fasthttp's answer: %s", server.answer)
-			assert.Equal(t, server.status, lane.status, "status")
-			assert.Equal(t, server.answer, lane.answer, "answer")
-			assert.Equal(t, server.sidecar, lane.sidecar, "the sidecar's counts")
-			assert.Equal(t, server.prefill, lane.prefill, "the prefiller's counts")
-			assert.Equal(t, server.decode, lane.decode, "the decode engine's counts")
+			assertSameOutcome(t, tc.status, lane, server)
 		})
 	}
 }

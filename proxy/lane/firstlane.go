@@ -165,16 +165,8 @@ func (fs *laneFirst) drop() {
 		return
 	}
 	fs.leg = false
-	lc.dials++ // a dial on its way is let go
-	lc.stopTimer()
-	if lc.ls != nil {
-		lc.dropStream()
-	}
-	lc.dropRaw()
-	lc.endUp(false)
-	lc.putSent()
+	lc.dropLeg()
 	lc.setGauge(nil)
-	lc.state = laneSending
 }
 
 // relay makes the decode engine's held answer the request's.

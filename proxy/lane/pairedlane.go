@@ -228,15 +228,7 @@ func (ps *lanePaired) cancelDecode(cause error) {
 	if !ps.decoding {
 		return
 	}
-	lc.dials++ // a dial on its way is let go
-	lc.stopTimer()
-	if lc.ls != nil {
-		lc.dropStream()
-	}
-	lc.dropRaw()
-	lc.endUp(false)
-	lc.putSent()
-	lc.state = laneSending
+	lc.dropLeg()
 	ps.decodeEnded(cause, false)
 }
 

@@ -427,6 +427,22 @@ func (lc *laneConn) gateDone(g sserelay.Gate, held []byte) {
 	ls.Write(held)
 }
 
+// dropLeg lets go of the request's leg to the local engine, before
+// anything of it reached the client: a dial on its way, the leg in
+// flight, its answer being read or its stream held. Its connection is
+// closed, so the engine aborts it; the request goes on.
+func (lc *laneConn) dropLeg() {
+	lc.dials++
+	lc.stopTimer()
+	if lc.ls != nil {
+		lc.dropStream()
+	}
+	lc.dropRaw()
+	lc.endUp(false)
+	lc.putSent()
+	lc.state = laneSending
+}
+
 // dropStream ends a held stream the client never saw: its leg is closed,
 // and the request goes on.
 func (lc *laneConn) dropStream() {
