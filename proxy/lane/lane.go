@@ -41,8 +41,9 @@ import (
 // byte to its last: an inference request whose head came whole in the
 // loop's first read (its body read on the loop as it comes: laneBody), with no
 // prefiller named (a local prefill and decode) or one (the P/D split, run
-// by the split machines: sequential, or paired with both legs at once). Such a request then has no goroutine of its own and
-// is handed between none: the loop that saw the client's bytes writes the
+// by the split machines: sequential, paired with both legs at once, or
+// decode-first). Such a request then has no goroutine of its own and is
+// handed between none: the loop that saw the client's bytes writes the
 // legs to pooled upstream connections it also watches, and relays the
 // answer (a stream through a loopStream, as a stream handed over by
 // fasthttp is relayed). Between requests the client connection waits on
