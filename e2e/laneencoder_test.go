@@ -78,11 +78,7 @@ func TestLaneEncoderStageAnswersAsTheServer(t *testing.T) {
 				harness.Eventually(t, 30*time.Second, "the request ended, the upstreams' work with it", func() bool {
 					return rig.scMetric(t, "pd_sidecar_inflight_requests", nil) == 0 && running(t, rig.prefill) == 0 && running(t, rig.decode) == 0
 				})
-				lane := 0.0
-				if whole {
-					lane = 1
-				}
-				assert.Equal(t, lane, rig.scMetric(t, laneRequests, nil), "the lane's requests (whole: %v)", whole)
+				assertServedBy(t, whole, rig.scMetric(t, laneRequests, nil))
 				assert.Equal(t, tc.remoteItems, rig.decode.Metric(t, "sim_ec_loaded_items_total", map[string]string{"source": "remote"}),
 					"items the decode engine loaded from the encoder (whole: %v)", whole)
 				if tc.split {

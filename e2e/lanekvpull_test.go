@@ -58,11 +58,7 @@ func TestLaneKVPullAnswersAsTheServer(t *testing.T) {
 					return sc.Metric(t, "pd_sidecar_inflight_requests", nil) == 0 && running(t, e.prefill) == 0 && running(t, e.decode) == 0 &&
 						e.prefill.Metric(t, "kvtransfer_agent_held_blocks", nil) == 0 && e.decode.Metric(t, "sim_kv_blocks_held", nil) == 0
 				})
-				lane := 0.0
-				if whole {
-					lane = 1
-				}
-				assert.Equal(t, lane, sc.Metric(t, laneRequests, nil), "the lane's requests (whole: %v)", whole)
+				assertServedBy(t, whole, sc.Metric(t, laneRequests, nil))
 				assert.Equal(t, tc.preloaded, e.decode.Metric(t, "sim_kv_preloaded_decodes_total", nil), "decoded from pulled blocks (whole: %v)", whole)
 				if tc.fallbackReason != "" {
 					assert.Equal(t, 1.0, sc.Metric(t, "pd_sidecar_fallbacks_total", map[string]string{"reason": tc.fallbackReason}), "whole: %v", whole)

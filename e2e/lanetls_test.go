@@ -73,11 +73,7 @@ func TestLaneTLSPrefillAnswersAsTheServer(t *testing.T) {
 				harness.Eventually(t, 30*time.Second, "the request ended, the upstreams' work with it", func() bool {
 					return rig.scMetric(t, "pd_sidecar_inflight_requests", nil) == 0 && running(t, rig.prefill) == 0 && running(t, rig.decode) == 0
 				})
-				lane := 0.0
-				if whole {
-					lane = 1
-				}
-				assert.Equal(t, lane, rig.scMetric(t, laneRequests, nil), "the lane's requests (whole: %v)", whole)
+				assertServedBy(t, whole, rig.scMetric(t, laneRequests, nil))
 				assert.Equal(t, tc.remoteDecodes, rig.decode.Metric(t, "sim_remote_kv_decodes_total", nil), "decoded on remote KV (whole: %v)", whole)
 				if tc.fallbackReason != "" {
 					assert.Equal(t, 1.0, rig.scMetric(t, "pd_sidecar_fallbacks_total", map[string]string{"reason": tc.fallbackReason}), "whole: %v", whole)

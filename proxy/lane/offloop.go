@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"io"
 
 	"github.com/valyala/fasthttp"
 
@@ -39,9 +40,9 @@ func (o *offLoopLeg) send(lc *laneConn) {
 	lc.dials++
 	n := lc.dials
 	req := fasthttp.AcquireRequest()
-	raw := make([]byte, 0, len(lc.sent)+len(lc.sentBody))
-	raw = append(append(raw, lc.sent...), lc.sentBody...)
-	if err := req.Read(bufio.NewReader(bytes.NewReader(raw))); err != nil {
+	// Parsed from the leg as the lane wrote it (head, then a long body
+	// where it lies): the request copies what it keeps.
+	if err := req.Read(bufio.NewReader(io.MultiReader(bytes.NewReader(lc.sent), bytes.NewReader(lc.sentBody)))); err != nil {
 		fasthttp.ReleaseRequest(req)
 		lc.legFailed(&upstream.LegError{Addr: addr, Op: "write", Err: err})
 		return
