@@ -41,37 +41,48 @@ func (e *Engine) Metric(t testing.TB, name string, labels map[string]string) flo
 // "--p2p-port 0" the engine picks the port, read from its startup line.
 func StartEngineSim(t testing.TB, role string, extra ...string) *Engine {
 	t.Helper()
-	e := &Engine{Host: "127.0.0.1"}
+	host := "127.0.0.1"
 	if h, ok := flagValue(extra, "--host"); ok {
-		e.Host = h
+		host = h
 	}
-	ports := []struct {
-		flag string
-		port *int
-	}{{"--port", &e.Port}, {"--kv-port", &e.KVPort}, {"--bootstrap-port", &e.BootstrapPort}, {"--p2p-port", &e.P2PPort}}
-	args := []string{"--role", role}
-	for _, p := range ports {
-		v, ok := flagValue(extra, p.flag)
-		if !ok {
-			*p.port = FreePort(t)
-			args = append(args, p.flag, itoa(*p.port))
-			continue
+	// A lost port is worth a new try when the harness chose at least one.
+	chosen := false
+	for _, f := range []string{"--port", "--kv-port", "--bootstrap-port", "--p2p-port"} {
+		if _, ok := flagValue(extra, f); !ok {
+			chosen = true
 		}
-		n, err := strconv.Atoi(v)
-		if err != nil {
-			t.Fatalf("harness: %s %q is not a port", p.flag, v)
-		}
-		*p.port = n
 	}
-	args = append(args,
-		"--model", "sim-model",
-		"--prefill-us-per-token", "20",
-		"--decode-us-per-token", "200",
-		"--log-level", "debug",
-	)
-	args = append(args, extra...)
-	e.Proc = Start(t, Binary(t, "engine-sim"), args...)
-	e.WaitHTTP(t, e.URL()+"/health", 30*time.Second)
+	var e *Engine
+	proc := startOnFreePorts(t, chosen, func() (*Proc, string) {
+		e = &Engine{Host: host}
+		ports := []struct {
+			flag string
+			port *int
+		}{{"--port", &e.Port}, {"--kv-port", &e.KVPort}, {"--bootstrap-port", &e.BootstrapPort}, {"--p2p-port", &e.P2PPort}}
+		args := []string{"--role", role}
+		for _, p := range ports {
+			v, ok := flagValue(extra, p.flag)
+			if !ok {
+				*p.port = FreePort(t)
+				args = append(args, p.flag, itoa(*p.port))
+				continue
+			}
+			n, err := strconv.Atoi(v)
+			if err != nil {
+				t.Fatalf("harness: %s %q is not a port", p.flag, v)
+			}
+			*p.port = n
+		}
+		args = append(args,
+			"--model", "sim-model",
+			"--prefill-us-per-token", "20",
+			"--decode-us-per-token", "200",
+			"--log-level", "debug",
+		)
+		args = append(args, extra...)
+		return Start(t, Binary(t, "engine-sim"), args...), e.URL() + "/health"
+	})
+	e.Proc = proc
 	if e.P2PPort == 0 {
 		e.P2PPort = e.announcedPort(t, "p2p")
 	}

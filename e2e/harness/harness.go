@@ -100,27 +100,22 @@ func forgetPorts(t testing.TB, first, n int) {
 }
 
 // FreePort returns a TCP port on 127.0.0.1 that was free a moment ago and
-// that no call of a test still running returned.
+// that no call of a test still running returned. It is drawn below Linux's
+// ephemeral range (32768 and up), as FreePorts' runs are: a port the kernel
+// just handed to a listener on :0 is the kind it hands next to an outgoing
+// connection, which would take it before the process meant to bind it does.
 func FreePort(t testing.TB) int {
 	t.Helper()
-	portMu.Lock()
-	defer portMu.Unlock()
-	for range 100 {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatalf("harness: free port: %v", err)
-		}
-		port := l.Addr().(*net.TCPAddr).Port
-		l.Close()
-		if !handedOut[port] {
-			handedOut[port] = true
-			forgetPorts(t, port, 1)
-			return port
-		}
-	}
-	t.Fatal("harness: no fresh free port")
-	return 0
+	return FreePorts(t, 1)
 }
+
+// errPortTaken is what a process that lost one of its ports between
+// FreePort and its bind prints (another process, or another test binary
+// running beside this one, took it): its start is tried again on new ports.
+const errPortTaken = "address already in use"
+
+// startAttempts bounds how often a process that lost a port is restarted.
+const startAttempts = 3
 
 // Proc is one running child process.
 type Proc struct {
@@ -221,22 +216,49 @@ func (p *Proc) Exited() bool {
 // WaitHTTP polls url until it answers 200 or timeout passes.
 func (p *Proc) WaitHTTP(t testing.TB, url string, timeout time.Duration) {
 	t.Helper()
+	if err := p.waitHTTP(url, timeout); err != nil {
+		t.Fatalf("harness: %v", err)
+	}
+}
+
+// waitHTTP is WaitHTTP's wait, its failure returned.
+func (p *Proc) waitHTTP(url string, timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
 	for time.Now().Before(deadline) {
 		if p.Exited() {
-			t.Fatalf("harness: %s exited before %s answered:\n%s", p.Name, url, p.Output())
+			return fmt.Errorf("%s exited before %s answered:\n%s", p.Name, url, p.Output())
 		}
 		resp, err := http.Get(url)
 		if err == nil {
 			_, _ = io.Copy(io.Discard, resp.Body)
 			resp.Body.Close()
 			if resp.StatusCode == http.StatusOK {
-				return
+				return nil
 			}
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	t.Fatalf("harness: %s did not answer 200 within %v:\n%s", url, timeout, p.Output())
+	return fmt.Errorf("%s did not answer 200 within %v:\n%s", url, timeout, p.Output())
+}
+
+// startOnFreePorts runs start until its process answers, at most
+// startAttempts times: each try gets new ports from FreePort/FreePorts, and a
+// try is repeated only when its process exited because a port it was given
+// was taken meanwhile (retry says whether the ports were all the harness's
+// to choose). Any other failure fails the test at once.
+func startOnFreePorts(t testing.TB, retry bool, start func() (*Proc, string)) *Proc {
+	t.Helper()
+	for attempt := 1; ; attempt++ {
+		p, url := start()
+		err := p.waitHTTP(url, 30*time.Second)
+		if err == nil {
+			return p
+		}
+		if !retry || attempt == startAttempts || !p.Exited() || !strings.Contains(p.Output(), errPortTaken) {
+			t.Fatalf("harness: %v", err)
+		}
+		t.Logf("harness: %s lost a port before binding it; starting it again on new ports", p.Name)
+	}
 }
 
 // Metrics is one scrape of a Prometheus endpoint (promscrape.Metrics:

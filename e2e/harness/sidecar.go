@@ -5,7 +5,6 @@ import (
 	"net"
 	"strconv"
 	"testing"
-	"time"
 )
 
 // Sidecar is a running pd-sidecar process.
@@ -30,18 +29,25 @@ func (s *Sidecar) Metric(t testing.TB, name string, labels map[string]string) fl
 // them.
 func StartSidecar(t testing.TB, modelServerPort int, extra ...string) *Sidecar {
 	t.Helper()
-	s := &Sidecar{Port: FreePorts(t, 4)}
-	args := []string{
-		"--port", itoa(s.Port),
-		"--model-server-port", itoa(modelServerPort),
-		"--prefill-timeout", "2s",
-		"--connect-timeout", "1s",
-		"--shutdown-grace", "10s",
-		"--log-level", "debug",
-	}
-	args = append(args, extra...)
-	s.Proc = Start(t, Binary(t, "pd-sidecar"), args...)
-	s.WaitHTTP(t, s.URL()+"/health", 30*time.Second)
+	s := &Sidecar{}
+	_, fixed := flagValue(extra, "--port")
+	s.Proc = startOnFreePorts(t, !fixed, func() (*Proc, string) {
+		s.Port = FreePorts(t, 4)
+		args := []string{
+			"--port", itoa(s.Port),
+			"--model-server-port", itoa(modelServerPort),
+			"--prefill-timeout", "2s",
+			"--connect-timeout", "1s",
+			"--shutdown-grace", "10s",
+			"--log-level", "debug",
+		}
+		args = append(args, extra...)
+		if fixed {
+			v, _ := flagValue(extra, "--port")
+			s.Port, _ = strconv.Atoi(v)
+		}
+		return Start(t, Binary(t, "pd-sidecar"), args...), s.URL() + "/health"
+	})
 	return s
 }
 
