@@ -130,6 +130,8 @@ type Metrics struct {
 	// Prewarms counts warm-up splits to newly seen prefillers by result
 	// (prewarm.go).
 	Prewarms *prometheus.CounterVec
+	// Multiturn is multi-turn KV reuse's (--enable-bidirectional-kv-xfer).
+	Multiturn *Multiturn
 	// Prefillers bounds the prefiller label.
 	Prefillers *Bounded
 	// Guards are the request guards' collectors (guards.go).
@@ -238,6 +240,7 @@ func New(reg prometheus.Registerer, maxPrefillers int) *Metrics {
 			Help: "Inference requests served on the event loops from first byte to last (local and P/D requests whose head came whole in the first read).",
 		}),
 		Prewarms:   NewPrewarms(reg),
+		Multiturn:  NewMultiturn(reg),
 		Prefillers: NewBounded(maxPrefillers),
 		Guards:     NewGuards(reg),
 		Chunked:    NewChunked(reg),

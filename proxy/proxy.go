@@ -36,6 +36,7 @@ type (
 	MoriIOConfig      = inference.MoriIOConfig
 	Observer          = inference.Observer
 	P2PConfig         = inference.P2PConfig
+	MultiturnConfig   = inference.MultiturnConfig
 	PassthroughConfig = inference.PassthroughConfig
 	RequestReport     = inference.RequestReport
 	TLSConfig         = inference.TLSConfig

@@ -103,6 +103,10 @@ type Counts struct {
 	// EncoderStages counts requests through the encoder stage by outcome
 	// (encoded, degraded, failed, no_items); empty when none.
 	EncoderStages map[string]int `json:"encoder_stages,omitempty"`
+	// Histories counts the prefills of conversations' turns by what
+	// multi-turn KV reuse did (used, or why not: no_entry, expired,
+	// prefix_mismatch, below_threshold, pull_failed); empty when none.
+	Histories map[string]int `json:"multiturn_histories,omitempty"`
 }
 
 // Prefiller is the recent health of one prefiller.
@@ -168,6 +172,12 @@ func (t *Tracker) Snapshot() Snapshot {
 		for k, v := range b.declined {
 			s.Window.Declined += v
 			s.Window.DeclinedByReason[k] += v
+		}
+		for k, v := range b.history {
+			if s.Window.Histories == nil {
+				s.Window.Histories = map[string]int{}
+			}
+			s.Window.Histories[k] += v
 		}
 		for k, v := range b.encoder {
 			if s.Window.EncoderStages == nil {

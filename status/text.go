@@ -73,6 +73,9 @@ func (s Snapshot) WriteText(w io.Writer) error {
 	if len(c.FallbacksByReason) > 0 {
 		p("  fallbacks by reason:\t%s\n", reasonsText(c.FallbacksByReason))
 	}
+	if len(c.Histories) > 0 {
+		p("  multi-turn histories:\t%s\n", reasonsText(c.Histories))
+	}
 	if len(c.EncoderStages) > 0 {
 		p("  encoder stages:\t%s\n", reasonsText(c.EncoderStages))
 	}

@@ -62,6 +62,7 @@ type bucket struct {
 	chunked   int              // decodes run in chunks (--decode-chunk-size)
 	chunks    int              // their chunk requests
 	encoder   map[string]int   // encoder-stage outcomes
+	history   map[string]int   // multi-turn KV reuse's outcomes
 }
 
 // The outcomes of a request that named a prefiller, one each.
@@ -176,7 +177,7 @@ func (t *Tracker) bucketFor(now time.Time) *bucket {
 	}
 	b := &t.ring[i]
 	if !b.start.Equal(start) {
-		*b = bucket{start: start, modes: map[string]int{}, reasons: map[string]int{}, declined: map[string]int{}, encoder: map[string]int{}}
+		*b = bucket{start: start, modes: map[string]int{}, reasons: map[string]int{}, declined: map[string]int{}, encoder: map[string]int{}, history: map[string]int{}}
 	}
 	return b
 }
@@ -198,6 +199,9 @@ func (t *Tracker) ObserveRequest(r proxy.RequestReport) {
 	if r.DecodeChunks > 0 {
 		b.chunked++
 		b.chunks += r.DecodeChunks
+	}
+	if r.History != "" {
+		b.history[r.History]++
 	}
 	if r.Encoder != "" {
 		b.encoder[r.Encoder]++

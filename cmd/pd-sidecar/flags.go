@@ -82,6 +82,7 @@ func parseFlags(args []string, help io.Writer) (options, error) {
 	fs.DurationVar(&c.PrefillRetryBackoff, "prefill-retry-backoff", c.PrefillRetryBackoff, "wait before each prefill retry")
 	fs.DurationVar(&c.PrefillTimeout, "prefill-timeout", c.PrefillTimeout, "bound on the whole prefill leg, retries included")
 	addHedgeFlags(fs, &c.Hedge)
+	addMultiturnFlags(fs, &c.Multiturn)
 	fs.DurationVar(&c.DecodeFirstByteTimeout, "decode-first-byte-timeout", c.DecodeFirstByteTimeout, "bound on the wait for a streamed answer's first event from the local engine (its first output for a decode on remote KV; the head, which vLLM sends at once, does not count): 504 past it; 0: none. The stream itself has no total timeout")
 	fs.DurationVar(&c.ConnectTimeout, "connect-timeout", c.ConnectTimeout, "TCP connect timeout to engines")
 	fs.BoolVar(&c.PrefillPrewarm, "prefill-prewarm", c.PrefillPrewarm, "send each newly seen prefiller (named by a request and allowed, or a new Ready pod of the --inference-pool) one tiny warm-up split in the background, so that the local engine's KV connection to it (NIXL's handshake) is made before a client request needs it; nixlv2 only; model from the local engine's GET /v1/models")

@@ -35,6 +35,9 @@ type Request struct {
 	// Port is the sidecar port the request arrived on (its data-parallel
 	// rank's).
 	Port int
+	// Session is the conversation's session key, when multi-turn KV reuse
+	// is on and the request names one ("": none).
+	Session string
 	// Log logs on the request's logger (request_id, path, prefiller).
 	Log Logger
 }
@@ -74,4 +77,30 @@ type LocalEditor interface {
 // connector's concurrent legs).
 type KVSourceNamer interface {
 	KVSource() *connectors.P2PPeer
+}
+
+// OptionalPrefill is a PrefillEditor whose edit is an optimisation the
+// prefill may fail on (a history the prefill engine is to pull first):
+// when the prefill answers with a server error, DropPrefillEdit takes the
+// edit back, reporting whether there was one, and the prefill is sent
+// once more without it, before any retry or fallback of its own.
+type OptionalPrefill interface {
+	PrefillEditor
+	DropPrefillEdit() bool
+}
+
+// AnswerEditor edits each piece of a split's decode answer (the whole JSON
+// body, or one SSE event's data) after the connector's rewrite, in the
+// order the pieces came; it returns data unchanged when nothing applies.
+// It may keep what the pieces tell (it is called on the request's driver,
+// one piece at a time) but not the slices themselves.
+type AnswerEditor interface {
+	EditAnswer(data []byte) []byte
+}
+
+// HistoryReporter says what a request's prefill did with a conversation's
+// history, for the status view: "used", or why it carried none ("":
+// nothing to say, as for a request whose prefill was not sent).
+type HistoryReporter interface {
+	HistoryOutcome() string
 }

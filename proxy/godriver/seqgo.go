@@ -148,6 +148,15 @@ func (d *goSplit) exec(acts []split.Action) *split.Event {
 	for _, a := range acts {
 		switch a.Op {
 		case split.SendPrefill:
+			if a.Plain {
+				// Its body again, without what the last attempt failed on.
+				body, err := r.PrefillBody(nil)
+				if err != nil {
+					next = &split.Event{Kind: split.PrefillFailed, Err: err}
+					continue
+				}
+				d.body = body
+			}
 			d.sendPrefill()
 		case split.CancelPrefill:
 			d.cancelPrefill(a.Err)

@@ -41,6 +41,8 @@ type Config struct {
 	PodIP string
 	// P2P is llm-d's P2P KV tier (proxy/kvsource).
 	P2P P2PConfig
+	// Multiturn is multi-turn KV reuse (proxy/multiturn); off by default.
+	Multiturn MultiturnConfig
 	// PrefillerSampling picks a random entry of a comma-separated
 	// x-prefiller-host-port instead of the first.
 	PrefillerSampling bool
@@ -139,6 +141,7 @@ func DefaultConfig() Config {
 		ModelServerPort:        8200,
 		DataParallelSize:       1,
 		P2P:                    P2PConfig{Port: DefaultP2PPort},
+		Multiturn:              DefaultMultiturnConfig(),
 		PrefillRetryBackoff:    200 * time.Millisecond,
 		PrefillTimeout:         30 * time.Second,
 		DecodeFirstByteTimeout: 60 * time.Second,
@@ -179,6 +182,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("--metrics-port %d collides with a proxy port", c.MetricsPort)
 	case c.P2P.Enabled && (!validPort(c.P2P.Port) || !validPort(c.P2P.Port+c.DataParallelSize-1)):
 		return fmt.Errorf("--p2p-connector-port %d (with %d data-parallel ranks) is not a valid port range", c.P2P.Port, c.DataParallelSize)
+	case c.Multiturn.Enabled && c.Multiturn.Validate() != nil:
+		return c.Multiturn.Validate()
 	case c.PrefillMaxRetries < 0:
 		return fmt.Errorf("--prefill-max-retries must be >= 0, got %d", c.PrefillMaxRetries)
 	case c.PrefillRetryBackoff < 0:
@@ -252,3 +257,59 @@ var (
 
 // DefaultPassthroughConfig is the serving policy.
 func DefaultPassthroughConfig() PassthroughConfig { return passpolicy.DefaultConfig() }
+
+// MultiturnConfig is multi-turn KV reuse (vLLM's bidirectional KV
+// transfer, proxy/multiturn): a decode answer's kv_transfer_params kept
+// per conversation and put in its next turn's prefill leg. The flags and
+// defaults are those llm-d's sidecar proposes.
+type MultiturnConfig struct {
+	// Enabled is --enable-bidirectional-kv-xfer (nixlv2 only).
+	Enabled bool
+	// CacheSize bounds the conversations kept (--bidirectional-cache-size).
+	CacheSize int
+	// CacheBytes bounds what they cost (--bidirectional-cache-bytes).
+	CacheBytes int
+	// CacheTTL is how long an entry is kept (--bidirectional-cache-ttl):
+	// no longer than the decode engines' decoder_kv_blocks_ttl. An entry
+	// is used at most until MultiturnMargin before it ends, since vLLM's
+	// prefill engine declines a read of blocks that expire within 5 s.
+	CacheTTL time.Duration
+	// SessionHeader names the request header of the session key
+	// (--bidirectional-session-header); a body's conversation_id is the
+	// key when the header is absent.
+	SessionHeader string
+	// RecomputeThreshold is the fewest history tokens put in a prefill
+	// leg (--bidirectional-recompute-threshold).
+	RecomputeThreshold int
+}
+
+// MultiturnMargin is taken off --bidirectional-cache-ttl: vLLM's prefill
+// engine declines to read blocks that expire within 5 s, and the decode
+// engine's deadline began before the sidecar saw its answer.
+const MultiturnMargin = 10 * time.Second
+
+// MaxSessionKeyLen bounds a session key (header or conversation_id).
+const MaxSessionKeyLen = 256
+
+// DefaultMultiturnConfig returns the defaults (off).
+func DefaultMultiturnConfig() MultiturnConfig {
+	return MultiturnConfig{CacheSize: 4096, CacheBytes: 64 << 20, CacheTTL: 480 * time.Second,
+		SessionHeader: "x-session-token", RecomputeThreshold: 64}
+}
+
+// Validate reports the first invalid multi-turn setting.
+func (c MultiturnConfig) Validate() error {
+	switch {
+	case c.CacheSize <= 0:
+		return fmt.Errorf("--bidirectional-cache-size must be > 0, got %d", c.CacheSize)
+	case c.CacheBytes <= 0:
+		return fmt.Errorf("--bidirectional-cache-bytes must be > 0, got %d", c.CacheBytes)
+	case c.CacheTTL <= MultiturnMargin:
+		return fmt.Errorf("--bidirectional-cache-ttl must be more than %v, got %v", MultiturnMargin, c.CacheTTL)
+	case c.SessionHeader == "":
+		return errors.New("--bidirectional-session-header must not be empty")
+	case c.RecomputeThreshold < 0:
+		return fmt.Errorf("--bidirectional-recompute-threshold must be >= 0, got %d", c.RecomputeThreshold)
+	}
+	return nil
+}

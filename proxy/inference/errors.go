@@ -36,6 +36,12 @@ var (
 	ErrPrefillOverloaded error = failure.New("prefiller overloaded (429)", failure.Outcome{Status: http.StatusTooManyRequests, Reason: ReasonOverloaded, Retry: true})
 	// ErrPrefillServerError: the prefiller answered 5xx.
 	ErrPrefillServerError error = failure.New("prefiller server error (5xx)", failure.Outcome{Status: http.StatusBadGateway, Reason: ReasonServerError, Retry: true})
+	// ErrPrefillWithHistory wraps the failure of a prefill whose leg asked
+	// its engine to pull a conversation's history first (multi-turn KV
+	// reuse): the history is taken out and the prefill sent once more
+	// (split.Verdict.Plain). It carries no outcome of its own: what it
+	// wraps does.
+	ErrPrefillWithHistory = errors.New("prefill with the conversation's history failed")
 	// ErrPrefillRejected: the prefiller answered another 4xx; the request
 	// itself is bad, and the answer goes back to the client verbatim.
 	ErrPrefillRejected error = failure.New("prefiller rejected the request (4xx)", failure.Outcome{Status: http.StatusBadRequest})

@@ -51,6 +51,10 @@ type RequestReport struct {
 	// Encoder is the encoder stage's outcome (metrics.StageEncoded, ...;
 	// "" when the request went through no encoder stage).
 	Encoder string
+	// History is multi-turn KV reuse's part in the request's prefill:
+	// "used", or why it carried no history (metrics.Multiturn*); "" when
+	// the request named no session, or its prefill was not sent.
+	History string
 }
 
 // Observer learns how every inference request ended. ObserveRequest is
@@ -150,6 +154,7 @@ func (r *Request) Report() {
 			KVTransferred: r.Obs.KVOK && mode == metrics.ModeDisaggregated,
 			DecodeChunks:  r.Obs.Chunks,
 			Encoder:       r.Obs.Encoder,
+			History:       r.historyOutcome(),
 		})
 	}
 }

@@ -76,6 +76,11 @@ func (r *Request) Admit(h *fasthttp.RequestHeader) (Route, error) {
 	if err := sanitize(r); err != nil {
 		return RouteFail, err
 	}
+	if r.P.sessionHeader != "" {
+		if err := readSession(r, h); err != nil {
+			return RouteFail, err
+		}
+	}
 	if err := encode(r, h); err != nil { // llm-d's encoder stage (encoder.Stage)
 		return RouteFail, err
 	}
@@ -296,7 +301,11 @@ func (r *Request) PrefillAnswered(status int, contentType, body []byte) (Prefill
 	case status == fasthttp.StatusTooManyRequests:
 		return PrefillResult{}, ErrPrefillOverloaded
 	case status >= 500:
-		return PrefillResult{}, fmt.Errorf("%w: status %d", ErrPrefillServerError, status)
+		err := fmt.Errorf("%w: status %d", ErrPrefillServerError, status)
+		if r.dropOptionalPrefill() {
+			err = fmt.Errorf("%w: %w", ErrPrefillWithHistory, err)
+		}
+		return PrefillResult{}, err
 	case status != fasthttp.StatusOK && status < 400:
 		// A 204, a 304...: no prefill answer, and nothing for the client.
 		return PrefillResult{}, fmt.Errorf("%w: %w: status %d", connectors.ErrBadPrefillAnswer, upstream.ErrBadUpstreamAnswer, status)
@@ -545,7 +554,7 @@ func (p *Proxy) SplitConfig() split.Config {
 func SplitJudge(err error) split.Verdict {
 	o := Classify(err)
 	var rej *Rejected
-	return split.Verdict{Reason: o.reason, Retry: o.retry, Rejected: errors.As(err, &rej)}
+	return split.Verdict{Reason: o.reason, Retry: o.retry, Rejected: errors.As(err, &rej), Plain: errors.Is(err, ErrPrefillWithHistory)}
 }
 
 // overloaded answers 503 when --max-concurrent-requests are in flight.

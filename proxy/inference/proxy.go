@@ -42,6 +42,7 @@ import (
 	"github.com/pd-sidecar/pd-sidecar/proxy/kvpull"
 	"github.com/pd-sidecar/pd-sidecar/proxy/kvrelease"
 	"github.com/pd-sidecar/pd-sidecar/proxy/kvsource"
+	"github.com/pd-sidecar/pd-sidecar/proxy/multiturn"
 	"github.com/pd-sidecar/pd-sidecar/proxy/observe"
 	"github.com/pd-sidecar/pd-sidecar/proxy/passpolicy"
 	"github.com/pd-sidecar/pd-sidecar/proxy/prefillstrip"
@@ -106,6 +107,10 @@ type Proxy struct {
 	// features are the request features that are on, in the order they
 	// take part in a request: one line each in New.
 	features []feature.Feature
+	// sessionHeader names the session key's header, with multi-turn KV
+	// reuse on ("": off); sweep drops its expired entries.
+	sessionHeader string
+	sweep         *multiturn.Sweeper
 	// LegStrip are the client's headers the lane leaves out of every leg
 	// it writes (the trace context's, which each leg carries anew),
 	// SplitStrip those it leaves out of a split's legs (MoRI-IO's rank
@@ -218,6 +223,16 @@ func New(cfg Config, conn connectors.Connector, m *metrics.Metrics, gatherer pro
 	if cfg.P2P.Enabled {
 		p.features = append(p.features, kvsource.Feature{Ports: p.p2pPorts(), Allowlist: cfg.Guard.Allowlist, OwnHost: p.ownHost, Outcomes: m.KVSources, NewID: NewUUID})
 	}
+	if mt := cfg.Multiturn; mt.Enabled {
+		if conn.Name() != "nixlv2" || cfg.MoriIO.WriteMode {
+			return nil, fmt.Errorf("--enable-bidirectional-kv-xfer needs --kv-connector nixlv2 (vLLM's NixlConnector pull mode), not %q", conn.Name())
+		}
+		store := multiturn.NewStore(mt.CacheSize, mt.CacheBytes, mt.CacheTTL-MultiturnMargin, nil)
+		p.features = append(p.features, &multiturn.Feature{Store: store, Threshold: mt.RecomputeThreshold,
+			OwnHost: p.ownHost, ForwardParams: cfg.Guard.TrustClientKVParams, M: m.Multiturn})
+		p.sessionHeader = mt.SessionHeader
+		p.sweep = &multiturn.Sweeper{Store: store, Every: min(mt.CacheTTL/8, time.Minute), Held: m.Multiturn.Held}
+	}
 	p.hedge = hedge.New(cfg.Hedge, m.Hedge)
 	if cfg.Hedge.On() && p.Choreo == connectors.ChoreographyConcurrent {
 		log.Warn().Str("connector", conn.Name()).Msg("--prefill-hedge-after has no effect: this connector sends the decode leg while the prefill runs, so there is no wait to hedge")
@@ -247,6 +262,9 @@ func New(cfg Config, conn connectors.Connector, m *metrics.Metrics, gatherer pro
 	}
 	if p.kvr != nil {
 		p.Background = append(p.Background, backgroundWork{background: p.kvr, ThroughDrain: true})
+	}
+	if p.sweep != nil {
+		p.Background = append(p.Background, backgroundWork{background: p.sweep})
 	}
 	return p, nil
 }

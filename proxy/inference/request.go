@@ -56,6 +56,9 @@ type Request struct {
 	// and declined whether one of them declined the split.
 	uses     []feature.Use
 	declined bool
+	// session is the conversation's session key, with multi-turn KV
+	// reuse on ("": none named).
+	session  string
 	Label    string // bounded metric label of prefiller
 	Mode     string
 	Handoff  *connectors.Handoff // set once the decode leg carries remote KV
@@ -309,7 +312,7 @@ func (r *Request) beginFeatures(h *fasthttp.RequestHeader) {
 	if len(r.P.features) == 0 {
 		return
 	}
-	fr := feature.Request{API: r.API, Body: r.Body, Prefiller: r.Prefiller, Port: r.P.Cfg.Port + r.rank(), Log: r}
+	fr := feature.Request{API: r.API, Body: r.Body, Prefiller: r.Prefiller, Port: r.P.Cfg.Port + r.rank(), Session: r.session, Log: r}
 	for _, f := range r.P.features {
 		u := f.Begin(fr, h)
 		if u == nil {
@@ -341,6 +344,69 @@ func (r *Request) editPrefill(body []byte) ([]byte, error) {
 		}
 	}
 	return body, nil
+}
+
+// dropOptionalPrefill takes back an optional edit of the prefill leg (a
+// feature's OptionalPrefill), reporting whether one was taken back.
+func (r *Request) dropOptionalPrefill() bool {
+	dropped := false
+	for _, u := range r.uses {
+		if o, ok := u.(feature.OptionalPrefill); ok && o.DropPrefillEdit() {
+			dropped = true
+		}
+	}
+	return dropped
+}
+
+// historyOutcome is what the request's prefill did with a conversation's
+// history (feature.HistoryReporter; "": nothing to say).
+func (r *Request) historyOutcome() string {
+	for _, u := range r.uses {
+		if h, ok := u.(feature.HistoryReporter); ok {
+			if o := h.HistoryOutcome(); o != "" {
+				return o
+			}
+		}
+	}
+	return ""
+}
+
+// AnswerEdit returns the edit of each piece of the split's decode answer
+// (the whole JSON body, or one SSE event's data): the connector's rewrite
+// with the handoff, then every feature's (feature.AnswerEditor); nil when
+// nothing edits it. Both drivers relay the decode leg's answer through it.
+func (r *Request) AnswerEdit() func([]byte) []byte {
+	var eds []feature.AnswerEditor
+	for _, u := range r.uses {
+		if e, ok := u.(feature.AnswerEditor); ok {
+			eds = append(eds, e)
+		}
+	}
+	rw := r.P.Rewriter
+	if r.Handoff == nil {
+		rw = nil
+	}
+	switch {
+	case len(eds) == 0 && rw == nil:
+		return nil
+	case len(eds) == 0:
+		api, h := r.API, *r.Handoff
+		return func(d []byte) []byte { return rw.RewriteAnswer(api, d, h) }
+	}
+	api := r.API
+	var h connectors.Handoff
+	if rw != nil {
+		h = *r.Handoff
+	}
+	return func(d []byte) []byte {
+		if rw != nil {
+			d = rw.RewriteAnswer(api, d, h)
+		}
+		for _, e := range eds {
+			d = e.EditAnswer(d)
+		}
+		return d
+	}
 }
 
 // EditLocal gives the body of a request served locally to every feature

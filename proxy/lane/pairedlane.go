@@ -289,7 +289,7 @@ func (ps *lanePaired) relay(held []byte) {
 // so); any answer is then written.
 func (ps *lanePaired) answered(a *rawhttp.Answer) {
 	lc, pd := ps.lc, ps.pd
-	r, p := lc.r, lc.ll.ln.p
+	r := lc.r
 	r.KVHandoffDone(pd.sent, a.Status == fasthttp.StatusOK)
 	if a.Status == fasthttp.StatusInternalServerError && r.KVLoadFailed() {
 		r.Handoff = nil
@@ -299,8 +299,8 @@ func (ps *lanePaired) answered(a *rawhttp.Answer) {
 	}
 	buf := a.Buf
 	if a.Status == fasthttp.StatusOK {
-		if p.Rewriter != nil {
-			buf = p.Rewriter.RewriteAnswer(r.API, buf, *r.Handoff)
+		if ed := r.AnswerEdit(); ed != nil {
+			buf = ed(buf)
 		}
 		lc.feedSplit(split.Event{Kind: split.FirstOutput})
 		if lc.pd != pd {

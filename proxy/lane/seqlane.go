@@ -165,7 +165,10 @@ func (lc *laneConn) execSplit(pd *lanePD, acts []split.Action) {
 		}
 		switch a.Op {
 		case split.SendPrefill:
-			lc.sendPrefill(pd, a.Attempt)
+			if a.Plain && !lc.rebuildPrefill(pd) {
+				continue
+			}
+			lc.sendPrefill(pd, a.Attempt, a.Plain)
 		case split.CancelPrefill:
 			if lc.prefill {
 				// Its connection closed, so the prefiller drops the
@@ -274,8 +277,8 @@ func (lc *laneConn) pullKV(pd *lanePD, h connectors.Handoff) {
 
 // sendPrefill sends the prefill leg: built the first time, sent again as
 // it was on a retry.
-func (lc *laneConn) sendPrefill(pd *lanePD, attempt int) {
-	if attempt > 0 {
+func (lc *laneConn) sendPrefill(pd *lanePD, attempt int, anew bool) {
+	if attempt > 0 && !anew {
 		lc.retried = false
 		lc.connect()
 		return
@@ -291,6 +294,24 @@ func (lc *laneConn) sendPrefill(pd *lanePD, attempt int) {
 	body, scratch := pd.body, pd.scratch
 	pd.scratch = nil // the leg holds it now (legTo)
 	lc.legTo(lc.r.Prefiller, body, scratch)
+}
+
+// rebuildPrefill builds the prefill leg's body again (without what the last
+// attempt failed on: split.Action.Plain) for sendPrefill to send anew; the
+// last attempt's buffers are given back. A body that cannot be built is
+// the attempt's failure, fed to the machine.
+func (lc *laneConn) rebuildPrefill(pd *lanePD) bool {
+	p := lc.ll.ln.p
+	lc.putSent()
+	scratch, dst := p.Bufs.EditScratch(len(lc.r.Body))
+	body, err := lc.r.PrefillBody(dst)
+	if err != nil {
+		p.Bufs.PutScratch(scratch)
+		lc.feedSplit(split.Event{Kind: split.PrefillFailed, Err: err})
+		return false
+	}
+	pd.body, pd.scratch = body, scratch
+	return true
 }
 
 // armSplit arms the split's timer t; it fires on the loop.
@@ -365,7 +386,7 @@ func (lc *laneConn) fallback(cause error) {
 // remoteAnswered writes the decode leg's non-streamed answer, read whole,
 // as relayJSON does: a KV load failure goes to the split.
 func (lc *laneConn) remoteAnswered(a *rawhttp.Answer) {
-	r, p := lc.r, lc.ll.ln.p
+	r := lc.r
 	if ps := lc.pd.paired; ps != nil {
 		ps.answered(a)
 		return
@@ -377,8 +398,8 @@ func (lc *laneConn) remoteAnswered(a *rawhttp.Answer) {
 		return
 	}
 	buf := a.Buf
-	if a.Status == fasthttp.StatusOK && p.Rewriter != nil {
-		buf = p.Rewriter.RewriteAnswer(r.API, buf, *r.Handoff)
+	if ed := r.AnswerEdit(); a.Status == fasthttp.StatusOK && ed != nil {
+		buf = ed(buf)
 	}
 	r.JSONAnswered(a.Status)
 	lc.writeWhole(&a.Head, buf)
@@ -388,9 +409,8 @@ func (lc *laneConn) remoteAnswered(a *rawhttp.Answer) {
 // and gives it the cached_tokens rewrite.
 func (lc *laneConn) gateStream(ls *relay.LoopStream) {
 	r := lc.r
-	if rw := r.P.Rewriter; rw != nil {
-		h := *r.Handoff
-		ls.Rewrite = func(d []byte) []byte { return rw.RewriteAnswer(r.API, d, h) }
+	if ed := r.AnswerEdit(); ed != nil {
+		ls.Rewrite = ed
 	}
 	ls.Gate = sserelay.GateHolding
 	ls.Gated = lc.gateDone

@@ -81,8 +81,8 @@ func relayJSON(r *inference.Request, leg *upstream.Leg, resp *fasthttp.Response,
 		if st == fasthttp.StatusInternalServerError && r.KVLoadFailed() {
 			return inference.ErrKVLoadFailed
 		}
-		if st == fasthttp.StatusOK && r.P.Rewriter != nil {
-			buf = r.P.Rewriter.RewriteAnswer(r.API, buf, *r.Handoff)
+		if ed := r.AnswerEdit(); st == fasthttp.StatusOK && ed != nil {
+			buf = ed(buf)
 		}
 	}
 	if r.LeftNow() {

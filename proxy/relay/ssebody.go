@@ -62,9 +62,8 @@ type sseBody struct {
 func NewSSEBody(r *inference.Request, er *sse.Reader, leg *upstream.Leg, held []byte, remote bool, release func()) *sseBody {
 	b := &sseBody{r: r, er: er, leg: leg, held: held, first: true, release: release,
 		done: bytes.Contains(held, doneEvent)}
-	if remote && r.P.Rewriter != nil {
-		h := *r.Handoff
-		b.fn = func(d []byte) []byte { return r.P.Rewriter.RewriteAnswer(r.API, d, h) }
+	if remote {
+		b.fn = r.AnswerEdit()
 	}
 	if !b.loopable() {
 		b.cc = nil

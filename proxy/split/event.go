@@ -157,4 +157,7 @@ type Action struct {
 	Reason string
 	// Winner is HedgeWon's winner.
 	Winner string
+	// Plain is SendPrefill's: the leg's body is built again, without the
+	// optional part the last attempt failed on (Verdict.Plain).
+	Plain bool
 }

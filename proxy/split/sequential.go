@@ -34,6 +34,11 @@ type Verdict struct {
 	// Rejected marks the prefiller's rejection of the request itself (a
 	// 4xx), whose answer goes back to the client as it is.
 	Rejected bool
+	// Plain marks a prefill that failed on an optional part of its leg (a
+	// conversation's history to pull first), which is taken out: the
+	// prefill is sent again at once without it, once, before any retry
+	// of its own.
+	Plain bool
 }
 
 // Config is what a sequential split's decisions depend on.
@@ -98,6 +103,7 @@ type Sequential struct {
 	hedgeAt   time.Time // the hedge's start (zero: none ran)
 	hedging   bool      // a hedge's local leg runs
 	takeHedge func() bool
+	plain     bool // the prefill was sent again without its optional part
 }
 
 // NewSequential returns an idle split.
@@ -205,7 +211,13 @@ func (s *Sequential) fired(t Timer) []Action {
 // attemptFailed handles a failed prefill attempt: tried again after the
 // backoff while retries and the timeout allow, else the prefill's end.
 func (s *Sequential) attemptFailed(err error) []Action {
-	if s.cfg.Judge(err).Retry && s.attempts < s.cfg.MaxRetries {
+	v := s.cfg.Judge(err)
+	if v.Plain && !s.plain {
+		s.plain = true
+		s.last = err
+		return []Action{{Op: SendPrefill, Attempt: s.attempts, Plain: true}}
+	}
+	if v.Retry && s.attempts < s.cfg.MaxRetries {
 		s.attempts++
 		s.last = err
 		s.st = stageBackoff

@@ -26,10 +26,13 @@ var (
 	errCircuitOpen = errors.New("circuit open")
 	errDecode      = errors.New("decode engine failed")
 	errLocal       = errors.New("local leg failed")
+	errHistory     = fmt.Errorf("prefill with a history: %w", errServer)
 )
 
 func judge(err error) split.Verdict {
 	switch {
+	case err == errHistory:
+		return split.Verdict{Reason: "server_error", Retry: true, Plain: true}
 	case errors.Is(err, split.ErrPrefillTimeout): // before what it wraps, as the proxy's classifier
 		return split.Verdict{Reason: "timeout"}
 	case errors.Is(err, errUnreachable):
@@ -136,6 +139,18 @@ func TestSequentialEventOrders(t *testing.T) {
 				{ev: failed(errServer), want: []string{"Retrying:1", "Arm:backoff"}},
 				{ev: fire(split.TimerBackoff), want: []string{"SendPrefill:1"}},
 				{ev: failed(errUnreachable), want: cat(endOK, []string{"Degraded:unreachable", "SendLocal"})},
+			}},
+		{name: "failed with its history: sent again at once without it, no retry spent", start: noHedge, startOps: startOps,
+			steps: []step{
+				{ev: failed(errHistory), want: []string{"SendPrefill:0:plain"}},
+				{ev: answered(handoff), want: cat(endOK, []string{"SendDecode"})},
+			}},
+		{name: "failed with its history, then again: retried, then fallback", start: noHedge, startOps: startOps, retries: 1,
+			steps: []step{
+				{ev: failed(errHistory), want: []string{"SendPrefill:0:plain"}},
+				{ev: failed(errServer), want: []string{"Retrying:1", "Arm:backoff"}},
+				{ev: fire(split.TimerBackoff), want: []string{"SendPrefill:1"}},
+				{ev: failed(errHistory), want: cat(endOK, []string{"Degraded:server_error", "SendLocal"})},
 			}},
 		{name: "rejection is not retried", start: noHedge, startOps: startOps, retries: 3,
 			steps: []step{{ev: failed(errRejected), want: cat(endOK, []string{"PassOn"})}}, done: true},
@@ -318,6 +333,9 @@ func actionDetail(a split.Action, detail string) string {
 	case split.Arm, split.Disarm:
 		return timerName(a.Timer)
 	case split.SendPrefill, split.Retrying:
+		if a.Plain {
+			return fmt.Sprint(a.Attempt) + ":plain"
+		}
 		return fmt.Sprint(a.Attempt)
 	case split.Degraded:
 		return a.Reason

@@ -1,0 +1,296 @@
+// Package multiturn is multi-turn KV reuse (--enable-bidirectional-kv-xfer),
+// a request feature: the KV a decode engine holds for a conversation's turn
+// is pulled by the prefill engine of its next turn instead of computed
+// again. vLLM's NixlConnector with bidirectional_kv_xfer pins a decode
+// request's blocks (prompt and output) when it finishes and answers their
+// location in kv_transfer_params; this package keeps that answer for the
+// conversation (named by a session key), and puts it in the prefill leg of
+// the conversation's next turn — only when that turn's text extends,
+// exactly, the sequence the decode engine saw and produced (seq.go).
+package multiturn
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"errors"
+	"hash"
+
+	"github.com/rs/zerolog"
+	"github.com/tidwall/gjson"
+	"github.com/valyala/fasthttp"
+
+	"github.com/pd-sidecar/pd-sidecar/connectors"
+	"github.com/pd-sidecar/pd-sidecar/connectors/nixlv2"
+	"github.com/pd-sidecar/pd-sidecar/metrics"
+	"github.com/pd-sidecar/pd-sidecar/proxy/feature"
+)
+
+// Feature is multi-turn KV reuse, registered while it is on.
+type Feature struct {
+	// Store keeps the conversations' entries.
+	Store *Store
+	// Threshold is the fewest history tokens worth a pull
+	// (--bidirectional-recompute-threshold): a shorter history is not put
+	// in the prefill leg.
+	Threshold int
+	// OwnHost reports whether a host names this pod: the decode engine's
+	// side channel an answer names must be the local engine's.
+	OwnHost func(host string) bool
+	// ForwardParams keeps the decode answer's kv_transfer_params in what
+	// the client gets (--trust-client-kv-params: the client is a router
+	// that handles them itself); otherwise they are written as null.
+	ForwardParams bool
+	// M counts.
+	M *metrics.Multiturn
+}
+
+// Begin takes part in a request that names a session key and whose API
+// and shape multi-turn reuse covers (chat and completions, one choice): a
+// split takes the conversation's entry, if its text extends the entry's
+// sequence, for its prefill leg; every such request follows its decode
+// answer, whose kv_transfer_params (when the decode engine pinned its KV)
+// are kept for the next turn.
+func (f *Feature) Begin(r feature.Request, _ *fasthttp.RequestHeader) feature.Use {
+	if r.Session == "" {
+		return nil
+	}
+	p, ok := ReadPrompt(r.API, r.Body)
+	if !ok {
+		r.Log.LogAt(zerolog.DebugLevel).Msg("multi-turn: a request shape the history cannot follow (API, prompt, choices): not used, not kept")
+		return nil
+	}
+	u := &use{f: f, key: SessionKey(r.Session), log: r.Log, chat: r.API == connectors.APIChat, n: p.Len()}
+	if r.Prefiller != "" {
+		u.lookup(&p)
+	}
+	u.seq = p.begin(p.Len())
+	if u.chat {
+		u.content, u.reasoning = sha256.New(), sha256.New()
+	}
+	return u
+}
+
+// use is one request's part.
+type use struct {
+	f   *Feature
+	key [sha256.Size]byte
+	log feature.Logger
+
+	// history is the entry's params for the prefill leg (nil: none), of
+	// tokens tokens; dropped once the prefill failed with it.
+	history []byte
+	tokens  int
+	dropped bool
+	counted bool
+	// outcome is HistoryOutcome's: OutcomeUsed or a miss reason.
+	outcome string
+
+	// The decode answer, followed piece by piece: seq is the request's
+	// sequence's hash (n units); a chat's answer text and reasoning are
+	// hashed apart (a message's digest), a completion's text goes into seq.
+	chat               bool
+	seq                hash.Hash
+	n, text            int
+	content, reasoning hash.Hash
+	finished, broken   bool
+	done               bool // the entry was kept or refused
+}
+
+// lookup takes the session's entry and keeps its params for the prefill
+// leg if p extends its sequence and it holds enough tokens; it counts why
+// not otherwise.
+func (u *use) lookup(p *Prompt) {
+	e, miss := u.f.Store.Take(u.key)
+	u.f.M.Held.Set(float64(u.f.Store.Count()))
+	switch {
+	case miss != "":
+	case p.Len() <= e.Len || p.PrefixSum(e.Len) != e.Seq:
+		miss = ReasonPrefixMismatch
+	case e.Tokens < u.f.Threshold:
+		miss = ReasonBelowThreshold
+	}
+	u.outcome = miss
+	if miss != "" {
+		u.f.M.Misses.WithLabelValues(miss).Inc()
+		u.log.LogAt(zerolog.DebugLevel).Str("reason", miss).Msg("multi-turn: no history for this turn's prefill")
+		return
+	}
+	u.history, u.tokens = e.Params, e.Tokens
+	u.log.LogAt(zerolog.DebugLevel).Int("history_tokens", e.Tokens).Msg("multi-turn: the prefill pulls the conversation's history from the decode engine")
+}
+
+// EditPrefill puts the history's params in the prefill leg, in place of
+// the connector's (which ask for a remote decode alone).
+func (u *use) EditPrefill(body []byte) ([]byte, error) {
+	if u.history == nil || u.dropped {
+		return body, nil
+	}
+	return connectors.EditObject(nil, body, []connectors.Edit{{Key: "kv_transfer_params", Raw: u.history}})
+}
+
+// DropPrefillEdit takes the history out of the prefill leg after the
+// prefill failed with it (the decode engine's blocks expired or gone, the
+// pull failed): counted, and the prefill runs once more without it.
+func (u *use) DropPrefillEdit() bool {
+	if u.history == nil || u.dropped {
+		return false
+	}
+	u.dropped, u.outcome = true, ReasonPullFailed
+	u.f.M.Misses.WithLabelValues(ReasonPullFailed).Inc()
+	u.log.LogAt(zerolog.WarnLevel).Str("reason", ReasonPullFailed).Msg("multi-turn: the prefill with the conversation's history failed; prefilling again without it")
+	return true
+}
+
+var (
+	keyParams = []byte(`"kv_transfer_params"`)
+	null      = []byte("null")
+)
+
+// EditAnswer follows one piece of the decode answer: its text into the
+// sequence's hash, its kv_transfer_params kept with the sequence's digest
+// once the answer finished; the params are written as null for the client
+// unless ForwardParams.
+func (u *use) EditAnswer(data []byte) []byte {
+	if !u.counted {
+		u.counted = true
+		if u.history != nil && !u.dropped {
+			u.outcome = OutcomeUsed
+			u.f.M.Uses.Inc()
+			u.f.M.TokensReused.Add(float64(u.tokens))
+		}
+	}
+	if u.done {
+		return u.hideParams(data)
+	}
+	js := connectors.Bytes(data)
+	if !u.broken {
+		u.follow(js)
+	}
+	params := gjson.Get(js, "kv_transfer_params")
+	if params.Exists() && params.Type != gjson.Null {
+		u.keep(params)
+	}
+	return u.hideParams(data)
+}
+
+// follow reads one piece's choices: a whole answer's message (or text), or
+// an event's delta.
+func (u *use) follow(js string) {
+	choices := gjson.Get(js, "choices")
+	if !choices.Exists() {
+		return // an event without choices (an error, [DONE])
+	}
+	choices.ForEach(func(_, c gjson.Result) bool {
+		if c.Get("index").Int() != 0 {
+			u.broken = true
+			return false
+		}
+		if u.chat {
+			m := c.Get("message")
+			if !m.Exists() {
+				m = c.Get("delta")
+			}
+			if tc := m.Get("tool_calls"); tc.IsArray() && len(tc.Array()) > 0 {
+				u.broken = true // a template renders tool calls its own way
+				return false
+			}
+			u.content.Write([]byte(m.Get("content").String()))
+			r := m.Get("reasoning_content")
+			if r.Type != gjson.String {
+				r = m.Get("reasoning")
+			}
+			u.reasoning.Write([]byte(r.String()))
+		} else {
+			t := c.Get("text").String()
+			u.seq.Write([]byte(t))
+			u.text += len(t)
+		}
+		switch fin := c.Get("finish_reason"); {
+		case fin.Type == gjson.Null || !fin.Exists():
+		case fin.Str == "stop" || fin.Str == "length":
+			u.finished = true
+		default:
+			u.broken = true // aborted, or cut: not what the engine pinned
+		}
+		return true
+	})
+}
+
+// errNotOwnHost: the params name a side channel that is not this pod's.
+var errNotOwnHost = errors.New("kv_transfer_params name a host that is not this pod")
+
+// keep keeps the answer's params for the conversation's next turn, read
+// against nixlv2.HistoryParams and their addresses checked; once.
+func (u *use) keep(params gjson.Result) {
+	u.done = true
+	if u.broken || !u.finished {
+		u.f.M.Entries.WithLabelValues(metrics.MultiturnNotKept).Inc()
+		u.log.LogAt(zerolog.DebugLevel).Msg("multi-turn: the answer is not one a next turn can extend exactly (choices, tool calls, cut); its KV is not kept")
+		return
+	}
+	canon, addrs, err := nixlv2.HistoryParams.Canonical(nil, params)
+	if err == nil {
+		for _, a := range addrs {
+			if !u.f.OwnHost(a.Host) {
+				err = errNotOwnHost
+			}
+		}
+	}
+	if err == nil && (params.Get("do_remote_decode").Type != gjson.True || params.Get("do_remote_prefill").Type != gjson.False) {
+		err = connectors.ErrInvalidKVParams
+	}
+	if err != nil {
+		u.f.M.Entries.WithLabelValues(metrics.MultiturnRefused).Inc()
+		u.log.LogAt(zerolog.WarnLevel).Err(err).Msg("multi-turn: the decode answer's kv_transfer_params refused; nothing kept")
+		return
+	}
+	e := Entry{Params: canon, Tokens: int(params.Get("remote_num_tokens").Int())}
+	h := u.seq
+	e.Len = u.n + u.text
+	if u.chat {
+		h.Write(answerSum(u.content, u.reasoning))
+		e.Len = u.n + 1
+	}
+	h.Sum(e.Seq[:0])
+	evicted := u.f.Store.Put(u.key, e)
+	switch {
+	case evicted < 0:
+		u.f.M.Entries.WithLabelValues(metrics.MultiturnNotKept).Inc()
+	default:
+		u.f.M.Entries.WithLabelValues(metrics.MultiturnKept).Inc()
+		u.f.M.Entries.WithLabelValues(metrics.MultiturnEvicted).Add(float64(evicted))
+	}
+	u.f.M.Held.Set(float64(u.f.Store.Count()))
+}
+
+// OutcomeUsed is HistoryOutcome's for a turn whose prefill carried the
+// history and whose decode answered.
+const OutcomeUsed = "used"
+
+// HistoryOutcome is OutcomeUsed, a miss reason, or "" (not a split, or the
+// history is in a prefill not yet answered).
+func (u *use) HistoryOutcome() string { return u.outcome }
+
+// hideParams writes a piece's kv_transfer_params as null for the client,
+// unless they are forwarded.
+func (u *use) hideParams(data []byte) []byte {
+	if u.f.ForwardParams || !bytes.Contains(data, keyParams) {
+		return data
+	}
+	v := gjson.Get(connectors.Bytes(data), "kv_transfer_params")
+	if !v.Exists() || v.Type == gjson.Null {
+		return data
+	}
+	out, err := connectors.EditObject(nil, data, []connectors.Edit{{Key: "kv_transfer_params", Raw: null}})
+	if err != nil {
+		return data
+	}
+	return out
+}
+
+var (
+	_ feature.Feature         = (*Feature)(nil)
+	_ feature.OptionalPrefill = (*use)(nil)
+	_ feature.AnswerEditor    = (*use)(nil)
+	_ feature.HistoryReporter = (*use)(nil)
+)

@@ -1,0 +1,187 @@
+package multiturn
+
+import (
+	"encoding/json"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/rs/zerolog"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"github.com/tidwall/gjson"
+
+	"github.com/pd-sidecar/pd-sidecar/connectors"
+	"github.com/pd-sidecar/pd-sidecar/metrics"
+	"github.com/pd-sidecar/pd-sidecar/proxy/feature"
+)
+
+type nopLog struct{}
+
+func (nopLog) LogAt(zerolog.Level) *zerolog.Event { return nil }
+
+const decodeParams = `{"do_remote_prefill":false,"do_remote_decode":true,"remote_block_ids":[[1,2,3]],"remote_engine_id":"d-1","remote_request_id":"r-1","remote_host":"127.0.0.1","remote_port":5600,"tp_size":1,"remote_num_tokens":%d,"remote_blocks_expiry_time":123.5,"transfer_mode":"pull"}`
+
+func newFeature() *Feature {
+	return &Feature{
+		Store: NewStore(16, 1<<20, time.Minute, nil), Threshold: 64,
+		OwnHost: func(h string) bool { return h == "127.0.0.1" },
+		M:       metrics.NewMultiturn(prometheus.NewRegistry()),
+	}
+}
+
+func chatBody(msgs ...map[string]any) []byte {
+	b, _ := json.Marshal(map[string]any{"model": "m", "messages": msgs, "max_tokens": 8})
+	return b
+}
+
+func msg(role, content string) map[string]any {
+	return map[string]any{"role": role, "content": content}
+}
+
+// turn runs one request through the feature as a split: its prefill body
+// and its decode answer pieces; it returns the prefill leg's
+// kv_transfer_params and what the client got of each piece.
+func turn(f *Feature, session string, api connectors.API, body []byte, pieces ...string) (string, []string) {
+	u, _ := f.Begin(feature.Request{API: api, Body: body, Prefiller: "10.0.0.1:8000", Session: session, Log: nopLog{}}, nil).(*use)
+	if u == nil {
+		return "", nil
+	}
+	pre, _ := u.EditPrefill([]byte(`{"kv_transfer_params":{"do_remote_decode":true}}`))
+	var out []string
+	for _, p := range pieces {
+		out = append(out, string(u.EditAnswer([]byte(p))))
+	}
+	return gjson.GetBytes(pre, "kv_transfer_params").Raw, out
+}
+
+func chatAnswer(content, reasoning string, tokens int) string {
+	m := map[string]any{"role": "assistant", "content": content}
+	if reasoning != "" {
+		m["reasoning_content"] = reasoning
+	}
+	b, _ := json.Marshal(map[string]any{"choices": []any{map[string]any{"index": 0, "message": m, "finish_reason": "length"}},
+		"kv_transfer_params": json.RawMessage(fmt.Sprintf(decodeParams, tokens))})
+	return string(b)
+}
+
+// TestHistoryUsedOnlyWhenTheTurnExtendsTheSequence: turn 2's prefill
+// carries turn 1's decode params only when its messages are turn 1's, its
+// answer (reasoning included) and more, under the same rendering members
+// and the same session; every other case is a counted miss.
+func TestHistoryUsedOnlyWhenTheTurnExtendsTheSequence(t *testing.T) {
+	t1 := []map[string]any{msg("system", "be brief"), msg("user", "hello there")}
+	answer := map[string]any{"role": "assistant", "content": " ba ko", "reasoning_content": " think"}
+	stripped := map[string]any{"role": "assistant", "content": " ba ko"}
+	next := msg("user", "and then?")
+	tests := []struct {
+		name    string
+		session string
+		tokens  int
+		body    []byte
+		want    string // "used" or a miss reason
+	}{
+		{"extends exactly", "s1", 500, chatBody(t1[0], t1[1], answer, next), OutcomeUsed},
+		{"reasoning stripped", "s1", 500, chatBody(t1[0], t1[1], stripped, next), ReasonPrefixMismatch},
+		{"an earlier message edited", "s1", 500, chatBody(t1[0], msg("user", "hello there!"), answer, next), ReasonPrefixMismatch},
+		{"nothing new", "s1", 500, chatBody(t1[0], t1[1], answer), ReasonPrefixMismatch},
+		{"another conversation's session key", "s1", 500, chatBody(msg("user", "something else"), answer, next), ReasonPrefixMismatch},
+		{"another model", "s1", 500, []byte(strings.Replace(string(chatBody(t1[0], t1[1], answer, next)), `"model":"m"`, `"model":"n"`, 1)), ReasonPrefixMismatch},
+		{"another session", "s2", 500, chatBody(t1[0], t1[1], answer, next), ReasonNoEntry},
+		{"below the threshold", "s1", 63, chatBody(t1[0], t1[1], answer, next), ReasonBelowThreshold},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFeature()
+			_, got := turn(f, "s1", connectors.APIChat, chatBody(t1...), chatAnswer(" ba ko", " think", tc.tokens))
+			assert.Equal(t, "null", gjson.Get(got[0], "kv_transfer_params").Raw, "the client does not see the params")
+			assert.Equal(t, 1.0, testutil.ToFloat64(f.M.Entries.WithLabelValues(metrics.MultiturnKept)))
+			missesBefore := testutil.ToFloat64(f.M.Misses.WithLabelValues(tc.want))
+			u := f.Begin(feature.Request{API: connectors.APIChat, Body: tc.body, Prefiller: "p:1", Session: tc.session, Log: nopLog{}}, nil).(*use)
+			pre, err := u.EditPrefill([]byte(`{"kv_transfer_params":{"do_remote_decode":true}}`))
+			require.NoError(t, err)
+			u.EditAnswer([]byte(`{"choices":[]}`))
+			assert.Equal(t, tc.want, u.HistoryOutcome())
+			if tc.want == OutcomeUsed {
+				assert.Equal(t, "d-1", gjson.GetBytes(pre, "kv_transfer_params.remote_engine_id").String())
+				assert.Equal(t, 1.0, testutil.ToFloat64(f.M.Uses))
+				assert.Equal(t, float64(tc.tokens), testutil.ToFloat64(f.M.TokensReused))
+			} else {
+				assert.Equal(t, `{"do_remote_decode":true}`, gjson.GetBytes(pre, "kv_transfer_params").Raw)
+				assert.Equal(t, missesBefore+1, testutil.ToFloat64(f.M.Misses.WithLabelValues(tc.want)))
+			}
+		})
+	}
+}
+
+// TestStreamedAnswerIsFollowedEventByEvent: the answer's text and
+// reasoning come in deltas and the params in the last event; the next
+// turn that carries them back verbatim uses the history, once.
+func TestStreamedAnswerIsFollowedEventByEvent(t *testing.T) {
+	f := newFeature()
+	t1 := []map[string]any{msg("user", "hi")}
+	events := []string{
+		`{"choices":[{"index":0,"delta":{"role":"assistant","content":""},"finish_reason":null}]}`,
+		`{"choices":[{"index":0,"delta":{"reasoning_content":" hm"},"finish_reason":null}]}`,
+		`{"choices":[{"index":0,"delta":{"content":" yo"},"finish_reason":null}]}`,
+		`{"choices":[{"index":0,"delta":{"content":" la"},"finish_reason":"stop"}],"kv_transfer_params":` + fmt.Sprintf(decodeParams, 300) + `}`,
+		`{"choices":[],"usage":{"prompt_tokens":3}}`,
+	}
+	_, got := turn(f, "s", connectors.APIChat, chatBody(t1...), events...)
+	assert.Equal(t, "null", gjson.Get(got[3], "kv_transfer_params").Raw)
+	assert.Equal(t, events[2], got[2], "pieces without params are not touched")
+	two := chatBody(t1[0], map[string]any{"role": "assistant", "content": " yo la", "reasoning_content": " hm"}, msg("user", "more"))
+	pre, _ := turn(f, "s", connectors.APIChat, two, `{"choices":[]}`)
+	assert.Contains(t, pre, `"remote_request_id":"r-1"`)
+	pre, _ = turn(f, "s", connectors.APIChat, two, `{"choices":[]}`)
+	assert.NotContains(t, pre, "remote_request_id", "an entry is used once")
+}
+
+// TestCompletionHistory: a completion's next prompt must begin with the
+// prompt and the answer's text.
+func TestCompletionHistory(t *testing.T) {
+	for _, tc := range []struct {
+		name, next string
+		used       bool
+	}{
+		{"prompt and answer, then more", "Once upon a time there was\nNext:", true},
+		{"answer edited", "Once upon a time there is\nNext:", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFeature()
+			ans := `{"choices":[{"index":0,"text":" there was","finish_reason":"length"}],"kv_transfer_params":` + fmt.Sprintf(decodeParams, 100) + `}`
+			turn(f, "c", connectors.APICompletions, []byte(`{"model":"m","prompt":"Once upon a time"}`), ans)
+			pre, _ := turn(f, "c", connectors.APICompletions, []byte(`{"model":"m","prompt":`+fmt.Sprintf("%q", tc.next)+`}`), `{"choices":[]}`)
+			assert.Equal(t, tc.used, strings.Contains(pre, "remote_request_id"))
+		})
+	}
+}
+
+// TestAnswersThatAreNotKept: params naming another host, or a member
+// outside the documented set, are refused; an answer with tool calls, more
+// than one choice, or cut, is not kept.
+func TestAnswersThatAreNotKept(t *testing.T) {
+	good := fmt.Sprintf(decodeParams, 100)
+	tests := []struct {
+		name, answer, outcome string
+	}{
+		{"another host", `{"choices":[{"index":0,"message":{"content":"x"},"finish_reason":"stop"}],"kv_transfer_params":` + strings.Replace(good, "127.0.0.1", "10.9.9.9", 1) + `}`, metrics.MultiturnRefused},
+		{"an undocumented member", `{"choices":[{"index":0,"message":{"content":"x"},"finish_reason":"stop"}],"kv_transfer_params":` + strings.Replace(good, `"tp_size"`, `"evil":1,"tp_size"`, 1) + `}`, metrics.MultiturnRefused},
+		{"not a decode's own", `{"choices":[{"index":0,"message":{"content":"x"},"finish_reason":"stop"}],"kv_transfer_params":` + strings.Replace(good, `"do_remote_decode":true`, `"do_remote_decode":false`, 1) + `}`, metrics.MultiturnRefused},
+		{"tool calls", `{"choices":[{"index":0,"message":{"content":"","tool_calls":[{"id":"1"}]},"finish_reason":"tool_calls"}],"kv_transfer_params":` + good + `}`, metrics.MultiturnNotKept},
+		{"two choices", `{"choices":[{"index":0,"message":{"content":"x"},"finish_reason":"stop"},{"index":1,"message":{"content":"y"},"finish_reason":"stop"}],"kv_transfer_params":` + good + `}`, metrics.MultiturnNotKept},
+		{"aborted", `{"choices":[{"index":0,"message":{"content":"x"},"finish_reason":"abort"}],"kv_transfer_params":` + good + `}`, metrics.MultiturnNotKept},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFeature()
+			_, got := turn(f, "s", connectors.APIChat, chatBody(msg("user", "q")), tc.answer)
+			assert.Equal(t, 1.0, testutil.ToFloat64(f.M.Entries.WithLabelValues(tc.outcome)))
+			assert.Equal(t, 0, f.Store.Count())
+			assert.Equal(t, "null", gjson.Get(got[0], "kv_transfer_params").Raw)
+		})
+	}
+}

@@ -1,0 +1,188 @@
+package multiturn
+
+import (
+	"crypto/sha256"
+	"encoding/binary"
+	"hash"
+
+	"github.com/tidwall/gjson"
+
+	"github.com/pd-sidecar/pd-sidecar/connectors"
+)
+
+// The sequence a decode engine saw and produced, as the sidecar can tell
+// it without a tokenizer: the request's text (a chat's messages, a
+// completion's prompt) followed by the answer it generated, reasoning
+// included, under the request members that change how the engine renders
+// that text into tokens. A turn may use a history only when its own text
+// extends that sequence exactly; the engine that pulls the history checks
+// nothing (it takes block i to hold tokens [i·bs, (i+1)·bs) of its prompt),
+// so this check is all that stands between a changed history — reasoning
+// stripped, a message edited, another conversation's session key — and KV
+// of the wrong tokens.
+
+// renderKeys are the request members besides the text that change the
+// tokens a chat template or a tokenizer makes of it: a turn must carry
+// each exactly as the turn that left the history did (absent included).
+var renderKeys = [...]string{
+	"model", "tools", "tool_choice", "chat_template", "chat_template_kwargs",
+	"documents", "add_generation_prompt", "continue_final_message",
+	"add_special_tokens", "reasoning_effort", "suffix", "echo",
+}
+
+// Prompt is what a request tells of its sequence.
+type Prompt struct {
+	api      connectors.API
+	render   [sha256.Size]byte
+	messages []gjson.Result // a chat's
+	text     string         // a completion's prompt
+}
+
+// ReadPrompt reads body's sequence. ok is false for what multi-turn reuse
+// does not cover: an API other than chat and completions, a prompt that is
+// not one string, a chat without messages, or more than one choice asked.
+func ReadPrompt(api connectors.API, body []byte) (Prompt, bool) {
+	js := connectors.Bytes(body)
+	p := Prompt{api: api}
+	if n := gjson.Get(js, "n"); n.Exists() && n.Type != gjson.Null && n.Int() != 1 {
+		return p, false
+	}
+	if b := gjson.Get(js, "best_of"); b.Exists() && b.Type != gjson.Null && b.Int() > 1 {
+		return p, false
+	}
+	switch api {
+	case connectors.APIChat:
+		m := gjson.Get(js, "messages")
+		if !m.IsArray() {
+			return p, false
+		}
+		p.messages = m.Array()
+		if len(p.messages) == 0 {
+			return p, false
+		}
+	case connectors.APICompletions:
+		t := gjson.Get(js, "prompt")
+		if t.Type != gjson.String {
+			return p, false
+		}
+		if e := gjson.Get(js, "echo"); e.Type == gjson.True {
+			return p, false // the answer's text repeats the prompt
+		}
+		p.text = t.String()
+	default:
+		return p, false
+	}
+	h := sha256.New()
+	for _, k := range renderKeys {
+		v := gjson.Get(js, k)
+		writeField(h, k)
+		if v.Exists() {
+			writeField(h, v.Raw)
+		} else {
+			writeField(h, "\x00absent")
+		}
+	}
+	h.Sum(p.render[:0])
+	return p, true
+}
+
+// Len is the sequence's length in its units: messages for a chat, bytes
+// of prompt for a completion.
+func (p *Prompt) Len() int {
+	if p.api == connectors.APIChat {
+		return len(p.messages)
+	}
+	return len(p.text)
+}
+
+// PrefixSum is the digest of the first n units of the request's sequence
+// (n ≤ Len): what the turn that left a history of length n must have
+// summed to for this turn to extend it.
+func (p *Prompt) PrefixSum(n int) [sha256.Size]byte {
+	h := p.begin(n)
+	var out [sha256.Size]byte
+	h.Sum(out[:0])
+	return out
+}
+
+// begin starts the sequence's hash with its first n units.
+func (p *Prompt) begin(n int) hash.Hash {
+	h := sha256.New()
+	h.Write(p.render[:])
+	if p.api == connectors.APIChat {
+		for _, m := range p.messages[:n] {
+			h.Write(messageSum(m))
+		}
+		return h
+	}
+	h.Write([]byte(p.text[:n]))
+	return h
+}
+
+// messageSum is the digest of one chat message: the members a chat
+// template renders (role, name, content, reasoning, tool calls and the
+// tool call answered), each tagged with its JSON type.
+func messageSum(m gjson.Result) []byte {
+	h := sha256.New()
+	writeField(h, m.Get("role").String())
+	writeField(h, m.Get("name").String())
+	writeText(h, m.Get("content"))
+	r := m.Get("reasoning_content")
+	if !r.Exists() || r.Type == gjson.Null {
+		r = m.Get("reasoning")
+	}
+	writeText(h, r)
+	tc := m.Get("tool_calls")
+	if tc.IsArray() && len(tc.Array()) > 0 {
+		writeField(h, tc.Raw)
+	} else {
+		writeField(h, "\x00none")
+	}
+	writeField(h, m.Get("tool_call_id").String())
+	return h.Sum(nil)
+}
+
+// answerSum is messageSum of the assistant message a decode answer makes:
+// its content and reasoning as their hashes summed them.
+func answerSum(content, reasoning hash.Hash) []byte {
+	h := sha256.New()
+	writeField(h, "assistant")
+	writeField(h, "")
+	writeSum(h, 's', content)
+	writeSum(h, 's', reasoning)
+	writeField(h, "\x00none")
+	writeField(h, "")
+	return h.Sum(nil)
+}
+
+// writeText writes a content-like member: a string as the digest of its
+// text (so the answer's streamed text, hashed as it comes, compares equal),
+// absent and null as the empty string, anything else (content parts) as
+// its raw JSON under another tag.
+func writeText(h hash.Hash, v gjson.Result) {
+	t := sha256.New()
+	switch {
+	case !v.Exists() || v.Type == gjson.Null || v.Type == gjson.String:
+		t.Write([]byte(v.String()))
+		writeSum(h, 's', t)
+	default:
+		t.Write([]byte(v.Raw))
+		writeSum(h, 'j', t)
+	}
+}
+
+func writeSum(h hash.Hash, tag byte, t hash.Hash) {
+	var b [1 + sha256.Size]byte
+	b[0] = tag
+	t.Sum(b[1:1])
+	h.Write(b[:])
+}
+
+// writeField writes s length-prefixed, so that no two field lists hash
+// alike.
+func writeField(h hash.Hash, s string) {
+	var n [8]byte
+	binary.LittleEndian.PutUint64(n[:], uint64(len(s)))
+	h.Write(n[:])
+	h.Write([]byte(s))
+}
