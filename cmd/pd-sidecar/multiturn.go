@@ -12,7 +12,7 @@ func addMultiturnFlags(fs *pflag.FlagSet, c *proxy.MultiturnConfig) {
 	fs.BoolVar(&c.Enabled, "enable-bidirectional-kv-xfer", c.Enabled, "multi-turn KV reuse (nixlv2; the engines run vLLM's NixlConnector with bidirectional_kv_xfer): keep the decode answer's kv_transfer_params per conversation (session key: --bidirectional-session-header, else the body's conversation_id, which is removed) and put them in the next turn's prefill leg, whose engine pulls the history from this pod's engine instead of computing it; only when the turn's messages (or prompt) extend exactly what the decode engine saw and produced")
 	fs.IntVar(&c.CacheSize, "bidirectional-cache-size", c.CacheSize, "conversations kept for their next turn (the least recently kept go first)")
 	fs.IntVar(&c.CacheBytes, "bidirectional-cache-bytes", c.CacheBytes, "bound on what the kept conversations cost, in bytes")
-	fs.DurationVar(&c.CacheTTL, "bidirectional-cache-ttl", c.CacheTTL, "how long a conversation's entry is kept (no longer than the decode engines' decoder_kv_blocks_ttl; it is used until 10s before it ends)")
+	fs.DurationVar(&c.CacheTTL, "bidirectional-cache-ttl", c.CacheTTL, "how long a conversation's entry is kept (no longer than the decode engines' decoder_kv_blocks_ttl; it is used until 10s, or a quarter of a TTL under 40s, before it ends)")
 	fs.StringVar(&c.SessionHeader, "bidirectional-session-header", c.SessionHeader, "request header of the conversation's session key")
 	fs.IntVar(&c.RecomputeThreshold, "bidirectional-recompute-threshold", c.RecomputeThreshold, "fewest history tokens put in a prefill leg (vLLM's kv_recompute_threshold)")
 }

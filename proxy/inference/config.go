@@ -283,10 +283,11 @@ type MultiturnConfig struct {
 	RecomputeThreshold int
 }
 
-// MultiturnMargin is taken off --bidirectional-cache-ttl: vLLM's prefill
-// engine declines to read blocks that expire within 5 s, and the decode
-// engine's deadline began before the sidecar saw its answer.
-const MultiturnMargin = 10 * time.Second
+// MultiturnMargin is what is taken off --bidirectional-cache-ttl: vLLM's
+// prefill engine declines to read blocks that expire within 5 s, and the
+// decode engine's deadline began before the sidecar saw its answer. 10 s,
+// or a quarter of a TTL shorter than 40 s.
+func MultiturnMargin(ttl time.Duration) time.Duration { return min(10*time.Second, ttl/4) }
 
 // MaxSessionKeyLen bounds a session key (header or conversation_id).
 const MaxSessionKeyLen = 256
@@ -304,8 +305,8 @@ func (c MultiturnConfig) Validate() error {
 		return fmt.Errorf("--bidirectional-cache-size must be > 0, got %d", c.CacheSize)
 	case c.CacheBytes <= 0:
 		return fmt.Errorf("--bidirectional-cache-bytes must be > 0, got %d", c.CacheBytes)
-	case c.CacheTTL <= MultiturnMargin:
-		return fmt.Errorf("--bidirectional-cache-ttl must be more than %v, got %v", MultiturnMargin, c.CacheTTL)
+	case c.CacheTTL <= 0:
+		return fmt.Errorf("--bidirectional-cache-ttl must be > 0, got %v", c.CacheTTL)
 	case c.SessionHeader == "":
 		return errors.New("--bidirectional-session-header must not be empty")
 	case c.RecomputeThreshold < 0:

@@ -227,7 +227,7 @@ func New(cfg Config, conn connectors.Connector, m *metrics.Metrics, gatherer pro
 		if conn.Name() != "nixlv2" || cfg.MoriIO.WriteMode {
 			return nil, fmt.Errorf("--enable-bidirectional-kv-xfer needs --kv-connector nixlv2 (vLLM's NixlConnector pull mode), not %q", conn.Name())
 		}
-		store := multiturn.NewStore(mt.CacheSize, mt.CacheBytes, mt.CacheTTL-MultiturnMargin, nil)
+		store := multiturn.NewStore(mt.CacheSize, mt.CacheBytes, mt.CacheTTL-MultiturnMargin(mt.CacheTTL), nil)
 		p.features = append(p.features, &multiturn.Feature{Store: store, Threshold: mt.RecomputeThreshold,
 			OwnHost: p.ownHost, ForwardParams: cfg.Guard.TrustClientKVParams, M: m.Multiturn})
 		p.sessionHeader = mt.SessionHeader

@@ -98,15 +98,20 @@ type use struct {
 
 // lookup takes the session's entry and keeps its params for the prefill
 // leg if p extends its sequence and it holds enough tokens; it counts why
-// not otherwise.
+// not otherwise. An entry p does not extend stays for the turn that does
+// (a request with another conversation's session key takes nothing from
+// it); one below the threshold goes.
 func (u *use) lookup(p *Prompt) {
-	e, miss := u.f.Store.Take(u.key)
+	small := false
+	e, miss := u.f.Store.Take(u.key, func(e Entry) string {
+		if p.Len() <= e.Len || p.PrefixSum(e.Len) != e.Seq {
+			return ReasonPrefixMismatch
+		}
+		small = e.Tokens < u.f.Threshold
+		return ""
+	})
 	u.f.M.Held.Set(float64(u.f.Store.Count()))
-	switch {
-	case miss != "":
-	case p.Len() <= e.Len || p.PrefixSum(e.Len) != e.Seq:
-		miss = ReasonPrefixMismatch
-	case e.Tokens < u.f.Threshold:
+	if small {
 		miss = ReasonBelowThreshold
 	}
 	u.outcome = miss

@@ -100,8 +100,10 @@ func (s *Store) Put(session [sha256.Size]byte, e Entry) int {
 }
 
 // Take removes session's entry and returns it, or the reason there is
-// none to use (ReasonNoEntry, ReasonExpired).
-func (s *Store) Take(session [sha256.Size]byte) (Entry, string) {
+// none to use (ReasonNoEntry, ReasonExpired, or what usable says): an
+// entry usable refuses is left for the turn it belongs to, one it takes or
+// one expired goes.
+func (s *Store) Take(session [sha256.Size]byte, usable func(Entry) string) (Entry, string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	el, ok := s.index[session]
@@ -109,10 +111,14 @@ func (s *Store) Take(session [sha256.Size]byte) (Entry, string) {
 		return Entry{}, ReasonNoEntry
 	}
 	st := el.Value.(*stored)
-	s.remove(el)
 	if !s.now().Before(st.expires) {
+		s.remove(el)
 		return Entry{}, ReasonExpired
 	}
+	if why := usable(st.e); why != "" {
+		return Entry{}, why
+	}
+	s.remove(el)
 	return st.e, ""
 }
 

@@ -27,16 +27,16 @@ func TestStoreBoundsAndTakes(t *testing.T) {
 	}{
 		{"taken once", func(t *testing.T, s *Store) {
 			assert.Equal(t, 0, s.Put(a, entry(5)))
-			e, miss := s.Take(a)
+			e, miss := s.Take(a, always)
 			assert.Equal(t, "", miss)
 			assert.Equal(t, 5, e.Tokens)
-			_, miss = s.Take(a)
+			_, miss = s.Take(a, always)
 			assert.Equal(t, ReasonNoEntry, miss)
 		}},
 		{"expired", func(t *testing.T, s *Store) {
 			s.Put(a, entry(5))
 			c.t = c.t.Add(time.Minute)
-			_, miss := s.Take(a)
+			_, miss := s.Take(a, always)
 			assert.Equal(t, ReasonExpired, miss)
 			assert.Equal(t, 0, s.Count())
 		}},
@@ -44,16 +44,16 @@ func TestStoreBoundsAndTakes(t *testing.T) {
 			s.Put(a, entry(5))
 			s.Put(a, entry(7))
 			assert.Equal(t, 1, s.Count())
-			e, _ := s.Take(a)
+			e, _ := s.Take(a, always)
 			assert.Equal(t, 7, e.Tokens)
 		}},
 		{"entry bound: the oldest goes", func(t *testing.T, s *Store) {
 			s.Put(a, entry(1))
 			s.Put(b, entry(2))
 			assert.Equal(t, 1, s.Put(d, entry(3)))
-			_, miss := s.Take(a)
+			_, miss := s.Take(a, always)
 			assert.Equal(t, ReasonNoEntry, miss)
-			_, miss = s.Take(d)
+			_, miss = s.Take(d, always)
 			assert.Equal(t, "", miss)
 		}},
 		{"too large for the byte bound: not kept", func(t *testing.T, s *Store) {
@@ -67,7 +67,7 @@ func TestStoreBoundsAndTakes(t *testing.T) {
 			c.t = c.t.Add(15 * time.Second)
 			assert.Equal(t, 1, s.Expire())
 			assert.Equal(t, 1, s.Count())
-			_, miss := s.Take(b)
+			_, miss := s.Take(b, always)
 			assert.Equal(t, "", miss)
 		}},
 	}
@@ -77,4 +77,19 @@ func TestStoreBoundsAndTakes(t *testing.T) {
 			tc.run(t, NewStore(2, 2*entryOverhead+200, 30*time.Second, c.now))
 		})
 	}
+}
+
+func always(Entry) string { return "" }
+
+// TestStoreLeavesAnEntryItsTurnDoesNotExtend: a take the entry does not
+// suit leaves it for the turn it belongs to.
+func TestStoreLeavesAnEntryItsTurnDoesNotExtend(t *testing.T) {
+	s := NewStore(4, 1<<20, time.Minute, nil)
+	a := SessionKey("a")
+	s.Put(a, entry(9))
+	_, miss := s.Take(a, func(Entry) string { return ReasonPrefixMismatch })
+	assert.Equal(t, ReasonPrefixMismatch, miss)
+	e, miss := s.Take(a, always)
+	assert.Equal(t, "", miss)
+	assert.Equal(t, 9, e.Tokens)
 }
