@@ -39,6 +39,7 @@ func run(args []string) error {
 	fs.StringVar(&cfg.EngineID, "engine-id", "", "engine id advertised as remote_engine_id (random when empty)")
 	fs.IntVar(&cfg.BlockSize, "block-size", cfg.BlockSize, "tokens per KV block")
 	fs.IntVar(&cfg.NumKVBlocks, "num-kv-blocks", cfg.NumKVBlocks, "KV cache capacity in blocks")
+	fs.BoolVar(&cfg.NoPrefixCaching, "no-enable-prefix-caching", cfg.NoPrefixCaching, "turn the prefix cache off: every prompt token is computed (or pulled)")
 	prefillUS := fs.Float64("prefill-us-per-token", float64(cfg.PrefillPerToken/time.Microsecond), "prefill cost per uncached prompt token, microseconds")
 	decodeUS := fs.Float64("decode-us-per-token", float64(cfg.DecodePerToken/time.Microsecond), "cost of each generated token after the first, microseconds")
 	fs.Float64Var(&cfg.KVBandwidth, "kv-bandwidth", cfg.KVBandwidth, "bytes per second of a KV pull (0: unpaced)")
@@ -61,6 +62,10 @@ func run(args []string) error {
 	fs.StringVar(&cfg.KVRegionDir, "kv-region-dir", "", "directory of the KV region's shared-memory file (default /dev/shm)")
 	fs.StringVar(&cfg.SharedStorageDir, "shared-storage-dir", "", "shared KV store directory (LMCache-style): computed blocks are written there, prefills load from it")
 	fs.StringVar(&cfg.ECSharedDir, "ec-shared-dir", "", "shared encoder cache directory (ec-example): an encoder writes each item's encoding there, other engines read it")
+	fs.BoolVar(&cfg.BidirectionalKVXfer, "bidirectional-kv-xfer", cfg.BidirectionalKVXfer, "NixlConnector bidirectional_kv_xfer: a finished decode leg pins its sequence's KV for the next turn's prefill, which pulls it back over the KV side channel (every role then listens on --kv-port)")
+	fs.DurationVar(&cfg.DecoderKVBlocksTTL, "decoder-kv-blocks-ttl", cfg.DecoderKVBlocksTTL, "how long a decode engine keeps a pinned sequence for the next turn (decoder_kv_blocks_ttl)")
+	fs.IntVar(&cfg.KVRecomputeThreshold, "kv-recompute-threshold", cfg.KVRecomputeThreshold, "history tokens below which a prefill recomputes them instead of pulling them from the decode engine (kv_recompute_threshold)")
+	fs.IntVar(&cfg.ReasoningTokens, "reasoning-tokens", cfg.ReasoningTokens, "leading generated tokens of a chat completion rendered as reasoning_content (0: none)")
 	faults := fs.String("faults", "", `faults active from the start, as JSON (see POST /sim/faults), e.g. '{"status":500}'`)
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
 	if err := fs.Parse(args); err != nil {

@@ -43,6 +43,10 @@ type Config struct {
 	BlockSize int
 	// NumKVBlocks is the KV cache capacity in blocks.
 	NumKVBlocks int
+	// NoPrefixCaching turns the prefix cache off (vLLM's
+	// --no-enable-prefix-caching): every prompt token is computed, as on an
+	// engine whose cache holds none of a prompt's prefix.
+	NoPrefixCaching bool
 	// PrefillPerToken is the prefill cost per uncached prompt token.
 	PrefillPerToken time.Duration
 	// DecodePerToken is the cost of each generated token after the first.
@@ -96,27 +100,47 @@ type Config struct {
 	// encoder writes each item's encoding there, other engines read it
 	// (encoder.go).
 	ECSharedDir string
+	// BidirectionalKVXfer is NixlConnector's bidirectional_kv_xfer
+	// (bidirectional.go): a decode leg that finishes pins its sequence's
+	// blocks for the next turn's prefill, and a prefill leg whose
+	// kv_transfer_params name such a pin pulls that history instead of
+	// computing it. The engine listens on its KV side channel in every
+	// role.
+	BidirectionalKVXfer bool
+	// DecoderKVBlocksTTL is how long a decode engine keeps a pinned
+	// sequence (decoder_kv_blocks_ttl), a fixed deadline from the pin.
+	DecoderKVBlocksTTL time.Duration
+	// KVRecomputeThreshold (kv_recompute_threshold) is the number of
+	// history tokens below which a prefill recomputes them rather than
+	// pulling them.
+	KVRecomputeThreshold int
+	// ReasoningTokens is the number of leading generated tokens of a chat
+	// completion rendered as reasoning (message.reasoning_content, or
+	// delta.reasoning_content when streamed); 0: none.
+	ReasoningTokens int
 }
 
 // DefaultConfig returns the defaults the engine-sim binary uses.
 func DefaultConfig() Config {
 	return Config{
-		Host:                "127.0.0.1",
-		Port:                8200,
-		Model:               "sim-model",
-		Role:                RoleBoth,
-		BlockSize:           16,
-		NumKVBlocks:         16384,
-		PrefillPerToken:     50 * time.Microsecond,
-		DecodePerToken:      2 * time.Millisecond,
-		KVBandwidth:         1e9,
-		KVBytesPerToken:     256,
-		KVLease:             30 * time.Second,
-		KVLoadFailurePolicy: PolicyFail,
-		BootstrapTimeout:    30 * time.Second,
-		MaxRunning:          256,
-		DefaultMaxTokens:    16,
-		TPSize:              1,
+		Host:                 "127.0.0.1",
+		Port:                 8200,
+		Model:                "sim-model",
+		Role:                 RoleBoth,
+		BlockSize:            16,
+		NumKVBlocks:          16384,
+		PrefillPerToken:      50 * time.Microsecond,
+		DecodePerToken:       2 * time.Millisecond,
+		KVBandwidth:          1e9,
+		KVBytesPerToken:      256,
+		KVLease:              30 * time.Second,
+		KVLoadFailurePolicy:  PolicyFail,
+		BootstrapTimeout:     30 * time.Second,
+		MaxRunning:           256,
+		DefaultMaxTokens:     16,
+		TPSize:               1,
+		DecoderKVBlocksTTL:   480 * time.Second,
+		KVRecomputeThreshold: 64,
 	}
 }
 
@@ -165,6 +189,12 @@ func (c Config) Validate() error {
 		return bad("--moriio-notify-port %d is not a port", c.MoriIONotifyPort)
 	case c.P2PPort < 0 || c.P2PPort > 65535:
 		return bad("--p2p-port must be within 0..65535")
+	case c.DecoderKVBlocksTTL < 0:
+		return bad("--decoder-kv-blocks-ttl must not be negative")
+	case c.KVRecomputeThreshold < 0:
+		return bad("--kv-recompute-threshold must not be negative")
+	case c.ReasoningTokens < 0:
+		return bad("--reasoning-tokens must not be negative")
 	}
 	return c.Faults.Validate()
 }
@@ -173,3 +203,8 @@ func (c Config) blockBytes() int { return c.BlockSize * c.KVBytesPerToken }
 
 func (c Config) canPrefillRemote() bool { return c.Role != RoleDecode }
 func (c Config) canDecodeRemote() bool  { return c.Role != RolePrefill }
+
+// servesKV reports whether the engine listens on its KV side channel: a
+// prefill-capable role serves its holds there, and with bidirectional KV
+// transfer a decode engine serves its pinned sequences there too.
+func (c Config) servesKV() bool { return c.canPrefillRemote() || c.BidirectionalKVXfer }

@@ -106,7 +106,7 @@ func (s *Sim) execute(ctx context.Context, w http.ResponseWriter, g *genRequest,
 			return
 		}
 	}
-	fps, cached, err := s.loadKV(ctx, g, leg, f, hashes, o.requestID)
+	kv, err := s.loadKV(ctx, g, leg, f, hashes, o.requestID)
 	switch {
 	case errors.Is(err, errKVLoadFailed):
 		s.writeLoadFailure(out, o)
@@ -115,12 +115,12 @@ func (s *Sim) execute(ctx context.Context, w http.ResponseWriter, g *genRequest,
 		return // the client left
 	}
 	// A continued message's tokens are context too (continue.go).
-	o.promptTokens, o.cachedTokens = len(g.prompt)+g.offset, cached
+	o.promptTokens, o.cachedTokens = len(g.prompt)+g.offset, kv.cached
 	s.m.promptTokens.Add(float64(o.promptTokens))
 	if g.continued {
 		s.m.continuedMessages.Inc()
 	}
-	digest := Digest(fps)
+	digest := Digest(kv.fps)
 
 	maxTokens := g.maxTokens
 	moriWrite := leg == legPrefill && g.isMoriIO()
@@ -144,7 +144,7 @@ func (s *Sim) execute(ctx context.Context, w http.ResponseWriter, g *genRequest,
 	if p2pHold {
 		// The P2P tier holds the prefill's KV under the kv_request_id
 		// before the first token, and the answer goes out as usual.
-		h, err := s.holdKV(g, f, hashes, o)
+		h, err := s.holdKV(g, f, hashes, kv.recv, o)
 		if err != nil {
 			s.log.Error().Str("request_id", o.requestID).Err(err).Msg("cannot hold kv for a p2p pull")
 			out.fail(http.StatusServiceUnavailable, errorBody(503, "ServiceUnavailableError", "", err.Error()))
@@ -158,23 +158,36 @@ func (s *Sim) execute(ctx context.Context, w http.ResponseWriter, g *genRequest,
 			// An SGLang prefill server generates the first token only.
 			maxTokens = 1
 		}
-		if _, err := s.holdKV(g, f, hashes, o); err != nil {
+		if _, err := s.holdKV(g, f, hashes, kv.recv, o); err != nil {
 			s.log.Error().Str("request_id", o.requestID).Err(err).Msg("cannot hold kv for a bootstrap room or transfer")
 			out.fail(http.StatusServiceUnavailable, errorBody(503, "ServiceUnavailableError", "", err.Error()))
 			return
 		}
 		room = s.holds.roomHold(roomKey(g))
 	}
-	if !s.generate(ctx, out, g, f, digest, maxTokens, o, start) || !s.awaitPull(ctx, room) {
+	// pin is the sequence a decode leg pins for the next turn's prefill
+	// (bidirectional.go), made once the last token is known so that a
+	// streamed answer's final chunk carries its kv_transfer_params.
+	var pin *hold
+	var onLast func()
+	if s.pinsSequence(g, leg) {
+		onLast = func() {
+			if ctx.Err() == nil {
+				pin = s.pinSequence(g, kv.recv, o)
+			}
+		}
+	}
+	if !s.generate(ctx, out, g, f, digest, maxTokens, o, start, onLast) || !s.awaitPull(ctx, room) {
 		s.releaseCancelled(room)
 		s.releaseCancelled(held)
+		s.unpin(pin)
 		return
 	}
 	if leg == legPrefill && room == nil && !p2pHold && !moriWrite && g.boot == nil && !g.isMooncake() && o.finish == "length" {
 		if ctx.Err() != nil {
 			return // the client left: hold nothing for it
 		}
-		h, err := s.holdKV(g, f, hashes, o)
+		h, err := s.holdKV(g, f, hashes, kv.recv, o)
 		if err != nil {
 			s.log.Error().Str("request_id", o.requestID).Err(err).Msg("cannot hold kv for remote decode")
 			out.fail(http.StatusServiceUnavailable, errorBody(503, "ServiceUnavailableError", "", err.Error()))
@@ -184,8 +197,10 @@ func (s *Sim) execute(ctx context.Context, w http.ResponseWriter, g *genRequest,
 	}
 	if ctx.Err() != nil {
 		// The client left before its answer (and the kv_transfer_params
-		// in it) was written: no decoder can learn of the KV.
+		// in it) was written: no decoder can learn of the KV, nor a
+		// prefiller of a pin.
 		s.releaseCancelled(held)
+		s.unpin(pin)
 		return
 	}
 	s.m.requestSuccess.WithLabelValues(o.finish).Inc()
@@ -202,8 +217,10 @@ func (s *Sim) execute(ctx context.Context, w http.ResponseWriter, g *genRequest,
 }
 
 // generate produces the output tokens, streaming each one when the client
-// asked for SSE. It reports false when the client left.
-func (s *Sim) generate(ctx context.Context, out *sink, g *genRequest, f Faults, d [32]byte, maxTokens int, o *output, start time.Time) bool {
+// asked for SSE. onLast, when set, is called once the last token and the
+// finish reason are known, before that token goes out. It reports false
+// when the client left.
+func (s *Sim) generate(ctx context.Context, out *sink, g *genRequest, f Faults, d [32]byte, maxTokens int, o *output, start time.Time, onLast func()) bool {
 	o.finish = "length"
 	for i := 0; i < maxTokens; i++ {
 		if i > 0 && !sleep(ctx, s.cfg.DecodePerToken) {
@@ -229,6 +246,9 @@ func (s *Sim) generate(ctx context.Context, out *sink, g *genRequest, f Faults, 
 			s.m.ttft.Observe(time.Since(start).Seconds())
 		}
 		last := eos || i == maxTokens-1
+		if last && onLast != nil {
+			onLast()
+		}
 		if g.stream {
 			var evs []sseEvent
 			if i == 0 {
@@ -249,19 +269,32 @@ func (s *Sim) generate(ctx context.Context, out *sink, g *genRequest, f Faults, 
 	return ctx.Err() == nil
 }
 
+// kvLoaded is a request's KV once loaded or computed.
+type kvLoaded struct {
+	// fps are the fingerprints of the prompt's blocks.
+	fps []uint64
+	// recv are, by block, the bytes of blocks received from another
+	// engine; a block without them (recv nil, or a nil entry) holds what
+	// FillBlock makes of its hash. Holds and pins built from the request
+	// carry the received bytes, so KV that came wrong stays wrong.
+	recv [][]byte
+	// cached is the number of prompt tokens to report as cached.
+	cached int
+}
+
 // loadKV fills the request's KV: pulled from the prefiller for a decode leg,
-// computed locally otherwise (or after a failed pull under "recompute"). It
-// returns the block fingerprints and the number of cached prompt tokens to
-// report.
-func (s *Sim) loadKV(ctx context.Context, g *genRequest, leg legKind, f Faults, hashes []uint64, rid string) ([]uint64, int, error) {
+// computed locally otherwise (or after a failed pull under "recompute"),
+// with a history pulled from a decode engine first for a prefill leg that
+// names one (bidirectional.go).
+func (s *Sim) loadKV(ctx context.Context, g *genRequest, leg legKind, f Faults, hashes []uint64, rid string) (kvLoaded, error) {
 	if leg == legDecode {
-		fps, err := s.pullKV(ctx, g, f, hashes)
+		fps, recv, err := s.pullKV(ctx, g, f, hashes)
 		if err == nil {
 			s.m.remoteKVDecodes.Inc()
-			return fps, len(g.prompt), nil
+			return kvLoaded{fps: fps, recv: recv, cached: len(g.prompt)}, nil
 		}
 		if ctx.Err() != nil {
-			return nil, 0, ctx.Err()
+			return kvLoaded{}, ctx.Err()
 		}
 		if g.p2pPrefiller() != nil {
 			s.m.p2pPullFailures.WithLabelValues(p2pPrefill).Inc()
@@ -271,16 +304,25 @@ func (s *Sim) loadKV(ctx context.Context, g *genRequest, leg legKind, f Faults, 
 		s.m.kvLoadFailures.WithLabelValues(s.cfg.KVLoadFailurePolicy).Inc()
 		s.log.Error().Str("request_id", rid).Err(err).Str("policy", s.cfg.KVLoadFailurePolicy).Msg("KV load failed")
 		if s.cfg.KVLoadFailurePolicy == PolicyFail {
-			return nil, 0, fmt.Errorf("%w: %w", errKVLoadFailed, err)
+			return kvLoaded{}, fmt.Errorf("%w: %w", errKVLoadFailed, err)
+		}
+	}
+	if leg == legPrefill && s.cfg.BidirectionalKVXfer && g.hasHistory() {
+		if kv, ok, err := s.prefillHistory(ctx, g, hashes, rid); ok || err != nil {
+			return kv, err
 		}
 	}
 	if g.p2p != nil && g.p2p.source != nil {
 		s.pullSource(ctx, g, hashes, rid)
 	}
+	var kv kvLoaded
+	var err error
 	if s.store != nil {
-		return s.prefillShared(ctx, g, hashes)
+		kv.fps, kv.cached, err = s.prefillShared(ctx, g, hashes)
+	} else {
+		kv.fps, kv.cached, err = s.prefillLocal(ctx, g, hashes)
 	}
-	return s.prefillLocal(ctx, g, hashes)
+	return kv, err
 }
 
 // prefillLocal computes the KV on this engine, reusing cached prefix blocks
@@ -294,6 +336,7 @@ func (s *Sim) prefillLocal(ctx context.Context, g *genRequest, hashes []uint64) 
 	s.m.prefixQueries.Add(float64(len(g.prompt)))
 	s.m.prefixHits.Add(float64(cached))
 	s.m.localPrefillTokens.Add(float64(len(g.prompt)))
+	s.m.prefillComputedTokens.Add(float64(len(g.prompt) - cached))
 	if !s.computePrefill(ctx, time.Duration(len(g.prompt)-cached)*s.cfg.PrefillPerToken) {
 		return nil, 0, ctx.Err()
 	}
@@ -338,27 +381,30 @@ func (s *Sim) computePrefill(ctx context.Context, d time.Duration) bool {
 }
 
 // pullKV pulls the request's KV from its prefiller and checks it covers the
-// prompt. It returns the fingerprints of the pulled bytes.
-func (s *Sim) pullKV(ctx context.Context, g *genRequest, f Faults, hashes []uint64) ([]uint64, error) {
+// prompt. It returns the fingerprints of the pulled bytes and, when they
+// came over a side channel, the bytes (nil otherwise).
+func (s *Sim) pullKV(ctx context.Context, g *genRequest, f Faults, hashes []uint64) ([]uint64, [][]byte, error) {
 	if f.FailKVLoad {
 		s.m.faultsInjected.WithLabelValues("fail_kv_load").Inc()
-		return nil, fmt.Errorf("%w: injected fault fail_kv_load", ErrKVPull)
+		return nil, nil, fmt.Errorf("%w: injected fault fail_kv_load", ErrKVPull)
 	}
 	if g.kv != nil && g.kv.Preloaded != nil {
 		if s.kva == nil {
-			return nil, fmt.Errorf("%w: kv_preloaded but this engine has no kv region (--kv-agent-transport)", ErrKVPull)
+			return nil, nil, fmt.Errorf("%w: kv_preloaded but this engine has no kv region (--kv-agent-transport)", ErrKVPull)
 		}
-		return s.kva.loadPreloaded(g.kv.Preloaded, len(g.prompt), len(hashes))
+		fps, err := s.kva.loadPreloaded(g.kv.Preloaded, len(g.prompt), len(hashes))
+		return fps, nil, err
 	}
 	if g.isMoriIO() {
-		return s.useMoriKV(ctx, g, hashes) // MoRI-IO write mode (moriio.go)
+		fps, err := s.useMoriKV(ctx, g, hashes) // MoRI-IO write mode (moriio.go)
+		return fps, nil, err
 	}
 	var addr string
 	var req pullRequest
 	if g.isMooncake() {
 		var err error
 		if addr, req, err = s.mooncakePull(ctx, g); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 	} else if pp := g.p2pPrefiller(); pp != nil {
 		addr, req = s.p2pPrefillPull(pp)
@@ -370,7 +416,7 @@ func (s *Sim) pullKV(ctx context.Context, g *genRequest, f Faults, hashes []uint
 		// NIXL: the first pull from a prefiller engine waits for the
 		// handshake with it (handshake.go).
 		if err := s.hs.connect(ctx, *g.kv.RemoteEngineID); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		ids, _ := g.kv.blockIDs()
 		addr = net.JoinHostPort(*g.kv.RemoteHost, strconv.Itoa(*g.kv.RemotePort))
@@ -381,10 +427,10 @@ func (s *Sim) pullKV(ctx context.Context, g *genRequest, f Faults, hashes []uint
 	start := time.Now()
 	p, err := pull(pctx, addr, req, s.cfg.KVBandwidth, s.cfg.KVVerifyChecksums)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if p.numTokens != len(g.prompt) || len(p.blocks) != len(hashes) {
-		return nil, fmt.Errorf("%w: pulled %d tokens in %d blocks, prompt has %d tokens in %d blocks",
+		return nil, nil, fmt.Errorf("%w: pulled %d tokens in %d blocks, prompt has %d tokens in %d blocks",
 			ErrKVPull, p.numTokens, len(p.blocks), len(g.prompt), len(hashes))
 	}
 	if g.p2pPrefiller() != nil {
@@ -403,13 +449,14 @@ func (s *Sim) pullKV(ctx context.Context, g *genRequest, f Faults, hashes []uint
 	for i, b := range p.blocks {
 		fps[i] = Fingerprint(b)
 	}
-	return fps, nil
+	return fps, p.blocks, nil
 }
 
 // holdKV materialises the request's blocks and holds them for a remote
-// decoder, setting the answer's kv_transfer_params (NIXL). It returns the
-// hold.
-func (s *Sim) holdKV(g *genRequest, f Faults, hashes []uint64, o *output) (*hold, error) {
+// decoder, setting the answer's kv_transfer_params (NIXL). A block received
+// from another engine (recv, see kvLoaded) is held as received. It returns
+// the hold.
+func (s *Sim) holdKV(g *genRequest, f Faults, hashes []uint64, recv [][]byte, o *output) (*hold, error) {
 	bb := s.blockBytes()
 	h := &hold{requestID: o.requestID + "-" + randomHex(8), tokens: len(g.prompt), corrupt: f.CorruptKV, done: make(chan struct{})}
 	if g.p2p != nil && g.p2p.decoder != "" {
@@ -420,8 +467,13 @@ func (s *Sim) holdKV(g *genRequest, f Faults, hashes []uint64, o *output) (*hold
 		h.room, h.hasRoom, h.transferID = mooncakeKey(*g.kv.TransferID), true, *g.kv.TransferID
 	}
 	for j, hash := range hashes {
-		blk := make([]byte, bb)
-		FillBlock(blk, hash, BlockTokens(len(g.prompt), s.cfg.BlockSize, j)*s.cfg.KVBytesPerToken)
+		var blk []byte
+		if j < len(recv) && recv[j] != nil {
+			blk = recv[j]
+		} else {
+			blk = make([]byte, bb)
+			FillBlock(blk, hash, BlockTokens(len(g.prompt), s.cfg.BlockSize, j)*s.cfg.KVBytesPerToken)
+		}
 		h.blocks = append(h.blocks, blk)
 		h.checksums = append(h.checksums, Fingerprint(blk))
 	}

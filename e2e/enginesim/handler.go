@@ -113,7 +113,10 @@ func (s *Sim) inference(a api) http.HandlerFunc {
 			return
 		}
 		leg := s.classify(g, rid)
-		o := &output{api: a, requestID: rid, model: s.cfg.Model, created: time.Now().Unix()}
+		o := &output{api: a, requestID: rid, model: s.cfg.Model, created: time.Now().Unix(), kvInStream: s.cfg.BidirectionalKVXfer}
+		if a == apiChat {
+			o.reasoning = s.cfg.ReasoningTokens
+		}
 		defer s.countCancelled(ctx, leg, o)
 		f := s.faults.take(leg)
 		if f.held != nil {

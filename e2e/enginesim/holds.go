@@ -35,6 +35,12 @@ type hold struct {
 	// exported marks a hold handed to the kvtransfer agent (kvagent.go),
 	// which owns its lease and ends it.
 	exported bool
+	// pinned marks a decode engine's pinned sequence (bidirectional.go):
+	// only a history pull reads it.
+	pinned bool
+	// of is, for the view a history pull reads of some of a pin's blocks,
+	// that pin: the pull releases it whole.
+	of *hold
 	// done is closed when the hold ends (pulled, released or expired); nil
 	// for holds that nobody waits on.
 	done chan struct{}

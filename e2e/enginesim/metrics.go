@@ -34,6 +34,11 @@ type simMetrics struct {
 	badRequests                         *prometheus.CounterVec
 	continuedMessages                   prometheus.Counter
 	requestsCancelled                   *prometheus.CounterVec
+	prefillComputedTokens               prometheus.Counter
+	// Bidirectional KV transfer (bidirectional.go).
+	bidiPins, bidiHistoryPulls             prometheus.Counter
+	bidiHistoryBlocks, bidiHistoryFailures prometheus.Counter
+	bidiRecomputed                         prometheus.Counter
 }
 
 func newSimMetrics(reg prometheus.Registerer, model string) *simMetrics {
@@ -73,7 +78,7 @@ func newSimMetrics(reg prometheus.Registerer, model string) *simMetrics {
 		nixlXferTime:         hist("vllm:nixl_xfer_time_seconds", "Histogram of transfer duration for NIXL KV Cache transfers.", latency),
 		nixlBytes:            hist("vllm:nixl_bytes_transferred", "Histogram of bytes transferred per NIXL KV Cache transfers.", prometheus.ExponentialBuckets(1024, 4, 12)),
 		nixlFailed:           counter("vllm:nixl_num_failed_transfers_total", "Number of failed NIXL KV Cache transfers."),
-		kvBlocksHeld:         gauge("sim_kv_blocks_held", "KV blocks held for remote decoders (stranded KV when it does not return to 0)."),
+		kvBlocksHeld:         gauge("sim_kv_blocks_held", "KV blocks held for remote decoders, and with bidirectional KV transfer pinned for the next turn's prefill (stranded KV when it does not return to 0)."),
 		remoteDecodePrefills: counter("sim_remote_decode_prefills_total", "Prefills done for a remote decoder (do_remote_decode or SGLang room)."),
 		remoteKVDecodes:      counter("sim_remote_kv_decodes_total", "Decodes that used KV pulled from a remote prefiller."),
 		kvHandshakes:         counter("sim_kv_handshakes_total", "NIXL handshakes with prefiller engines: first pulls from a remote_engine_id not connected yet (each waits --kv-handshake-delay)."),
@@ -102,6 +107,18 @@ func newSimMetrics(reg prometheus.Registerer, model string) *simMetrics {
 		p2pPullFailures:      counterVec("sim_p2p_pull_failures_total", "Failed P2P pulls, by kind.", "kind"),
 		requestsCancelled: counterVec("sim_requests_cancelled_total",
 			"Inference requests whose client left before the answer was finished (work stopped, KV freed), by leg kind (prefill, decode, local).", "kind"),
+		prefillComputedTokens: counter("sim_prefill_computed_tokens_total",
+			"Prompt tokens this engine computed in prefills: the prompt less prefix-cache hits, blocks loaded from the shared storage and history pulled from a decode engine."),
+		bidiPins: counter("sim_bidirectional_pins_total",
+			"Decode legs that pinned their sequence's KV for the next turn's prefill (bidirectional KV transfer)."),
+		bidiHistoryPulls: counter("sim_bidirectional_history_pulls_total",
+			"Prefill legs that pulled their history's KV from the decode engine that pinned it."),
+		bidiHistoryBlocks: counter("sim_bidirectional_history_blocks_pulled_total",
+			"KV blocks of histories pulled from decode engines."),
+		bidiHistoryFailures: counter("sim_bidirectional_history_pull_failures_total",
+			"Failed history pulls (pin expired or unknown, decode engine unreachable); kv_load_failure_policy decides the request's fate."),
+		bidiRecomputed: counter("sim_bidirectional_recomputed_below_threshold_total",
+			"Prefill legs whose history to pull was shorter than --kv-recompute-threshold tokens: recomputed, nothing pulled."),
 	}
 	// Both kinds are exported from the start, so a scrape shows 0.
 	for _, k := range []string{p2pPrefill, p2pSource} {

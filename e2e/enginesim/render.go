@@ -19,6 +19,14 @@ type output struct {
 	finish       string
 	// kv is the kv_transfer_params of the answer (nil renders null).
 	kv map[string]any
+	// kvInStream makes a streamed completions or chat answer carry kv,
+	// when set by then, as a top-level member of the chunk with the
+	// finish_reason (set with bidirectional KV transfer, whose decode legs
+	// hand their pinned sequence to the client that way).
+	kvInStream bool
+	// reasoning is the number of leading output tokens a chat answer
+	// renders as reasoning_content (Config.ReasoningTokens).
+	reasoning int
 	// localHost is the address the client reached this engine at, advertised
 	// as remote_host when the KV side channel listens on a wildcard address.
 	localHost string
@@ -29,12 +37,32 @@ type output struct {
 	ended bool
 }
 
-func (o *output) text() string {
+func (o *output) text() string { return wordsOf(o.tokens) }
+
+// wordsOf renders tokens as text.
+func wordsOf(tokens []int) string {
 	var b strings.Builder
-	for _, t := range o.tokens {
+	for _, t := range tokens {
 		b.WriteString(Word(t))
 	}
 	return b.String()
+}
+
+// chatMessage is a chat answer's message. With reasoning tokens, the first
+// of them are reasoning_content and content the rest: null when nothing
+// followed the reasoning, as vLLM's reasoning parsers leave it.
+func (o *output) chatMessage() map[string]any {
+	msg := map[string]any{"role": "assistant", "content": o.text(), "tool_calls": []any{}}
+	if o.reasoning > 0 {
+		r := min(o.reasoning, len(o.tokens))
+		msg["reasoning_content"] = wordsOf(o.tokens[:r])
+		if r < len(o.tokens) {
+			msg["content"] = wordsOf(o.tokens[r:])
+		} else {
+			msg["content"] = nil
+		}
+	}
+	return msg
 }
 
 func (o *output) completionTokens() int { return len(o.tokens) }
@@ -81,7 +109,7 @@ func responseJSON(o *output) []byte {
 			"id": o.id, "object": "chat.completion", "created": o.created, "model": o.model,
 			"choices": []any{map[string]any{
 				"index":    0,
-				"message":  map[string]any{"role": "assistant", "content": o.text(), "tool_calls": []any{}},
+				"message":  o.chatMessage(),
 				"logprobs": nil, "finish_reason": o.finish, "stop_reason": nil,
 			}},
 			"usage": o.usage(), "prompt_logprobs": nil, "kv_transfer_params": o.kvValue(),
@@ -198,7 +226,7 @@ func streamToken(o *output, i int, finish string) sseEvent {
 	tok := o.tokens[i]
 	switch o.api {
 	case apiCompletions, apiChat:
-		return sseEvent{data: tokenChunk(o, Word(tok), finish)}
+		return sseEvent{data: tokenChunk(o, i, Word(tok), finish)}
 	case apiResponses:
 		return namedEvent("response.output_text.delta", map[string]any{
 			"type": "response.output_text.delta", "item_id": "msg_" + o.requestID,
@@ -220,9 +248,12 @@ func streamToken(o *output, i int, finish string) sseEvent {
 	}
 }
 
-// tokenChunk renders one completions or chat chunk carrying word, which is
-// plain ASCII and needs no escaping.
-func tokenChunk(o *output, word, finish string) []byte {
+// tokenChunk renders the completions or chat chunk of output token i,
+// which reads as word (plain ASCII, needing no escaping): a chat answer's
+// reasoning tokens go out as delta.reasoning_content, the others as
+// delta.content. The chunk with the finish_reason carries the answer's
+// kv_transfer_params when o.kvInStream is set and there are any.
+func tokenChunk(o *output, i int, word, finish string) []byte {
 	if o.chunkPrefix == nil {
 		id, _ := json.Marshal(o.id)
 		model, _ := json.Marshal(o.model)
@@ -237,15 +268,19 @@ func tokenChunk(o *output, word, finish string) []byte {
 		p = strconv.AppendInt(p, o.created, 10)
 		p = append(p, `,"model":`...)
 		p = append(p, model...)
-		if o.api == apiChat {
-			p = append(p, `,"choices":[{"index":0,"delta":{"content":"`...)
-		} else {
-			p = append(p, `,"choices":[{"index":0,"text":"`...)
-		}
+		p = append(p, `,"choices":[{"index":0,`...)
 		o.chunkPrefix = p
 	}
-	b := make([]byte, 0, len(o.chunkPrefix)+len(word)+64)
+	b := make([]byte, 0, len(o.chunkPrefix)+len(word)+96)
 	b = append(b, o.chunkPrefix...)
+	switch {
+	case o.api != apiChat:
+		b = append(b, `"text":"`...)
+	case i < o.reasoning:
+		b = append(b, `"delta":{"reasoning_content":"`...)
+	default:
+		b = append(b, `"delta":{"content":"`...)
+	}
 	b = append(b, word...)
 	if o.api == apiChat {
 		b = append(b, `"},"logprobs":null,"finish_reason":`...)
@@ -260,9 +295,16 @@ func tokenChunk(o *output, word, finish string) []byte {
 		b = append(b, '"')
 	}
 	if o.api == apiChat {
-		return append(b, "}]}"...)
+		b = append(b, "}]"...)
+	} else {
+		b = append(b, `,"stop_reason":null}]`...)
 	}
-	return append(b, `,"stop_reason":null}]}`...)
+	if finish != "" && o.kvInStream && o.kv != nil {
+		kv, _ := json.Marshal(o.kv)
+		b = append(b, `,"kv_transfer_params":`...)
+		b = append(b, kv...)
+	}
+	return append(b, '}')
 }
 
 // streamClose returns the events after the last token: usage (when asked

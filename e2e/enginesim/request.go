@@ -85,6 +85,13 @@ type kvParams struct {
 	PullMode string `json:"pull_mode"`
 	// Preloaded names blocks a sidecar already pulled into this engine.
 	Preloaded *preloaded `json:"kv_preloaded"`
+	// RemoteNumTokens, RemoteBlocksExpiryTime and TransferMode come with a
+	// decode engine's pinned sequence (bidirectional.go): a prefill leg
+	// that carries them with remote_request_id and remote_block_ids pulls
+	// that history.
+	RemoteNumTokens        *int     `json:"remote_num_tokens"`
+	RemoteBlocksExpiryTime *float64 `json:"remote_blocks_expiry_time"`
+	TransferMode           string   `json:"transfer_mode"`
 }
 
 // blockIDs flattens remote_block_ids: one list per KV group ([[...]], the
@@ -234,10 +241,18 @@ func textOf(raw json.RawMessage, name string) (string, error) {
 	return b.String(), nil
 }
 
+// messagesOf reads a list of messages. An assistant message that carries
+// its reasoning back (reasoning_content, or reasoning) is rendered with the
+// reasoning text followed by the content text, the order in which the
+// engine generated them, so that a history that returns an answer whole
+// extends the sequence its decode engine pinned (bidirectional.go), and one
+// that strips the reasoning does not.
 func messagesOf(raw json.RawMessage, name string) ([]Message, error) {
 	var msgs []struct {
-		Role    string          `json:"role"`
-		Content json.RawMessage `json:"content"`
+		Role             string          `json:"role"`
+		Content          json.RawMessage `json:"content"`
+		ReasoningContent json.RawMessage `json:"reasoning_content"`
+		Reasoning        json.RawMessage `json:"reasoning"`
 	}
 	if err := json.Unmarshal(raw, &msgs); err != nil {
 		return nil, badRequest(name, "%s must be a list of messages", name)
@@ -253,6 +268,17 @@ func messagesOf(raw json.RawMessage, name string) ([]Message, error) {
 		text, err := textOf(m.Content, fmt.Sprintf("%s[%d].content", name, i))
 		if err != nil {
 			return nil, err
+		}
+		if m.Role == "assistant" {
+			field, raw := "reasoning_content", m.ReasoningContent
+			if absent(raw) {
+				field, raw = "reasoning", m.Reasoning
+			}
+			reasoning, err := textOf(raw, fmt.Sprintf("%s[%d].%s", name, i, field))
+			if err != nil {
+				return nil, err
+			}
+			text = reasoning + text
 		}
 		out = append(out, Message{Role: m.Role, Content: text})
 	}

@@ -128,6 +128,7 @@ func (s *Sim) prefillShared(ctx context.Context, g *genRequest, hashes []uint64)
 	s.m.prefixQueries.Add(float64(n))
 	s.m.prefixHits.Add(float64(hits * bs))
 	s.m.localPrefillTokens.Add(float64(n - loadedTokens))
+	s.m.prefillComputedTokens.Add(float64(n - cached))
 	s.m.sharedLoadedBlocks.Add(float64(loaded))
 	s.m.sharedStoredBlocks.Add(float64(stored))
 	if loaded > 0 {

@@ -24,6 +24,12 @@ import (
 //	decoder → prefiller: "done\n" after reading every byte; only then are
 //	                     the blocks released (a decoder that vanishes
 //	                     mid-pull leaves them to the lease)
+//
+// With bidirectional KV transfer the roles turn round: a prefill engine
+// pulls a history from the decode engine that pinned it, with "history":
+// true and the ids of the pinned blocks it reads, in order (possibly none:
+// a pull of no blocks only tells the decoder to free them). Its "done"
+// frees the whole pin (bidirectional.go).
 
 // pullRequest names the blocks to pull: by NIXL-style ids, by SGLang room,
 // or (on the P2P port) by kind and kv_request_id.
@@ -38,6 +44,9 @@ type pullRequest struct {
 	Kind        string   `json:"kind,omitempty"`
 	KVRequestID string   `json:"kv_request_id,omitempty"`
 	Hashes      []uint64 `json:"block_hashes,omitempty"`
+	// History asks a decode engine for some blocks of a pinned sequence
+	// (RequestID, BlockIDs) and frees the pin once they were read.
+	History bool `json:"history,omitempty"`
 }
 
 // pullHeader describes what follows.
@@ -131,6 +140,9 @@ func (s *Sim) serveBlocks(ctx context.Context, c net.Conn, find func(context.Con
 	if h.p2p != "" {
 		s.m.p2pBlocksServed.WithLabelValues(h.p2p).Add(float64(len(h.blocks)))
 	}
+	if h.of != nil {
+		h = h.of // a history pull frees the whole pin
+	}
 	if h.timer != nil && s.holds.release(h) {
 		s.log.Debug().Str("request_id", h.requestID).Int("blocks", len(h.blocks)).Msg("kv pulled and released")
 	}
@@ -146,6 +158,9 @@ func (s *Sim) findHold(ctx context.Context, req pullRequest) (*hold, error) {
 	h, ok := s.holds.get(req.RequestID)
 	if !ok {
 		return nil, fmt.Errorf("request %q: %w", req.RequestID, ErrNoSuchTransfer)
+	}
+	if req.History || h.pinned {
+		return pinView(h, req, s.cfg.BlockSize)
 	}
 	if !slices.Equal(h.blockIDs, req.BlockIDs) {
 		return nil, fmt.Errorf("request %q: block ids %v do not match held %v: %w", req.RequestID, req.BlockIDs, h.blockIDs, ErrNoSuchTransfer)

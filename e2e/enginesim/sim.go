@@ -59,6 +59,9 @@ type Sim struct {
 	bootAddr *net.TCPAddr
 	// p2pAddr is the P2P listener's address.
 	p2pAddr *net.TCPAddr
+	// clock0 is the origin of the engine's monotonic clock, on which a
+	// pinned sequence's remote_blocks_expiry_time is given (bidirectional.go).
+	clock0 time.Time
 }
 
 // New builds a simulator from a validated configuration.
@@ -71,9 +74,10 @@ func New(cfg Config, log zerolog.Logger) (*Sim, error) {
 		log:      log,
 		engineID: cfg.EngineID,
 		reg:      prometheus.NewRegistry(),
-		cache:    newPrefixCache(cfg.NumKVBlocks),
+		cache:    newPrefixCache(prefixCacheBlocks(cfg)),
 		slots:    make(chan struct{}, cfg.MaxRunning),
 		journal:  newJournal(200),
+		clock0:   time.Now(),
 	}
 	if cfg.PrefillSlots > 0 {
 		s.prefillSlots = make(chan struct{}, cfg.PrefillSlots)
@@ -92,7 +96,11 @@ func New(cfg Config, log zerolog.Logger) (*Sim, error) {
 		},
 		func(h *hold) {
 			s.m.leaseExpired.Inc()
-			s.log.Warn().Str("request_id", h.requestID).Int("blocks", len(h.blocks)).Msg("kv lease expired; blocks freed without a pull")
+			msg := "kv lease expired; blocks freed without a pull"
+			if h.pinned {
+				msg = "pinned sequence reached decoder_kv_blocks_ttl; blocks freed without a pull"
+			}
+			s.log.Warn().Str("request_id", h.requestID).Int("blocks", len(h.blocks)).Msg(msg)
 		})
 	s.faults.set(cfg.Faults)
 	if cfg.SharedStorageDir != "" {
@@ -148,12 +156,14 @@ func (s *Sim) Listen() (Listeners, error) {
 			return ls, fmt.Errorf("listen moriio notify: %w", err)
 		}
 	}
-	if s.cfg.canPrefillRemote() {
+	if s.cfg.servesKV() {
 		if ls.KV, err = open(s.cfg.KVPort); err != nil {
 			ls.HTTP.Close()
 			ls.P2P.Close()
 			return ls, fmt.Errorf("listen kv side channel: %w", err)
 		}
+	}
+	if s.cfg.canPrefillRemote() {
 		if ls.Bootstrap, err = open(s.cfg.BootstrapPort); err != nil {
 			ls.HTTP.Close()
 			ls.P2P.Close()
@@ -263,4 +273,13 @@ func randomHex(n int) string {
 	b := make([]byte, n/2)
 	_, _ = rand.Read(b)
 	return hex.EncodeToString(b)
+}
+
+// prefixCacheBlocks is the prefix cache's capacity: the KV cache's, or
+// none with NoPrefixCaching.
+func prefixCacheBlocks(cfg Config) int {
+	if cfg.NoPrefixCaching {
+		return 0
+	}
+	return cfg.NumKVBlocks
 }
