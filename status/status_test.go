@@ -390,3 +390,20 @@ func TestDeclinedApartFromFallbacks(t *testing.T) {
 	assert.Equal(t, s.Window, back.Window)
 	assert.Contains(t, string(b), `"declined":2,"declined_by_reason":{"short_prompt":2}`)
 }
+
+// TestHistoriesCounted: multi-turn KV reuse's outcome of each turn's
+// prefill is counted in the window and shown in the text.
+func TestHistoriesCounted(t *testing.T) {
+	c := &clock{t: time.Unix(1_700_000_000, 0)}
+	tr := status.New(status.Options{Now: c.now})
+	for _, h := range []string{"used", "used", "prefix_mismatch", ""} {
+		r := split("10.0.0.1:8000")
+		r.NamedPrefiller, r.History = true, h
+		tr.ObserveRequest(r)
+	}
+	s := tr.Snapshot()
+	assert.Equal(t, map[string]int{"used": 2, "prefix_mismatch": 1}, s.Window.Histories)
+	var b bytes.Buffer
+	require.NoError(t, s.WriteText(&b))
+	assert.Regexp(t, `multi-turn histories:\s+used: 2, prefix_mismatch: 1`, b.String())
+}

@@ -14,5 +14,6 @@ func addMultiturnFlags(fs *pflag.FlagSet, c *proxy.MultiturnConfig) {
 	fs.IntVar(&c.CacheBytes, "bidirectional-cache-bytes", c.CacheBytes, "bound on what the kept conversations cost, in bytes")
 	fs.DurationVar(&c.CacheTTL, "bidirectional-cache-ttl", c.CacheTTL, "how long a conversation's entry is kept (no longer than the decode engines' decoder_kv_blocks_ttl; it is used until 10s, or a quarter of a TTL under 40s, before it ends)")
 	fs.StringVar(&c.SessionHeader, "bidirectional-session-header", c.SessionHeader, "request header of the conversation's session key")
+	fs.BoolVar(&c.KeepReasoning, "bidirectional-keep-reasoning", c.KeepReasoning, "keep the history of answers with reasoning too (only for models whose chat template renders past turns' reasoning back into the prompt as generated; many drop it, and the engine's KV is then no prefix of the next prompt); a next turn must carry the reasoning back verbatim")
 	fs.IntVar(&c.RecomputeThreshold, "bidirectional-recompute-threshold", c.RecomputeThreshold, "fewest history tokens put in a prefill leg (vLLM's kv_recompute_threshold)")
 }

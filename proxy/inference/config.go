@@ -281,6 +281,11 @@ type MultiturnConfig struct {
 	// RecomputeThreshold is the fewest history tokens put in a prefill
 	// leg (--bidirectional-recompute-threshold).
 	RecomputeThreshold int
+	// KeepReasoning keeps the history of answers with reasoning
+	// (--bidirectional-keep-reasoning); off: many reasoning models' chat
+	// templates drop past turns' reasoning, and their next prompt is then
+	// no extension of what the engine holds.
+	KeepReasoning bool
 }
 
 // MultiturnMargin is what is taken off --bidirectional-cache-ttl: vLLM's

@@ -229,7 +229,7 @@ func New(cfg Config, conn connectors.Connector, m *metrics.Metrics, gatherer pro
 		}
 		store := multiturn.NewStore(mt.CacheSize, mt.CacheBytes, mt.CacheTTL-MultiturnMargin(mt.CacheTTL), nil)
 		p.features = append(p.features, &multiturn.Feature{Store: store, Threshold: mt.RecomputeThreshold,
-			OwnHost: p.ownHost, ForwardParams: cfg.Guard.TrustClientKVParams, M: m.Multiturn})
+			OwnHost: p.ownHost, KeepReasoning: mt.KeepReasoning, ForwardParams: cfg.Guard.TrustClientKVParams, M: m.Multiturn})
 		p.sessionHeader = mt.SessionHeader
 		p.sweep = &multiturn.Sweeper{Store: store, Every: min(mt.CacheTTL/8, time.Minute), Held: m.Multiturn.Held}
 	}

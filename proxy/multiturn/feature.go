@@ -36,6 +36,11 @@ type Feature struct {
 	// OwnHost reports whether a host names this pod: the decode engine's
 	// side channel an answer names must be the local engine's.
 	OwnHost func(host string) bool
+	// KeepReasoning keeps the history of answers with reasoning
+	// (--bidirectional-keep-reasoning): only right for chat templates that
+	// render past turns' reasoning back into the prompt, as the engine
+	// generated it.
+	KeepReasoning bool
 	// ForwardParams keeps the decode answer's kv_transfer_params in what
 	// the client gets (--trust-client-kv-params: the client is a router
 	// that handles them itself); otherwise they are written as null.
@@ -93,6 +98,7 @@ type use struct {
 	n, text            int
 	content, reasoning hash.Hash
 	finished, broken   bool
+	thought            bool // the answer carried reasoning
 	done               bool // the entry was kept or refused
 }
 
@@ -204,7 +210,10 @@ func (u *use) follow(js string) {
 			if r.Type != gjson.String {
 				r = m.Get("reasoning")
 			}
-			u.reasoning.Write([]byte(r.String()))
+			if r.Str != "" {
+				u.thought = true
+				u.reasoning.Write([]byte(r.Str))
+			}
 		} else {
 			t := c.Get("text").String()
 			u.seq.Write([]byte(t))
@@ -228,9 +237,9 @@ var errNotOwnHost = errors.New("kv_transfer_params name a host that is not this 
 // against nixlv2.HistoryParams and their addresses checked; once.
 func (u *use) keep(params gjson.Result) {
 	u.done = true
-	if u.broken || !u.finished {
+	if u.broken || !u.finished || u.thought && !u.f.KeepReasoning {
 		u.f.M.Entries.WithLabelValues(metrics.MultiturnNotKept).Inc()
-		u.log.LogAt(zerolog.DebugLevel).Msg("multi-turn: the answer is not one a next turn can extend exactly (choices, tool calls, cut); its KV is not kept")
+		u.log.LogAt(zerolog.DebugLevel).Msg("multi-turn: the answer is not one a next turn can extend exactly (choices, tool calls, reasoning, cut); its KV is not kept")
 		return
 	}
 	canon, addrs, err := nixlv2.HistoryParams.Canonical(nil, params)

@@ -28,8 +28,9 @@ const decodeParams = `{"do_remote_prefill":false,"do_remote_decode":true,"remote
 func newFeature() *Feature {
 	return &Feature{
 		Store: NewStore(16, 1<<20, time.Minute, nil), Threshold: 64,
-		OwnHost: func(h string) bool { return h == "127.0.0.1" },
-		M:       metrics.NewMultiturn(prometheus.NewRegistry()),
+		OwnHost:       func(h string) bool { return h == "127.0.0.1" },
+		KeepReasoning: true,
+		M:             metrics.NewMultiturn(prometheus.NewRegistry()),
 	}
 }
 
@@ -173,11 +174,13 @@ func TestAnswersThatAreNotKept(t *testing.T) {
 		{"not a decode's own", `{"choices":[{"index":0,"message":{"content":"x"},"finish_reason":"stop"}],"kv_transfer_params":` + strings.Replace(good, `"do_remote_decode":true`, `"do_remote_decode":false`, 1) + `}`, metrics.MultiturnRefused},
 		{"tool calls", `{"choices":[{"index":0,"message":{"content":"","tool_calls":[{"id":"1"}]},"finish_reason":"tool_calls"}],"kv_transfer_params":` + good + `}`, metrics.MultiturnNotKept},
 		{"two choices", `{"choices":[{"index":0,"message":{"content":"x"},"finish_reason":"stop"},{"index":1,"message":{"content":"y"},"finish_reason":"stop"}],"kv_transfer_params":` + good + `}`, metrics.MultiturnNotKept},
+		{"reasoning, not kept by default", `{"choices":[{"index":0,"message":{"content":"x","reasoning_content":"hm"},"finish_reason":"stop"}],"kv_transfer_params":` + good + `}`, metrics.MultiturnNotKept},
 		{"aborted", `{"choices":[{"index":0,"message":{"content":"x"},"finish_reason":"abort"}],"kv_transfer_params":` + good + `}`, metrics.MultiturnNotKept},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			f := newFeature()
+			f.KeepReasoning = false
 			_, got := turn(f, "s", connectors.APIChat, chatBody(msg("user", "q")), tc.answer)
 			assert.Equal(t, 1.0, testutil.ToFloat64(f.M.Entries.WithLabelValues(tc.outcome)))
 			assert.Equal(t, 0, f.Store.Count())
