@@ -223,6 +223,21 @@ bench-tail: build
 	@mkdir -p out
 	$(BIN)/pd-bench tail --bin $(BIN) --dir out/bench-tail $(TAIL_BENCH_FLAGS) | tee out/bench-tail.txt
 
+## bench-multiturn: multi-turn KV reuse (bidirectional KV transfer) against a baseline of the same run
+## (pd-bench multiturn), on loopback with engine-sim at 50 µs a prefilled token and 300 µs a decode
+## step: 4 conversations of 9 streamed chat turns in lock-step, each turn carrying the earlier
+## answers back verbatim plus 1000-3000 new words, under a session key; once without bidirectional
+## KV transfer, once with it on the sidecar and both engines. The prefillers cannot keep a history
+## (engine-sim --prefix-cache-blocks 64, or a fresh prefiller a turn where engine-sim lacks that flag).
+## Prints per turn the new tokens, the prefillers' computed tokens and TTFT p50 of both modes, the
+## sidecar's multiturn counters, and budget lines (PASS/FAIL). About 30 seconds;
+## MULTITURN_BENCH_FLAGS adds flags (e.g. --conversations 8 --turns 10, --modes without). Writes
+## out/bench-multiturn.txt, logs in out/bench-multiturn/. Not part of make test.
+.PHONY: bench-multiturn
+bench-multiturn: build
+	@mkdir -p out
+	$(BIN)/pd-bench multiturn --bin $(BIN) --dir out/bench-multiturn $(MULTITURN_BENCH_FLAGS) | tee out/bench-multiturn.txt
+
 ## kube-apiserver: build bin/kube-apiserver from k8s.io/kubernetes (the module in e2e/kube/apiserver) for
 ## make test-k8s: about 10 minutes and 3 GB of memory on 2 cores the first time. The binary is kept in
 ## $(KUBE_CACHE) under a hash of that module's go.mod and go.sum and copied from there while they

@@ -36,6 +36,9 @@ func run(args []string) error {
 	if len(args) > 0 && args[0] == "tail" {
 		return runTail(args[1:])
 	}
+	if len(args) > 0 && args[0] == "multiturn" {
+		return runMultiturn(args[1:])
+	}
 	if len(args) > 0 && args[0] == "refproxy" {
 		return runRefProxy(args[1:])
 	}
