@@ -5,8 +5,9 @@
 // pass through. A feature is asked once per inference request, when the
 // request's prefiller is named and allowed (or none is named), with the
 // request's head; what it does for that request is its Use, whose abilities
-// (SplitDecliner, PrefillEditor, LocalEditor, KVSourceNamer) the request
-// finds by type assertion. A feature that needs a new point in the request
+// (SplitDecliner, PrefillEditor, OptionalPrefill, LocalEditor,
+// KVSourceNamer, AnswerEditor, HistoryReporter) the request finds by type
+// assertion. A feature that needs a new point in the request
 // adds an ability here, which both drivers consult; no driver knows a
 // feature's name.
 package feature
@@ -49,7 +50,8 @@ type Logger interface {
 }
 
 // Use is a feature's part in one request. Its abilities: SplitDecliner,
-// PrefillEditor, LocalEditor, KVSourceNamer.
+// PrefillEditor (and OptionalPrefill), LocalEditor, KVSourceNamer,
+// AnswerEditor, HistoryReporter.
 type Use any
 
 // SplitDecliner serves a request that names a prefiller locally instead of
