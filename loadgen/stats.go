@@ -100,3 +100,17 @@ func percentiles(ds []time.Duration) Percentiles {
 	}
 	return Percentiles{P50: at(0.50), P90: at(0.90), P99: at(0.99), Max: at(1)}
 }
+
+// Median of ds (0 for none); the mean of the two middle values for an even
+// count.
+func Median(ds []time.Duration) time.Duration {
+	if len(ds) == 0 {
+		return 0
+	}
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}

@@ -377,8 +377,12 @@ func runMode(ctx context.Context, o Options, mode string, prefixCache bool) (*mo
 	before := start
 	began := time.Now()
 	for turn := 1; turn <= o.Turns; turn++ {
-		if turn > 1 && !sleepCtx(ctx, o.ThinkTime) {
-			return nil, ctx.Err()
+		if turn > 1 {
+			select {
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			case <-time.After(o.ThinkTime):
+			}
 		}
 		prefiller := prefillers[(turn-1)%len(prefillers)].hostPort()
 		td := turnData{newTokens: make([]int, len(convs)), ttft: make([]time.Duration, len(convs))}
@@ -468,19 +472,4 @@ func warmUp(ctx context.Context, c *chatClient, headers map[string]string) error
 	}
 	_, err = c.send(ctx, body, headers)
 	return err
-}
-
-// sleepCtx waits d or until ctx ends; it reports whether d passed.
-func sleepCtx(ctx context.Context, d time.Duration) bool {
-	if d <= 0 {
-		return ctx.Err() == nil
-	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-ctx.Done():
-		return false
-	}
 }

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
+
+	"github.com/pd-sidecar/pd-sidecar/loadgen"
 )
 
 // turnSummary is one turn of one mode: means over the conversations and
@@ -49,25 +51,11 @@ func summarize(mr *modeResult) *modeSummary {
 		out.Turns = append(out.Turns, turnSummary{
 			Turn: k + 1, NewTokens: float64(sum) / n,
 			Computed: td.computed / n, DecoderComputed: td.decoderComputed / n,
-			TTFT: median(td.ttft), Uses: td.uses, Misses: td.misses,
+			TTFT: loadgen.Median(td.ttft), Uses: td.uses, Misses: td.misses,
 		})
 	}
-	out.LaterTTFT = median(later)
+	out.LaterTTFT = loadgen.Median(later)
 	return out
-}
-
-// median of ds (0 for none); the mean of the two middle values for an
-// even count.
-func median(ds []time.Duration) time.Duration {
-	if len(ds) == 0 {
-		return 0
-	}
-	s := slices.Clone(ds)
-	slices.Sort(s)
-	if len(s)%2 == 1 {
-		return s[len(s)/2]
-	}
-	return (s[len(s)/2-1] + s[len(s)/2]) / 2
 }
 
 // ratio is a / b, 0 when b is not positive.

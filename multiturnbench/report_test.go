@@ -34,29 +34,6 @@ func TestSummarize(t *testing.T) {
 	}
 }
 
-func TestMedian(t *testing.T) {
-	ms := func(v ...int) []time.Duration {
-		out := make([]time.Duration, len(v))
-		for i, x := range v {
-			out[i] = time.Duration(x) * time.Millisecond
-		}
-		return out
-	}
-	for _, tc := range []struct {
-		in   []time.Duration
-		want time.Duration
-	}{
-		{nil, 0},
-		{ms(5), 5 * time.Millisecond},
-		{ms(9, 1, 5), 5 * time.Millisecond},
-		{ms(4, 1, 3, 2), 2500 * time.Microsecond},
-	} {
-		if got := median(tc.in); got != tc.want {
-			t.Errorf("median(%v) = %v, want %v", tc.in, got, tc.want)
-		}
-	}
-}
-
 func TestBudgetLines(t *testing.T) {
 	ms := func(v int) time.Duration { return time.Duration(v) * time.Millisecond }
 	turn := func(n int, newTok, computed float64, ttft int) turnSummary {

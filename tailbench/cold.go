@@ -73,7 +73,7 @@ func runCold(ctx context.Context, o Options, r *rig) ([]Line, error) {
 				warm = append(warm, res.TTFT)
 			}
 		}
-		out.warm = median(warm)
+		out.warm = loadgen.Median(warm)
 		m, err := scrape(ctx, d.metrics())
 		if err != nil {
 			return out, err

@@ -3,7 +3,6 @@ package tailbench
 import (
 	"fmt"
 	"io"
-	"slices"
 	"text/tabwriter"
 	"time"
 )
@@ -87,19 +86,6 @@ func withinNoise(a, b, rel, abs float64) bool {
 // adds budget.
 func hedgeAllowance(splits, budget float64, burst int) float64 {
 	return splits*budget + float64(burst)
-}
-
-// median of ds (0 for none).
-func median(ds []time.Duration) time.Duration {
-	if len(ds) == 0 {
-		return 0
-	}
-	s := slices.Clone(ds)
-	slices.Sort(s)
-	if len(s)%2 == 1 {
-		return s[len(s)/2]
-	}
-	return (s[len(s)/2-1] + s[len(s)/2]) / 2
 }
 
 func msOf(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
