@@ -32,7 +32,8 @@ func runCold(ctx context.Context, o Options, r *rig) ([]Line, error) {
 		}
 		flags := []string{"--enable-ssrf-protection", "--prefiller-allowlist", p.hostPort()}
 		if prewarm {
-			flags = append(flags, "--prefill-prewarm")
+			// One sidecar: nothing to spread its warm-up against.
+			flags = append(flags, "--prefill-prewarm", "--prefill-prewarm-spread", "0s")
 		}
 		start := time.Now()
 		s, err := r.sidecar(ctx, name, d, flags...)

@@ -115,6 +115,10 @@ type Config struct {
 	// the background, so that the local engine's KV connection to it is made
 	// before a client request needs it (proxy/prewarm).
 	PrefillPrewarm bool
+	// PrefillPrewarmSpread is the window over which a warm-up of a
+	// prefiller the InferencePool watch (or the static allowlist at start)
+	// reports is delayed by a random share (prewarm.Deps.Spread).
+	PrefillPrewarmSpread time.Duration
 	// Guard holds the limits, SSRF protection, circuit breaker and TLS
 	// (proxy/guard, proxy/tlsconf).
 	Guard GuardConfig
@@ -149,6 +153,7 @@ func DefaultConfig() Config {
 		PrefillFallback:        true,
 		OnKVLoadFailure:        KVFailLocalPrefill,
 		ReleaseKVOnCancel:      true,
+		PrefillPrewarmSpread:   10 * time.Second,
 		MaxRequestBodyBytes:    32 << 20,
 		MaxUpstreamAnswerBytes: upstream.DefaultMaxUpstreamAnswerBytes,
 		MaxSSEEventBytes:       DefaultMaxSSEEventBytes,
@@ -184,6 +189,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("--p2p-connector-port %d (with %d data-parallel ranks) is not a valid port range", c.P2P.Port, c.DataParallelSize)
 	case c.Multiturn.Enabled && c.Multiturn.Validate() != nil:
 		return c.Multiturn.Validate()
+	case c.PrefillPrewarmSpread < 0:
+		return fmt.Errorf("--prefill-prewarm-spread must be >= 0, got %v", c.PrefillPrewarmSpread)
 	case c.PrefillMaxRetries < 0:
 		return fmt.Errorf("--prefill-max-retries must be >= 0, got %d", c.PrefillMaxRetries)
 	case c.PrefillRetryBackoff < 0:

@@ -32,6 +32,7 @@ func newPrewarmer(p *Proxy) *prewarm.Warmer {
 		Locals:         locals,
 		PrefillTimeout: p.Cfg.PrefillTimeout,
 		ConnectTimeout: p.Cfg.ConnectTimeout,
+		Spread:         p.Cfg.PrefillPrewarmSpread,
 		Count:          p.M.Prewarms,
 		Log:            p.Log,
 	})

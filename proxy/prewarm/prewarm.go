@@ -26,6 +26,7 @@ import (
 	"math/rand/v2"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -102,6 +103,14 @@ type Deps struct {
 	// PrefillTimeout bounds a warm-up's prefill leg (--prefill-timeout);
 	// ConnectTimeout, with 5 s more, a question of the model.
 	PrefillTimeout, ConnectTimeout time.Duration
+	// Spread is the window a fresh sighting's warm-up waits a random share
+	// of before it is queued (--prefill-prewarm-spread; 0: none). A fresh
+	// sighting — a new Ready pod of the InferencePool, a static allowlist
+	// entry at start — reaches every sidecar of the fleet at once: spread
+	// over the window, N sidecars warm the new prefiller at N/Spread a
+	// second instead of all within the same ~100 ms. A prefiller a request
+	// names first is warmed at once.
+	Spread time.Duration
 	// Count counts the warm-ups by result (pd_sidecar_prewarms_total).
 	Count *prometheus.CounterVec
 	// Log is the sidecar's logger.
@@ -181,6 +190,13 @@ type Warmer struct {
 	log   zerolog.Logger
 	// warm runs one warm-up (split; tests replace it).
 	warm func(ctx context.Context, hp string) error
+	// draw picks a fresh sighting's wait in [0, Spread), and after runs f
+	// once that wait has passed (tests replace both).
+	draw  func(n time.Duration) time.Duration
+	after func(d time.Duration, f func())
+	// waiting counts the warm-ups waiting out their spread: with those in
+	// the queue, at most queueLen.
+	waiting atomic.Int32
 
 	mu    sync.Mutex
 	model string // the local engine's served model name, once known
@@ -196,6 +212,8 @@ func New(d Deps) *Warmer {
 		log:   d.Log.With().Str("component", "prewarm").Logger(),
 	}
 	w.warm = w.split
+	w.draw = rand.N[time.Duration]
+	w.after = func(d time.Duration, f func()) { time.AfterFunc(d, f) }
 	return w
 }
 
@@ -215,16 +233,41 @@ func (w *Warmer) Saw(hp string, fresh bool) Sighting {
 		w.skipped(hp, "the sidecar's own address")
 		return Skipped
 	}
-	select {
-	case w.queue <- hp:
+	if fresh && w.d.Spread > 0 {
+		if int(w.waiting.Add(1))+len(w.queue) > queueLen {
+			w.waiting.Add(-1)
+			w.full(hp)
+			return Skipped
+		}
+		w.after(w.draw(w.d.Spread), func() {
+			w.waiting.Add(-1)
+			w.enqueue(hp)
+		})
 		return Queued
-	default:
-		// Forgotten again, so that a later sighting, once the queue has
-		// drained, warms it.
-		w.seen.forget(hp)
-		w.skipped(hp, "warm-up queue full")
+	}
+	if !w.enqueue(hp) {
 		return Skipped
 	}
+	return Queued
+}
+
+// enqueue queues a warm-up of hp, or counts it skipped when the queue is
+// full.
+func (w *Warmer) enqueue(hp string) bool {
+	select {
+	case w.queue <- hp:
+		return true
+	default:
+		w.full(hp)
+		return false
+	}
+}
+
+// full skips hp for a full queue. It is forgotten again, so that a later
+// sighting, once the queue has drained, warms it.
+func (w *Warmer) full(hp string) {
+	w.seen.forget(hp)
+	w.skipped(hp, "warm-up queue full")
 }
 
 func (w *Warmer) skipped(hp, why string) {

@@ -258,3 +258,38 @@ func TestClientBody(t *testing.T) {
 	assert.Contains(t, string(b), `"model":"m\"x"`)
 	assert.Contains(t, string(b), `"max_tokens":1`)
 }
+
+// TestSpread: a fresh sighting's warm-up is queued after a wait drawn in
+// [0, Spread) (each its own draw); a sighting a request makes is queued at
+// once; the waiting count with the queue stays within queueLen.
+func TestSpread(t *testing.T) {
+	w, count := testWarmer("")
+	w.d.Spread = 10 * time.Second
+	var waits []time.Duration
+	var due []func()
+	draws := 0
+	w.draw = func(n time.Duration) time.Duration {
+		draws++
+		require.Equal(t, 10*time.Second, n)
+		return time.Duration(draws) * time.Second
+	}
+	w.after = func(d time.Duration, f func()) { waits = append(waits, d); due = append(due, f) }
+
+	require.Equal(t, Queued, w.Saw("10.0.0.1:8000", true))
+	require.Equal(t, Queued, w.Saw("10.0.0.2:8000", true))
+	require.Equal(t, Queued, w.Saw("10.0.0.3:8000", false))
+	assert.Equal(t, []time.Duration{time.Second, 2 * time.Second}, waits, "each fresh sighting waits its own draw")
+	assert.Equal(t, 1, len(w.queue), "the request's sighting is queued at once")
+	assert.Equal(t, "10.0.0.3:8000", <-w.queue)
+	due[1]()
+	due[0]()
+	assert.Equal(t, "10.0.0.2:8000", <-w.queue, "queued when its wait is over")
+	assert.Equal(t, "10.0.0.1:8000", <-w.queue)
+	assert.Equal(t, int32(0), w.waiting.Load())
+
+	for i := range queueLen {
+		require.Equal(t, Queued, w.Saw(fmt.Sprintf("10.1.0.%d:8000", i), true))
+	}
+	assert.Equal(t, Skipped, w.Saw("10.2.0.1:8000", true), "past queueLen waiting")
+	assert.Equal(t, 1.0, prewarms(count, metrics.PrewarmSkipped))
+}
