@@ -82,10 +82,18 @@ func (c PoolConfig) GVR() schema.GroupVersionResource {
 }
 
 // PoolWatcher admits the host:port pairs of the InferencePool's Ready pods
-// on the pool's target ports. It watches the pool and the pods of its
-// namespace through the dynamic client with informers, rebuilds the set on
-// every event and publishes it with an atomic pointer, so Allowed never
-// locks. Until the first sync it admits nothing.
+// on the pool's target ports. It watches the pool, and the pods its
+// selector selects — selected by the API server, so that a sidecar hears of
+// no other pod of the namespace — through the dynamic client with
+// informers, each pod reduced to what the allowlist reads (slimPod). It
+// rebuilds the set on every event and publishes it with an atomic pointer,
+// so Allowed never locks. Until the first sync it admits nothing.
+//
+// When the pool's selector changes, a watch of the new selector is
+// started; the allowlist stays the old selector's, kept current by the
+// old watch, until the new one has synced, and then becomes the new
+// selector's at once: there is no moment where it is empty for the change,
+// nor one where it mixes the two.
 type PoolWatcher struct {
 	cfg PoolConfig
 	dyn dynamic.Interface
@@ -96,10 +104,27 @@ type PoolWatcher struct {
 
 	mu      sync.Mutex // serialises rebuilds (informer goroutines)
 	pool    cache.Store
-	pods    cache.Store
 	missing bool // the pool was not found at the last rebuild (logged once)
 	obs     WatchObserver
 	added   func([]Member) // see OnAdded; nil: nobody
+
+	// active is the pod watch the allowlist is built from (nil: none yet);
+	// pending the watch of the pool's new selector while it syncs. Both
+	// run under runCtx; watches counts their goroutines.
+	active, pending *podWatch
+	runCtx          context.Context
+	watches         sync.WaitGroup
+	// firstSync is closed once the first pod watch has synced.
+	firstSync chan struct{}
+}
+
+// podWatch is the watch of the pods one selector selects.
+type podWatch struct {
+	selector string // as the API server is sent it
+	sel      labels.Selector
+	ports    []uint16 // the pool's target ports, the last seen with this selector
+	store    cache.Store
+	stop     context.CancelFunc
 }
 
 // RoleLabel is the pod label by which llm-d tells prefill pods
@@ -155,7 +180,8 @@ func NewPoolWatcher(cfg PoolConfig, dyn dynamic.Interface, log zerolog.Logger) (
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	w := &PoolWatcher{cfg: cfg, dyn: dyn, log: log.With().Str("inference_pool", cfg.Namespace+"/"+cfg.Name).Logger()}
+	w := &PoolWatcher{cfg: cfg, dyn: dyn, log: log.With().Str("inference_pool", cfg.Namespace+"/"+cfg.Name).Logger(),
+		firstSync: make(chan struct{})}
 	empty := map[netip.AddrPort]string{}
 	w.set.Store(&empty)
 	return w, nil
@@ -175,46 +201,37 @@ func (w *PoolWatcher) Allowed(hostport string) bool {
 // Len is the number of admitted host:port pairs.
 func (w *PoolWatcher) Len() int { return len(*w.set.Load()) }
 
-// Run starts the informers, waits for their first sync (ready is closed
-// then, when non-nil), and keeps the allowlist current until ctx ends; it
-// returns after the informers stopped.
+// Run starts the pool's informer and, once the pool names a selector, the
+// pods' (a new one for each new selector), waits for their first sync
+// (ready is closed then, when non-nil; with no usable pool at that time,
+// once the pool's informer synced), and keeps the allowlist current until
+// ctx ends; it returns after every informer stopped.
 func (w *PoolWatcher) Run(ctx context.Context, ready chan<- struct{}) error {
+	defer w.watches.Wait()
 	name := w.cfg.Name
 	poolInf := informer(w.dyn, w.dyn.Resource(w.cfg.GVR()).Namespace(w.cfg.Namespace),
 		func(o *metav1.ListOptions) { o.FieldSelector = "metadata.name=" + name })
-	podInf := informer(w.dyn, w.dyn.Resource(PodsGVR).Namespace(w.cfg.Namespace), func(*metav1.ListOptions) {})
-	w.pool, w.pods = poolInf.GetStore(), podInf.GetStore()
-	for _, in := range []struct {
-		inf      cache.SharedIndexInformer
-		resource string
-	}{{poolInf, w.cfg.GVR().Resource}, {podInf, PodsGVR.Resource}} {
-		event := func() {
-			if w.obs != nil {
-				w.obs.Event(in.resource)
-			}
-			w.rebuild()
-		}
-		if _, err := in.inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
-			AddFunc:    func(any) { event() },
-			UpdateFunc: func(any, any) { event() },
-			DeleteFunc: func(any) { event() },
-		}); err != nil {
-			return fmt.Errorf("%s informer: %w", in.resource, err)
-		}
+	w.mu.Lock()
+	w.pool, w.runCtx = poolInf.GetStore(), ctx
+	w.mu.Unlock()
+	if _, err := poolInf.AddEventHandler(w.handler(w.cfg.GVR().Resource)); err != nil {
+		return fmt.Errorf("%s informer: %w", w.cfg.GVR().Resource, err)
 	}
-	var wg sync.WaitGroup
-	defer wg.Wait()
-	for _, inf := range []cache.SharedIndexInformer{poolInf, podInf} {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			inf.RunWithContext(ctx)
-		}()
-	}
-	if !cache.WaitForCacheSync(ctx.Done(), poolInf.HasSynced, podInf.HasSynced) {
+	w.watches.Go(func() { poolInf.RunWithContext(ctx) })
+	if !cache.WaitForCacheSync(ctx.Done(), poolInf.HasSynced) {
 		return ErrPoolNotSynced
 	}
 	w.rebuild()
+	w.mu.Lock()
+	waiting := w.pending != nil
+	w.mu.Unlock()
+	if waiting {
+		select {
+		case <-w.firstSync:
+		case <-ctx.Done():
+			return ErrPoolNotSynced
+		}
+	}
 	w.log.Info().Int("allowed", w.Len()).Msg("inference pool allowlist synced")
 	if ready != nil {
 		close(ready)
@@ -223,10 +240,69 @@ func (w *PoolWatcher) Run(ctx context.Context, ready chan<- struct{}) error {
 	return nil
 }
 
+// handler counts an informer's events for resource and rebuilds on each.
+func (w *PoolWatcher) handler(resource string) cache.ResourceEventHandlerFuncs {
+	event := func() {
+		if w.obs != nil {
+			w.obs.Event(resource)
+		}
+		w.rebuild()
+	}
+	return cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(any) { event() },
+		UpdateFunc: func(any, any) { event() },
+		DeleteFunc: func(any) { event() },
+	}
+}
+
+// watchPods starts the watch of the pods sel selects (w.mu held): it
+// becomes pending, and active once it has synced if it is still pending
+// then.
+func (w *PoolWatcher) watchPods(sel labels.Selector, ports []uint16) {
+	ctx, stop := context.WithCancel(w.runCtx)
+	selector := sel.String()
+	inf := informer(w.dyn, w.dyn.Resource(PodsGVR).Namespace(w.cfg.Namespace),
+		func(o *metav1.ListOptions) { o.LabelSelector = selector })
+	pw := &podWatch{selector: selector, sel: sel, ports: ports, store: inf.GetStore(), stop: stop}
+	if err := inf.SetTransform(slimPod); err != nil {
+		w.log.Error().Err(err).Msg("pod informer transform") // only once the informer runs
+	}
+	if _, err := inf.AddEventHandler(w.handler(PodsGVR.Resource)); err != nil {
+		w.log.Error().Err(err).Msg("pod informer handler")
+	}
+	w.pending = pw
+	w.watches.Go(func() { inf.RunWithContext(ctx) })
+	w.watches.Go(func() {
+		if !cache.WaitForCacheSync(ctx.Done(), inf.HasSynced) {
+			return
+		}
+		w.mu.Lock()
+		if w.pending != pw {
+			w.mu.Unlock()
+			return // given up for another selector meanwhile
+		}
+		old := w.active
+		w.active, w.pending = pw, nil
+		first := old == nil
+		w.mu.Unlock()
+		if old != nil {
+			old.stop()
+		}
+		w.log.Info().Str("selector", selector).Msg("inference pool pods watched by the pool's selector")
+		w.rebuild()
+		if first {
+			close(w.firstSync)
+		}
+	})
+}
+
 // informer lists and watches one namespaced resource as unstructured
 // objects, with mod applied to every list and watch. Like client-go's
 // dynamic informer it asks client whether it supports watch-list streams
-// (fake clients do not).
+// (fake clients do not): where the API server does, the initial list is a
+// watch that streams the objects from its cache, not one list response
+// built whole in its memory per sidecar (client-go's WatchListClient, on by
+// default; KUBE_FEATURE_WatchListClient=false turns it off).
 func informer(client dynamic.Interface, ri dynamic.ResourceInterface, mod func(*metav1.ListOptions)) cache.SharedIndexInformer {
 	lw := &cache.ListWatch{
 		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
@@ -262,7 +338,10 @@ func (w *PoolWatcher) rebuild() {
 			if perr != nil {
 				w.log.Error().Err(perr).Msg("inference pool spec unusable; allowing no prefiller")
 			} else {
-				w.addPods(next, sel, ports)
+				w.follow(sel, ports)
+				if a := w.active; a != nil {
+					addPods(next, a.store, a.sel, a.ports)
+				}
 			}
 		}
 	}
@@ -282,8 +361,34 @@ func (w *PoolWatcher) rebuild() {
 	}
 }
 
-func (w *PoolWatcher) addPods(set map[netip.AddrPort]string, sel labels.Selector, ports []uint16) {
-	for _, o := range w.pods.List() {
+// follow makes the pod watches follow the pool's selector and ports (w.mu
+// held): the active watch's selector takes the new ports at once; another
+// selector gets a watch of its own, which replaces the active one once it
+// has synced (the allowlist is the active selector's until then).
+func (w *PoolWatcher) follow(sel labels.Selector, ports []uint16) {
+	selector := sel.String()
+	if a := w.active; a != nil && a.selector == selector {
+		a.ports = ports
+		if p := w.pending; p != nil {
+			p.stop() // the pool is back on the active selector
+			w.pending = nil
+		}
+		return
+	}
+	if p := w.pending; p != nil {
+		if p.selector == selector {
+			p.ports = ports
+			return
+		}
+		p.stop()
+	}
+	if w.runCtx != nil {
+		w.watchPods(sel, ports)
+	}
+}
+
+func addPods(set map[netip.AddrPort]string, pods cache.Store, sel labels.Selector, ports []uint16) {
+	for _, o := range pods.List() {
 		pod, ok := o.(*unstructured.Unstructured)
 		if !ok || !sel.Matches(labels.Set(pod.GetLabels())) || !podReady(pod) {
 			continue
@@ -294,6 +399,44 @@ func (w *PoolWatcher) addPods(set map[netip.AddrPort]string, sel labels.Selector
 			}
 		}
 	}
+}
+
+// slimPod reduces a pod, before the informer caches it, to what the
+// allowlist reads: its name, namespace, uid, resource version, labels and
+// deletion timestamp, its phase, IPs and Ready condition. The rest — spec,
+// managedFields, annotations, container statuses — is most of a pod's
+// bytes, and a sidecar in every decode pod would keep it for every pool
+// pod. Anything but a pod object (a deletion's last known state) passes
+// as it is.
+func slimPod(obj any) (any, error) {
+	u, ok := obj.(*unstructured.Unstructured)
+	if !ok {
+		return obj, nil
+	}
+	meta := map[string]any{}
+	for _, k := range []string{"name", "namespace", "uid", "resourceVersion", "labels", "deletionTimestamp"} {
+		if v, ok := u.Object["metadata"].(map[string]any)[k]; ok {
+			meta[k] = v
+		}
+	}
+	status := map[string]any{}
+	if st, ok := u.Object["status"].(map[string]any); ok {
+		for _, k := range []string{"phase", "podIP", "podIPs"} {
+			if v, ok := st[k]; ok {
+				status[k] = v
+			}
+		}
+		if conds, ok := st["conditions"].([]any); ok {
+			for _, c := range conds {
+				if m, ok := c.(map[string]any); ok && m["type"] == "Ready" {
+					status["conditions"] = []any{map[string]any{"type": "Ready", "status": m["status"]}}
+				}
+			}
+		}
+	}
+	return &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": u.GetAPIVersion(), "kind": u.GetKind(), "metadata": meta, "status": status,
+	}}, nil
 }
 
 // poolSpec reads the pod selector and target ports of a v1 pool

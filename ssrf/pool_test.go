@@ -2,6 +2,8 @@ package ssrf
 
 import (
 	"context"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -202,4 +204,91 @@ func TestPoolWatcherNotSynced(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	assert.ErrorIs(t, w.Run(ctx, nil), ErrPoolNotSynced)
+}
+
+// publishes records every allowlist a watcher publishes (WatchObserver).
+type publishes struct {
+	mu    sync.Mutex
+	sizes []int
+}
+
+func (p *publishes) Event(string) {}
+func (p *publishes) Allowlist(allowed int, _ bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.sizes = append(p.sizes, allowed)
+}
+
+func (p *publishes) since(i int) []int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return append([]int(nil), p.sizes[i:]...)
+}
+
+// TestPoolWatcherSelectorSwitchOver: the pool's selector changes from the
+// pods of one app to those of another. Every allowlist published from the
+// change on is the old app's pod alone, until the new selector's watch has
+// synced, then the new app's pod alone: never empty, never both.
+func TestPoolWatcherSelectorSwitchOver(t *testing.T) {
+	noLeaks(t)
+	cfg := PoolConfig{Namespace: "ns", Name: "pool", Group: GroupV1}
+	dyn := fakeDynamic(cfg.GVR(), poolV1(8000),
+		pod("old", "10.0.0.1", true, map[string]string{"app": "prefill"}),
+		pod("new", "10.0.0.2", true, map[string]string{"app": "prefill-v2"}))
+	w, err := NewPoolWatcher(cfg, dyn, zerolog.Nop())
+	require.NoError(t, err)
+	obs := &publishes{}
+	w.Observe(obs)
+	ctx, cancel := context.WithCancel(context.Background())
+	ready := make(chan struct{})
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx, ready) }()
+	t.Cleanup(func() {
+		cancel()
+		require.NoError(t, <-done)
+	})
+	<-ready
+	require.True(t, w.Allowed("10.0.0.1:8000"))
+	require.False(t, w.Allowed("10.0.0.2:8000"))
+	from := len(obs.since(0))
+
+	moved := poolV1(8000)
+	require.NoError(t, unstructured.SetNestedStringMap(moved.Object, map[string]string{"app": "prefill-v2"}, "spec", "selector", "matchLabels"))
+	_, err = dyn.Resource(cfg.GVR()).Namespace("ns").Update(ctx, moved, metav1.UpdateOptions{})
+	require.NoError(t, err)
+	eventually(t, "the new selector's pod admitted", func() bool { return w.Allowed("10.0.0.2:8000") })
+	assert.False(t, w.Allowed("10.0.0.1:8000"), "the old selector's pod no longer")
+	for i, n := range obs.since(from) {
+		assert.Equal(t, 1, n, "publish %d from the change on: one pod, never none, never both", i)
+	}
+}
+
+// TestSlimPod: a cached pod keeps what the allowlist reads and nothing of
+// its spec, managed fields, annotations or other conditions.
+func TestSlimPod(t *testing.T) {
+	full := pod("p", "10.0.0.1", true, map[string]string{"app": "prefill", RoleLabel: "prefill"})
+	full.SetAnnotations(map[string]string{"big": strings.Repeat("x", 4096)})
+	full.SetManagedFields([]metav1.ManagedFieldsEntry{{Manager: "kubelet", Operation: metav1.ManagedFieldsOperationUpdate}})
+	require.NoError(t, unstructured.SetNestedField(full.Object, "node-1", "spec", "nodeName"))
+	require.NoError(t, unstructured.SetNestedSlice(full.Object, []any{
+		map[string]any{"type": "PodScheduled", "status": "True"},
+		map[string]any{"type": "Ready", "status": "True", "lastTransitionTime": "2026-01-01T00:00:00Z"},
+	}, "status", "conditions"))
+	require.NoError(t, unstructured.SetNestedSlice(full.Object, []any{map[string]any{"ip": "10.0.0.1"}, map[string]any{"ip": "fd00::1"}}, "status", "podIPs"))
+	got, err := slimPod(full)
+	require.NoError(t, err)
+	slim := got.(*unstructured.Unstructured)
+	assert.True(t, podReady(slim))
+	assert.Len(t, podIPs(slim), 2)
+	assert.Equal(t, "prefill", slim.GetLabels()[RoleLabel])
+	assert.Empty(t, slim.GetAnnotations())
+	assert.Empty(t, slim.GetManagedFields())
+	_, hasSpec := slim.Object["spec"]
+	assert.False(t, hasSpec)
+	conds, _, _ := unstructured.NestedSlice(slim.Object, "status", "conditions")
+	assert.Equal(t, []any{map[string]any{"type": "Ready", "status": "True"}}, conds)
+	other := "not a pod"
+	same, err := slimPod(other)
+	require.NoError(t, err)
+	assert.Equal(t, other, same)
 }
