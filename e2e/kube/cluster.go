@@ -17,6 +17,7 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
+	mrand "math/rand/v2"
 	"net"
 	"net/http"
 	"os"
@@ -158,13 +159,22 @@ func (c *Cluster) log(name string) string {
 	return string(b)
 }
 
+// freePort returns a port of 127.0.0.1 that was free a moment ago, drawn
+// below Linux's ephemeral range (32768 and up) as the e2e harness draws its
+// own: a port the kernel just gave a listener on :0 is the kind it gives
+// next to an outgoing connection, which could take it before etcd or the
+// API server binds it.
 func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
+	for range 200 {
+		port := 20000 + mrand.IntN(12000)
+		l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
+		if err != nil {
+			continue
+		}
+		l.Close()
+		return port, nil
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
+	return 0, errors.New("kube: no free port below 32768")
 }
 
 // AdminToken is the static token of the admin user (system:masters).
