@@ -275,11 +275,16 @@ test-k8s: kube-apiserver
 	command -v etcd >/dev/null 2>&1 || { echo "test-k8s: etcd is not installed and could not be: sudo apt-get install etcd-server"; exit 1; }
 	$(GO) test -race -count=1 -tags k8s -run 'K8s' -timeout 20m ./e2e/
 
-## k8s-watch-cost: what the sidecars' InferencePool watches cost the real API server, with 1, 10 and 50
-## sidecars (K8S_WATCH_SIDECARS), without the race detector: the table of docs/deploy.md (about 3 minutes).
+## k8s-watch-cost: what the sidecars' InferencePool watches cost the real API server and a new prefill
+## pod, without the race detector: 1, 10 and 50 sidecars (K8S_WATCH_SIDECARS) in a namespace of 1,000 other
+## pods (K8S_OTHER_PODS), 50 started at once with and without the streaming initial list
+## (K8S_FLEET_SIDECARS), 50 warming a new prefill pod with and without the spread (K8S_PREWARM_SIDECARS):
+## the tables of docs/deploy.md (about 10 minutes).
 .PHONY: k8s-watch-cost
 k8s-watch-cost: kube-apiserver
-	K8S_WATCH_SIDECARS=$${K8S_WATCH_SIDECARS:-1,10,50} $(GO) test -count=1 -v -tags k8s -run 'TestK8sWatchCost' -timeout 20m ./e2e/
+	K8S_WATCH_SIDECARS=$${K8S_WATCH_SIDECARS:-1,10,50} K8S_OTHER_PODS=$${K8S_OTHER_PODS:-1000} \
+	K8S_FLEET_SIDECARS=$${K8S_FLEET_SIDECARS:-50} K8S_PREWARM_SIDECARS=$${K8S_PREWARM_SIDECARS:-50} \
+		$(GO) test -count=1 -v -tags k8s -run 'TestK8sWatchCost|TestK8sFleetStartup|TestK8sPrewarmSpread' -timeout 40m ./e2e/
 
 ## fuzz-short: a short seeded run of every fuzz target (connector body rewriting (its member walk against gjson's), upstream answers' handoffs through every connector, client connector field stripping, JSON body validation and its top-level read, header parser, SSE event split (goroutine and event-loop), scanner and rewriter, chunked body decoder, the lane's request heads, upstream answers on both paths)
 # An execution count, not a duration: a duration races Go's fuzzing coordinator at its end
