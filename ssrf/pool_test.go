@@ -2,6 +2,8 @@ package ssrf
 
 import (
 	"context"
+	"fmt"
+	goruntime "runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -17,6 +19,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	dynfake "k8s.io/client-go/dynamic/fake"
+	"k8s.io/client-go/tools/cache"
 )
 
 // pod builds a pod as the dynamic client serves it.
@@ -291,4 +294,78 @@ func TestSlimPod(t *testing.T) {
 	same, err := slimPod(other)
 	require.NoError(t, err)
 	assert.Equal(t, other, same)
+}
+
+// vllmPod is a pod of a vLLM prefill deployment as the API server serves
+// it: spec, managed fields, container statuses and all conditions.
+func vllmPod(i int) *unstructured.Unstructured {
+	p := pod(fmt.Sprintf("vllm-prefill-%d", i), fmt.Sprintf("10.0.%d.%d", i/250, i%250), true,
+		map[string]string{"app": "prefill", RoleLabel: "prefill", "pod-template-hash": "7d9f8c6b5"})
+	spec := map[string]any{
+		"nodeName": "gpu-node-7", "serviceAccountName": "vllm", "restartPolicy": "Always",
+		"containers": []any{
+			map[string]any{"name": "vllm", "image": "vllm/vllm-openai:v0.11.0",
+				"args": []any{"--model", "meta-llama/Llama-3.1-70B-Instruct", "--port", "8000", "--tensor-parallel-size", "4",
+					"--kv-transfer-config", `{"kv_connector":"NixlConnector","kv_role":"kv_both"}`},
+				"env":       []any{map[string]any{"name": "VLLM_NIXL_SIDE_CHANNEL_HOST", "valueFrom": map[string]any{"fieldRef": map[string]any{"fieldPath": "status.podIP"}}}},
+				"resources": map[string]any{"limits": map[string]any{"nvidia.com/gpu": "4"}, "requests": map[string]any{"cpu": "16", "memory": "256Gi"}},
+				"ports":     []any{map[string]any{"containerPort": int64(8000), "protocol": "TCP"}},
+				"volumeMounts": []any{map[string]any{"name": "shm", "mountPath": "/dev/shm"},
+					map[string]any{"name": "kube-api-access-x7k2p", "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount", "readOnly": true}},
+			},
+		},
+		"volumes": []any{map[string]any{"name": "shm", "emptyDir": map[string]any{"medium": "Memory", "sizeLimit": "20Gi"}}},
+		"tolerations": []any{map[string]any{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+			map[string]any{"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": int64(300)}},
+	}
+	_ = unstructured.SetNestedField(p.Object, spec, "spec")
+	_ = unstructured.SetNestedSlice(p.Object, []any{
+		map[string]any{"type": "PodReadyToStartContainers", "status": "True", "lastTransitionTime": "2026-12-01T10:00:00Z"},
+		map[string]any{"type": "Initialized", "status": "True", "lastTransitionTime": "2026-12-01T10:00:00Z"},
+		map[string]any{"type": "Ready", "status": "True", "lastTransitionTime": "2026-12-01T10:04:00Z"},
+		map[string]any{"type": "ContainersReady", "status": "True", "lastTransitionTime": "2026-12-01T10:04:00Z"},
+		map[string]any{"type": "PodScheduled", "status": "True", "lastTransitionTime": "2026-12-01T09:59:00Z"},
+	}, "status", "conditions")
+	_ = unstructured.SetNestedSlice(p.Object, []any{map[string]any{"name": "vllm", "ready": true, "restartCount": int64(0),
+		"image": "vllm/vllm-openai:v0.11.0", "imageID": "docker.io/vllm/vllm-openai@sha256:" + strings.Repeat("ab", 32),
+		"containerID": "containerd://" + strings.Repeat("cd", 32), "started": true,
+		"state": map[string]any{"running": map[string]any{"startedAt": "2026-12-01T10:00:30Z"}}}}, "status", "containerStatuses")
+	p.SetManagedFields([]metav1.ManagedFieldsEntry{
+		{Manager: "kube-controller-manager", Operation: metav1.ManagedFieldsOperationUpdate, APIVersion: "v1", FieldsType: "FieldsV1",
+			FieldsV1: metav1.NewFieldsV1(`{"f:metadata":{"f:generateName":{},"f:labels":{".":{},"f:app":{},"f:llm-d.ai/role":{},"f:pod-template-hash":{}},"f:ownerReferences":{".":{},"k:{\"uid\":\"1\"}":{}}},"f:spec":{"f:containers":{"k:{\"name\":\"vllm\"}":{".":{},"f:args":{},"f:env":{},"f:image":{},"f:name":{},"f:ports":{},"f:resources":{}}}}}`)},
+		{Manager: "kubelet", Operation: metav1.ManagedFieldsOperationUpdate, APIVersion: "v1", FieldsType: "FieldsV1", Subresource: "status",
+			FieldsV1: metav1.NewFieldsV1(`{"f:status":{"f:conditions":{"k:{\"type\":\"ContainersReady\"}":{".":{},"f:lastTransitionTime":{},"f:status":{},"f:type":{}},"k:{\"type\":\"Ready\"}":{".":{},"f:lastTransitionTime":{},"f:status":{},"f:type":{}}},"f:containerStatuses":{},"f:podIP":{},"f:podIPs":{}}}`)},
+	})
+	return p
+}
+
+// TestSlimPodCacheBytes: what the informer's cache holds for each pool pod,
+// a vLLM pod as the API server serves it, with the transform and without:
+// the heap the cached objects keep, measured after a GC (also the JSON
+// each is served as, for scale).
+func TestSlimPodCacheBytes(t *testing.T) {
+	const n = 500
+	held := func(slim bool) float64 {
+		store := cache.NewStore(cache.MetaNamespaceKeyFunc)
+		var before, after goruntime.MemStats
+		goruntime.GC()
+		goruntime.ReadMemStats(&before)
+		for i := range n {
+			var obj any = vllmPod(i)
+			if slim {
+				obj, _ = slimPod(obj)
+			}
+			require.NoError(t, store.Add(obj))
+		}
+		goruntime.GC()
+		goruntime.ReadMemStats(&after)
+		require.Len(t, store.List(), n)
+		goruntime.KeepAlive(store)
+		return float64(after.HeapAlloc-before.HeapAlloc) / n
+	}
+	full, slim := held(false), held(true)
+	js, err := vllmPod(0).MarshalJSON()
+	require.NoError(t, err)
+	t.Logf("a vLLM pool pod (%d bytes of JSON) holds %.0f bytes of heap in the cache whole, %.0f reduced (%.0f%%)", len(js), full, slim, 100*slim/full)
+	assert.Less(t, slim, full/3, "the reduced pod costs under a third of the whole one")
 }
