@@ -15,7 +15,7 @@ build:
 
 ## test: everything CI runs: gofmt, go vet, staticcheck, and go test -race (unit and e2e over real
 ## processes). About 10 minutes on 2 cores (the first run also downloads modules and staticcheck).
-test: lint deploy-check test-ucx fuzz-short
+test: lint deploy-check test-ucx test-rules fuzz-short
 	@echo "==> go test -race ./... (unit and e2e over real processes; about 5 minutes on 2 cores, the e2e package alone about 4: each package prints when it is done)"
 	$(GO) test -race -count=1 -timeout 20m ./...
 
@@ -87,6 +87,31 @@ test-ucx: $(STATICCHECK)
 	done; \
 	echo "==> test-ucx: the sidecar-pull e2e over shared memory alone (UCX_TLS=sm,self)"; \
 	UCX_TLS=sm,self $(GO) test -count=1 -timeout 5m -tags ucx -run 'TestKVPullUCX' ./e2e/
+
+## test-rules: the Prometheus alert and recording rules (deploy/prometheus) checked and unit-tested with
+## Debian's promtool (every alert firing and not firing: pd-sidecar-rules.test.yaml). Needs the
+## prometheus package: installed here with apt-get when missing and this user may; otherwise skipped
+## with a loud note. PROMETHEUS_REQUIRED=1 makes a missing promtool an error instead.
+.PHONY: test-rules
+test-rules:
+	@if ! command -v promtool >/dev/null 2>&1; then \
+		sudo=""; [ "$$(id -u)" = 0 ] || { sudo -n true 2>/dev/null && sudo="sudo -n"; } || true; \
+		if command -v apt-get >/dev/null 2>&1 && { [ "$$(id -u)" = 0 ] || [ -n "$$sudo" ]; }; then \
+			echo "==> test-rules: installing prometheus (promtool) with apt-get"; \
+			$$sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -qq --no-install-recommends prometheus >/dev/null || true; \
+		fi; \
+	fi; \
+	if ! command -v promtool >/dev/null 2>&1; then \
+		echo "########################################################################"; \
+		echo "# test-rules: SKIPPED. promtool is not installed and could not be"; \
+		echo "# installed here. The alert rules' tests did NOT run. To run them:"; \
+		echo "#   sudo apt-get install -y prometheus && make test-rules"; \
+		echo "########################################################################"; \
+		if [ -n "$(PROMETHEUS_REQUIRED)" ]; then echo "test-rules: PROMETHEUS_REQUIRED is set: failing"; exit 1; fi; \
+		exit 0; \
+	fi; \
+	echo "==> test-rules: promtool check rules and promtool test rules (deploy/prometheus)"; \
+	set -e; cd deploy/prometheus; promtool check rules pd-sidecar-rules.yaml; promtool test rules pd-sidecar-rules.test.yaml
 
 ## bench-kv: the KV data plane against its ceilings, side by side in one run (pd-bench kv): for
 ## each UCX_TLS setting and block size (4KiB..4MiB) ucx_perftest's one-sided get next to the
