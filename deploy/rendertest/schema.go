@@ -80,6 +80,10 @@ func schemaOf(v any, path []string, flags map[string]string) (map[string]any, er
 	case "sidecar.gomaxprocs": // "requests", "limits", or a number of threads
 		return map[string]any{"type": []string{"string", "integer", "null"}}, nil
 	}
+	if strings.HasPrefix(strings.Join(path, "."), "metrics.prometheusRule.thresholds.") {
+		// Alert thresholds: ratios and seconds, whole or not.
+		return map[string]any{"type": []string{"number", "null"}}, nil
+	}
 	switch x := v.(type) {
 	case nil:
 		return map[string]any{}, nil
