@@ -7,8 +7,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"unicode"
 
+	"github.com/pd-sidecar/pd-sidecar/e2e/enginesim"
 	"github.com/pd-sidecar/pd-sidecar/loadgen"
 )
 
@@ -110,40 +110,13 @@ func draw(r *rand.Rand, d loadgen.Dist) int {
 	return d.Min + r.IntN(d.Max-d.Min+1)
 }
 
-// PromptTokens is the prompt length engine-sim computes for msgs: its chat
-// template ("<|role|>\ncontent\n" per message, then "<|assistant|>\n") cut
-// by its tokenizer (a run of letters and digits is one token, every other
-// non-space rune one token; e2e/enginesim/tokenizer.go). It stands in when
-// an answer reports no usage.
+// PromptTokens is the prompt length engine-sim computes for msgs (its chat
+// template cut by its tokenizer, e2e/enginesim). It stands in when an
+// answer reports no usage.
 func PromptTokens(msgs []Message) int {
-	var b strings.Builder
-	for _, m := range msgs {
-		b.WriteString("<|")
-		b.WriteString(m.Role)
-		b.WriteString("|>\n")
-		b.WriteString(m.Content)
-		b.WriteString("\n")
+	em := make([]enginesim.Message, len(msgs))
+	for i, m := range msgs {
+		em[i] = enginesim.Message{Role: m.Role, Content: m.Content}
 	}
-	b.WriteString("<|assistant|>\n")
-	return countTokens(b.String())
-}
-
-// countTokens counts engine-sim's tokens of text.
-func countTokens(text string) int {
-	n, inWord := 0, false
-	for _, r := range text {
-		switch {
-		case unicode.IsLetter(r) || unicode.IsDigit(r):
-			if !inWord {
-				n++
-				inWord = true
-			}
-		case unicode.IsSpace(r):
-			inWord = false
-		default:
-			n++
-			inWord = false
-		}
-	}
-	return n
+	return len(enginesim.Tokenize(enginesim.ChatPrompt(em)))
 }

@@ -83,6 +83,13 @@ func fakeDynamic(gvr schema.GroupVersionResource, objs ...runtime.Object) *dynfa
 
 func startWatcher(t *testing.T, group string, pool *unstructured.Unstructured, pods ...*unstructured.Unstructured) *rig {
 	t.Helper()
+	return startObserved(t, nil, group, pool, pods...)
+}
+
+// startObserved is startWatcher with obs (nil: none) observing the watcher
+// from its start.
+func startObserved(t *testing.T, obs WatchObserver, group string, pool *unstructured.Unstructured, pods ...*unstructured.Unstructured) *rig {
+	t.Helper()
 	cfg := PoolConfig{Namespace: "ns", Name: "pool", Group: group}
 	gvr := cfg.GVR()
 	var objs []runtime.Object
@@ -95,6 +102,9 @@ func startWatcher(t *testing.T, group string, pool *unstructured.Unstructured, p
 	dyn := fakeDynamic(gvr, objs...)
 	w, err := NewPoolWatcher(cfg, dyn, zerolog.Nop())
 	require.NoError(t, err)
+	if obs != nil {
+		w.Observe(obs)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	ready := make(chan struct{})
 	done := make(chan error, 1)
@@ -234,30 +244,18 @@ func (p *publishes) since(i int) []int {
 // synced, then the new app's pod alone: never empty, never both.
 func TestPoolWatcherSelectorSwitchOver(t *testing.T) {
 	noLeaks(t)
-	cfg := PoolConfig{Namespace: "ns", Name: "pool", Group: GroupV1}
-	dyn := fakeDynamic(cfg.GVR(), poolV1(8000),
+	obs := &publishes{}
+	r := startObserved(t, obs, GroupV1, poolV1(8000),
 		pod("old", "10.0.0.1", true, map[string]string{"app": "prefill"}),
 		pod("new", "10.0.0.2", true, map[string]string{"app": "prefill-v2"}))
-	w, err := NewPoolWatcher(cfg, dyn, zerolog.Nop())
-	require.NoError(t, err)
-	obs := &publishes{}
-	w.Observe(obs)
-	ctx, cancel := context.WithCancel(context.Background())
-	ready := make(chan struct{})
-	done := make(chan error, 1)
-	go func() { done <- w.Run(ctx, ready) }()
-	t.Cleanup(func() {
-		cancel()
-		require.NoError(t, <-done)
-	})
-	<-ready
+	w, ctx := r.w, context.Background()
 	require.True(t, w.Allowed("10.0.0.1:8000"))
 	require.False(t, w.Allowed("10.0.0.2:8000"))
 	from := len(obs.since(0))
 
 	moved := poolV1(8000)
 	require.NoError(t, unstructured.SetNestedStringMap(moved.Object, map[string]string{"app": "prefill-v2"}, "spec", "selector", "matchLabels"))
-	_, err = dyn.Resource(cfg.GVR()).Namespace("ns").Update(ctx, moved, metav1.UpdateOptions{})
+	_, err := r.dyn.Resource(r.gvr).Namespace("ns").Update(ctx, moved, metav1.UpdateOptions{})
 	require.NoError(t, err)
 	eventually(t, "the new selector's pod admitted", func() bool { return w.Allowed("10.0.0.2:8000") })
 	assert.False(t, w.Allowed("10.0.0.1:8000"), "the old selector's pod no longer")
