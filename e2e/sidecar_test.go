@@ -49,6 +49,8 @@ func TestSidecarDisaggregatedCompletionsMatchLocal(t *testing.T) {
 		"cached_tokens is the prefiller's value, not the decoder's 100%%")
 	assert.Equal(t, 1.0, rig.scMetric(t, "pd_sidecar_requests_total", map[string]string{"mode": "disaggregated", "code": "200"}))
 	assert.Equal(t, 1.0, rig.scMetric(t, "pd_sidecar_kv_transfer_duration_seconds", nil))
+	assert.Equal(t, 1.0, rig.scMetric(t, "pd_sidecar_prefiller_requests_total",
+		map[string]string{"prefiller": rig.prefill.HostPort(), "outcome": "split"}))
 
 	// What each leg carried.
 	pre := simRequests(t, rig.prefill)
@@ -146,6 +148,9 @@ func TestSidecarPrefillerFailuresFallBack(t *testing.T) {
 			assert.Zero(t, rig.decode.Metric(t, "sim_remote_kv_decodes_total", nil))
 			assert.Equal(t, 1.0, rig.scMetric(t, "pd_sidecar_fallbacks_total", map[string]string{"reason": c.reason}))
 			assert.Equal(t, 1.0, rig.scMetric(t, "pd_sidecar_requests_total", map[string]string{"mode": "fallback", "code": "200"}))
+			assert.Equal(t, 1.0, rig.scMetric(t, "pd_sidecar_prefiller_requests_total",
+				map[string]string{"prefiller": rig.prefill.HostPort(), "outcome": "fallback", "reason": c.reason}))
+			assert.Zero(t, rig.scMetric(t, "pd_sidecar_prefiller_requests_total", map[string]string{"outcome": "split"}))
 			harness.Eventually(t, 30*time.Second, "the abandoned prefill leg was cancelled", func() bool {
 				return running(t, rig.prefill) == 0
 			})
@@ -182,6 +187,7 @@ func TestSidecarPrefiller400PassedThrough(t *testing.T) {
 	assert.True(t, gjson.GetBytes(b, "error").Exists(), "%s", b)
 	assert.Empty(t, simRequests(t, rig.decode), "no decode leg, no local run")
 	assert.Zero(t, rig.scMetric(t, "pd_sidecar_fallbacks_total", nil))
+	assert.Equal(t, 1.0, rig.scMetric(t, "pd_sidecar_prefiller_requests_total", map[string]string{"outcome": "refused"}))
 }
 
 func TestSidecarDecodeEngineDownIs503(t *testing.T) {

@@ -19,6 +19,24 @@ const (
 	ModeFallback = "fallback"
 )
 
+// Outcomes of a request that named an admitted prefiller (the outcome label
+// of prefiller_requests_total), one each.
+const (
+	// OutcomeSplit: a decode ran on KV that moved from the prefiller.
+	OutcomeSplit = "split"
+	// OutcomeNoHandoff: answered 2xx/3xx without a KV handoff: the
+	// prefill's first token ended generation, or a decode-first engine
+	// served it from its own cache.
+	OutcomeNoHandoff = "no_handoff"
+	// OutcomeFallback: degraded to a local prefill, and answered.
+	OutcomeFallback = "fallback"
+	// OutcomeRefused: answered 4xx (passed on from the prefiller, or
+	// refused by the sidecar).
+	OutcomeRefused = "refused"
+	// OutcomeFailed: answered 5xx, or the client left first.
+	OutcomeFailed = "failed"
+)
+
 // Inflight phases (the phase label of inflight_requests).
 const (
 	// PhasePrefill: the prefill leg is in flight.
@@ -79,6 +97,10 @@ type Metrics struct {
 	Requests *prometheus.CounterVec
 	// Fallbacks counts degradations to local prefill by reason.
 	Fallbacks *prometheus.CounterVec
+	// PrefillerRequests counts the requests that named an admitted
+	// prefiller, by prefiller, outcome (Outcome*) and, for a fallback, its
+	// reason: the split and fallback ratios per prefiller.
+	PrefillerRequests *prometheus.CounterVec
 	// SplitDeclined counts requests that named a prefiller and that the
 	// sidecar served locally by choice, without a prefill leg, by reason
 	// (DeclineShortPrompt).
@@ -176,6 +198,10 @@ func New(reg prometheus.Registerer, maxPrefillers int) *Metrics {
 			Name: "pd_sidecar_fallbacks_total",
 			Help: "Requests with a named prefiller that degraded to local prefill, by reason.",
 		}, []string{"reason"}),
+		PrefillerRequests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "pd_sidecar_prefiller_requests_total",
+			Help: "Requests that named an admitted prefiller, by prefiller and outcome (split, no_handoff, fallback, refused, failed); reason is a fallback's reason, empty otherwise.",
+		}, []string{"prefiller", "outcome", "reason"}),
 		SplitDeclined: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "pd_sidecar_split_declined_total",
 			Help: "Requests with a named prefiller served locally by choice, without a prefill leg (no fallback), by reason (short_prompt: under --min-remote-prefill-tokens).",
@@ -252,7 +278,7 @@ func New(reg prometheus.Registerer, maxPrefillers int) *Metrics {
 	reg.MustRegister(m.SplitDeclined)
 	m.SplitDeclined.WithLabelValues(DeclineShortPrompt)
 	reg.MustRegister(m.PrefillLegFailures, m.KVSources, m.DecodeFirst, m.LoopStreams, m.LoopHandoffs, m.LoopRequests)
-	reg.MustRegister(m.Requests, m.Fallbacks, m.PrefillDuration, m.KVTransferDuration,
+	reg.MustRegister(m.Requests, m.Fallbacks, m.PrefillerRequests, m.PrefillDuration, m.KVTransferDuration,
 		m.TTFT, m.KVLoadFailures, m.Inflight, m.PrefillRetries, m.ClientDisconnects, m.KVReleases)
 	for _, h := range []string{KVReleaseDecodeLeg, KVReleaseFailed, KVReleaseOverLimit} {
 		m.KVReleases.WithLabelValues(h)

@@ -83,16 +83,17 @@ const (
 	numOutcomes
 )
 
-// outcomeOf classifies a report of a request that named a prefiller.
+// outcomeOf is the slot of a report's outcome (RequestReport.Outcome, as
+// the metrics count it).
 func outcomeOf(r proxy.RequestReport) int {
-	switch {
-	case r.Status >= 500 || r.Status == 499:
+	switch r.Outcome() {
+	case metrics.OutcomeFailed:
 		return outcomeFailed
-	case r.Status >= 400:
+	case metrics.OutcomeRefused:
 		return outcomeRefused
-	case r.Mode == metrics.ModeFallback:
+	case metrics.OutcomeFallback:
 		return outcomeFellBack
-	case r.Mode == metrics.ModeDisaggregated && r.KVTransferred:
+	case metrics.OutcomeSplit:
 		return outcomeSplit
 	}
 	return outcomeNoHandoff

@@ -261,6 +261,8 @@ func TestChartRenders(t *testing.T) {
 				ep := sm["spec"].(map[string]any)["endpoints"].([]any)[0].(map[string]any)
 				assert.Equal(t, "metrics", ep["port"])
 				assert.Equal(t, "/metrics", ep["path"])
+				assert.Equal(t, []any{map[string]any{"targetLabel": "pool", "replacement": "pd-pd-sidecar", "action": "replace"}}, ep["relabelings"],
+					"no inference-pool: the series' pool is the release")
 				assert.Equal(t, "prom", sm["metadata"].(map[string]any)["labels"].(map[string]any)["release"])
 				var svcPorts []string
 				for _, p := range o.Services[0].Spec.Ports {
@@ -273,8 +275,12 @@ func TestChartRenders(t *testing.T) {
 			name: "ssrf protection gets its RBAC in the pool's namespace",
 			values: map[string]any{"sidecar": map[string]any{"flags": map[string]any{
 				"enable-ssrf-protection": true, "inference-pool": "pools/qwen-pool",
-			}}},
+			}}, "metrics": map[string]any{"serviceMonitor": map[string]any{"enabled": true}}},
 			check: func(t *testing.T, o rendertest.Objects) {
+				require.Equal(t, 1, o.Kinds["ServiceMonitor"])
+				ep := o.Other[0]["spec"].(map[string]any)["endpoints"].([]any)[0].(map[string]any)
+				assert.Equal(t, []any{map[string]any{"targetLabel": "pool", "replacement": "qwen-pool", "action": "replace"}}, ep["relabelings"],
+					"the series' pool is the InferencePool's name")
 				c := sidecarOf(t, podOf(t, o))
 				assert.Contains(t, c.Args, "--enable-ssrf-protection=true")
 				assert.Contains(t, c.Args, "--inference-pool=pools/qwen-pool")

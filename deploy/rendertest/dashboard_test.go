@@ -10,6 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"sigs.k8s.io/yaml"
 
 	"github.com/pd-sidecar/pd-sidecar/deploy/rendertest"
 	"github.com/pd-sidecar/pd-sidecar/metrics"
@@ -111,6 +112,9 @@ func TestDashboardQueriesNameExportedMetrics(t *testing.T) {
 	require.NotEmpty(t, dash["title"])
 	require.NotEmpty(t, dash["uid"])
 	names := exported(t)
+	for _, r := range recorded(t) {
+		names[r] = true
+	}
 	qs := queries(t, dash)
 	require.GreaterOrEqual(t, len(qs), 10)
 	covered := map[string]bool{}
@@ -122,12 +126,40 @@ func TestDashboardQueriesNameExportedMetrics(t *testing.T) {
 			covered[strings.TrimSuffix(strings.TrimSuffix(strings.TrimSuffix(m, "_bucket"), "_sum"), "_count")] = true
 		}
 	}
-	// The issue's panels: split ratio, fallbacks by reason, prefill and KV
-	// latency per prefiller, TTFT by mode, in-flight.
-	for _, m := range []string{"pd_sidecar_requests_total", "pd_sidecar_fallbacks_total", "pd_sidecar_prefill_duration_seconds",
+	// The panels every operator looks at first: split ratio, fallbacks by
+	// reason, the ratios per pool and per prefiller, prefill and KV latency
+	// per prefiller, TTFT by mode, in-flight.
+	for _, m := range []string{"pool:pd_sidecar_split_ratio:rate5m", "pool:pd_sidecar_fallback_ratio:rate5m",
+		"prefiller:pd_sidecar_split_ratio:rate5m", "prefiller:pd_sidecar_fallback_ratio:rate5m", "pd_sidecar_requests_total", "pd_sidecar_fallbacks_total", "pd_sidecar_prefill_duration_seconds",
 		"pd_sidecar_kv_transfer_duration_seconds", "pd_sidecar_ttft_seconds", "pd_sidecar_inflight_requests"} {
 		assert.True(t, covered[m], "no panel shows %s", m)
 	}
+}
+
+// recorded returns the names the recording rules of
+// deploy/prometheus/pd-sidecar-rules.yaml record.
+func recorded(t *testing.T) []string {
+	t.Helper()
+	b, err := os.ReadFile("../prometheus/pd-sidecar-rules.yaml")
+	require.NoError(t, err)
+	var f struct {
+		Groups []struct {
+			Rules []struct {
+				Record string `json:"record"`
+			} `json:"rules"`
+		} `json:"groups"`
+	}
+	require.NoError(t, yaml.Unmarshal(b, &f))
+	var out []string
+	for _, g := range f.Groups {
+		for _, r := range g.Rules {
+			if r.Record != "" {
+				out = append(out, r.Record)
+			}
+		}
+	}
+	require.NotEmpty(t, out)
+	return out
 }
 
 func TestMetricNames(t *testing.T) {

@@ -57,6 +57,23 @@ type RequestReport struct {
 	History string
 }
 
+// Outcome classifies a report of a request that named a prefiller:
+// metrics.OutcomeSplit, OutcomeNoHandoff, OutcomeFallback, OutcomeRefused
+// or OutcomeFailed.
+func (r RequestReport) Outcome() string {
+	switch {
+	case r.Status >= 500 || r.Status == 499:
+		return metrics.OutcomeFailed
+	case r.Status >= 400:
+		return metrics.OutcomeRefused
+	case r.Mode == metrics.ModeFallback:
+		return metrics.OutcomeFallback
+	case r.Mode == metrics.ModeDisaggregated && r.KVTransferred:
+		return metrics.OutcomeSplit
+	}
+	return metrics.OutcomeNoHandoff
+}
+
 // Observer learns how every inference request ended. ObserveRequest is
 // called exactly once per inference request, on the goroutine that ends it;
 // it must be safe for concurrent use and must not block.
@@ -146,16 +163,25 @@ func (r *Request) Report() {
 		mode = metrics.ModeLocal
 	}
 	r.Obs.End(mode, r.Label)
+	rep := RequestReport{
+		ID: r.ID, Mode: mode, Reason: r.Obs.Reason, Declined: r.Obs.Declined, Prefiller: r.Label, NamedPrefiller: r.named,
+		Status: r.Obs.Status, Start: r.Start, Duration: time.Since(r.Start),
+		PrefillDuration: r.Obs.PrefillDur, KVHandoffDuration: r.Obs.KVDur,
+		KVTransferred: r.Obs.KVOK && mode == metrics.ModeDisaggregated,
+		DecodeChunks:  r.Obs.Chunks,
+		Encoder:       r.Obs.Encoder,
+		History:       r.historyOutcome(),
+	}
+	if rep.Prefiller != "" && rep.Declined == "" {
+		o := rep.Outcome()
+		reason := ""
+		if o == metrics.OutcomeFallback {
+			reason = rep.Reason
+		}
+		r.P.M.PrefillerRequests.WithLabelValues(rep.Prefiller, o, reason).Inc()
+	}
 	if o := r.P.Ext.Observer; o != nil {
-		o.ObserveRequest(RequestReport{
-			ID: r.ID, Mode: mode, Reason: r.Obs.Reason, Declined: r.Obs.Declined, Prefiller: r.Label, NamedPrefiller: r.named,
-			Status: r.Obs.Status, Start: r.Start, Duration: time.Since(r.Start),
-			PrefillDuration: r.Obs.PrefillDur, KVHandoffDuration: r.Obs.KVDur,
-			KVTransferred: r.Obs.KVOK && mode == metrics.ModeDisaggregated,
-			DecodeChunks:  r.Obs.Chunks,
-			Encoder:       r.Obs.Encoder,
-			History:       r.historyOutcome(),
-		})
+		o.ObserveRequest(rep)
 	}
 }
 
