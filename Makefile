@@ -91,7 +91,9 @@ test-ucx: $(STATICCHECK)
 ## test-rules: the Prometheus alert and recording rules (deploy/prometheus) checked and unit-tested with
 ## Debian's promtool (every alert firing and not firing: pd-sidecar-rules.test.yaml). Needs the
 ## prometheus package: installed here with apt-get when missing and this user may; otherwise skipped
-## with a loud note. PROMETHEUS_REQUIRED=1 makes a missing promtool an error instead.
+## with a loud note. The same package's prometheus runs the e2e test TestAlertsOverRealTraffic in
+## go test ./e2e (skipped loudly without it). PROMETHEUS_REQUIRED=1 makes a missing promtool or
+## prometheus an error instead.
 .PHONY: test-rules
 test-rules:
 	@if ! command -v promtool >/dev/null 2>&1; then \
