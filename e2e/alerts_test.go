@@ -35,7 +35,9 @@ import (
 //     splits over the sidecar's own KV pull, streams, and clients that leave
 //     mid-stream. No alert may fire here, ever.
 //   - dead-prefiller: the header names a port nothing listens on.
-//   - failing-prefiller: the prefiller answers every prefill 503.
+//   - failing-prefiller: the prefiller answers every prefill 500.
+//   - slow-kv: the decode engine takes 1.5 s to answer a leg that carries
+//     remote KV.
 //   - kv-failing: the prefiller's KV arrives corrupted; every pull fails its
 //     checksum.
 //   - no-prefiller: the endpoint picker names no prefiller (splits turned
@@ -211,7 +213,8 @@ func TestAlertsOverRealTraffic(t *testing.T) {
 	pullDecode := harness.StartEngineSim(t, "decode", agent()...)
 	corruptPrefill := harness.StartEngineSim(t, "prefill", agent("--faults", `{"corrupt_kv":true,"only":"prefill"}`)...)
 	plainDecode := harness.StartEngineSim(t, "decode", "--log-level", "warn")
-	failingPrefill := harness.StartEngineSim(t, "prefill", "--faults", `{"status":503}`, "--log-level", "warn")
+	failingPrefill := harness.StartEngineSim(t, "prefill", "--faults", `{"status":500}`, "--log-level", "warn")
+	slowDecode := harness.StartEngineSim(t, "decode", "--faults", `{"latency_ms":1500,"only":"decode"}`, "--log-level", "warn")
 	deadPrefiller := harness.HostPort(harness.FreePort(t)) // nothing listens here
 	goneSidecar := harness.HostPort(harness.FreePort(t))   // a sidecar that does not answer its scrape
 
@@ -226,6 +229,7 @@ func TestAlertsOverRealTraffic(t *testing.T) {
 	failing := harness.StartSidecar(t, plainDecode.Port, append([]string{"--prefill-max-retries", "1", "--prefill-retry-backoff", "10ms"}, stayOpen...)...)
 	kvFailing := harness.StartSidecar(t, pullDecode.Port, pull...)
 	noPrefiller := harness.StartSidecar(t, plainDecode.Port, quiet...)
+	slowKV := harness.StartSidecar(t, slowDecode.Port, quiet...)
 
 	targets := []alertTarget{
 		{"pd-sidecar", harness.HostPort(healthy.Port), "healthy", "decode-nixl"},
@@ -234,6 +238,7 @@ func TestAlertsOverRealTraffic(t *testing.T) {
 		{"pd-sidecar", harness.HostPort(failing.Port), "failing-prefiller", "decode-0"},
 		{"pd-sidecar", harness.HostPort(kvFailing.Port), "kv-failing", "decode-0"},
 		{"pd-sidecar", harness.HostPort(noPrefiller.Port), "no-prefiller", "decode-0"},
+		{"pd-sidecar", harness.HostPort(slowKV.Port), "slow-kv", "decode-0"},
 		{"pd-sidecar", goneSidecar, "down", "decode-gone"},
 		{"engine-sim", prefill.HostPort(), "healthy", "prefill-nixl"},
 		{"engine-sim", decode.HostPort(), "healthy", "decode-nixl"},
@@ -242,6 +247,7 @@ func TestAlertsOverRealTraffic(t *testing.T) {
 		{"engine-sim", corruptPrefill.HostPort(), "kv-failing", "prefill-0"},
 		{"engine-sim", failingPrefill.HostPort(), "failing-prefiller", "prefill-0"},
 		{"engine-sim", plainDecode.HostPort(), "failing-prefiller", "decode-0"},
+		{"engine-sim", slowDecode.HostPort(), "slow-kv", "decode-0"},
 	}
 	prom := harness.StartPrometheus(t, scrapeConfig(targets), map[string]string{"rules.yaml": shortenRules(t, string(rulesFile))})
 
@@ -291,6 +297,7 @@ func TestAlertsOverRealTraffic(t *testing.T) {
 		{name: "failing prefiller", send: completion(failing, named(failingPrefill.HostPort()))},
 		{name: "corrupted KV", send: completion(kvFailing, named(corruptPrefill.HostPort()))},
 		{name: "no prefiller named", send: completion(noPrefiller, nil)},
+		{name: "slow KV transfer", send: completion(slowKV, named(prefill.HostPort()))},
 	}
 	ctx, stop := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
@@ -307,6 +314,7 @@ func TestAlertsOverRealTraffic(t *testing.T) {
 		"failing-prefiller": {"PDSidecarNotSplitting", "PDSidecarFallbackRatioHigh", "PDSidecarCircuitOpen"},
 		"kv-failing":        {"PDSidecarNotSplitting", "PDSidecarFallbackRatioHigh"},
 		"no-prefiller":      {"PDSidecarNoPrefillerNamed"},
+		"slow-kv":           {"PDSidecarKVTransferSlow"},
 		"down":              {"PDSidecarDown"},
 	}
 	firing := func() map[string]bool {
@@ -341,11 +349,16 @@ func TestAlertsOverRealTraffic(t *testing.T) {
 
 	// What fired, and why, from the alerts themselves.
 	reasons := map[string]string{}
+	var slowFrom []string
 	for _, a := range prom.Alerts(t) {
 		if a.State == "firing" && a.Labels["alertname"] == "PDSidecarFallbackRatioHigh" {
 			reasons[a.Labels["namespace"]] += a.Labels["reason"] + " "
 		}
+		if a.State == "firing" && a.Labels["alertname"] == "PDSidecarKVTransferSlow" {
+			slowFrom = append(slowFrom, a.Labels["prefiller"])
+		}
 	}
+	assert.Equal(t, []string{prefill.HostPort()}, slowFrom, "the slow transfers are the prefiller's")
 	assert.Contains(t, reasons["dead-prefiller"], "circuit_open", "the circuit opened on the dead prefiller: %v", reasons)
 	assert.Contains(t, reasons["failing-prefiller"], "circuit_open", "%v", reasons)
 	assert.Contains(t, reasons["kv-failing"], "kv_load_failed", "%v", reasons)
@@ -391,6 +404,7 @@ func TestAlertsOverRealTraffic(t *testing.T) {
 	}
 	split := ratio(`pool:pd_sidecar_split_ratio:rate5m`)
 	assert.Equal(t, 1.0, split["healthy//"], "every named request in healthy was split: %v", split)
+	assert.Equal(t, 1.0, split["slow-kv//"], "slow transfers are still splits: %v", split)
 	for _, ns := range []string{"dead-prefiller", "failing-prefiller", "kv-failing"} {
 		v, ok := split[ns+"//"]
 		assert.True(t, ok && v == 0, "the split ratio of %s is 0, not missing: %v", ns, split)
