@@ -23,6 +23,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"github.com/tidwall/gjson"
 
+	"github.com/pd-sidecar/pd-sidecar/deploy/grafana"
 	"github.com/pd-sidecar/pd-sidecar/e2e/harness"
 )
 
@@ -195,8 +196,6 @@ func chatMessages(msgs []map[string]any, maxTokens int, stream bool) string {
 func TestAlertsOverRealTraffic(t *testing.T) {
 	harness.PrometheusBinary(t) // skips (or fails) before anything starts
 	rulesFile, err := os.ReadFile(harness.RepoRoot(t) + "/deploy/prometheus/pd-sidecar-rules.yaml")
-	require.NoError(t, err)
-	dashFile, err := os.ReadFile(harness.RepoRoot(t) + "/deploy/grafana/pd-sidecar.json")
 	require.NoError(t, err)
 
 	// The engines. healthy: a bidirectional prefill/decode pair (NIXL-style
@@ -435,11 +434,11 @@ func TestAlertsOverRealTraffic(t *testing.T) {
 
 	// Every query of the dashboard returns data, with every variable at
 	// All.
-	var dash map[string]any
-	require.NoError(t, json.Unmarshal(dashFile, &dash))
+	queries, err := grafana.Queries(grafana.JSON)
+	require.NoError(t, err)
 	vars := strings.NewReplacer(`$namespace`, `.*`, `$pool`, `.*`, `$pod`, `.*`, `$prefiller`, `.*`, `$__rate_interval`, `1m`)
-	for where, expr := range dashboardQueries(dash) {
-		q := vars.Replace(expr)
+	for _, dq := range queries {
+		where, q := dq.Where, vars.Replace(dq.Expr)
 		if inner, ok := strings.CutPrefix(q, "label_values("); ok {
 			// label_values(selector, label): the label's values.
 			i := strings.LastIndexByte(inner, ',')
@@ -461,42 +460,4 @@ func TestAlertsOverRealTraffic(t *testing.T) {
 		assert.Positive(t, l.sent.Load(), l.name)
 	}
 	assert.Positive(t, leftMidStream.Load())
-}
-
-// dashboardQueries returns every PromQL expression of a Grafana
-// dashboard's panels (rows' nested panels included) and query variables,
-// by where it is.
-func dashboardQueries(dash map[string]any) map[string]string {
-	out := map[string]string{}
-	var walk func(panels []any)
-	walk = func(panels []any) {
-		for _, p := range panels {
-			pm, _ := p.(map[string]any)
-			title, _ := pm["title"].(string)
-			nested, _ := pm["panels"].([]any)
-			walk(nested)
-			targets, _ := pm["targets"].([]any)
-			for i, tg := range targets {
-				expr, _ := tg.(map[string]any)["expr"].(string)
-				out[fmt.Sprintf("panel %q, query %d", title, i)] = expr
-			}
-		}
-	}
-	panels, _ := dash["panels"].([]any)
-	walk(panels)
-	tmpl, _ := dash["templating"].(map[string]any)
-	list, _ := tmpl["list"].([]any)
-	for _, v := range list {
-		vm, _ := v.(map[string]any)
-		if vm["type"] != "query" {
-			continue
-		}
-		q := vm["query"]
-		if qm, ok := q.(map[string]any); ok {
-			q = qm["query"]
-		}
-		s, _ := q.(string)
-		out[fmt.Sprintf("variable %v", vm["name"])] = s
-	}
-	return out
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"sigs.k8s.io/yaml"
 
+	"github.com/pd-sidecar/pd-sidecar/deploy/grafana"
 	"github.com/pd-sidecar/pd-sidecar/deploy/rendertest"
 	"github.com/pd-sidecar/pd-sidecar/metrics"
 )
@@ -63,62 +64,21 @@ func exported(t *testing.T) map[string]bool {
 	return r.names
 }
 
-// queries walks a Grafana dashboard and returns every PromQL expression of
-// its panels (rows' nested panels included) and templating variables.
-func queries(t *testing.T, dash map[string]any) map[string]string {
-	t.Helper()
-	out := map[string]string{}
-	var walk func(panels []any)
-	walk = func(panels []any) {
-		for _, p := range panels {
-			pm := p.(map[string]any)
-			title, _ := pm["title"].(string)
-			if nested, ok := pm["panels"].([]any); ok {
-				walk(nested)
-			}
-			targets, _ := pm["targets"].([]any)
-			if pm["type"] != "row" {
-				require.NotEmpty(t, targets, "panel %q has no query", title)
-			}
-			for _, tg := range targets {
-				expr, _ := tg.(map[string]any)["expr"].(string)
-				require.NotEmpty(t, expr, "panel %q has a target without expr", title)
-				out["panel "+title+": "+tg.(map[string]any)["refId"].(string)] = expr
-			}
-		}
-	}
-	walk(dash["panels"].([]any))
-	tmpl, _ := dash["templating"].(map[string]any)
-	list, _ := tmpl["list"].([]any)
-	for _, v := range list {
-		vm := v.(map[string]any)
-		if vm["type"] != "query" {
-			continue
-		}
-		q := vm["query"]
-		if qm, ok := q.(map[string]any); ok {
-			q = qm["query"]
-		}
-		out["variable "+vm["name"].(string)] = q.(string)
-	}
-	return out
-}
-
 func TestDashboardQueriesNameExportedMetrics(t *testing.T) {
-	b, err := os.ReadFile("../grafana/pd-sidecar.json")
-	require.NoError(t, err)
 	var dash map[string]any
-	require.NoError(t, json.Unmarshal(b, &dash), "the dashboard is valid JSON")
+	require.NoError(t, json.Unmarshal(grafana.JSON, &dash), "the dashboard is valid JSON")
 	require.NotEmpty(t, dash["title"])
 	require.NotEmpty(t, dash["uid"])
 	names := exported(t)
 	for _, r := range recorded(t) {
 		names[r] = true
 	}
-	qs := queries(t, dash)
+	qs, err := grafana.Queries(grafana.JSON)
+	require.NoError(t, err)
 	require.GreaterOrEqual(t, len(qs), 10)
 	covered := map[string]bool{}
-	for where, expr := range qs {
+	for _, q := range qs {
+		where, expr := q.Where, q.Expr
 		ms := rendertest.MetricNames(expr)
 		assert.NotEmpty(t, ms, "%s names no metric: %s", where, expr)
 		for _, m := range ms {
