@@ -106,8 +106,9 @@ test-rules:
 	if ! command -v promtool >/dev/null 2>&1; then \
 		echo "########################################################################"; \
 		echo "# test-rules: SKIPPED. promtool is not installed and could not be"; \
-		echo "# installed here. The alert rules' tests did NOT run. To run them:"; \
-		echo "#   sudo apt-get install -y prometheus && make test-rules"; \
+		echo "# installed here. The alert rules' tests did NOT run, and go test"; \
+		echo "# skips TestAlertsOverRealTraffic (a real Prometheus). To run them:"; \
+		echo "#   sudo apt-get install -y prometheus && make test"; \
 		echo "########################################################################"; \
 		if [ -n "$(PROMETHEUS_REQUIRED)" ]; then echo "test-rules: PROMETHEUS_REQUIRED is set: failing"; exit 1; fi; \
 		exit 0; \
