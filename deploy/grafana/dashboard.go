@@ -24,8 +24,6 @@ type Query struct {
 	// $__rate_interval, ...) included; a query variable's is
 	// label_values(selector, label).
 	Expr string
-	// Panel is true for a panel's target, false for a query variable.
-	Panel bool
 }
 
 // Queries returns every query of dashboard: the targets of its panels
@@ -59,7 +57,7 @@ func Queries(dashboard []byte) ([]Query, error) {
 				if tg.Expr == "" {
 					return fmt.Errorf("grafana: panel %q: target %s has no expr", p.Title, tg.RefID)
 				}
-				out = append(out, Query{Where: "panel " + p.Title + ": " + tg.RefID, Expr: tg.Expr, Panel: true})
+				out = append(out, Query{Where: "panel " + p.Title + ": " + tg.RefID, Expr: tg.Expr})
 			}
 		}
 		return nil

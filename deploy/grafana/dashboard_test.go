@@ -23,9 +23,9 @@ func TestQueries(t *testing.T) {
 				"templating":{"list":[{"name":"ds","type":"datasource","query":"prometheus"},
 				{"name":"ns","type":"query","query":{"query":"label_values(x, namespace)"}},{"name":"pod","type":"query","query":"label_values(x, pod)"}]}}`,
 			want: []grafana.Query{
-				{Where: "panel A: A", Expr: "a", Panel: true},
-				{Where: "panel B: A", Expr: "b", Panel: true},
-				{Where: "panel B: B", Expr: "c", Panel: true},
+				{Where: "panel A: A", Expr: "a"},
+				{Where: "panel B: A", Expr: "b"},
+				{Where: "panel B: B", Expr: "c"},
 				{Where: "variable ns", Expr: "label_values(x, namespace)"},
 				{Where: "variable pod", Expr: "label_values(x, pod)"},
 			},
