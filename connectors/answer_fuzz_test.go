@@ -4,6 +4,9 @@ import (
 	"bytes"
 	"encoding/json"
 	"net"
+	"net/netip"
+	"net/url"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -109,6 +112,13 @@ func isBlockIDs(v any) bool {
 	if flat(a) {
 		return true
 	}
+	placeholders := len(a) > 0
+	for _, x := range a {
+		placeholders = placeholders && isID(x)
+	}
+	if placeholders {
+		return true
+	}
 	if len(a) > connectors.MaxKVGroups {
 		return false
 	}
@@ -134,6 +144,11 @@ var (
 		"do_remote_prefill": isBool, "do_remote_decode": isBool, "remote_block_ids": isBlockIDs,
 		"remote_engine_id": isID, "remote_request_id": isID, "remote_host": isHost,
 		"remote_port": isInt(1, 65535), "tp_size": isInt(1, 1<<16), "remote_num_tokens": isInt(0, 1<<31-1),
+		"dcp_size": isInt(1, 1<<16), "pp_size": isInt(1, 1<<16), "remote_blocks_expiry_time": isNumber,
+		"transfer_mode": isShortID(16), "remote_num_cached_tokens": isInt(0, 1<<31-1),
+		"remote_pcp_size": isInt(1, 1<<16), "remote_dcp_size": isInt(1, 1<<16), "remote_ptp_size": isInt(1, 1<<16),
+		"remote_block_size": isInt(1, 1<<31-1), "num_prompt_blocks": isInt(0, nixlv2.MaxBlockIDs), "last_token_id": isInt(0, 1<<31-1),
+		"remote_multi_nodes_meta_mapping": isNodeMap,
 	}
 	moriMembers = memberCheck{
 		"do_remote_prefill": isBool, "do_remote_decode": isBool, "remote_block_ids": isBlockIDs,
@@ -151,9 +166,71 @@ var (
 	ecMembers = memberCheck{"handle": isID, "remote_host": isHost, "remote_port": isInt(1, 65535)}
 )
 
+// isNodeMap is vllm-ascend's remote_multi_nodes_meta_mapping: decimal
+// keys, each {host, engine_id, handshake_port}.
+func isNodeMap(v any) bool {
+	m, ok := v.(map[string]any)
+	if !ok {
+		return false
+	}
+	for k, n := range m {
+		e, ok := n.(map[string]any)
+		if _, err := strconv.Atoi(k); err != nil || !ok || len(e) != 3 || !isHost(e["host"]) || !isID(e["engine_id"]) || !isInt(1, 65535)(e["handshake_port"]) {
+			return false
+		}
+	}
+	return true
+}
+
+// isShortID is an id of at most max bytes.
+func isShortID(max int) func(any) bool {
+	return func(v any) bool { s, ok := v.(string); return ok && len(s) <= max && isID(v) }
+}
+
+// dnsName is a DNS name as a resolver would take one (one label included).
+var dnsName = regexp.MustCompile(`^(?i)[a-z0-9]([a-z0-9-]*[a-z0-9])?(\.[a-z0-9]([a-z0-9-]*[a-z0-9])?)*\.?$`)
+
+// couldNameAddress reports whether s could name an address, read
+// independently of connectors.AddressLike: an IP, a DNS name, host:port,
+// a URL, or anything with blanks, controls, brackets or a percent sign.
+func couldNameAddress(s string) bool {
+	if _, err := netip.ParseAddr(strings.Trim(s, "[]")); err == nil {
+		return true
+	}
+	if _, _, err := net.SplitHostPort(s); err == nil {
+		return true
+	}
+	if u, err := url.Parse(s); err == nil && (u.Scheme != "" || u.Host != "") {
+		return true
+	}
+	return strings.ContainsAny(s, " \t\r\n[]%@/:\\\x00") || dnsName.MatchString(strings.TrimSpace(s))
+}
+
+// noAddress fails if v, an undocumented member's value, holds a string
+// that could name an address.
+func noAddress(t *testing.T, what, name string, v any, answer []byte) {
+	t.Helper()
+	switch x := v.(type) {
+	case string:
+		if couldNameAddress(x) {
+			t.Fatalf("%s: undocumented member %q hands on %q, which could name an address (answer %q)", what, name, x, answer)
+		}
+	case []any:
+		for _, e := range x {
+			noAddress(t, what, name, e, answer)
+		}
+	case map[string]any:
+		for _, e := range x {
+			noAddress(t, what, name, e, answer)
+		}
+	}
+}
+
 // checkMembers fails unless raw is a JSON object whose members are all in
-// want, once each, each passing its check (null: an optional member).
-func checkMembers(t *testing.T, what string, raw []byte, want memberCheck, answer []byte) map[string]any {
+// want, once each, each passing its check (null: an optional member), but
+// for those named in unknown: members an open schema let pass, which hold
+// nothing that could name an address.
+func checkMembers(t *testing.T, what string, raw []byte, want memberCheck, answer []byte, unknown ...string) map[string]any {
 	t.Helper()
 	if !json.Valid(raw) {
 		t.Fatalf("%s: not valid JSON: %q (answer %q)", what, raw, answer)
@@ -174,6 +251,10 @@ func checkMembers(t *testing.T, what string, raw []byte, want memberCheck, answe
 	}
 	for k, v := range m {
 		check, ok := want[k]
+		if !ok && slices.Contains(unknown, k) {
+			noAddress(t, what, k, v, answer)
+			continue
+		}
 		if !ok {
 			t.Fatalf("%s: undocumented member %q handed on: %q (answer %q)", what, k, raw, answer)
 		}
@@ -241,6 +322,7 @@ func seedAnswers(f *testing.F) {
 		`{"choices":[{"text":"a","finish_reason":"length"}],"kv_transfer_params":{` + nixl + `}}`,
 		`{"choices":[{"text":"a","finish_reason":"length"}],"kv_transfer_params":{` + nixl + `,"remote_bootstrap_addr":"http://10.9.9.9:1"}}`,
 		`{"choices":[{"text":"a","finish_reason":"length"}],"kv_transfer_params":{` + nixl + `,"remote_host":"10.9.9.9"}}`,
+		`{"choices":[{"text":"a","finish_reason":"length"}],"kv_transfer_params":{` + nixl + `,"dcp_size":1,"pp_size":2,"remote_num_tokens":40,"remote_blocks_expiry_time":null,"transfer_mode":"pull","kv_layout_v":3,"extra_flags":[1,true,"HND_X"],"nested":{"a":{"b":"1.2.3.4"}},"next_host":"prefill-1"}}`,
 		`{"choices":[{"text":"a","finish_reason":"length"}],"kv_transfer_params":{"remote\u005fhost":"10.9.9.9",` + nixl + `}}`,
 		`{"choices":[{"text":"a","finish_reason":"length"}],"kv_transfer_params":{` + nixl + `,"x":` + strings.Repeat("[", 600) + strings.Repeat("]", 600) + `}}`,
 		`{"choices":[{"text":"a","finish_reason":"length"}],"kv_transfer_params":{"do_remote_prefill":true,"remote_block_ids":[],"remote_engine_id":"e","remote_host":"fd00::1","remote_port":0,"remote_hosts":["10.0.0.2","[fd00::2]"],"remote_notify_port":61005,"remote_handshake_port":6301,"transfer_id":"tx1","prefill_complete_ts":1.5}}`,
@@ -280,7 +362,7 @@ func FuzzPrefillAnswerHandoff(f *testing.F) {
 			if err != nil || h.Done {
 				continue
 			}
-			m := checkMembers(t, c.name+" handoff", h.Params, c.members, answer)
+			m := checkMembers(t, c.name+" handoff", h.Params, c.members, answer, h.Unknown...)
 			sameAddrs(t, c.name, h.Addrs, namedAddrs(m), answer)
 			params := h.Params
 			if c.name == "moriio" {
@@ -288,14 +370,14 @@ func FuzzPrefillAnswerHandoff(f *testing.F) {
 					moriio.Leg{Rank: moriio.DecodeRank(h.Params, 2, 0), TransferID: "tx1"}, nil); err != nil {
 					t.Fatalf("moriio: serial decode params of a read handoff: %v", err)
 				}
-				checkMembers(t, "moriio decode params", params, moriMembers, answer)
+				checkMembers(t, "moriio decode params", params, moriMembers, answer, h.Unknown...)
 			}
 			dec, err := c.conn.DecodeBody(nil, api, client, connectors.Handoff{Params: params})
 			if err != nil {
 				t.Fatalf("%s: decode body: %v", c.name, err)
 			}
 			got := gjson.GetBytes(dec, "kv_transfer_params")
-			checkMembers(t, c.name+" decode leg", []byte(got.Raw), c.members, answer)
+			checkMembers(t, c.name+" decode leg", []byte(got.Raw), c.members, answer, h.Unknown...)
 			if !json.Valid(dec) {
 				t.Fatalf("%s: decode leg not valid JSON: %q", c.name, dec)
 			}

@@ -42,6 +42,10 @@ type Handoff struct {
 	// token (EOS): the prefill answer is the whole answer and no decode leg
 	// is needed.
 	Done bool
+	// Unknown names the members of Params that the connector's schema does
+	// not document and let pass (Schema.Open): the proxy counts them, or
+	// refuses the handoff when told to be strict.
+	Unknown []string
 	// TPSize is the prefill engine's tensor-parallel size (0 if not given).
 	TPSize int
 	// CachedTokens is the prefill answer's prompt cached-token count (0 if

@@ -68,10 +68,18 @@ const (
 	KindUints
 	// KindBlockIDs is vLLM's remote_block_ids: an array of integers in
 	// [0, MaxInt32] (older vLLM), or an array of at most MaxKVGroups such
-	// arrays (one per KV-cache group); at most Max integers in all.
+	// arrays (one per KV-cache group); at most Max integers in all. A flat
+	// array of ids (KindID strings) passes too: the placeholders of
+	// llm-d-inference-sim (["DUMMY_ID"]), whose decode side reads them as
+	// strings; a real engine cannot use them and fails the KV load, which
+	// the proxy recovers from with a local prefill.
 	KindBlockIDs
 	// KindObject is an object read with Schema Sub.
 	KindObject
+	// KindMap is an object of at most Max members, each named by a
+	// decimal number of 1..5 digits (a rank, a port offset), each an
+	// object read with Schema Sub.
+	KindMap
 )
 
 // Role is what a member is to the addresses the params name.
@@ -118,6 +126,23 @@ type Schema struct {
 	// "kv_source").
 	Name   string
 	Fields []Field
+	// Open lets members the schema does not document pass, when each is
+	// one an engine may add without it naming an address (Passable): they
+	// are written after the documented ones, anew, and reported
+	// (Checked.Unknown) for the proxy to count, or to refuse. A closed
+	// schema (false) refuses every member it does not document.
+	Open bool
+}
+
+// Checked is what Schema.Check read.
+type Checked struct {
+	// Out is the object written anew (appended to the dst given).
+	Out []byte
+	// Addrs are the addresses the documented members name.
+	Addrs []Addr
+	// Unknown are the names of the members an Open schema let pass, in
+	// the answer's order.
+	Unknown []string
 }
 
 // invalid is ErrInvalidKVParams with a fixed reason: the schema's names,
@@ -138,12 +163,29 @@ func (s *Schema) invalid(field, why string) error {
 // port (at port 0 when none is). Anything else is ErrInvalidKVParams with
 // a fixed reason.
 func (s *Schema) Canonical(dst []byte, v gjson.Result) ([]byte, []Addr, error) {
+	c, err := s.Check(dst, v)
+	return c.Out, c.Addrs, err
+}
+
+// Check is Canonical, and with an Open schema it also lets pass the
+// members s does not document that Passable takes (each name once, a
+// plain identifier), written anew after the documented ones in the
+// answer's order and named in Unknown. On an error Out is dst.
+func (s *Schema) Check(dst []byte, v gjson.Result) (Checked, error) {
+	out, addrs, unknown, err := s.check(dst, v)
+	if err != nil {
+		return Checked{Out: dst}, err
+	}
+	return Checked{Out: out, Addrs: addrs, Unknown: unknown}, nil
+}
+
+func (s *Schema) check(dst []byte, v gjson.Result) ([]byte, []Addr, []string, error) {
 	// v.Raw is only read: viewed as bytes, not copied.
 	if !v.IsObject() || ValidObject(unsafe.Slice(unsafe.StringData(v.Raw), len(v.Raw))) != nil {
-		return dst, nil, s.invalid("", "not a well-formed JSON object")
+		return dst, nil, nil, s.invalid("", "not a well-formed JSON object")
 	}
 	if len(s.Fields) > maxFields {
-		return dst, nil, s.invalid("", "schema too large") // a programming error
+		return dst, nil, nil, s.invalid("", "schema too large") // a programming error
 	}
 	var buf [16]gjson.Result
 	vals := buf[:0]
@@ -153,6 +195,7 @@ func (s *Schema) Canonical(dst []byte, v gjson.Result) ([]byte, []Addr, error) {
 	vals = vals[:len(s.Fields)]
 	var seen uint64
 	var err error
+	var extra []unknownMember
 	v.ForEach(func(k, val gjson.Result) bool {
 		if strings.IndexByte(k.Raw, '\\') >= 0 {
 			err = s.invalid("", "a member name with escapes")
@@ -160,6 +203,8 @@ func (s *Schema) Canonical(dst []byte, v gjson.Result) ([]byte, []Addr, error) {
 		}
 		i := s.index(k.Str)
 		switch {
+		case i < 0 && s.Open:
+			extra, err = s.addUnknown(extra, k.Str, val)
 		case i < 0:
 			err = s.invalid("", "a member outside the connector's documented fields")
 		case seen&(1<<i) != 0:
@@ -171,7 +216,7 @@ func (s *Schema) Canonical(dst []byte, v gjson.Result) ([]byte, []Addr, error) {
 		return err == nil
 	})
 	if err != nil {
-		return dst, nil, err
+		return dst, nil, nil, err
 	}
 	// Written anew, it is at most as long as v but for the numbers
 	// rewritten (a float's digits): room for it at once.
@@ -184,13 +229,13 @@ func (s *Schema) Canonical(dst []byte, v gjson.Result) ([]byte, []Addr, error) {
 		val := vals[i]
 		if seen&(1<<i) == 0 {
 			if f.Required {
-				return dst, nil, s.invalid(f.Name, "missing")
+				return dst, nil, nil, s.invalid(f.Name, "missing")
 			}
 			continue
 		}
 		if val.Type == gjson.Null {
 			if f.Required {
-				return dst, nil, s.invalid(f.Name, "null")
+				return dst, nil, nil, s.invalid(f.Name, "null")
 			}
 			w.member(f.Name)
 			w.dst = append(w.dst, "null"...)
@@ -199,7 +244,7 @@ func (s *Schema) Canonical(dst []byte, v gjson.Result) ([]byte, []Addr, error) {
 		w.member(f.Name)
 		got, err := w.value(s, f, val)
 		if err != nil {
-			return dst, nil, err
+			return dst, nil, nil, err
 		}
 		switch f.Role {
 		case RoleHost:
@@ -215,6 +260,12 @@ func (s *Schema) Canonical(dst []byte, v gjson.Result) ([]byte, []Addr, error) {
 		}
 		addrs = append(addrs, got.addrs...)
 	}
+	var unknown []string
+	for _, u := range extra {
+		w.member(u.name)
+		w.dst = u.write(w.dst)
+		unknown = append(unknown, u.name)
+	}
 	w.dst = append(w.dst, '}')
 	if len(ports) == 0 {
 		ports = []int{0}
@@ -225,7 +276,7 @@ func (s *Schema) Canonical(dst []byte, v gjson.Result) ([]byte, []Addr, error) {
 			addrs = append(addrs, h)
 		}
 	}
-	return w.dst, addrs, nil
+	return w.dst, addrs, unknown, nil
 }
 
 func (s *Schema) index(name string) int {
@@ -315,6 +366,8 @@ func (w *canonWriter) value(s *Schema, f *Field, val gjson.Result) (read, error)
 		return read{}, w.ints(s, f, val)
 	case KindBlockIDs:
 		return read{}, w.blockIDs(s, f, val)
+	case KindMap:
+		return w.objectMap(s, f, val)
 	case KindObject:
 		if f.Sub == nil || !val.IsObject() {
 			return bad("not an object")
@@ -401,14 +454,14 @@ func (w *canonWriter) blockIDs(s *Schema, f *Field, val gjson.Result) error {
 	}
 	raw := val.Raw
 	depth, total, groups := 0, int64(0), 0
-	nested := -1          // unknown until the first entry: 0 ids, 1 lists of ids
+	nested := -1          // unknown until the first entry: 0 ids, 1 lists of ids, 2 placeholder ids
 	first := []bool{true} // per depth: no entry written yet
 	for i := 0; i < len(raw); i++ {
 		switch c := raw[i]; {
 		case c == ' ' || c == '\t' || c == '\n' || c == '\r':
 		case c == '[':
 			if depth == 1 {
-				if nested == 0 {
+				if nested == 0 || nested == 2 {
 					return s.invalid(f.Name, "block ids and lists of them mixed")
 				}
 				nested = 1
@@ -426,6 +479,22 @@ func (w *canonWriter) blockIDs(s *Schema, f *Field, val gjson.Result) error {
 			depth--
 			w.dst = append(w.dst, ']')
 		case c == ',':
+		case c == '"' && depth == 1 && (nested == -1 || nested == 2):
+			// A placeholder id: validated JSON, so the string ends at the
+			// next quote when it holds no escape (an id never does).
+			j := strings.IndexByte(raw[i+1:], '"')
+			if j < 0 || !validID(raw[i+1:i+1+j], MaxIDLen) {
+				return s.invalid(f.Name, "a placeholder block id that is not an id")
+			}
+			nested = 2
+			if total++; total > f.Max {
+				return s.invalid(f.Name, fmt.Sprintf("more than %d block ids", f.Max))
+			}
+			w.sep(first, depth)
+			w.dst = append(w.dst, raw[i:i+j+2]...)
+			i += j + 1
+		case c >= '0' && c <= '9' && nested == 2:
+			return s.invalid(f.Name, "block ids and placeholders mixed")
 		case c >= '0' && c <= '9':
 			j := i
 			for j < len(raw) && raw[j] >= '0' && raw[j] <= '9' {
@@ -456,6 +525,44 @@ func (w *canonWriter) blockIDs(s *Schema, f *Field, val gjson.Result) error {
 		}
 	}
 	return nil
+}
+
+// objectMap reads a KindMap: members named by decimal numbers, each an
+// object read with f.Sub, whose addresses it returns.
+func (w *canonWriter) objectMap(s *Schema, f *Field, val gjson.Result) (read, error) {
+	if f.Sub == nil || !val.IsObject() {
+		return read{}, s.invalid(f.Name, "not an object")
+	}
+	var out read
+	var err error
+	var names []string
+	w.dst = append(w.dst, '{')
+	val.ForEach(func(k, x gjson.Result) bool {
+		switch {
+		case int64(len(names)) >= f.Max:
+			err = s.invalid(f.Name, fmt.Sprintf("more than %d members", f.Max))
+		case k.Raw != `"`+k.Str+`"` || len(k.Str) == 0 || len(k.Str) > 5 || strings.Trim(k.Str, "0123456789") != "":
+			err = s.invalid(f.Name, "a member not named by a decimal number")
+		case slices.Contains(names, k.Str):
+			err = s.invalid(f.Name, "a member given twice")
+		case !x.IsObject():
+			err = s.invalid(f.Name, "a member that is not an object")
+		}
+		if err != nil {
+			return false
+		}
+		if len(names) > 0 {
+			w.dst = append(w.dst, ',')
+		}
+		names = append(names, k.Str)
+		w.dst = append(strconv.AppendQuote(w.dst, k.Str), ':')
+		var addrs []Addr
+		w.dst, addrs, err = f.Sub.Canonical(w.dst, x)
+		out.addrs = append(out.addrs, addrs...)
+		return err == nil
+	})
+	w.dst = append(w.dst, '}')
+	return out, err
 }
 
 // sep writes the comma before an entry at depth, but for the first.
@@ -543,18 +650,24 @@ func hostPort(v gjson.Result) (string, int, bool) {
 }
 
 // ReadHandoff completes h, read from a prefill answer, with its
-// kv_transfer_params value params: read against s (Schema.Canonical) into
-// Params and Addrs, TPSize from its tp_size. Params whose do_remote_prefill
-// is not true hand nothing off: ErrInvalidKVParams.
+// kv_transfer_params value params: read against s (Schema.Check) into
+// Params, Addrs and Unknown, TPSize from its tp_size, and CachedTokens
+// from its remote_num_cached_tokens when the prefill engine names it
+// (the prompt tokens it found in its own prefix cache). Params whose
+// do_remote_prefill is not true hand nothing off: ErrInvalidKVParams.
 func ReadHandoff(h Handoff, params gjson.Result, s *Schema) (Handoff, error) {
-	out, addrs, err := s.Canonical(nil, params)
+	c, err := s.Check(nil, params)
 	if err != nil {
 		return h, err
 	}
-	if gjson.GetBytes(out, "do_remote_prefill").Type != gjson.True {
+	out := Bytes(c.Out)
+	if gjson.Get(out, "do_remote_prefill").Type != gjson.True {
 		return h, s.invalid("do_remote_prefill", "not true")
 	}
-	h.Params, h.Addrs = out, addrs
-	h.TPSize = int(gjson.GetBytes(out, "tp_size").Int())
+	h.Params, h.Addrs, h.Unknown = c.Out, c.Addrs, c.Unknown
+	h.TPSize = int(gjson.Get(out, "tp_size").Int())
+	if n := gjson.Get(out, "remote_num_cached_tokens"); n.Type == gjson.Number {
+		h.CachedTokens = n.Int()
+	}
 	return h, nil
 }

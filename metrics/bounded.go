@@ -22,20 +22,27 @@ func NewBounded(max int) *Bounded {
 
 // Label returns v if it was admitted (now or before), else Other.
 func (b *Bounded) Label(v string) string {
+	l, _ := b.Admit(v)
+	return l
+}
+
+// Admit is Label, and reports whether this call admitted v: true once per
+// distinct value admitted.
+func (b *Bounded) Admit(v string) (label string, first bool) {
 	b.mu.RLock()
 	_, ok := b.seen[v]
 	b.mu.RUnlock()
 	if ok {
-		return v
+		return v, false
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if _, ok := b.seen[v]; ok {
-		return v
+		return v, false
 	}
 	if len(b.seen) >= b.max {
-		return Other
+		return Other, false
 	}
 	b.seen[v] = struct{}{}
-	return v
+	return v, true
 }

@@ -168,6 +168,8 @@ type Metrics struct {
 	Hedge *Hedge
 	// Upstream counts upstream answers refused (upstream.go).
 	Upstream *Upstream
+	// Wire are the collectors of the engines' wire (wire.go).
+	Wire *Wire
 }
 
 // RegisterBuildInfo registers pd_sidecar_build_info{version,revision,go_version}
@@ -274,6 +276,7 @@ func New(reg prometheus.Registerer, maxPrefillers int) *Metrics {
 		MoriIO:     NewMoriIO(reg),
 		Hedge:      NewHedge(reg),
 		Upstream:   NewUpstream(reg),
+		Wire:       NewWire(reg),
 	}
 	reg.MustRegister(m.SplitDeclined)
 	m.SplitDeclined.WithLabelValues(DeclineShortPrompt)

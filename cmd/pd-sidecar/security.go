@@ -71,6 +71,7 @@ func addGuardFlags(fs *pflag.FlagSet, o *options) {
 	fs.StringVar(&g.poolGroup, "pool-group", ssrf.GroupV1, "InferencePool API group: "+ssrf.GroupV1+" (v1) or "+ssrf.GroupV1Alpha2+" (v1alpha2)")
 	fs.StringSliceVar(&g.allowlist, "prefiller-allowlist", nil, "static prefiller allowlist: CIDRs, ip:port, host:port, *.suffix:port (port * = any)")
 	fs.BoolVar(&c.TrustClientKVParams, "trust-client-kv-params", c.TrustClientKVParams, "keep the client's own kv_transfer_params, ec_transfer_params, bootstrap_* fields in bodies sent to engines (else removed); with --enable-ssrf-protection the addresses they name must be allowlisted (403)")
+	fs.Var(unknownMembersFlag{&c.RefuseUnknownKVMembers}, "kv-params-unknown-members", "what a prefill answer's kv_transfer_params member the connector does not document does: pass (on to the decode engine unchanged, counted, when it names no address; one that could is always refused) or refuse (a local prefill, invalid_kv_params)")
 	fs.StringVar(&g.kubeconfig, "kubeconfig", "", "kubeconfig for the pool watcher outside a cluster (empty: in-cluster config)")
 	fs.DurationVar(&g.syncTimeout, "ssrf-sync-timeout", time.Minute, "how long start-up waits for the InferencePool watch to sync")
 	fs.IntVar(&c.MaxHeaderBytes, "max-header-bytes", c.MaxHeaderBytes, "largest accepted request head (431 above)")
@@ -245,3 +246,27 @@ func kubeConfig(path string) (*rest.Config, error) {
 	}
 	return c, nil
 }
+
+// unknownMembersFlag is --kv-params-unknown-members: pass or refuse.
+type unknownMembersFlag struct{ refuse *bool }
+
+func (f unknownMembersFlag) String() string {
+	if f.refuse != nil && *f.refuse {
+		return "refuse"
+	}
+	return "pass"
+}
+
+func (f unknownMembersFlag) Set(v string) error {
+	switch v {
+	case "pass":
+		*f.refuse = false
+	case "refuse":
+		*f.refuse = true
+	default:
+		return fmt.Errorf("%q: want pass or refuse", v)
+	}
+	return nil
+}
+
+func (unknownMembersFlag) Type() string { return "string" }

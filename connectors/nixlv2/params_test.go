@@ -1,6 +1,7 @@
 package nixlv2_test
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 
@@ -60,7 +61,41 @@ func TestParsePrefillHandsOnOnlyDocumentedFields(t *testing.T) {
 			`{"do_remote_prefill":true,"remote_block_ids":[[],[3]],"remote_engine_id":"e","remote_host":"h","remote_port":1}`},
 		{"a block id past int32", `{"do_remote_prefill":true,"remote_block_ids":[2147483648],"remote_engine_id":"e","remote_host":"h","remote_port":1}`, ""},
 		{"a block id with an exponent", `{"do_remote_prefill":true,"remote_block_ids":[1e3],"remote_engine_id":"e","remote_host":"h","remote_port":1}`, ""},
-		{"a block id as a string", `{"do_remote_prefill":true,"remote_block_ids":["1"],"remote_engine_id":"e","remote_host":"h","remote_port":1}`, ""},
+		{"placeholder block ids", `{"do_remote_prefill":true,"remote_block_ids":["DUMMY_ID", "1"],"remote_engine_id":"e","remote_host":"h","remote_port":1}`,
+			`{"do_remote_prefill":true,"remote_block_ids":["DUMMY_ID","1"],"remote_engine_id":"e","remote_host":"h","remote_port":1}`},
+		{"placeholders and ids mixed", `{"do_remote_prefill":true,"remote_block_ids":["DUMMY_ID",1],"remote_engine_id":"e","remote_host":"h","remote_port":1}`, ""},
+		{"ids and placeholders mixed", `{"do_remote_prefill":true,"remote_block_ids":[1,"DUMMY_ID"],"remote_engine_id":"e","remote_host":"h","remote_port":1}`, ""},
+		{"placeholders in groups", `{"do_remote_prefill":true,"remote_block_ids":[["DUMMY_ID"]],"remote_engine_id":"e","remote_host":"h","remote_port":1}`, ""},
+		{"a placeholder with an escape", `{"do_remote_prefill":true,"remote_block_ids":["a\u0041"],"remote_engine_id":"e","remote_host":"h","remote_port":1}`, ""},
+		{"a placeholder with a space", `{"do_remote_prefill":true,"remote_block_ids":["a b"],"remote_engine_id":"e","remote_host":"h","remote_port":1}`, ""},
+		{"an empty placeholder", `{"do_remote_prefill":true,"remote_block_ids":[""],"remote_engine_id":"e","remote_host":"h","remote_port":1}`, ""},
+		{"an undocumented scalar", `{` + base + `,"kv_layout_version":3,"fast_path":true,"mode":"HND_V2","note":null}`,
+			`{` + base + `,"kv_layout_version":3,"fast_path":true,"mode":"HND_V2","note":null}`},
+		{"an undocumented array of numbers", `{` + base + `,"layer_offsets":[0, 1.5,-2]}`, `{` + base + `,"layer_offsets":[0,1.5,-2]}`},
+		{"an undocumented string re-quoted", `{` + base + `,"tag":"a\u0042\"c"}`, `{` + base + `,"tag":"aB\"c"}`},
+		{"an undocumented IP", `{` + base + `,"peer":"10.9.9.9"}`, ""},
+		{"an undocumented short IP", `{` + base + `,"peer":"10.1"}`, ""},
+		{"an undocumented decimal IP", `{` + base + `,"peer":"2130706433"}`, ""},
+		{"an undocumented hex IP", `{` + base + `,"peer":"0x7f000001"}`, ""},
+		{"an undocumented IPv6", `{` + base + `,"peer":"fd00::9"}`, ""},
+		{"an undocumented name", `{` + base + `,"peer":"prefill-1.pool.svc"}`, ""},
+		{"an undocumented single label", `{` + base + `,"peer":"localhost"}`, ""},
+		{"an undocumented host:port", `{` + base + `,"peer":"x_y:80"}`, ""},
+		{"an undocumented URL", `{` + base + `,"peer":"http://x_y"}`, ""},
+		{"an undocumented userinfo", `{` + base + `,"peer":"a_b@c_d"}`, ""},
+		{"an undocumented padded IP", `{` + base + `,"peer":" 10.9.9.9 "}`, ""},
+		{"an undocumented IP with a NUL", `{` + base + `,"peer":"10.9.9.9\u0000x_"}`, ""},
+		{"an undocumented IP in an array", `{` + base + `,"peers":[1,"10.9.9.9"]}`, ""},
+		{"an undocumented IP in an object", `{` + base + `,"peers":{"a":{"b":"10.9.9.9"}}}`, ""},
+		{"an undocumented escaped name", `{` + base + `,"p\u0065er":1}`, ""},
+		{"an undocumented name that is not an identifier", `{` + base + `,"pe-er":1}`, ""},
+		{"an undocumented member twice", `{` + base + `,"x_y":1,"x_y":2}`, ""},
+		{"an undocumented object with a name twice", `{` + base + `,"x_y":{"a":1,"a":2}}`, ""},
+		{"too many undocumented members", `{` + base + strings.Repeat(`,"a_`, 1) + manyMembers(17) + `}`, ""},
+		{"ascend node map", `{` + base + `,"remote_multi_nodes_meta_mapping":{"0":{"host":"10.0.0.9","engine_id":"0","handshake_port":30000}}}`,
+			`{` + base + `,"remote_multi_nodes_meta_mapping":{"0":{"host":"10.0.0.9","engine_id":"0","handshake_port":30000}}}`},
+		{"ascend node map keyed by a name", `{` + base + `,"remote_multi_nodes_meta_mapping":{"a":{"host":"10.0.0.9","engine_id":"0","handshake_port":30000}}}`, ""},
+		{"ascend node with an extra member", `{` + base + `,"remote_multi_nodes_meta_mapping":{"0":{"host":"10.0.0.9","engine_id":"0","handshake_port":30000,"x":1}}}`, ""},
 		{"too many KV-cache groups", `{"do_remote_prefill":true,"remote_block_ids":[` + strings.Repeat("[],", 64) + `[]],"remote_engine_id":"e","remote_host":"h","remote_port":1}`, ""},
 		{"negative block id", `{"do_remote_prefill":true,"remote_block_ids":[-1],"remote_engine_id":"e","remote_host":"h","remote_port":1}`, ""},
 		{"block ids mixed", `{"do_remote_prefill":true,"remote_block_ids":[1,[2]],"remote_engine_id":"e","remote_host":"h","remote_port":1}`, ""},
@@ -82,10 +117,23 @@ func TestParsePrefillHandsOnOnlyDocumentedFields(t *testing.T) {
 			}
 			require.NoError(t, err)
 			assert.Equal(t, tt.want, string(h.Params))
-			require.Len(t, h.Addrs, 1)
-			assert.Equal(t, "kv_transfer_params.remote_host", h.Addrs[0].Field)
+			require.NotEmpty(t, h.Addrs)
+			assert.Equal(t, "kv_transfer_params.remote_host", h.Addrs[len(h.Addrs)-1].Field)
 		})
 	}
+}
+
+// manyMembers is n undocumented members, the first without its name's
+// start (the caller's `,"a_`).
+func manyMembers(n int) string {
+	var b strings.Builder
+	for i := range n {
+		if i > 0 {
+			b.WriteString(`,"a_`)
+		}
+		fmt.Fprintf(&b, `%d":%d`, i, i)
+	}
+	return b.String()
 }
 
 func TestReleaseBodyCarriesTheReadParams(t *testing.T) {

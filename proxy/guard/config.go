@@ -21,6 +21,12 @@ type Config struct {
 	// sends them legitimately (--trust-client-kv-params); with an
 	// Allowlist, the addresses they name must be on it. False removes them.
 	TrustClientKVParams bool
+	// RefuseUnknownKVMembers refuses a prefill answer whose
+	// kv_transfer_params carry a member the connector does not document
+	// (--kv-params-unknown-members=refuse): a local prefill then,
+	// invalid_kv_params. False passes such members on to the decode engine
+	// unchanged when they name no address (connectors.Passable), counted.
+	RefuseUnknownKVMembers bool
 	// Breaker is the per-prefiller circuit breaker.
 	Breaker circuit.Config
 	// MaxHeaderBytes bounds the request line and headers (431 above); it

@@ -59,8 +59,8 @@ func TestCheckHandoffAddrs(t *testing.T) {
 		{"the second of two refused", "10.0.0.9:8000", append(addr("10.0.0.9", 5600), connectors.Addr{Field: "kv_transfer_params.remote_hosts", Host: "10.9.9.9", Port: 5600}), false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			err := on.checkHandoff(tc.prefiller, connectors.Handoff{Addrs: tc.addrs})
-			assert.NoError(t, off.checkHandoff(tc.prefiller, connectors.Handoff{Addrs: tc.addrs}), "no SSRF protection: anything")
+			_, err := on.checkHandoff(tc.prefiller, connectors.Handoff{Addrs: tc.addrs})
+			assert.NoError(t, off.handoffAllowed(tc.prefiller, connectors.Handoff{Addrs: tc.addrs}), "no SSRF protection: anything")
 			if tc.ok {
 				assert.NoError(t, err)
 				return

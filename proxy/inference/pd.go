@@ -314,7 +314,7 @@ func (r *Request) PrefillAnswered(status int, contentType, body []byte) (Prefill
 	}
 	h, err := r.P.seq.ParsePrefill(r.API, body)
 	if err == nil {
-		err = r.P.checkHandoff(r.Prefiller, h) // its addresses against the allowlist
+		h, err = r.P.checkHandoff(r.Prefiller, h) // its addresses against the allowlist
 	}
 	if err != nil {
 		h = connectors.Handoff{} // nothing of a refused answer goes on
@@ -663,15 +663,28 @@ func (p *Proxy) refusedAddr(peer string, addrs []connectors.Addr) (refused conne
 	return connectors.Addr{}, true
 }
 
-// checkHandoff refuses a handoff whose addresses refusedAddr refuses for
-// prefiller: ErrInvalidKVParams naming the member, never the address
-// (an upstream's bytes).
-func (p *Proxy) checkHandoff(prefiller string, h connectors.Handoff) error {
+// checkHandoff is the handoff of prefiller's answer as it may go on
+// (wireChecked: undocumented members counted, or refused when strict; a
+// side-channel host name replaced by the prefiller's host), or an error
+// when refusedAddr refuses one of its addresses for prefiller:
+// ErrInvalidKVParams naming the member, never the address (an upstream's
+// bytes).
+func (p *Proxy) checkHandoff(prefiller string, h connectors.Handoff) (connectors.Handoff, error) {
+	h, err := p.wireChecked(prefiller, h)
+	if err != nil {
+		return h, err
+	}
 	if a, ok := p.refusedAddr(prefiller, h.Addrs); !ok {
-		return fmt.Errorf("%w: %s names an address that is neither the prefiller's host nor on the allowlist",
+		return h, fmt.Errorf("%w: %s names an address that is neither the prefiller's host nor on the allowlist",
 			connectors.ErrInvalidKVParams, a.Field)
 	}
-	return nil
+	return h, nil
+}
+
+// handoffAllowed is checkHandoff's verdict alone (prewarm.Driver).
+func (p *Proxy) handoffAllowed(prefiller string, h connectors.Handoff) error {
+	_, err := p.checkHandoff(prefiller, h)
+	return err
 }
 
 // cleanBody is body as it may reach an engine (api: the inference API its

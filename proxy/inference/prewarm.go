@@ -26,7 +26,7 @@ func newPrewarmer(p *Proxy) *prewarm.Warmer {
 		Covered:        p.prewarmCovered,
 		Own:            p.ownAddr,
 		Seq:            p.seq,
-		CheckHandoff:   p.checkHandoff,
+		CheckHandoff:   p.handoffAllowed,
 		TPGuard:        p.tpGuard,
 		Transport:      p.Tr,
 		Locals:         locals,
