@@ -26,8 +26,9 @@ var Source = connectors.Schema{Name: "kv_source", Fields: []connectors.Field{
 // Params is the kv_transfer_params of a sidecar-pull prefill answer: the
 // NIXL members an engine may answer beside kv_source (none of them is
 // handed on, and none names an address the sidecar connects to) and the
-// kv_source descriptor.
-var Params = connectors.Schema{Name: "kv_transfer_params", Fields: []connectors.Field{
+// kv_source descriptor. It is Open, as nixlv2.Params is: a member a newer
+// engine adds passes when it names no address.
+var Params = connectors.Schema{Name: "kv_transfer_params", Open: true, Fields: []connectors.Field{
 	{Name: "do_remote_prefill", Kind: connectors.KindBool},
 	{Name: "do_remote_decode", Kind: connectors.KindBool},
 	{Name: "remote_block_ids", Kind: connectors.KindBlockIDs, Max: nixlv2.MaxBlockIDs},
@@ -37,5 +38,9 @@ var Params = connectors.Schema{Name: "kv_transfer_params", Fields: []connectors.
 	{Name: "remote_port", Kind: connectors.KindInt, Min: 0, Max: 65535},
 	{Name: "tp_size", Kind: connectors.KindInt, Min: 1, Max: 1 << 16},
 	{Name: "remote_num_tokens", Kind: connectors.KindInt, Min: 0, Max: math.MaxInt32},
+	{Name: "dcp_size", Kind: connectors.KindInt, Min: 1, Max: 1 << 16},
+	{Name: "pp_size", Kind: connectors.KindInt, Min: 1, Max: 1 << 16},
+	{Name: "remote_blocks_expiry_time", Kind: connectors.KindNumber},
+	{Name: "transfer_mode", Kind: connectors.KindID, Max: 16},
 	{Name: "kv_source", Kind: connectors.KindObject, Required: true, Sub: &Source},
 }}

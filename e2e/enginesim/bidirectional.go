@@ -18,7 +18,7 @@ import (
 //     sequence for --decoder-kv-blocks-ttl, a fixed deadline, and its answer
 //     carries kv_transfer_params naming the pin: do_remote_decode true,
 //     remote_engine_id, remote_request_id, remote_block_ids, remote_host and
-//     remote_port (this engine's KV side channel), tp_size,
+//     remote_port (this engine's KV side channel), tp_size, dcp_size, pp_size,
 //     remote_num_tokens, remote_blocks_expiry_time (seconds on this
 //     engine's monotonic clock, whose origin is the engine's start) and
 //     transfer_mode "pull". A streamed answer carries them in the chunk with
@@ -151,6 +151,8 @@ func (s *Sim) pinSequence(g *genRequest, recv [][]byte, o *output) *hold {
 		"remote_host":               host,
 		"remote_port":               kvAddr.Port,
 		"tp_size":                   s.cfg.TPSize,
+		"dcp_size":                  s.cfg.DCPSize,
+		"pp_size":                   s.cfg.PPSize,
 		"remote_num_tokens":         len(seq) - 1,
 		"remote_blocks_expiry_time": expiry,
 		"transfer_mode":             "pull",

@@ -158,7 +158,7 @@ func TestCancelledRequests(t *testing.T) {
 				port := silentPrefiller(t)
 				body := `{"model":"sim-model","prompt":"x","max_tokens":2,"kv_transfer_params":{"do_remote_prefill":true,` +
 					`"remote_engine_id":"e","remote_request_id":"r","remote_block_ids":[[1]],"remote_host":"127.0.0.1","remote_port":` +
-					mustJSON(port) + `}}`
+					mustJSON(port) + `,"tp_size":1,"dcp_size":1,"pp_size":1,"remote_blocks_expiry_time":null}}`
 				f := send(t, s.url+"/v1/completions", body)
 				eventually(t, func() bool { return s.metric(t, "vllm:num_requests_running") == 1 }, "pulling")
 				f.leave()

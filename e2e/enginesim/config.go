@@ -79,6 +79,12 @@ type Config struct {
 	DefaultMaxTokens int
 	// TPSize is reported as tp_size in kv_transfer_params.
 	TPSize int
+	// DCPSize and PPSize are reported as dcp_size and pp_size, where the
+	// wire shape has them.
+	DCPSize, PPSize int
+	// WireShape names the NIXL prefill answer shape of the upstream corpus
+	// this engine writes and reads (wireshape.go).
+	WireShape string
 	// Faults are active from the start.
 	Faults Faults
 	// SharedStorageDir, when set, is the shared KV store (LMCache-style):
@@ -139,6 +145,9 @@ func DefaultConfig() Config {
 		MaxRunning:           256,
 		DefaultMaxTokens:     16,
 		TPSize:               1,
+		DCPSize:              1,
+		PPSize:               1,
+		WireShape:            DefaultWireShape,
 		DecoderKVBlocksTTL:   480 * time.Second,
 		KVRecomputeThreshold: 64,
 	}
@@ -181,6 +190,8 @@ func (c Config) Validate() error {
 		return bad("--default-max-tokens must be positive")
 	case c.TPSize <= 0:
 		return bad("--tp-size must be positive")
+	case c.DCPSize <= 0 || c.PPSize <= 0:
+		return bad("--dcp-size and --pp-size must be positive")
 	case c.KVAgentPort < 0 || c.KVAgentPort > 65535:
 		return bad("--kv-agent-port must be within 0..65535")
 	case c.Port < 0 || c.Port > 65535 || c.KVPort < 0 || c.KVPort > 65535 || c.BootstrapPort < 0 || c.BootstrapPort > 65535:

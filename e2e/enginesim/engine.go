@@ -32,7 +32,7 @@ func (s *Sim) classify(g *genRequest, rid string) legKind {
 	case g.kv != nil && g.kv.DoRemoteDecode && s.cfg.canPrefillRemote():
 		return legPrefill
 	case g.kv != nil && g.kv.DoRemotePrefill && s.cfg.canDecodeRemote():
-		if why := g.kv.invalidForDecode(); why != "" {
+		if why := g.kv.invalidForDecode(func() string { return s.shape.invalidDecode(g.kv, g.kvRaw) }); why != "" {
 			s.m.invalidKVParams.Inc()
 			s.log.Warn().Str("request_id", rid).Str("reason", why).Msg("Got invalid KVTransferParams; prefilling locally")
 			return legLocal
@@ -287,10 +287,16 @@ type kvLoaded struct {
 // with a history pulled from a decode engine first for a prefill leg that
 // names one (bidirectional.go).
 func (s *Sim) loadKV(ctx context.Context, g *genRequest, leg legKind, f Faults, hashes []uint64, rid string) (kvLoaded, error) {
+	if leg == legDecode && s.placeholderDecode(g) {
+		s.m.placeholderDecodes.Inc()
+		fps, _ := Fingerprints(g.prompt, s.cfg.BlockSize, s.cfg.KVBytesPerToken, hashes, func(int) (uint64, bool) { return 0, false })
+		return kvLoaded{fps: fps, cached: len(g.prompt)}, nil
+	}
 	if leg == legDecode {
-		fps, recv, err := s.pullKV(ctx, g, f, hashes)
+		fps, recv, err := s.pullKV(ctx, g, f, hashes, rid)
 		if err == nil {
 			s.m.remoteKVDecodes.Inc()
+			s.countLayout(g)
 			return kvLoaded{fps: fps, recv: recv, cached: len(g.prompt)}, nil
 		}
 		if ctx.Err() != nil {
@@ -383,7 +389,7 @@ func (s *Sim) computePrefill(ctx context.Context, d time.Duration) bool {
 // pullKV pulls the request's KV from its prefiller and checks it covers the
 // prompt. It returns the fingerprints of the pulled bytes and, when they
 // came over a side channel, the bytes (nil otherwise).
-func (s *Sim) pullKV(ctx context.Context, g *genRequest, f Faults, hashes []uint64) ([]uint64, [][]byte, error) {
+func (s *Sim) pullKV(ctx context.Context, g *genRequest, f Faults, hashes []uint64, rid string) ([]uint64, [][]byte, error) {
 	if f.FailKVLoad {
 		s.m.faultsInjected.WithLabelValues("fail_kv_load").Inc()
 		return nil, nil, fmt.Errorf("%w: injected fault fail_kv_load", ErrKVPull)
@@ -420,7 +426,11 @@ func (s *Sim) pullKV(ctx context.Context, g *genRequest, f Faults, hashes []uint
 		}
 		ids, _ := g.kv.blockIDs()
 		addr = net.JoinHostPort(*g.kv.RemoteHost, strconv.Itoa(*g.kv.RemotePort))
-		req = pullRequest{EngineID: *g.kv.RemoteEngineID, RequestID: *g.kv.RemoteRequestID, BlockIDs: ids}
+		held := rid // the oldest generation: the request's own id
+		if g.kv.RemoteRequestID != nil {
+			held = *g.kv.RemoteRequestID
+		}
+		req = pullRequest{EngineID: *g.kv.RemoteEngineID, RequestID: held, BlockIDs: ids}
 	}
 	pctx, cancel := context.WithTimeout(ctx, s.cfg.BootstrapTimeout+5*time.Second)
 	defer cancel()
@@ -458,7 +468,11 @@ func (s *Sim) pullKV(ctx context.Context, g *genRequest, f Faults, hashes []uint
 // the hold.
 func (s *Sim) holdKV(g *genRequest, f Faults, hashes []uint64, recv [][]byte, o *output) (*hold, error) {
 	bb := s.blockBytes()
-	h := &hold{requestID: o.requestID + "-" + randomHex(8), tokens: len(g.prompt), corrupt: f.CorruptKV, done: make(chan struct{})}
+	heldID := o.requestID + "-" + randomHex(8) // newer vLLM: its own id, answered
+	if !s.shape.has("remote_request_id") {
+		heldID = o.requestID // the oldest generation: the decode leg's id is the same
+	}
+	h := &hold{requestID: heldID, tokens: len(g.prompt), corrupt: f.CorruptKV, done: make(chan struct{})}
 	if g.p2p != nil && g.p2p.decoder != "" {
 		h.room, h.hasRoom, h.p2p = p2pKey(g.p2p.decoder), true, p2pPrefill
 	} else if g.boot != nil {
@@ -506,16 +520,11 @@ func (s *Sim) holdKV(g *genRequest, f Faults, hashes []uint64, recv [][]byte, o 
 	if kv.IP.IsUnspecified() && o.localHost != "" {
 		host = o.localHost
 	}
-	o.kv = map[string]any{
-		"do_remote_prefill": true,
-		"do_remote_decode":  false,
-		"remote_engine_id":  s.engineID,
-		"remote_request_id": h.requestID,
-		"remote_block_ids":  [][]int{h.blockIDs},
-		"remote_host":       host,
-		"remote_port":       kv.Port,
-		"tp_size":           s.cfg.TPSize,
-	}
+	o.kv = s.shape.params(prefillValues{
+		engineID: s.engineID, requestID: h.requestID, host: host, port: kv.Port,
+		tokens: len(g.prompt), cached: o.cachedTokens, blockIDs: h.blockIDs,
+		tp: s.cfg.TPSize, dcp: s.cfg.DCPSize, pp: s.cfg.PPSize,
+	})
 	if g.kv != nil && g.kv.PullMode == PullModeSidecar && s.kva != nil {
 		if err := s.kva.export(h, lease, o); err != nil {
 			return nil, err

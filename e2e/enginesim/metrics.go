@@ -19,6 +19,8 @@ type simMetrics struct {
 	localPrefillTokens                  prometheus.Counter
 	prefillsComputed                    prometheus.Counter
 	invalidKVParams                     prometheus.Counter
+	placeholderDecodes                  prometheus.Counter
+	remoteLayouts                       *prometheus.CounterVec
 	kvLoadFailures                      *prometheus.CounterVec
 	leaseExpired                        prometheus.Counter
 	bootstrapPrefills, bootstrapDecodes prometheus.Counter
@@ -85,6 +87,8 @@ func newSimMetrics(reg prometheus.Registerer, model string) *simMetrics {
 		localPrefillTokens:   counter("sim_local_prefill_tokens_total", "Prompt tokens this engine prefilled itself (cache hits included)."),
 		prefillsComputed:     counter("sim_prefills_computed_total", "Prefills that started computing on this engine (local requests, prefill legs, recomputes; a prefix cache hit of the whole prompt is none), finished or not."),
 		invalidKVParams:      counter("sim_invalid_kv_params_total", "Requests whose kv_transfer_params were invalid (prefilled locally, as vLLM does)."),
+		placeholderDecodes:   counter("sim_placeholder_kv_decodes_total", "Decodes of llm-d-inference-sim's placeholder kv_transfer_params (--wire-shape llm-d-inference-sim-*): the prefill's cost skipped, nothing pulled."),
+		remoteLayouts:        counterVec("sim_remote_kv_layouts_total", "Decodes on pulled NIXL KV by the prefill engine's layout their params named (tp_size, dcp_size, pp_size; \"\" where absent).", "tp_size", "dcp_size", "pp_size"),
 		kvLoadFailures:       counterVec("sim_kv_load_failures_total", "Failed KV loads on the decode side, by the policy applied.", "policy"),
 		leaseExpired:         counter("sim_kv_lease_expired_total", "Holds of KV blocks that ended at lease expiry, not by a pull."),
 		bootstrapPrefills:    counter("sim_sglang_prefills_total", "Prefills registered under an SGLang bootstrap room."),

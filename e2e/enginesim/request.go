@@ -45,6 +45,8 @@ type genRequest struct {
 	includeUsage bool
 	// kv is the request's kv_transfer_params (nil when absent or null).
 	kv *kvParams
+	// kvRaw are kv_transfer_params' members as sent (nil when absent).
+	kvRaw map[string]json.RawMessage
 	// kvInvalid is set when kv_transfer_params was present but unusable.
 	kvInvalid string
 	// p2p are the OffloadingConnector P2P sub-dicts (nil when none).
@@ -108,9 +110,9 @@ func (p *kvParams) blockIDs() ([]int, error) {
 	return flat, nil
 }
 
-// remoteDecodeReady reports why p cannot drive a remote-prefill decode, or
-// "" when it can.
-func (p *kvParams) invalidForDecode() string {
+// invalidForDecode reports why p cannot drive a remote-prefill decode, or
+// "" when it can; nixl reads NIXL params.
+func (p *kvParams) invalidForDecode(nixl func() string) string {
 	if p.Preloaded != nil {
 		if p.Preloaded.AllocID == "" || len(p.Preloaded.BlockIDs) == 0 {
 			return "kv_preloaded needs alloc_id and block_ids"
@@ -123,26 +125,7 @@ func (p *kvParams) invalidForDecode() string {
 	if p.TransferID != nil {
 		return p.invalidForMooncake()
 	}
-	var missing []string
-	if p.RemoteEngineID == nil || *p.RemoteEngineID == "" {
-		missing = append(missing, "remote_engine_id")
-	}
-	if p.RemoteRequestID == nil || *p.RemoteRequestID == "" {
-		missing = append(missing, "remote_request_id")
-	}
-	if p.RemoteHost == nil || *p.RemoteHost == "" {
-		missing = append(missing, "remote_host")
-	}
-	if p.RemotePort == nil || *p.RemotePort <= 0 {
-		missing = append(missing, "remote_port")
-	}
-	if len(missing) > 0 {
-		return "missing " + strings.Join(missing, ", ")
-	}
-	if _, err := p.blockIDs(); err != nil {
-		return err.Error()
-	}
-	return ""
+	return nixl() // the wire shape's decode side (wireshape.go)
 }
 
 // bootstrap is SGLang's P/D addressing.
@@ -338,6 +321,7 @@ func parseRequest(a api, raw []byte, defaultMax int) (*genRequest, error) {
 			g.kvInvalid = "kv_transfer_params: " + err.Error()
 		} else {
 			g.kv = &p
+			_ = json.Unmarshal(b.KVTransferParams, &g.kvRaw)
 		}
 		if g.p2p, err = parseP2P(b.KVTransferParams, g.kv); err != nil {
 			return nil, err

@@ -28,6 +28,7 @@ import (
 // Sim is one simulated engine.
 type Sim struct {
 	cfg      Config
+	shape    *wireShape // the NIXL wire shape (--wire-shape)
 	log      zerolog.Logger
 	engineID string
 	reg      *prometheus.Registry
@@ -85,6 +86,11 @@ func New(cfg Config, log zerolog.Logger) (*Sim, error) {
 	if s.engineID == "" {
 		s.engineID = randomHex(16)
 	}
+	shape, err := loadWireShape(cfg.WireShape)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	}
+	s.shape = shape
 	s.m = newSimMetrics(s.reg, cfg.Model)
 	s.ecm = newECMetrics(s.reg, cfg.Model)
 	s.mio = newMoriIO(s.reg, cfg.Model, cfg.KVLease)
