@@ -52,14 +52,15 @@ func (s *Schema) addUnknown(extra []unknownMember, name string, val gjson.Result
 	}
 	for _, u := range extra {
 		if u.name == name {
-			return extra, s.invalid("", "an undocumented member given twice")
+			return extra, s.invalid(name, "an undocumented member given twice")
 		}
 	}
 	if len(extra) >= MaxUnknownMembers {
 		return extra, s.invalid("", fmt.Sprintf("more than %d undocumented members", MaxUnknownMembers))
 	}
 	if why := Passable(val); why != "" {
-		return extra, s.invalid("", "an undocumented member "+why)
+		// The name is a plain identifier: safe to say.
+		return extra, s.invalid(name, "an undocumented member that "+why)
 	}
 	return append(extra, unknownMember{name: name, val: val}), nil
 }

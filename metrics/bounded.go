@@ -1,6 +1,10 @@
 package metrics
 
-import "sync"
+import (
+	"maps"
+	"slices"
+	"sync"
+)
 
 // Other is the label value that stands for every value past the bound.
 const Other = "other"
@@ -24,6 +28,13 @@ func NewBounded(max int) *Bounded {
 func (b *Bounded) Label(v string) string {
 	l, _ := b.Admit(v)
 	return l
+}
+
+// Values returns the values admitted, sorted.
+func (b *Bounded) Values() []string {
+	b.mu.RLock()
+	defer b.mu.RUnlock()
+	return slices.Sorted(maps.Keys(b.seen))
 }
 
 // Admit is Label, and reports whether this call admitted v: true once per

@@ -190,6 +190,17 @@ func (p *Proxy) CircuitState(prefiller string) string { return p.p.CircuitState(
 // not since it opened, or no breaker); status.CircuitStates.
 func (p *Proxy) CircuitLastProbe(prefiller string) time.Time { return p.p.CircuitLastProbe(prefiller) }
 
+// Engine is the local engine's kind and version as it last answered them
+// ("" until it did).
+func (p *Proxy) Engine() (engine, version string) {
+	i := p.p.EngineInfo()
+	return i.Engine, i.Version
+}
+
+// UnknownKVMembers are the kv_transfer_params members prefill answers
+// carried that the connector does not document, sorted (at most 32).
+func (p *Proxy) UnknownKVMembers() []string { return p.p.M.Wire.UnknownMemberNames.Values() }
+
 // NotePrefiller tells the proxy that hostport (host:port) is a prefiller
 // now (the InferencePool watcher's new Ready pod): with --prefill-prewarm
 // it is warmed up, even when seen before. It never blocks.

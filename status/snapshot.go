@@ -56,6 +56,14 @@ type Snapshot struct {
 	LastKVTransfer *time.Time `json:"last_kv_transfer"`
 	// Prefillers is the per-prefiller health, most recently seen first.
 	Prefillers []Prefiller `json:"prefillers"`
+	// Engine and EngineVersion are the local engine's kind and version as
+	// it last answered them (empty: not yet, or not asked).
+	Engine        string `json:"engine,omitempty"`
+	EngineVersion string `json:"engine_version,omitempty"`
+	// UnknownKVMembers are the members of prefill answers' kv_transfer_params
+	// the connector does not document, seen since start (passed on, or
+	// refused with --kv-params-unknown-members=refuse).
+	UnknownKVMembers []string `json:"kv_params_unknown_members,omitempty"`
 	// Verdict is one of the Verdict* words; Summary says it in a sentence.
 	Verdict string `json:"verdict"`
 	Summary string `json:"summary"`
@@ -190,6 +198,10 @@ func (t *Tracker) Snapshot() Snapshot {
 		s.Prefillers = append(s.Prefillers, t.prefillerView(label, ps))
 	}
 	slices.SortFunc(s.Prefillers, func(a, b Prefiller) int { return b.LastSeen.Compare(*a.LastSeen) })
+	if w := t.opts.Wire; w != nil {
+		s.Engine, s.EngineVersion = w.Engine()
+		s.UnknownKVMembers = w.UnknownKVMembers()
+	}
 	s.Verdict, s.Summary = t.verdict(s)
 	return s
 }

@@ -50,6 +50,12 @@ func (s Snapshot) WriteText(w io.Writer) error {
 	p("%s: %s\n\n", strings.ToUpper(s.Verdict), s.Summary)
 	p("connector:\t%s\n", s.Connector)
 	p("kv transport:\t%s\n", s.Transport)
+	if s.Engine != "" {
+		p("local engine:\t%s %s\n", s.Engine, s.EngineVersion)
+	}
+	if len(s.UnknownKVMembers) > 0 {
+		p("kv params members not documented:\t%s (a newer engine? see docs/connectors.md#compatibility)\n", strings.Join(s.UnknownKVMembers, ", "))
+	}
 	p("uptime:\t%s\n", (time.Duration(s.UptimeSeconds) * time.Second).String())
 	p("window:\tlast %s\n", time.Duration(s.WindowSeconds)*time.Second)
 	c := s.Window

@@ -26,6 +26,13 @@ type CircuitStates interface {
 	CircuitLastProbe(prefiller string) time.Time
 }
 
+// WireState is what the sidecar learnt of the engines' wire: the local
+// engine's version, and the prefill answers' undocumented members.
+type WireState interface {
+	Engine() (engine, version string)
+	UnknownKVMembers() []string
+}
+
 // CircuitNA is shown for the circuit state when no breaker is wired.
 const CircuitNA = "n/a"
 
@@ -44,6 +51,9 @@ type Options struct {
 	MaxPrefillers int
 	// Circuits reports circuit states (nil: "n/a").
 	Circuits CircuitStates
+	// Wire reports what the sidecar learnt of the engines' wire (nil:
+	// nothing shown).
+	Wire WireState
 	// Now is the clock (nil: time.Now).
 	Now func() time.Time
 }

@@ -22,6 +22,7 @@ func installExtras(p *proxy.Proxy, opts options, connector string, tracing traci
 		Transport:     handoff,
 		MaxPrefillers: opts.cfg.MaxPrefillers,
 		Circuits:      p,
+		Wire:          p,
 	})
 	ext := proxy.Extras{Observer: tr, Debug: tr.ServeDebug}
 	shutdown := func() {}

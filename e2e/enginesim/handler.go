@@ -31,6 +31,11 @@ func (s *Sim) Handler() http.Handler {
 	}
 	mux.HandleFunc("GET /v1/models", s.models)
 	mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) })
+	// vLLM's GET /version; the version names the simulator and its wire shape.
+	mux.HandleFunc("GET /version", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(map[string]string{"version": "engine-sim+" + s.shape.name})
+	})
 	mux.Handle("GET /metrics", promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{}))
 	mux.HandleFunc("GET /sim/faults", s.getFaults)
 	mux.HandleFunc("POST /sim/faults", s.postFaults)

@@ -36,6 +36,7 @@ import (
 	"github.com/pd-sidecar/pd-sidecar/proxy/clientconn"
 	"github.com/pd-sidecar/pd-sidecar/proxy/dprank"
 	"github.com/pd-sidecar/pd-sidecar/proxy/encoder"
+	"github.com/pd-sidecar/pd-sidecar/proxy/engineinfo"
 	"github.com/pd-sidecar/pd-sidecar/proxy/feature"
 	"github.com/pd-sidecar/pd-sidecar/proxy/guard"
 	"github.com/pd-sidecar/pd-sidecar/proxy/hedge"
@@ -111,6 +112,8 @@ type Proxy struct {
 	// reuse on ("": off); sweep drops its expired entries.
 	sessionHeader string
 	sweep         *multiturn.Sweeper
+	// engine watches the local engine's version (engineinfo).
+	engine *engineinfo.Watcher
 	// LegStrip are the client's headers the lane leaves out of every leg
 	// it writes (the trace context's, which each leg carries anew),
 	// SplitStrip those it leaves out of a split's legs (MoRI-IO's rank
@@ -266,6 +269,8 @@ func New(cfg Config, conn connectors.Connector, m *metrics.Metrics, gatherer pro
 	if p.sweep != nil {
 		p.Background = append(p.Background, backgroundWork{background: p.sweep})
 	}
+	p.engine = newEngineInfo(p)
+	p.Background = append(p.Background, backgroundWork{background: p.engine})
 	return p, nil
 }
 

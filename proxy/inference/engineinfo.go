@@ -1,0 +1,57 @@
+package inference
+
+import (
+	"context"
+	"time"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/pd-sidecar/pd-sidecar/proxy/engineinfo"
+)
+
+// engineInfoInterval is how often the local engine's version is asked
+// again once known: an engine restarted on a new image answers another.
+const engineInfoInterval = time.Minute
+
+// newEngineInfo returns the watch of the local engine's (rank 0's)
+// version: exported as pd_sidecar_engine_info, logged when it changes,
+// shown by the status view (EngineInfo).
+func newEngineInfo(p *Proxy) *engineinfo.Watcher {
+	local := p.LocalAddr(0)
+	get := func(ctx context.Context, path string) (int, []byte, error) {
+		req := fasthttp.AcquireRequest()
+		resp := fasthttp.AcquireResponse()
+		defer fasthttp.ReleaseRequest(req)
+		defer fasthttp.ReleaseResponse(resp)
+		req.Header.SetMethod(fasthttp.MethodGet)
+		req.Header.SetRequestURI(path)
+		req.Header.SetHost(local)
+		ctx, cancel := context.WithTimeout(ctx, p.Cfg.ConnectTimeout+5*time.Second)
+		defer cancel()
+		hold, err := p.Tr.Do(ctx, local, req, resp) // bounded: --max-upstream-answer-bytes
+		defer hold.Release()
+		if err != nil {
+			return 0, nil, err
+		}
+		return resp.StatusCode(), append([]byte(nil), resp.Body()...), nil
+	}
+	g := p.M.Wire.EngineInfo
+	return engineinfo.New(get, engineInfoInterval, func(old, now engineinfo.Info) {
+		g.Reset()
+		g.WithLabelValues(now.Engine, now.Version).Set(1)
+		e := p.Log.Info().Str("engine", now.Engine).Str("version", now.Version)
+		if old != (engineinfo.Info{}) {
+			e = e.Str("was", old.Engine+" "+old.Version)
+		}
+		e.Msg("local engine version")
+	})
+}
+
+// EngineInfo is the local engine's kind and version as it last answered
+// (zero until it did).
+func (p *Proxy) EngineInfo() engineinfo.Info {
+	if p.engine == nil {
+		return engineinfo.Info{}
+	}
+	return p.engine.Current()
+}
