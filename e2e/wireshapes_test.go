@@ -6,6 +6,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"github.com/tidwall/gjson"
 
 	"github.com/pd-sidecar/pd-sidecar/e2e/harness"
 	"github.com/pd-sidecar/pd-sidecar/wirecorpus"
@@ -90,5 +91,25 @@ func TestParallelLayoutReachesTheDecoder(t *testing.T) {
 		require.Equal(t, 200, st, "%s: %s", mode.name, answer)
 		assert.Equal(t, float64(i+1), decode.Metric(t, "sim_remote_kv_layouts_total", map[string]string{"tp_size": "1", "dcp_size": "2", "pp_size": "2"}),
 			"%s: the decode engine read the prefill engine's layout", mode.name)
+	}
+}
+
+// TestSGLangIPv6Prefiller: an SGLang prefiller on an IPv6 address splits:
+// bootstrap_host goes bracketed, as SGLang's mini_lb writes it, and the
+// decode engine, which joins f"{bootstrap_host}:{bootstrap_port}" as
+// SGLang's decode does, reaches the prefiller's bootstrap server.
+func TestSGLangIPv6Prefiller(t *testing.T) {
+	prefill := harness.StartEngineSim(t, "prefill", "--host", "::1")
+	decode := harness.StartEngineSim(t, "decode")
+	body := completionBody(`,"max_tokens":5`)
+	_, local, _ := scPost(t, decode.URL()+"/v1/completions", body, nil)
+	for i, mode := range serveModes {
+		sc := harness.StartSidecar(t, decode.Port, append([]string{"--kv-connector", "sglang", "--sglang-bootstrap-port", itoa(prefill.BootstrapPort)}, mode.flags...)...)
+		st, b, _ := scPost(t, sc.URL()+"/v1/completions", body, map[string]string{"x-prefiller-host-port": prefill.HostPort()})
+		require.Equal(t, 200, st, "%s: %s", mode.name, b)
+		assert.Equal(t, textOf(local), textOf(b), mode.name)
+		assert.Equal(t, float64(i+1), decode.Metric(t, "sim_sglang_decodes_total", nil), "%s: the decode pulled the room's KV", mode.name)
+		reqs := simRequests(t, decode)
+		assert.Equal(t, "[::1]", gjson.GetBytes(reqs[len(reqs)-1].Body, "bootstrap_host").Str, mode.name)
 	}
 }

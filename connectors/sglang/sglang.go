@@ -8,6 +8,7 @@ package sglang
 import (
 	"fmt"
 	"strconv"
+	"strings"
 
 	"github.com/tidwall/gjson"
 
@@ -49,7 +50,7 @@ func (c *Connector) Legs(api connectors.API, body []byte, pr connectors.Pairing)
 			connectors.ErrUnsupportedRequest, n.Int())
 	}
 	edits := [3]connectors.Edit{
-		{Key: "bootstrap_host", Raw: strconv.AppendQuote(nil, pr.PrefillHost)},
+		{Key: "bootstrap_host", Raw: strconv.AppendQuote(nil, BootstrapHost(pr.PrefillHost))},
 		{Key: "bootstrap_port", Raw: c.port},
 		{Key: "bootstrap_room", Raw: strconv.AppendUint(nil, pr.Room, 10)},
 	}
@@ -58,6 +59,19 @@ func (c *Connector) Legs(api connectors.API, body []byte, pr connectors.Pairing)
 		return nil, nil, err
 	}
 	return out, out, nil
+}
+
+// BootstrapHost is host as bootstrap_host carries it: an IPv6 address in
+// brackets, as SGLang's own mini load balancer writes it (mini_lb.py,
+// wirecorpus shape sglang-bootstrap-ipv6): the decode engine joins
+// f"{bootstrap_host}:{bootstrap_port}", which a bare IPv6 address turns
+// into no address at all. Newer decode engines strip the brackets and add
+// them again, so the bracketed form serves both.
+func BootstrapHost(host string) string {
+	if strings.IndexByte(host, ':') >= 0 && !strings.HasPrefix(host, "[") {
+		return "[" + host + "]"
+	}
+	return host
 }
 
 // RewriteAnswer sets the decode answer's prompt cached-token count to 0: the

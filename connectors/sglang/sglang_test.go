@@ -5,9 +5,11 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"github.com/tidwall/gjson"
 
 	"github.com/pd-sidecar/pd-sidecar/connectors"
 	"github.com/pd-sidecar/pd-sidecar/connectors/sglang"
+	"github.com/pd-sidecar/pd-sidecar/wirecorpus"
 )
 
 func TestLegs(t *testing.T) {
@@ -43,4 +45,23 @@ func TestLegs(t *testing.T) {
 		})
 	}
 	assert.Equal(t, connectors.ChoreographyConcurrent, connectors.ChoreographyOf(c))
+}
+
+// TestCorpusBootstrapHost: the bootstrap members as SGLang's mini_lb
+// writes them (the corpus), an IPv6 prefill host bracketed.
+func TestCorpusBootstrapHost(t *testing.T) {
+	s, err := wirecorpus.Get("sglang-bootstrap-ipv6")
+	require.NoError(t, err)
+	want := gjson.GetBytes(s.Value, "bootstrap_host").Str
+	require.Equal(t, "[fd00::1]", want)
+	c := sglang.New(int(gjson.GetBytes(s.Value, "bootstrap_port").Int()))
+	for _, host := range []string{"fd00::1", "[fd00::1]"} {
+		pre, _, err := c.Legs(connectors.APIChat, []byte(`{"model":"m","messages":[]}`), connectors.Pairing{PrefillHost: host, Room: 5})
+		require.NoError(t, err)
+		assert.Equal(t, want, gjson.GetBytes(pre, "bootstrap_host").Str)
+		assert.Equal(t, gjson.GetBytes(s.Value, "bootstrap_port").Raw, gjson.GetBytes(pre, "bootstrap_port").Raw)
+	}
+	pre, _, err := c.Legs(connectors.APIChat, []byte(`{"model":"m","messages":[]}`), connectors.Pairing{PrefillHost: "10.0.0.9", Room: 5})
+	require.NoError(t, err)
+	assert.Equal(t, "10.0.0.9", gjson.GetBytes(pre, "bootstrap_host").Str, "IPv4 as it is")
 }

@@ -415,7 +415,9 @@ func (s *Sim) pullKV(ctx context.Context, g *genRequest, f Faults, hashes []uint
 	} else if pp := g.p2pPrefiller(); pp != nil {
 		addr, req = s.p2pPrefillPull(pp)
 	} else if g.boot != nil {
-		addr = net.JoinHostPort(g.boot.host, strconv.Itoa(g.boot.port))
+		// SGLang's decode joins f"{bootstrap_host}:{bootstrap_port}": an
+		// IPv6 host must come bracketed (SGLang's mini_lb brackets it).
+		addr = g.boot.host + ":" + strconv.Itoa(g.boot.port)
 		room := g.boot.room
 		req = pullRequest{Room: &room, WaitMS: int(s.cfg.BootstrapTimeout / time.Millisecond)}
 	} else {
