@@ -5,7 +5,10 @@
 // opens a socket, logs or touches metrics; the proxy owns all of that.
 package connectors
 
-import "errors"
+import (
+	"errors"
+	"fmt"
+)
 
 // Sentinel errors a connector returns; the proxy maps them to fallback
 // reasons in one place.
@@ -16,6 +19,12 @@ var (
 	// ErrNoKVParams means the prefill answer ended on its length cap but
 	// carried no kv_transfer_params, so there is nothing to hand off.
 	ErrNoKVParams = errors.New("connectors: prefill answer carries no kv_transfer_params")
+	// ErrResponsesNoKVParams is ErrNoKVParams on /v1/responses when the
+	// answer has no kv_transfer_params member at all (not even null): the
+	// engine does not do P/D on that path. vLLM carries them in Responses
+	// answers from PR #37424 (March 2026) on (wirecorpus shape
+	// vllm-responses-kv-params-pr37424).
+	ErrResponsesNoKVParams = fmt.Errorf("%w: the prefill engine's /v1/responses answer has no kv_transfer_params member: an engine too old for P/D on this path (vLLM before PR #37424, 2026-03); upgrade it, or send this client's requests as /v1/chat/completions", ErrNoKVParams)
 	// ErrInvalidKVParams means the prefill answer's kv_transfer_params lack a
 	// field the decode engine needs (vLLM would silently prefill locally),
 	// carry one the connector does not document, of another type or past

@@ -25,6 +25,9 @@ func PrefillParams(api API, answer []byte) (h Handoff, params gjson.Result, ok b
 			h.Done = true
 			return h, params, false, nil
 		}
+		if api == APIResponses && !params.Exists() {
+			return h, params, false, ErrResponsesNoKVParams
+		}
 		return h, params, false, ErrNoKVParams
 	}
 	return h, params, true, nil

@@ -129,6 +129,8 @@ func TestKVParamsUnknownMembers(t *testing.T) {
 					assert.Equal(t, textOf(local), textOf(b))
 					assert.Equal(t, fallbacks+1, sc.Metric(t, "pd_sidecar_fallbacks_total", invalid))
 					assert.False(t, lastDecodeParams(t, decode).Exists(), "nothing of it reached the decode engine")
+					assert.Contains(t, sc.Output(), `"kv_params":"a generation the corpus does not know (members: `, "the fallback names the generation")
+					assert.NotContains(t, sc.Output(), "10.9.9.9", "never the value")
 				})
 			}
 			t.Run("a side-channel host name is the prefiller's host", func(t *testing.T) {

@@ -64,3 +64,36 @@ func TestCorpusDecodeAnswerIsHistoryParams(t *testing.T) {
 		})
 	}
 }
+
+// TestResponsesWithoutParamsNamesTheEngine: a /v1/responses prefill answer
+// with no kv_transfer_params member at all is an engine before vLLM's PR
+// #37424, said so; null is the plain no-params case.
+func TestResponsesWithoutParamsNamesTheEngine(t *testing.T) {
+	c := nixlv2.New()
+	old := []byte(`{"id":"resp_1","object":"response","status":"incomplete","incomplete_details":{"reason":"max_output_tokens"},"output":[]}`)
+	_, err := c.ParsePrefill(connectors.APIResponses, old)
+	require.ErrorIs(t, err, connectors.ErrResponsesNoKVParams)
+	require.ErrorIs(t, err, connectors.ErrNoKVParams, "still the no_kv_params fallback")
+	assert.Contains(t, err.Error(), "too old for P/D on this path")
+	_, err = c.ParsePrefill(connectors.APIResponses, []byte(`{"id":"resp_1","output":[],"kv_transfer_params":null}`))
+	require.ErrorIs(t, err, connectors.ErrNoKVParams)
+	assert.NotErrorIs(t, err, connectors.ErrResponsesNoKVParams)
+	_, err = c.ParsePrefill(connectors.APICompletions, []byte(`{"choices":[{"text":"a","finish_reason":"length"}]}`))
+	assert.NotErrorIs(t, err, connectors.ErrResponsesNoKVParams, "other paths as before")
+}
+
+// TestCachedTokensFromThePrefillEngine: remote_num_cached_tokens, where the
+// prefill engine names it, is the cached count the decode answer reports.
+func TestCachedTokensFromThePrefillEngine(t *testing.T) {
+	c := nixlv2.New()
+	base := `"do_remote_prefill":true,"remote_block_ids":[[1]],"remote_engine_id":"e","remote_host":"10.0.0.9","remote_port":5600`
+	answer := func(params string) []byte {
+		return []byte(`{"choices":[{"text":"a","finish_reason":"length"}],"usage":{"prompt_tokens":40,"prompt_tokens_details":{"cached_tokens":16}},"kv_transfer_params":{` + params + `}}`)
+	}
+	h, err := c.ParsePrefill(connectors.APICompletions, answer(base))
+	require.NoError(t, err)
+	assert.EqualValues(t, 16, h.CachedTokens, "the answer's usage")
+	h, err = c.ParsePrefill(connectors.APICompletions, answer(base+`,"remote_num_cached_tokens":32`))
+	require.NoError(t, err)
+	assert.EqualValues(t, 32, h.CachedTokens, "the prefill engine's own count")
+}

@@ -155,7 +155,11 @@ func (r *Request) Degraded(reason string, cause error) {
 			Msg("hedge: the local prefill was ready first; prefill cancelled, answered locally")
 		return
 	}
-	upstream.WithUpstream(r.LogAt(zerolog.WarnLevel).Err(cause), cause).Str("reason", reason).Msg("degrading to local prefill")
+	e := upstream.WithUpstream(r.LogAt(zerolog.WarnLevel).Err(cause), cause).Str("reason", reason)
+	if ge := (*KVGenerationError)(nil); errors.As(cause, &ge) {
+		e = e.Str("kv_params", ge.Generation)
+	}
+	e.Msg("degrading to local prefill")
 }
 
 // PassOn answers with the prefiller's rejection of the request, err (a
@@ -318,6 +322,7 @@ func (r *Request) PrefillAnswered(status int, contentType, body []byte) (Prefill
 	}
 	if err != nil {
 		h = connectors.Handoff{} // nothing of a refused answer goes on
+		err = r.P.withGeneration(err, body)
 	}
 	awaitKVRead(r, h, err) // only a checked handoff is released
 	return PrefillResult{Handoff: h, body: body}, err

@@ -1,11 +1,13 @@
 package inference
 
 import (
+	"errors"
 	"fmt"
 	"net"
 	"net/netip"
 	"strconv"
 
+	"github.com/tidwall/gjson"
 	"github.com/tidwall/sjson"
 
 	"github.com/pd-sidecar/pd-sidecar/connectors"
@@ -29,6 +31,27 @@ import (
 //     name: a name the answer chose never reaches the decode engine, which
 //     would resolve it in its own pod. An IP address that is not the
 //     prefiller's still has to be allowlisted (refusedAddr).
+
+// KVGenerationError is a refused handoff, with the upstream generation its
+// params are of (connectors.Generation), which the fallback's log line
+// names. Its message is the refusal's alone: what an upstream named stays
+// out of anything a client is answered.
+type KVGenerationError struct {
+	Err        error
+	Generation string
+}
+
+func (e *KVGenerationError) Error() string { return e.Err.Error() }
+func (e *KVGenerationError) Unwrap() error { return e.Err }
+
+// withGeneration wraps err, a refusal of the kv_transfer_params of the
+// prefill answer body, with their generation.
+func (p *Proxy) withGeneration(err error, body []byte) error {
+	if !errors.Is(err, connectors.ErrInvalidKVParams) {
+		return err
+	}
+	return &KVGenerationError{Err: err, Generation: connectors.Generation(p.Conn.Name(), gjson.GetBytes(body, "kv_transfer_params"))}
+}
 
 // hostMember is the member a handoff names its side-channel host with.
 const hostMember = "kv_transfer_params.remote_host"
