@@ -100,6 +100,22 @@ type Bootstrap struct {
 	EngineID string
 	// Rank is the data-parallel rank the engine id belongs to ("" if none).
 	Rank string
+	// Ranks are every rank the answer names with its engine id, in rank
+	// order (EngineID and Rank are the first's).
+	Ranks []RankEngine
+}
+
+// RankEngine is one data-parallel rank of a bootstrap answer.
+type RankEngine struct {
+	Rank, EngineID string
+}
+
+// PrefillRanker is an optional ability of a Concurrent connector: the
+// data-parallel rank its prefill leg asks the prefill engine to run on
+// (the X-data-parallel-rank header, which the proxy sets on the prefill
+// leg alone, the client's own left out), or "" for none.
+type PrefillRanker interface {
+	PrefillRank(pr Pairing) string
 }
 
 // Bootstrapper is an optional ability of a Concurrent connector: before the

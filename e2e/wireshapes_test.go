@@ -113,3 +113,33 @@ func TestSGLangIPv6Prefiller(t *testing.T) {
 		assert.Equal(t, "[::1]", gjson.GetBytes(reqs[len(reqs)-1].Body, "bootstrap_host").Str, mode.name)
 	}
 }
+
+// TestMooncakeDataParallelPrefiller: a Mooncake prefill engine of two
+// data-parallel ranks answers GET /query with one engine id each, as vLLM
+// does; each split names its rank on the prefill leg (X-data-parallel-rank,
+// the client's own never passed on) and gives the decode leg that rank's
+// engine id, so every decode finds its transfer, on both paths.
+func TestMooncakeDataParallelPrefiller(t *testing.T) {
+	prefill := harness.StartEngineSim(t, "prefill", "--mooncake-dp-ranks", "2")
+	decode := harness.StartEngineSim(t, "decode", "--bootstrap-timeout", "3s")
+	const n = 6
+	for i, mode := range serveModes {
+		sc := harness.StartSidecar(t, decode.Port, append([]string{"--kv-connector", "mooncake", "--mooncake-bootstrap-port", itoa(prefill.BootstrapPort)}, mode.flags...)...)
+		seen := len(simRequests(t, prefill))
+		for j := range n {
+			body := `{"model":"sim-model","prompt":` + quote(simPrompt+" "+itoa(j)) + `,"max_tokens":4}`
+			st, b, _ := scPost(t, sc.URL()+"/v1/completions", body, map[string]string{"x-prefiller-host-port": prefill.HostPort(), "X-Data-Parallel-Rank": "7"})
+			require.Equal(t, 200, st, "%s: %s", mode.name, b)
+		}
+		assert.Equal(t, float64((i+1)*n), decode.Metric(t, "sim_mooncake_decodes_total", nil), "%s: every decode found its transfer", mode.name)
+		assert.Zero(t, sc.Metric(t, "pd_sidecar_fallbacks_total", nil), mode.name)
+		ranks := map[string]int{}
+		for _, r := range simRequests(t, prefill)[seen:] {
+			require.Len(t, r.Headers["x-data-parallel-rank"], 1, "%s: one rank header", mode.name)
+			ranks[r.Headers["x-data-parallel-rank"][0]]++
+		}
+		assert.Equal(t, n, ranks["0"]+ranks["1"], "%s: every prefill leg names rank 0 or 1, never the client's 7: %v", mode.name, ranks)
+		assert.Positive(t, ranks["0"], mode.name)
+		assert.Positive(t, ranks["1"], mode.name)
+	}
+}

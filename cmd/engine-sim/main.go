@@ -54,6 +54,7 @@ func run(args []string) error {
 	fs.IntVar(&cfg.TPSize, "tp-size", cfg.TPSize, "tensor-parallel size reported as tp_size")
 	fs.IntVar(&cfg.DCPSize, "dcp-size", cfg.DCPSize, "decode-context-parallel size reported as dcp_size (where the wire shape has it)")
 	fs.IntVar(&cfg.PPSize, "pp-size", cfg.PPSize, "pipeline-parallel size reported as pp_size (where the wire shape has it)")
+	fs.IntVar(&cfg.MooncakeDPRanks, "mooncake-dp-ranks", cfg.MooncakeDPRanks, "data-parallel ranks of a Mooncake prefill engine: GET /query names one engine id each (<id>_dp<rank>), and a prefill runs on the rank its X-data-parallel-rank names, else on the next in turn")
 	fs.StringVar(&cfg.WireShape, "wire-shape", cfg.WireShape, "NIXL prefill answer shape of the upstream corpus this engine writes and reads: "+strings.Join(enginesim.WireShapes(), ", "))
 	fs.IntVar(&cfg.KVPort, "kv-port", 0, "KV side channel port (NIXL stand-in); 0 picks a free one")
 	fs.IntVar(&cfg.BootstrapPort, "bootstrap-port", 8998, "SGLang bootstrap port; 0 picks a free one")

@@ -6,6 +6,7 @@ package mooncake
 
 import (
 	"fmt"
+	"hash/fnv"
 	"net"
 	"slices"
 	"strconv"
@@ -88,7 +89,36 @@ func (*Connector) ParseBootstrap(addr string, answer []byte) (connectors.Bootstr
 		return connectors.Bootstrap{}, fmt.Errorf("%w: no engine_id in the answer", connectors.ErrBadBootstrap)
 	}
 	slices.SortFunc(found, func(a, b entry) int { return rankLess(a.rank, b.rank) })
-	return connectors.Bootstrap{URL: "http://" + addr, EngineID: found[0].id, Rank: found[0].rank}, nil
+	b := connectors.Bootstrap{URL: "http://" + addr, EngineID: found[0].id, Rank: found[0].rank}
+	for _, e := range found {
+		b.Ranks = append(b.Ranks, connectors.RankEngine{Rank: e.rank, EngineID: e.id})
+	}
+	return b, nil
+}
+
+// pick is the rank a split's legs pair on: with more than one rank, the
+// transfer id's hash picks one, so that splits spread over the prefill
+// engine's ranks as vLLM's own proxy spreads them; the prefill leg then
+// names it (PrefillRank) and the decode leg gets its engine id, which is
+// where the prefill ran (vLLM appends _dp<rank> to each rank's engine id).
+// With one rank, it is that one and no header is needed.
+func pick(pr connectors.Pairing) (connectors.RankEngine, bool) {
+	b := pr.Bootstrap
+	if len(b.Ranks) < 2 {
+		return connectors.RankEngine{Rank: b.Rank, EngineID: b.EngineID}, false
+	}
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(pr.TransferID))
+	return b.Ranks[h.Sum32()%uint32(len(b.Ranks))], true
+}
+
+// PrefillRank is the rank the prefill leg names in X-data-parallel-rank
+// when the prefill engine runs more than one ("" otherwise).
+func (*Connector) PrefillRank(pr connectors.Pairing) string {
+	if r, ok := pick(pr); ok {
+		return r.Rank
+	}
+	return ""
 }
 
 // validRank reports whether k is a data-parallel rank: 1..5 digits.
@@ -140,7 +170,8 @@ func (*Connector) Legs(api connectors.API, body []byte, pr connectors.Pairing) (
 	dp = append(dp, `,"remote_bootstrap_addr":`...)
 	dp = strconv.AppendQuote(dp, pr.Bootstrap.URL)
 	dp = append(dp, `,"remote_engine_id":`...)
-	dp = strconv.AppendQuote(dp, pr.Bootstrap.EngineID)
+	rank, _ := pick(pr)
+	dp = strconv.AppendQuote(dp, rank.EngineID)
 	dp = append(dp, '}')
 	dec, err := connectors.EditObject(nil, body, []connectors.Edit{{Key: "kv_transfer_params", Raw: dp}})
 	if err != nil {
@@ -159,5 +190,6 @@ func (*Connector) RewriteAnswer(api connectors.API, data []byte, h connectors.Ha
 var (
 	_ connectors.Concurrent     = (*Connector)(nil)
 	_ connectors.Bootstrapper   = (*Connector)(nil)
+	_ connectors.PrefillRanker  = (*Connector)(nil)
 	_ connectors.AnswerRewriter = (*Connector)(nil)
 )

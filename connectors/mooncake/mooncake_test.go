@@ -1,14 +1,17 @@
 package mooncake_test
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"github.com/tidwall/gjson"
 
 	"github.com/pd-sidecar/pd-sidecar/connectors"
 	"github.com/pd-sidecar/pd-sidecar/connectors/mooncake"
+	"github.com/pd-sidecar/pd-sidecar/wirecorpus"
 )
 
 func TestLegs(t *testing.T) {
@@ -72,7 +75,37 @@ func TestParseBootstrap(t *testing.T) {
 				return
 			}
 			require.NoError(t, err)
-			assert.Equal(t, connectors.Bootstrap{URL: "http://h:9000", EngineID: tt.wantID, Rank: tt.wantRank}, b)
+			assert.Equal(t, "http://h:9000", b.URL)
+			assert.Equal(t, tt.wantID, b.EngineID)
+			assert.Equal(t, tt.wantRank, b.Rank)
+			assert.Equal(t, connectors.RankEngine{Rank: tt.wantRank, EngineID: tt.wantID}, b.Ranks[0], "the lowest rank first")
 		})
 	}
+}
+
+// TestCorpusDataParallelPrefiller: with vLLM's bootstrap answer of two
+// ranks (the corpus), each split's prefill leg names a rank and its decode
+// leg carries that rank's engine id, and splits spread over both ranks.
+func TestCorpusDataParallelPrefiller(t *testing.T) {
+	s, err := wirecorpus.Get("vllm-mooncake-bootstrap-dp2")
+	require.NoError(t, err)
+	c := mooncake.New(8998)
+	b, err := c.ParseBootstrap("10.0.0.5:8998", s.Value)
+	require.NoError(t, err)
+	require.Len(t, b.Ranks, 2)
+	seen := map[string]int{}
+	for i := range 64 {
+		pr := connectors.Pairing{PrefillHost: "10.0.0.5", TransferID: fmt.Sprintf("xfer-%d", i), Bootstrap: b}
+		rank := c.PrefillRank(pr)
+		require.Contains(t, []string{"0", "1"}, rank)
+		_, dec, err := c.Legs(connectors.APICompletions, []byte(`{"prompt":"x"}`), pr)
+		require.NoError(t, err)
+		want := gjson.GetBytes(s.Value, rank+".engine_id").Str
+		assert.Equal(t, want, gjson.GetBytes(dec, "kv_transfer_params.remote_engine_id").Str, "the engine of the rank the prefill names")
+		seen[rank]++
+	}
+	assert.Len(t, seen, 2, "both ranks get splits")
+	one, err := c.ParseBootstrap("10.0.0.5:8998", []byte(`{"0":{"engine_id":"e0"}}`))
+	require.NoError(t, err)
+	assert.Empty(t, c.PrefillRank(connectors.Pairing{TransferID: "xfer-1", Bootstrap: one}), "one rank: no header")
 }

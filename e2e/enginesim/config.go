@@ -82,6 +82,11 @@ type Config struct {
 	// DCPSize and PPSize are reported as dcp_size and pp_size, where the
 	// wire shape has them.
 	DCPSize, PPSize int
+	// MooncakeDPRanks is the data-parallel ranks a Mooncake prefill engine
+	// runs (mooncake.go): GET /query answers one engine id each, and a
+	// prefill runs on the rank its X-data-parallel-rank names, else on the
+	// next in turn, as vLLM's API server balances them.
+	MooncakeDPRanks int
 	// WireShape names the NIXL prefill answer shape of the upstream corpus
 	// this engine writes and reads (wireshape.go).
 	WireShape string
@@ -146,6 +151,7 @@ func DefaultConfig() Config {
 		DefaultMaxTokens:     16,
 		TPSize:               1,
 		DCPSize:              1,
+		MooncakeDPRanks:      1,
 		PPSize:               1,
 		WireShape:            DefaultWireShape,
 		DecoderKVBlocksTTL:   480 * time.Second,
@@ -190,6 +196,8 @@ func (c Config) Validate() error {
 		return bad("--default-max-tokens must be positive")
 	case c.TPSize <= 0:
 		return bad("--tp-size must be positive")
+	case c.MooncakeDPRanks <= 0 || c.MooncakeDPRanks > 4096:
+		return bad("--mooncake-dp-ranks must be within 1..4096")
 	case c.DCPSize <= 0 || c.PPSize <= 0:
 		return bad("--dcp-size and --pp-size must be positive")
 	case c.KVAgentPort < 0 || c.KVAgentPort > 65535:

@@ -480,7 +480,8 @@ func (s *Sim) holdKV(g *genRequest, f Faults, hashes []uint64, recv [][]byte, o 
 	} else if g.boot != nil {
 		h.room, h.hasRoom = g.boot.room, true
 	} else if g.isMooncake() {
-		h.room, h.hasRoom, h.transferID = mooncakeKey(*g.kv.TransferID), true, *g.kv.TransferID
+		g.mooncakeEngine = s.mooncakeRank(g.dpRank)
+		h.room, h.hasRoom, h.transferID = mooncakeKey(g.mooncakeEngine, *g.kv.TransferID), true, *g.kv.TransferID
 	}
 	for j, hash := range hashes {
 		var blk []byte

@@ -104,6 +104,9 @@ func (s *Sim) inference(a api) http.HandlerFunc {
 			return
 		}
 		g, err := parseRequest(a, raw, s.cfg.DefaultMaxTokens)
+		if err == nil {
+			g.dpRank = r.Header.Get("X-Data-Parallel-Rank")
+		}
 		if err == nil && g.model != "" && g.model != s.cfg.Model {
 			err = &requestError{status: 404, typ: "NotFoundError", param: "model", msg: "The model `" + g.model + "` does not exist."}
 		}

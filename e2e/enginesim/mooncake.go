@@ -21,12 +21,35 @@ import (
 // pull from, keyed by data-parallel rank) and the raw KV side channel
 // (SGLang rooms, and Mooncake pulls by transfer_id).
 
-// mooncakeKey maps a transfer_id onto the hold store's room keys.
-func mooncakeKey(transferID string) uint64 {
+// mooncakeKey maps a transfer_id of the prefill engine (rank) engineID
+// onto the hold store's room keys: a decode that names another rank's
+// engine than the one the prefill ran on finds no transfer, and waits for
+// it, as vLLM's Mooncake decode does.
+func mooncakeKey(engineID, transferID string) uint64 {
 	h := fnv.New64a()
 	_, _ = h.Write([]byte("mooncake:"))
+	_, _ = h.Write([]byte(engineID))
+	_, _ = h.Write([]byte{0})
 	_, _ = h.Write([]byte(transferID))
 	return h.Sum64()
+}
+
+// rankEngineID is the engine id of data-parallel rank r: vLLM's Mooncake
+// connector appends _dp<rank> to the engine id under data parallelism.
+func (s *Sim) rankEngineID(r int) string {
+	if s.cfg.MooncakeDPRanks == 1 {
+		return s.engineID
+	}
+	return s.engineID + "_dp" + strconv.Itoa(r)
+}
+
+// mooncakeRank is the engine id of the rank a Mooncake prefill runs on:
+// the one its X-data-parallel-rank header names, else the next in turn.
+func (s *Sim) mooncakeRank(header string) string {
+	if r, err := strconv.Atoi(header); err == nil && r >= 0 && r < s.cfg.MooncakeDPRanks {
+		return s.rankEngineID(r)
+	}
+	return s.rankEngineID(int(s.nextRank.Add(1)-1) % s.cfg.MooncakeDPRanks)
 }
 
 // isMooncake reports whether the request carries a Mooncake transfer_id.
@@ -52,12 +75,15 @@ func (p *kvParams) invalidForMooncake() string {
 	return ""
 }
 
-// bootstrapEntry is one rank of the GET /query answer.
+// bootstrapEntry is one rank of the GET /query answer: vLLM's engine_id
+// and worker_addr (tp rank -> pp rank -> address; wirecorpus shape
+// vllm-mooncake-bootstrap-dp2), and the simulator's own pull address.
 type bootstrapEntry struct {
-	EngineID string `json:"engine_id"`
-	KVHost   string `json:"kv_host"`
-	KVPort   int    `json:"kv_port"`
-	TPSize   int    `json:"tp_size"`
+	EngineID   string                       `json:"engine_id"`
+	WorkerAddr map[string]map[string]string `json:"worker_addr"`
+	KVHost     string                       `json:"kv_host"`
+	KVPort     int                          `json:"kv_port"`
+	TPSize     int                          `json:"tp_size"`
 }
 
 // serveBootstrap accepts connections on the bootstrap port and hands each
@@ -104,13 +130,18 @@ func (s *Sim) bootstrapQuery(w http.ResponseWriter, r *http.Request) {
 		host = la.IP.String()
 	}
 	w.Header().Set("Content-Type", "application/json")
-	_ = json.NewEncoder(w).Encode(map[string]bootstrapEntry{
-		"0": {EngineID: s.engineID, KVHost: host, KVPort: kv.Port, TPSize: s.cfg.TPSize},
-	})
+	ranks := make(map[string]bootstrapEntry, s.cfg.MooncakeDPRanks)
+	for r := range s.cfg.MooncakeDPRanks {
+		addr := "tcp://" + net.JoinHostPort(host, strconv.Itoa(kv.Port))
+		ranks[strconv.Itoa(r)] = bootstrapEntry{EngineID: s.rankEngineID(r), WorkerAddr: map[string]map[string]string{"0": {"0": addr}},
+			KVHost: host, KVPort: kv.Port, TPSize: s.cfg.TPSize}
+	}
+	_ = json.NewEncoder(w).Encode(ranks)
 }
 
-// queryBootstrap asks a Mooncake bootstrap server (base URL) for rank 0.
-func queryBootstrap(ctx context.Context, base string) (bootstrapEntry, error) {
+// queryBootstrap asks a Mooncake bootstrap server (base URL) for the rank
+// whose engine id is engineID, walking every rank as vLLM's decode does.
+func queryBootstrap(ctx context.Context, base, engineID string) (bootstrapEntry, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimSuffix(base, "/")+"/query", nil)
 	if err != nil {
 		return bootstrapEntry{}, fmt.Errorf("%w: bootstrap query: %w", ErrKVPull, err)
@@ -124,25 +155,23 @@ func queryBootstrap(ctx context.Context, base string) (bootstrapEntry, error) {
 	if err := json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(&m); err != nil || resp.StatusCode != http.StatusOK {
 		return bootstrapEntry{}, fmt.Errorf("%w: bootstrap query answered %d: %v", ErrKVPull, resp.StatusCode, err)
 	}
-	e, ok := m["0"]
-	if !ok {
-		return e, fmt.Errorf("%w: bootstrap query: no rank 0", ErrKVPull)
+	for _, e := range m {
+		if e.EngineID == engineID {
+			return e, nil
+		}
 	}
-	return e, nil
+	return bootstrapEntry{}, fmt.Errorf("%w: remote_engine_id %q is no rank's engine on the bootstrap server", ErrKVPull, engineID)
 }
 
 // mooncakePull resolves a Mooncake decode's transfer: the bootstrap query
 // (whose engine id must be the one the decode names), then the pull request
 // by transfer_id, waiting for the prefill to register it.
 func (s *Sim) mooncakePull(ctx context.Context, g *genRequest) (string, pullRequest, error) {
-	e, err := queryBootstrap(ctx, *g.kv.RemoteBootstrapAddr)
+	e, err := queryBootstrap(ctx, *g.kv.RemoteBootstrapAddr, *g.kv.RemoteEngineID)
 	if err != nil {
 		return "", pullRequest{}, err
 	}
-	if e.EngineID != *g.kv.RemoteEngineID {
-		return "", pullRequest{}, fmt.Errorf("%w: remote_engine_id %q is not the bootstrap server's engine %q", ErrKVPull, *g.kv.RemoteEngineID, e.EngineID)
-	}
-	key := mooncakeKey(*g.kv.TransferID)
+	key := mooncakeKey(e.EngineID, *g.kv.TransferID)
 	req := pullRequest{Room: &key, WaitMS: int(s.cfg.BootstrapTimeout / time.Millisecond)}
 	return net.JoinHostPort(e.KVHost, strconv.Itoa(e.KVPort)), req, nil
 }
@@ -233,7 +262,7 @@ func (s *Sim) releaseCancelled(h *hold) {
 // roomKey is the hold-store key of a bootstrap-style prefill.
 func roomKey(g *genRequest) uint64 {
 	if g.isMooncake() {
-		return mooncakeKey(*g.kv.TransferID)
+		return mooncakeKey(g.mooncakeEngine, *g.kv.TransferID)
 	}
 	return g.boot.room
 }

@@ -45,6 +45,11 @@ type genRequest struct {
 	includeUsage bool
 	// kv is the request's kv_transfer_params (nil when absent or null).
 	kv *kvParams
+	// dpRank is the request's X-data-parallel-rank header ("" when none).
+	dpRank string
+	// mooncakeEngine is the engine id of the rank a Mooncake prefill ran
+	// on (mooncake.go).
+	mooncakeEngine string
 	// kvRaw are kv_transfer_params' members as sent (nil when absent).
 	kvRaw map[string]json.RawMessage
 	// kvInvalid is set when kv_transfer_params was present but unusable.

@@ -19,6 +19,7 @@ import (
 	"net/http"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -28,7 +29,8 @@ import (
 // Sim is one simulated engine.
 type Sim struct {
 	cfg      Config
-	shape    *wireShape // the NIXL wire shape (--wire-shape)
+	shape    *wireShape    // the NIXL wire shape (--wire-shape)
+	nextRank atomic.Uint64 // the Mooncake rank a prefill without a rank header runs on
 	log      zerolog.Logger
 	engineID string
 	reg      *prometheus.Registry

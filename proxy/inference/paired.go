@@ -109,6 +109,9 @@ func (s *Paired) Legs(r *Request, b connectors.Bootstrap, berr error) {
 		return
 	}
 	s.Pre, s.Dec = pre, dec
+	if rk, ok := s.cc.(connectors.PrefillRanker); ok {
+		r.prefillRank = rk.PrefillRank(s.pairing)
+	}
 	r.Mode = metrics.ModeDisaggregated
 	r.LogAt(zerolog.DebugLevel).Uint64("bootstrap_room", s.pairing.Room).Str("transfer_id", s.pairing.TransferID).Msg("concurrent prefill and decode legs")
 }

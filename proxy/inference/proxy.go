@@ -325,12 +325,22 @@ func chunkErrorBody(err error) []byte {
 // more than one data-parallel rank): the client's own never reaches them.
 func (p *Proxy) pinsSplitRank() bool { return p.Mori != nil && p.Mori.Cfg.Ports.DPSize > 1 }
 
+// ranksPrefill reports whether the connector names the prefill leg's rank
+// (connectors.PrefillRanker): the client's x-data-parallel-rank never
+// reaches a prefiller then.
+func (p *Proxy) ranksPrefill() bool {
+	_, ok := p.Conn.(connectors.PrefillRanker)
+	return ok
+}
+
 // setStrips sets the headers the lane leaves out of legs (LegStrip).
 func (p *Proxy) setStrips() {
 	p.LegStrip, p.PrefillStrip = p.Trace.Strip(p.strip)
 	p.SplitStrip = p.LegStrip
 	if p.pinsSplitRank() {
 		p.SplitStrip = append(slices.Clone(p.LegStrip), moriio.HeaderRank)
+		p.PrefillStrip = append(slices.Clone(p.PrefillStrip), moriio.HeaderRank)
+	} else if p.ranksPrefill() {
 		p.PrefillStrip = append(slices.Clone(p.PrefillStrip), moriio.HeaderRank)
 	}
 }

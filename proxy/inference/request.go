@@ -71,6 +71,10 @@ type Request struct {
 	// moriRank its legs' x-data-parallel-rank ("" = none) (moriState).
 	mori     moriio.Leg
 	moriRank string
+	// prefillRank is the x-data-parallel-rank of the prefill leg alone
+	// ("" = none): the rank a concurrent connector paired the legs on
+	// (connectors.PrefillRanker; Mooncake with a data-parallel prefiller).
+	prefillRank string
 	// dpRouted: x-data-parallel-host-port picked the rank (pickRank).
 	dpRouted bool
 	Obs      observe.Request // report and spans
@@ -491,5 +495,25 @@ func (r *Request) LeftNow() bool {
 // PrefillRequest builds a leg to the prefiller carrying body: as upstream
 // builds every leg, less --prefill-strip-headers (proxy/prefillstrip).
 func (r *Request) PrefillRequest(body []byte) *fasthttp.Request {
-	return r.legRequest(r.Prefiller, body, r.P.strip)
+	req := r.legRequest(r.Prefiller, body, r.P.strip)
+	if r.P.ranksPrefill() {
+		req.Header.Del(moriio.HeaderRank) // every copy: the client's is not the pairing's
+		if r.prefillRank != "" {
+			req.Header.Set(moriio.HeaderRank, r.prefillRank)
+		}
+	}
+	return req
+}
+
+// AppendPrefillHeaders appends to a prefill leg's head, which the lane
+// writes, what PrefillRequest sets on fasthttp's beyond AppendLegHeaders:
+// the rank the legs were paired on (the client's own is left out:
+// Proxy.PrefillStrip).
+func (r *Request) AppendPrefillHeaders(dst []byte) []byte {
+	if r.prefillRank != "" {
+		dst = append(dst, "X-Data-Parallel-Rank: "...)
+		dst = append(dst, r.prefillRank...)
+		dst = append(dst, "\r\n"...)
+	}
+	return dst
 }

@@ -515,7 +515,11 @@ func (lc *laneConn) decodeLeg(body []byte, bodyp *[]byte, remote bool) {
 // bodyp, a buffer of the body pool the leg now holds until putSent.
 func (lc *laneConn) legTo(addr string, body []byte, bodyp *[]byte) {
 	bufs := &lc.ll.ln.p.Bufs
-	lc.sent = rawhttp.AppendLegEnd(lc.r.AppendLegHeaders(lc.sent), addr, lc.r.ID, len(body))
+	head := lc.r.AppendLegHeaders(lc.sent)
+	if lc.prefill {
+		head = lc.r.AppendPrefillHeaders(head)
+	}
+	lc.sent = rawhttp.AppendLegEnd(head, addr, lc.r.ID, len(body))
 	if len(body) > sse.MaxPooledChunk {
 		lc.sentBody, lc.sentBodyp = body, bodyp
 	} else {
