@@ -163,7 +163,8 @@ var (
 		"block_ids": isInts(0, nixlv2.MaxBlockIDs), "block_bytes": isInt(1, 1<<30), "num_tokens": isInt(1, 1<<31-1),
 		"checksums": isUints, "lease_ms": isInt(0, 1<<31-1),
 	}
-	ecMembers = memberCheck{"handle": isID, "remote_host": isHost, "remote_port": isInt(1, 65535)}
+	ecMembers = memberCheck{"peer_host": isHost, "peer_port": isInt(1, 65535), "size_bytes": isInt(0, 1<<40),
+		"nixl_agent_metadata_b64": isShortID(1 << 20), "shape": isInts(0, 8), "item_indices": isInts(0, 1<<12), "metadata": namesNoAddress}
 )
 
 // isNodeMap is vllm-ascend's remote_multi_nodes_meta_mapping: decimal
@@ -177,6 +178,28 @@ func isNodeMap(v any) bool {
 		e, ok := n.(map[string]any)
 		if _, err := strconv.Atoi(k); err != nil || !ok || len(e) != 3 || !isHost(e["host"]) || !isID(e["engine_id"]) || !isInt(1, 65535)(e["handshake_port"]) {
 			return false
+		}
+	}
+	return true
+}
+
+// namesNoAddress reports whether v holds no string that could name an
+// address.
+func namesNoAddress(v any) bool {
+	switch x := v.(type) {
+	case string:
+		return !couldNameAddress(x)
+	case []any:
+		for _, e := range x {
+			if !namesNoAddress(e) {
+				return false
+			}
+		}
+	case map[string]any:
+		for _, e := range x {
+			if !namesNoAddress(e) {
+				return false
+			}
 		}
 	}
 	return true
@@ -270,8 +293,17 @@ func checkMembers(t *testing.T, what string, raw []byte, want memberCheck, answe
 // (at 0 when none), and kv_source's agent.
 func namedAddrs(m map[string]any) []string {
 	var hosts []string
-	if h, ok := m["remote_host"].(string); ok {
-		hosts = append(hosts, strings.Trim(h, "[]"))
+	var out []string
+	for _, k := range []string{"remote_host", "peer_host"} {
+		if h, ok := m[k].(string); ok {
+			hosts = append(hosts, strings.Trim(h, "[]"))
+		}
+	}
+	if nodes, ok := m["remote_multi_nodes_meta_mapping"].(map[string]any); ok {
+		for _, n := range nodes {
+			e := n.(map[string]any)
+			out = append(out, net.JoinHostPort(strings.Trim(e["host"].(string), "[]"), string(e["handshake_port"].(json.Number))))
+		}
 	}
 	if hs, ok := m["remote_hosts"].([]any); ok {
 		for _, h := range hs {
@@ -279,7 +311,7 @@ func namedAddrs(m map[string]any) []string {
 		}
 	}
 	var ports []string
-	for _, k := range []string{"remote_port", "remote_handshake_port", "remote_notify_port"} {
+	for _, k := range []string{"remote_port", "remote_handshake_port", "remote_notify_port", "peer_port"} {
 		if n, ok := m[k].(json.Number); ok && n != "0" {
 			ports = append(ports, string(n))
 		}
@@ -287,7 +319,6 @@ func namedAddrs(m map[string]any) []string {
 	if len(ports) == 0 {
 		ports = []string{"0"}
 	}
-	var out []string
 	for _, h := range hosts {
 		for _, p := range ports {
 			out = append(out, net.JoinHostPort(h, p))
@@ -329,7 +360,9 @@ func seedAnswers(f *testing.F) {
 		`{"choices":[{"text":"a","finish_reason":"length"}],"kv_transfer_params":{"do_remote_prefill":true,"tp_size":2,"kv_source":` + src + `}}`,
 		`{"choices":[{"text":"","finish_reason":"stop"}],"kv_transfer_params":null}`,
 		`{"0":{"engine_id":"e0","kv_host":"10.0.0.1"},"1":{"engine_id":"e1"}}`,
-		`{"id":"x","ec_transfer_params":{"abcd":{"handle":"h","remote_host":"10.0.0.3","remote_port":7000}}}`,
+		`{"id":"x","ec_transfer_params":{"abcd":{"peer_host":"10.0.0.3","peer_port":7000,"size_bytes":4096,"shape":[2,512],"metadata":{"image_grid_thw":[1,4,4]}},"ef":{"metadata":{}}}}`,
+		`{"id":"x","ec_transfer_params":{"abcd":{"peer_host":"10.0.0.3","peer_port":7000,"size_bytes":4096,"nixl_agent_metadata_b64":"TklYTA=="}}}`,
+		`{"choices":[{"text":"a","finish_reason":"length"}],"kv_transfer_params":{"do_remote_prefill":true,"remote_block_ids":[[1]],"remote_engine_id":"0","remote_request_id":"r","remote_host":"10.0.0.1","remote_port":30000,"remote_multi_nodes_meta_mapping":{"0":{"host":"10.0.0.2","engine_id":"0","handshake_port":30001}}}}`,
 		`{"kv_transfer_params":{"do_remote_prefill":true,"remote_host":"a","remote_host":"b"}}`, `{}`, `[]`, `nul`, `{"kv_transfer_params":`,
 	} {
 		f.Add([]byte(s), uint8(0))
@@ -428,8 +461,15 @@ func FuzzPrefillAnswerHandoff(f *testing.F) {
 				if !isID(k.Str) || k.Raw != strconv.Quote(k.Str) {
 					t.Fatalf("ec_transfer_params: key %s handed on", k.Raw)
 				}
-				m := checkMembers(t, "ec entry", []byte(e.Raw), ecMembers, answer)
-				if _, ok := m["remote_host"]; ok {
+				var unknown []string // an Open schema's: checked to name no address
+				e.ForEach(func(k, _ gjson.Result) bool {
+					if _, ok := ecMembers[k.Str]; !ok {
+						unknown = append(unknown, k.Str)
+					}
+					return true
+				})
+				m := checkMembers(t, "ec entry", []byte(e.Raw), ecMembers, answer, unknown...)
+				if _, ok := m["peer_host"]; ok {
 					named = append(named, namedAddrs(m)...)
 				}
 				return true

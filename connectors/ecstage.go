@@ -107,13 +107,24 @@ func EncoderBody(dst, body []byte, item MMItem) ([]byte, error) {
 }
 
 // ECEntry is one entry of an ec-nixl encoder's ec_transfer_params, keyed
-// by the item's mm_hash: the handle under which the encoder holds the
-// item's encoding, and the encoder's host and port the prefill and decode
-// engines fetch it from.
-var ECEntry = Schema{Name: "ec_transfer_params", Fields: []Field{
-	{Name: "handle", Kind: KindID, Required: true},
-	{Name: "remote_host", Kind: KindHost, Role: RoleHost},
-	{Name: "remote_port", Kind: KindInt, Min: 1, Max: 65535, Role: RolePort},
+// by the item's mm_hash, as vLLM's ECCPUConnector writes it (every
+// generation of the wirecorpus shapes vllm-ec-nixl-*): the encoder's host
+// and port the prefill and decode engines fetch the encoding from
+// (peer_host, peer_port; checked like any address an upstream names), its
+// size, and per generation the encoder's NIXL agent metadata, the
+// encoding's shape, the item's indices and its processor metadata (the
+// consumer's own, passed as it is when it names no address). An entry
+// with no address ({"metadata": {}}) announces an item the encoder holds
+// nothing for: the consumer encodes it itself. The schema is Open: a
+// member a later vLLM adds passes when it names no address.
+var ECEntry = Schema{Name: "ec_transfer_params", Open: true, Fields: []Field{
+	{Name: "peer_host", Kind: KindHost, Role: RoleHost},
+	{Name: "peer_port", Kind: KindInt, Min: 1, Max: 65535, Role: RolePort},
+	{Name: "size_bytes", Kind: KindInt, Min: 0, Max: 1 << 40},
+	{Name: "nixl_agent_metadata_b64", Kind: KindID, Max: 1 << 20},
+	{Name: "shape", Kind: KindInts, Min: 0, Max: 8},
+	{Name: "item_indices", Kind: KindInts, Min: 0, Max: 1 << 12},
+	{Name: "metadata", Kind: KindOpaque},
 }}
 
 // maxECEntries bounds the entries of one encoder answer (it encodes one

@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pd-sidecar/pd-sidecar/connectors"
+	"github.com/pd-sidecar/pd-sidecar/wirecorpus"
 )
 
 func TestMMItems(t *testing.T) {
@@ -66,21 +67,26 @@ func TestECParamsOf(t *testing.T) {
 		name, answer, want string
 		err                bool
 	}{
-		{"object", `{"id":"x","ec_transfer_params":{"h1":{"handle":"a"}}}`, `{"h1":{"handle":"a"}}`, false},
-		{"ec-nixl's entries, written anew", `{"ec_transfer_params":{ "h1" : {"remote_port":7001,"handle":"a","remote_host":"10.0.0.5"},"h2":{"handle":"b"}}}`,
-			`{"h1":{"handle":"a","remote_host":"10.0.0.5","remote_port":7001},"h2":{"handle":"b"}}`, false},
+		{"object", `{"id":"x","ec_transfer_params":{"h1":{"metadata":{}}}}`, `{"h1":{"metadata":{}}}`, false},
+		{"ec-nixl's entries, written anew", `{"ec_transfer_params":{ "h1" : {"peer_port":7001,"size_bytes":64,"peer_host":"10.0.0.5","shape":[ 2, 8 ]},"h2":{"metadata":{"grid":[1,2]}}}}`,
+			`{"h1":{"peer_host":"10.0.0.5","peer_port":7001,"size_bytes":64,"shape":[2,8]},"h2":{"metadata":{"grid":[1,2]}}}`, false},
+		{"the NIXL agent's metadata", `{"ec_transfer_params":{"h1":{"peer_host":"10.0.0.5","peer_port":7001,"size_bytes":64,"nixl_agent_metadata_b64":"TklYTAEA/+=="}}}`,
+			`{"h1":{"peer_host":"10.0.0.5","peer_port":7001,"size_bytes":64,"nixl_agent_metadata_b64":"TklYTAEA/+=="}}`, false},
+		{"an undocumented scalar", `{"ec_transfer_params":{"h1":{"peer_host":"10.0.0.5","peer_port":7001,"dtype_code":3}}}`,
+			`{"h1":{"peer_host":"10.0.0.5","peer_port":7001,"dtype_code":3}}`, false},
 		{"missing", `{"id":"x"}`, "", false},
 		{"null", `{"ec_transfer_params":null}`, "", false},
 		{"not an object", `{"ec_transfer_params":[1]}`, "", false},
 		{"empty", `{"ec_transfer_params":{}}`, "", false},
 		{"not json", `oops`, "", true},
 		{"truncated", `{"ec_transfer_params":{"a":`, "", true},
-		{"an undocumented member", `{"ec_transfer_params":{"h1":{"handle":"a","kv_source":{}}}}`, "", true},
-		{"a deep value", `{"ec_transfer_params":{"h1":{"handle":` + strings.Repeat("[", 100000) + strings.Repeat("]", 100000) + `}}}`, "", true},
+		{"an undocumented member naming an address", `{"ec_transfer_params":{"h1":{"metadata":{},"kv_source":{"agent":"10.9.9.9:1"}}}}`, "", true},
+		{"metadata naming an address", `{"ec_transfer_params":{"h1":{"metadata":{"url":"http://10.9.9.9/"}}}}`, "", true},
+		{"a deep value", `{"ec_transfer_params":{"h1":{"metadata":` + strings.Repeat("[", 100000) + strings.Repeat("]", 100000) + `}}}`, "", true},
 		{"an entry that is no object", `{"ec_transfer_params":{"h1":"10.9.9.9:1"}}`, "", true},
-		{"a key given twice", `{"ec_transfer_params":{"h1":{"handle":"a"},"h1":{"handle":"b"}}}`, "", true},
-		{"an escaped key", `{"ec_transfer_params":{"h\u0031":{"handle":"a"}}}`, "", true},
-		{"a port that is no port", `{"ec_transfer_params":{"h1":{"handle":"a","remote_host":"10.0.0.5","remote_port":"x"}}}`, "", true},
+		{"a key given twice", `{"ec_transfer_params":{"h1":{"metadata":{}},"h1":{"metadata":{}}}}`, "", true},
+		{"an escaped key", `{"ec_transfer_params":{"h\u0031":{"metadata":{}}}}`, "", true},
+		{"a port that is no port", `{"ec_transfer_params":{"h1":{"peer_host":"10.0.0.5","peer_port":"x"}}}`, "", true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got, _, err := connectors.ECParamsOf([]byte(tc.answer))
@@ -129,4 +135,22 @@ func TestECStageBody(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, `{"model":"m","cache_hit_threshold":0}`, string(out))
 	assert.Equal(t, "r1-enc-2", connectors.ECRequestID("r1", 2))
+}
+
+// TestCorpusEncoderAnswers: every ec-nixl encoder answer of the upstream
+// corpus is read whole, every entry's members as the encoder wrote them,
+// and its peer named as an address to check.
+func TestCorpusEncoderAnswers(t *testing.T) {
+	shapes, err := wirecorpus.Select(connectors.ECNixl, wirecorpus.EncoderAnswer)
+	require.NoError(t, err)
+	require.GreaterOrEqual(t, len(shapes), 3)
+	for _, s := range shapes {
+		t.Run(s.Name, func(t *testing.T) {
+			got, addrs, err := connectors.ECParamsOf(s.Body(`"id":"x"`))
+			require.NoError(t, err)
+			assert.JSONEq(t, string(s.Value), string(got))
+			require.Len(t, addrs, 1)
+			assert.Equal(t, "ec_transfer_params.peer_host", addrs[0].Field)
+		})
+	}
 }

@@ -80,6 +80,11 @@ const (
 	// decimal number of 1..5 digits (a rank, a port offset), each an
 	// object read with Schema Sub.
 	KindMap
+	// KindOpaque is any value that names no address (Passable: literals,
+	// numbers, strings that could not name an address, and arrays and
+	// objects of them), written anew: a member an engine passes between
+	// its own stages that the sidecar does not read.
+	KindOpaque
 )
 
 // Role is what a member is to the addresses the params name.
@@ -368,6 +373,11 @@ func (w *canonWriter) value(s *Schema, f *Field, val gjson.Result) (read, error)
 		return read{}, w.blockIDs(s, f, val)
 	case KindMap:
 		return w.objectMap(s, f, val)
+	case KindOpaque:
+		if why := Passable(val); why != "" {
+			return bad("a value that " + why)
+		}
+		w.dst = writeOpaque(w.dst, val)
 	case KindObject:
 		if f.Sub == nil || !val.IsObject() {
 			return bad("not an object")

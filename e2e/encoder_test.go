@@ -50,7 +50,7 @@ var threeImages = []string{imagePart("http://img/a.png"), imagePart("http://img/
 // TestEncoderStageEPD: ec-nixl without a prefiller (E/PD). The three
 // distinct items go to two encoders round robin (two and one), each as a
 // one-item request capped at one token; the decode engine resolves all
-// three handles from the encoders over HTTP (encoded nothing itself) and
+// three items from the encoders over HTTP (encoded nothing itself) and
 // answers the same tokens as a local run; the header reaches no engine.
 // An encoder serving a wrong encoding changes the tokens: they depend on
 // the encoder's output.

@@ -305,7 +305,7 @@ func TestHostileMoriIOAnswer(t *testing.T) {
 // hostileEncoderAnswer is an ec-nixl encoder answer naming host:port.
 func hostileEncoderAnswer(host string, port int) string {
 	return jsonAnswer(200, `{"id":"e","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"x"},"finish_reason":"length"}],`+
-		`"ec_transfer_params":{"0123456789abcdef":{"handle":"h1","remote_host":"`+host+`","remote_port":`+strconv.Itoa(port)+`}}}`)
+		`"ec_transfer_params":{"0123456789abcdef":{"metadata":{},"peer_host":"`+host+`","peer_port":`+strconv.Itoa(port)+`,"size_bytes":23,"shape":[1,23]}}}`)
 }
 
 // TestHostileEncoderECParams: an allowlisted ec-nixl encoder naming another

@@ -32,17 +32,21 @@ import (
 // gives the same tokens as one that got the right encoding from an encoder.
 //
 // RoleEncode answers the one-item encoder request (max_tokens 1): it
-// encodes each item, holds the encoding under a random handle, and
-// answers one token plus ec_transfer_params
-// {"<mm_hash>": {"handle", "remote_host", "remote_port"}} (ec-nixl's
-// shape); with ECSharedDir it also writes the encoding to <dir>/<mm_hash>
-// (ec-example's shared encoder cache). Any engine serves GET /ec/{handle}
-// (the encoding, text/plain). A prefill or decode engine resolves each
-// item: an ec_transfer_params entry for its mm_hash is fetched from the
-// named encoder over HTTP (sim_ec_loaded_items_total{source="remote"}),
+// encodes each item, holds the encoding under its mm_hash, and answers one
+// token plus ec_transfer_params as vLLM's ECCPUConnector does (wirecorpus
+// shape vllm-ec-nixl-shape): {"<mm_hash>": {"metadata": {}, "peer_host",
+// "peer_port", "size_bytes", "shape"}}; with ECSharedDir it also writes the
+// encoding to <dir>/<mm_hash> (ec-example's shared encoder cache). Any
+// engine serves GET /ec/{mm_hash} (the encoding, text/plain), the stand-in
+// of the encoder's NIXL read. A prefill or decode engine resolves each
+// item: an ec_transfer_params entry for its mm_hash that names a peer
+// (peer_host, peer_port, size_bytes: every upstream generation has them;
+// an entry with none, {"metadata": {}}, is an item to encode here) is
+// fetched from that encoder over HTTP and its size checked
+// (sim_ec_loaded_items_total{source="remote"}),
 // else ECSharedDir's file is read ({source="shared"}), else the engine
 // encodes it itself (sim_ec_local_encodes_total); an item repeated in one
-// request is resolved (and counted) once. A handle that cannot be
+// request is resolved (and counted) once. An entry that cannot be
 // fetched fails the request 500 (sim_ec_load_failures_total), as vLLM's
 // consumer fails on a missing encoder cache entry.
 
@@ -110,15 +114,16 @@ func encodingOf(it mmItem) string {
 	return strings.Join(words, " ")
 }
 
-// ecRef is one ec_transfer_params entry: where an item's encoding is held.
+// ecRef is one ec_transfer_params entry: where an item's encoding is held,
+// and its size.
 type ecRef struct {
-	Handle     string `json:"handle"`
-	RemoteHost string `json:"remote_host"`
-	RemotePort int    `json:"remote_port"`
+	PeerHost  string `json:"peer_host"`
+	PeerPort  int    `json:"peer_port"`
+	SizeBytes *int   `json:"size_bytes"`
 }
 
-// parseECParams reads ec_transfer_params: entries that are not an ecRef
-// with a handle and address are ignored (vLLM encodes those items itself).
+// parseECParams reads ec_transfer_params: entries that name no peer and
+// size are ignored (vLLM encodes those items itself).
 func parseECParams(raw json.RawMessage) map[string]ecRef {
 	var m map[string]json.RawMessage
 	if absent(raw) || json.Unmarshal(raw, &m) != nil {
@@ -127,14 +132,14 @@ func parseECParams(raw json.RawMessage) map[string]ecRef {
 	out := map[string]ecRef{}
 	for k, v := range m {
 		var r ecRef
-		if json.Unmarshal(v, &r) == nil && r.Handle != "" && r.RemoteHost != "" && r.RemotePort > 0 {
+		if json.Unmarshal(v, &r) == nil && r.PeerHost != "" && r.PeerPort > 0 && r.SizeBytes != nil {
 			out[k] = r
 		}
 	}
 	return out
 }
 
-// ecStore holds encodings by handle for consumers to fetch, the oldest
+// ecStore holds encodings by mm_hash for consumers to fetch, the oldest
 // dropped past ecStoreMax.
 type ecStore struct {
 	mu    sync.Mutex
@@ -144,24 +149,26 @@ type ecStore struct {
 
 const ecStoreMax = 4096
 
-func (e *ecStore) put(handle, enc string) {
+func (e *ecStore) put(hash, enc string) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.byID == nil {
 		e.byID = map[string]string{}
 	}
-	e.byID[handle] = enc
-	e.order = append(e.order, handle)
+	if _, ok := e.byID[hash]; !ok {
+		e.order = append(e.order, hash)
+	}
+	e.byID[hash] = enc
 	if len(e.order) > ecStoreMax {
 		delete(e.byID, e.order[0])
 		e.order = e.order[1:]
 	}
 }
 
-func (e *ecStore) get(handle string) (string, bool) {
+func (e *ecStore) get(hash string) (string, bool) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	enc, ok := e.byID[handle]
+	enc, ok := e.byID[hash]
 	return enc, ok
 }
 
@@ -180,11 +187,11 @@ func newECMetrics(reg prometheus.Registerer, model string) *ecMetrics {
 	}
 	m := &ecMetrics{
 		encodes:      c("sim_ec_encodes_total", "Items this encoder encoded and holds for consumers (role encode)."),
-		served:       c("sim_ec_items_served_total", "Encodings this encoder served to consumers by handle (GET /ec/{handle})."),
+		served:       c("sim_ec_items_served_total", "Encodings this encoder served to consumers by mm_hash (GET /ec/{mm_hash})."),
 		localEncodes: c("sim_ec_local_encodes_total", "Items a prefill/decode engine encoded itself (no encoder output for them)."),
-		loadFailures: c("sim_ec_load_failures_total", "Requests failed because an ec_transfer_params handle could not be fetched."),
+		loadFailures: c("sim_ec_load_failures_total", "Requests failed because an ec_transfer_params entry could not be fetched."),
 		loaded: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sim_ec_loaded_items_total",
-			Help: "Items whose encoding came from an encoder, by source (remote: ec_transfer_params handle; shared: the shared encoder cache).", ConstLabels: labels}, []string{"source"}),
+			Help: "Items whose encoding came from an encoder, by source (remote: an ec_transfer_params entry; shared: the shared encoder cache).", ConstLabels: labels}, []string{"source"}),
 	}
 	reg.MustRegister(m.loaded)
 	m.loaded.WithLabelValues("remote")
@@ -205,8 +212,7 @@ func (s *Sim) serveEncode(w http.ResponseWriter, r *http.Request, g *genRequest,
 	params := map[string]any{}
 	for _, it := range g.mm {
 		enc := encodingOf(it)
-		h := randomHex(16)
-		s.ec.put(h, enc)
+		s.ec.put(it.hash(), enc)
 		if s.cfg.ECSharedDir != "" {
 			if err := writeFileAtomic(filepath.Join(s.cfg.ECSharedDir, it.hash()), []byte(enc)); err != nil {
 				writeError(w, http.StatusInternalServerError, "InternalServerError", "", "shared encoder cache: "+err.Error())
@@ -214,7 +220,8 @@ func (s *Sim) serveEncode(w http.ResponseWriter, r *http.Request, g *genRequest,
 			}
 		}
 		s.ecm.encodes.Inc()
-		params[it.hash()] = ecRef{Handle: h, RemoteHost: host, RemotePort: port}
+		params[it.hash()] = map[string]any{"metadata": map[string]any{}, "peer_host": host, "peer_port": port,
+			"size_bytes": len(enc), "shape": []int{1, len(enc)}}
 	}
 	body := map[string]any{
 		"id": o.id, "object": "chat.completion", "created": o.created, "model": o.model,
@@ -235,24 +242,26 @@ func writeFileAtomic(path string, b []byte) error {
 	return os.Rename(tmp, path)
 }
 
-// serveEncoding is GET /ec/{handle}: a held encoding (with the corrupt_kv
+// serveEncoding is GET /ec/{mm_hash}: a held encoding (with the corrupt_kv
 // fault, a wrong one).
 func (s *Sim) serveEncoding(w http.ResponseWriter, r *http.Request) {
-	enc, ok := s.ec.get(r.PathValue("handle"))
+	enc, ok := s.ec.get(r.PathValue("mm_hash"))
 	if !ok {
-		writeError(w, http.StatusNotFound, "NotFoundError", "", "no encoding under this handle")
+		writeError(w, http.StatusNotFound, "NotFoundError", "", "no encoding under this mm_hash")
 		return
 	}
 	if s.faults.get().CorruptKV {
 		s.m.faultsInjected.WithLabelValues("corrupt_ec").Inc()
-		enc = "mmcorrupt " + enc
+		// Wrong bytes of the right size, as a corrupted NIXL read: the
+		// first word's digits flipped.
+		enc = "mmdead" + enc[min(6, len(enc)):]
 	}
 	s.ecm.served.Inc()
 	w.Header().Set("Content-Type", "text/plain")
 	_, _ = io.WriteString(w, enc)
 }
 
-// errECLoad: an ec_transfer_params handle could not be fetched.
+// errECLoad: an ec_transfer_params entry could not be fetched.
 var errECLoad = errors.New("encoder cache load failed")
 
 // resolveMM folds the encodings of g's items into its prompt, fetching
@@ -282,7 +291,7 @@ func (s *Sim) resolveMM(ctx context.Context, g *genRequest) error {
 func (s *Sim) encodingFor(ctx context.Context, g *genRequest, it mmItem) (string, error) {
 	h := it.hash()
 	if ref, ok := g.ec[h]; ok {
-		enc, err := fetchEncoding(ctx, ref)
+		enc, err := fetchEncoding(ctx, h, ref)
 		if err != nil {
 			return "", err
 		}
@@ -299,10 +308,10 @@ func (s *Sim) encodingFor(ctx context.Context, g *genRequest, it mmItem) (string
 	return encodingOf(it), nil
 }
 
-func fetchEncoding(ctx context.Context, ref ecRef) (string, error) {
+func fetchEncoding(ctx context.Context, hash string, ref ecRef) (string, error) {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	u := "http://" + net.JoinHostPort(ref.RemoteHost, strconv.Itoa(ref.RemotePort)) + "/ec/" + ref.Handle
+	u := "http://" + net.JoinHostPort(ref.PeerHost, strconv.Itoa(ref.PeerPort)) + "/ec/" + hash
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
 	if err != nil {
 		return "", err
@@ -318,6 +327,9 @@ func fetchEncoding(ctx context.Context, ref ecRef) (string, error) {
 	}
 	if resp.StatusCode != http.StatusOK {
 		return "", fmt.Errorf("GET %s: status %d", u, resp.StatusCode)
+	}
+	if len(b) != *ref.SizeBytes {
+		return "", fmt.Errorf("GET %s: %d bytes, size_bytes %d", u, len(b), *ref.SizeBytes)
 	}
 	return string(b), nil
 }

@@ -27,9 +27,10 @@ func TestEncodingOf(t *testing.T) {
 }
 
 func TestParseECParams(t *testing.T) {
-	got := parseECParams(json.RawMessage(`{"h1":{"handle":"x","remote_host":"127.0.0.1","remote_port":9},
-		"h2":{"handle":"","remote_host":"127.0.0.1","remote_port":9},"h3":"nope","h4":{"handle":"y","remote_host":"h"}}`))
-	assert.Equal(t, map[string]ecRef{"h1": {Handle: "x", RemoteHost: "127.0.0.1", RemotePort: 9}}, got, "unusable entries are ignored")
+	got := parseECParams(json.RawMessage(`{"h1":{"metadata":{},"peer_host":"127.0.0.1","peer_port":9,"size_bytes":12,"shape":[1,12]},
+		"h2":{"metadata":{}},"h3":"nope","h4":{"peer_host":"h","size_bytes":1},"h5":{"peer_host":"127.0.0.1","peer_port":9}}`))
+	size := 12
+	assert.Equal(t, map[string]ecRef{"h1": {PeerHost: "127.0.0.1", PeerPort: 9, SizeBytes: &size}}, got, "unusable entries are ignored")
 	assert.Nil(t, parseECParams(nil))
 	assert.Nil(t, parseECParams(json.RawMessage(`[1]`)))
 }

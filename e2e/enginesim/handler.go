@@ -41,7 +41,7 @@ func (s *Sim) Handler() http.Handler {
 	mux.HandleFunc("POST /sim/faults", s.postFaults)
 	mux.HandleFunc("DELETE /sim/faults", s.deleteFaults)
 	mux.HandleFunc("GET /sim/requests", s.listRequests)
-	mux.HandleFunc("GET /ec/{handle}", s.serveEncoding) // encoder.go
+	mux.HandleFunc("GET /ec/{mm_hash}", s.serveEncoding) // encoder.go
 	if s.kva != nil {
 		mux.HandleFunc("POST /kv/alloc", s.kva.handleAlloc)
 		mux.HandleFunc("POST /kv/free", s.kva.handleFree)

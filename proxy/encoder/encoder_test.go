@@ -75,7 +75,7 @@ func TestReason(t *testing.T) {
 }
 
 // fakeEncoder is an in-process encoder: it answers each request with
-// ec_transfer_params {"<url>": {"handle": "<name>"}, "by": ...} after delay, or status when set,
+// ec_transfer_params {"<url>": {"metadata": {"by": "enc_<name>"}}, "by": ...} after delay, or status when set,
 // and records the items it got and the legs in flight at most.
 type fakeEncoder struct {
 	name   string
@@ -152,7 +152,7 @@ func (f *fakeEncoder) serve(t *testing.T) string {
 			return
 		}
 		rc.SetContentType("application/json")
-		fmt.Fprintf(rc, `{"id":"x","ec_transfer_params":{%q:{"handle":%q},"by":{"handle":%q}}}`, url, f.name, f.name)
+		fmt.Fprintf(rc, `{"id":"x","ec_transfer_params":{%q:{"metadata":{"by":%q}},"by":{"metadata":{"by":%q}}}}`, url, "enc_"+f.name, "enc_"+f.name)
 	}}
 	go func() { _ = srv.Serve(ln) }()
 	t.Cleanup(func() { _ = srv.Shutdown() })
@@ -217,7 +217,7 @@ func TestFanOutRoundRobinAndMerge(t *testing.T) {
 	assert.ElementsMatch(t, []string{"u1", "u3"}, b.items)
 	assert.ElementsMatch(t, []string{"rid-enc-0", "rid-enc-2", "rid-enc-4"}, a.ids)
 	assert.Equal(t, 2, legs.peak, "at most two legs at once")
-	h := func(n string) string { return `{"handle":"` + n + `"}` }
+	h := func(n string) string { return `{"metadata":{"by":"enc_` + n + `"}}` }
 	assert.JSONEq(t, `{"own":1,"u0":`+h("a")+`,"by":`+h("a")+`,"u1":`+h("b")+`,"u2":`+h("a")+`,"u3":`+h("b")+`,"u4":`+h("a")+`}`,
 		gjson.GetBytes(body, "ec_transfer_params").Raw)
 	assert.Equal(t, "0", gjson.GetBytes(body, "cache_hit_threshold").Raw)
@@ -246,7 +246,7 @@ func TestFanOutFailure(t *testing.T) {
 	body, outcome, err := runStage(context.Background(), s, okAddr+","+badAddr, 2)
 	require.NoError(t, err)
 	assert.Equal(t, metrics.StageDegraded, outcome)
-	assert.JSONEq(t, `{"own":1,"u0":{"handle":"ok"},"by":{"handle":"ok"}}`, gjson.GetBytes(body, "ec_transfer_params").Raw, "item 1 left to the engine")
+	assert.JSONEq(t, `{"own":1,"u0":{"metadata":{"by":"enc_ok"}},"by":{"metadata":{"by":"enc_ok"}}}`, gjson.GetBytes(body, "ec_transfer_params").Raw, "item 1 left to the engine")
 
 	// An encoder that answers only once the test ends: the stage ends by
 	// the 50 ms timeout (never before it; the upper bound has headroom for
