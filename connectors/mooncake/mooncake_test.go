@@ -109,3 +109,20 @@ func TestCorpusDataParallelPrefiller(t *testing.T) {
 	require.NoError(t, err)
 	assert.Empty(t, c.PrefillRank(connectors.Pairing{TransferID: "xfer-1", Bootstrap: one}), "one rank: no header")
 }
+
+// TestCorpusLegs: the legs carry the members vLLM's Mooncake proxy sends
+// (the corpus' prefill and decode requests), no more, no fewer.
+func TestCorpusLegs(t *testing.T) {
+	c := mooncake.New(8998)
+	b, err := c.ParseBootstrap("10.0.0.5:8998", []byte(`{"0":{"engine_id":"e0"}}`))
+	require.NoError(t, err)
+	pre, dec, err := c.Legs(connectors.APICompletions, []byte(`{"prompt":"x"}`), connectors.Pairing{PrefillHost: "10.0.0.5", TransferID: "xfer-1", Bootstrap: b})
+	require.NoError(t, err)
+	for leg, name := range map[string]string{string(pre): "vllm-mooncake-prefill-request", string(dec): "vllm-mooncake-decode-request"} {
+		s, err := wirecorpus.Get(name)
+		require.NoError(t, err)
+		var got []string
+		gjson.Get(leg, "kv_transfer_params").ForEach(func(k, _ gjson.Result) bool { got = append(got, k.Str); return true })
+		assert.ElementsMatch(t, s.Members(), got, name)
+	}
+}
