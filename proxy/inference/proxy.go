@@ -15,6 +15,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 	"slices"
 	"strconv"
 	"sync/atomic"
@@ -232,7 +233,7 @@ func New(cfg Config, conn connectors.Connector, m *metrics.Metrics, gatherer pro
 		}
 		store := multiturn.NewStore(mt.CacheSize, mt.CacheBytes, mt.CacheTTL-MultiturnMargin(mt.CacheTTL), nil)
 		p.features = append(p.features, &multiturn.Feature{Store: store, Threshold: mt.RecomputeThreshold,
-			OwnHost: p.ownHost, KeepReasoning: mt.KeepReasoning, ForwardParams: cfg.Guard.TrustClientKVParams, M: m.Multiturn})
+			OwnHost: p.ownHost, PodAddr: p.podAddr(), KeepReasoning: mt.KeepReasoning, ForwardParams: cfg.Guard.TrustClientKVParams, M: m.Multiturn})
 		p.sessionHeader = mt.SessionHeader
 		p.sweep = &multiturn.Sweeper{Store: store, Every: min(mt.CacheTTL/8, time.Minute), Held: m.Multiturn.Held}
 	}
@@ -519,6 +520,17 @@ func (p *Proxy) p2pPorts() kvsource.Ports {
 // dpPod is this pod's data-parallel ranks.
 func (p *Proxy) dpPod() dprank.Pod {
 	return dprank.Pod{Port: p.Cfg.Port, Size: p.Cfg.DataParallelSize, PodIP: p.Cfg.PodIP, Host: p.Cfg.Host}
+}
+
+// podAddr is this pod's IP address: POD_IP, else --host when it is one
+// address (not all interfaces); "" when neither says.
+func (p *Proxy) podAddr() string {
+	for _, h := range []string{p.Cfg.PodIP, p.Cfg.Host} {
+		if a, err := netip.ParseAddr(h); err == nil && !a.IsUnspecified() {
+			return a.String()
+		}
+	}
+	return ""
 }
 
 // ownHost reports whether host names this pod (dprank.Pod.OwnHost).

@@ -14,9 +14,11 @@ import (
 	"crypto/sha256"
 	"errors"
 	"hash"
+	"net/netip"
 
 	"github.com/rs/zerolog"
 	"github.com/tidwall/gjson"
+	"github.com/tidwall/sjson"
 	"github.com/valyala/fasthttp"
 
 	"github.com/pd-sidecar/pd-sidecar/connectors"
@@ -36,6 +38,12 @@ type Feature struct {
 	// OwnHost reports whether a host names this pod: the decode engine's
 	// side channel an answer names must be the local engine's.
 	OwnHost func(host string) bool
+	// PodAddr is this pod's IP address (POD_IP, else --host when it names
+	// one address; "" when unknown): a side channel the decode engine
+	// names by a host name (VLLM_NIXL_SIDE_CHANNEL_HOST given as the pod's
+	// DNS name) is this pod's, and is handed on as this address, never as
+	// a name the prefill engine would resolve in its own pod.
+	PodAddr string
 	// KeepReasoning keeps the history of answers with reasoning
 	// (--bidirectional-keep-reasoning): only right for chat templates that
 	// render past turns' reasoning back into the prompt, as the engine
@@ -233,6 +241,27 @@ func (u *use) follow(js string) {
 // errNotOwnHost: the params name a side channel that is not this pod's.
 var errNotOwnHost = errors.New("kv_transfer_params name a host that is not this pod")
 
+// ownSideChannel checks that the side channel canon names (its addrs) is
+// this pod's: an address of it, or a host name given for it, which is then
+// written as PodAddr (a name is never handed to another pod to resolve).
+func (u *use) ownSideChannel(canon []byte, addrs []connectors.Addr) ([]byte, []connectors.Addr, error) {
+	for i, a := range addrs {
+		if u.f.OwnHost(a.Host) {
+			continue
+		}
+		if _, err := netip.ParseAddr(a.Host); err == nil || u.f.PodAddr == "" {
+			return nil, nil, errNotOwnHost
+		}
+		out, err := sjson.SetBytes(canon, "remote_host", u.f.PodAddr)
+		if err != nil {
+			return nil, nil, errNotOwnHost
+		}
+		canon = out
+		addrs[i].Host = u.f.PodAddr
+	}
+	return canon, addrs, nil
+}
+
 // keep keeps the answer's params for the conversation's next turn, read
 // against nixlv2.HistoryParams and their addresses checked; once.
 func (u *use) keep(params gjson.Result) {
@@ -242,13 +271,16 @@ func (u *use) keep(params gjson.Result) {
 		u.log.LogAt(zerolog.DebugLevel).Msg("multi-turn: the answer is not one a next turn can extend exactly (choices, tool calls, reasoning, cut); its KV is not kept")
 		return
 	}
+	if params.Get("remote_num_tokens").Type == gjson.Number && params.Get("remote_num_tokens").Int() == 0 {
+		// vLLM's answer when it pinned no block (remote_block_ids [[]]):
+		// nothing to keep, and nothing wrong.
+		u.f.M.Entries.WithLabelValues(metrics.MultiturnNotKept).Inc()
+		u.log.LogAt(zerolog.DebugLevel).Msg("multi-turn: the decode engine pinned no block for this answer; nothing kept")
+		return
+	}
 	canon, addrs, err := nixlv2.HistoryParams.Canonical(nil, params)
 	if err == nil {
-		for _, a := range addrs {
-			if !u.f.OwnHost(a.Host) {
-				err = errNotOwnHost
-			}
-		}
+		canon, addrs, err = u.ownSideChannel(canon, addrs)
 	}
 	if err == nil && (params.Get("do_remote_decode").Type != gjson.True || params.Get("do_remote_prefill").Type != gjson.False) {
 		err = connectors.ErrInvalidKVParams

@@ -170,12 +170,15 @@ func TestAnswersThatAreNotKept(t *testing.T) {
 		name, answer, outcome string
 	}{
 		{"another host", `{"choices":[{"index":0,"message":{"content":"x"},"finish_reason":"stop"}],"kv_transfer_params":` + strings.Replace(good, "127.0.0.1", "10.9.9.9", 1) + `}`, metrics.MultiturnRefused},
-		{"an undocumented member", `{"choices":[{"index":0,"message":{"content":"x"},"finish_reason":"stop"}],"kv_transfer_params":` + strings.Replace(good, `"tp_size"`, `"evil":1,"tp_size"`, 1) + `}`, metrics.MultiturnRefused},
+		{"an undocumented member naming an address", `{"choices":[{"index":0,"message":{"content":"x"},"finish_reason":"stop"}],"kv_transfer_params":` + strings.Replace(good, `"tp_size"`, `"evil":"10.9.9.9:22","tp_size"`, 1) + `}`, metrics.MultiturnRefused},
 		{"not a decode's own", `{"choices":[{"index":0,"message":{"content":"x"},"finish_reason":"stop"}],"kv_transfer_params":` + strings.Replace(good, `"do_remote_decode":true`, `"do_remote_decode":false`, 1) + `}`, metrics.MultiturnRefused},
 		{"tool calls", `{"choices":[{"index":0,"message":{"content":"","tool_calls":[{"id":"1"}]},"finish_reason":"tool_calls"}],"kv_transfer_params":` + good + `}`, metrics.MultiturnNotKept},
 		{"two choices", `{"choices":[{"index":0,"message":{"content":"x"},"finish_reason":"stop"},{"index":1,"message":{"content":"y"},"finish_reason":"stop"}],"kv_transfer_params":` + good + `}`, metrics.MultiturnNotKept},
 		{"reasoning, not kept by default", `{"choices":[{"index":0,"message":{"content":"x","reasoning_content":"hm"},"finish_reason":"stop"}],"kv_transfer_params":` + good + `}`, metrics.MultiturnNotKept},
 		{"aborted", `{"choices":[{"index":0,"message":{"content":"x"},"finish_reason":"abort"}],"kv_transfer_params":` + good + `}`, metrics.MultiturnNotKept},
+		{"no block pinned (vLLM's remote_num_tokens 0)", `{"choices":[{"index":0,"message":{"content":"x"},"finish_reason":"stop"}],"kv_transfer_params":` +
+			strings.Replace(fmt.Sprintf(decodeParams, 0), `[[1,2,3]]`, `[[]]`, 1) + `}`, metrics.MultiturnNotKept},
+		{"a host name, and no pod address to hand on", `{"choices":[{"index":0,"message":{"content":"x"},"finish_reason":"stop"}],"kv_transfer_params":` + strings.Replace(good, "127.0.0.1", "decode-0.pool.svc", 1) + `}`, metrics.MultiturnRefused},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -187,4 +190,18 @@ func TestAnswersThatAreNotKept(t *testing.T) {
 			assert.Equal(t, "null", gjson.Get(got[0], "kv_transfer_params").Raw)
 		})
 	}
+}
+
+// TestSideChannelHostName: a decode engine whose side channel is given by
+// a host name (VLLM_NIXL_SIDE_CHANNEL_HOST as the pod's DNS name) is this
+// pod's: the entry is kept with the pod's own address, never the name.
+func TestSideChannelHostName(t *testing.T) {
+	f := newFeature()
+	f.PodAddr = "10.0.0.7"
+	ans := `{"choices":[{"index":0,"message":{"content":"x"},"finish_reason":"stop"}],"kv_transfer_params":` + strings.Replace(fmt.Sprintf(decodeParams, 100), "127.0.0.1", "decode-0.pool.svc", 1) + `}`
+	turn(f, "s", connectors.APIChat, chatBody(msg("user", "q")), ans)
+	require.Equal(t, 1, f.Store.Count())
+	pre, _ := turn(f, "s", connectors.APIChat, chatBody(msg("user", "q"), msg("assistant", "x"), msg("user", "more")), `{"choices":[]}`)
+	assert.Equal(t, "10.0.0.7", gjson.Get(pre, "remote_host").Str, "the next prefill leg names this pod's address: %s", pre)
+	assert.NotContains(t, pre, "decode-0")
 }
