@@ -49,6 +49,7 @@ func TestMultiturnHostileDecodeParams(t *testing.T) {
 		t.Run(mode.name, func(t *testing.T) {
 			prefill := harness.StartEngineSim(t, "prefill", "--bidirectional-kv-xfer", "--no-enable-prefix-caching")
 			var params atomic.Pointer[string]
+			params.Store(new(string)) // the sidecar asks the engine's version at once
 			var stream atomic.Bool
 			decode := harness.StartRawServer(t, func(c net.Conn) {
 				harness.ServeRequests(c, func(c net.Conn, _ *http.Request, body []byte) bool {

@@ -39,8 +39,8 @@ func newFakeEngine(t *testing.T, status int, body string) *fakeEngine {
 	e := &fakeEngine{}
 	e.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.Copy(io.Discard, r.Body)
-		if r.URL.Path == "/health" {
-			return
+		if r.URL.Path == "/health" || r.URL.Path == "/version" || r.URL.Path == "/get_server_info" {
+			return // health and the engine-version probe (engineinfo)
 		}
 		e.mu.Lock()
 		e.parent = append(e.parent, r.Header.Get("traceparent"))

@@ -4,9 +4,11 @@ import (
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"github.com/tidwall/gjson"
 
 	"github.com/pd-sidecar/pd-sidecar/connectors"
 	"github.com/pd-sidecar/pd-sidecar/connectors/nixlv2"
@@ -53,9 +55,9 @@ func TestCheckHandoffAddrs(t *testing.T) {
 
 		{"another host", "10.0.0.9:8000", addr("10.0.0.10", 5600), false},
 		{"loopback", "10.0.0.9:8000", addr("127.0.0.1", 5600), false},
-		{"an allowlisted name at another port", "10.0.0.9:8000", addr("side.example", 5601), false},
+		{"an allowlisted name at another port: the prefiller's host instead", "10.0.0.9:8000", addr("side.example", 5601), true},
 		{"another host without a port", "10.0.0.9:8000", addr("10.1.2.3", 0), false},
-		{"a name for the prefiller's address", "10.0.0.9:8000", addr("prefill.example", 5600), false},
+		{"a name for the prefiller's address: its host instead", "10.0.0.9:8000", addr("prefill.example", 5600), true},
 		{"the second of two refused", "10.0.0.9:8000", append(addr("10.0.0.9", 5600), connectors.Addr{Field: "kv_transfer_params.remote_hosts", Host: "10.9.9.9", Port: 5600}), false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -91,4 +93,36 @@ func TestPrefillAnsweredChecksAddrs(t *testing.T) {
 	require.ErrorIs(t, err, connectors.ErrInvalidKVParams)
 	assert.Nil(t, res.Handoff.Params)
 	assert.Nil(t, r.KVPending, "no release leg for a refused handoff")
+}
+
+// TestSideChannelNameReplaced: a side-channel host given as a name other
+// than the prefiller's, not allowlisted at its port, is handed on as the
+// prefiller's own host (counted); an allowlisted name and an address are
+// not touched.
+func TestSideChannelNameReplaced(t *testing.T) {
+	on := allowlistProxy(t, "10.0.0.9:8000", "side.example:5600")
+	for _, tc := range []struct {
+		name, host, want string
+		replaced         float64
+	}{
+		{"vLLM's default", "localhost", "10.0.0.9", 1},
+		{"llm-d-inference-sim's placeholder", "DUMMY", "10.0.0.9", 1},
+		{"the pod's DNS name", "prefill-0.pool.svc", "10.0.0.9", 1},
+		{"an allowlisted name", "side.example", "side.example", 0},
+		{"the prefiller's own address", "10.0.0.9", "10.0.0.9", 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m := on.M.Wire.HostsReplaced.WithLabelValues("nixlv2", "remote_host")
+			before := testutil.ToFloat64(m)
+			h := connectors.Handoff{
+				Params: []byte(`{"do_remote_prefill":true,"remote_host":"` + tc.host + `","remote_port":5600}`),
+				Addrs:  []connectors.Addr{{Field: "kv_transfer_params.remote_host", Host: tc.host, Port: 5600}},
+			}
+			got, err := on.checkHandoff("10.0.0.9:8000", h)
+			require.NoError(t, err)
+			assert.Equal(t, tc.want, gjson.GetBytes(got.Params, "remote_host").Str)
+			assert.Equal(t, tc.want, got.Addrs[0].Host)
+			assert.Equal(t, tc.replaced, testutil.ToFloat64(m)-before)
+		})
+	}
 }

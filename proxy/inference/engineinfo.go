@@ -2,6 +2,7 @@ package inference
 
 import (
 	"context"
+	"io"
 	"time"
 
 	"github.com/valyala/fasthttp"
@@ -12,6 +13,10 @@ import (
 // engineInfoInterval is how often the local engine's version is asked
 // again once known: an engine restarted on a new image answers another.
 const engineInfoInterval = time.Minute
+
+// maxEngineInfoBytes bounds a version answer (SGLang's server info lists
+// its settings: a few KiB).
+const maxEngineInfoBytes = 64 << 10
 
 // newEngineInfo returns the watch of the local engine's (rank 0's)
 // version: exported as pd_sidecar_engine_info, logged when it changes,
@@ -28,12 +33,21 @@ func newEngineInfo(p *Proxy) *engineinfo.Watcher {
 		req.Header.SetHost(local)
 		ctx, cancel := context.WithTimeout(ctx, p.Cfg.ConnectTimeout+5*time.Second)
 		defer cancel()
-		hold, err := p.Tr.Do(ctx, local, req, resp) // bounded: --max-upstream-answer-bytes
-		defer hold.Release()
+		// Streamed and read with a bound of its own: a version answer is
+		// small, and it takes nothing from the requests' --max-buffered-bytes.
+		leg, err := p.Tr.Stream(ctx, local, req, resp)
 		if err != nil {
 			return 0, nil, err
 		}
-		return resp.StatusCode(), append([]byte(nil), resp.Body()...), nil
+		defer leg.Close()
+		body, err := io.ReadAll(io.LimitReader(leg, maxEngineInfoBytes+1))
+		if err != nil {
+			return 0, nil, err
+		}
+		if len(body) > maxEngineInfoBytes {
+			return resp.StatusCode(), nil, nil // no version read: too long
+		}
+		return resp.StatusCode(), body, nil
 	}
 	g := p.M.Wire.EngineInfo
 	return engineinfo.New(get, engineInfoInterval, func(old, now engineinfo.Info) {
