@@ -244,22 +244,21 @@ var errNotOwnHost = errors.New("kv_transfer_params name a host that is not this 
 // ownSideChannel checks that the side channel canon names (its addrs) is
 // this pod's: an address of it, or a host name given for it, which is then
 // written as PodAddr (a name is never handed to another pod to resolve).
-func (u *use) ownSideChannel(canon []byte, addrs []connectors.Addr) ([]byte, []connectors.Addr, error) {
-	for i, a := range addrs {
+func (u *use) ownSideChannel(canon []byte, addrs []connectors.Addr) ([]byte, error) {
+	for _, a := range addrs {
 		if u.f.OwnHost(a.Host) {
 			continue
 		}
 		if _, err := netip.ParseAddr(a.Host); err == nil || u.f.PodAddr == "" {
-			return nil, nil, errNotOwnHost
+			return nil, errNotOwnHost
 		}
 		out, err := sjson.SetBytes(canon, "remote_host", u.f.PodAddr)
 		if err != nil {
-			return nil, nil, errNotOwnHost
+			return nil, errNotOwnHost
 		}
 		canon = out
-		addrs[i].Host = u.f.PodAddr
 	}
-	return canon, addrs, nil
+	return canon, nil
 }
 
 // keep keeps the answer's params for the conversation's next turn, read
@@ -280,7 +279,7 @@ func (u *use) keep(params gjson.Result) {
 	}
 	canon, addrs, err := nixlv2.HistoryParams.Canonical(nil, params)
 	if err == nil {
-		canon, addrs, err = u.ownSideChannel(canon, addrs)
+		canon, err = u.ownSideChannel(canon, addrs)
 	}
 	if err == nil && (params.Get("do_remote_decode").Type != gjson.True || params.Get("do_remote_prefill").Type != gjson.False) {
 		err = connectors.ErrInvalidKVParams
