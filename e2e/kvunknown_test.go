@@ -93,7 +93,7 @@ func TestKVParamsUnknownMembers(t *testing.T) {
 	for _, mode := range serveModes {
 		t.Run(mode.name, func(t *testing.T) {
 			relay := startEditingPrefiller(t, prefill, set("kv_layout_hint", `{"v":3,"flags":[1,true,"HND_V2"]}`))
-			sc := harness.StartSidecar(t, decode.Port, append(ssrfFlags(relay.addr), mode.flags...)...)
+			sc := harness.StartSidecar(t, decode.Port, append(append(ssrfFlags(relay.addr), "--engine-info-interval", "1m"), mode.flags...)...)
 			strict := harness.StartSidecar(t, decode.Port, append(append(ssrfFlags(relay.addr), "--kv-params-unknown-members=refuse"), mode.flags...)...)
 			hdr := map[string]string{"x-prefiller-host-port": relay.addr}
 

@@ -3,6 +3,7 @@ package harness
 import (
 	"encoding/json"
 	"net"
+	"os"
 	"strconv"
 	"strings"
 	"testing"
@@ -32,6 +33,11 @@ func (e *Engine) Metric(t testing.TB, name string, labels map[string]string) flo
 	t.Helper()
 	return Metric(t, e.URL()+"/metrics", name, labels)
 }
+
+// WireShapeEnv names the environment variable that sets every engine-sim's
+// --wire-shape (make test-wire-shapes runs the P/D e2e tests on the oldest
+// shape still supported this way); a test's own flag wins.
+const WireShapeEnv = "PD_E2E_WIRE_SHAPE"
 
 // StartEngineSim builds and starts cmd/engine-sim with the given role on free
 // ports and waits for /health. Extra flags are appended after the defaults, so
@@ -79,6 +85,9 @@ func StartEngineSim(t testing.TB, role string, extra ...string) *Engine {
 			"--decode-us-per-token", "200",
 			"--log-level", "debug",
 		)
+		if shape := os.Getenv(WireShapeEnv); shape != "" {
+			args = append(args, "--wire-shape", shape) // a test's own --wire-shape, later, wins
+		}
 		args = append(args, extra...)
 		return Start(t, Binary(t, "engine-sim"), args...), e.URL() + "/health"
 	})

@@ -40,6 +40,10 @@ func StartSidecar(t testing.TB, modelServerPort int, extra ...string) *Sidecar {
 			"--connect-timeout", "1s",
 			"--shutdown-grace", "10s",
 			"--log-level", "debug",
+			// The engine-version probe's GETs would be requests of their own
+			// to the fake and scripted engines the tests count; the tests of
+			// the probe turn it on.
+			"--engine-info-interval", "0",
 		}
 		args = append(args, extra...)
 		if fixed {

@@ -61,6 +61,9 @@ type Config struct {
 	DecodeFirstByteTimeout time.Duration
 	// ConnectTimeout bounds each TCP connect to an engine.
 	ConnectTimeout time.Duration
+	// EngineInfoInterval is how often the local engine's version is asked
+	// (engineinfo; every second until it first answers); 0: never.
+	EngineInfoInterval time.Duration
 	// PrefillFallback degrades a failed prefill to a local prefill; when
 	// false the failure is answered with an error.
 	PrefillFallback bool
@@ -150,6 +153,7 @@ func DefaultConfig() Config {
 		PrefillTimeout:         30 * time.Second,
 		DecodeFirstByteTimeout: 60 * time.Second,
 		ConnectTimeout:         2 * time.Second,
+		EngineInfoInterval:     time.Minute,
 		PrefillFallback:        true,
 		OnKVLoadFailure:        KVFailLocalPrefill,
 		ReleaseKVOnCancel:      true,
@@ -201,6 +205,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("--decode-first-byte-timeout must be >= 0, got %v", c.DecodeFirstByteTimeout)
 	case c.ConnectTimeout <= 0:
 		return fmt.Errorf("--connect-timeout must be > 0, got %v", c.ConnectTimeout)
+	case c.EngineInfoInterval < 0:
+		return fmt.Errorf("--engine-info-interval must be >= 0, got %v", c.EngineInfoInterval)
 	case c.OnKVLoadFailure != KVFailLocalPrefill && c.OnKVLoadFailure != KVFailError:
 		return fmt.Errorf("--on-kv-load-failure must be %q or %q, got %q", KVFailLocalPrefill, KVFailError, c.OnKVLoadFailure)
 	case c.DecodeTPSize < 0:

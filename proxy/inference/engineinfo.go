@@ -10,17 +10,14 @@ import (
 	"github.com/pd-sidecar/pd-sidecar/proxy/engineinfo"
 )
 
-// engineInfoInterval is how often the local engine's version is asked
-// again once known: an engine restarted on a new image answers another.
-const engineInfoInterval = time.Minute
-
 // maxEngineInfoBytes bounds a version answer (SGLang's server info lists
 // its settings: a few KiB).
 const maxEngineInfoBytes = 64 << 10
 
 // newEngineInfo returns the watch of the local engine's (rank 0's)
-// version: exported as pd_sidecar_engine_info, logged when it changes,
-// shown by the status view (EngineInfo).
+// version, every --engine-info-interval (an engine restarted on a new
+// image answers another): exported as pd_sidecar_engine_info, logged when
+// it changes, shown by the status view (EngineInfo).
 func newEngineInfo(p *Proxy) *engineinfo.Watcher {
 	local := p.LocalAddr(0)
 	get := func(ctx context.Context, path string) (int, []byte, error) {
@@ -50,7 +47,7 @@ func newEngineInfo(p *Proxy) *engineinfo.Watcher {
 		return resp.StatusCode(), body, nil
 	}
 	g := p.M.Wire.EngineInfo
-	return engineinfo.New(get, engineInfoInterval, func(old, now engineinfo.Info) {
+	return engineinfo.New(get, p.Cfg.EngineInfoInterval, func(old, now engineinfo.Info) {
 		g.Reset()
 		g.WithLabelValues(now.Engine, now.Version).Set(1)
 		e := p.Log.Info().Str("engine", now.Engine).Str("version", now.Version)

@@ -270,8 +270,10 @@ func New(cfg Config, conn connectors.Connector, m *metrics.Metrics, gatherer pro
 	if p.sweep != nil {
 		p.Background = append(p.Background, backgroundWork{background: p.sweep})
 	}
-	p.engine = newEngineInfo(p)
-	p.Background = append(p.Background, backgroundWork{background: p.engine})
+	if cfg.EngineInfoInterval > 0 {
+		p.engine = newEngineInfo(p)
+		p.Background = append(p.Background, backgroundWork{background: p.engine})
+	}
 	return p, nil
 }
 
