@@ -15,7 +15,7 @@ build:
 
 ## test: everything CI runs: gofmt, go vet, staticcheck, and go test -race (unit and e2e over real
 ## processes). About 10 minutes on 2 cores (the first run also downloads modules and staticcheck).
-test: lint deploy-check test-ucx test-rules fuzz-short
+test: lint deploy-check test-ucx test-rules fuzz-short test-wire-shapes
 	@echo "==> go test -race ./... (unit and e2e over real processes; about 5 minutes on 2 cores, the e2e package alone about 4: each package prints when it is done)"
 	$(GO) test -race -count=1 -timeout 20m ./...
 
@@ -313,6 +313,17 @@ k8s-watch-cost: kube-apiserver
 	K8S_WATCH_SIDECARS=$${K8S_WATCH_SIDECARS:-1,10,50} K8S_OTHER_PODS=$${K8S_OTHER_PODS:-1000} \
 	K8S_FLEET_SIDECARS=$${K8S_FLEET_SIDECARS:-50} K8S_PREWARM_SIDECARS=$${K8S_PREWARM_SIDECARS:-50} \
 		$(GO) test -count=1 -v -tags k8s -run 'TestK8sWatchCost|TestK8sFleetStartup|TestK8sPrewarmSpread' -timeout 40m ./e2e/
+
+## test-wire-shapes: the P/D e2e scenarios once more with every engine-sim speaking the oldest
+## NIXL wire shape still supported (vLLM's single-file connector of ~0.9: flat block ids, no
+## remote_request_id, no tp_size), as go test ./... runs them on the newest (engine-sim's
+## default); every shape also splits in TestCorpusShapesSplit. About 2 minutes on 2 cores.
+OLDEST_WIRE_SHAPE := vllm-nixl-single-file-v1
+WIRE_SHAPE_TESTS  := TestSidecar(NoHeader|Disaggregated|PrefillerFailures|PrefillerDown|PrefillRetries|Prefiller400|KVLoadFailure|EOSOnFirstToken|FallbackDisabled)|TestLaneSplitAnswersAsTheServer|TestReleaseKVOnCancel|TestHedgedPrefill$$|TestConnectorsSplitEveryAPI
+.PHONY: test-wire-shapes
+test-wire-shapes:
+	@echo "==> test-wire-shapes: the P/D e2e scenarios on $(OLDEST_WIRE_SHAPE)"
+	PD_E2E_WIRE_SHAPE=$(OLDEST_WIRE_SHAPE) $(GO) test -count=1 -timeout 15m -run '$(WIRE_SHAPE_TESTS)' ./e2e/
 
 ## fuzz-short: a short seeded run of every fuzz target (connector body rewriting (its member walk against gjson's), upstream answers' handoffs through every connector, client connector field stripping, JSON body validation and its top-level read, header parser, SSE event split (goroutine and event-loop), scanner and rewriter, chunked body decoder, the lane's request heads, upstream answers on both paths)
 # An execution count, not a duration: a duration races Go's fuzzing coordinator at its end

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/pd-sidecar/pd-sidecar/e2e/enginesim"
 )
 
 // Engine is a running engine-sim process.
@@ -38,6 +40,15 @@ func (e *Engine) Metric(t testing.TB, name string, labels map[string]string) flo
 // --wire-shape (make test-wire-shapes runs the P/D e2e tests on the oldest
 // shape still supported this way); a test's own flag wins.
 const WireShapeEnv = "PD_E2E_WIRE_SHAPE"
+
+// WireShape is the --wire-shape the harness's engine-sims run with: the
+// WireShapeEnv's, else engine-sim's default.
+func WireShape() string {
+	if shape := os.Getenv(WireShapeEnv); shape != "" {
+		return shape
+	}
+	return enginesim.DefaultWireShape
+}
 
 // StartEngineSim builds and starts cmd/engine-sim with the given role on free
 // ports and waits for /health. Extra flags are appended after the defaults, so

@@ -1,6 +1,8 @@
 package inference
 
 import (
+	"github.com/tidwall/gjson"
+
 	"github.com/pd-sidecar/pd-sidecar/connectors"
 	"github.com/pd-sidecar/pd-sidecar/proxy/clientconn"
 	"github.com/pd-sidecar/pd-sidecar/proxy/kvrelease"
@@ -24,6 +26,17 @@ import (
 // kvReleaseIDSuffix marks the release leg's X-Request-ID: the client's own
 // decode leg may still be aborting on the engine under its id.
 const kvReleaseIDSuffix = "-kv-release"
+
+// releaseLegID is the X-Request-ID of the release leg of request id's
+// handoff h: id with kvReleaseIDSuffix, unless the prefill engine named no
+// remote_request_id (vLLM's NIXL connector before version 2), whose decode
+// side finds the blocks by its own request id, the legs' shared one.
+func releaseLegID(id string, h connectors.Handoff) string {
+	if !gjson.GetBytes(h.Params, "remote_request_id").Exists() {
+		return id
+	}
+	return id + kvReleaseIDSuffix
+}
 
 // newKVReleaser returns the releaser of p, or nil when releases are off or
 // its connector's prefiller pins nothing for a decoder that never comes
@@ -80,7 +93,7 @@ func ReleaseKV(r *Request, start []byte) {
 		if err != nil {
 			return nil, err
 		}
-		raw := rawhttp.AppendLegEnd(start, r.Local, r.ID+kvReleaseIDSuffix, len(body))
+		raw := rawhttp.AppendLegEnd(start, r.Local, releaseLegID(r.ID, *h), len(body))
 		return append(raw, body...), nil
 	})
 }

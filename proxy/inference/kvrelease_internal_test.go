@@ -159,3 +159,11 @@ func TestReleaseKVNotPending(t *testing.T) {
 	assert.Zero(t, testutil.ToFloat64(m.KVReleases.WithLabelValues(metrics.KVReleaseDecodeLeg))+
 		releases(m, metrics.KVReleaseFailed)+releases(m, metrics.KVReleaseOverLimit))
 }
+
+// TestReleaseLegID: the release leg carries its own id, but for a handoff
+// of vLLM's oldest NIXL generation (no remote_request_id), whose decode
+// side finds the blocks by the legs' shared request id.
+func TestReleaseLegID(t *testing.T) {
+	assert.Equal(t, "r1-kv-release", releaseLegID("r1", connectors.Handoff{Params: []byte(`{"do_remote_prefill":true,"remote_request_id":"x"}`)}))
+	assert.Equal(t, "r1", releaseLegID("r1", connectors.Handoff{Params: []byte(`{"do_remote_prefill":true,"remote_engine_id":"e"}`)}))
+}
