@@ -192,7 +192,7 @@ func (s *Schema) check(dst []byte, v gjson.Result) ([]byte, []Addr, []string, er
 	if len(s.Fields) > maxFields {
 		return dst, nil, nil, s.invalid("", "schema too large") // a programming error
 	}
-	var buf [16]gjson.Result
+	var buf [32]gjson.Result // on the stack: every schema here has fewer fields
 	vals := buf[:0]
 	if len(s.Fields) > len(buf) {
 		vals = make([]gjson.Result, 0, len(s.Fields))
