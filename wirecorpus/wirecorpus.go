@@ -8,7 +8,7 @@
 // a shape an engine writes that a connector refuses, or a member the
 // decode side reads that a connector drops, fails a test.
 //
-// A shape is one file under shapes/, named by the shape. The corpus is
+// A shape is one file under upstream/, named by the shape. The corpus is
 // embedded and read-only.
 package wirecorpus
 
@@ -21,7 +21,7 @@ import (
 	"strings"
 )
 
-//go:embed shapes/*.json
+//go:embed upstream/*.json
 var shapes embed.FS
 
 // Messages a shape can be.
@@ -126,13 +126,13 @@ func (s Shape) Body(extra string) []byte {
 
 // All returns every shape, sorted by name.
 func All() ([]Shape, error) {
-	entries, err := shapes.ReadDir("shapes")
+	entries, err := shapes.ReadDir("upstream")
 	if err != nil {
 		return nil, err
 	}
 	var out []Shape
 	for _, e := range entries {
-		b, err := shapes.ReadFile(path.Join("shapes", e.Name()))
+		b, err := shapes.ReadFile(path.Join("upstream", e.Name()))
 		if err != nil {
 			return nil, err
 		}
