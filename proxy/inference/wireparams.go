@@ -60,7 +60,7 @@ const hostMember = "kv_transfer_params.remote_host"
 // (host:port): the handoff to go on, or why none can.
 func (p *Proxy) wireChecked(prefiller string, h connectors.Handoff) (connectors.Handoff, error) {
 	if len(h.Unknown) > 0 {
-		p.countUnknown(h.Unknown)
+		p.countUnknown(h.Unknown, p.Cfg.Guard.RefuseUnknownKVMembers)
 		if p.Cfg.Guard.RefuseUnknownKVMembers {
 			return h, fmt.Errorf("%w: kv_transfer_params: %d member(s) the %s connector does not document (--kv-params-unknown-members=refuse)",
 				connectors.ErrInvalidKVParams, len(h.Unknown), p.Conn.Name())
@@ -71,8 +71,12 @@ func (p *Proxy) wireChecked(prefiller string, h connectors.Handoff) (connectors.
 
 // countUnknown counts each undocumented member, and warns of each the
 // first time it is seen (the names are plain identifiers, at most 32 of
-// them labelled: metrics.Wire).
-func (p *Proxy) countUnknown(names []string) {
+// them labelled: metrics.Wire); refused: --kv-params-unknown-members=refuse.
+func (p *Proxy) countUnknown(names []string, refused bool) {
+	what := "passed on to the decode engine unchanged (it names no address)"
+	if refused {
+		what = "refused (--kv-params-unknown-members=refuse): a local prefill"
+	}
 	w := p.M.Wire
 	conn := p.Conn.Name()
 	for _, n := range names {
@@ -80,7 +84,7 @@ func (p *Proxy) countUnknown(names []string) {
 		w.UnknownMembers.WithLabelValues(conn, label).Inc()
 		if first {
 			p.Log.Warn().Str("connector", conn).Str("member", n).
-				Msg("a prefill answer's kv_transfer_params carry a member this connector does not document: passed on to the decode engine unchanged (it names no address); a newer engine? see docs/connectors.md#compatibility")
+				Msg("a prefill answer's kv_transfer_params carry a member this connector does not document: " + what + "; a newer engine? see docs/connectors.md#compatibility")
 		}
 	}
 }
