@@ -174,14 +174,20 @@ func (w *wireShape) invalidDecode(p *kvParams, raw map[string]json.RawMessage) s
 // placeholderDecode reports whether g is a decode this engine serves as
 // llm-d-inference-sim does: placeholder params, nothing to pull.
 func (s *Sim) placeholderDecode(g *genRequest) bool {
-	return s.shape.placeholder && g.kv != nil && g.kv.DoRemotePrefill && g.kv.TransferID == nil &&
-		g.kv.RemoteNotifyPort == nil && g.kv.Preloaded == nil && g.p2pPrefiller() == nil && g.boot == nil
+	return s.shape.placeholder && g.isNIXL() && g.kv.DoRemotePrefill && g.p2pPrefiller() == nil && g.boot == nil
+}
+
+// isNIXL reports whether g carries NixlConnector params: not Mooncake's or
+// MoRI-IO's (transfer_id, remote_notify_port), nor the sidecar's own
+// pre-loaded blocks.
+func (g *genRequest) isNIXL() bool {
+	return g.kv != nil && g.kv.TransferID == nil && g.kv.RemoteNotifyPort == nil && g.kv.Preloaded == nil
 }
 
 // countLayout counts the prefill engine's layout a NIXL decode's params
 // named.
 func (s *Sim) countLayout(g *genRequest) {
-	if g.kvRaw == nil || g.kv.TransferID != nil || g.kv.RemoteNotifyPort != nil || g.kv.Preloaded != nil {
+	if g.kvRaw == nil || !g.isNIXL() {
 		return
 	}
 	label := func(m string) string {

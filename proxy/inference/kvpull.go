@@ -28,9 +28,8 @@ type KVPullConfig = kvpull.Config
 func PullKV(r *Request, h connectors.Handoff) (connectors.Handoff, error) {
 	// The agent is dialed by the pull: its address is checked here too,
 	// whatever read the handoff (PrefillAnswered did already).
-	if a, ok := r.P.refusedAddr(r.Prefiller, h.Addrs); !ok {
-		return h, fmt.Errorf("%w: %s names an address that is neither the prefiller's host nor on the allowlist",
-			connectors.ErrInvalidKVParams, a.Field)
+	if err := r.P.addrsAllowed(r.Prefiller, h.Addrs); err != nil {
+		return h, err
 	}
 	return r.P.KV.Pull(r.Ctx, kvpull.Request{
 		ID: r.ID, Label: r.Label, Local: r.Local,

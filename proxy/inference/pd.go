@@ -679,11 +679,18 @@ func (p *Proxy) checkHandoff(prefiller string, h connectors.Handoff) (connectors
 	if err != nil {
 		return h, err
 	}
-	if a, ok := p.refusedAddr(prefiller, h.Addrs); !ok {
-		return h, fmt.Errorf("%w: %s names an address that is neither the prefiller's host nor on the allowlist",
+	return h, p.addrsAllowed(prefiller, h.Addrs)
+}
+
+// addrsAllowed is ErrInvalidKVParams naming the first of addrs, named by
+// prefiller's answer, that refusedAddr refuses (the member, never the
+// address), or nil.
+func (p *Proxy) addrsAllowed(prefiller string, addrs []connectors.Addr) error {
+	if a, ok := p.refusedAddr(prefiller, addrs); !ok {
+		return fmt.Errorf("%w: %s names an address that is neither the prefiller's host nor on the allowlist",
 			connectors.ErrInvalidKVParams, a.Field)
 	}
-	return h, nil
+	return nil
 }
 
 // handoffAllowed is checkHandoff's verdict alone (prewarm.Driver).
