@@ -325,13 +325,13 @@ test-wire-shapes:
 	@echo "==> test-wire-shapes: the P/D e2e scenarios on $(OLDEST_WIRE_SHAPE)"
 	PD_E2E_WIRE_SHAPE=$(OLDEST_WIRE_SHAPE) $(GO) test -count=1 -timeout 15m -run '$(WIRE_SHAPE_TESTS)' ./e2e/
 
-## fuzz-short: a short seeded run of every fuzz target (connector body rewriting (its member walk against gjson's), upstream answers' handoffs through every connector, client connector field stripping, JSON body validation and its top-level read, header parser, SSE event split (goroutine and event-loop), scanner and rewriter, chunked body decoder, the lane's request heads, upstream answers on both paths)
+## fuzz-short: a short seeded run of every fuzz target (connector body rewriting (its member walk against gjson's), upstream answers' handoffs through every connector, client connector field stripping, JSON body validation and its top-level read, the one-parse differential (the sidecar's reading against a last-member and a case-insensitive decoder), header parser, SSE event split (goroutine and event-loop), scanner and rewriter, chunked body decoder, the lane's request heads, upstream answers on both paths)
 # An execution count, not a duration: a duration races Go's fuzzing coordinator at its end
 # (golang/go#75804: "context deadline exceeded" with no input found, on a loaded machine).
 FUZZTIME ?= 20000x
 .PHONY: fuzz-short
 fuzz-short:
-	@set -e; for t in FuzzConnectorLegs FuzzEditObject FuzzClassifyEvent FuzzStripClientFields FuzzValidObject FuzzScanBody FuzzEditObjectScan FuzzPrefillAnswerHandoff; do \
+	@set -e; for t in FuzzConnectorLegs FuzzEditObject FuzzClassifyEvent FuzzStripClientFields FuzzValidObject FuzzScanBody FuzzOneParse FuzzEditObjectScan FuzzPrefillAnswerHandoff; do \
 		$(GO) test -run '^$$' -fuzz "^$$t\$$" -fuzztime $(FUZZTIME) ./connectors/; done
 	@set -e; for t in FuzzPickPrefiller FuzzSSEErrorEvent FuzzUpstreamAnswer; do \
 		$(GO) test -run '^$$' -fuzz "^$$t\$$" -fuzztime $(FUZZTIME) ./proxy/inference/; done

@@ -10,8 +10,8 @@ import (
 )
 
 // TestScanBodyStreamFlags: the stream flags ScanBody reads are gjson.Get's
-// of the top level (the first of a repeated name wins, nested ones do not
-// count); a body that is not one JSON object is refused.
+// of the top level (nested ones do not count); a body that is not one JSON
+// object is refused, and so is one that names stream twice.
 func TestScanBodyStreamFlags(t *testing.T) {
 	cases := []struct {
 		body          string
@@ -20,7 +20,6 @@ func TestScanBodyStreamFlags(t *testing.T) {
 		{`{"model":"m","stream":true}`, true, false},
 		{`{"stream_options":{"include_usage":true},"messages":[{"stream":false}],"stream":true}`, true, true},
 		{`{"messages":[{"role":"user","content":"stream"}],"stream":false,"stream_options":{"include_usage":true}}`, false, true},
-		{`{"stream":true,"stream":false}`, true, false},
 		{`{"stream":"yes"}`, false, false},
 		{`{"stream":"true"}`, true, false},
 		{`{"stream":1,"stream_options":{"include_usage":1}}`, true, true},
@@ -38,6 +37,10 @@ func TestScanBodyStreamFlags(t *testing.T) {
 		_, err := ScanBody(APIChat, []byte(bad))
 		assert.ErrorIs(t, err, ErrMalformedJSON, bad)
 	}
+	for _, bad := range []string{`{"stream":true,"stream":false}`, `{"stream":false,"str\u0065am":true}`, `{"Stream":true}`} {
+		_, err := ScanBody(APIChat, []byte(bad))
+		assert.ErrorIs(t, err, ErrAmbiguousJSON, bad)
+	}
 }
 
 // TestScanBodyFields: the client connector fields ScanBody finds are
@@ -45,7 +48,7 @@ func TestScanBodyStreamFlags(t *testing.T) {
 func TestScanBodyFields(t *testing.T) {
 	bodies := []string{
 		`{"model":"m","prompt":"p"}`,
-		`{"kv_transfer_params":{"remote_host":"x"},"bootstrap_room":1,"kv_transfer_params":{}}`,
+		`{"kv_transfer_params":{"remote_host":"x"},"bootstrap_room":1,"ec_transfer_params":{}}`,
 		`{"k\u0076_transfer_params":{},"messages":[{"kv_transfer_params":1}]}`,
 		`{"sampling_params":{"extra_args":{"kv_transfer_params":{},"transfer_id":"t"}},"bootstrap_host":"h"}`,
 		`{"prompt":"` + strings.Repeat("kv_transfer_params ", 1000) + `"}`,
@@ -61,8 +64,9 @@ func TestScanBodyFields(t *testing.T) {
 	}
 }
 
-// FuzzScanBody: ScanBody refuses exactly what ValidObject refuses, and on
-// what it accepts agrees with FindClientFields and gjson.Get.
+// FuzzScanBody: ScanBody refuses what ValidObject refuses, and besides
+// only case variants of names it reads (ErrAmbiguousJSON); on what it
+// accepts it agrees with FindClientFields and gjson.Get.
 func FuzzScanBody(f *testing.F) {
 	for _, s := range []string{`{"stream":true,"stream_options":{"include_usage":true}}`, `{"kv_transfer_params":{}}`,
 		`{"sampling_params":{"extra_args":{"transfer_id":1}}}`, `{"a":[1,{"stream":false}]}`, `[]`, `{"x":"\u00e9"}`} {
@@ -75,7 +79,10 @@ func FuzzScanBody(f *testing.F) {
 				require.Error(t, err)
 				continue
 			}
-			require.NoError(t, err)
+			if err != nil {
+				require.ErrorIs(t, err, ErrAmbiguousJSON)
+				continue
+			}
 			want, err := FindClientFields(api, b)
 			require.NoError(t, err)
 			require.Equal(t, want, top.Fields)

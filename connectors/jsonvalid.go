@@ -15,7 +15,11 @@ const maxJSONDepth = 512
 // strict numbers and literals, string escapes, no raw control characters,
 // UTF-8 text), blanks allowed around it; else an error wrapping
 // ErrMalformedJSON that says what is wrong and at which byte offset,
-// quoting nothing of the body. It allocates nothing. Strings, which hold
+// quoting nothing of the body. A well-formed object that decoders read
+// differently — a member name given twice in one object (escapes
+// decoded), a lone surrogate escape — is an error wrapping
+// ErrAmbiguousJSON (oneparse.go). It allocates nothing but for an object
+// of more than 16 members (a set of its names) and escaped names. Strings, which hold
 // nearly all of a prompt's bytes, are scanned eight bytes at a time: only
 // a quote, a backslash, a control character or a non-ASCII byte stops the
 // word scan.
@@ -25,12 +29,18 @@ func ValidObject(body []byte) error {
 
 // validate is ValidObject, and tells top of each member of the top-level
 // object (nil: nothing).
+// A request body's (top non-nil) read objects are checked for case
+// variants of the names the sidecar reads too.
 func validate(body []byte, top *BodyTop) error {
-	v := validator{b: body, i: skipBlank(body, 0), top: top}
+	v := validator{b: body, i: skipBlank(body, 0), top: top, names: memberNames{body: body}}
 	if v.i >= len(body) || body[v.i] != '{' {
 		return v.fail("not a JSON object")
 	}
-	if err := v.value(0); err != nil {
+	kind := anyObject
+	if top != nil {
+		kind = readObject
+	}
+	if err := v.value(0, kind); err != nil {
 		return err
 	}
 	if skipBlank(body, v.i) != len(body) {
@@ -41,25 +51,27 @@ func validate(body []byte, top *BodyTop) error {
 
 // validator walks one JSON text; i is the offset of the next byte to read.
 type validator struct {
-	b   []byte
-	i   int
-	top *BodyTop // told the top-level members (nil: none)
+	b     []byte
+	i     int
+	top   *BodyTop // told the top-level members (nil: none)
+	names memberNames
 }
 
 func (v *validator) fail(what string) error {
 	return fmt.Errorf("%w: %s at byte %d", ErrMalformedJSON, what, v.i)
 }
 
-// value reads the value at v.i (blanks already skipped).
-func (v *validator) value(depth int) error {
+// value reads the value at v.i (blanks already skipped); an object there,
+// or each object in an array there, is of kind.
+func (v *validator) value(depth int, kind objectKind) error {
 	if v.i >= len(v.b) {
 		return v.fail("value expected")
 	}
 	switch c := v.b[v.i]; {
 	case c == '{':
-		return v.object(depth + 1)
+		return v.object(depth+1, kind)
 	case c == '[':
-		return v.array(depth + 1)
+		return v.array(depth+1, kind)
 	case c == '"':
 		return v.str()
 	case c == 't':
@@ -74,7 +86,7 @@ func (v *validator) value(depth int) error {
 	return v.fail("value expected")
 }
 
-func (v *validator) object(depth int) error {
+func (v *validator) object(depth int, kind objectKind) error {
 	if depth > maxJSONDepth {
 		return v.fail("nesting too deep")
 	}
@@ -83,6 +95,8 @@ func (v *validator) object(depth int) error {
 		v.i++
 		return nil
 	}
+	names := v.names.begin()
+	defer v.names.end(&names)
 	for {
 		if v.i >= len(v.b) || v.b[v.i] != '"' {
 			return v.fail("member name expected")
@@ -92,13 +106,28 @@ func (v *validator) object(depth int) error {
 			return err
 		}
 		ne := v.i
+		name, ok := v.names.add(&names, ns+1, ne-1)
+		if !ok {
+			v.i = ns
+			return v.ambiguous("a member name given twice in one object", name)
+		}
+		inner := anyObject
+		if kind == readObject {
+			if caseVariant(name) {
+				v.i = ns
+				return v.ambiguous("a member name that differs only in case from one the sidecar reads", nil)
+			}
+			if _, ok := readContainers[string(name)]; ok {
+				inner = readObject
+			}
+		}
 		v.i = skipBlank(v.b, v.i)
 		if v.i >= len(v.b) || v.b[v.i] != ':' {
 			return v.fail("':' expected")
 		}
 		v.i = skipBlank(v.b, v.i+1)
 		vs := v.i
-		if err := v.value(depth); err != nil {
+		if err := v.value(depth, inner); err != nil {
 			return err
 		}
 		if depth == 1 && v.top != nil {
@@ -117,7 +146,9 @@ func (v *validator) object(depth int) error {
 	}
 }
 
-func (v *validator) array(depth int) error {
+// array reads an array whose object elements are of kind (an array in
+// it holds objects of no kind).
+func (v *validator) array(depth int, kind objectKind) error {
 	if depth > maxJSONDepth {
 		return v.fail("nesting too deep")
 	}
@@ -127,7 +158,11 @@ func (v *validator) array(depth int) error {
 		return nil
 	}
 	for {
-		if err := v.value(depth); err != nil {
+		elem := kind
+		if v.i < len(v.b) && v.b[v.i] == '[' {
+			elem = anyObject
+		}
+		if err := v.value(depth, elem); err != nil {
 			return err
 		}
 		v.i = skipBlank(v.b, v.i)
@@ -279,13 +314,23 @@ func (v *validator) escape() error {
 		v.i += 2
 		return nil
 	case 'u':
-		if len(b)-v.i < 6 {
+		r, ok := hex4(b[v.i+2:])
+		if !ok {
 			return v.fail("invalid \\u escape")
 		}
-		for _, h := range b[v.i+2 : v.i+6] {
-			if !(h >= '0' && h <= '9' || h >= 'a' && h <= 'f' || h >= 'A' && h <= 'F') {
-				return v.fail("invalid \\u escape")
+		switch {
+		case r >= 0xDC00 && r < 0xE000:
+			return v.ambiguous("a lone surrogate escape", nil)
+		case r >= 0xD800 && r < 0xDC00:
+			lo, ok := rune(0), false
+			if len(b)-v.i >= 12 && b[v.i+6] == '\\' && b[v.i+7] == 'u' {
+				lo, ok = hex4(b[v.i+8:])
 			}
+			if !ok || lo < 0xDC00 || lo >= 0xE000 {
+				return v.ambiguous("a lone surrogate escape", nil)
+			}
+			v.i += 12
+			return nil
 		}
 		v.i += 6
 		return nil

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"testing"
 	"unicode/utf8"
@@ -67,7 +68,9 @@ func TestValidObject(t *testing.T) {
 }
 
 // FuzzValidObject: on UTF-8 input, ValidObject agrees with encoding/json
-// (plus: the value is an object, nested at most 512 deep).
+// (plus: the value is an object, nested at most 512 deep), but refuses
+// what encoding/json accepts and other decoders read differently: a name
+// twice in one object, a lone surrogate escape (refNames, refSurrogates).
 func FuzzValidObject(f *testing.F) {
 	for _, s := range []string{`{}`, `{"a":[1,2.5e3,"x\n"],"b":{"c":null}}`, `{"a":tru}`, `{"a":"\u00e9"}`, `{"a":1,}`, `[1]`} {
 		f.Add([]byte(s))
@@ -78,6 +81,12 @@ func FuzzValidObject(f *testing.F) {
 		}
 		want := json.Valid(b) && len(bytes.TrimLeft(b, " \t\r\n")) > 0 && bytes.TrimLeft(b, " \t\r\n")[0] == '{'
 		err := connectors.ValidObject(b)
+		if want && (refSurrogates(b) || refNames(b)) {
+			if !errors.Is(err, connectors.ErrAmbiguousJSON) {
+				t.Fatalf("ValidObject(%q) = %v, want ErrAmbiguousJSON", b, err)
+			}
+			return
+		}
 		if want != (err == nil) {
 			t.Fatalf("ValidObject(%q) = %v, encoding/json says valid object: %v", b, err, want)
 		}
@@ -105,4 +114,85 @@ func BenchmarkValidObject(b *testing.B) {
 			}
 		})
 	}
+}
+
+// refNames reports whether a valid JSON text names a member twice in one
+// object, names decoded by encoding/json.
+func refNames(b []byte) bool {
+	d := json.NewDecoder(bytes.NewReader(b))
+	type frame struct {
+		names map[string]bool
+		key   bool // the next token of an object is a name
+	}
+	var stack []*frame
+	for {
+		tok, err := d.Token()
+		if err != nil {
+			return false
+		}
+		var top *frame
+		if len(stack) > 0 {
+			top = stack[len(stack)-1]
+		}
+		if top != nil && top.names != nil && top.key {
+			if d, ok := tok.(json.Delim); ok && d == '}' {
+				stack = stack[:len(stack)-1]
+				if len(stack) > 0 && stack[len(stack)-1].names != nil {
+					stack[len(stack)-1].key = true
+				}
+				continue
+			}
+			name := tok.(string)
+			if top.names[name] {
+				return true
+			}
+			top.names[name] = true
+			top.key = false
+			continue
+		}
+		switch tok {
+		case json.Delim('{'):
+			stack = append(stack, &frame{names: map[string]bool{}, key: true})
+			continue
+		case json.Delim('['):
+			stack = append(stack, &frame{})
+			continue
+		case json.Delim(']'):
+			stack = stack[:len(stack)-1]
+		}
+		if len(stack) > 0 && stack[len(stack)-1].names != nil {
+			stack[len(stack)-1].key = true
+		}
+	}
+}
+
+// refSurrogates reports whether a valid JSON text has a \u escape of a
+// surrogate that is not the first half of a pair followed by its second.
+func refSurrogates(b []byte) bool {
+	in := false
+	for i := 0; i < len(b); i++ {
+		switch {
+		case b[i] == '"':
+			in = !in
+		case in && b[i] == '\\' && b[i+1] == 'u':
+			r, _ := strconv.ParseUint(string(b[i+2:i+6]), 16, 32)
+			switch {
+			case r >= 0xDC00 && r <= 0xDFFF:
+				return true
+			case r >= 0xD800 && r <= 0xDBFF:
+				if i+12 > len(b) || b[i+6] != '\\' || b[i+7] != 'u' {
+					return true
+				}
+				lo, _ := strconv.ParseUint(string(b[i+8:i+12]), 16, 32)
+				if lo < 0xDC00 || lo > 0xDFFF {
+					return true
+				}
+				i += 6
+			}
+			i += 5
+		case in && b[i] == '\\':
+			i++
+		}
+	}
+	return false
 }

@@ -40,7 +40,6 @@ func bodyFieldCases(tr *trap) []struct{ name, field, extra string } {
 	return []struct{ name, field, extra string }{
 		{"kv_transfer_params nixl", "kv_transfer_params", `,"kv_transfer_params":` + nixl},
 		{"kv_transfer_params escaped name", "kv_transfer_params", `,"kv_transfer_para\u006ds":` + nixl},
-		{"kv_transfer_params twice", "kv_transfer_params", `,"kv_transfer_params":null,"kv_transfer_params":` + nixl},
 		{"mooncake remote_bootstrap_addr", "kv_transfer_params", `,"kv_transfer_params":{"do_remote_prefill":true,"do_remote_decode":false,"transfer_id":"xfer-1","remote_bootstrap_addr":"http://` + tr.Addr() + `","remote_engine_id":"e"}`},
 		{"sidecar kv_source", "kv_transfer_params", `,"kv_transfer_params":{"do_remote_prefill":true,"kv_source":{"agent":"` + tr.Addr() + `","transport":"tcp"},"kv_preloaded":{"alloc_id":"a","block_ids":[1],"num_tokens":1}}`},
 		{"ec_transfer_params", "ec_transfer_params", `,"ec_transfer_params":{"remote_host":"` + tr.host + `","remote_port":` + itoa(tr.Port()) + `}`},

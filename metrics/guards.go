@@ -12,6 +12,12 @@ const (
 	RejectReadTimeout = "read_timeout"
 	// RejectMalformed: the request could not be parsed (400).
 	RejectMalformed = "malformed"
+	// RejectAmbiguousJSON: the request body is well-formed JSON that
+	// decoders read differently — a member name given twice in one object,
+	// a case variant of a name the sidecar reads, a lone surrogate escape —
+	// so what the sidecar would check is not what the engine would read
+	// (400).
+	RejectAmbiguousJSON = "ambiguous_json"
 	// RejectOverloaded: --max-concurrent-requests were in flight (503).
 	RejectOverloaded = "overloaded"
 	// RejectSSRF: the prefiller is not on the allowlist (403), named in
@@ -106,7 +112,7 @@ func NewGuards(reg prometheus.Registerer) *Guards {
 	for _, f := range SanitizedFields {
 		g.Sanitized.WithLabelValues(f)
 	}
-	for _, r := range []string{RejectBodyTooLarge, RejectHeadersTooLarge, RejectReadTimeout, RejectMalformed, RejectOverloaded, RejectSSRF, RejectBufferedBytes, RejectUnknownRank} {
+	for _, r := range []string{RejectBodyTooLarge, RejectHeadersTooLarge, RejectReadTimeout, RejectMalformed, RejectAmbiguousJSON, RejectOverloaded, RejectSSRF, RejectBufferedBytes, RejectUnknownRank} {
 		g.Rejected.WithLabelValues(r)
 	}
 	return g

@@ -60,8 +60,10 @@ var (
 	// ErrUnknownRank: x-data-parallel-host-port names no data-parallel rank
 	// of this pod, or is not host:port.
 	ErrUnknownRank = dprank.ErrUnknown
-	// ErrBadRequest: the client body is not a JSON object.
-	ErrBadRequest error = failure.New("request body is not a JSON object", failure.Outcome{Status: http.StatusBadRequest})
+	// ErrBadRequest: the client body is not a JSON object, or is one that
+	// decoders read differently (connectors.ErrAmbiguousJSON), or no leg
+	// can be built of it.
+	ErrBadRequest error = failure.New("bad request body", failure.Outcome{Status: http.StatusBadRequest})
 )
 
 // Fallback reasons, the closed set of pd_sidecar_fallbacks_total{reason}.

@@ -707,7 +707,11 @@ func (p *Proxy) handoffAllowed(prefiller string, h connectors.Handoff) error {
 // is not a well-formed JSON object is refused (ErrBadRequest, counted as
 // malformed; connectors.ValidObject): what an engine would read in it
 // cannot be told, and an edited copy would make the engine's error quote
-// bytes the client never sent. The body is validated, and its top level
+// bytes the client never sent. So is one that decoders read differently
+// (connectors.ErrAmbiguousJSON, counted as ambiguous_json): a repeated
+// name, a case variant of a name the sidecar reads, a lone surrogate —
+// what the sidecar reads of it is then exactly what the engine reads.
+// The body is validated, and its top level
 // read, in one pass (connectors.ScanBody); a second is taken only to
 // remove fields that are there, or to check their addresses. log gets the
 // debug line of a removal (nil: none).
@@ -715,7 +719,11 @@ func (p *Proxy) CleanBody(api connectors.API, body []byte, log func() *zerolog.E
 	m, g := p.M.Guards, &p.Cfg.Guard
 	top, err := connectors.ScanBody(api, body)
 	if err != nil {
-		m.Rejected.WithLabelValues(metrics.RejectMalformed).Inc()
+		reason := metrics.RejectMalformed
+		if errors.Is(err, connectors.ErrAmbiguousJSON) {
+			reason = metrics.RejectAmbiguousJSON
+		}
+		m.Rejected.WithLabelValues(reason).Inc()
 		return nil, top, fmt.Errorf("%w: %w", ErrBadRequest, err)
 	}
 	if g.TrustClientKVParams {

@@ -1,0 +1,270 @@
+package connectors
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"unicode/utf8"
+)
+
+// One parse: what the sidecar reads, checks, hashes or edits in a request
+// body must be exactly what the engine behind it will read. JSON leaves
+// three things to the decoder, and the decoders in play disagree on each:
+//
+//   - A name given twice in one object: gjson (which the sidecar reads
+//     with) takes the first member, Python's json (vLLM, SGLang) and Go's
+//     encoding/json (engine-sim, llm-d-inference-sim) the last.
+//   - A name that differs from another only in case: Go's encoding/json
+//     matches a struct field case-insensitively (with Unicode simple
+//     folding, so "ſtream" is "stream"); Python does not.
+//   - A lone UTF-16 surrogate escape ("\ud800"): Python keeps it as is,
+//     Go and gjson read U+FFFD.
+//
+// Escaped names ("\u0063ontent") are no disagreement: every decoder
+// unescapes names, and so does the sidecar. A request body the decoders
+// could read differently is refused (ErrAmbiguousJSON) before anything
+// reads it, so the first-member reading the sidecar does everywhere is the
+// one reading there is.
+
+// ErrAmbiguousJSON: the body is well-formed JSON that decoders read
+// differently (a member name given twice in one object, a name that
+// differs only in case from one the sidecar reads, a lone surrogate
+// escape); the caller refuses it rather than act on one reading of it
+// while the engine takes another.
+var ErrAmbiguousJSON = errors.New("connectors: request body is JSON that engines read differently")
+
+// readNames are the member names the sidecar or an engine's typed request
+// reads in a request body's read objects (readContainers): a name that
+// differs from one of these only in case is refused there, since a
+// case-insensitive decoder takes it for the member the sidecar read.
+var readNames = map[string]struct{}{
+	// Top level: what the sidecar reads, edits or hashes.
+	"model": {}, "messages": {}, "prompt": {}, "input": {}, "stream": {}, "stream_options": {},
+	"max_tokens": {}, "max_completion_tokens": {}, "max_output_tokens": {}, "min_tokens": {},
+	"min_completion_tokens": {}, "n": {}, "best_of": {}, "echo": {}, "suffix": {},
+	"kv_transfer_params": {}, "ec_transfer_params": {}, "bootstrap_host": {}, "bootstrap_port": {},
+	"bootstrap_room": {}, "bootstrap_pair_key": {}, "conversation_id": {}, "cache_hit_threshold": {},
+	"sampling_params": {}, "extra_args": {}, "previous_response_id": {}, "cache_salt": {},
+	"tools": {}, "tool_choice": {}, "chat_template": {}, "chat_template_kwargs": {}, "documents": {},
+	"add_generation_prompt": {}, "continue_final_message": {}, "add_special_tokens": {},
+	"reasoning_effort": {}, "truncate_prompt_tokens": {}, "chat_template_content_format": {},
+	"mm_processor_kwargs": {}, "include_usage": {}, "input_ids": {}, "text": {},
+	// Inside a chat message and its content parts.
+	"role": {}, "content": {}, "name": {}, "reasoning_content": {}, "reasoning": {},
+	"tool_calls": {}, "tool_call_id": {}, "type": {}, "image_url": {}, "url": {},
+	// Inside connector fields.
+	"remote_host": {}, "remote_port": {}, "remote_engine_id": {}, "remote_request_id": {},
+	"remote_block_ids": {}, "remote_bootstrap_addr": {}, "transfer_id": {}, "kv_source": {},
+	"kv_preloaded": {}, "do_remote_decode": {}, "do_remote_prefill": {},
+}
+
+// readContainers are the members of a read object whose value is read by
+// name too: an object value is a read object, and so is each object in an
+// array value (a chat's messages, a message's content parts).
+var readContainers = map[string]struct{}{
+	"messages": {}, "input": {}, "content": {}, "stream_options": {}, "sampling_params": {},
+	"extra_args": {}, "kv_transfer_params": {}, "ec_transfer_params": {}, "image_url": {},
+}
+
+// objectKind is what the validator checks of an object's member names.
+type objectKind uint8
+
+const (
+	// anyObject: no two members of one name (escapes decoded).
+	anyObject objectKind = iota
+	// readObject: that, and no name that differs only in case from a
+	// name of readNames.
+	readObject
+)
+
+// memberNames are the decoded member names of the objects a validator is
+// in, innermost last, as spans of the body or of buf: the first 32 in the
+// struct itself (on the validator's stack), the rest in more. Small
+// objects are checked by a scan, an object past namesScanMax members by a
+// set of its own.
+type memberNames struct {
+	body []byte
+	arr  [32]nameSpan
+	n    int
+	more []nameSpan
+	buf  []byte // decoded escaped names
+}
+
+func (m *memberNames) at(i int) nameSpan {
+	if i < len(m.arr) {
+		return m.arr[i]
+	}
+	return m.more[i-len(m.arr)]
+}
+
+func (m *memberNames) push(n nameSpan) {
+	if m.n < len(m.arr) {
+		m.arr[m.n] = n
+	} else {
+		m.more = append(m.more, n)
+	}
+	m.n++
+}
+
+// nameSpan is a name: body[s:e], or buf[s:e] when decoded.
+type nameSpan struct {
+	s, e    int
+	decoded bool
+}
+
+func (m *memberNames) bytes(n nameSpan) []byte {
+	if n.decoded {
+		return m.buf[n.s:n.e]
+	}
+	return m.body[n.s:n.e]
+}
+
+// namesScanMax is the member count past which an object's names are kept
+// in a set instead of compared one by one.
+const namesScanMax = 16
+
+// objectNames is one object's part of memberNames.
+type objectNames struct {
+	base, bufBase int
+	set           map[string]struct{}
+}
+
+// begin starts an object's names.
+func (m *memberNames) begin() objectNames {
+	return objectNames{base: m.n, bufBase: len(m.buf)}
+}
+
+// add records the member name body[s:e] (still escaped) for the object o
+// and returns it decoded; ok is false when o already has a member of that
+// name.
+func (m *memberNames) add(o *objectNames, s, e int) (name []byte, ok bool) {
+	span := nameSpan{s: s, e: e}
+	if bytes.IndexByte(m.body[s:e], '\\') >= 0 {
+		span.s = len(m.buf)
+		m.buf = appendUnescaped(m.buf, m.body[s:e])
+		span.e, span.decoded = len(m.buf), true
+	}
+	name = m.bytes(span)
+	if o.set != nil {
+		if _, dup := o.set[string(name)]; dup {
+			return name, false
+		}
+		o.set[string(name)] = struct{}{}
+		return name, true
+	}
+	for i := o.base; i < m.n; i++ {
+		if bytes.Equal(m.bytes(m.at(i)), name) {
+			return name, false
+		}
+	}
+	if m.n-o.base == namesScanMax {
+		o.set = make(map[string]struct{}, 2*namesScanMax)
+		for i := o.base; i < m.n; i++ {
+			o.set[string(m.bytes(m.at(i)))] = struct{}{}
+		}
+		o.set[string(name)] = struct{}{}
+		return name, true
+	}
+	m.push(span)
+	return name, true
+}
+
+// end drops o's names.
+func (m *memberNames) end(o *objectNames) {
+	m.n = o.base
+	if m.n > len(m.arr) {
+		m.more = m.more[:m.n-len(m.arr)]
+	} else {
+		m.more = m.more[:0]
+	}
+	m.buf = m.buf[:o.bufBase]
+}
+
+// caseVariant reports whether name differs from a name of readNames only
+// in case (as bytes.EqualFold and Go's encoding/json fold it).
+func caseVariant(name []byte) bool {
+	ascii := true
+	for _, c := range name {
+		if c >= 0x80 {
+			ascii = false
+			break
+		}
+	}
+	if !ascii {
+		for n := range readNames {
+			if bytes.EqualFold(name, []byte(n)) {
+				return true
+			}
+		}
+		return false
+	}
+	if len(name) > 32 {
+		return false
+	}
+	var low [32]byte
+	changed := false
+	for i, c := range name {
+		if c >= 'A' && c <= 'Z' {
+			c += 'a' - 'A'
+			changed = true
+		}
+		low[i] = c
+	}
+	if !changed {
+		return false
+	}
+	_, ok := readNames[string(low[:len(name)])]
+	return ok
+}
+
+// ambiguous is the validator's ErrAmbiguousJSON at its offset. A name is
+// quoted only when it is one of readNames (the client's bytes are never
+// echoed otherwise).
+func (v *validator) ambiguous(what string, name []byte) error {
+	if _, known := readNames[string(name)]; known {
+		return fmt.Errorf("%w: %s %q at byte %d", ErrAmbiguousJSON, what, string(name), v.i)
+	}
+	return fmt.Errorf("%w: %s at byte %d", ErrAmbiguousJSON, what, v.i)
+}
+
+// appendUnescaped appends the JSON string contents raw (validated, quotes
+// excluded) decoded; a surrogate pair is one rune, a lone surrogate (which
+// the validator refuses first) U+FFFD.
+func appendUnescaped(dst, raw []byte) []byte {
+	for i := 0; i < len(raw); i++ {
+		c := raw[i]
+		if c != '\\' || i+1 >= len(raw) {
+			dst = append(dst, c)
+			continue
+		}
+		i++
+		switch raw[i] {
+		case 'b':
+			dst = append(dst, '\b')
+		case 'f':
+			dst = append(dst, '\f')
+		case 'n':
+			dst = append(dst, '\n')
+		case 'r':
+			dst = append(dst, '\r')
+		case 't':
+			dst = append(dst, '\t')
+		case 'u':
+			r, ok := hex4(raw[i+1:])
+			if !ok {
+				return dst
+			}
+			i += 4
+			if r >= 0xD800 && r < 0xDC00 && i+6 < len(raw) && raw[i+1] == '\\' && raw[i+2] == 'u' {
+				if lo, ok := hex4(raw[i+3:]); ok && lo >= 0xDC00 && lo < 0xE000 {
+					r = 0x10000 + (r-0xD800)<<10 + (lo - 0xDC00)
+					i += 6
+				}
+			}
+			dst = utf8.AppendRune(dst, r)
+		default:
+			dst = append(dst, raw[i])
+		}
+	}
+	return dst
+}
