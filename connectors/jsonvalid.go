@@ -55,6 +55,9 @@ type validator struct {
 	i     int
 	top   *BodyTop // told the top-level members (nil: none)
 	names memberNames
+	// escaped is set by str when the string holds an escape (reset by
+	// whoever reads it).
+	escaped bool
 }
 
 func (v *validator) fail(what string) error {
@@ -95,18 +98,18 @@ func (v *validator) object(depth int, kind objectKind) error {
 		v.i++
 		return nil
 	}
-	names := v.names.begin()
-	defer v.names.end(&names)
+	names := v.names.begin() // dropped on success; an error ends the walk
 	for {
 		if v.i >= len(v.b) || v.b[v.i] != '"' {
 			return v.fail("member name expected")
 		}
 		ns := v.i
+		v.escaped = false
 		if err := v.str(); err != nil {
 			return err
 		}
 		ne := v.i
-		name, ok := v.names.add(&names, ns+1, ne-1)
+		name, ok := v.names.add(&names, ns+1, ne-1, v.escaped)
 		if !ok {
 			v.i = ns
 			return v.ambiguous("a member name given twice in one object", name)
@@ -117,7 +120,7 @@ func (v *validator) object(depth int, kind objectKind) error {
 				v.i = ns
 				return v.ambiguous("a member name that differs only in case from one the sidecar reads", nil)
 			}
-			if _, ok := readContainers[string(name)]; ok {
+			if readContainer(name) {
 				inner = readObject
 			}
 		}
@@ -139,6 +142,7 @@ func (v *validator) object(depth int, kind objectKind) error {
 			v.i = skipBlank(v.b, v.i+1)
 		case v.i < len(v.b) && v.b[v.i] == '}':
 			v.i++
+			v.names.end(&names)
 			return nil
 		default:
 			return v.fail("',' or '}' expected")
@@ -286,6 +290,7 @@ func (v *validator) str() error {
 			v.i++
 			return nil
 		case c == '\\':
+			v.escaped = true
 			if err := v.escape(); err != nil {
 				return err
 			}

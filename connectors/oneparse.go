@@ -58,12 +58,16 @@ var readNames = map[string]struct{}{
 	"kv_preloaded": {}, "do_remote_decode": {}, "do_remote_prefill": {},
 }
 
-// readContainers are the members of a read object whose value is read by
-// name too: an object value is a read object, and so is each object in an
-// array value (a chat's messages, a message's content parts).
-var readContainers = map[string]struct{}{
-	"messages": {}, "input": {}, "content": {}, "stream_options": {}, "sampling_params": {},
-	"extra_args": {}, "kv_transfer_params": {}, "ec_transfer_params": {}, "image_url": {},
+// readContainer reports whether the member name of a read object holds a
+// value read by name too: an object value is a read object, and so is each
+// object in an array value (a chat's messages, a message's content parts).
+func readContainer(name []byte) bool {
+	switch string(name) {
+	case "messages", "input", "content", "stream_options", "sampling_params",
+		"extra_args", "kv_transfer_params", "ec_transfer_params", "image_url":
+		return true
+	}
+	return false
 }
 
 // objectKind is what the validator checks of an object's member names.
@@ -134,12 +138,12 @@ func (m *memberNames) begin() objectNames {
 	return objectNames{base: m.n, bufBase: len(m.buf)}
 }
 
-// add records the member name body[s:e] (still escaped) for the object o
-// and returns it decoded; ok is false when o already has a member of that
-// name.
-func (m *memberNames) add(o *objectNames, s, e int) (name []byte, ok bool) {
+// add records the member name body[s:e] (still escaped: escaped tells
+// whether it has an escape) for the object o and returns it decoded; ok is
+// false when o already has a member of that name.
+func (m *memberNames) add(o *objectNames, s, e int, escaped bool) (name []byte, ok bool) {
 	span := nameSpan{s: s, e: e}
-	if bytes.IndexByte(m.body[s:e], '\\') >= 0 {
+	if escaped {
 		span.s = len(m.buf)
 		m.buf = appendUnescaped(m.buf, m.body[s:e])
 		span.e, span.decoded = len(m.buf), true
@@ -181,40 +185,50 @@ func (m *memberNames) end(o *objectNames) {
 }
 
 // caseVariant reports whether name differs from a name of readNames only
-// in case (as bytes.EqualFold and Go's encoding/json fold it).
+// in case (as bytes.EqualFold and Go's encoding/json fold it). A name of
+// lower-case ASCII, as nearly all are, costs one pass over its bytes.
 func caseVariant(name []byte) bool {
-	ascii := true
+	plain := true
 	for _, c := range name {
-		if c >= 0x80 {
-			ascii = false
+		if c-'A' < 26 || c >= 0x80 {
+			plain = false
 			break
 		}
 	}
-	if !ascii {
-		for n := range readNames {
-			if bytes.EqualFold(name, []byte(n)) {
-				return true
+	if plain {
+		return false
+	}
+	var low [32]byte
+	if len(name) > len(low) { // longer than any read name, unless it folds to fewer bytes
+		for _, c := range name {
+			if c >= 0x80 {
+				return foldsToReadName(name)
 			}
 		}
 		return false
 	}
-	if len(name) > 32 {
-		return false
-	}
-	var low [32]byte
-	changed := false
 	for i, c := range name {
-		if c >= 'A' && c <= 'Z' {
+		switch {
+		case c >= 0x80:
+			return foldsToReadName(name)
+		case c-'A' < 26:
 			c += 'a' - 'A'
-			changed = true
 		}
 		low[i] = c
 	}
-	if !changed {
-		return false
-	}
 	_, ok := readNames[string(low[:len(name)])]
 	return ok
+}
+
+// foldsToReadName is caseVariant for a name with non-ASCII bytes, which
+// may fold to ASCII ones (U+017F to s, U+212A to k).
+func foldsToReadName(name []byte) bool {
+	for n := range readNames {
+		if bytes.EqualFold(name, []byte(n)) {
+			return true
+		}
+	}
+	return false
 }
 
 // ambiguous is the validator's ErrAmbiguousJSON at its offset. A name is
