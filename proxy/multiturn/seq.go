@@ -22,12 +22,40 @@ import (
 // of the wrong tokens.
 
 // renderKeys are the request members besides the text that change the
-// tokens a chat template or a tokenizer makes of it: a turn must carry
-// each exactly as the turn that left the history did (absent included).
+// tokens a chat template or a tokenizer makes of it, or the KV computed
+// for them: a turn must carry each exactly as the turn that left the
+// history did (absent included).
+//
+// Read from vLLM's ChatCompletionRequest and CompletionRequest
+// (vllm-project/vllm, vllm/entrypoints/openai/chat_completion/protocol.py
+// and vllm/entrypoints/openai/completion/protocol.py at commit
+// d5dba2d7b0ab9b98096560c69db7126b54b14d79): the members build_chat_params
+// hands the chat template (chat_template, chat_template_kwargs and, merged
+// into them, add_generation_prompt, continue_final_message, documents,
+// reasoning_effort; tools and tool_choice go to the renderer beside them),
+// the members build_tok_params hands the tokenizer (add_special_tokens,
+// truncate_prompt_tokens, which keeps only the prompt's last tokens, so a
+// history's block i no longer holds what the prompt's block i does), the
+// multi-modal processor's (mm_processor_kwargs, media_io_kwargs: how an
+// image or a video becomes placeholder tokens), a completion's
+// prompt_embeds (the prompt given as embeddings) and suffix, echo, the
+// model, and cache_salt: vLLM salts the prefix cache's block hashes with
+// it so that one tenant's KV never serves another's, and a history pulled
+// across salts would do exactly that. chat_template_content_format is
+// the server's --chat-template-content-format at that commit, not a
+// request member, but earlier servers and proxies pass it per request and
+// it decides how a message's content parts are rendered. Members that act
+// only on sampling or on the answer's text (temperature, stop,
+// skip_special_tokens, structured_outputs, response_format, priority,
+// return_tokens_as_token_ids, parallel_tool_calls) leave the prompt's
+// tokens as they are and are not hashed: the answer's text, which the
+// sequence holds, is what skip_special_tokens changes.
 var renderKeys = [...]string{
 	"model", "tools", "tool_choice", "chat_template", "chat_template_kwargs",
 	"documents", "add_generation_prompt", "continue_final_message",
 	"add_special_tokens", "reasoning_effort", "suffix", "echo",
+	"truncate_prompt_tokens", "chat_template_content_format",
+	"mm_processor_kwargs", "media_io_kwargs", "prompt_embeds", "cache_salt",
 }
 
 // Prompt is what a request tells of its sequence.
