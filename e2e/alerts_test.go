@@ -222,7 +222,10 @@ func TestAlertsOverRealTraffic(t *testing.T) {
 	// The circuit stays open once open: every later request is a
 	// circuit_open fallback, and the open-circuit gauge never drops.
 	stayOpen := []string{"--circuit-breaker-cooldown", "1h", "--log-level", "warn"}
-	healthy := harness.StartSidecar(t, decode.Port, append([]string{"--enable-bidirectional-kv-xfer"}, quiet...)...)
+	// Its pod's address is 127.0.0.1 (--host; POD_IP would tell every
+	// sidecar here), where the decode engine's side channel listens.
+	healthy := harness.StartSidecar(t, decode.Port, append([]string{"--enable-bidirectional-kv-xfer", "--host", "127.0.0.1",
+		"--decode-side-channel-port", itoa(decode.KVPort)}, quiet...)...)
 	healthyPull := harness.StartSidecar(t, pullDecode.Port, pull...)
 	dead := harness.StartSidecar(t, plainDecode.Port, stayOpen...)
 	failing := harness.StartSidecar(t, plainDecode.Port, append([]string{"--prefill-max-retries", "1", "--prefill-retry-backoff", "10ms"}, stayOpen...)...)

@@ -37,11 +37,14 @@ type mtRig struct {
 
 // newMTRig starts the engines in bidirectional mode (engineFlags to the
 // decode engine and the reference, prefillFlags to the prefiller) and the
-// sidecar with multi-turn reuse on (scFlags after). The prefiller's prefix
+// sidecar with multi-turn reuse on (scFlags after), told its pod's address
+// (POD_IP, as the chart sets it: 127.0.0.1, where the engines listen) and
+// the decode engine's side-channel port. The prefiller's prefix
 // cache is off, as on a prefill pool whose caches hold none of this
 // conversation: every prompt token it does not pull it computes.
 func newMTRig(t *testing.T, whole bool, prefillFlags, engineFlags []string, scFlags ...string) *mtRig {
 	t.Helper()
+	t.Setenv("POD_IP", "127.0.0.1")
 	bidi := []string{"--bidirectional-kv-xfer"}
 	r := &mtRig{
 		prefill: harness.StartEngineSim(t, "prefill", append(append(bidi, "--no-enable-prefix-caching"), prefillFlags...)...),
@@ -49,7 +52,7 @@ func newMTRig(t *testing.T, whole bool, prefillFlags, engineFlags []string, scFl
 		ref:     harness.StartEngineSim(t, "both", engineFlags...),
 		whole:   whole,
 	}
-	r.sc = harness.StartSidecar(t, r.decode.Port, append([]string{"--enable-bidirectional-kv-xfer"}, scFlags...)...)
+	r.sc = harness.StartSidecar(t, r.decode.Port, append([]string{"--enable-bidirectional-kv-xfer", "--decode-side-channel-port", itoa(r.decode.KVPort)}, scFlags...)...)
 	return r
 }
 

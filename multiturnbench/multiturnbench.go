@@ -152,6 +152,9 @@ const (
 	sidecarBidirectionalFlag = "enable-bidirectional-kv-xfer"
 	engineBidirectionalFlag  = "bidirectional-kv-xfer"
 	enginePrefixCacheFlag    = "no-enable-prefix-caching"
+	// sidecarSideChannelFlag names the decode engine's side-channel port,
+	// which a build that lists it checks a history's port against.
+	sidecarSideChannelFlag = "decode-side-channel-port"
 )
 
 // Run runs the modes and prints the per-turn table and the budget lines.
@@ -210,7 +213,7 @@ func Run(ctx context.Context, o Options) error {
 	}
 	var results []*modeResult
 	for _, mode := range o.Modes {
-		mr, err := runMode(ctx, o, mode, prefixCache)
+		mr, err := runMode(ctx, o, mode, prefixCache, sidecarFlags)
 		if err != nil {
 			return fmt.Errorf("mode %s: %w", mode, err)
 		}
@@ -308,8 +311,9 @@ func readCounters(ctx context.Context, prefillers []endpoint, decode, side endpo
 }
 
 // runMode starts one mode's processes, drives the conversations and
-// stops the processes.
-func runMode(ctx context.Context, o Options, mode string, prefixCache bool) (*modeResult, error) {
+// stops the processes; sidecarFlags are the flags the pd-sidecar binary
+// lists.
+func runMode(ctx context.Context, o Options, mode string, prefixCache bool, sidecarFlags flagSet) (*modeResult, error) {
 	r := &rig{bin: o.Bin, dir: filepath.Join(o.Dir, mode)}
 	if err := os.MkdirAll(r.dir, 0o755); err != nil {
 		return nil, fmt.Errorf("--dir: %w", err)
@@ -346,6 +350,12 @@ func runMode(ctx context.Context, o Options, mode string, prefixCache bool) (*mo
 	decode, err := r.engine(ctx, "e-decode", "decode", append(slices.Clone(timing), bidi...)...)
 	if err != nil {
 		return nil, err
+	}
+	if mode == ModeWith && sidecarFlags[sidecarSideChannelFlag] {
+		// The decode engine's side channel, on this machine's loopback
+		// address, which is the sidecar's pod address here (--host). A
+		// build without the flag checks no port and takes loopback.
+		sidecarArgs = append(sidecarArgs, "--host", "127.0.0.1", "--decode-side-channel-port", itoa(decode.kvPort))
 	}
 	side, err := r.sidecar(ctx, "s-sidecar", decode, append([]string{"--kv-connector", "nixlv2"}, sidecarArgs...)...)
 	if err != nil {

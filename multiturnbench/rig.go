@@ -42,8 +42,8 @@ func (r *rig) start(ctx context.Context, binary, label, health string, args ...s
 	return nil
 }
 
-// endpoint is one process's HTTP port.
-type endpoint struct{ port int }
+// endpoint is one process's HTTP port (and an engine's KV side channel).
+type endpoint struct{ port, kvPort int }
 
 func (e endpoint) hostPort() string { return net.JoinHostPort("127.0.0.1", strconv.Itoa(e.port)) }
 func (e endpoint) url() string      { return "http://" + e.hostPort() }
@@ -55,7 +55,7 @@ func (r *rig) engine(ctx context.Context, label, role string, args ...string) (e
 	if err != nil {
 		return endpoint{}, err
 	}
-	e := endpoint{port: ports[0]}
+	e := endpoint{port: ports[0], kvPort: ports[1]}
 	all := append([]string{"--role", role, "--port", itoa(ports[0]), "--kv-port", itoa(ports[1]),
 		"--bootstrap-port", itoa(ports[2]), "--p2p-port", itoa(ports[3]), "--model", model, "--log-level", "warn"}, args...)
 	return e, r.start(ctx, "engine-sim", label, e.url()+"/health", all...)

@@ -15,5 +15,6 @@ func addMultiturnFlags(fs *pflag.FlagSet, c *proxy.MultiturnConfig) {
 	fs.DurationVar(&c.CacheTTL, "bidirectional-cache-ttl", c.CacheTTL, "how long a conversation's entry is kept (no longer than the decode engines' decoder_kv_blocks_ttl; it is used until 10s, or a quarter of a TTL under 40s, before it ends)")
 	fs.StringVar(&c.SessionHeader, "bidirectional-session-header", c.SessionHeader, "request header of the conversation's session key")
 	fs.BoolVar(&c.KeepReasoning, "bidirectional-keep-reasoning", c.KeepReasoning, "keep the history of answers with reasoning too (only for models whose chat template renders past turns' reasoning back into the prompt as generated; many drop it, and the engine's KV is then no prefix of the next prompt); a next turn must carry the reasoning back verbatim")
+	fs.IntVar(&c.SideChannelPort, "decode-side-channel-port", c.SideChannelPort, "the local decode engine's NIXL side-channel port (its VLLM_NIXL_SIDE_CHANNEL_PORT; data-parallel rank r's is this plus r, as vLLM adds the rank): the only port a decode answer's kv_transfer_params may name to be kept for the next turn")
 	fs.IntVar(&c.RecomputeThreshold, "bidirectional-recompute-threshold", c.RecomputeThreshold, "fewest history tokens put in a prefill leg (vLLM's kv_recompute_threshold)")
 }

@@ -299,6 +299,11 @@ type MultiturnConfig struct {
 	// templates drop past turns' reasoning, and their next prompt is then
 	// no extension of what the engine holds.
 	KeepReasoning bool
+	// SideChannelPort is the local decode engine's NIXL side-channel port
+	// (--decode-side-channel-port: its VLLM_NIXL_SIDE_CHANNEL_PORT, vLLM's
+	// default 5600), data-parallel rank r's being SideChannelPort+r: the
+	// only port a decode answer's history may name.
+	SideChannelPort int
 }
 
 // MultiturnMargin is what is taken off --bidirectional-cache-ttl: vLLM's
@@ -313,7 +318,7 @@ const MaxSessionKeyLen = 256
 // DefaultMultiturnConfig returns the defaults (off).
 func DefaultMultiturnConfig() MultiturnConfig {
 	return MultiturnConfig{CacheSize: 4096, CacheBytes: 64 << 20, CacheTTL: 480 * time.Second,
-		SessionHeader: "x-session-token", RecomputeThreshold: 64}
+		SessionHeader: "x-session-token", RecomputeThreshold: 64, SideChannelPort: 5600}
 }
 
 // Validate reports the first invalid multi-turn setting.
@@ -329,6 +334,8 @@ func (c MultiturnConfig) Validate() error {
 		return errors.New("--bidirectional-session-header must not be empty")
 	case c.RecomputeThreshold < 0:
 		return fmt.Errorf("--bidirectional-recompute-threshold must be >= 0, got %d", c.RecomputeThreshold)
+	case c.SideChannelPort < 1 || c.SideChannelPort > 65535:
+		return fmt.Errorf("--decode-side-channel-port must be a port (1-65535), got %d", c.SideChannelPort)
 	}
 	return nil
 }

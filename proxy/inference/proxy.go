@@ -231,9 +231,16 @@ func New(cfg Config, conn connectors.Connector, m *metrics.Metrics, gatherer pro
 		if conn.Name() != "nixlv2" || cfg.MoriIO.WriteMode {
 			return nil, fmt.Errorf("--enable-bidirectional-kv-xfer needs --kv-connector nixlv2 (vLLM's NixlConnector pull mode), not %q", conn.Name())
 		}
+		if last := mt.SideChannelPort + cfg.DataParallelSize - 1; last > 65535 {
+			return nil, fmt.Errorf("--decode-side-channel-port %d plus the data-parallel ranks (--data-parallel-size %d) passes port 65535", mt.SideChannelPort, cfg.DataParallelSize)
+		}
+		if p.podAddr() == "" {
+			log.Warn().Msg("--enable-bidirectional-kv-xfer keeps no history: the sidecar knows no address of its pod (POD_IP, or --host naming one address) to check a decode answer's side channel against")
+		}
 		store := multiturn.NewStore(mt.CacheSize, mt.CacheBytes, mt.CacheTTL-MultiturnMargin(mt.CacheTTL), nil)
 		p.features = append(p.features, &multiturn.Feature{Store: store, Threshold: mt.RecomputeThreshold,
-			OwnHost: p.ownHost, PodAddr: p.podAddr(), KeepReasoning: mt.KeepReasoning, ForwardParams: cfg.Guard.TrustClientKVParams, M: m.Multiturn})
+			PodAddr: p.podAddr(), SideChannelPort: mt.SideChannelPort, Ranks: cfg.DataParallelSize,
+			KeepReasoning: mt.KeepReasoning, ForwardParams: cfg.Guard.TrustClientKVParams, M: m.Multiturn})
 		p.sessionHeader = mt.SessionHeader
 		p.sweep = &multiturn.Sweeper{Store: store, Every: min(mt.CacheTTL/8, time.Minute), Held: m.Multiturn.Held}
 	}

@@ -15,6 +15,7 @@ import (
 	"errors"
 	"hash"
 	"net/netip"
+	"strings"
 
 	"github.com/rs/zerolog"
 	"github.com/tidwall/gjson"
@@ -35,15 +36,23 @@ type Feature struct {
 	// (--bidirectional-recompute-threshold): a shorter history is not put
 	// in the prefill leg.
 	Threshold int
-	// OwnHost reports whether a host names this pod: the decode engine's
-	// side channel an answer names must be the local engine's.
-	OwnHost func(host string) bool
 	// PodAddr is this pod's IP address (POD_IP, else --host when it names
-	// one address; "" when unknown): a side channel the decode engine
-	// names by a host name (VLLM_NIXL_SIDE_CHANNEL_HOST given as the pod's
-	// DNS name) is this pod's, and is handed on as this address, never as
-	// a name the prefill engine would resolve in its own pod.
+	// one address; "" when unknown). The side channel an answer names must
+	// be this address exactly (an IPv4-mapped IPv6 form of it too, handed
+	// on as PodAddr); a host name (VLLM_NIXL_SIDE_CHANNEL_HOST given as
+	// the pod's DNS name) is this pod's and is handed on as this address,
+	// never as a name the prefill engine would resolve in its own pod; a
+	// loopback name (localhost) only when PodAddr is loopback. Unknown: no
+	// history is kept, since the prefill engine would dial whatever
+	// address was kept in its own pod.
 	PodAddr string
+	// SideChannelPort is the decode engine's NIXL side-channel port
+	// (VLLM_NIXL_SIDE_CHANNEL_PORT; --decode-side-channel-port), rank 0's:
+	// rank r's is SideChannelPort+r, as vLLM adds the data-parallel rank.
+	// The port an answer names must be one of Ranks ranks'.
+	SideChannelPort int
+	// Ranks is the number of this pod's data-parallel ranks (at least 1).
+	Ranks int
 	// KeepReasoning keeps the history of answers with reasoning
 	// (--bidirectional-keep-reasoning): only right for chat templates that
 	// render past turns' reasoning back into the prompt, as the engine
@@ -238,19 +247,41 @@ func (u *use) follow(js string) {
 	})
 }
 
-// errNotOwnHost: the params name a side channel that is not this pod's.
-var errNotOwnHost = errors.New("kv_transfer_params name a host that is not this pod")
+// Why a decode answer's side channel is refused.
+var (
+	// errNotOwnHost: the params name a host that is not this pod's address.
+	errNotOwnHost = errors.New("kv_transfer_params name a host that is not this pod's address")
+	// errNotSideChannel: the params name a port that is not one of the
+	// decode engine's NIXL side-channel ports.
+	errNotSideChannel = errors.New("kv_transfer_params name a port that is not the decode engine's NIXL side channel")
+	// errNoPodAddr: the sidecar knows no address of its pod to check the
+	// params' host against.
+	errNoPodAddr = errors.New("no pod address (POD_IP, or --host naming one address): multi-turn histories are not kept")
+)
 
 // ownSideChannel checks that the side channel canon names (its addrs) is
-// this pod's: an address of it, or a host name given for it, which is then
-// written as PodAddr (a name is never handed to another pod to resolve).
+// this pod's decode engine's: its port one of the engine's side-channel
+// ports, its host this pod's address, or a host name given for it; the
+// host is then written as PodAddr (a name, or another spelling of the
+// address, is never handed to another pod to resolve or read).
 func (u *use) ownSideChannel(canon []byte, addrs []connectors.Addr) ([]byte, error) {
+	pod, err := netip.ParseAddr(u.f.PodAddr)
+	if err != nil {
+		return nil, errNoPodAddr
+	}
+	pod = pod.Unmap()
+	if len(addrs) == 0 {
+		return nil, errNotOwnHost
+	}
 	for _, a := range addrs {
-		if u.f.OwnHost(a.Host) {
-			continue
+		if !u.f.sideChannelPort(a.Port) {
+			return nil, errNotSideChannel
 		}
-		if _, err := netip.ParseAddr(a.Host); err == nil || u.f.PodAddr == "" {
+		if !ownHost(a.Host, pod) {
 			return nil, errNotOwnHost
+		}
+		if a.Host == u.f.PodAddr {
+			continue
 		}
 		out, err := sjson.SetBytes(canon, "remote_host", u.f.PodAddr)
 		if err != nil {
@@ -259,6 +290,32 @@ func (u *use) ownSideChannel(canon []byte, addrs []connectors.Addr) ([]byte, err
 		canon = out
 	}
 	return canon, nil
+}
+
+// sideChannelPort reports whether port is the NIXL side-channel port of
+// one of this pod's data-parallel ranks.
+func (f *Feature) sideChannelPort(port int) bool {
+	return port >= f.SideChannelPort && port < f.SideChannelPort+max(f.Ranks, 1)
+}
+
+// ownHost reports whether host, as a side channel names it, is this pod
+// (whose address is pod): the address itself, or its IPv4-mapped IPv6
+// form; a host name, except a loopback one (localhost) where pod is not
+// loopback. Any other address is refused, loopback ones included: the
+// prefill engine would dial it in its own pod.
+func ownHost(host string, pod netip.Addr) bool {
+	if h, err := netip.ParseAddr(host); err == nil {
+		return h.Unmap() == pod
+	}
+	return pod.IsLoopback() || !loopbackName(host)
+}
+
+// loopbackName reports whether a host name names the loopback interface
+// wherever it is resolved: localhost and the names under it (RFC 6761),
+// in any letter case, with or without a final dot.
+func loopbackName(host string) bool {
+	host = strings.ToLower(strings.TrimSuffix(host, "."))
+	return host == "localhost" || strings.HasSuffix(host, ".localhost")
 }
 
 // keep keeps the answer's params for the conversation's next turn, read
@@ -286,6 +343,10 @@ func (u *use) keep(params gjson.Result) {
 	}
 	if err != nil {
 		u.f.M.Entries.WithLabelValues(metrics.MultiturnRefused).Inc()
+		if errors.Is(err, errNoPodAddr) { // warned once, at start (proxy/inference's New)
+			u.log.LogAt(zerolog.DebugLevel).Err(err).Msg("multi-turn: the decode answer's kv_transfer_params refused; nothing kept")
+			return
+		}
 		u.log.LogAt(zerolog.WarnLevel).Err(err).Msg("multi-turn: the decode answer's kv_transfer_params refused; nothing kept")
 		return
 	}

@@ -28,7 +28,7 @@ const decodeParams = `{"do_remote_prefill":false,"do_remote_decode":true,"remote
 func newFeature() *Feature {
 	return &Feature{
 		Store: NewStore(16, 1<<20, time.Minute, nil), Threshold: 64,
-		OwnHost:       func(h string) bool { return h == "127.0.0.1" },
+		PodAddr: "127.0.0.1", SideChannelPort: 5600, Ranks: 1,
 		KeepReasoning: true,
 		M:             metrics.NewMultiturn(prometheus.NewRegistry()),
 	}
@@ -178,7 +178,6 @@ func TestAnswersThatAreNotKept(t *testing.T) {
 		{"aborted", `{"choices":[{"index":0,"message":{"content":"x"},"finish_reason":"abort"}],"kv_transfer_params":` + good + `}`, metrics.MultiturnNotKept},
 		{"no block pinned (vLLM's remote_num_tokens 0)", `{"choices":[{"index":0,"message":{"content":"x"},"finish_reason":"stop"}],"kv_transfer_params":` +
 			strings.Replace(fmt.Sprintf(decodeParams, 0), `[[1,2,3]]`, `[[]]`, 1) + `}`, metrics.MultiturnNotKept},
-		{"a host name, and no pod address to hand on", `{"choices":[{"index":0,"message":{"content":"x"},"finish_reason":"stop"}],"kv_transfer_params":` + strings.Replace(good, "127.0.0.1", "decode-0.pool.svc", 1) + `}`, metrics.MultiturnRefused},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -204,4 +203,67 @@ func TestSideChannelHostName(t *testing.T) {
 	pre, _ := turn(f, "s", connectors.APIChat, chatBody(msg("user", "q"), msg("assistant", "x"), msg("user", "more")), `{"choices":[]}`)
 	assert.Equal(t, "10.0.0.7", gjson.Get(pre, "remote_host").Str, "the next prefill leg names this pod's address: %s", pre)
 	assert.NotContains(t, pre, "decode-0")
+}
+
+// TestSideChannelIsThePodsDecodeEngine: a decode answer's history is kept
+// only when its side channel is this pod's decode engine's: the host this
+// pod's address exactly (an IPv4-mapped form of it handed on as the
+// address; a host name handed on as the address; loopback addresses and
+// names only when the pod's address is loopback) and the port the
+// engine's NIXL side channel, rank 0's or another data-parallel rank's.
+// Without a pod address nothing is kept.
+func TestSideChannelIsThePodsDecodeEngine(t *testing.T) {
+	tests := []struct {
+		name, pod  string
+		ranks      int
+		host       string
+		port       int
+		handedOn   string // the next prefill leg's remote_host; "": refused
+		refusedFor string
+	}{
+		{"the pod's address and side channel", "10.0.0.7", 1, "10.0.0.7", 5600, "10.0.0.7", ""},
+		{"another port of the pod", "10.0.0.7", 1, "10.0.0.7", 22, "", "port"},
+		{"the port of a rank the pod does not have", "10.0.0.7", 2, "10.0.0.7", 5602, "", "port"},
+		{"rank 1's side channel", "10.0.0.7", 2, "10.0.0.7", 5601, "10.0.0.7", ""},
+		{"the port below rank 0's", "10.0.0.7", 2, "10.0.0.7", 5599, "", "port"},
+		{"an IPv4-mapped form of the pod's address", "10.0.0.7", 1, "::ffff:10.0.0.7", 5600, "10.0.0.7", ""},
+		{"an IPv4-mapped loopback address, another port", "127.0.0.1", 1, "::ffff:127.0.0.1", 6379, "", "port"},
+		{"loopback, on a pod whose address is not", "10.0.0.7", 1, "127.0.0.1", 5600, "", "host"},
+		{"an IPv4-mapped loopback address, on a pod whose address is not", "10.0.0.7", 1, "::ffff:127.0.0.1", 5600, "", "host"},
+		{"IPv6 loopback, on a pod whose address is not", "10.0.0.7", 1, "::1", 5600, "", "host"},
+		{"localhost, on a pod whose address is not", "10.0.0.7", 1, "localhost", 5600, "", "host"},
+		{"LOCALHOST., on a pod whose address is not", "10.0.0.7", 1, "LOCALHOST.", 5600, "", "host"},
+		{"a name under localhost, on a pod whose address is not", "10.0.0.7", 1, "x.localhost", 5600, "", "host"},
+		{"another pod", "10.0.0.7", 1, "10.0.0.8", 5600, "", "host"},
+		{"a host name for the pod", "10.0.0.7", 1, "decode-0.pool.svc", 5600, "10.0.0.7", ""},
+		{"a host name for the pod, another port", "10.0.0.7", 1, "decode-0.pool.svc", 22, "", "port"},
+		{"the pod's loopback address (tests)", "127.0.0.1", 1, "127.0.0.1", 5600, "127.0.0.1", ""},
+		{"the pod's loopback address, another port", "127.0.0.1", 1, "127.0.0.1", 22, "", "port"},
+		{"another loopback address than the pod's", "127.0.0.1", 1, "127.0.0.2", 5600, "", "host"},
+		{"IPv6 loopback, on a pod at 127.0.0.1", "127.0.0.1", 1, "::1", 5600, "", "host"},
+		{"localhost, on a pod at 127.0.0.1", "127.0.0.1", 1, "localhost", 5600, "127.0.0.1", ""},
+		{"an IPv6 pod, its address spelled otherwise", "fd00::7", 1, "fd00:0::7", 5600, "fd00::7", ""},
+		{"no pod address: loopback", "", 1, "127.0.0.1", 5600, "", "no pod"},
+		{"no pod address: localhost", "", 1, "localhost", 5600, "", "no pod"},
+		{"no pod address: ::1", "", 1, "::1", 5600, "", "no pod"},
+		{"no pod address: 127.0.0.2", "", 1, "127.0.0.2", 5600, "", "no pod"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFeature()
+			f.PodAddr, f.Ranks = tc.pod, tc.ranks
+			params := strings.Replace(strings.Replace(fmt.Sprintf(decodeParams, 100), `"127.0.0.1"`, `"`+tc.host+`"`, 1), ":5600", ":"+fmt.Sprint(tc.port), 1)
+			ans := `{"choices":[{"index":0,"message":{"content":"x"},"finish_reason":"stop"}],"kv_transfer_params":` + params + `}`
+			turn(f, "s", connectors.APIChat, chatBody(msg("user", "q")), ans)
+			if tc.handedOn == "" {
+				assert.Equal(t, 1.0, testutil.ToFloat64(f.M.Entries.WithLabelValues(metrics.MultiturnRefused)), "refused (%s)", tc.refusedFor)
+				assert.Equal(t, 0, f.Store.Count())
+				return
+			}
+			require.Equal(t, 1, f.Store.Count())
+			pre, _ := turn(f, "s", connectors.APIChat, chatBody(msg("user", "q"), msg("assistant", "x"), msg("user", "more")), `{"choices":[]}`)
+			assert.Equal(t, tc.handedOn, gjson.Get(pre, "remote_host").Str, "the next prefill leg names this pod's address: %s", pre)
+			assert.EqualValues(t, tc.port, gjson.Get(pre, "remote_port").Int())
+		})
+	}
 }
