@@ -17,6 +17,20 @@ const (
 	MultiturnEvicted = "evicted"
 )
 
+// Why an entry was dropped for room (the reason label of
+// pd_sidecar_multiturn_evictions_total).
+const (
+	// MultiturnEvictedShare: the client that kept a new entry held its
+	// share (--bidirectional-cache-client-share); its own oldest went.
+	MultiturnEvictedShare = "client_share"
+	// MultiturnEvictedOverShare: the oldest entry of a client over its
+	// share went, for a client under its own.
+	MultiturnEvictedOverShare = "over_share"
+	// MultiturnEvictedFull: the store was full and no client over its
+	// share; the least recently kept went.
+	MultiturnEvictedFull = "full"
+)
+
 // Why a conversation's turn carries no history in its prefill leg (the
 // reason label of pd_sidecar_multiturn_misses_total).
 const (
@@ -53,6 +67,9 @@ type Multiturn struct {
 	Entries *prometheus.CounterVec
 	// Held is the number of conversations' entries held now.
 	Held prometheus.Gauge
+	// Evictions counts entries dropped for room before they were used, by
+	// reason (client_share, over_share, full).
+	Evictions *prometheus.CounterVec
 }
 
 // NewMultiturn creates multi-turn KV reuse's metrics and registers them on
@@ -79,8 +96,15 @@ func NewMultiturn(reg prometheus.Registerer) *Multiturn {
 			Name: "pd_sidecar_multiturn_entries",
 			Help: "Conversations whose next turn may use the decode engine's KV now.",
 		}),
+		Evictions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "pd_sidecar_multiturn_evictions_total",
+			Help: "Conversations' entries dropped for room before they were used, by reason: client_share (the client that kept a new entry held its share, and gave its own oldest), over_share (a client over its share gave its oldest to one under its own), full (no client over its share; the least recently kept).",
+		}, []string{"reason"}),
 	}
-	reg.MustRegister(m.Uses, m.Misses, m.TokensReused, m.Entries, m.Held)
+	reg.MustRegister(m.Uses, m.Misses, m.TokensReused, m.Entries, m.Held, m.Evictions)
+	for _, r := range []string{MultiturnEvictedShare, MultiturnEvictedOverShare, MultiturnEvictedFull} {
+		m.Evictions.WithLabelValues(r)
+	}
 	for _, r := range []string{MultiturnNoEntry, MultiturnExpired, MultiturnPrefixMismatch, MultiturnBelowThreshold, MultiturnPullFailed} {
 		m.Misses.WithLabelValues(r)
 	}

@@ -13,6 +13,8 @@
 package feature
 
 import (
+	"net/netip"
+
 	"github.com/rs/zerolog"
 	"github.com/valyala/fasthttp"
 
@@ -39,6 +41,9 @@ type Request struct {
 	// Session is the conversation's session key, when multi-turn KV reuse
 	// is on and the request names one ("": none).
 	Session string
+	// Client is the address the request came from: the client
+	// connection's TCP peer, on either driver (the zero Addr: unknown).
+	Client netip.Addr
 	// Log logs on the request's logger (request_id, path, prefiller).
 	Log Logger
 }

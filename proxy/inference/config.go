@@ -282,6 +282,11 @@ type MultiturnConfig struct {
 	CacheSize int
 	// CacheBytes bounds what they cost (--bidirectional-cache-bytes).
 	CacheBytes int
+	// CacheClientShare is the part of both bounds one client (one
+	// address; an IPv6 /64) keeps whatever other clients do
+	// (--bidirectional-cache-client-share, 0 < share ≤ 1): a client that
+	// holds it makes room from its own oldest entries.
+	CacheClientShare float64
 	// CacheTTL is how long an entry is kept (--bidirectional-cache-ttl):
 	// no longer than the decode engines' decoder_kv_blocks_ttl. An entry
 	// is used at most until MultiturnMargin before it ends, since vLLM's
@@ -317,7 +322,7 @@ const MaxSessionKeyLen = 256
 
 // DefaultMultiturnConfig returns the defaults (off).
 func DefaultMultiturnConfig() MultiturnConfig {
-	return MultiturnConfig{CacheSize: 4096, CacheBytes: 64 << 20, CacheTTL: 480 * time.Second,
+	return MultiturnConfig{CacheSize: 4096, CacheBytes: 64 << 20, CacheClientShare: 0.25, CacheTTL: 480 * time.Second,
 		SessionHeader: "x-session-token", RecomputeThreshold: 64, SideChannelPort: 5600}
 }
 
@@ -328,6 +333,8 @@ func (c MultiturnConfig) Validate() error {
 		return fmt.Errorf("--bidirectional-cache-size must be > 0, got %d", c.CacheSize)
 	case c.CacheBytes <= 0:
 		return fmt.Errorf("--bidirectional-cache-bytes must be > 0, got %d", c.CacheBytes)
+	case !(c.CacheClientShare > 0 && c.CacheClientShare <= 1):
+		return fmt.Errorf("--bidirectional-cache-client-share must be > 0 and <= 1, got %v", c.CacheClientShare)
 	case c.CacheTTL <= 0:
 		return fmt.Errorf("--bidirectional-cache-ttl must be > 0, got %v", c.CacheTTL)
 	case c.SessionHeader == "":

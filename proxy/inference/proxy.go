@@ -237,7 +237,8 @@ func New(cfg Config, conn connectors.Connector, m *metrics.Metrics, gatherer pro
 		if p.podAddr() == "" {
 			log.Warn().Msg("--enable-bidirectional-kv-xfer keeps no history: the sidecar knows no address of its pod (POD_IP, or --host naming one address) to check a decode answer's side channel against")
 		}
-		store := multiturn.NewStore(mt.CacheSize, mt.CacheBytes, mt.CacheTTL-MultiturnMargin(mt.CacheTTL), nil)
+		store := multiturn.NewStore(multiturn.StoreConfig{MaxEntries: mt.CacheSize, MaxBytes: mt.CacheBytes,
+			ClientShare: mt.CacheClientShare, TTL: mt.CacheTTL - MultiturnMargin(mt.CacheTTL)})
 		p.features = append(p.features, &multiturn.Feature{Store: store, Threshold: mt.RecomputeThreshold,
 			PodAddr: p.podAddr(), SideChannelPort: mt.SideChannelPort, Ranks: cfg.DataParallelSize,
 			KeepReasoning: mt.KeepReasoning, ForwardParams: cfg.Guard.TrustClientKVParams, M: m.Multiturn})

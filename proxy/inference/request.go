@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"math/rand/v2"
 	"net"
+	"net/netip"
 	"strconv"
 	"time"
 
@@ -58,7 +59,10 @@ type Request struct {
 	declined bool
 	// session is the conversation's session key, with multi-turn KV
 	// reuse on ("": none named).
-	session  string
+	session string
+	// Client is the client connection's TCP peer (ClientAddr; the zero
+	// Addr: unknown), set by the driver that serves the request.
+	Client   netip.Addr
 	Label    string // bounded metric label of prefiller
 	Mode     string
 	Handoff  *connectors.Handoff // set once the decode leg carries remote KV
@@ -96,9 +100,19 @@ var HopHeaders = []string{
 func (p *Proxy) newRequest(rc *fasthttp.RequestCtx, local string, api connectors.API) *Request {
 	r := p.StartRequest(rc.Request.Header.Peek(HeaderRequestID), &rc.Request.Header, rc.PostBody(), local, api)
 	r.RC = rc
+	r.Client = ClientAddr(rc.RemoteAddr())
 	rc.Response.Header.Set(HeaderRequestID, r.ID)
 	r.Watch = p.Armer.Watch(rc.Conn(), r.Cancel, r.Start)
 	return r
+}
+
+// ClientAddr is the address of a client connection's peer a: its IP for
+// a TCP peer, else the zero Addr.
+func ClientAddr(a net.Addr) netip.Addr {
+	if t, ok := a.(*net.TCPAddr); ok {
+		return t.AddrPort().Addr()
+	}
+	return netip.Addr{}
 }
 
 // StartRequest begins the state of a request with head h (its
@@ -316,7 +330,7 @@ func (r *Request) beginFeatures(h *fasthttp.RequestHeader) {
 	if len(r.P.features) == 0 {
 		return
 	}
-	fr := feature.Request{API: r.API, Body: r.Body, Prefiller: r.Prefiller, Port: r.P.Cfg.Port + r.rank(), Session: r.session, Log: r}
+	fr := feature.Request{API: r.API, Body: r.Body, Prefiller: r.Prefiller, Port: r.P.Cfg.Port + r.rank(), Session: r.session, Client: r.Client, Log: r}
 	for _, f := range r.P.features {
 		u := f.Begin(fr, h)
 		if u == nil {

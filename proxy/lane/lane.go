@@ -412,6 +412,7 @@ func (lc *laneConn) serve(b []byte, api connectors.API, headLen int, lr rawhttp.
 		return
 	}
 	r := p.StartRequest(lr.ID, &ll.req, b[headLen:], ll.ln.local, api)
+	r.Client = inference.ClientAddr(lc.cc.RemoteAddr())
 	lc.r, lc.keepAlive = r, lr.KeepAlive
 	p.LoopRequests.Add(1)
 	// Counted as the lane takes it, before any answer byte: a client that

@@ -81,7 +81,7 @@ func (f *Feature) Begin(r feature.Request, _ *fasthttp.RequestHeader) feature.Us
 		r.Log.LogAt(zerolog.DebugLevel).Msg("multi-turn: a request shape the history cannot follow (API, prompt, choices): not used, not kept")
 		return nil
 	}
-	u := &use{f: f, key: SessionKey(r.Session), log: r.Log, chat: r.API == connectors.APIChat, n: p.Len()}
+	u := &use{f: f, key: SessionKey(r.Session), client: ClientOf(r.Client), log: r.Log, chat: r.API == connectors.APIChat, n: p.Len()}
 	if r.Prefiller != "" {
 		u.lookup(&p)
 	}
@@ -96,7 +96,9 @@ func (f *Feature) Begin(r feature.Request, _ *fasthttp.RequestHeader) feature.Us
 type use struct {
 	f   *Feature
 	key [sha256.Size]byte
-	log feature.Logger
+	// client is whose share the entry the answer leaves counts in.
+	client Client
+	log    feature.Logger
 
 	// history is the entry's params for the prefill leg (nil: none), of
 	// tokens tokens; dropped once the prefill failed with it.
@@ -358,13 +360,17 @@ func (u *use) keep(params gjson.Result) {
 		e.Len = u.n + 1
 	}
 	h.Sum(e.Seq[:0])
-	evicted := u.f.Store.Put(u.key, e)
-	switch {
-	case evicted < 0:
+	ev, ok := u.f.Store.Put(u.key, u.client, e)
+	if !ok {
 		u.f.M.Entries.WithLabelValues(metrics.MultiturnNotKept).Inc()
-	default:
+	} else {
 		u.f.M.Entries.WithLabelValues(metrics.MultiturnKept).Inc()
-		u.f.M.Entries.WithLabelValues(metrics.MultiturnEvicted).Add(float64(evicted))
+		if ev.Total() > 0 {
+			u.f.M.Entries.WithLabelValues(metrics.MultiturnEvicted).Add(float64(ev.Total()))
+			u.f.M.Evictions.WithLabelValues(metrics.MultiturnEvictedShare).Add(float64(ev.Share))
+			u.f.M.Evictions.WithLabelValues(metrics.MultiturnEvictedOverShare).Add(float64(ev.OverShare))
+			u.f.M.Evictions.WithLabelValues(metrics.MultiturnEvictedFull).Add(float64(ev.Full))
+		}
 	}
 	u.f.M.Held.Set(float64(u.f.Store.Count()))
 }

@@ -27,7 +27,7 @@ const decodeParams = `{"do_remote_prefill":false,"do_remote_decode":true,"remote
 
 func newFeature() *Feature {
 	return &Feature{
-		Store: NewStore(16, 1<<20, time.Minute, nil), Threshold: 64,
+		Store: NewStore(StoreConfig{MaxEntries: 16, MaxBytes: 1 << 20, ClientShare: 0.25, TTL: time.Minute}), Threshold: 64,
 		PodAddr: "127.0.0.1", SideChannelPort: 5600, Ranks: 1,
 		KeepReasoning: true,
 		M:             metrics.NewMultiturn(prometheus.NewRegistry()),

@@ -1,9 +1,9 @@
 package multiturn
 
 import (
-	"container/list"
 	"context"
 	"crypto/sha256"
+	"net/netip"
 	"sync"
 	"time"
 
@@ -37,66 +37,179 @@ type Entry struct {
 // size is what e costs the store, in bytes (its key and bookkeeping too).
 func (e *Entry) size() int { return len(e.Params) + entryOverhead }
 
-// entryOverhead is an entry's fixed cost: its key, digest, list element
-// and map slot.
+// entryOverhead is an entry's fixed cost: its key, digest, links and map
+// slot.
 const entryOverhead = 256
+
+// Client names the client an entry was kept for, whose share it counts
+// in: the address the request came from (the TCP peer), an IPv4-mapped
+// one as its IPv4 address, an IPv6 one cut to its /64 (what one host is
+// usually given, so that one host's addresses are one client). The zero
+// Client stands for every request whose address is unknown.
+type Client struct{ a netip.Addr }
+
+// ClientOf is the Client of a request from address a.
+func ClientOf(a netip.Addr) Client {
+	a = a.Unmap()
+	if a.Is6() {
+		if p, err := a.Prefix(64); err == nil {
+			a = p.Addr()
+		}
+	}
+	return Client{a}
+}
+
+// StoreConfig is a Store's bounds.
+type StoreConfig struct {
+	// MaxEntries and MaxBytes bound the entries and what they cost.
+	MaxEntries, MaxBytes int
+	// ClientShare is the part of both bounds one client keeps whatever
+	// the others do (0 < ClientShare ≤ 1; 0 is taken as 1): while the
+	// store is full, a client that holds its share makes room from its
+	// own oldest entries, and one under it from those of a client over
+	// its share before anyone else's.
+	ClientShare float64
+	// TTL is how long an entry is kept.
+	TTL time.Duration
+	// Now is the clock (nil: time.Now).
+	Now func() time.Time
+}
+
+// Evictions counts the entries a Put dropped for room, by why.
+type Evictions struct {
+	// Share: the client that kept the new entry held its share; its own
+	// oldest went.
+	Share int
+	// OverShare: the oldest of a client over its share went, for a
+	// client under its own.
+	OverShare int
+	// Full: no client was over its share; the least recently kept went.
+	Full int
+}
+
+// Total is every entry dropped.
+func (e Evictions) Total() int { return e.Share + e.OverShare + e.Full }
 
 // Store keeps one Entry per session, bounded by entries and bytes, each
 // for at most a TTL, and gives it out once: Take removes what it returns.
-// Session keys are kept as their SHA-256, never as given. Safe for
-// concurrent use.
+// Each client has a share of the bounds no other client's entries can
+// push its own out of (StoreConfig.ClientShare). Session keys are kept as
+// their SHA-256, never as given. Every operation is O(1) (Expire: per
+// entry dropped). Safe for concurrent use.
 type Store struct {
-	maxEntries, maxBytes int
-	ttl                  time.Duration
-	now                  func() time.Time
+	maxEntries, maxBytes     int
+	shareEntries, shareBytes int
+	ttl                      time.Duration
+	now                      func() time.Time
 
 	mu    sync.Mutex
+	n     int
 	bytes int
-	lru   *list.List // of *stored, most recent first
-	index map[[sha256.Size]byte]*list.Element
+	// newest and oldest end the list of every entry, most recent first.
+	newest, oldest *stored
+	index          map[[sha256.Size]byte]*stored
+	clients        map[Client]*client
+	// overFirst and overLast end the list of the clients over their
+	// share, in the order they went over.
+	overFirst, overLast *client
+	spare               []*client // clients with no entry left, for reuse
 }
 
 type stored struct {
 	key     [sha256.Size]byte
 	e       Entry
 	expires time.Time
+	owner   *client
+	// prev and next link every entry (prev: more recent); cprev and
+	// cnext the owner's.
+	prev, next, cprev, cnext *stored
 }
 
-// NewStore returns a store of at most maxEntries entries and maxBytes
-// bytes, each kept for ttl; now is the clock (nil: time.Now).
-func NewStore(maxEntries, maxBytes int, ttl time.Duration, now func() time.Time) *Store {
-	if now == nil {
-		now = time.Now
+// client is one client's part of the store.
+type client struct {
+	key      Client
+	n, bytes int
+	// newest and oldest end the list of its entries.
+	newest, oldest *stored
+	// over: it holds more than its share, and is on the store's list of
+	// those (prev, next).
+	over       bool
+	prev, next *client
+}
+
+// NewStore returns a store bounded as c says.
+func NewStore(c StoreConfig) *Store {
+	if c.Now == nil {
+		c.Now = time.Now
 	}
-	return &Store{maxEntries: maxEntries, maxBytes: maxBytes, ttl: ttl, now: now,
-		lru: list.New(), index: make(map[[sha256.Size]byte]*list.Element)}
+	share := c.ClientShare
+	if share <= 0 || share > 1 {
+		share = 1
+	}
+	return &Store{maxEntries: c.MaxEntries, maxBytes: c.MaxBytes, ttl: c.TTL, now: c.Now,
+		shareEntries: max(1, int(share*float64(c.MaxEntries))), shareBytes: max(entryOverhead, int(share*float64(c.MaxBytes))),
+		index: make(map[[sha256.Size]byte]*stored), clients: make(map[Client]*client)}
 }
 
 // SessionKey is the store's key of a session key.
 func SessionKey(session string) [sha256.Size]byte { return sha256.Sum256([]byte(session)) }
 
-// Put keeps e for session, replacing what the session had; the least
-// recently kept entries go when the bounds are reached. It reports the
-// number of entries evicted for room (an entry larger than the byte
-// bound is not kept: -1).
-func (s *Store) Put(session [sha256.Size]byte, e Entry) int {
-	if e.size() > s.maxBytes || s.maxEntries <= 0 {
-		return -1
+// Put keeps e for session, kept for client from, replacing what the
+// session had. When the bounds are reached, room is made from from's own
+// oldest entries while it holds its share, else from the oldest of a
+// client over its share, else from the least recently kept. It reports
+// the entries dropped for room; ok is false for an entry larger than the
+// byte bound, which is not kept.
+func (s *Store) Put(session [sha256.Size]byte, from Client, e Entry) (ev Evictions, ok bool) {
+	size := e.size()
+	if size > s.maxBytes || s.maxEntries <= 0 {
+		return ev, false
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if el, ok := s.index[session]; ok {
-		s.remove(el)
+	if st, ok := s.index[session]; ok {
+		s.remove(st)
 	}
-	evicted := 0
-	for s.lru.Len() >= s.maxEntries || s.bytes+e.size() > s.maxBytes {
-		s.remove(s.lru.Back())
-		evicted++
+	c := s.clients[from]
+	for s.n >= s.maxEntries || s.bytes+size > s.maxBytes {
+		switch {
+		case c != nil && (c.n >= s.shareEntries || c.bytes+size > s.shareBytes):
+			s.remove(c.oldest)
+			ev.Share++
+		case s.overFirst != nil:
+			s.remove(s.overFirst.oldest)
+			ev.OverShare++
+		default:
+			s.remove(s.oldest)
+			ev.Full++
+		}
+		if c != nil && c.n == 0 {
+			c = nil // its last entry went, and it with it
+		}
 	}
-	st := &stored{key: session, e: e, expires: s.now().Add(s.ttl)}
-	s.index[session] = s.lru.PushFront(st)
-	s.bytes += e.size()
-	return evicted
+	if c == nil {
+		c = s.newClient(from)
+	}
+	st := &stored{key: session, e: e, expires: s.now().Add(s.ttl), owner: c}
+	st.next, s.newest = s.newest, st
+	if st.next != nil {
+		st.next.prev = st
+	} else {
+		s.oldest = st
+	}
+	st.cnext, c.newest = c.newest, st
+	if st.cnext != nil {
+		st.cnext.cprev = st
+	} else {
+		c.oldest = st
+	}
+	s.index[session] = st
+	s.n++
+	s.bytes += size
+	c.n++
+	c.bytes += size
+	s.reshare(c)
+	return ev, true
 }
 
 // Take removes session's entry and returns it, or the reason there is
@@ -106,19 +219,18 @@ func (s *Store) Put(session [sha256.Size]byte, e Entry) int {
 func (s *Store) Take(session [sha256.Size]byte, usable func(Entry) string) (Entry, string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	el, ok := s.index[session]
+	st, ok := s.index[session]
 	if !ok {
 		return Entry{}, ReasonNoEntry
 	}
-	st := el.Value.(*stored)
 	if !s.now().Before(st.expires) {
-		s.remove(el)
+		s.remove(st)
 		return Entry{}, ReasonExpired
 	}
 	if why := usable(st.e); why != "" {
 		return Entry{}, why
 	}
-	s.remove(el)
+	s.remove(st)
 	return st.e, ""
 }
 
@@ -126,7 +238,14 @@ func (s *Store) Take(session [sha256.Size]byte, usable func(Entry) string) (Entr
 func (s *Store) Count() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.lru.Len()
+	return s.n
+}
+
+// Clients returns the number of clients that have entries.
+func (s *Store) Clients() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.clients)
 }
 
 // Bytes returns what the entries cost, in bytes.
@@ -143,8 +262,8 @@ func (s *Store) Expire() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now, n := s.now(), 0
-	for el := s.lru.Back(); el != nil && !now.Before(el.Value.(*stored).expires); el = s.lru.Back() {
-		s.remove(el)
+	for s.oldest != nil && !now.Before(s.oldest.expires) {
+		s.remove(s.oldest)
 		n++
 	}
 	return n
@@ -177,8 +296,81 @@ func (w Sweeper) Run(ctx context.Context) {
 	}
 }
 
-func (s *Store) remove(el *list.Element) {
-	st := s.lru.Remove(el).(*stored)
+// remove drops st; a client left with no entry goes.
+func (s *Store) remove(st *stored) {
+	if st.prev != nil {
+		st.prev.next = st.next
+	} else {
+		s.newest = st.next
+	}
+	if st.next != nil {
+		st.next.prev = st.prev
+	} else {
+		s.oldest = st.prev
+	}
+	c := st.owner
+	if st.cprev != nil {
+		st.cprev.cnext = st.cnext
+	} else {
+		c.newest = st.cnext
+	}
+	if st.cnext != nil {
+		st.cnext.cprev = st.cprev
+	} else {
+		c.oldest = st.cprev
+	}
+	st.prev, st.next, st.cprev, st.cnext, st.owner = nil, nil, nil, nil, nil
 	delete(s.index, st.key)
-	s.bytes -= st.e.size()
+	size := st.e.size()
+	s.n--
+	s.bytes -= size
+	c.n--
+	c.bytes -= size
+	s.reshare(c)
+	if c.n == 0 {
+		delete(s.clients, c.key)
+		*c = client{}
+		s.spare = append(s.spare, c)
+	}
+}
+
+// newClient adds client key, with no entry yet.
+func (s *Store) newClient(key Client) *client {
+	var c *client
+	if n := len(s.spare); n > 0 {
+		c, s.spare = s.spare[n-1], s.spare[:n-1]
+	} else {
+		c = &client{}
+	}
+	c.key = key
+	s.clients[key] = c
+	return c
+}
+
+// reshare puts c on the list of clients over their share, or takes it
+// off, as its entries say.
+func (s *Store) reshare(c *client) {
+	over := c.n > s.shareEntries || c.bytes > s.shareBytes
+	switch {
+	case over && !c.over:
+		c.over, c.prev, c.next = true, s.overLast, nil
+		if s.overLast != nil {
+			s.overLast.next = c
+		} else {
+			s.overFirst = c
+		}
+		s.overLast = c
+	case !over && c.over:
+		if c.prev != nil {
+			c.prev.next = c.next
+		} else {
+			s.overFirst = c.next
+		}
+		if c.next != nil {
+			c.next.prev = c.prev
+		} else {
+			s.overLast = c.prev
+		}
+		c.over, c.prev, c.next = false, nil, nil
+	}
 }
