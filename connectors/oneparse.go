@@ -48,7 +48,7 @@ var readNames = map[string]struct{}{
 	"tools": {}, "tool_choice": {}, "chat_template": {}, "chat_template_kwargs": {}, "documents": {},
 	"add_generation_prompt": {}, "continue_final_message": {}, "add_special_tokens": {},
 	"reasoning_effort": {}, "truncate_prompt_tokens": {}, "chat_template_content_format": {},
-	"mm_processor_kwargs": {}, "include_usage": {}, "input_ids": {}, "text": {},
+	"mm_processor_kwargs": {}, "media_io_kwargs": {}, "prompt_embeds": {}, "include_usage": {}, "input_ids": {}, "text": {},
 	// Inside a chat message and its content parts.
 	"role": {}, "content": {}, "name": {}, "reasoning_content": {}, "reasoning": {},
 	"tool_calls": {}, "tool_call_id": {}, "type": {}, "image_url": {}, "url": {},

@@ -46,12 +46,13 @@ func chatMsg(role, content string, more ...string) string {
 
 func TestOneParseAmbiguousBodies(t *testing.T) {
 	m1, m2, evil := userText(901, 120), userText(902, 30), userText(903, 120)
+	t.Setenv("POD_IP", "127.0.0.1") // the pod's address, where its decode engine's side channel listens
 	for _, mode := range serveModes {
 		t.Run(mode.name, func(t *testing.T) {
 			prefill := harness.StartEngineSim(t, "prefill", "--bidirectional-kv-xfer", "--no-enable-prefix-caching")
 			decode := harness.StartEngineSim(t, "decode", "--bidirectional-kv-xfer")
 			ref := harness.StartEngineSim(t, "both")
-			sc := harness.StartSidecar(t, decode.Port, append([]string{"--enable-bidirectional-kv-xfer"}, mode.flags...)...)
+			sc := harness.StartSidecar(t, decode.Port, append([]string{"--enable-bidirectional-kv-xfer", "--decode-side-channel-port", itoa(decode.KVPort)}, mode.flags...)...)
 			trap := newTrap(t)
 			split := func(session string) map[string]string {
 				return map[string]string{"x-prefiller-host-port": prefill.HostPort(), "x-session-token": session}
