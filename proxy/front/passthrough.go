@@ -16,6 +16,7 @@ import (
 	"github.com/pd-sidecar/pd-sidecar/proxy/clientconn"
 	"github.com/pd-sidecar/pd-sidecar/proxy/inference"
 	"github.com/pd-sidecar/pd-sidecar/proxy/logvalue"
+	"github.com/pd-sidecar/pd-sidecar/proxy/rawhttp"
 	"github.com/pd-sidecar/pd-sidecar/proxy/relay"
 	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"
 )
@@ -35,6 +36,7 @@ func passthrough(p *inference.Proxy, rc *fasthttp.RequestCtx, local string) {
 	w := p.Armer.Watch(rc.Conn(), cancel, time.Now())
 	req := fasthttp.AcquireRequest()
 	rc.Request.Header.CopyTo(&req.Header)
+	rawhttp.DelOptions(&req.Header) // the connection options the client's Connection fields name
 	for _, h := range inference.HopHeaders {
 		req.Header.Del(h)
 	}

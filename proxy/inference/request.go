@@ -24,6 +24,7 @@ import (
 	"github.com/pd-sidecar/pd-sidecar/proxy/logvalue"
 	"github.com/pd-sidecar/pd-sidecar/proxy/observe"
 	"github.com/pd-sidecar/pd-sidecar/proxy/prefillstrip"
+	"github.com/pd-sidecar/pd-sidecar/proxy/rawhttp"
 	"github.com/pd-sidecar/pd-sidecar/proxy/sse"
 	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"
 )
@@ -193,10 +194,12 @@ func (r *Request) legRequest(addr string, body []byte, strip []string) *fasthttp
 	return req
 }
 
-// upstreamHeader sets dst to the head of a leg to addr: the client's head
-// src minus hop-by-hop and sidecar headers, with our X-Request-ID.
+// UpstreamHeader sets dst to the head of a leg to addr: the client's head
+// src minus hop-by-hop headers (the connection options its Connection
+// fields name too) and sidecar headers, with our X-Request-ID.
 func (r *Request) UpstreamHeader(dst, src *fasthttp.RequestHeader, addr string) {
 	src.CopyTo(dst)
+	rawhttp.DelOptions(dst)
 	for _, h := range HopHeaders {
 		dst.Del(h)
 	}

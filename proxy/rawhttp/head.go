@@ -126,7 +126,21 @@ func AppendLegStartStrip(dst []byte, h *fasthttp.RequestHeader, strip []string) 
 }
 
 // AppendLegStartAt is AppendLegStartStrip with the request target target.
+// The fields h's Connection fields name as connection options are left
+// out (connection.go): found on the way, the head is then written again
+// without them.
 func AppendLegStartAt(dst []byte, h *fasthttp.RequestHeader, target []byte, strip []string) []byte {
+	out, options := appendLegStart(dst, h, target, strip, nil)
+	if options {
+		out, _ = appendLegStart(dst, h, target, strip, connectionValues(h.All()))
+	}
+	return out
+}
+
+// appendLegStart appends a leg's head start, less the fields the
+// Connection values conn name; options reports whether a Connection field
+// of h names any (conn nil: none left out yet).
+func appendLegStart(dst []byte, h *fasthttp.RequestHeader, target []byte, strip []string, conn [][]byte) (out []byte, options bool) {
 	dst = append(dst, h.Method()...)
 	dst = append(dst, ' ')
 	dst = append(dst, target...)
@@ -134,6 +148,9 @@ func AppendLegStartAt(dst []byte, h *fasthttp.RequestHeader, target []byte, stri
 	for k, v := range h.All() {
 		switch {
 		case hopHeader(k):
+			options = options || isConnection(k) && namesOptions(v)
+			continue
+		case conn != nil && namedBy(k, conn):
 			continue
 		case len(k) == 4 && EqualFold(k, "host"),
 			len(k) == 6 && EqualFold(k, "expect"),
@@ -148,7 +165,7 @@ func AppendLegStartAt(dst []byte, h *fasthttp.RequestHeader, target []byte, stri
 		}
 		dst = appendHeaderLine(dst, k, v)
 	}
-	return dst
+	return dst, options
 }
 
 // AppendLegEnd ends a leg's head begun by AppendLegStart: Host,
@@ -167,7 +184,22 @@ func AppendLegEnd(dst []byte, addr, id string, bodyLen int) []byte {
 // end-to-end headers (those the fasthttp path's answers keep), our request
 // id, the body framed by contentLength (-1: chunked), and Connection:
 // close unless keepAlive.
+//
+// The fields h's Connection fields name as connection options are left out
+// (connection.go): found on the way, the head is then written again
+// without them.
 func AppendAnswerHead(dst []byte, h *fasthttp.ResponseHeader, id string, contentLength int, keepAlive bool) []byte {
+	out, options := appendAnswerHead(dst, h, id, contentLength, keepAlive, nil)
+	if options {
+		out, _ = appendAnswerHead(dst, h, id, contentLength, keepAlive, connectionValues(h.All()))
+	}
+	return out
+}
+
+// appendAnswerHead appends the client's answer head, less the fields the
+// Connection values conn name; options reports whether a Connection field
+// of h names any.
+func appendAnswerHead(dst []byte, h *fasthttp.ResponseHeader, id string, contentLength int, keepAlive bool, conn [][]byte) (out []byte, options bool) {
 	st := h.StatusCode()
 	dst = append(dst, "HTTP/1.1 "...)
 	dst = strconv.AppendInt(dst, int64(st), 10)
@@ -179,7 +211,11 @@ func AppendAnswerHead(dst []byte, h *fasthttp.ResponseHeader, id string, content
 	}
 	dst = append(dst, "\r\n"...)
 	for k, v := range h.All() {
-		if hopHeader(k) || len(k) == 12 && EqualFold(k, "x-request-id") {
+		switch {
+		case hopHeader(k):
+			options = options || isConnection(k) && namesOptions(v)
+			continue
+		case len(k) == 12 && EqualFold(k, "x-request-id"), conn != nil && namedBy(k, conn):
 			continue
 		}
 		dst = appendHeaderLine(dst, k, v)
@@ -199,7 +235,7 @@ func AppendAnswerHead(dst []byte, h *fasthttp.ResponseHeader, id string, content
 	if !keepAlive {
 		dst = append(dst, "Connection: close\r\n"...)
 	}
-	return append(dst, "\r\n"...)
+	return append(dst, "\r\n"...), options
 }
 
 func appendHeaderLine(dst, k, v []byte) []byte {
