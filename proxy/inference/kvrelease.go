@@ -83,7 +83,7 @@ func ReleaseKV(r *Request, start []byte) {
 		if target == nil {
 			target = r.RC.Request.Header.RequestURI()
 		}
-		start = rawhttp.AppendLegStartAt(nil, &r.RC.Request.Header, target, nil)
+		start = rawhttp.AppendLegStartAt(nil, &r.RC.Request.Header, target, r.P.LegStrip)
 	} else {
 		start = append([]byte(nil), start...)
 	}

@@ -18,6 +18,7 @@ import (
 	"net/netip"
 	"slices"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -347,6 +348,13 @@ func (p *Proxy) ranksPrefill() bool {
 // setStrips sets the headers the lane leaves out of legs (LegStrip).
 func (p *Proxy) setStrips() {
 	p.LegStrip, p.PrefillStrip = p.Trace.Strip(p.strip)
+	if p.sessionHeader != "" {
+		// Multi-turn KV reuse consumes the session key: no leg carries it
+		// (UpstreamHeader on fasthttp's path).
+		s := strings.ToLower(p.sessionHeader)
+		p.LegStrip = append(slices.Clone(p.LegStrip), s)
+		p.PrefillStrip = append(slices.Clone(p.PrefillStrip), s)
+	}
 	p.SplitStrip = p.LegStrip
 	if p.pinsSplitRank() {
 		p.SplitStrip = append(slices.Clone(p.LegStrip), moriio.HeaderRank)

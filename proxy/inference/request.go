@@ -209,6 +209,9 @@ func (r *Request) UpstreamHeader(dst, src *fasthttp.RequestHeader, addr string) 
 	dst.Del(HeaderEncoders)
 	dst.Del("Accept-Encoding")
 	dst.Del("Expect")
+	if p := r.P; p != nil && p.sessionHeader != "" {
+		dst.Del(p.sessionHeader) // the session key is the sidecar's (readSession), every copy
+	}
 	dst.Del(HeaderRequestID) // every copy: Set replaces only the first
 	dst.Set(HeaderRequestID, r.ID)
 	if r.named && r.P.pinsSplitRank() {
