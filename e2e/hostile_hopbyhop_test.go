@@ -66,10 +66,9 @@ func completionAnswer(stream bool, head, extra string) string {
 			`"usage":{"prompt_tokens":9,"completion_tokens":2,"total_tokens":11}` + extra + `}`
 		return jsonAnswerHead(head, body)
 	}
-	events := `data: {"id":"cmpl-f","object":"text_completion","model":"sim-model","choices":[{"index":0,"text":" fake","finish_reason":null}]}` + "\n\n" +
-		`data: {"id":"cmpl-f","object":"text_completion","model":"sim-model","choices":[{"index":0,"text":" answer","finish_reason":"length"}]` + extra + "}\n\n" +
-		"data: [DONE]\n\n"
-	return fmt.Sprintf("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n%sContent-Length: %d\r\n\r\n%s", head, len(events), events)
+	return sseAnswerHead(head, `{"id":"cmpl-f","object":"text_completion","model":"sim-model","choices":[{"index":0,"text":" fake","finish_reason":null}]}`,
+		`{"id":"cmpl-f","object":"text_completion","model":"sim-model","choices":[{"index":0,"text":" answer","finish_reason":"length"}]`+extra+`}`,
+		"[DONE]")
 }
 
 // TestHostileConnectionOptions: a field that a Connection field names is

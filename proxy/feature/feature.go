@@ -3,11 +3,11 @@
 // in proxy/inference's New) that takes part in every inference request at
 // the points both serving drivers (fasthttp's goroutine driver and the lane)
 // pass through. A feature is asked once per inference request, when the
-// request's prefiller is named and allowed (or none is named), with the
-// request's head; what it does for that request is its Use, whose abilities
-// (SplitDecliner, PrefillEditor, OptionalPrefill, LocalEditor,
-// KVSourceNamer, AnswerEditor, HistoryReporter) the request finds by type
-// assertion. A feature that needs a new point in the request
+// request's prefiller is named and allowed, none is named, or the one it
+// names is refused (Request.Refused), with the request's head; what it
+// does for that request is its Use, whose abilities (SplitDecliner,
+// PrefillEditor, OptionalPrefill, LocalEditor, KVSourceNamer, AnswerEditor,
+// LocalAnswerEditor, HistoryReporter) the request finds by type assertion. A feature that needs a new point in the request
 // adds an ability here, which both drivers consult; no driver knows a
 // feature's name.
 package feature
@@ -33,8 +33,14 @@ type Feature interface {
 type Request struct {
 	API  connectors.API
 	Body []byte
-	// Prefiller is the prefiller the request names, allowed ("": none).
+	// Prefiller is the prefiller the request names, allowed ("": none, or
+	// Refused).
 	Prefiller string
+	// Refused: the prefiller the request names is refused (not allowed,
+	// malformed); the request falls back to the local engine with the
+	// client's own body, whose answer is the only point left to take
+	// part in (LocalAnswerEditor).
+	Refused bool
 	// Port is the sidecar port the request arrived on (its data-parallel
 	// rank's).
 	Port int
@@ -56,7 +62,7 @@ type Logger interface {
 
 // Use is a feature's part in one request. Its abilities: SplitDecliner,
 // PrefillEditor (and OptionalPrefill), LocalEditor, KVSourceNamer,
-// AnswerEditor, HistoryReporter.
+// AnswerEditor, LocalAnswerEditor, HistoryReporter.
 type Use any
 
 // SplitDecliner serves a request that names a prefiller locally instead of
@@ -103,6 +109,15 @@ type OptionalPrefill interface {
 // one piece at a time) but not the slices themselves.
 type AnswerEditor interface {
 	EditAnswer(data []byte) []byte
+}
+
+// LocalAnswerEditor edits each piece of the answer of a request the local
+// engine served without a split's KV (no prefiller named, the split
+// declined, a fallback, a hedge's local leg, a decode-first answer), as
+// AnswerEditor edits a split's decode answer; it returns data unchanged
+// when nothing applies.
+type LocalAnswerEditor interface {
+	EditLocalAnswer(data []byte) []byte
 }
 
 // HistoryReporter says what a request's prefill did with a conversation's

@@ -210,7 +210,7 @@ func (d *goDecodeFirst) relay() {
 	if a.er == nil {
 		defer a.drop() // buf is let go on return (rc keeps a copy)
 		r.CopyHead(a.resp)
-		r.RC.SetBody(a.buf)
+		r.RC.SetBody(r.LocalAnswerBody(a.resp.StatusCode(), a.buf))
 		r.DecodeFirstAnswered(a.resp.StatusCode(), false)
 		return
 	}

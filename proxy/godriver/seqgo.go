@@ -453,7 +453,7 @@ func commitLocal(r *inference.Request, a *heldAnswer, cancel context.CancelCause
 		defer cancel(nil)
 		defer a.discard()
 		r.CopyHead(a.resp)
-		r.RC.SetBody(a.buf)
+		r.RC.SetBody(r.LocalAnswerBody(a.resp.StatusCode(), a.buf))
 		r.JSONAnswered(a.resp.StatusCode())
 		return
 	}

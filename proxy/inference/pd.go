@@ -91,6 +91,7 @@ func (r *Request) Admit(h *fasthttp.RequestHeader) (Route, error) {
 		return RouteLocal, nil
 	}
 	if err := r.namePrefiller(hv); err != nil {
+		r.beginRefused(h)
 		return RouteFallback, err
 	}
 	r.beginFeatures(h)

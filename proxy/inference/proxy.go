@@ -42,6 +42,7 @@ import (
 	"github.com/pd-sidecar/pd-sidecar/proxy/feature"
 	"github.com/pd-sidecar/pd-sidecar/proxy/guard"
 	"github.com/pd-sidecar/pd-sidecar/proxy/hedge"
+	"github.com/pd-sidecar/pd-sidecar/proxy/hideparams"
 	"github.com/pd-sidecar/pd-sidecar/proxy/kvpull"
 	"github.com/pd-sidecar/pd-sidecar/proxy/kvrelease"
 	"github.com/pd-sidecar/pd-sidecar/proxy/kvsource"
@@ -242,9 +243,12 @@ func New(cfg Config, conn connectors.Connector, m *metrics.Metrics, gatherer pro
 			ClientShare: mt.CacheClientShare, TTL: mt.CacheTTL - MultiturnMargin(mt.CacheTTL)})
 		p.features = append(p.features, &multiturn.Feature{Store: store, Threshold: mt.RecomputeThreshold,
 			PodAddr: p.podAddr(), SideChannelPort: mt.SideChannelPort, Ranks: cfg.DataParallelSize,
-			KeepReasoning: mt.KeepReasoning, ForwardParams: cfg.Guard.TrustClientKVParams, M: m.Multiturn})
+			KeepReasoning: mt.KeepReasoning, M: m.Multiturn})
 		p.sessionHeader = mt.SessionHeader
 		p.sweep = &multiturn.Sweeper{Store: store, Every: min(mt.CacheTTL/8, time.Minute), Held: m.Multiturn.Held}
+	}
+	if !cfg.Guard.TrustClientKVParams {
+		p.features = append(p.features, hideparams.Feature{}) // after multi-turn, which reads the params
 	}
 	p.hedge = hedge.New(cfg.Hedge, m.Hedge)
 	if cfg.Hedge.On() && p.Choreo == connectors.ChoreographyConcurrent {

@@ -353,6 +353,20 @@ func (r *Request) beginFeatures(h *fasthttp.RequestHeader) {
 	}
 }
 
+// beginRefused asks every feature for its part in r, whose named
+// prefiller is refused (feature.Request.Refused): the request falls back.
+func (r *Request) beginRefused(h *fasthttp.RequestHeader) {
+	if len(r.P.features) == 0 {
+		return
+	}
+	fr := feature.Request{API: r.API, Body: r.Body, Port: r.P.Cfg.Port + r.rank(), Refused: true, Log: r}
+	for _, f := range r.P.features {
+		if u := f.Begin(fr, h); u != nil {
+			r.uses = append(r.uses, u)
+		}
+	}
+}
+
 // splitDeclined reports whether a feature serves r locally instead of
 // splitting it.
 func (r *Request) splitDeclined() bool { return r.declined }
@@ -431,6 +445,41 @@ func (r *Request) AnswerEdit() func([]byte) []byte {
 		}
 		return d
 	}
+}
+
+// LocalAnswerEdit returns the edit of each piece of the answer of a
+// request the local engine served without a split's KV (the whole JSON
+// body, or one SSE event's data): every feature's
+// (feature.LocalAnswerEditor); nil when nothing edits it. Both drivers
+// relay such answers through it.
+func (r *Request) LocalAnswerEdit() func([]byte) []byte {
+	var eds []feature.LocalAnswerEditor
+	for _, u := range r.uses {
+		if e, ok := u.(feature.LocalAnswerEditor); ok {
+			eds = append(eds, e)
+		}
+	}
+	switch len(eds) {
+	case 0:
+		return nil
+	case 1:
+		return eds[0].EditLocalAnswer
+	}
+	return func(d []byte) []byte {
+		for _, e := range eds {
+			d = e.EditLocalAnswer(d)
+		}
+		return d
+	}
+}
+
+// LocalAnswerBody returns a local answer's body read whole, of status,
+// as LocalAnswerEdit edits it (a 200's; buf itself when nothing edits it).
+func (r *Request) LocalAnswerBody(status int, buf []byte) []byte {
+	if ed := r.LocalAnswerEdit(); status == fasthttp.StatusOK && ed != nil {
+		return ed(buf)
+	}
+	return buf
 }
 
 // EditLocal gives the body of a request served locally to every feature

@@ -43,6 +43,9 @@ type Feature struct {
 
 // Begin names the request's source, when one is usable.
 func (s Feature) Begin(r feature.Request, h *fasthttp.RequestHeader) feature.Use {
+	if r.Refused {
+		return nil // a fallback's leg is the client's own body
+	}
 	v := h.Peek(Header)
 	if len(bytes.TrimSpace(v)) == 0 {
 		return nil

@@ -176,7 +176,7 @@ func (fs *laneFirst) relay() {
 	fs.leg = false
 	if a := fs.whole; a != nil {
 		r.DecodeFirstAnswered(a.Status, false)
-		lc.writeWhole(&a.Head, a.Buf)
+		lc.writeWhole(&a.Head, r.LocalAnswerBody(a.Status, a.Buf))
 		return
 	}
 	ls := lc.ls

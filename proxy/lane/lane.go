@@ -876,6 +876,7 @@ func (lc *laneConn) answer(rest []byte) {
 	// decode on remote KV), as relaySSE's does; so does the first-byte
 	// timer, when there is one.
 	ls := lc.newStream(dec)
+	ls.Rewrite = r.LocalAnswerEdit() // a split's decode leg's is AnswerEdit (gateStream)
 	switch {
 	case lc.shadowOf != nil:
 		// A hedge's local leg: held until its first output.
@@ -987,7 +988,7 @@ func (lc *laneConn) rawDone() {
 		lc.remoteAnswered(a)
 	default:
 		r.JSONAnswered(a.Status)
-		lc.writeWhole(&a.Head, a.Buf)
+		lc.writeWhole(&a.Head, r.LocalAnswerBody(a.Status, a.Buf))
 	}
 }
 

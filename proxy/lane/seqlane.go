@@ -409,9 +409,7 @@ func (lc *laneConn) remoteAnswered(a *rawhttp.Answer) {
 // and gives it the cached_tokens rewrite.
 func (lc *laneConn) gateStream(ls *relay.LoopStream) {
 	r := lc.r
-	if ed := r.AnswerEdit(); ed != nil {
-		ls.Rewrite = ed
-	}
+	ls.Rewrite = r.AnswerEdit()
 	ls.Gate = sserelay.GateHolding
 	ls.Gated = lc.gateDone
 	if ps := lc.pd.paired; ps != nil {
@@ -622,7 +620,7 @@ func (lc *laneConn) adoptHedge(pd *lanePD) {
 	h.r, h.state = nil, laneGone
 	if a := pd.readyRaw; a != nil {
 		r.JSONAnswered(a.Status)
-		lc.writeWhole(&a.Head, a.Buf)
+		lc.writeWhole(&a.Head, r.LocalAnswerBody(a.Status, a.Buf))
 		return
 	}
 	ls := h.ls

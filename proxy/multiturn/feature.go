@@ -10,7 +10,6 @@
 package multiturn
 
 import (
-	"bytes"
 	"crypto/sha256"
 	"errors"
 	"hash"
@@ -58,10 +57,6 @@ type Feature struct {
 	// render past turns' reasoning back into the prompt, as the engine
 	// generated it.
 	KeepReasoning bool
-	// ForwardParams keeps the decode answer's kv_transfer_params in what
-	// the client gets (--trust-client-kv-params: the client is a router
-	// that handles them itself); otherwise they are written as null.
-	ForwardParams bool
 	// M counts.
 	M *metrics.Multiturn
 }
@@ -73,7 +68,7 @@ type Feature struct {
 // answer, whose kv_transfer_params (when the decode engine pinned its KV)
 // are kept for the next turn.
 func (f *Feature) Begin(r feature.Request, _ *fasthttp.RequestHeader) feature.Use {
-	if r.Session == "" {
+	if r.Session == "" || r.Refused {
 		return nil
 	}
 	p, ok := ReadPrompt(r.API, r.Body)
@@ -171,15 +166,11 @@ func (u *use) DropPrefillEdit() bool {
 	return true
 }
 
-var (
-	keyParams = []byte(`"kv_transfer_params"`)
-	null      = []byte("null")
-)
-
 // EditAnswer follows one piece of the decode answer: its text into the
 // sequence's hash, its kv_transfer_params kept with the sequence's digest
-// once the answer finished; the params are written as null for the client
-// unless ForwardParams.
+// once the answer finished. It returns data unchanged: the client never
+// gets the params, but it is proxy/hideparams that hides them, from every
+// answer, whether this feature follows it or not.
 func (u *use) EditAnswer(data []byte) []byte {
 	if !u.counted {
 		u.counted = true
@@ -190,7 +181,7 @@ func (u *use) EditAnswer(data []byte) []byte {
 		}
 	}
 	if u.done {
-		return u.hideParams(data)
+		return data
 	}
 	js := connectors.Bytes(data)
 	if !u.broken {
@@ -200,7 +191,7 @@ func (u *use) EditAnswer(data []byte) []byte {
 	if params.Exists() && params.Type != gjson.Null {
 		u.keep(params)
 	}
-	return u.hideParams(data)
+	return data
 }
 
 // follow reads one piece's choices: a whole answer's message (or text), or
@@ -382,23 +373,6 @@ const OutcomeUsed = "used"
 // HistoryOutcome is OutcomeUsed, a miss reason, or "" (not a split, or the
 // history is in a prefill not yet answered).
 func (u *use) HistoryOutcome() string { return u.outcome }
-
-// hideParams writes a piece's kv_transfer_params as null for the client,
-// unless they are forwarded.
-func (u *use) hideParams(data []byte) []byte {
-	if u.f.ForwardParams || !bytes.Contains(data, keyParams) {
-		return data
-	}
-	v := gjson.Get(connectors.Bytes(data), "kv_transfer_params")
-	if !v.Exists() || v.Type == gjson.Null {
-		return data
-	}
-	out, err := connectors.EditObject(nil, data, []connectors.Edit{{Key: "kv_transfer_params", Raw: null}})
-	if err != nil {
-		return data
-	}
-	return out
-}
 
 var (
 	_ feature.Feature         = (*Feature)(nil)

@@ -84,6 +84,8 @@ func relayJSON(r *inference.Request, leg *upstream.Leg, resp *fasthttp.Response,
 		if ed := r.AnswerEdit(); st == fasthttp.StatusOK && ed != nil {
 			buf = ed(buf)
 		}
+	} else {
+		buf = r.LocalAnswerBody(st, buf)
 	}
 	if r.LeftNow() {
 		return inference.ErrClientGone

@@ -64,6 +64,8 @@ func NewSSEBody(r *inference.Request, er *sse.Reader, leg *upstream.Leg, held []
 		done: bytes.Contains(held, doneEvent)}
 	if remote {
 		b.fn = r.AnswerEdit()
+	} else {
+		b.fn = r.LocalAnswerEdit()
 	}
 	if !b.loopable() {
 		b.cc = nil
