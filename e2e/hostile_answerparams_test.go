@@ -266,3 +266,55 @@ func TestHostileDecodeParamsNeverReachClient(t *testing.T) {
 		})
 	}
 }
+
+// TestHostileDecodeParamsChunkedDecode: a chunked decode's JSON answer
+// (--decode-chunk-size) is made of its last chunk's answer, where the
+// decode engine writes its params: the client finds them null there too,
+// split or local, and its stream, which the sidecar writes, carries none.
+// On the lane and on fasthttp's path.
+func TestHostileDecodeParamsChunkedDecode(t *testing.T) {
+	t.Setenv("POD_IP", "127.0.0.1")
+	for _, mode := range serveModes {
+		t.Run(mode.name, func(t *testing.T) {
+			var spelling atomic.Pointer[string]
+			spelling.Store(new(string))
+			local := startLegEngine(t, func(req *http.Request, body []byte) string {
+				return paramsAnswer(req.URL.Path, body, *spelling.Load())
+			})
+			prefiller := startLegEngine(t, func(*http.Request, []byte) string {
+				return prefillAnswer(nixlParams("127.0.0.1", 5600, ""))
+			})
+			sc := harness.StartSidecar(t, local.Port(), append([]string{"--enable-bidirectional-kv-xfer", "--decode-chunk-size", "2"}, mode.flags...)...)
+			onLoops := sc.Metric(t, "pd_sidecar_loop_requests_total", nil)
+			for _, split := range []bool{false, true} {
+				for _, sp := range paramsSpellings {
+					for _, stream := range []bool{false, true} {
+						what := fmt.Sprintf("split %v, %s, stream %v", split, sp.name, stream)
+						spelling.Store(&sp.members)
+						headers := map[string]string{"x-session-token": "conv-c"}
+						if split {
+							headers["x-prefiller-host-port"] = prefiller.Addr()
+						}
+						body := fmt.Sprintf(`{"model":"sim-model","messages":[{"role":"user","content":"hi"}],"max_tokens":4,"stream":%v}`, stream)
+						resp, b := exchangeRaw(t, sc.Port, "/v1/chat/completions", body, headers, mode.lane)
+						require.Equal(t, http.StatusOK, resp.StatusCode, "%s: %s", what, b)
+						require.Contains(t, string(b), "fake", "%s: %s", what, b)
+						legs := local.take()
+						require.Len(t, legs, 2, "%s: two chunks", what)
+						if split {
+							require.Len(t, prefiller.take(), 1, what)
+							assert.Equal(t, "evil", gjson.GetBytes(legs[0].body, "kv_transfer_params.remote_engine_id").String(), "%s: the first chunk carries the handoff", what)
+						}
+						assert.NotContains(t, string(b), decodeSecret, "%s: a byte of the params reached the client: %s", what, b)
+						assert.NotContains(t, clientParams(t, what, b, stream), "set", "%s: %s", what, b)
+					}
+				}
+			}
+			n := float64(2 * len(paramsSpellings) * 2)
+			assert.Equal(t, n, sc.Metric(t, "pd_sidecar_chunked_decodes_total", nil), "every decode chunked")
+			if mode.lane {
+				assert.Equal(t, onLoops+n, sc.Metric(t, "pd_sidecar_loop_requests_total", nil), "the lane served them")
+			}
+		})
+	}
+}

@@ -134,7 +134,11 @@ func (m *Machine) Answered(a Answer) []Action {
 			return []Action{{Op: AnswerWhole, Status: http.StatusOK, ContentType: "text/event-stream",
 				Body: m.dec.CloseEvents(m.dec.OpenEvent(nil), m.j.Usage)}}
 		}
-		return []Action{{Op: AnswerWhole, Status: http.StatusOK, ContentType: "application/json", Body: m.dec.JSON()}}
+		body := m.dec.JSON()
+		if m.j.Edit != nil {
+			body = m.j.Edit(body)
+		}
+		return []Action{{Op: AnswerWhole, Status: http.StatusOK, ContentType: "application/json", Body: body}}
 	case m.j.Stream:
 		// The stream carries the first chunk's text now and each further
 		// chunk's as it comes.

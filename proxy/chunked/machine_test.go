@@ -165,3 +165,24 @@ func ops(acts []chunked.Action) []chunked.Op {
 	}
 	return out
 }
+
+// TestMachineEditsTheWholeAnswer: the JSON answer, made of the last
+// chunk's, goes through the job's edit before it is written.
+func TestMachineEditsTheWholeAnswer(t *testing.T) {
+	g := newRig()
+	plan, _ := chunked.PlanFor([]byte(body10), 4)
+	var edited []string
+	edit := func(b []byte) []byte {
+		edited = append(edited, string(b))
+		return []byte(`{"edited":true}`)
+	}
+	m := chunked.NewMachine(g.deps, &fakeRecorder{}, chunked.Job{Plan: plan, Body: []byte(body10), Inflight: g.inflight, Edit: edit})
+	m.Start()
+	m.Answered(chunked.Answer{Status: 200, Body: chatAnswer(" a", "length", 5, 4)})
+	end := m.Answered(chunked.Answer{Status: 200, Body: chatAnswer(" b", "stop", 5, 2)})
+	require.Len(t, end, 1)
+	assert.Equal(t, chunked.AnswerWhole, end[0].Op)
+	assert.Equal(t, `{"edited":true}`, string(end[0].Body))
+	require.Len(t, edited, 1)
+	assert.Contains(t, edited[0], `"content":" a b"`, "the edit gets the whole answer")
+}

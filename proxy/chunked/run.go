@@ -106,6 +106,10 @@ type Job struct {
 	Remote bool
 	// Inflight is the gauge of the decodes in flight of its phase.
 	Inflight prometheus.Gauge
+	// Edit, when set, edits the whole JSON answer (the last chunk's
+	// answer, which the decode's answer is made of) before it is written;
+	// a stream's events are the decode's own.
+	Edit func([]byte) []byte
 }
 
 // Run runs a chunked decode on the request's goroutine, executing its

@@ -114,8 +114,9 @@ type AnswerEditor interface {
 // LocalAnswerEditor edits each piece of the answer of a request the local
 // engine served without a split's KV (no prefiller named, the split
 // declined, a fallback, a hedge's local leg, a decode-first answer), as
-// AnswerEditor edits a split's decode answer; it returns data unchanged
-// when nothing applies.
+// AnswerEditor edits a split's decode answer, and the whole JSON answer of
+// a chunked decode, split or not, which no AnswerEditor follows; it returns
+// data unchanged when nothing applies.
 type LocalAnswerEditor interface {
 	EditLocalAnswer(data []byte) []byte
 }

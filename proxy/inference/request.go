@@ -257,14 +257,16 @@ func (r *Request) ChunkPlan(body []byte, remote bool) (chunked.Plan, bool) {
 }
 
 // ChunkJob is the chunked decode of body by plan (ChunkPlan), its gauge
-// the in-flight decodes of its phase.
+// the in-flight decodes of its phase. Its JSON answer, made of the last
+// chunk's, goes through LocalAnswerEdit, split or local: no split's
+// AnswerEdit follows a chunked decode.
 func (r *Request) ChunkJob(plan chunked.Plan, body []byte, remote bool) chunked.Job {
 	phase := metrics.PhaseLocal
 	if remote {
 		phase = metrics.PhaseDecode
 	}
 	return chunked.Job{Plan: plan, Body: body, Stream: r.Stream, Usage: r.Usage, Remote: remote,
-		Inflight: r.P.M.Inflight.WithLabelValues(phase)}
+		Inflight: r.P.M.Inflight.WithLabelValues(phase), Edit: r.LocalAnswerEdit()}
 }
 
 // pickPrefiller chooses one entry of the header value: the first, or a
