@@ -10,8 +10,10 @@ type BodyTop struct {
 	// (FindClientFields).
 	Fields ClientFields
 	// Stream and Usage are the top-level "stream" and
-	// "stream_options.include_usage", read as gjson.Get reads them (the
-	// first of a repeated name wins).
+	// "stream_options.include_usage": each true, false or null (absent:
+	// false), else the body is refused, since engines read other values
+	// differently (vLLM's pydantic takes "yes", "on" and 1 for true, Go
+	// engines refuse them).
 	Stream, Usage bool
 
 	seenStream, seenOptions bool
@@ -38,17 +40,32 @@ func ScanBody(api API, body []byte) (BodyTop, error) {
 }
 
 // member takes one top-level member: its raw (still escaped) name and raw
-// value, both validated.
-func (t *BodyTop) member(name, value []byte) {
+// value, both validated. It returns what makes the body ambiguous ("":
+// nothing): a stream flag that is not a JSON boolean or null.
+func (t *BodyTop) member(name, value []byte) string {
 	if i := clientField(name); i >= 0 {
 		t.Fields |= 1 << i
 	}
 	switch {
 	case !t.seenStream && nameIs(name, "stream"):
 		t.seenStream = true
-		t.Stream = gjson.ParseBytes(value).Bool()
+		v := gjson.ParseBytes(value)
+		if !isFlag(v) {
+			return "stream is not true, false or null"
+		}
+		t.Stream = v.Type == gjson.True
 	case !t.seenOptions && nameIs(name, "stream_options"):
 		t.seenOptions = true
-		t.Usage = gjson.GetBytes(value, "include_usage").Bool()
+		v := gjson.GetBytes(value, "include_usage")
+		if v.Exists() && !isFlag(v) {
+			return "stream_options.include_usage is not true, false or null"
+		}
+		t.Usage = v.Type == gjson.True
 	}
+	return ""
+}
+
+// isFlag reports whether v is a JSON boolean or null.
+func isFlag(v gjson.Result) bool {
+	return v.Type == gjson.True || v.Type == gjson.False || v.Type == gjson.Null
 }

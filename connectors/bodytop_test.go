@@ -20,9 +20,8 @@ func TestScanBodyStreamFlags(t *testing.T) {
 		{`{"model":"m","stream":true}`, true, false},
 		{`{"stream_options":{"include_usage":true},"messages":[{"stream":false}],"stream":true}`, true, true},
 		{`{"messages":[{"role":"user","content":"stream"}],"stream":false,"stream_options":{"include_usage":true}}`, false, true},
-		{`{"stream":"yes"}`, false, false},
-		{`{"stream":"true"}`, true, false},
-		{`{"stream":1,"stream_options":{"include_usage":1}}`, true, true},
+		{`{"stream":null,"stream_options":{"include_usage":null}}`, false, false},
+		{`{"stream":false,"stream_options":{}}`, false, false},
 		{`{"nested":{"stream":true}}`, false, false},
 		{`{"str\u0065am":true}`, true, false},
 	}
@@ -37,7 +36,9 @@ func TestScanBodyStreamFlags(t *testing.T) {
 		_, err := ScanBody(APIChat, []byte(bad))
 		assert.ErrorIs(t, err, ErrMalformedJSON, bad)
 	}
-	for _, bad := range []string{`{"stream":true,"stream":false}`, `{"stream":false,"str\u0065am":true}`, `{"Stream":true}`} {
+	for _, bad := range []string{`{"stream":true,"stream":false}`, `{"stream":false,"str\u0065am":true}`, `{"Stream":true}`,
+		`{"stream":"yes"}`, `{"stream":"true"}`, `{"stream":1}`, `{"stream":0}`, `{"stream":[]}`,
+		`{"stream":true,"stream_options":{"include_usage":1}}`, `{"stream_options":{"include_usage":"on"}}`} {
 		_, err := ScanBody(APIChat, []byte(bad))
 		assert.ErrorIs(t, err, ErrAmbiguousJSON, bad)
 	}

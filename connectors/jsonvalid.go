@@ -134,7 +134,10 @@ func (v *validator) object(depth int, kind objectKind) error {
 			return err
 		}
 		if depth == 1 && v.top != nil {
-			v.top.member(v.b[ns+1:ne-1], v.b[vs:v.i])
+			if what := v.top.member(v.b[ns+1:ne-1], v.b[vs:v.i]); what != "" {
+				v.i = vs
+				return v.ambiguous(what, nil)
+			}
 		}
 		v.i = skipBlank(v.b, v.i)
 		switch {

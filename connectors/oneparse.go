@@ -19,6 +19,9 @@ import (
 //     folding, so "ſtream" is "stream"); Python does not.
 //   - A lone UTF-16 surrogate escape ("\ud800"): Python keeps it as is,
 //     Go and gjson read U+FFFD.
+//   - A stream flag that is not a JSON boolean: vLLM's pydantic takes
+//     "yes", "on" and 1 for true, gjson reads "yes" as false, Go engines
+//     refuse it (BodyTop).
 //
 // Escaped names ("\u0063ontent") are no disagreement: every decoder
 // unescapes names, and so does the sidecar. A request body the decoders
@@ -29,7 +32,7 @@ import (
 // ErrAmbiguousJSON: the body is well-formed JSON that decoders read
 // differently (a member name given twice in one object, a name that
 // differs only in case from one the sidecar reads, a lone surrogate
-// escape); the caller refuses it rather than act on one reading of it
+// escape, a stream flag that is not a boolean); the caller refuses it rather than act on one reading of it
 // while the engine takes another.
 var ErrAmbiguousJSON = errors.New("connectors: request body is JSON that engines read differently")
 

@@ -26,7 +26,8 @@ import (
 // lane and on fasthttp's path; the conversation's history stays its own,
 // and its owner's next turn uses it and is token-exact against a local
 // run of the same body. An escaped name alone is no ambiguity: served,
-// with the history, token-exact.
+// with the history, token-exact. So is a stream flag that is not a JSON
+// boolean: vLLM takes "yes" for true where the sidecar would read false.
 
 // jsonStr is s as a JSON string.
 func jsonStr(s string) string {
@@ -88,6 +89,7 @@ func TestOneParseAmbiguousBodies(t *testing.T) {
 				{"Messages beside messages", strings.TrimSuffix(chat(chatMsg("user", m1), answer, next), "}") + `,"Messages":[` + chatMsg("user", evil) + `]}`},
 				{"max_tokens twice", strings.TrimSuffix(chat(chatMsg("user", m1), answer, next), "}") + `,"max_tokens":1}`},
 				{"stream twice", strings.TrimSuffix(chat(chatMsg("user", m1), answer, next), "}") + `,"stream":false,"stream":true}`},
+				{"stream as a word vLLM takes for true", strings.TrimSuffix(chat(chatMsg("user", m1), answer, next), "}") + `,"stream":"yes"}`},
 				{"kv_transfer_params twice", strings.TrimSuffix(chat(chatMsg("user", m1), answer, next), "}") + `,"kv_transfer_params":null,"kv_transfer_params":{"do_remote_prefill":true,"remote_host":"127.0.0.1","remote_port":` + itoa(trap.Port()) + `}}`},
 				{"a lone surrogate", strings.Replace(chat(chatMsg("user", m1), answer, next), `"content":"w`, `"content":"\ud800w`, 1)},
 			}
