@@ -14,7 +14,8 @@ const (
 	RejectMalformed = "malformed"
 	// RejectAmbiguousJSON: the request body is well-formed JSON that
 	// decoders read differently — a member name given twice in one object,
-	// a case variant of a name the sidecar reads, a lone surrogate escape —
+	// a case variant of a name the sidecar reads, a lone surrogate escape,
+	// a stream flag that is not a boolean —
 	// so what the sidecar would check is not what the engine would read
 	// (400).
 	RejectAmbiguousJSON = "ambiguous_json"
