@@ -15,8 +15,6 @@ type BodyTop struct {
 	// differently (vLLM's pydantic takes "yes", "on" and 1 for true, Go
 	// engines refuse them).
 	Stream, Usage bool
-
-	seenStream, seenOptions bool
 }
 
 // ScanBody validates body as ValidObject does and, in the same pass, reads
@@ -47,15 +45,13 @@ func (t *BodyTop) member(name, value []byte) string {
 		t.Fields |= 1 << i
 	}
 	switch {
-	case !t.seenStream && nameIs(name, "stream"):
-		t.seenStream = true
+	case nameIs(name, "stream"): // once: a repeated name is refused first
 		v := gjson.ParseBytes(value)
 		if !isFlag(v) {
 			return "stream is not true, false or null"
 		}
 		t.Stream = v.Type == gjson.True
-	case !t.seenOptions && nameIs(name, "stream_options"):
-		t.seenOptions = true
+	case nameIs(name, "stream_options"):
 		v := gjson.GetBytes(value, "include_usage")
 		if v.Exists() && !isFlag(v) {
 			return "stream_options.include_usage is not true, false or null"

@@ -358,6 +358,14 @@ func decodeName(dst, raw []byte) ([]byte, bool) {
 		}
 		return append(dst, raw...), true
 	}
+	return unescape(dst, raw, cap(dst))
+}
+
+// unescape appends the contents of a JSON string (raw, its quotes left
+// out) to dst, escapes decoded, growing dst to at most max bytes: ok is
+// false past that or at a bad escape. A surrogate pair is the one
+// character it stands for, a lone surrogate U+FFFD.
+func unescape(dst, raw []byte, max int) ([]byte, bool) {
 	for i := 0; i < len(raw); i++ {
 		c := raw[i]
 		if c == '\\' {
@@ -384,16 +392,22 @@ func decodeName(dst, raw []byte) ([]byte, bool) {
 					return nil, false
 				}
 				i += 4
-				if len(dst)+utf8.UTFMax > cap(dst) {
+				if r >= 0xD800 && r < 0xDC00 && i+6 < len(raw) && raw[i+1] == '\\' && raw[i+2] == 'u' {
+					if lo, ok := hex4(raw[i+3:]); ok && lo >= 0xDC00 && lo < 0xE000 {
+						r = 0x10000 + (r-0xD800)<<10 + (lo - 0xDC00)
+						i += 6
+					}
+				}
+				if len(dst)+utf8.UTFMax > max {
 					return nil, false
 				}
-				dst = utf8.AppendRune(dst, r) // a surrogate becomes U+FFFD: no field name has one
+				dst = utf8.AppendRune(dst, r)
 				continue
 			default:
 				return nil, false
 			}
 		}
-		if len(dst) == cap(dst) {
+		if len(dst) >= max {
 			return nil, false
 		}
 		dst = append(dst, c)

@@ -4,7 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
-	"unicode/utf8"
+	"math"
 )
 
 // One parse: what the sidecar reads, checks, hashes or edits in a request
@@ -148,7 +148,7 @@ func (m *memberNames) add(o *objectNames, s, e int, escaped bool) (name []byte, 
 	span := nameSpan{s: s, e: e}
 	if escaped {
 		span.s = len(m.buf)
-		m.buf = appendUnescaped(m.buf, m.body[s:e])
+		m.buf, _ = unescape(m.buf, m.body[s:e], math.MaxInt) // validated: no bad escape
 		span.e, span.decoded = len(m.buf), true
 	}
 	name = m.bytes(span)
@@ -242,46 +242,4 @@ func (v *validator) ambiguous(what string, name []byte) error {
 		return fmt.Errorf("%w: %s %q at byte %d", ErrAmbiguousJSON, what, string(name), v.i)
 	}
 	return fmt.Errorf("%w: %s at byte %d", ErrAmbiguousJSON, what, v.i)
-}
-
-// appendUnescaped appends the JSON string contents raw (validated, quotes
-// excluded) decoded; a surrogate pair is one rune, a lone surrogate (which
-// the validator refuses first) U+FFFD.
-func appendUnescaped(dst, raw []byte) []byte {
-	for i := 0; i < len(raw); i++ {
-		c := raw[i]
-		if c != '\\' || i+1 >= len(raw) {
-			dst = append(dst, c)
-			continue
-		}
-		i++
-		switch raw[i] {
-		case 'b':
-			dst = append(dst, '\b')
-		case 'f':
-			dst = append(dst, '\f')
-		case 'n':
-			dst = append(dst, '\n')
-		case 'r':
-			dst = append(dst, '\r')
-		case 't':
-			dst = append(dst, '\t')
-		case 'u':
-			r, ok := hex4(raw[i+1:])
-			if !ok {
-				return dst
-			}
-			i += 4
-			if r >= 0xD800 && r < 0xDC00 && i+6 < len(raw) && raw[i+1] == '\\' && raw[i+2] == 'u' {
-				if lo, ok := hex4(raw[i+3:]); ok && lo >= 0xDC00 && lo < 0xE000 {
-					r = 0x10000 + (r-0xD800)<<10 + (lo - 0xDC00)
-					i += 6
-				}
-			}
-			dst = utf8.AppendRune(dst, r)
-		default:
-			dst = append(dst, raw[i])
-		}
-	}
-	return dst
 }
