@@ -32,7 +32,35 @@ const (
 	EncoderAnswer   = "encoder_answer"
 	PrefillRequest  = "prefill_request"
 	DecodeRequest   = "decode_request"
+	// ClientRequest is an inference request body as the engine reads it
+	// from a client (every connector: Connector is AnyConnector); its
+	// Decoder says how the engine's JSON reader reads it.
+	ClientRequest = "client_request"
 )
+
+// AnyConnector is the Connector of a shape every connector sees alike.
+const AnyConnector = "any"
+
+// Decoder is how an engine's JSON reader reads a request body where JSON
+// leaves it to the reader: what the sidecar, which reads the first of a
+// repeated name with names compared exactly, must refuse where the
+// engine's reading would differ (connectors' one-parse rule).
+type Decoder struct {
+	// RepeatedName is which member of a name given twice is read:
+	// "first" or "last".
+	RepeatedName string `json:"repeated_name"`
+	// NameCase is how names meet the engine's fields: "exact", or "fold"
+	// (any letter case, Unicode simple folding).
+	NameCase string `json:"name_case"`
+	// LoneSurrogate is what becomes of a lone UTF-16 surrogate escape:
+	// "kept", "replaced" (U+FFFD) or "refused".
+	LoneSurrogate string `json:"lone_surrogate"`
+	// Booleans is how a boolean member reads other JSON values: "strict"
+	// (refused) or "lax" (some strings and numbers taken as booleans).
+	Booleans string `json:"booleans"`
+	// Source is where the reading was read.
+	Source Source `json:"source"`
+}
 
 // Source is where a shape was read.
 type Source struct {
@@ -78,7 +106,10 @@ type Shape struct {
 	DecodeReads Reads `json:"decode_reads"`
 	// Headers go with the message, where the upstream's proxy sends them.
 	Headers map[string]string `json:"headers,omitempty"`
-	Notes   string            `json:"notes"`
+	// Decoder is how the consumer's JSON reader reads the message
+	// (ClientRequest shapes).
+	Decoder *Decoder `json:"decoder,omitempty"`
+	Notes   string   `json:"notes"`
 }
 
 // Members returns the names of Value's top-level members, in its order.

@@ -25,8 +25,8 @@ func TestCorpusShapesAreWhole(t *testing.T) {
 	all, err := wirecorpus.All()
 	require.NoError(t, err)
 	require.NotEmpty(t, all)
-	connectors := []string{"nixlv2", "mooncake", "sglang", "ec-nixl", "moriio", "offloading", "sidecar", "shared-storage"}
-	messages := []string{wirecorpus.PrefillAnswer, wirecorpus.DecodeAnswer, wirecorpus.BootstrapAnswer, wirecorpus.EncoderAnswer, wirecorpus.PrefillRequest, wirecorpus.DecodeRequest}
+	connectors := []string{"nixlv2", "mooncake", "sglang", "ec-nixl", "moriio", "offloading", "sidecar", "shared-storage", wirecorpus.AnyConnector}
+	messages := []string{wirecorpus.PrefillAnswer, wirecorpus.DecodeAnswer, wirecorpus.BootstrapAnswer, wirecorpus.EncoderAnswer, wirecorpus.PrefillRequest, wirecorpus.DecodeRequest, wirecorpus.ClientRequest}
 	for _, s := range all {
 		t.Run(s.Name, func(t *testing.T) {
 			assert.Regexp(t, name, s.Name)
@@ -55,6 +55,17 @@ func TestCorpusShapesAreWhole(t *testing.T) {
 			}
 			b := s.Body(`"id":"x"`)
 			assert.True(t, json.Valid(b), "%s", b)
+			if s.Message == wirecorpus.ClientRequest {
+				d := s.Decoder
+				require.NotNil(t, d, "a client request says how its engine decodes it")
+				assert.Contains(t, []string{"first", "last"}, d.RepeatedName)
+				assert.Contains(t, []string{"exact", "fold"}, d.NameCase)
+				assert.Contains(t, []string{"kept", "replaced", "refused"}, d.LoneSurrogate)
+				assert.Contains(t, []string{"strict", "lax"}, d.Booleans)
+				assert.NotEmpty(t, d.Source.Repository)
+				assert.NotEmpty(t, d.Source.File)
+				assert.True(t, d.Source.Commit != "" || d.Source.Release != "", "the decoder's source names a commit or a release")
+			}
 		})
 	}
 }
