@@ -4,9 +4,12 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"github.com/tidwall/gjson"
 
 	"github.com/pd-sidecar/pd-sidecar/proxy/feature"
 	"github.com/pd-sidecar/pd-sidecar/proxy/hideparams"
+	"github.com/pd-sidecar/pd-sidecar/wirecorpus"
 )
 
 func TestHide(t *testing.T) {
@@ -50,4 +53,31 @@ func BenchmarkHideNoParams(b *testing.B) {
 	for b.Loop() {
 		hideparams.Hide(ev)
 	}
+}
+
+// TestHideCorpusAnswers: every answer of the upstream corpus that carries
+// kv_transfer_params (vLLM's prefill and decode answers of each NIXL
+// generation, llm-d-inference-sim's, vllm-ascend's) reaches the client
+// with them null, whole answer and stream event alike.
+func TestHideCorpusAnswers(t *testing.T) {
+	all, err := wirecorpus.All()
+	require.NoError(t, err)
+	n := 0
+	for _, s := range all {
+		if s.Container != hideparams.Member || (s.Message != wirecorpus.PrefillAnswer && s.Message != wirecorpus.DecodeAnswer) {
+			continue
+		}
+		n++
+		for _, extra := range []string{
+			`"id":"chatcmpl-1","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"x"},"finish_reason":"length"}]`,
+			`"id":"chatcmpl-1","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":"x"},"finish_reason":"length"}]`,
+		} {
+			in := s.Body(extra)
+			require.True(t, gjson.GetBytes(in, hideparams.Member).IsObject(), s.Name)
+			out := hideparams.Hide(in)
+			assert.Equal(t, "null", gjson.GetBytes(out, hideparams.Member).Raw, "%s: %s", s.Name, out)
+			assert.Equal(t, "x", gjson.GetBytes(out, "choices.0.message.content").String()+gjson.GetBytes(out, "choices.0.delta.content").String(), s.Name)
+		}
+	}
+	assert.GreaterOrEqual(t, n, 5, "the corpus's answers with params")
 }
