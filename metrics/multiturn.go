@@ -70,6 +70,10 @@ type Multiturn struct {
 	// Evictions counts entries dropped for room before they were used, by
 	// reason (client_share, over_share, full).
 	Evictions *prometheus.CounterVec
+	// PinnedTokens estimates the tokens the decode engine holds pinned for
+	// next turns: every pin the answers announced, until a prefill read it
+	// or decoder_kv_blocks_ttl passed.
+	PinnedTokens prometheus.Gauge
 }
 
 // NewMultiturn creates multi-turn KV reuse's metrics and registers them on
@@ -100,8 +104,12 @@ func NewMultiturn(reg prometheus.Registerer) *Multiturn {
 			Name: "pd_sidecar_multiturn_evictions_total",
 			Help: "Conversations' entries dropped for room before they were used, by reason: client_share (the client that kept a new entry held its share, and gave its own oldest), over_share (a client over its share gave its oldest to one under its own), full (no client over its share; the least recently kept).",
 		}, []string{"reason"}),
+		PinnedTokens: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "pd_sidecar_multiturn_pinned_tokens",
+			Help: "Estimate of the tokens the decode engine holds pinned for next turns (bidirectional KV transfer): those the decode answers said were pinned (remote_num_tokens), kept or not, until a prefill read them or --bidirectional-cache-ttl (the engines' decoder_kv_blocks_ttl) passed.",
+		}),
 	}
-	reg.MustRegister(m.Uses, m.Misses, m.TokensReused, m.Entries, m.Held, m.Evictions)
+	reg.MustRegister(m.Uses, m.Misses, m.TokensReused, m.Entries, m.Held, m.Evictions, m.PinnedTokens)
 	for _, r := range []string{MultiturnEvictedShare, MultiturnEvictedOverShare, MultiturnEvictedFull} {
 		m.Evictions.WithLabelValues(r)
 	}

@@ -241,11 +241,13 @@ func New(cfg Config, conn connectors.Connector, m *metrics.Metrics, gatherer pro
 		}
 		store := multiturn.NewStore(multiturn.StoreConfig{MaxEntries: mt.CacheSize, MaxBytes: mt.CacheBytes,
 			ClientShare: mt.CacheClientShare, TTL: mt.CacheTTL - MultiturnMargin(mt.CacheTTL)})
-		p.features = append(p.features, &multiturn.Feature{Store: store, Threshold: mt.RecomputeThreshold,
+		pins := multiturn.NewPins(mt.CacheTTL, nil)
+		p.features = append(p.features, &multiturn.Feature{Store: store, Pins: pins, Threshold: mt.RecomputeThreshold,
 			PodAddr: p.podAddr(), SideChannelPort: mt.SideChannelPort, Ranks: cfg.DataParallelSize,
 			KeepReasoning: mt.KeepReasoning, M: m.Multiturn})
 		p.sessionHeader = mt.SessionHeader
-		p.sweep = &multiturn.Sweeper{Store: store, Every: min(mt.CacheTTL/8, time.Minute), Held: m.Multiturn.Held}
+		p.sweep = &multiturn.Sweeper{Store: store, Every: min(mt.CacheTTL/8, time.Minute), Held: m.Multiturn.Held,
+			Pins: pins, PinnedTokens: m.Multiturn.PinnedTokens}
 	}
 	if !cfg.Guard.TrustClientKVParams {
 		p.features = append(p.features, hideparams.Feature{}) // after multi-turn, which reads the params

@@ -3,10 +3,12 @@
 // is pulled by the prefill engine of its next turn instead of computed
 // again. vLLM's NixlConnector with bidirectional_kv_xfer pins a decode
 // request's blocks (prompt and output) when it finishes and answers their
-// location in kv_transfer_params; this package keeps that answer for the
-// conversation (named by a session key), and puts it in the prefill leg of
-// the conversation's next turn — only when that turn's text extends,
-// exactly, the sequence the decode engine saw and produced (seq.go).
+// location in kv_transfer_params; this package keeps that answer under the
+// digest of the sequence the decode engine saw and produced (seq.go), and
+// puts it in the prefill leg of the turn whose text extends that sequence
+// exactly — found by hashing the turn's own prefixes, so no session key is
+// needed, and one shared by many conversations (llm-d's session-affinity
+// token names a pod) loses nothing; a key only narrows the search.
 package multiturn
 
 import (
@@ -14,7 +16,9 @@ import (
 	"errors"
 	"hash"
 	"net/netip"
+	"slices"
 	"strings"
+	"time"
 
 	"github.com/rs/zerolog"
 	"github.com/tidwall/gjson"
@@ -29,8 +33,11 @@ import (
 
 // Feature is multi-turn KV reuse, registered while it is on.
 type Feature struct {
-	// Store keeps the conversations' entries.
+	// Store keeps the answers' entries.
 	Store *Store
+	// Pins estimates the tokens the decode engine holds pinned
+	// (nil: not estimated).
+	Pins *Pins
 	// Threshold is the fewest history tokens worth a pull
 	// (--bidirectional-recompute-threshold): a shorter history is not put
 	// in the prefill leg.
@@ -61,26 +68,37 @@ type Feature struct {
 	M *metrics.Multiturn
 }
 
-// Begin takes part in a request that names a session key and whose API
-// and shape multi-turn reuse covers (chat and completions, one choice): a
-// split takes the conversation's entry, if its text extends the entry's
-// sequence, for its prefill leg; every such request follows its decode
-// answer, whose kv_transfer_params (when the decode engine pinned its KV)
-// are kept for the next turn.
+// maxProbes bounds the lengths a turn looks for a history at: the longest
+// ones under its own length. A chat's lengths are message counts, fewer
+// than that in any conversation; a completion's are byte lengths, one per
+// history held under the narrowing.
+const maxProbes = 64
+
+// Begin takes part in a request whose API and shape multi-turn reuse
+// covers (chat and completions, one choice): a split takes the entry whose
+// sequence its text extends, the longest held, for its prefill leg; every
+// such request follows its decode answer, whose kv_transfer_params (when
+// the decode engine pinned its KV) are kept for the turn that extends it.
 func (f *Feature) Begin(r feature.Request, _ *fasthttp.RequestHeader) feature.Use {
-	if r.Session == "" || r.Refused {
+	if r.Refused {
 		return nil
 	}
-	p, ok := ReadPrompt(r.API, r.Body)
+	p, ok := ReadPrompt(r.API, r.Body, r.Session)
 	if !ok {
 		r.Log.LogAt(zerolog.DebugLevel).Msg("multi-turn: a request shape the history cannot follow (API, prompt, choices): not used, not kept")
 		return nil
 	}
-	u := &use{f: f, key: SessionKey(r.Session), client: ClientOf(r.Client), log: r.Log, chat: r.API == connectors.APIChat, n: p.Len()}
+	u := &use{f: f, narrow: p.Narrow(), client: ClientOf(r.Client), log: r.Log, chat: r.API == connectors.APIChat, n: p.Len()}
+	var lens []int
 	if r.Prefiller != "" {
-		u.lookup(&p)
+		lens = f.Store.Lengths(u.narrow, p.Len(), maxProbes)
 	}
-	u.seq = p.begin(p.Len())
+	sums, seq := p.Prefixes(lens)
+	u.seq = seq
+	if r.Prefiller != "" {
+		slices.Reverse(sums) // the longest history first
+		u.lookup(sums, p.Continues())
+	}
 	if u.chat {
 		u.content, u.reasoning = sha256.New(), sha256.New()
 	}
@@ -89,8 +107,8 @@ func (f *Feature) Begin(r feature.Request, _ *fasthttp.RequestHeader) feature.Us
 
 // use is one request's part.
 type use struct {
-	f   *Feature
-	key [sha256.Size]byte
+	f      *Feature
+	narrow [sha256.Size]byte
 	// client is whose share the entry the answer leaves counts in.
 	client Client
 	log    feature.Logger
@@ -116,22 +134,15 @@ type use struct {
 	done               bool // the entry was kept or refused
 }
 
-// lookup takes the session's entry and keeps its params for the prefill
-// leg if p extends its sequence and it holds enough tokens; it counts why
-// not otherwise. An entry p does not extend stays for the turn that does
-// (a request with another conversation's session key takes nothing from
-// it); one below the threshold goes.
-func (u *use) lookup(p *Prompt) {
-	small := false
-	e, miss := u.f.Store.Take(u.key, func(e Entry) string {
-		if p.Len() <= e.Len || p.PrefixSum(e.Len) != e.Seq {
-			return ReasonPrefixMismatch
-		}
-		small = e.Tokens < u.f.Threshold
-		return ""
-	})
+// lookup takes the entry of the longest of sums (the digests of the
+// turn's prefixes at the lengths held) and keeps its params for the
+// prefill leg if it holds enough tokens; it counts why not otherwise. An
+// entry the turn does not extend stays for the turn that does; one below
+// the threshold goes.
+func (u *use) lookup(sums [][sha256.Size]byte, continues bool) {
+	e, miss := u.f.Store.Take(u.narrow, sums, continues)
 	u.f.M.Held.Set(float64(u.f.Store.Count()))
-	if small {
+	if miss == "" && e.Tokens < u.f.Threshold {
 		miss = ReasonBelowThreshold
 	}
 	u.outcome = miss
@@ -141,6 +152,10 @@ func (u *use) lookup(p *Prompt) {
 		return
 	}
 	u.history, u.tokens = e.Params, e.Tokens
+	if u.f.Pins != nil { // the prefill reads the pin, and the engine frees it
+		u.f.Pins.Release(e.Pinned, e.Tokens)
+		u.f.M.PinnedTokens.Set(float64(u.f.Pins.Tokens()))
+	}
 	u.log.LogAt(zerolog.DebugLevel).Int("history_tokens", e.Tokens).Msg("multi-turn: the prefill pulls the conversation's history from the decode engine")
 }
 
@@ -311,10 +326,16 @@ func loopbackName(host string) bool {
 	return host == "localhost" || strings.HasSuffix(host, ".localhost")
 }
 
-// keep keeps the answer's params for the conversation's next turn, read
-// against nixlv2.HistoryParams and their addresses checked; once.
+// keep keeps the answer's params for the turn that extends it, read
+// against nixlv2.HistoryParams and their addresses checked; once. The
+// tokens they say the engine pinned are counted pinned whether kept or not.
 func (u *use) keep(params gjson.Result) {
 	u.done = true
+	var pinned time.Time
+	if n := params.Get("remote_num_tokens"); u.f.Pins != nil && n.Type == gjson.Number && n.Int() > 0 && n.Int() < 1<<31 {
+		pinned = u.f.Pins.Pin(int(n.Int()))
+		u.f.M.PinnedTokens.Set(float64(u.f.Pins.Tokens()))
+	}
 	if u.broken || !u.finished || u.thought && !u.f.KeepReasoning {
 		u.f.M.Entries.WithLabelValues(metrics.MultiturnNotKept).Inc()
 		u.log.LogAt(zerolog.DebugLevel).Msg("multi-turn: the answer is not one a next turn can extend exactly (choices, tool calls, reasoning, cut); its KV is not kept")
@@ -343,7 +364,7 @@ func (u *use) keep(params gjson.Result) {
 		u.log.LogAt(zerolog.WarnLevel).Err(err).Msg("multi-turn: the decode answer's kv_transfer_params refused; nothing kept")
 		return
 	}
-	e := Entry{Params: canon, Tokens: int(params.Get("remote_num_tokens").Int())}
+	e := Entry{Params: canon, Tokens: int(params.Get("remote_num_tokens").Int()), Pinned: pinned}
 	h := u.seq
 	e.Len = u.n + u.text
 	if u.chat {
@@ -351,7 +372,7 @@ func (u *use) keep(params gjson.Result) {
 		e.Len = u.n + 1
 	}
 	h.Sum(e.Seq[:0])
-	ev, ok := u.f.Store.Put(u.key, u.client, e)
+	ev, ok := u.f.Store.Put(u.narrow, u.client, e)
 	if !ok {
 		u.f.M.Entries.WithLabelValues(metrics.MultiturnNotKept).Inc()
 	} else {

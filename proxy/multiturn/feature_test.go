@@ -72,7 +72,9 @@ func chatAnswer(content, reasoning string, tokens int) string {
 // TestHistoryUsedOnlyWhenTheTurnExtendsTheSequence: turn 2's prefill
 // carries turn 1's decode params only when its messages are turn 1's, its
 // answer (reasoning included) and more, under the same rendering members
-// and the same session; every other case is a counted miss.
+// and the same session key (none included); every other case is a counted
+// miss: prefix_mismatch when histories are held under the turn's model,
+// tenant and key but it extends none of them, no_entry when none are.
 func TestHistoryUsedOnlyWhenTheTurnExtendsTheSequence(t *testing.T) {
 	t1 := []map[string]any{msg("system", "be brief"), msg("user", "hello there")}
 	answer := map[string]any{"role": "assistant", "content": " ba ko", "reasoning_content": " think"}
@@ -90,8 +92,9 @@ func TestHistoryUsedOnlyWhenTheTurnExtendsTheSequence(t *testing.T) {
 		{"an earlier message edited", "s1", 500, chatBody(t1[0], msg("user", "hello there!"), answer, next), ReasonPrefixMismatch},
 		{"nothing new", "s1", 500, chatBody(t1[0], t1[1], answer), ReasonPrefixMismatch},
 		{"another conversation's session key", "s1", 500, chatBody(msg("user", "something else"), answer, next), ReasonPrefixMismatch},
-		{"another model", "s1", 500, []byte(strings.Replace(string(chatBody(t1[0], t1[1], answer, next)), `"model":"m"`, `"model":"n"`, 1)), ReasonPrefixMismatch},
-		{"another session", "s2", 500, chatBody(t1[0], t1[1], answer, next), ReasonNoEntry},
+		{"another model", "s1", 500, []byte(strings.Replace(string(chatBody(t1[0], t1[1], answer, next)), `"model":"m"`, `"model":"n"`, 1)), ReasonNoEntry},
+		{"another tenant (cache_salt)", "s1", 500, []byte(strings.Replace(string(chatBody(t1[0], t1[1], answer, next)), `"model":"m"`, `"model":"m","cache_salt":"b"`, 1)), ReasonNoEntry},
+		{"another session: a key narrows the search", "s2", 500, chatBody(t1[0], t1[1], answer, next), ReasonNoEntry},
 		{"below the threshold", "s1", 63, chatBody(t1[0], t1[1], answer, next), ReasonBelowThreshold},
 	}
 	for _, tc := range tests {
@@ -265,4 +268,88 @@ func TestSideChannelIsThePodsDecodeEngine(t *testing.T) {
 			assert.EqualValues(t, tc.port, gjson.Get(pre, "remote_port").Int())
 		})
 	}
+}
+
+// chatAnswerFor is chatAnswer whose params name request id.
+func chatAnswerFor(content, id string, tokens int) string {
+	return strings.Replace(chatAnswer(content, "", tokens), `"remote_request_id":"r-1"`, `"remote_request_id":"`+id+`"`, 1)
+}
+
+// TestHistoriesFoundByContent: conversations that share one session key
+// (llm-d's session-affinity token names the decode pod, the same for all
+// of them), or carry none, each find their own history, turn after turn,
+// in any order; a conversation whose history was taken by a replay of it
+// finds none, and is recomputed.
+func TestHistoriesFoundByContent(t *testing.T) {
+	for _, session := range []string{"ZGVmYXVsdC9kZWNvZGUtMA==", ""} {
+		t.Run(fmt.Sprintf("session %q", session), func(t *testing.T) {
+			f := newFeature()
+			f.Store = NewStore(StoreConfig{MaxEntries: 64, MaxBytes: 1 << 20, ClientShare: 1, TTL: time.Minute})
+			const convs = 8
+			hist := make([][]map[string]any, convs)
+			for c := range convs {
+				hist[c] = []map[string]any{msg("user", fmt.Sprint("conversation ", c))}
+			}
+			for turnNo := range 3 {
+				for _, c := range []int{3, 0, 7, 1, 6, 2, 5, 4} {
+					id := fmt.Sprintf("r-%d-%d", c, turnNo)
+					content := fmt.Sprintf(" answer %d of %d", turnNo, c)
+					pre, _ := turn(f, session, connectors.APIChat, chatBody(hist[c]...), chatAnswerFor(content, id, 200))
+					if turnNo == 0 {
+						assert.NotContains(t, pre, "remote_request_id", "a first turn has no history")
+					} else {
+						assert.Equal(t, fmt.Sprintf("r-%d-%d", c, turnNo-1), gjson.Get(pre, "remote_request_id").Str, "conversation %d turn %d: its own history", c, turnNo)
+					}
+					hist[c] = append(hist[c], msg("assistant", content), msg("user", fmt.Sprint("more ", turnNo)))
+				}
+			}
+			assert.Equal(t, float64(2*convs), testutil.ToFloat64(f.M.Uses))
+			assert.Equal(t, 0.0, testutil.ToFloat64(f.M.Misses.WithLabelValues(ReasonPrefixMismatch)))
+			pre, _ := turn(f, session, connectors.APIChat, chatBody(hist[0]...), chatAnswerFor(" x", "replay", 200))
+			assert.Equal(t, "r-0-2", gjson.Get(pre, "remote_request_id").Str)
+			pre, _ = turn(f, session, connectors.APIChat, chatBody(hist[0]...), chatAnswerFor(" x", "replay", 200))
+			assert.NotContains(t, pre, "remote_request_id", "an entry is used once")
+			assert.Equal(t, 1.0, testutil.ToFloat64(f.M.Misses.WithLabelValues(ReasonPrefixMismatch)), "held under the narrowing, none extended")
+		})
+	}
+}
+
+// TestTenantsNeverShareAHistory: a turn of another tenant (cache_salt) or
+// model that extends a conversation exactly gets nothing from it, and the
+// conversation's own next turn still finds it.
+func TestTenantsNeverShareAHistory(t *testing.T) {
+	salted := func(salt string, msgs ...map[string]any) []byte {
+		b, _ := json.Marshal(map[string]any{"model": "m", "messages": msgs, "cache_salt": salt})
+		return b
+	}
+	f := newFeature()
+	first := msg("user", "the same question")
+	turn(f, "pod", connectors.APIChat, salted("tenant-a", first), chatAnswerFor(" same", "a-1", 200))
+	noEntry := testutil.ToFloat64(f.M.Misses.WithLabelValues(ReasonNoEntry))
+	two := []map[string]any{first, msg("assistant", " same"), msg("user", "next")}
+	for _, body := range [][]byte{salted("tenant-b", two...), salted("", two...), chatBody(two...)} {
+		pre, _ := turn(f, "pod", connectors.APIChat, body, `{"choices":[]}`)
+		assert.NotContains(t, pre, "remote_request_id", "%s: another tenant's history", body)
+	}
+	assert.Equal(t, noEntry+3, testutil.ToFloat64(f.M.Misses.WithLabelValues(ReasonNoEntry)), "nothing held under their model, tenant and key")
+	pre, _ := turn(f, "pod", connectors.APIChat, salted("tenant-a", two...), `{"choices":[]}`)
+	assert.Equal(t, "a-1", gjson.Get(pre, "remote_request_id").Str, "the tenant's own")
+}
+
+// TestPinnedTokens: every pin a decode answer announces counts, kept or
+// not, until a prefill is given it or the TTL passes.
+func TestPinnedTokens(t *testing.T) {
+	clock := &fakeClock{t: time.Unix(5000, 0)}
+	f := newFeature()
+	f.KeepReasoning = false
+	f.Pins = NewPins(30*time.Second, clock.now)
+	turn(f, "", connectors.APIChat, chatBody(msg("user", "kept")), chatAnswerFor(" a", "k", 300))
+	clock.t = clock.t.Add(10 * time.Second)
+	turn(f, "", connectors.APIChat, chatBody(msg("user", "not kept")), chatAnswer(" b", " hm", 200))
+	assert.Equal(t, 1, f.Store.Count())
+	assert.Equal(t, 500.0, testutil.ToFloat64(f.M.PinnedTokens), "a pin not kept still holds the engine's blocks")
+	turn(f, "", connectors.APIChat, chatBody(msg("user", "kept"), msg("assistant", " a"), msg("user", "more")), `{"choices":[]}`)
+	assert.Equal(t, 200.0, testutil.ToFloat64(f.M.PinnedTokens), "the prefill read the kept one")
+	clock.t = clock.t.Add(31 * time.Second)
+	assert.EqualValues(t, 0, f.Pins.Tokens(), "past the TTL")
 }

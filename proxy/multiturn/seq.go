@@ -60,16 +60,21 @@ var renderKeys = [...]string{
 
 // Prompt is what a request tells of its sequence.
 type Prompt struct {
-	api      connectors.API
-	render   [sha256.Size]byte
+	api connectors.API
+	// narrow is the digest of what a history must share with the turn
+	// besides its text: the render members and the session key.
+	narrow   [sha256.Size]byte
 	messages []gjson.Result // a chat's
 	text     string         // a completion's prompt
 }
 
-// ReadPrompt reads body's sequence. ok is false for what multi-turn reuse
-// does not cover: an API other than chat and completions, a prompt that is
-// not one string, a chat without messages, or more than one choice asked.
-func ReadPrompt(api connectors.API, body []byte) (Prompt, bool) {
+// ReadPrompt reads body's sequence, narrowed to session (the session key,
+// "" for none): a history is found by its content, and a session key only
+// narrows where it is looked for (one kept under another key, or under
+// none, is not this turn's). ok is false for what multi-turn reuse does not
+// cover: an API other than chat and completions, a prompt that is not one
+// string, a chat without messages, or more than one choice asked.
+func ReadPrompt(api connectors.API, body []byte, session string) (Prompt, bool) {
 	js := connectors.Bytes(body)
 	p := Prompt{api: api}
 	if n := gjson.Get(js, "n"); n.Exists() && n.Type != gjson.Null && n.Int() != 1 {
@@ -110,8 +115,30 @@ func ReadPrompt(api connectors.API, body []byte) (Prompt, bool) {
 			writeField(h, "\x00absent")
 		}
 	}
-	h.Sum(p.render[:0])
+	writeField(h, "\x00session")
+	writeField(h, session)
+	h.Sum(p.narrow[:0])
 	return p, true
+}
+
+// Narrow is the digest of what narrows the search for a history: the
+// render members (the model, cache_salt, the template settings...) and
+// the session key. Two requests that differ in it never share a history.
+func (p *Prompt) Narrow() [sha256.Size]byte { return p.narrow }
+
+// Continues reports whether the turn may continue an earlier one: a
+// chat that carries an answer (an assistant message; a first turn
+// carries none), any completion (a prompt does not say).
+func (p *Prompt) Continues() bool {
+	if p.api != connectors.APIChat {
+		return true
+	}
+	for _, m := range p.messages {
+		if m.Get("role").Str == "assistant" {
+			return true
+		}
+	}
+	return false
 }
 
 // Len is the sequence's length in its units: messages for a chat, bytes
@@ -127,24 +154,47 @@ func (p *Prompt) Len() int {
 // (n ≤ Len): what the turn that left a history of length n must have
 // summed to for this turn to extend it.
 func (p *Prompt) PrefixSum(n int) [sha256.Size]byte {
-	h := p.begin(n)
-	var out [sha256.Size]byte
-	h.Sum(out[:0])
-	return out
+	sums, _ := p.Prefixes([]int{n})
+	return sums[0]
 }
 
-// begin starts the sequence's hash with its first n units.
-func (p *Prompt) begin(n int) hash.Hash {
+// Prefixes returns the digests of the sequence's first n units for each n
+// of lens (ascending, each at most Len), in one pass over the sequence, and
+// the hash of the whole sequence, for the answer's text to follow.
+func (p *Prompt) Prefixes(lens []int) ([][sha256.Size]byte, hash.Hash) {
+	sums := make([][sha256.Size]byte, len(lens))
 	h := sha256.New()
-	h.Write(p.render[:])
-	if p.api == connectors.APIChat {
-		for _, m := range p.messages[:n] {
-			h.Write(messageSum(m))
+	h.Write(p.narrow[:])
+	j := 0
+	sum := func(at int) {
+		for ; j < len(lens) && lens[j] == at; j++ {
+			h.Sum(sums[j][:0]) // Sum leaves the hash's state as it is
 		}
-		return h
 	}
-	h.Write([]byte(p.text[:n]))
-	return h
+	sum(0)
+	if p.api == connectors.APIChat {
+		for i, m := range p.messages {
+			h.Write(messageSum(m))
+			sum(i + 1)
+		}
+		return sums, h
+	}
+	at := 0
+	for j < len(lens) {
+		if lens[j] < at {
+			j++ // not ascending: no digest
+			continue
+		}
+		n := min(lens[j], len(p.text))
+		h.Write([]byte(p.text[at:n]))
+		at = n
+		sum(n)
+		if n == len(p.text) {
+			break
+		}
+	}
+	h.Write([]byte(p.text[at:]))
+	return sums, h
 }
 
 // messageSum is the digest of one chat message: the members a chat

@@ -43,17 +43,17 @@ func TestRenderMembersChangeThePrefixSum(t *testing.T) {
 		body string
 		n    int
 	}{{connectors.APIChat, chat, 2}, {connectors.APICompletions, completion, 4}} {
-		base, ok := ReadPrompt(shape.api, fmtBody(shape.body, ""))
+		base, ok := ReadPrompt(shape.api, fmtBody(shape.body, ""), "")
 		require.True(t, ok)
-		same, _ := ReadPrompt(shape.api, fmtBody(shape.body, ""))
+		same, _ := ReadPrompt(shape.api, fmtBody(shape.body, ""), "")
 		require.Equal(t, base.PrefixSum(shape.n), same.PrefixSum(shape.n), "the same body sums alike")
 		for _, tc := range tests {
-			other, ok := ReadPrompt(shape.api, fmtBody(shape.body, `,"`+tc.member+`":`+tc.value))
+			other, ok := ReadPrompt(shape.api, fmtBody(shape.body, `,"`+tc.member+`":`+tc.value), "")
 			require.True(t, ok, tc.member)
 			assert.NotEqual(t, base.PrefixSum(shape.n), other.PrefixSum(shape.n), "%s %s: a different prefix sum", shape.api, tc.member)
 		}
 		for _, sampling := range []string{`"temperature":0.5`, `"skip_special_tokens":false`, `"priority":3`, `"max_tokens":99`} {
-			other, _ := ReadPrompt(shape.api, fmtBody(shape.body, ","+sampling))
+			other, _ := ReadPrompt(shape.api, fmtBody(shape.body, ","+sampling), "")
 			assert.Equal(t, base.PrefixSum(shape.n), other.PrefixSum(shape.n), "%s %s: the same prefix sum", shape.api, sampling)
 		}
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"net/netip"
+	"slices"
 	"sync"
 	"time"
 
@@ -19,12 +20,13 @@ const (
 	ReasonPullFailed     = metrics.MultiturnPullFailed
 )
 
-// Entry is what one conversation's last decode left for its next turn.
+// Entry is what one decode answer left for the turn that extends it.
 type Entry struct {
-	// Seq is the digest of the sequence the decode engine saw and produced
-	// (Sequence.Sum), and Len its length in the sequence's units (messages
-	// for a chat, bytes of text for a completion): the next turn's must
-	// extend it.
+	// Seq is the digest of the sequence the decode engine saw and produced,
+	// narrowed as the request was (Prompt.Narrow): the entry's key. Len is
+	// the sequence's length in its units (messages for a chat, bytes of
+	// text for a completion): a turn whose first Len units sum to Seq
+	// extends it.
 	Seq [sha256.Size]byte
 	Len int
 	// Params are the decode answer's kv_transfer_params as checked and
@@ -32,6 +34,9 @@ type Entry struct {
 	Params []byte
 	// Tokens is how many tokens of the sequence the decode engine holds.
 	Tokens int
+	// Pinned is when the decode engine lets those tokens go (the deadline
+	// Pins counts them to; zero: not counted).
+	Pinned time.Time
 }
 
 // size is what e costs the store, in bytes (its key and bookkeeping too).
@@ -90,12 +95,16 @@ type Evictions struct {
 // Total is every entry dropped.
 func (e Evictions) Total() int { return e.Share + e.OverShare + e.Full }
 
-// Store keeps one Entry per session, bounded by entries and bytes, each
-// for at most a TTL, and gives it out once: Take removes what it returns.
-// Each client has a share of the bounds no other client's entries can
-// push its own out of (StoreConfig.ClientShare). Session keys are kept as
-// their SHA-256, never as given. Every operation is O(1) (Expire: per
-// entry dropped). Safe for concurrent use.
+// Store keeps entries under their sequence's digest, bounded by entries
+// and bytes, each for at most a TTL, and gives each out once: Take removes
+// what it returns. No session key decides which entry a turn gets: a turn
+// looks for the digests of its own prefixes (Prompt.Prefixes) at the
+// lengths held under its narrowing (Lengths), and finds only an entry
+// whose sequence it extends exactly. Each client has a share of the
+// bounds no other client's entries can push its own out of
+// (StoreConfig.ClientShare). Put, Take and Expire are O(1) per entry kept,
+// looked at or dropped; Lengths is O(the distinct lengths held under the
+// narrowing). Safe for concurrent use.
 type Store struct {
 	maxEntries, maxBytes     int
 	shareEntries, shareBytes int
@@ -108,6 +117,7 @@ type Store struct {
 	// newest and oldest end the list of every entry, most recent first.
 	newest, oldest *stored
 	index          map[[sha256.Size]byte]*stored
+	narrows        map[[sha256.Size]byte]*narrowed
 	clients        map[Client]*client
 	// overFirst and overLast end the list of the clients over their
 	// share, in the order they went over.
@@ -116,13 +126,22 @@ type Store struct {
 }
 
 type stored struct {
-	key     [sha256.Size]byte
 	e       Entry
 	expires time.Time
 	owner   *client
+	narrow  *narrowed
 	// prev and next link every entry (prev: more recent); cprev and
 	// cnext the owner's.
 	prev, next, cprev, cnext *stored
+}
+
+// narrowed is the entries kept under one narrowing (Prompt.Narrow): how
+// many there are, and how many of each length, so that a turn hashes its
+// prefixes only at the lengths a history of its narrowing may have.
+type narrowed struct {
+	key  [sha256.Size]byte
+	n    int
+	lens map[int]int
 }
 
 // client is one client's part of the store.
@@ -148,26 +167,24 @@ func NewStore(c StoreConfig) *Store {
 	}
 	return &Store{maxEntries: c.MaxEntries, maxBytes: c.MaxBytes, ttl: c.TTL, now: c.Now,
 		shareEntries: max(1, int(share*float64(c.MaxEntries))), shareBytes: max(entryOverhead, int(share*float64(c.MaxBytes))),
-		index: make(map[[sha256.Size]byte]*stored), clients: make(map[Client]*client)}
+		index: make(map[[sha256.Size]byte]*stored), narrows: make(map[[sha256.Size]byte]*narrowed),
+		clients: make(map[Client]*client)}
 }
 
-// SessionKey is the store's key of a session key.
-func SessionKey(session string) [sha256.Size]byte { return sha256.Sum256([]byte(session)) }
-
-// Put keeps e for session, kept for client from, replacing what the
-// session had. When the bounds are reached, room is made from from's own
-// oldest entries while it holds its share, else from the oldest of a
-// client over its share, else from the least recently kept. It reports
-// the entries dropped for room; ok is false for an entry larger than the
-// byte bound, which is not kept.
-func (s *Store) Put(session [sha256.Size]byte, from Client, e Entry) (ev Evictions, ok bool) {
+// Put keeps e under its digest and narrowing narrow (Prompt.Narrow), kept
+// for client from, in place of an entry of the same digest. When the
+// bounds are reached, room is made from from's own oldest entries while it
+// holds its share, else from the oldest of a client over its share, else
+// from the least recently kept. It reports the entries dropped for room; ok
+// is false for an entry larger than the byte bound, which is not kept.
+func (s *Store) Put(narrow [sha256.Size]byte, from Client, e Entry) (ev Evictions, ok bool) {
 	size := e.size()
 	if size > s.maxBytes || s.maxEntries <= 0 {
 		return ev, false
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if st, ok := s.index[session]; ok {
+	if st, ok := s.index[e.Seq]; ok {
 		s.remove(st)
 	}
 	c := s.clients[from]
@@ -190,7 +207,14 @@ func (s *Store) Put(session [sha256.Size]byte, from Client, e Entry) (ev Evictio
 	if c == nil {
 		c = s.newClient(from)
 	}
-	st := &stored{key: session, e: e, expires: s.now().Add(s.ttl), owner: c}
+	ns := s.narrows[narrow]
+	if ns == nil {
+		ns = &narrowed{key: narrow, lens: make(map[int]int, 1)}
+		s.narrows[narrow] = ns
+	}
+	ns.n++
+	ns.lens[e.Len]++
+	st := &stored{e: e, expires: s.now().Add(s.ttl), owner: c, narrow: ns}
 	st.next, s.newest = s.newest, st
 	if st.next != nil {
 		st.next.prev = st
@@ -203,7 +227,7 @@ func (s *Store) Put(session [sha256.Size]byte, from Client, e Entry) (ev Evictio
 	} else {
 		c.oldest = st
 	}
-	s.index[session] = st
+	s.index[e.Seq] = st
 	s.n++
 	s.bytes += size
 	c.n++
@@ -212,26 +236,58 @@ func (s *Store) Put(session [sha256.Size]byte, from Client, e Entry) (ev Evictio
 	return ev, true
 }
 
-// Take removes session's entry and returns it, or the reason there is
-// none to use (ReasonNoEntry, ReasonExpired, or what usable says): an
-// entry usable refuses is left for the turn it belongs to, one it takes or
-// one expired goes.
-func (s *Store) Take(session [sha256.Size]byte, usable func(Entry) string) (Entry, string) {
+// Lengths returns the distinct lengths of the entries held under narrow
+// that are shorter than below, ascending: the longest most of them.
+func (s *Store) Lengths(narrow [sha256.Size]byte, below, most int) []int {
+	s.mu.Lock()
+	ns := s.narrows[narrow]
+	var lens []int
+	if ns != nil {
+		lens = make([]int, 0, min(len(ns.lens), most))
+		for n := range ns.lens {
+			if n < below {
+				lens = append(lens, n)
+			}
+		}
+	}
+	s.mu.Unlock()
+	slices.Sort(lens)
+	if len(lens) > most {
+		lens = lens[len(lens)-most:]
+	}
+	return lens
+}
+
+// Take removes the first entry of seqs (digests, the longest prefix's
+// first) that is held and has not expired, and returns it; expired ones on
+// the way go. With none, it returns why: ReasonExpired when one had
+// expired, ReasonPrefixMismatch when the turn continues an earlier one
+// (continues) and entries are held under narrow but it extends none of
+// them (an edited or stripped history, another conversation's text under a
+// session key), else ReasonNoEntry.
+func (s *Store) Take(narrow [sha256.Size]byte, seqs [][sha256.Size]byte, continues bool) (Entry, string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	st, ok := s.index[session]
-	if !ok {
-		return Entry{}, ReasonNoEntry
-	}
-	if !s.now().Before(st.expires) {
+	now, expired := s.now(), false
+	for _, seq := range seqs {
+		st, ok := s.index[seq]
+		if !ok {
+			continue
+		}
 		s.remove(st)
+		if !now.Before(st.expires) {
+			expired = true
+			continue
+		}
+		return st.e, ""
+	}
+	switch {
+	case expired:
 		return Entry{}, ReasonExpired
+	case continues && s.narrows[narrow] != nil:
+		return Entry{}, ReasonPrefixMismatch
 	}
-	if why := usable(st.e); why != "" {
-		return Entry{}, why
-	}
-	s.remove(st)
-	return st.e, ""
+	return Entry{}, ReasonNoEntry
 }
 
 // Count returns the number of entries.
@@ -277,6 +333,10 @@ type Sweeper struct {
 	Every time.Duration
 	// Held is set to the number of entries after each sweep (nil: none).
 	Held interface{ Set(float64) }
+	// Pins, when set, has its pins past their deadline dropped on each
+	// sweep, and PinnedTokens set to what is left.
+	Pins         *Pins
+	PinnedTokens interface{ Set(float64) }
 }
 
 // Run sweeps until ctx ends.
@@ -291,6 +351,9 @@ func (w Sweeper) Run(ctx context.Context) {
 			w.Store.Expire()
 			if w.Held != nil {
 				w.Held.Set(float64(w.Store.Count()))
+			}
+			if w.Pins != nil && w.PinnedTokens != nil {
+				w.PinnedTokens.Set(float64(w.Pins.Tokens()))
 			}
 		}
 	}
@@ -319,8 +382,14 @@ func (s *Store) remove(st *stored) {
 	} else {
 		c.oldest = st.cprev
 	}
-	st.prev, st.next, st.cprev, st.cnext, st.owner = nil, nil, nil, nil, nil
-	delete(s.index, st.key)
+	ns := st.narrow
+	if ns.n--; ns.n == 0 {
+		delete(s.narrows, ns.key)
+	} else if ns.lens[st.e.Len]--; ns.lens[st.e.Len] == 0 {
+		delete(ns.lens, st.e.Len)
+	}
+	st.prev, st.next, st.cprev, st.cnext, st.owner, st.narrow = nil, nil, nil, nil, nil, nil
+	delete(s.index, st.e.Seq)
 	size := st.e.size()
 	s.n--
 	s.bytes -= size
