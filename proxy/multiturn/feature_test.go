@@ -353,3 +353,34 @@ func TestPinnedTokens(t *testing.T) {
 	clock.t = clock.t.Add(31 * time.Second)
 	assert.EqualValues(t, 0, f.Pins.Tokens(), "past the TTL")
 }
+
+// BenchmarkBeginLongConversation: a split turn of a 200-message chat
+// looking for its history among 1,000 held under the same pod token (one
+// length each of 1–200 messages held): the work is one digest per message
+// and one lookup per length held below the turn's.
+func BenchmarkBeginLongConversation(b *testing.B) {
+	f := newFeature()
+	f.Store = NewStore(StoreConfig{MaxEntries: 4096, MaxBytes: 1 << 30, ClientShare: 1, TTL: time.Hour})
+	pod := ReadPromptNarrow(b, "pod")
+	for i := range 1000 {
+		f.Store.Put(pod, anyone, Entry{Seq: keyOf(fmt.Sprint(i)), Len: 1 + i%200, Params: []byte(`{}`), Tokens: 100})
+	}
+	msgs := make([]map[string]any, 200)
+	for i := range msgs {
+		msgs[i] = msg([]string{"user", "assistant"}[i%2], strings.Repeat("word ", 40))
+	}
+	body := chatBody(msgs...)
+	r := feature.Request{API: connectors.APIChat, Body: body, Prefiller: "p:1", Session: "pod", Log: nopLog{}}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for range b.N {
+		f.Begin(r, nil)
+	}
+}
+
+// ReadPromptNarrow is the narrowing of a chat of model "m" under session.
+func ReadPromptNarrow(b *testing.B, session string) [32]byte {
+	p, ok := ReadPrompt(connectors.APIChat, chatBody(msg("user", "x")), session)
+	require.True(b, ok)
+	return p.Narrow()
+}

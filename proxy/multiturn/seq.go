@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"encoding/binary"
 	"hash"
+	"slices"
 
 	"github.com/tidwall/gjson"
 
@@ -75,41 +76,55 @@ type Prompt struct {
 // cover: an API other than chat and completions, a prompt that is not one
 // string, a chat without messages, or more than one choice asked.
 func ReadPrompt(api connectors.API, body []byte, session string) (Prompt, bool) {
-	js := connectors.Bytes(body)
 	p := Prompt{api: api}
-	if n := gjson.Get(js, "n"); n.Exists() && n.Type != gjson.Null && n.Int() != 1 {
-		return p, false
-	}
-	if b := gjson.Get(js, "best_of"); b.Exists() && b.Type != gjson.Null && b.Int() > 1 {
+	// One pass over the top level: one parse has refused a repeated
+	// name, so each member read here is the one the engine reads.
+	var render [len(renderKeys)]gjson.Result
+	var messages, prompt gjson.Result
+	many := false
+	gjson.Parse(connectors.Bytes(body)).ForEach(func(k, v gjson.Result) bool {
+		switch k.Str {
+		case "messages":
+			messages = v
+		case "prompt":
+			prompt = v
+		case "n":
+			many = many || v.Type != gjson.Null && v.Int() != 1
+		case "best_of":
+			many = many || v.Type != gjson.Null && v.Int() > 1
+		}
+		if i := slices.Index(renderKeys[:], k.Str); i >= 0 {
+			render[i] = v
+		}
+		return true
+	})
+	if many {
 		return p, false
 	}
 	switch api {
 	case connectors.APIChat:
-		m := gjson.Get(js, "messages")
-		if !m.IsArray() {
+		if !messages.IsArray() {
 			return p, false
 		}
-		p.messages = m.Array()
+		p.messages = messages.Array()
 		if len(p.messages) == 0 {
 			return p, false
 		}
 	case connectors.APICompletions:
-		t := gjson.Get(js, "prompt")
-		if t.Type != gjson.String {
+		if prompt.Type != gjson.String {
 			return p, false
 		}
-		if e := gjson.Get(js, "echo"); e.Type == gjson.True {
+		if render[slices.Index(renderKeys[:], "echo")].Type == gjson.True {
 			return p, false // the answer's text repeats the prompt
 		}
-		p.text = t.String()
+		p.text = prompt.String()
 	default:
 		return p, false
 	}
 	h := sha256.New()
-	for _, k := range renderKeys {
-		v := gjson.Get(js, k)
+	for i, k := range renderKeys {
 		writeField(h, k)
-		if v.Exists() {
+		if v := render[i]; v.Exists() {
 			writeField(h, v.Raw)
 		} else {
 			writeField(h, "\x00absent")
@@ -201,23 +216,51 @@ func (p *Prompt) Prefixes(lens []int) ([][sha256.Size]byte, hash.Hash) {
 // template renders (role, name, content, reasoning, tool calls and the
 // tool call answered), each tagged with its JSON type.
 func messageSum(m gjson.Result) []byte {
+	var role, name, content, reasoningContent, reasoning, toolCalls, toolCallID gjson.Result
+	m.ForEach(func(k, v gjson.Result) bool {
+		switch k.Str {
+		case "role":
+			role = v
+		case "name":
+			name = v
+		case "content":
+			content = v
+		case "reasoning_content":
+			reasoningContent = v
+		case "reasoning":
+			reasoning = v
+		case "tool_calls":
+			toolCalls = v
+		case "tool_call_id":
+			toolCallID = v
+		}
+		return true
+	})
 	h := sha256.New()
-	writeField(h, m.Get("role").String())
-	writeField(h, m.Get("name").String())
-	writeText(h, m.Get("content"))
-	r := m.Get("reasoning_content")
-	if !r.Exists() || r.Type == gjson.Null {
-		r = m.Get("reasoning")
+	writeField(h, role.String())
+	writeField(h, name.String())
+	writeText(h, content)
+	if reasoningContent.Exists() && reasoningContent.Type != gjson.Null {
+		reasoning = reasoningContent
 	}
-	writeText(h, r)
-	tc := m.Get("tool_calls")
-	if tc.IsArray() && len(tc.Array()) > 0 {
-		writeField(h, tc.Raw)
+	writeText(h, reasoning)
+	if toolCalls.IsArray() && nonEmpty(toolCalls) {
+		writeField(h, toolCalls.Raw)
 	} else {
 		writeField(h, "\x00none")
 	}
-	writeField(h, m.Get("tool_call_id").String())
+	writeField(h, toolCallID.String())
 	return h.Sum(nil)
+}
+
+// nonEmpty reports whether the array a has an element.
+func nonEmpty(a gjson.Result) bool {
+	found := false
+	a.ForEach(func(_, _ gjson.Result) bool {
+		found = true
+		return false
+	})
+	return found
 }
 
 // answerSum is messageSum of the assistant message a decode answer makes:
@@ -238,15 +281,18 @@ func answerSum(content, reasoning hash.Hash) []byte {
 // absent and null as the empty string, anything else (content parts) as
 // its raw JSON under another tag.
 func writeText(h hash.Hash, v gjson.Result) {
-	t := sha256.New()
+	var b [1 + sha256.Size]byte
 	switch {
 	case !v.Exists() || v.Type == gjson.Null || v.Type == gjson.String:
-		t.Write([]byte(v.String()))
-		writeSum(h, 's', t)
+		b[0] = 's'
+		sum := sha256.Sum256([]byte(v.String()))
+		copy(b[1:], sum[:])
 	default:
-		t.Write([]byte(v.Raw))
-		writeSum(h, 'j', t)
+		b[0] = 'j'
+		sum := sha256.Sum256([]byte(v.Raw))
+		copy(b[1:], sum[:])
 	}
+	h.Write(b[:])
 }
 
 func writeSum(h hash.Hash, tag byte, t hash.Hash) {
