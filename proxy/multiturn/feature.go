@@ -74,13 +74,16 @@ type Feature struct {
 // history held under the narrowing.
 const maxProbes = 64
 
-// Begin takes part in a request whose API and shape multi-turn reuse
-// covers (chat and completions, one choice): a split takes the entry whose
-// sequence its text extends, the longest held, for its prefill leg; every
-// such request follows its decode answer, whose kv_transfer_params (when
-// the decode engine pinned its KV) are kept for the turn that extends it.
+// Begin takes part in a split (a request that names a prefiller) whose
+// API and shape multi-turn reuse covers (chat and completions, one
+// choice): it takes the entry whose sequence its text extends, the longest
+// held, for its prefill leg, and follows its decode answer, whose
+// kv_transfer_params (when the decode engine pinned its KV) are kept for
+// the turn that extends it. A request served locally from the start is
+// left alone: its decode leg carries no kv_transfer_params, and the engine
+// pins nothing for it.
 func (f *Feature) Begin(r feature.Request, _ *fasthttp.RequestHeader) feature.Use {
-	if r.Refused {
+	if r.Refused || r.Prefiller == "" {
 		return nil
 	}
 	p, ok := ReadPrompt(r.API, r.Body, r.Session)
@@ -89,16 +92,10 @@ func (f *Feature) Begin(r feature.Request, _ *fasthttp.RequestHeader) feature.Us
 		return nil
 	}
 	u := &use{f: f, narrow: p.Narrow(), client: ClientOf(r.Client), log: r.Log, chat: r.API == connectors.APIChat, n: p.Len()}
-	var lens []int
-	if r.Prefiller != "" {
-		lens = f.Store.Lengths(u.narrow, p.Len(), maxProbes)
-	}
-	sums, seq := p.Prefixes(lens)
+	sums, seq := p.Prefixes(f.Store.Lengths(u.narrow, p.Len(), maxProbes))
 	u.seq = seq
-	if r.Prefiller != "" {
-		slices.Reverse(sums) // the longest history first
-		u.lookup(sums, p.Continues())
-	}
+	slices.Reverse(sums) // the longest history first
+	u.lookup(sums, p.Continues())
 	if u.chat {
 		u.content, u.reasoning = sha256.New(), sha256.New()
 	}
