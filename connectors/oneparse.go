@@ -42,7 +42,7 @@ var ErrAmbiguousJSON = errors.New("connectors: request body is JSON that engines
 // case-insensitive decoder takes it for the member the sidecar read.
 var readNames = map[string]struct{}{
 	// Top level: what the sidecar reads, edits or hashes.
-	"model": {}, "messages": {}, "prompt": {}, "input": {}, "stream": {}, "stream_options": {},
+	"model": {}, "messages": {}, "prompt": {}, "input": {}, "instructions": {}, "store": {}, "stream": {}, "stream_options": {},
 	"max_tokens": {}, "max_completion_tokens": {}, "max_output_tokens": {}, "min_tokens": {},
 	"min_completion_tokens": {}, "n": {}, "best_of": {}, "echo": {}, "suffix": {},
 	"kv_transfer_params": {}, "ec_transfer_params": {}, "bootstrap_host": {}, "bootstrap_port": {},

@@ -36,6 +36,11 @@ const (
 	// from a client (every connector: Connector is AnyConnector); its
 	// Decoder says how the engine's JSON reader reads it.
 	ClientRequest = "client_request"
+	// ErrorAnswer is an engine's error answer to a client request
+	// (every connector: Connector is AnyConnector), with the HTTP status
+	// it goes with (Status): what reaches the client, relayed as the
+	// engine wrote it.
+	ErrorAnswer = "error_answer"
 )
 
 // AnyConnector is the Connector of a shape every connector sees alike.
@@ -109,7 +114,10 @@ type Shape struct {
 	// Decoder is how the consumer's JSON reader reads the message
 	// (ClientRequest shapes).
 	Decoder *Decoder `json:"decoder,omitempty"`
-	Notes   string   `json:"notes"`
+	// Status is the HTTP status the message goes with (ErrorAnswer
+	// shapes; 0: none said).
+	Status int    `json:"status,omitempty"`
+	Notes  string `json:"notes"`
 }
 
 // Members returns the names of Value's top-level members, in its order.

@@ -26,7 +26,7 @@ func TestCorpusShapesAreWhole(t *testing.T) {
 	require.NoError(t, err)
 	require.NotEmpty(t, all)
 	connectors := []string{"nixlv2", "mooncake", "sglang", "ec-nixl", "moriio", "offloading", "sidecar", "shared-storage", wirecorpus.AnyConnector}
-	messages := []string{wirecorpus.PrefillAnswer, wirecorpus.DecodeAnswer, wirecorpus.BootstrapAnswer, wirecorpus.EncoderAnswer, wirecorpus.PrefillRequest, wirecorpus.DecodeRequest, wirecorpus.ClientRequest}
+	messages := []string{wirecorpus.PrefillAnswer, wirecorpus.DecodeAnswer, wirecorpus.BootstrapAnswer, wirecorpus.EncoderAnswer, wirecorpus.PrefillRequest, wirecorpus.DecodeRequest, wirecorpus.ClientRequest, wirecorpus.ErrorAnswer}
 	for _, s := range all {
 		t.Run(s.Name, func(t *testing.T) {
 			assert.Regexp(t, name, s.Name)
@@ -65,6 +65,22 @@ func TestCorpusShapesAreWhole(t *testing.T) {
 				assert.NotEmpty(t, d.Source.Repository)
 				assert.NotEmpty(t, d.Source.File)
 				assert.True(t, d.Source.Commit != "" || d.Source.Release != "", "the decoder's source names a commit or a release")
+			}
+			if s.Message == wirecorpus.ErrorAnswer {
+				assert.GreaterOrEqual(t, s.Status, 400, "an error answer says its status")
+				var e struct {
+					Error struct {
+						Message string `json:"message"`
+						Type    string `json:"type"`
+						Code    int    `json:"code"`
+					} `json:"error"`
+				}
+				require.NoError(t, json.Unmarshal(s.Value, &e))
+				assert.NotEmpty(t, e.Error.Message)
+				assert.NotEmpty(t, e.Error.Type)
+				assert.Equal(t, s.Status, e.Error.Code, "vLLM's error code is the answer's status")
+			} else {
+				assert.Zero(t, s.Status, "only an error answer has a status")
 			}
 		})
 	}
