@@ -70,6 +70,7 @@ func run(args []string) error {
 	fs.DurationVar(&cfg.DecoderKVBlocksTTL, "decoder-kv-blocks-ttl", cfg.DecoderKVBlocksTTL, "how long a decode engine keeps a pinned sequence for the next turn (decoder_kv_blocks_ttl)")
 	fs.IntVar(&cfg.KVRecomputeThreshold, "kv-recompute-threshold", cfg.KVRecomputeThreshold, "history tokens below which a prefill recomputes them instead of pulling them from the decode engine (kv_recompute_threshold)")
 	fs.IntVar(&cfg.ReasoningTokens, "reasoning-tokens", cfg.ReasoningTokens, "leading generated tokens of a chat completion rendered as reasoning_content (0: none)")
+	fs.IntVar(&cfg.ResponsesStore, "responses-store", cfg.ResponsesStore, "/v1/responses answers kept for a later previous_response_id, the oldest forgotten first (0: none kept; every previous_response_id answered 404, as vLLM without VLLM_ENABLE_RESPONSES_API_STORE)")
 	faults := fs.String("faults", "", `faults active from the start, as JSON (see POST /sim/faults), e.g. '{"status":500}'`)
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
 	if err := fs.Parse(args); err != nil {

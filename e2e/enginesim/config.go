@@ -129,6 +129,11 @@ type Config struct {
 	// completion rendered as reasoning (message.reasoning_content, or
 	// delta.reasoning_content when streamed); 0: none.
 	ReasoningTokens int
+	// ResponsesStore is the number of /v1/responses answers kept for a
+	// later request's previous_response_id, the oldest forgotten first
+	// (responses.go); 0: none kept, every previous_response_id answered
+	// 404, as vLLM without VLLM_ENABLE_RESPONSES_API_STORE.
+	ResponsesStore int
 }
 
 // DefaultConfig returns the defaults the engine-sim binary uses.
@@ -156,6 +161,7 @@ func DefaultConfig() Config {
 		WireShape:            DefaultWireShape,
 		DecoderKVBlocksTTL:   480 * time.Second,
 		KVRecomputeThreshold: 64,
+		ResponsesStore:       1024,
 	}
 }
 
@@ -214,6 +220,8 @@ func (c Config) Validate() error {
 		return bad("--kv-recompute-threshold must not be negative")
 	case c.ReasoningTokens < 0:
 		return bad("--reasoning-tokens must not be negative")
+	case c.ResponsesStore < 0:
+		return bad("--responses-store must not be negative")
 	}
 	return c.Faults.Validate()
 }

@@ -203,6 +203,9 @@ func (s *Sim) execute(ctx context.Context, w http.ResponseWriter, g *genRequest,
 		s.unpin(pin)
 		return
 	}
+	// Kept before the answer ends, as vLLM stores it before the client
+	// reads response.completed (responses.go).
+	s.keepResponse(g, leg, o)
 	s.m.requestSuccess.WithLabelValues(o.finish).Inc()
 	s.m.e2e.Observe(time.Since(start).Seconds())
 	if g.stream {

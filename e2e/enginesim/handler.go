@@ -110,6 +110,9 @@ func (s *Sim) inference(a api) http.HandlerFunc {
 		if err == nil && g.model != "" && g.model != s.cfg.Model {
 			err = &requestError{status: 404, typ: "NotFoundError", param: "model", msg: "The model `" + g.model + "` does not exist."}
 		}
+		if err == nil {
+			err = s.withHistory(g) // a previous_response_id's conversation (responses.go)
+		}
 		if err != nil {
 			var re *requestError
 			if !errors.As(err, &re) {

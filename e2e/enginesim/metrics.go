@@ -41,6 +41,9 @@ type simMetrics struct {
 	bidiPins, bidiHistoryPulls             prometheus.Counter
 	bidiHistoryBlocks, bidiHistoryFailures prometheus.Counter
 	bidiRecomputed                         prometheus.Counter
+	// The Responses API's response store (responses.go).
+	previousResponses *prometheus.CounterVec
+	responsesStored   prometheus.Gauge
 }
 
 func newSimMetrics(reg prometheus.Registerer, model string) *simMetrics {
@@ -123,6 +126,10 @@ func newSimMetrics(reg prometheus.Registerer, model string) *simMetrics {
 			"Failed history pulls (pin expired or unknown, decode engine unreachable); kv_load_failure_policy decides the request's fate."),
 		bidiRecomputed: counter("sim_bidirectional_recomputed_below_threshold_total",
 			"Prefill legs whose history to pull was shorter than --kv-recompute-threshold tokens: recomputed, nothing pulled."),
+		previousResponses: counterVec("sim_previous_responses_total",
+			"Responses requests that named a previous_response_id, by result (found: its conversation prepended; unknown: answered 404).", "result"),
+		responsesStored: gauge("sim_responses_stored",
+			"Responses answers kept for a later previous_response_id (at most --responses-store)."),
 	}
 	// Both kinds are exported from the start, so a scrape shows 0.
 	for _, k := range []string{p2pPrefill, p2pSource} {
@@ -133,6 +140,9 @@ func newSimMetrics(reg prometheus.Registerer, model string) *simMetrics {
 	}
 	for _, k := range []legKind{legPrefill, legDecode, legLocal} {
 		m.requestsCancelled.WithLabelValues(k.label())
+	}
+	for _, r := range []string{"found", "unknown"} {
+		m.previousResponses.WithLabelValues(r)
 	}
 	return m
 }

@@ -69,6 +69,13 @@ type genRequest struct {
 	// ec_transfer_params entries by mm_hash (encoder.go).
 	mm []mmItem
 	ec map[string]ecRef
+	// A Responses request's instructions and input, the conversation its
+	// prompt renders (messages: with a previous response's, responses.go),
+	// the previous_response_id it names ("": none) and its store member.
+	instructions     string
+	input, messages  []Message
+	previousResponse string
+	store            bool
 }
 
 // kvParams is vLLM NixlConnector's kv_transfer_params.
@@ -167,6 +174,9 @@ type body struct {
 	ContinueFinalMessage json.RawMessage `json:"continue_final_message"`
 	AddGenerationPrompt  json.RawMessage `json:"add_generation_prompt"`
 	ECTransferParams     json.RawMessage `json:"ec_transfer_params"`
+	// responses.go: the Responses API's conversation state.
+	PreviousResponseID json.RawMessage `json:"previous_response_id"`
+	Store              json.RawMessage `json:"store"`
 }
 
 func absent(raw json.RawMessage) bool {
@@ -360,20 +370,26 @@ func (g *genRequest) parsePrompt(a api, b *body) error {
 		if absent(b.Input) {
 			return badRequest("input", "input is required")
 		}
-		var msgs []Message
-		if s, err := optStringOrNil(b.Instructions); err == nil && s != "" {
-			msgs = append(msgs, Message{Role: "system", Content: s})
+		if s, err := optStringOrNil(b.Instructions); err == nil {
+			g.instructions = s
 		}
 		if s, ok, _ := optString(b.Input, "input"); ok {
-			msgs = append(msgs, Message{Role: "user", Content: s})
+			g.input = []Message{{Role: "user", Content: s}}
 		} else {
 			in, err := messagesOf(b.Input, "input")
 			if err != nil {
 				return err
 			}
-			msgs = append(msgs, in...)
+			g.input = in
 		}
-		g.prompt = Tokenize(ChatPrompt(msgs))
+		if err := g.parseConversation(b); err != nil {
+			return err
+		}
+		if g.instructions != "" {
+			g.messages = append(g.messages, Message{Role: "system", Content: g.instructions})
+		}
+		g.messages = append(g.messages, g.input...)
+		g.prompt = Tokenize(ChatPrompt(g.messages))
 	case apiMessages:
 		if absent(b.Messages) {
 			return badRequest("messages", "messages is required")
@@ -402,6 +418,24 @@ func (g *genRequest) parsePrompt(a api, b *body) error {
 	}
 	if len(g.prompt) == 0 {
 		return badRequest("prompt", "the prompt must not be empty")
+	}
+	return nil
+}
+
+// parseConversation reads a Responses request's previous_response_id
+// (a string, or null for none) and store (absent: true; null: false, as
+// vLLM's None; responses.go).
+func (g *genRequest) parseConversation(b *body) error {
+	id, _, err := optString(b.PreviousResponseID, "previous_response_id")
+	if err != nil {
+		return err
+	}
+	g.previousResponse = id
+	g.store = len(b.Store) == 0
+	if !g.store {
+		if g.store, err = optBool(b.Store, "store"); err != nil {
+			return err
+		}
 	}
 	return nil
 }

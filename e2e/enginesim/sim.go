@@ -55,6 +55,8 @@ type Sim struct {
 	// hs are the prefiller engines this engine is connected to
 	// (handshake.go).
 	hs *handshakes
+	// responses keeps answered /v1/responses responses (responses.go).
+	responses *responseStore
 
 	mu     sync.Mutex
 	kvAddr *net.TCPAddr
@@ -73,14 +75,15 @@ func New(cfg Config, log zerolog.Logger) (*Sim, error) {
 		return nil, err
 	}
 	s := &Sim{
-		cfg:      cfg,
-		log:      log,
-		engineID: cfg.EngineID,
-		reg:      prometheus.NewRegistry(),
-		cache:    newPrefixCache(prefixCacheBlocks(cfg)),
-		slots:    make(chan struct{}, cfg.MaxRunning),
-		journal:  newJournal(200),
-		clock0:   time.Now(),
+		cfg:       cfg,
+		log:       log,
+		engineID:  cfg.EngineID,
+		reg:       prometheus.NewRegistry(),
+		cache:     newPrefixCache(prefixCacheBlocks(cfg)),
+		slots:     make(chan struct{}, cfg.MaxRunning),
+		journal:   newJournal(200),
+		clock0:    time.Now(),
+		responses: newResponseStore(cfg.ResponsesStore),
 	}
 	if cfg.PrefillSlots > 0 {
 		s.prefillSlots = make(chan struct{}, cfg.PrefillSlots)
