@@ -57,6 +57,11 @@ const (
 	// --min-remote-prefill-tokens; moving its KV would cost more than the
 	// prefill it saves.
 	DeclineShortPrompt = "short_prompt"
+	// DeclinePreviousResponse: a /v1/responses request names a
+	// previous_response_id, a conversation whose history only the engine
+	// that answered it holds, the decode engine; a prefill engine has none
+	// of it.
+	DeclinePreviousResponse = "previous_response"
 )
 
 // KV cache source outcomes (the outcome label of kv_sources_total): what
@@ -103,7 +108,7 @@ type Metrics struct {
 	PrefillerRequests *prometheus.CounterVec
 	// SplitDeclined counts requests that named a prefiller and that the
 	// sidecar served locally by choice, without a prefill leg, by reason
-	// (DeclineShortPrompt).
+	// (DeclineShortPrompt, DeclinePreviousResponse).
 	SplitDeclined *prometheus.CounterVec
 	// PrefillDuration observes the whole prefill phase (retries included)
 	// per prefiller, successful or not.
@@ -206,7 +211,7 @@ func New(reg prometheus.Registerer, maxPrefillers int) *Metrics {
 		}, []string{"prefiller", "outcome", "reason"}),
 		SplitDeclined: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "pd_sidecar_split_declined_total",
-			Help: "Requests with a named prefiller served locally by choice, without a prefill leg (no fallback), by reason (short_prompt: under --min-remote-prefill-tokens).",
+			Help: "Requests with a named prefiller served locally by choice, without a prefill leg (no fallback), by reason (short_prompt: under --min-remote-prefill-tokens; previous_response: a /v1/responses previous_response_id, history held by the decode engine).",
 		}, []string{"reason"}),
 		PrefillDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "pd_sidecar_prefill_duration_seconds",
@@ -279,7 +284,9 @@ func New(reg prometheus.Registerer, maxPrefillers int) *Metrics {
 		Wire:       NewWire(reg),
 	}
 	reg.MustRegister(m.SplitDeclined)
-	m.SplitDeclined.WithLabelValues(DeclineShortPrompt)
+	for _, r := range []string{DeclineShortPrompt, DeclinePreviousResponse} {
+		m.SplitDeclined.WithLabelValues(r)
+	}
 	reg.MustRegister(m.PrefillLegFailures, m.KVSources, m.DecodeFirst, m.LoopStreams, m.LoopHandoffs, m.LoopRequests)
 	reg.MustRegister(m.Requests, m.Fallbacks, m.PrefillerRequests, m.PrefillDuration, m.KVTransferDuration,
 		m.TTFT, m.KVLoadFailures, m.Inflight, m.PrefillRetries, m.ClientDisconnects, m.KVReleases)

@@ -94,7 +94,8 @@ type Counts struct {
 	// Declined counts requests that named a prefiller and that the sidecar
 	// served locally by choice, with no prefill leg (counted in Local, not
 	// in NamedPrefiller: no fallback, nothing failed); DeclinedByReason by
-	// why (short_prompt: under --min-remote-prefill-tokens).
+	// why (short_prompt: under --min-remote-prefill-tokens;
+	// previous_response: a Responses previous_response_id).
 	Declined         int            `json:"declined"`
 	DeclinedByReason map[string]int `json:"declined_by_reason"`
 	// KVTransferred counts decodes that produced output from remote KV

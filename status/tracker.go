@@ -218,8 +218,9 @@ func (t *Tracker) ObserveRequest(r proxy.RequestReport) {
 		b.encoder[r.Encoder]++
 	}
 	if r.Declined != "" {
-		// Served locally by choice (a short prompt): no outcome of a split,
-		// and nothing about the prefiller's health.
+		// Served locally by choice (a short prompt, a conversation the
+		// decode engine holds): no outcome of a split, and nothing about
+		// the prefiller's health.
 		b.declined[r.Declined]++
 		return
 	}

@@ -24,7 +24,7 @@ type RequestReport struct {
 	// the request named none, or none that could be used).
 	Prefiller string
 	// Declined is why the sidecar served a request that named a prefiller
-	// locally by choice, with no prefill leg (metrics.DeclineShortPrompt);
+	// locally by choice, with no prefill leg (metrics.Decline*);
 	// "" when it did not decline. Such a request is in Mode local, and no
 	// fallback.
 	Declined string

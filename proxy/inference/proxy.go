@@ -50,6 +50,7 @@ import (
 	"github.com/pd-sidecar/pd-sidecar/proxy/observe"
 	"github.com/pd-sidecar/pd-sidecar/proxy/passpolicy"
 	"github.com/pd-sidecar/pd-sidecar/proxy/prefillstrip"
+	"github.com/pd-sidecar/pd-sidecar/proxy/prevresponse"
 	"github.com/pd-sidecar/pd-sidecar/proxy/prewarm"
 	"github.com/pd-sidecar/pd-sidecar/proxy/shortprompt"
 	"github.com/pd-sidecar/pd-sidecar/proxy/sse"
@@ -223,6 +224,8 @@ func New(cfg Config, conn connectors.Connector, m *metrics.Metrics, gatherer pro
 		return nil, fmt.Errorf("connector %q is neither sequential nor concurrent", conn.Name())
 	}
 	p.Boot = bootstrap.New(cfg.MaxPrefillers, bootstrapTransportErr)
+	// Always on: no split of a conversation the decode engine holds can be right.
+	p.features = append(p.features, prevresponse.Guard{})
 	if cfg.MinRemotePrefillTokens > 0 {
 		p.features = append(p.features, shortprompt.Guard{Limit: cfg.MinRemotePrefillTokens})
 	}

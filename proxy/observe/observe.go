@@ -125,8 +125,8 @@ func (t *Tracing) EndPrefill(span trace.Span, err error) {
 type Request struct {
 	// Reason is the fallback reason ("" when the request did not degrade).
 	Reason string
-	// Declined is why the split was declined (the short-prompt guard's
-	// metrics.DeclineShortPrompt; "": it was not).
+	// Declined is why the split was declined (a feature's
+	// metrics.Decline* reason; "": it was not).
 	Declined string
 	// Encoder is the encoder stage's outcome ("": no encoder stage).
 	Encoder string
