@@ -243,7 +243,7 @@ func (s *Sim) prefillHistory(ctx context.Context, g *genRequest, hashes []uint64
 		}
 		return kvLoaded{}, false, nil
 	}
-	kv := kvLoaded{fps: fps, recv: make([][]byte, len(hashes)), cached: hb * bs}
+	kv := kvLoaded{fps: fps, recv: make([][]byte, len(hashes)), cached: hb * bs, history: len(recv) * bs}
 	for i, blk := range recv {
 		kv.recv[hits+i] = blk
 		kv.fps[hits+i] = Fingerprint(blk)

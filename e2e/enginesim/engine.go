@@ -207,6 +207,7 @@ func (s *Sim) execute(ctx context.Context, w http.ResponseWriter, g *genRequest,
 	// reads response.completed (responses.go).
 	s.keepResponse(g, leg, o)
 	s.m.requestSuccess.WithLabelValues(o.finish).Inc()
+	s.record(g, leg, kv, o.requestID, pin)
 	s.m.e2e.Observe(time.Since(start).Seconds())
 	if g.stream {
 		if out.end(streamClose(o, g.includeUsage)...) != nil {
@@ -283,6 +284,9 @@ type kvLoaded struct {
 	recv [][]byte
 	// cached is the number of prompt tokens to report as cached.
 	cached int
+	// history is the prompt tokens whose KV was pulled from a decode
+	// engine's pinned sequence (bidirectional.go).
+	history int
 }
 
 // loadKV fills the request's KV: pulled from the prefiller for a decode leg,

@@ -41,6 +41,7 @@ func (s *Sim) Handler() http.Handler {
 	mux.HandleFunc("POST /sim/faults", s.postFaults)
 	mux.HandleFunc("DELETE /sim/faults", s.deleteFaults)
 	mux.HandleFunc("GET /sim/requests", s.listRequests)
+	mux.HandleFunc("GET /sim/computed", s.listComputed)  // ledger.go
 	mux.HandleFunc("GET /ec/{mm_hash}", s.serveEncoding) // encoder.go
 	if s.kva != nil {
 		mux.HandleFunc("POST /kv/alloc", s.kva.handleAlloc)

@@ -43,6 +43,7 @@ type Sim struct {
 	// see Config.PrefillSlots).
 	prefillSlots chan struct{}
 	journal      *journal
+	ledger       *ledger
 	store        *sharedStore // nil without SharedStorageDir
 	// kva is the kvtransfer region and agent (nil without KVTransport).
 	kva *kvAgent
@@ -82,6 +83,7 @@ func New(cfg Config, log zerolog.Logger) (*Sim, error) {
 		cache:     newPrefixCache(prefixCacheBlocks(cfg)),
 		slots:     make(chan struct{}, cfg.MaxRunning),
 		journal:   newJournal(200),
+		ledger:    newLedger(ledgerLimit),
 		clock0:    time.Now(),
 		responses: newResponseStore(cfg.ResponsesStore),
 	}
