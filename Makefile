@@ -252,15 +252,16 @@ bench-tail: build
 	$(BIN)/pd-bench tail --bin $(BIN) --dir out/bench-tail $(TAIL_BENCH_FLAGS) | tee out/bench-tail.txt
 
 ## bench-multiturn: multi-turn KV reuse (bidirectional KV transfer) against a baseline of the same run
-## (pd-bench multiturn), on loopback with engine-sim at 50 µs a prefilled token and 300 µs a decode
-## step: 4 conversations of 9 streamed chat turns in lock-step, each turn carrying the earlier
-## answers back verbatim plus 1000-3000 new words, under a session key; once without bidirectional
-## KV transfer, once with it on the sidecar and both engines. The prefillers cannot keep a history
-## (engine-sim --prefix-cache-blocks 64, or a fresh prefiller a turn where engine-sim lacks that flag).
-## Prints per turn the new tokens, the prefillers' computed tokens and TTFT p50 of both modes, the
-## sidecar's multiturn counters, and budget lines (PASS/FAIL). About 30 seconds;
-## MULTITURN_BENCH_FLAGS adds flags (e.g. --conversations 8 --turns 10, --modes without). Writes
-## out/bench-multiturn.txt, logs in out/bench-multiturn/. Not part of make test.
+## (pd-bench multiturn), on loopback with engine-sim at 200 µs a prefilled token and 300 µs a decode
+## step: 32 conversations of 6 streamed chat turns in lock-step (30 % of them stop after turn 1), each
+## turn carrying the earlier answers back verbatim plus 300-900 new words. Modes: without, with-conversation
+## (a session key per conversation), with-pod (every conversation the x-session-token llm-d's endpoint
+## picker sets for the decode pod) and with-conversation@15s (a 15 s decoder TTL). Prints per mode and
+## turn the new tokens and the tokens the engines computed (engine-sim's ledger, turn by turn), TTFT, the
+## decode engine's pinned KV (block·s sampled, read and never read), and the criteria (PASS/FAIL). About
+## 90 seconds; MULTITURN_BENCH_FLAGS adds flags (e.g. --modes without,with-none, --abandon 0,
+## --decoder-kv-blocks-ttl 60s). Writes out/bench-multiturn.txt, logs in out/bench-multiturn/. Not part of
+## make test.
 .PHONY: bench-multiturn
 bench-multiturn: build
 	@mkdir -p out
