@@ -116,7 +116,7 @@ type Options struct {
 	SampleEvery, Tail time.Duration
 }
 
-// DefaultOptions is `make bench-multiturn`: about two minutes on 2 cores.
+// DefaultOptions is `make bench-multiturn`: about 80 seconds on 2 cores.
 func DefaultOptions() Options {
 	return Options{
 		Bin: "bin", Dir: "out/bench-multiturn", Out: os.Stdout,
