@@ -31,6 +31,21 @@ const (
 	MultiturnEvictedFull = "full"
 )
 
+// How a release leg for a pinned history no turn will read went (the
+// outcome label of pd_sidecar_multiturn_pin_releases_total).
+const (
+	// PinReleaseSent: a prefill engine answered the release leg: it was
+	// given the pin to read, pulled nothing, and told the decode engine to
+	// free it.
+	PinReleaseSent = "sent"
+	// PinReleaseFailed: the release leg failed (transport, timeout, a
+	// status other than 200); the pin lasts its TTL.
+	PinReleaseFailed = "failed"
+	// PinReleaseOverLimit: not sent, as many release legs were in flight
+	// as allowed; the pin lasts its TTL.
+	PinReleaseOverLimit = "over_limit"
+)
+
 // Why a conversation's turn carries no history in its prefill leg (the
 // reason label of pd_sidecar_multiturn_misses_total).
 const (
@@ -70,6 +85,9 @@ type Multiturn struct {
 	// Evictions counts entries dropped for room before they were used, by
 	// reason (client_share, over_share, full).
 	Evictions *prometheus.CounterVec
+	// PinReleases counts the release legs sent for pinned histories no
+	// turn will read, by outcome (sent, failed, over_limit).
+	PinReleases *prometheus.CounterVec
 	// PinnedTokens estimates the tokens the decode engine holds pinned for
 	// next turns: every pin the answers announced, until a prefill read it
 	// or decoder_kv_blocks_ttl passed.
@@ -104,12 +122,19 @@ func NewMultiturn(reg prometheus.Registerer) *Multiturn {
 			Name: "pd_sidecar_multiturn_evictions_total",
 			Help: "Conversations' entries dropped for room before they were used, by reason: client_share (the client that kept a new entry held its share, and gave its own oldest), over_share (a client over its share gave its oldest to one under its own), full (no client over its share; the least recently kept).",
 		}, []string{"reason"}),
+		PinReleases: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "pd_sidecar_multiturn_pin_releases_total",
+			Help: "Release legs for histories the decode engine pinned that no turn will read (an answer not kept, an entry evicted, replaced or under the recompute threshold; --bidirectional-release-unread): a one-token prefill leg given the pin, whose engine pulls nothing and tells the decode engine to free it, by outcome (sent, failed, over_limit).",
+		}, []string{"outcome"}),
 		PinnedTokens: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "pd_sidecar_multiturn_pinned_tokens",
 			Help: "Estimate of the tokens the decode engine holds pinned for next turns (bidirectional KV transfer): those the decode answers said were pinned (remote_num_tokens), kept or not, until a prefill read them or --bidirectional-cache-ttl (the engines' decoder_kv_blocks_ttl) passed.",
 		}),
 	}
-	reg.MustRegister(m.Uses, m.Misses, m.TokensReused, m.Entries, m.Held, m.Evictions, m.PinnedTokens)
+	reg.MustRegister(m.Uses, m.Misses, m.TokensReused, m.Entries, m.Held, m.Evictions, m.PinnedTokens, m.PinReleases)
+	for _, o := range []string{PinReleaseSent, PinReleaseFailed, PinReleaseOverLimit} {
+		m.PinReleases.WithLabelValues(o)
+	}
 	for _, r := range []string{MultiturnEvictedShare, MultiturnEvictedOverShare, MultiturnEvictedFull} {
 		m.Evictions.WithLabelValues(r)
 	}

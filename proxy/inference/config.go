@@ -309,6 +309,12 @@ type MultiturnConfig struct {
 	// default 5600), data-parallel rank r's being SideChannelPort+r: the
 	// only port a decode answer's history may name.
 	SideChannelPort int
+	// ReleaseUnread frees the pins no turn will read
+	// (--bidirectional-release-unread): an answer not kept, an entry
+	// evicted, replaced or under the threshold gets a one-token prefill
+	// leg to its prefiller carrying the pin, which makes that engine tell
+	// the decode engine to free it.
+	ReleaseUnread bool
 }
 
 // MultiturnMargin is what is taken off --bidirectional-cache-ttl: vLLM's
@@ -323,7 +329,7 @@ const MaxSessionKeyLen = 256
 // DefaultMultiturnConfig returns the defaults (off).
 func DefaultMultiturnConfig() MultiturnConfig {
 	return MultiturnConfig{CacheSize: 4096, CacheBytes: 64 << 20, CacheClientShare: 0.25, CacheTTL: 480 * time.Second,
-		SessionHeader: "x-session-token", RecomputeThreshold: 64, SideChannelPort: 5600}
+		SessionHeader: "x-session-token", RecomputeThreshold: 64, SideChannelPort: 5600, ReleaseUnread: true}
 }
 
 // Validate reports the first invalid multi-turn setting.

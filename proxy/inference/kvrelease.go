@@ -47,7 +47,7 @@ func newKVReleaser(p *Proxy) *kvrelease.Releaser {
 	if !p.Cfg.ReleaseKVOnCancel || !ok || p.seq == nil || p.Mori != nil {
 		return nil
 	}
-	return kvrelease.New(c, p.Tr, p.M.KVReleases)
+	return kvrelease.New(kvrelease.DecodeLegs, c, p.Tr, p.M.KVReleases)
 }
 
 // awaitKVRead records the handoff of a parsed prefill answer as pending a

@@ -116,6 +116,9 @@ type Proxy struct {
 	// reuse on ("": off); sweep drops its expired entries.
 	sessionHeader string
 	sweep         *multiturn.Sweeper
+	// pinr sends the release legs of pinned histories no turn will read
+	// (nil: --bidirectional-release-unread off, or multi-turn reuse off).
+	pinr *pinReleaser
 	// engine watches the local engine's version (engineinfo).
 	engine *engineinfo.Watcher
 	// LegStrip are the client's headers the lane leaves out of every leg
@@ -245,7 +248,12 @@ func New(cfg Config, conn connectors.Connector, m *metrics.Metrics, gatherer pro
 		store := multiturn.NewStore(multiturn.StoreConfig{MaxEntries: mt.CacheSize, MaxBytes: mt.CacheBytes,
 			ClientShare: mt.CacheClientShare, TTL: mt.CacheTTL - MultiturnMargin(mt.CacheTTL)})
 		pins := multiturn.NewPins(mt.CacheTTL, nil)
-		p.features = append(p.features, &multiturn.Feature{Store: store, Pins: pins, Threshold: mt.RecomputeThreshold,
+		var release multiturn.PinReleaser
+		if mt.ReleaseUnread {
+			p.pinr = newPinReleaser(p)
+			release = p.pinr
+		}
+		p.features = append(p.features, &multiturn.Feature{Store: store, Pins: pins, Release: release, Threshold: mt.RecomputeThreshold,
 			PodAddr: p.podAddr(), SideChannelPort: mt.SideChannelPort, Ranks: cfg.DataParallelSize,
 			KeepReasoning: mt.KeepReasoning, M: m.Multiturn})
 		p.sessionHeader = mt.SessionHeader
@@ -287,6 +295,9 @@ func New(cfg Config, conn connectors.Connector, m *metrics.Metrics, gatherer pro
 	}
 	if p.sweep != nil {
 		p.Background = append(p.Background, backgroundWork{background: p.sweep})
+	}
+	if p.pinr != nil {
+		p.Background = append(p.Background, backgroundWork{background: p.pinr.r, ThroughDrain: true})
 	}
 	if cfg.EngineInfoInterval > 0 {
 		p.engine = newEngineInfo(p)

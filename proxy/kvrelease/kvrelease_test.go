@@ -69,7 +69,7 @@ const releaseParams = `{"do_remote_prefill":true,"remote_engine_id":"e","remote_
 func testReleaser(t *testing.T) (kr *Releaser, counts *prometheus.CounterVec, stop func()) {
 	t.Helper()
 	counts = metrics.New(prometheus.NewRegistry(), 0).KVReleases
-	kr = New(nixlv2.New(), upstream.NewTransport(time.Second, 64, 4), counts)
+	kr = New(DecodeLegs, nixlv2.New(), upstream.NewTransport(time.Second, 64, 4), counts)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() {

@@ -17,8 +17,8 @@ import (
 	"hash"
 	"net/netip"
 	"slices"
+	"strconv"
 	"strings"
-	"time"
 
 	"github.com/rs/zerolog"
 	"github.com/tidwall/gjson"
@@ -38,6 +38,9 @@ type Feature struct {
 	// Pins estimates the tokens the decode engine holds pinned
 	// (nil: not estimated).
 	Pins *Pins
+	// Release frees the pins no turn will read (nil: they last their
+	// TTL; --bidirectional-release-unread).
+	Release PinReleaser
 	// Threshold is the fewest history tokens worth a pull
 	// (--bidirectional-recompute-threshold): a shorter history is not put
 	// in the prefill leg.
@@ -68,6 +71,17 @@ type Feature struct {
 	M *metrics.Multiturn
 }
 
+// PinReleaser sends, in the background, the release leg of a pin: body
+// (ReleaseBody) to the prefill engine at prefiller, which makes it free the
+// pin on the decode engine. It never blocks.
+type PinReleaser interface {
+	ReleasePin(prefiller string, body []byte)
+}
+
+// maxModelLen bounds the model name an entry keeps for its release leg:
+// a longer one is no served model's, and the pin lasts its TTL.
+const maxModelLen = 256
+
 // maxProbes bounds the lengths a turn looks for a history at: the longest
 // ones under its own length. A chat's lengths are message counts, fewer
 // than that in any conversation; a completion's are byte lengths, one per
@@ -91,7 +105,10 @@ func (f *Feature) Begin(r feature.Request, _ *fasthttp.RequestHeader) feature.Us
 		r.Log.LogAt(zerolog.DebugLevel).Msg("multi-turn: a request shape the history cannot follow (API, prompt, choices): not used, not kept")
 		return nil
 	}
-	u := &use{f: f, narrow: p.Narrow(), client: ClientOf(r.Client), log: r.Log, chat: r.API == connectors.APIChat, n: p.Len()}
+	u := &use{f: f, narrow: p.Narrow(), client: ClientOf(r.Client), log: r.Log, chat: r.API == connectors.APIChat, n: p.Len(), prefiller: r.Prefiller}
+	if m := p.Model(); len(m) <= maxModelLen {
+		u.model = m
+	}
 	sums, seq := p.Prefixes(f.Store.Lengths(u.narrow, p.Len(), maxProbes))
 	u.seq = seq
 	slices.Reverse(sums) // the longest history first
@@ -106,6 +123,9 @@ func (f *Feature) Begin(r feature.Request, _ *fasthttp.RequestHeader) feature.Us
 type use struct {
 	f      *Feature
 	narrow [sha256.Size]byte
+	// prefiller and model are the request's: where and how a release leg
+	// of the pin its answer leaves goes.
+	prefiller, model string
 	// client is whose share the entry the answer leaves counts in.
 	client Client
 	log    feature.Logger
@@ -141,6 +161,7 @@ func (u *use) lookup(sums [][sha256.Size]byte, continues bool) {
 	u.f.M.Held.Set(float64(u.f.Store.Count()))
 	if miss == "" && e.Tokens < u.f.Threshold {
 		miss = ReasonBelowThreshold
+		u.f.release(e)
 	}
 	u.outcome = miss
 	if miss != "" {
@@ -328,22 +349,16 @@ func loopbackName(host string) bool {
 // tokens they say the engine pinned are counted pinned whether kept or not.
 func (u *use) keep(params gjson.Result) {
 	u.done = true
-	var pinned time.Time
-	if n := params.Get("remote_num_tokens"); u.f.Pins != nil && n.Type == gjson.Number && n.Int() > 0 && n.Int() < 1<<31 {
-		pinned = u.f.Pins.Pin(int(n.Int()))
-		u.f.M.PinnedTokens.Set(float64(u.f.Pins.Tokens()))
-	}
-	if u.broken || !u.finished || u.thought && !u.f.KeepReasoning {
-		u.f.M.Entries.WithLabelValues(metrics.MultiturnNotKept).Inc()
-		u.log.LogAt(zerolog.DebugLevel).Msg("multi-turn: the answer is not one a next turn can extend exactly (choices, tool calls, reasoning, cut); its KV is not kept")
-		return
-	}
-	if params.Get("remote_num_tokens").Type == gjson.Number && params.Get("remote_num_tokens").Int() == 0 {
-		// vLLM's answer when it pinned no block (remote_block_ids [[]]):
-		// nothing to keep, and nothing wrong.
-		u.f.M.Entries.WithLabelValues(metrics.MultiturnNotKept).Inc()
-		u.log.LogAt(zerolog.DebugLevel).Msg("multi-turn: the decode engine pinned no block for this answer; nothing kept")
-		return
+	n := params.Get("remote_num_tokens")
+	if n.Type != gjson.Number || n.Int() <= 0 || n.Int() >= 1<<31 {
+		// vLLM's answer when it pinned no block (remote_num_tokens 0,
+		// remote_block_ids [[]]): nothing to keep, nothing wrong. Another
+		// count is refused below.
+		if n.Type == gjson.Number && n.Int() == 0 {
+			u.f.M.Entries.WithLabelValues(metrics.MultiturnNotKept).Inc()
+			u.log.LogAt(zerolog.DebugLevel).Msg("multi-turn: the decode engine pinned no block for this answer; nothing kept")
+			return
+		}
 	}
 	canon, addrs, err := nixlv2.HistoryParams.Canonical(nil, params)
 	if err == nil {
@@ -361,7 +376,21 @@ func (u *use) keep(params gjson.Result) {
 		u.log.LogAt(zerolog.WarnLevel).Err(err).Msg("multi-turn: the decode answer's kv_transfer_params refused; nothing kept")
 		return
 	}
-	e := Entry{Params: canon, Tokens: int(params.Get("remote_num_tokens").Int()), Pinned: pinned}
+	// The engine pinned the answer's tokens: they count until a prefill is
+	// given them or the TTL passes.
+	// The prefiller and model are copied: the request's strings may be
+	// views of buffers that go back to their pools when it ends.
+	e := Entry{Params: canon, Tokens: int(n.Int()), Prefiller: strings.Clone(u.prefiller), Model: strings.Clone(u.model)}
+	if u.f.Pins != nil {
+		e.Pinned = u.f.Pins.Pin(e.Tokens)
+		u.f.M.PinnedTokens.Set(float64(u.f.Pins.Tokens()))
+	}
+	if u.broken || !u.finished || u.thought && !u.f.KeepReasoning {
+		u.f.M.Entries.WithLabelValues(metrics.MultiturnNotKept).Inc()
+		u.log.LogAt(zerolog.DebugLevel).Msg("multi-turn: the answer is not one a next turn can extend exactly (choices, tool calls, reasoning, cut); its KV is not kept")
+		u.f.release(e)
+		return
+	}
 	h := u.seq
 	e.Len = u.n + u.text
 	if u.chat {
@@ -372,6 +401,7 @@ func (u *use) keep(params gjson.Result) {
 	ev, ok := u.f.Store.Put(u.narrow, u.client, e)
 	if !ok {
 		u.f.M.Entries.WithLabelValues(metrics.MultiturnNotKept).Inc()
+		u.f.release(e)
 	} else {
 		u.f.M.Entries.WithLabelValues(metrics.MultiturnKept).Inc()
 		if ev.Total() > 0 {
@@ -380,8 +410,48 @@ func (u *use) keep(params gjson.Result) {
 			u.f.M.Evictions.WithLabelValues(metrics.MultiturnEvictedOverShare).Add(float64(ev.OverShare))
 			u.f.M.Evictions.WithLabelValues(metrics.MultiturnEvictedFull).Add(float64(ev.Full))
 		}
+		for d := range ev.Dropped() {
+			u.f.release(d)
+		}
 	}
 	u.f.M.Held.Set(float64(u.f.Store.Count()))
+}
+
+// release has the pin e holds on the decode engine freed, when releases
+// are on and e knows its prefiller and model: a turn will never read it.
+func (f *Feature) release(e Entry) {
+	if f.Release == nil || e.Prefiller == "" || e.Model == "" {
+		return
+	}
+	f.Release.ReleasePin(e.Prefiller, ReleaseBody(e))
+	if f.Pins != nil {
+		f.Pins.Release(e.Pinned, e.Tokens)
+		f.M.PinnedTokens.Set(float64(f.Pins.Tokens()))
+	}
+}
+
+// ReleaseBody is the body of the release leg of e's pin: a completion of
+// e's model, one output token, whose kv_transfer_params are e's, as a
+// turn's prefill leg would carry them, and whose prompt is a single word.
+// The prefill engine that gets it finds the history longer than the
+// prompt and nothing worth pulling (min(remote_num_tokens, prompt tokens)
+// under kv_recompute_threshold, 64 with bidirectional_kv_xfer), so it
+// computes the word itself and sends the decode engine the notify-only
+// message that frees the pin (vLLM's NixlPullConnectorScheduler
+// get_num_new_matched_tokens and update_state_after_alloc, and the pull
+// worker's _read_blocks, vllm-project/vllm
+// vllm/distributed/kv_transfer/kv_connector/v1/nixl/pull_scheduler.py at
+// 0050936b22adda2ef0197fa3bb2551fe6c5437dc, pull_worker.py at 0316d25). It
+// holds its own one block for a decoder that never comes, for its lease
+// (kv_lease_duration, 30 s) — against the decode engine's blocks for
+// decoder_kv_blocks_ttl (480 s).
+func ReleaseBody(e Entry) []byte {
+	b := make([]byte, 0, len(e.Params)+len(e.Model)+96)
+	b = append(b, `{"model":`...)
+	b = strconv.AppendQuote(b, e.Model)
+	b = append(b, `,"prompt":"release","max_tokens":1,"stream":false,"kv_transfer_params":`...)
+	b = append(b, e.Params...)
+	return append(b, '}')
 }
 
 // OutcomeUsed is HistoryOutcome's for a turn whose prefill carried the

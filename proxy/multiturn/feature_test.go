@@ -384,3 +384,73 @@ func ReadPromptNarrow(b *testing.B, session string) [32]byte {
 	require.True(b, ok)
 	return p.Narrow()
 }
+
+// releases records the release legs asked for.
+type releases struct{ legs []string }
+
+func (r *releases) ReleasePin(prefiller string, body []byte) {
+	r.legs = append(r.legs, prefiller+" "+string(body))
+}
+
+// TestPinsNoTurnWillReadAreReleased: a pin the engine announced is
+// released — a one-token prefill leg to the request's prefiller carrying
+// the pin as a history — when the answer is not kept, when its entry is
+// evicted or replaced, and when a turn takes it under the recompute
+// threshold; never for params refused, nor for a history a turn uses.
+func TestPinsNoTurnWillReadAreReleased(t *testing.T) {
+	good := func(id string) string {
+		return `{"choices":[{"index":0,"message":{"content":"x"},"finish_reason":"stop"}],"kv_transfer_params":` +
+			strings.Replace(fmt.Sprintf(decodeParams, 100), `"r-1"`, `"`+id+`"`, 1) + `}`
+	}
+	tests := []struct {
+		name string
+		run  func(f *Feature)
+		want []string // remote_request_id of each release leg
+	}{
+		{"kept and used: none", func(f *Feature) {
+			turn(f, "", connectors.APIChat, chatBody(msg("user", "q")), good("a"))
+			turn(f, "", connectors.APIChat, chatBody(msg("user", "q"), msg("assistant", "x"), msg("user", "more")), `{"choices":[]}`)
+		}, nil},
+		{"not kept (reasoning)", func(f *Feature) {
+			f.KeepReasoning = false
+			turn(f, "", connectors.APIChat, chatBody(msg("user", "q")), strings.Replace(good("r"), `"content":"x"`, `"content":"x","reasoning_content":"hm"`, 1))
+		}, []string{"r"}},
+		{"refused: never sent anywhere", func(f *Feature) {
+			turn(f, "", connectors.APIChat, chatBody(msg("user", "q")), strings.Replace(good("bad"), "127.0.0.1", "10.9.9.9", 1))
+		}, nil},
+		{"evicted for room", func(f *Feature) {
+			f.Store = NewStore(StoreConfig{MaxEntries: 1, MaxBytes: 1 << 20, ClientShare: 1, TTL: time.Minute})
+			turn(f, "", connectors.APIChat, chatBody(msg("user", "one")), good("first"))
+			turn(f, "", connectors.APIChat, chatBody(msg("user", "two")), good("second"))
+		}, []string{"first"}},
+		{"replaced by the same sequence", func(f *Feature) {
+			turn(f, "", connectors.APIChat, chatBody(msg("user", "q")), good("first"))
+			turn(f, "", connectors.APIChat, chatBody(msg("user", "q")), good("again"))
+		}, []string{"first"}},
+		{"taken under the threshold", func(f *Feature) {
+			f.Threshold = 1000
+			turn(f, "", connectors.APIChat, chatBody(msg("user", "q")), good("small"))
+			turn(f, "", connectors.APIChat, chatBody(msg("user", "q"), msg("assistant", "x"), msg("user", "more")), `{"choices":[]}`)
+		}, []string{"small"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFeature()
+			rel := &releases{}
+			f.Release, f.Pins = rel, NewPins(time.Minute, nil)
+			tc.run(f)
+			var got []string
+			for _, leg := range rel.legs {
+				prefiller, body, _ := strings.Cut(leg, " ")
+				assert.Equal(t, "10.0.0.1:8000", prefiller, "the request's prefiller")
+				assert.Equal(t, "m", gjson.Get(body, "model").Str)
+				assert.EqualValues(t, 1, gjson.Get(body, "max_tokens").Int())
+				assert.Equal(t, "release", gjson.Get(body, "prompt").Str, "one word: nothing worth pulling")
+				assert.True(t, gjson.Get(body, "kv_transfer_params.do_remote_decode").Bool())
+				got = append(got, gjson.Get(body, "kv_transfer_params.remote_request_id").Str)
+			}
+			assert.Equal(t, tc.want, got)
+			assert.EqualValues(t, 100*f.Store.Count(), f.Pins.Tokens(), "the pins still counted are those kept")
+		})
+	}
+}

@@ -67,6 +67,7 @@ type Prompt struct {
 	narrow   [sha256.Size]byte
 	messages []gjson.Result // a chat's
 	text     string         // a completion's prompt
+	model    string
 }
 
 // ReadPrompt reads body's sequence, narrowed to session (the session key,
@@ -101,6 +102,7 @@ func ReadPrompt(api connectors.API, body []byte, session string) (Prompt, bool) 
 	if many {
 		return p, false
 	}
+	p.model = render[0].String() // renderKeys[0]: the model
 	switch api {
 	case connectors.APIChat:
 		if !messages.IsArray() {
@@ -155,6 +157,9 @@ func (p *Prompt) Continues() bool {
 	}
 	return false
 }
+
+// Model is the request's model.
+func (p *Prompt) Model() string { return p.model }
 
 // Len is the sequence's length in its units: messages for a chat, bytes
 // of prompt for a completion.

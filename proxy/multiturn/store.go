@@ -3,6 +3,7 @@ package multiturn
 import (
 	"context"
 	"crypto/sha256"
+	"iter"
 	"net/netip"
 	"slices"
 	"sync"
@@ -37,10 +38,13 @@ type Entry struct {
 	// Pinned is when the decode engine lets those tokens go (the deadline
 	// Pins counts them to; zero: not counted).
 	Pinned time.Time
+	// Prefiller and Model are the split's that left it: where and how a
+	// release leg goes when no turn will read it.
+	Prefiller, Model string
 }
 
 // size is what e costs the store, in bytes (its key and bookkeeping too).
-func (e *Entry) size() int { return len(e.Params) + entryOverhead }
+func (e *Entry) size() int { return len(e.Params) + len(e.Prefiller) + len(e.Model) + entryOverhead }
 
 // entryOverhead is an entry's fixed cost: its digest, links and map slot,
 // and the narrowing's set it is in. Measured: 254 bytes of heap per entry
@@ -92,6 +96,36 @@ type Evictions struct {
 	OverShare int
 	// Full: no client was over its share; the least recently kept went.
 	Full int
+	// The entries dropped, for room or replaced by the new one (their
+	// pins will never be read): the first held here, so that a Put that
+	// drops one allocates nothing for it.
+	first Entry
+	more  []Entry
+	n     int
+}
+
+// drop records e as dropped.
+func (ev *Evictions) drop(e Entry) {
+	if ev.n == 0 {
+		ev.first = e
+	} else {
+		ev.more = append(ev.more, e)
+	}
+	ev.n++
+}
+
+// Dropped yields the entries dropped, for room or replaced.
+func (ev *Evictions) Dropped() iter.Seq[Entry] {
+	return func(yield func(Entry) bool) {
+		if ev.n == 0 || !yield(ev.first) {
+			return
+		}
+		for _, e := range ev.more {
+			if !yield(e) {
+				return
+			}
+		}
+	}
 }
 
 // Total is every entry dropped.
@@ -188,20 +222,24 @@ func (s *Store) Put(narrow [sha256.Size]byte, from Client, e Entry) (ev Eviction
 	defer s.mu.Unlock()
 	if st, ok := s.index[e.Seq]; ok {
 		s.remove(st)
+		ev.drop(st.e)
 	}
 	c := s.clients[from]
 	for s.n >= s.maxEntries || s.bytes+size > s.maxBytes {
+		var st *stored
 		switch {
 		case c != nil && (c.n >= s.shareEntries || c.bytes+size > s.shareBytes):
-			s.remove(c.oldest)
+			st = c.oldest
 			ev.Share++
 		case s.overFirst != nil:
-			s.remove(s.overFirst.oldest)
+			st = s.overFirst.oldest
 			ev.OverShare++
 		default:
-			s.remove(s.oldest)
+			st = s.oldest
 			ev.Full++
 		}
+		ev.drop(st.e)
+		s.remove(st)
 		if c != nil && c.n == 0 {
 			c = nil // its last entry went, and it with it
 		}
