@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"hash"
 	"slices"
+	"unsafe"
 
 	"github.com/tidwall/gjson"
 
@@ -123,18 +124,18 @@ func ReadPrompt(api connectors.API, body []byte, session string) (Prompt, bool) 
 	default:
 		return p, false
 	}
-	h := sha256.New()
+	w := &writer{h: sha256.New()}
 	for i, k := range renderKeys {
-		writeField(h, k)
+		w.field(k)
 		if v := render[i]; v.Exists() {
-			writeField(h, v.Raw)
+			w.field(v.Raw)
 		} else {
-			writeField(h, "\x00absent")
+			w.field("\x00absent")
 		}
 	}
-	writeField(h, "\x00session")
-	writeField(h, session)
-	h.Sum(p.narrow[:0])
+	w.field("\x00session")
+	w.field(session)
+	w.h.Sum(p.narrow[:0])
 	return p, true
 }
 
@@ -193,8 +194,11 @@ func (p *Prompt) Prefixes(lens []int) ([][sha256.Size]byte, hash.Hash) {
 	}
 	sum(0)
 	if p.api == connectors.APIChat {
+		mh := messageHasher{msg: &writer{h: sha256.New()}, text: sha256.New()}
+		var ms [sha256.Size]byte
 		for i, m := range p.messages {
-			h.Write(messageSum(m))
+			mh.sum(m, &ms)
+			h.Write(ms[:])
 			sum(i + 1)
 		}
 		return sums, h
@@ -206,21 +210,28 @@ func (p *Prompt) Prefixes(lens []int) ([][sha256.Size]byte, hash.Hash) {
 			continue
 		}
 		n := min(lens[j], len(p.text))
-		h.Write([]byte(p.text[at:n]))
+		h.Write(view(p.text[at:n]))
 		at = n
 		sum(n)
 		if n == len(p.text) {
 			break
 		}
 	}
-	h.Write([]byte(p.text[at:]))
+	h.Write(view(p.text[at:]))
 	return sums, h
 }
 
-// messageSum is the digest of one chat message: the members a chat
+// messageHasher sums chat messages one after another with the same two
+// hash states.
+type messageHasher struct {
+	msg  *writer
+	text hash.Hash
+}
+
+// sum writes to out the digest of one chat message: the members a chat
 // template renders (role, name, content, reasoning, tool calls and the
 // tool call answered), each tagged with its JSON type.
-func messageSum(m gjson.Result) []byte {
+func (mh *messageHasher) sum(m gjson.Result, out *[sha256.Size]byte) {
 	var role, name, content, reasoningContent, reasoning, toolCalls, toolCallID gjson.Result
 	m.ForEach(func(k, v gjson.Result) bool {
 		switch k.Str {
@@ -241,21 +252,22 @@ func messageSum(m gjson.Result) []byte {
 		}
 		return true
 	})
-	h := sha256.New()
-	writeField(h, role.String())
-	writeField(h, name.String())
-	writeText(h, content)
+	w := mh.msg
+	w.h.Reset()
+	w.field(role.String())
+	w.field(name.String())
+	w.text(mh.text, content)
 	if reasoningContent.Exists() && reasoningContent.Type != gjson.Null {
 		reasoning = reasoningContent
 	}
-	writeText(h, reasoning)
+	w.text(mh.text, reasoning)
 	if toolCalls.IsArray() && nonEmpty(toolCalls) {
-		writeField(h, toolCalls.Raw)
+		w.field(toolCalls.Raw)
 	} else {
-		writeField(h, "\x00none")
+		w.field("\x00none")
 	}
-	writeField(h, toolCallID.String())
-	return h.Sum(nil)
+	w.field(toolCallID.String())
+	w.h.Sum(out[:0])
 }
 
 // nonEmpty reports whether the array a has an element.
@@ -268,50 +280,56 @@ func nonEmpty(a gjson.Result) bool {
 	return found
 }
 
-// answerSum is messageSum of the assistant message a decode answer makes:
+// answerSum is messageHasher.sum of the assistant message a decode answer makes:
 // its content and reasoning as their hashes summed them.
 func answerSum(content, reasoning hash.Hash) []byte {
-	h := sha256.New()
-	writeField(h, "assistant")
-	writeField(h, "")
-	writeSum(h, 's', content)
-	writeSum(h, 's', reasoning)
-	writeField(h, "\x00none")
-	writeField(h, "")
-	return h.Sum(nil)
+	w := &writer{h: sha256.New()}
+	w.field("assistant")
+	w.field("")
+	w.sum('s', content)
+	w.sum('s', reasoning)
+	w.field("\x00none")
+	w.field("")
+	return w.h.Sum(nil)
 }
 
-// writeText writes a content-like member: a string as the digest of its
-// text (so the answer's streamed text, hashed as it comes, compares equal),
+// writer writes fields to a hash through a buffer of its own, so that no
+// write allocates.
+type writer struct {
+	h hash.Hash
+	b [1 + sha256.Size]byte
+}
+
+// text writes a content-like member: a string as the digest of its text
+// (so the answer's streamed text, hashed as it comes, compares equal),
 // absent and null as the empty string, anything else (content parts) as
-// its raw JSON under another tag.
-func writeText(h hash.Hash, v gjson.Result) {
-	var b [1 + sha256.Size]byte
+// its raw JSON under another tag. t is the text's hash, reset here.
+func (w *writer) text(t hash.Hash, v gjson.Result) {
+	t.Reset()
 	switch {
 	case !v.Exists() || v.Type == gjson.Null || v.Type == gjson.String:
-		b[0] = 's'
-		sum := sha256.Sum256([]byte(v.String()))
-		copy(b[1:], sum[:])
+		t.Write(view(v.String()))
+		w.sum('s', t)
 	default:
-		b[0] = 'j'
-		sum := sha256.Sum256([]byte(v.Raw))
-		copy(b[1:], sum[:])
+		t.Write(view(v.Raw))
+		w.sum('j', t)
 	}
-	h.Write(b[:])
 }
 
-func writeSum(h hash.Hash, tag byte, t hash.Hash) {
-	var b [1 + sha256.Size]byte
-	b[0] = tag
-	t.Sum(b[1:1])
-	h.Write(b[:])
+// sum writes t's digest under tag.
+func (w *writer) sum(tag byte, t hash.Hash) {
+	w.b[0] = tag
+	t.Sum(w.b[1:1])
+	w.h.Write(w.b[:])
 }
 
-// writeField writes s length-prefixed, so that no two field lists hash
-// alike.
-func writeField(h hash.Hash, s string) {
-	var n [8]byte
-	binary.LittleEndian.PutUint64(n[:], uint64(len(s)))
-	h.Write(n[:])
-	h.Write([]byte(s))
+// field writes s length-prefixed, so that no two field lists hash alike.
+func (w *writer) field(s string) {
+	binary.LittleEndian.PutUint64(w.b[:8], uint64(len(s)))
+	w.h.Write(w.b[:8])
+	w.h.Write(view(s))
 }
+
+// view is s as bytes without a copy, for a hash's Write, which neither
+// keeps nor changes them.
+func view(s string) []byte { return unsafe.Slice(unsafe.StringData(s), len(s)) }

@@ -178,6 +178,8 @@ type narrowed struct {
 	key  [sha256.Size]byte
 	n    int
 	lens map[int]int
+	// sorted is lens' keys in ascending order.
+	sorted []int
 }
 
 // client is one client's part of the store.
@@ -253,7 +255,10 @@ func (s *Store) Put(narrow [sha256.Size]byte, from Client, e Entry) (ev Eviction
 		s.narrows[narrow] = ns
 	}
 	ns.n++
-	ns.lens[e.Len]++
+	if ns.lens[e.Len]++; ns.lens[e.Len] == 1 {
+		i, _ := slices.BinarySearch(ns.sorted, e.Len)
+		ns.sorted = slices.Insert(ns.sorted, i, e.Len)
+	}
 	st := &stored{e: e, expires: s.now().Add(s.ttl), owner: c, narrow: ns}
 	st.next, s.newest = s.newest, st
 	if st.next != nil {
@@ -278,24 +283,16 @@ func (s *Store) Put(narrow [sha256.Size]byte, from Client, e Entry) (ev Eviction
 
 // Lengths returns the distinct lengths of the entries held under narrow
 // that are shorter than below, ascending: the longest most of them.
+// O(log of the distinct lengths held + most).
 func (s *Store) Lengths(narrow [sha256.Size]byte, below, most int) []int {
 	s.mu.Lock()
+	defer s.mu.Unlock()
 	ns := s.narrows[narrow]
-	var lens []int
-	if ns != nil {
-		lens = make([]int, 0, min(len(ns.lens), most))
-		for n := range ns.lens {
-			if n < below {
-				lens = append(lens, n)
-			}
-		}
+	if ns == nil {
+		return nil
 	}
-	s.mu.Unlock()
-	slices.Sort(lens)
-	if len(lens) > most {
-		lens = lens[len(lens)-most:]
-	}
-	return lens
+	end, _ := slices.BinarySearch(ns.sorted, below)
+	return slices.Clone(ns.sorted[max(0, end-most):end])
 }
 
 // Take removes the first entry of seqs (digests, the longest prefix's
@@ -427,6 +424,9 @@ func (s *Store) remove(st *stored) {
 		delete(s.narrows, ns.key)
 	} else if ns.lens[st.e.Len]--; ns.lens[st.e.Len] == 0 {
 		delete(ns.lens, st.e.Len)
+		if i, ok := slices.BinarySearch(ns.sorted, st.e.Len); ok {
+			ns.sorted = slices.Delete(ns.sorted, i, i+1)
+		}
 	}
 	st.prev, st.next, st.cprev, st.cnext, st.owner, st.narrow = nil, nil, nil, nil, nil, nil
 	delete(s.index, st.e.Seq)
