@@ -44,6 +44,9 @@ const (
 	// PinReleaseOverLimit: not sent, as many release legs were in flight
 	// as allowed; the pin lasts its TTL.
 	PinReleaseOverLimit = "over_limit"
+	// PinReleaseNotAllowed: not sent, as the split's prefiller is no
+	// longer on the allowlist; the pin lasts its TTL.
+	PinReleaseNotAllowed = "not_allowed"
 )
 
 // Why a conversation's turn carries no history in its prefill leg (the
@@ -124,7 +127,7 @@ func NewMultiturn(reg prometheus.Registerer) *Multiturn {
 		}, []string{"reason"}),
 		PinReleases: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "pd_sidecar_multiturn_pin_releases_total",
-			Help: "Release legs for histories the decode engine pinned that no turn will read (an answer not kept, an entry evicted, replaced or under the recompute threshold; --bidirectional-release-unread): a one-token prefill leg given the pin, whose engine pulls nothing and tells the decode engine to free it, by outcome (sent, failed, over_limit).",
+			Help: "Release legs for histories the decode engine pinned that no turn will read (an answer not kept, an entry evicted, replaced or under the recompute threshold; --bidirectional-release-unread): a one-token prefill leg given the pin, whose engine pulls nothing and tells the decode engine to free it, by outcome (sent, failed, over_limit, not_allowed).",
 		}, []string{"outcome"}),
 		PinnedTokens: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "pd_sidecar_multiturn_pinned_tokens",
@@ -132,7 +135,7 @@ func NewMultiturn(reg prometheus.Registerer) *Multiturn {
 		}),
 	}
 	reg.MustRegister(m.Uses, m.Misses, m.TokensReused, m.Entries, m.Held, m.Evictions, m.PinnedTokens, m.PinReleases)
-	for _, o := range []string{PinReleaseSent, PinReleaseFailed, PinReleaseOverLimit} {
+	for _, o := range []string{PinReleaseSent, PinReleaseFailed, PinReleaseOverLimit, PinReleaseNotAllowed} {
 		m.PinReleases.WithLabelValues(o)
 	}
 	for _, r := range []string{MultiturnEvictedShare, MultiturnEvictedOverShare, MultiturnEvictedFull} {

@@ -1,10 +1,15 @@
 package inference
 
 import (
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/rs/zerolog"
+
 	"github.com/pd-sidecar/pd-sidecar/connectors"
+	"github.com/pd-sidecar/pd-sidecar/metrics"
 	"github.com/pd-sidecar/pd-sidecar/proxy/kvrelease"
 	"github.com/pd-sidecar/pd-sidecar/proxy/multiturn"
 	"github.com/pd-sidecar/pd-sidecar/proxy/rawhttp"
+	"github.com/pd-sidecar/pd-sidecar/ssrf"
 )
 
 // Freeing the decode engine's pinned histories no turn will read
@@ -21,12 +26,19 @@ import (
 // kvrelease.PinLegs: bounded legs in flight, each bounded in time,
 // counted in pd_sidecar_multiturn_pin_releases_total.
 type pinReleaser struct {
-	p *Proxy
 	r *kvrelease.Releaser
+	// allowlist is SSRF protection's (nil: off): a prefiller is checked
+	// again when its release leg goes, which may be long after the split
+	// that named it (an entry evicted minutes later), by when it may have
+	// left the allowlist.
+	allowlist ssrf.Allowlist
+	counts    *prometheus.CounterVec
+	log       zerolog.Logger
 }
 
 func newPinReleaser(p *Proxy) *pinReleaser {
-	return &pinReleaser{p: p, r: kvrelease.New(kvrelease.PinLegs, nil, p.Tr, p.M.Multiturn.PinReleases)}
+	return &pinReleaser{r: kvrelease.New(kvrelease.PinLegs, nil, p.Tr, p.M.Multiturn.PinReleases),
+		allowlist: p.Cfg.Guard.Allowlist, counts: p.M.Multiturn.PinReleases, log: p.Log}
 }
 
 // pinReleaseHead begins a release leg's head: the path and the one header
@@ -37,7 +49,12 @@ const pinReleaseHead = "POST /v1/completions HTTP/1.1\r\nContent-Type: applicati
 // background under a request id of its own.
 func (pr *pinReleaser) ReleasePin(prefiller string, body []byte) {
 	id := "history-release-" + NewUUID()
-	lg := pr.p.Log.With().Str("request_id", id).Str("prefiller", prefiller).Str("kv_release", "history_pin").Logger()
+	lg := pr.log.With().Str("request_id", id).Str("prefiller", prefiller).Str("kv_release", "history_pin").Logger()
+	if pr.allowlist != nil && !pr.allowlist.Allowed(prefiller) {
+		pr.counts.WithLabelValues(metrics.PinReleaseNotAllowed).Inc()
+		lg.Info().Msg("decode engine's pinned history not released: its prefiller has left the allowlist; the pin lasts its TTL")
+		return
+	}
 	pr.r.Release(prefiller, lg, func(connectors.KVReleaser) ([]byte, error) {
 		raw := rawhttp.AppendLegEnd([]byte(pinReleaseHead), prefiller, id, len(body))
 		return append(raw, body...), nil
