@@ -183,6 +183,21 @@ func scanObject(b []byte, i int, fn func(jsonMember) error) (int, error) {
 	if i >= len(b) || b[i] != '{' {
 		return 0, fmt.Errorf("%w: no object", ErrMalformedJSON)
 	}
+	return walkObject(b, i, func(name []byte, start, vs int) (int, error) {
+		ve, err := skipValue(b, vs)
+		if err != nil {
+			return 0, err
+		}
+		return ve, fn(jsonMember{name: name, start: start, end: ve, value: b[vs:ve]})
+	})
+}
+
+// walkObject walks the object whose '{' is at b[i]: for each member in
+// order, value reads the value at b[vs] (after blanks) and returns the
+// offset just past it; start is where the member's name begins, name its
+// bytes as spelled. It checks the names, ':', ',' and the closing '}', and
+// returns the offset just past it.
+func walkObject(b []byte, i int, value func(name []byte, start, vs int) (int, error)) (int, error) {
 	i = skipBlank(b, i+1)
 	if i < len(b) && b[i] == '}' {
 		return i + 1, nil
@@ -201,12 +216,8 @@ func scanObject(b []byte, i int, fn func(jsonMember) error) (int, error) {
 		if i >= len(b) || b[i] != ':' {
 			return 0, fmt.Errorf("%w: ':' expected at %d", ErrMalformedJSON, i)
 		}
-		vs := skipBlank(b, i+1)
-		ve, err := skipValue(b, vs)
+		ve, err := value(name, start, skipBlank(b, i+1))
 		if err != nil {
-			return 0, err
-		}
-		if err := fn(jsonMember{name: name, start: start, end: ve, value: b[vs:ve]}); err != nil {
 			return 0, err
 		}
 		i = skipBlank(b, ve)

@@ -65,48 +65,18 @@ func (w *nuller) value(i, depth int) (int, error) {
 
 // object walks the object whose '{' is at b[i].
 func (w *nuller) object(i, depth int) (int, error) {
-	b := w.b
-	i = skipBlank(b, i+1)
-	if i < len(b) && b[i] == '}' {
-		return i + 1, nil
-	}
-	for {
-		if i >= len(b) || b[i] != '"' {
-			return 0, fmt.Errorf("%w: member name expected at %d", ErrMalformedJSON, i)
+	return walkObject(w.b, i, func(name []byte, _, vs int) (int, error) {
+		if !nameIs(name, w.name) {
+			return w.value(vs, depth)
 		}
-		ne, err := stringEnd(b, i)
-		if err != nil {
-			return 0, err
+		// Nulled whole: skipped (its brackets matched, at any depth), not
+		// walked.
+		ve, err := skipValue(w.b, vs)
+		if err == nil && string(w.b[vs:ve]) != "null" {
+			w.spans = append(w.spans, [2]int{vs, ve})
 		}
-		named := nameIs(b[i+1:ne-1], w.name)
-		i = skipBlank(b, ne)
-		if i >= len(b) || b[i] != ':' {
-			return 0, fmt.Errorf("%w: ':' expected at %d", ErrMalformedJSON, i)
-		}
-		vs := skipBlank(b, i+1)
-		var ve int
-		if named {
-			// Nulled whole: skipped (its brackets matched, at any depth),
-			// not walked.
-			if ve, err = skipValue(b, vs); err == nil && string(b[vs:ve]) != "null" {
-				w.spans = append(w.spans, [2]int{vs, ve})
-			}
-		} else {
-			ve, err = w.value(vs, depth)
-		}
-		if err != nil {
-			return 0, err
-		}
-		i = skipBlank(b, ve)
-		switch {
-		case i < len(b) && b[i] == ',':
-			i = skipBlank(b, i+1)
-		case i < len(b) && b[i] == '}':
-			return i + 1, nil
-		default:
-			return 0, fmt.Errorf("%w: ',' or '}' expected at %d", ErrMalformedJSON, i)
-		}
-	}
+		return ve, err
+	})
 }
 
 // array walks the array whose '[' is at b[i].

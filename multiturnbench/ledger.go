@@ -8,25 +8,16 @@ import (
 	"io"
 	"net/http"
 	"time"
+
+	"github.com/pd-sidecar/pd-sidecar/e2e/enginesim"
 )
 
 // errNoLedger: an engine answered GET /sim/computed with 404 (a build
 // from before the ledger).
 var errNoLedger = errors.New("engine-sim exports no GET /sim/computed")
 
-// ledgerEntry is the part of an engine-sim ledger entry the bench reads
-// (e2e/enginesim/ledger.go).
-type ledgerEntry struct {
-	RequestID      string `json:"request_id"`
-	Leg            string `json:"leg"`
-	ComputedTokens int    `json:"computed_tokens"`
-	HistoryTokens  int    `json:"history_tokens"`
-	PinnedBlocks   int    `json:"pinned_blocks"`
-	PinnedTokens   int    `json:"pinned_tokens"`
-}
-
 // readLedger reads an engine's ledger.
-func readLedger(ctx context.Context, e endpoint) ([]ledgerEntry, error) {
+func readLedger(ctx context.Context, e endpoint) ([]enginesim.LedgerEntry, error) {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, e.url()+"/sim/computed", nil)
@@ -44,7 +35,7 @@ func readLedger(ctx context.Context, e endpoint) ([]ledgerEntry, error) {
 	if resp.StatusCode != http.StatusOK {
 		return nil, fmt.Errorf("ledger of %s: status %d", e.hostPort(), resp.StatusCode)
 	}
-	var out []ledgerEntry
+	var out []enginesim.LedgerEntry
 	if err := json.NewDecoder(io.LimitReader(resp.Body, 64<<20)).Decode(&out); err != nil {
 		return nil, fmt.Errorf("ledger of %s: %w", e.hostPort(), err)
 	}
@@ -74,7 +65,7 @@ func readLedgers(ctx context.Context, engines []endpoint, recs []*turnRec) error
 }
 
 // applyLedger adds the entries of one engine to the records they name.
-func applyLedger(entries []ledgerEntry, byID map[string]*turnRec) {
+func applyLedger(entries []enginesim.LedgerEntry, byID map[string]*turnRec) {
 	for _, le := range entries {
 		r, ok := byID[le.RequestID]
 		if !ok {

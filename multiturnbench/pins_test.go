@@ -4,6 +4,8 @@ import (
 	"math"
 	"testing"
 	"time"
+
+	"github.com/pd-sidecar/pd-sidecar/e2e/enginesim"
 )
 
 func TestPinCostIntegrate(t *testing.T) {
@@ -74,11 +76,11 @@ func TestPinCostAttribute(t *testing.T) {
 func TestApplyLedger(t *testing.T) {
 	a, b := &turnRec{id: "a"}, &turnRec{id: "b"}
 	byID := map[string]*turnRec{"a": a, "b": b}
-	applyLedger([]ledgerEntry{
+	applyLedger([]enginesim.LedgerEntry{
 		{RequestID: "a", Leg: "prefill", ComputedTokens: 300, HistoryTokens: 1600},
 		{RequestID: "other", Leg: "prefill", ComputedTokens: 9999},
 	}, byID)
-	applyLedger([]ledgerEntry{
+	applyLedger([]enginesim.LedgerEntry{
 		{RequestID: "a", Leg: "decode", PinnedBlocks: 120, PinnedTokens: 1910},
 		{RequestID: "b", Leg: "local", ComputedTokens: 2000},
 	}, byID)

@@ -4,16 +4,11 @@ import (
 	"encoding/json"
 	"net/http"
 	"strings"
-	"sync"
 )
 
 // journal keeps the last requests the engine received, for tests that must
 // see what a proxy really sent (GET /sim/requests).
-type journal struct {
-	mu    sync.Mutex
-	limit int
-	items []journalEntry
-}
+type journal struct{ *recent[journalEntry] }
 
 // journalEntry is one received request.
 type journalEntry struct {
@@ -26,7 +21,7 @@ type journalEntry struct {
 	RawBody string              `json:"raw_body,omitempty"`
 }
 
-func newJournal(limit int) *journal { return &journal{limit: limit} }
+func newJournal(limit int) *journal { return &journal{newRecent[journalEntry](limit)} }
 
 func (j *journal) add(r *http.Request, body []byte) {
 	e := journalEntry{Method: r.Method, Path: r.URL.Path, Target: r.RequestURI, Query: r.URL.RawQuery, Headers: map[string][]string{}}
@@ -40,22 +35,5 @@ func (j *journal) add(r *http.Request, body []byte) {
 			e.RawBody = string(body)
 		}
 	}
-	j.mu.Lock()
-	defer j.mu.Unlock()
-	j.items = append(j.items, e)
-	if len(j.items) > j.limit {
-		j.items = j.items[len(j.items)-j.limit:]
-	}
-}
-
-func (j *journal) list() []journalEntry {
-	j.mu.Lock()
-	defer j.mu.Unlock()
-	return append([]journalEntry{}, j.items...)
-}
-
-func (j *journal) clear() {
-	j.mu.Lock()
-	j.items = nil
-	j.mu.Unlock()
+	j.recent.add(e)
 }

@@ -3,7 +3,6 @@ package enginesim
 import (
 	"encoding/json"
 	"net/http"
-	"sync"
 )
 
 // ledger keeps, for the last requests the engine finished, what each cost
@@ -13,11 +12,7 @@ import (
 // computed tokens over every request; the ledger tells them apart by
 // request id, so that a bench can check each turn of each conversation
 // rather than a mean.
-type ledger struct {
-	mu    sync.Mutex
-	limit int
-	items []LedgerEntry
-}
+type ledger = recent[LedgerEntry]
 
 // LedgerEntry is one finished request in GET /sim/computed.
 type LedgerEntry struct {
@@ -46,22 +41,7 @@ type LedgerEntry struct {
 // ledgerLimit is how many finished requests the ledger keeps.
 const ledgerLimit = 4096
 
-func newLedger(limit int) *ledger { return &ledger{limit: limit} }
-
-func (l *ledger) add(e LedgerEntry) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.items = append(l.items, e)
-	if len(l.items) > l.limit {
-		l.items = l.items[len(l.items)-l.limit:]
-	}
-}
-
-func (l *ledger) list() []LedgerEntry {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return append([]LedgerEntry{}, l.items...)
-}
+func newLedger(limit int) *ledger { return newRecent[LedgerEntry](limit) }
 
 // record enters a finished request; pin is the sequence it pinned (nil:
 // none).

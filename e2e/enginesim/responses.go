@@ -1,9 +1,6 @@
 package enginesim
 
-import (
-	"slices"
-	"sync"
-)
+import "sync"
 
 // The Responses API's conversation state, as vLLM keeps it (wirecorpus
 // vllm-responses-unknown-previous-4d89a999, read at vllm-project/vllm
@@ -67,7 +64,7 @@ func (s *responseStore) put(id string, r storedResponse) int {
 	s.byID[id] = r
 	for len(s.order) > s.max {
 		delete(s.byID, s.order[0])
-		s.order = slices.Delete(s.order, 0, 1)
+		s.order = s.order[1:]
 	}
 	return len(s.byID)
 }

@@ -170,10 +170,7 @@ func (u *use) lookup(sums [][sha256.Size]byte, continues bool) {
 		return
 	}
 	u.history, u.tokens = e.Params, e.Tokens
-	if u.f.Pins != nil { // the prefill reads the pin, and the engine frees it
-		u.f.Pins.Release(e.Pinned, e.Tokens)
-		u.f.M.PinnedTokens.Set(float64(u.f.Pins.Tokens()))
-	}
+	u.f.unpin(e) // the prefill reads the pin, and the engine frees it
 	u.log.LogAt(zerolog.DebugLevel).Int("history_tokens", e.Tokens).Msg("multi-turn: the prefill pulls the conversation's history from the decode engine")
 }
 
@@ -350,15 +347,13 @@ func loopbackName(host string) bool {
 func (u *use) keep(params gjson.Result) {
 	u.done = true
 	n := params.Get("remote_num_tokens")
-	if n.Type != gjson.Number || n.Int() <= 0 || n.Int() >= 1<<31 {
-		// vLLM's answer when it pinned no block (remote_num_tokens 0,
-		// remote_block_ids [[]]): nothing to keep, nothing wrong. Another
-		// count is refused below.
-		if n.Type == gjson.Number && n.Int() == 0 {
-			u.f.M.Entries.WithLabelValues(metrics.MultiturnNotKept).Inc()
-			u.log.LogAt(zerolog.DebugLevel).Msg("multi-turn: the decode engine pinned no block for this answer; nothing kept")
-			return
-		}
+	if n.Type == gjson.Number && n.Int() == 0 {
+		// vLLM's answer when it pinned no block (remote_block_ids [[]]):
+		// nothing to keep, nothing wrong. Another count out of bounds is
+		// refused below.
+		u.f.M.Entries.WithLabelValues(metrics.MultiturnNotKept).Inc()
+		u.log.LogAt(zerolog.DebugLevel).Msg("multi-turn: the decode engine pinned no block for this answer; nothing kept")
+		return
 	}
 	canon, addrs, err := nixlv2.HistoryParams.Canonical(nil, params)
 	if err == nil {
@@ -383,7 +378,7 @@ func (u *use) keep(params gjson.Result) {
 	e := Entry{Params: canon, Tokens: int(n.Int()), Prefiller: strings.Clone(u.prefiller), Model: strings.Clone(u.model)}
 	if u.f.Pins != nil {
 		e.Pinned = u.f.Pins.Pin(e.Tokens)
-		u.f.M.PinnedTokens.Set(float64(u.f.Pins.Tokens()))
+		u.f.notePins()
 	}
 	if u.broken || !u.finished || u.thought && !u.f.KeepReasoning {
 		u.f.M.Entries.WithLabelValues(metrics.MultiturnNotKept).Inc()
@@ -424,11 +419,19 @@ func (f *Feature) release(e Entry) {
 		return
 	}
 	f.Release.ReleasePin(e.Prefiller, ReleaseBody(e))
+	f.unpin(e)
+}
+
+// unpin takes e's tokens off the pins counted: a prefill is given them.
+func (f *Feature) unpin(e Entry) {
 	if f.Pins != nil {
 		f.Pins.Release(e.Pinned, e.Tokens)
-		f.M.PinnedTokens.Set(float64(f.Pins.Tokens()))
+		f.notePins()
 	}
 }
+
+// notePins sets the pinned-tokens gauge.
+func (f *Feature) notePins() { f.M.PinnedTokens.Set(float64(f.Pins.Tokens())) }
 
 // ReleaseBody is the body of the release leg of e's pin: a completion of
 // e's model, one output token, whose kv_transfer_params are e's, as a

@@ -82,7 +82,7 @@ func ReadPrompt(api connectors.API, body []byte, session string) (Prompt, bool) 
 	// One pass over the top level: one parse has refused a repeated
 	// name, so each member read here is the one the engine reads.
 	var render [len(renderKeys)]gjson.Result
-	var messages, prompt gjson.Result
+	var messages, prompt, echo gjson.Result
 	many := false
 	gjson.Parse(connectors.Bytes(body)).ForEach(func(k, v gjson.Result) bool {
 		switch k.Str {
@@ -90,6 +90,8 @@ func ReadPrompt(api connectors.API, body []byte, session string) (Prompt, bool) 
 			messages = v
 		case "prompt":
 			prompt = v
+		case "echo":
+			echo = v
 		case "n":
 			many = many || v.Type != gjson.Null && v.Int() != 1
 		case "best_of":
@@ -117,7 +119,7 @@ func ReadPrompt(api connectors.API, body []byte, session string) (Prompt, bool) 
 		if prompt.Type != gjson.String {
 			return p, false
 		}
-		if render[slices.Index(renderKeys[:], "echo")].Type == gjson.True {
+		if echo.Type == gjson.True {
 			return p, false // the answer's text repeats the prompt
 		}
 		p.text = prompt.String()
@@ -146,13 +148,14 @@ func (p *Prompt) Narrow() [sha256.Size]byte { return p.narrow }
 
 // Continues reports whether the turn may continue an earlier one: a
 // chat that carries an answer (an assistant message; a first turn
-// carries none), any completion (a prompt does not say).
+// carries none), any completion (a prompt does not say). A chat's
+// messages are looked at from the last, where a next turn's answer is.
 func (p *Prompt) Continues() bool {
 	if p.api != connectors.APIChat {
 		return true
 	}
-	for _, m := range p.messages {
-		if m.Get("role").Str == "assistant" {
+	for i := len(p.messages) - 1; i >= 0; i-- {
+		if p.messages[i].Get("role").Str == "assistant" {
 			return true
 		}
 	}

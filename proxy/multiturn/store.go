@@ -47,9 +47,9 @@ type Entry struct {
 func (e *Entry) size() int { return len(e.Params) + len(e.Prefiller) + len(e.Model) + entryOverhead }
 
 // entryOverhead is an entry's fixed cost: its digest, links and map slot,
-// and the narrowing's set it is in. Measured: 254 bytes of heap per entry
-// when all share one narrowing (a pod-level session key), 569 when each
-// has its own (a key per conversation); the larger is counted.
+// and the narrowing's set it is in. Measured: 286 bytes of heap per entry
+// when all share one narrowing (a pod-level session key), 443 when each
+// has its own (a key per conversation); counted with room to spare.
 const entryOverhead = 576
 
 // Client names the client an entry was kept for, whose share it counts
@@ -150,15 +150,14 @@ type Store struct {
 	mu    sync.Mutex
 	n     int
 	bytes int
-	// newest and oldest end the list of every entry, most recent first.
-	newest, oldest *stored
-	index          map[[sha256.Size]byte]*stored
-	narrows        map[[sha256.Size]byte]*narrowed
-	clients        map[Client]*client
-	// overFirst and overLast end the list of the clients over their
-	// share, in the order they went over.
-	overFirst, overLast *client
-	spare               []*client // clients with no entry left, for reuse
+	// entries is every entry, the least recently kept first.
+	entries chain[stored]
+	index   map[[sha256.Size]byte]*stored
+	narrows map[[sha256.Size]byte]*narrowed
+	clients map[Client]*client
+	// over is the clients over their share, in the order they went over.
+	over  chain[client]
+	spare []*client // clients with no entry left, for reuse
 }
 
 type stored struct {
@@ -166,32 +165,35 @@ type stored struct {
 	expires time.Time
 	owner   *client
 	narrow  *narrowed
-	// prev and next link every entry (prev: more recent); cprev and
-	// cnext the owner's.
-	prev, next, cprev, cnext *stored
+	// every is its place among all entries, mine among its owner's.
+	every, mine links[stored]
 }
 
 // narrowed is the entries kept under one narrowing (Prompt.Narrow): how
 // many there are, and how many of each length, so that a turn hashes its
 // prefixes only at the lengths a history of its narrowing may have.
 type narrowed struct {
-	key  [sha256.Size]byte
-	n    int
-	lens map[int]int
-	// sorted is lens' keys in ascending order.
-	sorted []int
+	key [sha256.Size]byte
+	n   int
+	// lens is each length held and its entries, by length.
+	lens []lenCount
 }
+
+// lenCount is the entries of one length.
+type lenCount struct{ len, n int }
+
+func byLen(lc lenCount, n int) int { return lc.len - n }
 
 // client is one client's part of the store.
 type client struct {
 	key      Client
 	n, bytes int
-	// newest and oldest end the list of its entries.
-	newest, oldest *stored
+	// entries is its entries, the least recently kept first.
+	entries chain[stored]
 	// over: it holds more than its share, and is on the store's list of
-	// those (prev, next).
-	over       bool
-	prev, next *client
+	// those (overLinks).
+	over      bool
+	overLinks links[client]
 }
 
 // NewStore returns a store bounded as c says.
@@ -231,13 +233,13 @@ func (s *Store) Put(narrow [sha256.Size]byte, from Client, e Entry) (ev Eviction
 		var st *stored
 		switch {
 		case c != nil && (c.n >= s.shareEntries || c.bytes+size > s.shareBytes):
-			st = c.oldest
+			st = c.entries.first
 			ev.Share++
-		case s.overFirst != nil:
-			st = s.overFirst.oldest
+		case s.over.first != nil:
+			st = s.over.first.entries.first
 			ev.OverShare++
 		default:
-			st = s.oldest
+			st = s.entries.first
 			ev.Full++
 		}
 		ev.drop(st.e)
@@ -251,27 +253,18 @@ func (s *Store) Put(narrow [sha256.Size]byte, from Client, e Entry) (ev Eviction
 	}
 	ns := s.narrows[narrow]
 	if ns == nil {
-		ns = &narrowed{key: narrow, lens: make(map[int]int, 1)}
+		ns = &narrowed{key: narrow}
 		s.narrows[narrow] = ns
 	}
 	ns.n++
-	if ns.lens[e.Len]++; ns.lens[e.Len] == 1 {
-		i, _ := slices.BinarySearch(ns.sorted, e.Len)
-		ns.sorted = slices.Insert(ns.sorted, i, e.Len)
+	if i, ok := slices.BinarySearchFunc(ns.lens, e.Len, byLen); ok {
+		ns.lens[i].n++
+	} else {
+		ns.lens = slices.Insert(ns.lens, i, lenCount{e.Len, 1})
 	}
 	st := &stored{e: e, expires: s.now().Add(s.ttl), owner: c, narrow: ns}
-	st.next, s.newest = s.newest, st
-	if st.next != nil {
-		st.next.prev = st
-	} else {
-		s.oldest = st
-	}
-	st.cnext, c.newest = c.newest, st
-	if st.cnext != nil {
-		st.cnext.cprev = st
-	} else {
-		c.oldest = st
-	}
+	s.entries.push(st, everyEntry)
+	c.entries.push(st, clientEntry)
 	s.index[e.Seq] = st
 	s.n++
 	s.bytes += size
@@ -291,8 +284,13 @@ func (s *Store) Lengths(narrow [sha256.Size]byte, below, most int) []int {
 	if ns == nil {
 		return nil
 	}
-	end, _ := slices.BinarySearch(ns.sorted, below)
-	return slices.Clone(ns.sorted[max(0, end-most):end])
+	end, _ := slices.BinarySearchFunc(ns.lens, below, byLen)
+	held := ns.lens[max(0, end-most):end]
+	lens := make([]int, len(held))
+	for i, lc := range held {
+		lens[i] = lc.len
+	}
+	return lens
 }
 
 // Take removes the first entry of seqs (digests, the longest prefix's
@@ -355,8 +353,8 @@ func (s *Store) Expire() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now, n := s.now(), 0
-	for s.oldest != nil && !now.Before(s.oldest.expires) {
-		s.remove(s.oldest)
+	for s.entries.first != nil && !now.Before(s.entries.first.expires) {
+		s.remove(s.entries.first)
 		n++
 	}
 	return n
@@ -398,37 +396,18 @@ func (w Sweeper) Run(ctx context.Context) {
 
 // remove drops st; a client left with no entry goes.
 func (s *Store) remove(st *stored) {
-	if st.prev != nil {
-		st.prev.next = st.next
-	} else {
-		s.newest = st.next
-	}
-	if st.next != nil {
-		st.next.prev = st.prev
-	} else {
-		s.oldest = st.prev
-	}
 	c := st.owner
-	if st.cprev != nil {
-		st.cprev.cnext = st.cnext
-	} else {
-		c.newest = st.cnext
-	}
-	if st.cnext != nil {
-		st.cnext.cprev = st.cprev
-	} else {
-		c.oldest = st.cprev
-	}
+	s.entries.remove(st, everyEntry)
+	c.entries.remove(st, clientEntry)
 	ns := st.narrow
 	if ns.n--; ns.n == 0 {
 		delete(s.narrows, ns.key)
-	} else if ns.lens[st.e.Len]--; ns.lens[st.e.Len] == 0 {
-		delete(ns.lens, st.e.Len)
-		if i, ok := slices.BinarySearch(ns.sorted, st.e.Len); ok {
-			ns.sorted = slices.Delete(ns.sorted, i, i+1)
+	} else if i, ok := slices.BinarySearchFunc(ns.lens, st.e.Len, byLen); ok {
+		if ns.lens[i].n--; ns.lens[i].n == 0 {
+			ns.lens = slices.Delete(ns.lens, i, i+1)
 		}
 	}
-	st.prev, st.next, st.cprev, st.cnext, st.owner, st.narrow = nil, nil, nil, nil, nil, nil
+	st.owner, st.narrow = nil, nil
 	delete(s.index, st.e.Seq)
 	size := st.e.size()
 	s.n--
@@ -462,24 +441,10 @@ func (s *Store) reshare(c *client) {
 	over := c.n > s.shareEntries || c.bytes > s.shareBytes
 	switch {
 	case over && !c.over:
-		c.over, c.prev, c.next = true, s.overLast, nil
-		if s.overLast != nil {
-			s.overLast.next = c
-		} else {
-			s.overFirst = c
-		}
-		s.overLast = c
+		c.over = true
+		s.over.push(c, overShare)
 	case !over && c.over:
-		if c.prev != nil {
-			c.prev.next = c.next
-		} else {
-			s.overFirst = c.next
-		}
-		if c.next != nil {
-			c.next.prev = c.prev
-		} else {
-			s.overLast = c.prev
-		}
-		c.over, c.prev, c.next = false, nil, nil
+		c.over = false
+		s.over.remove(c, overShare)
 	}
 }

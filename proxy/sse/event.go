@@ -69,13 +69,7 @@ var dataAfter = []byte("\ndata:")
 // rewriteLines appends ev to dst with fn applied to each data line's
 // payload.
 func rewriteLines(dst, ev []byte, fn func([]byte) []byte) []byte {
-	for len(ev) > 0 {
-		line := ev
-		if i := bytes.IndexByte(ev, '\n'); i >= 0 {
-			line, ev = ev[:i+1], ev[i+1:]
-		} else {
-			ev = nil
-		}
+	for line := range bytes.Lines(ev) {
 		if !bytes.HasPrefix(line, dataPrefix) {
 			dst = append(dst, line...)
 			continue
@@ -104,14 +98,8 @@ func ErrorEvent(body []byte) []byte {
 func rewriteJoined(dst, ev []byte, fn func([]byte) []byte) []byte {
 	var joined []byte
 	n := 0
-	for rest := ev; len(rest) > 0; {
-		line := rest
-		if i := bytes.IndexByte(rest, '\n'); i >= 0 {
-			line, rest = rest[:i], rest[i+1:]
-		} else {
-			rest = nil
-		}
-		if p, ok := bytes.CutPrefix(line, dataPrefix); ok {
+	for line := range bytes.Lines(ev) {
+		if p, ok := bytes.CutPrefix(line, dataPrefix); ok { // its '\n' trimmed below
 			if n > 0 {
 				joined = append(joined, '\n')
 			}
@@ -124,13 +112,7 @@ func rewriteJoined(dst, ev []byte, fn func([]byte) []byte) []byte {
 	}
 	out := fn(joined)
 	written := false
-	for len(ev) > 0 {
-		line := ev
-		if i := bytes.IndexByte(ev, '\n'); i >= 0 {
-			line, ev = ev[:i+1], ev[i+1:]
-		} else {
-			ev = nil
-		}
+	for line := range bytes.Lines(ev) {
 		if !bytes.HasPrefix(line, dataPrefix) {
 			dst = append(dst, line...)
 			continue
