@@ -36,5 +36,5 @@ func servePaired(r *inference.Request) {
 	} else {
 		s.Legs(r, connectors.Bootstrap{}, nil)
 	}
-	newPaired(r, s).run(s.Start, s.Pre, s.Dec, s.Forget)
+	newPaired(r, s).run(s.Start, s.Pre, s.Dec)
 }

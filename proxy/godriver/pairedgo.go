@@ -2,7 +2,6 @@ package godriver
 
 import (
 	"context"
-	"errors"
 	"sync"
 	"time"
 
@@ -51,10 +50,8 @@ func newPaired(r *inference.Request, s *inference.Paired) *goPaired {
 }
 
 // run runs the split begun by start: its prefill leg carrying pre and its
-// decode leg carrying dec (unless start skips them). onKVLoadFailed, when
-// set, is told of a decode that failed to load the KV before the request
-// degrades.
-func (d *goPaired) run(start split.PairedStart, pre, dec []byte, onKVLoadFailed func()) {
+// decode leg carrying dec (unless start skips them).
+func (d *goPaired) run(start split.PairedStart, pre, dec []byte) {
 	r := d.r
 	d.mu.Lock()
 	// The legs' contexts are made before anything (a timer, the prefill
@@ -70,9 +67,6 @@ func (d *goPaired) run(start split.PairedStart, pre, dec []byte, onKVLoadFailed 
 	}
 	if r.Gone() {
 		d.feed(split.Event{Kind: split.ClientGone, Err: context.Cause(d.parent)})
-	}
-	if next.Recoverable && onKVLoadFailed != nil {
-		onKVLoadFailed()
 	}
 	d.act(d.feed(*next), nil, nil)
 }
@@ -126,7 +120,7 @@ func (d *goPaired) act(acts []split.Action, pre, dec []byte) *split.Event {
 			d.sendPrefill(pre)
 		case split.SendDecode:
 			if err := d.Decode(dec); err != nil {
-				next = &split.Event{Kind: split.DecodeEnded, Err: err, Recoverable: errors.Is(err, inference.ErrKVLoadFailed)}
+				next = &split.Event{Kind: split.DecodeEnded, Err: err}
 			} else {
 				d.feed(split.Event{Kind: split.DecodeEnded})
 			}

@@ -196,7 +196,7 @@ func (d *goSplit) exec(acts []split.Action) *split.Event {
 		case split.AnswerPrefill:
 			ct, ans, err := r.PrefillAnswer(d.res)
 			if err != nil {
-				next = &split.Event{Kind: split.LegFailed, Err: err, Recoverable: true}
+				next = &split.Event{Kind: split.LegFailed, Err: err}
 				continue
 			}
 			d.answered = true
@@ -341,21 +341,16 @@ func (d *goSplit) Decode(h connectors.Handoff) *split.Event {
 	var err error
 	if p.KV != nil {
 		if h, err = inference.PullKV(r, h); err != nil {
-			err, recoverable := inference.KVPullFailure(r, err)
-			return &split.Event{Kind: split.LegFailed, Err: err, Recoverable: recoverable}
+			return &split.Event{Kind: split.LegFailed, Err: inference.KVPullFailure(r, err)}
 		}
 	}
-	body, recoverable, err := r.DecodeBody(nil, h)
+	body, err := r.DecodeBody(nil, h)
 	if err != nil {
-		return &split.Event{Kind: split.LegFailed, Err: err, Recoverable: recoverable}
+		return &split.Event{Kind: split.LegFailed, Err: err}
 	}
 	r.Mode, r.Handoff = metrics.ModeDisaggregated, &h
 	if err := relay.Decode(r, body, true); err != nil {
-		kvLoad := errors.Is(err, inference.ErrKVLoadFailed)
-		if kvLoad {
-			r.Handoff = nil // the decode engine read none of it
-		}
-		return &split.Event{Kind: split.LegFailed, Err: err, Recoverable: kvLoad}
+		return &split.Event{Kind: split.LegFailed, Err: err}
 	}
 	d.answered = true
 	return nil

@@ -10,6 +10,7 @@ import (
 	"github.com/pd-sidecar/pd-sidecar/connectors"
 	"github.com/pd-sidecar/pd-sidecar/kvtransfer"
 	"github.com/pd-sidecar/pd-sidecar/proxy/kvpull"
+	"github.com/pd-sidecar/pd-sidecar/proxy/split"
 	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"
 )
 
@@ -61,12 +62,12 @@ func engineCall(ctx context.Context, r *Request, path string, body []byte) ([]by
 	return append([]byte(nil), resp.Body()...), resp.StatusCode(), nil
 }
 
-// KVPullFailure says what a failed pull becomes, and whether a local
-// prefill may serve the request instead: a client that left is only that;
-// a KV agent that is gone, or a descriptor that is refused, is the
+// KVPullFailure says what a failed pull becomes, marked Recoverable when a
+// local prefill may serve the request instead: a client that left is only
+// that; a KV agent that is gone, or a descriptor that is refused, is the
 // prefiller's fault and degrades; any other failure is a KV load failure,
 // re-run locally as --on-kv-load-failure says.
-func KVPullFailure(r *Request, err error) (error, bool) {
+func KVPullFailure(r *Request, err error) error {
 	var ue *upstream.UpstreamError
 	if !errors.As(err, &ue) && !errors.Is(err, connectors.ErrInvalidKVParams) {
 		// The agent's errors may quote its descriptor: said in fixed words.
@@ -74,10 +75,9 @@ func KVPullFailure(r *Request, err error) (error, bool) {
 	}
 	switch {
 	case r.Gone():
-		return fmt.Errorf("%w: %w", ErrClientGone, err), false
+		return fmt.Errorf("%w: %w", ErrClientGone, err)
 	case errors.Is(err, kvtransfer.ErrKVSourceGone), errors.Is(err, connectors.ErrInvalidKVParams):
-		return err, true
+		return split.Recoverable(err)
 	}
-	err = fmt.Errorf("%w: sidecar pull: %w", ErrKVLoadFailed, err)
-	return err, r.KVLoadFailed()
+	return r.kvLoadFailure(fmt.Errorf("%w: sidecar pull: %w", ErrKVLoadFailed, err))
 }

@@ -37,10 +37,10 @@ type Paired struct {
 	Pre, Dec []byte
 	// Ticket is the breaker's, until its outcome is reported (Account).
 	Ticket *circuit.Ticket
-	// Forget, when set, is called before a request degrades from a KV
-	// load failure: the prefiller's cached bootstrap answer is forgotten
-	// (it may have restarted with a new id).
-	Forget func()
+	// forget is called before a request degrades from a KV load failure
+	// (split.HandoffFailed): the prefiller's cached bootstrap answer is
+	// forgotten (it may have restarted with a new id).
+	forget func()
 
 	p         *Proxy
 	prefiller string
@@ -56,7 +56,7 @@ type Paired struct {
 // bootstrap answer is in hand when its connector has one (Bootstrap).
 func BeginPaired(r *Request) *Paired {
 	p := r.P
-	s := &Paired{p: p, prefiller: r.Prefiller, Forget: func() {}}
+	s := &Paired{p: p, prefiller: r.Prefiller, forget: func() {}}
 	s.Config.Fallback, s.Config.Judge = p.Cfg.PrefillFallback, SplitJudge
 	if m := p.Mori; m != nil && m.Cfg.ParallelDispatch {
 		s.Config.KVWait, s.Config.HoldOutput = m.Cfg.WaitTimeout, true
@@ -80,7 +80,7 @@ func BeginPaired(r *Request) *Paired {
 	}
 	if bs, ok := s.cc.(connectors.Bootstrapper); ok {
 		s.boot = bs
-		s.Forget = func() { p.Boot.Forget(bs.BootstrapAddr(host)) }
+		s.forget = func() { p.Boot.Forget(bs.BootstrapAddr(host)) }
 	}
 	return s
 }
@@ -219,6 +219,8 @@ func (s *Paired) Account(a split.Action, log *zerolog.Logger) bool {
 		}
 	case split.OutputAtKVWait:
 		log.Warn().Msg("MoRI-IO decode produced output before the prefill leg answered; relayed at the KV-wait timeout")
+	case split.HandoffFailed:
+		s.forget()
 	default:
 		return false
 	}

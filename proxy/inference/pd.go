@@ -425,15 +425,52 @@ func (r *Request) AccountDecodeFirst(a split.Action) {
 	}
 }
 
-// KVLoadFailed counts a KV load failure of the decode leg and reports
-// whether the request is to be re-run with a local prefill.
-func (r *Request) KVLoadFailed() bool {
+// KVAnswered ends the KV handoff on the decode leg's answer, read whole,
+// of status. It returns the failure to recover from when the decode
+// engine failed to load the KV (a 500) and --on-kv-load-failure re-runs
+// the request with a local prefill; nil when the answer is relayed as it
+// is.
+func (r *Request) KVAnswered(sent time.Time, status int) error {
+	r.KVHandoffDone(sent, status == http.StatusOK)
+	if status != http.StatusInternalServerError {
+		return nil
+	}
+	return r.kvLoadFailed()
+}
+
+// KVStreamed ends the KV handoff on the decode leg's stream, read to its
+// first output (errorEvent: to an error event before any). It returns
+// what KVAnswered does of a KV load failure: an error event there is one.
+func (r *Request) KVStreamed(sent time.Time, errorEvent bool) error {
+	r.KVHandoffDone(sent, !errorEvent)
+	if !errorEvent {
+		return nil
+	}
+	return r.kvLoadFailed()
+}
+
+// kvLoadFailed counts a KV load failure of the decode leg and returns it
+// marked for the split to recover from, the request's handoff let go (the
+// decode engine read none of it); nil under --on-kv-load-failure error,
+// which passes the engine's answer on.
+func (r *Request) kvLoadFailed() error {
+	if err := r.kvLoadFailure(ErrKVLoadFailed); err != ErrKVLoadFailed {
+		r.Handoff = nil
+		return err
+	}
+	return nil
+}
+
+// kvLoadFailure counts err, a KV load failure, and marks it Recoverable:
+// the request is re-run with a local prefill; under --on-kv-load-failure
+// error it is logged and returned as it is.
+func (r *Request) kvLoadFailure(err error) error {
 	r.P.M.KVLoadFailures.WithLabelValues(r.Label).Inc()
 	if r.P.Cfg.OnKVLoadFailure == KVFailError {
 		r.LogAt(zerolog.ErrorLevel).Msg("decode engine failed to load the remote KV; error passed on (--on-kv-load-failure error)")
-		return false
+		return err
 	}
-	return true
+	return split.Recoverable(err)
 }
 
 // CopyHead copies the upstream status and end-to-end headers to the client.
@@ -474,18 +511,17 @@ func (r *Request) PrefillBody(dst []byte) ([]byte, error) {
 
 // DecodeBody builds the sequential decode leg's body from the prefill's
 // handoff h, appended to dst: MoRI-IO's rank and fields when they apply,
-// then the connector's. recoverable says the request may still be served
-// by a local prefill (MoRI-IO's fields could not be written).
-func (r *Request) DecodeBody(dst []byte, h connectors.Handoff) (body []byte, recoverable bool, err error) {
+// then the connector's. MoRI-IO's fields that could not be written are a
+// failure marked for a local prefill to recover from.
+func (r *Request) DecodeBody(dst []byte, h connectors.Handoff) (body []byte, err error) {
 	p := r.P
 	if p.Mori != nil {
 		// MoRI-IO write mode: the rank and fields of the decode leg.
 		if h.Params, err = moriDecodeParams(r, h.Params); err != nil {
-			return nil, true, err
+			return nil, split.Recoverable(err)
 		}
 	}
-	body, err = p.seq.DecodeBody(dst, r.API, r.Body, h)
-	return body, false, err
+	return p.seq.DecodeBody(dst, r.API, r.Body, h)
 }
 
 // SplitStart is how the request's sequential split begins: its hedge

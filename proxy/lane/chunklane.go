@@ -135,9 +135,8 @@ func (c *laneChunk) answered(a *rawhttp.Answer) {
 	c.leg = false
 	st := a.Status
 	if c.handoff {
-		r.KVHandoffDone(c.sent, st == fasthttp.StatusOK)
-		if st == fasthttp.StatusInternalServerError && r.KVLoadFailed() {
-			c.exec(c.m.Failed(inference.ErrKVLoadFailed))
+		if err := r.KVAnswered(c.sent, st); err != nil {
+			c.exec(c.m.Failed(err))
 			return
 		}
 	}
@@ -166,14 +165,13 @@ func (c *laneChunk) answerWhole(a chunked.Action) {
 }
 
 // ret ends a decode that failed before the client saw anything: a split's
-// KV that could not be loaded goes back to the split, which falls back;
-// another error is the client's answer.
+// failure it may recover from (a KV that could not be loaded) goes back to
+// the split; another error is the client's answer.
 func (c *laneChunk) ret(err error) {
 	lc := c.lc
 	c.release()
-	if lc.pd != nil && errors.Is(err, inference.ErrKVLoadFailed) {
-		lc.r.Handoff = nil // the decode engine read none of it
-		lc.feedSplit(split.Event{Kind: split.LegFailed, Err: err, Recoverable: true})
+	if lc.pd != nil && split.Recovers(err) {
+		lc.feedSplit(split.Event{Kind: split.LegFailed, Err: err})
 		return
 	}
 	lc.failWith(err)

@@ -1009,7 +1009,7 @@ func (lc *laneConn) rawBroke(err error) {
 		c.failed(err)
 		return
 	}
-	if lc.pairedSplit().decodeEnded(inference.DecodeTransportErr(err), false) || lc.decodeFirst().failed(err) {
+	if lc.pairedSplit().decodeEnded(inference.DecodeTransportErr(err)) || lc.decodeFirst().failed(err) {
 		return
 	}
 	lc.failWith(inference.DecodeTransportErr(err))
@@ -1104,7 +1104,7 @@ func (lc *laneConn) failed(err error) {
 		c.failed(err)
 		return
 	}
-	if lc.pairedSplit().decodeEnded(inference.DecodeTransportErr(err), false) || lc.decodeFirst().failed(err) {
+	if lc.pairedSplit().decodeEnded(inference.DecodeTransportErr(err)) || lc.decodeFirst().failed(err) {
 		return
 	}
 	lc.failWith(inference.DecodeTransportErr(err))

@@ -212,12 +212,12 @@ func (ps *lanePaired) prefillEnded(h *laneConn, a *rawhttp.Answer, err error) {
 // its answer is written or streaming, else its failure before any output
 // reached the client. It reports false when no decode leg of the split is
 // out (ps nil included: the failure is then the caller's).
-func (ps *lanePaired) decodeEnded(err error, recoverable bool) bool {
+func (ps *lanePaired) decodeEnded(err error) bool {
 	if ps == nil || !ps.decoding || ps.lc.pd != ps.pd {
 		return false
 	}
 	ps.decoding = false
-	ps.lc.feedSplit(split.Event{Kind: split.DecodeEnded, Err: err, Recoverable: recoverable})
+	ps.lc.feedSplit(split.Event{Kind: split.DecodeEnded, Err: err})
 	return true
 }
 
@@ -229,7 +229,7 @@ func (ps *lanePaired) cancelDecode(cause error) {
 		return
 	}
 	lc.dropLeg()
-	ps.decodeEnded(cause, false)
+	ps.decodeEnded(cause)
 }
 
 // gated decides on the held decode stream: its first output came
@@ -242,19 +242,15 @@ func (ps *lanePaired) gated(g sserelay.Gate, held []byte) {
 	switch g {
 	case sserelay.GateHolding: // ended with no output
 		lc.dropStream()
-		ps.decodeEnded(inference.DecodeTransportErr(inference.EndedEarly(r.Local, "any output", ls.Cut)), false)
+		ps.decodeEnded(inference.DecodeTransportErr(inference.EndedEarly(r.Local, "any output", ls.Cut)))
 		return
-	case sserelay.GateError:
-		r.KVHandoffDone(pd.sent, false)
-		if r.KVLoadFailed() {
-			lc.dropStream()
-			r.Handoff = nil
-			ps.pp.Forget()
-			ps.decodeEnded(inference.ErrKVLoadFailed, true)
-			return
-		}
-	default:
-		r.KVHandoffDone(pd.sent, true)
+	}
+	if err := r.KVStreamed(pd.sent, g == sserelay.GateError); err != nil {
+		lc.dropStream()
+		ps.decodeEnded(err)
+		return
+	}
+	if g != sserelay.GateError {
 		lc.feedSplit(split.Event{Kind: split.FirstOutput})
 		if lc.pd != pd {
 			return
@@ -278,7 +274,7 @@ func (ps *lanePaired) relay(held []byte) {
 	lc := ps.lc
 	r, ls := lc.r, lc.ls
 	r.P.M.Requests.WithLabelValues(r.Mode, inference.StatusLabel(r.Obs.Status)).Inc()
-	ps.decodeEnded(nil, false) // before the write, which may end the request
+	ps.decodeEnded(nil) // before the write, which may end the request
 	ls.MarkOutput()
 	lc.FirstOutput()
 	ls.Write(held)
@@ -290,11 +286,8 @@ func (ps *lanePaired) relay(held []byte) {
 func (ps *lanePaired) answered(a *rawhttp.Answer) {
 	lc, pd := ps.lc, ps.pd
 	r := lc.r
-	r.KVHandoffDone(pd.sent, a.Status == fasthttp.StatusOK)
-	if a.Status == fasthttp.StatusInternalServerError && r.KVLoadFailed() {
-		r.Handoff = nil
-		ps.pp.Forget()
-		ps.decodeEnded(inference.ErrKVLoadFailed, true)
+	if err := r.KVAnswered(pd.sent, a.Status); err != nil {
+		ps.decodeEnded(err)
 		return
 	}
 	buf := a.Buf
@@ -318,7 +311,7 @@ func (ps *lanePaired) answered(a *rawhttp.Answer) {
 
 // write writes the decode answer, read whole.
 func (ps *lanePaired) write(h *fasthttp.ResponseHeader, status int, body []byte) {
-	ps.decodeEnded(nil, false) // before the write, which may end the request
+	ps.decodeEnded(nil) // before the write, which may end the request
 	ps.lc.r.JSONAnswered(status)
 	ps.lc.writeWhole(h, body)
 }

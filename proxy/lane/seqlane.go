@@ -211,7 +211,7 @@ func (lc *laneConn) execSplit(pd *lanePD, acts []split.Action) {
 		case split.AnswerPrefill:
 			ct, ans, err := r.PrefillAnswer(pd.res)
 			if err != nil {
-				lc.feedSplit(split.Event{Kind: split.LegFailed, Err: err, Recoverable: true})
+				lc.feedSplit(split.Event{Kind: split.LegFailed, Err: err})
 				continue
 			}
 			lc.answerWhole(metrics.ModeDisaggregated, fasthttp.StatusOK, ct, ans)
@@ -239,10 +239,10 @@ func (lc *laneConn) execSplit(pd *lanePD, acts []split.Action) {
 func (lc *laneConn) sendDecode(pd *lanePD, h connectors.Handoff) {
 	r, p := lc.r, lc.ll.ln.p
 	scratch, dst := p.Bufs.EditScratch(len(r.Body))
-	body, recoverable, err := r.DecodeBody(dst, h)
+	body, err := r.DecodeBody(dst, h)
 	if err != nil {
 		p.Bufs.PutScratch(scratch)
-		lc.feedSplit(split.Event{Kind: split.LegFailed, Err: err, Recoverable: recoverable})
+		lc.feedSplit(split.Event{Kind: split.LegFailed, Err: err})
 		return
 	}
 	pd.res.Handoff = h
@@ -266,8 +266,7 @@ func (lc *laneConn) pullKV(pd *lanePD, h connectors.Handoff) {
 				return
 			}
 			if err != nil {
-				err, recoverable := inference.KVPullFailure(r, err)
-				lc.feedSplit(split.Event{Kind: split.LegFailed, Err: err, Recoverable: recoverable})
+				lc.feedSplit(split.Event{Kind: split.LegFailed, Err: inference.KVPullFailure(r, err)})
 				return
 			}
 			lc.sendDecode(pd, pulled)
@@ -391,10 +390,8 @@ func (lc *laneConn) remoteAnswered(a *rawhttp.Answer) {
 		ps.answered(a)
 		return
 	}
-	r.KVHandoffDone(lc.pd.sent, a.Status == fasthttp.StatusOK)
-	if a.Status == fasthttp.StatusInternalServerError && r.KVLoadFailed() {
-		r.Handoff = nil
-		lc.feedSplit(split.Event{Kind: split.LegFailed, Err: inference.ErrKVLoadFailed, Recoverable: true})
+	if err := r.KVAnswered(lc.pd.sent, a.Status); err != nil {
+		lc.feedSplit(split.Event{Kind: split.LegFailed, Err: err})
 		return
 	}
 	buf := a.Buf
@@ -423,21 +420,15 @@ func (lc *laneConn) gateStream(ls *relay.LoopStream) {
 func (lc *laneConn) gateDone(g sserelay.Gate, held []byte) {
 	r, ls := lc.r, lc.ls
 	lc.stopTimer()
-	switch {
-	case g == sserelay.GateHolding: // ended with no output
+	if g == sserelay.GateHolding { // ended with no output
 		lc.dropStream()
 		lc.feedSplit(split.Event{Kind: split.LegFailed, Err: inference.DecodeTransportErr(inference.EndedEarly(lc.r.Local, "any output", ls.Cut))})
 		return
-	case g == sserelay.GateError:
-		r.KVHandoffDone(lc.pd.sent, false)
-		if r.KVLoadFailed() {
-			lc.dropStream()
-			r.Handoff = nil
-			lc.feedSplit(split.Event{Kind: split.LegFailed, Err: inference.ErrKVLoadFailed, Recoverable: true})
-			return
-		}
-	default:
-		r.KVHandoffDone(lc.pd.sent, true)
+	}
+	if err := r.KVStreamed(lc.pd.sent, g == sserelay.GateError); err != nil {
+		lc.dropStream()
+		lc.feedSplit(split.Event{Kind: split.LegFailed, Err: err})
+		return
 	}
 	r.P.M.Requests.WithLabelValues(r.Mode, inference.StatusLabel(r.Obs.Status)).Inc()
 	ls.MarkOutput()

@@ -52,9 +52,8 @@ func (c chunkRequest) Send(body []byte, handoff bool) (chunked.Answer, error) {
 	defer hold.Release()
 	st := resp.StatusCode()
 	if handoff {
-		r.KVHandoffDone(sent, st == fasthttp.StatusOK)
-		if st == fasthttp.StatusInternalServerError && r.KVLoadFailed() {
-			return chunked.Answer{}, inference.ErrKVLoadFailed
+		if err := r.KVAnswered(sent, st); err != nil {
+			return chunked.Answer{}, err
 		}
 	}
 	buf := resp.Body()

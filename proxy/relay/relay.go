@@ -27,8 +27,8 @@ import (
 
 // Forward sends body to the local engine and relays its answer. remote
 // marks the decode leg carrying r.Handoff: its answer gets the cached-token
-// rewrite, and a KV load failure reported before any output is returned as
-// ErrKVLoadFailed. Forward returns nil once the answer is written or
+// rewrite, and a KV load failure reported before any output is returned
+// for the split to recover from (Request.KVAnswered). Forward returns nil once the answer is written or
 // streaming; an error only while the client has seen nothing.
 func Forward(r *inference.Request, body []byte, remote bool) error {
 	phase := metrics.PhaseLocal
@@ -77,9 +77,8 @@ func relayJSON(r *inference.Request, leg *upstream.Leg, resp *fasthttp.Response,
 	}
 	st := resp.StatusCode()
 	if remote {
-		r.KVHandoffDone(sent, st == fasthttp.StatusOK)
-		if st == fasthttp.StatusInternalServerError && r.KVLoadFailed() {
-			return inference.ErrKVLoadFailed
+		if err := r.KVAnswered(sent, st); err != nil {
+			return err
 		}
 		if ed := r.AnswerEdit(); st == fasthttp.StatusOK && ed != nil {
 			buf = ed(buf)
@@ -127,9 +126,8 @@ func relaySSE(r *inference.Request, leg *upstream.Leg, resp *fasthttp.Response, 
 		if held, kvFail, err = inference.ReadToOutput(er, r.API, make([]byte, 0, 2<<10)); err != nil {
 			return abort(inference.BeforeOutputErr(inference.EndedEarly(r.Local, "any output", err)))
 		}
-		r.KVHandoffDone(sent, !kvFail)
-		if kvFail && r.KVLoadFailed() {
-			return abort(inference.ErrKVLoadFailed)
+		if err := r.KVStreamed(sent, kvFail); err != nil {
+			return abort(err)
 		}
 	}
 	if r.LeftNow() {

@@ -28,11 +28,9 @@ const (
 	HedgeFailed
 	// LegFailed: the leg that was to answer the request (the decode leg,
 	// the local leg of a fallback, or the answer from the prefill) failed
-	// before anything reached the client (Event.Err). Event.Recoverable
-	// says that a local prefill may serve the request instead: the decode
-	// engine failed to load the KV (and --on-kv-load-failure re-runs), or
-	// the step that gets the KV to it failed in a way that leaves the
-	// local engine able to.
+	// before anything reached the client (Event.Err). An error marked
+	// Recoverable, or any failure of the answer from the prefill, is one a
+	// local prefill may serve instead.
 	LegFailed
 	// ClientGone: the client left.
 	ClientGone
@@ -63,8 +61,6 @@ type Event struct {
 	Timer Timer
 	// Handoff is the prefill's checked answer (PrefillAnswered).
 	Handoff connectors.Handoff
-	// Recoverable marks a LegFailed that a local prefill may serve.
-	Recoverable bool
 }
 
 // Op is what a driver does for an action.

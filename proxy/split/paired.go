@@ -24,7 +24,7 @@ const (
 	FirstOutput EventKind = iota + 32
 	// DecodeEnded: the decode leg's relay returned: Event.Err nil once the
 	// answer is written or streaming; else its failure before any output
-	// reached the client (Event.Recoverable: a KV load failure that a
+	// reached the client (one marked Recoverable, a KV load failure, a
 	// local prefill may serve).
 	DecodeEnded
 )
@@ -50,6 +50,10 @@ const (
 	PrefillLegFailed
 	// OutputAtKVWait logs a held output relayed at the KV-wait bound.
 	OutputAtKVWait
+	// HandoffFailed: the decode engine could not load the KV the prefill
+	// left it (Action.Err), and the request degrades: what was learnt of
+	// the prefiller for the handoff (its bootstrap answer) is forgotten.
+	HandoffFailed
 )
 
 // PairedConfig is what a paired split's decisions depend on.
@@ -153,7 +157,7 @@ func (s *Paired) On(ev Event) []Action {
 			return s.kvWaitOver()
 		}
 	case DecodeEnded:
-		return s.decodeEnded(ev.Err, ev.Recoverable)
+		return s.decodeEnded(ev.Err)
 	case ClientGone:
 		s.gone = true
 		if s.prefilled || s.abandoned {
@@ -236,7 +240,7 @@ func (s *Paired) kvWaitOver() []Action {
 }
 
 // decodeEnded takes the decode leg's end.
-func (s *Paired) decodeEnded(err error, recoverable bool) []Action {
+func (s *Paired) decodeEnded(err error) []Action {
 	if s.done {
 		return nil
 	}
@@ -270,7 +274,8 @@ func (s *Paired) decodeEnded(err error, recoverable bool) []Action {
 		s.abandoned = true
 		acts = append(acts, Action{Op: AbandonPrefill, Err: err})
 	}
-	if recoverable {
+	if Recovers(err) {
+		acts = append(acts, Action{Op: HandoffFailed, Err: err})
 		return s.fallback(acts, err)
 	}
 	s.done = true

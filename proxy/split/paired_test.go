@@ -27,7 +27,10 @@ func TestPairedEventOrders(t *testing.T) {
 		decodeOK   = split.Event{Kind: split.DecodeEnded}
 		gone       = split.Event{Kind: split.ClientGone, Err: errClientGone}
 		decodeFail = func(err error, rec bool) split.Event {
-			return split.Event{Kind: split.DecodeEnded, Err: err, Recoverable: rec}
+			if rec {
+				err = split.Recoverable(err)
+			}
+			return split.Event{Kind: split.DecodeEnded, Err: err}
 		}
 	)
 	cases := []struct {
@@ -77,10 +80,10 @@ func TestPairedEventOrders(t *testing.T) {
 			{ev: failed(errUnreachable), want: []string{"BreakerDone:abandoned"}},
 		}, done: true},
 		{name: "decode KV load failure: fallback", startOps: legs, steps: []step{
-			{ev: decodeFail(errKVLoad, true), want: []string{"AbandonPrefill", "Degraded:kv_load_failed", "SendLocal"}},
+			{ev: decodeFail(errKVLoad, true), want: []string{"AbandonPrefill", "HandoffFailed", "Degraded:kv_load_failed", "SendLocal"}},
 		}, done: true},
 		{name: "decode KV load failure, no fallback", cfg: split.PairedConfig{Fallback: false}, startOps: legs, steps: []step{
-			{ev: decodeFail(errKVLoad, true), want: []string{"AbandonPrefill", "Fail:kv load"}},
+			{ev: decodeFail(errKVLoad, true), want: []string{"AbandonPrefill", "HandoffFailed", "Fail:kv load"}},
 		}, done: true},
 		{name: "client gone: prefill abandoned, answered as gone", startOps: legs, steps: []step{
 			{ev: gone, want: []string{"AbandonPrefill"}},

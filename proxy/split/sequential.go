@@ -104,6 +104,9 @@ type Sequential struct {
 	hedging   bool      // a hedge's local leg runs
 	takeHedge func() bool
 	plain     bool // the prefill was sent again without its optional part
+	// fromPrefill: the answer is made from the prefill's (generation
+	// ended on its first token)
+	fromPrefill bool
 }
 
 // NewSequential returns an idle split.
@@ -161,7 +164,7 @@ func (s *Sequential) On(ev Event) []Action {
 			return s.hedgeFailed(ev.Err)
 		}
 	case LegFailed:
-		return s.legFailed(ev.Err, ev.Recoverable)
+		return s.legFailed(ev.Err)
 	case ClientGone:
 		return s.clientGone(ev.Err)
 	}
@@ -262,7 +265,7 @@ func (s *Sequential) answered(h connectors.Handoff) []Action {
 	}
 	switch {
 	case h.Done:
-		s.st = stageDecode // the answer from the prefill may fail: recoverable
+		s.st, s.fromPrefill = stageDecode, true // that answer may fail: recoverable
 		return append(acts, Action{Op: AnswerPrefill, Handoff: h})
 	case s.cfg.DecodeTPSize > 0 && h.TPSize > s.cfg.DecodeTPSize:
 		err := fmt.Errorf("%w: prefill tp_size %d > %d", ErrTPMismatch, h.TPSize, s.cfg.DecodeTPSize)
@@ -320,11 +323,13 @@ func (s *Sequential) hedgeFailed(err error) []Action {
 	return append(acts, Action{Op: HedgeLocalFailed, Err: err})
 }
 
-// legFailed handles the failure of the leg that was to answer.
-func (s *Sequential) legFailed(err error, recoverable bool) []Action {
+// legFailed handles the failure of the leg that was to answer: one marked
+// Recoverable, or the answer from the prefill failing to be made, falls
+// back; another is answered.
+func (s *Sequential) legFailed(err error) []Action {
 	switch s.st {
 	case stageDecode:
-		if recoverable {
+		if s.fromPrefill || Recovers(err) {
 			return s.fallback(nil, err)
 		}
 	case stageLocal:

@@ -112,8 +112,13 @@ func TestSequentialEventOrders(t *testing.T) {
 		{name: "answer from the prefill fails: fallback", start: noHedge, startOps: startOps,
 			steps: []step{
 				{ev: answered(eos), want: cat(endOK, []string{"AnswerPrefill"})},
-				{ev: split.Event{Kind: split.LegFailed, Err: errInvalid, Recoverable: true}, want: []string{"Degraded:invalid_kv_params", "SendLocal"}},
+				{ev: split.Event{Kind: split.LegFailed, Err: errInvalid}, want: []string{"Degraded:invalid_kv_params", "SendLocal"}},
 			}},
+		{name: "decode leg fails unmarked: answered", start: noHedge, startOps: startOps,
+			steps: []step{
+				{ev: answered(handoff), want: cat(endOK, []string{"SendDecode"})},
+				{ev: split.Event{Kind: split.LegFailed, Err: errInvalid}, want: []string{"Fail:invalid kv params"}},
+			}, done: true},
 		{name: "tp guard: fallback", start: noHedge, startOps: startOps, fallback: true,
 			steps: []step{{ev: answered(bigTP), want: cat(endOK, []string{"Degraded:tp_mismatch", "SendLocal"})}}},
 		{name: "circuit open: fallback without a prefill", start: split.Start{NoPrefill: errCircuitOpen},
@@ -171,13 +176,13 @@ func TestSequentialEventOrders(t *testing.T) {
 		{name: "decode: KV load failure re-runs locally", start: noHedge, startOps: startOps,
 			steps: []step{
 				{ev: answered(handoff), want: cat(endOK, []string{"SendDecode"})},
-				{ev: split.Event{Kind: split.LegFailed, Err: errKVLoad, Recoverable: true}, want: []string{"Degraded:kv_load_failed", "SendLocal"}},
+				{ev: split.Event{Kind: split.LegFailed, Err: split.Recoverable(errKVLoad)}, want: []string{"Degraded:kv_load_failed", "SendLocal"}},
 				{ev: split.Event{Kind: split.LegFailed, Err: errDecode}, want: []string{"Fail:decode engine"}},
 			}, done: true},
 		{name: "decode: KV load failure, no fallback: answered", start: noHedge, startOps: startOps, fallback: false,
 			steps: []step{
 				{ev: answered(handoff), want: cat(endOK, []string{"SendDecode"})},
-				{ev: split.Event{Kind: split.LegFailed, Err: errKVLoad, Recoverable: true}, want: []string{"Fail:kv load"}},
+				{ev: split.Event{Kind: split.LegFailed, Err: split.Recoverable(errKVLoad)}, want: []string{"Fail:kv load"}},
 			}, done: true},
 		{name: "decode: other failure answered", start: noHedge, startOps: startOps,
 			steps: []step{
@@ -187,7 +192,7 @@ func TestSequentialEventOrders(t *testing.T) {
 		{name: "fallback's local leg fails: answered", start: noHedge, startOps: startOps,
 			steps: []step{
 				{ev: failed(errUnreachable), want: cat(endOK, []string{"Degraded:unreachable", "SendLocal"})},
-				{ev: split.Event{Kind: split.LegFailed, Err: errKVLoad, Recoverable: true}, want: []string{"Fail:kv load"}},
+				{ev: split.Event{Kind: split.LegFailed, Err: split.Recoverable(errKVLoad)}, want: []string{"Fail:kv load"}},
 			}, done: true},
 		{name: "client gone during the prefill", start: noHedge, startOps: startOps,
 			steps: []step{
@@ -365,7 +370,7 @@ func opName(op split.Op) string {
 		split.BreakerDone: "BreakerDone", split.Retrying: "Retrying", split.Degraded: "Degraded", split.HedgeWon: "HedgeWon",
 		split.HedgeLocalFailed: "HedgeLocalFailed",
 		split.CancelDecode:     "CancelDecode", split.AbandonPrefill: "AbandonPrefill", split.ReleaseOutput: "ReleaseOutput",
-		split.PrefillLegFailed: "PrefillLegFailed", split.OutputAtKVWait: "OutputAtKVWait",
+		split.PrefillLegFailed: "PrefillLegFailed", split.OutputAtKVWait: "OutputAtKVWait", split.HandoffFailed: "HandoffFailed",
 	}
 	if n, ok := names[op]; ok {
 		return n
