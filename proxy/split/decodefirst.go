@@ -11,49 +11,6 @@ const (
 	DecodeFirstDeclined = "declined"
 )
 
-// The events of a decode-first attempt, beside ClientGone.
-const (
-	// FirstAnswerReady: the decode engine's answer to the decode-first leg
-	// is ready to be relayed (a stream's first output, a JSON answer
-	// whole), held: nothing of it has reached the client.
-	FirstAnswerReady EventKind = iota + 64
-	// FirstAnswerDeclined: the decode engine's answer declined the request
-	// (not enough of its KV cached); nothing of it reached the client.
-	FirstAnswerDeclined
-	// FirstLegFailed: the decode-first leg failed before any output
-	// (Event.Err); what it had is let go.
-	FirstLegFailed
-	// AfterDeclineBuilt: the body the usual split starts from after a
-	// decline is built (and is the request's body from here on).
-	AfterDeclineBuilt
-	// AfterDeclineFailed: that body could not be built (Event.Err).
-	AfterDeclineFailed
-)
-
-// The actions of a decode-first attempt, beside Fail.
-const (
-	// SendDecodeFirst sends the client's body to the decode engine and
-	// reads its answer up to where it says whether it serves the request
-	// (FirstAnswerReady, FirstAnswerDeclined, FirstLegFailed).
-	SendDecodeFirst Op = iota + 64
-	// DropDecodeFirst abandons the decode-first leg, in flight or its
-	// answer held: its connection is closed, so the engine aborts it.
-	DropDecodeFirst
-	// RelayDecodeFirst makes the held answer the request's answer.
-	RelayDecodeFirst
-	// BuildAfterDecline builds the body every later leg, and a local
-	// fallback, starts from once the decode engine declined
-	// (AfterDeclineBuilt, AfterDeclineFailed).
-	BuildAfterDecline
-	// RunSplit hands the request to the usual split: it was not tried
-	// first (Action.Reason ""), or the decode engine declined it
-	// (Action.Reason DecodeFirstDeclined).
-	RunSplit
-	// DecodeFirstCounted counts the attempt's outcome (Action.Reason:
-	// DecodeFirstServed or DecodeFirstDeclined).
-	DecodeFirstCounted
-)
-
 // The stages of a decode-first attempt.
 type firstStage uint8
 

@@ -9,7 +9,8 @@ import (
 // EventKind says what happened to a split.
 type EventKind uint8
 
-// The events a split's driver reports.
+// The events a split's driver reports, one list for every machine: each
+// machine takes those it knows and ignores the others.
 const (
 	// PrefillAnswered: the prefill leg's answer was a checked handoff
 	// (Event.Handoff).
@@ -34,6 +35,33 @@ const (
 	LegFailed
 	// ClientGone: the client left.
 	ClientGone
+
+	// A paired split's (split.Paired) own events.
+	// FirstOutput: the decode leg produced its first output, the point of
+	// no return: it is never cancelled from here on.
+	FirstOutput
+	// DecodeEnded: the decode leg's relay returned: Event.Err nil once the
+	// answer is written or streaming; else its failure before any output
+	// reached the client (one marked Recoverable, a KV load failure, a
+	// local prefill may serve).
+	DecodeEnded
+
+	// A decode-first attempt's (split.DecodeFirst) own events.
+	// FirstAnswerReady: the decode engine's answer to the decode-first leg
+	// is ready to be relayed (a stream's first output, a JSON answer
+	// whole), held: nothing of it has reached the client.
+	FirstAnswerReady
+	// FirstAnswerDeclined: the decode engine's answer declined the request
+	// (not enough of its KV cached); nothing of it reached the client.
+	FirstAnswerDeclined
+	// FirstLegFailed: the decode-first leg failed before any output
+	// (Event.Err); what it had is let go.
+	FirstLegFailed
+	// AfterDeclineBuilt: the body the usual split starts from after a
+	// decline is built (and is the request's body from here on).
+	AfterDeclineBuilt
+	// AfterDeclineFailed: that body could not be built (Event.Err).
+	AfterDeclineFailed
 )
 
 // Timer names one of a split's timers.
@@ -50,6 +78,9 @@ const (
 	// TimerHedge is the hedge point: a prefill not answered by then is
 	// raced by a local prefill (--prefill-hedge-after).
 	TimerHedge
+	// TimerKVWait bounds a paired split's wait for the prefill's outcome
+	// (PairedConfig.KVWait).
+	TimerKVWait
 )
 
 // Event is one input of a split.
@@ -66,9 +97,10 @@ type Event struct {
 // Op is what a driver does for an action.
 type Op uint8
 
-// The actions of a split. The first group is I/O, which each driver does
-// its own way; the second is accounting (counters, spans, log lines),
-// which both drivers do through the same code.
+// The actions of a split, one list for every machine. The first group is
+// I/O, which each driver does its own way; the second is accounting
+// (counters, spans, log lines), which both drivers do through the same
+// code; then what only a paired split or a decode-first attempt does.
 const (
 	// SendPrefill sends the prefill leg (Action.Attempt: 0 the first
 	// time, then each retry).
@@ -127,6 +159,48 @@ const (
 	// HedgeLocalFailed: the hedge's local leg failed (Action.Err) and the
 	// prefill goes on alone.
 	HedgeLocalFailed
+
+	// A paired split's (split.Paired) own actions.
+	// CancelDecode cancels the decode leg, which has produced no output
+	// (Action.Err: why); its relay then returns with that cause.
+	CancelDecode
+	// AbandonPrefill cancels the prefill leg on purpose: its end then says
+	// nothing of the prefiller.
+	AbandonPrefill
+	// ReleaseOutput lets the decode leg's held first output through.
+	ReleaseOutput
+	// PrefillLegFailed counts and logs the prefill leg's failure
+	// (Action.Err; Action.Reason: its label; Action.Attempt 1 when the
+	// decode had already begun its output).
+	PrefillLegFailed
+	// OutputAtKVWait logs a held output relayed at the KV-wait bound.
+	OutputAtKVWait
+	// HandoffFailed: the decode engine could not load the KV the prefill
+	// left it (Action.Err), and the request degrades: what was learnt of
+	// the prefiller for the handoff (its bootstrap answer) is forgotten.
+	HandoffFailed
+
+	// A decode-first attempt's (split.DecodeFirst) own actions.
+	// SendDecodeFirst sends the client's body to the decode engine and
+	// reads its answer up to where it says whether it serves the request
+	// (FirstAnswerReady, FirstAnswerDeclined, FirstLegFailed).
+	SendDecodeFirst
+	// DropDecodeFirst abandons the decode-first leg, in flight or its
+	// answer held: its connection is closed, so the engine aborts it.
+	DropDecodeFirst
+	// RelayDecodeFirst makes the held answer the request's answer.
+	RelayDecodeFirst
+	// BuildAfterDecline builds the body every later leg, and a local
+	// fallback, starts from once the decode engine declined
+	// (AfterDeclineBuilt, AfterDeclineFailed).
+	BuildAfterDecline
+	// RunSplit hands the request to the usual split: it was not tried
+	// first (Action.Reason ""), or the decode engine declined it
+	// (Action.Reason DecodeFirstDeclined).
+	RunSplit
+	// DecodeFirstCounted counts the attempt's outcome (Action.Reason:
+	// DecodeFirstServed or DecodeFirstDeclined).
+	DecodeFirstCounted
 )
 
 // Winners of a hedge (HedgeWon's Action.Winner).

@@ -16,46 +16,6 @@ var ErrKVWaitTimeout = errors.New("prefill did not complete within the MoRI-IO p
 // its client left): it says nothing of the prefiller.
 var ErrAbandoned = errors.New("prefill leg abandoned: the request no longer needs it")
 
-// The events of a paired split, beside PrefillAnswered, PrefillFailed,
-// TimerFired and ClientGone.
-const (
-	// FirstOutput: the decode leg produced its first output, the point of
-	// no return: it is never cancelled from here on.
-	FirstOutput EventKind = iota + 32
-	// DecodeEnded: the decode leg's relay returned: Event.Err nil once the
-	// answer is written or streaming; else its failure before any output
-	// reached the client (one marked Recoverable, a KV load failure, a
-	// local prefill may serve).
-	DecodeEnded
-)
-
-// TimerKVWait bounds a paired split's wait for the prefill's outcome
-// (PairedConfig.KVWait).
-const TimerKVWait Timer = 8
-
-// The actions of a paired split, beside SendPrefill, SendDecode, SendLocal,
-// PassOn, Fail, Arm, Disarm, BreakerDone and Degraded.
-const (
-	// CancelDecode cancels the decode leg, which has produced no output
-	// (Action.Err: why); its relay then returns with that cause.
-	CancelDecode Op = iota + 32
-	// AbandonPrefill cancels the prefill leg on purpose: its end then says
-	// nothing of the prefiller.
-	AbandonPrefill
-	// ReleaseOutput lets the decode leg's held first output through.
-	ReleaseOutput
-	// PrefillLegFailed counts and logs the prefill leg's failure
-	// (Action.Err; Action.Reason: its label; Action.Attempt 1 when the
-	// decode had already begun its output).
-	PrefillLegFailed
-	// OutputAtKVWait logs a held output relayed at the KV-wait bound.
-	OutputAtKVWait
-	// HandoffFailed: the decode engine could not load the KV the prefill
-	// left it (Action.Err), and the request degrades: what was learnt of
-	// the prefiller for the handoff (its bootstrap answer) is forgotten.
-	HandoffFailed
-)
-
 // PairedConfig is what a paired split's decisions depend on.
 type PairedConfig struct {
 	// Fallback lets a failure with a fallback reason degrade to a local
