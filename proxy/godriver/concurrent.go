@@ -30,11 +30,8 @@ func choreograph(r *inference.Request) bool {
 // before any leg is sent.
 func servePaired(r *inference.Request) {
 	s := inference.BeginPaired(r)
-	if bs, host, ok := s.Bootstrap(); ok {
-		b, err := r.P.Boot.Get(r.Ctx, r.P.Tr, bs, host, r.P.Cfg.PrefillTimeout)
-		s.Legs(r, b, err)
-	} else {
-		s.Legs(r, connectors.Bootstrap{}, nil)
+	if step := s.Prepare(r); step != nil {
+		step(r.Ctx)()
 	}
 	newPaired(r, s).run(s.Start, s.Pre, s.Dec)
 }

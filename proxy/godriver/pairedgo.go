@@ -38,10 +38,10 @@ type goPaired struct {
 	parent       context.Context // the request's
 	dctx         context.Context // the decode leg's: cancelled by CancelDecode
 	cancelDecode context.CancelCauseFunc
-	pctx         context.Context    // the prefill leg's: --prefill-timeout
-	cancelPre    context.CancelFunc // the prefill leg's
-	released     chan struct{}      // closed by ReleaseOutput
-	kvWait       *time.Timer
+	pctx         context.Context         // the prefill leg's
+	cancelPre    context.CancelCauseFunc // the prefill leg's
+	released     chan struct{}           // closed by ReleaseOutput
+	timers       [split.Timers]*time.Timer
 }
 
 // newPaired returns the driver of the paired split s of r.
@@ -58,7 +58,7 @@ func (d *goPaired) run(start split.PairedStart, pre, dec []byte) {
 	// leg) may cancel them. The prefill leg's ends with the leg, which may
 	// outlive this goroutine, or with the request.
 	d.dctx, d.cancelDecode = context.WithCancelCause(d.parent)
-	d.pctx, d.cancelPre = context.WithTimeoutCause(d.parent, r.P.Cfg.PrefillTimeout, inference.ErrPrefillTimeout)
+	d.pctx, d.cancelPre = context.WithCancelCause(d.parent)
 	acts := d.exec(d.m.Start(start))
 	d.mu.Unlock()
 	next := d.act(acts, pre, dec)
@@ -88,16 +88,22 @@ func (d *goPaired) exec(acts []split.Action) []split.Action {
 		case split.CancelDecode:
 			d.cancelDecode(a.Err)
 		case split.AbandonPrefill:
-			d.cancelPre()
+			d.cancelPre(nil)
+		case split.CancelPrefill:
+			d.cancelPre(a.Err)
 		case split.ReleaseOutput:
 			close(d.released)
 		case split.Arm:
-			d.kvWait = time.AfterFunc(a.After, func() {
-				d.feed(split.Event{Kind: split.TimerFired, Timer: a.Timer})
+			t := a.Timer
+			if old := d.timers[t]; old != nil {
+				old.Stop()
+			}
+			d.timers[t] = time.AfterFunc(a.After, func() {
+				d.feed(split.Event{Kind: split.TimerFired, Timer: t})
 			})
 		case split.Disarm:
-			if d.kvWait != nil {
-				d.kvWait.Stop()
+			if t := d.timers[a.Timer]; t != nil {
+				t.Stop()
 			}
 		default:
 			if !d.s.Account(a, &d.log) {
@@ -165,7 +171,7 @@ func (d *goPaired) Decode(dec []byte) error {
 }
 
 // sendPrefill sends the prefill leg carrying pre on a goroutine of its own,
-// bounded by --prefill-timeout. The leg's answer is read and discarded.
+// until the machine cancels it. The leg's answer is read and discarded.
 func (d *goPaired) sendPrefill(pre []byte) {
 	r, p := d.r, d.r.P
 	pctx, cancel := d.pctx, d.cancelPre
@@ -173,7 +179,7 @@ func (d *goPaired) sendPrefill(pre []byte) {
 	req := r.PrefillRequest(pre)
 	addr := r.Prefiller
 	go func() {
-		defer cancel()
+		defer cancel(nil)
 		resp := fasthttp.AcquireResponse()
 		hold, err := p.Tr.Do(pctx, addr, req, resp)
 		fasthttp.ReleaseRequest(req)

@@ -51,8 +51,6 @@ type goSplit struct {
 	body []byte          // the prefill leg's body
 	tk   *circuit.Ticket // the breaker's, while the prefill runs
 
-	pctx       context.Context // the prefill's: --prefill-timeout
-	pcancel    context.CancelFunc
 	prefillEnd func(error) // PrefillStarted's
 	gauge      prometheus.Gauge
 
@@ -213,9 +211,7 @@ func (d *goSplit) exec(acts []split.Action) *split.Event {
 			d.gauge = p.M.Inflight.WithLabelValues(metrics.PhasePrefill)
 			d.gauge.Inc()
 			d.prefillEnd = r.PrefillStarted(time.Now())
-			d.pctx, d.pcancel = context.WithTimeoutCause(r.Ctx, p.Cfg.PrefillTimeout, inference.ErrPrefillTimeout)
 		case split.PrefillEnded:
-			d.pcancel()
 			d.gauge.Dec()
 			d.prefillEnd(a.Err)
 		default:
@@ -226,10 +222,10 @@ func (d *goSplit) exec(acts []split.Action) *split.Event {
 }
 
 // sendPrefill sends an attempt of the prefill leg on a goroutine of its
-// own, within the prefill's context.
+// own, within the request's context, until the machine cancels it.
 func (d *goSplit) sendPrefill() {
 	r := d.r
-	ctx, cancel := context.WithCancelCause(d.pctx)
+	ctx, cancel := context.WithCancelCause(r.Ctx)
 	d.attempt = cancel
 	req := r.PrefillRequest(d.body)
 	go func() {

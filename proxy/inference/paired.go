@@ -1,6 +1,7 @@
 package inference
 
 import (
+	"context"
 	crand "crypto/rand"
 	"encoding/binary"
 	"errors"
@@ -58,6 +59,7 @@ func BeginPaired(r *Request) *Paired {
 	p := r.P
 	s := &Paired{p: p, prefiller: r.Prefiller, forget: func() {}}
 	s.Config.Fallback, s.Config.Judge = p.Cfg.PrefillFallback, SplitJudge
+	s.Config.PrefillTimeout = p.Cfg.PrefillTimeout
 	if m := p.Mori; m != nil && m.Cfg.ParallelDispatch {
 		s.Config.KVWait, s.Config.HoldOutput = m.Cfg.WaitTimeout, true
 	}
@@ -85,10 +87,25 @@ func BeginPaired(r *Request) *Paired {
 	return s
 }
 
-// Bootstrap returns the bootstrap server whose answer the legs need and
-// the prefiller's host to ask it of (ok false: none is needed).
-func (s *Paired) Bootstrap() (bs connectors.Bootstrapper, host string, ok bool) {
-	return s.boot, s.host, s.boot != nil && s.Start.NoLegs == nil
+// Prepare builds the legs of r's split begun by BeginPaired when that needs
+// no blocking call: no bootstrap answer is needed, or the prefiller's is
+// cached. Otherwise it returns the step that asks the prefiller's
+// bootstrap server, within --prefill-timeout, and builds the legs with its
+// answer; the split starts once it has run.
+func (s *Paired) Prepare(r *Request) Step {
+	if s.boot == nil || s.Start.NoLegs != nil {
+		s.Legs(r, connectors.Bootstrap{}, nil)
+		return nil
+	}
+	p, bs, host := s.p, s.boot, s.host
+	if b, ok := p.Boot.Cached(bs, host); ok {
+		s.Legs(r, b, nil)
+		return nil
+	}
+	return func(ctx context.Context) func() {
+		b, err := p.Boot.Get(ctx, p.Tr, bs, host, p.Cfg.PrefillTimeout)
+		return func() { s.Legs(r, b, err) }
+	}
 }
 
 // Legs builds the legs of r's concurrent connector's split begun by

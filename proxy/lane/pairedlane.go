@@ -7,7 +7,6 @@ import (
 
 	"github.com/valyala/fasthttp"
 
-	"github.com/pd-sidecar/pd-sidecar/connectors"
 	"github.com/pd-sidecar/pd-sidecar/proxy/inference"
 	"github.com/pd-sidecar/pd-sidecar/proxy/rawhttp"
 	"github.com/pd-sidecar/pd-sidecar/proxy/split"
@@ -41,7 +40,7 @@ type lanePaired struct {
 	// decoding: the decode leg is out and the machine has not been told
 	// of its end.
 	decoding bool
-	kvWait   *time.Timer
+	timers   [split.Timers]*time.Timer
 	// ending: the request is ending; only the legs' actions are done.
 	ending bool
 	// The decode's first output while the machine holds it (HoldOutput):
@@ -69,26 +68,20 @@ func runPaired(lc *laneConn) {
 		ps.preBufp, ps.preHead = p.Bufs.GetChunk()
 		ps.preHead = rawhttp.AppendLegStartStrip(ps.preHead, &ll.req, p.PrefillStrip)
 	}
-	bs, host, ok := s.Bootstrap()
-	if !ok {
-		s.Legs(r, connectors.Bootstrap{}, nil)
+	step := s.Prepare(r)
+	if step == nil {
 		ps.start()
 		return
 	}
-	if b, ok := p.Boot.Cached(bs, host); ok {
-		s.Legs(r, b, nil)
-		ps.start()
-		return
-	}
-	// Asked off the loop, as a dial is; a client leaving meanwhile cancels
-	// the query with the request.
+	// Run off the loop, as a dial is; a client leaving meanwhile cancels
+	// it with the request.
 	lc.state = laneSending
 	ctx := r.Ctx
 	go func() {
-		b, err := p.Boot.Get(ctx, p.Tr, bs, host, p.Cfg.PrefillTimeout)
+		then := step(ctx)
 		lc.onLoop(r, func() {
 			if lc.pd == pd && lc.state == laneSending {
-				s.Legs(r, b, err)
+				then()
 				ps.start()
 			}
 		})
@@ -126,15 +119,20 @@ func (ps *lanePaired) exec(acts []split.Action) {
 				ps.prefillEnded(h, nil, inference.PrefillTransportErr(fmt.Errorf("%w (%w)", cause, context.Canceled)))
 			}
 			continue
+		case split.CancelPrefill:
+			if h := ps.pre; h != nil {
+				ps.prefillEnded(h, nil, inference.PrefillTransportErr(fmt.Errorf("%w (%w)", a.Err, context.Canceled)))
+			}
+			continue
 		case split.Arm:
-			ps.kvWait = time.AfterFunc(a.After, func() {
-				lc.onLoop(r, func() { lc.feedSplit(split.Event{Kind: split.TimerFired, Timer: a.Timer}) })
+			t := a.Timer
+			ps.stopTimer(t)
+			ps.timers[t] = time.AfterFunc(a.After, func() {
+				lc.onLoop(r, func() { lc.feedSplit(split.Event{Kind: split.TimerFired, Timer: t}) })
 			})
 			continue
 		case split.Disarm:
-			if ps.kvWait != nil {
-				ps.kvWait.Stop()
-			}
+			ps.stopTimer(a.Timer)
 			continue
 		case split.CancelDecode:
 			ps.cancelDecode(a.Err)
@@ -161,8 +159,17 @@ func (ps *lanePaired) exec(acts []split.Action) {
 	}
 }
 
+// stopTimer stops the split's timer t, if armed (a fire on its way to the
+// loop is the machine's to ignore).
+func (ps *lanePaired) stopTimer(t split.Timer) {
+	if tm := ps.timers[t]; tm != nil {
+		tm.Stop()
+		ps.timers[t] = nil
+	}
+}
+
 // sendPrefill sends the prefill leg on a shadow of the request's
-// connection, bounded by --prefill-timeout.
+// connection, until the machine cancels it.
 func (ps *lanePaired) sendPrefill() {
 	lc, pd := ps.lc, ps.pd
 	ll, r, p := lc.ll, lc.r, lc.ll.ln.p
@@ -175,9 +182,6 @@ func (ps *lanePaired) sendPrefill() {
 	} else {
 		h.sent = append(h.sent, pd.start...)
 	}
-	h.startTimer(p.Cfg.PrefillTimeout, func() {
-		ps.prefillEnded(h, nil, inference.PrefillTransportErr(fmt.Errorf("%w (%w)", inference.ErrPrefillTimeout, context.DeadlineExceeded)))
-	})
 	h.legTo(r.Prefiller, ps.pp.Pre, nil)
 }
 
@@ -348,8 +352,8 @@ func (ps *lanePaired) end() {
 		return
 	}
 	ps.ending, pd.feeding = true, true
-	if ps.kvWait != nil {
-		ps.kvWait.Stop()
+	for t := range ps.timers {
+		ps.stopTimer(split.Timer(t))
 	}
 	// Fed now, whatever is under way: the request ends here.
 	pd.queue = append(pd.queue, split.Event{Kind: split.ClientGone, Err: context.Canceled})

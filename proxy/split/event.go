@@ -81,7 +81,12 @@ const (
 	// TimerKVWait bounds a paired split's wait for the prefill's outcome
 	// (PairedConfig.KVWait).
 	TimerKVWait
+	timerEnd
 )
+
+// Timers is one past the last Timer: a driver keeps its timers in an
+// array of this size, indexed by Timer.
+const Timers = int(timerEnd)
 
 // Event is one input of a split.
 type Event struct {

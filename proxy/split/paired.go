@@ -18,6 +18,10 @@ var ErrAbandoned = errors.New("prefill leg abandoned: the request no longer need
 
 // PairedConfig is what a paired split's decisions depend on.
 type PairedConfig struct {
+	// PrefillTimeout, when > 0, bounds the prefill leg
+	// (--prefill-timeout): one not answered by then is cancelled, and
+	// ends as failed with ErrPrefillTimeout.
+	PrefillTimeout time.Duration
 	// Fallback lets a failure with a fallback reason degrade to a local
 	// prefill (--prefill-fallback).
 	Fallback bool
@@ -65,6 +69,7 @@ type Paired struct {
 	gone      bool  // the client left
 	cancelled error // why the decode leg was cancelled (nil: it was not)
 	kvArmed   bool
+	preArmed  bool // TimerPrefill
 }
 
 // NewPaired returns an idle paired split.
@@ -92,6 +97,10 @@ func (s *Paired) Start(in PairedStart) []Action {
 		return s.fallback(acts, in.NoLegs)
 	}
 	acts := []Action{{Op: SendPrefill}, {Op: SendDecode}}
+	if s.cfg.PrefillTimeout > 0 {
+		s.preArmed = true
+		acts = append(acts, Action{Op: Arm, Timer: TimerPrefill, After: s.cfg.PrefillTimeout})
+	}
 	if s.cfg.KVWait > 0 {
 		s.kvArmed = true
 		acts = append(acts, Action{Op: Arm, Timer: TimerKVWait, After: s.cfg.KVWait})
@@ -116,6 +125,10 @@ func (s *Paired) On(ev Event) []Action {
 			s.kvArmed = false
 			return s.kvWaitOver()
 		}
+		if ev.Timer == TimerPrefill && s.preArmed {
+			s.preArmed = false
+			return s.prefillTimedOut()
+		}
 	case DecodeEnded:
 		return s.decodeEnded(ev.Err)
 	case ClientGone:
@@ -129,6 +142,16 @@ func (s *Paired) On(ev Event) []Action {
 	return nil
 }
 
+// prefillTimedOut cancels a prefill leg that has not answered within
+// PrefillTimeout: its end, which the driver reports, is a failure that
+// wraps ErrPrefillTimeout.
+func (s *Paired) prefillTimedOut() []Action {
+	if s.prefilled || s.abandoned {
+		return nil
+	}
+	return []Action{{Op: CancelPrefill, Err: fmt.Errorf("%w after %v", ErrPrefillTimeout, s.cfg.PrefillTimeout)}}
+}
+
 // prefillEnded takes the prefill leg's outcome.
 func (s *Paired) prefillEnded(err error) []Action {
 	if s.prefilled {
@@ -136,6 +159,10 @@ func (s *Paired) prefillEnded(err error) []Action {
 	}
 	s.prefilled = true
 	var acts []Action
+	if s.preArmed {
+		s.preArmed = false
+		acts = append(acts, Action{Op: Disarm, Timer: TimerPrefill})
+	}
 	if s.kvArmed && !s.holding {
 		s.kvArmed = false
 		acts = append(acts, Action{Op: Disarm, Timer: TimerKVWait})

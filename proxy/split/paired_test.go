@@ -2,6 +2,7 @@ package split_test
 
 import (
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -22,6 +23,9 @@ func TestPairedEventOrders(t *testing.T) {
 	var (
 		legs       = []string{"SendPrefill", "SendDecode"}
 		withKV     = []string{"SendPrefill", "SendDecode", "Arm:kvwait"}
+		withTimer  = []string{"SendPrefill", "SendDecode", "Arm:prefill"}
+		timed      = split.PairedConfig{PrefillTimeout: time.Second}
+		timedOut   = fmt.Errorf("%w after 1s (context canceled)", split.ErrPrefillTimeout)
 		ok         = split.Event{Kind: split.PrefillAnswered}
 		output     = split.Event{Kind: split.FirstOutput}
 		decodeOK   = split.Event{Kind: split.DecodeEnded}
@@ -64,6 +68,30 @@ func TestPairedEventOrders(t *testing.T) {
 		{name: "prefill rejects: decode cancelled, rejection passed on", startOps: legs, steps: []step{
 			{ev: failed(errRejected), want: []string{"BreakerDone:prefiller 4xx", "PrefillLegFailed:rejected", "CancelDecode:prefiller 4xx"}},
 			{ev: decodeFail(errDecode, false), want: []string{"PassOn"}},
+		}, done: true},
+		{name: "prefill timeout: leg cancelled, its end decides: fallback", cfg: timed, startOps: withTimer, steps: []step{
+			{ev: fire(split.TimerPrefill), want: []string{"CancelPrefill:prefill timed out after 1s"}},
+			{ev: fire(split.TimerPrefill), want: nil}, // fired once
+			{ev: failed(timedOut), want: []string{"BreakerDone:prefill timed out", "PrefillLegFailed:timeout", "CancelDecode:prefill timed out"}},
+			{ev: decodeFail(errDecode, false), want: []string{"Degraded:timeout", "SendLocal"}},
+		}, done: true},
+		{name: "prefill timeout after the output: counted, the answer goes on", cfg: timed, startOps: withTimer, steps: []step{
+			{ev: output, want: nil},
+			{ev: fire(split.TimerPrefill), want: []string{"CancelPrefill:prefill timed out"}},
+			{ev: failed(timedOut), want: []string{"BreakerDone:prefill timed out", "PrefillLegFailed:timeout:late"}},
+			{ev: decodeOK, want: nil},
+		}, done: true},
+		{name: "prefill answers in time: its timer disarmed", cfg: timed, startOps: withTimer, steps: []step{
+			{ev: ok, want: []string{"Disarm:prefill", "BreakerDone"}},
+			{ev: fire(split.TimerPrefill), want: nil}, // a fire already on its way
+			{ev: output, want: nil},
+			{ev: decodeOK, want: nil},
+		}, done: true},
+		{name: "client left: prefill abandoned, its timer then ignored", cfg: timed, startOps: withTimer, steps: []step{
+			{ev: gone, want: []string{"AbandonPrefill:client gone"}},
+			{ev: fire(split.TimerPrefill), want: nil},
+			{ev: failed(errClientGone), want: []string{"BreakerDone:prefill leg abandoned"}},
+			{ev: decodeFail(errClientGone, false), want: []string{"Fail:client gone"}},
 		}, done: true},
 		{name: "prefill fails after the output: counted, the answer goes on", startOps: legs, steps: []step{
 			{ev: output, want: nil},

@@ -98,7 +98,7 @@ type Sequential struct {
 
 	attempts  int   // failed attempts so far
 	last      error // the last failed attempt's error
-	armed     [TimerHedge + 1]bool
+	armed     [Timers]bool
 	began     time.Time // the prefill's start
 	hedgeAt   time.Time // the hedge's start (zero: none ran)
 	hedging   bool      // a hedge's local leg runs
