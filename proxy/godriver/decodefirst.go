@@ -128,13 +128,7 @@ func (d *goDecodeFirst) send() split.Event {
 	g.Inc()
 	req := r.Upstream(r.Local, r.Body)
 	resp := fasthttp.AcquireResponse()
-	var leg *upstream.Leg
-	var err error
-	if r.Stream && r.P.Cfg.DecodeFirstByteTimeout > 0 {
-		leg, err = r.P.Tr.StreamFirstByteTimeout(r.Ctx, r.Local, req, resp, r.P.Cfg.DecodeFirstByteTimeout)
-	} else {
-		leg, err = r.P.Tr.Stream(r.Ctx, r.Local, req, resp)
-	}
+	leg, err := relay.OpenLeg(r.Ctx, r, req, resp)
 	fasthttp.ReleaseRequest(req)
 	if err != nil {
 		g.Dec()

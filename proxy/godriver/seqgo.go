@@ -376,11 +376,7 @@ func openLocal(r *inference.Request, ctx context.Context, req *fasthttp.Request)
 	resp := fasthttp.AcquireResponse()
 	a := &heldAnswer{resp: resp, sent: time.Now()}
 	var err error
-	if r.Stream && r.P.Cfg.DecodeFirstByteTimeout > 0 {
-		a.leg, err = r.P.Tr.StreamFirstByteTimeout(ctx, r.Local, req, resp, r.P.Cfg.DecodeFirstByteTimeout)
-	} else {
-		a.leg, err = r.P.Tr.Stream(ctx, r.Local, req, resp)
-	}
+	a.leg, err = relay.OpenLeg(ctx, r, req, resp)
 	fasthttp.ReleaseRequest(req)
 	if err != nil {
 		fasthttp.ReleaseResponse(resp)

@@ -425,6 +425,22 @@ func (r *Request) AccountDecodeFirst(a split.Action) {
 	}
 }
 
+// FirstByteBound is how long the local engine may take to begin the
+// answer of a leg it streams: --decode-first-byte-timeout for a streamed
+// request; 0 (no bound) otherwise, and when unset.
+func (r *Request) FirstByteBound() time.Duration {
+	if !r.Stream {
+		return 0
+	}
+	return r.P.Cfg.DecodeFirstByteTimeout
+}
+
+// FirstByteTimedOut is the failure of a leg whose streamed answer did not
+// begin within FirstByteBound.
+func (r *Request) FirstByteTimedOut() error {
+	return fmt.Errorf("%w: %w after %v", ErrDecodeTimeout, upstream.ErrFirstByteTimeout, r.P.Cfg.DecodeFirstByteTimeout)
+}
+
 // KVAnswered ends the KV handoff on the decode leg's answer, read whole,
 // of status. It returns the failure to recover from when the decode
 // engine failed to load the KV (a 500) and --on-kv-load-failure re-runs

@@ -93,9 +93,7 @@ func (fs *laneFirst) send() {
 	lc.setGauge(ll.local)
 	lc.sentp, lc.sent = p.Bufs.GetChunk()
 	lc.sent = append(lc.sent, lc.pd.start...)
-	if r.Stream && p.Cfg.DecodeFirstByteTimeout > 0 {
-		lc.startTimer(p.Cfg.DecodeFirstByteTimeout, lc.firstByteTimeout)
-	}
+	lc.boundFirstByte()
 	lc.prefill = false
 	lc.legTo(r.Local, r.Body, nil)
 }

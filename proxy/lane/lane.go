@@ -13,7 +13,6 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"fmt"
 	"io"
 	"net"
 	"sync"
@@ -501,9 +500,7 @@ func (lc *laneConn) decodeLeg(body []byte, bodyp *[]byte, remote bool) {
 	} else {
 		lc.sent = rawhttp.AppendLegStartStrip(lc.sent, &ll.req, p.LegStrip)
 	}
-	if r.Stream && p.Cfg.DecodeFirstByteTimeout > 0 {
-		lc.startTimer(p.Cfg.DecodeFirstByteTimeout, lc.firstByteTimeout)
-	}
+	lc.boundFirstByte()
 	lc.prefill = false
 	lc.legTo(r.Local, body, bodyp)
 }
@@ -1121,7 +1118,15 @@ func (lc *laneConn) firstByteTimeout() {
 	default:
 		return
 	}
-	lc.failed(fmt.Errorf("%w: %w after %v", inference.ErrDecodeTimeout, upstream.ErrFirstByteTimeout, lc.ll.ln.p.Cfg.DecodeFirstByteTimeout))
+	lc.failed(lc.r.FirstByteTimedOut())
+}
+
+// boundFirstByte bounds the wait for the beginning of the leg's answer as
+// the request says (Request.FirstByteBound).
+func (lc *laneConn) boundFirstByte() {
+	if d := lc.r.FirstByteBound(); d > 0 {
+		lc.startTimer(d, lc.firstByteTimeout)
+	}
 }
 
 // began relays a local stream once its first event came: the answer

@@ -9,8 +9,7 @@ package relay
 
 import (
 	"bytes"
-	"errors"
-	"fmt"
+	"context"
 	"io"
 	"net"
 	"time"
@@ -41,18 +40,7 @@ func Forward(r *inference.Request, body []byte, remote bool) error {
 	req := r.Upstream(r.Local, body)
 	resp := fasthttp.AcquireResponse()
 	sent := time.Now()
-	var leg *upstream.Leg
-	var err error
-	if r.Stream && r.P.Cfg.DecodeFirstByteTimeout > 0 {
-		// Bound the wait for the beginning of a streamed answer (relaySSE
-		// ends it); the stream itself, once begun, has no total timeout.
-		leg, err = r.P.Tr.StreamFirstByteTimeout(r.Ctx, r.Local, req, resp, r.P.Cfg.DecodeFirstByteTimeout)
-		if errors.Is(err, upstream.ErrFirstByteTimeout) {
-			err = fmt.Errorf("%w: %w", inference.ErrDecodeTimeout, err)
-		}
-	} else {
-		leg, err = r.P.Tr.Stream(r.Ctx, r.Local, req, resp)
-	}
+	leg, err := OpenLeg(r.Ctx, r, req, resp)
 	fasthttp.ReleaseRequest(req)
 	if err != nil {
 		g.Dec()
@@ -65,6 +53,17 @@ func Forward(r *inference.Request, body []byte, remote bool) error {
 	defer g.Dec()
 	defer fasthttp.ReleaseResponse(resp)
 	return relayJSON(r, leg, resp, remote, sent)
+}
+
+// OpenLeg sends req to the local engine within ctx and reads its answer's
+// head into resp, the wait for the beginning of a streamed answer bounded
+// as the request says (Request.FirstByteBound; the caller's Leg.Began ends
+// the bound: a stream, once begun, has no total timeout).
+func OpenLeg(ctx context.Context, r *inference.Request, req *fasthttp.Request, resp *fasthttp.Response) (*upstream.Leg, error) {
+	if d := r.FirstByteBound(); d > 0 {
+		return r.P.Tr.StreamFirstByteTimeout(ctx, r.Local, req, resp, d)
+	}
+	return r.P.Tr.Stream(ctx, r.Local, req, resp)
 }
 
 func relayJSON(r *inference.Request, leg *upstream.Leg, resp *fasthttp.Response, remote bool, sent time.Time) error {
