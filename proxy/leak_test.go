@@ -23,6 +23,7 @@ import (
 	"github.com/pd-sidecar/pd-sidecar/loadgen"
 	"github.com/pd-sidecar/pd-sidecar/metrics"
 	"github.com/pd-sidecar/pd-sidecar/proxy"
+	"github.com/pd-sidecar/pd-sidecar/proxy/inference"
 )
 
 // TestNoGoroutineLeakAfterLoad drives an in-process proxy with a short
@@ -108,7 +109,7 @@ func TestNoGoroutineLeakAfterLoad(t *testing.T) {
 			require.NoError(t, err)
 			harness.WaitPeerRead(t, conn, 30*time.Second) // the loop read the request line alone
 			_, err = io.WriteString(conn, "Host: x\r\nContent-Type: application/json\r\n"+
-				proxy.HeaderPrefiller+": 127.0.0.1:"+strconv.Itoa(prefill)+"\r\nContent-Length: "+strconv.Itoa(len(body))+"\r\n\r\n"+body)
+				inference.HeaderPrefiller+": 127.0.0.1:"+strconv.Itoa(prefill)+"\r\nContent-Length: "+strconv.Itoa(len(body))+"\r\n\r\n"+body)
 			require.NoError(t, err)
 			resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
 			require.NoError(t, err)
@@ -121,7 +122,7 @@ func TestNoGoroutineLeakAfterLoad(t *testing.T) {
 		req, err := http.NewRequest(http.MethodPost, base+"/v1/chat/completions", strings.NewReader(body))
 		require.NoError(t, err)
 		if pd {
-			req.Header.Set(proxy.HeaderPrefiller, "127.0.0.1:"+strconv.Itoa(prefill))
+			req.Header.Set(inference.HeaderPrefiller, "127.0.0.1:"+strconv.Itoa(prefill))
 		}
 		resp, err := http.DefaultClient.Do(req)
 		require.NoError(t, err)

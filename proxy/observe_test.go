@@ -24,6 +24,8 @@ import (
 	"github.com/pd-sidecar/pd-sidecar/connectors/nixlv2"
 	"github.com/pd-sidecar/pd-sidecar/metrics"
 	"github.com/pd-sidecar/pd-sidecar/proxy"
+	"github.com/pd-sidecar/pd-sidecar/proxy/inference"
+	"github.com/pd-sidecar/pd-sidecar/proxy/observe"
 )
 
 // fakeEngine answers one fixed body and keeps the traceparent of each
@@ -64,19 +66,19 @@ func (e *fakeEngine) traceparents() []string {
 // reports collects the Observer's reports.
 type reports struct {
 	mu sync.Mutex
-	r  []proxy.RequestReport
+	r  []inference.RequestReport
 }
 
-func (o *reports) ObserveRequest(r proxy.RequestReport) {
+func (o *reports) ObserveRequest(r inference.RequestReport) {
 	o.mu.Lock()
 	o.r = append(o.r, r)
 	o.mu.Unlock()
 }
 
-func (o *reports) all() []proxy.RequestReport {
+func (o *reports) all() []inference.RequestReport {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	return append([]proxy.RequestReport(nil), o.r...)
+	return append([]inference.RequestReport(nil), o.r...)
 }
 
 const (
@@ -90,7 +92,7 @@ const (
 )
 
 // startProxy runs a proxy in front of decode with the given extras.
-func startProxy(t *testing.T, decode string, ext proxy.Extras) string {
+func startProxy(t *testing.T, decode string, ext inference.Extras) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
@@ -132,7 +134,7 @@ func post(t *testing.T, url, prefiller string) int {
 	require.NoError(t, err)
 	req.Header.Set("traceparent", clientParent)
 	if prefiller != "" {
-		req.Header.Set(proxy.HeaderPrefiller, prefiller)
+		req.Header.Set(inference.HeaderPrefiller, prefiller)
 	}
 	resp, err := http.DefaultClient.Do(req)
 	require.NoError(t, err)
@@ -177,11 +179,11 @@ func TestTracingAndReports(t *testing.T) {
 		kvMoved       bool
 	}{
 		{"split", http.StatusOK, true, metrics.ModeDisaggregated, "",
-			[]string{proxy.SpanRequest, proxy.SpanPrefill, proxy.SpanKVHandoff, proxy.SpanDecode}, true},
+			[]string{observe.SpanRequest, observe.SpanPrefill, observe.SpanKVHandoff, observe.SpanDecode}, true},
 		{"prefiller 5xx falls back", http.StatusServiceUnavailable, true, metrics.ModeFallback, proxy.ReasonServerError,
-			[]string{proxy.SpanRequest, proxy.SpanPrefill, proxy.SpanDecode}, false},
+			[]string{observe.SpanRequest, observe.SpanPrefill, observe.SpanDecode}, false},
 		{"no prefiller", http.StatusOK, false, metrics.ModeLocal, "",
-			[]string{proxy.SpanRequest, proxy.SpanDecode}, false},
+			[]string{observe.SpanRequest, observe.SpanDecode}, false},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -190,7 +192,7 @@ func TestTracingAndReports(t *testing.T) {
 			rec := tracetest.NewSpanRecorder()
 			tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
 			obs := &reports{}
-			url := startProxy(t, dec.addr(), proxy.Extras{Tracer: tp.Tracer("test"), Observer: obs})
+			url := startProxy(t, dec.addr(), inference.Extras{Tracer: tp.Tracer("test"), Observer: obs})
 			named := ""
 			if tc.prefiller {
 				named = pre.addr()
@@ -211,13 +213,13 @@ func TestTracingAndReports(t *testing.T) {
 				names = append(names, n)
 			}
 			assert.ElementsMatch(t, tc.spans, names)
-			root := spans[proxy.SpanRequest]
+			root := spans[observe.SpanRequest]
 			require.NotNil(t, root)
 			assert.Equal(t, clientTrace, root.SpanContext().TraceID().String(), "the client's trace continues")
 			assert.Equal(t, "00f067aa0ba902b7", root.Parent().SpanID().String())
 			assert.Equal(t, trace.SpanKindServer, root.SpanKind())
-			assert.Equal(t, tc.decision, attr(root, proxy.AttrDecision))
-			assert.Equal(t, tc.reason, attr(root, proxy.AttrReason))
+			assert.Equal(t, tc.decision, attr(root, observe.AttrDecision))
+			assert.Equal(t, tc.reason, attr(root, observe.AttrReason))
 			for _, s := range rec.Ended() {
 				assert.Equal(t, clientTrace, s.SpanContext().TraceID().String(), s.Name())
 			}
@@ -227,14 +229,14 @@ func TestTracingAndReports(t *testing.T) {
 			require.Len(t, decTP, 1)
 			tid, sid := parentOf(t, decTP[0])
 			assert.Equal(t, clientTrace, tid)
-			assert.Equal(t, spans[proxy.SpanDecode].SpanContext().SpanID().String(), sid)
+			assert.Equal(t, spans[observe.SpanDecode].SpanContext().SpanID().String(), sid)
 			if tc.prefiller {
 				preTP := pre.traceparents()
 				require.NotEmpty(t, preTP)
 				tid, sid := parentOf(t, preTP[0])
 				assert.Equal(t, clientTrace, tid)
-				assert.Equal(t, spans[proxy.SpanPrefill].SpanContext().SpanID().String(), sid)
-				assert.Equal(t, tc.reason, attr(spans[proxy.SpanPrefill], proxy.AttrReason))
+				assert.Equal(t, spans[observe.SpanPrefill].SpanContext().SpanID().String(), sid)
+				assert.Equal(t, tc.reason, attr(spans[observe.SpanPrefill], observe.AttrReason))
 			}
 		})
 	}
@@ -244,7 +246,7 @@ func TestNoTracerPassesTraceparentThrough(t *testing.T) {
 	pre := newFakeEngine(t, http.StatusOK, prefillAnswer)
 	dec := newFakeEngine(t, http.StatusOK, decodeAnswer)
 	obs := &reports{}
-	url := startProxy(t, dec.addr(), proxy.Extras{Observer: obs})
+	url := startProxy(t, dec.addr(), inference.Extras{Observer: obs})
 	require.Equal(t, http.StatusOK, post(t, url, pre.addr()))
 	assert.Equal(t, []string{clientParent}, pre.traceparents())
 	assert.Equal(t, []string{clientParent}, dec.traceparents())

@@ -17,81 +17,41 @@ import (
 	"github.com/pd-sidecar/pd-sidecar/connectors"
 	"github.com/pd-sidecar/pd-sidecar/kvtransfer"
 	"github.com/pd-sidecar/pd-sidecar/metrics"
+	"github.com/pd-sidecar/pd-sidecar/proxy/encoder"
 	"github.com/pd-sidecar/pd-sidecar/proxy/front"
 	"github.com/pd-sidecar/pd-sidecar/proxy/godriver"
+	"github.com/pd-sidecar/pd-sidecar/proxy/guard"
+	"github.com/pd-sidecar/pd-sidecar/proxy/hostdns"
 	"github.com/pd-sidecar/pd-sidecar/proxy/inference"
+	"github.com/pd-sidecar/pd-sidecar/proxy/kvpull"
 	"github.com/pd-sidecar/pd-sidecar/proxy/lane"
+	"github.com/pd-sidecar/pd-sidecar/proxy/passpolicy"
 	"github.com/pd-sidecar/pd-sidecar/proxy/relay"
 )
 
-// The sidecar's types, as proxy/inference declares them.
-type (
-	Config            = inference.Config
-	EncoderConfig     = inference.EncoderConfig
-	Extras            = inference.Extras
-	GuardConfig       = inference.GuardConfig
-	HedgeConfig       = inference.HedgeConfig
-	KVPullConfig      = inference.KVPullConfig
-	LookupFunc        = inference.LookupFunc
-	MoriIOConfig      = inference.MoriIOConfig
-	Observer          = inference.Observer
-	P2PConfig         = inference.P2PConfig
-	MultiturnConfig   = inference.MultiturnConfig
-	PassthroughConfig = inference.PassthroughConfig
-	RequestReport     = inference.RequestReport
-	TLSConfig         = inference.TLSConfig
-)
+// Config is the sidecar's configuration, as proxy/inference declares it;
+// the types it is made of are named by the packages that declare them.
+type Config = inference.Config
 
-// The header names, reasons, outcomes and defaults the sidecar reads, sets and reports.
+// The fallback reasons the sidecar reports.
 const (
-	AttrDecision            = inference.AttrDecision
-	AttrPrefiller           = inference.AttrPrefiller
-	AttrReason              = inference.AttrReason
-	AttrRemoteKV            = inference.AttrRemoteKV
-	AttrRequestID           = inference.AttrRequestID
-	CertFile                = inference.CertFile
-	DecodeFirstDeclined     = godriver.DecodeFirstDeclined
-	DecodeFirstServed       = godriver.DecodeFirstServed
-	DefaultMaxBufferedBytes = inference.DefaultMaxBufferedBytes
-	DefaultMaxSSEEventBytes = inference.DefaultMaxSSEEventBytes
-	DefaultP2PPort          = inference.DefaultP2PPort
-	EncoderFailError        = inference.EncoderFailError
-	EncoderFailLocal        = inference.EncoderFailLocal
-	HeaderDataParallel      = inference.HeaderDataParallel
-	HeaderEncoders          = inference.HeaderEncoders
-	HeaderKVCacheSource     = inference.HeaderKVCacheSource
-	HeaderPrefiller         = inference.HeaderPrefiller
-	HeaderRequestID         = inference.HeaderRequestID
-	HedgeAutoFloor          = inference.HedgeAutoFloor
-	KVFailError             = inference.KVFailError
-	KVFailLocalPrefill      = inference.KVFailLocalPrefill
-	KeyFile                 = inference.KeyFile
-	MinMaxSSEEventBytes     = inference.MinMaxSSEEventBytes
-	PassthroughAll          = inference.PassthroughAll
-	PassthroughNone         = inference.PassthroughNone
-	PassthroughServing      = inference.PassthroughServing
-	ReasonBadAnswer         = inference.ReasonBadAnswer
-	ReasonBadPrefiller      = inference.ReasonBadPrefiller
-	ReasonBootstrapFailed   = inference.ReasonBootstrapFailed
-	ReasonBufferBudget      = inference.ReasonBufferBudget
-	ReasonCircuitOpen       = inference.ReasonCircuitOpen
-	ReasonEOSUnsupported    = inference.ReasonEOSUnsupported
-	ReasonInvalidParams     = inference.ReasonInvalidParams
-	ReasonKVLoadFailed      = inference.ReasonKVLoadFailed
-	ReasonKVSourceGone      = inference.ReasonKVSourceGone
-	ReasonKVWaitTimeout     = inference.ReasonKVWaitTimeout
-	ReasonNoKVParams        = inference.ReasonNoKVParams
-	ReasonOverloaded        = inference.ReasonOverloaded
-	ReasonServerError       = inference.ReasonServerError
-	ReasonSlowPrefill       = inference.ReasonSlowPrefill
-	ReasonTPMismatch        = inference.ReasonTPMismatch
-	ReasonTimeout           = inference.ReasonTimeout
-	ReasonUnreachable       = inference.ReasonUnreachable
-	SpanDecode              = inference.SpanDecode
-	SpanEncode              = inference.SpanEncode
-	SpanKVHandoff           = inference.SpanKVHandoff
-	SpanPrefill             = inference.SpanPrefill
-	SpanRequest             = inference.SpanRequest
+	ReasonBadAnswer       = inference.ReasonBadAnswer
+	ReasonBadPrefiller    = inference.ReasonBadPrefiller
+	ReasonBootstrapFailed = inference.ReasonBootstrapFailed
+	ReasonBufferBudget    = inference.ReasonBufferBudget
+	ReasonCircuitOpen     = inference.ReasonCircuitOpen
+	ReasonEOSUnsupported  = inference.ReasonEOSUnsupported
+	ReasonInvalidParams   = inference.ReasonInvalidParams
+	ReasonKVLoadFailed    = inference.ReasonKVLoadFailed
+	ReasonKVSourceGone    = inference.ReasonKVSourceGone
+	ReasonKVWaitTimeout   = inference.ReasonKVWaitTimeout
+	ReasonNoKVParams      = inference.ReasonNoKVParams
+	ReasonOverloaded      = inference.ReasonOverloaded
+	ReasonServerError     = inference.ReasonServerError
+	ReasonSlowPrefill     = inference.ReasonSlowPrefill
+	ReasonTPMismatch      = inference.ReasonTPMismatch
+	ReasonTimeout         = inference.ReasonTimeout
+	ReasonUnreachable     = inference.ReasonUnreachable
 )
 
 // The errors the sidecar's requests end with, matched with errors.Is.
@@ -166,12 +126,12 @@ func (p *Proxy) Run(ctx context.Context) error { return front.Run(ctx, p.p) }
 func (p *Proxy) Handler(rank int) fasthttp.RequestHandler { return front.Handler(p.p, rank) }
 
 // SetExtras installs optional collaborators. Call it before Run.
-func (p *Proxy) SetExtras(e Extras) { p.p.SetExtras(e) }
+func (p *Proxy) SetExtras(e inference.Extras) { p.p.SetExtras(e) }
 
 // EnableKVPull makes the proxy pull the KV itself between prefill and
 // decode. The connector must have the sidecar-pull ability. Call it before
 // Run.
-func (p *Proxy) EnableKVPull(cfg KVPullConfig, puller *kvtransfer.Puller, m *metrics.KVPull) error {
+func (p *Proxy) EnableKVPull(cfg kvpull.Config, puller *kvtransfer.Puller, m *metrics.KVPull) error {
 	return p.p.EnableKVPull(cfg, puller, m)
 }
 
@@ -211,17 +171,17 @@ func (p *Proxy) NotePrefiller(hostport string) { p.p.NotePrefiller(hostport) }
 func DefaultConfig() Config { return inference.DefaultConfig() }
 
 // DefaultEncoderConfig returns the encoder stage's defaults.
-func DefaultEncoderConfig() EncoderConfig { return inference.DefaultEncoderConfig() }
+func DefaultEncoderConfig() encoder.Config { return inference.DefaultEncoderConfig() }
 
 // DefaultGuardConfig returns the guard's defaults.
-func DefaultGuardConfig() GuardConfig { return inference.DefaultGuardConfig() }
+func DefaultGuardConfig() guard.Config { return inference.DefaultGuardConfig() }
 
 // DefaultPassthroughConfig returns the passthrough policy's defaults.
-func DefaultPassthroughConfig() PassthroughConfig { return inference.DefaultPassthroughConfig() }
+func DefaultPassthroughConfig() passpolicy.Config { return inference.DefaultPassthroughConfig() }
 
 // PickIP is the address of a host spec: the spec itself when it is a
 // literal IP, else the first IPv4 address lookup gives, else its first.
-func PickIP(ctx context.Context, lookup LookupFunc, spec string) (string, error) {
+func PickIP(ctx context.Context, lookup hostdns.LookupFunc, spec string) (string, error) {
 	return inference.PickIP(ctx, lookup, spec)
 }
 

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/pd-sidecar/pd-sidecar/proxy"
+	"github.com/pd-sidecar/pd-sidecar/proxy/inference"
 	"github.com/pd-sidecar/pd-sidecar/status"
 )
 
@@ -24,7 +25,7 @@ func installExtras(p *proxy.Proxy, opts options, connector string, tracing traci
 		Circuits:      p,
 		Wire:          p,
 	})
-	ext := proxy.Extras{Observer: tr, Debug: tr.ServeDebug}
+	ext := inference.Extras{Observer: tr, Debug: tr.ServeDebug}
 	shutdown := func() {}
 	if tracing.on() {
 		tracer, prop, stop, err := newTracing(context.Background(), tracing, stdout)

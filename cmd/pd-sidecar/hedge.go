@@ -6,12 +6,12 @@ import (
 
 	"github.com/spf13/pflag"
 
-	"github.com/pd-sidecar/pd-sidecar/proxy"
+	"github.com/pd-sidecar/pd-sidecar/proxy/hedge"
 )
 
 // hedgeAfter is --prefill-hedge-after's value: a duration (0: off) or
 // "auto" (the hedge point of each prefiller from its recent prefill times).
-type hedgeAfter struct{ c *proxy.HedgeConfig }
+type hedgeAfter struct{ c *hedge.Config }
 
 func (h hedgeAfter) String() string {
 	switch {
@@ -39,7 +39,7 @@ func (h hedgeAfter) Set(v string) error {
 func (h hedgeAfter) Type() string { return "duration" } // or "auto"; a string in a configuration file
 
 // addHedgeFlags adds the flags of hedged prefill.
-func addHedgeFlags(fs *pflag.FlagSet, c *proxy.HedgeConfig) {
-	fs.Var(hedgeAfter{c}, "prefill-hedge-after", "hedge point of a prefill: when it has not answered this long after it was sent, the local engine prefills the request too and the first ready wins, the other cancelled (a duration; auto: the 95th percentile of the prefiller's recent prefill times, at least "+proxy.HedgeAutoFloor.String()+"; 0: off)")
+func addHedgeFlags(fs *pflag.FlagSet, c *hedge.Config) {
+	fs.Var(hedgeAfter{c}, "prefill-hedge-after", "hedge point of a prefill: when it has not answered this long after it was sent, the local engine prefills the request too and the first ready wins, the other cancelled (a duration; auto: the 95th percentile of the prefiller's recent prefill times, at least "+hedge.AutoFloor.String()+"; 0: off)")
 	fs.Float64Var(&c.Budget, "prefill-hedge-budget", c.Budget, "share of split requests that may be hedged (0..1; a token bucket refilled by each split request, bursts of 10)")
 }

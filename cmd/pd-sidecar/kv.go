@@ -18,6 +18,7 @@ import (
 	"github.com/pd-sidecar/pd-sidecar/kvtransfer/transports"
 	"github.com/pd-sidecar/pd-sidecar/metrics"
 	"github.com/pd-sidecar/pd-sidecar/proxy"
+	"github.com/pd-sidecar/pd-sidecar/proxy/kvpull"
 )
 
 // kvOptions configure the sidecar-driven KV pull (--kv-connector sidecar).
@@ -76,7 +77,7 @@ func enableKVPull(p *proxy.Proxy, conn connectors.Connector, o kvOptions, reg pr
 		return nil, nil, err
 	}
 	m := metrics.NewKVPull(reg)
-	if err := p.EnableKVPull(proxy.KVPullConfig{AllocLease: o.allocLease}, puller, m); err != nil {
+	if err := p.EnableKVPull(kvpull.Config{AllocLease: o.allocLease}, puller, m); err != nil {
 		_ = puller.Close()
 		return nil, nil, err
 	}

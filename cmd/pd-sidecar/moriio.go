@@ -9,6 +9,8 @@ import (
 
 	"github.com/pd-sidecar/pd-sidecar/connectors/moriio"
 	"github.com/pd-sidecar/pd-sidecar/proxy"
+	"github.com/pd-sidecar/pd-sidecar/proxy/hostdns"
+	"github.com/pd-sidecar/pd-sidecar/proxy/inference"
 )
 
 // MoRI-IO's DNS environment (llm-d's names and defaults).
@@ -37,7 +39,7 @@ func envSeconds(getenv func(string) string, name string, def time.Duration) (tim
 
 // moriioLookup is the resolver of MoRI-IO's host specs: the system's, or
 // the DNS server MORIIO_DNS_SERVER names.
-func moriioLookup(getenv func(string) string) (proxy.LookupFunc, error) {
+func moriioLookup(getenv func(string) string) (hostdns.LookupFunc, error) {
 	srv := getenv(envMoriioDNSServer)
 	if srv == "" {
 		return net.DefaultResolver.LookupHost, nil
@@ -55,11 +57,11 @@ func moriioLookup(getenv func(string) string) (proxy.LookupFunc, error) {
 // config is the proxy's MoRI-IO configuration: the flags, the DNS
 // environment, and every host spec resolved now (as llm-d does at start-up:
 // a spec that does not resolve is an error).
-func (m moriioOptions) config(getenv func(string) string) (proxy.MoriIOConfig, error) {
+func (m moriioOptions) config(getenv func(string) string) (inference.MoriIOConfig, error) {
 	if !m.writeMode {
-		return proxy.MoriIOConfig{}, nil // off: the flags are not used
+		return inference.MoriIOConfig{}, nil // off: the flags are not used
 	}
-	c := proxy.MoriIOConfig{
+	c := inference.MoriIOConfig{
 		WriteMode: m.writeMode, ParallelDispatch: m.parallelDispatch,
 		Ports: moriio.Ports{
 			DecodeNotify: m.decodeNotify, DecodeHandshake: m.decodeHandshake,

@@ -19,6 +19,7 @@ import (
 
 	"github.com/pd-sidecar/pd-sidecar/metrics"
 	"github.com/pd-sidecar/pd-sidecar/proxy"
+	"github.com/pd-sidecar/pd-sidecar/proxy/guard"
 	"github.com/pd-sidecar/pd-sidecar/ssrf"
 )
 
@@ -158,11 +159,11 @@ const cgroupMemoryMax = "/sys/fs/cgroup/memory.max"
 // bufferBudget is --max-buffered-bytes when not given: a quarter of the
 // container's memory limit (the Go heap may grow to twice its live bytes
 // before a collection, and the rest of the sidecar needs room too), at
-// most proxy.DefaultMaxBufferedBytes, and at least maxBody, so that a body
+// most guard.DefaultMaxBufferedBytes, and at least maxBody, so that a body
 // of the largest accepted size can still be read. Without a limit (none
 // set, "max", cgroup v1 or not Linux) it is DefaultMaxBufferedBytes.
 func bufferBudget(read func(string) ([]byte, error), maxBody int) int64 {
-	b := int64(proxy.DefaultMaxBufferedBytes)
+	b := int64(guard.DefaultMaxBufferedBytes)
 	if raw, err := read(cgroupMemoryMax); err == nil {
 		if limit, err := strconv.ParseInt(strings.TrimSpace(string(raw)), 10, 64); err == nil && limit > 0 {
 			b = min(b, limit/4)

@@ -15,6 +15,7 @@ import (
 	"github.com/pd-sidecar/pd-sidecar/metrics"
 	"github.com/pd-sidecar/pd-sidecar/proxy/clientconn"
 	"github.com/pd-sidecar/pd-sidecar/proxy/inference"
+	"github.com/pd-sidecar/pd-sidecar/proxy/kvsource"
 	"github.com/pd-sidecar/pd-sidecar/proxy/logvalue"
 	"github.com/pd-sidecar/pd-sidecar/proxy/rawhttp"
 	"github.com/pd-sidecar/pd-sidecar/proxy/relay"
@@ -42,7 +43,7 @@ func passthrough(p *inference.Proxy, rc *fasthttp.RequestCtx, local string) {
 	}
 	req.Header.Del(inference.HeaderPrefiller)
 	req.Header.Del(inference.HeaderDataParallel)
-	req.Header.Del(inference.HeaderKVCacheSource)
+	req.Header.Del(kvsource.Header)
 	req.Header.Del(inference.HeaderEncoders)
 	req.Header.Del("Expect")
 	// One X-Request-ID, as on every leg: the client's first (when valid),

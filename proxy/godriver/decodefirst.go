@@ -17,16 +17,6 @@ import (
 	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"
 )
 
-// Outcomes of a decode-first attempt (pd_sidecar_decode_first_total).
-const (
-	// DecodeFirstServed: the decode engine answered from its own cache; no
-	// prefill ran.
-	DecodeFirstServed = split.DecodeFirstServed
-	// DecodeFirstDeclined: the decode engine declined (cache_threshold); the
-	// sequential handoff ran.
-	DecodeFirstDeclined = split.DecodeFirstDeclined
-)
-
 // The goroutine driver of a decode-first attempt (split.DecodeFirst) on
 // fasthttp's path. It runs on the request's goroutine: the decode-first
 // leg is sent and read there, up to where the connector's Declined says

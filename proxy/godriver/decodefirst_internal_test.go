@@ -24,6 +24,7 @@ import (
 	"github.com/pd-sidecar/pd-sidecar/proxy/front"
 	"github.com/pd-sidecar/pd-sidecar/proxy/inference"
 	"github.com/pd-sidecar/pd-sidecar/proxy/relay"
+	"github.com/pd-sidecar/pd-sidecar/proxy/split"
 )
 
 // firstEngine is an engine that serves as decoder and prefiller of the
@@ -157,8 +158,8 @@ func TestDecodeFirstDriver(t *testing.T) {
 			assert.Equal(t, tc.status, resp.StatusCode, "%s", b)
 			assert.Contains(t, string(b), tc.contains)
 			assert.Equal(t, tc.legs, eng.seen())
-			assert.Equal(t, tc.served, testutil.ToFloat64(m.DecodeFirst.WithLabelValues(DecodeFirstServed)), "served")
-			assert.Equal(t, tc.declined, testutil.ToFloat64(m.DecodeFirst.WithLabelValues(DecodeFirstDeclined)), "declined")
+			assert.Equal(t, tc.served, testutil.ToFloat64(m.DecodeFirst.WithLabelValues(split.DecodeFirstServed)), "served")
+			assert.Equal(t, tc.declined, testutil.ToFloat64(m.DecodeFirst.WithLabelValues(split.DecodeFirstDeclined)), "declined")
 			assert.Eventually(t, func() bool { return testutil.ToFloat64(m.Inflight.WithLabelValues(metrics.PhaseLocal)) == 0 },
 				5*time.Second, 10*time.Millisecond, "every local leg let go")
 		})

@@ -15,6 +15,7 @@ import (
 
 	"github.com/pd-sidecar/pd-sidecar/circuit"
 	"github.com/pd-sidecar/pd-sidecar/metrics"
+	"github.com/pd-sidecar/pd-sidecar/proxy/guard"
 )
 
 func TestNewCircuitProber(t *testing.T) {
@@ -32,7 +33,7 @@ func TestNewCircuitProber(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := circuit.DefaultConfig()
 			cfg.Failures, cfg.ProbeInterval = tc.failures, tc.interval
-			g, err := newGuard(GuardConfig{Breaker: cfg}, 0, metrics.NewGuards(prometheus.NewRegistry()), zerolog.Nop())
+			g, err := newGuard(guard.Config{Breaker: cfg}, 0, metrics.NewGuards(prometheus.NewRegistry()), zerolog.Nop())
 			require.NoError(t, err)
 			pr := newCircuitProber(g, tc.connect)
 			assert.Equal(t, tc.on, pr != nil)
@@ -53,7 +54,7 @@ func TestCircuitProberOverGuard(t *testing.T) {
 
 	cfg := circuit.Config{Failures: 2, Cooldown: time.Hour, ProbeInterval: 100 * time.Millisecond, MaxTracked: 16}
 	m := metrics.NewGuards(prometheus.NewRegistry())
-	g, err := newGuard(GuardConfig{Breaker: cfg}, 0, m, zerolog.Nop())
+	g, err := newGuard(guard.Config{Breaker: cfg}, 0, m, zerolog.Nop())
 	require.NoError(t, err)
 	for range 2 {
 		tk, err := g.AllowPrefill(hp)

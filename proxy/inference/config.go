@@ -6,8 +6,12 @@ import (
 	"runtime"
 	"time"
 
+	"github.com/pd-sidecar/pd-sidecar/proxy/encoder"
+	"github.com/pd-sidecar/pd-sidecar/proxy/guard"
+	"github.com/pd-sidecar/pd-sidecar/proxy/hedge"
 	"github.com/pd-sidecar/pd-sidecar/proxy/passpolicy"
 	"github.com/pd-sidecar/pd-sidecar/proxy/prefillstrip"
+	"github.com/pd-sidecar/pd-sidecar/proxy/sse"
 	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"
 )
 
@@ -124,16 +128,16 @@ type Config struct {
 	PrefillPrewarmSpread time.Duration
 	// Guard holds the limits, SSRF protection, circuit breaker and TLS
 	// (proxy/guard, proxy/tlsconf).
-	Guard GuardConfig
+	Guard guard.Config
 	// Encoder is llm-d's encoder stage (proxy/encoder); off by default.
-	Encoder EncoderConfig
+	Encoder encoder.Config
 	// MoriIO is MoRI-IO write mode on nixlv2 (moriState).
 	MoriIO MoriIOConfig
 	// Hedge is hedged prefill (proxy/hedge); off by default.
-	Hedge HedgeConfig
+	Hedge hedge.Config
 	// Passthrough says which other requests pass through to the local
 	// engine (proxy/passpolicy).
-	Passthrough PassthroughConfig
+	Passthrough passpolicy.Config
 	// PrefillStripHeaders are client headers removed from every leg sent
 	// to a prefiller (proxy/prefillstrip); never from the local engine's.
 	PrefillStripHeaders []string
@@ -160,14 +164,14 @@ func DefaultConfig() Config {
 		PrefillPrewarmSpread:   10 * time.Second,
 		MaxRequestBodyBytes:    32 << 20,
 		MaxUpstreamAnswerBytes: upstream.DefaultMaxUpstreamAnswerBytes,
-		MaxSSEEventBytes:       DefaultMaxSSEEventBytes,
+		MaxSSEEventBytes:       sse.DefaultMaxEventBytes,
 		ShutdownGrace:          30 * time.Second,
 		MaxConnsPerHost:        1024,
 		MaxPrefillers:          64,
 		StreamLoops:            runtime.GOMAXPROCS(0),
 		Guard:                  DefaultGuardConfig(),
 		Encoder:                DefaultEncoderConfig(),
-		Hedge:                  HedgeConfig{Budget: 0.1},
+		Hedge:                  hedge.Config{Budget: 0.1},
 		Passthrough:            DefaultPassthroughConfig(),
 	}
 }
@@ -251,17 +255,6 @@ func (c Config) Validate() error {
 	return c.Guard.Validate()
 }
 
-// PassthroughConfig says which requests pass through to the local engine
-// (passpolicy.Config).
-type PassthroughConfig = passpolicy.Config
-
-// Passthrough policies (--passthrough-policy): passpolicy's.
-const (
-	PassthroughServing = passpolicy.Serving
-	PassthroughNone    = passpolicy.None
-	PassthroughAll     = passpolicy.All
-)
-
 // Errors of refused passthrough requests: passpolicy's.
 var (
 	ErrPassthroughMethod = passpolicy.ErrMethod
@@ -269,7 +262,7 @@ var (
 )
 
 // DefaultPassthroughConfig is the serving policy.
-func DefaultPassthroughConfig() PassthroughConfig { return passpolicy.DefaultConfig() }
+func DefaultPassthroughConfig() passpolicy.Config { return passpolicy.DefaultConfig() }
 
 // MultiturnConfig is multi-turn KV reuse (vLLM's bidirectional KV
 // transfer, proxy/multiturn): a decode answer's kv_transfer_params kept

@@ -7,6 +7,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/pd-sidecar/pd-sidecar/proxy/encoder"
+	"github.com/pd-sidecar/pd-sidecar/proxy/tlsconf"
 	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"
 )
 
@@ -18,21 +19,8 @@ const SpanEncode = "encode"
 // controllable: stripped from every leg.
 const HeaderEncoders = "x-encoder-hosts-ports"
 
-// What to do when an encoder leg fails (--on-encoder-failure): encoder's.
-const (
-	// EncoderFailError answers the request 502 (as llm-d).
-	EncoderFailError = encoder.FailError
-	// EncoderFailLocal sends the request on without the failed items'
-	// encoder output: the prefill/decode engine encodes them itself.
-	EncoderFailLocal = encoder.FailLocal
-)
-
-// EncoderConfig is the encoder stage (llm-d's E/PD and E/P/D;
-// encoder.Config).
-type EncoderConfig = encoder.Config
-
 // DefaultEncoderConfig returns the stage's defaults (off).
-func DefaultEncoderConfig() EncoderConfig { return encoder.DefaultConfig() }
+func DefaultEncoderConfig() encoder.Config { return encoder.DefaultConfig() }
 
 // Encoder-stage errors (encoder's). A failed stage's error wraps
 // ErrEncoderFailed, answered 502 under --on-encoder-failure error: it
@@ -60,7 +48,7 @@ func newEncoderTransport(cfg Config) (*upstream.Transport, error) {
 	t.SetAnswerLimits(cfg.MaxUpstreamAnswerBytes, cfg.Guard.MaxHeaderBytes)
 	if e.TLS {
 		// Every encoder address gets the "prefiller" config of this one.
-		tc := TLSConfig{Prefiller: true, InsecureSkipVerifyPrefiller: e.InsecureSkipVerify, CAFile: cfg.Guard.TLS.CAFile}
+		tc := tlsconf.Config{Prefiller: true, InsecureSkipVerifyPrefiller: e.InsecureSkipVerify, CAFile: cfg.Guard.TLS.CAFile}
 		f, err := tc.Upstream(nil)
 		if err != nil {
 			return nil, err

@@ -15,6 +15,7 @@ import (
 	"github.com/pd-sidecar/pd-sidecar/connectors"
 	"github.com/pd-sidecar/pd-sidecar/connectors/nixlv2"
 	"github.com/pd-sidecar/pd-sidecar/metrics"
+	"github.com/pd-sidecar/pd-sidecar/proxy/encoder"
 )
 
 // TestEncoderErrorsClassified: every encoder-stage failure is answered
@@ -32,7 +33,7 @@ func TestEncoderErrorsClassified(t *testing.T) {
 	}
 }
 
-func encodeProxy(t *testing.T, edit func(*EncoderConfig)) *Proxy {
+func encodeProxy(t *testing.T, edit func(*encoder.Config)) *Proxy {
 	cfg := DefaultConfig()
 	cfg.Encoder.Connector = connectors.ECNixl
 	edit(&cfg.Encoder)
@@ -56,11 +57,11 @@ func TestEncodeRequest(t *testing.T) {
 		{name: "no header", body: image},
 		{name: "no items", body: `{"model":"m","messages":[{"role":"user","content":"hi"}]}`, encoders: "127.0.0.1:1", outcome: metrics.StageNoItems},
 		{name: "none allowed", body: image, encoders: "nohost", outcome: metrics.StageFailed, err: ErrNoEncoder},
-		{name: "none allowed, local", body: image, encoders: "nohost", policy: EncoderFailLocal, outcome: metrics.StageDegraded, threshold: true},
+		{name: "none allowed, local", body: image, encoders: "nohost", policy: encoder.FailLocal, outcome: metrics.StageDegraded, threshold: true},
 		{name: "client gone", body: image, encoders: "nohost", gone: true, err: ErrClientGone},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			p := encodeProxy(t, func(c *EncoderConfig) {
+			p := encodeProxy(t, func(c *encoder.Config) {
 				if tc.policy != "" {
 					c.OnFailure = tc.policy
 				}

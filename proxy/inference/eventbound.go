@@ -12,12 +12,6 @@ import (
 // refused (ErrEventTooLong), its upstream connection closed, and the client
 // gets a 502 when nothing reached it yet, else an error event and [DONE].
 
-// DefaultMaxSSEEventBytes is --max-sse-event-bytes' default
-// (sse.DefaultMaxEventBytes): far more than any engine's event (a token's
-// chunk, with logprobs, is a few KiB), small enough that a stream that
-// never ends its event holds little.
-const DefaultMaxSSEEventBytes = sse.DefaultMaxEventBytes
-
 // MinMaxSSEEventBytes is the smallest --max-sse-event-bytes accepted: the
 // events of a real stream (top logprobs, a usage chunk) must pass.
 const MinMaxSSEEventBytes = 16 << 10

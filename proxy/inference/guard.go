@@ -36,21 +36,13 @@ var (
 // ReasonCircuitOpen: the prefiller's circuit breaker is open.
 const ReasonCircuitOpen = "circuit_open"
 
-// GuardConfig is the proxy's protection against untrusted input, overload
-// and failing prefillers (guard.Config). Start from DefaultGuardConfig.
-type GuardConfig = guard.Config
-
 // DefaultGuardConfig returns the defaults (guard.DefaultConfig).
-func DefaultGuardConfig() GuardConfig { return guard.DefaultConfig() }
-
-// DefaultMaxBufferedBytes is --max-buffered-bytes outside a container with
-// a memory limit, and its most within one (guard's).
-const DefaultMaxBufferedBytes = guard.DefaultMaxBufferedBytes
+func DefaultGuardConfig() guard.Config { return guard.DefaultConfig() }
 
 // newGuard returns the guard of cfg, whose request bodies are at most
 // maxBody bytes (--max-request-body-bytes), counted in m, its circuit
 // breakers told the outcomes of prefills by breakerResult.
-func newGuard(cfg GuardConfig, maxBody int, m *metrics.Guards, log zerolog.Logger) (*guard.Guard, error) {
+func newGuard(cfg guard.Config, maxBody int, m *metrics.Guards, log zerolog.Logger) (*guard.Guard, error) {
 	return guard.New(cfg, guard.Deps{MaxBody: maxBody, Metrics: m, BreakerResult: breakerResult, Log: log})
 }
 

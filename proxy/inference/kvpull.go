@@ -21,9 +21,6 @@ import (
 // the addresses its handoff names, its calls to its local engine, and what
 // a failed pull becomes for it.
 
-// KVPullConfig configures the sidecar-driven KV pull.
-type KVPullConfig = kvpull.Config
-
 // PullKV pulls the handoff's KV into blocks borrowed from the local engine
 // and returns the decode leg's handoff naming them (kvpull.Puller.Pull).
 func PullKV(r *Request, h connectors.Handoff) (connectors.Handoff, error) {

@@ -43,7 +43,7 @@ type MoriIOConfig struct {
 	// Seed holds the addresses of the host specs resolved at startup.
 	Seed map[string]string
 	// Lookup resolves names (nil: net.DefaultResolver.LookupHost).
-	Lookup LookupFunc
+	Lookup hostdns.LookupFunc
 }
 
 // Validate reports the first invalid MoRI-IO setting.

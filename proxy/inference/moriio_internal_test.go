@@ -14,11 +14,12 @@ import (
 	"github.com/pd-sidecar/pd-sidecar/connectors/moriio"
 	"github.com/pd-sidecar/pd-sidecar/connectors/nixlv2"
 	"github.com/pd-sidecar/pd-sidecar/metrics"
+	"github.com/pd-sidecar/pd-sidecar/proxy/hostdns"
 )
 
 // moriProxy is a proxy in MoRI-IO write mode whose host specs resolve
 // through lookup; seed holds those resolved at start-up.
-func moriProxy(t *testing.T, parallel bool, dp int, seed map[string]string, lookup LookupFunc) *Proxy {
+func moriProxy(t *testing.T, parallel bool, dp int, seed map[string]string, lookup hostdns.LookupFunc) *Proxy {
 	t.Helper()
 	cfg := DefaultConfig()
 	cfg.MoriIO = MoriIOConfig{WriteMode: true, ParallelDispatch: parallel, PodIP: "decode.svc",
@@ -41,7 +42,7 @@ func TestMoriIOLaneRule(t *testing.T) {
 		name      string
 		parallel  bool
 		seed      map[string]string
-		lookup    LookupFunc
+		lookup    hostdns.LookupFunc
 		splitOff  bool // before any lookup on the request path
 		afterOff  bool // after one request resolved the specs
 		wantNames []string

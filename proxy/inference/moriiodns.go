@@ -6,16 +6,13 @@ import (
 	"github.com/pd-sidecar/pd-sidecar/proxy/hostdns"
 )
 
-// LookupFunc resolves a host name to its addresses (net.Resolver.LookupHost).
-type LookupFunc = hostdns.LookupFunc
-
 // ErrNoAddress: a host name resolved to no address.
 var ErrNoAddress = hostdns.ErrNoAddress
 
 // PickIP is the address of a host spec: the spec itself when it is a
 // literal IP, else the first IPv4 address lookup gives, else its first
 // (hostdns.PickIP).
-func PickIP(ctx context.Context, lookup LookupFunc, spec string) (string, error) {
+func PickIP(ctx context.Context, lookup hostdns.LookupFunc, spec string) (string, error) {
 	return hostdns.PickIP(ctx, lookup, spec)
 }
 

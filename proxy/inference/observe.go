@@ -99,24 +99,6 @@ type Extras struct {
 // leg's span carries.
 func failureReason(err error) string { return Classify(err).reason }
 
-// Span and attribute names of the sidecar's traces.
-const (
-	SpanRequest   = observe.SpanRequest
-	SpanPrefill   = observe.SpanPrefill
-	SpanKVHandoff = observe.SpanKVHandoff
-	SpanDecode    = observe.SpanDecode
-	// AttrDecision is the request's mode (disaggregated, local, fallback).
-	AttrDecision = observe.AttrDecision
-	// AttrReason is the fallback reason.
-	AttrReason = observe.AttrReason
-	// AttrPrefiller is the bounded prefiller label.
-	AttrPrefiller = observe.AttrPrefiller
-	// AttrRemoteKV marks a decode leg carrying remote KV.
-	AttrRemoteKV = observe.AttrRemoteKV
-	// AttrRequestID is the request id.
-	AttrRequestID = observe.AttrRequestID
-)
-
 // traceStart opens the request span, child of the client's trace context.
 func (r *Request) traceStart(h *fasthttp.RequestHeader) {
 	if r.P.Trace != nil {

@@ -1,9 +1,5 @@
 package inference
 
-import (
-	"github.com/pd-sidecar/pd-sidecar/proxy/kvsource"
-)
-
 // llm-d's P2P KV tier (vLLM's OffloadingConnector P2P tier): every engine
 // serves the blocks it holds on a P2P listener, rank r of a pod on
 // P2PConfig.Port+r. The endpoint picker may name, in
@@ -17,11 +13,6 @@ import (
 // outcome is counted (pd_sidecar_kv_sources_total). The header never
 // reaches an engine. It is a request feature (kvsource.Feature), registered
 // while the tier is in use.
-
-// HeaderKVCacheSource names the engine (host:port of its HTTP server, as
-// the endpoint picker knows it) whose P2P tier holds the prompt's prefix.
-// Client controllable: allowlisted, stripped before forwarding.
-const HeaderKVCacheSource = kvsource.Header
 
 // DefaultP2PPort is llm-d's default P2P port (--p2p-connector-port).
 const DefaultP2PPort = 7777

@@ -420,7 +420,7 @@ func (p *Proxy) LogsLegs() bool { return observe.LogsLegs(p.Log.GetLevel()) }
 // EnableKVPull makes the proxy pull the KV itself between prefill and
 // decode. The connector must have the sidecar-pull ability. Call it before
 // Run.
-func (p *Proxy) EnableKVPull(cfg KVPullConfig, puller *kvtransfer.Puller, m *metrics.KVPull) error {
+func (p *Proxy) EnableKVPull(cfg kvpull.Config, puller *kvtransfer.Puller, m *metrics.KVPull) error {
 	if err := cfg.Validate(); err != nil {
 		return err
 	}

@@ -21,6 +21,7 @@ import (
 	"github.com/pd-sidecar/pd-sidecar/proxy/chunked"
 	"github.com/pd-sidecar/pd-sidecar/proxy/clientconn"
 	"github.com/pd-sidecar/pd-sidecar/proxy/feature"
+	"github.com/pd-sidecar/pd-sidecar/proxy/kvsource"
 	"github.com/pd-sidecar/pd-sidecar/proxy/logvalue"
 	"github.com/pd-sidecar/pd-sidecar/proxy/observe"
 	"github.com/pd-sidecar/pd-sidecar/proxy/prefillstrip"
@@ -205,7 +206,7 @@ func (r *Request) UpstreamHeader(dst, src *fasthttp.RequestHeader, addr string) 
 	}
 	dst.Del(HeaderPrefiller)
 	dst.Del(HeaderDataParallel)
-	dst.Del(HeaderKVCacheSource)
+	dst.Del(kvsource.Header)
 	dst.Del(HeaderEncoders)
 	dst.Del("Accept-Encoding")
 	dst.Del("Expect")

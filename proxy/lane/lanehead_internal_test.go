@@ -13,6 +13,7 @@ import (
 
 	"github.com/pd-sidecar/pd-sidecar/proxy/clientconn"
 	"github.com/pd-sidecar/pd-sidecar/proxy/inference"
+	"github.com/pd-sidecar/pd-sidecar/proxy/kvsource"
 	"github.com/pd-sidecar/pd-sidecar/proxy/rawhttp"
 )
 
@@ -33,7 +34,7 @@ func TestLaneHeaderNames(t *testing.T) {
 		{rawhttp.HeaderPrefiller, inference.HeaderPrefiller},
 		{rawhttp.HeaderEncoders, inference.HeaderEncoders},
 		{rawhttp.HeaderDataParallel, inference.HeaderDataParallel},
-		{rawhttp.HeaderKVCacheSource, inference.HeaderKVCacheSource},
+		{rawhttp.HeaderKVCacheSource, kvsource.Header},
 	} {
 		assert.Equal(t, tc.proxy, tc.lane)
 	}
