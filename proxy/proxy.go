@@ -1,13 +1,13 @@
 // Package proxy is the decode-pod sidecar's public face: its configuration
-// (Config and the types it is made of), New, and the Proxy that serves the
-// sidecar's routes (Run, Handler). A request's state and the choreographies
-// that serve it live in proxy/inference and the packages beside it; this
-// package names what a caller of the sidecar needs, and nothing else.
+// (Config, DefaultConfig), New, and the Proxy that serves the sidecar's
+// routes (Run, Handler). A request's state and the choreographies that
+// serve it live in proxy/inference and the packages beside it, and a
+// caller names their types and constants there; this package adds the
+// sidecar's assembly, and nothing else.
 package proxy
 
 import (
 	"context"
-	"crypto/tls"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -17,15 +17,11 @@ import (
 	"github.com/pd-sidecar/pd-sidecar/connectors"
 	"github.com/pd-sidecar/pd-sidecar/kvtransfer"
 	"github.com/pd-sidecar/pd-sidecar/metrics"
-	"github.com/pd-sidecar/pd-sidecar/proxy/encoder"
 	"github.com/pd-sidecar/pd-sidecar/proxy/front"
 	"github.com/pd-sidecar/pd-sidecar/proxy/godriver"
-	"github.com/pd-sidecar/pd-sidecar/proxy/guard"
-	"github.com/pd-sidecar/pd-sidecar/proxy/hostdns"
 	"github.com/pd-sidecar/pd-sidecar/proxy/inference"
 	"github.com/pd-sidecar/pd-sidecar/proxy/kvpull"
 	"github.com/pd-sidecar/pd-sidecar/proxy/lane"
-	"github.com/pd-sidecar/pd-sidecar/proxy/passpolicy"
 	"github.com/pd-sidecar/pd-sidecar/proxy/relay"
 )
 
@@ -169,24 +165,3 @@ func (p *Proxy) NotePrefiller(hostport string) { p.p.NotePrefiller(hostport) }
 // DefaultConfig returns the defaults, drop-in compatible with llm-d's
 // pd-sidecar where the flags overlap.
 func DefaultConfig() Config { return inference.DefaultConfig() }
-
-// DefaultEncoderConfig returns the encoder stage's defaults.
-func DefaultEncoderConfig() encoder.Config { return inference.DefaultEncoderConfig() }
-
-// DefaultGuardConfig returns the guard's defaults.
-func DefaultGuardConfig() guard.Config { return inference.DefaultGuardConfig() }
-
-// DefaultPassthroughConfig returns the passthrough policy's defaults.
-func DefaultPassthroughConfig() passpolicy.Config { return inference.DefaultPassthroughConfig() }
-
-// PickIP is the address of a host spec: the spec itself when it is a
-// literal IP, else the first IPv4 address lookup gives, else its first.
-func PickIP(ctx context.Context, lookup hostdns.LookupFunc, spec string) (string, error) {
-	return inference.PickIP(ctx, lookup, spec)
-}
-
-// SelfSignedCert makes an ECDSA P-256 certificate for hosts (DNS names or
-// IPs), valid for the given duration.
-func SelfSignedCert(hosts []string, valid time.Duration) (tls.Certificate, error) {
-	return inference.SelfSignedCert(hosts, valid)
-}

@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/pd-sidecar/pd-sidecar/connectors/moriio"
-	"github.com/pd-sidecar/pd-sidecar/proxy"
 	"github.com/pd-sidecar/pd-sidecar/proxy/hostdns"
 	"github.com/pd-sidecar/pd-sidecar/proxy/inference"
 )
@@ -88,7 +87,7 @@ func (m moriioOptions) config(getenv func(string) string) (inference.MoriIOConfi
 			continue
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), c.DNSTimeout)
-		ip, err := proxy.PickIP(ctx, c.Lookup, spec)
+		ip, err := hostdns.PickIP(ctx, c.Lookup, spec)
 		cancel()
 		if err != nil {
 			return c, fmt.Errorf("MoRI-IO host %q does not resolve: %w", spec, err)

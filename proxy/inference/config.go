@@ -169,10 +169,10 @@ func DefaultConfig() Config {
 		MaxConnsPerHost:        1024,
 		MaxPrefillers:          64,
 		StreamLoops:            runtime.GOMAXPROCS(0),
-		Guard:                  DefaultGuardConfig(),
-		Encoder:                DefaultEncoderConfig(),
+		Guard:                  guard.DefaultConfig(),
+		Encoder:                encoder.DefaultConfig(),
 		Hedge:                  hedge.Config{Budget: 0.1},
-		Passthrough:            DefaultPassthroughConfig(),
+		Passthrough:            passpolicy.DefaultConfig(),
 	}
 }
 
@@ -260,9 +260,6 @@ var (
 	ErrPassthroughMethod = passpolicy.ErrMethod
 	ErrPassthroughPath   = passpolicy.ErrPath
 )
-
-// DefaultPassthroughConfig is the serving policy.
-func DefaultPassthroughConfig() passpolicy.Config { return passpolicy.DefaultConfig() }
 
 // MultiturnConfig is multi-turn KV reuse (vLLM's bidirectional KV
 // transfer, proxy/multiturn): a decode answer's kv_transfer_params kept

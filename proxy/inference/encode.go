@@ -19,9 +19,6 @@ const SpanEncode = "encode"
 // controllable: stripped from every leg.
 const HeaderEncoders = "x-encoder-hosts-ports"
 
-// DefaultEncoderConfig returns the stage's defaults (off).
-func DefaultEncoderConfig() encoder.Config { return encoder.DefaultConfig() }
-
 // Encoder-stage errors (encoder's). A failed stage's error wraps
 // ErrEncoderFailed, answered 502 under --on-encoder-failure error: it
 // carries no outcome of its own, so that what it wraps decides (a client

@@ -36,9 +36,6 @@ var (
 // ReasonCircuitOpen: the prefiller's circuit breaker is open.
 const ReasonCircuitOpen = "circuit_open"
 
-// DefaultGuardConfig returns the defaults (guard.DefaultConfig).
-func DefaultGuardConfig() guard.Config { return guard.DefaultConfig() }
-
 // newGuard returns the guard of cfg, whose request bodies are at most
 // maxBody bytes (--max-request-body-bytes), counted in m, its circuit
 // breakers told the outcomes of prefills by breakerResult.
