@@ -8,10 +8,10 @@ import (
 	"syscall"
 
 	"github.com/pd-sidecar/pd-sidecar/connectors"
+	"github.com/pd-sidecar/pd-sidecar/failure"
 	"github.com/pd-sidecar/pd-sidecar/kvtransfer"
 	"github.com/pd-sidecar/pd-sidecar/proxy/bootstrap"
 	"github.com/pd-sidecar/pd-sidecar/proxy/dprank"
-	"github.com/pd-sidecar/pd-sidecar/proxy/failure"
 	"github.com/pd-sidecar/pd-sidecar/proxy/guard"
 	"github.com/pd-sidecar/pd-sidecar/proxy/split"
 	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"

@@ -14,9 +14,9 @@ import (
 
 	"github.com/pd-sidecar/pd-sidecar/circuit"
 	"github.com/pd-sidecar/pd-sidecar/connectors"
+	"github.com/pd-sidecar/pd-sidecar/failure"
 	"github.com/pd-sidecar/pd-sidecar/metrics"
 	"github.com/pd-sidecar/pd-sidecar/proxy/clientconn"
-	"github.com/pd-sidecar/pd-sidecar/proxy/failure"
 	"github.com/pd-sidecar/pd-sidecar/proxy/split"
 	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"
 	"github.com/pd-sidecar/pd-sidecar/ssrf"

@@ -10,7 +10,7 @@ import (
 
 	"github.com/pd-sidecar/pd-sidecar/connectors"
 
-	"github.com/pd-sidecar/pd-sidecar/proxy/failure"
+	"github.com/pd-sidecar/pd-sidecar/failure"
 )
 
 // ErrKVAddressDenied: --trust-client-kv-params keeps the client's connector

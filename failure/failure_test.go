@@ -7,7 +7,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 
-	"github.com/pd-sidecar/pd-sidecar/proxy/failure"
+	"github.com/pd-sidecar/pd-sidecar/failure"
 )
 
 var (
