@@ -22,6 +22,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/pd-sidecar/pd-sidecar/connectors/nixlv2"
+	"github.com/pd-sidecar/pd-sidecar/failure"
 	"github.com/pd-sidecar/pd-sidecar/metrics"
 	"github.com/pd-sidecar/pd-sidecar/proxy"
 	"github.com/pd-sidecar/pd-sidecar/proxy/inference"
@@ -180,7 +181,7 @@ func TestTracingAndReports(t *testing.T) {
 	}{
 		{"split", http.StatusOK, true, metrics.ModeDisaggregated, "",
 			[]string{observe.SpanRequest, observe.SpanPrefill, observe.SpanKVHandoff, observe.SpanDecode}, true},
-		{"prefiller 5xx falls back", http.StatusServiceUnavailable, true, metrics.ModeFallback, proxy.ReasonServerError,
+		{"prefiller 5xx falls back", http.StatusServiceUnavailable, true, metrics.ModeFallback, failure.ReasonServerError,
 			[]string{observe.SpanRequest, observe.SpanPrefill, observe.SpanDecode}, false},
 		{"no prefiller", http.StatusOK, false, metrics.ModeLocal, "",
 			[]string{observe.SpanRequest, observe.SpanDecode}, false},

@@ -12,6 +12,7 @@ import (
 
 	"github.com/pd-sidecar/pd-sidecar/connectors"
 	"github.com/pd-sidecar/pd-sidecar/connectors/nixlv2"
+	"github.com/pd-sidecar/pd-sidecar/failure"
 	"github.com/pd-sidecar/pd-sidecar/metrics"
 	"github.com/pd-sidecar/pd-sidecar/ssrf"
 )
@@ -68,7 +69,7 @@ func TestCheckHandoffAddrs(t *testing.T) {
 				return
 			}
 			require.ErrorIs(t, err, connectors.ErrInvalidKVParams)
-			assert.Equal(t, ReasonInvalidParams, Classify(err).reason, "a local fallback")
+			assert.Equal(t, failure.ReasonInvalidParams, Classify(err).reason, "a local fallback")
 			assert.NotContains(t, err.Error(), tc.addrs[len(tc.addrs)-1].Host, "the address is not quoted")
 		})
 	}

@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"github.com/valyala/fasthttp"
 
+	"github.com/pd-sidecar/pd-sidecar/failure"
 	"github.com/pd-sidecar/pd-sidecar/proxy/rawhttp"
 	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"
 )
@@ -131,7 +132,7 @@ func TestTransportDoHoldsTheAnswer(t *testing.T) {
 	require.ErrorIs(t, err, upstream.ErrBufferBudget, "no room for a second answer")
 	assert.ErrorIs(t, PrefillTransportErr(err), upstream.ErrBufferBudget)
 	o := Classify(PrefillTransportErr(err))
-	assert.Equal(t, ReasonBufferBudget, o.reason, "a prefill answer refused falls back")
+	assert.Equal(t, failure.ReasonBufferBudget, o.reason, "a prefill answer refused falls back")
 	assert.False(t, o.retry)
 	assert.Equal(t, http.StatusServiceUnavailable, Classify(DecodeTransportErr(err)).Status)
 	assert.Equal(t, int64(len(body)), b.Used(), "the refused answer holds nothing")

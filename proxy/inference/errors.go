@@ -23,19 +23,19 @@ import (
 var (
 	// ErrClientGone: the client closed its connection; upstream legs are
 	// cancelled.
-	ErrClientGone error = failure.New("client disconnected", failure.Outcome{Status: 499, Precedence: precedenceClientGone})
+	ErrClientGone error = failure.New("client disconnected", failure.Outcome{Status: 499, Precedence: failure.PrecedenceClientGone})
 	// ErrBadPrefiller: the x-prefiller-host-port value is not host:port.
-	ErrBadPrefiller error = failure.New("invalid x-prefiller-host-port", failure.Outcome{Status: http.StatusBadRequest, Reason: ReasonBadPrefiller})
+	ErrBadPrefiller error = failure.New("invalid x-prefiller-host-port", failure.Outcome{Status: http.StatusBadRequest, Reason: failure.ReasonBadPrefiller})
 	// ErrPrefillUnreachable: the prefiller refused, reset or closed the
 	// connection before answering.
-	ErrPrefillUnreachable error = failure.New("prefiller unreachable", failure.Outcome{Status: http.StatusBadGateway, Reason: ReasonUnreachable, Retry: true})
+	ErrPrefillUnreachable error = failure.New("prefiller unreachable", failure.Outcome{Status: http.StatusBadGateway, Reason: failure.ReasonUnreachable, Retry: true})
 	// ErrPrefillTimeout: the prefill leg did not answer within
 	// --prefill-timeout (all attempts included).
 	ErrPrefillTimeout = split.ErrPrefillTimeout
 	// ErrPrefillOverloaded: the prefiller answered 429.
-	ErrPrefillOverloaded error = failure.New("prefiller overloaded (429)", failure.Outcome{Status: http.StatusTooManyRequests, Reason: ReasonOverloaded, Retry: true})
+	ErrPrefillOverloaded error = failure.New("prefiller overloaded (429)", failure.Outcome{Status: http.StatusTooManyRequests, Reason: failure.ReasonOverloaded, Retry: true})
 	// ErrPrefillServerError: the prefiller answered 5xx.
-	ErrPrefillServerError error = failure.New("prefiller server error (5xx)", failure.Outcome{Status: http.StatusBadGateway, Reason: ReasonServerError, Retry: true})
+	ErrPrefillServerError error = failure.New("prefiller server error (5xx)", failure.Outcome{Status: http.StatusBadGateway, Reason: failure.ReasonServerError, Retry: true})
 	// ErrPrefillWithHistory wraps the failure of a prefill whose leg asked
 	// its engine to pull a conversation's history first (multi-turn KV
 	// reuse): the history is taken out and the prefill sent once more
@@ -56,7 +56,7 @@ var (
 	ErrDecodeFailed = errors.New("decode engine failed")
 	// ErrKVLoadFailed: the decode engine reported that loading the remote
 	// KV failed before any token reached the client.
-	ErrKVLoadFailed error = failure.New("decode engine failed to load remote KV", failure.Outcome{Status: http.StatusInternalServerError, Reason: ReasonKVLoadFailed})
+	ErrKVLoadFailed error = failure.New("decode engine failed to load remote KV", failure.Outcome{Status: http.StatusInternalServerError, Reason: failure.ReasonKVLoadFailed})
 	// ErrUnknownRank: x-data-parallel-host-port names no data-parallel rank
 	// of this pod, or is not host:port.
 	ErrUnknownRank = dprank.ErrUnknown
@@ -64,45 +64,6 @@ var (
 	// decoders read differently (connectors.ErrAmbiguousJSON), or no leg
 	// can be built of it.
 	ErrBadRequest error = failure.New("bad request body", failure.Outcome{Status: http.StatusBadRequest})
-)
-
-// Fallback reasons, the closed set of pd_sidecar_fallbacks_total{reason}.
-const (
-	// ReasonUnreachable: refused, reset or closed before answering.
-	ReasonUnreachable = "unreachable"
-	// ReasonTimeout: no answer within --prefill-timeout.
-	ReasonTimeout = "timeout"
-	// ReasonServerError: the prefiller answered 5xx.
-	ReasonServerError = "server_error"
-	// ReasonOverloaded: the prefiller answered 429.
-	ReasonOverloaded = "overloaded"
-	// ReasonNoKVParams: the prefill hit its cap but carried no params.
-	ReasonNoKVParams = "no_kv_params"
-	// ReasonInvalidParams: the params lack what the decode engine needs.
-	ReasonInvalidParams = "invalid_kv_params"
-	// ReasonBadAnswer: the prefill answer is not a JSON object, or not an
-	// answer the sidecar takes (upstream.ErrBadUpstreamAnswer: a status below 200, a
-	// malformed head or body, a body past --max-upstream-answer-bytes).
-	ReasonBadAnswer = "bad_answer"
-	// ReasonTPMismatch: prefill tp_size above --decode-tp-size.
-	ReasonTPMismatch = "tp_mismatch"
-	// ReasonBadPrefiller: the header is not host:port.
-	ReasonBadPrefiller = "invalid_prefiller"
-	// ReasonKVLoadFailed: the decode engine failed to load the remote KV,
-	// or the sidecar's own pull failed (checksum, size, deadline, lease).
-	ReasonKVLoadFailed = "kv_load_failed"
-	// ReasonKVSourceGone: the sidecar's pull found the prefiller's KV agent
-	// gone (unreachable, or it broke off mid-pull).
-	ReasonKVSourceGone = "kv_source_gone"
-	// ReasonEOSUnsupported: EOS on the first token, streamed on an API
-	// whose stream cannot be synthesised from the prefill answer.
-	ReasonEOSUnsupported = "eos_stream_unsupported"
-	// ReasonBootstrapFailed: the prefiller's bootstrap server (Mooncake
-	// GET /query) gave no usable answer.
-	ReasonBootstrapFailed = "bootstrap_failed"
-	// ReasonBufferBudget: the prefill's answer (or the bootstrap's, or a
-	// KV engine call's) did not fit in --max-buffered-bytes.
-	ReasonBufferBudget = "buffered_bytes"
 )
 
 // outcome is what the proxy does about an error.
@@ -119,16 +80,6 @@ type outcome struct {
 	RetryAfter bool
 }
 
-// Precedences of the outcomes that win wherever they stand in an error
-// (failure.Outcome.Precedence): a client that left, then the sidecar's own
-// refusals. Every other outcome is the outermost one an error carries.
-const (
-	precedenceBufferBudget = 10 + iota*10
-	precedenceCircuitOpen
-	precedenceDenied
-	precedenceClientGone
-)
-
 // Classify maps every request-path error to what happens next: the
 // outcome its errors carry (failure.Of), those of the packages below the
 // proxy named by foreignOutcome.
@@ -144,29 +95,29 @@ func foreignOutcome(err error) (failure.Outcome, bool) {
 	switch err {
 	case upstream.ErrBufferBudget:
 		// An answer the budget had no room for; the upstream may be fine.
-		return failure.Outcome{Status: http.StatusServiceUnavailable, Reason: ReasonBufferBudget, Precedence: precedenceBufferBudget}, true
+		return failure.Outcome{Status: http.StatusServiceUnavailable, Reason: failure.ReasonBufferBudget, Precedence: failure.PrecedenceBufferBudget}, true
 	case split.ErrPrefillTimeout:
-		return failure.Outcome{Status: http.StatusGatewayTimeout, Reason: ReasonTimeout}, true
+		return failure.Outcome{Status: http.StatusGatewayTimeout, Reason: failure.ReasonTimeout}, true
 	case split.ErrKVWaitTimeout:
-		return failure.Outcome{Status: http.StatusGatewayTimeout, Reason: ReasonKVWaitTimeout}, true
+		return failure.Outcome{Status: http.StatusGatewayTimeout, Reason: failure.ReasonKVWaitTimeout}, true
 	case split.ErrTPMismatch:
-		return failure.Outcome{Status: http.StatusBadGateway, Reason: ReasonTPMismatch}, true
+		return failure.Outcome{Status: http.StatusBadGateway, Reason: failure.ReasonTPMismatch}, true
 	case connectors.ErrNoKVParams:
-		return failure.Outcome{Status: http.StatusBadGateway, Reason: ReasonNoKVParams}, true
+		return failure.Outcome{Status: http.StatusBadGateway, Reason: failure.ReasonNoKVParams}, true
 	case connectors.ErrInvalidKVParams:
-		return failure.Outcome{Status: http.StatusBadGateway, Reason: ReasonInvalidParams}, true
+		return failure.Outcome{Status: http.StatusBadGateway, Reason: failure.ReasonInvalidParams}, true
 	case connectors.ErrBadPrefillAnswer:
-		return failure.Outcome{Status: http.StatusBadGateway, Reason: ReasonBadAnswer}, true
+		return failure.Outcome{Status: http.StatusBadGateway, Reason: failure.ReasonBadAnswer}, true
 	case connectors.ErrBadBody, connectors.ErrUnsupportedRequest, dprank.ErrUnknown:
 		return failure.Outcome{Status: http.StatusBadRequest}, true
 	case connectors.ErrBadBootstrap, bootstrap.ErrFailed:
-		return failure.Outcome{Status: http.StatusBadGateway, Reason: ReasonBootstrapFailed}, true
+		return failure.Outcome{Status: http.StatusBadGateway, Reason: failure.ReasonBootstrapFailed}, true
 	case kvtransfer.ErrKVSourceGone:
-		return failure.Outcome{Status: http.StatusBadGateway, Reason: ReasonKVSourceGone}, true
+		return failure.Outcome{Status: http.StatusBadGateway, Reason: failure.ReasonKVSourceGone}, true
 	case guard.ErrPrefillerDenied:
-		return failure.Outcome{Status: http.StatusForbidden, Precedence: precedenceDenied}, true
+		return failure.Outcome{Status: http.StatusForbidden, Precedence: failure.PrecedenceDenied}, true
 	case guard.ErrCircuitOpen:
-		return failure.Outcome{Status: http.StatusServiceUnavailable, Reason: ReasonCircuitOpen, Precedence: precedenceCircuitOpen}, true
+		return failure.Outcome{Status: http.StatusServiceUnavailable, Reason: failure.ReasonCircuitOpen, Precedence: failure.PrecedenceCircuitOpen}, true
 	}
 	return failure.Outcome{}, false
 }

@@ -33,8 +33,6 @@ var (
 	ErrMalformed = errors.New("malformed request")
 )
 
-// ReasonCircuitOpen: the prefiller's circuit breaker is open.
-const ReasonCircuitOpen = "circuit_open"
 
 // newGuard returns the guard of cfg, whose request bodies are at most
 // maxBody bytes (--max-request-body-bytes), counted in m, its circuit

@@ -7,11 +7,12 @@ import (
 	"github.com/stretchr/testify/assert"
 
 	"github.com/pd-sidecar/pd-sidecar/circuit"
+	"github.com/pd-sidecar/pd-sidecar/failure"
 )
 
 func TestClassifyGuards(t *testing.T) {
 	assert.Equal(t, outcome{Status: 403}, Classify(fmt.Errorf("%w: x", ErrPrefillerDenied)))
-	assert.Equal(t, outcome{Status: 503, reason: ReasonCircuitOpen}, Classify(fmt.Errorf("%w: x", ErrCircuitOpen)))
+	assert.Equal(t, outcome{Status: 503, reason: failure.ReasonCircuitOpen}, Classify(fmt.Errorf("%w: x", ErrCircuitOpen)))
 	assert.Equal(t, circuit.Failure, breakerResult(fmt.Errorf("%w: x", ErrPrefillTimeout)))
 	assert.Equal(t, circuit.Unreachable, breakerResult(fmt.Errorf("%w: x", ErrPrefillUnreachable)))
 	assert.Equal(t, circuit.Failure, breakerResult(fmt.Errorf("%w: x", ErrPrefillServerError)))

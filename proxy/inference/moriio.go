@@ -72,9 +72,6 @@ func (c MoriIOConfig) Validate() error {
 // --moriio-parallel-decode-wait-timeout.
 var ErrKVWaitTimeout = split.ErrKVWaitTimeout
 
-// ReasonKVWaitTimeout is the fallback reason of ErrKVWaitTimeout.
-const ReasonKVWaitTimeout = "kv_wait_timeout"
-
 // moriState is MoRI-IO's per-proxy state.
 type moriState struct {
 	Cfg MoriIOConfig

@@ -151,7 +151,7 @@ func (r *Request) Degraded(reason string, cause error) {
 	r.P.M.Fallbacks.WithLabelValues(reason).Inc()
 	r.Obs.Reason = reason
 	r.Mode = metrics.ModeFallback
-	if reason == ReasonSlowPrefill {
+	if reason == failure.ReasonSlowPrefill {
 		r.LogAt(zerolog.WarnLevel).Str("reason", reason).
 			Msg("hedge: the local prefill was ready first; prefill cancelled, answered locally")
 		return
@@ -281,7 +281,7 @@ func (r *Request) PrefillAnswer(res PrefillResult) (contentType string, body []b
 
 // ErrEOSStream: generation ended on the prefill's first token but the
 // client streamed an API whose stream the proxy cannot synthesise.
-var ErrEOSStream error = failure.New("first-token EOS on an API whose stream cannot be synthesised", failure.Outcome{Status: http.StatusBadGateway, Reason: ReasonEOSUnsupported})
+var ErrEOSStream error = failure.New("first-token EOS on an API whose stream cannot be synthesised", failure.Outcome{Status: http.StatusBadGateway, Reason: failure.ReasonEOSUnsupported})
 
 // PrefillResult is a successful prefill exchange.
 type PrefillResult struct {

@@ -30,6 +30,7 @@ import (
 
 	"github.com/pd-sidecar/pd-sidecar/connectors"
 	"github.com/pd-sidecar/pd-sidecar/connectors/moriio"
+	"github.com/pd-sidecar/pd-sidecar/failure"
 	"github.com/pd-sidecar/pd-sidecar/kvtransfer"
 	"github.com/pd-sidecar/pd-sidecar/metrics"
 	"github.com/pd-sidecar/pd-sidecar/netloop"
@@ -332,7 +333,7 @@ func (p *Proxy) ConnDone(cc *clientconn.Conn, local string, keep bool) {
 func (p *Proxy) SetExtras(e Extras) {
 	p.Ext = e
 	p.Trace = observe.NewTracing(observe.Config{Tracer: e.Tracer, Propagator: e.Propagator,
-		Reason: failureReason, KVLoadFailed: ReasonKVLoadFailed})
+		Reason: failureReason, KVLoadFailed: failure.ReasonKVLoadFailed})
 	p.setStrips()
 }
 

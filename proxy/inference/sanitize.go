@@ -16,7 +16,7 @@ import (
 // ErrKVAddressDenied: --trust-client-kv-params keeps the client's connector
 // fields, SSRF protection is on, and one names an address that is not on
 // the allowlist (403, as a denied prefiller header).
-var ErrKVAddressDenied error = failure.New("a kv transfer address in the request body is not an allowed prefiller", failure.Outcome{Status: http.StatusForbidden, Precedence: precedenceDenied})
+var ErrKVAddressDenied error = failure.New("a kv transfer address in the request body is not an allowed prefiller", failure.Outcome{Status: http.StatusForbidden, Precedence: failure.PrecedenceDenied})
 
 // sanitize makes r.Body what may reach an engine (CleanBody): every leg,
 // local or split, and every fallback starts from it; and reads the

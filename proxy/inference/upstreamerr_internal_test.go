@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pd-sidecar/pd-sidecar/connectors"
+	"github.com/pd-sidecar/pd-sidecar/failure"
 	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"
 )
 
@@ -55,7 +56,7 @@ func TestUpstreamErrorsSayNoBytes(t *testing.T) {
 					reason string
 				}{
 					{DecodeTransportErr(leg), upstream.RoleEngine, 502, ""},
-					{PrefillTransportErr(leg), upstream.RolePrefiller, 502, ReasonBadAnswer},
+					{PrefillTransportErr(leg), upstream.RolePrefiller, 502, failure.ReasonBadAnswer},
 				} {
 					body := string(ErrorBody(Classify(e.err).Status, e.err))
 					assert.NotContains(t, body, "SECRET")
@@ -100,5 +101,5 @@ func TestReasonOf(t *testing.T) {
 		"named once")
 	tooLong := PrefillTransportErr(&upstream.LegError{Addr: "a:1", Op: "read", Err: upstream.ErrAnswerTooLarge})
 	assert.ErrorIs(t, tooLong, connectors.ErrBadPrefillAnswer)
-	assert.Equal(t, ReasonBadAnswer, Classify(tooLong).reason)
+	assert.Equal(t, failure.ReasonBadAnswer, Classify(tooLong).reason)
 }

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/pd-sidecar/pd-sidecar/connectors"
+	"github.com/pd-sidecar/pd-sidecar/failure"
 )
 
 // Errors a split makes of its own decisions.
@@ -18,10 +19,6 @@ var (
 	// ErrHedgeLost is the cause a hedge's losing leg is abandoned with.
 	ErrHedgeLost = errors.New("hedge lost: the other leg was ready first")
 )
-
-// ReasonSlowPrefill: the prefill had not answered by the hedge point and
-// the local prefill raced against it was ready first.
-const ReasonSlowPrefill = "slow_prefill"
 
 // Verdict is what a failure means to a split, as the proxy's one
 // classifier of errors says.
@@ -305,7 +302,7 @@ func (s *Sequential) hedgeReady() []Action {
 	if s.st == stagePrefill || s.st == stageBackoff {
 		acts = append(acts, Action{Op: CancelPrefill, Err: ErrHedgeLost})
 		acts = append(acts, s.endPrefill(ErrHedgeLost)...)
-		acts = append(acts, Action{Op: Degraded, Reason: ReasonSlowPrefill, Err: ErrHedgeLost})
+		acts = append(acts, Action{Op: Degraded, Reason: failure.ReasonSlowPrefill, Err: ErrHedgeLost})
 	}
 	s.st = stageLocal
 	return append(acts, Action{Op: HedgeWon, Winner: WinnerLocal, After: s.cfg.Now().Sub(s.began)}, Action{Op: RelayHedge})
