@@ -1,15 +1,19 @@
 package connectors
 
-import "errors"
+import (
+	"net/http"
+
+	"github.com/pd-sidecar/pd-sidecar/failure"
+)
 
 // ErrUnsupportedRequest means the connector cannot split this request on
 // the disaggregated path (for example SGLang with n > 1); the proxy answers
 // 400 with the wrapped message and contacts no engine.
-var ErrUnsupportedRequest = errors.New("connectors: request not supported on the disaggregated path")
+var ErrUnsupportedRequest error = failure.New("connectors: request not supported on the disaggregated path", failure.Outcome{Status: http.StatusBadRequest})
 
 // ErrBadBootstrap means a prefiller's bootstrap answer (Mooncake's
 // GET /query) is unusable.
-var ErrBadBootstrap = errors.New("connectors: unusable bootstrap answer")
+var ErrBadBootstrap error = failure.New("connectors: unusable bootstrap answer", failure.Outcome{Status: http.StatusBadGateway, Reason: failure.ReasonBootstrapFailed})
 
 // Choreography is how the proxy runs a connector's legs. It is written once
 // in the proxy and chosen by the abilities a connector implements.

@@ -6,19 +6,21 @@
 package connectors
 
 import (
-	"errors"
 	"fmt"
+	"net/http"
+
+	"github.com/pd-sidecar/pd-sidecar/failure"
 )
 
-// Sentinel errors a connector returns; the proxy maps them to fallback
-// reasons in one place.
+// Sentinel errors a connector returns, each with what the proxy does
+// about it (its failure.Outcome).
 var (
 	// ErrBadBody means the client body is not a JSON object the connector can
 	// rewrite.
-	ErrBadBody = errors.New("connectors: request body is not a JSON object")
+	ErrBadBody error = failure.New("connectors: request body is not a JSON object", failure.Outcome{Status: http.StatusBadRequest})
 	// ErrNoKVParams means the prefill answer ended on its length cap but
 	// carried no kv_transfer_params, so there is nothing to hand off.
-	ErrNoKVParams = errors.New("connectors: prefill answer carries no kv_transfer_params")
+	ErrNoKVParams error = failure.New("connectors: prefill answer carries no kv_transfer_params", failure.Outcome{Status: http.StatusBadGateway, Reason: failure.ReasonNoKVParams})
 	// ErrResponsesNoKVParams is ErrNoKVParams on /v1/responses when the
 	// answer has no kv_transfer_params member at all (not even null): the
 	// engine does not do P/D on that path. vLLM carries them in Responses
@@ -29,11 +31,11 @@ var (
 	// field the decode engine needs (vLLM would silently prefill locally),
 	// carry one the connector does not document, of another type or past
 	// its bounds, or name an address the sidecar does not allow.
-	ErrInvalidKVParams = errors.New("connectors: invalid kv_transfer_params in prefill answer")
+	ErrInvalidKVParams error = failure.New("connectors: invalid kv_transfer_params in prefill answer", failure.Outcome{Status: http.StatusBadGateway, Reason: failure.ReasonInvalidParams})
 	// ErrBadPrefillAnswer means the prefill answer cannot be used: its body
 	// is not a JSON object, or (wrapped by the proxy around its own reason)
 	// the answer was refused before it was parsed.
-	ErrBadPrefillAnswer = errors.New("connectors: unusable prefill answer")
+	ErrBadPrefillAnswer error = failure.New("connectors: unusable prefill answer", failure.Outcome{Status: http.StatusBadGateway, Reason: failure.ReasonBadAnswer})
 )
 
 // Handoff is what the prefill answer tells the decode leg.

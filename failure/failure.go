@@ -42,33 +42,18 @@ func (e *Error) Error() string { return e.msg }
 // Outcome is the error's outcome.
 func (e *Error) Outcome() Outcome { return e.out }
 
-// Foreign gives the outcome of an error that is not an *Error (another
-// package's sentinel), reporting false for one it does not know.
-type Foreign func(err error) (Outcome, bool)
-
 // Of is the outcome of err: of the errors in its tree (errors.Unwrap's,
-// both kinds) that carry one (an *Error, or one foreign knows; foreign may
-// be nil), the one of the highest Precedence, the outermost of those in
-// depth-first order; Default when none does.
-func Of(err error, foreign Foreign) Outcome {
+// both kinds) that carry one (an *Error), the one of the highest
+// Precedence, the outermost of those in depth-first order; Default when
+// none does.
+func Of(err error) Outcome {
 	best, found := Default, false
 	walk(err, func(e error) {
-		o, ok := outcomeOf(e, foreign)
-		if ok && (!found || o.Precedence > best.Precedence) {
-			best, found = o, true
+		if e, ok := e.(*Error); ok && (!found || e.out.Precedence > best.Precedence) {
+			best, found = e.out, true
 		}
 	})
 	return best
-}
-
-func outcomeOf(err error, foreign Foreign) (Outcome, bool) {
-	if e, ok := err.(*Error); ok {
-		return e.out, true
-	}
-	if foreign != nil {
-		return foreign(err)
-	}
-	return Outcome{}, false
 }
 
 // walk visits err's tree depth-first, each error before what it wraps.

@@ -11,19 +11,14 @@ import (
 )
 
 var (
-	errGone    = failure.New("gone", failure.Outcome{Status: 499, Precedence: 2})
-	errTimeout = failure.New("timeout", failure.Outcome{Status: 504, Reason: "timeout"})
-	errServer  = failure.New("5xx", failure.Outcome{Status: 502, Reason: "server_error", Retry: true})
+	errGone    = failure.New("gone", failure.Outcome{Status: 499, Precedence: failure.PrecedenceClientGone})
+	errDenied  = failure.New("denied", failure.Outcome{Status: 403, Precedence: failure.PrecedenceDenied})
+	errOpen    = failure.New("open", failure.Outcome{Status: 503, Reason: failure.ReasonCircuitOpen, Precedence: failure.PrecedenceCircuitOpen})
+	errBudget  = failure.New("budget", failure.Outcome{Status: 503, Reason: failure.ReasonBufferBudget, Precedence: failure.PrecedenceBufferBudget})
+	errTimeout = failure.New("timeout", failure.Outcome{Status: 504, Reason: failure.ReasonTimeout})
+	errServer  = failure.New("5xx", failure.Outcome{Status: 502, Reason: failure.ReasonServerError, Retry: true})
 	errPlain   = errors.New("plain")
-	errForeign = errors.New("foreign")
 )
-
-func foreign(err error) (failure.Outcome, bool) {
-	if err == errForeign {
-		return failure.Outcome{Status: 503, Reason: "foreign", Precedence: 1}, true
-	}
-	return failure.Outcome{}, false
-}
 
 func TestOf(t *testing.T) {
 	tests := []struct {
@@ -33,26 +28,36 @@ func TestOf(t *testing.T) {
 	}{
 		{"none", errPlain, failure.Default},
 		{"nil", nil, failure.Default},
+		{"wrapped none", fmt.Errorf("x: %w", errPlain), failure.Default},
+		{"joined none", errors.Join(errPlain, errors.New("other")), failure.Default},
 		{"itself", errTimeout, errTimeout.Outcome()},
 		{"wrapped", fmt.Errorf("x: %w", errServer), errServer.Outcome()},
+		{"wrapped twice", fmt.Errorf("y: %w", fmt.Errorf("x: %w", errServer)), errServer.Outcome()},
 		{"the outermost of equals", fmt.Errorf("%w (after %w)", errTimeout, errServer), errTimeout.Outcome()},
+		{"the outer of equals wrapped in each other", fmt.Errorf("%w: %w", errServer, fmt.Errorf("y: %w", errTimeout)), errServer.Outcome()},
 		{"inside one without", fmt.Errorf("%w: %w", errPlain, errServer), errServer.Outcome()},
 		{"precedence wins from inside", fmt.Errorf("%w: %w", errTimeout, fmt.Errorf("y: %w", errGone)), errGone.Outcome()},
-		{"foreign", fmt.Errorf("%w: %w", errServer, errForeign), foreign2(t)},
-		{"higher precedence over foreign", errors.Join(errForeign, errGone), errGone.Outcome()},
+		{"precedence over none", fmt.Errorf("%w: %w", errServer, errBudget), errBudget.Outcome()},
 		{"joined: the first of equals", errors.Join(errServer, errTimeout), errServer.Outcome()},
+		{"joined: precedence wins from the last", errors.Join(errServer, errPlain, errDenied), errDenied.Outcome()},
+		{"joined inside a wrap", fmt.Errorf("x: %w", errors.Join(errPlain, errTimeout)), errTimeout.Outcome()},
+		{"wrapped inside a join", errors.Join(errPlain, fmt.Errorf("y: %w", errBudget)), errBudget.Outcome()},
+		{"circuit open over budget", fmt.Errorf("%w: %w", errBudget, errOpen), errOpen.Outcome()},
+		{"denied over circuit open", errors.Join(errOpen, errDenied), errDenied.Outcome()},
+		{"client gone over all", fmt.Errorf("%w: %w", errors.Join(errDenied, errOpen, errBudget), errGone), errGone.Outcome()},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			assert.Equal(t, tt.want, failure.Of(tt.err, foreign))
+			assert.Equal(t, tt.want, failure.Of(tt.err))
 		})
 	}
-	assert.Equal(t, errTimeout.Outcome(), failure.Of(fmt.Errorf("%w: %w", errTimeout, errForeign), nil), "no foreign outcomes")
 }
 
-func foreign2(t *testing.T) failure.Outcome {
-	t.Helper()
-	o, ok := foreign(errForeign)
-	assert.True(t, ok)
-	return o
+// The precedences keep their order: a refusal for want of buffer room,
+// a circuit open, a denial, a client gone.
+func TestPrecedenceOrder(t *testing.T) {
+	assert.Less(t, 0, failure.PrecedenceBufferBudget)
+	assert.Less(t, failure.PrecedenceBufferBudget, failure.PrecedenceCircuitOpen)
+	assert.Less(t, failure.PrecedenceCircuitOpen, failure.PrecedenceDenied)
+	assert.Less(t, failure.PrecedenceDenied, failure.PrecedenceClientGone)
 }

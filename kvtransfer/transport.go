@@ -12,7 +12,10 @@ package kvtransfer
 import (
 	"context"
 	"errors"
+	"net/http"
 	"time"
+
+	"github.com/pd-sidecar/pd-sidecar/failure"
 )
 
 // Sentinel errors. Every error a Puller, Conn or Agent returns wraps exactly
@@ -21,7 +24,7 @@ var (
 	// ErrKVSourceGone: the agent (or the prefiller hosting it) is not
 	// reachable, or the connection to it broke mid-pull. The KV is lost with
 	// it; callers recompute locally.
-	ErrKVSourceGone = errors.New("kvtransfer: kv source gone")
+	ErrKVSourceGone error = failure.New("kvtransfer: kv source gone", failure.Outcome{Status: http.StatusBadGateway, Reason: failure.ReasonKVSourceGone})
 	// ErrKVNotHeld: the agent holds no such request (never held, already
 	// pulled, released or lease expired), or the engine id or block ids do
 	// not match the hold.

@@ -6,21 +6,22 @@ package bootstrap
 
 import (
 	"context"
-	"errors"
 	"fmt"
+	"net/http"
 	"sync"
 	"time"
 
 	"github.com/valyala/fasthttp"
 
 	"github.com/pd-sidecar/pd-sidecar/connectors"
+	"github.com/pd-sidecar/pd-sidecar/failure"
 	"github.com/pd-sidecar/pd-sidecar/proxy/split"
 	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"
 )
 
 // ErrFailed: the prefiller's bootstrap server (Mooncake's GET /query)
 // answered, but not with a usable answer.
-var ErrFailed = errors.New("prefiller bootstrap query failed")
+var ErrFailed error = failure.New("prefiller bootstrap query failed", failure.Outcome{Status: http.StatusBadGateway, Reason: failure.ReasonBootstrapFailed})
 
 // Bounds of the bootstrap query.
 const (

@@ -8,19 +8,20 @@ package dprank
 
 import (
 	"bytes"
-	"errors"
 	"fmt"
 	"net"
+	"net/http"
 	"net/netip"
 	"strconv"
 	"strings"
 
+	"github.com/pd-sidecar/pd-sidecar/failure"
 	"github.com/pd-sidecar/pd-sidecar/proxy/logvalue"
 )
 
 // ErrUnknown: x-data-parallel-host-port names no data-parallel rank of
 // this pod, or is not host:port.
-var ErrUnknown = errors.New("x-data-parallel-host-port names no data-parallel rank of this pod")
+var ErrUnknown error = failure.New("x-data-parallel-host-port names no data-parallel rank of this pod", failure.Outcome{Status: http.StatusBadRequest})
 
 // Pod is this pod's data-parallel ranks, as the selector names them.
 type Pod struct {

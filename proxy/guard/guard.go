@@ -8,15 +8,15 @@
 // TLS of the serving ports.
 //
 // Its verdicts are errors (ErrPrefillerDenied, ErrCircuitOpen) that say
-// what was refused; what the proxy answers to them, and the refusal's
-// answer itself, are the proxy's.
+// what was refused, with their outcomes; the refusal's answer itself is
+// the proxy's.
 package guard
 
 import (
 	"crypto/tls"
-	"errors"
 	"fmt"
 	"net"
+	"net/http"
 	"sync"
 	"sync/atomic"
 
@@ -24,6 +24,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/pd-sidecar/pd-sidecar/circuit"
+	"github.com/pd-sidecar/pd-sidecar/failure"
 	"github.com/pd-sidecar/pd-sidecar/metrics"
 	"github.com/pd-sidecar/pd-sidecar/proxy/tlsconf"
 	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"
@@ -34,10 +35,10 @@ import (
 var (
 	// ErrPrefillerDenied: SSRF protection is on and the named prefiller is
 	// not on the allowlist.
-	ErrPrefillerDenied = errors.New("x-prefiller-host-port is not an allowed prefiller")
+	ErrPrefillerDenied error = failure.New("x-prefiller-host-port is not an allowed prefiller", failure.Outcome{Status: http.StatusForbidden, Precedence: failure.PrecedenceDenied})
 	// ErrCircuitOpen: the prefiller failed repeatedly and is skipped for a
 	// cool-down; the request goes straight to local prefill.
-	ErrCircuitOpen = errors.New("prefiller circuit open")
+	ErrCircuitOpen error = failure.New("prefiller circuit open", failure.Outcome{Status: http.StatusServiceUnavailable, Reason: failure.ReasonCircuitOpen, Precedence: failure.PrecedenceCircuitOpen})
 )
 
 // Deps is what a Guard needs besides its Config.

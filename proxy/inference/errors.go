@@ -9,10 +9,6 @@ import (
 
 	"github.com/pd-sidecar/pd-sidecar/connectors"
 	"github.com/pd-sidecar/pd-sidecar/failure"
-	"github.com/pd-sidecar/pd-sidecar/kvtransfer"
-	"github.com/pd-sidecar/pd-sidecar/proxy/bootstrap"
-	"github.com/pd-sidecar/pd-sidecar/proxy/dprank"
-	"github.com/pd-sidecar/pd-sidecar/proxy/guard"
 	"github.com/pd-sidecar/pd-sidecar/proxy/split"
 	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"
 )
@@ -29,9 +25,6 @@ var (
 	// ErrPrefillUnreachable: the prefiller refused, reset or closed the
 	// connection before answering.
 	ErrPrefillUnreachable error = failure.New("prefiller unreachable", failure.Outcome{Status: http.StatusBadGateway, Reason: failure.ReasonUnreachable, Retry: true})
-	// ErrPrefillTimeout: the prefill leg did not answer within
-	// --prefill-timeout (all attempts included).
-	ErrPrefillTimeout = split.ErrPrefillTimeout
 	// ErrPrefillOverloaded: the prefiller answered 429.
 	ErrPrefillOverloaded error = failure.New("prefiller overloaded (429)", failure.Outcome{Status: http.StatusTooManyRequests, Reason: failure.ReasonOverloaded, Retry: true})
 	// ErrPrefillServerError: the prefiller answered 5xx.
@@ -45,8 +38,6 @@ var (
 	// ErrPrefillRejected: the prefiller answered another 4xx; the request
 	// itself is bad, and the answer goes back to the client verbatim.
 	ErrPrefillRejected error = failure.New("prefiller rejected the request (4xx)", failure.Outcome{Status: http.StatusBadRequest})
-	// ErrTPMismatch: the prefiller's tp_size exceeds --decode-tp-size.
-	ErrTPMismatch = split.ErrTPMismatch
 	// ErrDecodeUnavailable: the local engine refused the connection.
 	ErrDecodeUnavailable error = failure.New("decode engine unavailable", failure.Outcome{Status: http.StatusServiceUnavailable})
 	// ErrDecodeTimeout: the local engine did not start a streamed answer
@@ -57,9 +48,6 @@ var (
 	// ErrKVLoadFailed: the decode engine reported that loading the remote
 	// KV failed before any token reached the client.
 	ErrKVLoadFailed error = failure.New("decode engine failed to load remote KV", failure.Outcome{Status: http.StatusInternalServerError, Reason: failure.ReasonKVLoadFailed})
-	// ErrUnknownRank: x-data-parallel-host-port names no data-parallel rank
-	// of this pod, or is not host:port.
-	ErrUnknownRank = dprank.ErrUnknown
 	// ErrBadRequest: the client body is not a JSON object, or is one that
 	// decoders read differently (connectors.ErrAmbiguousJSON), or no leg
 	// can be built of it.
@@ -81,45 +69,10 @@ type outcome struct {
 }
 
 // Classify maps every request-path error to what happens next: the
-// outcome its errors carry (failure.Of), those of the packages below the
-// proxy named by foreignOutcome.
+// outcome its errors carry (failure.Of).
 func Classify(err error) outcome {
-	o := failure.Of(err, foreignOutcome)
+	o := failure.Of(err)
 	return outcome{Status: o.Status, reason: o.Reason, retry: o.Retry}
-}
-
-// foreignOutcome is the outcome of a sentinel of a package the proxy
-// builds on (connectors, kvtransfer, the split, the guard, upstream I/O),
-// whose errors say what failed and not what the sidecar answers.
-func foreignOutcome(err error) (failure.Outcome, bool) {
-	switch err {
-	case upstream.ErrBufferBudget:
-		// An answer the budget had no room for; the upstream may be fine.
-		return failure.Outcome{Status: http.StatusServiceUnavailable, Reason: failure.ReasonBufferBudget, Precedence: failure.PrecedenceBufferBudget}, true
-	case split.ErrPrefillTimeout:
-		return failure.Outcome{Status: http.StatusGatewayTimeout, Reason: failure.ReasonTimeout}, true
-	case split.ErrKVWaitTimeout:
-		return failure.Outcome{Status: http.StatusGatewayTimeout, Reason: failure.ReasonKVWaitTimeout}, true
-	case split.ErrTPMismatch:
-		return failure.Outcome{Status: http.StatusBadGateway, Reason: failure.ReasonTPMismatch}, true
-	case connectors.ErrNoKVParams:
-		return failure.Outcome{Status: http.StatusBadGateway, Reason: failure.ReasonNoKVParams}, true
-	case connectors.ErrInvalidKVParams:
-		return failure.Outcome{Status: http.StatusBadGateway, Reason: failure.ReasonInvalidParams}, true
-	case connectors.ErrBadPrefillAnswer:
-		return failure.Outcome{Status: http.StatusBadGateway, Reason: failure.ReasonBadAnswer}, true
-	case connectors.ErrBadBody, connectors.ErrUnsupportedRequest, dprank.ErrUnknown:
-		return failure.Outcome{Status: http.StatusBadRequest}, true
-	case connectors.ErrBadBootstrap, bootstrap.ErrFailed:
-		return failure.Outcome{Status: http.StatusBadGateway, Reason: failure.ReasonBootstrapFailed}, true
-	case kvtransfer.ErrKVSourceGone:
-		return failure.Outcome{Status: http.StatusBadGateway, Reason: failure.ReasonKVSourceGone}, true
-	case guard.ErrPrefillerDenied:
-		return failure.Outcome{Status: http.StatusForbidden, Precedence: failure.PrecedenceDenied}, true
-	case guard.ErrCircuitOpen:
-		return failure.Outcome{Status: http.StatusServiceUnavailable, Reason: failure.ReasonCircuitOpen, Precedence: failure.PrecedenceCircuitOpen}, true
-	}
-	return failure.Outcome{}, false
 }
 
 // PrefillTransportErr names a failed prefill exchange: the sentinel
@@ -132,7 +85,7 @@ func PrefillTransportErr(err error) error {
 	switch {
 	case errors.Is(err, ErrClientGone):
 		return err
-	case named && (errors.Is(err, ErrPrefillTimeout) || errors.Is(err, ErrPrefillUnreachable) ||
+	case named && (errors.Is(err, split.ErrPrefillTimeout) || errors.Is(err, ErrPrefillUnreachable) ||
 		errors.Is(err, connectors.ErrBadPrefillAnswer) || errors.Is(err, upstream.ErrBufferBudget)):
 		return err
 	}
@@ -142,8 +95,8 @@ func PrefillTransportErr(err error) error {
 		return u
 	case errors.Is(err, upstream.ErrBadUpstreamAnswer):
 		return fmt.Errorf("%w: %w", connectors.ErrBadPrefillAnswer, u)
-	case errors.Is(err, ErrPrefillTimeout), errors.Is(err, context.DeadlineExceeded) || upstream.IsTimeout(err):
-		return fmt.Errorf("%w: %w", ErrPrefillTimeout, u)
+	case errors.Is(err, split.ErrPrefillTimeout), errors.Is(err, context.DeadlineExceeded) || upstream.IsTimeout(err):
+		return fmt.Errorf("%w: %w", split.ErrPrefillTimeout, u)
 	}
 	return fmt.Errorf("%w: %w", ErrPrefillUnreachable, u)
 }

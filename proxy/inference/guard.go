@@ -33,7 +33,6 @@ var (
 	ErrMalformed = errors.New("malformed request")
 )
 
-
 // newGuard returns the guard of cfg, whose request bodies are at most
 // maxBody bytes (--max-request-body-bytes), counted in m, its circuit
 // breakers told the outcomes of prefills by breakerResult.
@@ -53,7 +52,7 @@ func breakerResult(err error) circuit.Result {
 		return circuit.Neutral
 	case errors.Is(err, ErrPrefillUnreachable):
 		return circuit.Unreachable // a connect probe can tell when it ends
-	case errors.Is(err, ErrPrefillTimeout), errors.Is(err, ErrPrefillServerError):
+	case errors.Is(err, split.ErrPrefillTimeout), errors.Is(err, ErrPrefillServerError):
 		return circuit.Failure
 	}
 	return circuit.Success

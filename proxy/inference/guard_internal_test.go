@@ -8,12 +8,13 @@ import (
 
 	"github.com/pd-sidecar/pd-sidecar/circuit"
 	"github.com/pd-sidecar/pd-sidecar/failure"
+	"github.com/pd-sidecar/pd-sidecar/proxy/split"
 )
 
 func TestClassifyGuards(t *testing.T) {
 	assert.Equal(t, outcome{Status: 403}, Classify(fmt.Errorf("%w: x", ErrPrefillerDenied)))
 	assert.Equal(t, outcome{Status: 503, reason: failure.ReasonCircuitOpen}, Classify(fmt.Errorf("%w: x", ErrCircuitOpen)))
-	assert.Equal(t, circuit.Failure, breakerResult(fmt.Errorf("%w: x", ErrPrefillTimeout)))
+	assert.Equal(t, circuit.Failure, breakerResult(fmt.Errorf("%w: x", split.ErrPrefillTimeout)))
 	assert.Equal(t, circuit.Unreachable, breakerResult(fmt.Errorf("%w: x", ErrPrefillUnreachable)))
 	assert.Equal(t, circuit.Failure, breakerResult(fmt.Errorf("%w: x", ErrPrefillServerError)))
 	assert.Equal(t, circuit.Neutral, breakerResult(ErrClientGone))

@@ -114,10 +114,10 @@ func (r *Request) serveLocal() {
 }
 
 // tpGuard refuses a handoff from a prefiller of a larger tensor-parallel
-// size than --decode-tp-size (ErrTPMismatch).
+// size than --decode-tp-size (split.ErrTPMismatch).
 func (p *Proxy) tpGuard(h connectors.Handoff) error {
 	if t := p.Cfg.DecodeTPSize; t > 0 && h.TPSize > t {
-		return fmt.Errorf("%w: prefill tp_size %d > %d", ErrTPMismatch, h.TPSize, t)
+		return fmt.Errorf("%w: prefill tp_size %d > %d", split.ErrTPMismatch, h.TPSize, t)
 	}
 	return nil
 }

@@ -14,7 +14,9 @@ import (
 	"github.com/pd-sidecar/pd-sidecar/connectors"
 	"github.com/pd-sidecar/pd-sidecar/failure"
 	"github.com/pd-sidecar/pd-sidecar/kvtransfer"
+	"github.com/pd-sidecar/pd-sidecar/proxy/dprank"
 	"github.com/pd-sidecar/pd-sidecar/proxy/kvpull"
+	"github.com/pd-sidecar/pd-sidecar/proxy/split"
 	"github.com/pd-sidecar/pd-sidecar/proxy/sse"
 	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"
 )
@@ -28,14 +30,14 @@ func TestClassify(t *testing.T) {
 	}{
 		{ErrClientGone, 499, "", false},
 		{fmt.Errorf("%w: x", ErrPrefillUnreachable), 502, failure.ReasonUnreachable, true},
-		{fmt.Errorf("%w: x", ErrPrefillTimeout), 504, failure.ReasonTimeout, false},
+		{fmt.Errorf("%w: x", split.ErrPrefillTimeout), 504, failure.ReasonTimeout, false},
 		{ErrPrefillOverloaded, 429, failure.ReasonOverloaded, true},
 		{fmt.Errorf("%w: status 503", ErrPrefillServerError), 502, failure.ReasonServerError, true},
 		{&Rejected{Status: 404}, 400, "", false},
 		{connectors.ErrNoKVParams, 502, failure.ReasonNoKVParams, false},
 		{connectors.ErrInvalidKVParams, 502, failure.ReasonInvalidParams, false},
 		{connectors.ErrBadPrefillAnswer, 502, failure.ReasonBadAnswer, false},
-		{ErrTPMismatch, 502, failure.ReasonTPMismatch, false},
+		{split.ErrTPMismatch, 502, failure.ReasonTPMismatch, false},
 		{ErrBadPrefiller, 400, failure.ReasonBadPrefiller, false},
 		{ErrKVLoadFailed, 500, failure.ReasonKVLoadFailed, false},
 		{ErrEOSStream, 502, failure.ReasonEOSUnsupported, false},
@@ -45,14 +47,14 @@ func TestClassify(t *testing.T) {
 		{fmt.Errorf("%w: refused", ErrDecodeUnavailable), 503, "", false},
 		{fmt.Errorf("%w: reset", ErrDecodeFailed), 502, "", false},
 		{fmt.Errorf("%w: %w", ErrBadRequest, connectors.ErrBadBody), 400, "", false},
-		{fmt.Errorf("%w: \"a:1\"", ErrUnknownRank), 400, "", false},
+		{fmt.Errorf("%w: \"a:1\"", dprank.ErrUnknown), 400, "", false},
 		// An error carries the outcome of the outermost error in it that
 		// has one, unless one of higher precedence stands anywhere in it.
-		{fmt.Errorf("%w after 2s (after %w)", ErrPrefillTimeout, fmt.Errorf("%w: status 503", ErrPrefillServerError)), 504, failure.ReasonTimeout, false},
+		{fmt.Errorf("%w after 2s (after %w)", split.ErrPrefillTimeout, fmt.Errorf("%w: status 503", ErrPrefillServerError)), 504, failure.ReasonTimeout, false},
 		{fmt.Errorf("%w for item 0: %w", ErrEncoderFailed, fmt.Errorf("%w: %w", ErrBadRequest, connectors.ErrBadBody)), 400, "", false},
 		{fmt.Errorf("%w for item 0: reset", ErrEncoderFailed), 502, "", false},
 		{fmt.Errorf("%w: sidecar pull: %w", ErrKVLoadFailed, &upstream.UpstreamError{Role: upstream.RoleKVAgent, Err: fmt.Errorf("%w: %w", kvpull.ErrAlloc, upstream.ErrBufferBudget)}), 503, failure.ReasonBufferBudget, false},
-		{fmt.Errorf("%w: %w", ErrPrefillTimeout, ErrClientGone), 499, "", false},
+		{fmt.Errorf("%w: %w", split.ErrPrefillTimeout, ErrClientGone), 499, "", false},
 		{fmt.Errorf("%w (%w)", ErrPrefillUnreachable, fmt.Errorf("%w: x", ErrCircuitOpen)), 503, failure.ReasonCircuitOpen, false},
 		{fmt.Errorf("%w: %w", ErrCircuitOpen, fmt.Errorf("%w: x", ErrPrefillerDenied)), 403, "", false},
 		{fmt.Errorf("%w: %w after 1s", ErrDecodeTimeout, upstream.ErrFirstByteTimeout), 504, "", false},

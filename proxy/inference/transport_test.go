@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"github.com/valyala/fasthttp"
 
+	"github.com/pd-sidecar/pd-sidecar/proxy/split"
 	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"
 )
 
@@ -41,10 +42,10 @@ func TestTransportDeadline(t *testing.T) {
 	defer srv.Close()
 	defer close(end)
 	addr := srv.Listener.Addr().String()
-	ctx, cancel := context.WithTimeoutCause(context.Background(), 100*time.Millisecond, ErrPrefillTimeout)
+	ctx, cancel := context.WithTimeoutCause(context.Background(), 100*time.Millisecond, split.ErrPrefillTimeout)
 	defer cancel()
 	_, err := upstream.NewTransport(time.Second, 8, 8).Do(ctx, addr, newReq(addr, "/"), fasthttp.AcquireResponse())
-	assert.ErrorIs(t, PrefillTransportErr(err), ErrPrefillTimeout)
+	assert.ErrorIs(t, PrefillTransportErr(err), split.ErrPrefillTimeout)
 }
 
 // TestTransportRefusedIsDecodeUnavailable: a refused dial is an upstream.LegError of

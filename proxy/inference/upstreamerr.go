@@ -4,6 +4,7 @@ import (
 	"errors"
 	"io"
 
+	"github.com/pd-sidecar/pd-sidecar/proxy/split"
 	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"
 )
 
@@ -43,7 +44,7 @@ func reasonOf(err error) string {
 		return "answer refused: an SSE event longer than --max-sse-event-bytes"
 	case errors.Is(err, upstream.ErrBufferBudget):
 		return upstream.ReasonOf(err)
-	case errors.Is(err, ErrPrefillTimeout):
+	case errors.Is(err, split.ErrPrefillTimeout):
 		return "timed out"
 	}
 	return upstream.ReasonOf(err)

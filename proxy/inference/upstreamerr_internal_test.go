@@ -14,6 +14,7 @@ import (
 
 	"github.com/pd-sidecar/pd-sidecar/connectors"
 	"github.com/pd-sidecar/pd-sidecar/failure"
+	"github.com/pd-sidecar/pd-sidecar/proxy/split"
 	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"
 )
 
@@ -94,9 +95,9 @@ func TestReasonOf(t *testing.T) {
 	}
 	assert.ErrorIs(t, DecodeTransportErr(&upstream.LegError{Addr: "a:1", Op: "dial", Err: syscall.ECONNREFUSED}), ErrDecodeUnavailable)
 	assert.ErrorIs(t, PrefillTransportErr(&upstream.LegError{Addr: "a:1", Op: "dial", Err: syscall.ECONNREFUSED}), ErrPrefillUnreachable)
-	timedOut := PrefillTransportErr(fmt.Errorf("%w (after %w)", ErrPrefillTimeout,
+	timedOut := PrefillTransportErr(fmt.Errorf("%w (after %w)", split.ErrPrefillTimeout,
 		PrefillTransportErr(&upstream.LegError{Addr: "a:1", Op: "dial", Err: syscall.ECONNREFUSED})))
-	assert.ErrorIs(t, timedOut, ErrPrefillTimeout)
+	assert.ErrorIs(t, timedOut, split.ErrPrefillTimeout)
 	assert.Equal(t, "prefill timed out (after prefiller unreachable: prefiller: connection refused)", timedOut.Error(),
 		"named once")
 	tooLong := PrefillTransportErr(&upstream.LegError{Addr: "a:1", Op: "read", Err: upstream.ErrAnswerTooLarge})

@@ -3,13 +3,16 @@ package split
 import (
 	"errors"
 	"fmt"
+	"net/http"
 	"time"
+
+	"github.com/pd-sidecar/pd-sidecar/failure"
 )
 
 // ErrKVWaitTimeout: the prefill leg had no outcome, and the decode leg no
 // output, within the KV-wait bound of a paired split (MoRI-IO's
 // --moriio-parallel-decode-wait-timeout).
-var ErrKVWaitTimeout = errors.New("prefill did not complete within the MoRI-IO parallel-dispatch KV-wait timeout")
+var ErrKVWaitTimeout error = failure.New("prefill did not complete within the MoRI-IO parallel-dispatch KV-wait timeout", failure.Outcome{Status: http.StatusGatewayTimeout, Reason: failure.ReasonKVWaitTimeout})
 
 // ErrAbandoned is the outcome reported to the breaker of a prefill leg
 // cancelled because the request no longer needed it (its decode failed,

@@ -3,6 +3,7 @@ package split
 import (
 	"errors"
 	"fmt"
+	"net/http"
 	"time"
 
 	"github.com/pd-sidecar/pd-sidecar/connectors"
@@ -13,9 +14,9 @@ import (
 var (
 	// ErrPrefillTimeout: the prefill leg did not answer within
 	// --prefill-timeout (all attempts included).
-	ErrPrefillTimeout = errors.New("prefill timed out")
+	ErrPrefillTimeout error = failure.New("prefill timed out", failure.Outcome{Status: http.StatusGatewayTimeout, Reason: failure.ReasonTimeout})
 	// ErrTPMismatch: the prefiller's tp_size exceeds --decode-tp-size.
-	ErrTPMismatch = errors.New("prefill tp_size larger than decode tp size")
+	ErrTPMismatch error = failure.New("prefill tp_size larger than decode tp size", failure.Outcome{Status: http.StatusBadGateway, Reason: failure.ReasonTPMismatch})
 	// ErrHedgeLost is the cause a hedge's losing leg is abandoned with.
 	ErrHedgeLost = errors.New("hedge lost: the other leg was ready first")
 )
