@@ -1,6 +1,7 @@
 // Package failure says what the sidecar does about a failure: the status
-// it answers with, the reason it falls back to a local prefill for, and
-// whether a prefill is worth another attempt. An error carries its outcome
+// it answers with (and whether the answer says Retry-After), the reason it
+// falls back to a local prefill for, and whether a prefill is worth
+// another attempt. An error carries its outcome
 // itself (an *Error, made where the failure is defined), so the one
 // classifier, Of, knows no feature: it reads the outcome off the error.
 package failure
@@ -17,6 +18,9 @@ type Outcome struct {
 	Reason string
 	// Retry marks a prefill failure worth another attempt.
 	Retry bool
+	// RetryAfter: the answer says Retry-After: 1 (a refusal for want of
+	// room, which a client may try again shortly).
+	RetryAfter bool
 	// Precedence orders outcomes found in one error: the highest wins
 	// wherever it stands (a client that left, the sidecar's own refusals);
 	// among equals, the outermost, which the code that knew most about the

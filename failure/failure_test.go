@@ -14,7 +14,7 @@ var (
 	errGone    = failure.New("gone", failure.Outcome{Status: 499, Precedence: failure.PrecedenceClientGone})
 	errDenied  = failure.New("denied", failure.Outcome{Status: 403, Precedence: failure.PrecedenceDenied})
 	errOpen    = failure.New("open", failure.Outcome{Status: 503, Reason: failure.ReasonCircuitOpen, Precedence: failure.PrecedenceCircuitOpen})
-	errBudget  = failure.New("budget", failure.Outcome{Status: 503, Reason: failure.ReasonBufferBudget, Precedence: failure.PrecedenceBufferBudget})
+	errBudget  = failure.New("budget", failure.Outcome{Status: 503, Reason: failure.ReasonBufferBudget, RetryAfter: true, Precedence: failure.PrecedenceBufferBudget})
 	errTimeout = failure.New("timeout", failure.Outcome{Status: 504, Reason: failure.ReasonTimeout})
 	errServer  = failure.New("5xx", failure.Outcome{Status: 502, Reason: failure.ReasonServerError, Retry: true})
 	errPlain   = errors.New("plain")

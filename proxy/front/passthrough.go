@@ -12,6 +12,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/pd-sidecar/pd-sidecar/connectors"
+	"github.com/pd-sidecar/pd-sidecar/failure"
 	"github.com/pd-sidecar/pd-sidecar/metrics"
 	"github.com/pd-sidecar/pd-sidecar/proxy/clientconn"
 	"github.com/pd-sidecar/pd-sidecar/proxy/inference"
@@ -64,7 +65,7 @@ func passthrough(p *inference.Proxy, rc *fasthttp.RequestCtx, local string) {
 			rc.SetConnectionClose()
 		}
 		cancel(context.Canceled)
-		st := inference.Classify(err).Status
+		st := failure.Of(err).Status
 		p.Log.Warn().Err(err).Str("path", string(rc.Path())).Str("request_id", logvalue.Cut(string(rc.Request.Header.Peek(inference.HeaderRequestID)))).
 			Int("status", st).Msg("passthrough refused")
 		rc.SetStatusCode(st)
@@ -96,7 +97,7 @@ func passthrough(p *inference.Proxy, rc *fasthttp.RequestCtx, local string) {
 			return
 		}
 		err = inference.DecodeTransportErr(err)
-		st := inference.Classify(err).Status
+		st := failure.Of(err).Status
 		upstream.WithUpstream(p.Log.Error().Err(err), err).Str("path", string(rc.Path())).Msg("passthrough failed")
 		rc.SetStatusCode(st)
 		rc.SetContentType("application/json")
@@ -122,7 +123,7 @@ func passthrough(p *inference.Proxy, rc *fasthttp.RequestCtx, local string) {
 		}
 		if err != nil {
 			err = inference.DecodeTransportErr(&upstream.LegError{Addr: local, Op: "read", Err: err})
-			st := inference.Classify(err).Status
+			st := failure.Of(err).Status
 			upstream.WithUpstream(p.Log.Error().Err(err), err).Str("path", string(rc.Path())).Msg("passthrough failed")
 			rc.Response.Reset()
 			rc.SetStatusCode(st)

@@ -69,7 +69,7 @@ func TestCheckHandoffAddrs(t *testing.T) {
 				return
 			}
 			require.ErrorIs(t, err, connectors.ErrInvalidKVParams)
-			assert.Equal(t, failure.ReasonInvalidParams, Classify(err).reason, "a local fallback")
+			assert.Equal(t, failure.ReasonInvalidParams, failure.Of(err).Reason, "a local fallback")
 			assert.NotContains(t, err.Error(), tc.addrs[len(tc.addrs)-1].Host, "the address is not quoted")
 		})
 	}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/pd-sidecar/pd-sidecar/connectors"
 	"github.com/pd-sidecar/pd-sidecar/connectors/nixlv2"
+	"github.com/pd-sidecar/pd-sidecar/failure"
 	"github.com/pd-sidecar/pd-sidecar/metrics"
 	"github.com/pd-sidecar/pd-sidecar/proxy/encoder"
 )
@@ -29,7 +30,7 @@ func TestEncoderErrorsClassified(t *testing.T) {
 		{fmt.Errorf("%w for item 1: %w", ErrEncoderFailed, ErrEncoderTimeout), 502},
 		{fmt.Errorf("%w for item 0: %w", ErrEncoderFailed, fmt.Errorf("%w: %w", ErrBadRequest, connectors.ErrBadBody)), 400},
 	} {
-		assert.Equal(t, tc.status, Classify(tc.err).Status, "%v", tc.err)
+		assert.Equal(t, tc.status, failure.Of(tc.err).Status, "%v", tc.err)
 	}
 }
 

@@ -14,8 +14,9 @@ import (
 )
 
 // Sentinel errors of the request path. Every failure is wrapped around one
-// of these and mapped to a status, a fallback reason and a log message by
-// classify, the one place that decides.
+// of these, or another package's sentinel, and mapped to a status, a
+// fallback reason and a log message by the outcome it carries (failure.Of,
+// the one place that decides).
 var (
 	// ErrClientGone: the client closed its connection; upstream legs are
 	// cancelled.
@@ -44,7 +45,7 @@ var (
 	// within --decode-first-byte-timeout.
 	ErrDecodeTimeout error = failure.New("decode engine did not start answering within --decode-first-byte-timeout", failure.Outcome{Status: http.StatusGatewayTimeout})
 	// ErrDecodeFailed: another transport failure talking to the local engine.
-	ErrDecodeFailed = errors.New("decode engine failed")
+	ErrDecodeFailed error = failure.New("decode engine failed", failure.Outcome{Status: http.StatusBadGateway})
 	// ErrKVLoadFailed: the decode engine reported that loading the remote
 	// KV failed before any token reached the client.
 	ErrKVLoadFailed error = failure.New("decode engine failed to load remote KV", failure.Outcome{Status: http.StatusInternalServerError, Reason: failure.ReasonKVLoadFailed})
@@ -54,31 +55,10 @@ var (
 	ErrBadRequest error = failure.New("bad request body", failure.Outcome{Status: http.StatusBadRequest})
 )
 
-// outcome is what the proxy does about an error.
-type outcome struct {
-	// Status is the HTTP status to answer with when not falling back.
-	Status int
-	// reason is the fallback reason label ("" when the error is no reason
-	// to fall back to local prefill).
-	reason string
-	// retry marks prefill errors worth another attempt.
-	retry bool
-	// RetryAfter: the answer says Retry-After (a refusal for want of
-	// buffer room; set by request.failure).
-	RetryAfter bool
-}
-
-// Classify maps every request-path error to what happens next: the
-// outcome its errors carry (failure.Of).
-func Classify(err error) outcome {
-	o := failure.Of(err)
-	return outcome{Status: o.Status, reason: o.Reason, retry: o.Retry}
-}
-
-// PrefillTransportErr names a failed prefill exchange: the sentinel
-// classify maps (the fallback reason) around an upstream.UpstreamError of the
-// prefiller (or of the role err names already: its bootstrap server). An
-// error named so already is returned as it is.
+// PrefillTransportErr names a failed prefill exchange: the sentinel whose
+// outcome says the fallback reason, around an upstream.UpstreamError of
+// the prefiller (or of the role err names already: its bootstrap server).
+// An error named so already is returned as it is.
 func PrefillTransportErr(err error) error {
 	var ue *upstream.UpstreamError
 	named := errors.As(err, &ue)
@@ -102,8 +82,8 @@ func PrefillTransportErr(err error) error {
 }
 
 // DecodeTransportErr names a failed exchange with the local engine: the
-// sentinel classify maps (the status) around an upstream.UpstreamError of the local
-// engine. An error named so already is returned as it is.
+// sentinel whose outcome says the status, around an
+// upstream.UpstreamError of the local engine. An error named so already is returned as it is.
 func DecodeTransportErr(err error) error {
 	var ue *upstream.UpstreamError
 	named := errors.As(err, &ue)

@@ -2,16 +2,18 @@ package inference
 
 import (
 	"errors"
+	"net/http"
 
 	"github.com/rs/zerolog"
 
 	"github.com/pd-sidecar/pd-sidecar/circuit"
+	"github.com/pd-sidecar/pd-sidecar/failure"
 	"github.com/pd-sidecar/pd-sidecar/metrics"
 	"github.com/pd-sidecar/pd-sidecar/proxy/guard"
 	"github.com/pd-sidecar/pd-sidecar/proxy/split"
 )
 
-// Sentinel errors of the request guards (mapped in classify; those of a
+// Sentinel errors of the request guards (each with its outcome; those of a
 // prefiller refused are the guard's verdicts).
 var (
 	// ErrPrefillerDenied: SSRF protection is on and the named prefiller is
@@ -21,8 +23,8 @@ var (
 	// cool-down; the request goes straight to local prefill.
 	ErrCircuitOpen = guard.ErrCircuitOpen
 	// ErrOverloaded: --max-concurrent-requests inference requests are in
-	// flight (503).
-	ErrOverloaded = errors.New("too many concurrent requests")
+	// flight (503, with Retry-After).
+	ErrOverloaded error = failure.New("too many concurrent requests", failure.Outcome{Status: http.StatusServiceUnavailable, RetryAfter: true})
 	// ErrBodyTooLarge: the request body exceeds --max-request-body-bytes (413).
 	ErrBodyTooLarge = errors.New("request body too large")
 	// ErrHeadersTooLarge: the request head exceeds --max-header-bytes (431).

@@ -12,8 +12,8 @@ import (
 )
 
 func TestClassifyGuards(t *testing.T) {
-	assert.Equal(t, outcome{Status: 403}, Classify(fmt.Errorf("%w: x", ErrPrefillerDenied)))
-	assert.Equal(t, outcome{Status: 503, reason: failure.ReasonCircuitOpen}, Classify(fmt.Errorf("%w: x", ErrCircuitOpen)))
+	assert.Equal(t, failure.Outcome{Status: 403, Precedence: failure.PrecedenceDenied}, failure.Of(fmt.Errorf("%w: x", ErrPrefillerDenied)))
+	assert.Equal(t, failure.Outcome{Status: 503, Reason: failure.ReasonCircuitOpen, Precedence: failure.PrecedenceCircuitOpen}, failure.Of(fmt.Errorf("%w: x", ErrCircuitOpen)))
 	assert.Equal(t, circuit.Failure, breakerResult(fmt.Errorf("%w: x", split.ErrPrefillTimeout)))
 	assert.Equal(t, circuit.Unreachable, breakerResult(fmt.Errorf("%w: x", ErrPrefillUnreachable)))
 	assert.Equal(t, circuit.Failure, breakerResult(fmt.Errorf("%w: x", ErrPrefillServerError)))

@@ -8,6 +8,7 @@ import (
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/pd-sidecar/pd-sidecar/failure"
 	"github.com/pd-sidecar/pd-sidecar/metrics"
 	"github.com/pd-sidecar/pd-sidecar/proxy/observe"
 )
@@ -97,7 +98,7 @@ type Extras struct {
 
 // failureReason is the fallback reason of err, which a failed prefill
 // leg's span carries.
-func failureReason(err error) string { return Classify(err).reason }
+func failureReason(err error) string { return failure.Of(err).Reason }
 
 // traceStart opens the request span, child of the client's trace context.
 func (r *Request) traceStart(h *fasthttp.RequestHeader) {

@@ -25,7 +25,7 @@ func TestSentinelOutcomes(t *testing.T) {
 		err  error
 		want failure.Outcome
 	}{
-		{upstream.ErrBufferBudget, failure.Outcome{Status: http.StatusServiceUnavailable, Reason: failure.ReasonBufferBudget, Precedence: failure.PrecedenceBufferBudget}},
+		{upstream.ErrBufferBudget, failure.Outcome{Status: http.StatusServiceUnavailable, Reason: failure.ReasonBufferBudget, RetryAfter: true, Precedence: failure.PrecedenceBufferBudget}},
 		{split.ErrPrefillTimeout, failure.Outcome{Status: http.StatusGatewayTimeout, Reason: failure.ReasonTimeout}},
 		{split.ErrKVWaitTimeout, failure.Outcome{Status: http.StatusGatewayTimeout, Reason: failure.ReasonKVWaitTimeout}},
 		{split.ErrTPMismatch, failure.Outcome{Status: http.StatusBadGateway, Reason: failure.ReasonTPMismatch}},
@@ -49,4 +49,13 @@ func TestSentinelOutcomes(t *testing.T) {
 			assert.Equal(t, tt.want, failure.Of(fmt.Errorf("%w: %w", tt.err, errors.New("cause"))), "around an error with none")
 		})
 	}
+}
+
+// The request path's refusals for want of room say Retry-After; a failed
+// decode is a 502, as an error with no outcome is.
+func TestRequestPathOutcomes(t *testing.T) {
+	assert.Equal(t, failure.Outcome{Status: http.StatusServiceUnavailable, RetryAfter: true}, failure.Of(fmt.Errorf("%w (x)", ErrOverloaded)))
+	assert.Equal(t, failure.Default, failure.Of(fmt.Errorf("%w: x", ErrDecodeFailed)))
+	assert.True(t, failure.Of(fmt.Errorf("%w: %w", ErrPrefillServerError, upstream.ErrBufferBudget)).RetryAfter, "the budget's refusal wins")
+	assert.False(t, failure.Of(fmt.Errorf("%w: %w", upstream.ErrBufferBudget, ErrClientGone)).RetryAfter, "a client gone wins")
 }

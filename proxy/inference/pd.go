@@ -137,11 +137,11 @@ func (r *Request) fallback(cause error) {
 // (that --prefill-fallback allows), and then counts and logs it: the
 // request is a fallback from here.
 func (r *Request) Degrade(cause error) bool {
-	o := Classify(cause)
-	if o.reason == "" || !r.P.Cfg.PrefillFallback {
+	o := failure.Of(cause)
+	if o.Reason == "" || !r.P.Cfg.PrefillFallback {
 		return false
 	}
-	r.Degraded(o.reason, cause)
+	r.Degraded(o.Reason, cause)
 	return true
 }
 
@@ -214,14 +214,13 @@ func (r *Request) LeftBeforeAnswer(err error) {
 }
 
 // Failure classifies and logs err, which the client is answered with.
-func (r *Request) Failure(err error) outcome {
-	o := Classify(err)
+func (r *Request) Failure(err error) failure.Outcome {
+	o := failure.Of(err)
 	upstream.WithUpstream(r.LogAt(zerolog.ErrorLevel).Err(err), err).Int("status", o.Status).Msg("request failed")
 	if errors.Is(err, upstream.ErrBufferBudget) {
 		// Refused for want of buffer room, as a request body is: counted
-		// with those, answered 503 with Retry-After.
+		// with those.
 		r.P.M.Guards.Rejected.WithLabelValues(metrics.RejectBufferedBytes).Inc()
-		o.RetryAfter = true
 	}
 	return o
 }
@@ -608,26 +607,36 @@ func (p *Proxy) SplitConfig() split.Config {
 }
 
 // SplitJudge is what a failure means to a split: the proxy's one
-// classifier (classify), and whether it is a prefiller's rejection.
+// classifier (failure.Of), and whether it is a prefiller's rejection.
 func SplitJudge(err error) split.Verdict {
-	o := Classify(err)
+	o := failure.Of(err)
 	var rej *Rejected
-	return split.Verdict{Reason: o.reason, Retry: o.retry, Rejected: errors.As(err, &rej), Plain: errors.Is(err, ErrPrefillWithHistory)}
+	return split.Verdict{Reason: o.Reason, Retry: o.Retry, Rejected: errors.As(err, &rej), Plain: errors.Is(err, ErrPrefillWithHistory)}
 }
 
-// overloaded answers 503 when --max-concurrent-requests are in flight.
+// overloaded answers ErrOverloaded's outcome (503, with Retry-After) when
+// --max-concurrent-requests are in flight.
 func (p *Proxy) overloaded(rc *fasthttp.RequestCtx) {
-	p.Reject(rc, metrics.RejectOverloaded, fasthttp.StatusServiceUnavailable,
+	p.refuse(rc, metrics.RejectOverloaded,
 		fmt.Errorf("%w (--max-concurrent-requests %d)", ErrOverloaded, p.Cfg.Guard.MaxConcurrentRequests))
-	rc.Response.Header.Set("Retry-After", "1")
 }
 
-// bufferFull answers a request whose body the budget refused: 503, with
-// Retry-After, counted as buffered_bytes.
+// bufferFull answers a request whose body the budget refused with
+// upstream.ErrBufferBudget's outcome (503, with Retry-After), counted as
+// buffered_bytes.
 func (p *Proxy) bufferFull(rc *fasthttp.RequestCtx) {
-	p.Reject(rc, metrics.RejectBufferedBytes, fasthttp.StatusServiceUnavailable,
+	p.refuse(rc, metrics.RejectBufferedBytes,
 		fmt.Errorf("%w (--max-buffered-bytes %d)", upstream.ErrBufferBudget, p.Cfg.Guard.MaxBufferedBytes))
-	rc.Response.Header.Set("Retry-After", "1")
+}
+
+// refuse rejects a request (Reject) with the outcome of err: its status,
+// and Retry-After where the outcome says so.
+func (p *Proxy) refuse(rc *fasthttp.RequestCtx, reason string, err error) {
+	o := failure.Of(err)
+	p.Reject(rc, reason, o.Status, err)
+	if o.RetryAfter {
+		rc.Response.Header.Set("Retry-After", "1")
+	}
 }
 
 // reject answers a request refused before any upstream leg, counted by
@@ -675,7 +684,7 @@ func (p *Proxy) ServerError(rc *fasthttp.RequestCtx, err error) {
 
 // pickAllowed chooses the prefiller from the header value and, with SSRF
 // protection on, checks it against the allowlist (guard.AdmitPrefiller); a
-// denied one is counted and answered 403 by the caller (classify).
+// denied one is counted and answered 403 by the caller (its outcome).
 func (p *Proxy) pickAllowed(hv []byte) (string, error) {
 	hp, err := pickPrefiller(hv, p.Cfg.PrefillerSampling)
 	if err != nil {

@@ -344,13 +344,13 @@ func (p *Proxy) ChunkDeps() chunked.Deps {
 }
 
 // chunkErrorBody is the sidecar's error object answering err: a failed
-// chunk's with its status, another with the status Classify gives it.
+// chunk's with its status, another with the status of its outcome.
 func chunkErrorBody(err error) []byte {
 	var cf *chunked.Failed
 	if errors.As(err, &cf) {
 		return ErrorBody(cf.Status, err)
 	}
-	return ErrorBody(Classify(err).Status, err)
+	return ErrorBody(failure.Of(err).Status, err)
 }
 
 // pinsSplitRank reports whether the sidecar sets x-data-parallel-rank on

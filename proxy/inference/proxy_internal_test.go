@@ -64,10 +64,10 @@ func TestClassify(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.err.Error(), func(t *testing.T) {
-			o := Classify(tt.err)
+			o := failure.Of(tt.err)
 			assert.Equal(t, tt.status, o.Status)
-			assert.Equal(t, tt.reason, o.reason)
-			assert.Equal(t, tt.retry, o.retry)
+			assert.Equal(t, tt.reason, o.Reason)
+			assert.Equal(t, tt.retry, o.Retry)
 		})
 	}
 }

@@ -11,7 +11,7 @@ import (
 // Every failed exchange reaches the request path as an
 // upstream.UpstreamError, made where the role is known
 // (prefillTransportErr, decodeTransportErr, the bootstrap query, an
-// encoder leg, a KV engine call), wrapped by the sentinel classify maps
+// encoder leg, a KV engine call), wrapped by the sentinel whose outcome counts
 // (ErrDecodeFailed, ErrPrefillUnreachable...); a parser's error is already
 // fixed words (upstream.BadAnswer, and the lane's rawhttp.Answer). The text of
 // the chain is then fixed words all the way down, and clientMessage, which

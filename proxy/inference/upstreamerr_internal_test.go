@@ -59,14 +59,14 @@ func TestUpstreamErrorsSayNoBytes(t *testing.T) {
 					{DecodeTransportErr(leg), upstream.RoleEngine, 502, ""},
 					{PrefillTransportErr(leg), upstream.RolePrefiller, 502, failure.ReasonBadAnswer},
 				} {
-					body := string(ErrorBody(Classify(e.err).Status, e.err))
+					body := string(ErrorBody(failure.Of(e.err).Status, e.err))
 					assert.NotContains(t, body, "SECRET")
 					assert.NotContains(t, body, "10.9.9.9", "the upstream's address")
 					assert.Contains(t, body, string(e.role)+": answer refused: ", body)
 					assert.NotContains(t, e.err.Error(), "SECRET", "the log line's text")
 					assert.Equal(t, addr, upstream.UpstreamAddr(e.err), "the log line's upstream field")
-					assert.Equal(t, e.status, Classify(e.err).Status)
-					assert.Equal(t, e.reason, Classify(e.err).reason)
+					assert.Equal(t, e.status, failure.Of(e.err).Status)
+					assert.Equal(t, e.reason, failure.Of(e.err).Reason)
 				}
 			})
 		}
@@ -102,5 +102,5 @@ func TestReasonOf(t *testing.T) {
 		"named once")
 	tooLong := PrefillTransportErr(&upstream.LegError{Addr: "a:1", Op: "read", Err: upstream.ErrAnswerTooLarge})
 	assert.ErrorIs(t, tooLong, connectors.ErrBadPrefillAnswer)
-	assert.Equal(t, failure.ReasonBadAnswer, Classify(tooLong).reason)
+	assert.Equal(t, failure.ReasonBadAnswer, failure.Of(tooLong).Reason)
 }

@@ -11,11 +11,11 @@ import (
 
 // ErrBufferBudget: buffering a request body, or an answer read whole,
 // would take the bytes buffered by all connections together past
-// --max-buffered-bytes (the client is answered 503; a prefill answer
-// refused is a fallback to a local prefill).
+// --max-buffered-bytes (the client is answered 503 with Retry-After; a
+// prefill answer refused is a fallback to a local prefill).
 // Its outcome wins over those of an upstream's failures it is found with:
 // the upstream may be fine, the refusal is the sidecar's.
-var ErrBufferBudget error = failure.New("too many bytes buffered", failure.Outcome{Status: http.StatusServiceUnavailable, Reason: failure.ReasonBufferBudget, Precedence: failure.PrecedenceBufferBudget})
+var ErrBufferBudget error = failure.New("too many bytes buffered", failure.Outcome{Status: http.StatusServiceUnavailable, Reason: failure.ReasonBufferBudget, RetryAfter: true, Precedence: failure.PrecedenceBufferBudget})
 
 // Budget bounds the bytes the sidecar buffers at once, all connections
 // together (--max-buffered-bytes): request bodies read whole before they
