@@ -22,8 +22,8 @@ const (
 	// AnswerWhole: answer Status with ContentType and Body (an event
 	// stream whole is answered no-cache); the decode is over.
 	AnswerWhole
-	// BeginStream: answer 200 with a no-cache event stream whose first
-	// bytes are Body (the first chunk's text); once they are on their way,
+	// BeginStream: answer Status with a no-cache event stream of
+	// ContentType whose first bytes are Body (the first chunk's text); once they are on their way,
 	// ask for more (Written). A client that has just left, so that nothing
 	// could be answered: StreamRefused.
 	BeginStream
@@ -143,7 +143,7 @@ func (m *Machine) Answered(a Answer) []Action {
 		// The stream carries the first chunk's text now and each further
 		// chunk's as it comes.
 		m.streaming = true
-		return []Action{{Op: BeginStream, Body: m.dec.OpenEvent(nil)}}
+		return []Action{{Op: BeginStream, Status: http.StatusOK, ContentType: "text/event-stream", Body: m.dec.OpenEvent(nil)}}
 	}
 	return m.next()
 }

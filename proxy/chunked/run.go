@@ -50,11 +50,11 @@ type Request interface {
 	// Answer writes the whole answer; an event stream is answered
 	// no-cache.
 	Answer(status int, contentType string, body []byte)
-	// Stream answers 200 with a no-cache event stream whose body is body:
-	// the server reads it, writing out each Read at once, and closes it
-	// once it is written or a write failed. False, with nothing answered,
-	// when the client has just left.
-	Stream(body io.ReadCloser) bool
+	// Stream answers status with a no-cache stream of contentType whose
+	// body is body: the server reads it, writing out each Read at once,
+	// and closes it once it is written or a write failed. False, with
+	// nothing answered, when the client has just left.
+	Stream(status int, contentType string, body io.ReadCloser) bool
 	// Watch watches the client connection while a chunk of a begun stream
 	// runs: a client that leaves cancels the chunk. stop ends the watch
 	// and reports whether it took the first byte of a pipelined request.
@@ -136,7 +136,7 @@ func Run(d Deps, req Request, j Job) error {
 				req.Answer(a.Status, a.ContentType, a.Body)
 				return nil
 			case BeginStream:
-				if !req.Stream(&stream{m: m, req: req, buf: a.Body}) {
+				if !req.Stream(a.Status, a.ContentType, &stream{m: m, req: req, buf: a.Body}) {
 					next = m.StreamRefused()
 					continue
 				}

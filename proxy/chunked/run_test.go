@@ -57,7 +57,7 @@ func (f *fakeRequest) Answer(status int, contentType string, body []byte) {
 	f.status, f.contentType, f.body = status, contentType, body
 }
 
-func (f *fakeRequest) Stream(body io.ReadCloser) bool {
+func (f *fakeRequest) Stream(status int, contentType string, body io.ReadCloser) bool {
 	if f.refuse {
 		return false
 	}

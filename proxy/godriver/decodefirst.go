@@ -135,7 +135,7 @@ func (d *goDecodeFirst) send() split.Event {
 			return split.Event{Kind: split.FirstLegFailed, Err: inference.DecodeTransportErr(err)}
 		}
 		d.a = a
-		if resp.StatusCode() == fasthttp.StatusOK && d.df.Declined(r.API, a.buf) {
+		if r.FirstAnswerDeclines(resp.StatusCode(), a.buf) {
 			return split.Event{Kind: split.FirstAnswerDeclined}
 		}
 		return split.Event{Kind: split.FirstAnswerReady}
@@ -159,7 +159,7 @@ func (d *goDecodeFirst) readSSE(a *firstAnswer) split.Event {
 		}
 		a.held = append(a.held, ev...)
 		data := sse.FirstData(ev)
-		if data != nil && d.df.Declined(r.API, data) {
+		if data != nil && r.FirstEventDeclines(data) {
 			d.a = a
 			return split.Event{Kind: split.FirstAnswerDeclined}
 		}

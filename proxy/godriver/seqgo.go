@@ -192,13 +192,13 @@ func (d *goSplit) exec(acts []split.Action) *split.Event {
 				d.answered = true
 			}
 		case split.AnswerPrefill:
-			ct, ans, err := r.PrefillAnswer(d.res)
+			st, ct, ans, err := r.PrefillAnswer(d.res)
 			if err != nil {
 				next = &split.Event{Kind: split.LegFailed, Err: err}
 				continue
 			}
 			d.answered = true
-			r.Answer(metrics.ModeDisaggregated, fasthttp.StatusOK, ct, ans)
+			r.Answer(metrics.ModeDisaggregated, st, ct, ans)
 		case split.PassOn:
 			d.answered = true
 			r.PassOn(a.Err)
@@ -446,8 +446,7 @@ func commitLocal(r *inference.Request, a *heldAnswer, cancel context.CancelCause
 	}
 	a.leg.Began()
 	r.CopyHead(a.resp)
-	r.P.M.Requests.WithLabelValues(r.Mode, inference.StatusLabel(a.resp.StatusCode())).Inc()
-	r.Obs.Status = a.resp.StatusCode()
+	r.StreamBegan(a.resp.StatusCode())
 	relay.StreamBody(r, relay.NewSSEBody(r, a.er, a.leg, a.held, false, func() {
 		a.er.Release()
 		a.leg.Close()

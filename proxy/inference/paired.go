@@ -244,6 +244,15 @@ func (s *Paired) Account(a split.Action, log *zerolog.Logger) bool {
 	return true
 }
 
+// Abandon ends a split whose legs were never sent (its request ended
+// while its Prepare step ran): the breaker's ticket, if still held, is
+// reported as no verdict on the prefiller.
+func (s *Paired) Abandon(log *zerolog.Logger) {
+	if s.Ticket != nil {
+		s.Account(split.Action{Op: split.BreakerDone, Err: split.ErrAbandoned}, log)
+	}
+}
+
 // randomRoom returns a random number in [0, 2^63).
 func randomRoom() uint64 {
 	var b [8]byte

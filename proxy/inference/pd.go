@@ -39,7 +39,7 @@ func (p *Proxy) ServeInference(rc *fasthttp.RequestCtx, local string, api connec
 	case RouteFail:
 		r.Fail(err)
 	case RouteFallback:
-		r.fallback(err)
+		r.refused(err)
 	case RouteLocal:
 		r.serveLocal()
 	default:
@@ -59,7 +59,7 @@ const (
 	// RouteSplit: split with the prefiller it names (Request.Prefiller).
 	RouteSplit
 	// RouteFallback: the prefiller it names is refused (not allowed, or
-	// malformed); the error is the reason to fall back (Request.Degrade).
+	// malformed); the error is the reason to fall back (split.Refused).
 	RouteFallback
 )
 
@@ -122,27 +122,25 @@ func (p *Proxy) tpGuard(h connectors.Handoff) error {
 	return nil
 }
 
-// fallback degrades the request to a local prefill with the original body,
-// counted and logged with its reason; or, with --prefill-fallback=false (or
-// a reason that is no degradation), answers the error.
-func (r *Request) fallback(cause error) {
-	if r.Gone() || !r.Degrade(cause) {
+// refused degrades a request whose named prefiller is refused to a local
+// prefill with the original body, counted and logged with its reason; or,
+// with --prefill-fallback=false (or a reason that is no degradation),
+// answers the error: the split's rule (split.Refused).
+func (r *Request) refused(cause error) {
+	if r.Gone() {
 		r.Fail(cause)
 		return
 	}
-	r.Fail(r.P.decoder(r, r.Body, false)) // chunked when --decode-chunk-tokens says so
-}
-
-// Degrade reports whether cause is a reason to degrade to a local prefill
-// (that --prefill-fallback allows), and then counts and logs it: the
-// request is a fallback from here.
-func (r *Request) Degrade(cause error) bool {
-	o := failure.Of(cause)
-	if o.Reason == "" || !r.P.Cfg.PrefillFallback {
-		return false
+	for _, a := range split.Refused(r.P.SplitConfig(), cause) {
+		switch a.Op {
+		case split.SendLocal:
+			r.Fail(r.P.decoder(r, r.Body, false)) // chunked when --decode-chunk-tokens says so
+		case split.Fail:
+			r.Fail(a.Err)
+		default:
+			r.Account(a, nil)
+		}
 	}
-	r.Degraded(o.Reason, cause)
-	return true
 }
 
 // Degraded counts and logs a request degraded to a local prefill for
@@ -262,20 +260,20 @@ func (r *Request) AnswerCounted(mode string, status int) {
 // the prefill's first token: the prefill's answer without its
 // kv_transfer_params, as a stream when the client streams (ErrEOSStream
 // for an API whose stream cannot be synthesised).
-func (r *Request) PrefillAnswer(res PrefillResult) (contentType string, body []byte, err error) {
+func (r *Request) PrefillAnswer(res PrefillResult) (status int, contentType string, body []byte, err error) {
 	r.LogAt(zerolog.InfoLevel).Msg("generation ended on the first token: answered from the prefill, no decode leg")
 	ans, err := connectors.EditObject(nil, res.body, []connectors.Edit{{Key: "kv_transfer_params", Delete: true}})
 	if err != nil {
 		ans = res.body
 	}
 	if !r.Stream {
-		return "application/json", ans, nil
+		return http.StatusOK, "application/json", ans, nil
 	}
 	sse, ok := connectors.AnswerAsSSE(nil, r.API, ans, r.Usage)
 	if !ok {
-		return "", nil, ErrEOSStream
+		return 0, "", nil, ErrEOSStream
 	}
-	return "text/event-stream", sse, nil
+	return http.StatusOK, "text/event-stream", sse, nil
 }
 
 // ErrEOSStream: generation ended on the prefill's first token but the
@@ -386,6 +384,16 @@ func ErrorBody(status int, err error) []byte {
 	return b
 }
 
+// StreamBegan counts the request's streamed answer, of status, as it
+// begins (its first output, or its first event, reaches the client).
+func (r *Request) StreamBegan(status int) {
+	r.P.M.Requests.WithLabelValues(r.Mode, StatusLabel(status)).Inc()
+	r.Obs.Status = status
+}
+
+// FailureBody is ErrorBody of err with the status of its outcome.
+func FailureBody(err error) []byte { return ErrorBody(failure.Of(err).Status, err) }
+
 // JSONAnswered records a JSON answer of status st relayed whole, as both
 // the fasthttp path and the lane relay one.
 func (r *Request) JSONAnswered(st int) {
@@ -393,6 +401,21 @@ func (r *Request) JSONAnswered(st int) {
 	r.P.M.Requests.WithLabelValues(r.Mode, StatusLabel(st)).Inc()
 	r.Obs.Status = st
 	r.LogAt(zerolog.InfoLevel).Str("mode", r.Mode).Int("status", st).Msg("answered")
+}
+
+// FirstAnswerDeclines reports whether the decode engine's answer to a
+// decode-first leg, read whole, of status, declines the request (not
+// enough of its KV cached): a 200 the connector reads so.
+func (r *Request) FirstAnswerDeclines(status int, answer []byte) bool {
+	return status == http.StatusOK && r.FirstEventDeclines(answer)
+}
+
+// FirstEventDeclines reports whether data, an event's data of the
+// decode-first leg's stream (or a 200's answer whole), declines the
+// request, as the connector reads it.
+func (r *Request) FirstEventDeclines(data []byte) bool {
+	df, ok := r.P.Conn.(connectors.DecodeFirst)
+	return ok && df.Declined(r.API, data)
 }
 
 // DecodeFirstAnswered counts and logs the decode engine's answer to a

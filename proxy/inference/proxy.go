@@ -350,7 +350,7 @@ func chunkErrorBody(err error) []byte {
 	if errors.As(err, &cf) {
 		return ErrorBody(cf.Status, err)
 	}
-	return ErrorBody(failure.Of(err).Status, err)
+	return FailureBody(err)
 }
 
 // pinsSplitRank reports whether the sidecar sets x-data-parallel-rank on

@@ -476,6 +476,28 @@ func (r *Request) LocalAnswerEdit() func([]byte) []byte {
 	}
 }
 
+// AnswerBody returns the decode leg's answer read whole, of status, as
+// AnswerEdit edits it (a 200's; buf itself when nothing edits it).
+func (r *Request) AnswerBody(status int, buf []byte) []byte {
+	if status != fasthttp.StatusOK {
+		return buf
+	}
+	if ed := r.AnswerEdit(); ed != nil {
+		return ed(buf)
+	}
+	return buf
+}
+
+// ChunkAnswer returns a chunked decode's piece read whole, of status: the
+// connector's cached-tokens rewrite of a 200 that carried the split's
+// handoff (handoff), buf itself otherwise.
+func (r *Request) ChunkAnswer(status int, buf []byte, handoff bool) []byte {
+	if status != fasthttp.StatusOK || !handoff || r.P.Rewriter == nil {
+		return buf
+	}
+	return r.P.Rewriter.RewriteAnswer(r.API, buf, *r.Handoff)
+}
+
 // LocalAnswerBody returns a local answer's body read whole, of status,
 // as LocalAnswerEdit edits it (a 200's; buf itself when nothing edits it).
 func (r *Request) LocalAnswerBody(status int, buf []byte) []byte {

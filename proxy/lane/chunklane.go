@@ -5,7 +5,6 @@ import (
 	"time"
 
 	"github.com/rs/zerolog"
-	"github.com/valyala/fasthttp"
 
 	"github.com/pd-sidecar/pd-sidecar/httpbody"
 	"github.com/pd-sidecar/pd-sidecar/netloop"
@@ -87,7 +86,7 @@ func (c *laneChunk) exec(acts []chunked.Action) {
 		case chunked.AnswerWhole:
 			c.answerWhole(a)
 		case chunked.BeginStream:
-			c.begin(a.Body)
+			c.begin(a)
 		case chunked.WriteEvents:
 			c.write(a.Body, i+1 < len(acts) && acts[i+1].Op == chunked.EndStream)
 		case chunked.EndStream: // written with the last WriteEvents
@@ -131,7 +130,7 @@ func (c *laneChunk) head(rest []byte) {
 // to fall back from), and its answer is rewritten as the connector asks.
 func (c *laneChunk) answered(a *rawhttp.Answer) {
 	lc := c.lc
-	r, p := lc.r, lc.ll.ln.p
+	r := lc.r
 	c.leg = false
 	st := a.Status
 	if c.handoff {
@@ -140,10 +139,7 @@ func (c *laneChunk) answered(a *rawhttp.Answer) {
 			return
 		}
 	}
-	buf := a.Buf
-	if st == fasthttp.StatusOK && c.handoff && p.Rewriter != nil {
-		buf = p.Rewriter.RewriteAnswer(r.API, buf, *r.Handoff)
-	}
+	buf := r.ChunkAnswer(st, a.Buf, c.handoff)
 	c.exec(c.m.Answered(chunked.Answer{Status: st, ContentType: string(a.Head.ContentType()), Body: append([]byte(nil), buf...)}))
 }
 
@@ -177,14 +173,15 @@ func (c *laneChunk) ret(err error) {
 	lc.failWith(err)
 }
 
-// begin answers 200 with a no-cache event stream whose first bytes are
+// begin answers the stream a begins: a no-cache head, then its first
 // events.
-func (c *laneChunk) begin(events []byte) {
+func (c *laneChunk) begin(a chunked.Action) {
 	lc := c.lc
 	r := lc.r
-	h := lc.ownHead(fasthttp.StatusOK, "text/event-stream")
+	events := a.Body
+	h := lc.ownHead(a.Status, a.ContentType)
 	h.Set("Cache-Control", "no-cache")
-	r.AnswerCounted(r.Mode, fasthttp.StatusOK)
+	r.AnswerCounted(r.Mode, a.Status)
 	c.streaming = true
 	lc.state = laneAnswer
 	_, out := lc.ll.loop.Buffers()

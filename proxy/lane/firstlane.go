@@ -103,7 +103,7 @@ func (fs *laneFirst) send() {
 func (fs *laneFirst) gate(ls *relay.LoopStream) {
 	r := fs.lc.r
 	ls.Gate, ls.Gated = sserelay.GateDeciding, fs.gated
-	ls.Declines = func(d []byte) bool { return fs.df.Declined(r.API, d) }
+	ls.Declines = r.FirstEventDeclines
 }
 
 // gated decides on the decode-first leg's held stream: an event served
@@ -134,7 +134,7 @@ func (fs *laneFirst) gated(g sserelay.Gate, held []byte) {
 func (fs *laneFirst) answered(a *rawhttp.Answer) {
 	lc := fs.lc
 	r := lc.r
-	if a.Status == 200 && fs.df.Declined(r.API, a.Buf) {
+	if r.FirstAnswerDeclines(a.Status, a.Buf) {
 		fs.leg = false
 		lc.feedSplit(split.Event{Kind: split.FirstAnswerDeclined})
 		return

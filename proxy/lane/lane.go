@@ -438,7 +438,7 @@ func (lc *laneConn) route(route inference.Route, err error) {
 	case inference.RouteFail:
 		lc.failWith(err)
 	case inference.RouteFallback:
-		lc.fallback(err)
+		lc.refused(err)
 	case inference.RouteLocal:
 		lc.serveLocal()
 	default:
@@ -1139,7 +1139,7 @@ func (lc *laneConn) began(g sserelay.Gate, held []byte) {
 		lc.failWith(inference.DecodeTransportErr(inference.EndedEarly(lc.r.Local, "any event", ls.Cut)))
 		return
 	}
-	r.P.M.Requests.WithLabelValues(r.Mode, inference.StatusLabel(r.Obs.Status)).Inc()
+	r.StreamBegan(r.Obs.Status)
 	ls.MarkOutput()
 	lc.FirstOutput()
 	ls.Write(held)

@@ -277,7 +277,7 @@ func (ps *lanePaired) gated(g sserelay.Gate, held []byte) {
 func (ps *lanePaired) relay(held []byte) {
 	lc := ps.lc
 	r, ls := lc.r, lc.ls
-	r.P.M.Requests.WithLabelValues(r.Mode, inference.StatusLabel(r.Obs.Status)).Inc()
+	r.StreamBegan(r.Obs.Status)
 	ps.decodeEnded(nil) // before the write, which may end the request
 	ls.MarkOutput()
 	lc.FirstOutput()
@@ -366,9 +366,7 @@ func (ps *lanePaired) end() {
 		ps.prefillEnded(h, nil, inference.PrefillTransportErr(context.Canceled))
 	}
 	pd.queue, pd.feeding = nil, false
-	if ps.pp.Ticket != nil { // the legs were never sent (a bootstrap query under way)
-		ps.pp.Account(split.Action{Op: split.BreakerDone, Err: split.ErrAbandoned}, lc.r.Logger())
-	}
+	ps.pp.Abandon(lc.r.Logger()) // the legs were never sent (a bootstrap query under way)
 	lc.ll.ln.p.Bufs.PutChunk(ps.preBufp, ps.preHead)
 	ps.preBufp, ps.preHead = nil, nil
 }

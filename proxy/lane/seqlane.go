@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/rs/zerolog"
-	"github.com/valyala/fasthttp"
 
 	"github.com/pd-sidecar/pd-sidecar/circuit"
 	"github.com/pd-sidecar/pd-sidecar/connectors"
@@ -209,12 +208,12 @@ func (lc *laneConn) execSplit(pd *lanePD, acts []split.Action) {
 			r.Handoff = nil
 			lc.decodeLeg(r.Body, nil, false)
 		case split.AnswerPrefill:
-			ct, ans, err := r.PrefillAnswer(pd.res)
+			st, ct, ans, err := r.PrefillAnswer(pd.res)
 			if err != nil {
 				lc.feedSplit(split.Event{Kind: split.LegFailed, Err: err})
 				continue
 			}
-			lc.answerWhole(metrics.ModeDisaggregated, fasthttp.StatusOK, ct, ans)
+			lc.answerWhole(metrics.ModeDisaggregated, st, ct, ans)
 		case split.PassOn, split.Fail:
 			lc.splitAnswers(a)
 
@@ -372,14 +371,21 @@ func (lc *laneConn) serveLocal() {
 	lc.decodeLeg(body, nil, false)
 }
 
-// fallback degrades the request to a local prefill with the client's
-// body, or answers the error: a split whose prefill did not begin.
-func (lc *laneConn) fallback(cause error) {
-	if !lc.r.Degrade(cause) {
-		lc.failWith(cause)
-		return
+// refused degrades a request whose named prefiller is refused to a local
+// prefill with the client's body, or answers the error, as the split's
+// rule says (split.Refused).
+func (lc *laneConn) refused(cause error) {
+	r := lc.r
+	for _, a := range split.Refused(lc.ll.ln.p.SplitConfig(), cause) {
+		switch a.Op {
+		case split.SendLocal:
+			lc.decodeLeg(r.Body, nil, false)
+		case split.Fail:
+			lc.failWith(a.Err)
+		default:
+			r.Account(a, nil)
+		}
 	}
-	lc.decodeLeg(lc.r.Body, nil, false)
 }
 
 // remoteAnswered writes the decode leg's non-streamed answer, read whole,
@@ -394,10 +400,7 @@ func (lc *laneConn) remoteAnswered(a *rawhttp.Answer) {
 		lc.feedSplit(split.Event{Kind: split.LegFailed, Err: err})
 		return
 	}
-	buf := a.Buf
-	if ed := r.AnswerEdit(); a.Status == fasthttp.StatusOK && ed != nil {
-		buf = ed(buf)
-	}
+	buf := r.AnswerBody(a.Status, a.Buf)
 	r.JSONAnswered(a.Status)
 	lc.writeWhole(&a.Head, buf)
 }
@@ -430,7 +433,7 @@ func (lc *laneConn) gateDone(g sserelay.Gate, held []byte) {
 		lc.feedSplit(split.Event{Kind: split.LegFailed, Err: err})
 		return
 	}
-	r.P.M.Requests.WithLabelValues(r.Mode, inference.StatusLabel(r.Obs.Status)).Inc()
+	r.StreamBegan(r.Obs.Status)
 	ls.MarkOutput()
 	lc.FirstOutput()
 	ls.Write(held)
@@ -625,7 +628,7 @@ func (lc *laneConn) adoptHedge(pd *lanePD) {
 	lc.addr, lc.state = h.addr, laneAnswer
 	lc.streamed, h.streamed = h.streamed, false
 	lc.ls, ls.Conns, ls.Release = ls, lc, lc.finish
-	r.P.M.Requests.WithLabelValues(r.Mode, inference.StatusLabel(r.Obs.Status)).Inc()
+	r.StreamBegan(r.Obs.Status)
 	ls.MarkOutput()
 	lc.FirstOutput()
 	ls.Write(pd.readyHeld)

@@ -56,10 +56,7 @@ func (c chunkRequest) Send(body []byte, handoff bool) (chunked.Answer, error) {
 			return chunked.Answer{}, err
 		}
 	}
-	buf := resp.Body()
-	if st == fasthttp.StatusOK && handoff && r.P.Rewriter != nil {
-		buf = r.P.Rewriter.RewriteAnswer(r.API, buf, *r.Handoff)
-	}
+	buf := r.ChunkAnswer(st, resp.Body(), handoff)
 	return chunked.Answer{Status: st, ContentType: string(resp.Header.ContentType()), Body: append([]byte(nil), buf...)}, nil
 }
 
@@ -75,18 +72,18 @@ func (c chunkRequest) Answer(status int, contentType string, body []byte) {
 	r.Answer(r.Mode, status, contentType, body)
 }
 
-// Stream implements chunked.Request: it answers 200 and hands body to
+// Stream implements chunked.Request: it answers status and hands body to
 // fasthttp, whose server goroutine reads it.
-func (c chunkRequest) Stream(body io.ReadCloser) bool {
+func (c chunkRequest) Stream(status int, contentType string, body io.ReadCloser) bool {
 	r := c.r
 	if r.LeftNow() {
 		return false
 	}
 	rc := r.RC
-	rc.SetStatusCode(fasthttp.StatusOK)
-	rc.SetContentType("text/event-stream")
+	rc.SetStatusCode(status)
+	rc.SetContentType(contentType)
 	rc.Response.Header.Set("Cache-Control", "no-cache")
-	r.AnswerCounted(r.Mode, fasthttp.StatusOK)
+	r.AnswerCounted(r.Mode, status)
 	if r.Watch.Stop() {
 		rc.SetConnectionClose()
 	}

@@ -79,9 +79,7 @@ func relayJSON(r *inference.Request, leg *upstream.Leg, resp *fasthttp.Response,
 		if err := r.KVAnswered(sent, st); err != nil {
 			return err
 		}
-		if ed := r.AnswerEdit(); st == fasthttp.StatusOK && ed != nil {
-			buf = ed(buf)
-		}
+		buf = r.AnswerBody(st, buf)
 	} else {
 		buf = r.LocalAnswerBody(st, buf)
 	}
@@ -134,8 +132,7 @@ func relaySSE(r *inference.Request, leg *upstream.Leg, resp *fasthttp.Response, 
 	}
 	leg.Began()
 	r.CopyHead(resp)
-	r.P.M.Requests.WithLabelValues(r.Mode, inference.StatusLabel(resp.StatusCode())).Inc()
-	r.Obs.Status = resp.StatusCode()
+	r.StreamBegan(resp.StatusCode())
 	StreamBody(r, NewSSEBody(r, er, leg, held, remote, func() {
 		er.Release()
 		leg.Close()

@@ -254,7 +254,7 @@ func endStream(r *inference.Request, out []byte, done bool, err error) []byte {
 	if errors.Is(err, inference.ErrEventTooLong) {
 		cause = fmt.Errorf("%w: %w", inference.ErrDecodeFailed, inference.ErrEventTooLong)
 	}
-	return append(out, sse.ErrorEvent(inference.ErrorBody(fasthttp.StatusBadGateway, cause))...)
+	return append(out, sse.ErrorEvent(inference.FailureBody(cause))...)
 }
 
 // Close implements io.Closer: fasthttp calls it when the body is written or

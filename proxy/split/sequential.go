@@ -289,6 +289,15 @@ func (s *Sequential) fallback(acts []Action, cause error) []Action {
 	return append(acts, Action{Op: Degraded, Reason: v.Reason, Err: cause}, Action{Op: SendLocal})
 }
 
+// Refused is what a request does whose named prefiller it may not use
+// (not allowed, or not host:port), before any split began: the rule
+// every split's fallback follows — Degraded then SendLocal when cause is
+// a reason to fall back that cfg allows, else Fail.
+func Refused(cfg Config, cause error) []Action {
+	s := Sequential{cfg: cfg}
+	return s.fallback(nil, cause)
+}
+
 // dropHedge abandons the hedge's local leg.
 func (s *Sequential) dropHedge(acts []Action) []Action {
 	s.hedging = false

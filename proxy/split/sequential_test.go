@@ -418,3 +418,24 @@ func TestSequentialEndCause(t *testing.T) {
 		}
 	}
 }
+
+// A request whose named prefiller is refused follows the rule every
+// split's fallback follows.
+func TestRefused(t *testing.T) {
+	cases := []struct {
+		name     string
+		fallback bool
+		cause    error
+		want     []string
+	}{
+		{"a reason, fallback on", true, errCircuitOpen, []string{"Degraded:circuit_open", "SendLocal"}},
+		{"a reason, fallback off", false, errCircuitOpen, []string{"Fail:circuit open"}},
+		{"no reason", true, errBadRequest, []string{"Fail:bad request"}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			got := split.Refused(split.Config{Fallback: tc.fallback, Judge: judge}, tc.cause)
+			assert.Equal(t, tc.want, describe(got, tc.want))
+		})
+	}
+}
