@@ -476,10 +476,14 @@ func (r *Request) LocalAnswerEdit() func([]byte) []byte {
 	}
 }
 
+// IsOutput reports whether a decode leg's answer read whole, of status,
+// is the leg's output (a 200), as KVAnswered takes it.
+func IsOutput(status int) bool { return status == fasthttp.StatusOK }
+
 // AnswerBody returns the decode leg's answer read whole, of status, as
 // AnswerEdit edits it (a 200's; buf itself when nothing edits it).
 func (r *Request) AnswerBody(status int, buf []byte) []byte {
-	if status != fasthttp.StatusOK {
+	if !IsOutput(status) {
 		return buf
 	}
 	if ed := r.AnswerEdit(); ed != nil {

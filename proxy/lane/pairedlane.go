@@ -285,8 +285,8 @@ func (ps *lanePaired) relay(held []byte) {
 }
 
 // answered takes the decode answer, read whole: a KV load failure goes to
-// the machine; a 200 is its first output (held while the machine says
-// so); any answer is then written.
+// the machine; an answer that is output (inference.IsOutput) is its first
+// (held while the machine says so); any answer is then written.
 func (ps *lanePaired) answered(a *rawhttp.Answer) {
 	lc, pd := ps.lc, ps.pd
 	r := lc.r
@@ -294,11 +294,8 @@ func (ps *lanePaired) answered(a *rawhttp.Answer) {
 		ps.decodeEnded(err)
 		return
 	}
-	buf := a.Buf
-	if a.Status == fasthttp.StatusOK {
-		if ed := r.AnswerEdit(); ed != nil {
-			buf = ed(buf)
-		}
+	buf := r.AnswerBody(a.Status, a.Buf)
+	if inference.IsOutput(a.Status) {
 		lc.feedSplit(split.Event{Kind: split.FirstOutput})
 		if lc.pd != pd {
 			return
