@@ -82,9 +82,6 @@ func Run(ctx context.Context, p *inference.Proxy) error {
 	if p.Loops != nil {
 		tails = clientconn.NewTailPool(p.Cfg.Guard.MaxHeaderBytes) // fasthttp's read buffer
 	}
-	if off := p.OffLane(); p.Lanes != nil && p.Loops != nil && len(off) > 0 {
-		p.Log.Info().Strs("parts", off).Msg("the event loops leave the requests these parts need to fasthttp's driver")
-	}
 	for rank := range p.Cfg.DataParallelSize {
 		if err := listen(p.Cfg.Port+rank, Handler(p, rank)); err != nil {
 			return err

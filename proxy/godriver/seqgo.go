@@ -336,9 +336,12 @@ func (d *goSplit) Decode(h connectors.Handoff) *split.Event {
 	r, p := d.r, d.r.P
 	var err error
 	if p.KV != nil {
-		if h, err = inference.PullKV(r, h); err != nil {
-			return &split.Event{Kind: split.LegFailed, Err: inference.KVPullFailure(r, err)}
+		var pulled connectors.Handoff
+		r.KVPull(h, func(hh connectors.Handoff, e error) { pulled, err = hh, e })(r.Ctx)()
+		if err != nil {
+			return &split.Event{Kind: split.LegFailed, Err: err}
 		}
+		h = pulled
 	}
 	body, err := r.DecodeBody(nil, h)
 	if err != nil {

@@ -74,30 +74,41 @@ func newEncoderStage(p *Proxy) *encoder.Stage {
 	})
 }
 
-// encode runs the encoder stage (encoder.Stage) of a request naming
-// encoders: r.Body continues as the stage leaves it, and the request's
-// report says the stage's outcome. A failure is the request's error under
-// --on-encoder-failure error; under local the request continues.
-func encode(r *Request, h *fasthttp.RequestHeader) error {
+// encodeStep is the encoder stage (encoder.Stage) of a request naming
+// encoders, a blocking step (nil: none named, or the stage is off): r.Body
+// continues as the stage leaves it, and the request's report says the
+// stage's outcome. A failure is the request's error under
+// --on-encoder-failure error (Admit answers it); under local the request
+// continues.
+func encodeStep(r *Request, h *fasthttp.RequestHeader) Step {
 	if r.P.enc == nil {
 		return nil
 	}
-	vs := h.PeekAll(HeaderEncoders)
-	if len(vs) == 0 {
+	peeked := h.PeekAll(HeaderEncoders)
+	if len(peeked) == 0 {
 		return nil
 	}
-	body, outcome, err := r.P.enc.Run(r.Ctx, encoder.Request{
-		ID: r.ID, Body: r.Body, Encoders: vs,
-		Log: r.LogAt, Logger: r.Logger, Span: func() (context.Context, trace.Span) { return encoderSpan(r) },
-	})
-	if outcome != "" {
-		r.Obs.Encoder = outcome // the status view's
+	vs := make([][]byte, len(peeked)) // the head may be read again before the step ends
+	for i, v := range peeked {
+		vs[i] = append([]byte(nil), v...)
 	}
-	if err != nil {
-		return err
+	r.Logger() // built here: the stage logs with it
+	return func(ctx context.Context) func() {
+		body, outcome, err := r.P.enc.Run(ctx, encoder.Request{
+			ID: r.ID, Body: r.Body, Encoders: vs,
+			Log: r.LogAt, Logger: r.Logger, Span: func() (context.Context, trace.Span) { return encoderSpan(r) },
+		})
+		return func() {
+			if outcome != "" {
+				r.Obs.Encoder = outcome // the status view's
+			}
+			if err != nil {
+				r.admitErr = err
+				return
+			}
+			r.Body = body
+		}
 	}
-	r.Body = body
-	return nil
 }
 
 // encoderSpan starts the span of one of r's encoder legs (nil, nil

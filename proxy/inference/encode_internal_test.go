@@ -77,7 +77,10 @@ func TestEncodeRequest(t *testing.T) {
 			if tc.gone {
 				r.Cancel(ErrClientGone)
 			}
-			err := encode(r, &rc.Request.Header)
+			if step := encodeStep(r, &rc.Request.Header); step != nil {
+				step(r.Ctx)()
+			}
+			err := r.admitErr
 			if tc.err != nil {
 				require.ErrorIs(t, err, tc.err)
 			} else {

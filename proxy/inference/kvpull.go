@@ -21,15 +21,31 @@ import (
 // the addresses its handoff names, its calls to its local engine, and what
 // a failed pull becomes for it.
 
-// PullKV pulls the handoff's KV into blocks borrowed from the local engine
+// KVPull is the step that pulls the KV the handoff h names into blocks
+// borrowed from the local engine (the pull's transports block); done goes
+// on with the decode leg's handoff naming them, or with what the pull's
+// failure is to the split (KVPullFailure).
+func (r *Request) KVPull(h connectors.Handoff, done func(connectors.Handoff, error)) Step {
+	return func(ctx context.Context) func() {
+		pulled, err := pullKV(ctx, r, h)
+		return func() {
+			if err != nil {
+				err = KVPullFailure(r, err)
+			}
+			done(pulled, err)
+		}
+	}
+}
+
+// pullKV pulls the handoff's KV into blocks borrowed from the local engine
 // and returns the decode leg's handoff naming them (kvpull.Puller.Pull).
-func PullKV(r *Request, h connectors.Handoff) (connectors.Handoff, error) {
+func pullKV(ctx context.Context, r *Request, h connectors.Handoff) (connectors.Handoff, error) {
 	// The agent is dialed by the pull: its address is checked here too,
 	// whatever read the handoff (PrefillAnswered did already).
 	if err := r.P.addrsAllowed(r.Prefiller, h.Addrs); err != nil {
 		return h, err
 	}
-	return r.P.KV.Pull(r.Ctx, kvpull.Request{
+	return r.P.KV.Pull(ctx, kvpull.Request{
 		ID: r.ID, Label: r.Label, Local: r.Local,
 		Call: func(ctx context.Context, path string, body []byte) ([]byte, int, error) {
 			return engineCall(ctx, r, path, body)

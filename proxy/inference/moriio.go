@@ -87,10 +87,48 @@ func newMoriState(cfg MoriIOConfig, m *metrics.MoriIO, log zerolog.Logger) *mori
 }
 
 // Ready reports whether every host spec a split's legs name resolves
-// without waiting on DNS (hostdns.Resolver.Ready): the event loops serve
-// a MoRI-IO split only then.
+// without waiting on DNS (hostdns.Resolver.Ready); otherwise a split's
+// admission waits on their resolution (moriResolveStep).
 func (s *moriState) Ready() bool {
 	return s.Dns.Ready(s.Cfg.PodIP) && s.Dns.Ready(s.Cfg.RemoteHosts...) && s.Dns.Ready(s.Cfg.DecodeHosts...)
+}
+
+// moriAddrs are the addresses of MoRI-IO's host specs a request's legs
+// name: its pod's, the decode hosts' and the remote (prefill) hosts'.
+type moriAddrs struct {
+	pod            string
+	decode, remote []string
+}
+
+// resolve resolves every host spec the legs name, waiting on DNS for one
+// that has no address yet.
+func (s *moriState) resolve(ctx context.Context) *moriAddrs {
+	return &moriAddrs{pod: s.Dns.Resolve(ctx, s.Cfg.PodIP), decode: s.Hosts(ctx, s.Cfg.DecodeHosts), remote: s.Hosts(ctx, s.Cfg.RemoteHosts)}
+}
+
+// addrs are the addresses r's legs name: those its admission's step
+// resolved, or, when every spec had one already (Ready), resolved now
+// without waiting.
+func (s *moriState) addrs(r *Request) *moriAddrs {
+	if r.moriAddrs == nil {
+		r.moriAddrs = s.resolve(r.Ctx)
+	}
+	return r.moriAddrs
+}
+
+// moriResolveStep is the blocking step a split's admission waits on while
+// one of MoRI-IO's host specs has no address yet (nil: MoRI-IO is off, or
+// every spec resolves without waiting): the legs are then built without
+// waiting on DNS, on either driver.
+func (p *Proxy) moriResolveStep(r *Request) Step {
+	s := p.Mori
+	if s == nil || s.Ready() {
+		return nil
+	}
+	return func(ctx context.Context) func() {
+		a := s.resolve(ctx)
+		return func() { r.moriAddrs = a }
+	}
 }
 
 // Hosts resolves specs (nil for none).
@@ -126,7 +164,8 @@ func setMoriRank(r *Request, rank int) {
 func moriPrefillBody(r *Request, body []byte) ([]byte, error) {
 	s := r.P.Mori
 	r.mori = MoriLeg(r)
-	params := moriio.PrefillParams(s.Cfg.Ports, s.Dns.Resolve(r.Ctx, s.Cfg.PodIP), r.mori, s.Hosts(r.Ctx, s.Cfg.DecodeHosts))
+	a := s.addrs(r)
+	params := moriio.PrefillParams(s.Cfg.Ports, a.pod, r.mori, a.decode)
 	return moriio.WithParams(body, params)
 }
 
@@ -138,5 +177,5 @@ func moriDecodeParams(r *Request, returned []byte) ([]byte, error) {
 	l := r.mori
 	l.Rank = moriio.DecodeRank(returned, s.Cfg.Ports.DPSize, l.Rank)
 	setMoriRank(r, l.Rank)
-	return moriio.SerialDecodeParams(returned, s.Cfg.Ports, l, s.Hosts(r.Ctx, s.Cfg.RemoteHosts))
+	return moriio.SerialDecodeParams(returned, s.Cfg.Ports, l, s.addrs(r).remote)
 }

@@ -3,6 +3,7 @@ package inference
 import (
 	"context"
 	"errors"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -11,6 +12,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/pd-sidecar/pd-sidecar/connectors"
 	"github.com/pd-sidecar/pd-sidecar/connectors/moriio"
 	"github.com/pd-sidecar/pd-sidecar/connectors/nixlv2"
 	"github.com/pd-sidecar/pd-sidecar/metrics"
@@ -30,41 +32,50 @@ func moriProxy(t *testing.T, parallel bool, dp int, seed map[string]string, look
 	return p
 }
 
-// TestMoriIOLaneRule: a MoRI-IO split, serial or parallel dispatch, is the
-// lane's once every host spec it names has an address (the loop may not
-// wait on DNS); requests without a prefiller are never kept off for
-// MoRI-IO.
-func TestMoriIOLaneRule(t *testing.T) {
-	resolves := func(context.Context, string) ([]string, error) { return []string{"10.9.0.1"}, nil }
-	fails := func(context.Context, string) ([]string, error) { return nil, errors.New("no such host") }
-	split, local := LaneHead{Split: true}, LaneHead{}
+// TestMoriIOResolveStep: a MoRI-IO split, serial or parallel dispatch,
+// whose host specs do not all have an address yet waits on their
+// resolution as a step of its admission, run off the event loop (or on
+// fasthttp's goroutine); its legs then name what the step resolved, and
+// build without waiting on DNS. A split whose specs all have an address
+// has no step.
+func TestMoriIOResolveStep(t *testing.T) {
+	var lookups atomic.Int32
+	resolves := func(context.Context, string) ([]string, error) { lookups.Add(1); return []string{"10.9.0.1"}, nil }
+	fails := func(context.Context, string) ([]string, error) {
+		lookups.Add(1)
+		return nil, errors.New("no such host")
+	}
 	for _, c := range []struct {
 		name      string
 		parallel  bool
 		seed      map[string]string
 		lookup    hostdns.LookupFunc
-		splitOff  bool // before any lookup on the request path
-		afterOff  bool // after one request resolved the specs
-		wantNames []string
+		waits     bool // before any lookup
+		waitsNext bool // for the next split, once one resolved the specs
+		wantPod   string
 	}{
-		{"serial, every spec seeded", false, map[string]string{"decode.svc": "10.0.0.2", "prefill.svc": "10.0.0.3"}, resolves, false, false,
-			[]string{"MoRI-IO host specs not resolved yet"}},
-		{"serial, a spec not resolved yet", false, map[string]string{"decode.svc": "10.0.0.2"}, resolves, true, false,
-			[]string{"MoRI-IO host specs not resolved yet"}},
-		{"serial, a spec that does not resolve", false, map[string]string{"decode.svc": "10.0.0.2"}, fails, true, true,
-			[]string{"MoRI-IO host specs not resolved yet"}},
-		{"parallel dispatch, every spec seeded", true, map[string]string{"decode.svc": "10.0.0.2", "prefill.svc": "10.0.0.3"}, resolves, false, false,
-			[]string{"MoRI-IO host specs not resolved yet"}},
-		{"parallel dispatch, a spec not resolved yet", true, map[string]string{"decode.svc": "10.0.0.2"}, resolves, true, false,
-			[]string{"MoRI-IO host specs not resolved yet"}},
+		{"serial, every spec seeded", false, map[string]string{"decode.svc": "10.0.0.2", "prefill.svc": "10.0.0.3"}, resolves, false, false, "10.0.0.2"},
+		{"serial, a spec not resolved yet", false, map[string]string{"decode.svc": "10.0.0.2"}, resolves, true, false, "10.0.0.2"},
+		{"serial, a spec that does not resolve", false, map[string]string{"prefill.svc": "10.0.0.3"}, fails, true, true, "decode.svc"},
+		{"parallel dispatch, every spec seeded", true, map[string]string{"decode.svc": "10.0.0.2", "prefill.svc": "10.0.0.3"}, resolves, false, false, "10.0.0.2"},
+		{"parallel dispatch, a spec not resolved yet", true, map[string]string{"decode.svc": "10.0.0.2"}, resolves, true, false, "10.0.0.2"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
+			lookups.Store(0)
 			p := moriProxy(t, c.parallel, 1, c.seed, c.lookup)
-			assert.Equal(t, c.wantNames, p.OffLane())
-			assert.False(t, p.KeepsOffLane(local), "a request served locally")
-			assert.Equal(t, c.splitOff, p.KeepsOffLane(split), "before a lookup")
-			p.Mori.Hosts(context.Background(), append([]string{p.Mori.Cfg.PodIP}, p.Mori.Cfg.RemoteHosts...))
-			assert.Equal(t, c.afterOff, p.KeepsOffLane(split), "after a request resolved the specs")
+			r := p.StartRequest([]byte("rid"), nil, []byte(`{}`), "127.0.0.1:1", connectors.APICompletions)
+			step := p.moriResolveStep(r)
+			require.Equal(t, c.waits, step != nil, "a step before a lookup")
+			if step != nil {
+				step(context.Background())()
+				require.NotNil(t, r.moriAddrs, "the step's addresses are the request's")
+			}
+			before := lookups.Load()
+			a := p.Mori.addrs(r)
+			assert.Equal(t, before, lookups.Load(), "the legs build without a lookup")
+			assert.Equal(t, c.wantPod, a.pod)
+			next := p.StartRequest([]byte("rid2"), nil, []byte(`{}`), "127.0.0.1:1", connectors.APICompletions)
+			assert.Equal(t, c.waitsNext, p.moriResolveStep(next) != nil, "the next split's step")
 		})
 	}
 }

@@ -141,11 +141,11 @@ func (s *Paired) Legs(r *Request, b connectors.Bootstrap, berr error) {
 func (s *Paired) moriLegs(r *Request, host string) {
 	m := r.P.Mori
 	l := MoriLeg(r)
-	pre, err := moriio.ParallelPrefillBody(r.Body,
-		moriio.PrefillParams(m.Cfg.Ports, m.Dns.Resolve(r.Ctx, m.Cfg.PodIP), l, m.Hosts(r.Ctx, m.Cfg.DecodeHosts)))
+	a := m.addrs(r)
+	pre, err := moriio.ParallelPrefillBody(r.Body, moriio.PrefillParams(m.Cfg.Ports, a.pod, l, a.decode))
 	var dec []byte
 	if err == nil {
-		dec, err = moriio.WithParams(r.Body, moriio.ParallelDecodeParams(m.Cfg.Ports, host, l, m.Hosts(r.Ctx, m.Cfg.RemoteHosts)))
+		dec, err = moriio.WithParams(r.Body, moriio.ParallelDecodeParams(m.Cfg.Ports, host, l, a.remote))
 	}
 	if err != nil {
 		s.Start.NoLegs, s.Start.NoLegsReport = fmt.Errorf("%w: %w", ErrBadRequest, err), ErrBadRequest

@@ -35,11 +35,16 @@ func (p *Proxy) ServeInference(rc *fasthttp.RequestCtx, local string, api connec
 			r.Finish()
 		}
 	}()
-	switch route, err := r.Admit(&rc.Request.Header); route {
+	a := r.Admit(&rc.Request.Header)
+	for a.Wait != nil { // a blocking step, run here on the request's goroutine
+		a.Wait(r.Ctx)()
+		a = r.Admit(&rc.Request.Header)
+	}
+	switch a.Route {
 	case RouteFail:
-		r.Fail(err)
+		r.Fail(a.Err)
 	case RouteFallback:
-		r.refused(err)
+		r.refused(a.Err)
 	case RouteLocal:
 		r.serveLocal()
 	default:
@@ -63,42 +68,74 @@ const (
 	RouteFallback
 )
 
+// Admission is where Admit sends a request: its Route (Err: a refusal's
+// answer, or a fallback's cause), or Wait, a blocking step its admission
+// waits on, which the driver runs (Step) before it asks Admit again.
+type Admission struct {
+	Route Route
+	Err   error
+	Wait  Step
+}
+
+// The stages of a request's admission (Request.admitted): Admit goes on
+// from where the last step left it.
+const (
+	admitStart   = iota
+	admitEncoded // the encoder stage ran (or had nothing to do)
+	admitNamed   // the prefiller is named and allowed, the features begun: a split
+)
+
 // Admit runs what comes before a request's first leg, in this order on
 // both drivers: the data-parallel rank its head h picks, the body
-// sanitized, the encoder stage (only fasthttp's driver serves a request
-// with encoders), the prefiller h names checked against the allowlist,
-// the request features begun, a split one of them declines. It says
-// where the request goes from there.
-func (r *Request) Admit(h *fasthttp.RequestHeader) (Route, error) {
-	if err := pickRank(r, h); err != nil {
-		return RouteFail, err
-	}
-	if err := sanitize(r); err != nil {
-		return RouteFail, err
-	}
-	if r.P.sessionHeader != "" {
-		if err := readSession(r, h); err != nil {
-			return RouteFail, err
+// sanitized, the encoder stage (a blocking step), the prefiller h names
+// checked against the allowlist, the request features begun, a split one
+// of them declines, MoRI-IO's host specs resolved (a blocking step, when
+// one is not yet). It says where the request goes from there, or which
+// step it waits on; asked again once that ran, with the same head, it
+// goes on.
+func (r *Request) Admit(h *fasthttp.RequestHeader) Admission {
+	switch r.admitted {
+	case admitStart:
+		if err := pickRank(r, h); err != nil {
+			return Admission{Err: err}
 		}
+		if err := sanitize(r); err != nil {
+			return Admission{Err: err}
+		}
+		if r.P.sessionHeader != "" {
+			if err := readSession(r, h); err != nil {
+				return Admission{Err: err}
+			}
+		}
+		r.admitted = admitEncoded
+		if step := encodeStep(r, h); step != nil { // llm-d's encoder stage (encoder.Stage)
+			return Admission{Wait: step}
+		}
+	case admitNamed:
+		return Admission{Route: RouteSplit}
 	}
-	if err := encode(r, h); err != nil { // llm-d's encoder stage (encoder.Stage)
-		return RouteFail, err
+	if err := r.admitErr; err != nil {
+		return Admission{Err: err}
 	}
 	hv := h.Peek(HeaderPrefiller)
 	if len(hv) == 0 {
 		r.LogAt(zerolog.DebugLevel).Msg("no prefiller named: local")
 		r.beginFeatures(h)
-		return RouteLocal, nil
+		return Admission{Route: RouteLocal}
 	}
 	if err := r.namePrefiller(hv); err != nil {
 		r.beginRefused(h)
-		return RouteFallback, err
+		return Admission{Route: RouteFallback, Err: err}
 	}
 	r.beginFeatures(h)
 	if r.splitDeclined() {
-		return RouteLocal, nil
+		return Admission{Route: RouteLocal}
 	}
-	return RouteSplit, nil
+	r.admitted = admitNamed
+	if step := r.P.moriResolveStep(r); step != nil {
+		return Admission{Wait: step}
+	}
+	return Admission{Route: RouteSplit}
 }
 
 // serveLocal runs a request that no prefiller prefills (none named, or

@@ -138,9 +138,6 @@ type Proxy struct {
 	// lanes starts the lane of a local engine's port (UseLanes); nil:
 	// fasthttp serves every request.
 	Lanes LaneFunc
-	// offLane are the parts that keep some requests off the lane
-	// (keepOffLane).
-	offLane []offLane
 	// splitter runs the split of a request fasthttp's handler goroutine
 	// serves (UseSplitter).
 	splitter Splitter
@@ -271,9 +268,6 @@ func New(cfg Config, conn connectors.Connector, m *metrics.Metrics, gatherer pro
 	if cfg.MoriIO.WriteMode && p.seq != nil && conn.Name() == "nixlv2" {
 		p.Mori = newMoriState(cfg.MoriIO, m.MoriIO, log) // MoRI-IO write mode
 		p.seq = moriio.ReadHandoffs(p.seq)               // its prefill answers are MoRI-IO's
-		// The lane may not wait on DNS: a split goes to fasthttp's
-		// driver while a host spec it names has no address yet.
-		p.keepOffLane("MoRI-IO host specs not resolved yet", func(h LaneHead) bool { return h.Split && !p.Mori.Ready() })
 	}
 	p.setStrips()
 	if cfg.PrefillPrewarm {
@@ -432,56 +426,6 @@ func (p *Proxy) EnableKVPull(cfg kvpull.Config, puller *kvtransfer.Puller, m *me
 	p.KV = kvpull.New(cfg, kvpull.Deps{Conn: src, Puller: puller, Metrics: m,
 		FreeTimeout: p.Cfg.ConnectTimeout + time.Second})
 	return nil
-}
-
-// LaneHead is what the lane knows of a request when it decides whether to
-// serve it: its API (0: not known yet), whether it names a prefiller, and
-// whether it carries x-encoder-hosts-ports.
-type LaneHead struct {
-	API      connectors.API
-	Split    bool
-	Encoders bool
-}
-
-// offLane is a part of the sidecar the lane cannot carry yet, and which
-// requests it keeps off the lane for that: those go to fasthttp's driver,
-// which carries every part.
-type offLane struct {
-	name  string
-	keeps func(h LaneHead) bool
-}
-
-// keepOffLane registers a part that keeps the requests keeps says off the
-// lane; each part registers itself where it is turned on, so the lane
-// holds no list of its own.
-func (p *Proxy) keepOffLane(name string, keeps func(h LaneHead) bool) {
-	p.offLane = append(p.offLane, offLane{name: name, keeps: keeps})
-}
-
-// AdmitWaits reports whether Admit of a request with head h waits on
-// upstream I/O (the encoder stage's fan-out, for a request naming
-// encoders): the lane runs such an admission off its loop.
-func (p *Proxy) AdmitWaits(h LaneHead) bool { return p.enc != nil && h.Encoders }
-
-// KeepsOffLane reports whether a part of the sidecar keeps a request with
-// head h off the lane (to fasthttp's driver).
-func (p *Proxy) KeepsOffLane(h LaneHead) bool {
-	for _, o := range p.offLane {
-		if o.keeps(h) {
-			return true
-		}
-	}
-	return false
-}
-
-// OffLane names the parts that keep some requests off the lane, in the
-// order they were turned on (logged when the lanes start).
-func (p *Proxy) OffLane() []string {
-	names := make([]string, len(p.offLane))
-	for i, o := range p.offLane {
-		names[i] = o.name
-	}
-	return names
 }
 
 // RunKVProbes probes the KV agents of recently used prefillers every

@@ -77,6 +77,13 @@ type Request struct {
 	// moriRank its legs' x-data-parallel-rank ("" = none) (moriState).
 	mori     moriio.Leg
 	moriRank string
+	// moriAddrs are the addresses of MoRI-IO's host specs its legs name,
+	// once resolved (moriState.addrs).
+	moriAddrs *moriAddrs
+	// admitted is how far Admit got (admitStart...), admitErr the failure
+	// a step of its admission ended with (Admit answers it).
+	admitted int
+	admitErr error
 	// prefillRank is the x-data-parallel-rank of the prefill leg alone
 	// ("" = none): the rank a concurrent connector paired the legs on
 	// (connectors.PrefillRanker; Mooncake with a data-parallel prefiller).

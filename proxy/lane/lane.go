@@ -150,11 +150,10 @@ func (ln *lane) Adopt(c *clientconn.Conn) {
 	}
 }
 
-// Declines implements clientconn.Adopter: a P/D split is fasthttp's while
-// a part of the sidecar keeps every split off the lane.
-func (ln *lane) Declines(h *fasthttp.RequestHeader) bool {
-	return len(h.Peek(inference.HeaderPrefiller)) > 0 && ln.p.KeepsOffLane(inference.LaneHead{Split: true})
-}
+// Declines implements clientconn.Adopter: the lane takes every request
+// whose head its checks pass, whatever parts of the sidecar it needs (a
+// part that blocks runs as a step off the loop).
+func (ln *lane) Declines(*fasthttp.RequestHeader) bool { return false }
 
 // sweep closes client connections idle longer than --idle-timeout, and
 // pooled upstream connections unused for laneIdleMax, until shutdown.
@@ -214,14 +213,14 @@ func (ln *lane) forget(lc *laneConn) {
 
 // The states of a client connection on the lane.
 const (
-	laneIdle      = iota // waiting for a request
-	laneSending          // connecting to the leg's upstream (off the loop)
-	laneWaiting          // the leg is sent; waiting for the answer's head
-	laneAnswer           // the answer is read (raw) or relayed (ls)
-	laneBackoff          // waiting to send the prefill leg again
-	laneReading          // reading the rest of a request's body (laneBody)
-	laneAdmitting        // the request's admission runs off the loop (admitOffLoop)
-	laneGone             // given to fasthttp, or closed
+	laneIdle     = iota // waiting for a request
+	laneSending         // connecting to the leg's upstream (off the loop)
+	laneWaiting         // the leg is sent; waiting for the answer's head
+	laneAnswer          // the answer is read (raw) or relayed (ls)
+	laneBackoff         // waiting to send the prefill leg again
+	laneReading         // reading the rest of a request's body (laneBody)
+	laneStepping        // a step the request waits on runs off the loop (runStep)
+	laneGone            // given to fasthttp, or closed
 )
 
 // laneConn is one client connection on the lane: the loop's handler of its
@@ -269,10 +268,10 @@ type laneConn struct {
 	// request and descriptor but never writes to it, closes it or ends the
 	// request; its primary adopts its answer, or drops it.
 	shadowOf *laneConn
-	// admitGone is why a request whose admission runs off the loop ends
-	// (its client left, the loop shuts down): it was cancelled, and ends
-	// when the admission comes back.
-	admitGone error
+	// stepGone is why a request whose step runs off the loop ends (its
+	// client left, the loop shuts down): it was cancelled, and ends when
+	// the step comes back.
+	stepGone error
 }
 
 // Ready implements netloop.Handler.
@@ -281,8 +280,8 @@ func (lc *laneConn) Ready(fd int, ev netloop.Events) {
 	defer lc.mu.Unlock()
 	switch {
 	case lc.state == laneGone:
-	case lc.state == laneAdmitting:
-		// The request is its admission's until it comes back: it is only
+	case lc.state == laneStepping:
+		// The request is its step's until it comes back: it is only
 		// cancelled now.
 		var cause error
 		switch {
@@ -294,8 +293,8 @@ func (lc *laneConn) Ready(fd int, ev netloop.Events) {
 			lc.setInterest(lc.interest &^ netloop.Readable)
 			return
 		}
-		if lc.admitGone == nil {
-			lc.admitGone = cause
+		if lc.stepGone == nil {
+			lc.stepGone = cause
 			lc.r.Cancel(cause)
 		}
 	case ev&netloop.Shutdown != 0:
@@ -418,27 +417,48 @@ func (lc *laneConn) serve(b []byte, api connectors.API, headLen int, lr rawhttp.
 	// has its answer finds it counted.
 	p.M.LoopRequests.Inc()
 	named := len(ll.req.Peek(inference.HeaderPrefiller)) > 0 // as Admit reads it
-	waits := p.AdmitWaits(inference.LaneHead{API: api, Split: named, Encoders: lr.Encoders})
-	if named || waits {
-		lc.beginSplit(named) // copies the body
+	if named {
+		lc.beginSplit(true) // copies the body
 	}
-	if waits {
-		lc.admitOffLoop()
+	a := r.Admit(&ll.req)
+	if a.Wait != nil {
+		if !named {
+			lc.beginSplit(false) // copies the head and the body
+		}
+		// Admit goes on with a copy of the head: the loop's parser goes on
+		// to other requests.
+		h := &fasthttp.RequestHeader{}
+		h.DisableNormalizing()
+		ll.req.CopyTo(h)
+		lc.admitAfter(a.Wait, h)
 		return
 	}
-	lc.route(r.Admit(&ll.req))
+	lc.route(a)
 	if !named {
 		r.Body = nil // maybe in the loop's buffer, which the next read overwrites
 	}
 }
 
+// admitAfter runs step, which the request's admission waits on, and then
+// goes on with the admission (of head h).
+func (lc *laneConn) admitAfter(step inference.Step, h *fasthttp.RequestHeader) {
+	lc.runStep(step, func() {
+		a := lc.r.Admit(h)
+		if a.Wait != nil {
+			lc.admitAfter(a.Wait, h)
+			return
+		}
+		lc.route(a)
+	})
+}
+
 // route sends the request where Admit said.
-func (lc *laneConn) route(route inference.Route, err error) {
-	switch route {
+func (lc *laneConn) route(a inference.Admission) {
+	switch a.Route {
 	case inference.RouteFail:
-		lc.failWith(err)
+		lc.failWith(a.Err)
 	case inference.RouteFallback:
-		lc.refused(err)
+		lc.refused(a.Err)
 	case inference.RouteLocal:
 		lc.serveLocal()
 	default:
@@ -446,33 +466,31 @@ func (lc *laneConn) route(route inference.Route, err error) {
 	}
 }
 
-// admitOffLoop runs the request's admission off the loop: one that waits
-// on upstream I/O (the encoder stage's fan-out), as a dial is. It reads a
-// copy of the head (the loop's parser goes on to other requests); the
-// request is the admission's alone until it comes back to the loop, where
-// a client that left meanwhile (it was only cancelled then) is counted and
-// the request goes where Admit said.
-func (lc *laneConn) admitOffLoop() {
-	ll, r := lc.ll, lc.r
-	h := &fasthttp.RequestHeader{}
-	h.DisableNormalizing()
-	ll.req.CopyTo(h)
-	lc.state, lc.admitGone = laneAdmitting, nil
-	r.Logger() // built here: the admission logs with it
+// runStep runs step, a blocking call the request waits on (an encoder
+// stage, a bootstrap query, the sidecar's KV pull, a DNS lookup), on a
+// goroutine of its own, as a dial is; next goes on from it, on the loop.
+// The request is the step's until it comes back: a client that leaves
+// meanwhile only cancels it (the step then returns), and is counted when
+// it does.
+func (lc *laneConn) runStep(step inference.Step, next func()) {
+	r := lc.r
+	lc.state, lc.stepGone = laneStepping, nil
+	r.Logger() // built here: the step may log with it
 	go func() {
-		route, err := r.Admit(h)
+		then := step(r.Ctx)
 		lc.onLoop(r, func() {
-			if lc.state != laneAdmitting {
+			if lc.state != laneStepping {
 				return
 			}
 			lc.state = laneSending
-			switch cause := lc.admitGone; {
+			switch cause := lc.stepGone; {
 			case errors.Is(cause, inference.ErrClientGone):
 				lc.clientLeft()
 			case cause != nil:
 				lc.abandon(cause)
 			default:
-				lc.route(route, err)
+				then()
+				next()
 			}
 		})
 	}()
@@ -595,9 +613,6 @@ func (ll *laneLoop) parseHead(b []byte) (api connectors.API, headLen, want int, 
 		return 0, 0, 0, lr, false
 	}
 	api, ok = connectors.APIForPath(string(h.RequestURI()))
-	if p.KeepsOffLane(inference.LaneHead{API: api, Split: len(lr.Prefiller) > 0, Encoders: lr.Encoders}) {
-		return 0, 0, 0, lr, false // a part of the sidecar the lane cannot carry yet
-	}
 	return api, headLen, headLen + cl, lr, ok
 }
 

@@ -68,24 +68,11 @@ func runPaired(lc *laneConn) {
 		ps.preBufp, ps.preHead = p.Bufs.GetChunk()
 		ps.preHead = rawhttp.AppendLegStartStrip(ps.preHead, &ll.req, p.PrefillStrip)
 	}
-	step := s.Prepare(r)
-	if step == nil {
-		ps.start()
+	if step := s.Prepare(r); step != nil {
+		lc.runStep(step, ps.start)
 		return
 	}
-	// Run off the loop, as a dial is; a client leaving meanwhile cancels
-	// it with the request.
-	lc.state = laneSending
-	ctx := r.Ctx
-	go func() {
-		then := step(ctx)
-		lc.onLoop(r, func() {
-			if lc.pd == pd && lc.state == laneSending {
-				then()
-				ps.start()
-			}
-		})
-	}()
+	ps.start()
 }
 
 // start starts the machine.

@@ -250,27 +250,19 @@ func (lc *laneConn) sendDecode(pd *lanePD, h connectors.Handoff) {
 }
 
 // pullKV pulls the KV the handoff h names into blocks of the local engine
-// (the sidecar's own pull, inference.PullKV), then sends the decode leg
-// naming them. The pull's transports block, so it runs off the loop, as a
-// dial does; the split goes on on the loop with its outcome. A client
-// that leaves meanwhile cancels the pull with the request.
+// (the sidecar's own pull, a step: Request.KVPull), then sends the decode
+// leg naming them.
 func (lc *laneConn) pullKV(pd *lanePD, h connectors.Handoff) {
-	r := lc.r
-	lc.state = laneSending
-	r.Logger() // built here: the pull logs with it
-	go func() {
-		pulled, err := inference.PullKV(r, h)
-		lc.onLoop(r, func() {
-			if lc.pd != pd || lc.state != laneSending {
-				return
-			}
-			if err != nil {
-				lc.feedSplit(split.Event{Kind: split.LegFailed, Err: inference.KVPullFailure(r, err)})
-				return
-			}
-			lc.sendDecode(pd, pulled)
-		})
-	}()
+	var pulled connectors.Handoff
+	var err error
+	step := lc.r.KVPull(h, func(hh connectors.Handoff, e error) { pulled, err = hh, e })
+	lc.runStep(step, func() {
+		if err != nil {
+			lc.feedSplit(split.Event{Kind: split.LegFailed, Err: err})
+			return
+		}
+		lc.sendDecode(pd, pulled)
+	})
 }
 
 // sendPrefill sends the prefill leg: built the first time, sent again as
