@@ -8,18 +8,14 @@ import (
 	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"
 )
 
-// ErrBootstrapFailed: the prefiller's bootstrap server (Mooncake's
-// GET /query) answered, but not with a usable answer.
-var ErrBootstrapFailed = bootstrap.ErrFailed
-
 // bootstrapTransportErr names a bootstrap query to addr that failed in the
 // transport (bootstrap.TransportErr): an answer the transport refused is
-// ErrBootstrapFailed; one that never came (unreachable, timed out) is the
+// bootstrap.ErrFailed; one that never came (unreachable, timed out) is the
 // prefiller's transport error.
 func bootstrapTransportErr(addr string, err error) error {
 	ue := upstreamErr(upstream.RoleBootstrap, addr, err)
 	if errors.Is(err, upstream.ErrBadUpstreamAnswer) {
-		return fmt.Errorf("%w: %w", ErrBootstrapFailed, ue)
+		return fmt.Errorf("%w: %w", bootstrap.ErrFailed, ue)
 	}
 	return PrefillTransportErr(ue) // unreachable, timed out: as the prefiller
 }

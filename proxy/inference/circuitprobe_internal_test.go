@@ -68,7 +68,7 @@ func TestCircuitProberOverGuard(t *testing.T) {
 	pr.Round(context.Background())
 	assert.Equal(t, 1.0, testutil.ToFloat64(m.CircuitProbes.WithLabelValues(metrics.ProbeDown)))
 	_, err = g.AllowPrefill(hp)
-	assert.ErrorIs(t, err, ErrCircuitOpen, "still down: still skipped")
+	assert.ErrorIs(t, err, guard.ErrCircuitOpen, "still down: still skipped")
 
 	back, err := net.Listen("tcp", hp)
 	if err != nil {

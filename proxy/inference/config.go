@@ -255,12 +255,6 @@ func (c Config) Validate() error {
 	return c.Guard.Validate()
 }
 
-// Errors of refused passthrough requests: passpolicy's.
-var (
-	ErrPassthroughMethod = passpolicy.ErrMethod
-	ErrPassthroughPath   = passpolicy.ErrPath
-)
-
 // MultiturnConfig is multi-turn KV reuse (vLLM's bidirectional KV
 // transfer, proxy/multiturn): a decode answer's kv_transfer_params kept
 // per conversation and put in its next turn's prefill leg. The flags and

@@ -19,21 +19,6 @@ const SpanEncode = "encode"
 // controllable: stripped from every leg.
 const HeaderEncoders = "x-encoder-hosts-ports"
 
-// Encoder-stage errors (encoder's). A failed stage's error wraps
-// ErrEncoderFailed, answered 502 under --on-encoder-failure error: it
-// carries no outcome of its own, so that what it wraps decides (a client
-// body no leg can be built of is ErrBadRequest, 400).
-var (
-	// ErrEncoderFailed: an encoder leg failed, or no encoder was allowed.
-	ErrEncoderFailed = encoder.ErrFailed
-	// ErrEncoderTimeout: the fan-out ran past --encoder-timeout (the
-	// stage's error wraps it in ErrEncoderFailed).
-	ErrEncoderTimeout = encoder.ErrTimeout
-	// ErrNoEncoder: every encoder named was refused (not host:port, or
-	// not on the SSRF allowlist).
-	ErrNoEncoder = encoder.ErrNoneAllowed
-)
-
 // newEncoderTransport is the encoder legs' transport, with TLS when the
 // stage asks for it; nil when the stage is off.
 func newEncoderTransport(cfg Config) (*upstream.Transport, error) {

@@ -26,9 +26,9 @@ func TestEncoderErrorsClassified(t *testing.T) {
 		err    error
 		status int
 	}{
-		{ErrNoEncoder, 502},
-		{fmt.Errorf("%w for item 1: %w", ErrEncoderFailed, ErrEncoderTimeout), 502},
-		{fmt.Errorf("%w for item 0: %w", ErrEncoderFailed, fmt.Errorf("%w: %w", ErrBadRequest, connectors.ErrBadBody)), 400},
+		{encoder.ErrNoneAllowed, 502},
+		{fmt.Errorf("%w for item 1: %w", encoder.ErrFailed, encoder.ErrTimeout), 502},
+		{fmt.Errorf("%w for item 0: %w", encoder.ErrFailed, fmt.Errorf("%w: %w", ErrBadRequest, connectors.ErrBadBody)), 400},
 	} {
 		assert.Equal(t, tc.status, failure.Of(tc.err).Status, "%v", tc.err)
 	}
@@ -57,7 +57,7 @@ func TestEncodeRequest(t *testing.T) {
 	}{
 		{name: "no header", body: image},
 		{name: "no items", body: `{"model":"m","messages":[{"role":"user","content":"hi"}]}`, encoders: "127.0.0.1:1", outcome: metrics.StageNoItems},
-		{name: "none allowed", body: image, encoders: "nohost", outcome: metrics.StageFailed, err: ErrNoEncoder},
+		{name: "none allowed", body: image, encoders: "nohost", outcome: metrics.StageFailed, err: encoder.ErrNoneAllowed},
 		{name: "none allowed, local", body: image, encoders: "nohost", policy: encoder.FailLocal, outcome: metrics.StageDegraded, threshold: true},
 		{name: "client gone", body: image, encoders: "nohost", gone: true, err: ErrClientGone},
 	} {

@@ -14,14 +14,9 @@ import (
 )
 
 // Sentinel errors of the request guards (each with its outcome; those of a
-// prefiller refused are the guard's verdicts).
+// prefiller refused are the guard's verdicts, guard.ErrPrefillerDenied and
+// guard.ErrCircuitOpen).
 var (
-	// ErrPrefillerDenied: SSRF protection is on and the named prefiller is
-	// not on the allowlist (403).
-	ErrPrefillerDenied = guard.ErrPrefillerDenied
-	// ErrCircuitOpen: the prefiller failed repeatedly and is skipped for a
-	// cool-down; the request goes straight to local prefill.
-	ErrCircuitOpen = guard.ErrCircuitOpen
 	// ErrOverloaded: --max-concurrent-requests inference requests are in
 	// flight (503, with Retry-After).
 	ErrOverloaded error = failure.New("too many concurrent requests", failure.Outcome{Status: http.StatusServiceUnavailable, RetryAfter: true})
@@ -50,7 +45,7 @@ func breakerResult(err error) circuit.Result {
 	switch {
 	case err == nil:
 		return circuit.Success
-	case errors.Is(err, ErrClientGone), errors.Is(err, ErrBadRequest), errors.Is(err, errHedgeLost), errors.Is(err, split.ErrAbandoned):
+	case errors.Is(err, ErrClientGone), errors.Is(err, ErrBadRequest), errors.Is(err, split.ErrHedgeLost), errors.Is(err, split.ErrAbandoned):
 		return circuit.Neutral
 	case errors.Is(err, ErrPrefillUnreachable):
 		return circuit.Unreachable // a connect probe can tell when it ends

@@ -13,7 +13,6 @@ import (
 	"github.com/pd-sidecar/pd-sidecar/connectors/moriio"
 	"github.com/pd-sidecar/pd-sidecar/metrics"
 	"github.com/pd-sidecar/pd-sidecar/proxy/hostdns"
-	"github.com/pd-sidecar/pd-sidecar/proxy/split"
 )
 
 // MoriIOConfig is MoRI-IO write mode on the nixlv2 connector (AMD's KV
@@ -66,11 +65,6 @@ func (c MoriIOConfig) Validate() error {
 	}
 	return nil
 }
-
-// ErrKVWaitTimeout: in MoRI-IO parallel dispatch, the prefill leg gave no
-// outcome, and the decode leg no output, within
-// --moriio-parallel-decode-wait-timeout.
-var ErrKVWaitTimeout = split.ErrKVWaitTimeout
 
 // moriState is MoRI-IO's per-proxy state.
 type moriState struct {

@@ -4,16 +4,6 @@ import (
 	"github.com/pd-sidecar/pd-sidecar/proxy/prewarm"
 )
 
-// Sentinel errors of a warm-up (prewarm's).
-var (
-	// ErrPrewarmNoKV: the warm-up's prefill answer handed off no KV.
-	ErrPrewarmNoKV = prewarm.ErrNoKV
-	// ErrPrewarmStatus: a warm-up leg was answered with an error status.
-	ErrPrewarmStatus = prewarm.ErrStatus
-	// ErrNoModel: the local engine's GET /v1/models named no model.
-	ErrNoModel = prewarm.ErrNoModel
-)
-
 // newPrewarmer returns the warm-ups of p's new prefillers
 // (--prefill-prewarm): its split, through its transport, to each of its
 // local engines, with its checks of a handoff.

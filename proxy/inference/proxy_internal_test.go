@@ -14,7 +14,10 @@ import (
 	"github.com/pd-sidecar/pd-sidecar/connectors"
 	"github.com/pd-sidecar/pd-sidecar/failure"
 	"github.com/pd-sidecar/pd-sidecar/kvtransfer"
+	"github.com/pd-sidecar/pd-sidecar/proxy/bootstrap"
 	"github.com/pd-sidecar/pd-sidecar/proxy/dprank"
+	"github.com/pd-sidecar/pd-sidecar/proxy/encoder"
+	"github.com/pd-sidecar/pd-sidecar/proxy/guard"
 	"github.com/pd-sidecar/pd-sidecar/proxy/kvpull"
 	"github.com/pd-sidecar/pd-sidecar/proxy/split"
 	"github.com/pd-sidecar/pd-sidecar/proxy/sse"
@@ -41,7 +44,7 @@ func TestClassify(t *testing.T) {
 		{ErrBadPrefiller, 400, failure.ReasonBadPrefiller, false},
 		{ErrKVLoadFailed, 500, failure.ReasonKVLoadFailed, false},
 		{ErrEOSStream, 502, failure.ReasonEOSUnsupported, false},
-		{fmt.Errorf("%w (30s)", ErrKVWaitTimeout), 504, failure.ReasonKVWaitTimeout, false},
+		{fmt.Errorf("%w (30s)", split.ErrKVWaitTimeout), 504, failure.ReasonKVWaitTimeout, false},
 		{fmt.Errorf("%w: an answer", upstream.ErrBufferBudget), 503, failure.ReasonBufferBudget, false},
 		{fmt.Errorf("%w: %w", ErrDecodeFailed, upstream.ErrBufferBudget), 503, failure.ReasonBufferBudget, false},
 		{fmt.Errorf("%w: refused", ErrDecodeUnavailable), 503, "", false},
@@ -51,14 +54,14 @@ func TestClassify(t *testing.T) {
 		// An error carries the outcome of the outermost error in it that
 		// has one, unless one of higher precedence stands anywhere in it.
 		{fmt.Errorf("%w after 2s (after %w)", split.ErrPrefillTimeout, fmt.Errorf("%w: status 503", ErrPrefillServerError)), 504, failure.ReasonTimeout, false},
-		{fmt.Errorf("%w for item 0: %w", ErrEncoderFailed, fmt.Errorf("%w: %w", ErrBadRequest, connectors.ErrBadBody)), 400, "", false},
-		{fmt.Errorf("%w for item 0: reset", ErrEncoderFailed), 502, "", false},
+		{fmt.Errorf("%w for item 0: %w", encoder.ErrFailed, fmt.Errorf("%w: %w", ErrBadRequest, connectors.ErrBadBody)), 400, "", false},
+		{fmt.Errorf("%w for item 0: reset", encoder.ErrFailed), 502, "", false},
 		{fmt.Errorf("%w: sidecar pull: %w", ErrKVLoadFailed, &upstream.UpstreamError{Role: upstream.RoleKVAgent, Err: fmt.Errorf("%w: %w", kvpull.ErrAlloc, upstream.ErrBufferBudget)}), 503, failure.ReasonBufferBudget, false},
 		{fmt.Errorf("%w: %w", split.ErrPrefillTimeout, ErrClientGone), 499, "", false},
-		{fmt.Errorf("%w (%w)", ErrPrefillUnreachable, fmt.Errorf("%w: x", ErrCircuitOpen)), 503, failure.ReasonCircuitOpen, false},
-		{fmt.Errorf("%w: %w", ErrCircuitOpen, fmt.Errorf("%w: x", ErrPrefillerDenied)), 403, "", false},
+		{fmt.Errorf("%w (%w)", ErrPrefillUnreachable, fmt.Errorf("%w: x", guard.ErrCircuitOpen)), 503, failure.ReasonCircuitOpen, false},
+		{fmt.Errorf("%w: %w", guard.ErrCircuitOpen, fmt.Errorf("%w: x", guard.ErrPrefillerDenied)), 403, "", false},
 		{fmt.Errorf("%w: %w after 1s", ErrDecodeTimeout, upstream.ErrFirstByteTimeout), 504, "", false},
-		{fmt.Errorf("%w: %w", ErrBootstrapFailed, connectors.ErrBadBootstrap), 502, failure.ReasonBootstrapFailed, false},
+		{fmt.Errorf("%w: %w", bootstrap.ErrFailed, connectors.ErrBadBootstrap), 502, failure.ReasonBootstrapFailed, false},
 		{fmt.Errorf("%w: kv_source: %w", connectors.ErrInvalidKVParams, kvtransfer.ErrKVSourceGone), 502, failure.ReasonInvalidParams, false},
 		{errors.New("no outcome"), 502, "", false},
 	}

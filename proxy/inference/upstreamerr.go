@@ -5,6 +5,7 @@ import (
 	"io"
 
 	"github.com/pd-sidecar/pd-sidecar/proxy/split"
+	"github.com/pd-sidecar/pd-sidecar/proxy/sse"
 	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"
 )
 
@@ -40,7 +41,7 @@ func reasonOf(err error) string {
 	switch {
 	case errors.Is(err, upstream.ErrBadUpstreamAnswer):
 		return upstream.ReasonOf(err)
-	case errors.Is(err, ErrEventTooLong):
+	case errors.Is(err, sse.ErrEventTooLong):
 		return "answer refused: an SSE event longer than --max-sse-event-bytes"
 	case errors.Is(err, upstream.ErrBufferBudget):
 		return upstream.ReasonOf(err)

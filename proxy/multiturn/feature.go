@@ -160,7 +160,7 @@ func (u *use) lookup(sums [][sha256.Size]byte, continues bool) {
 	e, miss := u.f.Store.Take(u.narrow, sums, continues)
 	u.f.M.Held.Set(float64(u.f.Store.Count()))
 	if miss == "" && e.Tokens < u.f.Threshold {
-		miss = ReasonBelowThreshold
+		miss = metrics.MultiturnBelowThreshold
 		u.f.release(e)
 	}
 	u.outcome = miss
@@ -190,9 +190,9 @@ func (u *use) DropPrefillEdit() bool {
 	if u.history == nil || u.dropped {
 		return false
 	}
-	u.dropped, u.outcome = true, ReasonPullFailed
-	u.f.M.Misses.WithLabelValues(ReasonPullFailed).Inc()
-	u.log.LogAt(zerolog.WarnLevel).Str("reason", ReasonPullFailed).Msg("multi-turn: the prefill with the conversation's history failed; prefilling again without it")
+	u.dropped, u.outcome = true, metrics.MultiturnPullFailed
+	u.f.M.Misses.WithLabelValues(metrics.MultiturnPullFailed).Inc()
+	u.log.LogAt(zerolog.WarnLevel).Str("reason", metrics.MultiturnPullFailed).Msg("multi-turn: the prefill with the conversation's history failed; prefilling again without it")
 	return true
 }
 

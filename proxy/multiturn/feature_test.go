@@ -88,14 +88,14 @@ func TestHistoryUsedOnlyWhenTheTurnExtendsTheSequence(t *testing.T) {
 		want    string // "used" or a miss reason
 	}{
 		{"extends exactly", "s1", 500, chatBody(t1[0], t1[1], answer, next), OutcomeUsed},
-		{"reasoning stripped", "s1", 500, chatBody(t1[0], t1[1], stripped, next), ReasonPrefixMismatch},
-		{"an earlier message edited", "s1", 500, chatBody(t1[0], msg("user", "hello there!"), answer, next), ReasonPrefixMismatch},
-		{"nothing new", "s1", 500, chatBody(t1[0], t1[1], answer), ReasonPrefixMismatch},
-		{"another conversation's session key", "s1", 500, chatBody(msg("user", "something else"), answer, next), ReasonPrefixMismatch},
-		{"another model", "s1", 500, []byte(strings.Replace(string(chatBody(t1[0], t1[1], answer, next)), `"model":"m"`, `"model":"n"`, 1)), ReasonNoEntry},
-		{"another tenant (cache_salt)", "s1", 500, []byte(strings.Replace(string(chatBody(t1[0], t1[1], answer, next)), `"model":"m"`, `"model":"m","cache_salt":"b"`, 1)), ReasonNoEntry},
-		{"another session: a key narrows the search", "s2", 500, chatBody(t1[0], t1[1], answer, next), ReasonNoEntry},
-		{"below the threshold", "s1", 63, chatBody(t1[0], t1[1], answer, next), ReasonBelowThreshold},
+		{"reasoning stripped", "s1", 500, chatBody(t1[0], t1[1], stripped, next), metrics.MultiturnPrefixMismatch},
+		{"an earlier message edited", "s1", 500, chatBody(t1[0], msg("user", "hello there!"), answer, next), metrics.MultiturnPrefixMismatch},
+		{"nothing new", "s1", 500, chatBody(t1[0], t1[1], answer), metrics.MultiturnPrefixMismatch},
+		{"another conversation's session key", "s1", 500, chatBody(msg("user", "something else"), answer, next), metrics.MultiturnPrefixMismatch},
+		{"another model", "s1", 500, []byte(strings.Replace(string(chatBody(t1[0], t1[1], answer, next)), `"model":"m"`, `"model":"n"`, 1)), metrics.MultiturnNoEntry},
+		{"another tenant (cache_salt)", "s1", 500, []byte(strings.Replace(string(chatBody(t1[0], t1[1], answer, next)), `"model":"m"`, `"model":"m","cache_salt":"b"`, 1)), metrics.MultiturnNoEntry},
+		{"another session: a key narrows the search", "s2", 500, chatBody(t1[0], t1[1], answer, next), metrics.MultiturnNoEntry},
+		{"below the threshold", "s1", 63, chatBody(t1[0], t1[1], answer, next), metrics.MultiturnBelowThreshold},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -304,12 +304,12 @@ func TestHistoriesFoundByContent(t *testing.T) {
 				}
 			}
 			assert.Equal(t, float64(2*convs), testutil.ToFloat64(f.M.Uses))
-			assert.Equal(t, 0.0, testutil.ToFloat64(f.M.Misses.WithLabelValues(ReasonPrefixMismatch)))
+			assert.Equal(t, 0.0, testutil.ToFloat64(f.M.Misses.WithLabelValues(metrics.MultiturnPrefixMismatch)))
 			pre, _ := turn(f, session, connectors.APIChat, chatBody(hist[0]...), chatAnswerFor(" x", "replay", 200))
 			assert.Equal(t, "r-0-2", gjson.Get(pre, "remote_request_id").Str)
 			pre, _ = turn(f, session, connectors.APIChat, chatBody(hist[0]...), chatAnswerFor(" x", "replay", 200))
 			assert.NotContains(t, pre, "remote_request_id", "an entry is used once")
-			assert.Equal(t, 1.0, testutil.ToFloat64(f.M.Misses.WithLabelValues(ReasonPrefixMismatch)), "held under the narrowing, none extended")
+			assert.Equal(t, 1.0, testutil.ToFloat64(f.M.Misses.WithLabelValues(metrics.MultiturnPrefixMismatch)), "held under the narrowing, none extended")
 		})
 	}
 }
@@ -325,13 +325,13 @@ func TestTenantsNeverShareAHistory(t *testing.T) {
 	f := newFeature()
 	first := msg("user", "the same question")
 	turn(f, "pod", connectors.APIChat, salted("tenant-a", first), chatAnswerFor(" same", "a-1", 200))
-	noEntry := testutil.ToFloat64(f.M.Misses.WithLabelValues(ReasonNoEntry))
+	noEntry := testutil.ToFloat64(f.M.Misses.WithLabelValues(metrics.MultiturnNoEntry))
 	two := []map[string]any{first, msg("assistant", " same"), msg("user", "next")}
 	for _, body := range [][]byte{salted("tenant-b", two...), salted("", two...), chatBody(two...)} {
 		pre, _ := turn(f, "pod", connectors.APIChat, body, `{"choices":[]}`)
 		assert.NotContains(t, pre, "remote_request_id", "%s: another tenant's history", body)
 	}
-	assert.Equal(t, noEntry+3, testutil.ToFloat64(f.M.Misses.WithLabelValues(ReasonNoEntry)), "nothing held under their model, tenant and key")
+	assert.Equal(t, noEntry+3, testutil.ToFloat64(f.M.Misses.WithLabelValues(metrics.MultiturnNoEntry)), "nothing held under their model, tenant and key")
 	pre, _ := turn(f, "pod", connectors.APIChat, salted("tenant-a", two...), `{"choices":[]}`)
 	assert.Equal(t, "a-1", gjson.Get(pre, "remote_request_id").Str, "the tenant's own")
 }

@@ -12,15 +12,6 @@ import (
 	"github.com/pd-sidecar/pd-sidecar/metrics"
 )
 
-// The reasons a turn's prefill carries no history (metrics.Multiturn*).
-const (
-	ReasonNoEntry        = metrics.MultiturnNoEntry
-	ReasonExpired        = metrics.MultiturnExpired
-	ReasonPrefixMismatch = metrics.MultiturnPrefixMismatch
-	ReasonBelowThreshold = metrics.MultiturnBelowThreshold
-	ReasonPullFailed     = metrics.MultiturnPullFailed
-)
-
 // Entry is what one decode answer left for the turn that extends it.
 type Entry struct {
 	// Seq is the digest of the sequence the decode engine saw and produced,
@@ -295,11 +286,11 @@ func (s *Store) Lengths(narrow [sha256.Size]byte, below, most int) []int {
 
 // Take removes the first entry of seqs (digests, the longest prefix's
 // first) that is held and has not expired, and returns it; expired ones on
-// the way go. With none, it returns why: ReasonExpired when one had
-// expired, ReasonPrefixMismatch when the turn continues an earlier one
+// the way go. With none, it returns why: metrics.MultiturnExpired when one had
+// expired, metrics.MultiturnPrefixMismatch when the turn continues an earlier one
 // (continues) and entries are held under narrow but it extends none of
 // them (an edited or stripped history, another conversation's text under a
-// session key), else ReasonNoEntry.
+// session key), else metrics.MultiturnNoEntry.
 func (s *Store) Take(narrow [sha256.Size]byte, seqs [][sha256.Size]byte, continues bool) (Entry, string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -318,11 +309,11 @@ func (s *Store) Take(narrow [sha256.Size]byte, seqs [][sha256.Size]byte, continu
 	}
 	switch {
 	case expired:
-		return Entry{}, ReasonExpired
+		return Entry{}, metrics.MultiturnExpired
 	case continues && s.narrows[narrow] != nil:
-		return Entry{}, ReasonPrefixMismatch
+		return Entry{}, metrics.MultiturnPrefixMismatch
 	}
-	return Entry{}, ReasonNoEntry
+	return Entry{}, metrics.MultiturnNoEntry
 }
 
 // Count returns the number of entries.

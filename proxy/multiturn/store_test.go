@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pd-sidecar/pd-sidecar/metrics"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -37,13 +38,13 @@ func TestStoreBoundsAndTakes(t *testing.T) {
 			assert.Equal(t, "", miss)
 			assert.Equal(t, 5, e.Tokens)
 			_, miss = take(s, a)
-			assert.Equal(t, ReasonNoEntry, miss)
+			assert.Equal(t, metrics.MultiturnNoEntry, miss)
 		}},
 		{"expired", func(t *testing.T, s *Store) {
 			put(s, a, anyone, entry(5))
 			c.t = c.t.Add(time.Minute)
 			_, miss := take(s, a)
-			assert.Equal(t, ReasonExpired, miss)
+			assert.Equal(t, metrics.MultiturnExpired, miss)
 			assert.Equal(t, 0, s.Count())
 		}},
 		{"replaced by an entry of the same digest", func(t *testing.T, s *Store) {
@@ -59,7 +60,7 @@ func TestStoreBoundsAndTakes(t *testing.T) {
 			ev, _ := put(s, d, anyone, entry(3))
 			assert.Equal(t, Evictions{Share: 1}, counts(ev), "one client, whose share is the whole store: its own oldest")
 			_, miss := take(s, a)
-			assert.Equal(t, ReasonNoEntry, miss)
+			assert.Equal(t, metrics.MultiturnNoEntry, miss)
 			_, miss = take(s, d)
 			assert.Equal(t, "", miss)
 		}},
@@ -144,11 +145,11 @@ func TestStoreFindsByContent(t *testing.T) {
 		{"a turn that extends nothing held: prefix_mismatch, and every entry stays", func(t *testing.T, s *Store) {
 			s.Put(pod, anyone, at("a", 3, 30))
 			_, miss := s.Take(pod, [][32]byte{keyOf("b")}, true)
-			assert.Equal(t, ReasonPrefixMismatch, miss)
+			assert.Equal(t, metrics.MultiturnPrefixMismatch, miss)
 			_, miss = s.Take(other, [][32]byte{keyOf("b")}, true)
-			assert.Equal(t, ReasonNoEntry, miss, "nothing held under the other narrowing")
+			assert.Equal(t, metrics.MultiturnNoEntry, miss, "nothing held under the other narrowing")
 			_, miss = s.Take(pod, [][32]byte{keyOf("b")}, false)
-			assert.Equal(t, ReasonNoEntry, miss, "a first turn")
+			assert.Equal(t, metrics.MultiturnNoEntry, miss, "a first turn")
 			assert.Equal(t, 1, s.Count())
 		}},
 		{"an expired entry goes, a shorter live one is taken", func(t *testing.T, s *Store) {
@@ -160,13 +161,13 @@ func TestStoreFindsByContent(t *testing.T) {
 			assert.Equal(t, "", miss)
 			assert.Equal(t, 30, e.Tokens)
 			_, miss = s.Take(pod, [][32]byte{keyOf("old")}, true)
-			assert.Equal(t, ReasonNoEntry, miss)
+			assert.Equal(t, metrics.MultiturnNoEntry, miss)
 		}},
 		{"only expired: expired", func(t *testing.T, s *Store) {
 			s.Put(pod, anyone, at("old", 5, 50))
 			c.t = c.t.Add(time.Minute)
 			_, miss := s.Take(pod, [][32]byte{keyOf("old")}, true)
-			assert.Equal(t, ReasonExpired, miss)
+			assert.Equal(t, metrics.MultiturnExpired, miss)
 		}},
 		{"lengths: distinct, below the turn's, the longest most", func(t *testing.T, s *Store) {
 			for i, n := range []int{2, 4, 4, 6, 8, 10} {
@@ -222,7 +223,7 @@ func TestStoreClientShares(t *testing.T) {
 			_, miss = take(s, key("f", 5999))
 			assert.Equal(t, "", miss, "the flood's newest is kept")
 			_, miss = take(s, key("f", 0))
-			assert.Equal(t, ReasonNoEntry, miss, "the flood's oldest went")
+			assert.Equal(t, metrics.MultiturnNoEntry, miss, "the flood's oldest went")
 		}},
 		{"free room is anyone's until another client needs it", func(t *testing.T, s *Store) {
 			for i := range 8 {
@@ -232,7 +233,7 @@ func TestStoreClientShares(t *testing.T) {
 			ev, _ := put(s, key("v", 0), victim, entry(1))
 			assert.Equal(t, Evictions{OverShare: 1}, counts(ev), "the victim, under its share, takes the flooder's oldest")
 			_, miss := take(s, key("f", 0))
-			assert.Equal(t, ReasonNoEntry, miss)
+			assert.Equal(t, metrics.MultiturnNoEntry, miss)
 			_, miss = take(s, key("f", 1))
 			assert.Equal(t, "", miss, "the flooder's next oldest stays")
 		}},
@@ -247,11 +248,11 @@ func TestStoreClientShares(t *testing.T) {
 			ev, _ := put(s, key("f", 2), flooder, entry(1))
 			assert.Equal(t, Evictions{Share: 1}, counts(ev), "the flooder holds its share (2): its own oldest")
 			_, miss := take(s, key("f", 0))
-			assert.Equal(t, ReasonNoEntry, miss)
+			assert.Equal(t, metrics.MultiturnNoEntry, miss)
 			ev, _ = put(s, key("y", 0), ClientOf(netip.MustParseAddr("10.0.0.5")), entry(1))
 			assert.Equal(t, Evictions{Full: 1}, counts(ev), "no client over its share: the least recently kept")
 			_, miss = take(s, key("v", 0))
-			assert.Equal(t, ReasonNoEntry, miss, "the victim's first entry was the least recently kept")
+			assert.Equal(t, metrics.MultiturnNoEntry, miss, "the victim's first entry was the least recently kept")
 		}},
 		{"the byte bound is shared too", func(t *testing.T, s *Store) {
 			big := Entry{Params: make([]byte, 3*entryOverhead), Tokens: 1, Len: 1}

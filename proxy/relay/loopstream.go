@@ -13,6 +13,7 @@ import (
 	"github.com/pd-sidecar/pd-sidecar/netloop"
 	"github.com/pd-sidecar/pd-sidecar/proxy/clientconn"
 	"github.com/pd-sidecar/pd-sidecar/proxy/inference"
+	"github.com/pd-sidecar/pd-sidecar/proxy/sse"
 	"github.com/pd-sidecar/pd-sidecar/proxy/sserelay"
 	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"
 )
@@ -46,7 +47,7 @@ type LoopStream struct {
 	first     []byte // the first chunk, written by begin
 	firstp    *[]byte
 
-	Cut      error  // ErrEventTooLong, once the stream was refused for it
+	Cut      error  // sse.ErrEventTooLong, once the stream was refused for it
 	UpErr    error  // why the upstream's answer broke off (nil: it ended cleanly, or has not ended)
 	pending  []byte // bytes the client has not taken yet
 	Ended    bool   // the upstream is done: pending holds the last bytes
@@ -312,7 +313,7 @@ func (ls *LoopStream) noteFirstOutput() {
 // appends the stream's last events to out: a final event that lacked its
 // blank line, and an error event when the stream broke off.
 func (ls *LoopStream) endUpstream(out []byte, err error) []byte {
-	if errors.Is(err, inference.ErrEventTooLong) && ls.Cut == nil {
+	if errors.Is(err, sse.ErrEventTooLong) && ls.Cut == nil {
 		ls.Cut = err
 		ls.R.EventRefused()
 	}

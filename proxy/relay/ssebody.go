@@ -251,8 +251,8 @@ func endStream(r *inference.Request, out []byte, done bool, err error) []byte {
 	}
 	r.LogAt(zerolog.ErrorLevel).Err(err).Msg("upstream stream broke off; ending the client stream with an error event")
 	cause := fmt.Errorf("%w: stream broke off", inference.ErrDecodeFailed)
-	if errors.Is(err, inference.ErrEventTooLong) {
-		cause = fmt.Errorf("%w: %w", inference.ErrDecodeFailed, inference.ErrEventTooLong)
+	if errors.Is(err, sse.ErrEventTooLong) {
+		cause = fmt.Errorf("%w: %w", inference.ErrDecodeFailed, sse.ErrEventTooLong)
 	}
 	return append(out, sse.ErrorEvent(inference.FailureBody(cause))...)
 }
