@@ -140,7 +140,7 @@ func TestMachinesImportNoIO(t *testing.T) {
 // proxy/ do not re-export each other's (an exported type alias, or an
 // exported constant or variable that is another package's name).
 func TestNoReexports(t *testing.T) {
-	const most = 20 // where the code stands
+	const most = 1 // where the code stands: Config, which cmd names as proxy.Config
 	var found []string
 	for _, dir := range proxyPackages(t) {
 		for path, f := range sourceFiles(t, dir) {
@@ -183,7 +183,7 @@ func TestTypesStaySmall(t *testing.T) {
 	standing := map[string]int{ // where the code stands
 		"lane.laneConn":     96,
 		"inference.Request": 70,
-		"inference.Proxy":   52,
+		"inference.Proxy":   49,
 	}
 	methods := map[string]int{}
 	for _, dir := range proxyPackages(t) {
@@ -221,7 +221,7 @@ func TestTypesStaySmall(t *testing.T) {
 // down as the request's decisions move into one core and its features
 // into their own packages.
 func TestInferenceIsComposition(t *testing.T) {
-	const most = 4292 // where the code stands
+	const most = 4232 // where the code stands
 	paths, err := filepath.Glob("inference/*.go")
 	if err != nil {
 		t.Fatal(err)
