@@ -13,6 +13,7 @@
 package feature
 
 import (
+	"context"
 	"net/netip"
 
 	"github.com/rs/zerolog"
@@ -127,3 +128,13 @@ type LocalAnswerEditor interface {
 type HistoryReporter interface {
 	HistoryOutcome() string
 }
+
+// Step is a blocking call a request waits on (an encoder stage's
+// fan-out, a DNS lookup, a bootstrap query, a KV pull), which both drivers
+// run the same way: fasthttp's on the request's goroutine, the lane on a
+// goroutine of its own, off its event loop. The call touches nothing of
+// the request but what the step took when it was made; the func it
+// returns goes on with its outcome, on the request's goroutine or its
+// loop, and is not run when the request ended meanwhile (its context's end
+// makes the call return).
+type Step func(ctx context.Context) (then func())

@@ -5,6 +5,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/pd-sidecar/pd-sidecar/metrics"
+	"github.com/pd-sidecar/pd-sidecar/proxy/feature"
 )
 
 // llm-d's deprecated data-parallel rank selector (dprank): an inference
@@ -13,6 +14,13 @@ import (
 // unchanged. The header never reaches an engine (upstreamHeader,
 // rawhttp.AppendLegStart, passthrough). Both drivers pick the rank before
 // anything else reads the request.
+
+// rankPicker is the admitter that picks the data-parallel rank (pickRank).
+type rankPicker struct{}
+
+func (rankPicker) admit(r *Request, h *fasthttp.RequestHeader) (feature.Step, error) {
+	return nil, pickRank(r, h)
+}
 
 // pickRank points r's decode legs at the rank its x-data-parallel-host-port
 // names (none: r's own rank). An unknown value is counted and refused

@@ -7,6 +7,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/pd-sidecar/pd-sidecar/proxy/encoder"
+	"github.com/pd-sidecar/pd-sidecar/proxy/feature"
 	"github.com/pd-sidecar/pd-sidecar/proxy/tlsconf"
 	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"
 )
@@ -59,13 +60,20 @@ func newEncoderStage(p *Proxy) *encoder.Stage {
 	})
 }
 
+// encoderStage is the admitter that runs the encoder stage (encodeStep).
+type encoderStage struct{}
+
+func (encoderStage) admit(r *Request, h *fasthttp.RequestHeader) (feature.Step, error) {
+	return encodeStep(r, h), nil
+}
+
 // encodeStep is the encoder stage (encoder.Stage) of a request naming
 // encoders, a blocking step (nil: none named, or the stage is off): r.Body
 // continues as the stage leaves it, and the request's report says the
 // stage's outcome. A failure is the request's error under
 // --on-encoder-failure error (Admit answers it); under local the request
 // continues.
-func encodeStep(r *Request, h *fasthttp.RequestHeader) Step {
+func encodeStep(r *Request, h *fasthttp.RequestHeader) feature.Step {
 	if r.P.enc == nil {
 		return nil
 	}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/pd-sidecar/pd-sidecar/connectors"
 	"github.com/pd-sidecar/pd-sidecar/kvtransfer"
+	"github.com/pd-sidecar/pd-sidecar/proxy/feature"
 	"github.com/pd-sidecar/pd-sidecar/proxy/kvpull"
 	"github.com/pd-sidecar/pd-sidecar/proxy/split"
 	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"
@@ -25,7 +26,7 @@ import (
 // borrowed from the local engine (the pull's transports block); done goes
 // on with the decode leg's handoff naming them, or with what the pull's
 // failure is to the split (KVPullFailure).
-func (r *Request) KVPull(h connectors.Handoff, done func(connectors.Handoff, error)) Step {
+func (r *Request) KVPull(h connectors.Handoff, done func(connectors.Handoff, error)) feature.Step {
 	return func(ctx context.Context) func() {
 		pulled, err := pullKV(ctx, r, h)
 		return func() {

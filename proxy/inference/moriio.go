@@ -12,6 +12,7 @@ import (
 
 	"github.com/pd-sidecar/pd-sidecar/connectors/moriio"
 	"github.com/pd-sidecar/pd-sidecar/metrics"
+	"github.com/pd-sidecar/pd-sidecar/proxy/feature"
 	"github.com/pd-sidecar/pd-sidecar/proxy/hostdns"
 )
 
@@ -114,7 +115,7 @@ func (s *moriState) addrs(r *Request) *moriAddrs {
 // one of MoRI-IO's host specs has no address yet (nil: MoRI-IO is off, or
 // every spec resolves without waiting): the legs are then built without
 // waiting on DNS, on either driver.
-func (p *Proxy) moriResolveStep(r *Request) Step {
+func (p *Proxy) moriResolveStep(r *Request) feature.Step {
 	s := p.Mori
 	if s == nil || s.Ready() {
 		return nil

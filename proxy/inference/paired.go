@@ -19,6 +19,7 @@ import (
 	"github.com/pd-sidecar/pd-sidecar/connectors"
 	"github.com/pd-sidecar/pd-sidecar/connectors/moriio"
 	"github.com/pd-sidecar/pd-sidecar/metrics"
+	"github.com/pd-sidecar/pd-sidecar/proxy/feature"
 	"github.com/pd-sidecar/pd-sidecar/proxy/split"
 	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"
 )
@@ -92,7 +93,7 @@ func BeginPaired(r *Request) *Paired {
 // cached. Otherwise it returns the step that asks the prefiller's
 // bootstrap server, within --prefill-timeout, and builds the legs with its
 // answer; the split starts once it has run.
-func (s *Paired) Prepare(r *Request) Step {
+func (s *Paired) Prepare(r *Request) feature.Step {
 	if s.boot == nil || s.Start.NoLegs != nil {
 		s.Legs(r, connectors.Bootstrap{}, nil)
 		return nil

@@ -110,9 +110,12 @@ type Proxy struct {
 	// revalidations, warm-ups, circuit probes, KV release legs, of those
 	// that are on, in start order.
 	Background []backgroundWork
-	// features are the request features that are on, in the order they
-	// take part in a request: one line each in New.
-	features []feature.Feature
+	// admitters are the parts of every request's admission that are on,
+	// in their order (Request.Admit); features are the request features
+	// that are on, in the order they take part in a request once its
+	// prefiller is named: one line each in New.
+	admitters []admitter
+	features  []feature.Feature
 	// sessionHeader names the session key's header, with multi-turn KV
 	// reuse on ("": off); sweep drops its expired entries.
 	sessionHeader string
@@ -225,6 +228,16 @@ func New(cfg Config, conn connectors.Connector, m *metrics.Metrics, gatherer pro
 		return nil, fmt.Errorf("connector %q is neither sequential nor concurrent", conn.Name())
 	}
 	p.Boot = bootstrap.New(cfg.MaxPrefillers, bootstrapTransportErr)
+	// What every request's admission runs, in this order: the rank picked
+	// before anything reads the request, the body made what may reach an
+	// engine, the session key read from it, the encoder stage on it.
+	p.admitters = append(p.admitters, rankPicker{}, sanitizer{})
+	if cfg.Multiturn.Enabled && cfg.Multiturn.SessionHeader != "" {
+		p.admitters = append(p.admitters, sessionReader{})
+	}
+	if p.enc != nil {
+		p.admitters = append(p.admitters, encoderStage{})
+	}
 	// Always on: no split of a conversation the decode engine holds can be right.
 	p.features = append(p.features, prevresponse.Guard{})
 	if cfg.MinRemotePrefillTokens > 0 {

@@ -80,7 +80,8 @@ type Request struct {
 	// moriAddrs are the addresses of MoRI-IO's host specs its legs name,
 	// once resolved (moriState.addrs).
 	moriAddrs *moriAddrs
-	// admitted is how far Admit got (admitStart...), admitErr the failure
+	// admitted is how far Admit got (the admitters run, then one more once
+	// the prefiller is named), admitErr the failure
 	// a step of its admission ended with (Admit answers it).
 	admitted int
 	admitErr error

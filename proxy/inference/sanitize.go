@@ -9,6 +9,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/pd-sidecar/pd-sidecar/connectors"
+	"github.com/pd-sidecar/pd-sidecar/proxy/feature"
 
 	"github.com/pd-sidecar/pd-sidecar/failure"
 )
@@ -17,6 +18,21 @@ import (
 // fields, SSRF protection is on, and one names an address that is not on
 // the allowlist (403, as a denied prefiller header).
 var ErrKVAddressDenied error = failure.New("a kv transfer address in the request body is not an allowed prefiller", failure.Outcome{Status: http.StatusForbidden, Precedence: failure.PrecedenceDenied})
+
+// sanitizer is the admitter that sanitizes the body (sanitize).
+type sanitizer struct{}
+
+func (sanitizer) admit(r *Request, _ *fasthttp.RequestHeader) (feature.Step, error) {
+	return nil, sanitize(r)
+}
+
+// sessionReader is the admitter that reads the conversation's session key
+// (readSession), with multi-turn KV reuse on.
+type sessionReader struct{}
+
+func (sessionReader) admit(r *Request, h *fasthttp.RequestHeader) (feature.Step, error) {
+	return nil, readSession(r, h)
+}
 
 // sanitize makes r.Body what may reach an engine (CleanBody): every leg,
 // local or split, and every fallback starts from it; and reads the

@@ -28,6 +28,7 @@ import (
 	"github.com/pd-sidecar/pd-sidecar/metrics"
 	"github.com/pd-sidecar/pd-sidecar/netloop"
 	"github.com/pd-sidecar/pd-sidecar/proxy/clientconn"
+	"github.com/pd-sidecar/pd-sidecar/proxy/feature"
 	"github.com/pd-sidecar/pd-sidecar/proxy/inference"
 	"github.com/pd-sidecar/pd-sidecar/proxy/rawhttp"
 	"github.com/pd-sidecar/pd-sidecar/proxy/relay"
@@ -441,7 +442,7 @@ func (lc *laneConn) serve(b []byte, api connectors.API, headLen int, lr rawhttp.
 
 // admitAfter runs step, which the request's admission waits on, and then
 // goes on with the admission (of head h).
-func (lc *laneConn) admitAfter(step inference.Step, h *fasthttp.RequestHeader) {
+func (lc *laneConn) admitAfter(step feature.Step, h *fasthttp.RequestHeader) {
 	lc.runStep(step, func() {
 		a := lc.r.Admit(h)
 		if a.Wait != nil {
@@ -472,7 +473,7 @@ func (lc *laneConn) route(a inference.Admission) {
 // The request is the step's until it comes back: a client that leaves
 // meanwhile only cancels it (the step then returns), and is counted when
 // it does.
-func (lc *laneConn) runStep(step inference.Step, next func()) {
+func (lc *laneConn) runStep(step feature.Step, next func()) {
 	r := lc.r
 	lc.state, lc.stepGone = laneStepping, nil
 	r.Logger() // built here: the step may log with it
