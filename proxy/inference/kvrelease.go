@@ -7,6 +7,7 @@ import (
 	"github.com/pd-sidecar/pd-sidecar/proxy/clientconn"
 	"github.com/pd-sidecar/pd-sidecar/proxy/kvrelease"
 	"github.com/pd-sidecar/pd-sidecar/proxy/rawhttp"
+	"github.com/pd-sidecar/pd-sidecar/proxy/split"
 )
 
 // Freeing the prefiller's KV when the client leaves (--release-kv-on-cancel).
@@ -72,7 +73,7 @@ func ReleaseKV(r *Request, start []byte) {
 	if h == nil || kr == nil {
 		return
 	}
-	if r.P.tpGuard(*h) != nil {
+	if split.TPGuard(r.P.Cfg.DecodeTPSize, *h) != nil {
 		return // a handoff the decode engine is not to read
 	}
 	if start == nil {

@@ -64,15 +64,6 @@ func (r *Request) serveLocal() {
 	r.Fail(r.P.decoder(r, body, false)) // chunked when --decode-chunk-tokens says so
 }
 
-// tpGuard refuses a handoff from a prefiller of a larger tensor-parallel
-// size than --decode-tp-size (split.ErrTPMismatch).
-func (p *Proxy) tpGuard(h connectors.Handoff) error {
-	if t := p.Cfg.DecodeTPSize; t > 0 && h.TPSize > t {
-		return fmt.Errorf("%w: prefill tp_size %d > %d", split.ErrTPMismatch, h.TPSize, t)
-	}
-	return nil
-}
-
 // refused degrades a request whose named prefiller is refused to a local
 // prefill with the original body, counted and logged with its reason; or,
 // with --prefill-fallback=false (or a reason that is no degradation),

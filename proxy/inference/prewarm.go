@@ -1,7 +1,9 @@
 package inference
 
 import (
+	"github.com/pd-sidecar/pd-sidecar/connectors"
 	"github.com/pd-sidecar/pd-sidecar/proxy/prewarm"
+	"github.com/pd-sidecar/pd-sidecar/proxy/split"
 )
 
 // newPrewarmer returns the warm-ups of p's new prefillers
@@ -17,7 +19,7 @@ func newPrewarmer(p *Proxy) *prewarm.Warmer {
 		Own:            p.ownAddr,
 		Seq:            p.seq,
 		CheckHandoff:   p.handoffAllowed,
-		TPGuard:        p.tpGuard,
+		TPGuard:        func(h connectors.Handoff) error { return split.TPGuard(p.Cfg.DecodeTPSize, h) },
 		Transport:      p.Tr,
 		Locals:         locals,
 		PrefillTimeout: p.Cfg.PrefillTimeout,

@@ -265,9 +265,8 @@ func (s *Sequential) answered(h connectors.Handoff) []Action {
 	case h.Done:
 		s.st, s.fromPrefill = stageDecode, true // that answer may fail: recoverable
 		return append(acts, Action{Op: AnswerPrefill, Handoff: h})
-	case s.cfg.DecodeTPSize > 0 && h.TPSize > s.cfg.DecodeTPSize:
-		err := fmt.Errorf("%w: prefill tp_size %d > %d", ErrTPMismatch, h.TPSize, s.cfg.DecodeTPSize)
-		return s.fallback(acts, err)
+	case TPGuard(s.cfg.DecodeTPSize, h) != nil:
+		return s.fallback(acts, TPGuard(s.cfg.DecodeTPSize, h))
 	}
 	s.st = stageDecode
 	return append(acts, Action{Op: SendDecode, Handoff: h})
@@ -287,6 +286,16 @@ func (s *Sequential) fallback(acts []Action, cause error) []Action {
 	}
 	s.st = stageLocal
 	return append(acts, Action{Op: Degraded, Reason: v.Reason, Err: cause}, Action{Op: SendLocal})
+}
+
+// TPGuard refuses (ErrTPMismatch) a handoff h from a prefiller of a larger
+// tensor-parallel size than decodeTP, the local engine's (0: any): NIXL
+// cannot pull it. Every reader of a handoff asks it.
+func TPGuard(decodeTP int, h connectors.Handoff) error {
+	if decodeTP > 0 && h.TPSize > decodeTP {
+		return fmt.Errorf("%w: prefill tp_size %d > %d", ErrTPMismatch, h.TPSize, decodeTP)
+	}
+	return nil
 }
 
 // Refused is what a request does whose named prefiller it may not use
