@@ -75,11 +75,11 @@ func (p *Proxy) RunKVProbes(ctx context.Context, every time.Duration) { p.p.RunK
 // "closed", "open" or "half_open"; with --circuit-probe-interval, an open
 // circuit being probed reads "open (probing)", and one a probe found back
 // "open (probe up)". "" when no breaker is configured (status.CircuitStates).
-func (p *Proxy) CircuitState(prefiller string) string { return p.p.CircuitState(prefiller) }
+func (p *Proxy) CircuitState(prefiller string) string { return p.p.Guard.CircuitState(prefiller) }
 
 // CircuitLastProbe is when prefiller's open circuit was last probed (zero:
 // not since it opened, or no breaker); status.CircuitStates.
-func (p *Proxy) CircuitLastProbe(prefiller string) time.Time { return p.p.CircuitLastProbe(prefiller) }
+func (p *Proxy) CircuitLastProbe(prefiller string) time.Time { return p.p.Guard.CircuitLastProbe(prefiller) }
 
 // Engine is the local engine's kind and version as it last answered them
 // ("" until it did).

@@ -1,6 +1,8 @@
 package guard
 
 import (
+	"time"
+
 	"fmt"
 
 	"github.com/pd-sidecar/pd-sidecar/circuit"
@@ -71,3 +73,33 @@ func (g *Guard) Probed(hp string, up bool) {
 }
 
 var _ circuitprobe.Targets = (*Guard)(nil)
+
+// CircuitState reports the circuit-breaker state of prefiller (host:port):
+// "closed", "open" or "half_open"; with --circuit-probe-interval, an open
+// circuit being probed reads "open (probing)", and one a probe found back,
+// whose next request is the half-open trial, "open (probe up)". "" when no
+// breaker is configured. It lets /debug/pd show per-prefiller circuits
+// (status.CircuitStates).
+func (g *Guard) CircuitState(prefiller string) string {
+	if g.cfg.Breaker.Failures == 0 {
+		return ""
+	}
+	in := g.CircuitInfo(prefiller)
+	switch {
+	case g.cfg.Breaker.ProbeInterval <= 0:
+	case in.ProbeUp:
+		return in.State.String() + " (probe up)"
+	case in.Probing:
+		return in.State.String() + " (probing)"
+	}
+	return in.State.String()
+}
+
+// CircuitLastProbe is when prefiller's open circuit was last probed (zero:
+// not since it opened, or no breaker); status.CircuitStates.
+func (g *Guard) CircuitLastProbe(prefiller string) time.Time {
+	if g.cfg.Breaker.Failures == 0 {
+		return time.Time{}
+	}
+	return g.CircuitInfo(prefiller).LastProbe
+}

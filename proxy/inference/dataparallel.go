@@ -30,7 +30,7 @@ func pickRank(r *Request, h *fasthttp.RequestHeader) error {
 	if v == nil {
 		return nil
 	}
-	rank, err := r.P.dpPod().Rank(v)
+	rank, err := r.P.pod.dpPod().Rank(v)
 	if err != nil {
 		r.P.M.Guards.Rejected.WithLabelValues(metrics.RejectUnknownRank).Inc()
 		return err

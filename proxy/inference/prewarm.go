@@ -16,7 +16,7 @@ func newPrewarmer(p *Proxy) *prewarm.Warmer {
 	}
 	return prewarm.New(prewarm.Deps{
 		Covered:        p.prewarmCovered,
-		Own:            p.ownAddr,
+		Own:            p.pod.ownAddr,
 		Seq:            p.seq,
 		CheckHandoff:   p.handoffAllowed,
 		TPGuard:        func(h connectors.Handoff) error { return split.TPGuard(p.Cfg.DecodeTPSize, h) },

@@ -14,10 +14,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
-	"net/netip"
 	"slices"
-	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -37,7 +34,6 @@ import (
 	"github.com/pd-sidecar/pd-sidecar/proxy/bootstrap"
 	"github.com/pd-sidecar/pd-sidecar/proxy/chunked"
 	"github.com/pd-sidecar/pd-sidecar/proxy/clientconn"
-	"github.com/pd-sidecar/pd-sidecar/proxy/dprank"
 	"github.com/pd-sidecar/pd-sidecar/proxy/encoder"
 	"github.com/pd-sidecar/pd-sidecar/proxy/engineinfo"
 	"github.com/pd-sidecar/pd-sidecar/proxy/feature"
@@ -116,6 +112,8 @@ type Proxy struct {
 	// prefiller is named: one line each in New.
 	admitters []admitter
 	features  []feature.Feature
+	// pod is what the sidecar knows of its pod: ports, engines, addresses.
+	pod pod
 	// sessionHeader names the session key's header, with multi-turn KV
 	// reuse on ("": off); sweep drops its expired entries.
 	sessionHeader string
@@ -200,6 +198,7 @@ func New(cfg Config, conn connectors.Connector, m *metrics.Metrics, gatherer pro
 		MetricsH: fasthttpadaptor.NewFastHTTPHandler(
 			promhttp.HandlerFor(gatherer, promhttp.HandlerOpts{})),
 	}
+	p.pod = pod{cfg: &p.Cfg}
 	p.Tr.SetAnswerLimits(cfg.MaxUpstreamAnswerBytes, cfg.Guard.MaxHeaderBytes)
 	p.Armer = clientconn.NewArmer(clientconn.WatchDelay, ErrClientGone)
 	pass, err := passpolicy.New(cfg.Passthrough)
@@ -214,7 +213,7 @@ func New(cfg Config, conn connectors.Connector, m *metrics.Metrics, gatherer pro
 	}
 	p.Guard = g
 	p.Tr.SetAnswerBudget(g.Budget()) // answers read whole draw from --max-buffered-bytes
-	upTLS, err := cfg.Guard.TLS.Upstream(p.localAddrs())
+	upTLS, err := cfg.Guard.TLS.Upstream(p.pod.localAddrs())
 	if err != nil {
 		return nil, err
 	}
@@ -244,7 +243,7 @@ func New(cfg Config, conn connectors.Connector, m *metrics.Metrics, gatherer pro
 		p.features = append(p.features, shortprompt.Guard{Limit: cfg.MinRemotePrefillTokens})
 	}
 	if cfg.P2P.Enabled {
-		p.features = append(p.features, kvsource.Feature{Ports: p.p2pPorts(), Allowlist: cfg.Guard.Allowlist, OwnHost: p.ownHost, Outcomes: m.KVSources, NewID: NewUUID})
+		p.features = append(p.features, kvsource.Feature{Ports: p.pod.p2pPorts(), Allowlist: cfg.Guard.Allowlist, OwnHost: p.pod.ownHost, Outcomes: m.KVSources, NewID: NewUUID})
 	}
 	if mt := cfg.Multiturn; mt.Enabled {
 		if conn.Name() != "nixlv2" || cfg.MoriIO.WriteMode {
@@ -253,7 +252,7 @@ func New(cfg Config, conn connectors.Connector, m *metrics.Metrics, gatherer pro
 		if last := mt.SideChannelPort + cfg.DataParallelSize - 1; last > 65535 {
 			return nil, fmt.Errorf("--decode-side-channel-port %d plus the data-parallel ranks (--data-parallel-size %d) passes port 65535", mt.SideChannelPort, cfg.DataParallelSize)
 		}
-		if p.podAddr() == "" {
+		if p.pod.podAddr() == "" {
 			log.Warn().Msg("--enable-bidirectional-kv-xfer keeps no history: the sidecar knows no address of its pod (POD_IP, or --host naming one address) to check a decode answer's side channel against")
 		}
 		store := multiturn.NewStore(multiturn.StoreConfig{MaxEntries: mt.CacheSize, MaxBytes: mt.CacheBytes,
@@ -265,7 +264,7 @@ func New(cfg Config, conn connectors.Connector, m *metrics.Metrics, gatherer pro
 			release = p.pinr
 		}
 		p.features = append(p.features, &multiturn.Feature{Store: store, Pins: pins, Release: release, Threshold: mt.RecomputeThreshold,
-			PodAddr: p.podAddr(), SideChannelPort: mt.SideChannelPort, Ranks: cfg.DataParallelSize,
+			PodAddr: p.pod.podAddr(), SideChannelPort: mt.SideChannelPort, Ranks: cfg.DataParallelSize,
 			KeepReasoning: mt.KeepReasoning, M: m.Multiturn})
 		p.sessionHeader = mt.SessionHeader
 		p.sweep = &multiturn.Sweeper{Store: store, Every: min(mt.CacheTTL/8, time.Minute), Held: m.Multiturn.Held,
@@ -315,9 +314,7 @@ func New(cfg Config, conn connectors.Connector, m *metrics.Metrics, gatherer pro
 }
 
 // localAddr is the local engine of data-parallel rank r.
-func (p *Proxy) LocalAddr(rank int) string {
-	return net.JoinHostPort(p.Cfg.ModelServerHost, strconv.Itoa(p.Cfg.ModelServerPort+rank))
-}
+func (p *Proxy) LocalAddr(rank int) string { return p.pod.localAddr(rank) }
 
 // ConnDone passes on a client connection whose answer an event loop
 // finished: to its next request (keep), on the lane or else (no lane, or
@@ -392,36 +389,6 @@ func (p *Proxy) setStrips() {
 	}
 }
 
-// CircuitState reports the circuit-breaker state of prefiller (host:port):
-// "closed", "open" or "half_open"; with --circuit-probe-interval, an open
-// circuit being probed reads "open (probing)", and one a probe found back,
-// whose next request is the half-open trial, "open (probe up)". "" when no
-// breaker is configured. It lets /debug/pd show per-prefiller circuits
-// (status.CircuitStates).
-func (p *Proxy) CircuitState(prefiller string) string {
-	if p.Guard == nil || p.Cfg.Guard.Breaker.Failures == 0 {
-		return ""
-	}
-	in := p.Guard.CircuitInfo(prefiller)
-	switch {
-	case p.Cfg.Guard.Breaker.ProbeInterval <= 0:
-	case in.ProbeUp:
-		return in.State.String() + " (probe up)"
-	case in.Probing:
-		return in.State.String() + " (probing)"
-	}
-	return in.State.String()
-}
-
-// CircuitLastProbe is when prefiller's open circuit was last probed (zero:
-// not since it opened, or no breaker); status.CircuitStates.
-func (p *Proxy) CircuitLastProbe(prefiller string) time.Time {
-	if p.Guard == nil || p.Cfg.Guard.Breaker.Failures == 0 {
-		return time.Time{}
-	}
-	return p.Guard.CircuitInfo(prefiller).LastProbe
-}
-
 // logsLegs reports whether legs are logged (trace level).
 func (p *Proxy) LogsLegs() bool { return observe.LogsLegs(p.Log.GetLevel()) }
 
@@ -485,66 +452,10 @@ func (p *Proxy) prewarmCovered() string {
 	return ""
 }
 
-// ownAddr reports whether hp is one of the sidecar's own ports: warming
-// it would send the sidecar requests of its own.
-func (p *Proxy) ownAddr(hp string) bool {
-	host, port, err := net.SplitHostPort(hp)
-	if err != nil {
-		return false
-	}
-	n, err := strconv.Atoi(port)
-	if err != nil || n < p.Cfg.Port || n >= p.Cfg.Port+p.Cfg.DataParallelSize {
-		return false
-	}
-	if host == p.Cfg.PodIP || host == p.Cfg.Host || host == "localhost" {
-		return true
-	}
-	ip := net.ParseIP(host)
-	return ip != nil && (ip.IsLoopback() || ip.IsUnspecified())
-}
-
-// P2PPort is the P2P port of the engine whose HTTP port is port: with
-// data-parallel ranks, rank r's (port = --port + r), else rank 0's, as
-// llm-d derives it.
-func (p *Proxy) P2PPort(port int) int { return p.p2pPorts().P2PPort(port) }
-
-// p2pPorts are the pod's engines' HTTP and P2P ports.
-func (p *Proxy) p2pPorts() kvsource.Ports {
-	return kvsource.Ports{HTTP: p.Cfg.Port, Ranks: p.Cfg.DataParallelSize, P2P: p.Cfg.P2P.Port}
-}
-
-// dpPod is this pod's data-parallel ranks.
-func (p *Proxy) dpPod() dprank.Pod {
-	return dprank.Pod{Port: p.Cfg.Port, Size: p.Cfg.DataParallelSize, PodIP: p.Cfg.PodIP, Host: p.Cfg.Host}
-}
-
-// podAddr is this pod's IP address: POD_IP, else --host when it is one
-// address (not all interfaces); "" when neither says.
-func (p *Proxy) podAddr() string {
-	for _, h := range []string{p.Cfg.PodIP, p.Cfg.Host} {
-		if a, err := netip.ParseAddr(h); err == nil && !a.IsUnspecified() {
-			return a.String()
-		}
-	}
-	return ""
-}
-
-// ownHost reports whether host names this pod (dprank.Pod.OwnHost).
-func (p *Proxy) ownHost(host string) bool { return p.dpPod().OwnHost(host) }
-
 // hedgeable reports whether the request's prefill may be hedged: hedging
 // is on and the split is the plain sequential one (a MoRI-IO write or the
 // sidecar's own KV pull follow the prefill, and the local leg would have
 // to undo them).
 func (p *Proxy) hedgeable() bool {
 	return p.hedge != nil && p.Mori == nil && p.KV == nil
-}
-
-// localAddrs are the local engine addresses of every data-parallel rank.
-func (p *Proxy) localAddrs() []string {
-	out := make([]string, p.Cfg.DataParallelSize)
-	for r := range out {
-		out[r] = p.LocalAddr(r)
-	}
-	return out
 }
