@@ -79,7 +79,9 @@ func (p *Proxy) CircuitState(prefiller string) string { return p.p.Guard.Circuit
 
 // CircuitLastProbe is when prefiller's open circuit was last probed (zero:
 // not since it opened, or no breaker); status.CircuitStates.
-func (p *Proxy) CircuitLastProbe(prefiller string) time.Time { return p.p.Guard.CircuitLastProbe(prefiller) }
+func (p *Proxy) CircuitLastProbe(prefiller string) time.Time {
+	return p.p.Guard.CircuitLastProbe(prefiller)
+}
 
 // Engine is the local engine's kind and version as it last answered them
 // ("" until it did).
