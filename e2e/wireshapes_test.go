@@ -122,7 +122,7 @@ func TestSGLangIPv6Prefiller(t *testing.T) {
 func TestMooncakeDataParallelPrefiller(t *testing.T) {
 	prefill := harness.StartEngineSim(t, "prefill", "--mooncake-dp-ranks", "2")
 	decode := harness.StartEngineSim(t, "decode", "--bootstrap-timeout", "3s")
-	const n = 6
+	const n = 24 // the rank follows a random bootstrap room: both ranks seen but for a 2^-23 chance
 	for i, mode := range serveModes {
 		sc := harness.StartSidecar(t, decode.Port, append([]string{"--kv-connector", "mooncake", "--mooncake-bootstrap-port", itoa(prefill.BootstrapPort)}, mode.flags...)...)
 		seen := len(simRequests(t, prefill))
