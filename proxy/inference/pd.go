@@ -106,13 +106,24 @@ func (r *Request) Degraded(reason string, cause error) {
 // PassOn answers with the prefiller's rejection of the request, err (a
 // *rejected), as it came.
 func (r *Request) PassOn(err error) {
-	var rej *Rejected
-	if !errors.As(err, &rej) {
+	rej := r.Rejection(err)
+	if rej == nil {
 		r.Fail(err)
 		return
 	}
-	r.LogAt(zerolog.InfoLevel).Int("status", rej.Status).Msg("prefiller rejected the request; answer passed on")
 	r.Answer(metrics.ModeDisaggregated, rej.Status, rej.ContentType, rej.Body)
+}
+
+// Rejection is the prefiller's rejection err carries, logged as passed on
+// to the client (nil: err is no rejection, and is answered as a failure).
+// Both drivers answer it as it came.
+func (r *Request) Rejection(err error) *Rejected {
+	var rej *Rejected
+	if !errors.As(err, &rej) {
+		return nil
+	}
+	r.LogAt(zerolog.InfoLevel).Int("status", rej.Status).Msg("prefiller rejected the request; answer passed on")
+	return rej
 }
 
 // retrying counts and logs a prefill attempt that failed with err and is
@@ -132,11 +143,20 @@ func (r *Request) Fail(err error) {
 		r.LeftBeforeAnswer(err)
 		return
 	}
-	o := r.Failure(err)
-	r.Answer(r.Mode, o.Status, "application/json", ErrorBody(o.Status, err))
-	if o.RetryAfter {
+	a := r.Failure(err)
+	r.Answer(r.Mode, a.Status, "application/json", a.Body)
+	if a.RetryAfter {
 		r.RC.Response.Header.Set("Retry-After", "1")
 	}
+}
+
+// FailureAnswered is the answer to a request that failed: its outcome's
+// status, an OpenAI-style error body saying why, and whether it says
+// Retry-After.
+type FailureAnswered struct {
+	Status     int
+	Body       []byte
+	RetryAfter bool
 }
 
 // LeftBeforeAnswer records a client that left before its answer began. On
@@ -153,8 +173,9 @@ func (r *Request) LeftBeforeAnswer(err error) {
 	}
 }
 
-// Failure classifies and logs err, which the client is answered with.
-func (r *Request) Failure(err error) failure.Outcome {
+// Failure is the answer to the request's failure err, which it classifies,
+// counts and logs: both drivers answer a failure with it.
+func (r *Request) Failure(err error) FailureAnswered {
 	o := failure.Of(err)
 	upstream.WithUpstream(r.LogAt(zerolog.ErrorLevel).Err(err), err).Int("status", o.Status).Msg("request failed")
 	if errors.Is(err, upstream.ErrBufferBudget) {
@@ -162,7 +183,7 @@ func (r *Request) Failure(err error) failure.Outcome {
 		// with those.
 		r.P.M.Guards.Rejected.WithLabelValues(metrics.RejectBufferedBytes).Inc()
 	}
-	return o
+	return FailureAnswered{Status: o.Status, Body: ErrorBody(o.Status, err), RetryAfter: o.RetryAfter}
 }
 
 func (r *Request) Phase() string {

@@ -1065,7 +1065,7 @@ func (lc *laneConn) failWith(err error) {
 	if o.RetryAfter {
 		h.Set("Retry-After", "1")
 	}
-	lc.writeWhole(h, inference.ErrorBody(o.Status, err))
+	lc.writeWhole(h, o.Body)
 }
 
 // answerWhole writes a complete answer the sidecar made, as the fasthttp

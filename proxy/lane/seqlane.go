@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/rs/zerolog"
-
 	"github.com/pd-sidecar/pd-sidecar/circuit"
 	"github.com/pd-sidecar/pd-sidecar/connectors"
 	"github.com/pd-sidecar/pd-sidecar/metrics"
@@ -633,7 +631,7 @@ func (lc *laneConn) splitAnswers(a split.Action) {
 	r := lc.r
 	switch a.Op {
 	case split.PassOn:
-		if rej := passingOn(r, a.Err); rej != nil {
+		if rej := r.Rejection(a.Err); rej != nil {
 			lc.answerWhole(metrics.ModeDisaggregated, rej.Status, rej.ContentType, rej.Body)
 			return
 		}
@@ -643,15 +641,4 @@ func (lc *laneConn) splitAnswers(a split.Action) {
 			lc.failWith(a.Err)
 		}
 	}
-}
-
-// passingOn logs a prefiller's rejection passed on to the client, err (a
-// *rejected), and returns it (nil: err is none).
-func passingOn(r *inference.Request, err error) *inference.Rejected {
-	var rej *inference.Rejected
-	if !errors.As(err, &rej) {
-		return nil
-	}
-	r.LogAt(zerolog.InfoLevel).Int("status", rej.Status).Msg("prefiller rejected the request; answer passed on")
-	return rej
 }
