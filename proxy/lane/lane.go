@@ -13,7 +13,6 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"io"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -24,7 +23,6 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/pd-sidecar/pd-sidecar/connectors"
-	"github.com/pd-sidecar/pd-sidecar/httpbody"
 	"github.com/pd-sidecar/pd-sidecar/metrics"
 	"github.com/pd-sidecar/pd-sidecar/netloop"
 	"github.com/pd-sidecar/pd-sidecar/proxy/clientconn"
@@ -32,8 +30,6 @@ import (
 	"github.com/pd-sidecar/pd-sidecar/proxy/inference"
 	"github.com/pd-sidecar/pd-sidecar/proxy/rawhttp"
 	"github.com/pd-sidecar/pd-sidecar/proxy/relay"
-	"github.com/pd-sidecar/pd-sidecar/proxy/sse"
-	"github.com/pd-sidecar/pd-sidecar/proxy/sserelay"
 	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"
 )
 
@@ -133,7 +129,8 @@ func (ln *lane) Adopt(c *clientconn.Conn) {
 		return
 	}
 	ll := ln.loops[int(ln.next.Add(1))%len(ln.loops)]
-	lc := &laneConn{ll: ll, cc: c, fd: fd, interest: netloop.Readable, since: time.Now()}
+	lc := newConn(ll)
+	lc.cc, lc.fd, lc.interest, lc.since = c, fd, netloop.Readable, time.Now()
 	ln.mu.Lock()
 	select {
 	case <-ln.stop:
@@ -229,41 +226,22 @@ const (
 // ended and a timer that fired come back to it through Loop.Post, since
 // the loop's buffers and parsers are shared by its connections); mu orders
 // that with the sweeper and the drain, which close idle connections.
+//
+// It holds the request and its state, and is made of parts with one job
+// each, values in it that point back to it (a laneConn is made by newConn,
+// which wires them): the client side (laneClient: reading requests and
+// their bodies), the client's answer (laneReply), the upstream leg
+// (laneLeg: dialled, written, its answer read), its timer (laneTimer) and
+// the split's execution (laneSplit). A part's fields and methods are the
+// connection's by promotion; a part reaches the others through it.
 type laneConn struct {
-	mu       sync.Mutex
-	ll       *laneLoop
-	cc       *clientconn.Conn
-	fd       int
-	interest netloop.Events // what fd is watched for
-	state    int
-	since    time.Time // idle since
+	mu    sync.Mutex
+	ll    *laneLoop
+	state int
 
-	keepAlive bool
-	r         *inference.Request
-	pd        *lanePD          // the P/D split's state (nil: a local request)
-	gauge     prometheus.Gauge // the in-flight gauge of the request's phase
-	addr      string           // the current leg's upstream
-	prefill   bool             // the current leg is the prefill
-	up        *upConn
-	dials     uint64 // dials begun, so that a late one is told from the current
-	sent      []byte // the leg as sent upstream (its head, and its body when short), kept for a retry until the answer's head arrives
-	sentp     *[]byte
-	sentBody  []byte  // a long leg body, sent after sent from where it lies (legTo), kept as sent is
-	sentBodyp *[]byte // the body pool's buffer holding sentBody, given back with sent (nil: none of its own)
-	unsent    []byte  // what the upstream has not taken of sent yet
-	unsentBdy []byte  // and of sentBody
-	retried   bool
-	head      []byte      // an answer head that came in more than one read
-	interim   int         // interim 100 Continue answers skipped on the leg
-	timer     *time.Timer // the decode leg's head timeout, or the prefill's backoff
-	timerGen  uint64      // startTimer's, so that a timer stopped on its way to the loop does nothing
-	ls        *relay.LoopStream
-	streamed  bool            // the answer is a stream (counted in LoopStreams)
-	raw       *rawhttp.Answer // a non-streamed answer being read
-	body      *laneBody       // a request's body being read (laneReading)
-	reqBody   *laneBody       // the body of the request being served, read on the lane: its legs send from it
-	chunk     *laneChunk      // the request's chunked decode, while it runs
-	off       offLoopLeg      // the leg sent off the loop, while it runs (TLS to the prefiller)
+	r     *inference.Request
+	gauge prometheus.Gauge // the in-flight gauge of the request's phase
+	chunk *laneChunk       // the request's chunked decode, while it runs
 	// shadowOf, on a hedge's local leg, is the client
 	// connection whose request it runs for: the shadow has that client's
 	// request and descriptor but never writes to it, closes it or ends the
@@ -273,6 +251,19 @@ type laneConn struct {
 	// client left, the loop shuts down): it was cancelled, and ends when
 	// the step comes back.
 	stepGone error
+
+	laneClient
+	laneReply
+	laneLeg
+	laneTimer
+	laneSplit
+}
+
+// newConn returns a connection of loop ll, its parts wired to it.
+func newConn(ll *laneLoop) *laneConn {
+	lc := &laneConn{ll: ll}
+	lc.laneClient.lc, lc.laneReply.lc, lc.laneLeg.lc, lc.laneTimer.lc, lc.laneSplit.lc = lc, lc, lc, lc, lc
+	return lc
 }
 
 // Ready implements netloop.Handler.
@@ -329,75 +320,6 @@ func (lc *laneConn) Ready(fd int, ev netloop.Events) {
 		lc.clientLeft()
 	default:
 		lc.setInterest(lc.interest &^ netloop.Readable)
-	}
-}
-
-// setInterest sets the events fd is watched for.
-func (lc *laneConn) setInterest(ev netloop.Events) error {
-	if ev == lc.interest {
-		return nil
-	}
-	lc.interest = ev
-	return lc.ll.loop.Modify(lc.fd, ev)
-}
-
-// close closes the client connection.
-func (lc *laneConn) close() {
-	if lc.state == laneGone || lc.shadowOf != nil {
-		return
-	}
-	lc.state = laneGone
-	_ = lc.ll.loop.Remove(lc.fd)
-	_ = lc.cc.TCPConn.Close()
-	lc.ll.ln.forget(lc)
-	if lc.r == nil { // else the request's finish gives it back
-		lc.dropReqBody()
-	}
-	if lc.body != nil {
-		lc.stopTimer()
-		lc.dropBody(lc.body)
-		lc.body = nil
-	}
-}
-
-// toServer gives the connection to fasthttp, which reads in (the bytes
-// read of the next request, which began to arrive at since) first, and the
-// rest of the request by --read-timeout from since: fasthttp's own read
-// timeout would count from now (clientconn.Conn.Replay).
-func (lc *laneConn) toServer(in []byte, since time.Time) {
-	lc.state = laneGone
-	_ = lc.ll.loop.Remove(lc.fd)
-	lc.ll.ln.forget(lc)
-	lc.cc.Replay(in, since.Add(lc.ll.ln.p.Cfg.Guard.ReadTimeout))
-	srv := lc.ll.ln.srv
-	go func() { _ = srv.ServeConn(lc.cc) }()
-}
-
-// readRequest reads the next request; the lane serves it when it is a
-// local inference request that came whole, else fasthttp does.
-func (lc *laneConn) readRequest(ev netloop.Events) {
-	ll := lc.ll
-	in, _ := ll.loop.Buffers()
-	n, err := netloop.Read(lc.fd, in)
-	switch {
-	case errors.Is(err, netloop.ErrWouldBlock):
-		if ev&netloop.HangUp != 0 {
-			lc.close()
-		}
-		return
-	case err != nil || n == 0:
-		lc.close() // the client closed its idle connection
-		return
-	}
-	b := in[:n]
-	api, headLen, want, lr, ok := ll.parseHead(b)
-	switch {
-	case !ok:
-		lc.toServer(b, time.Now())
-	case want > len(b):
-		lc.beginBody(b, headLen, want) // the rest of the body is still to come: laneBody reads it
-	default:
-		lc.serve(b, api, headLen, lr)
 	}
 }
 
@@ -522,42 +444,6 @@ func (lc *laneConn) decodeLeg(body []byte, bodyp *[]byte, remote bool) {
 	lc.boundFirstByte()
 	lc.prefill = false
 	lc.legTo(r.Local, body, bodyp)
-}
-
-// legTo ends the leg's head in lc.sent (its start is there) for addr, and
-// sends it with body. A short body is appended to the head; a long one
-// (past sse.MaxPooledChunk: a long prompt) is sent from where it lies, after
-// the head in the same writev, and never copied: it is the request's
-// body (held by reqBody, or the sanitized copy), or an edit of it built in
-// bodyp, a buffer of the body pool the leg now holds until putSent.
-func (lc *laneConn) legTo(addr string, body []byte, bodyp *[]byte) {
-	bufs := &lc.ll.ln.p.Bufs
-	head := lc.r.AppendLegHeaders(lc.sent)
-	if lc.prefill {
-		head = lc.r.AppendPrefillHeaders(head)
-	}
-	lc.sent = rawhttp.AppendLegEnd(head, addr, lc.r.ID, len(body))
-	if len(body) > sse.MaxPooledChunk {
-		lc.sentBody, lc.sentBodyp = body, bodyp
-	} else {
-		lc.sent = append(lc.sent, body...)
-		bufs.PutScratch(bodyp)
-	}
-	lc.addr, lc.retried = addr, false
-	lc.connect()
-}
-
-// connect sends lc.sent on a pooled connection to lc.addr, or on a new one.
-func (lc *laneConn) connect() {
-	if offLoop(lc) {
-		lc.off.send(lc) // TLS to the prefiller
-		return
-	}
-	if u := lc.ll.pop(lc.addr); u != nil {
-		lc.send(u)
-		return
-	}
-	lc.dial()
 }
 
 // setGauge moves the request to in-flight gauge g (nil: none).
@@ -692,27 +578,6 @@ func (ll *laneLoop) unpool(u *upConn) bool {
 	return false
 }
 
-// dial connects to lc.addr off the loop, then sends the leg on the loop.
-func (lc *laneConn) dial() {
-	lc.state = laneSending
-	lc.dials++
-	ll, r, addr, n := lc.ll, lc.r, lc.addr, lc.dials
-	go func() {
-		conn, err := ll.ln.p.Tr.Dial(addr)
-		var fd int
-		if err == nil {
-			var ok bool
-			if fd, ok = netloop.FD(conn); !ok {
-				_ = conn.Close()
-				err = errors.New("not a plain TCP connection")
-			}
-		}
-		if !ll.loop.Post(func() { lc.dialed(r, n, addr, conn, fd, err) }) && err == nil {
-			_ = conn.Close()
-		}
-	}()
-}
-
 // onLoop runs f, for request r, on the loop (for an event off the loop: a
 // timer that fired), unless the connection has gone on to another
 // request by then.
@@ -727,390 +592,6 @@ func (lc *laneConn) onLoop(r *inference.Request, f func()) {
 	})
 }
 
-// startTimer runs f on the loop after d, unless stopTimer (or another
-// startTimer) comes first.
-func (lc *laneConn) startTimer(d time.Duration, f func()) {
-	lc.stopTimer()
-	gen, r := lc.timerGen, lc.r
-	lc.timer = time.AfterFunc(d, func() {
-		lc.onLoop(r, func() {
-			if lc.timerGen == gen { // not stopped while f was on its way to the loop
-				lc.timer = nil
-				f()
-			}
-		})
-	})
-}
-
-// dialed goes on from dial number n of request r, on the loop: the leg is
-// sent on conn, or failed with err.
-func (lc *laneConn) dialed(r *inference.Request, n uint64, addr string, conn net.Conn, fd int, err error) {
-	ll := lc.ll
-	mu := lc.lock()
-	mu.Lock()
-	defer mu.Unlock()
-	if lc.state != laneSending || lc.r != r || lc.dials != n {
-		if err == nil {
-			_ = conn.Close()
-		}
-		return
-	}
-	if err != nil {
-		lc.legFailed(&upstream.LegError{Addr: addr, Op: "dial", Err: err})
-		return
-	}
-	u := &upConn{ll: ll, addr: addr, conn: conn, fd: fd, fresh: true}
-	if err := ll.loop.Add(fd, netloop.Readable, u); err != nil {
-		_ = conn.Close()
-		lc.legFailed(&upstream.LegError{Addr: addr, Op: "dial", Err: err})
-		return
-	}
-	u.watched = true
-	lc.send(u)
-}
-
-// send writes the request to u and waits for the answer.
-func (lc *laneConn) send(u *upConn) {
-	ll := lc.ll
-	ll.mu.Lock()
-	u.owner = lc
-	ll.mu.Unlock()
-	u.keep = true
-	lc.up, lc.state, lc.head, lc.unsent, lc.unsentBdy, lc.interim = u, laneWaiting, lc.head[:0], lc.sent, lc.sentBody, 0
-	lc.writeUp()
-}
-
-// writeUp writes what the engine has not taken of the request yet; when
-// its socket is full, the rest waits for it to be writable.
-func (lc *laneConn) writeUp() {
-	u := lc.up
-	na, nb, err := netloop.Write2(u.fd, lc.unsent, lc.unsentBdy)
-	lc.unsent, lc.unsentBdy = lc.unsent[na:], lc.unsentBdy[nb:]
-	switch {
-	case err == nil && u.writing:
-		u.writing = false
-		err = lc.ll.loop.Modify(u.fd, netloop.Readable)
-	case errors.Is(err, netloop.ErrWouldBlock) && !u.writing:
-		u.writing = true
-		err = lc.ll.loop.Modify(u.fd, netloop.Readable|netloop.Writable)
-	case errors.Is(err, netloop.ErrWouldBlock):
-		err = nil
-	}
-	if err != nil {
-		lc.upFailed(&upstream.LegError{Addr: lc.addr, Op: "write", Err: err})
-	}
-}
-
-// upReady handles an event of the engine connection.
-func (lc *laneConn) upReady(u *upConn, ev netloop.Events) {
-	mu := lc.lock()
-	mu.Lock()
-	defer mu.Unlock()
-	if lc.up != u {
-		return
-	}
-	switch lc.state {
-	case laneWaiting:
-		if len(lc.unsent)+len(lc.unsentBdy) > 0 && ev&netloop.Writable != 0 {
-			lc.writeUp()
-			return
-		}
-		lc.readHead()
-	case laneAnswer:
-		if lc.ls != nil {
-			lc.ls.Handle(u.fd, ev)
-		} else if lc.raw != nil {
-			lc.readRaw()
-		}
-	}
-}
-
-// readHead reads the answer's head (and what came with it of the body).
-func (lc *laneConn) readHead() {
-	ll := lc.ll
-	in, _ := ll.loop.Buffers()
-	n, err := netloop.Read(lc.up.fd, in)
-	switch {
-	case errors.Is(err, netloop.ErrWouldBlock):
-		return
-	case err != nil:
-		lc.upFailed(&upstream.LegError{Addr: lc.addr, Op: "read", Err: err})
-		return
-	case n == 0:
-		lc.upFailed(&upstream.LegError{Addr: lc.addr, Op: "read", Err: upstream.ErrUpClosed})
-		return
-	}
-	b := in[:n]
-	if len(lc.head) > 0 {
-		lc.head = append(lc.head, b...)
-		b = lc.head
-	}
-	rest, whole, err := rawhttp.ParseAnswerHead(&ll.resp, &ll.rd, ll.br, b, ll.ln.p.Cfg.Guard.MaxHeaderBytes, &lc.interim)
-	switch {
-	case err != nil:
-		lc.upFailed(&upstream.LegError{Addr: lc.addr, Op: "read", Err: err})
-		return
-	case !whole:
-		// Interim answers skipped are dropped; the rest waits for more.
-		lc.head = append(lc.head[:0], rest...)
-		return
-	}
-	b = rest
-	if c := lc.chunk; c != nil && c.leg {
-		c.head(b)
-		return
-	}
-	if lc.prefill {
-		lc.prefillHead(b)
-		return
-	}
-	lc.answer(b)
-}
-
-// answer begins the answer: its head, read into ll.resp, and rest, the
-// body bytes that came with it.
-func (lc *laneConn) answer(rest []byte) {
-	ll, r := lc.ll, lc.r
-	lc.up.fresh = false
-	lc.putSent()
-	lc.head = nil
-	r.Obs.Status = ll.resp.StatusCode()
-	lc.state = laneAnswer
-	if ll.resp.ConnectionClose() {
-		lc.up.keep = false
-	}
-	dec := upstream.HeadDecoder(&ll.resp)
-	if !bytes.HasPrefix(ll.resp.ContentType(), inference.EventStream) || upstream.Bodiless(r.Obs.Status) {
-		lc.stopTimer()
-		lc.readWhole(dec, rest)
-		return
-	}
-	// The head waits for the stream's first event (its first output for a
-	// decode on remote KV), as relaySSE's does; so does the first-byte
-	// timer, when there is one.
-	ls := lc.newStream(dec)
-	ls.Rewrite = r.LocalAnswerEdit() // a split's decode leg's is AnswerEdit (gateStream)
-	switch {
-	case lc.shadowOf != nil:
-		// A hedge's local leg: held until its first output.
-		ls.Gate, ls.Gated = sserelay.GateHolding, lc.hedgeGated
-	case lc.decodeFirst() != nil:
-		lc.decodeFirst().gate(ls)
-	case r.Handoff != nil:
-		lc.gateStream(ls)
-	default:
-		ls.Gate, ls.Gated = sserelay.GateFirstEvent, lc.began
-	}
-	lc.streamed = true
-	r.P.M.LoopStreams.Inc()
-	_, out := ll.loop.Buffers()
-	out = lc.appendHead(out, &ll.resp, -1)
-	out = ls.Relayed(out, rest, false, nil)
-	ls.Deliver(out)
-}
-
-// readWhole reads an answer whole (head in ll.resp, its body decoded by
-// dec from rest on) before anything of it is written.
-func (lc *laneConn) readWhole(dec httpbody.Decoder, rest []byte) {
-	p := lc.ll.ln.p
-	lc.raw = &rawhttp.Answer{Body: dec, Status: lc.ll.resp.StatusCode(), Max: p.Cfg.MaxUpstreamAnswerBytes,
-		Hold: upstream.NewAnswerHold(p.Guard.Budget())}
-	if err := lc.raw.Begin(&lc.ll.resp); err != nil {
-		lc.rawBroke(err)
-		return
-	}
-	lc.ll.resp.CopyTo(&lc.raw.Head)
-	lc.feedRaw(rest)
-}
-
-// newStream relays the answer's body on the loop from here, as a stream
-// handed over by fasthttp is.
-func (lc *laneConn) newStream(dec httpbody.Decoder) *relay.LoopStream {
-	ll, r := lc.ll, lc.r
-	ls := &relay.LoopStream{R: r, Loop: ll.loop, KeepAlive: lc.keepAlive, CFD: lc.fd, UFD: -1,
-		Stream: sserelay.Stream{Body: dec, API: r.API, MaxEvent: r.P.Cfg.MaxSSEEventBytes}}
-	if lc.up != nil {
-		ls.UFD = lc.up.fd
-	}
-	ls.Release = lc.finish
-	ls.Conns = lc
-	lc.ls = ls
-	return ls
-}
-
-// appendHead appends the client's answer head: h's status and end-to-end
-// headers, our request id, the body framed by contentLength (-1: chunked).
-func (lc *laneConn) appendHead(out []byte, h *fasthttp.ResponseHeader, contentLength int) []byte {
-	if lc.ll.ln.p.Draining.Load() {
-		lc.keepAlive = false
-	}
-	return rawhttp.AppendAnswerHead(out, h, lc.r.ID, contentLength, lc.keepAlive)
-}
-
-func (lc *laneConn) readRaw() {
-	in, _ := lc.ll.loop.Buffers()
-	n, err := netloop.Read(lc.up.fd, in)
-	switch {
-	case errors.Is(err, netloop.ErrWouldBlock):
-		return
-	case err != nil:
-		lc.rawBroke(err)
-		return
-	case n == 0 && lc.raw.Body.Mode() == httpbody.UntilClose:
-		lc.rawDone()
-		return
-	case n == 0:
-		lc.rawBroke(io.ErrUnexpectedEOF)
-		return
-	}
-	lc.feedRaw(in[:n])
-}
-
-// feedRaw decodes body bytes of a non-streamed answer; the answer is
-// written once whole.
-func (lc *laneConn) feedRaw(b []byte) {
-	a := lc.raw
-	if err := a.Feed(b); err != nil {
-		lc.rawBroke(err)
-		return
-	}
-	if a.Body.Done() {
-		lc.rawDone()
-	}
-}
-
-// rawDone ends an answer read whole: the prefill's is the split's next
-// step; a decode leg's is written.
-func (lc *laneConn) rawDone() {
-	r, a := lc.r, lc.raw
-	lc.raw = nil
-	// What is kept of a.Buf past here is a copy (written out, or the next
-	// leg's body).
-	defer a.Hold.Release()
-	lc.endUp(a.Body.Done() && !a.Excess)
-	switch {
-	case lc.shadowOf != nil:
-		lc.shadowOf.shadowWhole(lc, a)
-	case lc.chunk != nil && lc.chunk.leg:
-		lc.chunk.answered(a)
-	case lc.prefill:
-		lc.PrefillAnswered(a)
-	case lc.decodeFirst() != nil:
-		lc.decodeFirst().answered(a)
-	case r.Handoff != nil:
-		lc.remoteAnswered(a)
-	default:
-		r.JSONAnswered(a.Status)
-		lc.writeWhole(&a.Head, r.LocalAnswerBody(a.Status, a.Buf))
-	}
-}
-
-// rawBroke ends a non-streamed answer that broke off before it was whole:
-// the client has seen nothing, so it gets the error answer (or, for the
-// prefill's, the split goes on as after any failed prefill).
-func (lc *laneConn) rawBroke(err error) {
-	if le := (*upstream.LegError)(nil); !errors.As(err, &le) {
-		err = &upstream.LegError{Addr: lc.addr, Op: "read", Err: err}
-	}
-	lc.dropRaw()
-	lc.endUp(false)
-	if lc.prefill {
-		lc.prefillFailed(inference.PrefillTransportErr(err))
-		return
-	}
-	if c := lc.chunk; c != nil && c.leg {
-		c.failed(err)
-		return
-	}
-	if lc.pairedSplit().decodeEnded(inference.DecodeTransportErr(err)) || lc.decodeFirst().failed(err) {
-		return
-	}
-	lc.failWith(inference.DecodeTransportErr(err))
-}
-
-// dropRaw lets go of the answer being read whole, if any, and of its
-// reservation.
-func (lc *laneConn) dropRaw() {
-	if lc.raw != nil {
-		lc.raw.Hold.Release()
-		lc.raw = nil
-	}
-}
-
-// writeWhole writes a complete answer (head h, body) through a loopStream
-// that has nothing more to read.
-func (lc *laneConn) writeWhole(h *fasthttp.ResponseHeader, body []byte) {
-	ls := lc.newStream(httpbody.New(httpbody.Length, 0))
-	ls.Ended, ls.UpEnded = true, true
-	ls.MarkOutput()
-	_, out := lc.ll.loop.Buffers()
-	out = lc.appendHead(out, h, len(body))
-	out = append(out, body...)
-	lc.state = laneAnswer
-	ls.Write(out)
-}
-
-// failWith answers err as the fasthttp path's Fail does: the client has
-// seen nothing yet.
-func (lc *laneConn) failWith(err error) {
-	if lc.shadowOf != nil {
-		lc.shadowOf.shadowFailed(lc, err)
-		return
-	}
-	lc.stopTimer()
-	lc.putSent()
-	o := lc.r.Failure(err)
-	lc.r.AnswerCounted(lc.r.Mode, o.Status)
-	h := lc.ownHead(o.Status, "application/json")
-	if o.RetryAfter {
-		h.Set("Retry-After", "1")
-	}
-	lc.writeWhole(h, o.Body)
-}
-
-// answerWhole writes a complete answer the sidecar made, as the fasthttp
-// path's answer does.
-func (lc *laneConn) answerWhole(mode string, status int, contentType string, body []byte) {
-	lc.r.AnswerCounted(mode, status)
-	lc.writeWhole(lc.ownHead(status, contentType), body)
-}
-
-// ownHead returns the loop's answer head, reset to one the sidecar makes.
-func (lc *laneConn) ownHead(status int, contentType string) *fasthttp.ResponseHeader {
-	h := &lc.ll.resp
-	h.Reset()
-	h.SetStatusCode(status)
-	h.SetContentType(contentType)
-	return h
-}
-
-// upFailed handles an engine connection that failed before the answer's
-// head: a pooled one the engine had closed while idle is no verdict on the
-// engine, so the request is sent once more on a fresh connection;
-// otherwise the client gets the error answer.
-func (lc *laneConn) upFailed(err error) {
-	fresh := lc.up == nil || lc.up.fresh
-	lc.endUp(false)
-	if !fresh && !lc.retried && len(lc.head) == 0 &&
-		(upstream.IsReset(err) || errors.Is(err, upstream.ErrUpClosed) || errors.Is(err, io.EOF)) {
-		lc.retried = true
-		lc.dial()
-		return
-	}
-	lc.legFailed(err)
-}
-
-// legFailed handles a leg that got no answer head: a failed prefill
-// attempt, or a decode leg answered with the error.
-func (lc *laneConn) legFailed(err error) {
-	if lc.prefill {
-		lc.head = lc.head[:0]
-		lc.prefillFailed(inference.PrefillTransportErr(err))
-		return
-	}
-	lc.failed(err)
-}
-
 // failed answers a request whose decode leg got no answer head.
 func (lc *laneConn) failed(err error) {
 	if c := lc.chunk; c != nil && c.leg {
@@ -1121,44 +602,6 @@ func (lc *laneConn) failed(err error) {
 		return
 	}
 	lc.failWith(inference.DecodeTransportErr(err))
-}
-
-// firstByteTimeout fails a streamed request whose answer did not begin
-// (no head, or a stream still held back) within --decode-first-byte-timeout.
-func (lc *laneConn) firstByteTimeout() {
-	switch {
-	case lc.state == laneWaiting || lc.state == laneSending:
-		lc.endUp(false)
-	case lc.state == laneAnswer && lc.ls != nil && lc.ls.Gate.Shut():
-		lc.dropStream()
-	default:
-		return
-	}
-	lc.failed(lc.r.FirstByteTimedOut())
-}
-
-// boundFirstByte bounds the wait for the beginning of the leg's answer as
-// the request says (Request.FirstByteBound).
-func (lc *laneConn) boundFirstByte() {
-	if d := lc.r.FirstByteBound(); d > 0 {
-		lc.startTimer(d, lc.firstByteTimeout)
-	}
-}
-
-// began relays a local stream once its first event came: the answer
-// begins.
-func (lc *laneConn) began(g sserelay.Gate, held []byte) {
-	r, ls := lc.r, lc.ls
-	lc.stopTimer()
-	if g != sserelay.GateOutput { // ended with no event
-		lc.dropStream()
-		lc.failWith(inference.DecodeTransportErr(inference.EndedEarly(lc.r.Local, "any event", ls.Cut)))
-		return
-	}
-	r.StreamBegan(r.Obs.Status)
-	ls.MarkOutput()
-	lc.FirstOutput()
-	ls.Write(held)
 }
 
 // clientLeft ends a request whose client hung up before its answer began:
@@ -1200,40 +643,6 @@ func (lc *laneConn) drop(cause error) {
 	lc.finish()
 }
 
-// endUp lets go of the engine connection: pooled when its answer was read
-// whole, else closed.
-func (lc *laneConn) endUp(clean bool) {
-	u := lc.up
-	if u == nil {
-		return
-	}
-	lc.up = nil
-	if clean && u.keep && u.watched && !u.writing {
-		lc.ll.put(u)
-		return
-	}
-	u.close()
-}
-
-func (lc *laneConn) stopTimer() {
-	lc.timerGen++
-	if lc.timer != nil {
-		lc.timer.Stop()
-		lc.timer = nil
-	}
-}
-
-func (lc *laneConn) putSent() {
-	bufs := &lc.ll.ln.p.Bufs
-	lc.unsent, lc.unsentBdy = nil, nil
-	if lc.sentp != nil {
-		bufs.PutChunk(lc.sentp, lc.sent)
-		lc.sentp, lc.sent = nil, nil
-	}
-	bufs.PutScratch(lc.sentBodyp)
-	lc.sentBody, lc.sentBodyp = nil, nil
-}
-
 // finish ends the request's bookkeeping (the lane's version of
 // request.finish), once.
 func (lc *laneConn) finish() {
@@ -1267,35 +676,6 @@ func (lc *laneConn) finish() {
 		r.P.M.LoopStreams.Dec()
 	}
 	r.P.LoopRequests.Add(-1)
-}
-
-// done is the end of an answer: the connection waits for its next request
-// (keep), or is closed.
-func (lc *laneConn) done(keep bool) {
-	if lc.shadowOf != nil {
-		return // the client is the primary's
-	}
-	lc.ls = nil
-	if !keep || lc.state == laneGone {
-		lc.close()
-		return
-	}
-	lc.state, lc.since = laneIdle, time.Now()
-	if err := lc.setInterest(netloop.Readable); err != nil {
-		lc.close()
-	}
-}
-
-// The laneConn is its loopStream's streamConns.
-
-func (lc *laneConn) LegEnd(clean bool)                   { lc.endUp(clean) }
-func (lc *laneConn) LegPause() error                     { return lc.up.unwatch() }
-func (lc *laneConn) LegResume() error                    { return lc.up.watch() }
-func (lc *laneConn) ClientWatch(ev netloop.Events) error { return lc.setInterest(ev) }
-func (lc *laneConn) ClientDone(keep bool)                { lc.done(keep) }
-func (lc *laneConn) FirstOutput() {
-	r := lc.r
-	r.P.M.TTFT.WithLabelValues(r.Mode).Observe(time.Since(r.Start).Seconds())
 }
 
 // ReleaseKV is inference.ReleaseKV for the lane's request, whose legs' head

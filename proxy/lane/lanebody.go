@@ -45,65 +45,67 @@ type laneBody struct {
 
 // beginBody begins reading the rest of request b, whose head is headLen
 // bytes and which takes want bytes in all.
-func (lc *laneConn) beginBody(b []byte, headLen, want int) {
+func (cl *laneClient) beginBody(b []byte, headLen, want int) {
+	lc := cl.lc
 	p := lc.ll.ln.p
 	var held int64
 	if n := int64(want - headLen); n > upstream.UnreservedBody {
 		if !p.Guard.Budget().TryReserve(n) {
-			lc.toServer(b, time.Now()) // refused there, as fasthttp refuses its own
+			cl.toServer(b, time.Now()) // refused there, as fasthttp refuses its own
 			return
 		}
 		held = n
 	}
 	lb := &laneBody{bufp: p.Bufs.Bodies.Get(want), want: want, held: held, start: time.Now()}
 	lb.buf = append(*lb.bufp, b...)
-	lc.body, lc.state = lb, laneReading
-	lc.startTimer(p.Cfg.Guard.ReadTimeout/2, lc.bodyStalled)
-	lc.readBody()
+	cl.body, lc.state = lb, laneReading
+	lc.startTimer(p.Cfg.Guard.ReadTimeout/2, cl.bodyStalled)
+	cl.readBody()
 }
 
 // readBody reads what the client sent of the body, and serves the request
 // once it is whole.
-func (lc *laneConn) readBody() {
-	lb := lc.body
+func (cl *laneClient) readBody() {
+	lc := cl.lc
+	lb := cl.body
 	for len(lb.buf) < lb.want {
-		n, err := netloop.Read(lc.fd, lb.buf[len(lb.buf):lb.want])
+		n, err := netloop.Read(cl.fd, lb.buf[len(lb.buf):lb.want])
 		switch {
 		case errors.Is(err, netloop.ErrWouldBlock):
-			lc.awaitBody(lb)
+			cl.awaitBody(lb)
 			return
 		case err != nil || n == 0:
-			lc.close() // the client left mid-body
+			cl.close() // the client left mid-body
 			return
 		}
 		lb.buf = lb.buf[:len(lb.buf)+n]
 	}
 	lc.stopTimer()
-	if lc.lowWaterBack(lb); lc.state == laneGone {
+	if cl.lowWaterBack(lb); lc.state == laneGone {
 		return // closed, lb given back
 	}
-	lc.body, lc.state = nil, laneIdle
+	cl.body, lc.state = nil, laneIdle
 	// The loop's header was another connection's meanwhile: parsed again.
 	api, headLen, want, lr, ok := lc.ll.parseHead(lb.buf)
 	if !ok || want != len(lb.buf) {
-		lc.toServer(lb.buf, lb.start) // draining since, say
-		lc.dropBody(lb)
+		cl.toServer(lb.buf, lb.start) // draining since, say
+		cl.dropBody(lb)
 		return
 	}
 	// The request keeps its body until it finishes (finish): its legs
 	// send from it.
-	lc.reqBody = lb
+	cl.reqBody = lb
 	lc.serve(lb.buf, api, headLen, lr)
 	if lc.r == nil { // not served (fasthttp's), or over already
-		lc.dropReqBody()
+		cl.dropReqBody()
 	}
 }
 
 // dropReqBody gives back the body of the request that was being served.
-func (lc *laneConn) dropReqBody() {
-	if lb := lc.reqBody; lb != nil {
-		lc.reqBody = nil
-		lc.dropBody(lb)
+func (cl *laneClient) dropReqBody() {
+	if lb := cl.reqBody; lb != nil {
+		cl.reqBody = nil
+		cl.dropBody(lb)
 	}
 }
 
@@ -111,12 +113,12 @@ func (lc *laneConn) dropReqBody() {
 // low-water mark set to what is missing (the kernel caps it, and wakes the
 // loop early when its buffer fills; past the cap, each wake-up sets the
 // mark again).
-func (lc *laneConn) awaitBody(lb *laneBody) {
+func (cl *laneClient) awaitBody(lb *laneBody) {
 	rest := lb.want - len(lb.buf)
 	if rest == lb.lowat || rest <= 1 {
 		return
 	}
-	if netloop.SetReadLowWater(lc.fd, rest) == nil {
+	if netloop.SetReadLowWater(cl.fd, rest) == nil {
 		lb.lowat = rest
 	}
 }
@@ -124,32 +126,34 @@ func (lc *laneConn) awaitBody(lb *laneBody) {
 // lowWaterBack sets the client socket's low-water mark back to the
 // default once lb is read or given up: the next request's head, or
 // fasthttp's reads, must wake on any byte.
-func (lc *laneConn) lowWaterBack(lb *laneBody) {
+func (cl *laneClient) lowWaterBack(lb *laneBody) {
 	if lb.lowat == 0 {
 		return
 	}
 	lb.lowat = 0
-	if err := netloop.SetReadLowWater(lc.fd, 1); err != nil {
-		lc.close() // a connection that could hang unseen is not kept; lb is given back
+	if err := netloop.SetReadLowWater(cl.fd, 1); err != nil {
+		cl.close() // a connection that could hang unseen is not kept; lb is given back
 	}
 }
 
 // bodyStalled hands a body not read whole in time to fasthttp.
-func (lc *laneConn) bodyStalled() {
-	lb := lc.body
+func (cl *laneClient) bodyStalled() {
+	lc := cl.lc
+	lb := cl.body
 	if lc.state != laneReading || lb == nil {
 		return
 	}
-	if lc.lowWaterBack(lb); lc.state == laneGone {
+	if cl.lowWaterBack(lb); lc.state == laneGone {
 		return // closed, lb given back
 	}
-	lc.body = nil
-	lc.toServer(lb.buf, lb.start) // copies what was read
-	lc.dropBody(lb)
+	cl.body = nil
+	cl.toServer(lb.buf, lb.start) // copies what was read
+	cl.dropBody(lb)
 }
 
 // dropBody gives back a body's reservation and buffer.
-func (lc *laneConn) dropBody(lb *laneBody) {
+func (cl *laneClient) dropBody(lb *laneBody) {
+	lc := cl.lc
 	if lb == nil {
 		return
 	}

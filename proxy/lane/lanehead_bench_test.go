@@ -42,7 +42,10 @@ func BenchmarkLaneHeads(b *testing.B) {
 		if err := ll.resp.Read(ll.br); err != nil {
 			b.Fatal(err)
 		}
-		lc := &laneConn{ll: ll, r: r, keepAlive: true}
+		// Wired as newConn wires it, on the stack: the lane makes a
+		// connection per client connection, not per request.
+		var lc laneConn
+		lc.ll, lc.r, lc.keepAlive, lc.laneReply.lc = ll, r, true, &lc
 		out = lc.appendHead(out[:0], &ll.resp, -1)
 		r.Cancel(nil)
 	}

@@ -160,7 +160,8 @@ func (ps *lanePaired) stopTimer(t split.Timer) {
 func (ps *lanePaired) sendPrefill() {
 	lc, pd := ps.lc, ps.pd
 	ll, r, p := lc.ll, lc.r, lc.ll.ln.p
-	h := &laneConn{ll: ll, cc: lc.cc, fd: lc.fd, keepAlive: lc.keepAlive, r: r, pd: pd, shadowOf: lc, prefill: true}
+	h := newConn(ll)
+	h.cc, h.fd, h.keepAlive, h.r, h.pd, h.shadowOf, h.prefill = lc.cc, lc.fd, lc.keepAlive, r, pd, lc, true
 	ps.pre = h
 	ps.preLeg = ps.pp.StartPrefill(r) // before the head, which names its span
 	h.sentp, h.sent = p.Bufs.GetChunk()

@@ -13,7 +13,6 @@ import (
 	"github.com/pd-sidecar/pd-sidecar/proxy/relay"
 	"github.com/pd-sidecar/pd-sidecar/proxy/split"
 	"github.com/pd-sidecar/pd-sidecar/proxy/sserelay"
-	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"
 )
 
 // The lane's driver of the sequential split (split.Sequential), on the
@@ -71,12 +70,22 @@ type lanePD struct {
 	triedFirst bool
 }
 
+// laneSplit is a connection's part in its request's P/D split: the
+// sequential split's execution (its machine fed and its actions done), the
+// hedge's local leg run on a shadow, and the paired and decode-first
+// drivers reached through pd.
+type laneSplit struct {
+	lc *laneConn
+	pd *lanePD // the P/D split's state (nil: a local request)
+}
+
 // beginSplit readies the split of a request that names a prefiller (or
 // one whose admission runs off the loop), before anything reads its body:
 // the legs' head start (a split's, or a local leg's), and the body copied
 // out of the loop's buffer (which the next read overwrites), for the legs
 // sent after this event.
-func (lc *laneConn) beginSplit(named bool) {
+func (sp *laneSplit) beginSplit(named bool) {
+	lc := sp.lc
 	ll, r, p := lc.ll, lc.r, lc.ll.ln.p
 	pd := &lanePD{}
 	strip := p.LegStrip
@@ -92,13 +101,14 @@ func (lc *laneConn) beginSplit(named bool) {
 		r.Body = pd.buf[n:]
 	}
 	pd.start = pd.buf[:n:n]
-	lc.pd = pd
+	sp.pd = pd
 }
 
 // split runs the P/D split of the request (beginSplit readied it) with
 // the prefiller Admit named.
-func (lc *laneConn) split() {
-	r, p, pd := lc.r, lc.ll.ln.p, lc.pd
+func (sp *laneSplit) split() {
+	lc := sp.lc
+	r, p, pd := lc.r, lc.ll.ln.p, sp.pd
 	switch {
 	case p.PairedSplit():
 		runPaired(lc)
@@ -117,14 +127,14 @@ func (lc *laneConn) split() {
 	}
 	pd.m = split.NewSequential(p.SplitConfig())
 	pd.feeding = true
-	lc.execSplit(pd, pd.m.Start(start))
-	lc.drainSplit(pd)
+	sp.execSplit(pd, pd.m.Start(start))
+	sp.drainSplit(pd)
 }
 
 // feedSplit gives the split's machine ev, unless actions are running (then
 // it is queued for when they are done).
-func (lc *laneConn) feedSplit(ev split.Event) {
-	pd := lc.pd
+func (sp *laneSplit) feedSplit(ev split.Event) {
+	pd := sp.pd
 	if pd == nil || (pd.m == nil && pd.paired == nil && pd.first == nil) {
 		return
 	}
@@ -133,12 +143,12 @@ func (lc *laneConn) feedSplit(ev split.Event) {
 		return
 	}
 	pd.feeding = true
-	lc.drainSplit(pd)
+	sp.drainSplit(pd)
 }
 
 // drainSplit feeds the queued events while the request is pd's.
-func (lc *laneConn) drainSplit(pd *lanePD) {
-	for lc.pd == pd && len(pd.queue) > 0 {
+func (sp *laneSplit) drainSplit(pd *lanePD) {
+	for sp.pd == pd && len(pd.queue) > 0 {
 		ev := pd.queue[0]
 		pd.queue = pd.queue[1:]
 		switch {
@@ -147,25 +157,26 @@ func (lc *laneConn) drainSplit(pd *lanePD) {
 		case pd.first != nil:
 			pd.first.exec(pd.first.m.On(ev))
 		case pd.m != nil:
-			lc.execSplit(pd, pd.m.On(ev))
+			sp.execSplit(pd, pd.m.On(ev))
 		}
 	}
 	pd.feeding = false
 }
 
 // execSplit executes the machine's actions for the split pd.
-func (lc *laneConn) execSplit(pd *lanePD, acts []split.Action) {
+func (sp *laneSplit) execSplit(pd *lanePD, acts []split.Action) {
+	lc := sp.lc
 	ll, r, p := lc.ll, lc.r, lc.ll.ln.p
 	for _, a := range acts {
-		if lc.pd != pd {
+		if sp.pd != pd {
 			return // the request ended meanwhile
 		}
 		switch a.Op {
 		case split.SendPrefill:
-			if a.Plain && !lc.rebuildPrefill(pd) {
+			if a.Plain && !sp.rebuildPrefill(pd) {
 				continue
 			}
-			lc.sendPrefill(pd, a.Attempt, a.Plain)
+			sp.sendPrefill(pd, a.Attempt, a.Plain)
 		case split.CancelPrefill:
 			if lc.prefill {
 				// Its connection closed, so the prefiller drops the
@@ -178,7 +189,7 @@ func (lc *laneConn) execSplit(pd *lanePD, acts []split.Action) {
 				lc.putSent()
 			}
 		case split.Arm:
-			lc.armSplit(pd, a.Timer, a.After)
+			sp.armSplit(pd, a.Timer, a.After)
 		case split.Disarm:
 			switch a.Timer {
 			case split.TimerPrefill:
@@ -189,31 +200,32 @@ func (lc *laneConn) execSplit(pd *lanePD, acts []split.Action) {
 				lc.stopTimer()
 			}
 		case split.SendHedge:
-			h := &laneConn{ll: ll, cc: lc.cc, fd: lc.fd, keepAlive: lc.keepAlive, r: r, pd: pd, shadowOf: lc}
+			h := newConn(ll)
+			h.cc, h.fd, h.keepAlive, h.r, h.pd, h.shadowOf = lc.cc, lc.fd, lc.keepAlive, r, pd, lc
 			pd.hedge = h
 			h.decodeLeg(r.Body, nil, false)
 		case split.DropHedge:
-			lc.dropHedge()
+			sp.dropHedge()
 		case split.RelayHedge:
-			lc.adoptHedge(pd)
+			sp.adoptHedge(pd)
 		case split.SendDecode:
 			if p.KV != nil {
-				lc.pullKV(pd, a.Handoff) // --kv-connector sidecar
+				sp.pullKV(pd, a.Handoff) // --kv-connector sidecar
 				continue
 			}
-			lc.sendDecode(pd, a.Handoff)
+			sp.sendDecode(pd, a.Handoff)
 		case split.SendLocal:
 			r.Handoff = nil
 			lc.decodeLeg(r.Body, nil, false)
 		case split.AnswerPrefill:
 			st, ct, ans, err := r.PrefillAnswer(pd.res)
 			if err != nil {
-				lc.feedSplit(split.Event{Kind: split.LegFailed, Err: err})
+				sp.feedSplit(split.Event{Kind: split.LegFailed, Err: err})
 				continue
 			}
 			lc.answerWhole(metrics.ModeDisaggregated, st, ct, ans)
 		case split.PassOn, split.Fail:
-			lc.splitAnswers(a)
+			sp.splitAnswers(a)
 
 		case split.PrefillBegan:
 			r.Mode = metrics.ModeDisaggregated
@@ -233,13 +245,14 @@ func (lc *laneConn) execSplit(pd *lanePD, acts []split.Action) {
 }
 
 // sendDecode sends the decode leg carrying the handoff h.
-func (lc *laneConn) sendDecode(pd *lanePD, h connectors.Handoff) {
+func (sp *laneSplit) sendDecode(pd *lanePD, h connectors.Handoff) {
+	lc := sp.lc
 	r, p := lc.r, lc.ll.ln.p
 	scratch, dst := p.Bufs.EditScratch(len(r.Body))
 	body, err := r.DecodeBody(dst, h)
 	if err != nil {
 		p.Bufs.PutScratch(scratch)
-		lc.feedSplit(split.Event{Kind: split.LegFailed, Err: err})
+		sp.feedSplit(split.Event{Kind: split.LegFailed, Err: err})
 		return
 	}
 	pd.res.Handoff = h
@@ -250,22 +263,24 @@ func (lc *laneConn) sendDecode(pd *lanePD, h connectors.Handoff) {
 // pullKV pulls the KV the handoff h names into blocks of the local engine
 // (the sidecar's own pull, a step: Request.KVPull), then sends the decode
 // leg naming them.
-func (lc *laneConn) pullKV(pd *lanePD, h connectors.Handoff) {
+func (sp *laneSplit) pullKV(pd *lanePD, h connectors.Handoff) {
+	lc := sp.lc
 	var pulled connectors.Handoff
 	var err error
 	step := lc.r.KVPull(h, func(hh connectors.Handoff, e error) { pulled, err = hh, e })
 	lc.runStep(step, func() {
 		if err != nil {
-			lc.feedSplit(split.Event{Kind: split.LegFailed, Err: err})
+			sp.feedSplit(split.Event{Kind: split.LegFailed, Err: err})
 			return
 		}
-		lc.sendDecode(pd, pulled)
+		sp.sendDecode(pd, pulled)
 	})
 }
 
 // sendPrefill sends the prefill leg: built the first time, sent again as
 // it was on a retry.
-func (lc *laneConn) sendPrefill(pd *lanePD, attempt int, anew bool) {
+func (sp *laneSplit) sendPrefill(pd *lanePD, attempt int, anew bool) {
+	lc := sp.lc
 	if attempt > 0 && !anew {
 		lc.retried = false
 		lc.connect()
@@ -288,14 +303,15 @@ func (lc *laneConn) sendPrefill(pd *lanePD, attempt int, anew bool) {
 // attempt failed on: split.Action.Plain) for sendPrefill to send anew; the
 // last attempt's buffers are given back. A body that cannot be built is
 // the attempt's failure, fed to the machine.
-func (lc *laneConn) rebuildPrefill(pd *lanePD) bool {
+func (sp *laneSplit) rebuildPrefill(pd *lanePD) bool {
+	lc := sp.lc
 	p := lc.ll.ln.p
 	lc.putSent()
 	scratch, dst := p.Bufs.EditScratch(len(lc.r.Body))
 	body, err := lc.r.PrefillBody(dst)
 	if err != nil {
 		p.Bufs.PutScratch(scratch)
-		lc.feedSplit(split.Event{Kind: split.PrefillFailed, Err: err})
+		sp.feedSplit(split.Event{Kind: split.PrefillFailed, Err: err})
 		return false
 	}
 	pd.body, pd.scratch = body, scratch
@@ -303,9 +319,10 @@ func (lc *laneConn) rebuildPrefill(pd *lanePD) bool {
 }
 
 // armSplit arms the split's timer t; it fires on the loop.
-func (lc *laneConn) armSplit(pd *lanePD, t split.Timer, d time.Duration) {
+func (sp *laneSplit) armSplit(pd *lanePD, t split.Timer, d time.Duration) {
+	lc := sp.lc
 	r := lc.r
-	fire := func() { lc.feedSplit(split.Event{Kind: split.TimerFired, Timer: t}) }
+	fire := func() { sp.feedSplit(split.Event{Kind: split.TimerFired, Timer: t}) }
 	switch t {
 	case split.TimerPrefill:
 		pd.timeout = time.AfterFunc(d, func() { lc.onLoop(r, fire) })
@@ -317,37 +334,27 @@ func (lc *laneConn) armSplit(pd *lanePD, t split.Timer, d time.Duration) {
 	}
 }
 
-// prefillHead begins reading the prefill's answer, whose head is in
-// ll.resp, rest the body bytes that came with it.
-func (lc *laneConn) prefillHead(rest []byte) {
-	lc.up.fresh = false
-	lc.head = nil
-	lc.state = laneAnswer
-	if lc.ll.resp.ConnectionClose() {
-		lc.up.keep = false
-	}
-	lc.readWhole(upstream.HeadDecoder(&lc.ll.resp), rest)
-}
-
 // PrefillAnswered takes the prefill's answer, read whole.
-func (lc *laneConn) PrefillAnswered(a *rawhttp.Answer) {
+func (sp *laneSplit) PrefillAnswered(a *rawhttp.Answer) {
+	lc := sp.lc
 	res, err := lc.r.PrefillAnswered(a.Status, a.Head.ContentType(), a.Buf)
 	if err != nil {
-		lc.prefillFailed(err)
+		sp.prefillFailed(err)
 		return
 	}
-	lc.pd.res = res
-	lc.feedSplit(split.Event{Kind: split.PrefillAnswered, Handoff: res.Handoff})
+	sp.pd.res = res
+	sp.feedSplit(split.Event{Kind: split.PrefillAnswered, Handoff: res.Handoff})
 }
 
 // prefillFailed reports a failed prefill attempt.
-func (lc *laneConn) prefillFailed(err error) {
+func (sp *laneSplit) prefillFailed(err error) {
+	lc := sp.lc
 	lc.head = lc.head[:0]
 	if lc.shadowOf != nil {
 		lc.shadowOf.shadowFailed(lc, err)
 		return
 	}
-	lc.feedSplit(split.Event{Kind: split.PrefillFailed, Err: err})
+	sp.feedSplit(split.Event{Kind: split.PrefillFailed, Err: err})
 }
 
 // serveLocal sends the request to the local engine, none prefilling it
@@ -364,7 +371,8 @@ func (lc *laneConn) serveLocal() {
 // refused degrades a request whose named prefiller is refused to a local
 // prefill with the client's body, or answers the error, as the split's
 // rule says (split.Refused).
-func (lc *laneConn) refused(cause error) {
+func (sp *laneSplit) refused(cause error) {
+	lc := sp.lc
 	r := lc.r
 	for _, a := range split.Refused(lc.ll.ln.p.SplitConfig(), cause) {
 		switch a.Op {
@@ -380,14 +388,15 @@ func (lc *laneConn) refused(cause error) {
 
 // remoteAnswered writes the decode leg's non-streamed answer, read whole,
 // as relayJSON does: a KV load failure goes to the split.
-func (lc *laneConn) remoteAnswered(a *rawhttp.Answer) {
+func (sp *laneSplit) remoteAnswered(a *rawhttp.Answer) {
+	lc := sp.lc
 	r := lc.r
-	if ps := lc.pd.paired; ps != nil {
+	if ps := sp.pd.paired; ps != nil {
 		ps.answered(a)
 		return
 	}
-	if err := r.KVAnswered(lc.pd.sent, a.Status); err != nil {
-		lc.feedSplit(split.Event{Kind: split.LegFailed, Err: err})
+	if err := r.KVAnswered(sp.pd.sent, a.Status); err != nil {
+		sp.feedSplit(split.Event{Kind: split.LegFailed, Err: err})
 		return
 	}
 	buf := r.AnswerBody(a.Status, a.Buf)
@@ -397,12 +406,13 @@ func (lc *laneConn) remoteAnswered(a *rawhttp.Answer) {
 
 // gateStream holds the decode leg's stream back until its first output,
 // and gives it the cached_tokens rewrite.
-func (lc *laneConn) gateStream(ls *relay.LoopStream) {
+func (sp *laneSplit) gateStream(ls *relay.LoopStream) {
+	lc := sp.lc
 	r := lc.r
 	ls.Rewrite = r.AnswerEdit()
 	ls.Gate = sserelay.GateHolding
-	ls.Gated = lc.gateDone
-	if ps := lc.pd.paired; ps != nil {
+	ls.Gated = sp.gateDone
+	if ps := sp.pd.paired; ps != nil {
 		ls.Gated = ps.gated
 	}
 }
@@ -410,17 +420,18 @@ func (lc *laneConn) gateStream(ls *relay.LoopStream) {
 // gateDone decides on a held stream: relayed once its first output came;
 // a KV load failure goes to the split; a stream that ended with no output
 // is answered with the error.
-func (lc *laneConn) gateDone(g sserelay.Gate, held []byte) {
+func (sp *laneSplit) gateDone(g sserelay.Gate, held []byte) {
+	lc := sp.lc
 	r, ls := lc.r, lc.ls
 	lc.stopTimer()
 	if g == sserelay.GateHolding { // ended with no output
 		lc.dropStream()
-		lc.feedSplit(split.Event{Kind: split.LegFailed, Err: inference.DecodeTransportErr(inference.EndedEarly(lc.r.Local, "any output", ls.Cut))})
+		sp.feedSplit(split.Event{Kind: split.LegFailed, Err: inference.DecodeTransportErr(inference.EndedEarly(lc.r.Local, "any output", ls.Cut))})
 		return
 	}
-	if err := r.KVStreamed(lc.pd.sent, g == sserelay.GateError); err != nil {
+	if err := r.KVStreamed(sp.pd.sent, g == sserelay.GateError); err != nil {
 		lc.dropStream()
-		lc.feedSplit(split.Event{Kind: split.LegFailed, Err: err})
+		sp.feedSplit(split.Event{Kind: split.LegFailed, Err: err})
 		return
 	}
 	r.StreamBegan(r.Obs.Status)
@@ -429,43 +440,14 @@ func (lc *laneConn) gateDone(g sserelay.Gate, held []byte) {
 	ls.Write(held)
 }
 
-// dropLeg lets go of the request's leg to the local engine, before
-// anything of it reached the client: a dial on its way, the leg in
-// flight, its answer being read or its stream held. Its connection is
-// closed, so the engine aborts it; the request goes on.
-func (lc *laneConn) dropLeg() {
-	lc.dials++
-	lc.stopTimer()
-	if lc.ls != nil {
-		lc.dropStream()
-	}
-	lc.dropRaw()
-	lc.endUp(false)
-	lc.putSent()
-	lc.state = laneSending
-}
-
-// dropStream ends a held stream the client never saw: its leg is closed,
-// and the request goes on.
-func (lc *laneConn) dropStream() {
-	ls := lc.ls
-	ls.Finished = true
-	ls.CloseLeg(false)
-	lc.ls = nil
-	lc.state = laneSending
-	if lc.streamed {
-		lc.streamed = false
-		lc.r.P.M.LoopStreams.Dec()
-	}
-}
-
 // endSplit frees the split's state once the request is over.
-func (lc *laneConn) endSplit() {
-	pd := lc.pd
+func (sp *laneSplit) endSplit() {
+	lc := sp.lc
+	pd := sp.pd
 	if pd == nil {
 		return
 	}
-	lc.pd = nil
+	sp.pd = nil
 	if pd.timeout != nil {
 		pd.timeout.Stop()
 	}
@@ -480,22 +462,22 @@ func (lc *laneConn) endSplit() {
 // endSplitEarly tells the split that the request ends before its answer
 // began (the client left, the loop shuts down): the prefill's bookkeeping
 // ends with cause, and the hedge is dropped.
-func (lc *laneConn) endSplitEarly(cause error) {
-	switch pd := lc.pd; {
+func (sp *laneSplit) endSplitEarly(cause error) {
+	switch pd := sp.pd; {
 	case pd != nil && pd.first != nil:
 		pd.first.exec(pd.first.m.On(split.Event{Kind: split.ClientGone, Err: cause}))
 	case pd != nil && pd.paired != nil:
 		pd.paired.exec(pd.paired.pm.On(split.Event{Kind: split.ClientGone, Err: cause}))
 	case pd != nil && pd.m != nil:
-		lc.execSplit(pd, pd.m.On(split.Event{Kind: split.ClientGone, Err: cause}))
+		sp.execSplit(pd, pd.m.On(split.Event{Kind: split.ClientGone, Err: cause}))
 	}
-	lc.dropHedge()
+	sp.dropHedge()
 }
 
 // dropHedge ends the hedge's local leg, if any, before anything of it
 // reached the client: its connection is closed.
-func (lc *laneConn) dropHedge() {
-	pd := lc.pd
+func (sp *laneSplit) dropHedge() {
+	pd := sp.pd
 	if pd == nil || pd.hedge == nil {
 		return
 	}
@@ -514,51 +496,52 @@ func (lc *laneConn) dropHedge() {
 
 // decodeFirst returns the driver of the request's decode-first attempt
 // while its leg is out or its answer held (nil: none).
-func (lc *laneConn) decodeFirst() *laneFirst {
-	if lc.pd == nil || lc.pd.first == nil || !lc.pd.first.leg {
+func (sp *laneSplit) decodeFirst() *laneFirst {
+	if sp.pd == nil || sp.pd.first == nil || !sp.pd.first.leg {
 		return nil
 	}
-	return lc.pd.first
+	return sp.pd.first
 }
 
 // pairedSplit returns the request's paired split's driver (nil: none).
-func (lc *laneConn) pairedSplit() *lanePaired {
-	if lc.pd == nil {
+func (sp *laneSplit) pairedSplit() *lanePaired {
+	if sp.pd == nil {
 		return nil
 	}
-	return lc.pd.paired
+	return sp.pd.paired
 }
 
 // shadowWhole takes a shadow's answer, read whole: a paired split's
 // prefill leg's, or the hedge's local leg's.
-func (lc *laneConn) shadowWhole(h *laneConn, a *rawhttp.Answer) {
-	if ps := lc.pairedSplit(); ps != nil && ps.pre == h {
+func (sp *laneSplit) shadowWhole(h *laneConn, a *rawhttp.Answer) {
+	if ps := sp.pairedSplit(); ps != nil && ps.pre == h {
 		ps.prefillEnded(h, a, nil)
 		return
 	}
-	lc.hedgeWhole(h, a)
+	sp.hedgeWhole(h, a)
 }
 
 // shadowFailed takes a shadow's failure: a paired split's prefill leg's,
 // or the hedge's local leg's.
-func (lc *laneConn) shadowFailed(h *laneConn, err error) {
-	if ps := lc.pairedSplit(); ps != nil && ps.pre == h {
+func (sp *laneSplit) shadowFailed(h *laneConn, err error) {
+	if ps := sp.pairedSplit(); ps != nil && ps.pre == h {
 		ps.prefillEnded(h, nil, err)
 		return
 	}
-	lc.hedgeFailed(h, err)
+	sp.hedgeFailed(h, err)
 }
 
 // hedgeFailed reports the hedge's local leg h failing before it was ready.
-func (lc *laneConn) hedgeFailed(h *laneConn, err error) {
-	if pd := lc.pd; pd != nil && pd.hedge == h {
-		lc.feedSplit(split.Event{Kind: split.HedgeFailed, Err: err})
+func (sp *laneSplit) hedgeFailed(h *laneConn, err error) {
+	if pd := sp.pd; pd != nil && pd.hedge == h {
+		sp.feedSplit(split.Event{Kind: split.HedgeFailed, Err: err})
 	}
 }
 
 // hedgeGated decides on the shadow's held stream: its first output came
 // (the hedge is ready), or it ended or erred without one (it failed).
-func (lc *laneConn) hedgeGated(g sserelay.Gate, held []byte) {
+func (sp *laneSplit) hedgeGated(g sserelay.Gate, held []byte) {
+	lc := sp.lc
 	lc.stopTimer()
 	if g != sserelay.GateOutput {
 		lc.shadowOf.hedgeFailed(lc, fmt.Errorf("%w: %w", inference.ErrDecodeFailed, lc.ls.EndedBefore("the local stream ended or erred before any output")))
@@ -569,12 +552,12 @@ func (lc *laneConn) hedgeGated(g sserelay.Gate, held []byte) {
 
 // hedgeWhole takes the shadow's JSON answer, read whole: the hedge is
 // ready.
-func (lc *laneConn) hedgeWhole(h *laneConn, a *rawhttp.Answer) { lc.hedgeReady(h, nil, a) }
+func (sp *laneSplit) hedgeWhole(h *laneConn, a *rawhttp.Answer) { sp.hedgeReady(h, nil, a) }
 
 // hedgeReady reports the hedge's local leg h ready: its stream's held
 // bytes, or its JSON answer a, wait in the split for the machine's word.
-func (lc *laneConn) hedgeReady(h *laneConn, held []byte, a *rawhttp.Answer) {
-	pd := lc.pd
+func (sp *laneSplit) hedgeReady(h *laneConn, held []byte, a *rawhttp.Answer) {
+	pd := sp.pd
 	if pd == nil || pd.hedge != h {
 		return
 	}
@@ -582,17 +565,18 @@ func (lc *laneConn) hedgeReady(h *laneConn, held []byte, a *rawhttp.Answer) {
 	// word on them comes now (a shadow's answer never arrives while the
 	// primary's actions run).
 	pd.readyHeld, pd.readyRaw = held, a
-	lc.feedSplit(split.Event{Kind: split.HedgeReady})
+	sp.feedSplit(split.Event{Kind: split.HedgeReady})
 	pd.readyHeld, pd.readyRaw = nil, nil
-	if lc.pd == pd && pd.hedge == h { // not relayed: let go
-		lc.dropHedge()
+	if sp.pd == pd && pd.hedge == h { // not relayed: let go
+		sp.dropHedge()
 	}
 }
 
 // adoptHedge makes the hedge's local leg the request's answer: the
 // primary takes over the shadow's leg, gauge and stream (held bytes on),
 // or writes its JSON answer.
-func (lc *laneConn) adoptHedge(pd *lanePD) {
+func (sp *laneSplit) adoptHedge(pd *lanePD) {
+	lc := sp.lc
 	r, h := lc.r, pd.hedge
 	if h == nil {
 		return
@@ -627,7 +611,8 @@ func (lc *laneConn) adoptHedge(pd *lanePD) {
 // splitAnswers does a split machine's PassOn (a prefiller's rejection
 // passed on, or the error answered) or Fail (the error answered, unless
 // the request was dropped: nobody waits for it).
-func (lc *laneConn) splitAnswers(a split.Action) {
+func (sp *laneSplit) splitAnswers(a split.Action) {
+	lc := sp.lc
 	r := lc.r
 	switch a.Op {
 	case split.PassOn:
