@@ -12,16 +12,14 @@ import (
 	"github.com/valyala/fasthttp"
 )
 
-// declineAll is an Adopter that leaves every request to fasthttp.
-type declineAll struct{}
+// keepAll is an Adopter that keeps what it is given.
+type keepAll struct{}
 
-func (declineAll) Adopt(*Conn)                           {}
-func (declineAll) Declines(*fasthttp.RequestHeader) bool { return true }
+func (keepAll) Adopt(*Conn) {}
 
 // BenchmarkConn is a client connection's share of one request on
 // fasthttp's path: its bytes accounted as read and the request counted
-// when its handler runs (with an Adopter, which is asked whether the
-// connection stays on fasthttp's path); the watch of its client queued and stopped; the
+// when its handler runs (with an Adopter, too); the watch of its client queued and stopped; the
 // peek for a client that closed its side; and the head checks.
 func BenchmarkConn(b *testing.B) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -57,15 +55,15 @@ func BenchmarkConn(b *testing.B) {
 		}
 	})
 	b.Run("count-adopted", func(b *testing.B) {
-		c.adopter = declineAll{}
+		c.adopter = keepAll{}
 		defer func() { c.adopter = nil }()
 		b.ReportAllocs()
 		for b.Loop() {
 			c.account(req)
 			Counted(&rc)()
 		}
-		if !c.Synced() || !c.stay.Load() {
-			b.Fatal("not synced, or not kept on fasthttp's path")
+		if !c.Synced() {
+			b.Fatal("not synced")
 		}
 	})
 	b.Run("watch", func(b *testing.B) {

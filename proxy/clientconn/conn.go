@@ -15,12 +15,6 @@ type Adopter interface {
 	// Adopt takes c, which waits for its next request; c is the
 	// adopter's from then on.
 	Adopt(c *Conn)
-	// Declines reports whether the adopter leaves a request with head h
-	// to fasthttp (a P/D split it does not serve): a connection that
-	// carried one stays on fasthttp's path for its next request, which
-	// the adopter would only hand back (a connection from the endpoint
-	// picker carries mostly those).
-	Declines(h *fasthttp.RequestHeader) bool
 }
 
 // Conn is a plain TCP client connection of a data port, as fasthttp
@@ -55,9 +49,6 @@ type Conn struct {
 	adopter Adopter // where idle connections go back to (nil: none)
 	replay  []byte  // bytes the adopter read, given to fasthttp first
 	busy    atomic.Bool
-	// stay keeps the connection on fasthttp for its next request: its last
-	// one was one the adopter declines (Adopter.Declines).
-	stay atomic.Bool
 	// linger: the connection closes after an error answer to a request
 	// that may not have been read whole (Linger); see Close.
 	linger atomic.Bool
@@ -97,7 +88,7 @@ func (c *Conn) Read(p []byte) (int, error) {
 		c.account(p[:n])
 		return n, nil
 	}
-	if c.adopter != nil && c.handOff.Load() == nil && !c.busy.Load() && !c.stay.Load() && c.Synced() {
+	if c.adopter != nil && c.handOff.Load() == nil && !c.busy.Load() && c.Synced() {
 		// fasthttp waits for the next request: the adopter takes the connection.
 		adopt := func() { c.adopter.Adopt(c) }
 		c.handOff.Store(&adopt)
@@ -201,14 +192,8 @@ func (c *Conn) Replay(in []byte, by time.Time) {
 func (c *Conn) Linger() { c.linger.Store(true) }
 
 // NextAdopter is the Adopter c goes to for its next request, once an
-// event loop finished its answer: nil when it has none, or when c stays on
-// fasthttp's path (its last request was one the Adopter declines).
-func (c *Conn) NextAdopter() Adopter {
-	if c.stay.Load() {
-		return nil
-	}
-	return c.adopter
-}
+// event loop finished its answer (nil: it has none).
+func (c *Conn) NextAdopter() Adopter { return c.adopter }
 
 // Counted adds the request of rc to the bytes its connection's requests
 // took, and marks the connection busy until the returned func is called
@@ -222,7 +207,6 @@ func Counted(rc *fasthttp.RequestCtx) func() {
 	c.readBy.Store(0) // the request is read
 	c.count(&rc.Request.Header)
 	c.busy.Store(true)
-	c.stay.Store(c.adopter != nil && c.adopter.Declines(&rc.Request.Header))
 	return c.idle
 }
 

@@ -148,11 +148,6 @@ func (ln *lane) Adopt(c *clientconn.Conn) {
 	}
 }
 
-// Declines implements clientconn.Adopter: the lane takes every request
-// whose head its checks pass, whatever parts of the sidecar it needs (a
-// part that blocks runs as a step off the loop).
-func (ln *lane) Declines(*fasthttp.RequestHeader) bool { return false }
-
 // sweep closes client connections idle longer than --idle-timeout, and
 // pooled upstream connections unused for laneIdleMax, until shutdown.
 func (ln *lane) sweep() {
