@@ -93,5 +93,9 @@ func KVPullFailure(r *Request, err error) error {
 	case errors.Is(err, kvtransfer.ErrKVSourceGone), errors.Is(err, connectors.ErrInvalidKVParams):
 		return split.Recoverable(err)
 	}
-	return r.kvLoadFailure(fmt.Errorf("%w: sidecar pull: %w", ErrKVLoadFailed, err))
+	err = fmt.Errorf("%w: sidecar pull: %w", ErrKVLoadFailed, err)
+	if !r.kvLoadRerun() {
+		return err
+	}
+	return split.Recoverable(err)
 }

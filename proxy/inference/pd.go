@@ -455,23 +455,23 @@ func (r *Request) KVStreamed(sent time.Time, errorEvent bool) error {
 // decode engine read none of it); nil under --on-kv-load-failure error,
 // which passes the engine's answer on.
 func (r *Request) kvLoadFailed() error {
-	if err := r.kvLoadFailure(ErrKVLoadFailed); err != ErrKVLoadFailed {
-		r.Handoff = nil
-		return err
+	if !r.kvLoadRerun() {
+		return nil
 	}
-	return nil
+	r.Handoff = nil
+	return split.Recoverable(ErrKVLoadFailed)
 }
 
-// kvLoadFailure counts err, a KV load failure, and marks it Recoverable:
-// the request is re-run with a local prefill; under --on-kv-load-failure
-// error it is logged and returned as it is.
-func (r *Request) kvLoadFailure(err error) error {
+// kvLoadRerun counts a KV load failure and reports whether the request is
+// re-run with a local prefill; under --on-kv-load-failure error it logs
+// that the failure is passed on.
+func (r *Request) kvLoadRerun() bool {
 	r.P.M.KVLoadFailures.WithLabelValues(r.Label).Inc()
 	if r.P.Cfg.OnKVLoadFailure == KVFailError {
 		r.LogAt(zerolog.ErrorLevel).Msg("decode engine failed to load the remote KV; error passed on (--on-kv-load-failure error)")
-		return err
+		return false
 	}
-	return split.Recoverable(err)
+	return true
 }
 
 // CopyHead copies the upstream status and end-to-end headers to the client.

@@ -147,13 +147,20 @@ func (rp *laneReply) ownHead(status int, contentType string) *fasthttp.ResponseH
 // begins.
 func (rp *laneReply) began(g sserelay.Gate, held []byte) {
 	lc := rp.lc
-	r, ls := lc.r, rp.ls
+	ls := rp.ls
 	lc.stopTimer()
 	if g != sserelay.GateOutput { // ended with no event
 		rp.dropStream()
 		rp.failWith(inference.DecodeTransportErr(inference.EndedEarly(lc.r.Local, "any event", ls.Cut)))
 		return
 	}
+	rp.relayHeld(held)
+}
+
+// relayHeld begins the answer's stream: counted, its first output marked,
+// the bytes held back until then written.
+func (rp *laneReply) relayHeld(held []byte) {
+	r, ls := rp.lc.r, rp.ls
 	r.StreamBegan(r.Obs.Status)
 	ls.MarkOutput()
 	rp.FirstOutput()

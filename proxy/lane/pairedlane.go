@@ -263,13 +263,8 @@ func (ps *lanePaired) gated(g sserelay.Gate, held []byte) {
 // relay relays the decode stream from its held bytes on: its answer
 // begins.
 func (ps *lanePaired) relay(held []byte) {
-	lc := ps.lc
-	r, ls := lc.r, lc.ls
-	r.StreamBegan(r.Obs.Status)
 	ps.decodeEnded(nil) // before the write, which may end the request
-	ls.MarkOutput()
-	lc.FirstOutput()
-	ls.Write(held)
+	ps.lc.relayHeld(held)
 }
 
 // answered takes the decode answer, read whole: a KV load failure goes to

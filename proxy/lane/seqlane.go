@@ -434,10 +434,7 @@ func (sp *laneSplit) gateDone(g sserelay.Gate, held []byte) {
 		sp.feedSplit(split.Event{Kind: split.LegFailed, Err: err})
 		return
 	}
-	r.StreamBegan(r.Obs.Status)
-	ls.MarkOutput()
-	lc.FirstOutput()
-	ls.Write(held)
+	lc.relayHeld(held)
 }
 
 // endSplit frees the split's state once the request is over.
@@ -602,10 +599,7 @@ func (sp *laneSplit) adoptHedge(pd *lanePD) {
 	lc.addr, lc.state = h.addr, laneAnswer
 	lc.streamed, h.streamed = h.streamed, false
 	lc.ls, ls.Conns, ls.Release = ls, lc, lc.finish
-	r.StreamBegan(r.Obs.Status)
-	ls.MarkOutput()
-	lc.FirstOutput()
-	ls.Write(pd.readyHeld)
+	lc.relayHeld(pd.readyHeld)
 }
 
 // splitAnswers does a split machine's PassOn (a prefiller's rejection
