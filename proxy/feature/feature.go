@@ -4,11 +4,12 @@
 // the points both serving drivers (fasthttp's goroutine driver and the lane)
 // pass through. A feature is asked once per inference request, when the
 // request's prefiller is named and allowed, none is named, or the one it
-// names is refused (Request.Refused), with the request's head; what it
-// does for that request is its Use, whose abilities (SplitDecliner,
+// names is refused (Request.Refused), with the request's head (Head); what
+// it does for that request is its Use, whose abilities (SplitDecliner,
 // PrefillEditor, OptionalPrefill, LocalEditor, KVSourceNamer, AnswerEditor,
-// LocalAnswerEditor, HistoryReporter) the request finds by type assertion. A feature that needs a new point in the request
-// adds an ability here, which both drivers consult; no driver knows a
+// LocalAnswerEditor, HistoryReporter) a request's Uses find by type
+// assertion and ask at each point. A feature that needs a new point in the
+// request adds an ability here and a method to Uses; no driver knows a
 // feature's name.
 package feature
 
@@ -17,7 +18,6 @@ import (
 	"net/netip"
 
 	"github.com/rs/zerolog"
-	"github.com/valyala/fasthttp"
 
 	"github.com/pd-sidecar/pd-sidecar/connectors"
 )
@@ -27,7 +27,7 @@ type Feature interface {
 	// Begin returns the feature's part in request r, whose head is h
 	// (nil: nothing to do for it). It may count and log; it must not keep
 	// h, which the lane reuses for the next request, nor r's body.
-	Begin(r Request, h *fasthttp.RequestHeader) Use
+	Begin(r Request, h Head) Use
 }
 
 // Request is what a feature is told of the request it takes part in.

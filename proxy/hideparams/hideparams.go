@@ -21,8 +21,6 @@ package hideparams
 import (
 	"bytes"
 
-	"github.com/valyala/fasthttp"
-
 	"github.com/pd-sidecar/pd-sidecar/connectors"
 	"github.com/pd-sidecar/pd-sidecar/proxy/feature"
 )
@@ -35,7 +33,7 @@ type Feature struct{}
 
 // Begin takes part in every request: the same use for all, holding
 // nothing.
-func (Feature) Begin(feature.Request, *fasthttp.RequestHeader) feature.Use { return hide{} }
+func (Feature) Begin(feature.Request, feature.Head) feature.Use { return hide{} }
 
 // hide is every request's part.
 type hide struct{}

@@ -79,15 +79,15 @@ func (r *Request) Admit(h *fasthttp.RequestHeader) Admission {
 	hv := h.Peek(HeaderPrefiller)
 	if len(hv) == 0 {
 		r.LogAt(zerolog.DebugLevel).Msg("no prefiller named: local")
-		r.beginFeatures(h)
+		r.beginFeatures(h, false)
 		return Admission{Route: RouteLocal}
 	}
 	if err := r.namePrefiller(hv); err != nil {
-		r.beginRefused(h)
+		r.beginFeatures(h, true)
 		return Admission{Route: RouteFallback, Err: err}
 	}
-	r.beginFeatures(h)
-	if r.splitDeclined() {
+	r.beginFeatures(h, false)
+	if r.uses.Declined() {
 		return Admission{Route: RouteLocal}
 	}
 	r.admitted++ // named

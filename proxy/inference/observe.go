@@ -153,7 +153,7 @@ func (r *Request) Report() {
 		KVTransferred: r.Obs.KVOK && mode == metrics.ModeDisaggregated,
 		DecodeChunks:  r.Obs.Chunks,
 		Encoder:       r.Obs.Encoder,
-		History:       r.historyOutcome(),
+		History:       r.uses.HistoryOutcome(),
 	}
 	if rep.Prefiller != "" && rep.Declined == "" {
 		o := rep.Outcome()

@@ -79,7 +79,7 @@ func BeginPaired(r *Request) *Paired {
 	s.pairing = connectors.Pairing{PrefillHost: host, Room: randomRoom(), TransferID: transferID()}
 	if p.Cfg.P2P.Enabled {
 		port, _ := strconv.Atoi(portStr)
-		s.pairing.KVRequestID, s.pairing.PrefillP2PPort, s.pairing.Source = NewUUID(), p.pod.p2pPort(port), r.KVSourcePeer()
+		s.pairing.KVRequestID, s.pairing.PrefillP2PPort, s.pairing.Source = NewUUID(), p.pod.p2pPort(port), r.uses.KVSource()
 	}
 	if bs, ok := s.cc.(connectors.Bootstrapper); ok {
 		s.boot = bs

@@ -267,7 +267,7 @@ func (r *Request) PrefillAnswered(status int, contentType, body []byte) (Prefill
 		return PrefillResult{}, ErrPrefillOverloaded
 	case status >= 500:
 		err := fmt.Errorf("%w: status %d", ErrPrefillServerError, status)
-		if r.dropOptionalPrefill() {
+		if r.uses.DropOptionalPrefill() {
 			err = fmt.Errorf("%w: %w", ErrPrefillWithHistory, err)
 		}
 		return PrefillResult{}, err
@@ -502,7 +502,7 @@ func (r *Request) PrefillBody(dst []byte) ([]byte, error) {
 		body, err = moriPrefillBody(r, body) // MoRI-IO write mode
 	}
 	if err == nil {
-		body, err = r.editPrefill(body)
+		body, err = r.uses.EditPrefill(body)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrBadRequest, err)

@@ -55,10 +55,8 @@ type Request struct {
 
 	Prefiller string // host:port chosen from the header ("" = none)
 	named     bool   // the request carried x-prefiller-host-port
-	// uses are the request features' parts in the request (proxy/feature),
-	// and declined whether one of them declined the split.
-	uses     []feature.Use
-	declined bool
+	// uses are the request features' parts in the request (proxy/feature).
+	uses feature.Uses
 	// session is the conversation's session key, with multi-turn KV
 	// reuse on ("": none named).
 	session string
@@ -335,89 +333,28 @@ var StrHTTP11 = []byte("HTTP/1.1")
 
 // The request features (proxy/feature) take part in a request at the
 // points both drivers pass through: beginFeatures (in Admit) once the
-// prefiller is named and allowed (or none is), then splitDeclined, editPrefill or
-// EditLocal, and KVSourcePeer for a choreography whose legs name the
-// source. They are asked in the order of the one list New registers them
-// in (Proxy.features).
+// prefiller is named and allowed, none is named, or the one named is
+// refused; then the parts they took (feature.Uses) edit the prefill or
+// local body, the answer, and name a KV cache source. They are asked in
+// the order of the one list New registers them in (Proxy.features).
 
-// beginFeatures asks every feature for its part in r, whose head is h. A
-// feature that declines the split is counted and reported here, and the
-// request is then served in mode local.
-func (r *Request) beginFeatures(h *fasthttp.RequestHeader) {
+// beginFeatures asks every feature for its part in r, whose head is h
+// (refused: the prefiller r names is refused, and r falls back). A feature
+// that declines the split is counted and reported here, and the request is
+// then served in mode local.
+func (r *Request) beginFeatures(h feature.Head, refused bool) {
 	if len(r.P.features) == 0 {
 		return
 	}
-	fr := feature.Request{API: r.API, Body: r.Body, Prefiller: r.Prefiller, Port: r.P.Cfg.Port + r.rank(), Session: r.session, Client: r.Client, Log: r}
-	for _, f := range r.P.features {
-		u := f.Begin(fr, h)
-		if u == nil {
-			continue
-		}
-		r.uses = append(r.uses, u)
-		if d, ok := u.(feature.SplitDecliner); ok && !r.declined {
-			reason := d.DeclinedSplit()
-			r.P.M.SplitDeclined.WithLabelValues(reason).Inc()
-			r.Obs.Declined = reason
-			r.Mode = metrics.ModeLocal
-			r.declined = true
-		}
+	fr := feature.Request{API: r.API, Body: r.Body, Port: r.P.Cfg.Port + r.rank(), Refused: refused, Log: r}
+	if !refused {
+		fr.Prefiller, fr.Session, fr.Client = r.Prefiller, r.session, r.Client
 	}
-}
-
-// beginRefused asks every feature for its part in r, whose named
-// prefiller is refused (feature.Request.Refused): the request falls back.
-func (r *Request) beginRefused(h *fasthttp.RequestHeader) {
-	if len(r.P.features) == 0 {
-		return
+	if reason := r.uses.Begin(r.P.features, fr, h); reason != "" {
+		r.P.M.SplitDeclined.WithLabelValues(reason).Inc()
+		r.Obs.Declined = reason
+		r.Mode = metrics.ModeLocal
 	}
-	fr := feature.Request{API: r.API, Body: r.Body, Port: r.P.Cfg.Port + r.rank(), Refused: true, Log: r}
-	for _, f := range r.P.features {
-		if u := f.Begin(fr, h); u != nil {
-			r.uses = append(r.uses, u)
-		}
-	}
-}
-
-// splitDeclined reports whether a feature serves r locally instead of
-// splitting it.
-func (r *Request) splitDeclined() bool { return r.declined }
-
-// editPrefill gives the prefill leg's body to every feature that edits it.
-func (r *Request) editPrefill(body []byte) ([]byte, error) {
-	for _, u := range r.uses {
-		if e, ok := u.(feature.PrefillEditor); ok {
-			var err error
-			if body, err = e.EditPrefill(body); err != nil {
-				return nil, err
-			}
-		}
-	}
-	return body, nil
-}
-
-// dropOptionalPrefill takes back an optional edit of the prefill leg (a
-// feature's OptionalPrefill), reporting whether one was taken back.
-func (r *Request) dropOptionalPrefill() bool {
-	dropped := false
-	for _, u := range r.uses {
-		if o, ok := u.(feature.OptionalPrefill); ok && o.DropPrefillEdit() {
-			dropped = true
-		}
-	}
-	return dropped
-}
-
-// historyOutcome is what the request's prefill did with a conversation's
-// history (feature.HistoryReporter; "": nothing to say).
-func (r *Request) historyOutcome() string {
-	for _, u := range r.uses {
-		if h, ok := u.(feature.HistoryReporter); ok {
-			if o := h.HistoryOutcome(); o != "" {
-				return o
-			}
-		}
-	}
-	return ""
 }
 
 // AnswerEdit returns the edit of each piece of the split's decode answer
@@ -425,37 +362,12 @@ func (r *Request) historyOutcome() string {
 // with the handoff, then every feature's (feature.AnswerEditor); nil when
 // nothing edits it. Both drivers relay the decode leg's answer through it.
 func (r *Request) AnswerEdit() func([]byte) []byte {
-	var eds []feature.AnswerEditor
-	for _, u := range r.uses {
-		if e, ok := u.(feature.AnswerEditor); ok {
-			eds = append(eds, e)
-		}
-	}
-	rw := r.P.Rewriter
-	if r.Handoff == nil {
-		rw = nil
-	}
-	switch {
-	case len(eds) == 0 && rw == nil:
-		return nil
-	case len(eds) == 0:
+	var rewrite func([]byte) []byte
+	if rw := r.P.Rewriter; rw != nil && r.Handoff != nil {
 		api, h := r.API, *r.Handoff
-		return func(d []byte) []byte { return rw.RewriteAnswer(api, d, h) }
+		rewrite = func(d []byte) []byte { return rw.RewriteAnswer(api, d, h) }
 	}
-	api := r.API
-	var h connectors.Handoff
-	if rw != nil {
-		h = *r.Handoff
-	}
-	return func(d []byte) []byte {
-		if rw != nil {
-			d = rw.RewriteAnswer(api, d, h)
-		}
-		for _, e := range eds {
-			d = e.EditAnswer(d)
-		}
-		return d
-	}
+	return r.uses.AnswerEdit(rewrite)
 }
 
 // LocalAnswerEdit returns the edit of each piece of the answer of a
@@ -463,26 +375,7 @@ func (r *Request) AnswerEdit() func([]byte) []byte {
 // body, or one SSE event's data): every feature's
 // (feature.LocalAnswerEditor); nil when nothing edits it. Both drivers
 // relay such answers through it.
-func (r *Request) LocalAnswerEdit() func([]byte) []byte {
-	var eds []feature.LocalAnswerEditor
-	for _, u := range r.uses {
-		if e, ok := u.(feature.LocalAnswerEditor); ok {
-			eds = append(eds, e)
-		}
-	}
-	switch len(eds) {
-	case 0:
-		return nil
-	case 1:
-		return eds[0].EditLocalAnswer
-	}
-	return func(d []byte) []byte {
-		for _, e := range eds {
-			d = e.EditLocalAnswer(d)
-		}
-		return d
-	}
-}
+func (r *Request) LocalAnswerEdit() func([]byte) []byte { return r.uses.LocalAnswerEdit() }
 
 // IsOutput reports whether a decode leg's answer read whole, of status,
 // is the leg's output (a 200), as KVAnswered takes it.
@@ -521,30 +414,7 @@ func (r *Request) LocalAnswerBody(status int, buf []byte) []byte {
 
 // EditLocal gives the body of a request served locally to every feature
 // that edits it.
-func (r *Request) EditLocal(body []byte) ([]byte, error) {
-	for _, u := range r.uses {
-		if e, ok := u.(feature.LocalEditor); ok {
-			var err error
-			if body, err = e.EditLocal(body); err != nil {
-				return nil, err
-			}
-		}
-	}
-	return body, nil
-}
-
-// KVSourcePeer is the request's KV cache source (nil: none), for a
-// choreography whose legs name it themselves (the offloading connector's).
-func (r *Request) KVSourcePeer() *connectors.P2PPeer {
-	for _, u := range r.uses {
-		if s, ok := u.(feature.KVSourceNamer); ok {
-			if peer := s.KVSource(); peer != nil {
-				return peer
-			}
-		}
-	}
-	return nil
-}
+func (r *Request) EditLocal(body []byte) ([]byte, error) { return r.uses.EditLocal(body) }
 
 // rank is the data-parallel rank r arrived on (its home engine's).
 func (r *Request) rank() int {

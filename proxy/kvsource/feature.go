@@ -7,7 +7,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
-	"github.com/valyala/fasthttp"
 
 	"github.com/pd-sidecar/pd-sidecar/connectors"
 	"github.com/pd-sidecar/pd-sidecar/metrics"
@@ -42,7 +41,7 @@ type Feature struct {
 }
 
 // Begin names the request's source, when one is usable.
-func (s Feature) Begin(r feature.Request, h *fasthttp.RequestHeader) feature.Use {
+func (s Feature) Begin(r feature.Request, h feature.Head) feature.Use {
 	if r.Refused {
 		return nil // a fallback's leg is the client's own body
 	}

@@ -23,7 +23,6 @@ import (
 	"github.com/rs/zerolog"
 	"github.com/tidwall/gjson"
 	"github.com/tidwall/sjson"
-	"github.com/valyala/fasthttp"
 
 	"github.com/pd-sidecar/pd-sidecar/connectors"
 	"github.com/pd-sidecar/pd-sidecar/connectors/nixlv2"
@@ -96,7 +95,7 @@ const maxProbes = 64
 // the turn that extends it. A request served locally from the start is
 // left alone: its decode leg carries no kv_transfer_params, and the engine
 // pins nothing for it.
-func (f *Feature) Begin(r feature.Request, _ *fasthttp.RequestHeader) feature.Use {
+func (f *Feature) Begin(r feature.Request, _ feature.Head) feature.Use {
 	if r.Refused || r.Prefiller == "" {
 		return nil
 	}

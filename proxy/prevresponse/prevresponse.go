@@ -27,7 +27,6 @@ package prevresponse
 import (
 	"github.com/rs/zerolog"
 	"github.com/tidwall/gjson"
-	"github.com/valyala/fasthttp"
 
 	"github.com/pd-sidecar/pd-sidecar/connectors"
 	"github.com/pd-sidecar/pd-sidecar/metrics"
@@ -47,7 +46,7 @@ type Guard struct{}
 // prefiller only; the body was checked whole before (one parse: a repeated
 // name or a case variant of the member is refused first), so what it reads
 // is what the engine reads.
-func (Guard) Begin(r feature.Request, _ *fasthttp.RequestHeader) feature.Use {
+func (Guard) Begin(r feature.Request, _ feature.Head) feature.Use {
 	if r.Prefiller == "" || r.API != connectors.APIResponses {
 		return nil
 	}

@@ -11,7 +11,6 @@ package shortprompt
 
 import (
 	"github.com/rs/zerolog"
-	"github.com/valyala/fasthttp"
 
 	"github.com/pd-sidecar/pd-sidecar/connectors"
 	"github.com/pd-sidecar/pd-sidecar/metrics"
@@ -29,7 +28,7 @@ type Guard struct {
 // prompt is shorter than the limit, and logs it. It costs one pass over
 // the body's top level (connectors.EstimatePromptTokens); a prompt the
 // estimate cannot read is not declined.
-func (s Guard) Begin(r feature.Request, _ *fasthttp.RequestHeader) feature.Use {
+func (s Guard) Begin(r feature.Request, _ feature.Head) feature.Use {
 	if r.Prefiller == "" {
 		return nil
 	}

@@ -1,0 +1,156 @@
+package feature
+
+import "github.com/pd-sidecar/pd-sidecar/connectors"
+
+// Head is what a feature may read of a request's head: a header's value
+// (nil: absent), by name, case-insensitively.
+type Head interface {
+	Peek(key string) []byte
+}
+
+// Uses are the parts the registered features take in one request, in the
+// order they were registered, and what the request asks of them at each
+// point both drivers pass through. The zero Uses takes part in nothing.
+type Uses struct {
+	list []Use
+	// declined is why a feature declined the request's split ("": none
+	// did).
+	declined string
+}
+
+// Begin asks every feature of fs for its part in request r, whose head
+// is h, and keeps the parts. It returns why the first feature that
+// declines the split declined it ("": none did); the request counts and
+// reports that once.
+func (u *Uses) Begin(fs []Feature, r Request, h Head) (declined string) {
+	for _, f := range fs {
+		use := f.Begin(r, h)
+		if use == nil {
+			continue
+		}
+		u.list = append(u.list, use)
+		if d, ok := use.(SplitDecliner); ok && u.declined == "" && !r.Refused {
+			u.declined = d.DeclinedSplit()
+			declined = u.declined
+		}
+	}
+	return declined
+}
+
+// Declined reports whether a feature serves the request locally instead
+// of splitting it.
+func (u *Uses) Declined() bool { return u.declined != "" }
+
+// EditPrefill gives the prefill leg's body to every feature that edits
+// it.
+func (u *Uses) EditPrefill(body []byte) ([]byte, error) {
+	for _, use := range u.list {
+		if e, ok := use.(PrefillEditor); ok {
+			var err error
+			if body, err = e.EditPrefill(body); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return body, nil
+}
+
+// DropOptionalPrefill takes back an optional edit of the prefill leg
+// (OptionalPrefill), reporting whether one was taken back.
+func (u *Uses) DropOptionalPrefill() bool {
+	dropped := false
+	for _, use := range u.list {
+		if o, ok := use.(OptionalPrefill); ok && o.DropPrefillEdit() {
+			dropped = true
+		}
+	}
+	return dropped
+}
+
+// EditLocal gives the body of a request served locally to every feature
+// that edits it.
+func (u *Uses) EditLocal(body []byte) ([]byte, error) {
+	for _, use := range u.list {
+		if e, ok := use.(LocalEditor); ok {
+			var err error
+			if body, err = e.EditLocal(body); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return body, nil
+}
+
+// HistoryOutcome is what the request's prefill did with a conversation's
+// history (HistoryReporter; "": nothing to say).
+func (u *Uses) HistoryOutcome() string {
+	for _, use := range u.list {
+		if h, ok := use.(HistoryReporter); ok {
+			if o := h.HistoryOutcome(); o != "" {
+				return o
+			}
+		}
+	}
+	return ""
+}
+
+// KVSource is the request's KV cache source (nil: none), for a
+// choreography whose legs name it themselves (KVSourceNamer).
+func (u *Uses) KVSource() *connectors.P2PPeer {
+	for _, use := range u.list {
+		if s, ok := use.(KVSourceNamer); ok {
+			if peer := s.KVSource(); peer != nil {
+				return peer
+			}
+		}
+	}
+	return nil
+}
+
+// AnswerEdit returns the edit of each piece of a split's decode answer:
+// first (the connector's rewrite; nil: none), then every feature's
+// (AnswerEditor); nil when nothing edits it.
+func (u *Uses) AnswerEdit(first func([]byte) []byte) func([]byte) []byte {
+	var eds []AnswerEditor
+	for _, use := range u.list {
+		if e, ok := use.(AnswerEditor); ok {
+			eds = append(eds, e)
+		}
+	}
+	if len(eds) == 0 {
+		return first
+	}
+	return func(d []byte) []byte {
+		if first != nil {
+			d = first(d)
+		}
+		for _, e := range eds {
+			d = e.EditAnswer(d)
+		}
+		return d
+	}
+}
+
+// LocalAnswerEdit returns the edit of each piece of the answer of a
+// request the local engine served without a split's KV: every feature's
+// (LocalAnswerEditor); nil when nothing edits it.
+func (u *Uses) LocalAnswerEdit() func([]byte) []byte {
+	var eds []LocalAnswerEditor
+	for _, use := range u.list {
+		if e, ok := use.(LocalAnswerEditor); ok {
+			eds = append(eds, e)
+		}
+	}
+	switch len(eds) {
+	case 0:
+		return nil
+	case 1:
+		return eds[0].EditLocalAnswer
+	}
+	return func(d []byte) []byte {
+		for _, e := range eds {
+			d = e.EditLocalAnswer(d)
+		}
+		return d
+	}
+}
