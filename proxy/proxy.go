@@ -22,7 +22,6 @@ import (
 	"github.com/pd-sidecar/pd-sidecar/proxy/inference"
 	"github.com/pd-sidecar/pd-sidecar/proxy/kvpull"
 	"github.com/pd-sidecar/pd-sidecar/proxy/lane"
-	"github.com/pd-sidecar/pd-sidecar/proxy/relay"
 )
 
 // Config is the sidecar's configuration, as proxy/inference declares it;
@@ -37,8 +36,7 @@ func New(cfg Config, conn connectors.Connector, m *metrics.Metrics, gatherer pro
 		return nil, err
 	}
 	p.UseLanes(lane.New)
-	p.UseSplitter(godriver.Split)
-	p.UseDecoder(relay.Decode)
+	p.UseGoDriver(godriver.Serve)
 	return &Proxy{p: p}, nil
 }
 

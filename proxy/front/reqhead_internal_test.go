@@ -44,7 +44,7 @@ func TestTrailersReachNoLeg(t *testing.T) {
 			assert.Empty(t, h.Peek(inference.HeaderRequestID))
 			r := &inference.Request{ID: "rid"}
 			var leg fasthttp.Request
-			r.UpstreamHeader(&leg.Header, h, "127.0.0.1:1")
+			r.LegHeader(&leg.Header, h, "127.0.0.1:1", nil)
 			leg.SetBodyRaw([]byte("{}"))
 			wire := leg.String()
 			assert.NotContains(t, wire, "evil")

@@ -3,6 +3,7 @@ package godriver
 import (
 	"github.com/pd-sidecar/pd-sidecar/connectors"
 	"github.com/pd-sidecar/pd-sidecar/proxy/inference"
+	"github.com/pd-sidecar/pd-sidecar/proxy/relay"
 )
 
 // choreograph runs the request under the choreography its connector
@@ -10,7 +11,7 @@ import (
 // It reports whether the request was served; false lets the sequential
 // handoff run (always for Sequential connectors, and for DecodeFirst ones
 // when the request is not tried on the decode engine first or was declined).
-func choreograph(r *inference.Request) bool {
+func choreograph(r *relay.Exchange) bool {
 	if r.P.PairedSplit() {
 		servePaired(r) // a concurrent connector, or MoRI-IO parallel dispatch
 		return true
@@ -28,9 +29,9 @@ func choreograph(r *inference.Request) bool {
 // sequential path; its bootstrap server (Mooncake's) is asked next; a
 // failure of either, or legs that cannot be built, decides the request
 // before any leg is sent.
-func servePaired(r *inference.Request) {
-	s := inference.BeginPaired(r)
-	if step := s.Prepare(r); step != nil {
+func servePaired(r *relay.Exchange) {
+	s := inference.BeginPaired(r.Request)
+	if step := s.Prepare(r.Request); step != nil {
 		step(r.Ctx)()
 	}
 	newPaired(r, s).run(s.Start, s.Pre, s.Dec)

@@ -26,7 +26,7 @@ import (
 
 // goDecodeFirst is one request's decode-first attempt on fasthttp's path.
 type goDecodeFirst struct {
-	r  *inference.Request
+	r  *relay.Exchange
 	df connectors.DecodeFirst
 	m  *split.DecodeFirst
 
@@ -54,7 +54,7 @@ type firstAnswer struct {
 // means it was not tried, or was declined, and the sequential handoff runs
 // with r.Body replaced by the connector's AfterDecline body (so a local
 // fallback cannot be declined again).
-func serveDecodeFirst(r *inference.Request, df connectors.DecodeFirst) bool {
+func serveDecodeFirst(r *relay.Exchange, df connectors.DecodeFirst) bool {
 	d := &goDecodeFirst{r: r, df: df, m: split.NewDecodeFirst()}
 	for next := d.exec(d.m.Start(df.TryDecodeFirst(r.API, r.Body))); next != nil; {
 		next = d.exec(d.on(*next))

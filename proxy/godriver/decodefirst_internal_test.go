@@ -23,7 +23,6 @@ import (
 	"github.com/pd-sidecar/pd-sidecar/metrics"
 	"github.com/pd-sidecar/pd-sidecar/proxy/front"
 	"github.com/pd-sidecar/pd-sidecar/proxy/inference"
-	"github.com/pd-sidecar/pd-sidecar/proxy/relay"
 	"github.com/pd-sidecar/pd-sidecar/proxy/split"
 )
 
@@ -139,8 +138,7 @@ func TestDecodeFirstDriver(t *testing.T) {
 			m := metrics.New(prometheus.NewRegistry(), 0)
 			p, err := inference.New(cfg, sharedstorage.New(), m, prometheus.NewRegistry(), zerolog.Nop())
 			require.NoError(t, err)
-			p.UseSplitter(Split)
-			p.UseDecoder(relay.Decode)
+			p.UseGoDriver(Serve)
 			ln, err := net.Listen("tcp", "127.0.0.1:0")
 			require.NoError(t, err)
 			srv := &fasthttp.Server{Handler: front.Handler(p, 0)}

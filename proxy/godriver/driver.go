@@ -7,11 +7,11 @@
 // and channels, as the lane (proxy/lane) does it on the event loops.
 package godriver
 
-import "github.com/pd-sidecar/pd-sidecar/proxy/inference"
+import "github.com/pd-sidecar/pd-sidecar/proxy/relay"
 
 // Split runs the split of r on its handler goroutine and answers the
 // client (an inference.Splitter).
-func Split(r *inference.Request) {
+func Split(r *relay.Exchange) {
 	if choreograph(r) {
 		return
 	}

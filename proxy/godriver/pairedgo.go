@@ -28,7 +28,7 @@ import (
 
 // goPaired is one request's paired split on fasthttp's path.
 type goPaired struct {
-	r   *inference.Request
+	r   *relay.Exchange
 	log zerolog.Logger // the request's, for the prefill leg's goroutine
 
 	mu sync.Mutex
@@ -45,7 +45,7 @@ type goPaired struct {
 }
 
 // newPaired returns the driver of the paired split s of r.
-func newPaired(r *inference.Request, s *inference.Paired) *goPaired {
+func newPaired(r *relay.Exchange, s *inference.Paired) *goPaired {
 	return &goPaired{r: r, log: *r.Logger(), m: split.NewPaired(s.Config), s: s, parent: r.Ctx, released: make(chan struct{})}
 }
 
@@ -175,7 +175,7 @@ func (d *goPaired) Decode(dec []byte) error {
 func (d *goPaired) sendPrefill(pre []byte) {
 	r, p := d.r, d.r.P
 	pctx, cancel := d.pctx, d.cancelPre
-	leg := d.s.StartPrefill(r) // before the head, which names its span
+	leg := d.s.StartPrefill(r.Request) // before the head, which names its span
 	req := r.PrefillRequest(pre)
 	addr := r.Prefiller
 	go func() {

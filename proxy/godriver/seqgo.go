@@ -45,7 +45,7 @@ type attemptOut struct {
 
 // goSplit is one request's sequential split on fasthttp's path.
 type goSplit struct {
-	r *inference.Request
+	r *relay.Exchange
 	m *split.Sequential
 
 	body []byte          // the prefill leg's body
@@ -71,7 +71,7 @@ type goSplit struct {
 
 // runSequential runs the request's sequential split (its prefiller
 // chosen and allowed).
-func runSequential(r *inference.Request) {
+func runSequential(r *relay.Exchange) {
 	p := r.P
 	d := &goSplit{
 		r: r, m: split.NewSequential(p.SplitConfig()),
@@ -237,7 +237,7 @@ func (d *goSplit) sendPrefill() {
 // prefillExchange sends req to the prefiller within ctx and returns its
 // answer. It runs beside the request's goroutine: it touches nothing of
 // the request but its immutable fields.
-func prefillExchange(r *inference.Request, ctx context.Context, req *fasthttp.Request) attemptOut {
+func prefillExchange(r *relay.Exchange, ctx context.Context, req *fasthttp.Request) attemptOut {
 	resp := fasthttp.AcquireResponse()
 	defer fasthttp.ReleaseRequest(req)
 	defer fasthttp.ReleaseResponse(resp)
@@ -266,7 +266,7 @@ func (d *goSplit) attemptEnded(o attemptOut) {
 
 // attemptAnswer is what an attempt's answer says (PrefillAnswered), its
 // copy's budget share kept by the request while the answer is used.
-func attemptAnswer(r *inference.Request, o attemptOut) (inference.PrefillResult, error) {
+func attemptAnswer(r *relay.Exchange, o attemptOut) (inference.PrefillResult, error) {
 	if o.err != nil {
 		return inference.PrefillResult{}, o.err
 	}
@@ -375,7 +375,7 @@ type heldAnswer struct {
 // openLocal sends req, the client's body to the local engine, and reads its
 // answer up to its first output (a stream) or whole (JSON). It uses only
 // the request's immutable fields: it runs beside the prefill goroutine.
-func openLocal(r *inference.Request, ctx context.Context, req *fasthttp.Request) (*heldAnswer, error) {
+func openLocal(r *relay.Exchange, ctx context.Context, req *fasthttp.Request) (*heldAnswer, error) {
 	resp := fasthttp.AcquireResponse()
 	a := &heldAnswer{resp: resp, sent: time.Now()}
 	var err error
@@ -427,7 +427,7 @@ func (a *heldAnswer) discard() {
 // commitLocal relays a held local answer as the request's answer, as
 // relay.Forward does: a stream from its held events on, a JSON answer whole.
 // cancel ends the leg's context once the answer is over.
-func commitLocal(r *inference.Request, a *heldAnswer, cancel context.CancelCauseFunc) {
+func commitLocal(r *relay.Exchange, a *heldAnswer, cancel context.CancelCauseFunc) {
 	g := r.P.M.Inflight.WithLabelValues(metrics.PhaseLocal)
 	g.Inc()
 	r.DecodeStarted(false)

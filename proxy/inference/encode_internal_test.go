@@ -72,7 +72,6 @@ func TestEncodeRequest(t *testing.T) {
 				rc.Request.Header.Set(HeaderEncoders, tc.encoders)
 			}
 			r := p.StartRequest([]byte("rid"), &rc.Request.Header, []byte(tc.body), "127.0.0.1:1", connectors.APIChat)
-			r.RC = &rc
 			defer r.Cancel(context.Canceled)
 			if tc.gone {
 				r.Cancel(ErrClientGone)

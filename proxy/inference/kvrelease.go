@@ -4,7 +4,6 @@ import (
 	"github.com/tidwall/gjson"
 
 	"github.com/pd-sidecar/pd-sidecar/connectors"
-	"github.com/pd-sidecar/pd-sidecar/proxy/clientconn"
 	"github.com/pd-sidecar/pd-sidecar/proxy/kvrelease"
 	"github.com/pd-sidecar/pd-sidecar/proxy/rawhttp"
 	"github.com/pd-sidecar/pd-sidecar/proxy/split"
@@ -63,8 +62,7 @@ func awaitKVRead(r *Request, h connectors.Handoff, err error) {
 
 // ReleaseKV sends the release leg of a request that ends with its handoff
 // still pending a read (see awaitKVRead), once. start is the start of the
-// request's legs' head (rawhttp.AppendLegStart; nil: built from the client's head
-// on fasthttp's path). The leg's request is built here, as a copy, before
+// request's legs' head (rawhttp.AppendLegStart, Proxy.LegStart). The leg's request is built here, as a copy, before
 // the request's buffers are given back; only its sending is left to the
 // background.
 func ReleaseKV(r *Request, start []byte) {
@@ -76,18 +74,7 @@ func ReleaseKV(r *Request, start []byte) {
 	if split.TPGuard(r.P.Cfg.DecodeTPSize, *h) != nil {
 		return // a handoff the decode engine is not to read
 	}
-	if start == nil {
-		if r.RC == nil {
-			return
-		}
-		target := clientconn.OriginForm(r.RC) // the path routed on
-		if target == nil {
-			target = r.RC.Request.Header.RequestURI()
-		}
-		start = rawhttp.AppendLegStartAt(nil, &r.RC.Request.Header, target, r.P.LegStrip)
-	} else {
-		start = append([]byte(nil), start...)
-	}
+	start = append([]byte(nil), start...)
 	lg := r.Logger().With().Str("kv_release", "decode_leg").Logger()
 	kr.Release(r.Local, lg, func(conn connectors.KVReleaser) ([]byte, error) {
 		body, err := conn.ReleaseBody(nil, r.API, r.Body, *h)

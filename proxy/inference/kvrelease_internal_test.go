@@ -78,9 +78,10 @@ func releaseProxy(t *testing.T, conn connectors.Connector, on bool) (p *Proxy, m
 	return p, m, stop
 }
 
-// pendingRequest is a fasthttp-path request to local whose prefill
-// answered with a handoff the decode engine has not read.
-func pendingRequest(p *Proxy, local string) *Request {
+// pendingRequest is a request to local whose prefill answered with a
+// handoff the decode engine has not read, and the start of its legs' head
+// (Proxy.LegStart).
+func pendingRequest(p *Proxy, local string) (*Request, []byte) {
 	var rc fasthttp.RequestCtx
 	rc.Request.Header.SetMethod(fasthttp.MethodPost)
 	rc.Request.SetRequestURI("/v1/completions")
@@ -89,9 +90,8 @@ func pendingRequest(p *Proxy, local string) *Request {
 	rc.Request.Header.Set(HeaderPrefiller, "10.0.0.9:8000")
 	body := []byte(`{"model":"m","prompt":"hi","max_tokens":9,"stream":true}`)
 	r := p.StartRequest([]byte("rid"), &rc.Request.Header, body, local, connectors.APICompletions)
-	r.RC = &rc
 	awaitKVRead(r, connectors.Handoff{Params: []byte(releaseParams)}, nil)
-	return r
+	return r, p.LegStart(&rc.Request.Header, rc.Request.Header.RequestURI())
 }
 
 func releases(m *metrics.Metrics, how string) float64 {
@@ -105,9 +105,9 @@ func TestReleaseKVSendsOneTokenDecode(t *testing.T) {
 	f := &fakeDecoder{}
 	local := f.serve(t)
 	p, m, _ := releaseProxy(t, nixlv2.New(), true)
-	r := pendingRequest(p, local)
-	ReleaseKV(r, nil)
-	ReleaseKV(r, nil) // once
+	r, start := pendingRequest(p, local)
+	ReleaseKV(r, start)
+	ReleaseKV(r, start) // once
 	require.Eventually(t, func() bool { return releases(m, metrics.KVReleaseDecodeLeg) == 1 }, 30*time.Second, 5*time.Millisecond)
 	require.Equal(t, 1, f.got())
 	b := f.bodies[0]
@@ -121,8 +121,8 @@ func TestReleaseKVSendsOneTokenDecode(t *testing.T) {
 	f.mu.Lock()
 	f.status = 500
 	f.mu.Unlock()
-	r = pendingRequest(p, local)
-	ReleaseKV(r, nil)
+	r, start = pendingRequest(p, local)
+	ReleaseKV(r, start)
 	require.Eventually(t, func() bool { return releases(m, metrics.KVReleaseFailed) == 1 }, 30*time.Second, 5*time.Millisecond)
 }
 
@@ -134,21 +134,21 @@ func TestReleaseKVNotPending(t *testing.T) {
 	f := &fakeDecoder{}
 	local := f.serve(t)
 	p, m, stop := releaseProxy(t, nixlv2.New(), true)
-	r := pendingRequest(p, local)
+	r, start := pendingRequest(p, local)
 	r.KVHandoffDone(time.Now(), false)
-	ReleaseKV(r, nil)
-	r = pendingRequest(p, local)
+	ReleaseKV(r, start)
+	r, start = pendingRequest(p, local)
 	r.KVPending = nil
 	awaitKVRead(r, connectors.Handoff{Done: true}, nil)
 	awaitKVRead(r, connectors.Handoff{Params: []byte(releaseParams)}, connectors.ErrInvalidKVParams)
-	ReleaseKV(r, nil)
+	ReleaseKV(r, start)
 	assert.Nil(t, r.KVPending)
 
 	off, _, _ := releaseProxy(t, nixlv2.New(), false)
 	assert.Nil(t, off.kvr)
-	r = pendingRequest(off, local)
+	r, start = pendingRequest(off, local)
 	assert.Nil(t, r.KVPending)
-	ReleaseKV(r, nil)
+	ReleaseKV(r, start)
 	push, _, _ := releaseProxy(t, sglang.New(8998), true)
 	assert.Nil(t, push.kvr, "sglang's prefiller pushes the KV")
 

@@ -168,7 +168,7 @@ func (r *Request) Report() {
 	}
 }
 
-// traceLeg logs the leg req to addr at trace level.
-func (r *Request) traceLeg(addr string, req *fasthttp.Request) {
+// TraceLeg logs the leg req to addr at trace level.
+func (r *Request) TraceLeg(addr string, req *fasthttp.Request) {
 	observe.LogLeg(r.LogAt(zerolog.TraceLevel), addr, req)
 }

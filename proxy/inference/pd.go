@@ -22,67 +22,10 @@ import (
 	"github.com/pd-sidecar/pd-sidecar/ssrf"
 )
 
-// ServeInference runs one inference request: local when no prefiller is
-// named, else the sequential prefill→decode handoff with its degradations.
+// ServeInference runs one inference request that fasthttp's handler
+// goroutine serves, by the driver New's caller registered (UseGoDriver).
 func (p *Proxy) ServeInference(rc *fasthttp.RequestCtx, local string, api connectors.API) {
-	if !p.Guard.Acquire() {
-		p.overloaded(rc)
-		return
-	}
-	r := p.newRequest(rc, local, api)
-	defer func() {
-		if !r.Detached {
-			r.Finish()
-		}
-	}()
-	a := r.Admit(&rc.Request.Header)
-	for a.Wait != nil { // a blocking step, run here on the request's goroutine
-		a.Wait(r.Ctx)()
-		a = r.Admit(&rc.Request.Header)
-	}
-	switch a.Route {
-	case RouteFail:
-		r.Fail(a.Err)
-	case RouteFallback:
-		r.refused(a.Err)
-	case RouteLocal:
-		r.serveLocal()
-	default:
-		r.P.splitter(r)
-	}
-}
-
-// serveLocal runs a request that no prefiller prefills (none named, or
-// its split declined) on the local engine, its body as the request
-// features edit it (a KV cache source named, for one).
-func (r *Request) serveLocal() {
-	body, err := r.EditLocal(r.Body)
-	if err != nil {
-		r.Fail(fmt.Errorf("%w: %w", ErrBadRequest, err))
-		return
-	}
-	r.Fail(r.P.decoder(r, body, false)) // chunked when --decode-chunk-tokens says so
-}
-
-// refused degrades a request whose named prefiller is refused to a local
-// prefill with the original body, counted and logged with its reason; or,
-// with --prefill-fallback=false (or a reason that is no degradation),
-// answers the error: the split's rule (split.Refused).
-func (r *Request) refused(cause error) {
-	if r.Gone() {
-		r.Fail(cause)
-		return
-	}
-	for _, a := range split.Refused(r.P.SplitConfig(), cause) {
-		switch a.Op {
-		case split.SendLocal:
-			r.Fail(r.P.decoder(r, r.Body, false)) // chunked when --decode-chunk-tokens says so
-		case split.Fail:
-			r.Fail(a.Err)
-		default:
-			r.Account(a, nil)
-		}
-	}
+	p.goDriver(p, rc, local, api)
 }
 
 // Degraded counts and logs a request degraded to a local prefill for
@@ -101,17 +44,6 @@ func (r *Request) Degraded(reason string, cause error) {
 		e = e.Str("kv_params", ge.Generation)
 	}
 	e.Msg("degrading to local prefill")
-}
-
-// PassOn answers with the prefiller's rejection of the request, err (a
-// *rejected), as it came.
-func (r *Request) PassOn(err error) {
-	rej := r.Rejection(err)
-	if rej == nil {
-		r.Fail(err)
-		return
-	}
-	r.Answer(metrics.ModeDisaggregated, rej.Status, rej.ContentType, rej.Body)
 }
 
 // Rejection is the prefiller's rejection err carries, logged as passed on
@@ -133,23 +65,6 @@ func (r *Request) retrying(attempt int, err error) {
 	r.LogAt(zerolog.WarnLevel).Err(err).Int("attempt", attempt).Msg("prefill failed; retrying")
 }
 
-// Fail answers a request that could not be served, unless the answer has
-// already started (err nil) or the client left.
-func (r *Request) Fail(err error) {
-	if err == nil {
-		return
-	}
-	if errors.Is(err, ErrClientGone) || r.LeftNow() {
-		r.LeftBeforeAnswer(err)
-		return
-	}
-	a := r.Failure(err)
-	r.Answer(r.Mode, a.Status, "application/json", a.Body)
-	if a.RetryAfter {
-		r.RC.Response.Header.Set("Retry-After", "1")
-	}
-}
-
 // FailureAnswered is the answer to a request that failed: its outcome's
 // status, an OpenAI-style error body saying why, and whether it says
 // Retry-After.
@@ -159,18 +74,13 @@ type FailureAnswered struct {
 	RetryAfter bool
 }
 
-// LeftBeforeAnswer records a client that left before its answer began. On
-// fasthttp's path its connection is closed with nothing written: fasthttp
-// would otherwise write the untouched response, an empty 200.
+// LeftBeforeAnswer records a client that left before its answer began:
+// counted 499, logged. The driver answers nothing.
 func (r *Request) LeftBeforeAnswer(err error) {
 	r.LogAt(zerolog.InfoLevel).Err(err).Msg("client left; upstream legs cancelled")
 	r.P.M.ClientDisconnects.WithLabelValues(r.Phase()).Inc()
 	r.P.M.Requests.WithLabelValues(r.Mode, "499").Inc()
 	r.Obs.Status = 499
-	if r.RC != nil && !r.Detached {
-		r.RC.HijackSetNoResponse(true)
-		r.RC.Hijack(func(net.Conn) {}) // fasthttp closes the connection after it
-	}
 }
 
 // Failure is the answer to the request's failure err, which it classifies,
@@ -194,19 +104,6 @@ func (r *Request) Phase() string {
 		return metrics.PhasePrefill
 	}
 	return metrics.PhaseLocal
-}
-
-// Answer writes a complete, non-streamed answer, unless the client left.
-func (r *Request) Answer(mode string, status int, contentType string, body []byte) {
-	if r.LeftNow() {
-		r.LeftBeforeAnswer(ErrClientGone)
-		return
-	}
-	rc := r.RC
-	rc.SetStatusCode(status)
-	rc.SetContentType(contentType)
-	rc.SetBody(body)
-	r.AnswerCounted(mode, status)
 }
 
 // AnswerCounted records a complete answer of status written now: its TTFT
@@ -474,12 +371,6 @@ func (r *Request) kvLoadRerun() bool {
 	return true
 }
 
-// CopyHead copies the upstream status and end-to-end headers to the client.
-func (r *Request) CopyHead(resp *fasthttp.Response) {
-	CopyResponseHead(r.RC, resp)
-	r.RC.Response.Header.Set(HeaderRequestID, r.ID)
-}
-
 // namePrefiller takes the prefiller that x-prefiller-host-port value hv
 // names, checked against the allowlist; an error is the reason to fall
 // back (the request names one all the same).
@@ -600,9 +491,9 @@ func SplitJudge(err error) split.Verdict {
 	return split.Verdict{Reason: o.Reason, Retry: o.Retry, Rejected: errors.As(err, &rej), Plain: errors.Is(err, ErrPrefillWithHistory)}
 }
 
-// overloaded answers ErrOverloaded's outcome (503, with Retry-After) when
+// Overloaded answers ErrOverloaded's outcome (503, with Retry-After) when
 // --max-concurrent-requests are in flight.
-func (p *Proxy) overloaded(rc *fasthttp.RequestCtx) {
+func (p *Proxy) Overloaded(rc *fasthttp.RequestCtx) {
 	p.refuse(rc, metrics.RejectOverloaded,
 		fmt.Errorf("%w (--max-concurrent-requests %d)", ErrOverloaded, p.Cfg.Guard.MaxConcurrentRequests))
 }

@@ -49,6 +49,7 @@ import (
 	"github.com/pd-sidecar/pd-sidecar/proxy/prefillstrip"
 	"github.com/pd-sidecar/pd-sidecar/proxy/prevresponse"
 	"github.com/pd-sidecar/pd-sidecar/proxy/prewarm"
+	"github.com/pd-sidecar/pd-sidecar/proxy/rawhttp"
 	"github.com/pd-sidecar/pd-sidecar/proxy/shortprompt"
 	"github.com/pd-sidecar/pd-sidecar/proxy/sse"
 	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"
@@ -139,31 +140,30 @@ type Proxy struct {
 	// lanes starts the lane of a local engine's port (UseLanes); nil:
 	// fasthttp serves every request.
 	Lanes LaneFunc
-	// splitter runs the split of a request fasthttp's handler goroutine
-	// serves (UseSplitter).
-	splitter Splitter
-	// decoder runs a request's decode leg and relays its answer
-	// (UseDecoder).
-	decoder Decoder
+	// goDriver serves the inference requests fasthttp's handler
+	// goroutine serves (UseGoDriver).
+	goDriver GoDriver
 }
 
-// Decoder runs r's decode leg to the local engine with body (remote: it
-// carries the prefill's KV) and relays the answer to the client
-// (proxy/relay).
-type Decoder func(r *Request, body []byte, remote bool) error
+// GoDriver serves inference request rc, arrived for the local engine
+// local on a path of api, on fasthttp's handler goroutine, and answers
+// the client (proxy/godriver).
+type GoDriver func(p *Proxy, rc *fasthttp.RequestCtx, local string, api connectors.API)
 
-// UseDecoder makes f run the decode legs of the requests fasthttp's
-// handler serves locally. New's caller must call it before Run.
-func (p *Proxy) UseDecoder(f Decoder) { p.decoder = f }
+// UseGoDriver makes f serve the inference requests fasthttp's handler
+// serves. New's caller must call it before Run.
+func (p *Proxy) UseGoDriver(f GoDriver) { p.goDriver = f }
 
-// Splitter runs the split of request r on fasthttp's handler goroutine
-// (proxy/godriver), once r's prefiller is named and allowed and no
-// request feature declined the split; it answers the client.
-type Splitter func(r *Request)
+// PrefillStrips are the headers left out of a prefill leg
+// (--prefill-strip-headers), lower case.
+func (p *Proxy) PrefillStrips() []string { return p.strip }
 
-// UseSplitter makes f run the splits fasthttp's handler serves. New's
-// caller must call it before Run.
-func (p *Proxy) UseSplitter(f Splitter) { p.splitter = f }
+// LegStart is the start of a leg's head from the client's head h and the
+// path routed on, target: what every leg of the request begins with on the
+// lane, and a release leg on either path (rawhttp.AppendLegStartAt).
+func (p *Proxy) LegStart(h *fasthttp.RequestHeader, target []byte) []byte {
+	return rawhttp.AppendLegStartAt(nil, h, target, p.LegStrip)
+}
 
 // Lane is the event-loop driver of one local engine's port (proxy/lane):
 // it adopts the client connections the listener hands over between

@@ -19,7 +19,6 @@ import (
 	"github.com/pd-sidecar/pd-sidecar/connectors/nixlv2"
 	"github.com/pd-sidecar/pd-sidecar/metrics"
 	"github.com/pd-sidecar/pd-sidecar/proxy/chunked"
-	"github.com/pd-sidecar/pd-sidecar/proxy/clientconn"
 	"github.com/pd-sidecar/pd-sidecar/proxy/feature"
 	"github.com/pd-sidecar/pd-sidecar/proxy/kvsource"
 	"github.com/pd-sidecar/pd-sidecar/proxy/logvalue"
@@ -34,10 +33,8 @@ import (
 // handler goroutine and, once the answer is streamed, by the body writer.
 type Request struct {
 	P      *Proxy
-	RC     *fasthttp.RequestCtx
 	Ctx    context.Context
 	Cancel context.CancelCauseFunc
-	Watch  *clientconn.Watch // the client connection's watch
 	ID     string
 	// log is the request's logger (request_id, path, prefiller fields),
 	// built on first use: see LogAt.
@@ -105,15 +102,6 @@ var HopHeaders = []string{
 	"Proxy-Authorization", "Te", "Trailer", "Transfer-Encoding", "Upgrade",
 }
 
-func (p *Proxy) newRequest(rc *fasthttp.RequestCtx, local string, api connectors.API) *Request {
-	r := p.StartRequest(rc.Request.Header.Peek(HeaderRequestID), &rc.Request.Header, rc.PostBody(), local, api)
-	r.RC = rc
-	r.Client = ClientAddr(rc.RemoteAddr())
-	rc.Response.Header.Set(HeaderRequestID, r.ID)
-	r.Watch = p.Armer.Watch(rc.Conn(), r.Cancel, r.Start)
-	return r
-}
-
 // ClientAddr is the address of a client connection's peer a: its IP for
 // a TCP peer, else the zero Addr.
 func ClientAddr(a net.Addr) netip.Addr {
@@ -124,8 +112,8 @@ func ClientAddr(a net.Addr) netip.Addr {
 }
 
 // StartRequest begins the state of a request with head h (its
-// X-Request-ID: id) and body, as the fasthttp path (newRequest) and the
-// lane share it.
+// X-Request-ID: id) and body, as fasthttp's path (relay.NewExchange) and
+// the lane share it.
 func (p *Proxy) StartRequest(id []byte, h *fasthttp.RequestHeader, body []byte, local string, api connectors.API) *Request {
 	ctx, cancel := context.WithCancelCause(context.Background())
 	r := &Request{
@@ -162,15 +150,12 @@ func (r *Request) Logger() *zerolog.Logger {
 	return &r.log
 }
 
-// Finish ends the request's bookkeeping; the last owner calls it.
+// Finish ends the request's bookkeeping; the last owner calls it, once
+// the driver released a handoff still pending a read (ReleaseKV).
 func (r *Request) Finish() {
-	ReleaseKV(r, nil) // --release-kv-on-cancel
 	r.held.Release()
 	r.Report()
 	r.P.Guard.Release()
-	if r.Watch.Stop() && !r.Detached {
-		r.RC.SetConnectionClose()
-	}
 	r.Cancel(context.Canceled)
 }
 
@@ -180,31 +165,12 @@ func (r *Request) Keep(h *upstream.AnswerHold) { r.held.Add(h.Take()) }
 // Gone reports whether the client left.
 func (r *Request) Gone() bool { return context.Cause(r.Ctx) == ErrClientGone }
 
-// Upstream builds a leg to addr carrying body: the client's headers minus
-// hop-by-hop and sidecar headers, with our X-Request-ID set once. Compressed
-// answers are refused on P/D legs, whose answers the proxy reads.
-func (r *Request) Upstream(addr string, body []byte) *fasthttp.Request {
-	return r.legRequest(addr, body, nil)
-}
-
-// legRequest builds a leg as upstream does, less the headers named in strip
-// (lower case; proxy/prefillstrip).
-func (r *Request) legRequest(addr string, body []byte, strip []string) *fasthttp.Request {
-	req := fasthttp.AcquireRequest()
-	r.UpstreamHeader(&req.Header, &r.RC.Request.Header, addr)
-	prefillstrip.Strip(&req.Header, strip)
-	if t := clientconn.OriginForm(r.RC); t != nil {
-		req.Header.SetRequestURIBytes(t) // the path routed on
-	}
-	req.SetBodyRaw(body)
-	r.traceLeg(addr, req)
-	return req
-}
-
-// UpstreamHeader sets dst to the head of a leg to addr: the client's head
-// src minus hop-by-hop headers (the connection options its Connection
-// fields name too) and sidecar headers, with our X-Request-ID.
-func (r *Request) UpstreamHeader(dst, src *fasthttp.RequestHeader, addr string) {
+// LegHeader sets dst to the head of a leg to addr on fasthttp's path: the
+// client's head src minus hop-by-hop headers (the connection options its
+// Connection fields name too), sidecar headers and those named in strip
+// (lower case; proxy/prefillstrip), with our X-Request-ID. The lane writes
+// the same head (rawhttp.AppendLegStart, AppendLegHeaders).
+func (r *Request) LegHeader(dst, src *fasthttp.RequestHeader, addr string, strip []string) {
 	src.CopyTo(dst)
 	rawhttp.DelOptions(dst)
 	for _, h := range HopHeaders {
@@ -232,6 +198,7 @@ func (r *Request) UpstreamHeader(dst, src *fasthttp.RequestHeader, addr string) 
 	r.Obs.Inject(dst)
 	dst.SetHost(addr)
 	dst.SetProtocolBytes(StrHTTP11) // whatever the client's (setStream)
+	prefillstrip.Strip(dst, strip)
 }
 
 // AppendLegHeaders appends to a leg's head, which the lane writes, what
@@ -442,47 +409,20 @@ func (r *Request) EventReader(leg *upstream.Leg) *sse.Reader {
 	return er
 }
 
-// A client that shuts its side of the connection before its answer is
-// taken as gone, on both paths (docs/security.md, "Half-closed clients"):
-// nothing is written, the request counts 499. The lane's event loop sees
-// the FIN (a hang-up) while the request waits; fasthttp's path has its
-// clientconn.Watch, armed only after clientconn.WatchDelay, so an answer
-// that comes sooner is checked for the FIN before it is written
-// (LeftNow).
-
-// LeftNow reports whether the client of a request on fasthttp's path left
-// before its answer began: the watch saw it, or it half-closed (or reset)
-// the connection since (clientconn.PeerClosed), in which case the request
-// is cancelled as the watch would have. The caller answers nothing then
-// (the request ends as leftBeforeAnswer ends it).
-func (r *Request) LeftNow() bool {
-	switch {
-	case r.Gone():
-		return true
-	case r.RC == nil || r.Detached:
-		return false
-	case clientconn.PeerClosed(r.RC.Conn()):
-		r.Cancel(ErrClientGone)
-		return true
-	}
-	return false
-}
-
-// PrefillRequest builds a leg to the prefiller carrying body: as upstream
-// builds every leg, less --prefill-strip-headers (proxy/prefillstrip).
-func (r *Request) PrefillRequest(body []byte) *fasthttp.Request {
-	req := r.legRequest(r.Prefiller, body, r.P.strip)
+// PrefillHeader sets on the head of a prefill leg on fasthttp's path
+// what the request sets on its prefill legs alone: the rank the legs were
+// paired on, the client's own left out.
+func (r *Request) PrefillHeader(h *fasthttp.RequestHeader) {
 	if r.P.ranksPrefill() {
-		req.Header.Del(moriio.HeaderRank) // every copy: the client's is not the pairing's
+		h.Del(moriio.HeaderRank) // every copy: the client's is not the pairing's
 		if r.prefillRank != "" {
-			req.Header.Set(moriio.HeaderRank, r.prefillRank)
+			h.Set(moriio.HeaderRank, r.prefillRank)
 		}
 	}
-	return req
 }
 
 // AppendPrefillHeaders appends to a prefill leg's head, which the lane
-// writes, what PrefillRequest sets on fasthttp's beyond AppendLegHeaders:
+// writes, what PrefillHeader sets on fasthttp's beyond AppendLegHeaders:
 // the rank the legs were paired on (the client's own is left out:
 // Proxy.PrefillStrip).
 func (r *Request) AppendPrefillHeaders(dst []byte) []byte {

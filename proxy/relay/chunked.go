@@ -23,7 +23,7 @@ import (
 // Decode runs the decode of body on the local engine: chunked when
 // Request.ChunkPlan says so, else one request relayed as it comes
 // (Forward, whose contract it has).
-func Decode(r *inference.Request, body []byte, remote bool) error {
+func Decode(r *Exchange, body []byte, remote bool) error {
 	plan, ok := r.ChunkPlan(body, remote)
 	if !ok || r.RC == nil {
 		return Forward(r, body, remote)
@@ -34,7 +34,7 @@ func Decode(r *inference.Request, body []byte, remote bool) error {
 }
 
 // chunkRequest is a request's part in its chunked decode.
-type chunkRequest struct{ r *inference.Request }
+type chunkRequest struct{ r *Exchange }
 
 // Send implements chunked.Request: the chunk's leg to the local engine,
 // its answer read whole.
@@ -105,7 +105,7 @@ func (c chunkRequest) Watch() func() bool {
 }
 
 // Left implements chunked.Request.
-func (c chunkRequest) Left() { Left(c.r) }
+func (c chunkRequest) Left() { Left(c.r.Request) }
 
 // Finish implements chunked.Request.
 func (c chunkRequest) Finish(pipelined bool) {

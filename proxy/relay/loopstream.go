@@ -116,7 +116,7 @@ func (b *sseBody) handOver() bool {
 	}
 	loop := r.P.Loops.Pick()
 	release := b.release
-	ls := &LoopStream{R: r, Loop: loop, KeepAlive: b.keepAlive, CFD: cfd, UFD: ufd,
+	ls := &LoopStream{R: r.Request, Loop: loop, KeepAlive: b.keepAlive, CFD: cfd, UFD: ufd,
 		Stream: sserelay.Stream{Body: leg.Body(), Rewrite: b.fn, API: r.API, MaxEvent: r.P.Cfg.MaxSSEEventBytes}}
 	if b.done {
 		ls.MarkDone()

@@ -29,7 +29,7 @@ import (
 // rewrite, and a KV load failure reported before any output is returned
 // for the split to recover from (Request.KVAnswered). Forward returns nil once the answer is written or
 // streaming; an error only while the client has seen nothing.
-func Forward(r *inference.Request, body []byte, remote bool) error {
+func Forward(r *Exchange, body []byte, remote bool) error {
 	phase := metrics.PhaseLocal
 	if remote {
 		phase = metrics.PhaseDecode
@@ -59,14 +59,14 @@ func Forward(r *inference.Request, body []byte, remote bool) error {
 // head into resp, the wait for the beginning of a streamed answer bounded
 // as the request says (Request.FirstByteBound; the caller's Leg.Began ends
 // the bound: a stream, once begun, has no total timeout).
-func OpenLeg(ctx context.Context, r *inference.Request, req *fasthttp.Request, resp *fasthttp.Response) (*upstream.Leg, error) {
+func OpenLeg(ctx context.Context, r *Exchange, req *fasthttp.Request, resp *fasthttp.Response) (*upstream.Leg, error) {
 	if d := r.FirstByteBound(); d > 0 {
 		return r.P.Tr.StreamFirstByteTimeout(ctx, r.Local, req, resp, d)
 	}
 	return r.P.Tr.Stream(ctx, r.Local, req, resp)
 }
 
-func relayJSON(r *inference.Request, leg *upstream.Leg, resp *fasthttp.Response, remote bool, sent time.Time) error {
+func relayJSON(r *Exchange, leg *upstream.Leg, resp *fasthttp.Response, remote bool, sent time.Time) error {
 	buf, hold, err := leg.ReadAll(r.P.Cfg.MaxUpstreamAnswerBytes)
 	// buf is let go on return: what the client is written is rc's copy.
 	defer hold.Release()
@@ -96,7 +96,7 @@ func relayJSON(r *inference.Request, leg *upstream.Leg, resp *fasthttp.Response,
 // events that carry no output yet (the role chunk) are held back until the
 // first output or error: an error there is a KV load failure, recoverable
 // because the client has seen nothing.
-func relaySSE(r *inference.Request, leg *upstream.Leg, resp *fasthttp.Response, g prometheus.Gauge, remote bool, sent time.Time) error {
+func relaySSE(r *Exchange, leg *upstream.Leg, resp *fasthttp.Response, g prometheus.Gauge, remote bool, sent time.Time) error {
 	er := r.EventReader(leg)
 	var held []byte
 	abort := func(err error) error {
@@ -157,7 +157,7 @@ func Left(r *inference.Request) {
 // StreamBody hands b to fasthttp as the answer's body. From here a client
 // that leaves fails the next write, so no watcher is kept for the life of
 // the stream.
-func StreamBody(r *inference.Request, b *sseBody) {
+func StreamBody(r *Exchange, b *sseBody) {
 	if r.Watch.Stop() {
 		r.RC.SetConnectionClose()
 	}

@@ -34,7 +34,7 @@ const maxChunk = 32 << 10
 // upstream leg and the request — unless the stream was handed to an event
 // loop after loopAfter (loopStream), which then owns both.
 type sseBody struct {
-	r       *inference.Request
+	r       *Exchange
 	er      *sse.Reader
 	leg     *upstream.Leg
 	fn      func([]byte) []byte // per-payload rewrite (nil: none)
@@ -59,7 +59,7 @@ type sseBody struct {
 
 // NewSSEBody streams er's events after held; release frees the leg and
 // finishes the request, once.
-func NewSSEBody(r *inference.Request, er *sse.Reader, leg *upstream.Leg, held []byte, remote bool, release func()) *sseBody {
+func NewSSEBody(r *Exchange, er *sse.Reader, leg *upstream.Leg, held []byte, remote bool, release func()) *sseBody {
 	b := &sseBody{r: r, er: er, leg: leg, held: held, first: true, release: release,
 		done: bytes.Contains(held, doneEvent)}
 	if remote {
@@ -229,12 +229,12 @@ func (b *sseBody) end(err error) error {
 	}
 	switch {
 	case r.Gone():
-		Left(r)
+		Left(r.Request)
 		return inference.ErrClientGone
 	case errors.Is(err, io.EOF):
 		err = nil
 	}
-	b.out = endStream(r, b.out, b.done, err)
+	b.out = endStream(r.Request, b.out, b.done, err)
 	return nil
 }
 
@@ -266,7 +266,7 @@ func (b *sseBody) Close() error {
 	}
 	if !b.ended || b.off < len(b.out) {
 		b.r.Cancel(inference.ErrClientGone)
-		Left(b.r)
+		Left(b.r.Request)
 	}
 	b.putOut()
 	if b.pipelined {

@@ -1,0 +1,166 @@
+package relay
+
+import (
+	"errors"
+	"net"
+
+	"github.com/valyala/fasthttp"
+
+	"github.com/pd-sidecar/pd-sidecar/connectors"
+	"github.com/pd-sidecar/pd-sidecar/metrics"
+	"github.com/pd-sidecar/pd-sidecar/proxy/clientconn"
+	"github.com/pd-sidecar/pd-sidecar/proxy/inference"
+)
+
+// Exchange is a request on fasthttp's path: the request's state, and the
+// client exchange it is answered on (fasthttp's RequestCtx, and the watch
+// of its connection while nothing is written). Answering, failing and
+// passing on a rejection are done here, fasthttp's way, as the lane does
+// them on its connection; what the answer is (its status, its body, what
+// is counted and logged) is the request's.
+type Exchange struct {
+	*inference.Request
+	RC    *fasthttp.RequestCtx
+	Watch *clientconn.Watch // the client connection's watch
+}
+
+// NewExchange begins request rc, arrived for the local engine local on
+// an inference path of api: the request's state, its X-Request-ID on the
+// answer, and the watch of its client connection.
+func NewExchange(p *inference.Proxy, rc *fasthttp.RequestCtx, local string, api connectors.API) *Exchange {
+	r := p.StartRequest(rc.Request.Header.Peek(inference.HeaderRequestID), &rc.Request.Header, rc.PostBody(), local, api)
+	r.Client = inference.ClientAddr(rc.RemoteAddr())
+	rc.Response.Header.Set(inference.HeaderRequestID, r.ID)
+	return &Exchange{Request: r, RC: rc, Watch: p.Armer.Watch(rc.Conn(), r.Cancel, r.Start)}
+}
+
+// Finish ends the request's bookkeeping; the last owner calls it. A
+// handoff still pending a read is released first (--release-kv-on-cancel),
+// on a leg whose head is the client's.
+func (x *Exchange) Finish() {
+	if x.KVPending != nil {
+		target := clientconn.OriginForm(x.RC) // the path routed on
+		if target == nil {
+			target = x.RC.Request.Header.RequestURI()
+		}
+		inference.ReleaseKV(x.Request, x.P.LegStart(&x.RC.Request.Header, target))
+	}
+	stopped := x.Watch.Stop()
+	x.Request.Finish()
+	if stopped && !x.Detached {
+		x.RC.SetConnectionClose()
+	}
+}
+
+// Upstream builds a leg to addr carrying body: the client's head as the
+// request renders every leg's (Request.LegHeader), to the path routed on.
+func (x *Exchange) Upstream(addr string, body []byte) *fasthttp.Request {
+	return x.leg(addr, body, nil)
+}
+
+// PrefillRequest builds a leg to the prefiller carrying body, as Upstream
+// builds every leg, with what the request sets on its prefill legs alone
+// (Request.PrefillHeader: less --prefill-strip-headers, the paired rank).
+func (x *Exchange) PrefillRequest(body []byte) *fasthttp.Request {
+	req := x.leg(x.Prefiller, body, x.P.PrefillStrips())
+	x.PrefillHeader(&req.Header)
+	return req
+}
+
+func (x *Exchange) leg(addr string, body []byte, strip []string) *fasthttp.Request {
+	req := fasthttp.AcquireRequest()
+	x.LegHeader(&req.Header, &x.RC.Request.Header, addr, strip)
+	if t := clientconn.OriginForm(x.RC); t != nil {
+		req.Header.SetRequestURIBytes(t) // the path routed on
+	}
+	req.SetBodyRaw(body)
+	x.TraceLeg(addr, req)
+	return req
+}
+
+// CopyHead copies the upstream status and end-to-end headers to the
+// client.
+func (x *Exchange) CopyHead(resp *fasthttp.Response) {
+	inference.CopyResponseHead(x.RC, resp)
+	x.RC.Response.Header.Set(inference.HeaderRequestID, x.ID)
+}
+
+// Answer writes a complete, non-streamed answer, unless the client left.
+func (x *Exchange) Answer(mode string, status int, contentType string, body []byte) {
+	if x.LeftNow() {
+		x.LeftBeforeAnswer(inference.ErrClientGone)
+		return
+	}
+	rc := x.RC
+	rc.SetStatusCode(status)
+	rc.SetContentType(contentType)
+	rc.SetBody(body)
+	x.AnswerCounted(mode, status)
+}
+
+// Fail answers a request that could not be served with the request's
+// answer to its failure (Request.Failure), unless the answer has already
+// started (err nil) or the client left.
+func (x *Exchange) Fail(err error) {
+	if err == nil {
+		return
+	}
+	if errors.Is(err, inference.ErrClientGone) || x.LeftNow() {
+		x.LeftBeforeAnswer(err)
+		return
+	}
+	a := x.Failure(err)
+	x.Answer(x.Mode, a.Status, "application/json", a.Body)
+	if a.RetryAfter {
+		x.RC.Response.Header.Set("Retry-After", "1")
+	}
+}
+
+// PassOn answers with the prefiller's rejection of the request, err, as
+// it came (Request.Rejection), or fails it when err is no rejection.
+func (x *Exchange) PassOn(err error) {
+	rej := x.Rejection(err)
+	if rej == nil {
+		x.Fail(err)
+		return
+	}
+	x.Answer(metrics.ModeDisaggregated, rej.Status, rej.ContentType, rej.Body)
+}
+
+// LeftBeforeAnswer records a client that left before its answer began
+// (Request.LeftBeforeAnswer), and closes its connection with nothing
+// written: fasthttp would otherwise write the untouched response, an
+// empty 200.
+func (x *Exchange) LeftBeforeAnswer(err error) {
+	x.Request.LeftBeforeAnswer(err)
+	if !x.Detached {
+		x.RC.HijackSetNoResponse(true)
+		x.RC.Hijack(func(net.Conn) {}) // fasthttp closes the connection after it
+	}
+}
+
+// A client that shuts its side of the connection before its answer is
+// taken as gone, on both paths (docs/security.md, "Half-closed clients"):
+// nothing is written, the request counts 499. The lane's event loop sees
+// the FIN (a hang-up) while the request waits; fasthttp's path has its
+// clientconn.Watch, armed only after clientconn.WatchDelay, so an answer
+// that comes sooner is checked for the FIN before it is written
+// (LeftNow).
+
+// LeftNow reports whether the client left before its answer began: the
+// watch saw it, or it half-closed (or reset) the connection since
+// (clientconn.PeerClosed), in which case the request is cancelled as the
+// watch would have. The caller answers nothing then (the request ends as
+// LeftBeforeAnswer ends it).
+func (x *Exchange) LeftNow() bool {
+	switch {
+	case x.Gone():
+		return true
+	case x.Detached:
+		return false
+	case clientconn.PeerClosed(x.RC.Conn()):
+		x.Cancel(inference.ErrClientGone)
+		return true
+	}
+	return false
+}
