@@ -51,6 +51,9 @@ type Request struct {
 	// Client is the address the request came from: the client
 	// connection's TCP peer, on either driver (the zero Addr: unknown).
 	Client netip.Addr
+	// ID is the request's id (X-Request-ID), Local the engine that decodes
+	// it, and Label its prefiller's bounded metric label ("": none).
+	ID, Local, Label string
 	// Log logs on the request's logger (request_id, path, prefiller).
 	Log Logger
 }
@@ -128,6 +131,24 @@ type LocalAnswerEditor interface {
 type HistoryReporter interface {
 	HistoryOutcome() string
 }
+
+// HandoffStepper takes a split's handoff on its way to the decode leg
+// with a blocking step (the sidecar's own KV pull), whose continuation
+// calls done with the handoff the decode leg carries, or the failure: a
+// *KVLoadError when the decode engine's KV could not be loaded (judged as
+// --on-kv-load-failure says); any other, the handoff's source failing,
+// falls back to a local prefill.
+type HandoffStepper interface {
+	HandoffStep(h connectors.Handoff, done func(connectors.Handoff, error)) Step
+}
+
+// KVLoadError is a failure to load the prefill's KV for the decode leg,
+// which the request re-runs with a local prefill or passes on, as
+// --on-kv-load-failure says.
+type KVLoadError struct{ Err error }
+
+func (e *KVLoadError) Error() string { return e.Err.Error() }
+func (e *KVLoadError) Unwrap() error { return e.Err }
 
 // Step is a blocking call a request waits on (an encoder stage's
 // fan-out, a DNS lookup, a bootstrap query, a KV pull), which both drivers

@@ -154,3 +154,14 @@ func (u *Uses) LocalAnswerEdit() func([]byte) []byte {
 		return d
 	}
 }
+
+// HandoffStepper is the part that takes a split's handoff on its way to
+// the decode leg (nil: none does; the decode leg carries it as it is).
+func (u *Uses) HandoffStepper() HandoffStepper {
+	for _, use := range u.list {
+		if s, ok := use.(HandoffStepper); ok {
+			return s
+		}
+	}
+	return nil
+}

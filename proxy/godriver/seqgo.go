@@ -328,20 +328,19 @@ func (d *goSplit) dropHedge() {
 	}
 }
 
-// Decode takes the prefill's handoff to the decode leg: the sidecar's own
-// KV pull and MoRI-IO's decode fields when they apply, the connector's
+// Decode takes the prefill's handoff to the decode leg: the step a
+// request feature takes it with (the sidecar's own KV pull) and MoRI-IO's
+// decode fields when they apply, the connector's
 // decode body, the leg relayed. A failure before anything reached the
 // client is returned as the machine's event.
 func (d *goSplit) Decode(h connectors.Handoff) *split.Event {
-	r, p := d.r, d.r.P
+	r := d.r
 	var err error
-	if p.KV != nil {
-		var pulled connectors.Handoff
-		r.KVPull(h, func(hh connectors.Handoff, e error) { pulled, err = hh, e })(r.Ctx)()
+	if step := r.HandoffStep(h, func(hh connectors.Handoff, e error) { h, err = hh, e }); step != nil {
+		step(r.Ctx)() // the sidecar's own KV pull, in line
 		if err != nil {
 			return &split.Event{Kind: split.LegFailed, Err: err}
 		}
-		h = pulled
 	}
 	body, err := r.DecodeBody(nil, h)
 	if err != nil {

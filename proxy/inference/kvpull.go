@@ -8,67 +8,67 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/pd-sidecar/pd-sidecar/connectors"
-	"github.com/pd-sidecar/pd-sidecar/kvtransfer"
 	"github.com/pd-sidecar/pd-sidecar/proxy/feature"
-	"github.com/pd-sidecar/pd-sidecar/proxy/kvpull"
 	"github.com/pd-sidecar/pd-sidecar/proxy/split"
 	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"
 )
 
-// The sidecar-driven KV pull (--kv-connector sidecar) is kvpull.Puller's:
-// between the prefill answer and the decode leg, the proxy borrows blocks
-// of the local engine, pulls the prefiller's KV into them and names them
-// in the decode leg. What is bound to a request stays here: the check of
-// the addresses its handoff names, its calls to its local engine, and what
-// a failed pull becomes for it.
-
-// KVPull is the step that pulls the KV the handoff h names into blocks
-// borrowed from the local engine (the pull's transports block); done goes
-// on with the decode leg's handoff naming them, or with what the pull's
-// failure is to the split (KVPullFailure).
-func (r *Request) KVPull(h connectors.Handoff, done func(connectors.Handoff, error)) feature.Step {
-	return func(ctx context.Context) func() {
-		pulled, err := pullKV(ctx, r, h)
-		return func() {
-			if err != nil {
-				err = KVPullFailure(r, err)
-			}
-			done(pulled, err)
+// HandoffStep is the step a request feature takes the split's handoff h
+// with on its way to the decode leg (feature.HandoffStepper: the sidecar's
+// own KV pull, --kv-connector sidecar); nil when none does. done goes on
+// with the decode leg's handoff, or with what the step's failure is to the
+// split (handoffFailure).
+func (r *Request) HandoffStep(h connectors.Handoff, done func(connectors.Handoff, error)) feature.Step {
+	s := r.uses.HandoffStepper()
+	if s == nil {
+		return nil
+	}
+	return s.HandoffStep(h, func(hh connectors.Handoff, err error) {
+		if err != nil {
+			err = r.handoffFailure(err)
 		}
-	}
+		done(hh, err)
+	})
 }
 
-// pullKV pulls the handoff's KV into blocks borrowed from the local engine
-// and returns the decode leg's handoff naming them (kvpull.Puller.Pull).
-func pullKV(ctx context.Context, r *Request, h connectors.Handoff) (connectors.Handoff, error) {
-	// The agent is dialed by the pull: its address is checked here too,
-	// whatever read the handoff (PrefillAnswered did already).
-	if err := r.P.addrsAllowed(r.Prefiller, h.Addrs); err != nil {
-		return h, err
+// handoffFailure says what the failure of a handoff's step is to the
+// split: a client that left is only that; a KV load failure is re-run
+// locally, marked Recoverable, as --on-kv-load-failure says, or answered;
+// any other (the KV's source gone, its descriptor refused) is the
+// prefiller's fault, marked Recoverable to degrade.
+func (r *Request) handoffFailure(err error) error {
+	var kl *feature.KVLoadError
+	load := errors.As(err, &kl)
+	switch {
+	case r.Gone():
+		if load {
+			err = kl.Err
+		}
+		return fmt.Errorf("%w: %w", ErrClientGone, err)
+	case !load:
+		return split.Recoverable(err)
 	}
-	return r.P.KV.Pull(ctx, kvpull.Request{
-		ID: r.ID, Label: r.Label, Local: r.Local,
-		Call: func(ctx context.Context, path string, body []byte) ([]byte, int, error) {
-			return engineCall(ctx, r, path, body)
-		},
-		CallErr: func(err error) error { return upstreamErr(upstream.RoleEngine, r.Local, err) },
-		Log:     r.LogAt,
-	}, h)
+	err = fmt.Errorf("%w: sidecar pull: %w", ErrKVLoadFailed, kl.Err)
+	if !r.kvLoadRerun() {
+		return err
+	}
+	return split.Recoverable(err)
 }
 
-// engineCall POSTs a JSON body to the local engine.
-func engineCall(ctx context.Context, r *Request, path string, body []byte) ([]byte, int, error) {
+// engineCall POSTs a JSON body to path on the local engine local, under
+// the request id id: the answer's body and status (kvpull.Feature.Call).
+func (p *Proxy) engineCall(ctx context.Context, local, id, path string, body []byte) ([]byte, int, error) {
 	req := fasthttp.AcquireRequest()
 	resp := fasthttp.AcquireResponse()
 	defer fasthttp.ReleaseRequest(req)
 	defer fasthttp.ReleaseResponse(resp)
 	req.Header.SetMethod(fasthttp.MethodPost)
 	req.Header.SetRequestURI(path)
-	req.Header.SetHost(r.Local)
+	req.Header.SetHost(local)
 	req.Header.SetContentType("application/json")
-	req.Header.Set(HeaderRequestID, r.ID)
+	req.Header.Set(HeaderRequestID, id)
 	req.SetBodyRaw(body)
-	hold, err := r.P.Tr.Do(ctx, r.Local, req, resp)
+	hold, err := p.Tr.Do(ctx, local, req, resp)
 	defer hold.Release() // resp is let go on return; the copy returned is small JSON
 	if err != nil {
 		return nil, 0, err
@@ -76,26 +76,8 @@ func engineCall(ctx context.Context, r *Request, path string, body []byte) ([]by
 	return append([]byte(nil), resp.Body()...), resp.StatusCode(), nil
 }
 
-// KVPullFailure says what a failed pull becomes, marked Recoverable when a
-// local prefill may serve the request instead: a client that left is only
-// that; a KV agent that is gone, or a descriptor that is refused, is the
-// prefiller's fault and degrades; any other failure is a KV load failure,
-// re-run locally as --on-kv-load-failure says.
-func KVPullFailure(r *Request, err error) error {
-	var ue *upstream.UpstreamError
-	if !errors.As(err, &ue) && !errors.Is(err, connectors.ErrInvalidKVParams) {
-		// The agent's errors may quote its descriptor: said in fixed words.
-		err = &upstream.UpstreamError{Role: upstream.RoleKVAgent, Reason: "KV pull failed (" + kvpull.FailureReason(err) + ")", Err: err}
-	}
-	switch {
-	case r.Gone():
-		return fmt.Errorf("%w: %w", ErrClientGone, err)
-	case errors.Is(err, kvtransfer.ErrKVSourceGone), errors.Is(err, connectors.ErrInvalidKVParams):
-		return split.Recoverable(err)
-	}
-	err = fmt.Errorf("%w: sidecar pull: %w", ErrKVLoadFailed, err)
-	if !r.kvLoadRerun() {
-		return err
-	}
-	return split.Recoverable(err)
+// engineCallErr names a failed engineCall to local as the local engine's
+// upstream failure.
+func engineCallErr(local string, err error) error {
+	return upstreamErr(upstream.RoleEngine, local, err)
 }

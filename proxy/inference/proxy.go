@@ -393,7 +393,8 @@ func (p *Proxy) setStrips() {
 func (p *Proxy) LogsLegs() bool { return observe.LogsLegs(p.Log.GetLevel()) }
 
 // EnableKVPull makes the proxy pull the KV itself between prefill and
-// decode. The connector must have the sidecar-pull ability. Call it before
+// decode: the pull is a request feature (kvpull.Feature), registered here
+// last. The connector must have the sidecar-pull ability. Call it before
 // Run.
 func (p *Proxy) EnableKVPull(cfg kvpull.Config, puller *kvtransfer.Puller, m *metrics.KVPull) error {
 	if err := cfg.Validate(); err != nil {
@@ -405,6 +406,7 @@ func (p *Proxy) EnableKVPull(cfg kvpull.Config, puller *kvtransfer.Puller, m *me
 	}
 	p.KV = kvpull.New(cfg, kvpull.Deps{Conn: src, Puller: puller, Metrics: m,
 		FreeTimeout: p.Cfg.ConnectTimeout + time.Second})
+	p.features = append(p.features, kvpull.Feature{Puller: p.KV, Allowed: p.addrsAllowed, Call: p.engineCall, CallErr: engineCallErr})
 	return nil
 }
 

@@ -313,9 +313,9 @@ func (r *Request) beginFeatures(h feature.Head, refused bool) {
 	if len(r.P.features) == 0 {
 		return
 	}
-	fr := feature.Request{API: r.API, Body: r.Body, Port: r.P.Cfg.Port + r.rank(), Refused: refused, Log: r}
+	fr := feature.Request{API: r.API, Body: r.Body, Port: r.P.Cfg.Port + r.rank(), Refused: refused, Log: r, ID: r.ID, Local: r.Local}
 	if !refused {
-		fr.Prefiller, fr.Session, fr.Client = r.Prefiller, r.session, r.Client
+		fr.Prefiller, fr.Session, fr.Client, fr.Label = r.Prefiller, r.session, r.Client, r.Label
 	}
 	if reason := r.uses.Begin(r.P.features, fr, h); reason != "" {
 		r.P.M.SplitDeclined.WithLabelValues(reason).Inc()

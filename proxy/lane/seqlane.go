@@ -209,11 +209,7 @@ func (sp *laneSplit) execSplit(pd *lanePD, acts []split.Action) {
 		case split.RelayHedge:
 			sp.adoptHedge(pd)
 		case split.SendDecode:
-			if p.KV != nil {
-				sp.pullKV(pd, a.Handoff) // --kv-connector sidecar
-				continue
-			}
-			sp.sendDecode(pd, a.Handoff)
+			sp.takeHandoff(pd, a.Handoff)
 		case split.SendLocal:
 			r.Handoff = nil
 			lc.decodeLeg(r.Body, nil, false)
@@ -260,20 +256,24 @@ func (sp *laneSplit) sendDecode(pd *lanePD, h connectors.Handoff) {
 	lc.decodeLeg(body, scratch, true)
 }
 
-// pullKV pulls the KV the handoff h names into blocks of the local engine
-// (the sidecar's own pull, a step: Request.KVPull), then sends the decode
-// leg naming them.
-func (sp *laneSplit) pullKV(pd *lanePD, h connectors.Handoff) {
+// takeHandoff sends the decode leg with the handoff h, once the request
+// feature that takes it on its way (a step: Request.HandoffStep, the
+// sidecar's own KV pull) handed on the handoff the leg carries.
+func (sp *laneSplit) takeHandoff(pd *lanePD, h connectors.Handoff) {
 	lc := sp.lc
-	var pulled connectors.Handoff
+	var taken connectors.Handoff
 	var err error
-	step := lc.r.KVPull(h, func(hh connectors.Handoff, e error) { pulled, err = hh, e })
+	step := lc.r.HandoffStep(h, func(hh connectors.Handoff, e error) { taken, err = hh, e })
+	if step == nil {
+		sp.sendDecode(pd, h)
+		return
+	}
 	lc.runStep(step, func() {
 		if err != nil {
 			sp.feedSplit(split.Event{Kind: split.LegFailed, Err: err})
 			return
 		}
-		sp.sendDecode(pd, pulled)
+		sp.sendDecode(pd, taken)
 	})
 }
 
