@@ -54,6 +54,8 @@ type Request struct {
 	// ID is the request's id (X-Request-ID), Local the engine that decodes
 	// it, and Label its prefiller's bounded metric label ("": none).
 	ID, Local, Label string
+	// Routed: x-data-parallel-host-port picked the engine that decodes it.
+	Routed bool
 	// Log logs on the request's logger (request_id, path, prefiller).
 	Log Logger
 }

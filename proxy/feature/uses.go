@@ -1,6 +1,10 @@
 package feature
 
-import "github.com/pd-sidecar/pd-sidecar/connectors"
+import (
+	"iter"
+
+	"github.com/pd-sidecar/pd-sidecar/connectors"
+)
 
 // Head is what a feature may read of a request's head: a header's value
 // (nil: absent), by name, case-insensitively.
@@ -164,4 +168,16 @@ func (u *Uses) HandoffStepper() HandoffStepper {
 		}
 	}
 	return nil
+}
+
+// All are the parts, in registration order, for an ability declared by
+// the package that asks it (chunked.Planner).
+func (u *Uses) All() iter.Seq[Use] {
+	return func(yield func(Use) bool) {
+		for _, use := range u.list {
+			if !yield(use) {
+				return
+			}
+		}
+	}
 }

@@ -27,6 +27,7 @@ import (
 
 	"github.com/pd-sidecar/pd-sidecar/connectors"
 	"github.com/pd-sidecar/pd-sidecar/connectors/moriio"
+	"github.com/pd-sidecar/pd-sidecar/connectors/nixlv2"
 	"github.com/pd-sidecar/pd-sidecar/failure"
 	"github.com/pd-sidecar/pd-sidecar/kvtransfer"
 	"github.com/pd-sidecar/pd-sidecar/metrics"
@@ -239,6 +240,9 @@ func New(cfg Config, conn connectors.Connector, m *metrics.Metrics, gatherer pro
 	}
 	// Always on: no split of a conversation the decode engine holds can be right.
 	p.features = append(p.features, prevresponse.Guard{})
+	if cfg.DecodeChunkSize > 0 {
+		p.features = append(p.features, chunked.Feature{Size: cfg.DecodeChunkSize, Remote: conn.Name() == nixlv2.Name})
+	}
 	if cfg.MinRemotePrefillTokens > 0 {
 		p.features = append(p.features, shortprompt.Guard{Limit: cfg.MinRemotePrefillTokens})
 	}

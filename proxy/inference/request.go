@@ -16,7 +16,6 @@ import (
 
 	"github.com/pd-sidecar/pd-sidecar/connectors"
 	"github.com/pd-sidecar/pd-sidecar/connectors/moriio"
-	"github.com/pd-sidecar/pd-sidecar/connectors/nixlv2"
 	"github.com/pd-sidecar/pd-sidecar/metrics"
 	"github.com/pd-sidecar/pd-sidecar/proxy/chunked"
 	"github.com/pd-sidecar/pd-sidecar/proxy/feature"
@@ -216,18 +215,15 @@ func (r *Request) AppendLegHeaders(dst []byte) []byte {
 }
 
 // ChunkPlan reports whether the decode of body on the local engine
-// (remote: a split's, on the prefill's KV) is chunked, and how: it applies,
-// as in llm-d, to /v1/chat/completions requests decoded here (decoder-only,
-// with or without a KV cache source; the decode leg of a nixlv2 split,
-// whose first chunk alone carries the handoff; a local-prefill fallback),
-// not to requests routed by x-data-parallel-host-port nor to the decode
-// legs of other connectors; and to a body chunked.PlanFor cuts.
+// (remote: a split's, on the prefill's KV) is chunked, and how: as the
+// request's part of chunked decode says (chunked.Feature), when it has one.
 func (r *Request) ChunkPlan(body []byte, remote bool) (chunked.Plan, bool) {
-	n := r.P.Cfg.DecodeChunkSize
-	if n <= 0 || r.API != connectors.APIChat || r.dpRouted || (remote && r.P.Conn.Name() != nixlv2.Name) {
-		return chunked.Plan{}, false
+	for u := range r.uses.All() {
+		if p, ok := u.(chunked.Planner); ok {
+			return p.ChunkPlan(body, remote)
+		}
 	}
-	return chunked.PlanFor(body, n)
+	return chunked.Plan{}, false
 }
 
 // ChunkJob is the chunked decode of body by plan (ChunkPlan), its gauge
@@ -317,6 +313,7 @@ func (r *Request) beginFeatures(h feature.Head, refused bool) {
 	if !refused {
 		fr.Prefiller, fr.Session, fr.Client, fr.Label = r.Prefiller, r.session, r.Client, r.Label
 	}
+	fr.Routed = r.dpRouted
 	if reason := r.uses.Begin(r.P.features, fr, h); reason != "" {
 		r.P.M.SplitDeclined.WithLabelValues(reason).Inc()
 		r.Obs.Declined = reason
