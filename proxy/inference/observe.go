@@ -3,14 +3,12 @@ package inference
 import (
 	"time"
 
-	"github.com/rs/zerolog"
 	"github.com/valyala/fasthttp"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/pd-sidecar/pd-sidecar/failure"
 	"github.com/pd-sidecar/pd-sidecar/metrics"
-	"github.com/pd-sidecar/pd-sidecar/proxy/observe"
 )
 
 // RequestReport is how one inference request ended, as told to an Observer.
@@ -166,9 +164,4 @@ func (r *Request) Report() {
 	if o := r.P.Ext.Observer; o != nil {
 		o.ObserveRequest(rep)
 	}
-}
-
-// TraceLeg logs the leg req to addr at trace level.
-func (r *Request) TraceLeg(addr string, req *fasthttp.Request) {
-	observe.LogLeg(r.LogAt(zerolog.TraceLevel), addr, req)
 }

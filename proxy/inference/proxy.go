@@ -379,7 +379,7 @@ func (p *Proxy) setStrips() {
 	p.LegStrip, p.PrefillStrip = p.Trace.Strip(p.strip)
 	if p.sessionHeader != "" {
 		// Multi-turn KV reuse consumes the session key: no leg carries it
-		// (UpstreamHeader on fasthttp's path).
+		// (LegSpec.Session on fasthttp's path).
 		s := strings.ToLower(p.sessionHeader)
 		p.LegStrip = append(slices.Clone(p.LegStrip), s)
 		p.PrefillStrip = append(slices.Clone(p.PrefillStrip), s)

@@ -19,11 +19,8 @@ import (
 	"github.com/pd-sidecar/pd-sidecar/metrics"
 	"github.com/pd-sidecar/pd-sidecar/proxy/chunked"
 	"github.com/pd-sidecar/pd-sidecar/proxy/feature"
-	"github.com/pd-sidecar/pd-sidecar/proxy/kvsource"
 	"github.com/pd-sidecar/pd-sidecar/proxy/logvalue"
 	"github.com/pd-sidecar/pd-sidecar/proxy/observe"
-	"github.com/pd-sidecar/pd-sidecar/proxy/prefillstrip"
-	"github.com/pd-sidecar/pd-sidecar/proxy/rawhttp"
 	"github.com/pd-sidecar/pd-sidecar/proxy/sse"
 	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"
 )
@@ -163,56 +160,6 @@ func (r *Request) Keep(h *upstream.AnswerHold) { r.held.Add(h.Take()) }
 
 // Gone reports whether the client left.
 func (r *Request) Gone() bool { return context.Cause(r.Ctx) == ErrClientGone }
-
-// LegHeader sets dst to the head of a leg to addr on fasthttp's path: the
-// client's head src minus hop-by-hop headers (the connection options its
-// Connection fields name too), sidecar headers and those named in strip
-// (lower case; proxy/prefillstrip), with our X-Request-ID. The lane writes
-// the same head (rawhttp.AppendLegStart, AppendLegHeaders).
-func (r *Request) LegHeader(dst, src *fasthttp.RequestHeader, addr string, strip []string) {
-	src.CopyTo(dst)
-	rawhttp.DelOptions(dst)
-	for _, h := range HopHeaders {
-		dst.Del(h)
-	}
-	dst.Del(HeaderPrefiller)
-	dst.Del(HeaderDataParallel)
-	dst.Del(kvsource.Header)
-	dst.Del(HeaderEncoders)
-	dst.Del("Accept-Encoding")
-	dst.Del("Expect")
-	if p := r.P; p != nil && p.sessionHeader != "" {
-		dst.Del(p.sessionHeader) // the session key is the sidecar's (readSession), every copy
-	}
-	dst.Del(HeaderRequestID) // every copy: Set replaces only the first
-	dst.Set(HeaderRequestID, r.ID)
-	if r.named && r.P.pinsSplitRank() {
-		// MoRI-IO pins a split's legs to its rank: the client's never
-		// reaches them (Proxy.SplitStrip on the lane).
-		dst.Del(moriio.HeaderRank)
-	}
-	if r.moriRank != "" {
-		dst.Set(moriio.HeaderRank, r.moriRank)
-	}
-	r.Obs.Inject(dst)
-	dst.SetHost(addr)
-	dst.SetProtocolBytes(StrHTTP11) // whatever the client's (setStream)
-	prefillstrip.Strip(dst, strip)
-}
-
-// AppendLegHeaders appends to a leg's head, which the lane writes, what
-// the request adds to each of its legs beyond the client's headers, as
-// UpstreamHeader does on fasthttp's: MoRI-IO's x-data-parallel-rank (the
-// client's own is left out of a split's legs: Proxy.SplitStrip) and the
-// leg's trace context.
-func (r *Request) AppendLegHeaders(dst []byte) []byte {
-	if r.moriRank != "" {
-		dst = append(dst, "X-Data-Parallel-Rank: "...)
-		dst = append(dst, r.moriRank...)
-		dst = append(dst, "\r\n"...)
-	}
-	return r.Obs.AppendTrace(dst)
-}
 
 // ChunkPlan reports whether the decode of body on the local engine
 // (remote: a split's, on the prefill's KV) is chunked, and how: as the
@@ -404,29 +351,4 @@ func (r *Request) EventReader(leg *upstream.Leg) *sse.Reader {
 	er := sse.NewReader(leg, &r.P.Bufs, r.P.Cfg.MaxSSEEventBytes)
 	er.Refused = r.EventRefused
 	return er
-}
-
-// PrefillHeader sets on the head of a prefill leg on fasthttp's path
-// what the request sets on its prefill legs alone: the rank the legs were
-// paired on, the client's own left out.
-func (r *Request) PrefillHeader(h *fasthttp.RequestHeader) {
-	if r.P.ranksPrefill() {
-		h.Del(moriio.HeaderRank) // every copy: the client's is not the pairing's
-		if r.prefillRank != "" {
-			h.Set(moriio.HeaderRank, r.prefillRank)
-		}
-	}
-}
-
-// AppendPrefillHeaders appends to a prefill leg's head, which the lane
-// writes, what PrefillHeader sets on fasthttp's beyond AppendLegHeaders:
-// the rank the legs were paired on (the client's own is left out:
-// Proxy.PrefillStrip).
-func (r *Request) AppendPrefillHeaders(dst []byte) []byte {
-	if r.prefillRank != "" {
-		dst = append(dst, "X-Data-Parallel-Rank: "...)
-		dst = append(dst, r.prefillRank...)
-		dst = append(dst, "\r\n"...)
-	}
-	return dst
 }

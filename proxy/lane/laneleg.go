@@ -46,10 +46,7 @@ type laneLeg struct {
 func (lg *laneLeg) legTo(addr string, body []byte, bodyp *[]byte) {
 	lc := lg.lc
 	bufs := &lc.ll.ln.p.Bufs
-	head := lc.r.AppendLegHeaders(lg.sent)
-	if lg.prefill {
-		head = lc.r.AppendPrefillHeaders(head)
-	}
+	head := lc.r.Legs().AppendTo(lg.sent, lg.prefill)
 	lg.sent = rawhttp.AppendLegEnd(head, addr, lc.r.ID, len(body))
 	if len(body) > sse.MaxPooledChunk {
 		lg.sentBody, lg.sentBodyp = body, bodyp

@@ -4,12 +4,17 @@ import (
 	"errors"
 	"net"
 
+	"github.com/rs/zerolog"
 	"github.com/valyala/fasthttp"
 
 	"github.com/pd-sidecar/pd-sidecar/connectors"
+	"github.com/pd-sidecar/pd-sidecar/connectors/moriio"
 	"github.com/pd-sidecar/pd-sidecar/metrics"
 	"github.com/pd-sidecar/pd-sidecar/proxy/clientconn"
 	"github.com/pd-sidecar/pd-sidecar/proxy/inference"
+	"github.com/pd-sidecar/pd-sidecar/proxy/observe"
+	"github.com/pd-sidecar/pd-sidecar/proxy/prefillstrip"
+	"github.com/pd-sidecar/pd-sidecar/proxy/rawhttp"
 )
 
 // Exchange is a request on fasthttp's path: the request's state, and the
@@ -52,30 +57,76 @@ func (x *Exchange) Finish() {
 	}
 }
 
-// Upstream builds a leg to addr carrying body: the client's head as the
-// request renders every leg's (Request.LegHeader), to the path routed on.
+// Upstream builds a leg to addr carrying body: the client's head, as the
+// request's legs carry it (legHeader), to the path routed on.
 func (x *Exchange) Upstream(addr string, body []byte) *fasthttp.Request {
-	return x.leg(addr, body, nil)
+	return x.leg(addr, body, false)
 }
 
 // PrefillRequest builds a leg to the prefiller carrying body, as Upstream
-// builds every leg, with what the request sets on its prefill legs alone
-// (Request.PrefillHeader: less --prefill-strip-headers, the paired rank).
+// builds every leg, less --prefill-strip-headers, with the rank the legs
+// were paired on.
 func (x *Exchange) PrefillRequest(body []byte) *fasthttp.Request {
-	req := x.leg(x.Prefiller, body, x.P.PrefillStrips())
-	x.PrefillHeader(&req.Header)
-	return req
+	return x.leg(x.Prefiller, body, true)
 }
 
-func (x *Exchange) leg(addr string, body []byte, strip []string) *fasthttp.Request {
+func (x *Exchange) leg(addr string, body []byte, prefill bool) *fasthttp.Request {
 	req := fasthttp.AcquireRequest()
-	x.LegHeader(&req.Header, &x.RC.Request.Header, addr, strip)
+	legHeader(&req.Header, &x.RC.Request.Header, addr, x.Legs())
+	if prefill {
+		prefillHeader(&req.Header, x.Legs(), x.P.PrefillStrips())
+	}
 	if t := clientconn.OriginForm(x.RC); t != nil {
 		req.Header.SetRequestURIBytes(t) // the path routed on
 	}
 	req.SetBodyRaw(body)
-	x.TraceLeg(addr, req)
+	observe.LogLeg(x.LogAt(zerolog.TraceLevel), addr, req)
 	return req
+}
+
+// legHeader sets dst to the head of a leg to addr: the client's head src
+// minus hop-by-hop headers (the connection options its Connection fields
+// name too) and the sidecar's, with what spec adds: our X-Request-ID, the
+// rank, the trace context. The lane writes the same head
+// (rawhttp.AppendLegStart, inference.LegSpec.AppendTo).
+func legHeader(dst, src *fasthttp.RequestHeader, addr string, spec inference.LegSpec) {
+	src.CopyTo(dst)
+	rawhttp.DelOptions(dst)
+	for _, h := range inference.HopHeaders {
+		dst.Del(h)
+	}
+	for _, h := range inference.SidecarHeaders {
+		dst.Del(h)
+	}
+	if spec.Session != "" {
+		dst.Del(spec.Session) // the session key is the sidecar's, every copy
+	}
+	dst.Del(inference.HeaderRequestID) // every copy: Set replaces only the first
+	dst.Set(inference.HeaderRequestID, spec.ID)
+	if spec.DropRank {
+		dst.Del(moriio.HeaderRank)
+	}
+	if spec.Rank != "" {
+		dst.Set(moriio.HeaderRank, spec.Rank)
+	}
+	if spec.Trace != nil {
+		spec.Trace.Inject(dst)
+	}
+	dst.SetHost(addr)
+	dst.SetProtocolBytes(inference.StrHTTP11) // whatever the client's (SetStream)
+}
+
+// prefillHeader sets on a prefill leg's head what it alone carries: less
+// the headers named in strip (--prefill-strip-headers, lower case), the
+// rank the legs were paired on, the client's own left out.
+func prefillHeader(h *fasthttp.RequestHeader, spec inference.LegSpec, strip []string) {
+	prefillstrip.Strip(h, strip)
+	if spec.RankPrefill {
+		h.Del(moriio.HeaderRank) // every copy: the client's is not the pairing's
+		if spec.PrefillRank != "" {
+			h.Set(moriio.HeaderRank, spec.PrefillRank)
+		}
+	}
 }
 
 // CopyHead copies the upstream status and end-to-end headers to the

@@ -1,4 +1,4 @@
-package front
+package relay
 
 import (
 	"bufio"
@@ -42,9 +42,8 @@ func TestTrailersReachNoLeg(t *testing.T) {
 			clientconn.DropTrailers(h)
 			assert.Equal(t, tc.prefiller, string(h.Peek(inference.HeaderPrefiller)))
 			assert.Empty(t, h.Peek(inference.HeaderRequestID))
-			r := &inference.Request{ID: "rid"}
 			var leg fasthttp.Request
-			r.LegHeader(&leg.Header, h, "127.0.0.1:1", nil)
+			legHeader(&leg.Header, h, "127.0.0.1:1", inference.LegSpec{ID: "rid"})
 			leg.SetBodyRaw([]byte("{}"))
 			wire := leg.String()
 			assert.NotContains(t, wire, "evil")
