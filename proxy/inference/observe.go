@@ -9,6 +9,7 @@ import (
 
 	"github.com/pd-sidecar/pd-sidecar/failure"
 	"github.com/pd-sidecar/pd-sidecar/metrics"
+	"github.com/pd-sidecar/pd-sidecar/proxy/observe"
 )
 
 // RequestReport is how one inference request ended, as told to an Observer.
@@ -99,7 +100,7 @@ type Extras struct {
 func failureReason(err error) string { return failure.Of(err).Reason }
 
 // traceStart opens the request span, child of the client's trace context.
-func (r *Request) traceStart(h *fasthttp.RequestHeader) {
+func (r *Request) traceStart(h observe.Head) {
 	if r.P.Trace != nil {
 		r.Obs.Start(r.P.Trace, h, r.Start, r.ID, r.API.String())
 	}

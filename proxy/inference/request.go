@@ -110,7 +110,7 @@ func ClientAddr(a net.Addr) netip.Addr {
 // StartRequest begins the state of a request with head h (its
 // X-Request-ID: id) and body, as fasthttp's path (relay.NewExchange) and
 // the lane share it.
-func (p *Proxy) StartRequest(id []byte, h *fasthttp.RequestHeader, body []byte, local string, api connectors.API) *Request {
+func (p *Proxy) StartRequest(id []byte, h observe.Head, body []byte, local string, api connectors.API) *Request {
 	ctx, cancel := context.WithCancelCause(context.Background())
 	r := &Request{
 		P: p, Ctx: ctx, Cancel: cancel, Start: time.Now(),
@@ -343,12 +343,4 @@ func (r *Request) EventRefused() {
 	r.P.Log.Error().Str("request_id", r.ID).Str("upstream", metrics.UpstreamEngine).Str("reason", metrics.RefusedEventTooLong).
 		Int("max_sse_event_bytes", sse.Bound(r.P.Cfg.MaxSSEEventBytes)).
 		Msg("upstream SSE event longer than --max-sse-event-bytes: stream refused, upstream connection closed")
-}
-
-// EventReader reads the local engine's stream on leg, bounded by
-// --max-sse-event-bytes, a refusal counted.
-func (r *Request) EventReader(leg *upstream.Leg) *sse.Reader {
-	er := sse.NewReader(leg, &r.P.Bufs, r.P.Cfg.MaxSSEEventBytes)
-	er.Refused = r.EventRefused
-	return er
 }

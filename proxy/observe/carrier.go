@@ -1,16 +1,25 @@
 package observe
 
 import (
+	"iter"
+
 	"github.com/valyala/fasthttp"
 	"go.opentelemetry.io/otel/propagation"
 )
 
-// headerCarrier adapts fasthttp request headers to the propagator.
-type headerCarrier struct{ h *fasthttp.RequestHeader }
+// Head is what a request span reads of the client's head: a header's
+// value by name, and every field (fasthttp.RequestHeader is one).
+type Head interface {
+	Peek(key string) []byte
+	All() iter.Seq2[[]byte, []byte]
+}
+
+// headCarrier adapts a client's head to the propagator, to extract from.
+type headCarrier struct{ h Head }
 
 // Get finds k in any letter case: the lane parses heads without
 // normalizing their keys.
-func (c headerCarrier) Get(k string) string {
+func (c headCarrier) Get(k string) string {
 	if v := c.h.Peek(k); v != nil {
 		return string(v)
 	}
@@ -21,14 +30,22 @@ func (c headerCarrier) Get(k string) string {
 	}
 	return ""
 }
-func (c headerCarrier) Set(k, v string) { c.h.Set(k, v) }
-func (c headerCarrier) Keys() []string {
+func (c headCarrier) Set(string, string) {}
+func (c headCarrier) Keys() []string {
 	var ks []string
 	for k := range c.h.All() {
 		ks = append(ks, string(k))
 	}
 	return ks
 }
+
+// headerCarrier adapts a leg's fasthttp head to the propagator, to inject
+// into.
+type headerCarrier struct{ h *fasthttp.RequestHeader }
+
+func (c headerCarrier) Get(k string) string { return headCarrier{c.h}.Get(k) }
+func (c headerCarrier) Set(k, v string)     { c.h.Set(k, v) }
+func (c headerCarrier) Keys() []string      { return headCarrier{c.h}.Keys() }
 
 // lineCarrier writes what a propagator injects as header lines.
 type lineCarrier struct{ dst []byte }

@@ -152,11 +152,11 @@ type Request struct {
 // Start opens the request span, begun at start, child of the trace
 // context of the client's head h; id is the request id and route the API
 // path. Nothing without a tracer (t nil).
-func (o *Request) Start(t *Tracing, h *fasthttp.RequestHeader, start time.Time, id, route string) {
+func (o *Request) Start(t *Tracing, h Head, start time.Time, id, route string) {
 	if t == nil {
 		return
 	}
-	parent := t.prop.Extract(context.Background(), headerCarrier{h})
+	parent := t.prop.Extract(context.Background(), headCarrier{h})
 	o.t = t
 	o.tctx, o.root = t.tracer.Start(parent, SpanRequest, trace.WithSpanKind(trace.SpanKindServer),
 		trace.WithTimestamp(start),

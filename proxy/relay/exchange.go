@@ -15,6 +15,8 @@ import (
 	"github.com/pd-sidecar/pd-sidecar/proxy/observe"
 	"github.com/pd-sidecar/pd-sidecar/proxy/prefillstrip"
 	"github.com/pd-sidecar/pd-sidecar/proxy/rawhttp"
+	"github.com/pd-sidecar/pd-sidecar/proxy/sse"
+	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"
 )
 
 // Exchange is a request on fasthttp's path: the request's state, and the
@@ -214,4 +216,12 @@ func (x *Exchange) LeftNow() bool {
 		return true
 	}
 	return false
+}
+
+// EventReader reads the local engine's stream on leg, bounded by
+// --max-sse-event-bytes, a refusal counted (Request.EventRefused).
+func (x *Exchange) EventReader(leg *upstream.Leg) *sse.Reader {
+	er := sse.NewReader(leg, &x.P.Bufs, x.P.Cfg.MaxSSEEventBytes)
+	er.Refused = x.EventRefused
+	return er
 }
