@@ -30,17 +30,7 @@ import (
 // bench run (local and disaggregated, plus clients that leave mid-stream)
 // and checks that once it has shut down no goroutine of its is left.
 func TestNoGoroutineLeakAfterLoad(t *testing.T) {
-	defer goleak.VerifyNone(t, goleak.IgnoreCurrent(),
-		// fasthttp's housekeeping: idle-connection cleaners that sleep out
-		// their interval and then end, the server's worker-pool cleaner, and
-		// the process-wide dialer's DNS cache and Date header. Request goroutines (handlers,
-		// stream writers, connection watchers) are not ignored.
-		goleak.IgnoreAnyFunction("github.com/valyala/fasthttp.(*HostClient).connsCleaner"),
-		goleak.IgnoreAnyFunction("github.com/valyala/fasthttp.(*Client).mCleaner"),
-		goleak.IgnoreAnyFunction("github.com/valyala/fasthttp.(*TCPDialer).tcpAddrsClean"),
-		goleak.IgnoreAnyFunction("github.com/valyala/fasthttp.(*workerPool).Start.func2"),
-		goleak.IgnoreAnyFunction("github.com/valyala/fasthttp.(*workerPool).Start.func1"),
-		goleak.IgnoreAnyFunction("github.com/valyala/fasthttp.updateServerDate.func1"))
+	defer goleak.VerifyNone(t, append(fasthttpHousekeeping(), goleak.IgnoreCurrent())...)
 
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -165,6 +155,22 @@ func TestNoGoroutineLeakAfterLoad(t *testing.T) {
 	cancel()
 	<-decodeDone // the simulators' servers have wound down
 	<-prefillDone
+}
+
+// fasthttpHousekeeping ignores fasthttp's housekeeping: idle-connection
+// cleaners that sleep out their interval and then end, the server's
+// worker-pool cleaner, and the process-wide dialer's DNS cache and Date
+// header. Request goroutines (handlers, stream writers, connection
+// watchers) are not ignored.
+func fasthttpHousekeeping() []goleak.Option {
+	return []goleak.Option{
+		goleak.IgnoreAnyFunction("github.com/valyala/fasthttp.(*HostClient).connsCleaner"),
+		goleak.IgnoreAnyFunction("github.com/valyala/fasthttp.(*Client).mCleaner"),
+		goleak.IgnoreAnyFunction("github.com/valyala/fasthttp.(*TCPDialer).tcpAddrsClean"),
+		goleak.IgnoreAnyFunction("github.com/valyala/fasthttp.(*workerPool).Start.func2"),
+		goleak.IgnoreAnyFunction("github.com/valyala/fasthttp.(*workerPool).Start.func1"),
+		goleak.IgnoreAnyFunction("github.com/valyala/fasthttp.updateServerDate.func1"),
+	}
 }
 
 // startSim serves an engine simulator until ctx ends; the channel closes
