@@ -1128,6 +1128,18 @@ func TestDriversExecuteTheSameActions(t *testing.T) {
 			decode:  []reply{{body: decodeOK.body, headAfter: 1500 * time.Millisecond}},
 			want: expect{prefill: []string{"prefill"}, decode: []string{"local"}, status: 200, contentType: jsonCT,
 				body: []string{`" world"`}, counts: fellBack("server_error")}},
+		// A stream whose head came and nothing after it within the
+		// first-byte bound: the lane's timer and fasthttp's read deadline
+		// name the same failure (inference.EndedBefore).
+		{name: "decode stream silent after its head: 504, the KV released", req: chatStream(), config: firstByteTimeout,
+			prefill: []reply{prefillChatOK}, decode: []reply{{hangAfterHead: true}, releaseChatOK}, releases: 1,
+			want: expect{prefill: []string{"prefill"}, decode: []string{"decode (cancelled)", "release"}, status: 504, contentType: jsonCT,
+				body:   []string{`"code":504`, "local engine: timed out"},
+				counts: []string{"pd_sidecar_requests_total{code=504,mode=disaggregated} 1", "pd_sidecar_kv_releases_total{how=decode_leg} 1"}}},
+		{name: "local stream silent after its head: 504", req: chatStream(local), config: firstByteTimeout,
+			decode: []reply{{hangAfterHead: true}},
+			want: expect{decode: []string{"local (cancelled)"}, status: 504, contentType: jsonCT, body: []string{`"code":504`, "local engine: timed out"},
+				counts: []string{"pd_sidecar_requests_total{code=504,mode=local} 1"}}},
 	}
 	start := time.Now()
 	for _, c := range cases {
@@ -1142,27 +1154,15 @@ func TestDriversExecuteTheSameActions(t *testing.T) {
 	}
 	// The drivers execute these cases alike — the same legs, status,
 	// framing and counts — but answer the client with other words for the
-	// same failure: the lane names the upstream's failure as its timer or
-	// its socket saw it, fasthttp's path as its stream reader or fasthttp's
-	// client reports it. Each is required as it is today, so that the
-	// product's fix moves it to the cases above.
+	// same failure: the lane reads the decode engine's reset on its socket,
+	// while fasthttp's client reports a connection reset before any answer
+	// byte as closed (fasthttp.ErrConnectionClosed), the reset itself lost.
+	// Each is required as it is today, so that a fix moves it to the cases
+	// above.
 	diverging := []struct {
 		confCase
 		lane, fasthttp string // the message each driver answers
 	}{
-		{confCase: confCase{name: "decode stream silent after its head: 504, the KV released", req: chatStream(), config: firstByteTimeout,
-			prefill: []reply{prefillChatOK}, decode: []reply{{hangAfterHead: true}, releaseChatOK}, releases: 1,
-			want: expect{prefill: []string{"prefill"}, decode: []string{"decode (cancelled)", "release"}, status: 504, contentType: jsonCT,
-				body:   []string{`"code":504`},
-				counts: []string{"pd_sidecar_requests_total{code=504,mode=disaggregated} 1", "pd_sidecar_kv_releases_total{how=decode_leg} 1"}}},
-			lane:     "local engine: timed out",
-			fasthttp: "local engine: stream ended before any output (timed out)"},
-		{confCase: confCase{name: "local stream silent after its head: 504", req: chatStream(local), config: firstByteTimeout,
-			decode: []reply{{hangAfterHead: true}},
-			want: expect{decode: []string{"local (cancelled)"}, status: 504, contentType: jsonCT, body: []string{`"code":504`},
-				counts: []string{"pd_sidecar_requests_total{code=504,mode=local} 1"}}},
-			lane:     "local engine: timed out",
-			fasthttp: "local engine: stream ended before any event (timed out)"},
 		{confCase: confCase{name: "decode engine resets: 502, the KV released", req: completion(), prefill: []reply{prefillOK},
 			decode: []reply{{reset: true}, releaseOK}, releases: 1,
 			want: expect{prefill: []string{"prefill"}, decode: []string{"decode", "release"}, status: 502, contentType: jsonCT,

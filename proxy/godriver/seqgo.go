@@ -400,7 +400,7 @@ func openLocal(r *relay.Exchange, ctx context.Context, req *fasthttp.Request) (*
 	switch {
 	case err != nil:
 		a.discard()
-		return nil, inference.BeforeOutputErr(inference.EndedEarly(r.Local, "any output", err))
+		return nil, inference.EndedBefore(r.Local, "any output", err)
 	case errEvent:
 		a.discard()
 		return nil, fmt.Errorf("%w: the local stream began with an error event", inference.ErrDecodeFailed)

@@ -8,6 +8,7 @@ import (
 	"github.com/pd-sidecar/pd-sidecar/connectors"
 	"github.com/pd-sidecar/pd-sidecar/proxy/rawhttp"
 	"github.com/pd-sidecar/pd-sidecar/proxy/sse"
+	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"
 )
 
 // CopyResponseHead copies resp's status and end-to-end headers to rc's
@@ -27,9 +28,22 @@ func CopyResponseHead(rc *fasthttp.RequestCtx, resp *fasthttp.Response) {
 
 var EventStream = []byte("text/event-stream")
 
-// BeforeOutputErr is the error of a stream that ended, or was cut by
+// BeforeOutputErr is the error of a leg that failed, or was cut by
 // --decode-first-byte-timeout, before it had anything to relay.
 func BeforeOutputErr(err error) error { return DecodeTransportErr(err) }
+
+// EndedBefore is the failure of the local engine's stream at addr that
+// ended before what it was read for (its first event, its first output),
+// for the reason err: the first-byte bound running out
+// (upstream.ErrFirstByteTimeout) is the failure the request names for it
+// on either driver, whatever the stream had sent; any other is the stream
+// that ended early (EndedEarly).
+func EndedBefore(addr, what string, err error) error {
+	if errors.Is(err, upstream.ErrFirstByteTimeout) {
+		return DecodeTransportErr(err)
+	}
+	return DecodeTransportErr(EndedEarly(addr, what, err))
+}
 
 // ReadToOutput reads a stream's events, appended to held, up to its first
 // output or error event (error reports the latter), or maxHeld bytes of

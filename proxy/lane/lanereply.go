@@ -151,7 +151,7 @@ func (rp *laneReply) began(g sserelay.Gate, held []byte) {
 	lc.stopTimer()
 	if g != sserelay.GateOutput { // ended with no event
 		rp.dropStream()
-		rp.failWith(inference.DecodeTransportErr(inference.EndedEarly(lc.r.Local, "any event", ls.Cut)))
+		rp.failWith(inference.EndedBefore(lc.r.Local, "any event", ls.Cut))
 		return
 	}
 	rp.relayHeld(held)

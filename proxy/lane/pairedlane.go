@@ -234,7 +234,7 @@ func (ps *lanePaired) gated(g sserelay.Gate, held []byte) {
 	switch g {
 	case sserelay.GateHolding: // ended with no output
 		lc.dropStream()
-		ps.decodeEnded(inference.DecodeTransportErr(inference.EndedEarly(r.Local, "any output", ls.Cut)))
+		ps.decodeEnded(inference.EndedBefore(r.Local, "any output", ls.Cut))
 		return
 	}
 	if err := r.KVStreamed(pd.sent, g == sserelay.GateError); err != nil {

@@ -426,7 +426,7 @@ func (sp *laneSplit) gateDone(g sserelay.Gate, held []byte) {
 	lc.stopTimer()
 	if g == sserelay.GateHolding { // ended with no output
 		lc.dropStream()
-		sp.feedSplit(split.Event{Kind: split.LegFailed, Err: inference.DecodeTransportErr(inference.EndedEarly(lc.r.Local, "any output", ls.Cut))})
+		sp.feedSplit(split.Event{Kind: split.LegFailed, Err: inference.EndedBefore(lc.r.Local, "any output", ls.Cut)})
 		return
 	}
 	if err := r.KVStreamed(sp.pd.sent, g == sserelay.GateError); err != nil {

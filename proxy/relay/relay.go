@@ -113,7 +113,7 @@ func relaySSE(r *Exchange, leg *upstream.Leg, resp *fasthttp.Response, g prometh
 	if !remote {
 		ev, err := er.Next()
 		if err != nil {
-			return abort(inference.BeforeOutputErr(inference.EndedEarly(r.Local, "any event", err)))
+			return abort(inference.EndedBefore(r.Local, "any event", err))
 		}
 		held = append(held, ev...)
 	} else {
@@ -121,7 +121,7 @@ func relaySSE(r *Exchange, leg *upstream.Leg, resp *fasthttp.Response, g prometh
 		var err error
 		// The role chunk and the first output, usually.
 		if held, kvFail, err = inference.ReadToOutput(er, r.API, make([]byte, 0, 2<<10)); err != nil {
-			return abort(inference.BeforeOutputErr(inference.EndedEarly(r.Local, "any output", err)))
+			return abort(inference.EndedBefore(r.Local, "any output", err))
 		}
 		if err := r.KVStreamed(sent, kvFail); err != nil {
 			return abort(err)
