@@ -2,8 +2,9 @@
 // of this pod's ranks an x-data-parallel-host-port value names. A value
 // naming one of this pod's hosts (PodIP:Port+r) names rank r, whose engine
 // then decodes the request, whichever rank's port it arrived on; anything
-// else is ErrUnknown. Reading the header, refusing the request and
-// pointing its legs at the rank's engine are the proxy's.
+// else is ErrUnknown. Picker is the admitter (proxy/feature) that reads
+// the header, refuses a request naming no rank and points its decode legs
+// at the rank's engine.
 package dprank
 
 import (

@@ -6,9 +6,10 @@
 // The package parses and checks the encoder addresses, sends the legs
 // (bounded in number and in time), checks the encoders' answers against
 // what the connector documents, merges them into the body, and decides
-// what a failure does (--on-encoder-failure). What ties it to a request —
-// its header, its logger, its span, its report — is the caller's, passed
-// in a Request.
+// what a failure does (--on-encoder-failure). The stage is the admitter
+// (proxy/feature) of a request naming encoders (Stage.Admit): a blocking
+// step of its admission, which reads the request's header and hands the
+// run its logger and spans (Request) and the admission its outcome.
 package encoder
 
 import (

@@ -11,6 +11,11 @@
 // assertion and ask at each point. A feature that needs a new point in the
 // request adds an ability here and a method to Uses; no driver knows a
 // feature's name.
+//
+// Before that, every request passes its admission: the admitters
+// (Admitter), each a package of its own registered by one line in New,
+// run in order on the request's Admission (its body, stream flags, decode
+// engine, session key) and may refuse it or make it wait on a Step.
 package feature
 
 import (

@@ -6,10 +6,12 @@ import (
 	"github.com/pd-sidecar/pd-sidecar/connectors"
 )
 
-// Head is what a feature may read of a request's head: a header's value
-// (nil: absent), by name, case-insensitively.
+// Head is what a feature or an admitter may read of a request's head, by
+// a header's name, case-insensitively: its first value (nil: absent), or
+// every value it has, in order.
 type Head interface {
 	Peek(key string) []byte
+	PeekAll(key string) [][]byte
 }
 
 // Uses are the parts the registered features take in one request, in the

@@ -15,6 +15,8 @@ import (
 	"github.com/pd-sidecar/pd-sidecar/failure"
 	"github.com/pd-sidecar/pd-sidecar/metrics"
 	"github.com/pd-sidecar/pd-sidecar/proxy/clientconn"
+	"github.com/pd-sidecar/pd-sidecar/proxy/dprank"
+	"github.com/pd-sidecar/pd-sidecar/proxy/encoder"
 	"github.com/pd-sidecar/pd-sidecar/proxy/inference"
 	"github.com/pd-sidecar/pd-sidecar/proxy/kvsource"
 	"github.com/pd-sidecar/pd-sidecar/proxy/logvalue"
@@ -43,9 +45,9 @@ func passthrough(p *inference.Proxy, rc *fasthttp.RequestCtx, local string) {
 		req.Header.Del(h)
 	}
 	req.Header.Del(inference.HeaderPrefiller)
-	req.Header.Del(inference.HeaderDataParallel)
+	req.Header.Del(dprank.Header)
 	req.Header.Del(kvsource.Header)
-	req.Header.Del(inference.HeaderEncoders)
+	req.Header.Del(encoder.Header)
 	req.Header.Del("Expect")
 	// One X-Request-ID, as on every leg: the client's first (when valid),
 	// never a second copy (Set replaces only the first).
@@ -179,16 +181,16 @@ func (b *passthroughBody) Close() error {
 
 // passthroughBody is the body of a passthrough request as it may reach the
 // engine: a JSON object body loses the client's own connector fields
-// (cleanBody) on every path, for engines read them on more paths than the
-// sidecar splits (SGLang's /generate, vLLM's other APIs); any other body
-// (none, multipart, text) is forwarded as is.
+// (sanitize.Cleaner) on every path, for engines read them on more paths
+// than the sidecar splits (SGLang's /generate, vLLM's other APIs); any
+// other body (none, multipart, text) is forwarded as is.
 func readPassthroughBody(p *inference.Proxy, rc *fasthttp.RequestCtx) ([]byte, error) {
 	body := rc.PostBody()
 	if !connectors.IsObject(body) {
 		return body, nil
 	}
 	api, _ := connectors.APIForPath(string(rc.Path()))
-	body, _, err := p.CleanBody(api, body, func() *zerolog.Event {
+	body, _, err := p.Clean.Clean(api, body, func() *zerolog.Event {
 		return p.Log.Debug().Str("path", string(rc.Path())).Str("request_id", logvalue.Cut(string(rc.Request.Header.Peek(inference.HeaderRequestID))))
 	})
 	return body, err

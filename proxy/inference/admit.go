@@ -1,6 +1,8 @@
 package inference
 
 import (
+	"context"
+
 	"github.com/rs/zerolog"
 	"github.com/valyala/fasthttp"
 
@@ -33,48 +35,83 @@ type Admission struct {
 	Wait  feature.Step
 }
 
-// admitter is a part of every inference request's admission, before its
-// prefiller is named: on the request and its head h (which it must not
-// keep). An error refuses the request (its outcome is the answer); a
-// returned step is a blocking call the admission waits on, whose
-// continuation finishes the admitter's part (an error it records in
-// Request.admitErr refuses the request) before the next admitter runs.
-// New registers the admitters that are on, in their order, in
-// Proxy.admitters: the data-parallel rank (rankPicker), sanitize
-// (sanitizer), the session key (sessionReader), the encoder stage
-// (encoderStage).
-type admitter interface {
-	admit(r *Request, h *fasthttp.RequestHeader) (feature.Step, error)
+// admitting is a request's admission under way.
+type admitting struct {
+	// next is how far it got: the admitters run (Proxy.admitters), then
+	// one more once the prefiller is named.
+	next int
+	// err is the refusal a step's continuation recorded.
+	err error
+	// a is what the admitters work on (feature.Admission): the request's
+	// state, loaded before an admitter's part runs and taken back after.
+	a feature.Admission
+}
+
+// load readies the admission of r's state for an admitter's part.
+func (g *admitting) load(r *Request) *feature.Admission {
+	g.a = feature.Admission{API: r.API, ID: r.ID, Body: r.Body, Stream: r.Stream, Usage: r.Usage,
+		Local: r.Local, Routed: r.dpRouted, Session: r.session, Client: r.Client,
+		Log: r, Trace: &r.Obs, Encoded: r.Obs.Encoder}
+	return &g.a
+}
+
+// store takes back into r what an admitter's part changed, and lets go of
+// the admission, which keeps nothing of the request between parts.
+func (g *admitting) store(r *Request) {
+	a := &g.a
+	r.Body, r.Stream, r.Usage = a.Body, a.Stream, a.Usage
+	r.Local, r.dpRouted, r.session = a.Local, a.Routed, a.Session
+	r.Obs.Encoder = a.Encoded
+	if a.Refusal != nil {
+		g.err = a.Refusal
+	}
+	g.a = feature.Admission{}
+}
+
+// wait is the step an admitter's part waits on, whose continuation
+// finishes that part on the request as it stands once the call returned:
+// the driver may have moved the body meanwhile (the lane copies it off its
+// read buffer).
+func (g *admitting) wait(r *Request, step feature.Step) feature.Step {
+	return func(ctx context.Context) func() {
+		then := step(ctx)
+		return func() {
+			g.load(r)
+			then()
+			g.store(r)
+		}
+	}
 }
 
 // Admit runs what comes before a request's first leg, in this order on
-// both drivers: the admitters (Proxy.admitters), the prefiller h names
-// checked against the allowlist, the request features begun, a split one
-// of them declines, MoRI-IO's host specs resolved (a blocking step, when
-// one is not yet). It says where the request goes from there, or which
-// step it waits on; asked again once that ran, with the same head, it
-// goes on.
+// both drivers: the admitters (Proxy.admitters, feature.Admitter) on the
+// request's admission, the prefiller h names checked against the
+// allowlist, the request features begun, a split one of them declines,
+// MoRI-IO's host specs resolved (a blocking step, when one is not yet).
+// It says where the request goes from there, or which step it waits on;
+// asked again once that ran, with the same head, it goes on.
 func (r *Request) Admit(h *fasthttp.RequestHeader) Admission {
-	as := r.P.admitters
-	if r.admitted > len(as) { // named, after the MoRI-IO step
+	as, g := r.P.admitters, &r.adm
+	if g.next > len(as) { // named, after the MoRI-IO step
 		return Admission{Route: RouteSplit}
 	}
-	for r.admitted < len(as) {
-		if err := r.admitErr; err != nil {
-			return Admission{Err: err}
+	for g.next < len(as) {
+		if g.err != nil {
+			return Admission{Err: g.err}
 		}
-		a := as[r.admitted]
-		r.admitted++
-		step, err := a.admit(r, h)
+		a := as[g.next]
+		g.next++
+		step, err := a.Admit(g.load(r), h)
+		g.store(r)
 		if err != nil {
 			return Admission{Err: err}
 		}
 		if step != nil {
-			return Admission{Wait: step}
+			return Admission{Wait: g.wait(r, step)}
 		}
 	}
-	if err := r.admitErr; err != nil {
-		return Admission{Err: err}
+	if g.err != nil {
+		return Admission{Err: g.err}
 	}
 	hv := h.Peek(HeaderPrefiller)
 	if len(hv) == 0 {
@@ -90,7 +127,7 @@ func (r *Request) Admit(h *fasthttp.RequestHeader) Admission {
 	if r.uses.Declined() {
 		return Admission{Route: RouteLocal}
 	}
-	r.admitted++ // named
+	g.next++ // named
 	if step := r.P.moriResolveStep(r); step != nil {
 		return Admission{Wait: step}
 	}

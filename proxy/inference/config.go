@@ -307,9 +307,6 @@ type MultiturnConfig struct {
 // or a quarter of a TTL shorter than 40 s.
 func MultiturnMargin(ttl time.Duration) time.Duration { return min(10*time.Second, ttl/4) }
 
-// MaxSessionKeyLen bounds a session key (header or conversation_id).
-const MaxSessionKeyLen = 256
-
 // DefaultMultiturnConfig returns the defaults (off).
 func DefaultMultiturnConfig() MultiturnConfig {
 	return MultiturnConfig{CacheSize: 4096, CacheBytes: 64 << 20, CacheClientShare: 0.25, CacheTTL: 480 * time.Second,

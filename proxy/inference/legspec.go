@@ -1,6 +1,8 @@
 package inference
 
 import (
+	"github.com/pd-sidecar/pd-sidecar/proxy/dprank"
+	"github.com/pd-sidecar/pd-sidecar/proxy/encoder"
 	"github.com/pd-sidecar/pd-sidecar/proxy/kvsource"
 	"github.com/pd-sidecar/pd-sidecar/proxy/observe"
 )
@@ -34,7 +36,7 @@ type LegSpec struct {
 // SidecarHeaders are the client's headers no leg carries besides the
 // hop-by-hop ones (HopHeaders): those the sidecar reads, and those a leg
 // the sidecar reads the answer of must not carry.
-var SidecarHeaders = []string{HeaderPrefiller, HeaderDataParallel, kvsource.Header, HeaderEncoders, "Accept-Encoding", "Expect"}
+var SidecarHeaders = []string{HeaderPrefiller, dprank.Header, kvsource.Header, encoder.Header, "Accept-Encoding", "Expect"}
 
 // Legs is what the request's legs carry beyond the client's head.
 func (r *Request) Legs() LegSpec {

@@ -19,7 +19,6 @@ import (
 	"github.com/pd-sidecar/pd-sidecar/proxy/clientconn"
 	"github.com/pd-sidecar/pd-sidecar/proxy/split"
 	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"
-	"github.com/pd-sidecar/pd-sidecar/ssrf"
 )
 
 // ServeInference runs one inference request that fasthttp's handler
@@ -636,69 +635,4 @@ func (p *Proxy) addrsAllowed(prefiller string, addrs []connectors.Addr) error {
 func (p *Proxy) handoffAllowed(prefiller string, h connectors.Handoff) error {
 	_, err := p.checkHandoff(prefiller, h)
 	return err
-}
-
-// cleanBody is body as it may reach an engine (api: the inference API its
-// path serves, 0 for another path): without the client's own connector
-// fields (counted by field), or, with --trust-client-kv-params, body itself
-// once the addresses those fields name passed the SSRF allowlist; and what
-// its top level says (connectors.BodyTop: the stream flags). A body that
-// is not a well-formed JSON object is refused (ErrBadRequest, counted as
-// malformed; connectors.ValidObject): what an engine would read in it
-// cannot be told, and an edited copy would make the engine's error quote
-// bytes the client never sent. So is one that decoders read differently
-// (connectors.ErrAmbiguousJSON, counted as ambiguous_json): a repeated
-// name, a case variant of a name the sidecar reads, a lone surrogate —
-// what the sidecar reads of it is then exactly what the engine reads.
-// The body is validated, and its top level
-// read, in one pass (connectors.ScanBody); a second is taken only to
-// remove fields that are there, or to check their addresses. log gets the
-// debug line of a removal (nil: none).
-func (p *Proxy) CleanBody(api connectors.API, body []byte, log func() *zerolog.Event) ([]byte, connectors.BodyTop, error) {
-	m, g := p.M.Guards, &p.Cfg.Guard
-	top, err := connectors.ScanBody(api, body)
-	if err != nil {
-		reason := metrics.RejectMalformed
-		if errors.Is(err, connectors.ErrAmbiguousJSON) {
-			reason = metrics.RejectAmbiguousJSON
-		}
-		m.Rejected.WithLabelValues(reason).Inc()
-		return nil, top, fmt.Errorf("%w: %w", ErrBadRequest, err)
-	}
-	if g.TrustClientKVParams {
-		if g.Allowlist == nil {
-			return body, top, nil
-		}
-		field, err := connectors.ClientAddrs(api, body, g.Allowlist.Allowed)
-		switch {
-		case err != nil:
-			m.Rejected.WithLabelValues(metrics.RejectMalformed).Inc()
-			return nil, top, fmt.Errorf("%w: %w", ErrBadRequest, err)
-		case field != "":
-			m.Rejected.WithLabelValues(metrics.RejectSSRF).Inc()
-			return nil, top, fmt.Errorf("%w: %s: %w", ErrKVAddressDenied, field, ssrf.ErrDenied)
-		}
-		return body, top, nil
-	}
-	if top.Fields == 0 {
-		return body, top, nil
-	}
-	out, removed, err := connectors.StripClientFields(nil, api, body)
-	if err != nil {
-		m.Rejected.WithLabelValues(metrics.RejectMalformed).Inc()
-		return nil, top, fmt.Errorf("%w: %w", ErrBadRequest, err)
-	}
-	if removed == 0 {
-		return body, top, nil
-	}
-	names := removed.Names()
-	for _, f := range names {
-		m.Sanitized.WithLabelValues(f).Inc()
-	}
-	if log != nil {
-		if e := log(); e != nil {
-			e.Strs("fields", names).Msg("client connector fields removed from the body")
-		}
-	}
-	return out, top, nil
 }

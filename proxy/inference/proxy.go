@@ -35,7 +35,7 @@ import (
 	"github.com/pd-sidecar/pd-sidecar/proxy/bootstrap"
 	"github.com/pd-sidecar/pd-sidecar/proxy/chunked"
 	"github.com/pd-sidecar/pd-sidecar/proxy/clientconn"
-	"github.com/pd-sidecar/pd-sidecar/proxy/encoder"
+	"github.com/pd-sidecar/pd-sidecar/proxy/dprank"
 	"github.com/pd-sidecar/pd-sidecar/proxy/engineinfo"
 	"github.com/pd-sidecar/pd-sidecar/proxy/feature"
 	"github.com/pd-sidecar/pd-sidecar/proxy/guard"
@@ -51,6 +51,7 @@ import (
 	"github.com/pd-sidecar/pd-sidecar/proxy/prevresponse"
 	"github.com/pd-sidecar/pd-sidecar/proxy/prewarm"
 	"github.com/pd-sidecar/pd-sidecar/proxy/rawhttp"
+	"github.com/pd-sidecar/pd-sidecar/proxy/sanitize"
 	"github.com/pd-sidecar/pd-sidecar/proxy/shortprompt"
 	"github.com/pd-sidecar/pd-sidecar/proxy/sse"
 	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"
@@ -61,8 +62,6 @@ const (
 	// HeaderPrefiller names the prefill engine(s) (host:port, comma
 	// separated). Client controllable: stripped before forwarding.
 	HeaderPrefiller = "x-prefiller-host-port"
-	// HeaderDataParallel is llm-d's deprecated rank selector; stripped.
-	HeaderDataParallel = "x-data-parallel-host-port"
 	// HeaderRequestID is set (never added twice) on every leg.
 	HeaderRequestID = "X-Request-ID"
 )
@@ -78,7 +77,6 @@ type Proxy struct {
 	Boot     *bootstrap.Cache          // Bootstrapper answers per prefiller
 	Tr       *upstream.Transport
 	EncTr    *upstream.Transport // the encoder legs'; nil: stage off
-	enc      *encoder.Stage      // the encoder stage (llm-d's E/PD); nil: off
 	M        *metrics.Metrics
 	Log      zerolog.Logger
 	MetricsH fasthttp.RequestHandler
@@ -108,11 +106,15 @@ type Proxy struct {
 	// revalidations, warm-ups, circuit probes, KV release legs, of those
 	// that are on, in start order.
 	Background []backgroundWork
+	// Clean makes the bodies the sidecar forwards what may reach an
+	// engine: an inference request's as its admitter, a passthrough
+	// request's.
+	Clean *sanitize.Cleaner
 	// admitters are the parts of every request's admission that are on,
 	// in their order (Request.Admit); features are the request features
 	// that are on, in the order they take part in a request once its
 	// prefiller is named: one line each in New.
-	admitters []admitter
+	admitters []feature.Admitter
 	features  []feature.Feature
 	// pod is what the sidecar knows of its pod: ports, engines, addresses.
 	pod pod
@@ -222,21 +224,23 @@ func New(cfg Config, conn connectors.Connector, m *metrics.Metrics, gatherer pro
 	if p.EncTr, err = newEncoderTransport(cfg); err != nil {
 		return nil, err
 	}
-	p.enc = newEncoderStage(p)
 	p.seq, _ = conn.(connectors.Sequential)
 	if p.Choreo = connectors.ChoreographyOf(conn); p.Choreo == 0 {
 		return nil, fmt.Errorf("connector %q is neither sequential nor concurrent", conn.Name())
 	}
 	p.Boot = bootstrap.New(cfg.MaxPrefillers, bootstrapTransportErr)
+	p.Clean = &sanitize.Cleaner{TrustClientKVParams: cfg.Guard.TrustClientKVParams, Allowlist: cfg.Guard.Allowlist,
+		Guards: m.Guards, BadRequest: ErrBadRequest}
 	// What every request's admission runs, in this order: the rank picked
 	// before anything reads the request, the body made what may reach an
 	// engine, the session key read from it, the encoder stage on it.
-	p.admitters = append(p.admitters, rankPicker{}, sanitizer{})
+	p.admitters = append(p.admitters, dprank.Picker{Pod: p.pod.dpPod(), Engines: p.pod.localAddrs(), Rejected: m.Guards.Rejected})
+	p.admitters = append(p.admitters, p.Clean)
 	if cfg.Multiturn.Enabled && cfg.Multiturn.SessionHeader != "" {
-		p.admitters = append(p.admitters, sessionReader{})
+		p.admitters = append(p.admitters, multiturn.SessionReader{Header: cfg.Multiturn.SessionHeader, BadRequest: ErrBadRequest})
 	}
-	if p.enc != nil {
-		p.admitters = append(p.admitters, encoderStage{})
+	if enc := newEncoderStage(p); enc != nil {
+		p.admitters = append(p.admitters, enc)
 	}
 	// Always on: no split of a conversation the decode engine holds can be right.
 	p.features = append(p.features, prevresponse.Guard{})

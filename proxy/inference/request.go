@@ -71,16 +71,13 @@ type Request struct {
 	// moriAddrs are the addresses of MoRI-IO's host specs its legs name,
 	// once resolved (moriState.addrs).
 	moriAddrs *moriAddrs
-	// admitted is how far Admit got (the admitters run, then one more once
-	// the prefiller is named), admitErr the failure
-	// a step of its admission ended with (Admit answers it).
-	admitted int
-	admitErr error
+	// adm is the request's admission under way (Admit).
+	adm admitting
 	// prefillRank is the x-data-parallel-rank of the prefill leg alone
 	// ("" = none): the rank a concurrent connector paired the legs on
 	// (connectors.PrefillRanker; Mooncake with a data-parallel prefiller).
 	prefillRank string
-	// dpRouted: x-data-parallel-host-port picked the rank (pickRank).
+	// dpRouted: x-data-parallel-host-port picked the rank (dprank.Picker).
 	dpRouted bool
 	Obs      observe.Request // report and spans
 	// held is the buffer budget's share of the answers read whole that
@@ -117,7 +114,7 @@ func (p *Proxy) StartRequest(id []byte, h observe.Head, body []byte, local strin
 		API: api, Local: local, Home: local, Body: body, Mode: metrics.ModeLocal,
 	}
 	r.ID = RequestID(id)
-	// r.Stream and r.Usage: read by sanitize, in its pass over the body.
+	// r.Stream and r.Usage: read by sanitize.Cleaner, in its pass over the body.
 	r.traceStart(h)
 	return r
 }

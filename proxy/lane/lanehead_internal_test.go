@@ -12,6 +12,8 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/pd-sidecar/pd-sidecar/proxy/clientconn"
+	"github.com/pd-sidecar/pd-sidecar/proxy/dprank"
+	"github.com/pd-sidecar/pd-sidecar/proxy/encoder"
 	"github.com/pd-sidecar/pd-sidecar/proxy/inference"
 	"github.com/pd-sidecar/pd-sidecar/proxy/kvsource"
 	"github.com/pd-sidecar/pd-sidecar/proxy/rawhttp"
@@ -32,8 +34,8 @@ func parseRequestHead(t *testing.T, head string) *fasthttp.RequestHeader {
 func TestLaneHeaderNames(t *testing.T) {
 	for _, tc := range []struct{ lane, proxy string }{
 		{rawhttp.HeaderPrefiller, inference.HeaderPrefiller},
-		{rawhttp.HeaderEncoders, inference.HeaderEncoders},
-		{rawhttp.HeaderDataParallel, inference.HeaderDataParallel},
+		{rawhttp.HeaderEncoders, encoder.Header},
+		{rawhttp.HeaderDataParallel, dprank.Header},
 		{rawhttp.HeaderKVCacheSource, kvsource.Header},
 	} {
 		assert.Equal(t, tc.proxy, tc.lane)
@@ -81,7 +83,7 @@ func FuzzLaneRequestHead(f *testing.F) {
 		require.Equal(t, int64(len(body)), req.ContentLength)
 		require.Empty(t, req.TransferEncoding)
 		require.Equal(t, []string{"rid"}, req.Header.Values("X-Request-ID"))
-		for _, k := range []string{inference.HeaderPrefiller, inference.HeaderDataParallel, "Connection", "Keep-Alive", "Te", "Trailer",
+		for _, k := range []string{inference.HeaderPrefiller, dprank.Header, "Connection", "Keep-Alive", "Te", "Trailer",
 			"Upgrade", "Proxy-Authorization", "Proxy-Connection", "Expect", "Accept-Encoding"} {
 			require.Empty(t, req.Header.Values(k), "%s forwarded: %q", k, leg)
 		}
