@@ -181,7 +181,7 @@ func TestNoReexports(t *testing.T) {
 func TestTypesStaySmall(t *testing.T) {
 	const most = 40
 	standing := map[string]int{ // where the code stands
-		"inference.Request": 52,
+		"inference.Request": 43,
 	}
 	methods := map[string]int{}
 	for _, dir := range proxyPackages(t) {
@@ -219,7 +219,7 @@ func TestTypesStaySmall(t *testing.T) {
 // down as the request's decisions move into one core and its features
 // into their own packages.
 func TestInferenceIsComposition(t *testing.T) {
-	const most = 3731 // where the code stands
+	const most = 3755 // where the code stands
 	paths, err := filepath.Glob("inference/*.go")
 	if err != nil {
 		t.Fatal(err)

@@ -11,7 +11,6 @@ import (
 	"github.com/rs/zerolog"
 	"github.com/valyala/fasthttp"
 
-	"github.com/pd-sidecar/pd-sidecar/circuit"
 	"github.com/pd-sidecar/pd-sidecar/connectors"
 	"github.com/pd-sidecar/pd-sidecar/metrics"
 	"github.com/pd-sidecar/pd-sidecar/proxy/inference"
@@ -48,8 +47,8 @@ type goSplit struct {
 	r *relay.Exchange
 	m *split.Sequential
 
-	body []byte          // the prefill leg's body
-	tk   *circuit.Ticket // the breaker's, while the prefill runs
+	seq  inference.Sequential // the request's side of the split
+	body []byte               // the prefill leg's body
 
 	prefillEnd func(error) // PrefillStarted's
 	gauge      prometheus.Gauge
@@ -87,10 +86,11 @@ const splitTimers = int(split.TimerHedge) + 1
 
 func (d *goSplit) run() {
 	r := d.r
-	body, err := r.PrefillBody(nil)
-	start, tk := r.SplitStart(err)
-	if tk != nil {
-		d.body, d.tk = body, tk
+	d.seq = inference.BeginSequential(r.Request)
+	body, err := d.seq.PrefillBody(nil)
+	start, sends := d.seq.Start(err)
+	if sends {
+		d.body = body
 	}
 	d.exec(d.m.Start(start))
 	gone := r.Ctx.Done()
@@ -148,7 +148,7 @@ func (d *goSplit) exec(acts []split.Action) *split.Event {
 		case split.SendPrefill:
 			if a.Plain {
 				// Its body again, without what the last attempt failed on.
-				body, err := r.PrefillBody(nil)
+				body, err := d.seq.PrefillBody(nil)
 				if err != nil {
 					next = &split.Event{Kind: split.PrefillFailed, Err: err}
 					continue
@@ -192,7 +192,7 @@ func (d *goSplit) exec(acts []split.Action) *split.Event {
 				d.answered = true
 			}
 		case split.AnswerPrefill:
-			st, ct, ans, err := r.PrefillAnswer(d.res)
+			st, ct, ans, err := d.seq.PrefillAnswer(d.res)
 			if err != nil {
 				next = &split.Event{Kind: split.LegFailed, Err: err}
 				continue
@@ -215,7 +215,7 @@ func (d *goSplit) exec(acts []split.Action) *split.Event {
 			d.gauge.Dec()
 			d.prefillEnd(a.Err)
 		default:
-			r.Account(a, &d.tk)
+			d.seq.Account(a)
 		}
 	}
 	return next
@@ -255,7 +255,7 @@ func prefillExchange(r *relay.Exchange, ctx context.Context, req *fasthttp.Reque
 
 // attemptEnded feeds the machine what an attempt's answer says.
 func (d *goSplit) attemptEnded(o attemptOut) {
-	res, err := attemptAnswer(d.r, o)
+	res, err := d.attemptAnswer(o)
 	if err != nil {
 		d.feed(split.Event{Kind: split.PrefillFailed, Err: err})
 		return
@@ -266,11 +266,12 @@ func (d *goSplit) attemptEnded(o attemptOut) {
 
 // attemptAnswer is what an attempt's answer says (PrefillAnswered), its
 // copy's budget share kept by the request while the answer is used.
-func attemptAnswer(r *relay.Exchange, o attemptOut) (inference.PrefillResult, error) {
+func (d *goSplit) attemptAnswer(o attemptOut) (inference.PrefillResult, error) {
 	if o.err != nil {
 		return inference.PrefillResult{}, o.err
 	}
-	res, err := r.PrefillAnswered(o.status, o.contentType, o.body)
+	r := d.r
+	res, err := d.seq.PrefillAnswered(o.status, o.contentType, o.body)
 	var rej *inference.Rejected
 	if err == nil || errors.As(err, &rej) {
 		// The copy of the body is kept (the handoff's, or the rejection
@@ -291,7 +292,7 @@ func (d *goSplit) cancelPrefill(cause error) {
 	d.attempt(cause)
 	d.attempt = nil
 	o := <-d.attempts
-	if _, err := attemptAnswer(d.r, o); err == nil && errors.Is(cause, split.ErrHedgeLost) {
+	if _, err := d.attemptAnswer(o); err == nil && errors.Is(cause, split.ErrHedgeLost) {
 		d.r.LogAt(zerolog.WarnLevel).Msg("hedge: the prefill answered as it was cancelled; its KV is left to the prefiller's lease")
 	}
 }
@@ -336,13 +337,13 @@ func (d *goSplit) dropHedge() {
 func (d *goSplit) Decode(h connectors.Handoff) *split.Event {
 	r := d.r
 	var err error
-	if step := r.HandoffStep(h, func(hh connectors.Handoff, e error) { h, err = hh, e }); step != nil {
+	if step := d.seq.HandoffStep(h, func(hh connectors.Handoff, e error) { h, err = hh, e }); step != nil {
 		step(r.Ctx)() // the sidecar's own KV pull, in line
 		if err != nil {
 			return &split.Event{Kind: split.LegFailed, Err: err}
 		}
 	}
-	body, err := r.DecodeBody(nil, h)
+	body, err := d.seq.DecodeBody(nil, h)
 	if err != nil {
 		return &split.Event{Kind: split.LegFailed, Err: err}
 	}

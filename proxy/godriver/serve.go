@@ -70,7 +70,7 @@ func refused(r *relay.Exchange, cause error) {
 		case split.Fail:
 			r.Fail(a.Err)
 		default:
-			r.Account(a, nil)
+			r.Account(a)
 		}
 	}
 }

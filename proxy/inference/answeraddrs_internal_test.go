@@ -85,12 +85,13 @@ func TestPrefillAnsweredChecksAddrs(t *testing.T) {
 		return []byte(`{"choices":[{"text":"a","finish_reason":"length"}],"kv_transfer_params":{"do_remote_prefill":true,` +
 			`"remote_block_ids":[[1]],"remote_engine_id":"e","remote_request_id":"r","remote_host":"` + host + `","remote_port":5600}}`)
 	}
-	res, err := r.PrefillAnswered(200, []byte("application/json"), answer("10.0.0.9"))
+	s := BeginSequential(r)
+	res, err := s.PrefillAnswered(200, []byte("application/json"), answer("10.0.0.9"))
 	require.NoError(t, err)
 	assert.Equal(t, []connectors.Addr{{Field: "kv_transfer_params.remote_host", Host: "10.0.0.9", Port: 5600}}, res.Handoff.Addrs)
 
 	r.KVPending = nil
-	res, err = r.PrefillAnswered(200, []byte("application/json"), answer("10.0.0.66"))
+	res, err = s.PrefillAnswered(200, []byte("application/json"), answer("10.0.0.66"))
 	require.ErrorIs(t, err, connectors.ErrInvalidKVParams)
 	assert.Nil(t, res.Handoff.Params)
 	assert.Nil(t, r.KVPending, "no release leg for a refused handoff")

@@ -12,7 +12,6 @@ import (
 	"github.com/rs/zerolog"
 	"github.com/valyala/fasthttp"
 
-	"github.com/pd-sidecar/pd-sidecar/circuit"
 	"github.com/pd-sidecar/pd-sidecar/connectors"
 	"github.com/pd-sidecar/pd-sidecar/failure"
 	"github.com/pd-sidecar/pd-sidecar/metrics"
@@ -55,13 +54,6 @@ func (r *Request) Rejection(err error) *Rejected {
 	}
 	r.LogAt(zerolog.InfoLevel).Int("status", rej.Status).Msg("prefiller rejected the request; answer passed on")
 	return rej
-}
-
-// retrying counts and logs a prefill attempt that failed with err and is
-// tried again.
-func (r *Request) retrying(attempt int, err error) {
-	r.P.M.PrefillRetries.WithLabelValues(r.Label).Inc()
-	r.LogAt(zerolog.WarnLevel).Err(err).Int("attempt", attempt).Msg("prefill failed; retrying")
 }
 
 // FailureAnswered is the answer to a request that failed: its outcome's
@@ -115,26 +107,6 @@ func (r *Request) AnswerCounted(mode string, status int) {
 	r.Obs.Status = status
 }
 
-// PrefillAnswer is the whole answer of a request whose generation ended on
-// the prefill's first token: the prefill's answer without its
-// kv_transfer_params, as a stream when the client streams (ErrEOSStream
-// for an API whose stream cannot be synthesised).
-func (r *Request) PrefillAnswer(res PrefillResult) (status int, contentType string, body []byte, err error) {
-	r.LogAt(zerolog.InfoLevel).Msg("generation ended on the first token: answered from the prefill, no decode leg")
-	ans, err := connectors.EditObject(nil, res.body, []connectors.Edit{{Key: "kv_transfer_params", Delete: true}})
-	if err != nil {
-		ans = res.body
-	}
-	if !r.Stream {
-		return http.StatusOK, "application/json", ans, nil
-	}
-	sse, ok := connectors.AnswerAsSSE(nil, r.API, ans, r.Usage)
-	if !ok {
-		return 0, "", nil, ErrEOSStream
-	}
-	return http.StatusOK, "text/event-stream", sse, nil
-}
-
 // ErrEOSStream: generation ended on the prefill's first token but the
 // client streamed an API whose stream the proxy cannot synthesise.
 var ErrEOSStream error = failure.New("first-token EOS on an API whose stream cannot be synthesised", failure.Outcome{Status: http.StatusBadGateway, Reason: failure.ReasonEOSUnsupported})
@@ -154,36 +126,6 @@ type Rejected struct {
 
 func (e *Rejected) Error() string { return fmt.Sprintf("prefiller answered %d", e.Status) }
 func (e *Rejected) Unwrap() error { return ErrPrefillRejected }
-
-// PrefillAnswered is what a prefill answer of status, contentType and body
-// (the caller's to give) says: the handoff, or why there is none.
-func (r *Request) PrefillAnswered(status int, contentType, body []byte) (PrefillResult, error) {
-	switch {
-	case status == fasthttp.StatusTooManyRequests:
-		return PrefillResult{}, ErrPrefillOverloaded
-	case status >= 500:
-		err := fmt.Errorf("%w: status %d", ErrPrefillServerError, status)
-		if r.uses.DropOptionalPrefill() {
-			err = fmt.Errorf("%w: %w", ErrPrefillWithHistory, err)
-		}
-		return PrefillResult{}, err
-	case status != fasthttp.StatusOK && status < 400:
-		// A 204, a 304...: no prefill answer, and nothing for the client.
-		return PrefillResult{}, fmt.Errorf("%w: %w: status %d", connectors.ErrBadPrefillAnswer, upstream.ErrBadUpstreamAnswer, status)
-	case status != fasthttp.StatusOK:
-		return PrefillResult{}, &Rejected{Status: status, ContentType: string(contentType), Body: body}
-	}
-	h, err := r.P.seq.ParsePrefill(r.API, body)
-	if err == nil {
-		h, err = r.P.checkHandoff(r.Prefiller, h) // its addresses against the allowlist
-	}
-	if err != nil {
-		h = connectors.Handoff{} // nothing of a refused answer goes on
-		err = r.P.withGeneration(err, body)
-	}
-	awaitKVRead(r, h, err) // only a checked handoff is released
-	return PrefillResult{Handoff: h, body: body}, err
-}
 
 // errorType names status in the one vocabulary of every error body the
 // sidecar writes: OpenAI's client error classes, as vLLM's own error bodies
@@ -382,93 +324,30 @@ func (r *Request) namePrefiller(hv []byte) error {
 	return err
 }
 
-// PrefillBody builds the sequential prefill leg's body, appended to dst:
-// the connector's, with MoRI-IO's fields when they apply, as the request
-// features edit it. An error is the client's (ErrBadRequest).
-func (r *Request) PrefillBody(dst []byte) ([]byte, error) {
-	p := r.P
-	body, err := p.seq.PrefillBody(dst, r.API, r.Body)
-	if err == nil && p.Mori != nil {
-		body, err = moriPrefillBody(r, body) // MoRI-IO write mode
-	}
-	if err == nil {
-		body, err = r.uses.EditPrefill(body)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrBadRequest, err)
-	}
-	return body, nil
-}
-
-// DecodeBody builds the sequential decode leg's body from the prefill's
-// handoff h, appended to dst: MoRI-IO's rank and fields when they apply,
-// then the connector's. MoRI-IO's fields that could not be written are a
-// failure marked for a local prefill to recover from.
-func (r *Request) DecodeBody(dst []byte, h connectors.Handoff) (body []byte, err error) {
-	p := r.P
-	if p.Mori != nil {
-		// MoRI-IO write mode: the rank and fields of the decode leg.
-		if h.Params, err = moriDecodeParams(r, h.Params); err != nil {
-			return nil, split.Recoverable(err)
-		}
-	}
-	return p.seq.DecodeBody(dst, r.API, r.Body, h)
-}
-
-// SplitStart is how the request's sequential split begins: its hedge
-// point, when it may be hedged, and the prefiller's circuit breaker asked
-// for the prefill, unless bodyErr says its body could not be built. tk is
-// the breaker's ticket (nil: no prefill is sent, start.NoPrefill says why).
-func (r *Request) SplitStart(bodyErr error) (start split.Start, tk *circuit.Ticket) {
-	p := r.P
-	// Every split refills the hedge budget, hedged or not.
-	if after, ok := p.hedge.Split(r.Label); ok && p.hedgeable() {
-		start.HedgeAfter, start.TakeHedge = after, p.hedge.Take
-	}
-	if bodyErr != nil {
-		start.NoPrefill = bodyErr
-		return start, nil
-	}
-	tk, err := p.Guard.AllowPrefill(r.Prefiller)
-	start.NoPrefill = err
-	return start, tk
-}
-
-// Account does an accounting action of the split; tk is the breaker's
-// ticket the split holds, cleared once its outcome is reported.
-func (r *Request) Account(a split.Action, tk **circuit.Ticket) {
+// Account does an accounting action of a split's machine, or of the
+// split.Refused rule, that is the request's: a retry, a degradation, a
+// hedge's winner or its local leg's failure, counted and logged. The
+// breaker's outcome is its split's (Sequential.Account, Paired.Account).
+func (r *Request) Account(a split.Action) {
 	switch a.Op {
-	case split.BreakerDone:
-		r.P.Guard.BreakerDone(r.Prefiller, *tk, a.Err)
-		*tk = nil
 	case split.Retrying:
-		r.retrying(a.Attempt, a.Err)
+		r.P.M.PrefillRetries.WithLabelValues(r.Label).Inc()
+		r.LogAt(zerolog.WarnLevel).Err(a.Err).Int("attempt", a.Attempt).Msg("prefill failed; retrying")
 	case split.Degraded:
 		r.Degraded(a.Reason, a.Err)
 	case split.HedgeWon:
-		r.hedgeWon(a.Winner, a.After)
+		if a.Winner == split.WinnerLocal {
+			r.P.hedge.Won(metrics.HedgeLocal, a.After)
+			return
+		}
+		r.P.hedge.Won(metrics.HedgeRemote, a.After)
+		r.LogAt(zerolog.InfoLevel).Msg("hedge: the prefill answered first; local prefill cancelled")
 	case split.HedgeLocalFailed:
 		if !r.Gone() {
 			r.LogAt(zerolog.WarnLevel).Err(a.Err).Msg("hedge: local prefill failed; waiting for the prefill")
 		}
 	}
 }
-
-// hedgeWon counts a hedge's winner and the time its loser ran, and logs a
-// prefill that answered first.
-func (r *Request) hedgeWon(winner string, loserRan time.Duration) {
-	if winner == split.WinnerLocal {
-		r.P.hedge.Won(metrics.HedgeLocal, loserRan)
-		return
-	}
-	r.P.hedge.Won(metrics.HedgeRemote, loserRan)
-	r.LogAt(zerolog.InfoLevel).Msg("hedge: the prefill answered first; local prefill cancelled")
-}
-
-// What both drivers of a split share: how a request names its prefiller,
-// how a split begins (the hedge point, the breaker's verdict), and the
-// accounting actions of split.Sequential (counters, log lines, the
-// breaker's ticket), done the same way whichever path serves the request.
 
 // SplitConfig is the sequential split's configuration.
 func (p *Proxy) SplitConfig() split.Config {

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/pd-sidecar/pd-sidecar/circuit"
 	"github.com/pd-sidecar/pd-sidecar/connectors"
 	"github.com/pd-sidecar/pd-sidecar/metrics"
 	"github.com/pd-sidecar/pd-sidecar/proxy/inference"
@@ -50,7 +49,7 @@ type lanePD struct {
 
 	body     []byte // the prefill leg's body, in scratch
 	scratch  *[]byte
-	tk       *circuit.Ticket         // the prefiller's breaker, while the prefill runs
+	seq      inference.Sequential    // the request's side of the split
 	done     func(error)             // records the prefill's end (PrefillStarted)
 	res      inference.PrefillResult // the prefill's answer
 	timeout  *time.Timer             // --prefill-timeout
@@ -118,10 +117,11 @@ func (sp *laneSplit) split() {
 		return
 	}
 	scratch, dst := p.Bufs.EditScratch(len(r.Body))
-	body, err := r.PrefillBody(dst)
-	start, tk := r.SplitStart(err)
-	if tk != nil {
-		pd.tk, pd.body, pd.scratch = tk, body, scratch
+	pd.seq = inference.BeginSequential(r)
+	body, err := pd.seq.PrefillBody(dst)
+	start, sends := pd.seq.Start(err)
+	if sends {
+		pd.body, pd.scratch = body, scratch
 	} else {
 		p.Bufs.PutScratch(scratch)
 	}
@@ -214,7 +214,7 @@ func (sp *laneSplit) execSplit(pd *lanePD, acts []split.Action) {
 			r.Handoff = nil
 			lc.decodeLeg(r.Body, nil, false)
 		case split.AnswerPrefill:
-			st, ct, ans, err := r.PrefillAnswer(pd.res)
+			st, ct, ans, err := pd.seq.PrefillAnswer(pd.res)
 			if err != nil {
 				sp.feedSplit(split.Event{Kind: split.LegFailed, Err: err})
 				continue
@@ -235,7 +235,7 @@ func (sp *laneSplit) execSplit(pd *lanePD, acts []split.Action) {
 			p.Bufs.PutScratch(pd.scratch)
 			pd.scratch, pd.body = nil, nil
 		default:
-			r.Account(a, &pd.tk)
+			pd.seq.Account(a)
 		}
 	}
 }
@@ -245,7 +245,7 @@ func (sp *laneSplit) sendDecode(pd *lanePD, h connectors.Handoff) {
 	lc := sp.lc
 	r, p := lc.r, lc.ll.ln.p
 	scratch, dst := p.Bufs.EditScratch(len(r.Body))
-	body, err := r.DecodeBody(dst, h)
+	body, err := pd.seq.DecodeBody(dst, h)
 	if err != nil {
 		p.Bufs.PutScratch(scratch)
 		sp.feedSplit(split.Event{Kind: split.LegFailed, Err: err})
@@ -263,7 +263,7 @@ func (sp *laneSplit) takeHandoff(pd *lanePD, h connectors.Handoff) {
 	lc := sp.lc
 	var taken connectors.Handoff
 	var err error
-	step := lc.r.HandoffStep(h, func(hh connectors.Handoff, e error) { taken, err = hh, e })
+	step := pd.seq.HandoffStep(h, func(hh connectors.Handoff, e error) { taken, err = hh, e })
 	if step == nil {
 		sp.sendDecode(pd, h)
 		return
@@ -308,7 +308,7 @@ func (sp *laneSplit) rebuildPrefill(pd *lanePD) bool {
 	p := lc.ll.ln.p
 	lc.putSent()
 	scratch, dst := p.Bufs.EditScratch(len(lc.r.Body))
-	body, err := lc.r.PrefillBody(dst)
+	body, err := pd.seq.PrefillBody(dst)
 	if err != nil {
 		p.Bufs.PutScratch(scratch)
 		sp.feedSplit(split.Event{Kind: split.PrefillFailed, Err: err})
@@ -336,8 +336,7 @@ func (sp *laneSplit) armSplit(pd *lanePD, t split.Timer, d time.Duration) {
 
 // PrefillAnswered takes the prefill's answer, read whole.
 func (sp *laneSplit) PrefillAnswered(a *rawhttp.Answer) {
-	lc := sp.lc
-	res, err := lc.r.PrefillAnswered(a.Status, a.Head.ContentType(), a.Buf)
+	res, err := sp.pd.seq.PrefillAnswered(a.Status, a.Head.ContentType(), a.Buf)
 	if err != nil {
 		sp.prefillFailed(err)
 		return
@@ -381,7 +380,7 @@ func (sp *laneSplit) refused(cause error) {
 		case split.Fail:
 			lc.failWith(a.Err)
 		default:
-			r.Account(a, nil)
+			r.Account(a)
 		}
 	}
 }
