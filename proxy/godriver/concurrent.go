@@ -17,7 +17,7 @@ func choreograph(r *relay.Exchange) bool {
 		return true
 	}
 	if r.P.Choreo == connectors.ChoreographyDecodeFirst {
-		return serveDecodeFirst(r, r.P.Conn.(connectors.DecodeFirst))
+		return serveDecodeFirst(r)
 	}
 	return false
 }

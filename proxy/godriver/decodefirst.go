@@ -27,7 +27,7 @@ import (
 // goDecodeFirst is one request's decode-first attempt on fasthttp's path.
 type goDecodeFirst struct {
 	r  *relay.Exchange
-	df connectors.DecodeFirst
+	df inference.DecodeFirst // the request's side of the attempt
 	m  *split.DecodeFirst
 
 	a        *firstAnswer // the decode engine's answer, held (nil: none)
@@ -54,9 +54,9 @@ type firstAnswer struct {
 // means it was not tried, or was declined, and the sequential handoff runs
 // with r.Body replaced by the connector's AfterDecline body (so a local
 // fallback cannot be declined again).
-func serveDecodeFirst(r *relay.Exchange, df connectors.DecodeFirst) bool {
-	d := &goDecodeFirst{r: r, df: df, m: split.NewDecodeFirst()}
-	for next := d.exec(d.m.Start(df.TryDecodeFirst(r.API, r.Body))); next != nil; {
+func serveDecodeFirst(r *relay.Exchange) bool {
+	d := &goDecodeFirst{r: r, df: inference.BeginDecodeFirst(r.Request), m: split.NewDecodeFirst()}
+	for next := d.exec(d.m.Start(d.df.Try())); next != nil; {
 		next = d.exec(d.on(*next))
 	}
 	return d.answered
@@ -91,15 +91,13 @@ func (d *goDecodeFirst) exec(acts []split.Action) *split.Event {
 			d.answered = true
 			d.relay()
 		case split.BuildAfterDecline:
-			body, err := d.df.AfterDecline(nil, r.API, r.Body)
-			if err != nil {
+			if err := d.df.AfterDecline(); err != nil {
 				next = &split.Event{Kind: split.AfterDeclineFailed, Err: err}
 				continue
 			}
-			r.Body = body
 			next = &split.Event{Kind: split.AfterDeclineBuilt}
 		case split.RunSplit, split.DecodeFirstCounted:
-			r.AccountDecodeFirst(a)
+			d.df.Account(a)
 		case split.Fail:
 			d.answered = true
 			r.Fail(a.Err)
@@ -135,7 +133,7 @@ func (d *goDecodeFirst) send() split.Event {
 			return split.Event{Kind: split.FirstLegFailed, Err: inference.DecodeTransportErr(err)}
 		}
 		d.a = a
-		if r.FirstAnswerDeclines(resp.StatusCode(), a.buf) {
+		if d.df.AnswerDeclines(resp.StatusCode(), a.buf) {
 			return split.Event{Kind: split.FirstAnswerDeclined}
 		}
 		return split.Event{Kind: split.FirstAnswerReady}
@@ -159,7 +157,7 @@ func (d *goDecodeFirst) readSSE(a *firstAnswer) split.Event {
 		}
 		a.held = append(a.held, ev...)
 		data := sse.FirstData(ev)
-		if data != nil && r.FirstEventDeclines(data) {
+		if data != nil && d.df.EventDeclines(data) {
 			d.a = a
 			return split.Event{Kind: split.FirstAnswerDeclined}
 		}
@@ -195,12 +193,12 @@ func (d *goDecodeFirst) relay() {
 		defer a.drop() // buf is let go on return (rc keeps a copy)
 		r.CopyHead(a.resp)
 		r.RC.SetBody(r.LocalAnswerBody(a.resp.StatusCode(), a.buf))
-		r.DecodeFirstAnswered(a.resp.StatusCode(), false)
+		d.df.Answered(a.resp.StatusCode(), false)
 		return
 	}
 	a.leg.Began()
 	r.CopyHead(a.resp)
-	r.DecodeFirstAnswered(a.resp.StatusCode(), true)
+	d.df.Answered(a.resp.StatusCode(), true)
 	relay.StreamBody(r, relay.NewSSEBody(r, a.er, a.leg, a.held, false, func() {
 		a.er.Release()
 		a.leg.Close()

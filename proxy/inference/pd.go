@@ -204,50 +204,6 @@ func (r *Request) JSONAnswered(st int) {
 	r.LogAt(zerolog.InfoLevel).Str("mode", r.Mode).Int("status", st).Msg("answered")
 }
 
-// FirstAnswerDeclines reports whether the decode engine's answer to a
-// decode-first leg, read whole, of status, declines the request (not
-// enough of its KV cached): a 200 the connector reads so.
-func (r *Request) FirstAnswerDeclines(status int, answer []byte) bool {
-	return status == http.StatusOK && r.FirstEventDeclines(answer)
-}
-
-// FirstEventDeclines reports whether data, an event's data of the
-// decode-first leg's stream (or a 200's answer whole), declines the
-// request, as the connector reads it.
-func (r *Request) FirstEventDeclines(data []byte) bool {
-	df, ok := r.P.Conn.(connectors.DecodeFirst)
-	return ok && df.Declined(r.API, data)
-}
-
-// DecodeFirstAnswered counts and logs the decode engine's answer to a
-// decode-first leg, relayed as the request's: a JSON answer whole (its
-// first output is now), or a stream about to begin (its first output is
-// recorded when written).
-func (r *Request) DecodeFirstAnswered(st int, stream bool) {
-	if !stream {
-		r.P.M.TTFT.WithLabelValues(r.Mode).Observe(time.Since(r.Start).Seconds())
-	}
-	r.P.M.Requests.WithLabelValues(r.Mode, StatusLabel(st)).Inc()
-	r.Obs.Status = st
-	if stream {
-		r.LogAt(zerolog.InfoLevel).Str("mode", r.Mode).Msg("streaming the decode engine's first answer")
-		return
-	}
-	r.LogAt(zerolog.InfoLevel).Str("mode", r.Mode).Int("status", st).Msg("answered by the decode engine first")
-}
-
-// AccountDecodeFirst does the counting and logging of a decode-first
-// attempt's action a (split.DecodeFirst), which both drivers hand it
-// before they do its I/O, if any.
-func (r *Request) AccountDecodeFirst(a split.Action) {
-	switch {
-	case a.Op == split.DecodeFirstCounted:
-		r.P.M.DecodeFirst.WithLabelValues(a.Reason).Inc()
-	case a.Op == split.RunSplit && a.Reason == split.DecodeFirstDeclined:
-		r.LogAt(zerolog.InfoLevel).Msg("decode engine declined (cache_threshold): prefill on the prefiller, then decode")
-	}
-}
-
 // FirstByteBound is how long the local engine may take to begin the
 // answer of a leg it streams: --decode-first-byte-timeout for a streamed
 // request; 0 (no bound) otherwise, and when unset.

@@ -1,7 +1,6 @@
 package lane
 
 import (
-	"github.com/pd-sidecar/pd-sidecar/connectors"
 	"github.com/pd-sidecar/pd-sidecar/proxy/inference"
 	"github.com/pd-sidecar/pd-sidecar/proxy/rawhttp"
 	"github.com/pd-sidecar/pd-sidecar/proxy/relay"
@@ -25,7 +24,7 @@ type laneFirst struct {
 	lc *laneConn
 	pd *lanePD
 	m  *split.DecodeFirst
-	df connectors.DecodeFirst
+	df inference.DecodeFirst // the request's side of the attempt
 	// leg: the decode-first leg is out, or its answer is held.
 	leg bool
 	// The held answer while the machine decides on it (valid during that
@@ -38,22 +37,20 @@ type laneFirst struct {
 // engine first, when the connector selects it; the usual split runs
 // otherwise, or after a decline.
 func runDecodeFirst(lc *laneConn) {
-	r, p, pd := lc.r, lc.ll.ln.p, lc.pd
-	df := p.Conn.(connectors.DecodeFirst)
-	fs := &laneFirst{lc: lc, pd: pd, m: split.NewDecodeFirst(), df: df}
+	pd := lc.pd
+	fs := &laneFirst{lc: lc, pd: pd, m: split.NewDecodeFirst(), df: inference.BeginDecodeFirst(lc.r)}
 	pd.first, pd.triedFirst = fs, true
 	pd.feeding = true
-	fs.exec(fs.m.Start(df.TryDecodeFirst(r.API, r.Body)))
+	fs.exec(fs.m.Start(fs.df.Try()))
 	lc.drainSplit(pd)
 }
 
 // exec executes the machine's actions.
 func (fs *laneFirst) exec(acts []split.Action) {
 	lc, pd := fs.lc, fs.pd
-	r := lc.r
 	for _, a := range acts {
 		if a.Op == split.DecodeFirstCounted {
-			r.AccountDecodeFirst(a) // counted even when the relay before it ended the request
+			fs.df.Account(a) // counted even when the relay before it ended the request
 			continue
 		}
 		if lc.pd != pd {
@@ -68,15 +65,13 @@ func (fs *laneFirst) exec(acts []split.Action) {
 		case split.RelayDecodeFirst:
 			fs.relay()
 		case split.BuildAfterDecline:
-			body, err := fs.df.AfterDecline(nil, r.API, r.Body)
-			if err != nil {
+			if err := fs.df.AfterDecline(); err != nil {
 				lc.feedSplit(split.Event{Kind: split.AfterDeclineFailed, Err: err})
 				continue
 			}
-			r.Body = body
 			lc.feedSplit(split.Event{Kind: split.AfterDeclineBuilt})
 		case split.RunSplit:
-			r.AccountDecodeFirst(a)
+			fs.df.Account(a)
 			pd.first = nil
 			lc.split()
 		case split.Fail:
@@ -101,9 +96,8 @@ func (fs *laneFirst) send() {
 // gate holds the decode-first leg's stream until an event serves or
 // declines the request.
 func (fs *laneFirst) gate(ls *relay.LoopStream) {
-	r := fs.lc.r
 	ls.Gate, ls.Gated = sserelay.GateDeciding, fs.gated
-	ls.Declines = r.FirstEventDeclines
+	ls.Declines = fs.df.EventDeclines
 }
 
 // gated decides on the decode-first leg's held stream: an event served
@@ -133,8 +127,7 @@ func (fs *laneFirst) gated(g sserelay.Gate, held []byte) {
 // answered takes the decode-first leg's JSON answer, read whole.
 func (fs *laneFirst) answered(a *rawhttp.Answer) {
 	lc := fs.lc
-	r := lc.r
-	if r.FirstAnswerDeclines(a.Status, a.Buf) {
+	if fs.df.AnswerDeclines(a.Status, a.Buf) {
 		fs.leg = false
 		lc.feedSplit(split.Event{Kind: split.FirstAnswerDeclined})
 		return
@@ -173,12 +166,12 @@ func (fs *laneFirst) relay() {
 	r := lc.r
 	fs.leg = false
 	if a := fs.whole; a != nil {
-		r.DecodeFirstAnswered(a.Status, false)
+		fs.df.Answered(a.Status, false)
 		lc.writeWhole(&a.Head, r.LocalAnswerBody(a.Status, a.Buf))
 		return
 	}
 	ls := lc.ls
-	r.DecodeFirstAnswered(r.Obs.Status, true)
+	fs.df.Answered(r.Obs.Status, true)
 	ls.MarkOutput()
 	lc.FirstOutput()
 	ls.Write(fs.held)
