@@ -9,7 +9,7 @@ import (
 
 	"github.com/pd-sidecar/pd-sidecar/connectors/moriio"
 	"github.com/pd-sidecar/pd-sidecar/proxy/hostdns"
-	"github.com/pd-sidecar/pd-sidecar/proxy/inference"
+	"github.com/pd-sidecar/pd-sidecar/proxy/moriwrite"
 )
 
 // MoRI-IO's DNS environment (llm-d's names and defaults).
@@ -56,11 +56,11 @@ func moriioLookup(getenv func(string) string) (hostdns.LookupFunc, error) {
 // config is the proxy's MoRI-IO configuration: the flags, the DNS
 // environment, and every host spec resolved now (as llm-d does at start-up:
 // a spec that does not resolve is an error).
-func (m moriioOptions) config(getenv func(string) string) (inference.MoriIOConfig, error) {
+func (m moriioOptions) config(getenv func(string) string) (moriwrite.Config, error) {
 	if !m.writeMode {
-		return inference.MoriIOConfig{}, nil // off: the flags are not used
+		return moriwrite.Config{}, nil // off: the flags are not used
 	}
-	c := inference.MoriIOConfig{
+	c := moriwrite.Config{
 		WriteMode: m.writeMode, ParallelDispatch: m.parallelDispatch,
 		Ports: moriio.Ports{
 			DecodeNotify: m.decodeNotify, DecodeHandshake: m.decodeHandshake,

@@ -6,9 +6,10 @@
 // request's prefiller is named and allowed, none is named, or the one it
 // names is refused (Request.Refused), with the request's head (Head); what
 // it does for that request is its Use, whose abilities (SplitDecliner,
-// PrefillEditor, OptionalPrefill, LocalEditor, KVSourceNamer, AnswerEditor,
-// LocalAnswerEditor, HistoryReporter) a request's Uses find by type
-// assertion and ask at each point. A feature that needs a new point in the
+// Preparer, PrefillEditor, OptionalPrefill, DecodeParamsEditor, LegRanker,
+// PairedLegBuilder, HandoffStepper, LocalEditor, KVSourceNamer,
+// AnswerEditor, LocalAnswerEditor, HistoryReporter) a request's Uses find
+// by type assertion and ask at each point. A feature that needs a new point in the
 // request adds an ability here and a method to Uses; no driver knows a
 // feature's name.
 //
@@ -137,6 +138,33 @@ type LocalAnswerEditor interface {
 // nothing to say, as for a request whose prefill was not sent).
 type HistoryReporter interface {
 	HistoryOutcome() string
+}
+
+// Preparer has a blocking step a split waits on before its first leg
+// (MoRI-IO's host specs resolved), asked once the split is admitted; nil:
+// none is needed.
+type Preparer interface {
+	PrepareStep() Step
+}
+
+// DecodeParamsEditor edits the kv_transfer_params a sequential split's
+// decode leg carries (the prefill answer's), before the connector builds
+// the leg's body; an error is a failure a local prefill may serve.
+type DecodeParamsEditor interface {
+	EditDecodeParams(params []byte) ([]byte, error)
+}
+
+// LegRanker names the x-data-parallel-rank every leg of the request
+// carries ("": none; the client's own then goes as it came).
+type LegRanker interface {
+	LegRank() string
+}
+
+// PairedLegBuilder builds both legs' bodies of a paired split itself
+// (MoRI-IO's parallel dispatch), from the request's body and the
+// prefiller's host as the header named it.
+type PairedLegBuilder interface {
+	PairedLegs(body []byte, prefillHost string) (pre, dec []byte, err error)
 }
 
 // HandoffStepper takes a split's handoff on its way to the decode leg

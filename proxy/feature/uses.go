@@ -73,6 +73,57 @@ func (u *Uses) DropOptionalPrefill() bool {
 	return dropped
 }
 
+// PrepareStep is the first blocking step a part has the split wait on
+// before its first leg (Preparer); nil: none.
+func (u *Uses) PrepareStep() Step {
+	for _, use := range u.list {
+		if p, ok := use.(Preparer); ok {
+			if s := p.PrepareStep(); s != nil {
+				return s
+			}
+		}
+	}
+	return nil
+}
+
+// EditDecodeParams gives the sequential decode leg's kv_transfer_params
+// to every part that edits them (DecodeParamsEditor).
+func (u *Uses) EditDecodeParams(params []byte) ([]byte, error) {
+	for _, use := range u.list {
+		if e, ok := use.(DecodeParamsEditor); ok {
+			var err error
+			if params, err = e.EditDecodeParams(params); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return params, nil
+}
+
+// LegRank is the x-data-parallel-rank the request's legs carry, the first
+// a part names (LegRanker; "": none).
+func (u *Uses) LegRank() string {
+	for _, use := range u.list {
+		if r, ok := use.(LegRanker); ok {
+			if rank := r.LegRank(); rank != "" {
+				return rank
+			}
+		}
+	}
+	return ""
+}
+
+// PairedLegBuilder is the part that builds a paired split's legs itself
+// (nil: none; the connector builds them).
+func (u *Uses) PairedLegBuilder() PairedLegBuilder {
+	for _, use := range u.list {
+		if b, ok := use.(PairedLegBuilder); ok {
+			return b
+		}
+	}
+	return nil
+}
+
 // EditLocal gives the body of a request served locally to every feature
 // that edits it.
 func (u *Uses) EditLocal(body []byte) ([]byte, error) {

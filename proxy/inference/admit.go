@@ -128,7 +128,7 @@ func (r *Request) Admit(h *fasthttp.RequestHeader) Admission {
 		return Admission{Route: RouteLocal}
 	}
 	g.next++ // named
-	if step := r.P.moriResolveStep(r); step != nil {
+	if step := r.uses.PrepareStep(); step != nil {
 		return Admission{Wait: step}
 	}
 	return Admission{Route: RouteSplit}

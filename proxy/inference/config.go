@@ -9,6 +9,7 @@ import (
 	"github.com/pd-sidecar/pd-sidecar/proxy/encoder"
 	"github.com/pd-sidecar/pd-sidecar/proxy/guard"
 	"github.com/pd-sidecar/pd-sidecar/proxy/hedge"
+	"github.com/pd-sidecar/pd-sidecar/proxy/moriwrite"
 	"github.com/pd-sidecar/pd-sidecar/proxy/passpolicy"
 	"github.com/pd-sidecar/pd-sidecar/proxy/prefillstrip"
 	"github.com/pd-sidecar/pd-sidecar/proxy/sse"
@@ -131,8 +132,8 @@ type Config struct {
 	Guard guard.Config
 	// Encoder is llm-d's encoder stage (proxy/encoder); off by default.
 	Encoder encoder.Config
-	// MoriIO is MoRI-IO write mode on nixlv2 (moriState).
-	MoriIO MoriIOConfig
+	// MoriIO is MoRI-IO write mode on nixlv2 (proxy/moriwrite).
+	MoriIO moriwrite.Config
 	// Hedge is hedged prefill (proxy/hedge); off by default.
 	Hedge hedge.Config
 	// Passthrough says which other requests pass through to the local

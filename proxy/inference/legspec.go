@@ -40,7 +40,7 @@ var SidecarHeaders = []string{HeaderPrefiller, dprank.Header, kvsource.Header, e
 
 // Legs is what the request's legs carry beyond the client's head.
 func (r *Request) Legs() LegSpec {
-	s := LegSpec{ID: r.ID, Rank: r.moriRank, PrefillRank: r.prefillRank, Trace: &r.Obs}
+	s := LegSpec{ID: r.ID, Rank: r.uses.LegRank(), PrefillRank: r.prefillRank, Trace: &r.Obs}
 	if r.P != nil {
 		s.Session = r.P.sessionHeader
 		s.DropRank = r.named && r.P.pinsSplitRank()

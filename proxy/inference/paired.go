@@ -17,7 +17,6 @@ import (
 
 	"github.com/pd-sidecar/pd-sidecar/circuit"
 	"github.com/pd-sidecar/pd-sidecar/connectors"
-	"github.com/pd-sidecar/pd-sidecar/connectors/moriio"
 	"github.com/pd-sidecar/pd-sidecar/metrics"
 	"github.com/pd-sidecar/pd-sidecar/proxy/feature"
 	"github.com/pd-sidecar/pd-sidecar/proxy/split"
@@ -71,8 +70,8 @@ func BeginPaired(r *Request) *Paired {
 	s.Ticket = tk
 	host, portStr, _ := net.SplitHostPort(r.Prefiller)
 	s.host = host
-	if p.Mori != nil && p.Mori.Cfg.ParallelDispatch {
-		s.moriLegs(r, host)
+	if b := r.uses.PairedLegBuilder(); b != nil && p.Mori != nil && p.Mori.Cfg.ParallelDispatch {
+		s.builtLegs(r, b, host) // MoRI-IO's parallel dispatch
 		return s
 	}
 	s.cc = p.Conn.(connectors.Concurrent)
@@ -134,27 +133,18 @@ func (s *Paired) Legs(r *Request, b connectors.Bootstrap, berr error) {
 	r.LogAt(zerolog.DebugLevel).Uint64("bootstrap_room", s.pairing.Room).Str("transfer_id", s.pairing.TransferID).Msg("concurrent prefill and decode legs")
 }
 
-// moriLegs builds r's MoRI-IO parallel-dispatch legs: the decode
-// leg's kv_transfer_params are written up front, and it waits in the
-// decode engine for the prefill engine to write the KV. The prefiller's
-// host goes as the header named it: only the configured host specs are
-// resolved (and cached), never a name a request brings.
-func (s *Paired) moriLegs(r *Request, host string) {
-	m := r.P.Mori
-	l := MoriLeg(r)
-	a := m.addrs(r)
-	pre, err := moriio.ParallelPrefillBody(r.Body, moriio.PrefillParams(m.Cfg.Ports, a.pod, l, a.decode))
-	var dec []byte
-	if err == nil {
-		dec, err = moriio.WithParams(r.Body, moriio.ParallelDecodeParams(m.Cfg.Ports, host, l, a.remote))
-	}
+// builtLegs takes r's legs from the request feature that builds them
+// itself (MoRI-IO's parallel dispatch: the decode leg's kv_transfer_params
+// are written up front, and it waits in the decode engine for the prefill
+// engine to write the KV).
+func (s *Paired) builtLegs(r *Request, b feature.PairedLegBuilder, host string) {
+	pre, dec, err := b.PairedLegs(r.Body, host)
 	if err != nil {
 		s.Start.NoLegs, s.Start.NoLegsReport = fmt.Errorf("%w: %w", ErrBadRequest, err), ErrBadRequest
 		return
 	}
 	s.Pre, s.Dec = pre, dec
 	r.Mode = metrics.ModeDisaggregated
-	r.LogAt(zerolog.DebugLevel).Int("dp_rank", l.Rank).Str("transfer_id", l.TransferID).Msg("MoRI-IO parallel dispatch")
 }
 
 // PairedPrefillLeg is the bookkeeping of a paired split's prefill leg,

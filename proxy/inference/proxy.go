@@ -44,6 +44,7 @@ import (
 	"github.com/pd-sidecar/pd-sidecar/proxy/kvpull"
 	"github.com/pd-sidecar/pd-sidecar/proxy/kvrelease"
 	"github.com/pd-sidecar/pd-sidecar/proxy/kvsource"
+	"github.com/pd-sidecar/pd-sidecar/proxy/moriwrite"
 	"github.com/pd-sidecar/pd-sidecar/proxy/multiturn"
 	"github.com/pd-sidecar/pd-sidecar/proxy/observe"
 	"github.com/pd-sidecar/pd-sidecar/proxy/passpolicy"
@@ -72,7 +73,7 @@ type Proxy struct {
 	Conn     connectors.Connector
 	Rewriter connectors.AnswerRewriter // nil when conn has no such ability
 	seq      connectors.Sequential     // nil for a Concurrent connector
-	Mori     *moriState                // MoRI-IO write mode; nil when off
+	Mori     *moriwrite.State          // MoRI-IO write mode; nil when off
 	Choreo   connectors.Choreography   // what conn declares (connectors.Choreography)
 	Boot     *bootstrap.Cache          // Bootstrapper answers per prefiller
 	Tr       *upstream.Transport
@@ -242,6 +243,11 @@ func New(cfg Config, conn connectors.Connector, m *metrics.Metrics, gatherer pro
 	if enc := newEncoderStage(p); enc != nil {
 		p.admitters = append(p.admitters, enc)
 	}
+	if cfg.MoriIO.WriteMode && p.seq != nil && conn.Name() == "nixlv2" {
+		p.Mori = moriwrite.NewState(cfg.MoriIO, m.MoriIO, log) // MoRI-IO write mode
+		p.seq = moriio.ReadHandoffs(p.seq)                     // its prefill answers are MoRI-IO's
+		p.features = append(p.features, moriwrite.Feature{State: p.Mori})
+	}
 	// Always on: no split of a conversation the decode engine holds can be right.
 	p.features = append(p.features, prevresponse.Guard{})
 	if cfg.DecodeChunkSize > 0 {
@@ -285,10 +291,7 @@ func New(cfg Config, conn connectors.Connector, m *metrics.Metrics, gatherer pro
 	if cfg.Hedge.On() && p.Choreo == connectors.ChoreographyConcurrent {
 		log.Warn().Str("connector", conn.Name()).Msg("--prefill-hedge-after has no effect: this connector sends the decode leg while the prefill runs, so there is no wait to hedge")
 	}
-	if cfg.MoriIO.WriteMode && p.seq != nil && conn.Name() == "nixlv2" {
-		p.Mori = newMoriState(cfg.MoriIO, m.MoriIO, log) // MoRI-IO write mode
-		p.seq = moriio.ReadHandoffs(p.seq)               // its prefill answers are MoRI-IO's
-	}
+
 	p.setStrips()
 	if cfg.PrefillPrewarm {
 		p.warm = newPrewarmer(p)

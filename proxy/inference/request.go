@@ -15,7 +15,6 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/pd-sidecar/pd-sidecar/connectors"
-	"github.com/pd-sidecar/pd-sidecar/connectors/moriio"
 	"github.com/pd-sidecar/pd-sidecar/metrics"
 	"github.com/pd-sidecar/pd-sidecar/proxy/chunked"
 	"github.com/pd-sidecar/pd-sidecar/proxy/feature"
@@ -64,13 +63,6 @@ type Request struct {
 	// is seen (before it is relayed): the concurrent choreography's point of
 	// no return.
 	OnOutput func()
-	// mori is the request's MoRI-IO leg state (rank, transfer id) and
-	// moriRank its legs' x-data-parallel-rank ("" = none) (moriState).
-	mori     moriio.Leg
-	moriRank string
-	// moriAddrs are the addresses of MoRI-IO's host specs its legs name,
-	// once resolved (moriState.addrs).
-	moriAddrs *moriAddrs
 	// adm is the request's admission under way (Admit).
 	adm admitting
 	// prefillRank is the x-data-parallel-rank of the prefill leg alone

@@ -36,9 +36,6 @@ func (s *Sequential) PrefillBody(dst []byte) ([]byte, error) {
 	r := s.r
 	p := r.P
 	body, err := p.seq.PrefillBody(dst, r.API, r.Body)
-	if err == nil && p.Mori != nil {
-		body, err = moriPrefillBody(r, body) // MoRI-IO write mode
-	}
 	if err == nil {
 		body, err = r.uses.EditPrefill(body)
 	}
@@ -55,11 +52,8 @@ func (s *Sequential) PrefillBody(dst []byte) ([]byte, error) {
 func (s *Sequential) DecodeBody(dst []byte, h connectors.Handoff) (body []byte, err error) {
 	r := s.r
 	p := r.P
-	if p.Mori != nil {
-		// MoRI-IO write mode: the rank and fields of the decode leg.
-		if h.Params, err = moriDecodeParams(r, h.Params); err != nil {
-			return nil, split.Recoverable(err)
-		}
+	if h.Params, err = r.uses.EditDecodeParams(h.Params); err != nil {
+		return nil, split.Recoverable(err) // MoRI-IO's fields that could not be written
 	}
 	return p.seq.DecodeBody(dst, r.API, r.Body, h)
 }
