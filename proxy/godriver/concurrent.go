@@ -12,11 +12,11 @@ import (
 // handoff run (always for Sequential connectors, and for DecodeFirst ones
 // when the request is not tried on the decode engine first or was declined).
 func choreograph(r *relay.Exchange) bool {
-	if r.P.PairedSplit() {
+	if r.R.P.PairedSplit() {
 		servePaired(r) // a concurrent connector, or MoRI-IO parallel dispatch
 		return true
 	}
-	if r.P.Choreo == connectors.ChoreographyDecodeFirst {
+	if r.R.P.Choreo == connectors.ChoreographyDecodeFirst {
 		return serveDecodeFirst(r)
 	}
 	return false
@@ -30,9 +30,9 @@ func choreograph(r *relay.Exchange) bool {
 // failure of either, or legs that cannot be built, decides the request
 // before any leg is sent.
 func servePaired(r *relay.Exchange) {
-	s := inference.BeginPaired(r.Request)
-	if step := s.Prepare(r.Request); step != nil {
-		step(r.Ctx)()
+	s := inference.BeginPaired(r.R)
+	if step := s.Prepare(r.R); step != nil {
+		step(r.R.Ctx)()
 	}
 	newPaired(r, s).run(s.Start, s.Pre, s.Dec)
 }

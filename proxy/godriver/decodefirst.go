@@ -52,10 +52,10 @@ type firstAnswer struct {
 // serveDecodeFirst tries the request on the decode engine first when the
 // connector selects it. It reports whether the request was answered; false
 // means it was not tried, or was declined, and the sequential handoff runs
-// with r.Body replaced by the connector's AfterDecline body (so a local
+// with r.R.Body replaced by the connector's AfterDecline body (so a local
 // fallback cannot be declined again).
 func serveDecodeFirst(r *relay.Exchange) bool {
-	d := &goDecodeFirst{r: r, df: inference.BeginDecodeFirst(r.Request), m: split.NewDecodeFirst()}
+	d := &goDecodeFirst{r: r, df: inference.BeginDecodeFirst(r.R), m: split.NewDecodeFirst()}
 	for next := d.exec(d.m.Start(d.df.Try())); next != nil; {
 		next = d.exec(d.on(*next))
 	}
@@ -112,11 +112,11 @@ func (d *goDecodeFirst) exec(acts []split.Action) *split.Event {
 // a failed leg is let go.
 func (d *goDecodeFirst) send() split.Event {
 	r := d.r
-	g := r.P.M.Inflight.WithLabelValues(metrics.PhaseLocal)
+	g := r.R.P.M.Inflight.WithLabelValues(metrics.PhaseLocal)
 	g.Inc()
-	req := r.Upstream(r.Local, r.Body)
+	req := r.Upstream(r.R.Local, r.R.Body)
 	resp := fasthttp.AcquireResponse()
-	leg, err := relay.OpenLeg(r.Ctx, r, req, resp)
+	leg, err := relay.OpenLeg(r.R.Ctx, r, req, resp)
 	fasthttp.ReleaseRequest(req)
 	if err != nil {
 		g.Dec()
@@ -125,7 +125,7 @@ func (d *goDecodeFirst) send() split.Event {
 	}
 	a := &firstAnswer{leg: leg, resp: resp, g: g}
 	if !bytes.HasPrefix(resp.Header.ContentType(), inference.EventStream) {
-		a.buf, a.hold, err = leg.ReadAll(r.P.Cfg.MaxUpstreamAnswerBytes)
+		a.buf, a.hold, err = leg.ReadAll(r.R.P.Cfg.MaxUpstreamAnswerBytes)
 		leg.Close()
 		a.leg = nil
 		if err != nil {
@@ -161,7 +161,7 @@ func (d *goDecodeFirst) readSSE(a *firstAnswer) split.Event {
 			d.a = a
 			return split.Event{Kind: split.FirstAnswerDeclined}
 		}
-		if (data == nil || connectors.ClassifyEvent(r.API, data) == connectors.EventPreamble) && len(a.held) < inference.MaxHeld {
+		if (data == nil || connectors.ClassifyEvent(r.R.API, data) == connectors.EventPreamble) && len(a.held) < inference.MaxHeld {
 			continue
 		}
 		break
@@ -192,7 +192,7 @@ func (d *goDecodeFirst) relay() {
 	if a.er == nil {
 		defer a.drop() // buf is let go on return (rc keeps a copy)
 		r.CopyHead(a.resp)
-		r.RC.SetBody(r.LocalAnswerBody(a.resp.StatusCode(), a.buf))
+		r.RC.SetBody(r.R.LocalAnswerBody(a.resp.StatusCode(), a.buf))
 		d.df.Answered(a.resp.StatusCode(), false)
 		return
 	}

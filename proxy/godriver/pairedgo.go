@@ -46,7 +46,7 @@ type goPaired struct {
 
 // newPaired returns the driver of the paired split s of r.
 func newPaired(r *relay.Exchange, s *inference.Paired) *goPaired {
-	return &goPaired{r: r, log: *r.Logger(), m: split.NewPaired(s.Config), s: s, parent: r.Ctx, released: make(chan struct{})}
+	return &goPaired{r: r, log: *r.R.Logger(), m: split.NewPaired(s.Config), s: s, parent: r.R.Ctx, released: make(chan struct{})}
 }
 
 // run runs the split begun by start: its prefill leg carrying pre and its
@@ -65,7 +65,7 @@ func (d *goPaired) run(start split.PairedStart, pre, dec []byte) {
 	if next == nil {
 		return
 	}
-	if r.Gone() {
+	if r.R.Gone() {
 		d.feed(split.Event{Kind: split.ClientGone, Err: context.Cause(d.parent)})
 	}
 	d.act(d.feed(*next), nil, nil)
@@ -131,15 +131,15 @@ func (d *goPaired) act(acts []split.Action, pre, dec []byte) *split.Event {
 				d.feed(split.Event{Kind: split.DecodeEnded})
 			}
 		case split.SendLocal:
-			r.Handoff = nil
-			r.Fail(relay.Decode(r, r.Body, false))
+			r.R.Handoff = nil
+			r.Fail(relay.Decode(r, r.R.Body, false))
 		case split.PassOn:
-			r.Handoff = nil
+			r.R.Handoff = nil
 			r.PassOn(a.Err)
 		case split.Fail:
 			r.Fail(a.Err)
 		case split.Degraded:
-			r.Degraded(a.Reason, a.Err)
+			r.R.Degraded(a.Reason, a.Err)
 		}
 	}
 	return next
@@ -150,9 +150,9 @@ func (d *goPaired) act(acts []split.Action, pre, dec []byte) *split.Event {
 // held output, waits for the word to let it through).
 func (d *goPaired) Decode(dec []byte) error {
 	r := d.r
-	r.Handoff = &connectors.Handoff{} // the decode leg carries remote KV
-	r.Ctx = d.dctx
-	r.OnOutput = func() {
+	r.R.Handoff = &connectors.Handoff{} // the decode leg carries remote KV
+	r.R.Ctx = d.dctx
+	r.R.OnOutput = func() {
 		d.feed(split.Event{Kind: split.FirstOutput})
 		d.mu.Lock()
 		holding := d.m.Holding()
@@ -165,19 +165,19 @@ func (d *goPaired) Decode(dec []byte) error {
 		}
 	}
 	err := relay.Forward(r, dec, true)
-	r.OnOutput = nil
-	r.Ctx = d.parent
+	r.R.OnOutput = nil
+	r.R.Ctx = d.parent
 	return err
 }
 
 // sendPrefill sends the prefill leg carrying pre on a goroutine of its own,
 // until the machine cancels it. The leg's answer is read and discarded.
 func (d *goPaired) sendPrefill(pre []byte) {
-	r, p := d.r, d.r.P
+	r, p := d.r, d.r.R.P
 	pctx, cancel := d.pctx, d.cancelPre
-	leg := d.s.StartPrefill(r.Request) // before the head, which names its span
+	leg := d.s.StartPrefill(r.R) // before the head, which names its span
 	req := r.PrefillRequest(pre)
-	addr := r.Prefiller
+	addr := r.R.Prefiller
 	go func() {
 		defer cancel(nil)
 		resp := fasthttp.AcquireResponse()

@@ -71,7 +71,7 @@ type goSplit struct {
 // runSequential runs the request's sequential split (its prefiller
 // chosen and allowed).
 func runSequential(r *relay.Exchange) {
-	p := r.P
+	p := r.R.P
 	d := &goSplit{
 		r: r, m: split.NewSequential(p.SplitConfig()),
 		attempts: make(chan attemptOut, 1),
@@ -86,14 +86,14 @@ const splitTimers = int(split.TimerHedge) + 1
 
 func (d *goSplit) run() {
 	r := d.r
-	d.seq = inference.BeginSequential(r.Request)
+	d.seq = inference.BeginSequential(r.R)
 	body, err := d.seq.PrefillBody(nil)
 	start, sends := d.seq.Start(err)
 	if sends {
 		d.body = body
 	}
 	d.exec(d.m.Start(start))
-	gone := r.Ctx.Done()
+	gone := r.R.Ctx.Done()
 	for !d.answered && !d.m.Done() {
 		select {
 		case o := <-d.attempts:
@@ -110,7 +110,7 @@ func (d *goSplit) run() {
 			}
 		case <-gone:
 			gone = nil
-			d.feed(split.Event{Kind: split.ClientGone, Err: context.Cause(r.Ctx)})
+			d.feed(split.Event{Kind: split.ClientGone, Err: context.Cause(r.R.Ctx)})
 		}
 	}
 	for _, t := range d.timers {
@@ -123,9 +123,9 @@ func (d *goSplit) run() {
 // feed gives the machine ev, and the events its actions lead to. A client
 // that left is told first: nothing is decided for a client that is gone.
 func (d *goSplit) feed(ev split.Event) {
-	if !d.goneFed && ev.Kind != split.ClientGone && d.r.Gone() {
+	if !d.goneFed && ev.Kind != split.ClientGone && d.r.R.Gone() {
 		d.goneFed = true
-		d.exec(d.m.On(split.Event{Kind: split.ClientGone, Err: context.Cause(d.r.Ctx)}))
+		d.exec(d.m.On(split.Event{Kind: split.ClientGone, Err: context.Cause(d.r.R.Ctx)}))
 	}
 	if ev.Kind == split.ClientGone {
 		if d.goneFed {
@@ -141,7 +141,7 @@ func (d *goSplit) feed(ev split.Event) {
 // exec executes acts in order; it returns the event a leg that was to
 // answer ended with (nil: none).
 func (d *goSplit) exec(acts []split.Action) *split.Event {
-	r, p := d.r, d.r.P
+	r, p := d.r, d.r.R.P
 	var next *split.Event
 	for _, a := range acts {
 		switch a.Op {
@@ -185,8 +185,8 @@ func (d *goSplit) exec(acts []split.Action) *split.Event {
 		case split.SendDecode:
 			next = d.Decode(a.Handoff)
 		case split.SendLocal:
-			r.Handoff = nil
-			if err := relay.Decode(r, r.Body, false); err != nil {
+			r.R.Handoff = nil
+			if err := relay.Decode(r, r.R.Body, false); err != nil {
 				next = &split.Event{Kind: split.LegFailed, Err: err}
 			} else {
 				d.answered = true
@@ -207,10 +207,10 @@ func (d *goSplit) exec(acts []split.Action) *split.Event {
 			r.Fail(a.Err)
 
 		case split.PrefillBegan:
-			r.Mode = metrics.ModeDisaggregated
+			r.R.Mode = metrics.ModeDisaggregated
 			d.gauge = p.M.Inflight.WithLabelValues(metrics.PhasePrefill)
 			d.gauge.Inc()
-			d.prefillEnd = r.PrefillStarted(time.Now())
+			d.prefillEnd = r.R.PrefillStarted(time.Now())
 		case split.PrefillEnded:
 			d.gauge.Dec()
 			d.prefillEnd(a.Err)
@@ -225,7 +225,7 @@ func (d *goSplit) exec(acts []split.Action) *split.Event {
 // own, within the request's context, until the machine cancels it.
 func (d *goSplit) sendPrefill() {
 	r := d.r
-	ctx, cancel := context.WithCancelCause(r.Ctx)
+	ctx, cancel := context.WithCancelCause(r.R.Ctx)
 	d.attempt = cancel
 	req := r.PrefillRequest(d.body)
 	go func() {
@@ -241,7 +241,7 @@ func prefillExchange(r *relay.Exchange, ctx context.Context, req *fasthttp.Reque
 	resp := fasthttp.AcquireResponse()
 	defer fasthttp.ReleaseRequest(req)
 	defer fasthttp.ReleaseResponse(resp)
-	hold, err := r.P.Tr.Do(ctx, r.Prefiller, req, resp)
+	hold, err := r.R.P.Tr.Do(ctx, r.R.Prefiller, req, resp)
 	if err != nil {
 		return attemptOut{err: inference.PrefillTransportErr(err)}
 	}
@@ -276,7 +276,7 @@ func (d *goSplit) attemptAnswer(o attemptOut) (inference.PrefillResult, error) {
 	if err == nil || errors.As(err, &rej) {
 		// The copy of the body is kept (the handoff's, or the rejection
 		// passed on) while the request runs: so is its reservation.
-		r.Keep(&o.hold)
+		r.R.Keep(&o.hold)
 	}
 	o.hold.Release()
 	return res, err
@@ -293,7 +293,7 @@ func (d *goSplit) cancelPrefill(cause error) {
 	d.attempt = nil
 	o := <-d.attempts
 	if _, err := d.attemptAnswer(o); err == nil && errors.Is(cause, split.ErrHedgeLost) {
-		d.r.LogAt(zerolog.WarnLevel).Msg("hedge: the prefill answered as it was cancelled; its KV is left to the prefiller's lease")
+		d.r.R.LogAt(zerolog.WarnLevel).Msg("hedge: the prefill answered as it was cancelled; its KV is left to the prefiller's lease")
 	}
 }
 
@@ -301,8 +301,8 @@ func (d *goSplit) cancelPrefill(cause error) {
 // goroutine of its own, its answer held until it is ready (openLocal).
 func (d *goSplit) sendHedge() {
 	r := d.r
-	req := r.Upstream(r.Local, r.Body)
-	ctx, cancel := context.WithCancelCause(r.Ctx)
+	req := r.Upstream(r.R.Local, r.R.Body)
+	ctx, cancel := context.WithCancelCause(r.R.Ctx)
 	d.hedgeCancel = cancel
 	go func() {
 		a, err := openLocal(r, ctx, req)
@@ -338,7 +338,7 @@ func (d *goSplit) Decode(h connectors.Handoff) *split.Event {
 	r := d.r
 	var err error
 	if step := d.seq.HandoffStep(h, func(hh connectors.Handoff, e error) { h, err = hh, e }); step != nil {
-		step(r.Ctx)() // the sidecar's own KV pull, in line
+		step(r.R.Ctx)() // the sidecar's own KV pull, in line
 		if err != nil {
 			return &split.Event{Kind: split.LegFailed, Err: err}
 		}
@@ -347,7 +347,7 @@ func (d *goSplit) Decode(h connectors.Handoff) *split.Event {
 	if err != nil {
 		return &split.Event{Kind: split.LegFailed, Err: err}
 	}
-	r.Mode, r.Handoff = metrics.ModeDisaggregated, &h
+	r.R.Mode, r.R.Handoff = metrics.ModeDisaggregated, &h
 	if err := relay.Decode(r, body, true); err != nil {
 		return &split.Event{Kind: split.LegFailed, Err: err}
 	}
@@ -386,7 +386,7 @@ func openLocal(r *relay.Exchange, ctx context.Context, req *fasthttp.Request) (*
 		return nil, inference.BeforeOutputErr(err)
 	}
 	if !bytes.HasPrefix(resp.Header.ContentType(), inference.EventStream) || upstream.Bodiless(resp.StatusCode()) {
-		a.buf, a.hold, err = a.leg.ReadAll(r.P.Cfg.MaxUpstreamAnswerBytes)
+		a.buf, a.hold, err = a.leg.ReadAll(r.R.P.Cfg.MaxUpstreamAnswerBytes)
 		a.leg.Close()
 		a.leg = nil
 		if err != nil {
@@ -397,11 +397,11 @@ func openLocal(r *relay.Exchange, ctx context.Context, req *fasthttp.Request) (*
 	}
 	a.er = r.EventReader(a.leg)
 	var errEvent bool
-	a.held, errEvent, err = inference.ReadToOutput(a.er, r.API, nil)
+	a.held, errEvent, err = inference.ReadToOutput(a.er, r.R.API, nil)
 	switch {
 	case err != nil:
 		a.discard()
-		return nil, inference.EndedBefore(r.Local, "any output", err)
+		return nil, inference.EndedBefore(r.R.Local, "any output", err)
 	case errEvent:
 		a.discard()
 		return nil, fmt.Errorf("%w: the local stream began with an error event", inference.ErrDecodeFailed)
@@ -428,9 +428,9 @@ func (a *heldAnswer) discard() {
 // relay.Forward does: a stream from its held events on, a JSON answer whole.
 // cancel ends the leg's context once the answer is over.
 func commitLocal(r *relay.Exchange, a *heldAnswer, cancel context.CancelCauseFunc) {
-	g := r.P.M.Inflight.WithLabelValues(metrics.PhaseLocal)
+	g := r.R.P.M.Inflight.WithLabelValues(metrics.PhaseLocal)
 	g.Inc()
-	r.DecodeStarted(false)
+	r.R.DecodeStarted(false)
 	if r.LeftNow() {
 		g.Dec()
 		cancel(nil)
@@ -443,13 +443,13 @@ func commitLocal(r *relay.Exchange, a *heldAnswer, cancel context.CancelCauseFun
 		defer cancel(nil)
 		defer a.discard()
 		r.CopyHead(a.resp)
-		r.RC.SetBody(r.LocalAnswerBody(a.resp.StatusCode(), a.buf))
-		r.JSONAnswered(a.resp.StatusCode())
+		r.RC.SetBody(r.R.LocalAnswerBody(a.resp.StatusCode(), a.buf))
+		r.R.JSONAnswered(a.resp.StatusCode())
 		return
 	}
 	a.leg.Began()
 	r.CopyHead(a.resp)
-	r.StreamBegan(a.resp.StatusCode())
+	r.R.StreamBegan(a.resp.StatusCode())
 	relay.StreamBody(r, relay.NewSSEBody(r, a.er, a.leg, a.held, false, func() {
 		a.er.Release()
 		a.leg.Close()

@@ -21,14 +21,14 @@ func Serve(p *inference.Proxy, rc *fasthttp.RequestCtx, local string, api connec
 	}
 	r := relay.NewExchange(p, rc, local, api)
 	defer func() {
-		if !r.Detached {
+		if !r.R.Detached {
 			r.Finish()
 		}
 	}()
-	a := r.Admit(&rc.Request.Header)
+	a := r.R.Admit(&rc.Request.Header)
 	for a.Wait != nil { // a blocking step, run here on the request's goroutine
-		a.Wait(r.Ctx)()
-		a = r.Admit(&rc.Request.Header)
+		a.Wait(r.R.Ctx)()
+		a = r.R.Admit(&rc.Request.Header)
 	}
 	switch a.Route {
 	case inference.RouteFail:
@@ -46,7 +46,7 @@ func Serve(p *inference.Proxy, rc *fasthttp.RequestCtx, local string, api connec
 // its split declined) on the local engine, its body as the request
 // features edit it (a KV cache source named, for one).
 func serveLocal(r *relay.Exchange) {
-	body, err := r.EditLocal(r.Body)
+	body, err := r.R.EditLocal(r.R.Body)
 	if err != nil {
 		r.Fail(fmt.Errorf("%w: %w", inference.ErrBadRequest, err))
 		return
@@ -59,18 +59,18 @@ func serveLocal(r *relay.Exchange) {
 // counted and logged with its reason; or, with --prefill-fallback=false
 // (or a reason that is no degradation), the error answered.
 func refused(r *relay.Exchange, cause error) {
-	if r.Gone() {
+	if r.R.Gone() {
 		r.Fail(cause)
 		return
 	}
-	for _, a := range split.Refused(r.P.SplitConfig(), cause) {
+	for _, a := range split.Refused(r.R.P.SplitConfig(), cause) {
 		switch a.Op {
 		case split.SendLocal:
-			r.Fail(relay.Decode(r, r.Body, false)) // chunked when --decode-chunk-tokens says so
+			r.Fail(relay.Decode(r, r.R.Body, false)) // chunked when --decode-chunk-tokens says so
 		case split.Fail:
 			r.Fail(a.Err)
 		default:
-			r.Account(a)
+			r.R.Account(a)
 		}
 	}
 }

@@ -24,13 +24,13 @@ import (
 // Request.ChunkPlan says so, else one request relayed as it comes
 // (Forward, whose contract it has).
 func Decode(r *Exchange, body []byte, remote bool) error {
-	plan, ok := r.ChunkPlan(body, remote)
+	plan, ok := r.R.ChunkPlan(body, remote)
 	if !ok || r.RC == nil {
 		return Forward(r, body, remote)
 	}
-	r.DecodeStarted(remote)
+	r.R.DecodeStarted(remote)
 	// chunked.Run has the contract of Forward.
-	return chunked.Run(r.P.ChunkDeps(), chunkRequest{r}, r.ChunkJob(plan, body, remote))
+	return chunked.Run(r.R.P.ChunkDeps(), chunkRequest{r}, r.R.ChunkJob(plan, body, remote))
 }
 
 // chunkRequest is a request's part in its chunked decode.
@@ -40,11 +40,11 @@ type chunkRequest struct{ r *Exchange }
 // its answer read whole.
 func (c chunkRequest) Send(body []byte, handoff bool) (chunked.Answer, error) {
 	r := c.r
-	req := r.Upstream(r.Local, body)
+	req := r.Upstream(r.R.Local, body)
 	resp := fasthttp.AcquireResponse()
 	defer fasthttp.ReleaseResponse(resp)
 	sent := time.Now()
-	hold, err := r.P.Tr.Do(r.Ctx, r.Local, req, resp)
+	hold, err := r.R.P.Tr.Do(r.R.Ctx, r.R.Local, req, resp)
 	fasthttp.ReleaseRequest(req)
 	if err != nil {
 		return chunked.Answer{}, inference.DecodeTransportErr(err)
@@ -52,16 +52,16 @@ func (c chunkRequest) Send(body []byte, handoff bool) (chunked.Answer, error) {
 	defer hold.Release()
 	st := resp.StatusCode()
 	if handoff {
-		if err := r.KVAnswered(sent, st); err != nil {
+		if err := r.R.KVAnswered(sent, st); err != nil {
 			return chunked.Answer{}, err
 		}
 	}
-	buf := r.ChunkAnswer(st, resp.Body(), handoff)
+	buf := r.R.ChunkAnswer(st, resp.Body(), handoff)
 	return chunked.Answer{Status: st, ContentType: string(resp.Header.ContentType()), Body: append([]byte(nil), buf...)}, nil
 }
 
 // Gone implements chunked.Request.
-func (c chunkRequest) Gone() bool { return c.r.Gone() }
+func (c chunkRequest) Gone() bool { return c.r.R.Gone() }
 
 // Answer implements chunked.Request.
 func (c chunkRequest) Answer(status int, contentType string, body []byte) {
@@ -69,7 +69,7 @@ func (c chunkRequest) Answer(status int, contentType string, body []byte) {
 	if contentType == "text/event-stream" {
 		r.RC.Response.Header.Set("Cache-Control", "no-cache")
 	}
-	r.Answer(r.Mode, status, contentType, body)
+	r.Answer(r.R.Mode, status, contentType, body)
 }
 
 // Stream implements chunked.Request: it answers status and hands body to
@@ -83,11 +83,11 @@ func (c chunkRequest) Stream(status int, contentType string, body io.ReadCloser)
 	rc.SetStatusCode(status)
 	rc.SetContentType(contentType)
 	rc.Response.Header.Set("Cache-Control", "no-cache")
-	r.AnswerCounted(r.Mode, status)
+	r.R.AnswerCounted(r.R.Mode, status)
 	if r.Watch.Stop() {
 		rc.SetConnectionClose()
 	}
-	r.Detached = true
+	r.R.Detached = true
 	SetStream(rc, body)
 	return true
 }
@@ -96,7 +96,7 @@ func (c chunkRequest) Stream(status int, contentType string, body io.ReadCloser)
 func (c chunkRequest) Watch() func() bool {
 	r := c.r
 	release := clientconn.Hold(r.RC) // the handler returned: the watch's read is no request boundary
-	w := r.P.Armer.Watch(r.RC.Conn(), r.Cancel, time.Now())
+	w := r.R.P.Armer.Watch(r.RC.Conn(), r.R.Cancel, time.Now())
 	return func() bool {
 		pipelined := w.Stop()
 		release()
@@ -105,7 +105,7 @@ func (c chunkRequest) Watch() func() bool {
 }
 
 // Left implements chunked.Request.
-func (c chunkRequest) Left() { Left(c.r.Request) }
+func (c chunkRequest) Left() { Left(c.r.R) }
 
 // Finish implements chunked.Request.
 func (c chunkRequest) Finish(pipelined bool) {
@@ -119,9 +119,9 @@ func (c chunkRequest) Finish(pipelined bool) {
 }
 
 // Report implements chunked.Request.
-func (c chunkRequest) Report(chunks int) { c.r.Obs.Chunks = chunks }
+func (c chunkRequest) Report(chunks int) { c.r.R.Obs.Chunks = chunks }
 
 // Log implements chunked.Request.
-func (c chunkRequest) Log(l zerolog.Level) *zerolog.Event { return c.r.LogAt(l) }
+func (c chunkRequest) Log(l zerolog.Level) *zerolog.Event { return c.r.R.LogAt(l) }
 
 var _ chunked.Request = chunkRequest{}

@@ -26,9 +26,9 @@ import (
 // them on its connection; what the answer is (its status, its body, what
 // is counted and logged) is the request's.
 type Exchange struct {
-	*inference.Request
-	RC    *fasthttp.RequestCtx
-	Watch *clientconn.Watch // the client connection's watch
+	R     *inference.Request   // the request answered
+	RC    *fasthttp.RequestCtx // the client exchange it is answered on
+	Watch *clientconn.Watch    // the client connection's watch
 }
 
 // NewExchange begins request rc, arrived for the local engine local on
@@ -38,23 +38,23 @@ func NewExchange(p *inference.Proxy, rc *fasthttp.RequestCtx, local string, api 
 	r := p.StartRequest(rc.Request.Header.Peek(inference.HeaderRequestID), &rc.Request.Header, rc.PostBody(), local, api)
 	r.Client = inference.ClientAddr(rc.RemoteAddr())
 	rc.Response.Header.Set(inference.HeaderRequestID, r.ID)
-	return &Exchange{Request: r, RC: rc, Watch: p.Armer.Watch(rc.Conn(), r.Cancel, r.Start)}
+	return &Exchange{R: r, RC: rc, Watch: p.Armer.Watch(rc.Conn(), r.Cancel, r.Start)}
 }
 
 // Finish ends the request's bookkeeping; the last owner calls it. A
 // handoff still pending a read is released first (--release-kv-on-cancel),
 // on a leg whose head is the client's.
 func (x *Exchange) Finish() {
-	if x.KVPending != nil {
+	if x.R.KVPending != nil {
 		target := clientconn.OriginForm(x.RC) // the path routed on
 		if target == nil {
 			target = x.RC.Request.Header.RequestURI()
 		}
-		inference.ReleaseKV(x.Request, x.P.LegStart(&x.RC.Request.Header, target))
+		inference.ReleaseKV(x.R, x.R.P.LegStart(&x.RC.Request.Header, target))
 	}
 	stopped := x.Watch.Stop()
-	x.Request.Finish()
-	if stopped && !x.Detached {
+	x.R.Finish()
+	if stopped && !x.R.Detached {
 		x.RC.SetConnectionClose()
 	}
 }
@@ -69,20 +69,20 @@ func (x *Exchange) Upstream(addr string, body []byte) *fasthttp.Request {
 // builds every leg, less --prefill-strip-headers, with the rank the legs
 // were paired on.
 func (x *Exchange) PrefillRequest(body []byte) *fasthttp.Request {
-	return x.leg(x.Prefiller, body, true)
+	return x.leg(x.R.Prefiller, body, true)
 }
 
 func (x *Exchange) leg(addr string, body []byte, prefill bool) *fasthttp.Request {
 	req := fasthttp.AcquireRequest()
-	legHeader(&req.Header, &x.RC.Request.Header, addr, x.Legs())
+	legHeader(&req.Header, &x.RC.Request.Header, addr, x.R.Legs())
 	if prefill {
-		prefillHeader(&req.Header, x.Legs(), x.P.PrefillStrips())
+		prefillHeader(&req.Header, x.R.Legs(), x.R.P.PrefillStrips())
 	}
 	if t := clientconn.OriginForm(x.RC); t != nil {
 		req.Header.SetRequestURIBytes(t) // the path routed on
 	}
 	req.SetBodyRaw(body)
-	observe.LogLeg(x.LogAt(zerolog.TraceLevel), addr, req)
+	observe.LogLeg(x.R.LogAt(zerolog.TraceLevel), addr, req)
 	return req
 }
 
@@ -135,7 +135,7 @@ func prefillHeader(h *fasthttp.RequestHeader, spec inference.LegSpec, strip []st
 // client.
 func (x *Exchange) CopyHead(resp *fasthttp.Response) {
 	inference.CopyResponseHead(x.RC, resp)
-	x.RC.Response.Header.Set(inference.HeaderRequestID, x.ID)
+	x.RC.Response.Header.Set(inference.HeaderRequestID, x.R.ID)
 }
 
 // Answer writes a complete, non-streamed answer, unless the client left.
@@ -148,7 +148,7 @@ func (x *Exchange) Answer(mode string, status int, contentType string, body []by
 	rc.SetStatusCode(status)
 	rc.SetContentType(contentType)
 	rc.SetBody(body)
-	x.AnswerCounted(mode, status)
+	x.R.AnswerCounted(mode, status)
 }
 
 // Fail answers a request that could not be served with the request's
@@ -162,8 +162,8 @@ func (x *Exchange) Fail(err error) {
 		x.LeftBeforeAnswer(err)
 		return
 	}
-	a := x.Failure(err)
-	x.Answer(x.Mode, a.Status, "application/json", a.Body)
+	a := x.R.Failure(err)
+	x.Answer(x.R.Mode, a.Status, "application/json", a.Body)
 	if a.RetryAfter {
 		x.RC.Response.Header.Set("Retry-After", "1")
 	}
@@ -172,7 +172,7 @@ func (x *Exchange) Fail(err error) {
 // PassOn answers with the prefiller's rejection of the request, err, as
 // it came (Request.Rejection), or fails it when err is no rejection.
 func (x *Exchange) PassOn(err error) {
-	rej := x.Rejection(err)
+	rej := x.R.Rejection(err)
 	if rej == nil {
 		x.Fail(err)
 		return
@@ -185,8 +185,8 @@ func (x *Exchange) PassOn(err error) {
 // written: fasthttp would otherwise write the untouched response, an
 // empty 200.
 func (x *Exchange) LeftBeforeAnswer(err error) {
-	x.Request.LeftBeforeAnswer(err)
-	if !x.Detached {
+	x.R.LeftBeforeAnswer(err)
+	if !x.R.Detached {
 		x.RC.HijackSetNoResponse(true)
 		x.RC.Hijack(func(net.Conn) {}) // fasthttp closes the connection after it
 	}
@@ -207,12 +207,12 @@ func (x *Exchange) LeftBeforeAnswer(err error) {
 // LeftBeforeAnswer ends it).
 func (x *Exchange) LeftNow() bool {
 	switch {
-	case x.Gone():
+	case x.R.Gone():
 		return true
-	case x.Detached:
+	case x.R.Detached:
 		return false
 	case clientconn.PeerClosed(x.RC.Conn()):
-		x.Cancel(inference.ErrClientGone)
+		x.R.Cancel(inference.ErrClientGone)
 		return true
 	}
 	return false
@@ -221,7 +221,7 @@ func (x *Exchange) LeftNow() bool {
 // EventReader reads the local engine's stream on leg, bounded by
 // --max-sse-event-bytes, a refusal counted (Request.EventRefused).
 func (x *Exchange) EventReader(leg *upstream.Leg) *sse.Reader {
-	er := sse.NewReader(leg, &x.P.Bufs, x.P.Cfg.MaxSSEEventBytes)
-	er.Refused = x.EventRefused
+	er := sse.NewReader(leg, &x.R.P.Bufs, x.R.P.Cfg.MaxSSEEventBytes)
+	er.Refused = x.R.EventRefused
 	return er
 }

@@ -88,7 +88,7 @@ const loopAfter = 50 * time.Millisecond
 // loopable reports whether b's stream may be handed to a loop later.
 func (b *sseBody) loopable() bool {
 	r := b.r
-	if r.P.Loops == nil || r.P.Servers[r.Home] == nil || !r.RC.Request.Header.IsHTTP11() {
+	if r.R.P.Loops == nil || r.R.P.Servers[r.R.Home] == nil || !r.RC.Request.Header.IsHTTP11() {
 		return false
 	}
 	cc, ok := r.RC.Conn().(*clientconn.Conn)
@@ -114,21 +114,21 @@ func (b *sseBody) handOver() bool {
 	if !ok1 || !ok2 || !cc.Synced() || !leg.Disarm() {
 		return false
 	}
-	loop := r.P.Loops.Pick()
+	loop := r.R.P.Loops.Pick()
 	release := b.release
-	ls := &LoopStream{R: r.Request, Loop: loop, KeepAlive: b.keepAlive, CFD: cfd, UFD: ufd,
-		Stream: sserelay.Stream{Body: leg.Body(), Rewrite: b.fn, API: r.API, MaxEvent: r.P.Cfg.MaxSSEEventBytes}}
+	ls := &LoopStream{R: r.R, Loop: loop, KeepAlive: b.keepAlive, CFD: cfd, UFD: ufd,
+		Stream: sserelay.Stream{Body: leg.Body(), Rewrite: b.fn, API: r.R.API, MaxEvent: r.R.P.Cfg.MaxSSEEventBytes}}
 	if b.done {
 		ls.MarkDone()
 	}
 	ls.Release = func() {
 		release()
-		r.P.LoopRequests.Add(-1)
-		r.P.M.LoopStreams.Dec()
+		r.R.P.LoopRequests.Add(-1)
+		r.R.P.M.LoopStreams.Dec()
 	}
-	ls.Conns = &LegConns{ls: ls, leg: leg, done: func(keep bool) { r.P.ConnDone(cc, r.Home, keep) }}
+	ls.Conns = &LegConns{ls: ls, leg: leg, done: func(keep bool) { r.R.P.ConnDone(cc, r.R.Home, keep) }}
 	var out []byte
-	ls.firstp, out = r.P.Bufs.GetChunk()
+	ls.firstp, out = r.R.P.Bufs.GetChunk()
 	out, mark := httpbody.BeginChunk(out)
 	out = append(out, b.out[b.off:]...)
 	var err error
@@ -158,9 +158,9 @@ func (b *sseBody) handOver() bool {
 	cc.HandOff(ls.begin)
 	// Counted before fasthttp lets go of the connection, so that a drain
 	// never sees the stream in neither the server's count nor the loops'.
-	r.P.LoopRequests.Add(1)
-	r.P.M.LoopStreams.Inc()
-	r.P.M.LoopHandoffs.Inc()
+	r.R.P.LoopRequests.Add(1)
+	r.R.P.M.LoopStreams.Inc()
+	r.R.P.M.LoopHandoffs.Inc()
 	return true
 }
 

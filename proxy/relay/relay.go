@@ -25,7 +25,7 @@ import (
 )
 
 // Forward sends body to the local engine and relays its answer. remote
-// marks the decode leg carrying r.Handoff: its answer gets the cached-token
+// marks the decode leg carrying r.R.Handoff: its answer gets the cached-token
 // rewrite, and a KV load failure reported before any output is returned
 // for the split to recover from (Request.KVAnswered). Forward returns nil once the answer is written or
 // streaming; an error only while the client has seen nothing.
@@ -34,13 +34,13 @@ func Forward(r *Exchange, body []byte, remote bool) error {
 	if remote {
 		phase = metrics.PhaseDecode
 	}
-	g := r.P.M.Inflight.WithLabelValues(phase)
+	g := r.R.P.M.Inflight.WithLabelValues(phase)
 	g.Inc()
-	r.DecodeStarted(remote)
-	req := r.Upstream(r.Local, body)
+	r.R.DecodeStarted(remote)
+	req := r.Upstream(r.R.Local, body)
 	resp := fasthttp.AcquireResponse()
 	sent := time.Now()
-	leg, err := OpenLeg(r.Ctx, r, req, resp)
+	leg, err := OpenLeg(r.R.Ctx, r, req, resp)
 	fasthttp.ReleaseRequest(req)
 	if err != nil {
 		g.Dec()
@@ -60,14 +60,14 @@ func Forward(r *Exchange, body []byte, remote bool) error {
 // as the request says (Request.FirstByteBound; the caller's Leg.Began ends
 // the bound: a stream, once begun, has no total timeout).
 func OpenLeg(ctx context.Context, r *Exchange, req *fasthttp.Request, resp *fasthttp.Response) (*upstream.Leg, error) {
-	if d := r.FirstByteBound(); d > 0 {
-		return r.P.Tr.StreamFirstByteTimeout(ctx, r.Local, req, resp, d)
+	if d := r.R.FirstByteBound(); d > 0 {
+		return r.R.P.Tr.StreamFirstByteTimeout(ctx, r.R.Local, req, resp, d)
 	}
-	return r.P.Tr.Stream(ctx, r.Local, req, resp)
+	return r.R.P.Tr.Stream(ctx, r.R.Local, req, resp)
 }
 
 func relayJSON(r *Exchange, leg *upstream.Leg, resp *fasthttp.Response, remote bool, sent time.Time) error {
-	buf, hold, err := leg.ReadAll(r.P.Cfg.MaxUpstreamAnswerBytes)
+	buf, hold, err := leg.ReadAll(r.R.P.Cfg.MaxUpstreamAnswerBytes)
 	// buf is let go on return: what the client is written is rc's copy.
 	defer hold.Release()
 	leg.Close()
@@ -76,19 +76,19 @@ func relayJSON(r *Exchange, leg *upstream.Leg, resp *fasthttp.Response, remote b
 	}
 	st := resp.StatusCode()
 	if remote {
-		if err := r.KVAnswered(sent, st); err != nil {
+		if err := r.R.KVAnswered(sent, st); err != nil {
 			return err
 		}
-		buf = r.AnswerBody(st, buf)
+		buf = r.R.AnswerBody(st, buf)
 	} else {
-		buf = r.LocalAnswerBody(st, buf)
+		buf = r.R.LocalAnswerBody(st, buf)
 	}
 	if r.LeftNow() {
 		return inference.ErrClientGone
 	}
 	r.CopyHead(resp)
 	r.RC.SetBody(buf)
-	r.JSONAnswered(st)
+	r.R.JSONAnswered(st)
 	return nil
 }
 
@@ -113,17 +113,17 @@ func relaySSE(r *Exchange, leg *upstream.Leg, resp *fasthttp.Response, g prometh
 	if !remote {
 		ev, err := er.Next()
 		if err != nil {
-			return abort(inference.EndedBefore(r.Local, "any event", err))
+			return abort(inference.EndedBefore(r.R.Local, "any event", err))
 		}
 		held = append(held, ev...)
 	} else {
 		var kvFail bool
 		var err error
 		// The role chunk and the first output, usually.
-		if held, kvFail, err = inference.ReadToOutput(er, r.API, make([]byte, 0, 2<<10)); err != nil {
-			return abort(inference.EndedBefore(r.Local, "any output", err))
+		if held, kvFail, err = inference.ReadToOutput(er, r.R.API, make([]byte, 0, 2<<10)); err != nil {
+			return abort(inference.EndedBefore(r.R.Local, "any output", err))
 		}
-		if err := r.KVStreamed(sent, kvFail); err != nil {
+		if err := r.R.KVStreamed(sent, kvFail); err != nil {
 			return abort(err)
 		}
 	}
@@ -132,7 +132,7 @@ func relaySSE(r *Exchange, leg *upstream.Leg, resp *fasthttp.Response, g prometh
 	}
 	leg.Began()
 	r.CopyHead(resp)
-	r.StreamBegan(resp.StatusCode())
+	r.R.StreamBegan(resp.StatusCode())
 	StreamBody(r, NewSSEBody(r, er, leg, held, remote, func() {
 		er.Release()
 		leg.Close()
@@ -161,7 +161,7 @@ func StreamBody(r *Exchange, b *sseBody) {
 	if r.Watch.Stop() {
 		r.RC.SetConnectionClose()
 	}
-	r.Detached = true
+	r.R.Detached = true
 	SetStream(r.RC, b) // the framing the client reads
 }
 

@@ -63,9 +63,9 @@ func NewSSEBody(r *Exchange, er *sse.Reader, leg *upstream.Leg, held []byte, rem
 	b := &sseBody{r: r, er: er, leg: leg, held: held, first: true, release: release,
 		done: bytes.Contains(held, doneEvent)}
 	if remote {
-		b.fn = r.AnswerEdit()
+		b.fn = r.R.AnswerEdit()
 	} else {
-		b.fn = r.LocalAnswerEdit()
+		b.fn = r.R.LocalAnswerEdit()
 	}
 	if !b.loopable() {
 		b.cc = nil
@@ -84,7 +84,7 @@ func NewSSEBody(r *Exchange, er *sse.Reader, leg *upstream.Leg, held []byte, rem
 func (b *sseBody) watchClient() (stop func()) {
 	r := b.r
 	release := clientconn.Hold(r.RC)
-	w := r.P.Armer.Watch(r.RC.Conn(), r.Cancel, time.Now())
+	w := r.R.P.Armer.Watch(r.RC.Conn(), r.R.Cancel, time.Now())
 	return func() {
 		if w.Stop() {
 			b.pipelined, b.cc = true, nil // the connection cannot move now
@@ -100,7 +100,7 @@ func (b *sseBody) watchClient() (stop func()) {
 // buffer until then.)
 func (b *sseBody) firstWritten() {
 	b.first = false
-	b.r.P.M.TTFT.WithLabelValues(b.r.Mode).Observe(time.Since(b.r.Start).Seconds())
+	b.r.R.P.M.TTFT.WithLabelValues(b.r.R.Mode).Observe(time.Since(b.r.R.Start).Seconds())
 	if b.cc != nil && b.leg.Conn().SetReadDeadline(time.Now().Add(loopAfter)) != nil {
 		b.cc = nil
 	}
@@ -206,13 +206,13 @@ func (b *sseBody) fill() error {
 }
 
 func (b *sseBody) getOut() {
-	b.outp, b.out = b.r.P.Bufs.GetChunk()
+	b.outp, b.out = b.r.R.P.Bufs.GetChunk()
 	b.off = 0
 }
 
 func (b *sseBody) putOut() {
 	if b.outp != nil {
-		b.r.P.Bufs.PutChunk(b.outp, b.out)
+		b.r.R.P.Bufs.PutChunk(b.outp, b.out)
 	}
 	b.outp, b.out, b.off = nil, nil, 0
 }
@@ -228,13 +228,13 @@ func (b *sseBody) end(err error) error {
 		b.leg.Close()
 	}
 	switch {
-	case r.Gone():
-		Left(r.Request)
+	case r.R.Gone():
+		Left(r.R)
 		return inference.ErrClientGone
 	case errors.Is(err, io.EOF):
 		err = nil
 	}
-	b.out = endStream(r.Request, b.out, b.done, err)
+	b.out = endStream(r.R, b.out, b.done, err)
 	return nil
 }
 
@@ -265,8 +265,8 @@ func (b *sseBody) Close() error {
 		return nil
 	}
 	if !b.ended || b.off < len(b.out) {
-		b.r.Cancel(inference.ErrClientGone)
-		Left(b.r.Request)
+		b.r.R.Cancel(inference.ErrClientGone)
+		Left(b.r.R)
 	}
 	b.putOut()
 	if b.pipelined {
