@@ -47,8 +47,8 @@ func startChunked(lc *laneConn, body []byte, bodyp *[]byte, remote bool) {
 	ll, r, p := lc.ll, lc.r, lc.ll.ln.p
 	c := &laneChunk{lc: lc}
 	c.bufp, c.buf = p.Bufs.GetChunk()
-	if lc.pd != nil {
-		c.buf = append(c.buf, lc.pd.start...)
+	if lc.split.pd != nil {
+		c.buf = append(c.buf, lc.split.pd.start...)
 	} else {
 		c.buf = rawhttp.AppendLegStartStrip(c.buf, &ll.req, p.LegStrip)
 	}
@@ -101,28 +101,28 @@ func (c *laneChunk) exec(acts []chunked.Action) {
 // send sends a chunk's leg to the local engine.
 func (c *laneChunk) send(body []byte, handoff bool) {
 	lc := c.lc
-	lc.sentp, lc.sent = lc.ll.ln.p.Bufs.GetChunk()
-	lc.sent = append(lc.sent, c.start...)
-	lc.prefill = false
+	lc.leg.sentp, lc.leg.sent = lc.ll.ln.p.Bufs.GetChunk()
+	lc.leg.sent = append(lc.leg.sent, c.start...)
+	lc.leg.prefill = false
 	c.leg, c.handoff = true, handoff
 	if handoff {
 		c.sent = time.Now()
 	}
-	lc.legTo(lc.r.Local, body, nil)
+	lc.leg.legTo(lc.r.Local, body, nil)
 }
 
 // head begins reading a chunk's answer, whose head is in the loop's
 // answer header, rest the body bytes that came with it: read whole.
 func (c *laneChunk) head(rest []byte) {
 	lc := c.lc
-	lc.up.fresh = false
-	lc.putSent()
-	lc.head = nil
+	lc.leg.up.fresh = false
+	lc.leg.putSent()
+	lc.leg.head = nil
 	if lc.ll.resp.ConnectionClose() {
-		lc.up.keep = false
+		lc.leg.up.keep = false
 	}
 	lc.state = laneAnswer
-	lc.readWhole(upstream.HeadDecoder(&lc.ll.resp), rest)
+	lc.leg.readWhole(upstream.HeadDecoder(&lc.ll.resp), rest)
 }
 
 // answered takes a chunk's answer, read whole, to the machine: the
@@ -152,12 +152,12 @@ func (c *laneChunk) failed(err error) {
 // answerWhole writes the decode's whole answer.
 func (c *laneChunk) answerWhole(a chunked.Action) {
 	lc := c.lc
-	h := lc.ownHead(a.Status, a.ContentType)
+	h := lc.reply.ownHead(a.Status, a.ContentType)
 	if a.ContentType == "text/event-stream" {
 		h.Set("Cache-Control", "no-cache")
 	}
 	lc.r.AnswerCounted(lc.r.Mode, a.Status)
-	lc.writeWhole(h, a.Body)
+	lc.reply.writeWhole(h, a.Body)
 }
 
 // ret ends a decode that failed before the client saw anything: a split's
@@ -166,11 +166,11 @@ func (c *laneChunk) answerWhole(a chunked.Action) {
 func (c *laneChunk) ret(err error) {
 	lc := c.lc
 	c.release()
-	if lc.pd != nil && split.Recovers(err) {
-		lc.feedSplit(split.Event{Kind: split.LegFailed, Err: err})
+	if lc.split.pd != nil && split.Recovers(err) {
+		lc.split.feedSplit(split.Event{Kind: split.LegFailed, Err: err})
 		return
 	}
-	lc.failWith(err)
+	lc.reply.failWith(err)
 }
 
 // begin answers the stream a begins: a no-cache head, then its first
@@ -179,13 +179,13 @@ func (c *laneChunk) begin(a chunked.Action) {
 	lc := c.lc
 	r := lc.r
 	events := a.Body
-	h := lc.ownHead(a.Status, a.ContentType)
+	h := lc.reply.ownHead(a.Status, a.ContentType)
 	h.Set("Cache-Control", "no-cache")
 	r.AnswerCounted(r.Mode, a.Status)
 	c.streaming = true
 	lc.state = laneAnswer
 	_, out := lc.ll.loop.Buffers()
-	out = lc.appendHead(out, h, -1)
+	out = lc.reply.appendHead(out, h, -1)
 	out, mark := httpbody.BeginChunk(out)
 	out = append(out, events...)
 	c.put(httpbody.EndChunk(out, mark))
@@ -213,14 +213,14 @@ func (c *laneChunk) put(b []byte) {
 		c.pending = append(c.pending, b...)
 		return
 	}
-	n, err := netloop.Write(lc.fd, b)
+	n, err := netloop.Write(lc.client.fd, b)
 	switch {
 	case err == nil:
 		c.taken()
 	case errors.Is(err, netloop.ErrWouldBlock):
 		c.pending = append(c.pending[:0], b[n:]...)
 		lc.r.LogAt(zerolog.DebugLevel).Int("pending", len(c.pending)).Msg("client slower than its chunked decode: next chunk held")
-		if err := lc.setInterest(netloop.Writable); err != nil {
+		if err := lc.client.setInterest(netloop.Writable); err != nil {
 			c.clientGone()
 		}
 	default:
@@ -235,11 +235,11 @@ func (c *laneChunk) ready(ev netloop.Events) {
 	case ev&netloop.HangUp != 0:
 		c.clientGone()
 	case ev&netloop.Writable != 0 && len(c.pending) > 0:
-		n, err := netloop.Write(lc.fd, c.pending)
+		n, err := netloop.Write(lc.client.fd, c.pending)
 		switch {
 		case err == nil:
 			c.pending = c.pending[:0]
-			if err := lc.setInterest(0); err != nil {
+			if err := lc.client.setInterest(0); err != nil {
 				c.clientGone()
 				return
 			}
@@ -252,7 +252,7 @@ func (c *laneChunk) ready(ev netloop.Events) {
 	default:
 		// A pipelined request: it waits in the socket until the stream
 		// is written.
-		_ = lc.setInterest(lc.interest &^ netloop.Readable)
+		_ = lc.client.setInterest(lc.client.interest &^ netloop.Readable)
 	}
 }
 
@@ -265,9 +265,9 @@ func (c *laneChunk) taken() {
 		return
 	}
 	c.m.Closed(true)
-	keep := lc.keepAlive && !lc.ll.ln.p.Draining.Load()
+	keep := lc.client.keepAlive && !lc.ll.ln.p.Draining.Load()
 	lc.finish()
-	lc.done(keep)
+	lc.client.done(keep)
 }
 
 // clientGone ends a stream whose client left: a chunk's leg on its way is
@@ -275,7 +275,7 @@ func (c *laneChunk) taken() {
 func (c *laneChunk) clientGone() {
 	lc := c.lc
 	lc.drop(inference.ErrClientGone)
-	lc.close()
+	lc.client.close()
 }
 
 // release lets go of the decode, once the request ends or the decode

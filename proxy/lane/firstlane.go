@@ -37,12 +37,12 @@ type laneFirst struct {
 // engine first, when the connector selects it; the usual split runs
 // otherwise, or after a decline.
 func runDecodeFirst(lc *laneConn) {
-	pd := lc.pd
+	pd := lc.split.pd
 	fs := &laneFirst{lc: lc, pd: pd, m: split.NewDecodeFirst(), df: inference.BeginDecodeFirst(lc.r)}
 	pd.first, pd.triedFirst = fs, true
 	pd.feeding = true
 	fs.exec(fs.m.Start(fs.df.Try()))
-	lc.drainSplit(pd)
+	lc.split.drainSplit(pd)
 }
 
 // exec executes the machine's actions.
@@ -53,7 +53,7 @@ func (fs *laneFirst) exec(acts []split.Action) {
 			fs.df.Account(a) // counted even when the relay before it ended the request
 			continue
 		}
-		if lc.pd != pd {
+		if lc.split.pd != pd {
 			return // the request ended meanwhile
 		}
 		switch a.Op {
@@ -66,16 +66,16 @@ func (fs *laneFirst) exec(acts []split.Action) {
 			fs.relay()
 		case split.BuildAfterDecline:
 			if err := fs.df.AfterDecline(); err != nil {
-				lc.feedSplit(split.Event{Kind: split.AfterDeclineFailed, Err: err})
+				lc.split.feedSplit(split.Event{Kind: split.AfterDeclineFailed, Err: err})
 				continue
 			}
-			lc.feedSplit(split.Event{Kind: split.AfterDeclineBuilt})
+			lc.split.feedSplit(split.Event{Kind: split.AfterDeclineBuilt})
 		case split.RunSplit:
 			fs.df.Account(a)
 			pd.first = nil
-			lc.split()
+			lc.split.run()
 		case split.Fail:
-			lc.splitAnswers(a)
+			lc.split.splitAnswers(a)
 		}
 	}
 }
@@ -86,11 +86,11 @@ func (fs *laneFirst) send() {
 	lc := fs.lc
 	ll, r, p := lc.ll, lc.r, lc.ll.ln.p
 	lc.setGauge(ll.local)
-	lc.sentp, lc.sent = p.Bufs.GetChunk()
-	lc.sent = append(lc.sent, lc.pd.start...)
-	lc.boundFirstByte()
-	lc.prefill = false
-	lc.legTo(r.Local, r.Body, nil)
+	lc.leg.sentp, lc.leg.sent = p.Bufs.GetChunk()
+	lc.leg.sent = append(lc.leg.sent, lc.split.pd.start...)
+	lc.timer.boundFirstByte()
+	lc.leg.prefill = false
+	lc.leg.legTo(r.Local, r.Body, nil)
 }
 
 // gate holds the decode-first leg's stream until an event serves or
@@ -105,14 +105,14 @@ func (fs *laneFirst) gate(ls *relay.LoopStream) {
 // relayed), declined it, or it ended or broke with none.
 func (fs *laneFirst) gated(g sserelay.Gate, held []byte) {
 	lc := fs.lc
-	r, ls := lc.r, lc.ls
-	lc.stopTimer()
+	r, ls := lc.r, lc.reply.ls
+	lc.timer.stopTimer()
 	switch {
 	case g == sserelay.GateDeclined:
-		lc.feedSplit(split.Event{Kind: split.FirstAnswerDeclined})
+		lc.split.feedSplit(split.Event{Kind: split.FirstAnswerDeclined})
 	case g == sserelay.GateOutput || (g == sserelay.GateDeciding && ls.SawEvents() && ls.UpErr == nil):
 		fs.held = held
-		lc.feedSplit(split.Event{Kind: split.FirstAnswerReady})
+		lc.split.feedSplit(split.Event{Kind: split.FirstAnswerReady})
 		fs.held = nil
 	default:
 		fs.drop()
@@ -120,7 +120,7 @@ func (fs *laneFirst) gated(g sserelay.Gate, held []byte) {
 		if cause == nil {
 			cause = inference.EndedEarly(r.Local, "any event", ls.Cut)
 		}
-		lc.feedSplit(split.Event{Kind: split.FirstLegFailed, Err: inference.BeforeOutputErr(cause)})
+		lc.split.feedSplit(split.Event{Kind: split.FirstLegFailed, Err: inference.BeforeOutputErr(cause)})
 	}
 }
 
@@ -129,11 +129,11 @@ func (fs *laneFirst) answered(a *rawhttp.Answer) {
 	lc := fs.lc
 	if fs.df.AnswerDeclines(a.Status, a.Buf) {
 		fs.leg = false
-		lc.feedSplit(split.Event{Kind: split.FirstAnswerDeclined})
+		lc.split.feedSplit(split.Event{Kind: split.FirstAnswerDeclined})
 		return
 	}
 	fs.whole = a
-	lc.feedSplit(split.Event{Kind: split.FirstAnswerReady})
+	lc.split.feedSplit(split.Event{Kind: split.FirstAnswerReady})
 	fs.whole = nil
 }
 
@@ -144,7 +144,7 @@ func (fs *laneFirst) failed(err error) bool {
 		return false
 	}
 	fs.leg = false
-	fs.lc.feedSplit(split.Event{Kind: split.FirstLegFailed, Err: inference.BeforeOutputErr(err)})
+	fs.lc.split.feedSplit(split.Event{Kind: split.FirstLegFailed, Err: inference.BeforeOutputErr(err)})
 	return true
 }
 
@@ -156,7 +156,7 @@ func (fs *laneFirst) drop() {
 		return
 	}
 	fs.leg = false
-	lc.dropLeg()
+	lc.leg.dropLeg()
 	lc.setGauge(nil)
 }
 
@@ -167,12 +167,12 @@ func (fs *laneFirst) relay() {
 	fs.leg = false
 	if a := fs.whole; a != nil {
 		fs.df.Answered(a.Status, false)
-		lc.writeWhole(&a.Head, r.LocalAnswerBody(a.Status, a.Buf))
+		lc.reply.writeWhole(&a.Head, r.LocalAnswerBody(a.Status, a.Buf))
 		return
 	}
-	ls := lc.ls
+	ls := lc.reply.ls
 	fs.df.Answered(r.Obs.Status, true)
 	ls.MarkOutput()
-	lc.FirstOutput()
+	lc.reply.firstOutput()
 	ls.Write(fs.held)
 }

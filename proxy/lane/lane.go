@@ -130,7 +130,7 @@ func (ln *lane) Adopt(c *clientconn.Conn) {
 	}
 	ll := ln.loops[int(ln.next.Add(1))%len(ln.loops)]
 	lc := newConn(ll)
-	lc.cc, lc.fd, lc.interest, lc.since = c, fd, netloop.Readable, time.Now()
+	lc.client.cc, lc.client.fd, lc.client.interest, lc.client.since = c, fd, netloop.Readable, time.Now()
 	ln.mu.Lock()
 	select {
 	case <-ln.stop:
@@ -144,7 +144,7 @@ func (ln *lane) Adopt(c *clientconn.Conn) {
 	lc.mu.Lock()
 	defer lc.mu.Unlock()
 	if err := ll.loop.Add(fd, netloop.Readable, lc); err != nil {
-		lc.close()
+		lc.client.close()
 	}
 }
 
@@ -164,8 +164,8 @@ func (ln *lane) sweep() {
 			}
 			for _, lc := range ln.snapshot() {
 				lc.mu.Lock()
-				if lc.state == laneIdle && now.Sub(lc.since) >= idle {
-					lc.close()
+				if lc.state == laneIdle && now.Sub(lc.client.since) >= idle {
+					lc.client.close()
 				}
 				lc.mu.Unlock()
 			}
@@ -190,9 +190,9 @@ func (ln *lane) Shutdown() {
 	for _, lc := range ln.snapshot() {
 		lc.mu.Lock()
 		if lc.state == laneIdle {
-			lc.close()
+			lc.client.close()
 		} else {
-			lc.keepAlive = false
+			lc.client.keepAlive = false
 		}
 		lc.mu.Unlock()
 	}
@@ -223,12 +223,15 @@ const (
 // that with the sweeper and the drain, which close idle connections.
 //
 // It holds the request and its state, and is made of parts with one job
-// each, values in it that point back to it (a laneConn is made by newConn,
-// which wires them): the client side (laneClient: reading requests and
-// their bodies), the client's answer (laneReply), the upstream leg
-// (laneLeg: dialled, written, its answer read), its timer (laneTimer) and
-// the split's execution (laneSplit). A part's fields and methods are the
-// connection's by promotion; a part reaches the others through it.
+// each, named values in it that point back to it (a laneConn is made by
+// newConn, which wires them): the client side (client: reading requests
+// and their bodies), the client's answer (reply), the upstream leg (leg:
+// dialled, written, its answer read), its timer (timer) and the split's
+// execution (split). A part's fields and methods are reached through its
+// name (lc.leg.sent, lc.timer.stopTimer()), not promoted: the
+// connection's own methods are only its handler's, its request's and its
+// stream's (relay.StreamConns, each a part's); a part reaches the others
+// through it.
 type laneConn struct {
 	mu    sync.Mutex
 	ll    *laneLoop
@@ -247,17 +250,17 @@ type laneConn struct {
 	// the step comes back.
 	stepGone error
 
-	laneClient
-	laneReply
-	laneLeg
-	laneTimer
-	laneSplit
+	client laneClient
+	reply  laneReply
+	leg    laneLeg
+	timer  laneTimer
+	split  laneSplit
 }
 
 // newConn returns a connection of loop ll, its parts wired to it.
 func newConn(ll *laneLoop) *laneConn {
 	lc := &laneConn{ll: ll}
-	lc.laneClient.lc, lc.laneReply.lc, lc.laneLeg.lc, lc.laneTimer.lc, lc.laneSplit.lc = lc, lc, lc, lc, lc
+	lc.client.lc, lc.reply.lc, lc.leg.lc, lc.timer.lc, lc.split.lc = lc, lc, lc, lc, lc
 	return lc
 }
 
@@ -277,7 +280,7 @@ func (lc *laneConn) Ready(fd int, ev netloop.Events) {
 		case ev&netloop.HangUp != 0:
 			cause = inference.ErrClientGone
 		default:
-			lc.setInterest(lc.interest &^ netloop.Readable)
+			lc.client.setInterest(lc.client.interest &^ netloop.Readable)
 			return
 		}
 		if lc.stepGone == nil {
@@ -286,35 +289,35 @@ func (lc *laneConn) Ready(fd int, ev netloop.Events) {
 		}
 	case ev&netloop.Shutdown != 0:
 		if lc.state == laneIdle {
-			lc.close()
+			lc.client.close()
 			return
 		}
 		lc.abandon(inference.ErrDrainTimeout)
 	case lc.chunk != nil && lc.chunk.streaming:
 		lc.chunk.ready(ev)
 	case lc.state == laneIdle:
-		lc.readRequest(ev)
+		lc.client.readRequest(ev)
 	case lc.state == laneReading:
-		lc.readBody()
-	case lc.state == laneAnswer && lc.ls != nil:
+		lc.client.readBody()
+	case lc.state == laneAnswer && lc.reply.ls != nil:
 		if ev&(netloop.HangUp|netloop.Writable) == 0 {
 			// A pipelined request: it waits in the socket until this answer
 			// is written.
-			lc.setInterest(lc.interest &^ netloop.Readable)
+			lc.client.setInterest(lc.client.interest &^ netloop.Readable)
 			return
 		}
-		if ev&netloop.HangUp != 0 && lc.ls.Gate.Shut() {
+		if ev&netloop.HangUp != 0 && lc.reply.ls.Gate.Shut() {
 			// The client left before its answer began (the stream is
 			// still held back): counted as the fasthttp path counts it.
-			lc.dropStream()
+			lc.reply.dropStream()
 			lc.clientLeft()
 			return
 		}
-		lc.ls.Handle(fd, ev)
+		lc.reply.ls.Handle(fd, ev)
 	case ev&netloop.HangUp != 0:
 		lc.clientLeft()
 	default:
-		lc.setInterest(lc.interest &^ netloop.Readable)
+		lc.client.setInterest(lc.client.interest &^ netloop.Readable)
 	}
 }
 
@@ -324,24 +327,24 @@ func (lc *laneConn) serve(b []byte, api connectors.API, headLen int, lr rawhttp.
 	ll := lc.ll
 	p := ll.ln.p
 	if !p.Guard.Acquire() {
-		lc.toServer(b, time.Now()) // whole: nothing is left to read
+		lc.client.toServer(b, time.Now()) // whole: nothing is left to read
 		return
 	}
 	r := p.StartRequest(lr.ID, &ll.req, b[headLen:], ll.ln.local, api)
-	r.Client = inference.ClientAddr(lc.cc.RemoteAddr())
-	lc.r, lc.keepAlive = r, lr.KeepAlive
+	r.Client = inference.ClientAddr(lc.client.cc.RemoteAddr())
+	lc.r, lc.client.keepAlive = r, lr.KeepAlive
 	p.LoopRequests.Add(1)
 	// Counted as the lane takes it, before any answer byte: a client that
 	// has its answer finds it counted.
 	p.M.LoopRequests.Inc()
 	named := len(ll.req.Peek(inference.HeaderPrefiller)) > 0 // as Admit reads it
 	if named {
-		lc.beginSplit(true) // copies the body
+		lc.split.beginSplit(true) // copies the body
 	}
 	a := r.Admit(&ll.req)
 	if a.Wait != nil {
 		if !named {
-			lc.beginSplit(false) // copies the head and the body
+			lc.split.beginSplit(false) // copies the head and the body
 		}
 		// Admit goes on with a copy of the head: the loop's parser goes on
 		// to other requests.
@@ -374,13 +377,13 @@ func (lc *laneConn) admitAfter(step feature.Step, h *fasthttp.RequestHeader) {
 func (lc *laneConn) route(a inference.Admission) {
 	switch a.Route {
 	case inference.RouteFail:
-		lc.failWith(a.Err)
+		lc.reply.failWith(a.Err)
 	case inference.RouteFallback:
-		lc.refused(a.Err)
+		lc.split.refused(a.Err)
 	case inference.RouteLocal:
 		lc.serveLocal()
 	default:
-		lc.split()
+		lc.split.run()
 	}
 }
 
@@ -419,26 +422,26 @@ func (lc *laneConn) runStep(step feature.Step, next func()) {
 // prefill and decode.
 func (lc *laneConn) decodeLeg(body []byte, bodyp *[]byte, remote bool) {
 	ll, r, p := lc.ll, lc.r, lc.ll.ln.p
-	if _, ok := r.ChunkPlan(body, remote); ok && lc.shadowOf == nil && !(remote && lc.pd.paired != nil) {
+	if _, ok := r.ChunkPlan(body, remote); ok && lc.shadowOf == nil && !(remote && lc.split.pd.paired != nil) {
 		startChunked(lc, body, bodyp, remote) // --decode-chunk-size
 		return
 	}
 	if remote {
 		lc.setGauge(ll.decode)
-		lc.pd.sent = time.Now()
+		lc.split.pd.sent = time.Now()
 	} else {
 		lc.setGauge(ll.local)
 	}
 	r.DecodeStarted(remote)
-	lc.sentp, lc.sent = p.Bufs.GetChunk()
-	if lc.pd != nil {
-		lc.sent = append(lc.sent, lc.pd.start...)
+	lc.leg.sentp, lc.leg.sent = p.Bufs.GetChunk()
+	if lc.split.pd != nil {
+		lc.leg.sent = append(lc.leg.sent, lc.split.pd.start...)
 	} else {
-		lc.sent = rawhttp.AppendLegStartStrip(lc.sent, &ll.req, p.LegStrip)
+		lc.leg.sent = rawhttp.AppendLegStartStrip(lc.leg.sent, &ll.req, p.LegStrip)
 	}
-	lc.boundFirstByte()
-	lc.prefill = false
-	lc.legTo(r.Local, body, bodyp)
+	lc.timer.boundFirstByte()
+	lc.leg.prefill = false
+	lc.leg.legTo(r.Local, body, bodyp)
 }
 
 // setGauge moves the request to in-flight gauge g (nil: none).
@@ -593,10 +596,10 @@ func (lc *laneConn) failed(err error) {
 		c.failed(err)
 		return
 	}
-	if lc.pairedSplit().decodeEnded(inference.DecodeTransportErr(err)) || lc.decodeFirst().failed(err) {
+	if lc.split.pairedSplit().decodeEnded(inference.DecodeTransportErr(err)) || lc.split.decodeFirst().failed(err) {
 		return
 	}
-	lc.failWith(inference.DecodeTransportErr(err))
+	lc.reply.failWith(inference.DecodeTransportErr(err))
 }
 
 // clientLeft ends a request whose client hung up before its answer began:
@@ -606,35 +609,35 @@ func (lc *laneConn) clientLeft() {
 		r.LeftBeforeAnswer(inference.ErrClientGone)
 		lc.drop(inference.ErrClientGone)
 	}
-	lc.close()
+	lc.client.close()
 }
 
 // abandon ends a request the lane cannot carry on (the loop shutting down).
 func (lc *laneConn) abandon(err error) {
 	if lc.shadowOf != nil {
-		lc.shadowOf.shadowFailed(lc, err)
+		lc.shadowOf.split.shadowFailed(lc, err)
 		return
 	}
-	if lc.ls != nil {
-		lc.ls.Fail(err)
+	if lc.reply.ls != nil {
+		lc.reply.ls.Fail(err)
 		return
 	}
 	if r := lc.r; r != nil {
 		r.LogAt(zerolog.ErrorLevel).Err(err).Msg("request ended by the sidecar; connections closed")
 		lc.drop(err)
 	}
-	lc.close()
+	lc.client.close()
 }
 
 // drop ends a request before its answer began: the upstream connection
 // is closed, so the upstream drops it too.
 func (lc *laneConn) drop(cause error) {
 	lc.r.Cancel(cause)
-	lc.endSplitEarly(cause)
-	lc.stopTimer()
-	lc.putSent()
-	lc.endUp(false)
-	lc.dropRaw()
+	lc.split.endSplitEarly(cause)
+	lc.timer.stopTimer()
+	lc.leg.putSent()
+	lc.leg.endUp(false)
+	lc.leg.dropRaw()
 	lc.finish()
 }
 
@@ -646,28 +649,28 @@ func (lc *laneConn) finish() {
 		return
 	}
 	if lc.shadowOf != nil {
-		lc.shadowOf.shadowFailed(lc, errHedgeAbandoned)
+		lc.shadowOf.split.shadowFailed(lc, errHedgeAbandoned)
 		return
 	}
 	if lc.chunk != nil {
 		lc.chunk.release()
 	}
-	lc.dropHedge()
-	if ps := lc.pairedSplit(); ps != nil {
+	lc.split.dropHedge()
+	if ps := lc.split.pairedSplit(); ps != nil {
 		ps.end()
 	}
 	lc.ReleaseKV() // --release-kv-on-cancel: before the split's buffers are given back
-	lc.r, lc.prefill = nil, false
-	lc.putSent()
-	lc.dropReqBody()
-	lc.dropRaw()
-	lc.endSplit()
+	lc.r, lc.leg.prefill = nil, false
+	lc.leg.putSent()
+	lc.client.dropReqBody()
+	lc.leg.dropRaw()
+	lc.split.endSplit()
 	lc.setGauge(nil)
 	r.Report()
 	r.P.Guard.Release()
 	r.Cancel(context.Canceled)
-	if lc.streamed {
-		lc.streamed = false
+	if lc.reply.streamed {
+		lc.reply.streamed = false
 		r.P.M.LoopStreams.Dec()
 	}
 	r.P.LoopRequests.Add(-1)
@@ -677,8 +680,8 @@ func (lc *laneConn) finish() {
 // start is the split's (the loop's parsed head is another request's by
 // now).
 func (lc *laneConn) ReleaseKV() {
-	if r := lc.r; r != nil && r.KVPending != nil && lc.pd != nil {
-		inference.ReleaseKV(r, lc.pd.start)
+	if r := lc.r; r != nil && r.KVPending != nil && lc.split.pd != nil {
+		inference.ReleaseKV(r, lc.split.pd.start)
 	}
 }
 
@@ -716,13 +719,13 @@ func (u *upConn) Ready(fd int, ev netloop.Events) {
 	if ev&netloop.Shutdown != 0 {
 		mu := lc.lock()
 		mu.Lock()
-		if lc.up == u {
+		if lc.leg.up == u {
 			lc.abandon(inference.ErrDrainTimeout)
 		}
 		mu.Unlock()
 		return
 	}
-	lc.upReady(u, ev)
+	lc.leg.upReady(u, ev)
 }
 
 func (u *upConn) watch() error {

@@ -59,7 +59,7 @@ func (cl *laneClient) beginBody(b []byte, headLen, want int) {
 	lb := &laneBody{bufp: p.Bufs.Bodies.Get(want), want: want, held: held, start: time.Now()}
 	lb.buf = append(*lb.bufp, b...)
 	cl.body, lc.state = lb, laneReading
-	lc.startTimer(p.Cfg.Guard.ReadTimeout/2, cl.bodyStalled)
+	lc.timer.startTimer(p.Cfg.Guard.ReadTimeout/2, cl.bodyStalled)
 	cl.readBody()
 }
 
@@ -80,7 +80,7 @@ func (cl *laneClient) readBody() {
 		}
 		lb.buf = lb.buf[:len(lb.buf)+n]
 	}
-	lc.stopTimer()
+	lc.timer.stopTimer()
 	if cl.lowWaterBack(lb); lc.state == laneGone {
 		return // closed, lb given back
 	}

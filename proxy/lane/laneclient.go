@@ -47,7 +47,7 @@ func (cl *laneClient) close() {
 		cl.dropReqBody()
 	}
 	if cl.body != nil {
-		lc.stopTimer()
+		lc.timer.stopTimer()
 		cl.dropBody(cl.body)
 		cl.body = nil
 	}
@@ -103,7 +103,7 @@ func (cl *laneClient) done(keep bool) {
 	if lc.shadowOf != nil {
 		return // the client is the primary's
 	}
-	lc.ls = nil
+	lc.reply.ls = nil
 	if !keep || lc.state == laneGone {
 		cl.close()
 		return
@@ -117,5 +117,5 @@ func (cl *laneClient) done(keep bool) {
 // The client side's part of the connection's relay.StreamConns (its
 // loopStream's).
 
-func (cl *laneClient) ClientWatch(ev netloop.Events) error { return cl.setInterest(ev) }
-func (cl *laneClient) ClientDone(keep bool)                { cl.done(keep) }
+func (lc *laneConn) ClientWatch(ev netloop.Events) error { return lc.client.setInterest(ev) }
+func (lc *laneConn) ClientDone(keep bool)                { lc.client.done(keep) }

@@ -45,8 +45,8 @@ func BenchmarkLaneHeads(b *testing.B) {
 		// Wired as newConn wires it, on the stack: the lane makes a
 		// connection per client connection, not per request.
 		var lc laneConn
-		lc.ll, lc.r, lc.keepAlive, lc.laneReply.lc = ll, r, true, &lc
-		out = lc.appendHead(out[:0], &ll.resp, -1)
+		lc.ll, lc.r, lc.client.keepAlive, lc.reply.lc = ll, r, true, &lc
+		out = lc.reply.appendHead(out[:0], &ll.resp, -1)
 		r.Cancel(nil)
 	}
 }

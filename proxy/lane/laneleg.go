@@ -173,8 +173,8 @@ func (lg *laneLeg) upReady(u *upConn, ev netloop.Events) {
 		}
 		lg.readHead()
 	case laneAnswer:
-		if lc.ls != nil {
-			lc.ls.Handle(u.fd, ev)
+		if lc.reply.ls != nil {
+			lc.reply.ls.Handle(u.fd, ev)
 		} else if lg.raw != nil {
 			lg.readRaw()
 		}
@@ -221,7 +221,7 @@ func (lg *laneLeg) readHead() {
 		lg.prefillHead(b)
 		return
 	}
-	lc.answer(b)
+	lc.reply.answer(b)
 }
 
 // readWhole reads an answer whole (head in ll.resp, its body decoded by
@@ -284,18 +284,18 @@ func (lg *laneLeg) rawDone() {
 	lg.endUp(a.Body.Done() && !a.Excess)
 	switch {
 	case lc.shadowOf != nil:
-		lc.shadowOf.shadowWhole(lc, a)
+		lc.shadowOf.split.shadowWhole(lc, a)
 	case lc.chunk != nil && lc.chunk.leg:
 		lc.chunk.answered(a)
 	case lg.prefill:
-		lc.PrefillAnswered(a)
-	case lc.decodeFirst() != nil:
-		lc.decodeFirst().answered(a)
+		lc.split.PrefillAnswered(a)
+	case lc.split.decodeFirst() != nil:
+		lc.split.decodeFirst().answered(a)
 	case r.Handoff != nil:
-		lc.remoteAnswered(a)
+		lc.split.remoteAnswered(a)
 	default:
 		r.JSONAnswered(a.Status)
-		lc.writeWhole(&a.Head, r.LocalAnswerBody(a.Status, a.Buf))
+		lc.reply.writeWhole(&a.Head, r.LocalAnswerBody(a.Status, a.Buf))
 	}
 }
 
@@ -310,17 +310,17 @@ func (lg *laneLeg) rawBroke(err error) {
 	lg.dropRaw()
 	lg.endUp(false)
 	if lg.prefill {
-		lc.prefillFailed(inference.PrefillTransportErr(err))
+		lc.split.prefillFailed(inference.PrefillTransportErr(err))
 		return
 	}
 	if c := lc.chunk; c != nil && c.leg {
 		c.failed(err)
 		return
 	}
-	if lc.pairedSplit().decodeEnded(inference.DecodeTransportErr(err)) || lc.decodeFirst().failed(err) {
+	if lc.split.pairedSplit().decodeEnded(inference.DecodeTransportErr(err)) || lc.split.decodeFirst().failed(err) {
 		return
 	}
-	lc.failWith(inference.DecodeTransportErr(err))
+	lc.reply.failWith(inference.DecodeTransportErr(err))
 }
 
 // dropRaw lets go of the answer being read whole, if any, and of its
@@ -354,7 +354,7 @@ func (lg *laneLeg) legFailed(err error) {
 	lc := lg.lc
 	if lg.prefill {
 		lg.head = lg.head[:0]
-		lc.prefillFailed(inference.PrefillTransportErr(err))
+		lc.split.prefillFailed(inference.PrefillTransportErr(err))
 		return
 	}
 	lc.failed(err)
@@ -392,9 +392,9 @@ func (lg *laneLeg) putSent() {
 
 // The leg's part of the connection's relay.StreamConns (its loopStream's).
 
-func (lg *laneLeg) LegEnd(clean bool) { lg.endUp(clean) }
-func (lg *laneLeg) LegPause() error   { return lg.up.unwatch() }
-func (lg *laneLeg) LegResume() error  { return lg.up.watch() }
+func (lc *laneConn) LegEnd(clean bool) { lc.leg.endUp(clean) }
+func (lc *laneConn) LegPause() error   { return lc.leg.up.unwatch() }
+func (lc *laneConn) LegResume() error  { return lc.leg.up.watch() }
 
 // prefillHead begins reading the prefill's answer, whose head is in
 // ll.resp, rest the body bytes that came with it.
@@ -416,9 +416,9 @@ func (lg *laneLeg) prefillHead(rest []byte) {
 func (lg *laneLeg) dropLeg() {
 	lc := lg.lc
 	lg.dials++
-	lc.stopTimer()
-	if lc.ls != nil {
-		lc.dropStream()
+	lc.timer.stopTimer()
+	if lc.reply.ls != nil {
+		lc.reply.dropStream()
 	}
 	lg.dropRaw()
 	lg.endUp(false)

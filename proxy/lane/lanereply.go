@@ -28,18 +28,18 @@ type laneReply struct {
 func (rp *laneReply) answer(rest []byte) {
 	lc := rp.lc
 	ll, r := lc.ll, lc.r
-	lc.up.fresh = false
-	lc.putSent()
-	lc.head = nil
+	lc.leg.up.fresh = false
+	lc.leg.putSent()
+	lc.leg.head = nil
 	r.Obs.Status = ll.resp.StatusCode()
 	lc.state = laneAnswer
 	if ll.resp.ConnectionClose() {
-		lc.up.keep = false
+		lc.leg.up.keep = false
 	}
 	dec := upstream.HeadDecoder(&ll.resp)
 	if !bytes.HasPrefix(ll.resp.ContentType(), inference.EventStream) || upstream.Bodiless(r.Obs.Status) {
-		lc.stopTimer()
-		lc.readWhole(dec, rest)
+		lc.timer.stopTimer()
+		lc.leg.readWhole(dec, rest)
 		return
 	}
 	// The head waits for the stream's first event (its first output for a
@@ -50,11 +50,11 @@ func (rp *laneReply) answer(rest []byte) {
 	switch {
 	case lc.shadowOf != nil:
 		// A hedge's local leg: held until its first output.
-		ls.Gate, ls.Gated = sserelay.GateHolding, lc.hedgeGated
-	case lc.decodeFirst() != nil:
-		lc.decodeFirst().gate(ls)
+		ls.Gate, ls.Gated = sserelay.GateHolding, lc.split.hedgeGated
+	case lc.split.decodeFirst() != nil:
+		lc.split.decodeFirst().gate(ls)
 	case r.Handoff != nil:
-		lc.gateStream(ls)
+		lc.split.gateStream(ls)
 	default:
 		ls.Gate, ls.Gated = sserelay.GateFirstEvent, rp.began
 	}
@@ -71,10 +71,10 @@ func (rp *laneReply) answer(rest []byte) {
 func (rp *laneReply) newStream(dec httpbody.Decoder) *relay.LoopStream {
 	lc := rp.lc
 	ll, r := lc.ll, lc.r
-	ls := &relay.LoopStream{R: r, Loop: ll.loop, KeepAlive: lc.keepAlive, CFD: lc.fd, UFD: -1,
+	ls := &relay.LoopStream{R: r, Loop: ll.loop, KeepAlive: lc.client.keepAlive, CFD: lc.client.fd, UFD: -1,
 		Stream: sserelay.Stream{Body: dec, API: r.API, MaxEvent: r.P.Cfg.MaxSSEEventBytes}}
-	if lc.up != nil {
-		ls.UFD = lc.up.fd
+	if lc.leg.up != nil {
+		ls.UFD = lc.leg.up.fd
 	}
 	ls.Release = lc.finish
 	ls.Conns = lc
@@ -87,9 +87,9 @@ func (rp *laneReply) newStream(dec httpbody.Decoder) *relay.LoopStream {
 func (rp *laneReply) appendHead(out []byte, h *fasthttp.ResponseHeader, contentLength int) []byte {
 	lc := rp.lc
 	if lc.ll.ln.p.Draining.Load() {
-		lc.keepAlive = false
+		lc.client.keepAlive = false
 	}
-	return rawhttp.AppendAnswerHead(out, h, lc.r.ID, contentLength, lc.keepAlive)
+	return rawhttp.AppendAnswerHead(out, h, lc.r.ID, contentLength, lc.client.keepAlive)
 }
 
 // writeWhole writes a complete answer (head h, body) through a loopStream
@@ -111,11 +111,11 @@ func (rp *laneReply) writeWhole(h *fasthttp.ResponseHeader, body []byte) {
 func (rp *laneReply) failWith(err error) {
 	lc := rp.lc
 	if lc.shadowOf != nil {
-		lc.shadowOf.shadowFailed(lc, err)
+		lc.shadowOf.split.shadowFailed(lc, err)
 		return
 	}
-	lc.stopTimer()
-	lc.putSent()
+	lc.timer.stopTimer()
+	lc.leg.putSent()
 	o := lc.r.Failure(err)
 	lc.r.AnswerCounted(lc.r.Mode, o.Status)
 	h := rp.ownHead(o.Status, "application/json")
@@ -148,7 +148,7 @@ func (rp *laneReply) ownHead(status int, contentType string) *fasthttp.ResponseH
 func (rp *laneReply) began(g sserelay.Gate, held []byte) {
 	lc := rp.lc
 	ls := rp.ls
-	lc.stopTimer()
+	lc.timer.stopTimer()
 	if g != sserelay.GateOutput { // ended with no event
 		rp.dropStream()
 		rp.failWith(inference.EndedBefore(lc.r.Local, "any event", ls.Cut))
@@ -163,17 +163,20 @@ func (rp *laneReply) relayHeld(held []byte) {
 	r, ls := rp.lc.r, rp.ls
 	r.StreamBegan(r.Obs.Status)
 	ls.MarkOutput()
-	rp.FirstOutput()
+	rp.firstOutput()
 	ls.Write(held)
 }
 
-// FirstOutput is the answer's part of the connection's relay.StreamConns:
-// the first event is being relayed, the request's time to first token.
-func (rp *laneReply) FirstOutput() {
+// firstOutput records that the first event is being relayed: the
+// request's time to first token.
+func (rp *laneReply) firstOutput() {
 	lc := rp.lc
 	r := lc.r
 	r.P.M.TTFT.WithLabelValues(r.Mode).Observe(time.Since(r.Start).Seconds())
 }
+
+// FirstOutput is the answer's part of the connection's relay.StreamConns.
+func (lc *laneConn) FirstOutput() { lc.reply.firstOutput() }
 
 // dropStream ends a held stream the client never saw: its leg is closed,
 // and the request goes on.

@@ -32,9 +32,9 @@ func (tm *laneTimer) firstByteTimeout() {
 	lc := tm.lc
 	switch {
 	case lc.state == laneWaiting || lc.state == laneSending:
-		lc.endUp(false)
-	case lc.state == laneAnswer && lc.ls != nil && lc.ls.Gate.Shut():
-		lc.dropStream()
+		lc.leg.endUp(false)
+	case lc.state == laneAnswer && lc.reply.ls != nil && lc.reply.ls.Gate.Shut():
+		lc.reply.dropStream()
 	default:
 		return
 	}

@@ -29,22 +29,22 @@ type offLoopLeg struct {
 
 // offLoop reports whether lc's leg is sent off the loop.
 func offLoop(lc *laneConn) bool {
-	return lc.prefill && lc.ll.ln.p.Cfg.Guard.TLS.Prefiller
+	return lc.leg.prefill && lc.ll.ln.p.Cfg.Guard.TLS.Prefiller
 }
 
-// send sends the leg in lc.sent (and lc.sentBody) to lc.addr through the
+// send sends the leg in lc.leg.sent (and sentBody) to its addr through the
 // proxy's transport, off the loop.
 func (o *offLoopLeg) send(lc *laneConn) {
-	ll, r, p, addr := lc.ll, lc.r, lc.ll.ln.p, lc.addr
+	ll, r, p, addr := lc.ll, lc.r, lc.ll.ln.p, lc.leg.addr
 	lc.state = laneSending
-	lc.dials++
-	n := lc.dials
+	lc.leg.dials++
+	n := lc.leg.dials
 	req := fasthttp.AcquireRequest()
 	// Parsed from the leg as the lane wrote it (head, then a long body
 	// where it lies): the request copies what it keeps.
-	if err := req.Read(bufio.NewReader(io.MultiReader(bytes.NewReader(lc.sent), bytes.NewReader(lc.sentBody)))); err != nil {
+	if err := req.Read(bufio.NewReader(io.MultiReader(bytes.NewReader(lc.leg.sent), bytes.NewReader(lc.leg.sentBody)))); err != nil {
 		fasthttp.ReleaseRequest(req)
-		lc.legFailed(&upstream.LegError{Addr: addr, Op: "write", Err: err})
+		lc.leg.legFailed(&upstream.LegError{Addr: addr, Op: "write", Err: err})
 		return
 	}
 	ctx, cancel := context.WithCancel(r.Ctx)
@@ -70,22 +70,22 @@ func (o *offLoopLeg) done(lc *laneConn, r *inference.Request, n uint64, resp *fa
 	mu := lc.lock()
 	mu.Lock()
 	defer mu.Unlock()
-	if lc.state != laneSending || lc.r != r || lc.dials != n {
+	if lc.state != laneSending || lc.r != r || lc.leg.dials != n {
 		return // cancelled meanwhile
 	}
 	o.cancel = nil
 	if err != nil {
-		lc.legFailed(err)
+		lc.leg.legFailed(err)
 		return
 	}
 	lc.state = laneAnswer
 	a := &rawhttp.Answer{Status: resp.StatusCode(), Buf: resp.Body()}
 	resp.Header.CopyTo(&a.Head)
 	if lc.shadowOf != nil {
-		lc.shadowOf.shadowWhole(lc, a)
+		lc.shadowOf.split.shadowWhole(lc, a)
 		return
 	}
-	lc.PrefillAnswered(a)
+	lc.split.PrefillAnswered(a)
 }
 
 // stop cancels the leg, if one runs.

@@ -60,7 +60,7 @@ type heldAnswer struct {
 // runPaired runs the paired split of lc's request (beginSplit readied it)
 // with the prefiller Admit named.
 func runPaired(lc *laneConn) {
-	ll, r, p, pd := lc.ll, lc.r, lc.ll.ln.p, lc.pd
+	ll, r, p, pd := lc.ll, lc.r, lc.ll.ln.p, lc.split.pd
 	s := inference.BeginPaired(r)
 	ps := &lanePaired{lc: lc, pd: pd, pp: s, pm: split.NewPaired(s.Config)}
 	pd.paired = ps
@@ -79,7 +79,7 @@ func runPaired(lc *laneConn) {
 func (ps *lanePaired) start() {
 	ps.pd.feeding = true
 	ps.exec(ps.pm.Start(ps.pp.Start))
-	ps.lc.drainSplit(ps.pd)
+	ps.lc.split.drainSplit(ps.pd)
 }
 
 // exec executes the machine's actions.
@@ -87,7 +87,7 @@ func (ps *lanePaired) exec(acts []split.Action) {
 	lc, pd := ps.lc, ps.pd
 	r := lc.r
 	for _, a := range acts {
-		if lc.pd != pd {
+		if lc.split.pd != pd {
 			return // the request ended meanwhile
 		}
 		if ps.pp.Account(a, r.Logger()) {
@@ -115,7 +115,7 @@ func (ps *lanePaired) exec(acts []split.Action) {
 			t := a.Timer
 			ps.stopTimer(t)
 			ps.timers[t] = time.AfterFunc(a.After, func() {
-				lc.onLoop(r, func() { lc.feedSplit(split.Event{Kind: split.TimerFired, Timer: t}) })
+				lc.onLoop(r, func() { lc.split.feedSplit(split.Event{Kind: split.TimerFired, Timer: t}) })
 			})
 			continue
 		case split.Disarm:
@@ -139,7 +139,7 @@ func (ps *lanePaired) exec(acts []split.Action) {
 			r.Handoff = nil
 			lc.decodeLeg(r.Body, nil, false)
 		case split.PassOn, split.Fail:
-			lc.splitAnswers(a)
+			lc.split.splitAnswers(a)
 		case split.Degraded:
 			r.Degraded(a.Reason, a.Err)
 		}
@@ -161,32 +161,32 @@ func (ps *lanePaired) sendPrefill() {
 	lc, pd := ps.lc, ps.pd
 	ll, r, p := lc.ll, lc.r, lc.ll.ln.p
 	h := newConn(ll)
-	h.cc, h.fd, h.keepAlive, h.r, h.pd, h.shadowOf, h.prefill = lc.cc, lc.fd, lc.keepAlive, r, pd, lc, true
+	h.client.cc, h.client.fd, h.client.keepAlive, h.r, h.split.pd, h.shadowOf, h.leg.prefill = lc.client.cc, lc.client.fd, lc.client.keepAlive, r, pd, lc, true
 	ps.pre = h
 	ps.preLeg = ps.pp.StartPrefill(r) // before the head, which names its span
-	h.sentp, h.sent = p.Bufs.GetChunk()
+	h.leg.sentp, h.leg.sent = p.Bufs.GetChunk()
 	if ps.preHead != nil {
-		h.sent = append(h.sent, ps.preHead...)
+		h.leg.sent = append(h.leg.sent, ps.preHead...)
 	} else {
-		h.sent = append(h.sent, pd.start...)
+		h.leg.sent = append(h.leg.sent, pd.start...)
 	}
-	h.legTo(r.Prefiller, ps.pp.Pre, nil)
+	h.leg.legTo(r.Prefiller, ps.pp.Pre, nil)
 }
 
 // prefillEnded ends the prefill leg h with its answer a (read whole), or
 // the failure err, and tells the machine what it meant.
 func (ps *lanePaired) prefillEnded(h *laneConn, a *rawhttp.Answer, err error) {
 	lc := ps.lc
-	if lc.pd != ps.pd || ps.pre != h {
+	if lc.split.pd != ps.pd || ps.pre != h {
 		return
 	}
 	ps.pre = nil
-	h.dials++ // a dial on its way is let go
-	h.off.stop()
-	h.stopTimer()
-	h.dropRaw()
-	h.endUp(false)
-	h.putSent()
+	h.leg.dials++ // a dial on its way is let go
+	h.leg.off.stop()
+	h.timer.stopTimer()
+	h.leg.dropRaw()
+	h.leg.endUp(false)
+	h.leg.putSent()
 	h.r, h.state = nil, laneGone
 	var status int
 	var ct, body []byte
@@ -194,10 +194,10 @@ func (ps *lanePaired) prefillEnded(h *laneConn, a *rawhttp.Answer, err error) {
 		status, ct, body = a.Status, a.Head.ContentType(), a.Buf
 	}
 	if err = ps.preLeg.End(status, ct, body, err); err != nil {
-		lc.feedSplit(split.Event{Kind: split.PrefillFailed, Err: err})
+		lc.split.feedSplit(split.Event{Kind: split.PrefillFailed, Err: err})
 		return
 	}
-	lc.feedSplit(split.Event{Kind: split.PrefillAnswered})
+	lc.split.feedSplit(split.Event{Kind: split.PrefillAnswered})
 }
 
 // decodeEnded tells the machine that the decode leg ended: err nil once
@@ -205,11 +205,11 @@ func (ps *lanePaired) prefillEnded(h *laneConn, a *rawhttp.Answer, err error) {
 // reached the client. It reports false when no decode leg of the split is
 // out (ps nil included: the failure is then the caller's).
 func (ps *lanePaired) decodeEnded(err error) bool {
-	if ps == nil || !ps.decoding || ps.lc.pd != ps.pd {
+	if ps == nil || !ps.decoding || ps.lc.split.pd != ps.pd {
 		return false
 	}
 	ps.decoding = false
-	ps.lc.feedSplit(split.Event{Kind: split.DecodeEnded, Err: err})
+	ps.lc.split.feedSplit(split.Event{Kind: split.DecodeEnded, Err: err})
 	return true
 }
 
@@ -220,7 +220,7 @@ func (ps *lanePaired) cancelDecode(cause error) {
 	if !ps.decoding {
 		return
 	}
-	lc.dropLeg()
+	lc.leg.dropLeg()
 	ps.decodeEnded(cause)
 }
 
@@ -229,22 +229,22 @@ func (ps *lanePaired) cancelDecode(cause error) {
 // stream that ended with none, goes to the machine.
 func (ps *lanePaired) gated(g sserelay.Gate, held []byte) {
 	lc, pd := ps.lc, ps.pd
-	r, ls := lc.r, lc.ls
-	lc.stopTimer()
+	r, ls := lc.r, lc.reply.ls
+	lc.timer.stopTimer()
 	switch g {
 	case sserelay.GateHolding: // ended with no output
-		lc.dropStream()
+		lc.reply.dropStream()
 		ps.decodeEnded(inference.EndedBefore(r.Local, "any output", ls.Cut))
 		return
 	}
 	if err := r.KVStreamed(pd.sent, g == sserelay.GateError); err != nil {
-		lc.dropStream()
+		lc.reply.dropStream()
 		ps.decodeEnded(err)
 		return
 	}
 	if g != sserelay.GateError {
-		lc.feedSplit(split.Event{Kind: split.FirstOutput})
-		if lc.pd != pd {
+		lc.split.feedSplit(split.Event{Kind: split.FirstOutput})
+		if lc.split.pd != pd {
 			return
 		}
 		if ps.pm.Holding() {
@@ -264,7 +264,7 @@ func (ps *lanePaired) gated(g sserelay.Gate, held []byte) {
 // begins.
 func (ps *lanePaired) relay(held []byte) {
 	ps.decodeEnded(nil) // before the write, which may end the request
-	ps.lc.relayHeld(held)
+	ps.lc.reply.relayHeld(held)
 }
 
 // answered takes the decode answer, read whole: a KV load failure goes to
@@ -279,8 +279,8 @@ func (ps *lanePaired) answered(a *rawhttp.Answer) {
 	}
 	buf := r.AnswerBody(a.Status, a.Buf)
 	if inference.IsOutput(a.Status) {
-		lc.feedSplit(split.Event{Kind: split.FirstOutput})
-		if lc.pd != pd {
+		lc.split.feedSplit(split.Event{Kind: split.FirstOutput})
+		if lc.split.pd != pd {
 			return
 		}
 		if ps.pm.Holding() {
@@ -297,7 +297,7 @@ func (ps *lanePaired) answered(a *rawhttp.Answer) {
 func (ps *lanePaired) write(h *fasthttp.ResponseHeader, status int, body []byte) {
 	ps.decodeEnded(nil) // before the write, which may end the request
 	ps.lc.r.JSONAnswered(status)
-	ps.lc.writeWhole(h, body)
+	ps.lc.reply.writeWhole(h, body)
 }
 
 // releaseHeld lets the decode's held first output through.
@@ -308,7 +308,7 @@ func (ps *lanePaired) releaseHeld() {
 		ps.write(&w.head, w.head.StatusCode(), w.body)
 		return
 	}
-	ls := lc.ls
+	ls := lc.reply.ls
 	if ls == nil || ps.heldOut == nil {
 		return
 	}
@@ -328,7 +328,7 @@ func (ps *lanePaired) releaseHeld() {
 // driver's is when the request's context ends.
 func (ps *lanePaired) end() {
 	lc, pd := ps.lc, ps.pd
-	if ps.ending || lc.pd != pd {
+	if ps.ending || lc.split.pd != pd {
 		return
 	}
 	ps.ending, pd.feeding = true, true
@@ -337,7 +337,7 @@ func (ps *lanePaired) end() {
 	}
 	// Fed now, whatever is under way: the request ends here.
 	pd.queue = append(pd.queue, split.Event{Kind: split.ClientGone, Err: context.Canceled})
-	for lc.pd == pd && len(pd.queue) > 0 {
+	for lc.split.pd == pd && len(pd.queue) > 0 {
 		ev := pd.queue[0]
 		pd.queue = pd.queue[1:]
 		ps.exec(ps.pm.On(ev))

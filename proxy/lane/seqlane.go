@@ -94,7 +94,7 @@ func (sp *laneSplit) beginSplit(named bool) {
 	pd.bufp, pd.buf = p.Bufs.GetChunk()
 	pd.buf = rawhttp.AppendLegStartStrip(pd.buf, &ll.req, strip)
 	n := len(pd.buf)
-	if lc.reqBody == nil {
+	if lc.client.reqBody == nil {
 		pd.bufp, pd.buf = p.Bufs.GrowChunk(pd.bufp, pd.buf, len(r.Body))
 		pd.buf = append(pd.buf, r.Body...)
 		r.Body = pd.buf[n:]
@@ -103,9 +103,9 @@ func (sp *laneSplit) beginSplit(named bool) {
 	sp.pd = pd
 }
 
-// split runs the P/D split of the request (beginSplit readied it) with
+// run runs the P/D split of the request (beginSplit readied it) with
 // the prefiller Admit named.
-func (sp *laneSplit) split() {
+func (sp *laneSplit) run() {
 	lc := sp.lc
 	r, p, pd := lc.r, lc.ll.ln.p, sp.pd
 	switch {
@@ -178,15 +178,15 @@ func (sp *laneSplit) execSplit(pd *lanePD, acts []split.Action) {
 			}
 			sp.sendPrefill(pd, a.Attempt, a.Plain)
 		case split.CancelPrefill:
-			if lc.prefill {
+			if lc.leg.prefill {
 				// Its connection closed, so the prefiller drops the
 				// request; a dial on its way is let go.
-				lc.dials++
-				lc.off.stop()
-				lc.stopTimer()
-				lc.endUp(false)
-				lc.dropRaw()
-				lc.putSent()
+				lc.leg.dials++
+				lc.leg.off.stop()
+				lc.timer.stopTimer()
+				lc.leg.endUp(false)
+				lc.leg.dropRaw()
+				lc.leg.putSent()
 			}
 		case split.Arm:
 			sp.armSplit(pd, a.Timer, a.After)
@@ -197,11 +197,11 @@ func (sp *laneSplit) execSplit(pd *lanePD, acts []split.Action) {
 			case split.TimerHedge:
 				pd.hedgeDue.Stop()
 			case split.TimerBackoff:
-				lc.stopTimer()
+				lc.timer.stopTimer()
 			}
 		case split.SendHedge:
 			h := newConn(ll)
-			h.cc, h.fd, h.keepAlive, h.r, h.pd, h.shadowOf = lc.cc, lc.fd, lc.keepAlive, r, pd, lc
+			h.client.cc, h.client.fd, h.client.keepAlive, h.r, h.split.pd, h.shadowOf = lc.client.cc, lc.client.fd, lc.client.keepAlive, r, pd, lc
 			pd.hedge = h
 			h.decodeLeg(r.Body, nil, false)
 		case split.DropHedge:
@@ -219,7 +219,7 @@ func (sp *laneSplit) execSplit(pd *lanePD, acts []split.Action) {
 				sp.feedSplit(split.Event{Kind: split.LegFailed, Err: err})
 				continue
 			}
-			lc.answerWhole(metrics.ModeDisaggregated, st, ct, ans)
+			lc.reply.answerWhole(metrics.ModeDisaggregated, st, ct, ans)
 		case split.PassOn, split.Fail:
 			sp.splitAnswers(a)
 
@@ -228,8 +228,8 @@ func (sp *laneSplit) execSplit(pd *lanePD, acts []split.Action) {
 			lc.setGauge(ll.prefill)
 			pd.done = r.PrefillStarted(time.Now())
 		case split.PrefillEnded:
-			lc.prefill = false
-			lc.putSent()
+			lc.leg.prefill = false
+			lc.leg.putSent()
 			pd.done(a.Err)
 			lc.setGauge(nil)
 			p.Bufs.PutScratch(pd.scratch)
@@ -282,21 +282,21 @@ func (sp *laneSplit) takeHandoff(pd *lanePD, h connectors.Handoff) {
 func (sp *laneSplit) sendPrefill(pd *lanePD, attempt int, anew bool) {
 	lc := sp.lc
 	if attempt > 0 && !anew {
-		lc.retried = false
-		lc.connect()
+		lc.leg.retried = false
+		lc.leg.connect()
 		return
 	}
 	p := lc.ll.ln.p
-	lc.prefill = true
-	lc.sentp, lc.sent = p.Bufs.GetChunk()
+	lc.leg.prefill = true
+	lc.leg.sentp, lc.leg.sent = p.Bufs.GetChunk()
 	if len(p.PrefillStrip) > 0 { // --prefill-strip-headers: the prefill leg's own head
-		lc.sent = rawhttp.AppendLegStartStrip(lc.sent, &lc.ll.req, p.PrefillStrip)
+		lc.leg.sent = rawhttp.AppendLegStartStrip(lc.leg.sent, &lc.ll.req, p.PrefillStrip)
 	} else {
-		lc.sent = append(lc.sent, pd.start...)
+		lc.leg.sent = append(lc.leg.sent, pd.start...)
 	}
 	body, scratch := pd.body, pd.scratch
 	pd.scratch = nil // the leg holds it now (legTo)
-	lc.legTo(lc.r.Prefiller, body, scratch)
+	lc.leg.legTo(lc.r.Prefiller, body, scratch)
 }
 
 // rebuildPrefill builds the prefill leg's body again (without what the last
@@ -306,7 +306,7 @@ func (sp *laneSplit) sendPrefill(pd *lanePD, attempt int, anew bool) {
 func (sp *laneSplit) rebuildPrefill(pd *lanePD) bool {
 	lc := sp.lc
 	p := lc.ll.ln.p
-	lc.putSent()
+	lc.leg.putSent()
 	scratch, dst := p.Bufs.EditScratch(len(lc.r.Body))
 	body, err := pd.seq.PrefillBody(dst)
 	if err != nil {
@@ -330,7 +330,7 @@ func (sp *laneSplit) armSplit(pd *lanePD, t split.Timer, d time.Duration) {
 		pd.hedgeDue = time.AfterFunc(d, func() { lc.onLoop(r, fire) })
 	case split.TimerBackoff:
 		lc.state = laneBackoff
-		lc.startTimer(d, fire)
+		lc.timer.startTimer(d, fire)
 	}
 }
 
@@ -348,9 +348,9 @@ func (sp *laneSplit) PrefillAnswered(a *rawhttp.Answer) {
 // prefillFailed reports a failed prefill attempt.
 func (sp *laneSplit) prefillFailed(err error) {
 	lc := sp.lc
-	lc.head = lc.head[:0]
+	lc.leg.head = lc.leg.head[:0]
 	if lc.shadowOf != nil {
-		lc.shadowOf.shadowFailed(lc, err)
+		lc.shadowOf.split.shadowFailed(lc, err)
 		return
 	}
 	sp.feedSplit(split.Event{Kind: split.PrefillFailed, Err: err})
@@ -361,7 +361,7 @@ func (sp *laneSplit) prefillFailed(err error) {
 func (lc *laneConn) serveLocal() {
 	body, err := lc.r.EditLocal(lc.r.Body)
 	if err != nil {
-		lc.failWith(fmt.Errorf("%w: %w", inference.ErrBadRequest, err))
+		lc.reply.failWith(fmt.Errorf("%w: %w", inference.ErrBadRequest, err))
 		return
 	}
 	lc.decodeLeg(body, nil, false)
@@ -378,7 +378,7 @@ func (sp *laneSplit) refused(cause error) {
 		case split.SendLocal:
 			lc.decodeLeg(r.Body, nil, false)
 		case split.Fail:
-			lc.failWith(a.Err)
+			lc.reply.failWith(a.Err)
 		default:
 			r.Account(a)
 		}
@@ -400,7 +400,7 @@ func (sp *laneSplit) remoteAnswered(a *rawhttp.Answer) {
 	}
 	buf := r.AnswerBody(a.Status, a.Buf)
 	r.JSONAnswered(a.Status)
-	lc.writeWhole(&a.Head, buf)
+	lc.reply.writeWhole(&a.Head, buf)
 }
 
 // gateStream holds the decode leg's stream back until its first output,
@@ -421,19 +421,19 @@ func (sp *laneSplit) gateStream(ls *relay.LoopStream) {
 // is answered with the error.
 func (sp *laneSplit) gateDone(g sserelay.Gate, held []byte) {
 	lc := sp.lc
-	r, ls := lc.r, lc.ls
-	lc.stopTimer()
+	r, ls := lc.r, lc.reply.ls
+	lc.timer.stopTimer()
 	if g == sserelay.GateHolding { // ended with no output
-		lc.dropStream()
+		lc.reply.dropStream()
 		sp.feedSplit(split.Event{Kind: split.LegFailed, Err: inference.EndedBefore(lc.r.Local, "any output", ls.Cut)})
 		return
 	}
 	if err := r.KVStreamed(sp.pd.sent, g == sserelay.GateError); err != nil {
-		lc.dropStream()
+		lc.reply.dropStream()
 		sp.feedSplit(split.Event{Kind: split.LegFailed, Err: err})
 		return
 	}
-	lc.relayHeld(held)
+	lc.reply.relayHeld(held)
 }
 
 // endSplit frees the split's state once the request is over.
@@ -479,13 +479,13 @@ func (sp *laneSplit) dropHedge() {
 	}
 	h := pd.hedge
 	pd.hedge = nil
-	h.stopTimer()
-	if h.ls != nil {
-		h.dropStream()
+	h.timer.stopTimer()
+	if h.reply.ls != nil {
+		h.reply.dropStream()
 	}
-	h.dropRaw()
-	h.endUp(false)
-	h.putSent()
+	h.leg.dropRaw()
+	h.leg.endUp(false)
+	h.leg.putSent()
 	h.setGauge(nil)
 	h.r, h.state = nil, laneGone
 }
@@ -538,12 +538,12 @@ func (sp *laneSplit) hedgeFailed(h *laneConn, err error) {
 // (the hedge is ready), or it ended or erred without one (it failed).
 func (sp *laneSplit) hedgeGated(g sserelay.Gate, held []byte) {
 	lc := sp.lc
-	lc.stopTimer()
+	lc.timer.stopTimer()
 	if g != sserelay.GateOutput {
-		lc.shadowOf.hedgeFailed(lc, fmt.Errorf("%w: %w", inference.ErrDecodeFailed, lc.ls.EndedBefore("the local stream ended or erred before any output")))
+		lc.shadowOf.split.hedgeFailed(lc, fmt.Errorf("%w: %w", inference.ErrDecodeFailed, lc.reply.ls.EndedBefore("the local stream ended or erred before any output")))
 		return
 	}
-	lc.shadowOf.hedgeReady(lc, held, nil)
+	lc.shadowOf.split.hedgeReady(lc, held, nil)
 }
 
 // hedgeWhole takes the shadow's JSON answer, read whole: the hedge is
@@ -580,25 +580,25 @@ func (sp *laneSplit) adoptHedge(pd *lanePD) {
 	pd.hedge = nil
 	lc.setGauge(nil)
 	lc.gauge, h.gauge = h.gauge, nil
-	h.stopTimer()
+	h.timer.stopTimer()
 	h.r, h.state = nil, laneGone
 	if a := pd.readyRaw; a != nil {
 		r.JSONAnswered(a.Status)
-		lc.writeWhole(&a.Head, r.LocalAnswerBody(a.Status, a.Buf))
+		lc.reply.writeWhole(&a.Head, r.LocalAnswerBody(a.Status, a.Buf))
 		return
 	}
-	ls := h.ls
-	h.ls = nil
-	lc.up, h.up = h.up, nil
-	if u := lc.up; u != nil {
+	ls := h.reply.ls
+	h.reply.ls = nil
+	lc.leg.up, h.leg.up = h.leg.up, nil
+	if u := lc.leg.up; u != nil {
 		lc.ll.mu.Lock()
 		u.owner = lc
 		lc.ll.mu.Unlock()
 	}
-	lc.addr, lc.state = h.addr, laneAnswer
-	lc.streamed, h.streamed = h.streamed, false
-	lc.ls, ls.Conns, ls.Release = ls, lc, lc.finish
-	lc.relayHeld(pd.readyHeld)
+	lc.leg.addr, lc.state = h.leg.addr, laneAnswer
+	lc.reply.streamed, h.reply.streamed = h.reply.streamed, false
+	lc.reply.ls, ls.Conns, ls.Release = ls, lc, lc.finish
+	lc.reply.relayHeld(pd.readyHeld)
 }
 
 // splitAnswers does a split machine's PassOn (a prefiller's rejection
@@ -610,13 +610,13 @@ func (sp *laneSplit) splitAnswers(a split.Action) {
 	switch a.Op {
 	case split.PassOn:
 		if rej := r.Rejection(a.Err); rej != nil {
-			lc.answerWhole(metrics.ModeDisaggregated, rej.Status, rej.ContentType, rej.Body)
+			lc.reply.answerWhole(metrics.ModeDisaggregated, rej.Status, rej.ContentType, rej.Body)
 			return
 		}
-		lc.failWith(a.Err)
+		lc.reply.failWith(a.Err)
 	case split.Fail:
 		if r.Ctx.Err() == nil {
-			lc.failWith(a.Err)
+			lc.reply.failWith(a.Err)
 		}
 	}
 }
