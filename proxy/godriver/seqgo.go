@@ -185,7 +185,7 @@ func (d *goSplit) exec(acts []split.Action) *split.Event {
 		case split.SendDecode:
 			next = d.Decode(a.Handoff)
 		case split.SendLocal:
-			r.R.Handoff = nil
+			d.seq.Local()
 			if err := relay.Decode(r, r.R.Body, false); err != nil {
 				next = &split.Event{Kind: split.LegFailed, Err: err}
 			} else {
@@ -207,10 +207,9 @@ func (d *goSplit) exec(acts []split.Action) *split.Event {
 			r.Fail(a.Err)
 
 		case split.PrefillBegan:
-			r.R.Mode = metrics.ModeDisaggregated
 			d.gauge = p.M.Inflight.WithLabelValues(metrics.PhasePrefill)
 			d.gauge.Inc()
-			d.prefillEnd = r.R.PrefillStarted(time.Now())
+			d.prefillEnd = d.seq.PrefillBegan(time.Now())
 		case split.PrefillEnded:
 			d.gauge.Dec()
 			d.prefillEnd(a.Err)
@@ -347,7 +346,6 @@ func (d *goSplit) Decode(h connectors.Handoff) *split.Event {
 	if err != nil {
 		return &split.Event{Kind: split.LegFailed, Err: err}
 	}
-	r.R.Mode, r.R.Handoff = metrics.ModeDisaggregated, &h
 	if err := relay.Decode(r, body, true); err != nil {
 		return &split.Event{Kind: split.LegFailed, Err: err}
 	}

@@ -4,12 +4,14 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"time"
 
 	"github.com/rs/zerolog"
 	"github.com/valyala/fasthttp"
 
 	"github.com/pd-sidecar/pd-sidecar/circuit"
 	"github.com/pd-sidecar/pd-sidecar/connectors"
+	"github.com/pd-sidecar/pd-sidecar/metrics"
 	"github.com/pd-sidecar/pd-sidecar/proxy/feature"
 	"github.com/pd-sidecar/pd-sidecar/proxy/split"
 	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"
@@ -24,6 +26,9 @@ import (
 type Sequential struct {
 	r  *Request
 	tk *circuit.Ticket // the prefiller's breaker, while the prefill runs
+	// handoff is the one the decode leg carries (the request's Handoff
+	// from DecodeBody on).
+	handoff connectors.Handoff
 }
 
 // BeginSequential is request r's side of its sequential split.
@@ -46,17 +51,33 @@ func (s *Sequential) PrefillBody(dst []byte) ([]byte, error) {
 }
 
 // DecodeBody builds the sequential decode leg's body from the prefill's
-// handoff h, appended to dst: MoRI-IO's rank and fields when they apply,
-// then the connector's. MoRI-IO's fields that could not be written are a
-// failure marked for a local prefill to recover from.
+// handoff h, appended to dst: the request features' edits of its
+// kv_transfer_params (MoRI-IO's rank and fields), then the connector's;
+// the request carries h from here, disaggregated. An edit that failed is
+// a failure marked for a local prefill to recover from.
 func (s *Sequential) DecodeBody(dst []byte, h connectors.Handoff) (body []byte, err error) {
 	r := s.r
 	p := r.P
 	if h.Params, err = r.uses.EditDecodeParams(h.Params); err != nil {
 		return nil, split.Recoverable(err) // MoRI-IO's fields that could not be written
 	}
-	return p.seq.DecodeBody(dst, r.API, r.Body, h)
+	if body, err = p.seq.DecodeBody(dst, r.API, r.Body, h); err != nil {
+		return nil, err
+	}
+	s.handoff = h
+	r.Mode, r.Handoff = metrics.ModeDisaggregated, &s.handoff
+	return body, nil
 }
+
+// PrefillBegan records a prefill attempt sent at start: the request is
+// disaggregated from here; the returned func records its end.
+func (s *Sequential) PrefillBegan(start time.Time) func(error) {
+	s.r.Mode = metrics.ModeDisaggregated
+	return s.r.PrefillStarted(start)
+}
+
+// Local records the fallback's local leg: the request carries no handoff.
+func (s *Sequential) Local() { s.r.Handoff = nil }
 
 // Start is how the request's sequential split begins: its hedge point,
 // when it may be hedged, and the prefiller's circuit breaker asked for the

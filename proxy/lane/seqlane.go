@@ -211,7 +211,7 @@ func (sp *laneSplit) execSplit(pd *lanePD, acts []split.Action) {
 		case split.SendDecode:
 			sp.takeHandoff(pd, a.Handoff)
 		case split.SendLocal:
-			r.Handoff = nil
+			pd.seq.Local()
 			lc.decodeLeg(r.Body, nil, false)
 		case split.AnswerPrefill:
 			st, ct, ans, err := pd.seq.PrefillAnswer(pd.res)
@@ -224,9 +224,8 @@ func (sp *laneSplit) execSplit(pd *lanePD, acts []split.Action) {
 			sp.splitAnswers(a)
 
 		case split.PrefillBegan:
-			r.Mode = metrics.ModeDisaggregated
 			lc.setGauge(ll.prefill)
-			pd.done = r.PrefillStarted(time.Now())
+			pd.done = pd.seq.PrefillBegan(time.Now())
 		case split.PrefillEnded:
 			lc.leg.prefill = false
 			lc.leg.putSent()
@@ -251,8 +250,6 @@ func (sp *laneSplit) sendDecode(pd *lanePD, h connectors.Handoff) {
 		sp.feedSplit(split.Event{Kind: split.LegFailed, Err: err})
 		return
 	}
-	pd.res.Handoff = h
-	r.Mode, r.Handoff = metrics.ModeDisaggregated, &pd.res.Handoff
 	lc.decodeLeg(body, scratch, true)
 }
 
