@@ -236,7 +236,7 @@ bench: build
 		(apt-get update -qq && apt-get install -y -qq nginx) >/dev/null || echo "nginx could not be installed: skipped"; }
 	@mkdir -p out
 	$(BIN)/pd-bench suite --bin $(BIN) --dir out/bench --plot out/bench.png --json out/bench.json $(BENCH_FLAGS)
-	$(GO) test -run '^$$' -bench . -benchmem ./connectors/nixlv2 ./proxy/inference ./proxy/lane
+	$(GO) test -run '^$$' -bench . -benchmem ./connectors/nixlv2 ./proxy/core ./proxy/lane
 
 ## bench-tail: the tail-latency features against baselines of the same run (pd-bench tail), on
 ## loopback with engine-sim at a mid-size model's timing and one prefill slot per engine: one
@@ -335,7 +335,7 @@ fuzz-short:
 	@set -e; for t in FuzzConnectorLegs FuzzEditObject FuzzClassifyEvent FuzzStripClientFields FuzzValidObject FuzzScanBody FuzzOneParse FuzzEditObjectScan FuzzPrefillAnswerHandoff; do \
 		$(GO) test -run '^$$' -fuzz "^$$t\$$" -fuzztime $(FUZZTIME) ./connectors/; done
 	@set -e; for t in FuzzPickPrefiller FuzzSSEErrorEvent FuzzUpstreamAnswer; do \
-		$(GO) test -run '^$$' -fuzz "^$$t\$$" -fuzztime $(FUZZTIME) ./proxy/inference/; done
+		$(GO) test -run '^$$' -fuzz "^$$t\$$" -fuzztime $(FUZZTIME) ./proxy/core/; done
 	$(GO) test -run '^$$' -fuzz '^FuzzLaneRequestHead$$' -fuzztime $(FUZZTIME) ./proxy/lane/
 	@set -e; for t in FuzzSSEScanRewrite FuzzEventReaderSplits; do \
 		$(GO) test -run '^$$' -fuzz "^$$t\$$" -fuzztime $(FUZZTIME) ./proxy/sse/; done

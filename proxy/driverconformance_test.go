@@ -27,8 +27,8 @@ import (
 	"github.com/pd-sidecar/pd-sidecar/connectors/nixlv2"
 	"github.com/pd-sidecar/pd-sidecar/metrics"
 	"github.com/pd-sidecar/pd-sidecar/proxy"
+	"github.com/pd-sidecar/pd-sidecar/proxy/core"
 	"github.com/pd-sidecar/pd-sidecar/proxy/hedge"
-	"github.com/pd-sidecar/pd-sidecar/proxy/inference"
 )
 
 // The two drivers of a request — the lane (event loops, StreamLoops > 0)
@@ -193,7 +193,7 @@ func legOf(path string, h http.Header, body []byte) leg {
 		RequestID:      strings.ReplaceAll(h.Get("X-Request-Id"), confRequestID, "$ID"),
 		Rank:           h.Get("X-Data-Parallel-Rank"),
 		AcceptEncoding: len(h.Values("Accept-Encoding")) > 0,
-		Prefiller:      len(h.Values(inference.HeaderPrefiller)) > 0,
+		Prefiller:      len(h.Values(core.HeaderPrefiller)) > 0,
 		ContentType:    h.Get("Content-Type"),
 	}
 	var top map[string]json.RawMessage
@@ -455,9 +455,9 @@ func (c clientRequest) rawRequest(prefiller string) string {
 	switch c.prefiller {
 	case "":
 	case "P":
-		fmt.Fprintf(&b, "%s: %s\r\n", inference.HeaderPrefiller, prefiller)
+		fmt.Fprintf(&b, "%s: %s\r\n", core.HeaderPrefiller, prefiller)
 	default:
-		fmt.Fprintf(&b, "%s: %s\r\n", inference.HeaderPrefiller, c.prefiller)
+		fmt.Fprintf(&b, "%s: %s\r\n", core.HeaderPrefiller, c.prefiller)
 	}
 	fmt.Fprintf(&b, "Content-Length: %d\r\n\r\n%s", len(c.body), c.body)
 	return b.String()
@@ -1020,7 +1020,7 @@ func TestDriversExecuteTheSameActions(t *testing.T) {
 			want: expect{prefill: []string{"prefill"}, decode: []string{"decode", "local"}, status: 200, contentType: jsonCT,
 				body: []string{`" world"`}, counts: append(fellBack("kv_load_failed"), "pd_sidecar_kv_load_failures_total{prefiller=P} 1")}},
 		{name: "decode 500 passed on under --on-kv-load-failure error", req: completion(), prefill: []reply{prefillOK},
-			config: func(c *proxy.Config) { c.OnKVLoadFailure = inference.KVFailError }, decode: []reply{kvLoadFailure},
+			config: func(c *proxy.Config) { c.OnKVLoadFailure = core.KVFailError }, decode: []reply{kvLoadFailure},
 			want: expect{prefill: []string{"prefill"}, decode: []string{"decode"}, status: 500, contentType: jsonCT,
 				body:   []string{kvLoadFailure.body},
 				counts: []string{"pd_sidecar_requests_total{code=500,mode=disaggregated} 1", "pd_sidecar_kv_load_failures_total{prefiller=P} 1"}}},
@@ -1130,7 +1130,7 @@ func TestDriversExecuteTheSameActions(t *testing.T) {
 				body: []string{`" world"`}, counts: fellBack("server_error")}},
 		// A stream whose head came and nothing after it within the
 		// first-byte bound: the lane's timer and fasthttp's read deadline
-		// name the same failure (inference.EndedBefore).
+		// name the same failure (core.EndedBefore).
 		{name: "decode stream silent after its head: 504, the KV released", req: chatStream(), config: firstByteTimeout,
 			prefill: []reply{prefillChatOK}, decode: []reply{{hangAfterHead: true}, releaseChatOK}, releases: 1,
 			want: expect{prefill: []string{"prefill"}, decode: []string{"decode (cancelled)", "release"}, status: 504, contentType: jsonCT,

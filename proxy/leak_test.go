@@ -23,7 +23,7 @@ import (
 	"github.com/pd-sidecar/pd-sidecar/loadgen"
 	"github.com/pd-sidecar/pd-sidecar/metrics"
 	"github.com/pd-sidecar/pd-sidecar/proxy"
-	"github.com/pd-sidecar/pd-sidecar/proxy/inference"
+	"github.com/pd-sidecar/pd-sidecar/proxy/core"
 )
 
 // TestNoGoroutineLeakAfterLoad drives an in-process proxy with a short
@@ -99,7 +99,7 @@ func TestNoGoroutineLeakAfterLoad(t *testing.T) {
 			require.NoError(t, err)
 			harness.WaitPeerRead(t, conn, 30*time.Second) // the loop read the request line alone
 			_, err = io.WriteString(conn, "Host: x\r\nContent-Type: application/json\r\n"+
-				inference.HeaderPrefiller+": 127.0.0.1:"+strconv.Itoa(prefill)+"\r\nContent-Length: "+strconv.Itoa(len(body))+"\r\n\r\n"+body)
+				core.HeaderPrefiller+": 127.0.0.1:"+strconv.Itoa(prefill)+"\r\nContent-Length: "+strconv.Itoa(len(body))+"\r\n\r\n"+body)
 			require.NoError(t, err)
 			resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
 			require.NoError(t, err)
@@ -112,7 +112,7 @@ func TestNoGoroutineLeakAfterLoad(t *testing.T) {
 		req, err := http.NewRequest(http.MethodPost, base+"/v1/chat/completions", strings.NewReader(body))
 		require.NoError(t, err)
 		if pd {
-			req.Header.Set(inference.HeaderPrefiller, "127.0.0.1:"+strconv.Itoa(prefill))
+			req.Header.Set(core.HeaderPrefiller, "127.0.0.1:"+strconv.Itoa(prefill))
 		}
 		resp, err := http.DefaultClient.Do(req)
 		require.NoError(t, err)

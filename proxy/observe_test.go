@@ -25,6 +25,7 @@ import (
 	"github.com/pd-sidecar/pd-sidecar/failure"
 	"github.com/pd-sidecar/pd-sidecar/metrics"
 	"github.com/pd-sidecar/pd-sidecar/proxy"
+	"github.com/pd-sidecar/pd-sidecar/proxy/core"
 	"github.com/pd-sidecar/pd-sidecar/proxy/inference"
 	"github.com/pd-sidecar/pd-sidecar/proxy/observe"
 )
@@ -67,19 +68,19 @@ func (e *fakeEngine) traceparents() []string {
 // reports collects the Observer's reports.
 type reports struct {
 	mu sync.Mutex
-	r  []inference.RequestReport
+	r  []core.RequestReport
 }
 
-func (o *reports) ObserveRequest(r inference.RequestReport) {
+func (o *reports) ObserveRequest(r core.RequestReport) {
 	o.mu.Lock()
 	o.r = append(o.r, r)
 	o.mu.Unlock()
 }
 
-func (o *reports) all() []inference.RequestReport {
+func (o *reports) all() []core.RequestReport {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	return append([]inference.RequestReport(nil), o.r...)
+	return append([]core.RequestReport(nil), o.r...)
 }
 
 const (
@@ -135,7 +136,7 @@ func post(t *testing.T, url, prefiller string) int {
 	require.NoError(t, err)
 	req.Header.Set("traceparent", clientParent)
 	if prefiller != "" {
-		req.Header.Set(inference.HeaderPrefiller, prefiller)
+		req.Header.Set(core.HeaderPrefiller, prefiller)
 	}
 	resp, err := http.DefaultClient.Do(req)
 	require.NoError(t, err)

@@ -17,6 +17,7 @@ import (
 	"github.com/pd-sidecar/pd-sidecar/connectors"
 	"github.com/pd-sidecar/pd-sidecar/kvtransfer"
 	"github.com/pd-sidecar/pd-sidecar/metrics"
+	"github.com/pd-sidecar/pd-sidecar/proxy/core"
 	"github.com/pd-sidecar/pd-sidecar/proxy/front"
 	"github.com/pd-sidecar/pd-sidecar/proxy/godriver"
 	"github.com/pd-sidecar/pd-sidecar/proxy/inference"
@@ -26,7 +27,7 @@ import (
 
 // Config is the sidecar's configuration, as proxy/inference declares it;
 // the types it is made of are named by the packages that declare them.
-type Config = inference.Config
+type Config = core.Config
 
 // New returns a Proxy. cfg must be valid (see Config.Validate); m holds the
 // collectors, gatherer is what /metrics exports, log receives JSON logs.
@@ -99,4 +100,4 @@ func (p *Proxy) NotePrefiller(hostport string) { p.p.NotePrefiller(hostport) }
 
 // DefaultConfig returns the defaults, drop-in compatible with llm-d's
 // pd-sidecar where the flags overlap.
-func DefaultConfig() Config { return inference.DefaultConfig() }
+func DefaultConfig() Config { return core.DefaultConfig() }

@@ -16,7 +16,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/pd-sidecar/pd-sidecar/metrics"
-	"github.com/pd-sidecar/pd-sidecar/proxy/inference"
+	"github.com/pd-sidecar/pd-sidecar/proxy/core"
 	"github.com/pd-sidecar/pd-sidecar/status"
 )
 
@@ -36,65 +36,65 @@ type circuitView struct {
 func (c circuits) CircuitState(p string) string        { return c[p].state }
 func (c circuits) CircuitLastProbe(p string) time.Time { return c[p].probed }
 
-func split(p string) inference.RequestReport {
-	return inference.RequestReport{Mode: metrics.ModeDisaggregated, Prefiller: p, Status: 200,
+func split(p string) core.RequestReport {
+	return core.RequestReport{Mode: metrics.ModeDisaggregated, Prefiller: p, Status: 200,
 		PrefillDuration: 40 * time.Millisecond, KVHandoffDuration: 5 * time.Millisecond, KVTransferred: true}
 }
 
-func fallback(p, reason string) inference.RequestReport {
-	return inference.RequestReport{Mode: metrics.ModeFallback, Prefiller: p, Reason: reason, Status: 200,
+func fallback(p, reason string) core.RequestReport {
+	return core.RequestReport{Mode: metrics.ModeFallback, Prefiller: p, Reason: reason, Status: 200,
 		PrefillDuration: 2 * time.Second}
 }
 
-func local() inference.RequestReport {
-	return inference.RequestReport{Mode: metrics.ModeLocal, Status: 200}
+func local() core.RequestReport {
+	return core.RequestReport{Mode: metrics.ModeLocal, Status: 200}
 }
 
 // declined named prefiller p but its prompt was short: served locally.
-func declined(p string) inference.RequestReport {
-	return inference.RequestReport{Mode: metrics.ModeLocal, Prefiller: p, NamedPrefiller: true, Declined: metrics.DeclineShortPrompt, Status: 200}
+func declined(p string) core.RequestReport {
+	return core.RequestReport{Mode: metrics.ModeLocal, Prefiller: p, NamedPrefiller: true, Declined: metrics.DeclineShortPrompt, Status: 200}
 }
 
 // rejected is a prefill 4xx passed on to the client.
-func rejected(p string) inference.RequestReport {
-	return inference.RequestReport{Mode: metrics.ModeDisaggregated, Prefiller: p, Status: 400, PrefillDuration: time.Millisecond}
+func rejected(p string) core.RequestReport {
+	return core.RequestReport{Mode: metrics.ModeDisaggregated, Prefiller: p, Status: 400, PrefillDuration: time.Millisecond}
 }
 
 // badHeader named a prefiller that could not be used (no label).
-func badHeader() inference.RequestReport {
-	return inference.RequestReport{Mode: metrics.ModeFallback, NamedPrefiller: true, Reason: "bad_header", Status: 200}
+func badHeader() core.RequestReport {
+	return core.RequestReport{Mode: metrics.ModeFallback, NamedPrefiller: true, Reason: "bad_header", Status: 200}
 }
 
 // eos: the prefill's first token ended generation; no decode ran.
-func eos(p string) inference.RequestReport {
-	return inference.RequestReport{Mode: metrics.ModeDisaggregated, Prefiller: p, Status: 200, PrefillDuration: time.Millisecond}
+func eos(p string) core.RequestReport {
+	return core.RequestReport{Mode: metrics.ModeDisaggregated, Prefiller: p, Status: 200, PrefillDuration: time.Millisecond}
 }
 
 func TestVerdicts(t *testing.T) {
 	tests := []struct {
 		name     string
-		reports  []inference.RequestReport
+		reports  []core.RequestReport
 		verdict  string
 		contains string
 	}{
 		{"nothing", nil, status.VerdictIdle, "no inference requests"},
-		{"local only", []inference.RequestReport{local(), local()}, status.VerdictNotConfigured, "none named a prefiller"},
-		{"all fell back", []inference.RequestReport{fallback("p:1", "timeout"), fallback("p:1", "timeout"), fallback("p:1", "unreachable")},
+		{"local only", []core.RequestReport{local(), local()}, status.VerdictNotConfigured, "none named a prefiller"},
+		{"all fell back", []core.RequestReport{fallback("p:1", "timeout"), fallback("p:1", "timeout"), fallback("p:1", "unreachable")},
 			status.VerdictNotOperating, "3 fell back to local prefill (timeout: 2, unreachable: 1); no split since start"},
-		{"a prefill 4xx is no split", []inference.RequestReport{rejected("p:1")}, status.VerdictNotOperating, "1 answered 4xx"},
-		{"a bad header value named a prefiller", []inference.RequestReport{badHeader(), local()}, status.VerdictNotOperating, "1 requests named a prefiller"},
-		{"first-token EOS moved no KV", []inference.RequestReport{eos("p:1")}, status.VerdictNotOperating, "1 answered without a KV handoff"},
-		{"mixed", []inference.RequestReport{split("p:1"), fallback("p:2", "server_error")}, status.VerdictDegraded, "1 of 2 requests that named a prefiller in the last 5m0s were split"},
-		{"a failure degrades", []inference.RequestReport{split("p:1"), {Mode: metrics.ModeDisaggregated, Prefiller: "p:1", Status: 502}}, status.VerdictDegraded, "1 failed"},
-		{"operating", []inference.RequestReport{split("p:1"), split("p:1"), local()}, status.VerdictOperating, "2 of 2 requests that named a prefiller in the last 5m0s were split, KV moved for each (1 local)"},
-		{"operating, one refused", []inference.RequestReport{split("p:1"), rejected("p:1")}, status.VerdictOperating, "the others: 1 answered 4xx"},
-		{"declines only: nothing to split", []inference.RequestReport{declined("p:1"), declined("p:1"), local()}, status.VerdictIdle,
+		{"a prefill 4xx is no split", []core.RequestReport{rejected("p:1")}, status.VerdictNotOperating, "1 answered 4xx"},
+		{"a bad header value named a prefiller", []core.RequestReport{badHeader(), local()}, status.VerdictNotOperating, "1 requests named a prefiller"},
+		{"first-token EOS moved no KV", []core.RequestReport{eos("p:1")}, status.VerdictNotOperating, "1 answered without a KV handoff"},
+		{"mixed", []core.RequestReport{split("p:1"), fallback("p:2", "server_error")}, status.VerdictDegraded, "1 of 2 requests that named a prefiller in the last 5m0s were split"},
+		{"a failure degrades", []core.RequestReport{split("p:1"), {Mode: metrics.ModeDisaggregated, Prefiller: "p:1", Status: 502}}, status.VerdictDegraded, "1 failed"},
+		{"operating", []core.RequestReport{split("p:1"), split("p:1"), local()}, status.VerdictOperating, "2 of 2 requests that named a prefiller in the last 5m0s were split, KV moved for each (1 local)"},
+		{"operating, one refused", []core.RequestReport{split("p:1"), rejected("p:1")}, status.VerdictOperating, "the others: 1 answered 4xx"},
+		{"declines only: nothing to split", []core.RequestReport{declined("p:1"), declined("p:1"), local()}, status.VerdictIdle,
 			"nothing to split in the last 5m0s: 2 requests named a prefiller and every one was declined (short_prompt: 2) and served locally (3 local)"},
-		{"declines do not degrade", []inference.RequestReport{split("p:1"), declined("p:1")}, status.VerdictOperating,
+		{"declines do not degrade", []core.RequestReport{split("p:1"), declined("p:1")}, status.VerdictOperating,
 			"1 of 1 requests that named a prefiller in the last 5m0s were split, KV moved for each (1 local); 1 more named a prefiller but were declined (short_prompt: 1) and served locally"},
-		{"declines beside a fallback", []inference.RequestReport{split("p:1"), fallback("p:1", "timeout"), declined("p:1")}, status.VerdictDegraded,
+		{"declines beside a fallback", []core.RequestReport{split("p:1"), fallback("p:1", "timeout"), declined("p:1")}, status.VerdictDegraded,
 			"the others: 1 fell back to local prefill (timeout: 1); 1 more named a prefiller but were declined"},
-		{"declines beside no split", []inference.RequestReport{fallback("p:1", "timeout"), declined("p:1")}, status.VerdictNotOperating,
+		{"declines beside no split", []core.RequestReport{fallback("p:1", "timeout"), declined("p:1")}, status.VerdictNotOperating,
 			"1 requests named a prefiller and none had a decode on moved KV"},
 	}
 	for _, tc := range tests {
@@ -252,7 +252,7 @@ func TestCountsAddUp(t *testing.T) {
 		tr := status.New(status.Options{Connector: "nixlv2", Now: c.now})
 		n := rng.IntN(40)
 		for range n {
-			r := inference.RequestReport{Mode: modes[rng.IntN(3)], Status: statuses[rng.IntN(len(statuses))]}
+			r := core.RequestReport{Mode: modes[rng.IntN(3)], Status: statuses[rng.IntN(len(statuses))]}
 			switch rng.IntN(4) {
 			case 0: // no prefiller
 			case 1:

@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/pd-sidecar/pd-sidecar/metrics"
-	"github.com/pd-sidecar/pd-sidecar/proxy/inference"
+	"github.com/pd-sidecar/pd-sidecar/proxy/core"
 )
 
 // BucketWidth is the time one bucket of the ring covers.
@@ -95,7 +95,7 @@ const (
 
 // outcomeOf is the slot of a report's outcome (RequestReport.Outcome, as
 // the metrics count it).
-func outcomeOf(r inference.RequestReport) int {
+func outcomeOf(r core.RequestReport) int {
 	switch r.Outcome() {
 	case metrics.OutcomeFailed:
 		return outcomeFailed
@@ -139,7 +139,7 @@ func (r *ring) values() []time.Duration {
 	return out
 }
 
-// Tracker accumulates request reports. It implements inference.Observer and is
+// Tracker accumulates request reports. It implements core.Observer and is
 // safe for concurrent use.
 type Tracker struct {
 	opts    Options
@@ -193,8 +193,8 @@ func (t *Tracker) bucketFor(now time.Time) *bucket {
 	return b
 }
 
-// ObserveRequest implements inference.Observer.
-func (t *Tracker) ObserveRequest(r inference.RequestReport) {
+// ObserveRequest implements core.Observer.
+func (t *Tracker) ObserveRequest(r core.RequestReport) {
 	now := t.opts.Now()
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -282,4 +282,4 @@ func (t *Tracker) prefiller(label string, now time.Time) *prefillerStat {
 	return ps
 }
 
-var _ inference.Observer = (*Tracker)(nil)
+var _ core.Observer = (*Tracker)(nil)

@@ -12,8 +12,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pd-sidecar/pd-sidecar/connectors/moriio"
+	"github.com/pd-sidecar/pd-sidecar/proxy/core"
 	"github.com/pd-sidecar/pd-sidecar/proxy/encoder"
-	"github.com/pd-sidecar/pd-sidecar/proxy/inference"
 	"github.com/pd-sidecar/pd-sidecar/ssrf"
 )
 
@@ -172,10 +172,10 @@ func TestLLMDDeploymentArgs(t *testing.T) {
 		}},
 		{name: "p-d offloading", args: "--port=8000 --kv-connector=offloading --p2p-connector-port=7000 --data-parallel-size=2", check: func(t *testing.T, o options) {
 			assert.Equal(t, "offloading", o.connector)
-			assert.Equal(t, inference.P2PConfig{Enabled: true, Port: 7000}, o.cfg.P2P)
+			assert.Equal(t, core.P2PConfig{Enabled: true, Port: 7000}, o.cfg.P2P)
 		}},
 		{name: "p-d nixlv2 p2p pull", args: "--port=8000 --kv-connector=nixlv2 --enable-p2p-pull", check: func(t *testing.T, o options) {
-			assert.Equal(t, inference.P2PConfig{Enabled: true, Port: 7777}, o.cfg.P2P)
+			assert.Equal(t, core.P2PConfig{Enabled: true, Port: 7777}, o.cfg.P2P)
 		}},
 		{name: "p-d nixlv2 no p2p pull", args: "--port=8000 --kv-connector=nixlv2", check: func(t *testing.T, o options) {
 			assert.False(t, o.cfg.P2P.Enabled, "x-kv-cache-source-host-port is ignored without --enable-p2p-pull")

@@ -12,7 +12,7 @@ import (
 
 	"github.com/pd-sidecar/pd-sidecar/connectors/offloading"
 	"github.com/pd-sidecar/pd-sidecar/proxy"
-	"github.com/pd-sidecar/pd-sidecar/proxy/inference"
+	"github.com/pd-sidecar/pd-sidecar/proxy/core"
 )
 
 // errHelp: --help was asked for and printed.
@@ -140,7 +140,7 @@ func parseFlags(args []string, help io.Writer) (options, error) {
 			c.MetricsPort = port // llm-d's MORIIO_METRICS_ADDR fallback (moriio.go)
 		}
 	}
-	c.P2P = inference.P2PConfig{
+	c.P2P = core.P2PConfig{
 		Enabled: o.connector == offloading.Name || o.llmd.enableP2PPull,
 		Port:    o.llmd.p2pConnectorPort,
 	}

@@ -14,7 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pd-sidecar/pd-sidecar/proxy"
-	"github.com/pd-sidecar/pd-sidecar/proxy/inference"
+	"github.com/pd-sidecar/pd-sidecar/proxy/core"
 )
 
 func TestParseFlagsDefaults(t *testing.T) {
@@ -46,7 +46,7 @@ func TestParseFlagsDropIn(t *testing.T) {
 	assert.Equal(t, 5*time.Second, c.PrefillTimeout)
 	assert.Equal(t, 250*time.Millisecond, c.ConnectTimeout)
 	assert.False(t, c.PrefillFallback)
-	assert.Equal(t, inference.KVFailError, c.OnKVLoadFailure)
+	assert.Equal(t, core.KVFailError, c.OnKVLoadFailure)
 	assert.Equal(t, 4, c.DecodeTPSize)
 	assert.Equal(t, 1024, c.MaxRequestBodyBytes)
 	assert.Equal(t, time.Second, c.ShutdownGrace)

@@ -3,12 +3,12 @@ package main
 import (
 	"github.com/spf13/pflag"
 
-	"github.com/pd-sidecar/pd-sidecar/proxy/inference"
+	"github.com/pd-sidecar/pd-sidecar/proxy/core"
 )
 
 // addMultiturnFlags adds the flags of multi-turn KV reuse, with the names
 // and defaults llm-d's sidecar proposes for the same feature.
-func addMultiturnFlags(fs *pflag.FlagSet, c *inference.MultiturnConfig) {
+func addMultiturnFlags(fs *pflag.FlagSet, c *core.MultiturnConfig) {
 	fs.BoolVar(&c.Enabled, "enable-bidirectional-kv-xfer", c.Enabled, "multi-turn KV reuse (nixlv2; the engines run vLLM's NixlConnector with bidirectional_kv_xfer): keep each decode answer's kv_transfer_params under the digest of what the decode engine saw and produced, and put them in the prefill leg of the turn whose messages (or prompt) extend it exactly, found by its content; that engine pulls the history from this pod's engine instead of computing it. A session key (--bidirectional-session-header, else the body's conversation_id, which is removed) only narrows the search, as do the model and cache_salt")
 	fs.IntVar(&c.CacheSize, "bidirectional-cache-size", c.CacheSize, "histories kept for the turns that extend them (when it is full, which go first: --bidirectional-cache-client-share)")
 	fs.IntVar(&c.CacheBytes, "bidirectional-cache-bytes", c.CacheBytes, "bound on what the kept histories cost, in bytes")

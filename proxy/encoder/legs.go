@@ -20,7 +20,7 @@ import (
 )
 
 // headerRequestID is the header of a leg's request id, as on every leg
-// the sidecar sends (inference.HeaderRequestID).
+// the sidecar sends (core.HeaderRequestID).
 const headerRequestID = "X-Request-Id"
 
 // fanOut sends each item to addrs[i%len(addrs)], at most

@@ -7,6 +7,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/pd-sidecar/pd-sidecar/metrics"
+	"github.com/pd-sidecar/pd-sidecar/proxy/core"
 	"github.com/pd-sidecar/pd-sidecar/proxy/inference"
 	"github.com/pd-sidecar/pd-sidecar/proxy/passpolicy"
 )
@@ -38,7 +39,7 @@ func serveOwn(p *inference.Proxy, rc *fasthttp.RequestCtx, local string) bool {
 			return false
 		}
 	case debugPath:
-		if p.Cfg.MetricsPort != 0 || p.Ext.Debug == nil {
+		if p.Cfg.MetricsPort != 0 || p.Debug == nil {
 			return false
 		}
 	default:
@@ -56,7 +57,7 @@ func serveOwn(p *inference.Proxy, rc *fasthttp.RequestCtx, local string) bool {
 	case "/metrics":
 		p.MetricsH(rc)
 	default:
-		p.Ext.Debug(rc)
+		p.Debug(rc)
 	}
 	return true
 }
@@ -76,12 +77,12 @@ func metricsPortHandler(p *inference.Proxy) fasthttp.RequestHandler {
 		case "/metrics":
 			h = p.MetricsH
 		case debugPath:
-			h = p.Ext.Debug // nil: no status view wired
+			h = p.Debug // nil: no status view wired
 		}
 		if h == nil {
 			rc.SetStatusCode(fasthttp.StatusNotFound)
 			rc.SetContentType("application/json")
-			rc.SetBody(inference.ErrorBody(fasthttp.StatusNotFound, ErrNotOnMetricsPort))
+			rc.SetBody(core.ErrorBody(fasthttp.StatusNotFound, ErrNotOnMetricsPort))
 			return
 		}
 		if v := p.Pass.Own(string(rc.Method())); !v.Pass() {
@@ -103,14 +104,14 @@ func refusePassthrough(p *inference.Proxy, rc *fasthttp.RequestCtx, v passpolicy
 		rc.Response.Header.Set(fasthttp.HeaderAllow, v.Allow)
 	}
 	p.M.Guards.Rejected.WithLabelValues(reason).Inc()
-	id := inference.RequestID(rc.Request.Header.Peek(inference.HeaderRequestID))
-	rc.Response.Header.Set(inference.HeaderRequestID, id)
+	id := core.RequestID(rc.Request.Header.Peek(core.HeaderRequestID))
+	rc.Response.Header.Set(core.HeaderRequestID, id)
 	p.Log.Warn().Err(v.Err).Str("request_id", id).Str("reason", reason).Int("status", v.Status).
 		Str("method", logPath(rc.Method())).Str("path", logPath(rc.Path())).
 		Str("remote", rc.RemoteAddr().String()).Msg("request rejected")
 	rc.SetStatusCode(v.Status)
 	rc.SetContentType("application/json")
-	rc.SetBody(inference.ErrorBody(v.Status, v.Err))
+	rc.SetBody(core.ErrorBody(v.Status, v.Err))
 }
 
 // maxLoggedPath bounds a path quoted in a log line.

@@ -15,6 +15,7 @@ import (
 	"github.com/pd-sidecar/pd-sidecar/failure"
 	"github.com/pd-sidecar/pd-sidecar/metrics"
 	"github.com/pd-sidecar/pd-sidecar/proxy/clientconn"
+	"github.com/pd-sidecar/pd-sidecar/proxy/core"
 	"github.com/pd-sidecar/pd-sidecar/proxy/dprank"
 	"github.com/pd-sidecar/pd-sidecar/proxy/encoder"
 	"github.com/pd-sidecar/pd-sidecar/proxy/inference"
@@ -41,24 +42,24 @@ func passthrough(p *inference.Proxy, rc *fasthttp.RequestCtx, local string) {
 	req := fasthttp.AcquireRequest()
 	rc.Request.Header.CopyTo(&req.Header)
 	rawhttp.DelOptions(&req.Header) // the connection options the client's Connection fields name
-	for _, h := range inference.HopHeaders {
+	for _, h := range core.HopHeaders {
 		req.Header.Del(h)
 	}
-	req.Header.Del(inference.HeaderPrefiller)
+	req.Header.Del(core.HeaderPrefiller)
 	req.Header.Del(dprank.Header)
 	req.Header.Del(kvsource.Header)
 	req.Header.Del(encoder.Header)
 	req.Header.Del("Expect")
 	// One X-Request-ID, as on every leg: the client's first (when valid),
 	// never a second copy (Set replaces only the first).
-	id := inference.RequestID(rc.Request.Header.Peek(inference.HeaderRequestID))
-	req.Header.Del(inference.HeaderRequestID)
-	req.Header.Set(inference.HeaderRequestID, id)
+	id := core.RequestID(rc.Request.Header.Peek(core.HeaderRequestID))
+	req.Header.Del(core.HeaderRequestID)
+	req.Header.Set(core.HeaderRequestID, id)
 	req.Header.SetHost(local)
 	if t := clientconn.OriginForm(rc); t != nil {
 		req.Header.SetRequestURIBytes(t) // the path routed on
 	}
-	req.Header.SetProtocolBytes(inference.StrHTTP11)
+	req.Header.SetProtocolBytes(core.StrHTTP11)
 	body, err := readPassthroughBody(p, rc)
 	if err != nil {
 		fasthttp.ReleaseRequest(req)
@@ -68,11 +69,11 @@ func passthrough(p *inference.Proxy, rc *fasthttp.RequestCtx, local string) {
 		}
 		cancel(context.Canceled)
 		st := failure.Of(err).Status
-		p.Log.Warn().Err(err).Str("path", string(rc.Path())).Str("request_id", logvalue.Cut(string(rc.Request.Header.Peek(inference.HeaderRequestID)))).
+		p.Log.Warn().Err(err).Str("path", string(rc.Path())).Str("request_id", logvalue.Cut(string(rc.Request.Header.Peek(core.HeaderRequestID)))).
 			Int("status", st).Msg("passthrough refused")
 		rc.SetStatusCode(st)
 		rc.SetContentType("application/json")
-		rc.SetBody(inference.ErrorBody(st, err))
+		rc.SetBody(core.ErrorBody(st, err))
 		return
 	}
 	req.SetBodyRaw(body)
@@ -90,7 +91,7 @@ func passthrough(p *inference.Proxy, rc *fasthttp.RequestCtx, local string) {
 	}
 	left := func() bool {
 		// After done: the watch has stopped, so the cause is final.
-		return errors.Is(context.Cause(ctx), inference.ErrClientGone) || clientconn.PeerClosed(rc.Conn())
+		return errors.Is(context.Cause(ctx), core.ErrClientGone) || clientconn.PeerClosed(rc.Conn())
 	}
 	if err != nil {
 		done()
@@ -98,12 +99,12 @@ func passthrough(p *inference.Proxy, rc *fasthttp.RequestCtx, local string) {
 			dropPassthrough(p, rc, id)
 			return
 		}
-		err = inference.DecodeTransportErr(err)
+		err = core.DecodeTransportErr(err)
 		st := failure.Of(err).Status
 		upstream.WithUpstream(p.Log.Error().Err(err), err).Str("path", string(rc.Path())).Msg("passthrough failed")
 		rc.SetStatusCode(st)
 		rc.SetContentType("application/json")
-		rc.SetBody(inference.ErrorBody(st, err))
+		rc.SetBody(core.ErrorBody(st, err))
 		return
 	}
 	if clientconn.PeerClosed(rc.Conn()) {
@@ -114,7 +115,7 @@ func passthrough(p *inference.Proxy, rc *fasthttp.RequestCtx, local string) {
 	}
 	inference.CopyResponseHead(rc, resp)
 	cl := resp.Header.ContentLength()
-	if cl >= 0 && cl <= maxBuffered && !bytes.HasPrefix(resp.Header.ContentType(), inference.EventStream) {
+	if cl >= 0 && cl <= maxBuffered && !bytes.HasPrefix(resp.Header.ContentType(), core.EventStream) {
 		body, err := io.ReadAll(leg)
 		leg.Close()
 		done()
@@ -124,13 +125,13 @@ func passthrough(p *inference.Proxy, rc *fasthttp.RequestCtx, local string) {
 			return
 		}
 		if err != nil {
-			err = inference.DecodeTransportErr(&upstream.LegError{Addr: local, Op: "read", Err: err})
+			err = core.DecodeTransportErr(&upstream.LegError{Addr: local, Op: "read", Err: err})
 			st := failure.Of(err).Status
 			upstream.WithUpstream(p.Log.Error().Err(err), err).Str("path", string(rc.Path())).Msg("passthrough failed")
 			rc.Response.Reset()
 			rc.SetStatusCode(st)
 			rc.SetContentType("application/json")
-			rc.SetBody(inference.ErrorBody(st, err))
+			rc.SetBody(core.ErrorBody(st, err))
 			return
 		}
 		rc.SetBody(body)
@@ -191,7 +192,7 @@ func readPassthroughBody(p *inference.Proxy, rc *fasthttp.RequestCtx) ([]byte, e
 	}
 	api, _ := connectors.APIForPath(string(rc.Path()))
 	body, _, err := p.Clean.Clean(api, body, func() *zerolog.Event {
-		return p.Log.Debug().Str("path", string(rc.Path())).Str("request_id", logvalue.Cut(string(rc.Request.Header.Peek(inference.HeaderRequestID))))
+		return p.Log.Debug().Str("path", string(rc.Path())).Str("request_id", logvalue.Cut(string(rc.Request.Header.Peek(core.HeaderRequestID))))
 	})
 	return body, err
 }

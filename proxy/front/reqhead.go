@@ -8,6 +8,7 @@ import (
 
 	"github.com/pd-sidecar/pd-sidecar/metrics"
 	"github.com/pd-sidecar/pd-sidecar/proxy/clientconn"
+	"github.com/pd-sidecar/pd-sidecar/proxy/core"
 	"github.com/pd-sidecar/pd-sidecar/proxy/inference"
 )
 
@@ -30,7 +31,7 @@ func refuseHead(p *inference.Proxy, rc *fasthttp.RequestCtx) bool {
 	if !clientconn.BadHeaderName(&rc.Request.Header) {
 		return false
 	}
-	p.Reject(rc, metrics.RejectMalformed, fasthttp.StatusBadRequest, fmt.Errorf("%w: %w", inference.ErrMalformed, ErrBadHeaderName))
+	p.Reject(rc, metrics.RejectMalformed, fasthttp.StatusBadRequest, fmt.Errorf("%w: %w", core.ErrMalformed, ErrBadHeaderName))
 	rc.SetConnectionClose()
 	return true
 }

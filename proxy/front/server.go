@@ -21,6 +21,7 @@ import (
 	"github.com/pd-sidecar/pd-sidecar/connectors"
 	"github.com/pd-sidecar/pd-sidecar/netloop"
 	"github.com/pd-sidecar/pd-sidecar/proxy/clientconn"
+	"github.com/pd-sidecar/pd-sidecar/proxy/core"
 	"github.com/pd-sidecar/pd-sidecar/proxy/inference"
 )
 
@@ -32,7 +33,7 @@ func Run(ctx context.Context, p *inference.Proxy) error {
 	// The background work, until the shutdown begins or, for what the
 	// requests in flight use, until they have drained; stopped here as
 	// well when serving fails to start.
-	var bg inference.Workers
+	var bg core.Workers
 	defer bg.Stop()
 	for _, w := range p.Background {
 		wctx := ctx
@@ -128,7 +129,7 @@ func Run(ctx context.Context, p *inference.Proxy) error {
 		wg.Go(func() {
 			if e := s.ShutdownWithContext(sctx); e != nil && errors.Is(e, context.DeadlineExceeded) {
 				mu.Lock()
-				err = errors.Join(err, inference.ErrDrainTimeout)
+				err = errors.Join(err, core.ErrDrainTimeout)
 				mu.Unlock()
 			}
 		})
@@ -140,8 +141,8 @@ func Run(ctx context.Context, p *inference.Proxy) error {
 	}
 	if n := p.LoopRequests.Load(); n > 0 {
 		p.Log.Warn().Int64("requests", n).Msg("shutdown grace ran out: closing the requests on the event loops")
-		if !errors.Is(err, inference.ErrDrainTimeout) {
-			err = errors.Join(err, inference.ErrDrainTimeout)
+		if !errors.Is(err, core.ErrDrainTimeout) {
+			err = errors.Join(err, core.ErrDrainTimeout)
 		}
 	}
 	if p.Loops != nil {
@@ -164,7 +165,7 @@ func newServer(p *inference.Proxy, h fasthttp.RequestHandler) *fasthttp.Server {
 		// head arrives (guard.BodyHolds).
 		Handler:            p.Guard.Bodies().Handler(h),
 		HeaderReceived:     p.Guard.Bodies().HeaderReceived,
-		Name:               inference.ServerName,
+		Name:               core.ServerName,
 		MaxRequestBodySize: p.Cfg.MaxRequestBodyBytes,
 		ReadTimeout:        p.Cfg.Guard.ReadTimeout,
 		IdleTimeout:        p.Cfg.Guard.IdleTimeout,
@@ -195,7 +196,7 @@ type fasthttpLogger struct{ p *inference.Proxy }
 func (l fasthttpLogger) Printf(format string, args ...any) {
 	for i, a := range args {
 		if err, ok := a.(error); ok {
-			if errors.Is(err, inference.ErrHandedOver) {
+			if errors.Is(err, core.ErrHandedOver) {
 				return
 			}
 			args[i] = clientconn.LogSafe(err)
@@ -247,7 +248,7 @@ func ready(p *inference.Proxy, rc *fasthttp.RequestCtx, local string) {
 	req.Header.SetMethod(fasthttp.MethodGet)
 	req.Header.SetRequestURI("/health")
 	req.Header.SetHost(local)
-	ctx, cancel := inference.ContextWithTimeout(p.Cfg.ConnectTimeout + time.Second)
+	ctx, cancel := core.ContextWithTimeout(p.Cfg.ConnectTimeout + time.Second)
 	defer cancel()
 	hold, err := p.Tr.Do(ctx, local, req, resp)
 	defer hold.Release()

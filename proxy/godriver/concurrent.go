@@ -2,7 +2,7 @@ package godriver
 
 import (
 	"github.com/pd-sidecar/pd-sidecar/connectors"
-	"github.com/pd-sidecar/pd-sidecar/proxy/inference"
+	"github.com/pd-sidecar/pd-sidecar/proxy/core"
 	"github.com/pd-sidecar/pd-sidecar/proxy/relay"
 )
 
@@ -30,7 +30,7 @@ func choreograph(r *relay.Exchange) bool {
 // failure of either, or legs that cannot be built, decides the request
 // before any leg is sent.
 func servePaired(r *relay.Exchange) {
-	s := inference.BeginPaired(r.R)
+	s := core.BeginPaired(r.R)
 	if step := s.Prepare(r.R); step != nil {
 		step(r.R.Ctx)()
 	}

@@ -10,7 +10,7 @@ import (
 
 	"github.com/pd-sidecar/pd-sidecar/connectors"
 	"github.com/pd-sidecar/pd-sidecar/metrics"
-	"github.com/pd-sidecar/pd-sidecar/proxy/inference"
+	"github.com/pd-sidecar/pd-sidecar/proxy/core"
 	"github.com/pd-sidecar/pd-sidecar/proxy/relay"
 	"github.com/pd-sidecar/pd-sidecar/proxy/split"
 	"github.com/pd-sidecar/pd-sidecar/proxy/sse"
@@ -27,7 +27,7 @@ import (
 // goDecodeFirst is one request's decode-first attempt on fasthttp's path.
 type goDecodeFirst struct {
 	r  *relay.Exchange
-	df inference.DecodeFirst // the request's side of the attempt
+	df core.DecodeFirst // the request's side of the attempt
 	m  *split.DecodeFirst
 
 	a        *firstAnswer // the decode engine's answer, held (nil: none)
@@ -55,7 +55,7 @@ type firstAnswer struct {
 // with r.R.Body replaced by the connector's AfterDecline body (so a local
 // fallback cannot be declined again).
 func serveDecodeFirst(r *relay.Exchange) bool {
-	d := &goDecodeFirst{r: r, df: inference.BeginDecodeFirst(r.R), m: split.NewDecodeFirst()}
+	d := &goDecodeFirst{r: r, df: core.BeginDecodeFirst(r.R), m: split.NewDecodeFirst()}
 	for next := d.exec(d.m.Start(d.df.Try())); next != nil; {
 		next = d.exec(d.on(*next))
 	}
@@ -66,7 +66,7 @@ func serveDecodeFirst(r *relay.Exchange) bool {
 // left is told after its leaving.
 func (d *goDecodeFirst) on(ev split.Event) []split.Action {
 	if ev.Kind == split.FirstAnswerReady && d.r.LeftNow() {
-		acts := d.m.On(split.Event{Kind: split.ClientGone, Err: inference.ErrClientGone})
+		acts := d.m.On(split.Event{Kind: split.ClientGone, Err: core.ErrClientGone})
 		return append(acts, d.m.On(ev)...)
 	}
 	return d.m.On(ev)
@@ -121,16 +121,16 @@ func (d *goDecodeFirst) send() split.Event {
 	if err != nil {
 		g.Dec()
 		fasthttp.ReleaseResponse(resp)
-		return split.Event{Kind: split.FirstLegFailed, Err: inference.BeforeOutputErr(err)}
+		return split.Event{Kind: split.FirstLegFailed, Err: core.BeforeOutputErr(err)}
 	}
 	a := &firstAnswer{leg: leg, resp: resp, g: g}
-	if !bytes.HasPrefix(resp.Header.ContentType(), inference.EventStream) {
+	if !bytes.HasPrefix(resp.Header.ContentType(), core.EventStream) {
 		a.buf, a.hold, err = leg.ReadAll(r.R.P.Cfg.MaxUpstreamAnswerBytes)
 		leg.Close()
 		a.leg = nil
 		if err != nil {
 			a.drop()
-			return split.Event{Kind: split.FirstLegFailed, Err: inference.DecodeTransportErr(err)}
+			return split.Event{Kind: split.FirstLegFailed, Err: core.DecodeTransportErr(err)}
 		}
 		d.a = a
 		if d.df.AnswerDeclines(resp.StatusCode(), a.buf) {
@@ -153,7 +153,7 @@ func (d *goDecodeFirst) readSSE(a *firstAnswer) split.Event {
 		}
 		if err != nil {
 			a.drop()
-			return split.Event{Kind: split.FirstLegFailed, Err: inference.BeforeOutputErr(err)}
+			return split.Event{Kind: split.FirstLegFailed, Err: core.BeforeOutputErr(err)}
 		}
 		a.held = append(a.held, ev...)
 		data := sse.FirstData(ev)
@@ -161,7 +161,7 @@ func (d *goDecodeFirst) readSSE(a *firstAnswer) split.Event {
 			d.a = a
 			return split.Event{Kind: split.FirstAnswerDeclined}
 		}
-		if (data == nil || connectors.ClassifyEvent(r.R.API, data) == connectors.EventPreamble) && len(a.held) < inference.MaxHeld {
+		if (data == nil || connectors.ClassifyEvent(r.R.API, data) == connectors.EventPreamble) && len(a.held) < core.MaxHeld {
 			continue
 		}
 		break

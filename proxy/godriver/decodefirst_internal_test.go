@@ -21,6 +21,7 @@ import (
 
 	"github.com/pd-sidecar/pd-sidecar/connectors/sharedstorage"
 	"github.com/pd-sidecar/pd-sidecar/metrics"
+	"github.com/pd-sidecar/pd-sidecar/proxy/core"
 	"github.com/pd-sidecar/pd-sidecar/proxy/front"
 	"github.com/pd-sidecar/pd-sidecar/proxy/inference"
 	"github.com/pd-sidecar/pd-sidecar/proxy/split"
@@ -132,7 +133,7 @@ func TestDecodeFirstDriver(t *testing.T) {
 			es := httptest.NewServer(eng)
 			defer es.Close()
 			host, port, _ := net.SplitHostPort(es.Listener.Addr().String())
-			cfg := inference.DefaultConfig()
+			cfg := core.DefaultConfig()
 			cfg.ModelServerHost = host
 			cfg.ModelServerPort, _ = strconv.Atoi(port)
 			m := metrics.New(prometheus.NewRegistry(), 0)
@@ -148,7 +149,7 @@ func TestDecodeFirstDriver(t *testing.T) {
 			req, err := http.NewRequest(http.MethodPost, "http://"+ln.Addr().String()+"/v1/completions", strings.NewReader(tc.body))
 			require.NoError(t, err)
 			req.Header.Set("Content-Type", "application/json")
-			req.Header.Set(inference.HeaderPrefiller, es.Listener.Addr().String())
+			req.Header.Set(core.HeaderPrefiller, es.Listener.Addr().String())
 			resp, err := http.DefaultClient.Do(req)
 			require.NoError(t, err)
 			b, _ := io.ReadAll(resp.Body)

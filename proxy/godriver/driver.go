@@ -10,7 +10,7 @@ package godriver
 import "github.com/pd-sidecar/pd-sidecar/proxy/relay"
 
 // Split runs the split of r on its handler goroutine and answers the
-// client (an inference.Splitter).
+// client (an core.Splitter).
 func Split(r *relay.Exchange) {
 	if choreograph(r) {
 		return

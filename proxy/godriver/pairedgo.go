@@ -9,7 +9,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/pd-sidecar/pd-sidecar/connectors"
-	"github.com/pd-sidecar/pd-sidecar/proxy/inference"
+	"github.com/pd-sidecar/pd-sidecar/proxy/core"
 	"github.com/pd-sidecar/pd-sidecar/proxy/relay"
 	"github.com/pd-sidecar/pd-sidecar/proxy/split"
 	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"
@@ -33,7 +33,7 @@ type goPaired struct {
 
 	mu sync.Mutex
 	m  *split.Paired
-	s  *inference.Paired // its legs and accounting
+	s  *core.Paired // its legs and accounting
 
 	parent       context.Context // the request's
 	dctx         context.Context // the decode leg's: cancelled by CancelDecode
@@ -45,7 +45,7 @@ type goPaired struct {
 }
 
 // newPaired returns the driver of the paired split s of r.
-func newPaired(r *relay.Exchange, s *inference.Paired) *goPaired {
+func newPaired(r *relay.Exchange, s *core.Paired) *goPaired {
 	return &goPaired{r: r, log: *r.R.Logger(), m: split.NewPaired(s.Config), s: s, parent: r.R.Ctx, released: make(chan struct{})}
 }
 
@@ -184,7 +184,7 @@ func (d *goPaired) sendPrefill(pre []byte) {
 		hold, err := p.Tr.Do(pctx, addr, req, resp)
 		fasthttp.ReleaseRequest(req)
 		if err != nil {
-			err = inference.PrefillTransportErr(upstream.CtxErr(pctx, err))
+			err = core.PrefillTransportErr(upstream.CtxErr(pctx, err))
 		}
 		err = leg.End(resp.StatusCode(), resp.Header.ContentType(), resp.Body(), err)
 		hold.Release()

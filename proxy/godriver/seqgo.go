@@ -13,7 +13,7 @@ import (
 
 	"github.com/pd-sidecar/pd-sidecar/connectors"
 	"github.com/pd-sidecar/pd-sidecar/metrics"
-	"github.com/pd-sidecar/pd-sidecar/proxy/inference"
+	"github.com/pd-sidecar/pd-sidecar/proxy/core"
 	"github.com/pd-sidecar/pd-sidecar/proxy/relay"
 	"github.com/pd-sidecar/pd-sidecar/proxy/split"
 	"github.com/pd-sidecar/pd-sidecar/proxy/sse"
@@ -47,15 +47,15 @@ type goSplit struct {
 	r *relay.Exchange
 	m *split.Sequential
 
-	seq  inference.Sequential // the request's side of the split
-	body []byte               // the prefill leg's body
+	seq  core.Sequential // the request's side of the split
+	body []byte          // the prefill leg's body
 
 	prefillEnd func(error) // PrefillStarted's
 	gauge      prometheus.Gauge
 
 	attempt  context.CancelCauseFunc // the attempt in flight (nil: none)
 	attempts chan attemptOut
-	res      inference.PrefillResult // the prefill's answer
+	res      core.PrefillResult // the prefill's answer
 
 	timers [splitTimers]*time.Timer
 	fired  chan split.Timer
@@ -86,7 +86,7 @@ const splitTimers = int(split.TimerHedge) + 1
 
 func (d *goSplit) run() {
 	r := d.r
-	d.seq = inference.BeginSequential(r.R)
+	d.seq = core.BeginSequential(r.R)
 	body, err := d.seq.PrefillBody(nil)
 	start, sends := d.seq.Start(err)
 	if sends {
@@ -242,7 +242,7 @@ func prefillExchange(r *relay.Exchange, ctx context.Context, req *fasthttp.Reque
 	defer fasthttp.ReleaseResponse(resp)
 	hold, err := r.R.P.Tr.Do(ctx, r.R.Prefiller, req, resp)
 	if err != nil {
-		return attemptOut{err: inference.PrefillTransportErr(err)}
+		return attemptOut{err: core.PrefillTransportErr(err)}
 	}
 	return attemptOut{
 		status:      resp.StatusCode(),
@@ -265,13 +265,13 @@ func (d *goSplit) attemptEnded(o attemptOut) {
 
 // attemptAnswer is what an attempt's answer says (PrefillAnswered), its
 // copy's budget share kept by the request while the answer is used.
-func (d *goSplit) attemptAnswer(o attemptOut) (inference.PrefillResult, error) {
+func (d *goSplit) attemptAnswer(o attemptOut) (core.PrefillResult, error) {
 	if o.err != nil {
-		return inference.PrefillResult{}, o.err
+		return core.PrefillResult{}, o.err
 	}
 	r := d.r
 	res, err := d.seq.PrefillAnswered(o.status, o.contentType, o.body)
-	var rej *inference.Rejected
+	var rej *core.Rejected
 	if err == nil || errors.As(err, &rej) {
 		// The copy of the body is kept (the handoff's, or the rejection
 		// passed on) while the request runs: so is its reservation.
@@ -381,28 +381,28 @@ func openLocal(r *relay.Exchange, ctx context.Context, req *fasthttp.Request) (*
 	fasthttp.ReleaseRequest(req)
 	if err != nil {
 		fasthttp.ReleaseResponse(resp)
-		return nil, inference.BeforeOutputErr(err)
+		return nil, core.BeforeOutputErr(err)
 	}
-	if !bytes.HasPrefix(resp.Header.ContentType(), inference.EventStream) || upstream.Bodiless(resp.StatusCode()) {
+	if !bytes.HasPrefix(resp.Header.ContentType(), core.EventStream) || upstream.Bodiless(resp.StatusCode()) {
 		a.buf, a.hold, err = a.leg.ReadAll(r.R.P.Cfg.MaxUpstreamAnswerBytes)
 		a.leg.Close()
 		a.leg = nil
 		if err != nil {
 			a.discard()
-			return nil, inference.DecodeTransportErr(err)
+			return nil, core.DecodeTransportErr(err)
 		}
 		return a, nil
 	}
 	a.er = r.EventReader(a.leg)
 	var errEvent bool
-	a.held, errEvent, err = inference.ReadToOutput(a.er, r.R.API, nil)
+	a.held, errEvent, err = core.ReadToOutput(a.er, r.R.API, nil)
 	switch {
 	case err != nil:
 		a.discard()
-		return nil, inference.EndedBefore(r.R.Local, "any output", err)
+		return nil, core.EndedBefore(r.R.Local, "any output", err)
 	case errEvent:
 		a.discard()
-		return nil, fmt.Errorf("%w: the local stream began with an error event", inference.ErrDecodeFailed)
+		return nil, fmt.Errorf("%w: the local stream began with an error event", core.ErrDecodeFailed)
 	}
 	return a, nil
 }
@@ -433,7 +433,7 @@ func commitLocal(r *relay.Exchange, a *heldAnswer, cancel context.CancelCauseFun
 		g.Dec()
 		cancel(nil)
 		a.discard()
-		r.LeftBeforeAnswer(inference.ErrClientGone)
+		r.LeftBeforeAnswer(core.ErrClientGone)
 		return
 	}
 	if a.er == nil {

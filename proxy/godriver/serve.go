@@ -6,6 +6,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/pd-sidecar/pd-sidecar/connectors"
+	"github.com/pd-sidecar/pd-sidecar/proxy/core"
 	"github.com/pd-sidecar/pd-sidecar/proxy/inference"
 	"github.com/pd-sidecar/pd-sidecar/proxy/relay"
 	"github.com/pd-sidecar/pd-sidecar/proxy/split"
@@ -31,11 +32,11 @@ func Serve(p *inference.Proxy, rc *fasthttp.RequestCtx, local string, api connec
 		a = r.R.Admit(&rc.Request.Header)
 	}
 	switch a.Route {
-	case inference.RouteFail:
+	case core.RouteFail:
 		r.Fail(a.Err)
-	case inference.RouteFallback:
+	case core.RouteFallback:
 		refused(r, a.Err)
-	case inference.RouteLocal:
+	case core.RouteLocal:
 		serveLocal(r)
 	default:
 		Split(r)
@@ -48,7 +49,7 @@ func Serve(p *inference.Proxy, rc *fasthttp.RequestCtx, local string, api connec
 func serveLocal(r *relay.Exchange) {
 	body, err := r.R.EditLocal(r.R.Body)
 	if err != nil {
-		r.Fail(fmt.Errorf("%w: %w", inference.ErrBadRequest, err))
+		r.Fail(fmt.Errorf("%w: %w", core.ErrBadRequest, err))
 		return
 	}
 	r.Fail(relay.Decode(r, body, false)) // chunked when --decode-chunk-tokens says so

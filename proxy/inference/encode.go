@@ -5,6 +5,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
+	"github.com/pd-sidecar/pd-sidecar/proxy/core"
 	"github.com/pd-sidecar/pd-sidecar/proxy/encoder"
 	"github.com/pd-sidecar/pd-sidecar/proxy/tlsconf"
 	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"
@@ -12,7 +13,7 @@ import (
 
 // newEncoderTransport is the encoder legs' transport, with TLS when the
 // stage asks for it; nil when the stage is off.
-func newEncoderTransport(cfg Config) (*upstream.Transport, error) {
+func newEncoderTransport(cfg core.Config) (*upstream.Transport, error) {
 	e := cfg.Encoder
 	if e.Connector == "" {
 		return nil, nil
@@ -41,11 +42,11 @@ func newEncoderStage(p *Proxy) *encoder.Stage {
 		Config:      p.Cfg.Encoder,
 		Transport:   p.EncTr,
 		Allowlist:   p.Cfg.Guard.Allowlist,
-		RefusedAddr: p.refusedAddr,
+		RefusedAddr: p.RefusedAddr,
 		Inject: func(ctx context.Context, h *fasthttp.RequestHeader) {
 			p.Trace.Inject(ctx, h) // set by SetExtras, after New
 		},
-		BadRequest: ErrBadRequest,
+		BadRequest: core.ErrBadRequest,
 		Metrics:    p.M.Encoder,
 	})
 }

@@ -8,6 +8,7 @@ import (
 
 	"github.com/pd-sidecar/pd-sidecar/connectors"
 	"github.com/pd-sidecar/pd-sidecar/failure"
+	"github.com/pd-sidecar/pd-sidecar/proxy/core"
 	"github.com/pd-sidecar/pd-sidecar/proxy/encoder"
 )
 
@@ -20,7 +21,7 @@ func TestEncoderErrorsClassified(t *testing.T) {
 	}{
 		{encoder.ErrNoneAllowed, 502},
 		{fmt.Errorf("%w for item 1: %w", encoder.ErrFailed, encoder.ErrTimeout), 502},
-		{fmt.Errorf("%w for item 0: %w", encoder.ErrFailed, fmt.Errorf("%w: %w", ErrBadRequest, connectors.ErrBadBody)), 400},
+		{fmt.Errorf("%w for item 0: %w", encoder.ErrFailed, fmt.Errorf("%w: %w", core.ErrBadRequest, connectors.ErrBadBody)), 400},
 	} {
 		assert.Equal(t, tc.status, failure.Of(tc.err).Status, "%v", tc.err)
 	}

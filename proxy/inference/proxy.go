@@ -1,152 +1,59 @@
-// Package inference is what both serving drivers share about an inference
-// request: the Proxy (configuration, transports, guards, breakers, metrics
-// and the registered request features and background work), a request's
-// state (Request), and the steps of a request every path takes: naming and
-// allowing the prefiller, the features' parts, reading the prefill answer,
-// degrading to a local prefill, accounting, and the request's report and
-// spans. It does no I/O of its own choosing: proxy/front hands it requests,
-// and the goroutine driver (proxy/godriver), the lane (proxy/lane) and the
-// relay (proxy/relay) serve them through the Splitter, LaneFunc and Decoder
-// they register.
+// Package inference composes a sidecar: its request core (proxy/core: the
+// shared state, every request's state and decisions) with the drivers that
+// serve requests — fasthttp's goroutine driver (proxy/godriver, through
+// the GoDriver it registers) and the lane (proxy/lane, through LaneFunc) —
+// the event loops that carry open streams, and what only fasthttp's path
+// writes: a request refused before it is one, and its metrics route.
 package inference
 
 import (
 	"context"
-	"errors"
-	"fmt"
-	"slices"
-	"strings"
 	"sync/atomic"
-	"time"
 
+	"github.com/pd-sidecar/pd-sidecar/connectors"
+	"github.com/pd-sidecar/pd-sidecar/kvtransfer"
+	"github.com/pd-sidecar/pd-sidecar/metrics"
+	"github.com/pd-sidecar/pd-sidecar/netloop"
+	"github.com/pd-sidecar/pd-sidecar/proxy/clientconn"
+	"github.com/pd-sidecar/pd-sidecar/proxy/core"
+	"github.com/pd-sidecar/pd-sidecar/proxy/engineinfo"
+	"github.com/pd-sidecar/pd-sidecar/proxy/kvpull"
+	"github.com/pd-sidecar/pd-sidecar/proxy/rawhttp"
+	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/rs/zerolog"
 	"github.com/valyala/fasthttp"
 	"github.com/valyala/fasthttp/fasthttpadaptor"
-
-	"github.com/pd-sidecar/pd-sidecar/connectors"
-	"github.com/pd-sidecar/pd-sidecar/connectors/moriio"
-	"github.com/pd-sidecar/pd-sidecar/connectors/nixlv2"
-	"github.com/pd-sidecar/pd-sidecar/failure"
-	"github.com/pd-sidecar/pd-sidecar/kvtransfer"
-	"github.com/pd-sidecar/pd-sidecar/metrics"
-	"github.com/pd-sidecar/pd-sidecar/netloop"
-	"github.com/pd-sidecar/pd-sidecar/proxy/bootstrap"
-	"github.com/pd-sidecar/pd-sidecar/proxy/chunked"
-	"github.com/pd-sidecar/pd-sidecar/proxy/clientconn"
-	"github.com/pd-sidecar/pd-sidecar/proxy/dprank"
-	"github.com/pd-sidecar/pd-sidecar/proxy/engineinfo"
-	"github.com/pd-sidecar/pd-sidecar/proxy/feature"
-	"github.com/pd-sidecar/pd-sidecar/proxy/guard"
-	"github.com/pd-sidecar/pd-sidecar/proxy/hedge"
-	"github.com/pd-sidecar/pd-sidecar/proxy/hideparams"
-	"github.com/pd-sidecar/pd-sidecar/proxy/kvpull"
-	"github.com/pd-sidecar/pd-sidecar/proxy/kvrelease"
-	"github.com/pd-sidecar/pd-sidecar/proxy/kvsource"
-	"github.com/pd-sidecar/pd-sidecar/proxy/moriwrite"
-	"github.com/pd-sidecar/pd-sidecar/proxy/multiturn"
-	"github.com/pd-sidecar/pd-sidecar/proxy/observe"
-	"github.com/pd-sidecar/pd-sidecar/proxy/passpolicy"
-	"github.com/pd-sidecar/pd-sidecar/proxy/prefillstrip"
-	"github.com/pd-sidecar/pd-sidecar/proxy/prevresponse"
-	"github.com/pd-sidecar/pd-sidecar/proxy/prewarm"
-	"github.com/pd-sidecar/pd-sidecar/proxy/rawhttp"
-	"github.com/pd-sidecar/pd-sidecar/proxy/sanitize"
-	"github.com/pd-sidecar/pd-sidecar/proxy/shortprompt"
-	"github.com/pd-sidecar/pd-sidecar/proxy/sse"
-	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
 )
 
-// Header names the proxy reads or sets.
-const (
-	// HeaderPrefiller names the prefill engine(s) (host:port, comma
-	// separated). Client controllable: stripped before forwarding.
-	HeaderPrefiller = "x-prefiller-host-port"
-	// HeaderRequestID is set (never added twice) on every leg.
-	HeaderRequestID = "X-Request-ID"
-)
-
-// Proxy serves the sidecar's routes. Create it with New.
+// Proxy is a sidecar: its request core and its drivers. Create it with
+// New.
 type Proxy struct {
-	Cfg      Config
-	Conn     connectors.Connector
-	Rewriter connectors.AnswerRewriter // nil when conn has no such ability
-	seq      connectors.Sequential     // nil for a Concurrent connector
-	Mori     *moriwrite.State          // MoRI-IO write mode; nil when off
-	Choreo   connectors.Choreography   // what conn declares (connectors.Choreography)
-	Boot     *bootstrap.Cache          // Bootstrapper answers per prefiller
-	Tr       *upstream.Transport
-	EncTr    *upstream.Transport // the encoder legs'; nil: stage off
-	M        *metrics.Metrics
-	Log      zerolog.Logger
-	MetricsH fasthttp.RequestHandler
-	Draining atomic.Bool
-	Ext      Extras   // optional collaborators (see SetExtras)
-	strip    []string // --prefill-strip-headers, lower case
-	Bufs     sse.Bufs // per-stream buffers for reuse
-	// hedge is hedged prefill's policy; nil: off.
-	hedge *hedge.Policy
-	// pass is what passes through to the engine.
-	Pass *passpolicy.Policy
-	// Guard holds the limits, SSRF protection, circuit breakers and TLS.
-	Guard *guard.Guard
-	// warm warms up new prefillers (--prefill-prewarm); nil: off.
-	warm *prewarm.Warmer
-	// kvr frees a prefiller's KV nobody read (--release-kv-on-cancel);
-	// nil: off.
-	kvr *kvrelease.Releaser
+	*core.Sidecar
 	// Armer arms the client connections' watches (clientconn.Watch).
 	Armer *clientconn.Armer
-	// KV is the sidecar-driven KV pull (see EnableKVPull); nil: off.
-	KV *kvpull.Puller
-	// Trace starts the requests' spans and writes the legs' trace
-	// context (SetExtras); nil: no tracer.
-	Trace *observe.Tracing
-	// background is the work Run runs beside serving: MoRI-IO's host
-	// revalidations, warm-ups, circuit probes, KV release legs, of those
-	// that are on, in start order.
-	Background []backgroundWork
-	// Clean makes the bodies the sidecar forwards what may reach an
-	// engine: an inference request's as its admitter, a passthrough
-	// request's.
-	Clean *sanitize.Cleaner
-	// admitters are the parts of every request's admission that are on,
-	// in their order (Request.Admit); features are the request features
-	// that are on, in the order they take part in a request once its
-	// prefiller is named: one line each in New.
-	admitters []feature.Admitter
-	features  []feature.Feature
-	// pod is what the sidecar knows of its pod: ports, engines, addresses.
-	pod pod
-	// sessionHeader names the session key's header, with multi-turn KV
-	// reuse on ("": off); sweep drops its expired entries.
-	sessionHeader string
-	sweep         *multiturn.Sweeper
-	// pinr sends the release legs of pinned histories no turn will read
-	// (nil: --bidirectional-release-unread off, or multi-turn reuse off).
-	pinr *pinReleaser
-	// engine watches the local engine's version (engineinfo).
-	engine *engineinfo.Watcher
-	// LegStrip are the client's headers the lane leaves out of every leg
-	// it writes (the trace context's, which each leg carries anew),
-	// SplitStrip those it leaves out of a split's legs (MoRI-IO's rank
-	// header too, which it sets), and PrefillStrip those it leaves out of
-	// a prefill leg (--prefill-strip-headers too); lower case (setStrips).
-	LegStrip, SplitStrip, PrefillStrip []string
-	// Loops carry open streams (loopStream); nil: each stream keeps its
-	// goroutine. servers are the servers of the local engines' ports, by
-	// engine address, which take a connection back after its stream. Both
-	// are set by Run before it serves.
+	// MetricsH serves /metrics.
+	MetricsH fasthttp.RequestHandler
+	// Debug serves GET /debug/pd (nil: the path goes to the local engine).
+	Debug fasthttp.RequestHandler
+	// Loops carry open streams (relay.LoopStream); nil: each stream keeps
+	// its goroutine. Servers are the servers of the local engines' ports,
+	// by engine address, which take a connection back after its stream.
+	// Both are set by Run before it serves.
 	Loops        *netloop.Group
 	Servers      map[string]*fasthttp.Server
 	LoopRequests atomic.Int64 // requests on the loops: streams handed over, and the lane's
-	// lanes starts the lane of a local engine's port (UseLanes); nil:
+	// Lanes starts the lane of a local engine's port (UseLanes); nil:
 	// fasthttp serves every request.
 	Lanes LaneFunc
 	// goDriver serves the inference requests fasthttp's handler
 	// goroutine serves (UseGoDriver).
 	goDriver GoDriver
+	// engine watches the local engine's version (engineinfo).
+	engine *engineinfo.Watcher
 }
 
 // GoDriver serves inference request rc, arrived for the local engine
@@ -157,10 +64,6 @@ type GoDriver func(p *Proxy, rc *fasthttp.RequestCtx, local string, api connecto
 // UseGoDriver makes f serve the inference requests fasthttp's handler
 // serves. New's caller must call it before Run.
 func (p *Proxy) UseGoDriver(f GoDriver) { p.goDriver = f }
-
-// PrefillStrips are the headers left out of a prefill leg
-// (--prefill-strip-headers), lower case.
-func (p *Proxy) PrefillStrips() []string { return p.strip }
 
 // LegStart is the start of a leg's head from the client's head h and the
 // path routed on, target: what every leg of the request begins with on the
@@ -187,145 +90,28 @@ type LaneFunc func(p *Proxy, local string, srv *fasthttp.Server, loops []*netloo
 // where the event loops run (--stream-loops) and the connection is plain.
 func (p *Proxy) UseLanes(f LaneFunc) { p.Lanes = f }
 
-// New returns a Proxy. cfg must be valid (see Config.Validate); m holds the
-// collectors, gatherer is what /metrics exports, log receives JSON logs.
-func New(cfg Config, conn connectors.Connector, m *metrics.Metrics, gatherer prometheus.Gatherer, log zerolog.Logger) (*Proxy, error) {
-	if err := cfg.Validate(); err != nil {
-		return nil, err
-	}
-	p := &Proxy{
-		Cfg:  cfg,
-		Conn: conn,
-		Tr:   upstream.NewTransport(cfg.ConnectTimeout, cfg.MaxConnsPerHost, cfg.MaxPrefillers+cfg.DataParallelSize),
-		M:    m,
-		Log:  log,
-		MetricsH: fasthttpadaptor.NewFastHTTPHandler(
-			promhttp.HandlerFor(gatherer, promhttp.HandlerOpts{})),
-	}
-	p.pod = pod{cfg: &p.Cfg}
-	p.Tr.SetAnswerLimits(cfg.MaxUpstreamAnswerBytes, cfg.Guard.MaxHeaderBytes)
-	p.Armer = clientconn.NewArmer(clientconn.WatchDelay, ErrClientGone)
-	pass, err := passpolicy.New(cfg.Passthrough)
+// New returns a Proxy. cfg must be valid (see core.Config.Validate); m
+// holds the collectors, gatherer is what /metrics exports, log receives
+// JSON logs.
+func New(cfg core.Config, conn connectors.Connector, m *metrics.Metrics, gatherer prometheus.Gatherer, log zerolog.Logger) (*Proxy, error) {
+	s, err := core.NewSidecar(cfg, conn, m, log)
 	if err != nil {
 		return nil, err
 	}
-	p.Pass, p.strip = pass, prefillstrip.Names(cfg.PrefillStripHeaders)
-	p.Rewriter, _ = conn.(connectors.AnswerRewriter)
-	g, err := newGuard(cfg.Guard, cfg.MaxRequestBodyBytes, m.Guards, log)
-	if err != nil {
-		return nil, err
-	}
-	p.Guard = g
-	p.Tr.SetAnswerBudget(g.Budget()) // answers read whole draw from --max-buffered-bytes
-	upTLS, err := cfg.Guard.TLS.Upstream(p.pod.localAddrs())
-	if err != nil {
-		return nil, err
-	}
-	p.Tr.UseTLS(upTLS)
+	p := &Proxy{Sidecar: s, Armer: clientconn.NewArmer(clientconn.WatchDelay, core.ErrClientGone),
+		MetricsH: fasthttpadaptor.NewFastHTTPHandler(promhttp.HandlerFor(gatherer, promhttp.HandlerOpts{}))}
 	if p.EncTr, err = newEncoderTransport(cfg); err != nil {
 		return nil, err
 	}
-	p.seq, _ = conn.(connectors.Sequential)
-	if p.Choreo = connectors.ChoreographyOf(conn); p.Choreo == 0 {
-		return nil, fmt.Errorf("connector %q is neither sequential nor concurrent", conn.Name())
-	}
-	p.Boot = bootstrap.New(cfg.MaxPrefillers, bootstrapTransportErr)
-	p.Clean = &sanitize.Cleaner{TrustClientKVParams: cfg.Guard.TrustClientKVParams, Allowlist: cfg.Guard.Allowlist,
-		Guards: m.Guards, BadRequest: ErrBadRequest}
-	// What every request's admission runs, in this order: the rank picked
-	// before anything reads the request, the body made what may reach an
-	// engine, the session key read from it, the encoder stage on it.
-	p.admitters = append(p.admitters, dprank.Picker{Pod: p.pod.dpPod(), Engines: p.pod.localAddrs(), Rejected: m.Guards.Rejected})
-	p.admitters = append(p.admitters, p.Clean)
-	if cfg.Multiturn.Enabled && cfg.Multiturn.SessionHeader != "" {
-		p.admitters = append(p.admitters, multiturn.SessionReader{Header: cfg.Multiturn.SessionHeader, BadRequest: ErrBadRequest})
-	}
 	if enc := newEncoderStage(p); enc != nil {
-		p.admitters = append(p.admitters, enc)
-	}
-	if cfg.MoriIO.WriteMode && p.seq != nil && conn.Name() == "nixlv2" {
-		p.Mori = moriwrite.NewState(cfg.MoriIO, m.MoriIO, log) // MoRI-IO write mode
-		p.seq = moriio.ReadHandoffs(p.seq)                     // its prefill answers are MoRI-IO's
-		p.features = append(p.features, moriwrite.Feature{State: p.Mori})
-	}
-	// Always on: no split of a conversation the decode engine holds can be right.
-	p.features = append(p.features, prevresponse.Guard{})
-	if cfg.DecodeChunkSize > 0 {
-		p.features = append(p.features, chunked.Feature{Size: cfg.DecodeChunkSize, Remote: conn.Name() == nixlv2.Name})
-	}
-	if cfg.MinRemotePrefillTokens > 0 {
-		p.features = append(p.features, shortprompt.Guard{Limit: cfg.MinRemotePrefillTokens})
-	}
-	if cfg.P2P.Enabled {
-		p.features = append(p.features, kvsource.Feature{Ports: p.pod.p2pPorts(), Allowlist: cfg.Guard.Allowlist, OwnHost: p.pod.ownHost, Outcomes: m.KVSources, NewID: NewUUID})
-	}
-	if mt := cfg.Multiturn; mt.Enabled {
-		if conn.Name() != "nixlv2" || cfg.MoriIO.WriteMode {
-			return nil, fmt.Errorf("--enable-bidirectional-kv-xfer needs --kv-connector nixlv2 (vLLM's NixlConnector pull mode), not %q", conn.Name())
-		}
-		if last := mt.SideChannelPort + cfg.DataParallelSize - 1; last > 65535 {
-			return nil, fmt.Errorf("--decode-side-channel-port %d plus the data-parallel ranks (--data-parallel-size %d) passes port 65535", mt.SideChannelPort, cfg.DataParallelSize)
-		}
-		if p.pod.podAddr() == "" {
-			log.Warn().Msg("--enable-bidirectional-kv-xfer keeps no history: the sidecar knows no address of its pod (POD_IP, or --host naming one address) to check a decode answer's side channel against")
-		}
-		store := multiturn.NewStore(multiturn.StoreConfig{MaxEntries: mt.CacheSize, MaxBytes: mt.CacheBytes,
-			ClientShare: mt.CacheClientShare, TTL: mt.CacheTTL - MultiturnMargin(mt.CacheTTL)})
-		pins := multiturn.NewPins(mt.CacheTTL, nil)
-		var release multiturn.PinReleaser
-		if mt.ReleaseUnread {
-			p.pinr = newPinReleaser(p)
-			release = p.pinr
-		}
-		p.features = append(p.features, &multiturn.Feature{Store: store, Pins: pins, Release: release, Threshold: mt.RecomputeThreshold,
-			PodAddr: p.pod.podAddr(), SideChannelPort: mt.SideChannelPort, Ranks: cfg.DataParallelSize,
-			KeepReasoning: mt.KeepReasoning, M: m.Multiturn})
-		p.sessionHeader = mt.SessionHeader
-		p.sweep = &multiturn.Sweeper{Store: store, Every: min(mt.CacheTTL/8, time.Minute), Held: m.Multiturn.Held,
-			Pins: pins, PinnedTokens: m.Multiturn.PinnedTokens}
-	}
-	if !cfg.Guard.TrustClientKVParams {
-		p.features = append(p.features, hideparams.Feature{}) // after multi-turn, which reads the params
-	}
-	p.hedge = hedge.New(cfg.Hedge, m.Hedge)
-	if cfg.Hedge.On() && p.Choreo == connectors.ChoreographyConcurrent {
-		log.Warn().Str("connector", conn.Name()).Msg("--prefill-hedge-after has no effect: this connector sends the decode leg while the prefill runs, so there is no wait to hedge")
-	}
-
-	p.setStrips()
-	if cfg.PrefillPrewarm {
-		p.warm = newPrewarmer(p)
-	}
-	p.kvr = newKVReleaser(p)
-	// The background work of what is on, in the order Run starts it
-	// (and stops it in reverse).
-	if p.Mori != nil {
-		p.Background = append(p.Background, backgroundWork{background: p.Mori.Dns, ThroughDrain: true})
-	}
-	if p.warm != nil {
-		p.Background = append(p.Background, backgroundWork{background: p.warm})
-	}
-	if pr := newCircuitProber(p.Guard, cfg.ConnectTimeout); pr != nil {
-		p.Background = append(p.Background, backgroundWork{background: pr})
-	}
-	if p.kvr != nil {
-		p.Background = append(p.Background, backgroundWork{background: p.kvr, ThroughDrain: true})
-	}
-	if p.sweep != nil {
-		p.Background = append(p.Background, backgroundWork{background: p.sweep})
-	}
-	if p.pinr != nil {
-		p.Background = append(p.Background, backgroundWork{background: p.pinr.r, ThroughDrain: true})
+		p.AddAdmitter(enc) // last: it reads the body as the others left it
 	}
 	if cfg.EngineInfoInterval > 0 {
 		p.engine = newEngineInfo(p)
-		p.Background = append(p.Background, backgroundWork{background: p.engine})
+		p.AddBackground(p.engine)
 	}
 	return p, nil
 }
-
-// localAddr is the local engine of data-parallel rank r.
-func (p *Proxy) LocalAddr(rank int) string { return p.pod.localAddr(rank) }
 
 // ConnDone passes on a client connection whose answer an event loop
 // finished: to its next request (keep), on the lane or else (no lane, or
@@ -346,129 +132,55 @@ func (p *Proxy) ConnDone(cc *clientconn.Conn, local string, keep bool) {
 
 // SetExtras installs optional collaborators. Call it before Run.
 func (p *Proxy) SetExtras(e Extras) {
-	p.Ext = e
-	p.Trace = observe.NewTracing(observe.Config{Tracer: e.Tracer, Propagator: e.Propagator,
-		Reason: failureReason, KVLoadFailed: failure.ReasonKVLoadFailed})
-	p.setStrips()
+	p.Debug = e.Debug
+	p.Observe(e.Observer, e.Tracer, e.Propagator)
 }
 
-// ChunkDeps is what a chunked decode (proxy/chunked) needs of the sidecar.
-func (p *Proxy) ChunkDeps() chunked.Deps {
-	return chunked.Deps{Metrics: p.M.Chunked, BadRequest: ErrBadRequest, DecodeFailed: ErrDecodeFailed,
-		ClientGone: ErrClientGone, KVLoadFailed: ErrKVLoadFailed, ErrorBody: chunkErrorBody}
+// Extras are the optional collaborators of a Proxy; the zero value has none.
+type Extras struct {
+	// Observer is told how each inference request ended (nil: nobody).
+	Observer core.Observer
+	// Debug serves GET /debug/pd (nil: the path goes to the local engine).
+	Debug fasthttp.RequestHandler
+	// Tracer starts the request, prefill, kv_handoff and decode spans (nil:
+	// no spans, and an incoming traceparent is passed on untouched).
+	Tracer trace.Tracer
+	// Propagator reads the incoming trace context and writes it on both
+	// legs (nil: W3C trace context).
+	Propagator propagation.TextMapPropagator
 }
 
-// chunkErrorBody is the sidecar's error object answering err: a failed
-// chunk's with its status, another with the status of its outcome.
-func chunkErrorBody(err error) []byte {
-	var cf *chunked.Failed
-	if errors.As(err, &cf) {
-		return ErrorBody(cf.Status, err)
-	}
-	return FailureBody(err)
-}
-
-// pinsSplitRank reports whether the sidecar sets x-data-parallel-rank on
-// the legs of a request that names a prefiller (MoRI-IO write mode with
-// more than one data-parallel rank): the client's own never reaches them.
-func (p *Proxy) pinsSplitRank() bool { return p.Mori != nil && p.Mori.Cfg.Ports.DPSize > 1 }
-
-// ranksPrefill reports whether the connector names the prefill leg's rank
-// (connectors.PrefillRanker): the client's x-data-parallel-rank never
-// reaches a prefiller then.
-func (p *Proxy) ranksPrefill() bool {
-	_, ok := p.Conn.(connectors.PrefillRanker)
-	return ok
-}
-
-// setStrips sets the headers the lane leaves out of legs (LegStrip).
-func (p *Proxy) setStrips() {
-	p.LegStrip, p.PrefillStrip = p.Trace.Strip(p.strip)
-	if p.sessionHeader != "" {
-		// Multi-turn KV reuse consumes the session key: no leg carries it
-		// (LegSpec.Session on fasthttp's path).
-		s := strings.ToLower(p.sessionHeader)
-		p.LegStrip = append(slices.Clone(p.LegStrip), s)
-		p.PrefillStrip = append(slices.Clone(p.PrefillStrip), s)
-	}
-	p.SplitStrip = p.LegStrip
-	if p.pinsSplitRank() {
-		p.SplitStrip = append(slices.Clone(p.LegStrip), moriio.HeaderRank)
-		p.PrefillStrip = append(slices.Clone(p.PrefillStrip), moriio.HeaderRank)
-	} else if p.ranksPrefill() {
-		p.PrefillStrip = append(slices.Clone(p.PrefillStrip), moriio.HeaderRank)
-	}
-}
-
-// logsLegs reports whether legs are logged (trace level).
-func (p *Proxy) LogsLegs() bool { return observe.LogsLegs(p.Log.GetLevel()) }
-
-// EnableKVPull makes the proxy pull the KV itself between prefill and
-// decode: the pull is a request feature (kvpull.Feature), registered here
-// last. The connector must have the sidecar-pull ability. Call it before
-// Run.
+// EnableKVPull makes the sidecar pull the KV itself between prefill and
+// decode (core.Sidecar.EnableKVPull), calling the local engine over the
+// sidecar's transport. Call it before Run.
 func (p *Proxy) EnableKVPull(cfg kvpull.Config, puller *kvtransfer.Puller, m *metrics.KVPull) error {
-	if err := cfg.Validate(); err != nil {
-		return err
-	}
-	src, ok := p.Conn.(kvpull.Sourcer)
-	if !ok {
-		return fmt.Errorf("connector %q cannot hand off a kv source for the sidecar to pull", p.Conn.Name())
-	}
-	p.KV = kvpull.New(cfg, kvpull.Deps{Conn: src, Puller: puller, Metrics: m,
-		FreeTimeout: p.Cfg.ConnectTimeout + time.Second})
-	p.features = append(p.features, kvpull.Feature{Puller: p.KV, Allowed: p.addrsAllowed, Call: p.engineCall, CallErr: engineCallErr})
-	return nil
+	return p.Sidecar.EnableKVPull(cfg, puller, m, engineCaller(p.Tr))
 }
 
-// RunKVProbes probes the KV agents of recently used prefillers every
-// interval (a bare round trip over the pull's own connection) into
-// pd_sidecar_kv_probe_latency_seconds, until ctx ends
-// (kvpull.Puller.RunProbes). A no-op unless EnableKVPull was called.
-func (p *Proxy) RunKVProbes(ctx context.Context, every time.Duration) {
-	if p.KV != nil {
-		p.KV.RunProbes(ctx, every, p.Log)
+// engineCaller is the core.EngineCall that POSTs a JSON body to path on
+// the local engine local, under the request id id, over tr: the answer's
+// body and status (kvpull.Feature.Call).
+func engineCaller(tr *upstream.Transport) core.EngineCall {
+	return func(ctx context.Context, local, id, path string, body []byte) ([]byte, int, error) {
+		return engineCall(ctx, tr, local, id, path, body)
 	}
 }
 
-// NotePrefiller tells the proxy that hostport (host:port) is a prefiller
-// now (the InferencePool watcher's new Ready pod): with --prefill-prewarm
-// it is warmed up, even when seen before (a pod that came back is a new
-// engine, with no connection to the local one). It never blocks.
-func (p *Proxy) NotePrefiller(hostport string) {
-	p.warm.Saw(hostport, true)
-}
-
-// PairedSplit reports whether the proxy's splits run both legs at once
-// (split.Paired): a concurrent connector, or MoRI-IO's parallel dispatch.
-func (p *Proxy) PairedSplit() bool {
-	return p.Choreo == connectors.ChoreographyConcurrent || (p.Mori != nil && p.Mori.Cfg.ParallelDispatch)
-}
-
-// prewarmCovered reports why the connector's split cannot be warmed up,
-// or "" when it can: only a sequential split whose decode leg hands the
-// local engine the prefill's kv_transfer_params and lets it pull the KV
-// (nixlv2) has an engine-to-engine handshake to pay ahead. The concurrent
-// connectors (sglang, mooncake, offloading) are not built for it, the
-// decode-first one (shared-storage) moves KV through storage, the sidecar's
-// own pull (--kv-connector sidecar) is not the engine's, and MoRI-IO write
-// mode's prefiller writes into the decoder with per-request fields.
-func (p *Proxy) prewarmCovered() string {
-	switch {
-	case p.seq == nil || p.Choreo != connectors.ChoreographySequential:
-		return "the connector's split is not a prefill then a decode" // a constant: asked on every request
-	case p.KV != nil:
-		return "the sidecar pulls the KV itself"
-	case p.Mori != nil:
-		return "MoRI-IO write mode"
+func engineCall(ctx context.Context, tr *upstream.Transport, local, id, path string, body []byte) ([]byte, int, error) {
+	req := fasthttp.AcquireRequest()
+	resp := fasthttp.AcquireResponse()
+	defer fasthttp.ReleaseRequest(req)
+	defer fasthttp.ReleaseResponse(resp)
+	req.Header.SetMethod(fasthttp.MethodPost)
+	req.Header.SetRequestURI(path)
+	req.Header.SetHost(local)
+	req.Header.SetContentType("application/json")
+	req.Header.Set(core.HeaderRequestID, id)
+	req.SetBodyRaw(body)
+	hold, err := tr.Do(ctx, local, req, resp)
+	defer hold.Release() // resp is let go on return; the copy returned is small JSON
+	if err != nil {
+		return nil, 0, err
 	}
-	return ""
-}
-
-// hedgeable reports whether the request's prefill may be hedged: hedging
-// is on and the split is the plain sequential one (a MoRI-IO write or the
-// sidecar's own KV pull follow the prefill, and the local leg would have
-// to undo them).
-func (p *Proxy) hedgeable() bool {
-	return p.hedge != nil && p.Mori == nil && p.KV == nil
+	return append([]byte(nil), resp.Body()...), resp.StatusCode(), nil
 }

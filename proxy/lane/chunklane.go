@@ -9,7 +9,7 @@ import (
 	"github.com/pd-sidecar/pd-sidecar/httpbody"
 	"github.com/pd-sidecar/pd-sidecar/netloop"
 	"github.com/pd-sidecar/pd-sidecar/proxy/chunked"
-	"github.com/pd-sidecar/pd-sidecar/proxy/inference"
+	"github.com/pd-sidecar/pd-sidecar/proxy/core"
 	"github.com/pd-sidecar/pd-sidecar/proxy/rawhttp"
 	"github.com/pd-sidecar/pd-sidecar/proxy/relay"
 	"github.com/pd-sidecar/pd-sidecar/proxy/split"
@@ -66,7 +66,7 @@ func startChunked(lc *laneConn, body []byte, bodyp *[]byte, remote bool) {
 }
 
 // laneRecorder is the request's part in its chunked decode on the lane.
-type laneRecorder struct{ r *inference.Request }
+type laneRecorder struct{ r *core.Request }
 
 func (l laneRecorder) Gone() bool                          { return l.r.Gone() }
 func (l laneRecorder) Left()                               { relay.Left(l.r) }
@@ -146,7 +146,7 @@ func (c *laneChunk) answered(a *rawhttp.Answer) {
 // failed takes a chunk's leg that got no answer, or broke off.
 func (c *laneChunk) failed(err error) {
 	c.leg = false
-	c.exec(c.m.Failed(inference.DecodeTransportErr(err)))
+	c.exec(c.m.Failed(core.DecodeTransportErr(err)))
 }
 
 // answerWhole writes the decode's whole answer.
@@ -274,7 +274,7 @@ func (c *laneChunk) taken() {
 // dropped, and the decode counted as the client's leaving.
 func (c *laneChunk) clientGone() {
 	lc := c.lc
-	lc.drop(inference.ErrClientGone)
+	lc.drop(core.ErrClientGone)
 	lc.client.close()
 }
 

@@ -1,7 +1,7 @@
 package lane
 
 import (
-	"github.com/pd-sidecar/pd-sidecar/proxy/inference"
+	"github.com/pd-sidecar/pd-sidecar/proxy/core"
 	"github.com/pd-sidecar/pd-sidecar/proxy/rawhttp"
 	"github.com/pd-sidecar/pd-sidecar/proxy/relay"
 	"github.com/pd-sidecar/pd-sidecar/proxy/split"
@@ -24,7 +24,7 @@ type laneFirst struct {
 	lc *laneConn
 	pd *lanePD
 	m  *split.DecodeFirst
-	df inference.DecodeFirst // the request's side of the attempt
+	df core.DecodeFirst // the request's side of the attempt
 	// leg: the decode-first leg is out, or its answer is held.
 	leg bool
 	// The held answer while the machine decides on it (valid during that
@@ -38,7 +38,7 @@ type laneFirst struct {
 // otherwise, or after a decline.
 func runDecodeFirst(lc *laneConn) {
 	pd := lc.split.pd
-	fs := &laneFirst{lc: lc, pd: pd, m: split.NewDecodeFirst(), df: inference.BeginDecodeFirst(lc.r)}
+	fs := &laneFirst{lc: lc, pd: pd, m: split.NewDecodeFirst(), df: core.BeginDecodeFirst(lc.r)}
 	pd.first, pd.triedFirst = fs, true
 	pd.feeding = true
 	fs.exec(fs.m.Start(fs.df.Try()))
@@ -118,9 +118,9 @@ func (fs *laneFirst) gated(g sserelay.Gate, held []byte) {
 		fs.drop()
 		cause := ls.UpErr
 		if cause == nil {
-			cause = inference.EndedEarly(r.Local, "any event", ls.Cut)
+			cause = core.EndedEarly(r.Local, "any event", ls.Cut)
 		}
-		lc.split.feedSplit(split.Event{Kind: split.FirstLegFailed, Err: inference.BeforeOutputErr(cause)})
+		lc.split.feedSplit(split.Event{Kind: split.FirstLegFailed, Err: core.BeforeOutputErr(cause)})
 	}
 }
 
@@ -144,7 +144,7 @@ func (fs *laneFirst) failed(err error) bool {
 		return false
 	}
 	fs.leg = false
-	fs.lc.split.feedSplit(split.Event{Kind: split.FirstLegFailed, Err: inference.BeforeOutputErr(err)})
+	fs.lc.split.feedSplit(split.Event{Kind: split.FirstLegFailed, Err: core.BeforeOutputErr(err)})
 	return true
 }
 

@@ -26,6 +26,7 @@ import (
 	"github.com/pd-sidecar/pd-sidecar/metrics"
 	"github.com/pd-sidecar/pd-sidecar/netloop"
 	"github.com/pd-sidecar/pd-sidecar/proxy/clientconn"
+	"github.com/pd-sidecar/pd-sidecar/proxy/core"
 	"github.com/pd-sidecar/pd-sidecar/proxy/feature"
 	"github.com/pd-sidecar/pd-sidecar/proxy/inference"
 	"github.com/pd-sidecar/pd-sidecar/proxy/rawhttp"
@@ -237,7 +238,7 @@ type laneConn struct {
 	ll    *laneLoop
 	state int
 
-	r     *inference.Request
+	r     *core.Request
 	gauge prometheus.Gauge // the in-flight gauge of the request's phase
 	chunk *laneChunk       // the request's chunked decode, while it runs
 	// shadowOf, on a hedge's local leg, is the client
@@ -276,9 +277,9 @@ func (lc *laneConn) Ready(fd int, ev netloop.Events) {
 		var cause error
 		switch {
 		case ev&netloop.Shutdown != 0:
-			cause = inference.ErrDrainTimeout
+			cause = core.ErrDrainTimeout
 		case ev&netloop.HangUp != 0:
-			cause = inference.ErrClientGone
+			cause = core.ErrClientGone
 		default:
 			lc.client.setInterest(lc.client.interest &^ netloop.Readable)
 			return
@@ -292,7 +293,7 @@ func (lc *laneConn) Ready(fd int, ev netloop.Events) {
 			lc.client.close()
 			return
 		}
-		lc.abandon(inference.ErrDrainTimeout)
+		lc.abandon(core.ErrDrainTimeout)
 	case lc.chunk != nil && lc.chunk.streaming:
 		lc.chunk.ready(ev)
 	case lc.state == laneIdle:
@@ -331,13 +332,13 @@ func (lc *laneConn) serve(b []byte, api connectors.API, headLen int, lr rawhttp.
 		return
 	}
 	r := p.StartRequest(lr.ID, &ll.req, b[headLen:], ll.ln.local, api)
-	r.Client = inference.ClientAddr(lc.client.cc.RemoteAddr())
+	r.Client = clientconn.PeerAddr(lc.client.cc.RemoteAddr())
 	lc.r, lc.client.keepAlive = r, lr.KeepAlive
 	p.LoopRequests.Add(1)
 	// Counted as the lane takes it, before any answer byte: a client that
 	// has its answer finds it counted.
 	p.M.LoopRequests.Inc()
-	named := len(ll.req.Peek(inference.HeaderPrefiller)) > 0 // as Admit reads it
+	named := len(ll.req.Peek(core.HeaderPrefiller)) > 0 // as Admit reads it
 	if named {
 		lc.split.beginSplit(true) // copies the body
 	}
@@ -374,13 +375,13 @@ func (lc *laneConn) admitAfter(step feature.Step, h *fasthttp.RequestHeader) {
 }
 
 // route sends the request where Admit said.
-func (lc *laneConn) route(a inference.Admission) {
+func (lc *laneConn) route(a core.Admission) {
 	switch a.Route {
-	case inference.RouteFail:
+	case core.RouteFail:
 		lc.reply.failWith(a.Err)
-	case inference.RouteFallback:
+	case core.RouteFallback:
 		lc.split.refused(a.Err)
-	case inference.RouteLocal:
+	case core.RouteLocal:
 		lc.serveLocal()
 	default:
 		lc.split.run()
@@ -405,7 +406,7 @@ func (lc *laneConn) runStep(step feature.Step, next func()) {
 			}
 			lc.state = laneSending
 			switch cause := lc.stepGone; {
-			case errors.Is(cause, inference.ErrClientGone):
+			case errors.Is(cause, core.ErrClientGone):
 				lc.clientLeft()
 			case cause != nil:
 				lc.abandon(cause)
@@ -579,7 +580,7 @@ func (ll *laneLoop) unpool(u *upConn) bool {
 // onLoop runs f, for request r, on the loop (for an event off the loop: a
 // timer that fired), unless the connection has gone on to another
 // request by then.
-func (lc *laneConn) onLoop(r *inference.Request, f func()) {
+func (lc *laneConn) onLoop(r *core.Request, f func()) {
 	lc.ll.loop.Post(func() {
 		mu := lc.lock()
 		mu.Lock()
@@ -596,18 +597,18 @@ func (lc *laneConn) failed(err error) {
 		c.failed(err)
 		return
 	}
-	if lc.split.pairedSplit().decodeEnded(inference.DecodeTransportErr(err)) || lc.split.decodeFirst().failed(err) {
+	if lc.split.pairedSplit().decodeEnded(core.DecodeTransportErr(err)) || lc.split.decodeFirst().failed(err) {
 		return
 	}
-	lc.reply.failWith(inference.DecodeTransportErr(err))
+	lc.reply.failWith(core.DecodeTransportErr(err))
 }
 
 // clientLeft ends a request whose client hung up before its answer began:
 // the engine connection is closed, so the engine drops the request.
 func (lc *laneConn) clientLeft() {
 	if r := lc.r; r != nil {
-		r.LeftBeforeAnswer(inference.ErrClientGone)
-		lc.drop(inference.ErrClientGone)
+		r.LeftBeforeAnswer(core.ErrClientGone)
+		lc.drop(core.ErrClientGone)
 	}
 	lc.client.close()
 }
@@ -673,15 +674,15 @@ func (lc *laneConn) finish() {
 		lc.reply.streamed = false
 		r.P.M.LoopStreams.Dec()
 	}
-	r.P.LoopRequests.Add(-1)
+	lc.ll.ln.p.LoopRequests.Add(-1)
 }
 
-// ReleaseKV is inference.ReleaseKV for the lane's request, whose legs' head
+// ReleaseKV is core.ReleaseKV for the lane's request, whose legs' head
 // start is the split's (the loop's parsed head is another request's by
 // now).
 func (lc *laneConn) ReleaseKV() {
 	if r := lc.r; r != nil && r.KVPending != nil && lc.split.pd != nil {
-		inference.ReleaseKV(r, lc.split.pd.start)
+		core.ReleaseKV(r, lc.split.pd.start)
 	}
 }
 
@@ -720,7 +721,7 @@ func (u *upConn) Ready(fd int, ev netloop.Events) {
 		mu := lc.lock()
 		mu.Lock()
 		if lc.leg.up == u {
-			lc.abandon(inference.ErrDrainTimeout)
+			lc.abandon(core.ErrDrainTimeout)
 		}
 		mu.Unlock()
 		return

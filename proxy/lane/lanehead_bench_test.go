@@ -10,6 +10,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/pd-sidecar/pd-sidecar/metrics"
+	"github.com/pd-sidecar/pd-sidecar/proxy/core"
 	"github.com/pd-sidecar/pd-sidecar/proxy/inference"
 	"github.com/pd-sidecar/pd-sidecar/proxy/rawhttp"
 )
@@ -18,7 +19,7 @@ import (
 // request parsed and checked, the request's state begun and its upstream
 // head built; the engine's answer head parsed and the client's written.
 func BenchmarkLaneHeads(b *testing.B) {
-	p := &inference.Proxy{Cfg: inference.DefaultConfig(), M: metrics.New(prometheus.NewRegistry(), 0), Log: zerolog.Nop()}
+	p := &inference.Proxy{Sidecar: &core.Sidecar{Cfg: core.DefaultConfig(), M: metrics.New(prometheus.NewRegistry(), 0), Log: zerolog.Nop()}}
 	ll := &laneLoop{ln: &lane{p: p, local: "127.0.0.1:8000"}, br: bufio.NewReaderSize(nil, p.Cfg.Guard.MaxHeaderBytes)}
 	ll.req.DisableNormalizing()
 	ll.resp.DisableNormalizing()

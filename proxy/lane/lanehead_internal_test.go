@@ -12,6 +12,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/pd-sidecar/pd-sidecar/proxy/clientconn"
+	"github.com/pd-sidecar/pd-sidecar/proxy/core"
 	"github.com/pd-sidecar/pd-sidecar/proxy/dprank"
 	"github.com/pd-sidecar/pd-sidecar/proxy/encoder"
 	"github.com/pd-sidecar/pd-sidecar/proxy/inference"
@@ -33,7 +34,7 @@ func parseRequestHead(t *testing.T, head string) *fasthttp.RequestHeader {
 // names rawhttp holds, which are the ones the fasthttp path strips.
 func TestLaneHeaderNames(t *testing.T) {
 	for _, tc := range []struct{ lane, proxy string }{
-		{rawhttp.HeaderPrefiller, inference.HeaderPrefiller},
+		{rawhttp.HeaderPrefiller, core.HeaderPrefiller},
 		{rawhttp.HeaderEncoders, encoder.Header},
 		{rawhttp.HeaderDataParallel, dprank.Header},
 		{rawhttp.HeaderKVCacheSource, kvsource.Header},
@@ -64,7 +65,7 @@ func FuzzLaneRequestHead(f *testing.F) {
 	} {
 		f.Add([]byte(s))
 	}
-	p := &inference.Proxy{Cfg: inference.DefaultConfig()}
+	p := &inference.Proxy{Sidecar: &core.Sidecar{Cfg: core.DefaultConfig()}}
 	f.Fuzz(func(t *testing.T, in []byte) {
 		var norm fasthttp.RequestHeader
 		ll := &laneLoop{ln: &lane{p: p, local: "127.0.0.1:8001"}, br: bufio.NewReaderSize(nil, p.Cfg.Guard.MaxHeaderBytes)}
@@ -74,7 +75,7 @@ func FuzzLaneRequestHead(f *testing.F) {
 			return // fasthttp's to serve
 		}
 		require.NoError(t, norm.Read(bufio.NewReaderSize(strings.NewReader(string(in)), p.Cfg.Guard.MaxHeaderBytes)), "%q", in)
-		require.Equal(t, string(norm.Peek(inference.HeaderPrefiller)), string(lr.Prefiller), "prefiller of %q", in)
+		require.Equal(t, string(norm.Peek(core.HeaderPrefiller)), string(lr.Prefiller), "prefiller of %q", in)
 		require.False(t, clientconn.BadHeaderName(&norm), "a name that is not a token taken by the lane: %q", in)
 		leg := rawhttp.AppendLegHead(nil, &ll.req, "127.0.0.1:8001", "rid", len(body))
 		req, err := http.ReadRequest(bufio.NewReader(strings.NewReader(string(leg) + string(body))))
@@ -83,7 +84,7 @@ func FuzzLaneRequestHead(f *testing.F) {
 		require.Equal(t, int64(len(body)), req.ContentLength)
 		require.Empty(t, req.TransferEncoding)
 		require.Equal(t, []string{"rid"}, req.Header.Values("X-Request-ID"))
-		for _, k := range []string{inference.HeaderPrefiller, dprank.Header, "Connection", "Keep-Alive", "Te", "Trailer",
+		for _, k := range []string{core.HeaderPrefiller, dprank.Header, "Connection", "Keep-Alive", "Te", "Trailer",
 			"Upgrade", "Proxy-Authorization", "Proxy-Connection", "Expect", "Accept-Encoding"} {
 			require.Empty(t, req.Header.Values(k), "%s forwarded: %q", k, leg)
 		}

@@ -7,7 +7,7 @@ import (
 
 	"github.com/pd-sidecar/pd-sidecar/httpbody"
 	"github.com/pd-sidecar/pd-sidecar/netloop"
-	"github.com/pd-sidecar/pd-sidecar/proxy/inference"
+	"github.com/pd-sidecar/pd-sidecar/proxy/core"
 	"github.com/pd-sidecar/pd-sidecar/proxy/rawhttp"
 	"github.com/pd-sidecar/pd-sidecar/proxy/sse"
 	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"
@@ -96,7 +96,7 @@ func (lg *laneLeg) dial() {
 
 // dialed goes on from dial number n of request r, on the loop: the leg is
 // sent on conn, or failed with err.
-func (lg *laneLeg) dialed(r *inference.Request, n uint64, addr string, conn net.Conn, fd int, err error) {
+func (lg *laneLeg) dialed(r *core.Request, n uint64, addr string, conn net.Conn, fd int, err error) {
 	lc := lg.lc
 	ll := lc.ll
 	mu := lc.lock()
@@ -310,17 +310,17 @@ func (lg *laneLeg) rawBroke(err error) {
 	lg.dropRaw()
 	lg.endUp(false)
 	if lg.prefill {
-		lc.split.prefillFailed(inference.PrefillTransportErr(err))
+		lc.split.prefillFailed(core.PrefillTransportErr(err))
 		return
 	}
 	if c := lc.chunk; c != nil && c.leg {
 		c.failed(err)
 		return
 	}
-	if lc.split.pairedSplit().decodeEnded(inference.DecodeTransportErr(err)) || lc.split.decodeFirst().failed(err) {
+	if lc.split.pairedSplit().decodeEnded(core.DecodeTransportErr(err)) || lc.split.decodeFirst().failed(err) {
 		return
 	}
-	lc.reply.failWith(inference.DecodeTransportErr(err))
+	lc.reply.failWith(core.DecodeTransportErr(err))
 }
 
 // dropRaw lets go of the answer being read whole, if any, and of its
@@ -354,7 +354,7 @@ func (lg *laneLeg) legFailed(err error) {
 	lc := lg.lc
 	if lg.prefill {
 		lg.head = lg.head[:0]
-		lc.split.prefillFailed(inference.PrefillTransportErr(err))
+		lc.split.prefillFailed(core.PrefillTransportErr(err))
 		return
 	}
 	lc.failed(err)

@@ -9,6 +9,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 
+	"github.com/pd-sidecar/pd-sidecar/proxy/core"
 	"github.com/pd-sidecar/pd-sidecar/proxy/inference"
 	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"
 )
@@ -19,7 +20,7 @@ import (
 // forged prefiller addresses cannot grow it); the sweeper's evict closes
 // those unused for laneIdleMax and forgets the prefillers left with none.
 func TestLanePoolBounds(t *testing.T) {
-	p := &inference.Proxy{Cfg: inference.DefaultConfig(), Tr: upstream.NewTransport(time.Second, 2, 2)}
+	p := &inference.Proxy{Sidecar: &core.Sidecar{Cfg: core.DefaultConfig(), Tr: upstream.NewTransport(time.Second, 2, 2)}}
 	p.Cfg.MaxConnsPerHost = 2
 	ln := &lane{p: p, local: "127.0.0.1:8200"}
 	ll := &laneLoop{ln: ln, idle: map[string][]*upConn{}}

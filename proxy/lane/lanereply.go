@@ -7,7 +7,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/pd-sidecar/pd-sidecar/httpbody"
-	"github.com/pd-sidecar/pd-sidecar/proxy/inference"
+	"github.com/pd-sidecar/pd-sidecar/proxy/core"
 	"github.com/pd-sidecar/pd-sidecar/proxy/rawhttp"
 	"github.com/pd-sidecar/pd-sidecar/proxy/relay"
 	"github.com/pd-sidecar/pd-sidecar/proxy/sserelay"
@@ -37,7 +37,7 @@ func (rp *laneReply) answer(rest []byte) {
 		lc.leg.up.keep = false
 	}
 	dec := upstream.HeadDecoder(&ll.resp)
-	if !bytes.HasPrefix(ll.resp.ContentType(), inference.EventStream) || upstream.Bodiless(r.Obs.Status) {
+	if !bytes.HasPrefix(ll.resp.ContentType(), core.EventStream) || upstream.Bodiless(r.Obs.Status) {
 		lc.timer.stopTimer()
 		lc.leg.readWhole(dec, rest)
 		return
@@ -151,7 +151,7 @@ func (rp *laneReply) began(g sserelay.Gate, held []byte) {
 	lc.timer.stopTimer()
 	if g != sserelay.GateOutput { // ended with no event
 		rp.dropStream()
-		rp.failWith(inference.EndedBefore(lc.r.Local, "any event", ls.Cut))
+		rp.failWith(core.EndedBefore(lc.r.Local, "any event", ls.Cut))
 		return
 	}
 	rp.relayHeld(held)

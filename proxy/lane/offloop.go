@@ -8,7 +8,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
-	"github.com/pd-sidecar/pd-sidecar/proxy/inference"
+	"github.com/pd-sidecar/pd-sidecar/proxy/core"
 	"github.com/pd-sidecar/pd-sidecar/proxy/rawhttp"
 	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"
 )
@@ -66,7 +66,7 @@ func (o *offLoopLeg) send(lc *laneConn) {
 
 // done goes on from lc's leg number n of request r, on the loop: its
 // answer resp, or its failure err.
-func (o *offLoopLeg) done(lc *laneConn, r *inference.Request, n uint64, resp *fasthttp.Response, err error) {
+func (o *offLoopLeg) done(lc *laneConn, r *core.Request, n uint64, resp *fasthttp.Response, err error) {
 	mu := lc.lock()
 	mu.Lock()
 	defer mu.Unlock()

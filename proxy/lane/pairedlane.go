@@ -7,7 +7,7 @@ import (
 
 	"github.com/valyala/fasthttp"
 
-	"github.com/pd-sidecar/pd-sidecar/proxy/inference"
+	"github.com/pd-sidecar/pd-sidecar/proxy/core"
 	"github.com/pd-sidecar/pd-sidecar/proxy/rawhttp"
 	"github.com/pd-sidecar/pd-sidecar/proxy/split"
 	"github.com/pd-sidecar/pd-sidecar/proxy/sserelay"
@@ -32,10 +32,10 @@ type lanePaired struct {
 	lc      *laneConn // the request's (the decode leg's)
 	pd      *lanePD
 	pm      *split.Paired
-	pp      *inference.Paired
-	pre     *laneConn                   // the prefill leg's shadow, while it runs
-	preLeg  *inference.PairedPrefillLeg // its bookkeeping
-	preHead []byte                      // its own head start (--prefill-strip-headers), nil: the split's
+	pp      *core.Paired
+	pre     *laneConn              // the prefill leg's shadow, while it runs
+	preLeg  *core.PairedPrefillLeg // its bookkeeping
+	preHead []byte                 // its own head start (--prefill-strip-headers), nil: the split's
 	preBufp *[]byte
 	// decoding: the decode leg is out and the machine has not been told
 	// of its end.
@@ -61,7 +61,7 @@ type heldAnswer struct {
 // with the prefiller Admit named.
 func runPaired(lc *laneConn) {
 	ll, r, p, pd := lc.ll, lc.r, lc.ll.ln.p, lc.split.pd
-	s := inference.BeginPaired(r)
+	s := core.BeginPaired(r)
 	ps := &lanePaired{lc: lc, pd: pd, pp: s, pm: split.NewPaired(s.Config)}
 	pd.paired = ps
 	if len(p.PrefillStrip) > 0 { // the loop's head is another request's by the time a bootstrap answer comes
@@ -103,12 +103,12 @@ func (ps *lanePaired) exec(acts []split.Action) {
 				if cause == nil {
 					cause = context.Canceled
 				}
-				ps.prefillEnded(h, nil, inference.PrefillTransportErr(fmt.Errorf("%w (%w)", cause, context.Canceled)))
+				ps.prefillEnded(h, nil, core.PrefillTransportErr(fmt.Errorf("%w (%w)", cause, context.Canceled)))
 			}
 			continue
 		case split.CancelPrefill:
 			if h := ps.pre; h != nil {
-				ps.prefillEnded(h, nil, inference.PrefillTransportErr(fmt.Errorf("%w (%w)", a.Err, context.Canceled)))
+				ps.prefillEnded(h, nil, core.PrefillTransportErr(fmt.Errorf("%w (%w)", a.Err, context.Canceled)))
 			}
 			continue
 		case split.Arm:
@@ -234,7 +234,7 @@ func (ps *lanePaired) gated(g sserelay.Gate, held []byte) {
 	switch g {
 	case sserelay.GateHolding: // ended with no output
 		lc.reply.dropStream()
-		ps.decodeEnded(inference.EndedBefore(r.Local, "any output", ls.Cut))
+		ps.decodeEnded(core.EndedBefore(r.Local, "any output", ls.Cut))
 		return
 	}
 	if err := r.KVStreamed(pd.sent, g == sserelay.GateError); err != nil {
@@ -268,7 +268,7 @@ func (ps *lanePaired) relay(held []byte) {
 }
 
 // answered takes the decode answer, read whole: a KV load failure goes to
-// the machine; an answer that is output (inference.IsOutput) is its first
+// the machine; an answer that is output (core.IsOutput) is its first
 // (held while the machine says so); any answer is then written.
 func (ps *lanePaired) answered(a *rawhttp.Answer) {
 	lc, pd := ps.lc, ps.pd
@@ -278,7 +278,7 @@ func (ps *lanePaired) answered(a *rawhttp.Answer) {
 		return
 	}
 	buf := r.AnswerBody(a.Status, a.Buf)
-	if inference.IsOutput(a.Status) {
+	if core.IsOutput(a.Status) {
 		lc.split.feedSplit(split.Event{Kind: split.FirstOutput})
 		if lc.split.pd != pd {
 			return
@@ -343,7 +343,7 @@ func (ps *lanePaired) end() {
 		ps.exec(ps.pm.On(ev))
 	}
 	if h := ps.pre; h != nil { // not abandoned by the machine: it had its outcome
-		ps.prefillEnded(h, nil, inference.PrefillTransportErr(context.Canceled))
+		ps.prefillEnded(h, nil, core.PrefillTransportErr(context.Canceled))
 	}
 	pd.queue, pd.feeding = nil, false
 	ps.pp.Abandon(lc.r.Logger()) // the legs were never sent (a bootstrap query under way)

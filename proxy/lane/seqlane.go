@@ -7,7 +7,7 @@ import (
 
 	"github.com/pd-sidecar/pd-sidecar/connectors"
 	"github.com/pd-sidecar/pd-sidecar/metrics"
-	"github.com/pd-sidecar/pd-sidecar/proxy/inference"
+	"github.com/pd-sidecar/pd-sidecar/proxy/core"
 	"github.com/pd-sidecar/pd-sidecar/proxy/rawhttp"
 	"github.com/pd-sidecar/pd-sidecar/proxy/relay"
 	"github.com/pd-sidecar/pd-sidecar/proxy/split"
@@ -49,12 +49,12 @@ type lanePD struct {
 
 	body     []byte // the prefill leg's body, in scratch
 	scratch  *[]byte
-	seq      inference.Sequential    // the request's side of the split
-	done     func(error)             // records the prefill's end (PrefillStarted)
-	res      inference.PrefillResult // the prefill's answer
-	timeout  *time.Timer             // --prefill-timeout
-	hedgeDue *time.Timer             // the hedge point
-	sent     time.Time               // the decode leg's start, for the KV handoff's duration
+	seq      core.Sequential    // the request's side of the split
+	done     func(error)        // records the prefill's end (PrefillStarted)
+	res      core.PrefillResult // the prefill's answer
+	timeout  *time.Timer        // --prefill-timeout
+	hedgeDue *time.Timer        // the hedge point
+	sent     time.Time          // the decode leg's start, for the KV handoff's duration
 
 	hedge *laneConn // the hedge's local leg's shadow, while it runs
 	// ready is the shadow's answer while it is handed to the primary: its
@@ -117,7 +117,7 @@ func (sp *laneSplit) run() {
 		return
 	}
 	scratch, dst := p.Bufs.EditScratch(len(r.Body))
-	pd.seq = inference.BeginSequential(r)
+	pd.seq = core.BeginSequential(r)
 	body, err := pd.seq.PrefillBody(dst)
 	start, sends := pd.seq.Start(err)
 	if sends {
@@ -358,7 +358,7 @@ func (sp *laneSplit) prefillFailed(err error) {
 func (lc *laneConn) serveLocal() {
 	body, err := lc.r.EditLocal(lc.r.Body)
 	if err != nil {
-		lc.reply.failWith(fmt.Errorf("%w: %w", inference.ErrBadRequest, err))
+		lc.reply.failWith(fmt.Errorf("%w: %w", core.ErrBadRequest, err))
 		return
 	}
 	lc.decodeLeg(body, nil, false)
@@ -422,7 +422,7 @@ func (sp *laneSplit) gateDone(g sserelay.Gate, held []byte) {
 	lc.timer.stopTimer()
 	if g == sserelay.GateHolding { // ended with no output
 		lc.reply.dropStream()
-		sp.feedSplit(split.Event{Kind: split.LegFailed, Err: inference.EndedBefore(lc.r.Local, "any output", ls.Cut)})
+		sp.feedSplit(split.Event{Kind: split.LegFailed, Err: core.EndedBefore(lc.r.Local, "any output", ls.Cut)})
 		return
 	}
 	if err := r.KVStreamed(sp.pd.sent, g == sserelay.GateError); err != nil {
@@ -537,7 +537,7 @@ func (sp *laneSplit) hedgeGated(g sserelay.Gate, held []byte) {
 	lc := sp.lc
 	lc.timer.stopTimer()
 	if g != sserelay.GateOutput {
-		lc.shadowOf.split.hedgeFailed(lc, fmt.Errorf("%w: %w", inference.ErrDecodeFailed, lc.reply.ls.EndedBefore("the local stream ended or erred before any output")))
+		lc.shadowOf.split.hedgeFailed(lc, fmt.Errorf("%w: %w", core.ErrDecodeFailed, lc.reply.ls.EndedBefore("the local stream ended or erred before any output")))
 		return
 	}
 	lc.shadowOf.split.hedgeReady(lc, held, nil)

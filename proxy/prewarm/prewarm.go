@@ -65,7 +65,7 @@ const (
 	// would move no KV and make no handshake.
 	promptWords = 160
 	// headerRequestID is the header of a leg's request id, as on every
-	// leg the sidecar sends (inference.HeaderRequestID).
+	// leg the sidecar sends (core.HeaderRequestID).
 	headerRequestID = "X-Request-Id"
 )
 

@@ -11,7 +11,7 @@ import (
 
 	"github.com/pd-sidecar/pd-sidecar/proxy/chunked"
 	"github.com/pd-sidecar/pd-sidecar/proxy/clientconn"
-	"github.com/pd-sidecar/pd-sidecar/proxy/inference"
+	"github.com/pd-sidecar/pd-sidecar/proxy/core"
 )
 
 // Chunked decode (--decode-chunk-size N; proxy/chunked): the decode of a
@@ -47,7 +47,7 @@ func (c chunkRequest) Send(body []byte, handoff bool) (chunked.Answer, error) {
 	hold, err := r.R.P.Tr.Do(r.R.Ctx, r.R.Local, req, resp)
 	fasthttp.ReleaseRequest(req)
 	if err != nil {
-		return chunked.Answer{}, inference.DecodeTransportErr(err)
+		return chunked.Answer{}, core.DecodeTransportErr(err)
 	}
 	defer hold.Release()
 	st := resp.StatusCode()
@@ -96,7 +96,7 @@ func (c chunkRequest) Stream(status int, contentType string, body io.ReadCloser)
 func (c chunkRequest) Watch() func() bool {
 	r := c.r
 	release := clientconn.Hold(r.RC) // the handler returned: the watch's read is no request boundary
-	w := r.R.P.Armer.Watch(r.RC.Conn(), r.R.Cancel, time.Now())
+	w := r.P.Armer.Watch(r.RC.Conn(), r.R.Cancel, time.Now())
 	return func() bool {
 		pipelined := w.Stop()
 		release()

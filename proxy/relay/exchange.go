@@ -11,6 +11,7 @@ import (
 	"github.com/pd-sidecar/pd-sidecar/connectors/moriio"
 	"github.com/pd-sidecar/pd-sidecar/metrics"
 	"github.com/pd-sidecar/pd-sidecar/proxy/clientconn"
+	"github.com/pd-sidecar/pd-sidecar/proxy/core"
 	"github.com/pd-sidecar/pd-sidecar/proxy/inference"
 	"github.com/pd-sidecar/pd-sidecar/proxy/observe"
 	"github.com/pd-sidecar/pd-sidecar/proxy/prefillstrip"
@@ -26,7 +27,8 @@ import (
 // them on its connection; what the answer is (its status, its body, what
 // is counted and logged) is the request's.
 type Exchange struct {
-	R     *inference.Request   // the request answered
+	R     *core.Request        // the request answered
+	P     *inference.Proxy     // the sidecar serving it: its loops, watches, servers
 	RC    *fasthttp.RequestCtx // the client exchange it is answered on
 	Watch *clientconn.Watch    // the client connection's watch
 }
@@ -35,10 +37,10 @@ type Exchange struct {
 // an inference path of api: the request's state, its X-Request-ID on the
 // answer, and the watch of its client connection.
 func NewExchange(p *inference.Proxy, rc *fasthttp.RequestCtx, local string, api connectors.API) *Exchange {
-	r := p.StartRequest(rc.Request.Header.Peek(inference.HeaderRequestID), &rc.Request.Header, rc.PostBody(), local, api)
-	r.Client = inference.ClientAddr(rc.RemoteAddr())
-	rc.Response.Header.Set(inference.HeaderRequestID, r.ID)
-	return &Exchange{R: r, RC: rc, Watch: p.Armer.Watch(rc.Conn(), r.Cancel, r.Start)}
+	r := p.StartRequest(rc.Request.Header.Peek(core.HeaderRequestID), &rc.Request.Header, rc.PostBody(), local, api)
+	r.Client = clientconn.PeerAddr(rc.RemoteAddr())
+	rc.Response.Header.Set(core.HeaderRequestID, r.ID)
+	return &Exchange{R: r, P: p, RC: rc, Watch: p.Armer.Watch(rc.Conn(), r.Cancel, r.Start)}
 }
 
 // Finish ends the request's bookkeeping; the last owner calls it. A
@@ -50,7 +52,7 @@ func (x *Exchange) Finish() {
 		if target == nil {
 			target = x.RC.Request.Header.RequestURI()
 		}
-		inference.ReleaseKV(x.R, x.R.P.LegStart(&x.RC.Request.Header, target))
+		core.ReleaseKV(x.R, x.P.LegStart(&x.RC.Request.Header, target))
 	}
 	stopped := x.Watch.Stop()
 	x.R.Finish()
@@ -90,21 +92,21 @@ func (x *Exchange) leg(addr string, body []byte, prefill bool) *fasthttp.Request
 // minus hop-by-hop headers (the connection options its Connection fields
 // name too) and the sidecar's, with what spec adds: our X-Request-ID, the
 // rank, the trace context. The lane writes the same head
-// (rawhttp.AppendLegStart, inference.LegSpec.AppendTo).
-func legHeader(dst, src *fasthttp.RequestHeader, addr string, spec inference.LegSpec) {
+// (rawhttp.AppendLegStart, core.LegSpec.AppendTo).
+func legHeader(dst, src *fasthttp.RequestHeader, addr string, spec core.LegSpec) {
 	src.CopyTo(dst)
 	rawhttp.DelOptions(dst)
-	for _, h := range inference.HopHeaders {
+	for _, h := range core.HopHeaders {
 		dst.Del(h)
 	}
-	for _, h := range inference.SidecarHeaders {
+	for _, h := range core.SidecarHeaders {
 		dst.Del(h)
 	}
 	if spec.Session != "" {
 		dst.Del(spec.Session) // the session key is the sidecar's, every copy
 	}
-	dst.Del(inference.HeaderRequestID) // every copy: Set replaces only the first
-	dst.Set(inference.HeaderRequestID, spec.ID)
+	dst.Del(core.HeaderRequestID) // every copy: Set replaces only the first
+	dst.Set(core.HeaderRequestID, spec.ID)
 	if spec.DropRank {
 		dst.Del(moriio.HeaderRank)
 	}
@@ -115,13 +117,13 @@ func legHeader(dst, src *fasthttp.RequestHeader, addr string, spec inference.Leg
 		spec.Trace.Inject(dst)
 	}
 	dst.SetHost(addr)
-	dst.SetProtocolBytes(inference.StrHTTP11) // whatever the client's (SetStream)
+	dst.SetProtocolBytes(core.StrHTTP11) // whatever the client's (SetStream)
 }
 
 // prefillHeader sets on a prefill leg's head what it alone carries: less
 // the headers named in strip (--prefill-strip-headers, lower case), the
 // rank the legs were paired on, the client's own left out.
-func prefillHeader(h *fasthttp.RequestHeader, spec inference.LegSpec, strip []string) {
+func prefillHeader(h *fasthttp.RequestHeader, spec core.LegSpec, strip []string) {
 	prefillstrip.Strip(h, strip)
 	if spec.RankPrefill {
 		h.Del(moriio.HeaderRank) // every copy: the client's is not the pairing's
@@ -135,13 +137,13 @@ func prefillHeader(h *fasthttp.RequestHeader, spec inference.LegSpec, strip []st
 // client.
 func (x *Exchange) CopyHead(resp *fasthttp.Response) {
 	inference.CopyResponseHead(x.RC, resp)
-	x.RC.Response.Header.Set(inference.HeaderRequestID, x.R.ID)
+	x.RC.Response.Header.Set(core.HeaderRequestID, x.R.ID)
 }
 
 // Answer writes a complete, non-streamed answer, unless the client left.
 func (x *Exchange) Answer(mode string, status int, contentType string, body []byte) {
 	if x.LeftNow() {
-		x.LeftBeforeAnswer(inference.ErrClientGone)
+		x.LeftBeforeAnswer(core.ErrClientGone)
 		return
 	}
 	rc := x.RC
@@ -158,7 +160,7 @@ func (x *Exchange) Fail(err error) {
 	if err == nil {
 		return
 	}
-	if errors.Is(err, inference.ErrClientGone) || x.LeftNow() {
+	if errors.Is(err, core.ErrClientGone) || x.LeftNow() {
 		x.LeftBeforeAnswer(err)
 		return
 	}
@@ -212,7 +214,7 @@ func (x *Exchange) LeftNow() bool {
 	case x.R.Detached:
 		return false
 	case clientconn.PeerClosed(x.RC.Conn()):
-		x.R.Cancel(inference.ErrClientGone)
+		x.R.Cancel(core.ErrClientGone)
 		return true
 	}
 	return false

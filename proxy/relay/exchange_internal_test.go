@@ -10,7 +10,7 @@ import (
 	"github.com/valyala/fasthttp"
 
 	"github.com/pd-sidecar/pd-sidecar/proxy/clientconn"
-	"github.com/pd-sidecar/pd-sidecar/proxy/inference"
+	"github.com/pd-sidecar/pd-sidecar/proxy/core"
 )
 
 // readRequest reads a whole request as fasthttp's server does.
@@ -40,10 +40,10 @@ func TestTrailersReachNoLeg(t *testing.T) {
 				"Transfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n"+tc.trailer+"\r\n")
 			h := &req.Header
 			clientconn.DropTrailers(h)
-			assert.Equal(t, tc.prefiller, string(h.Peek(inference.HeaderPrefiller)))
-			assert.Empty(t, h.Peek(inference.HeaderRequestID))
+			assert.Equal(t, tc.prefiller, string(h.Peek(core.HeaderPrefiller)))
+			assert.Empty(t, h.Peek(core.HeaderRequestID))
 			var leg fasthttp.Request
-			legHeader(&leg.Header, h, "127.0.0.1:1", inference.LegSpec{ID: "rid"})
+			legHeader(&leg.Header, h, "127.0.0.1:1", core.LegSpec{ID: "rid"})
 			leg.SetBodyRaw([]byte("{}"))
 			wire := leg.String()
 			assert.NotContains(t, wire, "evil")

@@ -12,7 +12,7 @@ import (
 	"github.com/pd-sidecar/pd-sidecar/httpbody"
 	"github.com/pd-sidecar/pd-sidecar/netloop"
 	"github.com/pd-sidecar/pd-sidecar/proxy/clientconn"
-	"github.com/pd-sidecar/pd-sidecar/proxy/inference"
+	"github.com/pd-sidecar/pd-sidecar/proxy/core"
 	"github.com/pd-sidecar/pd-sidecar/proxy/sse"
 	"github.com/pd-sidecar/pd-sidecar/proxy/sserelay"
 	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"
@@ -35,7 +35,7 @@ import (
 // rest stream on their goroutine to the end.
 type LoopStream struct {
 	mu   sync.Mutex // Ready and begin: one at a time
-	R    *inference.Request
+	R    *core.Request
 	Loop *netloop.Loop
 	// The answer's body, cut into events and rewritten (Body: its
 	// decoder; Rewrite: the per-payload rewrite; MaxEvent:
@@ -88,7 +88,7 @@ const loopAfter = 50 * time.Millisecond
 // loopable reports whether b's stream may be handed to a loop later.
 func (b *sseBody) loopable() bool {
 	r := b.r
-	if r.R.P.Loops == nil || r.R.P.Servers[r.R.Home] == nil || !r.RC.Request.Header.IsHTTP11() {
+	if r.P.Loops == nil || r.P.Servers[r.R.Home] == nil || !r.RC.Request.Header.IsHTTP11() {
 		return false
 	}
 	cc, ok := r.RC.Conn().(*clientconn.Conn)
@@ -114,7 +114,7 @@ func (b *sseBody) handOver() bool {
 	if !ok1 || !ok2 || !cc.Synced() || !leg.Disarm() {
 		return false
 	}
-	loop := r.R.P.Loops.Pick()
+	loop := r.P.Loops.Pick()
 	release := b.release
 	ls := &LoopStream{R: r.R, Loop: loop, KeepAlive: b.keepAlive, CFD: cfd, UFD: ufd,
 		Stream: sserelay.Stream{Body: leg.Body(), Rewrite: b.fn, API: r.R.API, MaxEvent: r.R.P.Cfg.MaxSSEEventBytes}}
@@ -123,10 +123,10 @@ func (b *sseBody) handOver() bool {
 	}
 	ls.Release = func() {
 		release()
-		r.R.P.LoopRequests.Add(-1)
+		r.P.LoopRequests.Add(-1)
 		r.R.P.M.LoopStreams.Dec()
 	}
-	ls.Conns = &LegConns{ls: ls, leg: leg, done: func(keep bool) { r.R.P.ConnDone(cc, r.R.Home, keep) }}
+	ls.Conns = &LegConns{ls: ls, leg: leg, done: func(keep bool) { r.P.ConnDone(cc, r.R.Home, keep) }}
 	var out []byte
 	ls.firstp, out = r.R.P.Bufs.GetChunk()
 	out, mark := httpbody.BeginChunk(out)
@@ -158,7 +158,7 @@ func (b *sseBody) handOver() bool {
 	cc.HandOff(ls.begin)
 	// Counted before fasthttp lets go of the connection, so that a drain
 	// never sees the stream in neither the server's count nor the loops'.
-	r.R.P.LoopRequests.Add(1)
+	r.P.LoopRequests.Add(1)
 	r.R.P.M.LoopStreams.Inc()
 	r.R.P.M.LoopHandoffs.Inc()
 	return true
@@ -226,11 +226,11 @@ func (ls *LoopStream) Handle(fd int, ev netloop.Events) {
 	switch {
 	case ls.Finished:
 	case ev&netloop.Shutdown != 0:
-		ls.Fail(inference.ErrDrainTimeout)
+		ls.Fail(core.ErrDrainTimeout)
 	case fd == ls.CFD && ev&netloop.Writable != 0:
 		ls.flush()
 	case fd == ls.CFD: // hung up
-		ls.abort(inference.ErrClientGone)
+		ls.abort(core.ErrClientGone)
 	case fd == ls.UFD && len(ls.pending) == 0:
 		ls.readUpstream()
 	}
@@ -257,7 +257,7 @@ func (ls *LoopStream) Deliver(out []byte) {
 		ls.held = append(ls.held, out...)
 		held = ls.held
 	}
-	if ls.Gate.Shut() && len(held) < inference.MaxHeld && !ls.Ended {
+	if ls.Gate.Shut() && len(held) < core.MaxHeld && !ls.Ended {
 		if len(ls.held) == 0 {
 			ls.held = append([]byte(nil), out...)
 		}
@@ -377,7 +377,7 @@ func (ls *LoopStream) Write(b []byte) {
 			ls.Fail(err)
 		}
 	default:
-		ls.abort(inference.ErrClientGone)
+		ls.abort(core.ErrClientGone)
 	}
 }
 
@@ -401,7 +401,7 @@ func (ls *LoopStream) flush() {
 	case errors.Is(err, netloop.ErrWouldBlock):
 		ls.pending = ls.pending[:copy(ls.pending, ls.pending[n:])]
 	default:
-		ls.abort(inference.ErrClientGone)
+		ls.abort(core.ErrClientGone)
 	}
 }
 

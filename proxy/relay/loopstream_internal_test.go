@@ -25,6 +25,7 @@ import (
 	"github.com/pd-sidecar/pd-sidecar/httpbody"
 	"github.com/pd-sidecar/pd-sidecar/metrics"
 	"github.com/pd-sidecar/pd-sidecar/netloop"
+	"github.com/pd-sidecar/pd-sidecar/proxy/core"
 	"github.com/pd-sidecar/pd-sidecar/proxy/inference"
 	"github.com/pd-sidecar/pd-sidecar/proxy/sserelay"
 	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"
@@ -38,9 +39,9 @@ func TestLoopStreamBackpressure(t *testing.T) {
 	g, err := netloop.NewGroup(1)
 	require.NoError(t, err)
 	defer g.Close()
-	p := &inference.Proxy{M: metrics.New(prometheus.NewRegistry(), 0), Log: zerolog.Nop()}
+	p := &inference.Proxy{Sidecar: &core.Sidecar{M: metrics.New(prometheus.NewRegistry(), 0), Log: zerolog.Nop()}}
 	ctx, cancel := context.WithCancelCause(context.Background())
-	r := &inference.Request{P: p, Ctx: ctx, Cancel: cancel, API: connectors.APICompletions, Mode: metrics.ModeLocal}
+	r := &core.Request{P: p.Sidecar, Ctx: ctx, Cancel: cancel, API: connectors.APICompletions, Mode: metrics.ModeLocal}
 
 	// The engine answers a stream's head, and its events once the loop has
 	// taken the leg over; then, on the same connection, a second request.

@@ -20,7 +20,7 @@ import (
 
 	"github.com/pd-sidecar/pd-sidecar/connectors"
 	"github.com/pd-sidecar/pd-sidecar/metrics"
-	"github.com/pd-sidecar/pd-sidecar/proxy/inference"
+	"github.com/pd-sidecar/pd-sidecar/proxy/core"
 	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"
 )
 
@@ -45,9 +45,9 @@ func Forward(r *Exchange, body []byte, remote bool) error {
 	if err != nil {
 		g.Dec()
 		fasthttp.ReleaseResponse(resp)
-		return inference.DecodeTransportErr(err)
+		return core.DecodeTransportErr(err)
 	}
-	if bytes.HasPrefix(resp.Header.ContentType(), inference.EventStream) && !upstream.Bodiless(resp.StatusCode()) {
+	if bytes.HasPrefix(resp.Header.ContentType(), core.EventStream) && !upstream.Bodiless(resp.StatusCode()) {
 		return relaySSE(r, leg, resp, g, remote, sent)
 	}
 	defer g.Dec()
@@ -72,7 +72,7 @@ func relayJSON(r *Exchange, leg *upstream.Leg, resp *fasthttp.Response, remote b
 	defer hold.Release()
 	leg.Close()
 	if err != nil {
-		return inference.DecodeTransportErr(err)
+		return core.DecodeTransportErr(err)
 	}
 	st := resp.StatusCode()
 	if remote {
@@ -84,7 +84,7 @@ func relayJSON(r *Exchange, leg *upstream.Leg, resp *fasthttp.Response, remote b
 		buf = r.R.LocalAnswerBody(st, buf)
 	}
 	if r.LeftNow() {
-		return inference.ErrClientGone
+		return core.ErrClientGone
 	}
 	r.CopyHead(resp)
 	r.RC.SetBody(buf)
@@ -113,22 +113,22 @@ func relaySSE(r *Exchange, leg *upstream.Leg, resp *fasthttp.Response, g prometh
 	if !remote {
 		ev, err := er.Next()
 		if err != nil {
-			return abort(inference.EndedBefore(r.R.Local, "any event", err))
+			return abort(core.EndedBefore(r.R.Local, "any event", err))
 		}
 		held = append(held, ev...)
 	} else {
 		var kvFail bool
 		var err error
 		// The role chunk and the first output, usually.
-		if held, kvFail, err = inference.ReadToOutput(er, r.R.API, make([]byte, 0, 2<<10)); err != nil {
-			return abort(inference.EndedBefore(r.R.Local, "any output", err))
+		if held, kvFail, err = core.ReadToOutput(er, r.R.API, make([]byte, 0, 2<<10)); err != nil {
+			return abort(core.EndedBefore(r.R.Local, "any output", err))
 		}
 		if err := r.R.KVStreamed(sent, kvFail); err != nil {
 			return abort(err)
 		}
 	}
 	if r.LeftNow() {
-		return abort(inference.ErrClientGone)
+		return abort(core.ErrClientGone)
 	}
 	leg.Began()
 	r.CopyHead(resp)
@@ -149,7 +149,7 @@ func needsDone(api connectors.API) bool {
 }
 
 // Left records a client that went away mid-stream.
-func Left(r *inference.Request) {
+func Left(r *core.Request) {
 	r.LogAt(zerolog.InfoLevel).Msg("client left mid-stream; upstream leg cancelled")
 	r.P.M.ClientDisconnects.WithLabelValues(r.Phase()).Inc()
 }
@@ -178,7 +178,7 @@ func SetStream(rc *fasthttp.RequestCtx, body io.Reader) {
 		return
 	}
 	h := &rc.Response.Header
-	h.SetServer(inference.ServerName)
+	h.SetServer(core.ServerName)
 	h.SetConnectionClose()
 	h.SetContentLength(-1)                 // no Content-Length ...
 	h.Del(fasthttp.HeaderTransferEncoding) // ... and no Transfer-Encoding

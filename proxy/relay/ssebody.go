@@ -13,7 +13,7 @@ import (
 
 	"github.com/pd-sidecar/pd-sidecar/connectors"
 	"github.com/pd-sidecar/pd-sidecar/proxy/clientconn"
-	"github.com/pd-sidecar/pd-sidecar/proxy/inference"
+	"github.com/pd-sidecar/pd-sidecar/proxy/core"
 	"github.com/pd-sidecar/pd-sidecar/proxy/sse"
 	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"
 )
@@ -84,7 +84,7 @@ func NewSSEBody(r *Exchange, er *sse.Reader, leg *upstream.Leg, held []byte, rem
 func (b *sseBody) watchClient() (stop func()) {
 	r := b.r
 	release := clientconn.Hold(r.RC)
-	w := r.R.P.Armer.Watch(r.RC.Conn(), r.R.Cancel, time.Now())
+	w := r.P.Armer.Watch(r.RC.Conn(), r.R.Cancel, time.Now())
 	return func() {
 		if w.Stop() {
 			b.pipelined, b.cc = true, nil // the connection cannot move now
@@ -179,7 +179,7 @@ func (b *sseBody) fill() error {
 		if err != nil && b.cc != nil && errors.Is(err, os.ErrDeadlineExceeded) {
 			// loopAfter has passed and the engine has nothing for now.
 			if b.handOver() {
-				return inference.ErrHandedOver
+				return core.ErrHandedOver
 			}
 			b.cc = nil
 			if err := b.leg.Conn().SetReadDeadline(time.Time{}); err == nil {
@@ -230,7 +230,7 @@ func (b *sseBody) end(err error) error {
 	switch {
 	case r.R.Gone():
 		Left(r.R)
-		return inference.ErrClientGone
+		return core.ErrClientGone
 	case errors.Is(err, io.EOF):
 		err = nil
 	}
@@ -241,7 +241,7 @@ func (b *sseBody) end(err error) error {
 // endStream records how an upstream stream ended (err nil: its body ended
 // cleanly; done: [DONE] was seen) and appends to out what the client's
 // stream still needs: nothing when it is complete, else an error event.
-func endStream(r *inference.Request, out []byte, done bool, err error) []byte {
+func endStream(r *core.Request, out []byte, done bool, err error) []byte {
 	if err == nil && (done || !needsDone(r.API)) {
 		r.LogAt(zerolog.InfoLevel).Str("mode", r.Mode).Msg("stream complete")
 		return out
@@ -250,11 +250,11 @@ func endStream(r *inference.Request, out []byte, done bool, err error) []byte {
 		err = errors.New("stream ended without [DONE]")
 	}
 	r.LogAt(zerolog.ErrorLevel).Err(err).Msg("upstream stream broke off; ending the client stream with an error event")
-	cause := fmt.Errorf("%w: stream broke off", inference.ErrDecodeFailed)
+	cause := fmt.Errorf("%w: stream broke off", core.ErrDecodeFailed)
 	if errors.Is(err, sse.ErrEventTooLong) {
-		cause = fmt.Errorf("%w: %w", inference.ErrDecodeFailed, sse.ErrEventTooLong)
+		cause = fmt.Errorf("%w: %w", core.ErrDecodeFailed, sse.ErrEventTooLong)
 	}
-	return append(out, sse.ErrorEvent(inference.FailureBody(cause))...)
+	return append(out, sse.ErrorEvent(core.FailureBody(cause))...)
 }
 
 // Close implements io.Closer: fasthttp calls it when the body is written or
@@ -265,7 +265,7 @@ func (b *sseBody) Close() error {
 		return nil
 	}
 	if !b.ended || b.off < len(b.out) {
-		b.r.R.Cancel(inference.ErrClientGone)
+		b.r.R.Cancel(core.ErrClientGone)
 		Left(b.r.R)
 	}
 	b.putOut()
