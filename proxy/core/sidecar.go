@@ -82,8 +82,10 @@ type Sidecar struct {
 	Log      zerolog.Logger
 	Draining atomic.Bool
 	Observer Observer // told each request's report (Observe); nil: none
-	strip    []string // --prefill-strip-headers, lower case
-	Bufs     sse.Bufs // per-stream buffers for reuse
+	// prefillDrops are the client headers the features leave out of a
+	// prefill leg (feature.PrefillHeadDropper), lower case (setStrips).
+	prefillDrops []string
+	Bufs         sse.Bufs // per-stream buffers for reuse
 	// hedge is hedged prefill's policy; nil: off.
 	hedge *hedge.Policy
 	// pass is what passes through to the engine.
@@ -133,7 +135,7 @@ type Sidecar struct {
 
 // PrefillStrips are the headers left out of a prefill leg
 // (--prefill-strip-headers), lower case.
-func (p *Sidecar) PrefillStrips() []string { return p.strip }
+func (p *Sidecar) PrefillStrips() []string { return p.prefillDrops }
 
 // NewSidecar returns a Sidecar. cfg must be valid (see Config.Validate); m
 // holds the collectors, log receives JSON logs. The encoder stage's
@@ -156,7 +158,7 @@ func NewSidecar(cfg Config, conn connectors.Connector, m *metrics.Metrics, log z
 	if err != nil {
 		return nil, err
 	}
-	p.Pass, p.strip = pass, prefillstrip.Names(cfg.PrefillStripHeaders)
+	p.Pass = pass
 	p.Rewriter, _ = conn.(connectors.AnswerRewriter)
 	g, err := newGuard(cfg.Guard, cfg.MaxRequestBodyBytes, m.Guards, log)
 	if err != nil {
@@ -191,6 +193,9 @@ func NewSidecar(cfg Config, conn connectors.Connector, m *metrics.Metrics, log z
 	}
 	// Always on: no split of a conversation the decode engine holds can be right.
 	p.features = append(p.features, prevresponse.Guard{})
+	if len(cfg.PrefillStripHeaders) > 0 {
+		p.features = append(p.features, prefillstrip.Feature{Names: prefillstrip.Names(cfg.PrefillStripHeaders)})
+	}
 	if cfg.DecodeChunkSize > 0 {
 		p.features = append(p.features, chunked.Feature{Size: cfg.DecodeChunkSize, Remote: conn.Name() == nixlv2.Name})
 	}
@@ -314,7 +319,13 @@ func (p *Sidecar) ranksPrefill() bool {
 
 // setStrips sets the headers the lane leaves out of legs (LegStrip).
 func (p *Sidecar) setStrips() {
-	p.LegStrip, p.PrefillStrip = p.Trace.Strip(p.strip)
+	p.prefillDrops = nil
+	for _, f := range p.features {
+		if d, ok := f.(feature.PrefillHeadDropper); ok {
+			p.prefillDrops = append(p.prefillDrops, d.PrefillDrops()...)
+		}
+	}
+	p.LegStrip, p.PrefillStrip = p.Trace.Strip(p.prefillDrops)
 	if p.sessionHeader != "" {
 		// Multi-turn KV reuse consumes the session key: no leg carries it
 		// (LegSpec.Session on fasthttp's path).

@@ -140,6 +140,14 @@ type HistoryReporter interface {
 	HistoryOutcome() string
 }
 
+// PrefillHeadDropper is a feature that leaves client headers out of the
+// head of every leg sent to a prefiller (--prefill-strip-headers): asked
+// once, when the sidecar composes what its legs' heads leave out, for
+// their names, lower case. It is the feature's, not a request's part's.
+type PrefillHeadDropper interface {
+	PrefillDrops() []string
+}
+
 // Preparer has a blocking step a split waits on before its first leg
 // (MoRI-IO's host specs resolved), asked once the split is admitted; nil:
 // none is needed.
