@@ -76,9 +76,10 @@ func (x *Exchange) PrefillRequest(body []byte) *fasthttp.Request {
 
 func (x *Exchange) leg(addr string, body []byte, prefill bool) *fasthttp.Request {
 	req := fasthttp.AcquireRequest()
-	legHeader(&req.Header, &x.RC.Request.Header, addr, x.R.Legs())
+	spec := x.R.Legs()
+	legHeader(&req.Header, &x.RC.Request.Header, addr, spec)
 	if prefill {
-		prefillHeader(&req.Header, x.R.Legs(), x.R.P.PrefillStrips())
+		prefillHeader(&req.Header, spec, x.R.P.PrefillStrips())
 	}
 	if t := clientconn.OriginForm(x.RC); t != nil {
 		req.Header.SetRequestURIBytes(t) // the path routed on
