@@ -50,7 +50,7 @@ type admitting struct {
 func (g *admitting) load(r *Request) *feature.Admission {
 	g.a = feature.Admission{API: r.API, ID: r.ID, Body: r.Body, Stream: r.Stream, Usage: r.Usage,
 		Local: r.Local, Routed: r.dpRouted, Session: r.session, Client: r.Client,
-		Log: r, Trace: &r.Obs, Encoded: r.Obs.Encoder}
+		Log: r, Trace: r.trace, Encoded: r.Obs.Encoder}
 	return &g.a
 }
 

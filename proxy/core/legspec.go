@@ -3,8 +3,8 @@ package core
 import (
 	"github.com/pd-sidecar/pd-sidecar/proxy/dprank"
 	"github.com/pd-sidecar/pd-sidecar/proxy/encoder"
+	"github.com/pd-sidecar/pd-sidecar/proxy/feature"
 	"github.com/pd-sidecar/pd-sidecar/proxy/kvsource"
-	"github.com/pd-sidecar/pd-sidecar/proxy/observe"
 )
 
 // LegSpec is what the request's legs carry beyond the client's head, said
@@ -29,8 +29,9 @@ type LegSpec struct {
 	// Session is the session header, the sidecar's own: never forwarded
 	// (every copy).
 	Session string
-	// Trace is the request's trace context, which each leg carries.
-	Trace *observe.Request
+	// Trace is the request's trace, whose context each leg carries (nil:
+	// the request is not traced).
+	Trace feature.Trace
 }
 
 // SidecarHeaders are the client's headers no leg carries besides the
@@ -40,7 +41,7 @@ var SidecarHeaders = []string{HeaderPrefiller, dprank.Header, kvsource.Header, e
 
 // Legs is what the request's legs carry beyond the client's head.
 func (r *Request) Legs() LegSpec {
-	s := LegSpec{ID: r.ID, Rank: r.uses.LegRank(), PrefillRank: r.prefillRank, Trace: &r.Obs}
+	s := LegSpec{ID: r.ID, Rank: r.uses.LegRank(), PrefillRank: r.prefillRank, Trace: r.trace}
 	if r.P != nil {
 		s.Session = r.P.sessionHeader
 		s.DropRank = r.named && r.P.pinsSplitRank()

@@ -4,8 +4,10 @@ import (
 	"time"
 
 	"github.com/pd-sidecar/pd-sidecar/failure"
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/pd-sidecar/pd-sidecar/metrics"
-	"github.com/pd-sidecar/pd-sidecar/proxy/observe"
+	"github.com/pd-sidecar/pd-sidecar/proxy/feature"
 )
 
 // RequestReport is how one inference request ended, as told to an Observer.
@@ -81,17 +83,21 @@ type Observer interface {
 // leg's span carries.
 func failureReason(err error) string { return failure.Of(err).Reason }
 
-// traceStart opens the request span, child of the client's trace context.
-func (r *Request) traceStart(h observe.Head) {
-	if r.P.Trace != nil {
-		r.Obs.Start(r.P.Trace, h, r.Start, r.ID, r.API.String())
+// traceStart opens the request's trace, from the client's trace context,
+// when a feature traces requests.
+func (r *Request) traceStart(h feature.TraceHead) {
+	if t := r.P.tracer; t != nil {
+		r.trace = t.TraceRequest(h, r.Start, r.ID, r.API.String())
 	}
 }
 
 // PrefillStarted opens the prefill span; the returned func records the
 // prefill's duration and outcome.
 func (r *Request) PrefillStarted(start time.Time) func(error) {
-	span := r.Obs.StartPrefill(r.Label)
+	var span trace.Span
+	if r.trace != nil {
+		span = r.trace.StartPrefill(r.Label)
+	}
 	return func(err error) {
 		d := time.Since(start)
 		r.P.M.PrefillDuration.WithLabelValues(r.Label).Observe(d.Seconds())
@@ -99,13 +105,19 @@ func (r *Request) PrefillStarted(start time.Time) func(error) {
 			r.P.hedge.Observe(r.Label, d) // the auto hedge point's sample
 		}
 		r.Obs.PrefillDur = d
-		r.P.Trace.EndPrefill(span, err)
+		if span != nil {
+			r.trace.EndPrefill(span, err)
+		}
 	}
 }
 
 // DecodeStarted opens the decode span (and, for a leg carrying remote KV,
 // the kv_handoff span) before the leg to the local engine is sent.
-func (r *Request) DecodeStarted(remote bool) { r.Obs.StartDecode(remote, r.Label) }
+func (r *Request) DecodeStarted(remote bool) {
+	if r.trace != nil {
+		r.trace.StartDecode(remote, r.Label)
+	}
+}
 
 // KVHandoffDone records the end of the engine-pull handoff: the decode leg
 // sent at sent produced its first output (ok) or a KV load failure.
@@ -117,7 +129,9 @@ func (r *Request) KVHandoffDone(sent time.Time, ok bool) {
 	if ok && r.OnOutput != nil {
 		r.OnOutput()
 	}
-	r.Obs.EndKVHandoff(ok)
+	if r.trace != nil {
+		r.trace.EndKVHandoff(ok)
+	}
 }
 
 // Report ends the request's spans and tells the Observer how it ended.
@@ -126,7 +140,9 @@ func (r *Request) Report() {
 	if mode == metrics.ModeDisaggregated && r.Prefiller == "" {
 		mode = metrics.ModeLocal
 	}
-	r.Obs.End(mode, r.Label)
+	if r.trace != nil {
+		r.trace.End(mode, r.Label, r.Obs.Reason, r.Obs.Status)
+	}
 	rep := RequestReport{
 		ID: r.ID, Mode: mode, Reason: r.Obs.Reason, Declined: r.Obs.Declined, Prefiller: r.Label, NamedPrefiller: r.named,
 		Status: r.Obs.Status, Start: r.Start, Duration: time.Since(r.Start),

@@ -45,14 +45,17 @@ func BenchmarkRequestObservation(b *testing.B) {
 				r.Label, r.Prefiller, r.Mode = "p:1", "p:1", metrics.ModeDisaggregated
 				end := r.PrefillStarted(time.Now())
 				leg.Reset()
-				r.Obs.Inject(&leg)
+				spec := r.Legs()
+				if spec.Trace != nil {
+					spec.Trace.Inject(&leg)
+				}
 				if i%8 == 0 {
 					end(fail)
 				} else {
 					end(nil)
 				}
 				r.DecodeStarted(true)
-				head = r.Obs.AppendTrace(head[:0])
+				head = r.Legs().AppendTo(head[:0], false)
 				r.KVHandoffDone(time.Now(), true)
 				r.Obs.Status = fasthttp.StatusOK
 				r.Report()

@@ -155,7 +155,8 @@ type PairedPrefillLeg struct {
 	p     *Sidecar
 	log   zerolog.Logger
 	label string
-	span  trace.Span // nil without a tracer
+	span  trace.Span    // nil without a tracer
+	trace feature.Trace // the request's, which ends span
 	gauge prometheus.Gauge
 	start time.Time
 }
@@ -163,8 +164,11 @@ type PairedPrefillLeg struct {
 // StartPrefill opens r's prefill leg's span (before the leg's head is
 // built, so that its trace context names it) and counts it in flight.
 func (s *Paired) StartPrefill(r *Request) *PairedPrefillLeg {
-	l := &PairedPrefillLeg{p: r.P, log: *r.Logger(), label: r.Label, span: r.Obs.StartPrefill(r.Label),
+	l := &PairedPrefillLeg{p: r.P, log: *r.Logger(), label: r.Label, trace: r.trace,
 		gauge: r.P.M.Inflight.WithLabelValues(metrics.PhasePrefill), start: time.Now()}
+	if r.trace != nil {
+		l.span = r.trace.StartPrefill(r.Label)
+	}
 	l.gauge.Inc()
 	return l
 }
@@ -181,7 +185,9 @@ func (l *PairedPrefillLeg) End(status int, contentType, body []byte, err error) 
 	if err == nil {
 		err = PairedPrefillAnswer(status, contentType, body)
 	}
-	l.p.Trace.EndPrefill(l.span, err)
+	if l.span != nil {
+		l.trace.EndPrefill(l.span, err)
+	}
 	if err == nil {
 		l.log.Debug().Dur("took_ms", d).Msg("prefill leg answered")
 	}

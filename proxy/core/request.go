@@ -71,7 +71,10 @@ type Request struct {
 	prefillRank string
 	// dpRouted: x-data-parallel-host-port picked the rank (dprank.Picker).
 	dpRouted bool
-	Obs      observe.Request // report and spans
+	Obs      observe.Report // what its report says
+	// trace is the request's trace (feature.RequestTracer's); nil: the
+	// request is not traced.
+	trace feature.Trace
 	// held is the buffer budget's share of the answers read whole that
 	// the request keeps until it finishes (a prefill answer's copy).
 	held upstream.AnswerHold
@@ -90,7 +93,7 @@ var HopHeaders = []string{
 // StartRequest begins the state of a request with head h (its
 // X-Request-ID: id) and body, as fasthttp's path (relay.NewExchange) and
 // the lane share it.
-func (p *Sidecar) StartRequest(id []byte, h observe.Head, body []byte, local string, api connectors.API) *Request {
+func (p *Sidecar) StartRequest(id []byte, h feature.TraceHead, body []byte, local string, api connectors.API) *Request {
 	ctx, cancel := context.WithCancelCause(context.Background())
 	r := &Request{
 		P: p, Ctx: ctx, Cancel: cancel, Start: time.Now(),

@@ -99,9 +99,9 @@ type Sidecar struct {
 	kvr *kvrelease.Releaser
 	// KV is the sidecar-driven KV pull (see EnableKVPull); nil: off.
 	KV *kvpull.Puller
-	// Trace starts the requests' spans and writes the legs' trace
-	// context (SetExtras); nil: no tracer.
-	Trace *observe.Tracing
+	// tracer is the registered feature that traces requests from their
+	// head on (feature.RequestTracer; Observe registers it); nil: none.
+	tracer feature.RequestTracer
 	// background is the work Run runs beside serving: MoRI-IO's host
 	// revalidations, warm-ups, circuit probes, KV release legs, of those
 	// that are on, in start order.
@@ -273,8 +273,10 @@ func (p *Sidecar) LocalAddr(rank int) string { return p.pod.localAddr(rank) }
 // and propagator (nil: none; W3C trace context). Call it before Run.
 func (p *Sidecar) Observe(o Observer, tracer trace.Tracer, prop propagation.TextMapPropagator) {
 	p.Observer = o
-	p.Trace = observe.NewTracing(observe.Config{Tracer: tracer, Propagator: prop,
-		Reason: failureReason, KVLoadFailed: failure.ReasonKVLoadFailed})
+	if t := observe.NewTracing(observe.Config{Tracer: tracer, Propagator: prop,
+		Reason: failureReason, KVLoadFailed: failure.ReasonKVLoadFailed}); t != nil {
+		p.features = append(p.features, t)
+	}
 	p.setStrips()
 }
 
@@ -319,13 +321,19 @@ func (p *Sidecar) ranksPrefill() bool {
 
 // setStrips sets the headers the lane leaves out of legs (LegStrip).
 func (p *Sidecar) setStrips() {
-	p.prefillDrops = nil
+	p.prefillDrops, p.LegStrip, p.tracer = nil, nil, nil
 	for _, f := range p.features {
 		if d, ok := f.(feature.PrefillHeadDropper); ok {
 			p.prefillDrops = append(p.prefillDrops, d.PrefillDrops()...)
 		}
+		if d, ok := f.(feature.LegHeadDropper); ok {
+			p.LegStrip = append(p.LegStrip, d.LegDrops()...)
+		}
+		if t, ok := f.(feature.RequestTracer); ok && p.tracer == nil {
+			p.tracer = t
+		}
 	}
-	p.LegStrip, p.PrefillStrip = p.Trace.Strip(p.prefillDrops)
+	p.PrefillStrip = append(slices.Clone(p.prefillDrops), p.LegStrip...)
 	if p.sessionHeader != "" {
 		// Multi-turn KV reuse consumes the session key: no leg carries it
 		// (LegSpec.Session on fasthttp's path).

@@ -5,6 +5,7 @@ import (
 	"context"
 
 	"github.com/rs/zerolog"
+	"github.com/valyala/fasthttp"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/pd-sidecar/pd-sidecar/proxy/feature"
@@ -38,7 +39,10 @@ func (s *Stage) Admit(a *feature.Admission, h feature.Head) (feature.Step, error
 	req := Request{
 		ID: a.ID, Body: bytes.Clone(a.Body), Encoders: vs,
 		Log: log.LogAt, Logger: func() *zerolog.Logger { return lg },
-		Span: func() (context.Context, trace.Span) { return tr.Child(LegSpan, trace.SpanKindClient) },
+	}
+	if tr != nil {
+		req.Span = func() (context.Context, trace.Span) { return tr.Child(LegSpan, trace.SpanKindClient) }
+		req.Inject = func(ctx context.Context, h *fasthttp.RequestHeader) { tr.InjectSpan(ctx, h) }
 	}
 	return func(ctx context.Context) func() {
 		body, outcome, err := s.Run(ctx, req)

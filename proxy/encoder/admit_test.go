@@ -52,6 +52,8 @@ func (s *spans) Child(name string, _ trace.SpanKind) (context.Context, trace.Spa
 	return nil, nil
 }
 
+func (s *spans) InjectSpan(context.Context, feature.HeaderSetter) {}
+
 var errClientGone = errors.New("client gone")
 
 // TestAdmit: a request naming encoders waits on the stage (a step) run on

@@ -112,9 +112,6 @@ type Deps struct {
 	// upstream peer (host:port) names that SSRF protection refuses; ok is
 	// true when none is refused.
 	RefusedAddr func(peer string, addrs []connectors.Addr) (refused connectors.Addr, ok bool)
-	// Inject writes the trace context of ctx (a leg's span's, see
-	// Request.Span) on the leg's head.
-	Inject func(ctx context.Context, h *fasthttp.RequestHeader)
 	// BadRequest is the error a client body that no leg or continuing
 	// body can be built of is wrapped in (the request path's 400).
 	BadRequest error
@@ -139,9 +136,11 @@ type Request struct {
 	// Logger is the request's logger, asked once, on Run's goroutine,
 	// before the legs start: they log through it.
 	Logger func() *zerolog.Logger
-	// Span starts the span of one leg, a child of the request's (nil, nil
-	// without a tracer). Nil: no leg is traced.
-	Span func() (context.Context, trace.Span)
+	// Span starts the span of one leg, a child of the request's, and
+	// Inject writes its context (ctx) on the leg's head. Nil: no leg is
+	// traced.
+	Span   func() (context.Context, trace.Span)
+	Inject func(ctx context.Context, h *fasthttp.RequestHeader)
 }
 
 // Stage is the encoder stage of a proxy. Safe for concurrent use.

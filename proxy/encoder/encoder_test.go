@@ -171,7 +171,6 @@ func testStage(t *testing.T, edit func(*Deps)) *Stage {
 		Config:      cfg,
 		Transport:   tr,
 		RefusedAddr: func(string, []connectors.Addr) (connectors.Addr, bool) { return connectors.Addr{}, true },
-		Inject:      func(context.Context, *fasthttp.RequestHeader) {},
 		BadRequest:  errBadRequest,
 		Metrics:     metrics.NewEncoder(prometheus.NewRegistry()),
 	}

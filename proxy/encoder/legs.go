@@ -150,7 +150,7 @@ func (rn *run) encodeItem(ctx context.Context, idx int, item connectors.MMItem, 
 	req.Header.SetContentType("application/json")
 	req.Header.Set(headerRequestID, connectors.ECRequestID(rn.req.ID, idx))
 	if span != nil {
-		d.Inject(sctx, &req.Header)
+		rn.req.Inject(sctx, &req.Header)
 	}
 	req.SetBodyRaw(body)
 	hold, err := d.Transport.Do(ctx, addr, req, resp)

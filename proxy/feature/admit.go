@@ -1,11 +1,9 @@
 package feature
 
 import (
-	"context"
 	"net/netip"
 
 	"github.com/rs/zerolog"
-	"go.opentelemetry.io/otel/trace"
 
 	"github.com/pd-sidecar/pd-sidecar/connectors"
 )
@@ -53,7 +51,8 @@ type Admission struct {
 	Client netip.Addr
 	// Log is the request's logger.
 	Log RequestLogger
-	// Trace starts the spans of the legs the admission sends.
+	// Trace starts the spans of the legs the admission sends (nil: the
+	// request is not traced).
 	Trace Tracer
 	// Encoded is the encoder stage's outcome, for the request's report
 	// ("": no stage ran).
@@ -70,10 +69,4 @@ type Admission struct {
 type RequestLogger interface {
 	Logger
 	Logger() *zerolog.Logger
-}
-
-// Tracer starts a span of kind, named name, as a child of the request's
-// (nil, nil without a tracer).
-type Tracer interface {
-	Child(name string, kind trace.SpanKind) (context.Context, trace.Span)
 }

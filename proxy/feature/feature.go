@@ -13,6 +13,12 @@
 // request adds an ability here and a method to Uses; no driver knows a
 // feature's name.
 //
+// A feature whose part begins earlier, at the request's head, traces
+// requests (RequestTracer): the request asks it for its Trace then and
+// keeps it for every later point. A feature may also declare, once, the
+// client headers every leg (LegHeadDropper) or every prefill leg
+// (PrefillHeadDropper) leaves out.
+//
 // Before that, every request passes its admission: the admitters
 // (Admitter), each a package of its own registered by one line in New,
 // run in order on the request's Admission (its body, stream flags, decode

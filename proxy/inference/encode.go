@@ -1,10 +1,6 @@
 package inference
 
 import (
-	"context"
-
-	"github.com/valyala/fasthttp"
-
 	"github.com/pd-sidecar/pd-sidecar/proxy/core"
 	"github.com/pd-sidecar/pd-sidecar/proxy/encoder"
 	"github.com/pd-sidecar/pd-sidecar/proxy/tlsconf"
@@ -43,10 +39,7 @@ func newEncoderStage(p *Proxy) *encoder.Stage {
 		Transport:   p.EncTr,
 		Allowlist:   p.Cfg.Guard.Allowlist,
 		RefusedAddr: p.RefusedAddr,
-		Inject: func(ctx context.Context, h *fasthttp.RequestHeader) {
-			p.Trace.Inject(ctx, h) // set by SetExtras, after New
-		},
-		BadRequest: core.ErrBadRequest,
-		Metrics:    p.M.Encoder,
+		BadRequest:  core.ErrBadRequest,
+		Metrics:     p.M.Encoder,
 	})
 }

@@ -1,21 +1,13 @@
 package observe
 
 import (
-	"iter"
-
-	"github.com/valyala/fasthttp"
 	"go.opentelemetry.io/otel/propagation"
+
+	"github.com/pd-sidecar/pd-sidecar/proxy/feature"
 )
 
-// Head is what a request span reads of the client's head: a header's
-// value by name, and every field (fasthttp.RequestHeader is one).
-type Head interface {
-	Peek(key string) []byte
-	All() iter.Seq2[[]byte, []byte]
-}
-
 // headCarrier adapts a client's head to the propagator, to extract from.
-type headCarrier struct{ h Head }
+type headCarrier struct{ h feature.TraceHead }
 
 // Get finds k in any letter case: the lane parses heads without
 // normalizing their keys.
@@ -39,13 +31,12 @@ func (c headCarrier) Keys() []string {
 	return ks
 }
 
-// headerCarrier adapts a leg's fasthttp head to the propagator, to inject
-// into.
-type headerCarrier struct{ h *fasthttp.RequestHeader }
+// setCarrier adapts a leg's head to the propagator, to inject into.
+type setCarrier struct{ h feature.HeaderSetter }
 
-func (c headerCarrier) Get(k string) string { return headCarrier{c.h}.Get(k) }
-func (c headerCarrier) Set(k, v string)     { c.h.Set(k, v) }
-func (c headerCarrier) Keys() []string      { return headCarrier{c.h}.Keys() }
+func (c setCarrier) Get(string) string { return "" }
+func (c setCarrier) Set(k, v string)   { c.h.Set(k, v) }
+func (c setCarrier) Keys() []string    { return nil }
 
 // lineCarrier writes what a propagator injects as header lines.
 type lineCarrier struct{ dst []byte }
@@ -80,6 +71,6 @@ func equalFold(b []byte, s string) bool {
 }
 
 var (
-	_ propagation.TextMapCarrier = headerCarrier{}
+	_ propagation.TextMapCarrier = setCarrier{}
 	_ propagation.TextMapCarrier = (*lineCarrier)(nil)
 )

@@ -7,7 +7,7 @@ import (
 	"github.com/valyala/fasthttp"
 )
 
-func TestHeaderCarrier(t *testing.T) {
+func TestHeadCarrier(t *testing.T) {
 	tests := []struct {
 		name      string
 		normalize bool
@@ -30,15 +30,16 @@ func TestHeaderCarrier(t *testing.T) {
 				h.DisableNormalizing()
 			}
 			h.Set(tc.key, "v")
-			c := headerCarrier{&h}
+			c := headCarrier{&h}
 			assert.Equal(t, tc.want, c.Get(tc.get))
 			assert.Equal(t, tc.keys, c.Keys())
 		})
 	}
 	var h fasthttp.RequestHeader
-	headerCarrier{&h}.Set("traceparent", "a")
-	headerCarrier{&h}.Set("traceparent", "b")
+	setCarrier{&h}.Set("traceparent", "a")
+	setCarrier{&h}.Set("traceparent", "b")
 	assert.Equal(t, "b", string(h.Peek("traceparent")), "Set replaces")
+	assert.Empty(t, setCarrier{&h}.Get("traceparent"), "a leg's head is only written")
 }
 
 func TestLineCarrier(t *testing.T) {

@@ -1,7 +1,9 @@
-// Package observe observes an inference request: the OpenTelemetry spans
-// of the request and of its prefill, KV handoff and decode legs, the trace
-// context each leg carries (on fasthttp heads, and as header lines of the
-// raw heads the lane writes), the bookkeeping its report is made of, and,
+// Package observe observes an inference request: the tracing feature
+// (Tracing, a feature.RequestTracer), whose part in a request (Spans) is
+// the OpenTelemetry spans of the request and of its prefill, KV handoff
+// and decode legs and the trace context each leg carries (on fasthttp
+// heads, and as header lines of the raw heads the lane writes); the
+// bookkeeping a request's report is made of (Report); and,
 // at trace level, the log line of each leg sent. What a request is and
 // when its legs start and end are the caller's; this package names the
 // spans, sets their attributes and status, and carries their context.
@@ -9,16 +11,16 @@ package observe
 
 import (
 	"context"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
 
-	"github.com/valyala/fasthttp"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
+
+	"github.com/pd-sidecar/pd-sidecar/proxy/feature"
 )
 
 // Span and attribute names of the sidecar's traces.
@@ -55,8 +57,8 @@ type Config struct {
 }
 
 // Tracing starts the spans of requests and writes their trace context on
-// legs. A nil *Tracing is no tracer: its methods do nothing. Safe for
-// concurrent use.
+// legs: a request feature (feature.RequestTracer), registered when the
+// sidecar has a tracer. Safe for concurrent use.
 type Tracing struct {
 	tracer       trace.Tracer
 	prop         propagation.TextMapPropagator
@@ -80,30 +82,33 @@ func NewTracing(c Config) *Tracing {
 	return t
 }
 
-// Strip returns the client's headers a leg written whole from the
-// client's head leaves out, lower case: leg, those of every leg (the trace
-// context's, which each leg carries anew; nil without a tracer), and
-// prefillLeg, those of a prefill leg: prefill's (--prefill-strip-headers)
-// and leg's. prefill is not modified.
-func (t *Tracing) Strip(prefill []string) (leg, prefillLeg []string) {
-	if t == nil {
-		return nil, prefill
-	}
-	return t.fields, append(slices.Clone(prefill), t.fields...)
+// Begin is the feature's part in a request at the split's points: none.
+// A request's trace begins at its head, before its admission
+// (TraceRequest), and the request asks it at every point after.
+func (t *Tracing) Begin(feature.Request, feature.Head) feature.Use { return nil }
+
+// LegDrops are the client's headers every leg leaves out, lower case: the
+// trace context's, which each leg carries anew.
+func (t *Tracing) LegDrops() []string { return t.fields }
+
+// TraceRequest opens the request span, begun at start, child of the trace
+// context of the client's head h; id is the request id and route the API
+// path.
+func (t *Tracing) TraceRequest(h feature.TraceHead, start time.Time, id, route string) feature.Trace {
+	parent := t.prop.Extract(context.Background(), headCarrier{h})
+	o := &Spans{t: t}
+	o.tctx, o.root = t.tracer.Start(parent, SpanRequest, trace.WithSpanKind(trace.SpanKindServer),
+		trace.WithTimestamp(start),
+		trace.WithAttributes(AttrRequestID.String(id), attribute.String("http.route", route)))
+	o.leg = o.tctx
+	return o
 }
 
-// Inject writes the trace context of ctx (a span's, from Request.Child)
-// on an upstream request's head h.
-func (t *Tracing) Inject(ctx context.Context, h *fasthttp.RequestHeader) {
-	if t != nil {
-		t.prop.Inject(ctx, headerCarrier{h})
-	}
-}
-
-// EndPrefill ends span, a prefill span (from Request.StartPrefill; nil:
-// nothing), with the outcome of its leg: err, nil when it answered. It may
-// be called on another goroutine than the request's.
-func (t *Tracing) EndPrefill(span trace.Span, err error) {
+// EndPrefill ends span, a prefill span (from StartPrefill; nil: nothing),
+// with the outcome of its leg: err, nil when it answered. It may be called
+// on another goroutine than the request's.
+func (o *Spans) EndPrefill(span trace.Span, err error) {
+	t := o.t
 	if span == nil {
 		return
 	}
@@ -119,10 +124,9 @@ func (t *Tracing) EndPrefill(span trace.Span, err error) {
 	span.End()
 }
 
-// Request is one inference request's bookkeeping for its report and its
-// spans. Its zero value is a request without spans; Start opens them. It
-// is owned by the request's goroutine, save where a method says otherwise.
-type Request struct {
+// Report is one inference request's bookkeeping for its report. It is
+// owned by the request's goroutine.
+type Report struct {
 	// Reason is the fallback reason ("" when the request did not degrade).
 	Reason string
 	// Declined is why the split was declined (a feature's
@@ -140,53 +144,43 @@ type Request struct {
 	KVOK  bool
 	// Chunks is the number of chunk requests of a chunked decode.
 	Chunks int
+}
 
-	t      *Tracing        // nil without a tracer
-	root   trace.Span      // nil without a tracer
+// Spans are one inference request's trace (feature.Trace): its spans and
+// the context its next leg carries. They are owned by the request's
+// goroutine, save where a method says otherwise.
+type Spans struct {
+	t      *Tracing
+	root   trace.Span
 	tctx   context.Context // the request span's context
 	leg    context.Context // trace context written on the next leg
 	decode trace.Span
 	kv     trace.Span
 }
 
-// Start opens the request span, begun at start, child of the trace
-// context of the client's head h; id is the request id and route the API
-// path. Nothing without a tracer (t nil).
-func (o *Request) Start(t *Tracing, h Head, start time.Time, id, route string) {
-	if t == nil {
-		return
-	}
-	parent := t.prop.Extract(context.Background(), headCarrier{h})
-	o.t = t
-	o.tctx, o.root = t.tracer.Start(parent, SpanRequest, trace.WithSpanKind(trace.SpanKindServer),
-		trace.WithTimestamp(start),
-		trace.WithAttributes(AttrRequestID.String(id), attribute.String("http.route", route)))
-	o.leg = o.tctx
-}
+var _ feature.RequestTracer = (*Tracing)(nil)
+var _ feature.Trace = (*Spans)(nil)
 
-// Child opens a span under the request span (nil without a tracer). It
-// may be called on several goroutines at once.
-func (o *Request) Child(name string, kind trace.SpanKind) (context.Context, trace.Span) {
-	if o.root == nil {
-		return nil, nil
-	}
+// Child opens a span under the request span. It may be called on several
+// goroutines at once.
+func (o *Spans) Child(name string, kind trace.SpanKind) (context.Context, trace.Span) {
 	return o.t.tracer.Start(o.tctx, name, trace.WithSpanKind(kind))
 }
 
-// Inject writes the current leg's trace context on an upstream request's
-// head h.
-func (o *Request) Inject(h *fasthttp.RequestHeader) {
-	if o.leg != nil {
-		o.t.prop.Inject(o.leg, headerCarrier{h})
-	}
+// InjectSpan writes the trace context of ctx (a Child span's) on a leg's
+// head h. It may be called on several goroutines at once.
+func (o *Spans) InjectSpan(ctx context.Context, h feature.HeaderSetter) {
+	o.t.prop.Inject(ctx, setCarrier{h})
+}
+
+// Inject writes the current leg's trace context on a leg's head h.
+func (o *Spans) Inject(h feature.HeaderSetter) {
+	o.t.prop.Inject(o.leg, setCarrier{h})
 }
 
 // AppendTrace appends the current leg's trace context as header lines of
-// a leg's head the lane writes (nothing without a tracer).
-func (o *Request) AppendTrace(dst []byte) []byte {
-	if o.leg == nil {
-		return dst
-	}
+// a leg's head the lane writes.
+func (o *Spans) AppendTrace(dst []byte) []byte {
 	c := lineCarrier{dst: dst}
 	o.t.prop.Inject(o.leg, &c)
 	return c.dst
@@ -194,13 +188,11 @@ func (o *Request) AppendTrace(dst []byte) []byte {
 
 // StartPrefill opens the prefill span of a leg to the prefiller labelled
 // label and makes it the context the next leg carries; it returns the
-// span, for Tracing.EndPrefill (nil without a tracer).
-func (o *Request) StartPrefill(label string) trace.Span {
+// span, for EndPrefill.
+func (o *Spans) StartPrefill(label string) trace.Span {
 	ctx, span := o.Child(SpanPrefill, trace.SpanKindClient)
-	if span != nil {
-		span.SetAttributes(AttrPrefiller.String(label))
-		o.leg = ctx
-	}
+	span.SetAttributes(AttrPrefiller.String(label))
+	o.leg = ctx
 	return span
 }
 
@@ -208,10 +200,7 @@ func (o *Request) StartPrefill(label string) trace.Span {
 // from the prefiller labelled label, the kv_handoff span) before the leg
 // to the local engine is sent; a decode span still open (a fallback after
 // a failed remote decode) is ended first.
-func (o *Request) StartDecode(remote bool, label string) {
-	if o.root == nil {
-		return
-	}
+func (o *Spans) StartDecode(remote bool, label string) {
 	if o.decode != nil { // a fallback after a failed remote decode
 		o.decode.End()
 	}
@@ -226,7 +215,7 @@ func (o *Request) StartDecode(remote bool, label string) {
 
 // EndKVHandoff ends the kv_handoff span, if open: the decode leg produced
 // its first output (ok) or a KV load failure.
-func (o *Request) EndKVHandoff(ok bool) {
+func (o *Spans) EndKVHandoff(ok bool) {
 	if o.kv == nil {
 		return
 	}
@@ -239,28 +228,25 @@ func (o *Request) EndKVHandoff(ok bool) {
 }
 
 // End ends the request's spans, the request span with its mode (the
-// request's metrics mode), its Status and Reason, and label, the bounded
-// label of its prefiller ("": none).
-func (o *Request) End(mode, label string) {
+// request's metrics mode), label, the bounded label of its prefiller ("":
+// none), its fallback reason ("": none) and the status answered.
+func (o *Spans) End(mode, label, reason string, status int) {
 	sp := o.root
-	if sp == nil {
-		return
-	}
 	if o.kv != nil {
 		o.kv.End()
 	}
 	if o.decode != nil {
 		o.decode.End()
 	}
-	sp.SetAttributes(AttrDecision.String(mode), semStatus(o.Status))
-	if o.Reason != "" {
-		sp.SetAttributes(AttrReason.String(o.Reason))
+	sp.SetAttributes(AttrDecision.String(mode), semStatus(status))
+	if reason != "" {
+		sp.SetAttributes(AttrReason.String(reason))
 	}
 	if label != "" {
 		sp.SetAttributes(AttrPrefiller.String(label))
 	}
-	if o.Status >= 500 {
-		sp.SetStatus(codes.Error, "status "+strconv.Itoa(o.Status))
+	if status >= 500 {
+		sp.SetStatus(codes.Error, "status "+strconv.Itoa(status))
 	}
 	sp.End()
 }

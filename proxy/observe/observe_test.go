@@ -2,7 +2,6 @@ package observe_test
 
 import (
 	"errors"
-	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -17,6 +16,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/pd-sidecar/pd-sidecar/proxy/feature"
 	"github.com/pd-sidecar/pd-sidecar/proxy/observe"
 )
 
@@ -94,10 +94,8 @@ func TestStartContinuesTheClientsTrace(t *testing.T) {
 		t.Run(key, func(t *testing.T) {
 			tr, rec := newTracing(t)
 			start := time.Now().Add(-time.Second)
-			var o observe.Request
-			o.Start(tr, clientHead(key), start, "req-1", "/v1/completions")
-			o.Status = fasthttp.StatusOK
-			o.End("local", "")
+			o := tr.TraceRequest(clientHead(key), start, "req-1", "/v1/completions")
+			o.End("local", "", "", fasthttp.StatusOK)
 
 			spans := rec.Ended()
 			require.Len(t, spans, 1)
@@ -153,14 +151,13 @@ func TestRequestSpans(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			tr, rec := newTracing(t)
-			var o observe.Request
-			o.Start(tr, clientHead("traceparent"), time.Now(), "req-1", "/v1/completions")
+			o := tr.TraceRequest(clientHead("traceparent"), time.Now(), "req-1", "/v1/completions")
 
 			span := o.StartPrefill("p:1")
 			require.NotNil(t, span)
 			var pre fasthttp.RequestHeader
 			o.Inject(&pre)
-			tr.EndPrefill(span, tc.prefillErr)
+			o.EndPrefill(span, tc.prefillErr)
 
 			o.StartDecode(tc.remote, "p:1")
 			var dec fasthttp.RequestHeader
@@ -172,8 +169,7 @@ func TestRequestSpans(t *testing.T) {
 			if tc.fallback {
 				o.StartDecode(false, "p:1")
 			}
-			o.Status, o.Reason = tc.status, tc.reason
-			o.End("disaggregated", "p:1")
+			o.End("disaggregated", "p:1", tc.reason, tc.status)
 
 			ended := rec.Ended()
 			var names []string
@@ -256,11 +252,9 @@ func TestRequestSpans(t *testing.T) {
 // KV handoff) still open ends their spans with its own.
 func TestEndEndsOpenSpans(t *testing.T) {
 	tr, rec := newTracing(t)
-	var o observe.Request
-	o.Start(tr, clientHead("traceparent"), time.Now(), "req-1", "/v1/chat/completions")
+	o := tr.TraceRequest(clientHead("traceparent"), time.Now(), "req-1", "/v1/chat/completions")
 	o.StartDecode(true, "p:1")
-	o.Status = 499
-	o.End("disaggregated", "p:1")
+	o.End("disaggregated", "p:1", "", 499)
 	assert.ElementsMatch(t, []string{observe.SpanRequest, observe.SpanKVHandoff, observe.SpanDecode},
 		func() (n []string) {
 			for s := range byName(t, rec.Ended()) {
@@ -271,76 +265,48 @@ func TestEndEndsOpenSpans(t *testing.T) {
 }
 
 // TestChildOfTheRequest: a span of the caller's own (an encoder leg's)
-// is a child of the request span, and its context is what Tracing.Inject
+// is a child of the request span, and its context is what InjectSpan
 // writes.
 func TestChildOfTheRequest(t *testing.T) {
 	tr, rec := newTracing(t)
-	var o observe.Request
-	o.Start(tr, clientHead("traceparent"), time.Now(), "req-1", "/v1/chat/completions")
+	o := tr.TraceRequest(clientHead("traceparent"), time.Now(), "req-1", "/v1/chat/completions")
 	ctx, span := o.Child("encode", trace.SpanKindClient)
 	require.NotNil(t, span)
 	var h fasthttp.RequestHeader
-	tr.Inject(ctx, &h)
+	o.InjectSpan(ctx, &h)
 	span.End()
-	o.End("local", "")
+	o.End("local", "", "", fasthttp.StatusOK)
 	spans := byName(t, rec.Ended())
 	assert.Equal(t, spans[observe.SpanRequest].SpanContext().SpanID(), spans["encode"].Parent().SpanID())
 	assert.Equal(t, spans["encode"].SpanContext().SpanID().String(), legParent(t, string(h.Peek("traceparent"))))
 }
 
-// TestWithoutTracer: without a tracer there are no spans, and no leg gets
-// a trace context of the proxy's: the client's traceparent passes on
-// untouched.
+// TestWithoutTracer: without a tracer there is no tracing feature.
 func TestWithoutTracer(t *testing.T) {
-	tr := observe.NewTracing(observe.Config{Propagator: propagation.TraceContext{}})
-	require.Nil(t, tr)
-	var o observe.Request
-	o.Start(tr, clientHead("traceparent"), time.Now(), "req-1", "/v1/completions")
-	ctx, span := o.Child("encode", trace.SpanKindClient)
-	assert.Nil(t, ctx)
-	assert.Nil(t, span)
-	assert.Nil(t, o.StartPrefill("p:1"))
-	tr.EndPrefill(nil, errRefused)
-	o.StartDecode(true, "p:1")
-	h := clientHead("traceparent")
-	o.Inject(h)
-	tr.Inject(ctx, h)
-	assert.Equal(t, clientParent, string(h.Peek("traceparent")))
-	head := []byte("GET / HTTP/1.1\r\n")
-	assert.Equal(t, head, o.AppendTrace(head))
-	o.EndKVHandoff(false)
-	o.End("local", "")
-	leg, prefill := tr.Strip([]string{"x-secret"})
-	assert.Nil(t, leg)
-	assert.Equal(t, []string{"x-secret"}, prefill)
+	assert.Nil(t, observe.NewTracing(observe.Config{Propagator: propagation.TraceContext{}}))
 }
 
-func TestStrip(t *testing.T) {
+// TestTracingIsAFeature: the tracing feature takes no part at the split's
+// points (its part begins at the head) and leaves the propagator's fields
+// out of every leg, lower case: each leg carries its own.
+func TestTracingIsAFeature(t *testing.T) {
 	tests := []struct {
-		name    string
-		prop    propagation.TextMapPropagator
-		prefill []string
-		leg     []string
+		name string
+		prop propagation.TextMapPropagator
+		leg  []string
 	}{
-		{"W3C trace context by default", nil, nil, []string{"traceparent", "tracestate"}},
-		{"with baggage, beside --prefill-strip-headers",
+		{"W3C trace context by default", nil, []string{"traceparent", "tracestate"}},
+		{"with baggage",
 			propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{}),
-			[]string{"x-secret"}, []string{"traceparent", "tracestate", "baggage"}},
-		{"field names are lower cased", upperProp{}, []string{"x-secret"}, []string{"x-trace-id"}},
+			[]string{"traceparent", "tracestate", "baggage"}},
+		{"field names are lower cased", upperProp{}, []string{"x-trace-id"}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			tr := observe.NewTracing(observe.Config{Tracer: sdktrace.NewTracerProvider().Tracer("t"), Propagator: tc.prop})
-			prefill := append(make([]string, 0, 8), tc.prefill...)
-			leg, prefillLeg := tr.Strip(prefill)
-			assert.ElementsMatch(t, tc.leg, leg) // a composite propagator's fields come in no order
-			require.Len(t, prefillLeg, len(tc.prefill)+len(tc.leg))
-			assert.True(t, slices.Equal(tc.prefill, prefillLeg[:len(tc.prefill)]), "prefill's first: %q", prefillLeg)
-			assert.ElementsMatch(t, tc.leg, prefillLeg[len(tc.prefill):])
-			assert.True(t, slices.Equal(tc.prefill, prefill), "prefill is left as it was: %q", prefill)
-			if len(prefill) < cap(prefill) {
-				assert.Empty(t, prefill[len(prefill):cap(prefill)][0], "prefill's spare room is left alone")
-			}
+			require.NotNil(t, tr)
+			assert.ElementsMatch(t, tc.leg, tr.LegDrops()) // a composite propagator's fields come in no order
+			assert.Nil(t, tr.Begin(feature.Request{}, clientHead("traceparent")))
 		})
 	}
 }
