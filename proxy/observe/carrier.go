@@ -1,10 +1,60 @@
 package observe
 
 import (
+	"strings"
+
 	"go.opentelemetry.io/otel/propagation"
 
 	"github.com/pd-sidecar/pd-sidecar/proxy/feature"
 )
+
+// carriedFields is how many propagator fields a fieldCarrier holds; a
+// propagator with more is read through a headCarrier.
+const carriedFields = 4
+
+// fieldCarrier is the propagator's fields (names, lower case) as the
+// client's head has them, read in one pass over the head whatever their
+// letter case (the lane parses heads without normalizing their keys): a
+// field's first value, nil where the head has none. The values are the
+// head's, valid while it is unchanged (an Extract).
+type fieldCarrier struct {
+	names []string
+	vals  [carriedFields][]byte
+}
+
+// readFields reads the fields names (at most carriedFields, lower case)
+// of h.
+func readFields(h feature.TraceHead, names []string) *fieldCarrier {
+	c := &fieldCarrier{names: names}
+	for k, v := range h.All() {
+		for i, n := range names {
+			if c.vals[i] == nil && equalFold(k, n) {
+				c.vals[i] = v
+				break
+			}
+		}
+	}
+	return c
+}
+
+func (c *fieldCarrier) Get(k string) string {
+	for i, n := range c.names {
+		if strings.EqualFold(n, k) {
+			return string(c.vals[i])
+		}
+	}
+	return ""
+}
+func (c *fieldCarrier) Set(string, string) {}
+func (c *fieldCarrier) Keys() []string {
+	var ks []string
+	for i, n := range c.names {
+		if c.vals[i] != nil {
+			ks = append(ks, n)
+		}
+	}
+	return ks
+}
 
 // headCarrier adapts a client's head to the propagator, to extract from.
 type headCarrier struct{ h feature.TraceHead }
@@ -72,5 +122,6 @@ func equalFold(b []byte, s string) bool {
 
 var (
 	_ propagation.TextMapCarrier = setCarrier{}
+	_ propagation.TextMapCarrier = (*fieldCarrier)(nil)
 	_ propagation.TextMapCarrier = (*lineCarrier)(nil)
 )

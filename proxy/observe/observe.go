@@ -65,6 +65,8 @@ type Tracing struct {
 	reason       func(error) string
 	kvLoadFailed string
 	fields       []string // the propagator's fields, lower case
+	// server and client are the span kinds' start options, made once.
+	server, client trace.SpanStartOption
 }
 
 // NewTracing returns the Tracing of c, or nil when c has no Tracer.
@@ -75,7 +77,8 @@ func NewTracing(c Config) *Tracing {
 	if c.Propagator == nil {
 		c.Propagator = propagation.TraceContext{}
 	}
-	t := &Tracing{tracer: c.Tracer, prop: c.Propagator, reason: c.Reason, kvLoadFailed: c.KVLoadFailed}
+	t := &Tracing{tracer: c.Tracer, prop: c.Propagator, reason: c.Reason, kvLoadFailed: c.KVLoadFailed,
+		server: trace.WithSpanKind(trace.SpanKindServer), client: trace.WithSpanKind(trace.SpanKindClient)}
 	for _, f := range c.Propagator.Fields() {
 		t.fields = append(t.fields, strings.ToLower(f))
 	}
@@ -95,9 +98,13 @@ func (t *Tracing) LegDrops() []string { return t.fields }
 // context of the client's head h; id is the request id and route the API
 // path.
 func (t *Tracing) TraceRequest(h feature.TraceHead, start time.Time, id, route string) feature.Trace {
-	parent := t.prop.Extract(context.Background(), headCarrier{h})
+	var carrier propagation.TextMapCarrier = headCarrier{h}
+	if len(t.fields) <= carriedFields {
+		carrier = readFields(h, t.fields) // one pass over the head, not one a field
+	}
+	parent := t.prop.Extract(context.Background(), carrier)
 	o := &Spans{t: t}
-	o.tctx, o.root = t.tracer.Start(parent, SpanRequest, trace.WithSpanKind(trace.SpanKindServer),
+	o.tctx, o.root = t.tracer.Start(parent, SpanRequest, t.server,
 		trace.WithTimestamp(start),
 		trace.WithAttributes(AttrRequestID.String(id), attribute.String("http.route", route)))
 	o.leg = o.tctx
@@ -167,6 +174,11 @@ func (o *Spans) Child(name string, kind trace.SpanKind) (context.Context, trace.
 	return o.t.tracer.Start(o.tctx, name, trace.WithSpanKind(kind))
 }
 
+// startLeg opens a client span, named name, under the request span.
+func (o *Spans) startLeg(name string) (context.Context, trace.Span) {
+	return o.t.tracer.Start(o.tctx, name, o.t.client)
+}
+
 // InjectSpan writes the trace context of ctx (a Child span's) on a leg's
 // head h. It may be called on several goroutines at once.
 func (o *Spans) InjectSpan(ctx context.Context, h feature.HeaderSetter) {
@@ -190,7 +202,7 @@ func (o *Spans) AppendTrace(dst []byte) []byte {
 // label and makes it the context the next leg carries; it returns the
 // span, for EndPrefill.
 func (o *Spans) StartPrefill(label string) trace.Span {
-	ctx, span := o.Child(SpanPrefill, trace.SpanKindClient)
+	ctx, span := o.startLeg(SpanPrefill)
 	span.SetAttributes(AttrPrefiller.String(label))
 	o.leg = ctx
 	return span
@@ -204,7 +216,7 @@ func (o *Spans) StartDecode(remote bool, label string) {
 	if o.decode != nil { // a fallback after a failed remote decode
 		o.decode.End()
 	}
-	ctx, span := o.Child(SpanDecode, trace.SpanKindClient)
+	ctx, span := o.startLeg(SpanDecode)
 	span.SetAttributes(AttrRemoteKV.Bool(remote))
 	o.decode, o.leg = span, ctx
 	if remote {
@@ -238,13 +250,17 @@ func (o *Spans) End(mode, label, reason string, status int) {
 	if o.decode != nil {
 		o.decode.End()
 	}
-	sp.SetAttributes(AttrDecision.String(mode), semStatus(status))
+	attrs := [4]attribute.KeyValue{AttrDecision.String(mode), semStatus(status)}
+	n := 2
 	if reason != "" {
-		sp.SetAttributes(AttrReason.String(reason))
+		attrs[n] = AttrReason.String(reason)
+		n++
 	}
 	if label != "" {
-		sp.SetAttributes(AttrPrefiller.String(label))
+		attrs[n] = AttrPrefiller.String(label)
+		n++
 	}
+	sp.SetAttributes(attrs[:n]...)
 	if status >= 500 {
 		sp.SetStatus(codes.Error, "status "+strconv.Itoa(status))
 	}
