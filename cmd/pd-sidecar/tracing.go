@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net/url"
+	"os"
 	"slices"
 	"strings"
 	"time"
@@ -18,6 +19,8 @@ import (
 	sdkresource "go.opentelemetry.io/otel/sdk/resource"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/trace"
+
+	"github.com/pd-sidecar/pd-sidecar/spanbatch"
 )
 
 // tracerName is the instrumentation scope of the sidecar's spans.
@@ -168,7 +171,8 @@ func newTracing(ctx context.Context, setup tracingSetup, console io.Writer) (tra
 		if err != nil {
 			return nil, nil, nil, err
 		}
-		opts = append(opts, sdktrace.WithBatcher(exp, sdktrace.WithBatchTimeout(2*time.Second)))
+		// Batched without a goroutine wake-up per span (spanbatch).
+		opts = append(opts, sdktrace.WithSpanProcessor(spanbatch.New(exp, spanbatch.ConfigFromEnv(2*time.Second, os.Getenv))))
 	}
 	tp := sdktrace.NewTracerProvider(opts...)
 	prop := propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{})
