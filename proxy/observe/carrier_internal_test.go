@@ -50,3 +50,20 @@ func TestLineCarrier(t *testing.T) {
 	assert.Empty(t, c.Get("traceparent"), "it only writes")
 	assert.Nil(t, c.Keys())
 }
+
+// TestFieldCarrier: the propagator's fields are read from the head in one
+// pass, whatever their letter case: a field's first value, "" for one the
+// head lacks.
+func TestFieldCarrier(t *testing.T) {
+	var h fasthttp.RequestHeader
+	h.DisableNormalizing()
+	h.Set("TraceParent", "p1")
+	h.Add("traceparent", "p2")
+	h.Set("X-Other", "o")
+	h.Set("BAGGAGE", "k=v")
+	c := readFields(&h, []string{"traceparent", "tracestate", "baggage"})
+	for k, want := range map[string]string{"traceparent": "p1", "tracestate": "", "baggage": "k=v", "Baggage": "k=v", "x-other": ""} {
+		assert.Equal(t, want, c.Get(k), k)
+	}
+	assert.Equal(t, []string{"traceparent", "baggage"}, c.Keys())
+}
