@@ -225,8 +225,13 @@ func (s *Paired) kvWaitOver() []Action {
 		return nil
 	}
 	err := fmt.Errorf("%w (%v)", ErrKVWaitTimeout, s.cfg.KVWait)
-	s.cancelled, s.abandoned = err, true
-	return []Action{{Op: CancelDecode, Err: err}, {Op: AbandonPrefill, Err: err}}
+	s.cancelled = err
+	acts := []Action{{Op: CancelDecode, Err: err}}
+	if !s.abandoned { // the client's leaving may have abandoned it already
+		s.abandoned = true
+		acts = append(acts, Action{Op: AbandonPrefill, Err: err})
+	}
+	return acts
 }
 
 // decodeEnded takes the decode leg's end.
@@ -239,6 +244,7 @@ func (s *Paired) decodeEnded(err error) []Action {
 		s.kvArmed = false
 		acts = append(acts, Action{Op: Disarm, Timer: TimerKVWait})
 	}
+	s.holding = false // a held output ended with its leg: nothing to release
 	if err == nil {
 		s.done = true
 		return acts
