@@ -87,7 +87,7 @@ func TestAdmitRunsAdmitters(t *testing.T) {
 			}
 			var h fasthttp.RequestHeader
 			client := []byte("{}")
-			r := p.StartRequest([]byte("rid"), &h, client, "home:1", connectors.APIChat)
+			r := p.StartRequest(Arrival{ID: []byte("rid"), Head: &h, Body: client, Local: "home:1", API: connectors.APIChat})
 			defer r.Cancel(context.Canceled)
 			waits := 0
 			a := r.Admit(&h)

@@ -90,7 +90,7 @@ func pendingRequest(p *Sidecar, local string) (*Request, []byte) {
 	rc.Request.Header.Set("Authorization", "Bearer k")
 	rc.Request.Header.Set(HeaderPrefiller, "10.0.0.9:8000")
 	body := []byte(`{"model":"m","prompt":"hi","max_tokens":9,"stream":true}`)
-	r := p.StartRequest([]byte("rid"), &rc.Request.Header, body, local, connectors.APICompletions)
+	r := p.StartRequest(Arrival{ID: []byte("rid"), Head: &rc.Request.Header, Body: body, Local: local, API: connectors.APICompletions})
 	awaitKVRead(r, connectors.Handoff{Params: []byte(releaseParams)}, nil)
 	return r, rawhttp.AppendLegStartAt(nil, &rc.Request.Header, rc.Request.Header.RequestURI(), p.LegStrip)
 }

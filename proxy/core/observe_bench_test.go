@@ -41,7 +41,7 @@ func BenchmarkRequestObservation(b *testing.B) {
 			fail := errors.New("refused")
 			b.ReportAllocs()
 			for i := 0; b.Loop(); i++ {
-				r := p.StartRequest(id, &in, nil, "127.0.0.1:8000", connectors.APICompletions)
+				r := p.StartRequest(Arrival{ID: id, Head: &in, Local: "127.0.0.1:8000", API: connectors.APICompletions})
 				r.Label, r.Prefiller, r.Mode = "p:1", "p:1", metrics.ModeDisaggregated
 				end := r.PrefillStarted(time.Now())
 				leg.Reset()

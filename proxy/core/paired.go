@@ -49,6 +49,9 @@ type Paired struct {
 	pairing   connectors.Pairing
 	boot      connectors.Bootstrapper // nil: the legs need no bootstrap answer
 	host      string                  // the prefiller's host
+	// handoff is what the decode leg carries: nothing of its own, the
+	// engines pair by themselves.
+	handoff connectors.Handoff
 }
 
 // BeginPaired begins r's paired split: the breaker is asked for the
@@ -160,6 +163,13 @@ type PairedPrefillLeg struct {
 	gauge prometheus.Gauge
 	start time.Time
 }
+
+// DecodeSent records that r's decode leg, sent, carries remote KV.
+func (s *Paired) DecodeSent(r *Request) { r.Handoff = &s.handoff }
+
+// DecodeDropped records that r's answer carries no remote KV: a local leg
+// answers it, or the prefiller's rejection.
+func (s *Paired) DecodeDropped(r *Request) { r.Handoff = nil }
 
 // StartPrefill opens r's prefill leg's span (before the leg's head is
 // built, so that its trace context names it) and counts it in flight.

@@ -52,8 +52,8 @@ type Request struct {
 	// session is the conversation's session key, with multi-turn KV
 	// reuse on ("": none named).
 	session string
-	// Client is the client connection's TCP peer (clientconn.PeerAddr; the zero
-	// Addr: unknown), set by the driver that serves the request.
+	// Client is the client connection's TCP peer (Arrival.Client; the
+	// zero Addr: unknown).
 	Client   netip.Addr
 	Label    string // bounded metric label of prefiller
 	Mode     string
@@ -90,18 +90,35 @@ var HopHeaders = []string{
 	"Proxy-Authorization", "Te", "Trailer", "Transfer-Encoding", "Upgrade",
 }
 
-// StartRequest begins the state of a request with head h (its
-// X-Request-ID: id) and body, as fasthttp's path (relay.NewExchange) and
-// the lane share it.
-func (p *Sidecar) StartRequest(id []byte, h feature.TraceHead, body []byte, local string, api connectors.API) *Request {
+// Arrival is what a driver knows of an inference request as it begins:
+// the facts the request's state starts from.
+type Arrival struct {
+	// ID is the client's X-Request-ID (nil: none; one is made).
+	ID []byte
+	// Head is the client's head, read for its trace context while the
+	// request begins.
+	Head feature.TraceHead
+	// Body is the client's body.
+	Body []byte
+	// Local is the engine that decodes it: its data-parallel rank's.
+	Local string
+	// API is the inference API of its path.
+	API connectors.API
+	// Client is the client connection's TCP peer (the zero Addr: unknown).
+	Client netip.Addr
+}
+
+// StartRequest begins the state of request a, as fasthttp's path
+// (relay.NewExchange) and the lane share it.
+func (p *Sidecar) StartRequest(a Arrival) *Request {
 	ctx, cancel := context.WithCancelCause(context.Background())
 	r := &Request{
-		P: p, Ctx: ctx, Cancel: cancel, Start: time.Now(),
-		API: api, Local: local, Home: local, Body: body, Mode: metrics.ModeLocal,
+		P: p, Ctx: ctx, Cancel: cancel, Start: time.Now(), Client: a.Client,
+		API: a.API, Local: a.Local, Home: a.Local, Body: a.Body, Mode: metrics.ModeLocal,
 	}
-	r.ID = RequestID(id)
+	r.ID = RequestID(a.ID)
 	// r.Stream and r.Usage: read by sanitize.Cleaner, in its pass over the body.
-	r.traceStart(h)
+	r.traceStart(a.Head)
 	return r
 }
 

@@ -46,7 +46,7 @@ func TestTracingIsARegisteredFeature(t *testing.T) {
 
 			var h fasthttp.RequestHeader
 			h.Set("traceparent", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
-			r := p.StartRequest([]byte("req-1"), &h, nil, "127.0.0.1:8000", connectors.APICompletions)
+			r := p.StartRequest(Arrival{ID: []byte("req-1"), Head: &h, Local: "127.0.0.1:8000", API: connectors.APICompletions})
 			r.DecodeStarted(false)
 			head := r.Legs().AppendTo(nil, false)
 			r.Obs.Status = fasthttp.StatusOK

@@ -8,7 +8,6 @@ import (
 	"github.com/rs/zerolog"
 	"github.com/valyala/fasthttp"
 
-	"github.com/pd-sidecar/pd-sidecar/connectors"
 	"github.com/pd-sidecar/pd-sidecar/proxy/core"
 	"github.com/pd-sidecar/pd-sidecar/proxy/relay"
 	"github.com/pd-sidecar/pd-sidecar/proxy/split"
@@ -131,10 +130,10 @@ func (d *goPaired) act(acts []split.Action, pre, dec []byte) *split.Event {
 				d.feed(split.Event{Kind: split.DecodeEnded})
 			}
 		case split.SendLocal:
-			r.R.Handoff = nil
+			d.s.DecodeDropped(r.R)
 			r.Fail(relay.Decode(r, r.R.Body, false))
 		case split.PassOn:
-			r.R.Handoff = nil
+			d.s.DecodeDropped(r.R)
 			r.PassOn(a.Err)
 		case split.Fail:
 			r.Fail(a.Err)
@@ -150,7 +149,7 @@ func (d *goPaired) act(acts []split.Action, pre, dec []byte) *split.Event {
 // held output, waits for the word to let it through).
 func (d *goPaired) Decode(dec []byte) error {
 	r := d.r
-	r.R.Handoff = &connectors.Handoff{} // the decode leg carries remote KV
+	d.s.DecodeSent(r.R)
 	r.R.Ctx = d.dctx
 	r.R.OnOutput = func() {
 		d.feed(split.Event{Kind: split.FirstOutput})

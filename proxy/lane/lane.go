@@ -331,8 +331,8 @@ func (lc *laneConn) serve(b []byte, api connectors.API, headLen int, lr rawhttp.
 		lc.client.toServer(b, time.Now()) // whole: nothing is left to read
 		return
 	}
-	r := p.StartRequest(lr.ID, &ll.req, b[headLen:], ll.ln.local, api)
-	r.Client = clientconn.PeerAddr(lc.client.cc.RemoteAddr())
+	r := p.StartRequest(core.Arrival{ID: lr.ID, Head: &ll.req, Body: b[headLen:], Local: ll.ln.local, API: api,
+		Client: clientconn.PeerAddr(lc.client.cc.RemoteAddr())})
 	lc.r, lc.client.keepAlive = r, lr.KeepAlive
 	p.LoopRequests.Add(1)
 	// Counted as the lane takes it, before any answer byte: a client that

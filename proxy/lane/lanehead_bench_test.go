@@ -35,7 +35,7 @@ func BenchmarkLaneHeads(b *testing.B) {
 		if !ok {
 			b.Fatal("not served by the lane")
 		}
-		r := p.StartRequest(lr.ID, &ll.req, reqBody, ll.ln.local, api)
+		r := p.StartRequest(core.Arrival{ID: lr.ID, Head: &ll.req, Body: reqBody, Local: ll.ln.local, API: api})
 		sent = append(rawhttp.AppendLegHead(sent[:0], &ll.req, r.Local, r.ID, len(reqBody)), reqBody...)
 		ll.resp.Reset()
 		ll.rd.Reset(answer)

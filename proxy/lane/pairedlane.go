@@ -131,14 +131,17 @@ func (ps *lanePaired) exec(acts []split.Action) {
 		switch a.Op {
 		case split.SendDecode:
 			ps.decoding = true
-			r.Handoff = &pd.res.Handoff // none: the engines pair by themselves
+			ps.pp.DecodeSent(r)
 			lc.decodeLeg(ps.pp.Dec, nil, true)
 		case split.ReleaseOutput:
 			ps.releaseHeld()
 		case split.SendLocal:
-			r.Handoff = nil
+			ps.pp.DecodeDropped(r)
 			lc.decodeLeg(r.Body, nil, false)
-		case split.PassOn, split.Fail:
+		case split.PassOn:
+			ps.pp.DecodeDropped(r)
+			lc.split.splitAnswers(a)
+		case split.Fail:
 			lc.split.splitAnswers(a)
 		case split.Degraded:
 			r.Degraded(a.Reason, a.Err)

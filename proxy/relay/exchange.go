@@ -37,8 +37,8 @@ type Exchange struct {
 // an inference path of api: the request's state, its X-Request-ID on the
 // answer, and the watch of its client connection.
 func NewExchange(p *inference.Proxy, rc *fasthttp.RequestCtx, local string, api connectors.API) *Exchange {
-	r := p.StartRequest(rc.Request.Header.Peek(core.HeaderRequestID), &rc.Request.Header, rc.PostBody(), local, api)
-	r.Client = clientconn.PeerAddr(rc.RemoteAddr())
+	r := p.StartRequest(core.Arrival{ID: rc.Request.Header.Peek(core.HeaderRequestID), Head: &rc.Request.Header,
+		Body: rc.PostBody(), Local: local, API: api, Client: clientconn.PeerAddr(rc.RemoteAddr())})
 	rc.Response.Header.Set(core.HeaderRequestID, r.ID)
 	return &Exchange{R: r, P: p, RC: rc, Watch: p.Armer.Watch(rc.Conn(), r.Cancel, r.Start)}
 }
