@@ -27,10 +27,9 @@ type LegHeadDropper interface {
 	LegDrops() []string
 }
 
-// TraceHead is what a trace reads of the client's head: a header's first
-// value by name, and every field in order.
+// TraceHead is what a trace reads of the client's head: every field, in
+// order.
 type TraceHead interface {
-	Peek(key string) []byte
 	All() iter.Seq2[[]byte, []byte]
 }
 

@@ -8,24 +8,31 @@ import (
 	"github.com/pd-sidecar/pd-sidecar/proxy/feature"
 )
 
-// carriedFields is how many propagator fields a fieldCarrier holds; a
-// propagator with more is read through a headCarrier.
-const carriedFields = 4
+// inlineFields is how many propagator fields a fieldCarrier holds
+// without an allocation of their own (W3C trace context and baggage need
+// three).
+const inlineFields = 4
 
-// fieldCarrier is the propagator's fields (names, lower case) as the
-// client's head has them, read in one pass over the head whatever their
-// letter case (the lane parses heads without normalizing their keys): a
-// field's first value, nil where the head has none. The values are the
-// head's, valid while it is unchanged (an Extract).
+// fieldCarrier adapts a client's head to the propagator, to extract from:
+// the propagator's fields (names, lower case) as the head has them, read
+// in one pass over the head whatever their letter case (the lane parses
+// heads without normalizing their keys), a field's first value, nil where
+// the head has none. A propagator reads only the fields it declares. The
+// values are the head's, valid while it is unchanged (an Extract).
 type fieldCarrier struct {
-	names []string
-	vals  [carriedFields][]byte
+	names  []string
+	vals   [][]byte
+	inline [inlineFields][]byte
 }
 
-// readFields reads the fields names (at most carriedFields, lower case)
-// of h.
+// readFields reads the fields names (lower case) of h.
 func readFields(h feature.TraceHead, names []string) *fieldCarrier {
 	c := &fieldCarrier{names: names}
+	if len(names) <= inlineFields {
+		c.vals = c.inline[:len(names)]
+	} else {
+		c.vals = make([][]byte, len(names))
+	}
 	for k, v := range h.All() {
 		for i, n := range names {
 			if c.vals[i] == nil && equalFold(k, n) {
@@ -46,37 +53,14 @@ func (c *fieldCarrier) Get(k string) string {
 	return ""
 }
 func (c *fieldCarrier) Set(string, string) {}
+
+// Keys are the fields the head has, by the propagator's names.
 func (c *fieldCarrier) Keys() []string {
 	var ks []string
 	for i, n := range c.names {
 		if c.vals[i] != nil {
 			ks = append(ks, n)
 		}
-	}
-	return ks
-}
-
-// headCarrier adapts a client's head to the propagator, to extract from.
-type headCarrier struct{ h feature.TraceHead }
-
-// Get finds k in any letter case: the lane parses heads without
-// normalizing their keys.
-func (c headCarrier) Get(k string) string {
-	if v := c.h.Peek(k); v != nil {
-		return string(v)
-	}
-	for hk, hv := range c.h.All() {
-		if equalFold(hk, k) {
-			return string(hv)
-		}
-	}
-	return ""
-}
-func (c headCarrier) Set(string, string) {}
-func (c headCarrier) Keys() []string {
-	var ks []string
-	for k := range c.h.All() {
-		ks = append(ks, string(k))
 	}
 	return ks
 }

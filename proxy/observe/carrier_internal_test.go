@@ -7,21 +7,23 @@ import (
 	"github.com/valyala/fasthttp"
 )
 
-func TestHeadCarrier(t *testing.T) {
+// TestFieldCarrierLetterCase: a field is found whatever the letter case
+// the head spells it in, normalized or raw; a longer key is another field.
+func TestFieldCarrierLetterCase(t *testing.T) {
 	tests := []struct {
 		name      string
 		normalize bool
 		key       string // as the head is given it
 		get       string // as the propagator asks
 		want      string
-		keys      []string // as the head spells it
+		keys      []string // the fields the head has, by the propagator's names
 	}{
-		{"normalized head", true, "traceparent", "traceparent", "v", []string{"Traceparent"}},
+		{"normalized head", true, "traceparent", "traceparent", "v", []string{"traceparent"}},
 		{"raw head, lower case", false, "traceparent", "traceparent", "v", []string{"traceparent"}},
-		{"raw head, capitalized", false, "Traceparent", "traceparent", "v", []string{"Traceparent"}},
-		{"raw head, capitals", false, "TRACEPARENT", "traceparent", "v", []string{"TRACEPARENT"}},
-		{"absent", false, "tracestate", "traceparent", "", []string{"tracestate"}},
-		{"a longer key is another", false, "traceparent-x", "traceparent", "", []string{"traceparent-x"}},
+		{"raw head, capitalized", false, "Traceparent", "traceparent", "v", []string{"traceparent"}},
+		{"raw head, capitals", false, "TRACEPARENT", "traceparent", "v", []string{"traceparent"}},
+		{"absent", false, "tracestate", "traceparent", "", nil},
+		{"a longer key is another", false, "traceparent-x", "traceparent", "", nil},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -30,11 +32,19 @@ func TestHeadCarrier(t *testing.T) {
 				h.DisableNormalizing()
 			}
 			h.Set(tc.key, "v")
-			c := headCarrier{&h}
+			c := readFields(&h, []string{"traceparent"})
 			assert.Equal(t, tc.want, c.Get(tc.get))
 			assert.Equal(t, tc.keys, c.Keys())
 		})
 	}
+	many := []string{"a", "b", "c", "d", "e", "traceparent"} // more than inlineFields
+	var h fasthttp.RequestHeader
+	h.Set("Traceparent", "v")
+	assert.Equal(t, "v", readFields(&h, many).Get("traceparent"))
+}
+
+// TestSetCarrier: a leg's head is only written; Set replaces.
+func TestSetCarrier(t *testing.T) {
 	var h fasthttp.RequestHeader
 	setCarrier{&h}.Set("traceparent", "a")
 	setCarrier{&h}.Set("traceparent", "b")

@@ -98,11 +98,7 @@ func (t *Tracing) LegDrops() []string { return t.fields }
 // context of the client's head h; id is the request id and route the API
 // path.
 func (t *Tracing) TraceRequest(h feature.TraceHead, start time.Time, id, route string) feature.Trace {
-	var carrier propagation.TextMapCarrier = headCarrier{h}
-	if len(t.fields) <= carriedFields {
-		carrier = readFields(h, t.fields) // one pass over the head, not one a field
-	}
-	parent := t.prop.Extract(context.Background(), carrier)
+	parent := t.prop.Extract(context.Background(), readFields(h, t.fields))
 	o := &Spans{t: t}
 	o.tctx, o.root = t.tracer.Start(parent, SpanRequest, t.server,
 		trace.WithTimestamp(start),

@@ -189,10 +189,7 @@ func (w *seqWalker) step(m *split.Sequential, ev split.Event) error {
 }
 
 func TestSequentialInvariantsInEveryOrder(t *testing.T) {
-	depth := 5
-	if testing.Short() {
-		depth = 4
-	}
+	const depth = 5
 	for _, fallback := range []bool{true, false} {
 		for _, retries := range []int{0, 1} {
 			for _, start := range []split.Start{noHedge, hedgeOn, hedgeDry} {
@@ -324,10 +321,7 @@ func (w *pairedWalker) step(m *split.Paired, ev split.Event) error {
 }
 
 func TestPairedInvariantsInEveryOrder(t *testing.T) {
-	depth := 6
-	if testing.Short() {
-		depth = 5
-	}
+	const depth = 6
 	for _, fallback := range []bool{true, false} {
 		for _, hold := range []bool{true, false} {
 			t.Run(fmt.Sprintf("fallback=%v,hold=%v", fallback, hold), func(t *testing.T) {
