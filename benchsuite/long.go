@@ -193,16 +193,9 @@ func findLongCost(cs []longCost, name string) (longCost, bool) {
 	return longCost{}, false
 }
 
-// longBudget is the long-prompt budget for one length's run: each line's
-// figures and whether it is met.
-type longBudget struct {
-	line string
-	met  bool
-}
-
 // longBudgetLines states the long-prompt budget against the run of
 // budgetWords words (none when it was not run).
-func longBudgetLines(runs []longRun) []longBudget {
+func longBudgetLines(runs []longRun) []budgetLine {
 	var r *longRun
 	for i := range runs {
 		if runs[i].Words == budgetWords {
@@ -212,7 +205,7 @@ func longBudgetLines(runs []longRun) []longBudget {
 	if r == nil {
 		return nil
 	}
-	var out []longBudget
+	var out []budgetLine
 	ng, okNG := findLongCost(r.Costs, "nginx")
 	d, okD := find(r.Report, "direct")
 	n, okN := find(r.Report, "nginx")
@@ -224,24 +217,24 @@ func longBudgetLines(runs []longRun) []longBudget {
 	} {
 		sc, okSC := findLongCost(r.Costs, v.local)
 		if okSC && okNG && ng.CPUMicros > 0 {
-			out = append(out, longBudget{met: sc.CPUMicros <= 1.2*ng.CPUMicros,
+			out = append(out, budgetLine{met: sc.CPUMicros <= 1.2*ng.CPUMicros,
 				line: fmt.Sprintf("%dk-word passthrough CPU per request ≤ 1.2× nginx%s: %.2f× (%.0f vs %.0f µs)",
 					r.Words/1000, v.note, sc.CPUMicros/ng.CPUMicros, sc.CPUMicros, ng.CPUMicros)})
 		}
 		if s, okS := find(r.Report, v.local); okD && okS && okN {
 			as, an := s.TTFT.P50-d.TTFT.P50, n.TTFT.P50-d.TTFT.P50
-			out = append(out, longBudget{met: as <= an+0.1,
+			out = append(out, budgetLine{met: as <= an+0.1,
 				line: fmt.Sprintf("%dk-word passthrough added TTFT p50 ≤ nginx's + 0.1 ms%s: %+.3f vs %+.3f ms", r.Words/1000, v.note, as, an)})
 		}
 		if pd, okPD := findLongCost(r.Costs, v.pd); okPD && okNG && ng.CPUMicros > 0 {
-			out = append(out, longBudget{met: pd.CPUMicros <= 2.5*ng.CPUMicros,
+			out = append(out, budgetLine{met: pd.CPUMicros <= 2.5*ng.CPUMicros,
 				line: fmt.Sprintf("%dk-word P/D split CPU per request ≤ 2.5× nginx's passthrough%s: %.2f× (%.0f vs %.0f µs)",
 					r.Words/1000, v.note, pd.CPUMicros/ng.CPUMicros, pd.CPUMicros, ng.CPUMicros)})
 		}
 	}
 	pd, okPD := findLongCost(r.Costs, "sidecar-pd")
 	if peer, ok := findLongCost(r.Costs, "peer-pd"); ok && okPD && pd.CPUMicros > 0 {
-		out = append(out, longBudget{met: peer.CPUMicros >= 3*pd.CPUMicros,
+		out = append(out, budgetLine{met: peer.CPUMicros >= 3*pd.CPUMicros,
 			line: fmt.Sprintf("%dk-word P/D split ≥ 3× less CPU than the peer's: %.2f× (%.0f vs %.0f µs)",
 				r.Words/1000, peer.CPUMicros/pd.CPUMicros, pd.CPUMicros, peer.CPUMicros)})
 	}

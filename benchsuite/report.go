@@ -150,6 +150,9 @@ func writeBudget(w io.Writer, r *report) {
 	if okF && okP && f.ReqPerSec > 0 {
 		fmt.Fprintf(w, "  disaggregated saturation ≥ 0.7× the floor: %.2f× — %s\n", p.ReqPerSec/f.ReqPerSec, verdict(p.ReqPerSec >= 0.7*f.ReqPerSec))
 	}
+	for _, b := range previousBudgetLines(r) {
+		fmt.Fprintf(w, "  %s — %s\n", b.line, verdict(b.met))
+	}
 	for _, pair := range [][2]string{{"sidecar", "sidecar-traced"}, {"sidecar-pd", "sidecar-pd-traced"}} {
 		c, ok1 := findCost(r.Costs, pair[0])
 		ct, ok2 := findCost(r.Costs, pair[1])
@@ -176,6 +179,35 @@ func writeBudget(w io.Writer, r *report) {
 		}
 	}
 	fmt.Fprintf(w, "  zero sidecar streams cut short: %d — %s\n", cut, verdict(cut == 0))
+}
+
+// budgetLine is one budget line: its figures and whether it is met.
+type budgetLine struct {
+	line string
+	met  bool
+}
+
+// previousBudgetLines holds the sidecar against the previous build, path by
+// path: saturation at least the previous build's, CPU per request at most
+// its (lines only where both ran).
+func previousBudgetLines(r *report) []budgetLine {
+	var out []budgetLine
+	for _, path := range []struct{ label, sidecar, previous string }{
+		{"local", "sidecar", "previous"}, {"P/D", "sidecar-pd", "previous-pd"}} {
+		s, ok1 := find(r.Saturation, path.sidecar)
+		p, ok2 := find(r.Saturation, path.previous)
+		if ok1 && ok2 && p.ReqPerSec > 0 {
+			out = append(out, budgetLine{fmt.Sprintf("%s saturation ≥ 1.0× the previous build: %.2f× (%.0f vs %.0f req/s)",
+				path.label, s.ReqPerSec/p.ReqPerSec, s.ReqPerSec, p.ReqPerSec), s.ReqPerSec >= p.ReqPerSec})
+		}
+		cs, ok1 := findCost(r.Costs, path.sidecar)
+		cp, ok2 := findCost(r.Costs, path.previous)
+		if ok1 && ok2 && cp.CPUMicros > 0 {
+			out = append(out, budgetLine{fmt.Sprintf("%s CPU per request ≤ 1.0× the previous build: %.2f× (%.1f vs %.1f µs)",
+				path.label, cs.CPUMicros/cp.CPUMicros, cs.CPUMicros, cp.CPUMicros), cs.CPUMicros <= cp.CPUMicros})
+		}
+	}
+	return out
 }
 
 func (r *report) writeJSON(path string) error {

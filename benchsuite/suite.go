@@ -27,6 +27,9 @@ type Options struct {
 	Nginx string
 	// Peer is another sidecar binary with llm-d-compatible flags ("" skips).
 	Peer string
+	// Previous is an earlier build of pd-sidecar, run with exactly the
+	// sidecar's flags as previous and previous-pd ("" skips it).
+	Previous string
 	// RefProxy is the pd-bench binary whose refproxy command serves Go's
 	// net/http/httputil.ReverseProxy as a reference ("" skips it).
 	RefProxy string
@@ -158,7 +161,7 @@ func startRig(ctx context.Context, o Options, dir string, engineArgs []string, o
 		return p, err
 	}
 	launch := rg.launch
-	ports, err := freePorts(16)
+	ports, err := freePorts(18)
 	if err != nil {
 		return nil, err
 	}
@@ -195,6 +198,17 @@ func startRig(ctx context.Context, o Options, dir string, engineArgs []string, o
 	if o.Traced {
 		if err := rg.startTraced(dir, filepath.Join(o.Bin, "pd-sidecar"), engine, hostPort(prefill), sidecarArgs, add); err != nil {
 			return rg, err
+		}
+	}
+	if o.Previous != "" {
+		// The same flags as the sidecar's, so the ratios against it are
+		// the code's alone.
+		for i, t := range []struct{ name, prefiller string }{{"previous", ""}, {"previous-pd", hostPort(prefill)}} {
+			p, err := launch(t.name, o.Previous, sidecarArgs(ports[16+i], engine)...)
+			if err != nil {
+				return rg, err
+			}
+			add(t.name, p, ports[16+i], t.prefiller)
 		}
 	}
 	if oneP {

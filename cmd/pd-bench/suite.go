@@ -26,6 +26,7 @@ func runSuite(args []string) error {
 	nginx := fs.String("nginx", "nginx", `nginx binary to compare with ("off" to skip; looked up in PATH)`)
 	ref := fs.Bool("reference", true, "also run Go's net/http/httputil.ReverseProxy (pd-bench refproxy) as a reference proxy")
 	fs.StringVar(&o.Peer, "peer", os.Getenv("PEER_SIDECAR"), "another sidecar binary with llm-d-compatible flags (default $PEER_SIDECAR)")
+	fs.StringVar(&o.Previous, "previous", os.Getenv("PREVIOUS_SIDECAR"), "an earlier build of pd-sidecar, run with the sidecar's own flags as previous and previous-pd (default $PREVIOUS_SIDECAR; make bench builds BENCH_PREVIOUS)")
 	fs.StringVar(&o.Dir, "dir", "out/bench", "directory for logs and configuration")
 	fs.IntVar(&o.Clients, "clients", 32, "closed-loop clients of the saturation run")
 	fs.DurationVar(&o.Duration, "duration", 3*time.Second, "time each target is driven per round")
