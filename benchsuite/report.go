@@ -144,6 +144,9 @@ func writeBudget(w io.Writer, r *report) {
 			fmt.Fprintf(w, "  disaggregated added TTFT beyond the floor ≤ 0.1 ms p50: %+.3f ms (p99 %+.3f) — %s\n",
 				p.TTFT.P50-f.TTFT.P50, p.TTFT.P99-f.TTFT.P99, verdict(p.TTFT.P50-f.TTFT.P50 <= 0.1))
 		}
+		if b, ok := hopBudgetLine(r.OpenLoop); ok {
+			fmt.Fprintf(w, "  %s — %s\n", b.line, verdict(b.met))
+		}
 	}
 	f, okF := find(r.Saturation, "floor")
 	p, okP := find(r.Saturation, "sidecar-pd")
@@ -208,6 +211,27 @@ func previousBudgetLines(r *report) []budgetLine {
 		}
 	}
 	return out
+}
+
+// hopBudget is the P/D hop's allowance beyond one nginx hop, in ms.
+const hopBudget = 0.05
+
+// hopBudgetLine holds the disaggregated path's TTFT beyond the floor (the
+// two legs pd-bench runs itself) against what one nginx hop adds to the
+// engine's, p50 of the open-loop run: the split's hop may cost at most an
+// nginx hop plus hopBudget (no line without nginx and the floor).
+func hopBudgetLine(open loadgen.Report) (budgetLine, bool) {
+	d, okD := find(open, "direct")
+	n, okN := find(open, "nginx")
+	f, okF := find(open, "floor")
+	p, okP := find(open, "sidecar-pd")
+	if !okD || !okN || !okF || !okP {
+		return budgetLine{}, false
+	}
+	hop, nginx := p.TTFT.P50-f.TTFT.P50, n.TTFT.P50-d.TTFT.P50
+	return budgetLine{met: hop <= nginx+hopBudget,
+		line: fmt.Sprintf("disaggregated hop within %.2f ms of the floor plus one nginx hop (p50): sidecar-pd %+.3f ms over the floor, nginx %+.3f ms over direct (%+.3f ms beyond it)",
+			hopBudget, hop, nginx, hop-nginx)}, true
 }
 
 func (r *report) writeJSON(path string) error {

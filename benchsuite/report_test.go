@@ -34,3 +34,25 @@ func TestPreviousBudgetLines(t *testing.T) {
 	assert.Len(t, previousBudgetLines(r), 2)
 	assert.Empty(t, previousBudgetLines(&report{}))
 }
+
+// TestHopBudgetLine: the split's TTFT over the floor against nginx's over
+// direct plus 0.05 ms, p50 of the open-loop run, only with nginx and the
+// floor.
+func TestHopBudgetLine(t *testing.T) {
+	summary := func(name string, p50 float64) loadgen.Summary {
+		return loadgen.Summary{Name: name, TTFT: loadgen.Percentiles{P50: p50}}
+	}
+	open := loadgen.Report{Targets: []loadgen.Summary{summary("direct", 0.80), summary("nginx", 0.86),
+		summary("floor", 1.60), summary("sidecar-pd", 1.70)}}
+	b, ok := hopBudgetLine(open)
+	require.True(t, ok)
+	assert.True(t, b.met, b.line) // 0.10 ≤ 0.06 + 0.05
+	assert.Equal(t, "disaggregated hop within 0.05 ms of the floor plus one nginx hop (p50): sidecar-pd +0.100 ms over the floor, nginx +0.060 ms over direct (+0.040 ms beyond it)", b.line)
+	open.Targets[3] = summary("sidecar-pd", 1.72)
+	b, _ = hopBudgetLine(open)
+	assert.False(t, b.met, b.line) // 0.12 > 0.11
+	_, ok = hopBudgetLine(loadgen.Report{Targets: []loadgen.Summary{summary("direct", 0.8), summary("floor", 1.6), summary("sidecar-pd", 1.7)}})
+	assert.False(t, ok, "no nginx")
+	_, ok = hopBudgetLine(loadgen.Report{Targets: []loadgen.Summary{summary("direct", 0.8), summary("nginx", 0.9), summary("sidecar-pd", 1.7)}})
+	assert.False(t, ok, "no floor")
+}
