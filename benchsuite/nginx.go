@@ -4,6 +4,9 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
 )
 
 // nginxConfig is nginx as a plain streaming reverse proxy: 2 workers,
@@ -26,7 +29,7 @@ http {
   scgi_temp_path %[1]s/scgi;
   upstream engine { server 127.0.0.1:%[2]d; keepalive 256; }
   server {
-    listen 127.0.0.1:%[3]d;
+    listen 127.0.0.1:%[3]d backlog=%[4]d;
     location / {
       proxy_pass http://engine;
       proxy_http_version 1.1;
@@ -46,8 +49,19 @@ func startNginx(dir, bin string, port, upstream int) (*proc, error) {
 		return nil, err
 	}
 	conf := filepath.Join(d, "nginx.conf")
-	if err := os.WriteFile(conf, fmt.Appendf(nil, nginxConfig, d, upstream, port), 0o644); err != nil {
+	if err := os.WriteFile(conf, fmt.Appendf(nil, nginxConfig, d, upstream, port, listenBacklog()), 0o644); err != nil {
 		return nil, err
 	}
 	return start(dir, fmt.Sprintf("nginx-%d", port), bin, "-p", d, "-c", conf, "-g", "daemon off;")
+}
+
+// listenBacklog is the backlog Go's listeners ask for on Linux: the
+// kernel's net.core.somaxconn, syscall.SOMAXCONN where it cannot be read.
+func listenBacklog() int {
+	if b, err := os.ReadFile("/proc/sys/net/core/somaxconn"); err == nil {
+		if n, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil && n > 0 {
+			return n
+		}
+	}
+	return syscall.SOMAXCONN
 }
