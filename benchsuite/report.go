@@ -15,7 +15,9 @@ import (
 type report struct {
 	Saturation loadgen.Report `json:"saturation"`
 	OpenLoop   loadgen.Report `json:"open_loop,omitempty"`
-	Costs      []proxyCost    `json:"proxy_costs"`
+	// Ramp is the ramp run: slow streams released at once.
+	Ramp  *rampReport `json:"ramp,omitempty"`
+	Costs []proxyCost `json:"proxy_costs"`
 	// Long is the long-prompt scenario, one run per prompt length.
 	Long []longRun `json:"long_prompts,omitempty"`
 }
@@ -168,6 +170,9 @@ func writeBudget(w io.Writer, r *report) {
 		fmt.Fprintf(w, "  memory ≤ 18 KB per open stream: %.1f KB (%d streams, RSS %.1f MiB) — %s\n",
 			c.KBPerStream, c.StreamsOpen, c.RSSStreamsMiB, verdict(c.KBPerStream <= 18))
 	}
+	for _, b := range rampBudgetLines(r.Ramp) {
+		fmt.Fprintf(w, "  %s — %s\n", b.line, verdict(b.met))
+	}
 	for _, b := range longBudgetLines(r.Long) {
 		fmt.Fprintf(w, "  %s — %s\n", b.line, verdict(b.met))
 	}
@@ -179,6 +184,13 @@ func writeBudget(w io.Writer, r *report) {
 	for _, s := range all {
 		if s.Name == "sidecar" || s.Name == "sidecar-pd" {
 			cut += s.CutShort
+		}
+	}
+	if r.Ramp != nil {
+		for _, t := range r.Ramp.Targets {
+			if t.Name == "sidecar" {
+				cut += t.CutShort
+			}
 		}
 	}
 	fmt.Fprintf(w, "  zero sidecar streams cut short: %d — %s\n", cut, verdict(cut == 0))

@@ -46,8 +46,12 @@ type Options struct {
 	// Streams is the number of concurrent open streams of the memory run
 	// (0 skips it).
 	Streams int
+	// Ramp is the number of slow streams the ramp run releases at once
+	// through each target (0 skips it).
+	Ramp int
 	// Short runs the short-prompt scenario: saturation, the open-loop
-	// latency run at Rate and the memory run with Streams.
+	// latency run at Rate, the ramp run with Ramp and the memory run with
+	// Streams.
 	Short bool
 	// Long is the long-prompt scenario (no lengths: skipped).
 	Long LongOptions
@@ -83,7 +87,8 @@ func Run(ctx context.Context, o Options, w io.Writer) error {
 		rg, err := startRig(ctx, o, filepath.Join(o.Dir, "short"), nil, false)
 		if err == nil {
 			memory := func() (map[string]streamMem, error) { return streamMemory(ctx, o, rg.launch, rg.ports[9:]) }
-			err = runShort(ctx, o, w, rg.proxies, rg.targets, rep, memory)
+			ramp := func() (*rampReport, error) { return runRamp(ctx, o, filepath.Join(o.Dir, "short", "ramp"), w) }
+			err = runShort(ctx, o, w, rg.proxies, rg.targets, rep, ramp, memory)
 		}
 		if rg != nil {
 			rg.stop()
@@ -285,9 +290,10 @@ func startRig(ctx context.Context, o Options, dir string, engineArgs []string, o
 }
 
 // runShort is the short-prompt scenario: the saturation run, the open-loop
-// latency run and the open-streams memory run (memory runs the last).
+// latency run, the ramp run and the open-streams memory run (memory runs
+// the last).
 func runShort(ctx context.Context, o Options, w io.Writer, proxies []proxyUnderTest, targets []loadgen.Target, rep *report,
-	memory func() (map[string]streamMem, error)) error {
+	ramp func() (*rampReport, error), memory func() (map[string]streamMem, error)) error {
 	work := loadgen.Workload{API: loadgen.APIChat, Model: "sim-model", Stream: true,
 		PromptTokens: loadgen.Dist{Min: 128, Max: 128}, OutputTokens: loadgen.Dist{Min: 16, Max: 16}, Seed: 1, Distinct: 256}
 	reqs := work.Generate()
@@ -332,6 +338,13 @@ func runShort(ctx context.Context, o Options, w io.Writer, proxies []proxyUnderT
 		if err := writeTable(w, rep.OpenLoop); err != nil {
 			return err
 		}
+	}
+	if o.Ramp > 0 {
+		r, err := ramp()
+		if err != nil {
+			return fmt.Errorf("ramp run: %w", err)
+		}
+		rep.Ramp = r
 	}
 	if o.Streams > 0 {
 		mem, err := memory()
