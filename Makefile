@@ -225,18 +225,40 @@ modelservice-fixture:
 		$(GO) test -count=1 -run '^TestModelserviceFixtureRefresh$$' ./deploy/rendertest/
 
 ## bench: the performance budget, side by side in one run: engine direct, the sidecar's local and
-## disaggregated paths, the P/D floor, nginx (installed from Debian's packages when missing) and
-## PEER_SIDECAR=/path/to/binary when given, with 128-word prompts and then long ones (1k, 8k, 30k,
-## 100k words at 25 req/s; BENCH_FLAGS=--scenarios=long runs those alone); then the hot-path
-## micro-benchmarks.
+## disaggregated paths, the P/D floor, nginx (installed from Debian's packages when missing), the
+## previous build of pd-sidecar (BENCH_PREVIOUS, a git revision, default HEAD~1, built into
+## out/previous/pd-sidecar and run with the sidecar's flags; BENCH_PREVIOUS= skips it, and so does a
+## revision that cannot be built, loudly) and PEER_SIDECAR=/path/to/binary when given, with 128-word
+## prompts (saturation, open loop, 2,000 slow streams opened at once, 2,000 open streams) and then
+## long ones (1k, 8k, 30k, 100k words at 25 req/s; BENCH_FLAGS=--scenarios=long runs those alone);
+## then the hot-path micro-benchmarks.
 ## Writes out/bench.png and out/bench.json.
+BENCH_PREVIOUS ?= HEAD~1
+PREVIOUS_DIR   := out/previous
 .PHONY: bench
-bench: build
+bench: build bench-previous
 	@command -v nginx >/dev/null 2>&1 || { echo "installing nginx from Debian's packages"; \
 		(apt-get update -qq && apt-get install -y -qq nginx) >/dev/null || echo "nginx could not be installed: skipped"; }
 	@mkdir -p out
-	$(BIN)/pd-bench suite --bin $(BIN) --dir out/bench --plot out/bench.png --json out/bench.json $(BENCH_FLAGS)
+	$(BIN)/pd-bench suite --bin $(BIN) --dir out/bench --plot out/bench.png --json out/bench.json \
+		$$([ -x $(PREVIOUS_DIR)/pd-sidecar ] && echo --previous $(CURDIR)/$(PREVIOUS_DIR)/pd-sidecar) $(BENCH_FLAGS)
 	$(GO) test -run '^$$' -bench . -benchmem ./connectors/nixlv2 ./proxy/core ./proxy/lane
+
+## bench-previous: build pd-sidecar as of BENCH_PREVIOUS (a git revision, default HEAD~1) into
+## out/previous/pd-sidecar, from `git archive` of that revision, for make bench to run beside the
+## sidecar; BENCH_PREVIOUS= (empty) builds none. A revision that cannot be built is skipped, loudly.
+.PHONY: bench-previous
+bench-previous:
+	@rm -rf $(PREVIOUS_DIR); \
+	if [ -z "$(BENCH_PREVIOUS)" ]; then echo "==> bench: BENCH_PREVIOUS is empty: no previous build"; exit 0; fi; \
+	mkdir -p $(PREVIOUS_DIR)/src; \
+	rev=$$(git rev-parse --short --verify -q "$(BENCH_PREVIOUS)^{commit}") \
+		&& echo "==> bench: building pd-sidecar as of $(BENCH_PREVIOUS) ($$rev) into $(PREVIOUS_DIR)/pd-sidecar" \
+		&& git archive "$$rev" | tar -x -C $(PREVIOUS_DIR)/src \
+		&& (cd $(PREVIOUS_DIR)/src && $(GO) build -buildvcs=false -o $(CURDIR)/$(PREVIOUS_DIR)/pd-sidecar ./cmd/pd-sidecar) \
+		|| { rm -f $(PREVIOUS_DIR)/pd-sidecar; \
+			printf '\n********\n*** previous build (%s) could not be built: skipped\n********\n\n' "$(BENCH_PREVIOUS)" >&2; }; \
+	rm -rf $(PREVIOUS_DIR)/src
 
 ## bench-tail: the tail-latency features against baselines of the same run (pd-bench tail), on
 ## loopback with engine-sim at a mid-size model's timing and one prefill slot per engine: one
