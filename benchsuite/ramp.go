@@ -39,7 +39,9 @@ const (
 
 // rampReport is the ramp run's result.
 type rampReport struct {
-	Streams int          `json:"streams"`
+	Streams int `json:"streams"`
+	// Rate is the streams' arrivals per second, 0 for all at once.
+	Rate    float64      `json:"rate,omitempty"`
 	Targets []rampTarget `json:"targets"`
 }
 
@@ -112,8 +114,8 @@ func rampPercentiles(ds []time.Duration) loadgen.Percentiles {
 
 // writeRampTable writes the ramp run's table.
 func writeRampTable(w io.Writer, r *rampReport) error {
-	fmt.Fprintf(w, "\nramp: %d chat streams released at once through each target in turn, each on its own connection; engine-sim's first token at once, then one a second (%d tokens)\n",
-		r.Streams, rampTokens)
+	fmt.Fprintf(w, "\nramp: %d chat streams %s through each target in turn, each on its own connection; engine-sim's first token at once, then one a second (%d tokens)\n",
+		r.Streams, r.arrival(), rampTokens)
 	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "target\tstreams\tok\terrors\tcut\tTTFT p50\tp90\tp99\tmax\t")
 	for _, t := range r.Targets {
@@ -136,6 +138,14 @@ func writeRampTable(w io.Writer, r *rampReport) error {
 		fmt.Fprintf(w, "%s errors: %s\n", t.Name, strings.Join(kinds, ", "))
 	}
 	return nil
+}
+
+// arrival says how the ramp's streams arrive.
+func (r *rampReport) arrival() string {
+	if r.Rate > 0 {
+		return fmt.Sprintf("arriving at %.0f a second", r.Rate)
+	}
+	return "released at once"
 }
 
 // rampBudgetLines holds the sidecar's TTFT p99 with the ramp's streams
@@ -163,7 +173,8 @@ func rampBudgetLines(r *rampReport) []budgetLine {
 	if ng.TTFT.P99 > 0 {
 		ratio = sc.TTFT.P99 / ng.TTFT.P99
 	}
-	line := fmt.Sprintf("TTFT p99 while %d streams open ≤ nginx's: sidecar %.1f ms, nginx %.1f ms (%.2f×)", r.Streams, sc.TTFT.P99, ng.TTFT.P99, ratio)
+	line := fmt.Sprintf("TTFT p99 while %d streams open (%s) ≤ nginx's: sidecar %.1f ms, nginx %.1f ms (%.2f×)",
+		r.Streams, r.arrival(), sc.TTFT.P99, ng.TTFT.P99, ratio)
 	if prev != nil {
 		line += fmt.Sprintf("; previous build %.1f ms", prev.TTFT.P99)
 	}
@@ -240,11 +251,11 @@ func runRamp(ctx context.Context, o Options, dir string, w io.Writer) (*rampRepo
 		}
 	}
 	body := fmt.Appendf(nil, `{"model":"sim-model","messages":[{"role":"user","content":"ramp"}],"max_tokens":%d,"stream":true}`, rampTokens)
-	rep := &rampReport{Streams: o.Ramp}
+	rep := &rampReport{Streams: o.Ramp, Rate: o.RampRate}
 	for _, c := range cands {
-		fmt.Fprintf(os.Stderr, "  ramp: %d streams at once through %s...\n", o.Ramp, c.name)
+		fmt.Fprintf(os.Stderr, "  ramp: %d streams %s through %s...\n", o.Ramp, rep.arrival(), c.name)
 		tctx, cancel := context.WithTimeout(ctx, rampTimeout)
-		streams := rampOnce(tctx, hostPort(c.port), body, o.Ramp)
+		streams := rampOnce(tctx, hostPort(c.port), body, o.Ramp, o.RampRate)
 		cancel()
 		if err := ctx.Err(); err != nil {
 			return nil, err
@@ -255,9 +266,10 @@ func runRamp(ctx context.Context, o Options, dir string, w io.Writer) (*rampRepo
 	return rep, writeRampTable(w, rep)
 }
 
-// rampOnce releases n streams at once to addr, each on its own
-// connection, and reads every one to its end (or ctx's).
-func rampOnce(ctx context.Context, addr string, body []byte, n int) []rampStream {
+// rampOnce releases n streams to addr, each on its own connection, all at
+// once or, with rate > 0, the i-th i/rate seconds after the first, and
+// reads every one to its end (or ctx's).
+func rampOnce(ctx context.Context, addr string, body []byte, n int, rate float64) []rampStream {
 	req := fmt.Appendf(nil, "POST /v1/chat/completions HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n",
 		addr, len(body))
 	req = append(req, body...)
@@ -271,6 +283,14 @@ func rampOnce(ctx context.Context, addr string, body []byte, n int) []rampStream
 			defer done.Done()
 			parked.Done()
 			<-gate
+			if rate > 0 {
+				t := time.NewTimer(time.Duration(float64(i) / rate * float64(time.Second)))
+				select {
+				case <-t.C:
+				case <-ctx.Done():
+					t.Stop()
+				}
+			}
 			out[i] = rampStreamOnce(ctx, addr, req)
 		}()
 	}

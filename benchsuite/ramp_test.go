@@ -45,13 +45,13 @@ func TestRampBudgetLines(t *testing.T) {
 	r := &rampReport{Streams: 2000, Targets: []rampTarget{tgt("direct", 20), tgt("sidecar", 30), tgt("nginx", 40), tgt("previous", 35)}}
 	lines := rampBudgetLines(r)
 	require.Len(t, lines, 1)
-	assert.Equal(t, budgetLine{"TTFT p99 while 2000 streams open ≤ nginx's: sidecar 30.0 ms, nginx 40.0 ms (0.75×); previous build 35.0 ms", true}, lines[0])
+	assert.Equal(t, budgetLine{"TTFT p99 while 2000 streams open (released at once) ≤ nginx's: sidecar 30.0 ms, nginx 40.0 ms (0.75×); previous build 35.0 ms", true}, lines[0])
 
 	r.Targets[1].TTFT.P99, r.Targets[1].CutShort = 50, 2
 	lines = rampBudgetLines(r)
 	require.Len(t, lines, 1)
 	assert.False(t, lines[0].met)
-	assert.Equal(t, "TTFT p99 while 2000 streams open ≤ nginx's: sidecar 50.0 ms, nginx 40.0 ms (1.25×); previous build 35.0 ms (sidecar: 0 errors, 2 cut short)", lines[0].line)
+	assert.Equal(t, "TTFT p99 while 2000 streams open (released at once) ≤ nginx's: sidecar 50.0 ms, nginx 40.0 ms (1.25×); previous build 35.0 ms (sidecar: 0 errors, 2 cut short)", lines[0].line)
 
 	assert.Empty(t, rampBudgetLines(&rampReport{Streams: 10, Targets: []rampTarget{tgt("direct", 1), tgt("sidecar", 2)}}))
 	assert.Empty(t, rampBudgetLines(nil))
@@ -93,10 +93,16 @@ func TestRampOnce(t *testing.T) {
 	body := []byte(`{}`)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	streams := rampOnce(ctx, addr, body, 50)
+	streams := rampOnce(ctx, addr, body, 50, 0)
 	r := summarizeRamp("t", streams)
 	assert.Equal(t, 50, r.OK, "%+v", r)
 	assert.GreaterOrEqual(t, r.TTFT.P50, 20.0)
+
+	// Paced arrivals: 10 streams at 100 a second take at least 90 ms.
+	began := time.Now()
+	r = summarizeRamp("t", rampOnce(ctx, addr, body, 10, 100))
+	assert.Equal(t, 10, r.OK, "%+v", r)
+	assert.GreaterOrEqual(t, time.Since(began), 90*time.Millisecond)
 
 	cut := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path != "/v1/chat/completions" {
@@ -108,13 +114,13 @@ func TestRampOnce(t *testing.T) {
 		panic(http.ErrAbortHandler) // the connection ends mid-stream
 	}))
 	defer cut.Close()
-	r = summarizeRamp("t", rampOnce(ctx, strings.TrimPrefix(cut.URL, "http://"), body, 5))
+	r = summarizeRamp("t", rampOnce(ctx, strings.TrimPrefix(cut.URL, "http://"), body, 5, 0))
 	assert.Equal(t, rampTarget{Name: "t", Streams: 5, CutShort: 5, TTFT: r.TTFT}, r)
 
 	refused := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "busy", http.StatusServiceUnavailable)
 	}))
 	defer refused.Close()
-	r = summarizeRamp("t", rampOnce(ctx, strings.TrimPrefix(refused.URL, "http://"), body, 5))
+	r = summarizeRamp("t", rampOnce(ctx, strings.TrimPrefix(refused.URL, "http://"), body, 5, 0))
 	assert.Equal(t, map[string]int{"status 503": 5}, r.ErrorKinds)
 }

@@ -49,6 +49,8 @@ type Options struct {
 	// Ramp is the number of slow streams the ramp run releases at once
 	// through each target (0 skips it).
 	Ramp int
+	// RampRate is the ramp's arrivals per second (0: all at once).
+	RampRate float64
 	// Short runs the short-prompt scenario: saturation, the open-loop
 	// latency run at Rate, the ramp run with Ramp and the memory run with
 	// Streams.
