@@ -273,12 +273,19 @@ func (r *Request) beginFeatures(h feature.Head, refused bool) {
 // with the handoff, then every feature's (feature.AnswerEditor); nil when
 // nothing edits it. Both drivers relay the decode leg's answer through it.
 func (r *Request) AnswerEdit() func([]byte) []byte {
-	var rewrite func([]byte) []byte
-	if rw := r.P.Rewriter; rw != nil && r.Handoff != nil {
-		api, h := r.API, *r.Handoff
-		rewrite = func(d []byte) []byte { return rw.RewriteAnswer(api, d, h) }
+	edit := r.uses.AnswerEdit()
+	rw, h := r.P.Rewriter, r.Handoff
+	if rw == nil || h == nil {
+		return edit
 	}
-	return r.uses.AnswerEdit(rewrite)
+	api := r.API
+	return func(d []byte) []byte {
+		d = rw.RewriteAnswer(api, d, *h)
+		if edit != nil {
+			d = edit(d)
+		}
+		return d
+	}
 }
 
 // LocalAnswerEdit returns the edit of each piece of the answer of a

@@ -122,21 +122,23 @@ type OptionalPrefill interface {
 
 // AnswerEditor edits each piece of a split's decode answer (the whole JSON
 // body, or one SSE event's data) after the connector's rewrite, in the
-// order the pieces came; it returns data unchanged when nothing applies.
-// It may keep what the pieces tell (it is called on the request's driver,
-// one piece at a time) but not the slices themselves.
+// order the pieces came: AnswerEdit is the edit, which returns data
+// unchanged when nothing applies. The edit may keep what the pieces tell
+// (it is called on the request's driver, one piece at a time) but not the
+// slices themselves. A part that keeps nothing returns a function of its
+// package's, so that a request's edit is had without an allocation.
 type AnswerEditor interface {
-	EditAnswer(data []byte) []byte
+	AnswerEdit() func(data []byte) []byte
 }
 
 // LocalAnswerEditor edits each piece of the answer of a request the local
 // engine served without a split's KV (no prefiller named, the split
 // declined, a fallback, a hedge's local leg, a decode-first answer), as
 // AnswerEditor edits a split's decode answer, and the whole JSON answer of
-// a chunked decode, split or not, which no AnswerEditor follows; it returns
-// data unchanged when nothing applies.
+// a chunked decode, split or not, which no AnswerEditor follows; the edit
+// returns data unchanged when nothing applies.
 type LocalAnswerEditor interface {
-	EditLocalAnswer(data []byte) []byte
+	LocalAnswerEdit() func(data []byte) []byte
 }
 
 // HistoryReporter says what a request's prefill did with a conversation's

@@ -19,16 +19,22 @@ type Head interface {
 // point both drivers pass through. The zero Uses takes part in nothing.
 type Uses struct {
 	list []Use
+	// inline holds the parts of a request that takes part in few, without
+	// an allocation (list is inline[:n] until it outgrows it).
+	inline [4]Use
 	// declined is why a feature declined the request's split ("": none
 	// did).
 	declined string
 }
 
 // Begin asks every feature of fs for its part in request r, whose head
-// is h, and keeps the parts. It returns why the first feature that
+// is h, and keeps the parts (u is not copied afterwards). It returns why the first feature that
 // declines the split declined it ("": none did); the request counts and
 // reports that once.
 func (u *Uses) Begin(fs []Feature, r Request, h Head) (declined string) {
+	if u.list == nil {
+		u.list = u.inline[:0]
+	}
 	for _, f := range fs {
 		use := f.Begin(r, h)
 		if use == nil {
@@ -165,48 +171,54 @@ func (u *Uses) KVSource() *connectors.P2PPeer {
 }
 
 // AnswerEdit returns the edit of each piece of a split's decode answer:
-// first (the connector's rewrite; nil: none), then every feature's
-// (AnswerEditor); nil when nothing edits it.
-func (u *Uses) AnswerEdit(first func([]byte) []byte) func([]byte) []byte {
-	var eds []AnswerEditor
-	for _, use := range u.list {
+// every feature's (AnswerEditor), in registration order; nil when nothing
+// edits it. One part's edit is returned as it is; only two or more
+// compose into a new function.
+func (u *Uses) AnswerEdit() func([]byte) []byte {
+	return u.compose(func(use Use) func([]byte) []byte {
 		if e, ok := use.(AnswerEditor); ok {
-			eds = append(eds, e)
+			return e.AnswerEdit()
 		}
-	}
-	if len(eds) == 0 {
-		return first
-	}
-	return func(d []byte) []byte {
-		if first != nil {
-			d = first(d)
-		}
-		for _, e := range eds {
-			d = e.EditAnswer(d)
-		}
-		return d
-	}
+		return nil
+	})
 }
 
 // LocalAnswerEdit returns the edit of each piece of the answer of a
 // request the local engine served without a split's KV: every feature's
 // (LocalAnswerEditor); nil when nothing edits it.
 func (u *Uses) LocalAnswerEdit() func([]byte) []byte {
-	var eds []LocalAnswerEditor
-	for _, use := range u.list {
+	return u.compose(func(use Use) func([]byte) []byte {
 		if e, ok := use.(LocalAnswerEditor); ok {
-			eds = append(eds, e)
+			return e.LocalAnswerEdit()
+		}
+		return nil
+	})
+}
+
+// compose chains the edits edit finds in the parts (nil: the part has
+// none), in order: nil for none, the one itself for one.
+func (u *Uses) compose(edit func(Use) func([]byte) []byte) func([]byte) []byte {
+	var one func([]byte) []byte
+	var all []func([]byte) []byte
+	for _, use := range u.list {
+		e := edit(use)
+		switch {
+		case e == nil:
+		case one == nil:
+			one = e
+		default:
+			if all == nil {
+				all = append(all, one)
+			}
+			all = append(all, e)
 		}
 	}
-	switch len(eds) {
-	case 0:
-		return nil
-	case 1:
-		return eds[0].EditLocalAnswer
+	if all == nil {
+		return one
 	}
 	return func(d []byte) []byte {
-		for _, e := range eds {
-			d = e.EditLocalAnswer(d)
+		for _, e := range all {
+			d = e(d)
 		}
 		return d
 	}

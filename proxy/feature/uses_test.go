@@ -36,9 +36,11 @@ func (s suffix) EditPrefill(b []byte) ([]byte, error) {
 	return append(b, s.tag...), nil
 }
 func (s suffix) EditLocal(b []byte) ([]byte, error) { return append(b, s.tag...), nil }
-func (s suffix) EditAnswer(b []byte) []byte         { return append(b, s.tag...) }
-func (s suffix) EditLocalAnswer(b []byte) []byte    { return append(b, s.tag...) }
-func (s suffix) HistoryOutcome() string             { return s.tag }
+func (s suffix) AnswerEdit() func([]byte) []byte {
+	return func(b []byte) []byte { return append(b, s.tag...) }
+}
+func (s suffix) LocalAnswerEdit() func([]byte) []byte { return s.AnswerEdit() }
+func (s suffix) HistoryOutcome() string               { return s.tag }
 
 type decliner struct{ suffix }
 
@@ -68,21 +70,23 @@ func TestUses(t *testing.T) {
 		dropped  bool
 		dropEdit string // the prefill body once the optional edits are dropped
 		local    string
-		answer   string // the split's answer, after a connector rewrite "R"
+		answer   string // the split's answer
 		localAns string
 		noEdit   bool // neither answer edit is made
 	}{
-		{name: "none", declined: "", prefill: "b", local: "b", answer: "aR", localAns: "a", noEdit: true, dropEdit: "b"},
+		{name: "none", declined: "", prefill: "b", local: "b", answer: "a", localAns: "a", noEdit: true, dropEdit: "b"},
 		{name: "in registration order", fs: []feature.Feature{suffix{tag: "1"}, suffix{tag: "2"}},
-			prefill: "b12", local: "b12", answer: "aR12", localAns: "a12", dropEdit: "b12"},
+			prefill: "b12", local: "b12", answer: "a12", localAns: "a12", dropEdit: "b12"},
 		{name: "the first decline is the reason", fs: []feature.Feature{suffix{tag: "1", decline: "x"}, suffix{tag: "2", decline: "y"}},
-			declined: "x", prefill: "b12", local: "b12", answer: "aR12", localAns: "a12", dropEdit: "b12"},
+			declined: "x", prefill: "b12", local: "b12", answer: "a12", localAns: "a12", dropEdit: "b12"},
 		{name: "a refused prefiller declines nothing", fs: []feature.Feature{suffix{tag: "1", decline: "x"}}, refused: true,
-			prefill: "b1", local: "b1", answer: "aR1", localAns: "a1", dropEdit: "b1"},
+			prefill: "b1", local: "b1", answer: "a1", localAns: "a1", dropEdit: "b1"},
 		{name: "an optional edit taken back", fs: []feature.Feature{suffix{tag: "1", optional: true}, suffix{tag: "2"}},
-			prefill: "b12", dropped: true, dropEdit: "b2", local: "b12", answer: "aR12", localAns: "a12"},
+			prefill: "b12", dropped: true, dropEdit: "b2", local: "b12", answer: "a12", localAns: "a12"},
+		{name: "more parts than kept inline", fs: []feature.Feature{suffix{tag: "1"}, suffix{tag: "2"}, suffix{tag: "3"},
+			suffix{tag: "4"}, suffix{tag: "5"}}, prefill: "b12345", local: "b12345", answer: "a12345", localAns: "a12345", dropEdit: "b12345"},
 		{name: "an edit that fails", fs: []feature.Feature{suffix{tag: "1", fail: true}}, prefErr: true,
-			local: "b1", answer: "aR1", localAns: "a1"},
+			local: "b1", answer: "a1", localAns: "a1"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -102,16 +106,47 @@ func TestUses(t *testing.T) {
 			b, err = u.EditLocal([]byte("b"))
 			require.NoError(t, err)
 			assert.Equal(t, c.local, string(b))
-			rewrite := func(d []byte) []byte { return append(d, 'R') }
-			assert.Equal(t, c.answer, string(u.AnswerEdit(rewrite)([]byte("a"))))
 			if c.noEdit {
 				assert.Nil(t, u.LocalAnswerEdit())
-				assert.Nil(t, u.AnswerEdit(nil))
+				assert.Nil(t, u.AnswerEdit())
 			} else {
+				assert.Equal(t, c.answer, string(u.AnswerEdit()([]byte("a"))))
 				assert.Equal(t, c.localAns, string(u.LocalAnswerEdit()([]byte("a"))))
 				assert.Equal(t, c.fs[0].(suffix).tag, u.HistoryOutcome())
 			}
 			assert.Nil(t, u.KVSource())
 		})
 	}
+}
+
+// hider is a feature whose part, the same for every request, edits
+// answers with a function of its package's, as proxy/hideparams does.
+type hider struct{}
+
+func (hider) Begin(feature.Request, feature.Head) feature.Use { return hider{} }
+func (hider) AnswerEdit() func([]byte) []byte                 { return keep }
+func (hider) LocalAnswerEdit() func([]byte) []byte            { return keep }
+
+func keep(b []byte) []byte { return b }
+
+// declineOnly is a feature whose part declines every split and edits
+// nothing.
+type declineOnly struct{}
+
+func (declineOnly) Begin(feature.Request, feature.Head) feature.Use { return declineOnly{} }
+func (declineOnly) DeclinedSplit() string                           { return "x" }
+
+// A request's parts and their answer edits cost no allocation while the
+// parts fit inline and none of their edits keeps anything.
+func TestUsesAllocateNothing(t *testing.T) {
+	fs := []feature.Feature{hider{}, declineOnly{}}
+	u := new(feature.Uses) // a request's, which lives on the heap with it
+	allocs := testing.AllocsPerRun(100, func() {
+		*u = feature.Uses{}
+		u.Begin(fs, feature.Request{}, nil)
+		if u.AnswerEdit() == nil || u.LocalAnswerEdit() == nil {
+			t.Fatal("no edit")
+		}
+	})
+	assert.Zero(t, allocs)
 }

@@ -38,11 +38,11 @@ func (Feature) Begin(feature.Request, feature.Head) feature.Use { return hide{} 
 // hide is every request's part.
 type hide struct{}
 
-// EditAnswer hides the params in a piece of a split's decode answer.
-func (hide) EditAnswer(data []byte) []byte { return Hide(data) }
+// AnswerEdit hides the params in each piece of a split's decode answer.
+func (hide) AnswerEdit() func([]byte) []byte { return Hide }
 
-// EditLocalAnswer hides the params in a piece of a local answer.
-func (hide) EditLocalAnswer(data []byte) []byte { return Hide(data) }
+// LocalAnswerEdit hides the params in each piece of a local answer.
+func (hide) LocalAnswerEdit() func([]byte) []byte { return Hide }
 
 var (
 	member = []byte(Member)

@@ -42,8 +42,8 @@ func TestEveryRequest(t *testing.T) {
 	const in = `{"kv_transfer_params":{"remote_port":1}}`
 	for _, r := range []feature.Request{{}, {Prefiller: "p:1", Session: "s"}, {Refused: true}} {
 		u := hideparams.Feature{}.Begin(r, nil)
-		assert.Equal(t, `{"kv_transfer_params":null}`, string(u.(feature.AnswerEditor).EditAnswer([]byte(in))))
-		assert.Equal(t, `{"kv_transfer_params":null}`, string(u.(feature.LocalAnswerEditor).EditLocalAnswer([]byte(in))))
+		assert.Equal(t, `{"kv_transfer_params":null}`, string(u.(feature.AnswerEditor).AnswerEdit()([]byte(in))))
+		assert.Equal(t, `{"kv_transfer_params":null}`, string(u.(feature.LocalAnswerEditor).LocalAnswerEdit()([]byte(in))))
 	}
 }
 

@@ -195,12 +195,15 @@ func (u *use) DropPrefillEdit() bool {
 	return true
 }
 
-// EditAnswer follows one piece of the decode answer: its text into the
+// AnswerEdit is editAnswer, the part's edit of the decode answer.
+func (u *use) AnswerEdit() func([]byte) []byte { return u.editAnswer }
+
+// editAnswer follows one piece of the decode answer: its text into the
 // sequence's hash, its kv_transfer_params kept with the sequence's digest
 // once the answer finished. It returns data unchanged: the client never
 // gets the params, but it is proxy/hideparams that hides them, from every
 // answer, whether this feature follows it or not.
-func (u *use) EditAnswer(data []byte) []byte {
+func (u *use) editAnswer(data []byte) []byte {
 	if !u.counted {
 		u.counted = true
 		if u.history != nil && !u.dropped {

@@ -54,7 +54,7 @@ func turn(f *Feature, session string, api connectors.API, body []byte, pieces ..
 	pre, _ := u.EditPrefill([]byte(`{"kv_transfer_params":{"do_remote_decode":true}}`))
 	var out []string
 	for _, p := range pieces {
-		out = append(out, string(u.EditAnswer([]byte(p))))
+		out = append(out, string(u.editAnswer([]byte(p))))
 	}
 	return gjson.GetBytes(pre, "kv_transfer_params").Raw, out
 }
@@ -107,7 +107,7 @@ func TestHistoryUsedOnlyWhenTheTurnExtendsTheSequence(t *testing.T) {
 			u := f.Begin(feature.Request{API: connectors.APIChat, Body: tc.body, Prefiller: "p:1", Session: tc.session, Log: nopLog{}}, nil).(*use)
 			pre, err := u.EditPrefill([]byte(`{"kv_transfer_params":{"do_remote_decode":true}}`))
 			require.NoError(t, err)
-			u.EditAnswer([]byte(`{"choices":[]}`))
+			u.editAnswer([]byte(`{"choices":[]}`))
 			assert.Equal(t, tc.want, u.HistoryOutcome())
 			if tc.want == OutcomeUsed {
 				assert.Equal(t, "d-1", gjson.GetBytes(pre, "kv_transfer_params.remote_engine_id").String())
