@@ -7,6 +7,7 @@ package nixlv2
 
 import (
 	"bytes"
+	"strconv"
 
 	"github.com/tidwall/gjson"
 	"github.com/tidwall/sjson"
@@ -100,15 +101,53 @@ func (*Connector) RewriteAnswer(api connectors.API, data []byte, h connectors.Ha
 		return data
 	}
 	base := api.CachedTokensPath()
-	for _, path := range [...]string{base, "response." + base, "message." + base} {
-		if !gjson.Get(connectors.Bytes(data), path).Exists() {
-			continue
-		}
-		if out, err := sjson.SetBytes(data, path, h.CachedTokens); err == nil {
-			data = out
+	for _, in := range [...]string{"", "response", "message"} {
+		if v := valueAt(data, in, base); v.Exists() {
+			data = setInt(data, v, in, base, h.CachedTokens)
 		}
 	}
 	return data
+}
+
+// valueAt is the value at path in the object that is member in of data's
+// (in "": data itself), its Index counted in data (0: not known).
+func valueAt(data []byte, in, path string) gjson.Result {
+	js := connectors.Bytes(data)
+	if in == "" {
+		return gjson.Get(js, path)
+	}
+	o := gjson.Get(js, in)
+	if !o.IsObject() {
+		return gjson.Result{}
+	}
+	v := gjson.Get(o.Raw, path)
+	if o.Index > 0 && v.Index > 0 {
+		v.Index += o.Index
+	} else {
+		v.Index = 0
+	}
+	return v
+}
+
+// setInt returns data with v, the value at path in its member in (valueAt),
+// written as n: the bytes around it copied once into a new slice (data is
+// a read's buffer).
+func setInt(data []byte, v gjson.Result, in, path string, n int64) []byte {
+	end := v.Index + len(v.Raw)
+	if v.Index <= 0 || end > len(data) || string(data[v.Index:end]) != v.Raw {
+		// Not found in place: sjson sets it.
+		if in != "" {
+			path = in + "." + path
+		}
+		if out, err := sjson.SetBytes(data, path, n); err == nil {
+			return out
+		}
+		return data
+	}
+	out := make([]byte, 0, len(data)-len(v.Raw)+20)
+	out = append(out, data[:v.Index]...)
+	out = strconv.AppendInt(out, n, 10)
+	return append(out, data[end:]...)
 }
 
 var (

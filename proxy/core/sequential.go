@@ -150,6 +150,11 @@ func (s *Sequential) PrefillAnswer(res PrefillResult) (status int, contentType s
 	return http.StatusOK, "text/event-stream", sse, nil
 }
 
+// StepsHandoff reports whether a request feature takes the split's
+// handoff on its way to the decode leg (HandoffStep is then not nil): a
+// driver asks first, so that a split without one builds no continuation.
+func (s *Sequential) StepsHandoff() bool { return s.r.uses.HandoffStepper() != nil }
+
 // HandoffStep is the step a request feature takes the split's handoff h
 // with on its way to the decode leg (feature.HandoffStepper: the sidecar's
 // own KV pull, --kv-connector sidecar); nil when none does. done goes on

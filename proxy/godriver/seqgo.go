@@ -328,6 +328,15 @@ func (d *goSplit) dropHedge() {
 	}
 }
 
+// stepHandoff runs, in line, the step a request feature takes the
+// handoff h with (the sidecar's own KV pull): the handoff the decode leg
+// carries, or the step's failure.
+func (d *goSplit) stepHandoff(h connectors.Handoff) (connectors.Handoff, error) {
+	var err error
+	d.seq.HandoffStep(h, func(hh connectors.Handoff, e error) { h, err = hh, e })(d.r.R.Ctx)()
+	return h, err
+}
+
 // Decode takes the prefill's handoff to the decode leg: the step a
 // request feature takes it with (the sidecar's own KV pull) and MoRI-IO's
 // decode fields when they apply, the connector's
@@ -335,9 +344,9 @@ func (d *goSplit) dropHedge() {
 // client is returned as the machine's event.
 func (d *goSplit) Decode(h connectors.Handoff) *split.Event {
 	r := d.r
-	var err error
-	if step := d.seq.HandoffStep(h, func(hh connectors.Handoff, e error) { h, err = hh, e }); step != nil {
-		step(r.R.Ctx)() // the sidecar's own KV pull, in line
+	if d.seq.StepsHandoff() {
+		var err error
+		h, err = d.stepHandoff(h)
 		if err != nil {
 			return &split.Event{Kind: split.LegFailed, Err: err}
 		}

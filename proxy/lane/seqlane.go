@@ -257,14 +257,20 @@ func (sp *laneSplit) sendDecode(pd *lanePD, h connectors.Handoff) {
 // feature that takes it on its way (a step: Request.HandoffStep, the
 // sidecar's own KV pull) handed on the handoff the leg carries.
 func (sp *laneSplit) takeHandoff(pd *lanePD, h connectors.Handoff) {
+	if !pd.seq.StepsHandoff() {
+		sp.sendDecode(pd, h)
+		return
+	}
+	sp.stepHandoff(pd, h)
+}
+
+// stepHandoff runs the step that takes the handoff h, then sends the
+// decode leg with what it handed on.
+func (sp *laneSplit) stepHandoff(pd *lanePD, h connectors.Handoff) {
 	lc := sp.lc
 	var taken connectors.Handoff
 	var err error
 	step := pd.seq.HandoffStep(h, func(hh connectors.Handoff, e error) { taken, err = hh, e })
-	if step == nil {
-		sp.sendDecode(pd, h)
-		return
-	}
 	lc.runStep(step, func() {
 		if err != nil {
 			sp.feedSplit(split.Event{Kind: split.LegFailed, Err: err})
