@@ -20,7 +20,8 @@ import (
 type laneReply struct {
 	lc       *laneConn
 	ls       *relay.LoopStream
-	streamed bool // the answer is a stream (counted in LoopStreams)
+	streamed bool   // the answer is a stream (counted in LoopStreams)
+	finish   func() // lc.finish, made once: every stream's Release
 }
 
 // answer begins the answer: its head, read into ll.resp, and rest, the
@@ -76,7 +77,10 @@ func (rp *laneReply) newStream(dec httpbody.Decoder) *relay.LoopStream {
 	if lc.leg.up != nil {
 		ls.UFD = lc.leg.up.fd
 	}
-	ls.Release = lc.finish
+	if rp.finish == nil {
+		rp.finish = lc.finish
+	}
+	ls.Release = rp.finish
 	ls.Conns = lc
 	rp.ls = ls
 	return ls

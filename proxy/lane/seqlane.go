@@ -47,14 +47,12 @@ type lanePD struct {
 	queue   []split.Event // events that arose while actions ran
 	feeding bool
 
-	body     []byte // the prefill leg's body, in scratch
-	scratch  *[]byte
-	seq      core.Sequential    // the request's side of the split
-	done     func(error)        // records the prefill's end (PrefillStarted)
-	res      core.PrefillResult // the prefill's answer
-	timeout  *time.Timer        // --prefill-timeout
-	hedgeDue *time.Timer        // the hedge point
-	sent     time.Time          // the decode leg's start, for the KV handoff's duration
+	body    []byte // the prefill leg's body, in scratch
+	scratch *[]byte
+	seq     core.Sequential    // the request's side of the split
+	done    func(error)        // records the prefill's end (PrefillStarted)
+	res     core.PrefillResult // the prefill's answer
+	sent    time.Time          // the decode leg's start, for the KV handoff's duration
 
 	hedge *laneConn // the hedge's local leg's shadow, while it runs
 	// ready is the shadow's answer while it is handed to the primary: its
@@ -76,6 +74,13 @@ type lanePD struct {
 type laneSplit struct {
 	lc *laneConn
 	pd *lanePD // the P/D split's state (nil: a local request)
+	// prefillDue (--prefill-timeout) and hedgeDue (the hedge point) are
+	// the sequential split's timers, kept with the connection so that a
+	// split arms them without an allocation; fires feed each timer's
+	// firing to the machine (made once).
+	prefillDue, hedgeDue loopTimer
+	fires                [split.Timers]func()
+	gated                func(sserelay.Gate, []byte) // gateDone, made once
 }
 
 // beginSplit readies the split of a request that names a prefiller (or
@@ -189,13 +194,13 @@ func (sp *laneSplit) execSplit(pd *lanePD, acts []split.Action) {
 				lc.leg.putSent()
 			}
 		case split.Arm:
-			sp.armSplit(pd, a.Timer, a.After)
+			sp.armSplit(a.Timer, a.After)
 		case split.Disarm:
 			switch a.Timer {
 			case split.TimerPrefill:
-				pd.timeout.Stop()
+				sp.prefillDue.stop()
 			case split.TimerHedge:
-				pd.hedgeDue.Stop()
+				sp.hedgeDue.stop()
 			case split.TimerBackoff:
 				lc.timer.stopTimer()
 			}
@@ -322,15 +327,20 @@ func (sp *laneSplit) rebuildPrefill(pd *lanePD) bool {
 }
 
 // armSplit arms the split's timer t; it fires on the loop.
-func (sp *laneSplit) armSplit(pd *lanePD, t split.Timer, d time.Duration) {
+func (sp *laneSplit) armSplit(t split.Timer, d time.Duration) {
 	lc := sp.lc
-	r := lc.r
-	fire := func() { sp.feedSplit(split.Event{Kind: split.TimerFired, Timer: t}) }
+	fire := sp.fires[t]
+	if fire == nil {
+		fire = func() { sp.feedSplit(split.Event{Kind: split.TimerFired, Timer: t}) }
+		sp.fires[t] = fire
+	}
 	switch t {
 	case split.TimerPrefill:
-		pd.timeout = time.AfterFunc(d, func() { lc.onLoop(r, fire) })
+		sp.prefillDue.lc = lc
+		sp.prefillDue.start(d, fire)
 	case split.TimerHedge:
-		pd.hedgeDue = time.AfterFunc(d, func() { lc.onLoop(r, fire) })
+		sp.hedgeDue.lc = lc
+		sp.hedgeDue.start(d, fire)
 	case split.TimerBackoff:
 		lc.state = laneBackoff
 		lc.timer.startTimer(d, fire)
@@ -413,7 +423,10 @@ func (sp *laneSplit) gateStream(ls *relay.LoopStream) {
 	r := lc.r
 	ls.Rewrite = r.AnswerEdit()
 	ls.Gate = sserelay.GateHolding
-	ls.Gated = sp.gateDone
+	if sp.gated == nil {
+		sp.gated = sp.gateDone
+	}
+	ls.Gated = sp.gated
 	if ps := sp.pd.paired; ps != nil {
 		ls.Gated = ps.gated
 	}
@@ -447,12 +460,8 @@ func (sp *laneSplit) endSplit() {
 		return
 	}
 	sp.pd = nil
-	if pd.timeout != nil {
-		pd.timeout.Stop()
-	}
-	if pd.hedgeDue != nil {
-		pd.hedgeDue.Stop()
-	}
+	sp.prefillDue.stop()
+	sp.hedgeDue.stop()
 	bufs := &lc.ll.ln.p.Bufs
 	bufs.PutScratch(pd.scratch)
 	bufs.PutChunk(pd.bufp, pd.buf)
