@@ -299,12 +299,26 @@ type canonWriter struct {
 	n   int
 }
 
+// appendQuoted appends s quoted as JSON reads it: printable ASCII other
+// than a quote or a backslash as it is, which is all a checked id, host
+// or schema name holds; anything else as strconv.AppendQuote writes it.
+func appendQuoted(dst []byte, s string) []byte {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c < 0x20 || c > 0x7e || c == '"' || c == '\\' {
+			return strconv.AppendQuote(dst, s)
+		}
+	}
+	dst = append(dst, '"')
+	dst = append(dst, s...)
+	return append(dst, '"')
+}
+
 func (w *canonWriter) member(name string) {
 	if w.n > 0 {
 		w.dst = append(w.dst, ',')
 	}
 	w.n++
-	w.dst = strconv.AppendQuote(w.dst, name) // a schema's own name: plain ASCII
+	w.dst = appendQuoted(w.dst, name) // a schema's own name: plain ASCII
 	w.dst = append(w.dst, ':')
 }
 
@@ -348,12 +362,12 @@ func (w *canonWriter) value(s *Schema, f *Field, val gjson.Result) (read, error)
 		if val.Type != gjson.String || !validID(val.Str, int(max)) {
 			return bad(fmt.Sprintf("not an id of 1..%d printable ASCII characters", max))
 		}
-		w.dst = strconv.AppendQuote(w.dst, val.Str)
+		w.dst = appendQuoted(w.dst, val.Str)
 	case KindHost:
 		if val.Type != gjson.String || !ValidHost(val.Str) {
 			return bad("not an IP address or a DNS name")
 		}
-		w.dst = strconv.AppendQuote(w.dst, val.Str)
+		w.dst = appendQuoted(w.dst, val.Str)
 		return read{strs: []string{unbracket(val.Str)}}, nil
 	case KindHosts:
 		return w.hosts(s, f, val)
@@ -362,7 +376,7 @@ func (w *canonWriter) value(s *Schema, f *Field, val gjson.Result) (read, error)
 		if !ok {
 			return bad("not host:port")
 		}
-		w.dst = strconv.AppendQuote(w.dst, val.Str)
+		w.dst = appendQuoted(w.dst, val.Str)
 		return read{n: int64(port), strs: []string{host}}, nil
 	case KindInts, KindUints:
 		if !val.IsArray() {
@@ -411,7 +425,7 @@ func (w *canonWriter) hosts(s *Schema, f *Field, val gjson.Result) (read, error)
 			if len(out) > 0 {
 				w.dst = append(w.dst, ',')
 			}
-			w.dst = strconv.AppendQuote(w.dst, h.Str)
+			w.dst = appendQuoted(w.dst, h.Str)
 			out = append(out, unbracket(h.Str))
 		}
 		return err == nil
@@ -565,7 +579,7 @@ func (w *canonWriter) objectMap(s *Schema, f *Field, val gjson.Result) (read, er
 			w.dst = append(w.dst, ',')
 		}
 		names = append(names, k.Str)
-		w.dst = append(strconv.AppendQuote(w.dst, k.Str), ':')
+		w.dst = append(appendQuoted(w.dst, k.Str), ':')
 		var addrs []Addr
 		w.dst, addrs, err = f.Sub.Canonical(w.dst, x)
 		out.addrs = append(out.addrs, addrs...)
@@ -670,14 +684,27 @@ func ReadHandoff(h Handoff, params gjson.Result, s *Schema) (Handoff, error) {
 	if err != nil {
 		return h, err
 	}
-	out := Bytes(c.Out)
-	if gjson.Get(out, "do_remote_prefill").Type != gjson.True {
+	// One pass over the object written anew (each member once, checked)
+	// for the three members the handoff reads.
+	var remote, tp, cached gjson.Result
+	gjson.Parse(Bytes(c.Out)).ForEach(func(k, v gjson.Result) bool {
+		switch k.Str {
+		case "do_remote_prefill":
+			remote = v
+		case "tp_size":
+			tp = v
+		case "remote_num_cached_tokens":
+			cached = v
+		}
+		return true
+	})
+	if remote.Type != gjson.True {
 		return h, s.invalid("do_remote_prefill", "not true")
 	}
 	h.Params, h.Addrs, h.Unknown = c.Out, c.Addrs, c.Unknown
-	h.TPSize = int(gjson.Get(out, "tp_size").Int())
-	if n := gjson.Get(out, "remote_num_cached_tokens"); n.Type == gjson.Number {
-		h.CachedTokens = n.Int()
+	h.TPSize = int(tp.Int())
+	if cached.Type == gjson.Number {
+		h.CachedTokens = cached.Int()
 	}
 	return h, nil
 }

@@ -2,6 +2,7 @@ package connectors
 
 import (
 	"fmt"
+	"strings"
 
 	"github.com/tidwall/gjson"
 )
@@ -17,9 +18,19 @@ func PrefillParams(api API, answer []byte) (h Handoff, params gjson.Result, ok b
 	if !IsObject(answer) {
 		return Handoff{}, gjson.Result{}, false, fmt.Errorf("%w: not a JSON object", ErrBadPrefillAnswer)
 	}
-	js := Bytes(answer)
-	h = Handoff{CachedTokens: gjson.Get(js, api.CachedTokensPath()).Int()}
-	params = gjson.Get(js, "kv_transfer_params")
+	// One pass over the answer's members for the two it reads, the first
+	// of each name as gjson.Get finds it.
+	var usage gjson.Result
+	gjson.Parse(Bytes(answer)).ForEach(func(k, v gjson.Result) bool {
+		switch {
+		case k.Str == "usage" && !usage.Exists():
+			usage = v
+		case k.Str == "kv_transfer_params" && !params.Exists():
+			params = v
+		}
+		return true
+	})
+	h = Handoff{CachedTokens: gjson.Get(usage.Raw, strings.TrimPrefix(api.CachedTokensPath(), "usage.")).Int()}
 	if !params.Exists() || params.Type == gjson.Null {
 		if stop, _ := Finished(api, answer); stop {
 			h.Done = true
