@@ -172,6 +172,11 @@ func (sp *laneSplit) drainSplit(pd *lanePD) {
 func (sp *laneSplit) execSplit(pd *lanePD, acts []split.Action) {
 	lc := sp.lc
 	ll, r, p := lc.ll, lc.r, lc.ll.ln.p
+	// The machine's slice holds until its next event: copied (on the
+	// stack), so that an action that ends the request early, which tells
+	// the machine at once (endSplitEarly), leaves the rest to run.
+	var own [8]split.Action
+	acts = append(own[:0], acts...)
 	for _, a := range acts {
 		if sp.pd != pd {
 			return // the request ended meanwhile

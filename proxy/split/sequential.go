@@ -105,6 +105,10 @@ type Sequential struct {
 	// fromPrefill: the answer is made from the prefill's (generation
 	// ended on its first token)
 	fromPrefill bool
+	// buf holds the actions Start and On return, so that a split's events
+	// cost no allocation of their own: what they return is valid until the
+	// next call.
+	buf [8]Action
 }
 
 // NewSequential returns an idle split.
@@ -119,52 +123,56 @@ func NewSequential(cfg Config) *Sequential {
 // failure) and takes no more events that change it.
 func (s *Sequential) Done() bool { return s.st == stageDone }
 
-// Start begins the split.
+// Start begins the split. What it returns is valid until the next call of
+// Start or On.
 func (s *Sequential) Start(in Start) []Action {
 	if s.st != stageIdle {
 		return nil
 	}
+	acts := s.buf[:0]
 	if in.NoPrefill != nil {
-		return s.fallback(nil, in.NoPrefill)
+		return s.fallback(acts, in.NoPrefill)
 	}
 	s.st = stagePrefill
 	s.began = s.cfg.Now()
 	s.takeHedge = in.TakeHedge
-	acts := []Action{{Op: PrefillBegan}, s.arm(TimerPrefill, s.cfg.PrefillTimeout), {Op: SendPrefill}}
+	acts = append(acts, Action{Op: PrefillBegan}, s.arm(TimerPrefill, s.cfg.PrefillTimeout), Action{Op: SendPrefill})
 	if in.HedgeAfter > 0 && in.TakeHedge != nil {
 		acts = append(acts, s.arm(TimerHedge, in.HedgeAfter))
 	}
 	return acts
 }
 
-// On takes one event and returns what to do about it.
+// On takes one event and returns what to do about it, valid until the
+// next call of Start or On.
 func (s *Sequential) On(ev Event) []Action {
+	acts := s.buf[:0]
 	switch ev.Kind {
 	case PrefillAnswered:
 		if s.st == stagePrefill {
-			return s.answered(ev.Handoff)
+			return s.answered(acts, ev.Handoff)
 		}
 	case PrefillFailed:
 		if s.st == stagePrefill {
-			return s.attemptFailed(ev.Err)
+			return s.attemptFailed(acts, ev.Err)
 		}
 	case TimerFired:
 		if int(ev.Timer) < len(s.armed) && s.armed[ev.Timer] {
 			s.armed[ev.Timer] = false
-			return s.fired(ev.Timer)
+			return s.fired(acts, ev.Timer)
 		}
 	case HedgeReady:
 		if s.hedging {
-			return s.hedgeReady()
+			return s.hedgeReady(acts)
 		}
 	case HedgeFailed:
 		if s.hedging {
-			return s.hedgeFailed(ev.Err)
+			return s.hedgeFailed(acts, ev.Err)
 		}
 	case LegFailed:
-		return s.legFailed(ev.Err)
+		return s.legFailed(acts, ev.Err)
 	case ClientGone:
-		return s.clientGone(ev.Err)
+		return s.clientGone(acts, ev.Err)
 	}
 	return nil
 }
@@ -184,12 +192,12 @@ func (s *Sequential) disarm(acts []Action, t Timer) []Action {
 }
 
 // fired handles a timer that fired while armed.
-func (s *Sequential) fired(t Timer) []Action {
+func (s *Sequential) fired(acts []Action, t Timer) []Action {
 	switch t {
 	case TimerBackoff:
 		if s.st == stageBackoff {
 			s.st = stagePrefill
-			return []Action{{Op: SendPrefill, Attempt: s.attempts}}
+			return append(acts, Action{Op: SendPrefill, Attempt: s.attempts})
 		}
 	case TimerPrefill:
 		if s.st == stagePrefill || s.st == stageBackoff {
@@ -197,13 +205,13 @@ func (s *Sequential) fired(t Timer) []Action {
 			if s.last != nil {
 				err = fmt.Errorf("%w (after %w)", err, s.last)
 			}
-			acts := []Action{{Op: CancelPrefill, Err: err}}
-			return append(acts, s.prefillOver(err)...)
+			acts = append(acts, Action{Op: CancelPrefill, Err: err})
+			return s.prefillOver(acts, err)
 		}
 	case TimerHedge:
 		if (s.st == stagePrefill || s.st == stageBackoff) && !s.hedging && s.takeHedge() {
 			s.hedging, s.hedgeAt = true, s.cfg.Now()
-			return []Action{{Op: SendHedge}}
+			return append(acts, Action{Op: SendHedge})
 		}
 	}
 	return nil
@@ -211,33 +219,33 @@ func (s *Sequential) fired(t Timer) []Action {
 
 // attemptFailed handles a failed prefill attempt: tried again after the
 // backoff while retries and the timeout allow, else the prefill's end.
-func (s *Sequential) attemptFailed(err error) []Action {
+func (s *Sequential) attemptFailed(acts []Action, err error) []Action {
 	v := s.cfg.Judge(err)
 	if v.Plain && !s.plain {
 		s.plain = true
 		s.last = err
-		return []Action{{Op: SendPrefill, Attempt: s.attempts, Plain: true}}
+		return append(acts, Action{Op: SendPrefill, Attempt: s.attempts, Plain: true})
 	}
 	if v.Retry && s.attempts < s.cfg.MaxRetries {
 		s.attempts++
 		s.last = err
 		s.st = stageBackoff
-		return []Action{{Op: Retrying, Err: err, Attempt: s.attempts}, s.arm(TimerBackoff, s.cfg.RetryBackoff)}
+		return append(acts, Action{Op: Retrying, Err: err, Attempt: s.attempts}, s.arm(TimerBackoff, s.cfg.RetryBackoff))
 	}
-	return s.prefillOver(err)
+	return s.prefillOver(acts, err)
 }
 
 // endPrefill closes the prefill's bookkeeping, once.
-func (s *Sequential) endPrefill(err error) []Action {
-	acts := s.disarm(nil, TimerPrefill)
+func (s *Sequential) endPrefill(acts []Action, err error) []Action {
+	acts = s.disarm(acts, TimerPrefill)
 	acts = s.disarm(acts, TimerBackoff)
 	acts = s.disarm(acts, TimerHedge)
 	return append(acts, Action{Op: PrefillEnded, Err: err}, Action{Op: BreakerDone, Err: err})
 }
 
 // prefillOver ends a prefill that failed with err for good.
-func (s *Sequential) prefillOver(err error) []Action {
-	acts := s.endPrefill(err)
+func (s *Sequential) prefillOver(acts []Action, err error) []Action {
+	acts = s.endPrefill(acts, err)
 	v := s.cfg.Judge(err)
 	if s.hedging {
 		if !v.Rejected && s.degrades(v) {
@@ -251,12 +259,12 @@ func (s *Sequential) prefillOver(err error) []Action {
 		s.st = stageDone
 		return append(acts, Action{Op: PassOn, Err: err})
 	}
-	return append(acts, s.fallback(nil, err)...)
+	return s.fallback(acts, err)
 }
 
 // answered takes the prefill's handoff.
-func (s *Sequential) answered(h connectors.Handoff) []Action {
-	acts := s.endPrefill(nil)
+func (s *Sequential) answered(acts []Action, h connectors.Handoff) []Action {
+	acts = s.endPrefill(acts, nil)
 	if s.hedging {
 		acts = s.dropHedge(acts)
 		acts = append(acts, Action{Op: HedgeWon, Winner: WinnerRemote, After: s.cfg.Now().Sub(s.hedgeAt)})
@@ -315,12 +323,11 @@ func (s *Sequential) dropHedge(acts []Action) []Action {
 
 // hedgeReady makes the hedge's local leg the answer: the prefill, still
 // running, is abandoned; or it had failed and the hedge is its fallback.
-func (s *Sequential) hedgeReady() []Action {
+func (s *Sequential) hedgeReady(acts []Action) []Action {
 	s.hedging = false
-	var acts []Action
 	if s.st == stagePrefill || s.st == stageBackoff {
 		acts = append(acts, Action{Op: CancelPrefill, Err: ErrHedgeLost})
-		acts = append(acts, s.endPrefill(ErrHedgeLost)...)
+		acts = s.endPrefill(acts, ErrHedgeLost)
 		acts = append(acts, Action{Op: Degraded, Reason: failure.ReasonSlowPrefill, Err: ErrHedgeLost})
 	}
 	s.st = stageLocal
@@ -330,8 +337,8 @@ func (s *Sequential) hedgeReady() []Action {
 // hedgeFailed handles the hedge's local leg failing before it was ready:
 // the prefill goes on alone, or, when the hedge was the fallback of a
 // failed prefill, the failure is answered.
-func (s *Sequential) hedgeFailed(err error) []Action {
-	acts := s.dropHedge(nil)
+func (s *Sequential) hedgeFailed(acts []Action, err error) []Action {
+	acts = s.dropHedge(acts)
 	if s.st == stageAwaitHedge {
 		s.st = stageDone
 		return append(acts, Action{Op: Fail, Err: err})
@@ -342,27 +349,26 @@ func (s *Sequential) hedgeFailed(err error) []Action {
 // legFailed handles the failure of the leg that was to answer: one marked
 // Recoverable, or the answer from the prefill failing to be made, falls
 // back; another is answered.
-func (s *Sequential) legFailed(err error) []Action {
+func (s *Sequential) legFailed(acts []Action, err error) []Action {
 	switch s.st {
 	case stageDecode:
 		if s.fromPrefill || Recovers(err) {
-			return s.fallback(nil, err)
+			return s.fallback(acts, err)
 		}
 	case stageLocal:
 	default:
 		return nil
 	}
 	s.st = stageDone
-	return []Action{{Op: Fail, Err: err}}
+	return append(acts, Action{Op: Fail, Err: err})
 }
 
 // clientGone abandons whatever runs; cause is why (the client's leaving).
-func (s *Sequential) clientGone(cause error) []Action {
-	var acts []Action
+func (s *Sequential) clientGone(acts []Action, cause error) []Action {
 	switch s.st {
 	case stagePrefill, stageBackoff:
 		acts = append(acts, Action{Op: CancelPrefill, Err: cause})
-		acts = append(acts, s.endPrefill(cause)...)
+		acts = s.endPrefill(acts, cause)
 	case stageAwaitHedge:
 	case stageIdle, stageDone:
 		return nil

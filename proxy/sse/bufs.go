@@ -1,6 +1,7 @@
 package sse
 
 import (
+	"slices"
 	"sync"
 
 	"github.com/pd-sidecar/pd-sidecar/proxy/upstream"
@@ -50,24 +51,42 @@ func (b *Bufs) PutChunk(p *[]byte, buf []byte) {
 }
 
 // EditScratch returns a buffer for an edited copy of a body of n bytes
-// that a leg copies at once: from the body pool for a long body (give it
-// back with PutScratch), else none (the edit allocates its own).
+// that a leg copies at once (give it back with PutScratch): a chunk buffer
+// for a body up to MaxPooledChunk, else one of the body pool with room
+// for the edits. An edit that outgrows it allocates its own; the buffer
+// given back is then the one taken, untouched.
 func (b *Bufs) EditScratch(n int) (*[]byte, []byte) {
 	if n <= MaxPooledChunk {
-		return nil, nil
+		p, buf := b.GetChunk()
+		if cap(buf) < n+chunkEditRoom {
+			buf = slices.Grow(buf, n+chunkEditRoom)
+			*p = buf
+		}
+		return p, buf
 	}
 	p := b.Bodies.Get(n + editRoom)
 	return p, *p
 }
+
+// chunkEditRoom is what a short body's edits add, as a rule (a prefill
+// leg's kv_transfer_params, a decode leg's with a short prompt's block
+// ids).
+const chunkEditRoom = 2 << 10
 
 // editRoom is what a leg's edits add to a body, as a rule (a
 // kv_transfer_params with a long prompt's block ids): a larger edit grows
 // the buffer itself.
 const editRoom = 16 << 10
 
-// PutScratch gives back a buffer of EditScratch (nil: none).
+// PutScratch gives back a buffer of EditScratch (nil: none), to the pool
+// it came from: the chunk pool holds none larger than MaxPooledChunk, the
+// body pool none as small.
 func (b *Bufs) PutScratch(p *[]byte) {
-	if p != nil {
+	switch {
+	case p == nil:
+	case cap(*p) <= MaxPooledChunk:
+		b.PutChunk(p, *p)
+	default:
 		b.Bodies.Put(p)
 	}
 }

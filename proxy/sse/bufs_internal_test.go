@@ -26,3 +26,17 @@ func TestGrowChunk(t *testing.T) {
 	bufs.PutChunk(p3, buf3)
 	assert.Equal(t, 512<<10, cap(*bufs.Bodies.Get(300 << 10)), "its class: 512 KiB")
 }
+
+// An edit's scratch has room for the body and its edits, short or long,
+// and goes back to the pool it came from.
+func TestEditScratch(t *testing.T) {
+	var b Bufs
+	for _, n := range []int{0, 1200, 10 << 10, MaxPooledChunk, MaxPooledChunk + 1, 1 << 20} {
+		p, buf := b.EditScratch(n)
+		if p == nil || len(buf) != 0 || cap(buf) < n+1024 {
+			t.Fatalf("EditScratch(%d): entry %v, len %d, cap %d", n, p != nil, len(buf), cap(buf))
+		}
+		b.PutScratch(p)
+	}
+	b.PutScratch(nil)
+}
