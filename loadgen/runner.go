@@ -23,7 +23,10 @@ type Load struct {
 	// Duration is how long each target is driven per round.
 	Duration time.Duration
 	// Rounds interleaves the targets: every round runs each target once
-	// for Duration, in a rotating order, so machine noise hits all alike.
+	// for Duration, in an order of its own (a permutation seeded by the
+	// round's number), so that machine noise hits all alike and no target
+	// always follows the same one (a target can leave the shared engines
+	// busy for the next: its own GC, connections closing).
 	Rounds int
 	// Warmup is run against every target before the first round and not
 	// recorded.
@@ -110,8 +113,8 @@ func Run(ctx context.Context, api API, targets []Target, reqs []Request, l Load,
 		}
 	}
 	for round := 0; round < l.Rounds; round++ {
-		for k := range targets {
-			i := (k + round) % len(targets)
+		order := rand.New(rand.NewPCG(uint64(round), 0x5eed)).Perm(len(targets))
+		for _, i := range order {
 			start := time.Now()
 			res, dropped := runPhase(ctx, clients[i], reqs, &next, l)
 			out[i].add(res, time.Since(start), dropped)
