@@ -93,6 +93,21 @@ func BenchmarkDecodeRewrite(b *testing.B) {
 // params checked against Params and written anew (vLLM's shape, two
 // KV-cache groups of n blocks each).
 func BenchmarkParsePrefill(b *testing.B) {
+	b.Run("engine-sim-18-blocks", func(b *testing.B) {
+		// engine-sim's answer to a 128-word chat prompt, as the suite's
+		// P/D runs read it.
+		answer := []byte(`{"choices":[{"finish_reason":"length","index":0,"logprobs":null,"message":{"content":" coja","role":"assistant","tool_calls":[]},"stop_reason":null}],"created":1796694124,"id":"chatcmpl-32f7c4a0239c8311b97ea9f935797653",` +
+			`"kv_transfer_params":{"dcp_size":1,"do_remote_decode":false,"do_remote_prefill":true,"pp_size":1,"remote_block_ids":[[53,52,51,50,49,48,47,46,45],[44,43,42,41,40,39,38,37,36]],"remote_blocks_expiry_time":null,"remote_engine_id":"b563d684c2be5726","remote_host":"127.0.0.1","remote_num_tokens":138,"remote_port":19002,"remote_request_id":"32f7c4a0239c8311b97ea9f935797653-09e32f89","tp_size":1,"transfer_mode":"pull"},` +
+			`"model":"sim-model","object":"chat.completion","prompt_logprobs":null,"usage":{"completion_tokens":1,"prompt_tokens":138,"prompt_tokens_details":{"cached_tokens":0},"total_tokens":139}}`)
+		c := nixlv2.New()
+		b.SetBytes(int64(len(answer)))
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, err := c.ParsePrefill(connectors.APIChat, answer); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
 	for _, n := range []int{64, 32768} {
 		ids := strings.TrimSuffix(strings.Repeat("1234,", n), ",")
 		answer := []byte(`{"id":"cmpl-1","object":"text_completion","created":1,"model":"m","choices":[{"index":0,"text":" a","logprobs":null,"finish_reason":"length"}],` +
