@@ -262,6 +262,7 @@ type laneConn struct {
 func newConn(ll *laneLoop) *laneConn {
 	lc := &laneConn{ll: ll}
 	lc.client.lc, lc.reply.lc, lc.leg.lc, lc.timer.lc, lc.split.lc = lc, lc, lc, lc, lc
+	lc.split.prefillDue.lc, lc.split.hedgeDue.lc = lc, lc
 	return lc
 }
 

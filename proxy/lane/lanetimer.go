@@ -14,7 +14,7 @@ import (
 // for is due (a firing of an earlier arming, already on its way), does
 // nothing.
 type loopTimer struct {
-	lc  *laneConn
+	lc  *laneConn // set with the connection, before any start
 	t   *time.Timer
 	run func() // onLoop, made once
 	// What the armed timer runs, for which request, and when: set and
@@ -66,17 +66,13 @@ func (lt *loopTimer) onLoop() {
 // laneTimer is a connection's timer: the decode leg's head timeout, the
 // prefill's backoff, or a body's read deadline; it fires on the loop.
 type laneTimer struct {
-	lc *laneConn
 	loopTimer
 	firstByte func() // firstByteTimeout, made once
 }
 
 // startTimer runs f on the loop after d, unless stopTimer (or another
 // startTimer) comes first.
-func (tm *laneTimer) startTimer(d time.Duration, f func()) {
-	tm.loopTimer.lc = tm.lc
-	tm.start(d, f)
-}
+func (tm *laneTimer) startTimer(d time.Duration, f func()) { tm.start(d, f) }
 
 // firstByteTimeout fails a streamed request whose answer did not begin
 // (no head, or a stream still held back) within --decode-first-byte-timeout.

@@ -341,10 +341,8 @@ func (sp *laneSplit) armSplit(t split.Timer, d time.Duration) {
 	}
 	switch t {
 	case split.TimerPrefill:
-		sp.prefillDue.lc = lc
 		sp.prefillDue.start(d, fire)
 	case split.TimerHedge:
-		sp.hedgeDue.lc = lc
 		sp.hedgeDue.start(d, fire)
 	case split.TimerBackoff:
 		lc.state = laneBackoff
