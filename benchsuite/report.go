@@ -15,7 +15,7 @@ import (
 type report struct {
 	Saturation loadgen.Report `json:"saturation"`
 	OpenLoop   loadgen.Report `json:"open_loop,omitempty"`
-	// Ramp is the ramp run: slow streams released at once.
+	// Ramp is the ramp run: slow streams opened while thousands are open.
 	Ramp  *rampReport `json:"ramp,omitempty"`
 	Costs []proxyCost `json:"proxy_costs"`
 	// Long is the long-prompt scenario, one run per prompt length.

@@ -46,8 +46,8 @@ type Options struct {
 	// Streams is the number of concurrent open streams of the memory run
 	// (0 skips it).
 	Streams int
-	// Ramp is the number of slow streams the ramp run releases at once
-	// through each target (0 skips it).
+	// Ramp is the number of slow streams the ramp run opens through each
+	// target, at RampRate (0 skips it).
 	Ramp int
 	// RampRate is the ramp's arrivals per second (0: all at once).
 	RampRate float64
